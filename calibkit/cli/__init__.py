@@ -1,0 +1,48 @@
+"""The ``calibkit`` command line. Each command lives in its own module and registers itself here."""
+
+from __future__ import annotations
+
+import typer
+
+from calibkit import __version__
+from calibkit.cli import build as _build
+from calibkit.cli import calibrate as _calibrate
+from calibkit.cli import compare as _compare
+from calibkit.cli import demo as _demo
+from calibkit.cli import sample as _sample
+from calibkit.cli import tune as _tune
+from calibkit.cli._common import setup_logging
+
+app = typer.Typer(
+    name="calibkit",
+    help=(
+        "INT8 calibration and quantization-accuracy workbench for transformer models.\n\n"
+        "Workflow: sample -> calibrate -> build -> compare -> tune.  "
+        "Start with `calibkit demo run` to see every step on a real model."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"calibkit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what each step does."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    setup_logging(verbose)
+
+
+for _module in (_demo, _sample, _calibrate, _build, _compare, _tune):
+    _module.register(app)
+
+
+def main() -> None:
+    app()

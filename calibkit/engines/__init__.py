@@ -1,0 +1,1 @@
+"""Inference backends behind one Runner protocol. Backends are leaves: only ``registry`` imports them."""

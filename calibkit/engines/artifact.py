@@ -1,0 +1,81 @@
+"""Engine artifacts and their metadata sidecar, so `compare` knows what a file holds.
+
+An ONNX Runtime engine is ``NAME.onnx`` with ``NAME.onnx.calibkit.json`` beside it; a TensorRT engine is
+``NAME.engine`` with ``NAME.engine.calibkit.json``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from calibkit._io import read_json, write_json
+from calibkit.errors import ModelError
+from calibkit.types import Backend, Precision
+
+SIDECAR_SUFFIX = ".calibkit.json"
+
+
+def sidecar_path(engine: str | Path) -> Path:
+    p = Path(engine)
+    return p.with_name(p.name + SIDECAR_SUFFIX)
+
+
+@dataclass(frozen=True)
+class EngineArtifact:
+    path: Path
+    precision: Precision
+    backend: Backend
+    source_model_sha256: str
+    calibration_sha256: str | None = None
+    tokenizer: str | None = None  # folder of the tokenizer and config.json
+    kept_higher_precision: tuple[str, ...] = ()  # node names left out of INT8/FP16
+    versions: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": "calibkit-engine/1",
+            "path": self.path.name,
+            "precision": self.precision.value,
+            "backend": self.backend.value,
+            "source_model_sha256": self.source_model_sha256,
+            "calibration_sha256": self.calibration_sha256,
+            "tokenizer": self.tokenizer,
+            "kept_higher_precision": list(self.kept_higher_precision),
+            "versions": dict(self.versions),
+            "extra": dict(self.extra),
+        }
+
+    def save(self) -> Path:
+        out = sidecar_path(self.path)
+        write_json(out, self.to_dict())
+        return out
+
+    @classmethod
+    def load(cls, engine: str | Path) -> EngineArtifact:
+        p = Path(engine)
+        if not p.is_file():
+            raise ModelError(f"engine not found: {p}")
+        sc = sidecar_path(p)
+        if not sc.is_file():
+            raise ModelError(
+                f"{p} has no calibkit sidecar ({sc.name})",
+                hint="build engines with `calibkit build`, which writes the sidecar beside the engine",
+            )
+        d = read_json(sc)
+        tok = d.get("tokenizer")
+        if tok and not Path(tok).is_absolute():
+            tok = str((p.parent / tok).resolve())
+        return cls(
+            path=p,
+            precision=Precision(d["precision"]),
+            backend=Backend(d["backend"]),
+            source_model_sha256=str(d["source_model_sha256"]),
+            calibration_sha256=d.get("calibration_sha256"),
+            tokenizer=tok,
+            kept_higher_precision=tuple(d.get("kept_higher_precision", ())),
+            versions={str(k): str(v) for k, v in d.get("versions", {}).items()},
+            extra=dict(d.get("extra", {})),
+        )

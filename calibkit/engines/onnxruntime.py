@@ -1,0 +1,115 @@
+"""ONNX Runtime backend: the embedded default that runs everywhere (CPU; CUDA when onnxruntime-gpu is there)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from calibkit.engines.base import BaseRunner, Feeds, Outputs
+from calibkit.errors import BackendError, ModelError
+from calibkit.types import TensorSpec
+
+_ORT_DTYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8",
+    "tensor(bool)": "bool",
+}
+
+
+def default_providers() -> list[str]:
+    import onnxruntime as ort
+
+    have = ort.get_available_providers()
+    return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in have]
+
+
+class OnnxRuntimeRunner(BaseRunner):
+    """Runs an ONNX model (a path or serialized bytes) in an ``onnxruntime.InferenceSession``.
+
+    ``output_names`` limits what ``infer`` returns (default: every graph output).
+    ``intra_op_threads`` defaults to the number of CPUs.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | bytes,
+        *,
+        providers: Sequence[str] | None = None,
+        output_names: Sequence[str] | None = None,
+        intra_op_threads: int | None = None,
+        optimization: str = "all",
+        name: str | None = None,
+    ) -> None:
+        super().__init__(name or (Path(model).name if not isinstance(model, bytes) else "onnx-bytes"))
+        self._model = model
+        self._providers = list(providers) if providers else None
+        self._requested_outputs = tuple(output_names) if output_names else None
+        self._threads = intra_op_threads
+        self._optimization = optimization
+        self._session = None
+        self._inputs: tuple[TensorSpec, ...] = ()
+        self._outputs: tuple[str, ...] = ()
+
+    @property
+    def input_specs(self) -> tuple[TensorSpec, ...]:
+        return self._inputs
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return self._outputs
+
+    @property
+    def providers(self) -> list[str]:
+        return list(self._session.get_providers()) if self._session is not None else []
+
+    def _activate_impl(self) -> None:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        opts.graph_optimization_level = {
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        }[self._optimization]
+        opts.intra_op_num_threads = self._threads or (os.cpu_count() or 1)
+        model = self._model if isinstance(self._model, bytes) else os.fspath(self._model)
+        if not isinstance(model, bytes) and not Path(model).is_file():
+            raise ModelError(f"model file not found: {model}")
+        try:
+            self._session = ort.InferenceSession(model, opts, providers=self._providers or default_providers())
+        except Exception as exc:  # onnxruntime raises its own untyped exceptions
+            raise BackendError(f"ONNX Runtime could not load {self.name}: {exc}") from exc
+        self._inputs = tuple(
+            TensorSpec(i.name, _ORT_DTYPES.get(i.type, i.type), tuple(i.shape)) for i in self._session.get_inputs()
+        )
+        all_outputs = tuple(o.name for o in self._session.get_outputs())
+        if self._requested_outputs:
+            unknown = [n for n in self._requested_outputs if n not in all_outputs]
+            if unknown:
+                raise ModelError(f"{self.name}: requested outputs not in the model: {unknown[:5]}")
+            self._outputs = self._requested_outputs
+        else:
+            self._outputs = all_outputs
+
+    def _infer_impl(self, feeds: Feeds) -> Outputs:
+        assert self._session is not None
+        want = {s.name: s.dtype for s in self._inputs}
+        cast = {n: np.asarray(a, dtype=want[n]) if str(np.asarray(a).dtype) != want[n] else a for n, a in feeds.items()}
+        try:
+            values = self._session.run(list(self._outputs), dict(cast))
+        except Exception as exc:
+            raise BackendError(f"ONNX Runtime failed running {self.name}: {exc}") from exc
+        return dict(zip(self._outputs, values))
+
+    def _deactivate_impl(self) -> None:
+        self._session = None

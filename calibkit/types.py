@@ -1,0 +1,124 @@
+"""Core value types shared across layers. Frozen dataclasses; no meaning carried by tuple positions."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+INT8_MAX = 127
+
+
+class Precision(str, enum.Enum):
+    FP32 = "fp32"
+    FP16 = "fp16"
+    INT8 = "int8"
+
+
+class Method(str, enum.Enum):
+    ENTROPY = "entropy"
+    MINMAX = "minmax"
+    PERCENTILE = "percentile"
+    MSE = "mse"
+
+
+class Backend(str, enum.Enum):
+    ONNXRUNTIME = "onnxruntime"
+    TENSORRT = "tensorrt"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A model input or output: name, numpy dtype name and shape (None or a string for dynamic axes)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | str | None, ...]
+
+
+@dataclass(frozen=True)
+class MethodParams:
+    """Parameters of a calibration method (the defaults follow TensorRT / ModelOpt, REFERENCES.md §2)."""
+
+    num_bins: int = 2048
+    num_quant_bins: int = 128
+    start_bin: int = 128
+    percentile: float = 99.99
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "num_bins": self.num_bins,
+            "num_quant_bins": self.num_quant_bins,
+            "start_bin": self.start_bin,
+            "percentile": self.percentile,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MethodParams:
+        return cls(
+            num_bins=int(d.get("num_bins", 2048)),
+            num_quant_bins=int(d.get("num_quant_bins", 128)),
+            start_bin=int(d.get("start_bin", 128)),
+            percentile=float(d.get("percentile", 99.99)),
+        )
+
+
+@dataclass(frozen=True)
+class TensorRange:
+    """The INT8 clipping range chosen for one activation tensor (symmetric: [-amax, amax])."""
+
+    tensor: str
+    amax: float
+    method: Method
+
+    @property
+    def scale(self) -> float:
+        return self.amax / INT8_MAX
+
+
+@dataclass(frozen=True)
+class CalibrationTable:
+    """The only hand-off from calibration to quantization."""
+
+    model_sha256: str
+    calibration_set_id: str
+    method: Method
+    params: MethodParams
+    ranges: tuple[TensorRange, ...]
+    provenance: dict[str, str] = field(default_factory=dict)
+
+    def amax(self) -> dict[str, float]:
+        return {r.tensor: r.amax for r in self.ranges}
+
+    def get(self, tensor: str) -> TensorRange | None:
+        for r in self.ranges:
+            if r.tensor == tensor:
+                return r
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model_sha256": self.model_sha256,
+            "calibration_set_id": self.calibration_set_id,
+            "method": self.method.value,
+            "params": self.params.to_dict(),
+            "ranges": [
+                {"tensor": r.tensor, "amax": r.amax, "scale": r.scale, "method": r.method.value}
+                for r in self.ranges
+            ],
+            "provenance": dict(self.provenance),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CalibrationTable:
+        return cls(
+            model_sha256=str(d["model_sha256"]),
+            calibration_set_id=str(d["calibration_set_id"]),
+            method=Method(d["method"]),
+            params=MethodParams.from_dict(d.get("params", {})),
+            ranges=tuple(
+                TensorRange(tensor=r["tensor"], amax=float(r["amax"]), method=Method(r.get("method", d["method"])))
+                for r in d["ranges"]
+            ),
+            provenance={str(k): str(v) for k, v in d.get("provenance", {}).items()},
+        )
