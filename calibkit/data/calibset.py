@@ -1,0 +1,88 @@
+"""A calibration set on disk: ``DIR/texts.jsonl`` (one ``{"text": ..., "label"?: ...}`` a line) and
+``DIR/manifest.json`` (how it was drawn and how representative it is)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from calibkit._io import atomic_dir, dumps_json, sha256_bytes
+from calibkit.errors import DataError
+
+TEXTS = "texts.jsonl"
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class CalibrationSet:
+    path: Path
+    texts: tuple[str, ...]
+    labels: tuple[str | None, ...] | None
+    manifest: dict[str, Any] = field(default_factory=dict)
+    id: str = ""  # sha256 of texts.jsonl: identifies the set for statistics caching
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def _texts_bytes(texts: Sequence[str], labels: Sequence[str | None] | None) -> bytes:
+    lines = []
+    for i, t in enumerate(texts):
+        rec: dict[str, Any] = {"text": t}
+        if labels is not None and labels[i] is not None:
+            rec["label"] = labels[i]
+        lines.append(json.dumps(rec, ensure_ascii=False, sort_keys=True))
+    return ("\n".join(lines) + "\n").encode("utf-8") if lines else b""
+
+
+def write_calibration_set(
+    out_dir: str | Path,
+    texts: Sequence[str],
+    labels: Sequence[str | None] | None,
+    manifest: dict[str, Any],
+) -> CalibrationSet:
+    """Write texts.jsonl and manifest.json together, atomically (the folder appears complete or not at all)."""
+    data = _texts_bytes(texts, labels)
+    set_id = sha256_bytes(data)
+    full = {**manifest, "texts_sha256": set_id, "count": len(texts)}
+    with atomic_dir(out_dir) as tmp:
+        (tmp / TEXTS).write_bytes(data)
+        (tmp / MANIFEST).write_text(dumps_json(full), encoding="utf-8")
+    return CalibrationSet(Path(out_dir), tuple(texts), tuple(labels) if labels is not None else None, full, set_id)
+
+
+def load_calibration_set(path: str | Path) -> CalibrationSet:
+    """Read a calibration-set folder, or a bare .jsonl file of ``{"text": ...}`` records."""
+    p = Path(path)
+    texts_path = p / TEXTS if p.is_dir() else p
+    if not texts_path.is_file():
+        raise DataError(
+            f"calibration set not found: {texts_path}",
+            hint="create one with `calibkit sample LOGS.jsonl --out DIR`",
+        )
+    raw = texts_path.read_bytes()
+    texts: list[str] = []
+    labels: list[str | None] = []
+    for n, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{texts_path}:{n}: not valid JSON ({exc.msg})") from exc
+        if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
+            raise DataError(f'{texts_path}:{n}: expected an object with a string "text" field')
+        texts.append(rec["text"])
+        lab = rec.get("label")
+        labels.append(None if lab is None else str(lab))
+    if not texts:
+        raise DataError(f"calibration set {texts_path} holds no texts")
+    manifest: dict[str, Any] = {}
+    mpath = (p if p.is_dir() else p.parent) / MANIFEST
+    if p.is_dir() and mpath.is_file():
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+    has_labels = any(lab is not None for lab in labels)
+    return CalibrationSet(p, tuple(texts), tuple(labels) if has_labels else None, manifest, sha256_bytes(raw))
