@@ -31,6 +31,8 @@ class EngineArtifact:
     calibration_sha256: str | None = None
     tokenizer: str | None = None  # folder of the tokenizer and config.json
     kept_higher_precision: tuple[str, ...] = ()  # node names left out of INT8/FP16
+    source_model: str | None = None  # the FP32 ONNX this engine was built from (for sensitivity re-builds)
+    calibration_json: str | None = None  # the calibration.json whose table built an INT8 engine
     versions: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -44,6 +46,8 @@ class EngineArtifact:
             "calibration_sha256": self.calibration_sha256,
             "tokenizer": self.tokenizer,
             "kept_higher_precision": list(self.kept_higher_precision),
+            "source_model": self.source_model,
+            "calibration_json": self.calibration_json,
             "versions": dict(self.versions),
             "extra": dict(self.extra),
         }
@@ -65,17 +69,19 @@ class EngineArtifact:
                 hint="build engines with `calibkit build`, which writes the sidecar beside the engine",
             )
         d = read_json(sc)
-        tok = d.get("tokenizer")
-        if tok and not Path(tok).is_absolute():
-            tok = str((p.parent / tok).resolve())
+        def _abs(v: str | None) -> str | None:
+            return str((p.parent / v).resolve()) if v and not Path(v).is_absolute() else v
+
         return cls(
             path=p,
             precision=Precision(d["precision"]),
             backend=Backend(d["backend"]),
             source_model_sha256=str(d["source_model_sha256"]),
             calibration_sha256=d.get("calibration_sha256"),
-            tokenizer=tok,
+            tokenizer=_abs(d.get("tokenizer")),
             kept_higher_precision=tuple(d.get("kept_higher_precision", ())),
+            source_model=_abs(d.get("source_model")),
+            calibration_json=_abs(d.get("calibration_json")),
             versions={str(k): str(v) for k, v in d.get("versions", {}).items()},
             extra=dict(d.get("extra", {})),
         )
