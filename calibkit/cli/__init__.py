@@ -9,6 +9,7 @@ from calibkit.cli import build as _build
 from calibkit.cli import calibrate as _calibrate
 from calibkit.cli import compare as _compare
 from calibkit.cli import demo as _demo
+from calibkit.cli import report as _report
 from calibkit.cli import sample as _sample
 from calibkit.cli import tune as _tune
 from calibkit.cli._common import setup_logging
@@ -40,7 +41,7 @@ def _root(
     setup_logging(verbose)
 
 
-for _module in (_demo, _sample, _calibrate, _build, _compare, _tune):
+for _module in (_demo, _sample, _calibrate, _build, _compare, _tune, _report):
     _module.register(app)
 
 

@@ -1,0 +1,9 @@
+"""`calibkit report` (being written)."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    return None
