@@ -1,0 +1,114 @@
+"""Mixed-precision plan search: the fewest layers in higher precision that meet an accuracy target.
+
+Pure logic over an ``evaluate`` callback (a measured accuracy per candidate), so it is tested with fake
+evaluators and runs unchanged over a process pool or a distributed engine.
+
+Strategy, every step measured:
+1. all layers INT8; done if it meets the target;
+2. keep the top-k layers of the sensitivity ranking in higher precision, k = 1, 2, 4, 8, ... until a candidate
+   meets the target, then bisect k between the last failure and the first success;
+3. prune: try returning each kept layer to INT8, most FLOPs first, keeping each return that still meets the
+   target (the ranking is only an estimate; layers interact).
+The answer is the measured candidate that meets the target with the largest INT8 share of MatMul/Gemm FLOPs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+Plan = tuple[str, ...]  # node names kept in higher precision, sorted
+
+
+def as_plan(nodes: Sequence[str] | set[str] | frozenset[str]) -> Plan:
+    return tuple(sorted(set(nodes)))
+
+
+@dataclass(frozen=True)
+class Measured:
+    plan: Plan
+    accuracy: float
+    int8_flops_fraction: float
+    stage: str  # "all-int8" | "prefix" | "bisect" | "prune"
+    meets: bool
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    best: Measured | None  # None when no candidate met the target
+    tried: tuple[Measured, ...]
+
+
+def int8_flops_fraction(plan: Plan, flops: Mapping[str, float]) -> float:
+    total = sum(flops.values())
+    if total <= 0:
+        return 0.0
+    kept = sum(flops.get(n, 0.0) for n in plan)
+    return (total - kept) / total
+
+
+def search_plan(
+    ranking: Sequence[str],
+    flops: Mapping[str, float],
+    evaluate: Callable[[Sequence[Plan]], Sequence[float]],
+    threshold: float,
+    *,
+    max_evaluations: int = 40,
+) -> SearchOutcome:
+    """``ranking``: nodes, most harmful in INT8 first. ``evaluate`` measures accuracies of several plans
+    (it may run them in parallel). ``threshold``: the lowest accuracy that meets the target."""
+    tried: dict[Plan, Measured] = {}
+
+    def measure(plans: Sequence[Plan], stage: str) -> list[Measured]:
+        fresh = [p for p in dict.fromkeys(plans) if p not in tried]
+        budget = max_evaluations - len(tried)
+        fresh = fresh[: max(budget, 0)]
+        if fresh:
+            for p, acc in zip(fresh, evaluate(fresh), strict=True):
+                tried[p] = Measured(p, float(acc), int8_flops_fraction(p, flops), stage, acc >= threshold)
+        return [tried[p] for p in plans if p in tried]
+
+    def best() -> Measured | None:
+        ok = [m for m in tried.values() if m.meets]
+        return max(ok, key=lambda m: (m.int8_flops_fraction, m.accuracy)) if ok else None
+
+    base = measure([()], "all-int8")
+    if base and base[0].meets:
+        return SearchOutcome(base[0], tuple(tried.values()))
+
+    order = list(dict.fromkeys(ranking))
+    sizes: list[int] = []
+    k = 1
+    while k < len(order):
+        sizes.append(k)
+        k *= 2
+    sizes.append(len(order))
+    lo, hi = 0, None  # largest failing k, smallest passing k
+    for k in sizes:
+        (m,) = measure([as_plan(order[:k])], "prefix") or (None,)
+        if m is None:
+            break
+        if m.meets:
+            hi = k
+            break
+        lo = k
+    if hi is None:
+        return SearchOutcome(best(), tuple(tried.values()))
+    while hi - lo > 1 and len(tried) < max_evaluations:
+        mid = (lo + hi) // 2
+        (m,) = measure([as_plan(order[:mid])], "bisect") or (None,)
+        if m is None:
+            break
+        if m.meets:
+            hi = mid
+        else:
+            lo = mid
+    kept = list(order[:hi])
+    for node in sorted(kept, key=lambda n: -flops.get(n, 0.0)):
+        if len(tried) >= max_evaluations:
+            break
+        trial = as_plan([n for n in kept if n != node])
+        (m,) = measure([trial], "prune") or (None,)
+        if m is not None and m.meets:
+            kept.remove(node)
+    return SearchOutcome(best(), tuple(tried.values()))

@@ -1,0 +1,73 @@
+import itertools
+
+from calibkit.evaluate.search import as_plan, int8_flops_fraction, search_plan
+
+FLOPS = {f"n{i}": float(10 + i) for i in range(10)}
+
+
+def additive_evaluator(harm: dict[str, float], base: float):
+    """Accuracy = base - sum of the harm of every node left in INT8 (independent layers)."""
+    calls = []
+
+    def evaluate(plans):
+        calls.append(list(plans))
+        return [base - sum(h for n, h in harm.items() if n not in p) for p in plans]
+
+    return evaluate, calls
+
+
+def brute_force(harm, base, threshold):
+    best = None
+    nodes = list(harm)
+    for r in range(len(nodes) + 1):
+        for combo in itertools.combinations(nodes, r):
+            acc = base - sum(h for n, h in harm.items() if n not in combo)
+            if acc >= threshold:
+                frac = int8_flops_fraction(as_plan(combo), FLOPS)
+                if best is None or frac > best:
+                    best = frac
+    return best
+
+
+def test_all_int8_meets_target_needs_one_evaluation():
+    evaluate, calls = additive_evaluator({n: 0.0001 for n in FLOPS}, 0.9)
+    out = search_plan(list(FLOPS), FLOPS, evaluate, threshold=0.89)
+    assert out.best is not None and out.best.plan == ()
+    assert out.best.int8_flops_fraction == 1.0
+    assert len(calls) == 1
+
+
+def test_finds_the_harmful_layers_and_prunes_harmless_ones():
+    harm = {n: 0.0 for n in FLOPS}
+    harm.update({"n3": 0.02, "n7": 0.015, "n1": 0.001})
+    evaluate, _ = additive_evaluator(harm, 0.90)
+    # ranking slightly wrong: a harmless node sits between the harmful ones
+    ranking = ["n3", "n0", "n7", "n1", "n2", "n4", "n5", "n6", "n8", "n9"]
+    out = search_plan(ranking, FLOPS, evaluate, threshold=0.895)
+    assert out.best is not None
+    assert set(out.best.plan) == {"n3", "n7"}
+    assert out.best.meets
+    assert abs(out.best.int8_flops_fraction - brute_force(harm, 0.90, 0.895)) < 1e-12
+    assert all(m.accuracy == 0.90 - sum(h for n, h in harm.items() if n not in m.plan) for m in out.tried)
+
+
+def test_unreachable_target_reports_no_plan():
+    harm = {n: 0.01 for n in FLOPS}
+    evaluate, _ = additive_evaluator(harm, 0.5)
+    out = search_plan(list(FLOPS), FLOPS, evaluate, threshold=0.9)
+    assert out.best is None
+    assert len(out.tried) >= 2
+
+
+def test_budget_is_respected():
+    harm = {n: 0.01 for n in FLOPS}
+    evaluate, calls = additive_evaluator(harm, 0.9)
+    out = search_plan(list(FLOPS), FLOPS, evaluate, threshold=0.899, max_evaluations=3)
+    assert sum(len(c) for c in calls) <= 3
+    assert len(out.tried) <= 3
+
+
+def test_int8_fraction():
+    assert int8_flops_fraction((), FLOPS) == 1.0
+    total = sum(FLOPS.values())
+    assert abs(int8_flops_fraction(("n0", "n9"), FLOPS) - (total - 10 - 19) / total) < 1e-12
