@@ -1,9 +1,47 @@
-"""`calibkit report` (being written)."""
+"""`calibkit report`: re-render a report folder (Markdown, HTML, plots) from its JSON."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+
+from calibkit.cli._common import RichProgress, handle_errors, out
+
+_HELP = (
+    "Re-render a compare or tune report from its JSON.\n\n"
+    "Reads REPORT.json (written by `calibkit compare` or `calibkit tune`, or the report.json of an earlier "
+    "report) and writes a report folder: report.json, report.md, a self-contained report.html (plots embedded: "
+    "open it in any browser, mail it, attach it to a ticket) and plots/*.png.\n\n"
+    "The folder is written under a temporary name and swapped in when complete, so a failure leaves the "
+    "previous report as it was. It is replaced as a whole: --out must be a new folder or hold only an earlier "
+    "report.\n\n"
+    "Examples:\n\n"
+    "  calibkit report reports/minilm-int8/report.json   (re-render in place)\n\n"
+    "  calibkit report compare.json --out reports/minilm-int8\n\n"
+    "  calibkit report tune.json -o /tmp/tune && xdg-open /tmp/tune/report.html\n"
+)
 
 
 def register(app: typer.Typer) -> None:
-    return None
+    app.command("report", help=_HELP, no_args_is_help=True)(report)
+
+
+def report(
+    report_json: Path = typer.Argument(..., metavar="REPORT.json", help="A calibkit-compare/1 or calibkit-tune/1 "
+                                       "JSON document."),
+    out_dir: Path = typer.Option(None, "--out", "-o", metavar="DIR", help="Report folder to write. Default: the "
+                                 "folder of REPORT.json when it is named report.json, else <name>-report/ beside "
+                                 "it."),
+) -> None:
+    with handle_errors():
+        from calibkit.report.document import load_document
+        from calibkit.report.render import default_out_dir, render_report
+
+        doc = load_document(report_json)
+        target = out_dir if out_dir is not None else default_out_dir(report_json)
+        with RichProgress() as progress:
+            paths = render_report(doc, target, progress=progress)
+        out.print(f"wrote {paths.html}", highlight=False)
+        out.print(f"      {paths.markdown}  ({len(paths.plots)} plots in {paths.html.parent / 'plots'})",
+                  highlight=False)

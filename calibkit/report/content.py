@@ -1,0 +1,224 @@
+"""What a report says, in which order: a summary first, then plots, then the detailed tables."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from calibkit.report.blocks import Block, Bullets, Details, Document, Figure, Heading, Para, Span, Table
+from calibkit.report.document import CompareReport, EngineResult, LayerResult, Report, TuneReport
+from calibkit.report.formatting import DASH, num, pct, points, shorten, text
+from calibkit.report.plots import Plot
+
+MAX_DISAGREEMENTS = 200
+MAX_TEXT = 300
+
+
+def build_document(report: Report, plots: Sequence[Plot]) -> Document:
+    names = {p.name for p in plots}
+    if isinstance(report, TuneReport):
+        return _tune_document(report, names)
+    return _compare_document(report, names)
+
+
+def _figures(names: set[str], order: Sequence[str]) -> tuple[Block, ...]:
+    return tuple(Figure(n) for n in order if n in names)
+
+
+# ---------------------------------------------------------------- compare
+
+
+def _baseline(engines: Sequence[EngineResult]) -> EngineResult | None:
+    for wanted in ("reference", "A"):
+        for e in engines:
+            if e.name == wanted and e.accuracy is not None:
+                return e
+    return None
+
+
+def _engine_table(engines: Sequence[EngineResult]) -> Table:
+    base = _baseline(engines)
+    rows = []
+    for e in engines:
+        delta = None
+        if base is not None and e is not base and e.accuracy is not None and base.accuracy is not None:
+            delta = e.accuracy - base.accuracy
+        rows.append((
+            text(e.name), text(e.precision), text(e.backend), pct(e.accuracy),
+            points(delta) if base is not None and e is not base else DASH, num(e.macro_f1),
+            num(e.latency_ms.p50, 2), num(e.latency_ms.p95, 2), num(e.throughput_per_s, 1), num(e.batch_size),
+            text(e.path),
+        ))
+    vs = f"Δ vs {base.name}" if base is not None else "Δ accuracy"
+    return Table(
+        headers=("engine", "precision", "backend", "accuracy", vs, "macro F1", "p50 ms", "p95 ms", "per s",
+                 "batch", "path"),
+        rows=tuple(rows),
+        numeric=(False, False, False, True, True, True, True, True, True, True, False),
+    )
+
+
+def _keep_layers(report: CompareReport) -> tuple[tuple[str, LayerResult | None], ...]:
+    if report.keep_nodes:
+        return tuple((node, report.layer_for_node(node)) for node in report.keep_nodes)
+    return tuple((x.label, x) for x in report.layers if x.flagged)
+
+
+def _keep_table(keep: Sequence[tuple[str, LayerResult | None]]) -> Table:
+    rows = []
+    for node, layer in keep:
+        rows.append((
+            node,
+            text(layer.op_type) if layer else DASH,
+            text(layer.flag) if layer else DASH,
+            num(layer.sqnr_db, 1) if layer else DASH,
+            "; ".join(layer.reasons) if layer and layer.reasons else DASH,
+        ))
+    return Table(headers=("node", "op", "flag", "SQNR dB", "reasons"), rows=tuple(rows),
+                 numeric=(False, False, False, True, False))
+
+
+def _delta(layer: LayerResult, which: str) -> str:
+    sens = layer.only_this_int8 if which == "only" else layer.all_but_this
+    return points(sens.delta) if sens is not None else DASH
+
+
+def _layer_table(layers: Sequence[LayerResult]) -> Table:
+    rows = tuple(
+        (
+            num(x.index), text(x.node), text(x.op_type), text(x.tensor), num(x.amax), num(x.fp_absmax),
+            num(x.p9999), pct(x.clipped_fraction, 3), num(x.outlier_ratio, 1), num(x.nonfinite),
+            num(x.sqnr_db, 1), num(x.cosine, 4), _delta(x, "only"), _delta(x, "all_but"), text(x.flag),
+            "; ".join(x.reasons) or DASH,
+        )
+        for x in layers
+    )
+    return Table(
+        headers=("#", "node", "op", "tensor", "amax", "FP |x| max", "p99.99", "clipped", "outlier ratio",
+                 "non-finite", "SQNR dB", "cosine", "Δ only this INT8", "Δ all but this", "flag", "reasons"),
+        rows=rows,
+        numeric=(True, False, False, False, True, True, True, True, True, True, True, True, True, True, False, False),
+        highlight=tuple(x.flagged for x in layers),
+    )
+
+
+def _compare_document(report: CompareReport, plots: set[str]) -> Document:
+    blocks: list[Block] = [Heading(2, "Summary")]
+    labels = ", ".join(report.eval_labels) if report.eval_labels else DASH
+    blocks.append(Para.of("Evaluated on ", Span(num(report.eval_count), bold=True), " texts from ",
+                          Span(text(report.eval_path), code=True), f" (labels: {labels})."))
+    if report.engines:
+        blocks.append(_engine_table(report.engines))
+    o = report.outputs
+    blocks.append(Bullets((
+        Para.of("Agreement of the predictions of A and B: ", Span(pct(report.agreement), bold=True)),
+        Para.of(f"Cosine similarity of the outputs: mean {num(o.cosine_mean, 4)}, min {num(o.cosine_min, 4)}"),
+        Para.of(f"Output error: max |Δ| {num(o.max_abs_error)}, mean |Δ| {num(o.mean_abs_error)}"
+                + (f", logit MSE {num(o.logit_mse)}" if o.logit_mse is not None else "")
+                + (f", mean KL {num(o.mean_kl)}" if o.mean_kl is not None else "")),
+        Para.of(f"Disagreements: {len(report.disagreements)}"),
+    )))
+    if report.layer_samples or report.sensitivity_samples:
+        sens = num(report.sensitivity_samples) if report.sensitivity_samples else "no"
+        blocks.append(Para.of(f"Per-layer statistics from {num(report.layer_samples)} texts; per-layer "
+                              f"sensitivity from {sens} texts."))
+    keep = _keep_layers(report)
+    precision = (report.keep_precision or "higher precision").upper()
+    blocks.append(Heading(2, "Layers to keep in higher precision"))
+    if keep:
+        blocks.append(Para.of("Keep ", Span(f"{len(keep)} of {len(report.layers)}", bold=True),
+                              f" quantized layers in {precision}; the rest can run in INT8."))
+        blocks.append(_keep_table(keep))
+    elif report.layers:
+        blocks.append(Para.of(f"None: all {len(report.layers)} quantized layers passed the thresholds."))
+    else:
+        blocks.append(Para.of("No per-layer analysis in this report."))
+    figures = _figures(plots, ("sqnr", "ranges", "histograms", "confusion"))
+    if figures:
+        blocks += [Heading(2, "Plots"), *figures]
+    flagged = [x for x in report.layers if x.flagged]
+    if flagged:
+        blocks += [Heading(2, f"Flagged layers ({len(flagged)})"), _layer_table(flagged)]
+    if report.layers:
+        blocks.append(Details(f"All {len(report.layers)} layers", (_layer_table(report.layers),)))
+    blocks.append(Heading(2, f"Disagreements ({len(report.disagreements)})"))
+    if report.disagreements:
+        shown = report.disagreements[:MAX_DISAGREEMENTS]
+        note = (f"First {MAX_DISAGREEMENTS} of {len(report.disagreements)}; all are in report.json."
+                if len(report.disagreements) > MAX_DISAGREEMENTS else "")
+        blocks.append(Table(
+            headers=("#", "label", "A", "B", "text"),
+            rows=tuple((num(d.index), text(d.label), text(d.pred_a), text(d.pred_b),
+                        shorten(text(d.text), MAX_TEXT)) for d in shown),
+            numeric=(True, False, False, False, False),
+            note=note,
+        ))
+    else:
+        blocks.append(Para.of("A and B agree on every text."))
+    if report.thresholds:
+        blocks.append(Details("Thresholds used to flag layers", (Table(
+            headers=("threshold", "value"), rows=tuple((s.name, s.value) for s in report.thresholds)),)))
+    subtitle = f"calibkit {text(report.calibkit_version)} · {report.format}"
+    return Document("Quantization comparison", subtitle, tuple(blocks))
+
+
+# ---------------------------------------------------------------- tune
+
+
+def _tune_document(report: TuneReport, plots: set[str]) -> Document:
+    blocks: list[Block] = [Heading(2, "Summary")]
+    if report.max_drop is None:
+        drop = DASH
+    elif report.relative:
+        drop = f"{100 * report.max_drop:.2f} % of it (relative)"
+    else:
+        drop = f"{100 * report.max_drop:.2f} pt"
+    blocks.append(Para.of("Target: accuracy at least ", Span(pct(report.target_accuracy), bold=True),
+                          f" (FP32 {pct(report.fp32_accuracy)} minus {drop})."))
+    final = report.final
+    if final is None:
+        blocks.append(Para.of("No plan was chosen."))
+    else:
+        target = report.target_accuracy
+        judged = final.accuracy_holdout if final.accuracy_holdout is not None else final.accuracy_search
+        verdict = DASH if target is None or judged is None else ("yes" if judged >= target - 1e-12 else "no")
+        blocks.append(Bullets((
+            Para.of("Share of FLOPs in INT8: ", Span(pct(final.int8_flops_fraction, 1), bold=True)),
+            Para.of(f"Accuracy on the search set: {pct(final.accuracy_search)}; on the hold-out set: ",
+                    Span(pct(final.accuracy_holdout), bold=True)),
+            Para.of(f"Meets the target: {verdict}"),
+            Para.of(f"Layers kept in higher precision: {len(final.kept_nodes)}"),
+        )))
+        if final.kept_nodes:
+            blocks.append(Table(
+                headers=("kept node", "reasons"),
+                rows=tuple((n, "; ".join(final.reasons_for(n)) or DASH) for n in final.kept_nodes),
+            ))
+    if report.peers:
+        ref = final.accuracy_holdout if final else None
+        blocks.append(Heading(2, "Peers"))
+        blocks.append(Table(
+            headers=("tool", "accuracy", "calibkit plan vs it"),
+            rows=tuple((text(p.name), pct(p.accuracy),
+                        points(ref - p.accuracy) if ref is not None and p.accuracy is not None else DASH)
+                       for p in report.peers),
+            numeric=(False, True, True),
+        ))
+    figures = _figures(plots, ("tune",))
+    if figures:
+        blocks += [Heading(2, "Plots"), *figures]
+    if report.candidates:
+        chosen = set(final.kept_nodes) if final else None
+        blocks.append(Heading(2, f"Candidates ({len(report.candidates)})"))
+        blocks.append(Table(
+            headers=("id", "method", "INT8 FLOPs", "accuracy search", "accuracy hold-out", "kept", "accepted",
+                     "kept nodes"),
+            rows=tuple((num(c.id), text(c.method), pct(c.int8_flops_fraction, 1), pct(c.accuracy_search),
+                        pct(c.accuracy_holdout), str(len(c.kept_nodes)),
+                        DASH if c.accepted is None else ("yes" if c.accepted else "no"),
+                        shorten(", ".join(c.kept_nodes), 160) or DASH) for c in report.candidates),
+            numeric=(True, False, True, True, True, True, False, False),
+            highlight=tuple(chosen is not None and set(c.kept_nodes) == chosen for c in report.candidates),
+            note="Highlighted: the chosen plan." if final else "",
+        ))
+    subtitle = f"calibkit {text(report.calibkit_version)} · {report.format}"
+    return Document("Accuracy-driven tuning", subtitle, tuple(blocks))

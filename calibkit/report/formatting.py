@@ -1,0 +1,60 @@
+"""Numbers and names as they appear in reports: one place, so Markdown and HTML agree. Missing values are "—"."""
+
+from __future__ import annotations
+
+import html
+import re
+
+DASH = "—"
+
+
+def num(value: float | int | None, digits: int = 3) -> str:
+    if value is None:
+        return DASH
+    if isinstance(value, int):
+        return str(value)
+    if value != 0 and (abs(value) >= 1e12 or abs(value) < 10 ** -digits):
+        return f"{value:.{digits}g}"
+    if abs(value) >= 1e5:
+        return f"{value:.0f}"
+    return f"{value:.{digits}f}"
+
+
+def pct(value: float | None, digits: int = 2) -> str:
+    """A fraction in [0, 1] as a percentage; anything else is shown as it is (it may already be a percentage)."""
+    if value is None:
+        return DASH
+    if -1.0 <= value <= 1.0:
+        return f"{100.0 * value:.{digits}f} %"
+    return f"{value:.{digits}f}"
+
+
+def points(value: float | None, digits: int = 2) -> str:
+    """A signed accuracy difference (fractions) in percentage points."""
+    if value is None:
+        return DASH
+    return f"{100.0 * value:+.{digits}f} pt"
+
+
+def text(value: object) -> str:
+    return DASH if value is None or value == "" else str(value)
+
+
+def shorten(value: str, width: int) -> str:
+    return value if len(value) <= width else value[: width // 2 - 1] + "…" + value[-(width - width // 2):]
+
+
+def esc_html(value: object) -> str:
+    return html.escape(text(value), quote=True)
+
+
+# Only what can start markup inside a line of a table cell or paragraph ("(" matters only after "]", which is
+# escaped; "#", "+" and "-" only at the start of a line, which a cell never is).
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|&~$])")
+_NEWLINES = re.compile(r"\s*[\r\n]+\s*")
+
+
+def esc_md(value: object) -> str:
+    """Text that is safe inside a Markdown table cell: markup characters escaped, newlines folded to spaces."""
+    s = _NEWLINES.sub(" ", text(value))
+    return _MD_SPECIAL.sub(r"\\\1", s)

@@ -1,0 +1,302 @@
+"""Rendering compare and tune documents: files, plots, escaping, Markdown tables, atomicity, the CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from calibkit.cli import app
+from calibkit.errors import DataError, UsageError
+from calibkit.report import plots as plots_module
+from calibkit.report.document import parse_document
+from calibkit.report.render import render_report
+
+EVIL = "<script>alert(1)</script>"
+PIPE_NODE = "/encoder/layer.3/output|Add"
+OPS = ("MatMul", "Add", "LayerNormalization", "Gelu", "Softmax")
+
+
+def fake_compare(n_layers: int = 60, seed: int = 0) -> dict:
+    """A compare document shaped like a 6-layer MiniLM run: 60 taps, three flagged, histograms for eight."""
+    rng = np.random.default_rng(seed)
+    layers, histograms = [], {}
+    flagged = {i: f for i, f in {7: "keep-fp16", 31: "keep-fp32", 52: "keep-fp16"}.items() if i < n_layers}
+    for i in range(n_layers):
+        op = OPS[i % len(OPS)]
+        node = f"/encoder/layer.{i // 10}/{op}_{i}"
+        if i == 12:
+            node = PIPE_NODE
+        tensor = EVIL if i == 31 else f"{node}_output_0"
+        scale = float(rng.uniform(0.5, 8.0)) * (60.0 if i in flagged else 1.0)
+        x = np.abs(rng.laplace(0.0, scale / 6, 4000))
+        upper = float(x.max())
+        counts, _ = np.histogram(x, bins=256, range=(0.0, upper))
+        amax = float(np.quantile(x, 0.9999))
+        flag = flagged.get(i, "ok")
+        layers.append({
+            "index": i, "node": node, "op_type": op, "tensor": tensor, "amax": amax,
+            "fp_min": -upper, "fp_max": upper, "fp_absmax": upper, "p99": float(np.quantile(x, 0.99)),
+            "p9999": amax, "clipped_fraction": float(np.mean(x > amax)), "outlier_ratio": upper / float(np.median(x)),
+            "nonfinite": 0, "sqnr_db": 12.0 if i in flagged else float(rng.uniform(25, 45)),
+            "cosine": 0.97 if i in flagged else 0.9995,
+            "sensitivity": {"only_this_int8": {"accuracy": 0.80, "delta": -0.04, "logit_mse": 0.1},
+                            "all_but_this": {"accuracy": 0.84, "delta": -0.004, "logit_mse": 0.01}}
+            if i in flagged else None,
+            "flag": flag, "reasons": ["SQNR 12.0 dB < 20 dB", f"outliers {EVIL}"] if i in flagged else [],
+        })
+        if i in flagged or i < 5:
+            histograms[tensor] = {
+                "counts": counts.tolist(), "upper": upper,
+                "thresholds": {"minmax": upper, "percentile": amax, "entropy": amax * 0.8, "mse": amax * 0.6,
+                               "amax": amax},
+            }
+    return {
+        "format": "calibkit-compare/1", "calibkit_version": "0.1.0",
+        "eval_set": {"path": "eval_sets/movies", "count": 2114, "labels": ["negative", "positive"]},
+        "engines": [
+            {"name": "A", "path": "model.onnx", "precision": "fp32", "backend": "onnxruntime", "accuracy": 0.8444,
+             "macro_f1": 0.84, "confusion_matrix": [[900, 150], [179, 885]], "labels": ["negative", "positive"],
+             "latency_ms": {"mean": 5.1, "p50": 4.9, "p95": 7.2}, "throughput_per_s": 410.0, "batch_size": 16},
+            {"name": "B", "path": "model.int8.onnx", "precision": "int8", "backend": "onnxruntime",
+             "accuracy": 0.8079, "macro_f1": 0.80, "confusion_matrix": [[850, 200], [206, 858]],
+             "labels": ["negative", "positive"], "latency_ms": {"mean": 3.9, "p50": 3.7, "p95": 5.5},
+             "throughput_per_s": 520.0, "batch_size": 16},
+        ],
+        "agreement": 0.93,
+        "outputs": {"cosine_mean": 0.991, "cosine_min": 0.71, "max_abs_error": 2.3, "mean_abs_error": 0.12},
+        "disagreements": [
+            {"index": 4, "text": f"a film {EVIL} that | breaks\ntables", "label": "positive", "pred_a": "positive",
+             "pred_b": "negative"},
+            {"index": 9, "text": "plain", "label": "negative", "pred_a": "negative", "pred_b": "positive"},
+        ],
+        "layers": layers,
+        "thresholds": {"sqnr_db_min": 20.0, "clipped_fraction_max": 0.001},
+        "recommendation": {"keep_in_higher_precision": [layers[i]["node"] for i in sorted(flagged)],
+                           "precision": "fp16"},
+        "histograms": histograms,
+    }
+
+
+def fake_tune(relative: bool = False) -> dict:
+    rng = np.random.default_rng(1)
+    candidates = []
+    for i in range(25):
+        frac = float(rng.uniform(0.7, 1.0))
+        acc = 0.845 - 0.12 * (frac - 0.7) + float(rng.normal(0, 0.004))
+        candidates.append({"id": i, "int8_flops_fraction": frac, "accuracy_search": acc,
+                           "accuracy_holdout": acc - 0.002 if i % 3 == 0 else None,
+                           "kept_nodes": [f"/encoder/layer.{j}/Add" for j in range(i % 4)], "method": "entropy",
+                           "accepted": acc >= 0.8344})
+    return {
+        "format": "calibkit-tune/1", "calibkit_version": "0.1.0",
+        "target": {"max_drop": 0.01, "relative": relative, "fp32_accuracy": 0.8444},
+        "candidates": candidates,
+        "final": {"kept_nodes": ["/encoder/layer.0/Add", EVIL], "int8_flops_fraction": 0.93,
+                  "accuracy_search": 0.838, "accuracy_holdout": 0.836,
+                  "reasons": {EVIL: ["SQNR 9 dB"], "/encoder/layer.0/Add": ["residual outliers"]}},
+        "peers": [{"name": "ORT quantize_static MinMax", "accuracy": 0.8079},
+                  {"name": "ModelOpt int8 entropy", "accuracy": 0.6272}],
+    }
+
+
+def _tables(md: str) -> list[list[str]]:
+    tables, current = [], []
+    for line in md.splitlines():
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            tables.append(current)
+            current = []
+    if current:
+        tables.append(current)
+    return tables
+
+
+def _cells(row: str) -> int:
+    return len(re.findall(r"(?<!\\)\|", row)) - 1
+
+
+@pytest.fixture(scope="module")
+def compare_report(tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("r") / "run"
+    return render_report(fake_compare(), out), out
+
+
+def test_compare_report_writes_every_file_and_embeds_every_plot(compare_report) -> None:
+    paths, out = compare_report
+    assert {p.name for p in paths.plots} == {"sqnr.png", "ranges.png", "histograms.png", "confusion.png"}
+    for p in (paths.json, paths.markdown, paths.html, *paths.plots):
+        assert p.is_file() and out in p.parents
+    for p in paths.plots:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    html = paths.html.read_text()
+    assert html.count("<img ") == len(paths.plots)
+    assert html.count('src="data:image/png;base64,') == len(paths.plots)
+    assert not re.search(r"""(src|href)=["'](?!data:)""", html), "the HTML must not load anything external"
+    md = paths.markdown.read_text()
+    for p in paths.plots:
+        assert f"(plots/{p.name})" in md
+    assert json.loads(paths.json.read_text()) == json.loads(json.dumps(fake_compare()))
+    assert sorted(x.name for x in out.parent.iterdir()) == ["run"], "no temporary folder may be left behind"
+
+
+def test_summary_comes_first_with_accuracy_delta_and_kept_layers(compare_report) -> None:
+    paths, _ = compare_report
+    md = paths.markdown.read_text()
+    summary = md.index("## Summary")
+    assert summary < md.index("## Layers to keep") < md.index("## Plots") < md.index("## Flagged layers")
+    assert "84.44 %" in md and "80.79 %" in md
+    assert "-3.65 pt" in md  # B vs A: 0.8079 - 0.8444
+    assert "93.00 %" in md  # agreement
+    keep = md[md.index("## Layers to keep"):md.index("## Plots")]
+    assert "3 of 60" in keep
+    doc = fake_compare()
+    for i in (7, 31, 52):
+        assert doc["layers"][i]["node"].replace("_", r"\_") in keep
+    assert r"SQNR 12.0 dB \< 20 dB" in keep
+
+
+def test_user_text_is_escaped_in_html_and_markdown(compare_report) -> None:
+    paths, _ = compare_report
+    html = paths.html.read_text()
+    md = paths.markdown.read_text()
+    assert "<script" not in html.lower()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert not re.search(r"(?<!\\)</?script", md, re.IGNORECASE), "a raw tag in Markdown renders as HTML"
+    assert r"\<script\>alert(1)\</script\>" in md
+
+
+def test_markdown_tables_keep_their_columns_with_pipes_and_newlines_in_names(compare_report) -> None:
+    paths, _ = compare_report
+    md = paths.markdown.read_text()
+    tables = _tables(md)
+    assert len(tables) >= 5
+    for table in tables:
+        widths = {_cells(row) for row in table}
+        assert len(widths) == 1, f"ragged table: {table[0]}"
+    assert PIPE_NODE.replace("|", r"\|").replace("_", r"\_") in md
+    disagreements = md[md.index("## Disagreements"):]
+    row = next(line for line in disagreements.splitlines() if line.startswith("| 4 "))
+    assert r"that \| breaks tables" in row
+
+
+def test_histograms_show_the_worst_layers_first() -> None:
+    report = parse_document(fake_compare())
+    chosen = plots_module._worst_histograms(report)
+    assert len(chosen) == plots_module.MAX_HISTOGRAMS
+    assert [layer.index for _, layer in chosen[:3]] == [7, 31, 52]  # flagged, equal SQNR: document order
+    rest = [layer.sqnr_db for _, layer in chosen[3:]]
+    assert rest == sorted(rest)
+
+
+def test_missing_and_mistyped_fields_render_as_dashes(tmp_path: Path) -> None:
+    bare = render_report({"format": "calibkit-compare/1"}, tmp_path / "bare")
+    assert "—" in bare.markdown.read_text()
+    assert bare.plots == ()
+    doc = fake_compare(n_layers=6)
+    doc["engines"][0] = {"name": "A", "accuracy": "high", "confusion_matrix": [[1, 2], [3]], "latency_ms": 5}
+    doc["layers"][2] = {"index": "two", "sqnr_db": None, "reasons": "not a list", "sensitivity": {"only_this_int8": 1}}
+    doc["layers"][3]["amax"] = float("nan")
+    doc["histograms"] = {"t": {"counts": "x"}, "u": None}
+    doc["agreement"] = None
+    del doc["outputs"]
+    paths = render_report(doc, tmp_path / "odd")
+    md = paths.markdown.read_text()
+    assert "| A | — | — | — |" in md
+    assert json.loads(paths.json.read_text())["layers"][3]["amax"] is None  # NaN written as null
+
+
+def test_tune_report_plots_candidates_and_target(tmp_path: Path) -> None:
+    paths = render_report(fake_tune(), tmp_path / "tune")
+    assert [p.name for p in paths.plots] == ["tune.png"]
+    md = paths.markdown.read_text()
+    assert "83.44 %" in md  # 0.8444 - 0.01
+    assert "Meets the target: yes" in md
+    assert "+2.81 pt" in md  # hold-out 0.836 vs ORT 0.8079
+    html = paths.html.read_text()
+    assert html.count("<img ") == 1
+    assert "<script" not in html.lower()
+    relative = render_report(fake_tune(relative=True), tmp_path / "rel")
+    assert "83.60 %" in relative.markdown.read_text()  # 0.8444 * 0.99
+    for table in _tables(md):
+        assert len({_cells(row) for row in table}) == 1
+
+
+@pytest.mark.parametrize("doc", [[1, 2], {"layers": []}, {"format": "calibkit-sample/1"}, {"format": 3}])
+def test_documents_that_are_not_reports_are_refused(doc: object, tmp_path: Path) -> None:
+    with pytest.raises(DataError):
+        render_report(doc, tmp_path / "x")  # type: ignore[arg-type]
+    assert not (tmp_path / "x").exists()
+
+
+def test_failed_render_keeps_the_previous_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "run"
+    first = render_report(fake_tune(), out)
+    before = first.html.read_bytes()
+
+    def broken(*_: object, **__: object) -> None:
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr("calibkit.report.render.write_text", broken)
+    with pytest.raises(RuntimeError):
+        render_report(fake_tune(relative=True), out)
+    assert first.html.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_a_folder_with_other_files_is_never_replaced(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="notes.txt"):
+        render_report(fake_tune(), tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_cli_renders_and_re_renders_in_place(tmp_path: Path) -> None:
+    src = tmp_path / "compare.json"
+    src.write_text(json.dumps(fake_tune()))  # the quickest document: this tests the command, not the plots
+    runner = CliRunner()
+    result = runner.invoke(app, ["report", str(src), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "r" / "report.html").is_file()
+    (tmp_path / "r" / "report.md").unlink()
+    again = runner.invoke(app, ["report", str(tmp_path / "r" / "report.json")])
+    assert again.exit_code == 0, again.output
+    assert (tmp_path / "r" / "report.md").is_file()
+    default = runner.invoke(app, ["report", str(src)])
+    assert default.exit_code == 0, default.output
+    assert (tmp_path / "compare-report" / "report.html").is_file()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [("{\"format\": \"calibkit-compare/1\", ", "not valid JSON"), ("[]", "JSON object"),
+     ("{\"format\": \"nope/1\"}", "unknown report format")],
+)
+def test_cli_reports_malformed_files_in_one_message(tmp_path: Path, content: str, message: str) -> None:
+    src = tmp_path / "bad.json"
+    src.write_text(content)
+    result = CliRunner().invoke(app, ["report", str(src), "--out", str(tmp_path / "r")])
+    assert result.exit_code == DataError.exit_code
+    assert message in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_cli_missing_file(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "none.json")])
+    assert result.exit_code != 0
+    assert "does not exist" in " ".join(result.output.split())
+
+
+def test_names_with_dollars_and_other_scripts_plot_without_warnings(tmp_path: Path) -> None:
+    doc = fake_compare(n_layers=3)
+    doc["engines"][0]["labels"] = ["负面", "正面"]
+    doc["layers"][0]["node"] = "层/加法 $x$ \\frac"  # "$" would switch matplotlib to mathtext
+    paths = render_report(doc, tmp_path / "r")  # warnings are errors in this suite
+    assert len(paths.plots) == 4
+    assert "层/加法 $x$" in paths.html.read_text()
