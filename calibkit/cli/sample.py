@@ -1,9 +1,127 @@
-"""`calibkit sample` (being written)."""
+"""`calibkit sample`: draw a representative calibration set from a production log."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import typer
+
+from calibkit.cli._common import RichProgress, handle_errors, out
+
+HELP = """Draw a calibration set from a JSON Lines request log (plain or .gz, any size).
+
+Writes DIR/texts.jsonl (one {"text": ...} a line, plus "label" with --label-field) and DIR/manifest.json
+(source hash, broken lines by kind, duplicates, redactions, strata, and how representative the sample's
+token lengths are: PSI and KS against the whole log).
+
+What happens to each line: broken lines are skipped and counted (--strict stops at the first one);
+<script>/<style> blocks are removed (other markup is kept: the model should see what production sees);
+e-mails, phone numbers, Luhn-valid card numbers and IP addresses become <EMAIL>, <PHONE>, <CARD>, <IP>
+(--no-redact keeps them); duplicates (exact, or equal after NFKC + case + whitespace normalization) count
+once. The sample is stratified by token length, label and topic cluster; same log + same seed gives a
+byte-identical output.
+
+Examples:
+
+  calibkit sample logs/prod.jsonl.gz --size 512
+
+  calibkit sample prod.jsonl --text-field request.text --label-field feedback.label --out calib/
+
+  calibkit sample prod.jsonl --tokenizer models/minilm --seed 1 --strict
+"""
 
 
 def register(app: typer.Typer) -> None:
-    return None
+    app.command("sample", help=HELP, no_args_is_help=True)(sample)
+
+
+def sample(
+    logs: Path = typer.Argument(..., help="JSON Lines log (.jsonl, .jsonl.gz), one request per line."),
+    size: int = typer.Option(512, "--size", "-n", help="Number of texts to draw."),
+    out_dir: Path | None = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="Output folder (default: calibration_sets/LOGSTEM-nN-sSEED, e.g. calibration_sets/prod-n512-s0).",
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the draw: same seed, same sample."),
+    text_field: str | None = typer.Option(
+        None,
+        "--text-field",
+        help="Dotted path of the text, e.g. request.text; comma-separated fallbacks allowed "
+        "(request.text,text). Default: auto-detect (text, request.text, input, prompt, query, ...).",
+    ),
+    label_field: str | None = typer.Option(
+        None, "--label-field", help="Dotted path of a label to stratify by and keep, e.g. label."
+    ),
+    tokenizer: Path | None = typer.Option(
+        None,
+        "--tokenizer",
+        help="tokenizer.json or a model folder: precise token lengths and the model's maximum length "
+        "(default: a word-piece estimate and 512).",
+    ),
+    strict: bool = typer.Option(False, "--strict", help="Fail at the first broken line instead of skipping it."),
+    no_redact: bool = typer.Option(False, "--no-redact", help="Keep e-mails, phone/card numbers and IPs as is."),
+    clusters: int = typer.Option(12, "--clusters", help="Topic clusters to stratify by (1 disables)."),
+) -> None:
+    with handle_errors():
+        from calibkit.data.calibset import write_calibration_set
+        from calibkit.data.sample_pipeline import SampleOptions, default_out_dir, draw_sample
+        from calibkit.errors import UsageError
+
+        if clusters < 1:
+            raise UsageError(f"--clusters must be at least 1 (got {clusters})")
+        options = SampleOptions(
+            size=size,
+            seed=seed,
+            text_field=text_field,
+            label_field=label_field,
+            tokenizer=tokenizer,
+            strict=strict,
+            redact=not no_redact,
+            clusters=clusters,
+        )
+        target = out_dir or default_out_dir(logs, size, seed)
+        with RichProgress() as progress:
+            drawn = draw_sample(logs, options, progress)
+        cset = write_calibration_set(target, drawn.texts, drawn.labels, drawn.manifest)
+        _summary(cset.manifest, target)
+
+
+def _summary(m: dict[str, Any], target: Path) -> None:
+    from rich.table import Table
+
+    lines = m["lines"]
+    dd = m["dedup"]
+    rep = m["representativeness"]
+    red = m["redaction"]
+    tf = m["text_field"]
+    t = Table(title=f"calibration set: {target}", show_header=False, title_justify="left")
+    t.add_column("what", style="bold")
+    t.add_column("value")
+    t.add_row("log", f"{m['source']['path']} ({m['source']['size_bytes']:,} bytes)")
+    t.add_row("text field", ", ".join(tf["paths"]) + (" (auto-detected)" if tf["auto_detected"] else ""))
+    t.add_row("lines read", f"{lines['read']:,}")
+    broken = ", ".join(
+        f"{k} {v['count']:,} (line {', '.join(map(str, v['first_lines'][:3]))})" for k, v in lines["broken"].items()
+    )
+    t.add_row("broken lines", f"{lines['broken_total']:,}" + (f": {broken}" if broken else ""))
+    t.add_row(
+        "duplicates",
+        f"{dd['duplicate_lines']:,} lines ({dd['exact_duplicates']:,} exact, "
+        f"{dd['normalized_duplicates']:,} normalized); {dd['distinct_texts']:,} distinct texts",
+    )
+    if red["enabled"]:
+        t.add_row("redacted", ", ".join(f"{k} {v:,}" for k, v in red["counts"].items()))
+    else:
+        t.add_row("redacted", "off (--no-redact)")
+    t.add_row("strata", f"{len(m['strata']['table'])} (length x label x {m['strata']['topics']['clusters']} topics)")
+    ln = m["length"]
+    measure = "tokenizer" if ln["measure"].startswith("tokenizer") else ln["measure"]
+    t.add_row(
+        "sample",
+        f"{m['count']:,} texts; {ln['over_max']['sample']} longer than {ln['max_length']} tokens ({measure})",
+    )
+    t.add_row("representative?", f"{rep['verdict']} (PSI {rep['psi']:.3f}, KS {rep['ks']:.3f})")
+    out.print(t)

@@ -1,0 +1,320 @@
+"""A robust, streaming reader of JSON Lines request logs (plain or gzip-compressed).
+
+The file is read in binary blocks (never whole), hashed while it is read, and split into lines; every line
+is either a :class:`LogRecord` or counted as broken by kind. Broken lines never stop the reader unless
+``strict`` is set, in which case the first one raises a :class:`DataError` naming its line number.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from calibkit.errors import DataError
+
+log = logging.getLogger("calibkit.data.logs")
+
+# Where request texts usually live, in the order auto-detection prefers them.
+TEXT_FIELD_CANDIDATES: tuple[str, ...] = (
+    "text",
+    "request.text",
+    "input",
+    "request.input",
+    "prompt",
+    "request.prompt",
+    "query",
+    "request.query",
+    "inputs",
+    "message",
+    "content",
+    "sentence",
+    "body.text",
+    "payload.text",
+)
+
+# Kinds of broken lines, in the order they are checked.
+BROKEN_KINDS: tuple[str, ...] = (
+    "blank",
+    "invalid_utf8",
+    "invalid_json",
+    "not_object",
+    "missing_text",
+    "non_string_text",
+    "empty_text",
+)
+_BROKEN_DESCRIPTIONS = {
+    "blank": "blank line",
+    "invalid_utf8": "invalid UTF-8 bytes",
+    "invalid_json": "invalid or truncated JSON",
+    "not_object": "JSON value is not an object",
+    "missing_text": "text field missing",
+    "non_string_text": "text field is not a string",
+    "empty_text": "text field is empty",
+}
+FIRST_LINES_KEPT = 5
+_BLOCK = 1 << 20
+_DETECT_LINES = 2000
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    line_no: int  # 1-based
+    text: str
+    label: str | None
+
+
+@dataclass
+class ReadStats:
+    """Filled in while a log is read (mutable on purpose: it is the reader's running tally)."""
+
+    lines: int = 0
+    records: int = 0
+    broken: dict[str, int] = field(default_factory=lambda: {k: 0 for k in BROKEN_KINDS})
+    first_lines: dict[str, list[int]] = field(default_factory=lambda: {k: [] for k in BROKEN_KINDS})
+    bytes_read: int = 0  # of the file on disk (compressed when gzip)
+    sha256: str = ""
+    gzip_truncated: bool = False  # the compressed stream ended early (a log copied while being written)
+
+    @property
+    def broken_total(self) -> int:
+        return sum(self.broken.values())
+
+    def add_broken(self, kind: str, line_no: int) -> None:
+        self.broken[kind] += 1
+        if len(self.first_lines[kind]) < FIRST_LINES_KEPT:
+            self.first_lines[kind].append(line_no)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gzip_truncated": self.gzip_truncated,
+            "read": self.lines,
+            "usable": self.records,
+            "broken_total": self.broken_total,
+            "broken": {
+                k: {"count": self.broken[k], "first_lines": list(self.first_lines[k])}
+                for k in BROKEN_KINDS
+                if self.broken[k]
+            },
+        }
+
+
+def is_gzip(path: str | os.PathLike[str]) -> bool:
+    with open(path, "rb") as fh:
+        return fh.read(2) == b"\x1f\x8b"
+
+
+def _raw_blocks(path: Path, on_bytes: Callable[[bytes], None], st: ReadStats) -> Iterator[bytes]:
+    """Decompressed blocks of the file; ``on_bytes`` sees the bytes as they are on disk."""
+    gz = is_gzip(path)
+    fed = False
+    with open(path, "rb") as fh:
+        dec = zlib.decompressobj(wbits=47) if gz else None
+        while block := fh.read(_BLOCK):
+            on_bytes(block)
+            if dec is None:
+                yield block
+                continue
+            while block:
+                fed = True
+                try:
+                    out = dec.decompress(block)
+                except zlib.error as exc:
+                    raise DataError(
+                        f"{path}: corrupt gzip data ({exc})", hint="re-compress the log or pass it uncompressed"
+                    ) from exc
+                if out:
+                    yield out
+                if dec.eof:  # concatenated gzip members (as `cat a.gz b.gz` or log rotation writes them)
+                    block = dec.unused_data
+                    dec = zlib.decompressobj(wbits=47)
+                    fed = False
+                else:
+                    block = b""
+        if dec is not None:
+            tail = dec.flush()
+            if tail:
+                yield tail
+            if fed and not dec.eof:
+                st.gzip_truncated = True
+                log.warning("%s: gzip stream ends early (truncated file); the lines before the cut are used", path)
+
+
+def iter_lines(path: str | os.PathLike[str], stats: ReadStats | None = None) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, bytes without the line ending); a final line without newline is included."""
+    p = Path(path)
+    st = stats or ReadStats()
+    digest = hashlib.sha256()
+
+    def seen(b: bytes) -> None:
+        digest.update(b)
+        st.bytes_read += len(b)
+
+    n = 0
+    rest = b""
+    for block in _raw_blocks(p, seen, st):
+        parts = (rest + block).split(b"\n") if rest else block.split(b"\n")
+        rest = parts.pop()
+        for part in parts:
+            n += 1
+            yield n, part[:-1] if part.endswith(b"\r") else part
+    if rest:
+        n += 1
+        yield n, rest[:-1] if rest.endswith(b"\r") else rest
+    st.sha256 = digest.hexdigest()
+
+
+def get_path(obj: dict[str, Any], path: Sequence[str]) -> tuple[bool, Any]:
+    cur: Any = obj
+    for key in path:
+        if not isinstance(cur, dict) or key not in cur:
+            return False, None
+        cur = cur[key]
+    return True, cur
+
+
+def _split(path: str) -> tuple[str, ...]:
+    parts = tuple(p for p in path.strip().split("."))
+    if not path.strip() or any(not p for p in parts):
+        raise DataError(f"invalid field path {path!r}", hint="use a dotted path such as text or request.text")
+    return parts
+
+
+def parse_field_paths(spec: str) -> tuple[str, ...]:
+    """``"request.text,text"`` -> ("request.text", "text"): fallbacks tried in order on every line."""
+    paths = tuple(s.strip() for s in spec.split(",") if s.strip())
+    if not paths:
+        raise DataError(f"invalid field path {spec!r}", hint="use a dotted path such as text or request.text")
+    for p in paths:
+        _split(p)
+    return paths
+
+
+def detect_text_fields(path: str | os.PathLike[str], max_lines: int = _DETECT_LINES) -> tuple[str, ...]:
+    """Pick the text field(s) from the first good lines.
+
+    The most common candidate wins; further candidates are added only when they cover lines the chosen ones
+    do not (logs where one endpoint nests its text, e.g. ``request.text``, and the others do not).
+    """
+    objects: list[dict[str, Any]] = []
+    keys_seen: set[str] = set()
+    for _, raw in iter_lines(path):
+        if len(objects) >= max_lines:
+            break
+        try:
+            obj = json.loads(raw)
+        except (UnicodeDecodeError, ValueError):
+            continue
+        if isinstance(obj, dict):
+            objects.append(obj)
+            keys_seen.update(map(str, obj.keys()))
+    if not objects:
+        raise DataError(
+            f"{path}: no JSON object found in the first lines",
+            hint="calibkit sample reads JSON Lines (one JSON object per line), plain or .gz",
+        )
+    covers: dict[str, set[int]] = {}
+    for cand in TEXT_FIELD_CANDIDATES:
+        parts = _split(cand)
+        hit = set()
+        for i, obj in enumerate(objects):
+            ok, v = get_path(obj, parts)
+            if ok and isinstance(v, str) and v.strip():
+                hit.add(i)
+        if hit:
+            covers[cand] = hit
+    chosen: list[str] = []
+    covered: set[int] = set()
+    min_new = max(1, len(objects) // 100)
+    while True:
+        best = max(
+            (c for c in covers if c not in chosen),
+            key=lambda c: (len(covers[c] - covered), -TEXT_FIELD_CANDIDATES.index(c)),
+            default=None,
+        )
+        if best is None or len(covers[best] - covered) < min_new:
+            break
+        chosen.append(best)
+        covered |= covers[best]
+    if not chosen:
+        raise DataError(
+            f"{path}: no text field found among {', '.join(TEXT_FIELD_CANDIDATES)} "
+            f"(top-level fields seen: {', '.join(sorted(keys_seen)[:12]) or 'none'})",
+            hint="name it with --text-field, a dotted path such as request.text",
+        )
+    return tuple(chosen)
+
+
+def read_log(
+    path: str | os.PathLike[str],
+    text_fields: Sequence[str],
+    label_field: str | None = None,
+    *,
+    strict: bool = False,
+    stats: ReadStats | None = None,
+) -> Iterator[LogRecord]:
+    """Yield the usable records of a JSON Lines log; count the rest in ``stats`` by kind."""
+    st = stats if stats is not None else ReadStats()
+    fields = [_split(f) for f in text_fields]
+    label_parts = _split(label_field) if label_field else None
+    loads = json.loads
+    for n, raw in iter_lines(path, st):
+        st.lines += 1
+        kind: str | None = None
+        text: Any = None
+        if not raw.strip():
+            kind = "blank"
+        else:
+            try:
+                s = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                kind = "invalid_utf8"
+            else:
+                try:
+                    obj = loads(s)
+                except ValueError:
+                    kind = "invalid_json"
+                else:
+                    if not isinstance(obj, dict):
+                        kind = "not_object"
+                    else:
+                        found = False
+                        for parts in fields:
+                            cur: Any = obj
+                            for key in parts:
+                                if isinstance(cur, dict) and key in cur:
+                                    cur = cur[key]
+                                else:
+                                    break
+                            else:
+                                found = True
+                                text = cur
+                                if isinstance(cur, str) and cur.strip():
+                                    break
+                        if not found:
+                            kind = "missing_text"
+                        elif not isinstance(text, str):
+                            kind = "non_string_text"
+                        elif not text.strip():
+                            kind = "empty_text"
+        if kind is not None:
+            if strict:
+                raise DataError(
+                    f"{path}:{n}: {_BROKEN_DESCRIPTIONS[kind]} (--strict stops at the first bad line)",
+                    hint="fix or drop that line, or run without --strict to skip and count bad lines",
+                )
+            st.add_broken(kind, n)
+            continue
+        label = None
+        if label_parts is not None:
+            ok, lv = get_path(obj, label_parts)
+            if ok and lv is not None and not isinstance(lv, (dict, list)):
+                label = str(lv)
+        st.records += 1
+        yield LogRecord(n, text, label)

@@ -1,0 +1,336 @@
+"""From a production log to a calibration set: the orchestration behind ``calibkit sample``.
+
+One streaming pass over the log parses and validates each line, strips ``<script>``/``<style>`` blocks,
+redacts personal data, de-duplicates (8-byte digests of normalized texts), estimates the token length, and
+offers each first-seen text to a bounded per-stratum pool (length bucket x label) by seeded priority. After
+the pass only the pool (a few thousand texts per stratum) is tokenized precisely (when a tokenizer is given),
+clustered into topics, and the sample is allocated over (length bucket, label, topic) strata.
+
+The population is the set of *distinct* texts: a hot query is one text, however often it was sent; how often
+each sampled text was seen is recorded in the manifest (``sample_seen_counts``) for weighting.
+
+Same log + same options + same seed -> the same texts in the same order, and a byte-identical manifest.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from calibkit import __version__
+from calibkit.data.calibset import CalibrationSet, write_calibration_set
+from calibkit.data.dedup import DedupIndex
+from calibkit.data.logs import ReadStats, detect_text_fields, parse_field_paths, read_log
+from calibkit.data.redact import REDACTION_KINDS, redact, strip_scripts
+from calibkit.data.sampling import (
+    PSI_EDGES,
+    Candidate,
+    PriorityPool,
+    allocate,
+    bucket_names,
+    cluster_topics,
+    estimate_tokens,
+    histogram,
+    length_bucket,
+    length_psi,
+    priority,
+    verdict,
+    weighted_ks,
+)
+from calibkit.errors import DataError
+from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+
+log = logging.getLogger("calibkit.data.sample")
+
+DEFAULT_MAX_LENGTH = 512
+_PROGRESS_EVERY = 20_000
+_HOT_KEPT = 10
+_DUP_TEXTS_KEPT = 50_000
+
+
+@dataclass(frozen=True)
+class SampleOptions:
+    size: int = 512
+    seed: int = 0
+    text_field: str | None = None  # dotted path, or comma-separated fallbacks; None: auto-detect
+    label_field: str | None = None
+    tokenizer: Path | None = None  # tokenizer.json or a model folder; None: word-piece estimate
+    strict: bool = False
+    redact: bool = True
+    clusters: int = 12
+    max_length: int | None = None  # None: the tokenizer's maximum, else 512
+    min_per_stratum: int = 1
+
+
+@dataclass(frozen=True)
+class Sample:
+    texts: tuple[str, ...]
+    labels: tuple[str | None, ...] | None
+    manifest: dict[str, Any]
+
+
+def default_out_dir(log_path: str | os.PathLike[str], size: int, seed: int) -> Path:
+    """calibration_sets/<log stem>-n<N>-s<seed> (``x.jsonl.gz`` has stem ``x``)."""
+    name = Path(log_path).name
+    for suffix in (".gz", ".jsonl", ".json", ".ndjson", ".log", ".txt"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)]
+    return Path("calibration_sets") / f"{name}-n{size}-s{seed}"
+
+
+def _check_log(path: Path) -> None:
+    if not path.exists():
+        raise DataError(f"log not found: {path}", hint="pass the path of a JSON Lines log (.jsonl or .jsonl.gz)")
+    if not path.is_file():
+        raise DataError(f"not a file: {path}", hint="pass the path of a JSON Lines log (.jsonl or .jsonl.gz)")
+    try:
+        with open(path, "rb") as fh:
+            fh.read(1)
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc.strerror or exc}", hint="check the file's permissions") from exc
+    if path.stat().st_size == 0:
+        raise DataError(f"log is empty: {path}", hint="point calibkit sample at a log with requests in it")
+
+
+def draw_sample(
+    log_path: str | os.PathLike[str], options: SampleOptions, progress: ProgressCallback | None = None
+) -> Sample:
+    """Read the log and choose the calibration texts; writes nothing."""
+    path = Path(log_path)
+    cb = progress or no_progress
+    if options.size < 1:
+        raise DataError(f"--size must be at least 1 (got {options.size})")
+    _check_log(path)
+    if options.text_field:
+        fields, auto = parse_field_paths(options.text_field), False
+    else:
+        fields, auto = detect_text_fields(path), True
+        log.info("text field auto-detected: %s", ", ".join(fields))
+
+    stats = ReadStats()
+    dedup = DedupIndex()
+    redactions: Counter[str] = Counter()
+    scripts_removed = 0
+    emptied = 0
+    max_len_cap = options.max_length or DEFAULT_MAX_LENGTH
+    est_hist = np.zeros(len(PSI_EDGES), dtype=np.int64)
+    over_max_est = 0
+    pool = PriorityPool(capacity=max(4 * options.size, 1024))
+    dup_texts: dict[int, str] = {}
+    file_size = path.stat().st_size
+    cb(ProgressEvent("reading log", 0, file_size))
+    for rec in read_log(path, fields, options.label_field, strict=options.strict, stats=stats):
+        if stats.records % _PROGRESS_EVERY == 0:
+            cb(ProgressEvent("reading log", stats.bytes_read, file_size, f"{stats.lines:,} lines"))
+        text, n_scripts = strip_scripts(rec.text)
+        if n_scripts:
+            scripts_removed += n_scripts
+            if not text.strip():
+                emptied += 1
+                continue
+        if options.redact:
+            r = redact(text)
+            if r.counts:
+                text = r.text
+                redactions.update(r.counts)
+        seen = dedup.add(text)
+        if not seen.first:
+            if seen.key not in dup_texts and len(dup_texts) < _DUP_TEXTS_KEPT:
+                dup_texts[seen.key] = text
+            continue
+        est = estimate_tokens(text)
+        est_hist[np.searchsorted(PSI_EDGES, est, side="right") - 1] += 1
+        if est > max_len_cap:
+            over_max_est += 1
+        cand = Candidate(priority(seen.key, options.seed), seen.key, text, rec.label, est, rec.line_no)
+        pool.offer((length_bucket(est), rec.label), cand)
+    cb(ProgressEvent("reading log", file_size, file_size, f"{stats.lines:,} lines"))
+
+    if stats.lines == 0:
+        raise DataError(f"log is empty: {path}", hint="point calibkit sample at a log with requests in it")
+    if dedup.unique == 0:
+        kinds = ", ".join(f"{k}: {v}" for k, v in stats.broken.items() if v) or "none"
+        raise DataError(
+            f"{path}: no usable text in {stats.lines:,} lines (broken lines by kind: {kinds}; "
+            f"text field: {', '.join(fields)})",
+            hint="check --text-field (a dotted path such as request.text) and that lines are JSON objects",
+        )
+    if options.size > dedup.unique:
+        raise DataError(
+            f"--size {options.size} is larger than the {dedup.unique:,} distinct usable texts in {path}",
+            hint=f"ask for --size {dedup.unique} or fewer, or sample a larger log",
+        )
+
+    # ---- the pool: precise lengths, topics, final strata ----
+    pass_strata = pool.strata()
+    cands: list[Candidate] = []
+    weights: list[float] = []
+    for s in pass_strata:
+        members = pool.members(s)
+        cands.extend(members)
+        weights.extend([pool.weight(s)] * len(members))
+    w = np.asarray(weights, dtype=np.float64)
+    texts = [c.text for c in cands]
+    if options.tokenizer is not None:
+        from calibkit.data.tokenizer import TextTokenizer
+
+        tok = TextTokenizer(options.tokenizer)
+        max_len = options.max_length or tok.max_length
+        chunks = []
+        step = 2048
+        for i in range(0, len(texts), step):
+            chunks.append(tok.token_lengths(texts[i : i + step]))
+            cb(ProgressEvent("tokenizing candidates", min(i + step, len(texts)), len(texts)))
+        lengths = np.concatenate(chunks)
+        measure = f"tokenizer ({options.tokenizer})"
+    else:
+        max_len = max_len_cap
+        lengths = np.asarray([c.est_tokens for c in cands], dtype=np.int64)
+        measure = "word-piece estimate"
+    cb(ProgressEvent("clustering topics", 0, 1))
+    topics = cluster_topics(texts, options.clusters, options.seed)
+    cb(ProgressEvent("clustering topics", 1, 1))
+
+    buckets = [length_bucket(int(n)) for n in lengths]
+    final_keys = [(b, c.label, int(t)) for b, c, t in zip(buckets, cands, topics)]
+    strata_pop: dict[tuple, float] = {}
+    members_of: dict[tuple, list[int]] = {}
+    for i, k in enumerate(final_keys):
+        strata_pop[k] = strata_pop.get(k, 0.0) + float(w[i])
+        members_of.setdefault(k, []).append(i)
+    for k in members_of:
+        members_of[k].sort(key=lambda i: (cands[i].priority, cands[i].key))
+    alloc = allocate(strata_pop, {k: len(v) for k, v in members_of.items()}, options.size, options.min_per_stratum)
+    chosen = sorted(
+        (i for k, n in alloc.items() for i in members_of[k][:n]), key=lambda i: (cands[i].priority, cands[i].key)
+    )
+    s_texts = tuple(cands[i].text for i in chosen)
+    has_labels = options.label_field is not None
+    s_labels = tuple(cands[i].label for i in chosen) if has_labels else None
+    s_len = lengths[chosen]
+
+    pop_frac = histogram(lengths, w)
+    smp_frac = histogram(s_len)
+    psi = length_psi(pop_frac, smp_frac)
+    ks = weighted_ks(lengths.astype(np.float64), w, s_len.astype(np.float64))
+    pop_over = float(w[lengths > max_len].sum())
+
+    names = bucket_names()
+    labels_seen = sorted({c.label for c in cands}, key=lambda v: "" if v is None else v)
+    topic_examples: dict[int, str] = {}
+    for i in sorted(range(len(cands)), key=lambda i: (cands[i].priority, cands[i].key)):
+        topic_examples.setdefault(int(topics[i]), _preview(cands[i].text))
+    hottest = sorted(((c, k) for k, c in dedup.counts.items() if c > 1), key=lambda x: (-x[0], x[1]))[:_HOT_KEPT]
+    key_count = dedup.counts
+
+    manifest: dict[str, Any] = {
+        "calibkit_version": __version__,
+        "kind": "calibration-set",
+        "source": {"path": str(path), "size_bytes": file_size, "sha256": stats.sha256, "gzip": _gz(path)},
+        "seed": options.seed,
+        "size_requested": options.size,
+        "text_field": {"paths": list(fields), "auto_detected": auto},
+        "label_field": options.label_field,
+        "lines": stats.to_json(),
+        "cleanup": {
+            "policy": "markup kept as production sends it; <script> and <style> blocks removed",
+            "script_blocks_removed": scripts_removed,
+            "texts_emptied_by_cleanup": emptied,
+        },
+        "redaction": {
+            "enabled": options.redact,
+            "counts": {k: int(redactions.get(k, 0)) for k in REDACTION_KINDS},
+        },
+        "dedup": {
+            "normalization": "NFKC, case-folded, whitespace collapsed",
+            "distinct_texts": dedup.unique,
+            "duplicate_lines": dedup.duplicates,
+            "exact_duplicates": dedup.exact_duplicates,
+            "normalized_duplicates": dedup.normalized_duplicates,
+            "groups_seen_more_than_once": dedup.groups_repeated(),
+            "hottest": [{"seen": c, "text": _preview(dup_texts.get(k, ""))} for c, k in hottest],
+        },
+        "length": {
+            "measure": measure,
+            "max_length": int(max_len),
+            "over_max": {
+                "population_estimated": int(round(pop_over)),
+                "sample": int((s_len > max_len).sum()),
+                "sample_indices": [int(i) for i in np.nonzero(s_len > max_len)[0]],
+            },
+            "log_histogram_estimated": {
+                "edges": list(PSI_EDGES),
+                "counts": [int(x) for x in est_hist],
+                "over_max": over_max_est,
+            },
+        },
+        "strata": {
+            "definition": "length bucket x label x topic cluster; proportional allocation, "
+            f"minimum {options.min_per_stratum} per non-empty stratum",
+            "length_buckets": names,
+            "labels": list(labels_seen) if has_labels else None,
+            "topics": {
+                "method": "HashingVectorizer(2^14, english stop words) + k-means fitted on up to 4,000 "
+                "candidates spread over the pool, then assigned to all",
+                "clusters": int(topics.max()) + 1 if len(topics) else 0,
+                "examples": {str(k): v for k, v in sorted(topic_examples.items())},
+            },
+            "candidate_pool": {"size": len(cands), "per_stratum_capacity": pool.capacity},
+            "table": [
+                {
+                    "length_bucket": names[k[0]],
+                    "label": k[1],
+                    "topic": k[2],
+                    "population": round(strata_pop[k], 1),
+                    "candidates": len(members_of[k]),
+                    "sample": alloc.get(k, 0),
+                }
+                for k in sorted(members_of, key=lambda k: (k[0], "" if k[1] is None else k[1], k[2]))
+            ],
+        },
+        "representativeness": {
+            "measure": measure,
+            "bin_edges": list(PSI_EDGES),
+            "population_fraction": [round(float(x), 6) for x in pop_frac],
+            "sample_fraction": [round(float(x), 6) for x in smp_frac],
+            "psi": round(psi, 6),
+            "ks": round(ks, 6),
+            "verdict": verdict(psi),
+            "thresholds": {"representative": "PSI < 0.1", "slightly shifted": "PSI < 0.25"},
+        },
+        "sample_seen_counts": [int(key_count[cands[i].key]) for i in chosen],
+        "sample_line_numbers": [int(cands[i].line_no) for i in chosen],
+    }
+    return Sample(s_texts, s_labels, manifest)
+
+
+def sample_log(
+    log_path: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    options: SampleOptions,
+    progress: ProgressCallback | None = None,
+) -> CalibrationSet:
+    """Draw a sample and write ``out_dir/texts.jsonl`` + ``manifest.json`` atomically."""
+    s = draw_sample(log_path, options, progress)
+    return write_calibration_set(Path(out_dir), s.texts, s.labels, s.manifest)
+
+
+def _preview(text: str, n: int = 80) -> str:
+    t = " ".join(text.split())
+    return t if len(t) <= n else t[: n - 1] + "…"
+
+
+def _gz(path: Path) -> bool:
+    from calibkit.data.logs import is_gzip
+
+    return is_gzip(path)
+
+
+__all__: Sequence[str] = ("SampleOptions", "Sample", "draw_sample", "sample_log", "default_out_dir")
