@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from calibkit.errors import CalibkitError
@@ -27,9 +28,10 @@ def handle_errors() -> Iterator[None]:
     try:
         yield
     except CalibkitError as exc:
-        console.print(f"[bold red]error:[/] {exc.message}", highlight=False, markup=True)
+        # escape: messages and hints hold brackets ("calibkit[tensorrt]", regexes) that rich would eat as markup
+        console.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False, markup=True)
         if exc.hint:
-            console.print(f"  [yellow]hint:[/] {exc.hint}", highlight=False)
+            console.print(f"  [yellow]hint:[/] {escape(exc.hint)}", highlight=False)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: finished work is kept; outputs were not half-written")

@@ -1,9 +1,107 @@
-"""`calibkit build` (being written)."""
+"""`calibkit build`: an FP32 ONNX model -> an FP32 / FP16 / INT8 engine for ONNX Runtime or TensorRT."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+
+from calibkit.cli._common import RichProgress, handle_errors, out
+
+HELP = """Build an engine from an FP32 ONNX model: FP32, FP16 or INT8, for ONNX Runtime or TensorRT.
+
+ONNX Runtime engines are .onnx files: the FP32 model, its FP16 conversion (LayerNorm statistics, Softmax,
+Erf and the attention-mask path stay FP32; logits stay float32), or the INT8 Q/DQ model built from a
+calibration.json. TensorRT engines (.engine) are strongly typed TensorRT 11 builds of the same ONNX, with an
+optimization profile whose sequence lengths come from the calibration set (min 1, opt = median, max = p99
+rounded up to 8); a timing cache and the per-layer JSON are written beside the engine.
+
+Each engine gets a sidecar ENGINE.calibkit.json (precision, backend, source model + sha256, calibration
+table, tokenizer folder, nodes kept in higher precision) that `calibkit compare` and `tune` read.
+
+INT8 Q/DQ layouts (--target): tensorrt = int8 activations, every MatMul/Gemm quantized (what TensorRT fuses;
+also runs in ONNX Runtime to preview TensorRT's numerics on CPU); onnxruntime = uint8 activations (zero point
+128, same values) on weight MatMuls only, the layout ONNX Runtime's CPU integer kernels fuse (the fast one
+on CPU). Default: the backend's own layout.
+
+Examples:
+
+  calibkit build demo_assets/model --precision fp32 -o engines/model.fp32.onnx
+
+  calibkit build demo_assets/model --precision fp16 -o engines/model.fp16.onnx
+
+  calibkit build demo_assets/model --precision int8 --calibration runs/entropy/calibration.json -o engines/int8.onnx
+
+  calibkit build demo_assets/model --precision int8 --calibration runs/entropy/calibration.json \\
+      --target tensorrt --exclude '/classifier/' -o engines/int8-trt-layout.onnx
+
+  calibkit build demo_assets/model --precision int8 --qdq runs/entropy/model.int8.onnx -o engines/int8.onnx
+
+  calibkit build demo_assets/model --precision int8 --calibration runs/entropy/calibration.json \\
+      --backend tensorrt --max-seq 128 -o engines/model.int8.engine
+"""
 
 
 def register(app: typer.Typer) -> None:
-    return None
+    app.command("build", help=HELP, no_args_is_help=True)(build)
+
+
+def _split(values: list[str] | None) -> tuple[str, ...]:
+    return tuple(p.strip() for v in values or [] for p in v.split(",") if p.strip())
+
+
+def build(
+    model: Path = typer.Argument(..., help="Model folder (model.onnx + tokenizer + config.json) or an .onnx file."),
+    output: Path = typer.Option(..., "--output", "-o", help="Engine file to write: .onnx (onnxruntime) or .engine."),
+    precision: str = typer.Option("fp32", "--precision", "-p", help="fp32 | fp16 | int8."),
+    calibration: Path | None = typer.Option(
+        None, "--calibration", help="calibration.json from `calibkit calibrate` (or its folder), for int8."
+    ),
+    qdq: Path | None = typer.Option(None, "--qdq", help="A ready Q/DQ INT8 .onnx to use as it is, for int8."),
+    backend: str = typer.Option("onnxruntime", "--backend", "-b", help="onnxruntime | tensorrt."),
+    target: str | None = typer.Option(
+        None, "--target", help="INT8 Q/DQ layout: tensorrt | onnxruntime [default: the backend's own]."
+    ),
+    exclude: list[str] = typer.Option(
+        [], "--exclude", "-x", help="Regex of node names kept in FP32 for int8/fp16 (repeatable), e.g. '/classifier/'."
+    ),
+    tokenizer: Path | None = typer.Option(None, "--tokenizer", help="Tokenizer folder when MODEL is an .onnx file."),
+    calibration_set: Path | None = typer.Option(
+        None, "--calibration-set", "-c", help="Texts whose token lengths set the TensorRT profile."
+    ),
+    min_seq: int | None = typer.Option(None, "--min-seq", help="TensorRT profile: shortest sequence [1]."),
+    opt_seq: int | None = typer.Option(None, "--opt-seq", help="TensorRT profile: tuned-for sequence [median]."),
+    max_seq: int | None = typer.Option(None, "--max-seq", help="TensorRT profile: longest sequence [p99, to 8]."),
+    workspace_mib: int = typer.Option(4096, "--workspace-mib", help="TensorRT builder workspace limit (MiB)."),
+) -> None:
+    with handle_errors():
+        from calibkit.engines.build import BuildRequest
+        from calibkit.engines.build import build as run_build
+        from calibkit.errors import UsageError
+        from calibkit.types import Backend, Precision
+
+        try:
+            prec = Precision(precision.lower())
+        except ValueError:
+            raise UsageError(f"unknown --precision {precision!r}", hint="choose fp32, fp16 or int8") from None
+        try:
+            back = Backend(backend.lower())
+        except ValueError:
+            raise UsageError(f"unknown --backend {backend!r}", hint="choose onnxruntime or tensorrt") from None
+        req = BuildRequest(
+            model=model, output=output, precision=prec, backend=back, calibration=calibration, qdq_model=qdq,
+            target=target.lower() if target else None, exclude=_split(exclude), tokenizer=tokenizer,
+            calibration_set=calibration_set, min_seq=min_seq, opt_seq=opt_seq, max_seq=max_seq,
+            workspace_mib=workspace_mib,
+        )
+        with RichProgress() as progress:
+            res = run_build(req, progress=progress)
+        art = res.artifact
+        out.print(f"wrote {art.path} ({art.precision.value}, {art.backend.value})", highlight=False)
+        if res.quantized_nodes:
+            out.print(f"  {len(res.quantized_nodes)} nodes quantized, {len(art.kept_higher_precision)} kept in "
+                      f"higher precision, {len(res.missing_ranges)} tensors without a range", highlight=False)
+        elif art.kept_higher_precision:
+            out.print(f"  {len(art.kept_higher_precision)} nodes kept in higher precision", highlight=False)
+        for extra in res.files[1:]:
+            out.print(f"  + {extra}", highlight=False)

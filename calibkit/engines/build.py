@@ -1,0 +1,319 @@
+"""`calibkit build` as a library call: an FP32 ONNX model -> an engine artifact with its sidecar.
+
+ONNX Runtime engines are ONNX files (FP32 copy, FP16 conversion, or Q/DQ INT8); TensorRT engines are built
+from the same ONNX by :mod:`calibkit.engines.tensorrt.builder`. Every artifact gets the
+``PATH.calibkit.json`` sidecar (:class:`EngineArtifact`).
+
+Tokenizer: the sidecar *references* the model's tokenizer folder (stored relative to the engine's folder when
+they are close, at most two ``..`` apart, absolute otherwise) instead of copying it: the FP32 source model is referenced
+the same way (``source_model``, needed by sensitivity re-builds), so an engine is always used next to its model.
+
+Nothing half-written: all checks run before any output is written; outputs are written atomically and, if a
+later file fails, the ones already written by this build are removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from calibkit import __version__
+from calibkit._io import sha256_file
+from calibkit.engines.artifact import EngineArtifact
+from calibkit.errors import CalibrationError, ModelError, UsageError
+from calibkit.progress import ProgressCallback, ProgressEvent
+from calibkit.types import Backend, Precision
+
+log = logging.getLogger("calibkit.engines.build")
+
+ONNX_SUFFIXES = (".onnx",)
+TRT_SUFFIXES = (".engine", ".plan")
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    model: Path  # a model folder or an FP32 .onnx file
+    output: Path
+    precision: Precision = Precision.FP32
+    backend: Backend = Backend.ONNXRUNTIME
+    calibration: Path | None = None  # calibration.json (or the folder holding it), for INT8
+    qdq_model: Path | None = None  # a ready Q/DQ ONNX, for INT8
+    target: str | None = None  # "tensorrt" | "onnxruntime"; default: the backend's own layout
+    exclude: tuple[str, ...] = ()
+    keep_nodes: tuple[str, ...] = ()
+    tokenizer: Path | None = None
+    calibration_set: Path | None = None  # token lengths for the TensorRT optimization profile
+    min_seq: int | None = None
+    opt_seq: int | None = None
+    max_seq: int | None = None
+    workspace_mib: int = 4096
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    artifact: EngineArtifact
+    sidecar: Path
+    files: tuple[Path, ...]  # everything written, the engine first
+    quantized_nodes: tuple[str, ...] = ()
+    missing_ranges: tuple[str, ...] = ()
+
+
+def _emit(progress: ProgressCallback | None, done: int, total: int, message: str) -> None:
+    if progress is not None:
+        progress(ProgressEvent(task="build", done=done, total=total, message=message))
+
+
+def _rel(target: Path, base: Path) -> str:
+    """Relative to ``base`` when the two are close (at most two ``..``: a project's engines/ beside its
+    model folder), so moving the project keeps the sidecar valid; absolute otherwise."""
+    target, base = target.resolve(), base.resolve()
+    try:
+        rel = os.path.relpath(target, base)
+    except ValueError:  # another drive on Windows
+        return str(target)
+    return rel if Path(rel).parts[:3].count("..") <= 2 else str(target)
+
+
+def _versions() -> dict[str, str]:
+    import onnx
+
+    v = {"calibkit": __version__, "onnx": onnx.__version__}
+    with contextlib.suppress(ImportError):
+        import onnxruntime
+
+        v["onnxruntime"] = onnxruntime.__version__
+    return v
+
+
+def validate(req: BuildRequest) -> None:
+    """Every check that needs no heavy work, so bad arguments fail before anything is computed or written."""
+    precision = Precision(req.precision)
+    backend = Backend(req.backend)
+    suffix = req.output.suffix.lower()
+    if backend is Backend.ONNXRUNTIME and suffix not in ONNX_SUFFIXES:
+        raise UsageError(
+            f"-o {req.output}: an ONNX Runtime engine is an .onnx file", hint="use e.g. -o out/model.int8.onnx"
+        )
+    if backend is Backend.TENSORRT and suffix not in TRT_SUFFIXES:
+        raise UsageError(
+            f"-o {req.output}: a TensorRT engine is a .engine file", hint="use e.g. -o out/model.int8.engine"
+        )
+    if req.output.is_dir():
+        raise UsageError(f"-o {req.output} is a folder; give the engine's file name")
+    if precision is Precision.INT8:
+        if (req.calibration is None) == (req.qdq_model is None):
+            raise UsageError(
+                "--precision int8 needs exactly one of --calibration and --qdq",
+                hint="calibrate first (`calibkit calibrate MODEL -c SET --out OUT`), then pass --calibration OUT",
+            )
+    elif req.calibration is not None or req.qdq_model is not None:
+        raise UsageError(f"--calibration/--qdq only apply to --precision int8 (got {precision.value})")
+    if req.target is not None:
+        from calibkit.quantize.qdq import Target
+
+        try:
+            target = Target(req.target)
+        except ValueError:
+            raise UsageError(f"unknown --target {req.target!r}", hint="use tensorrt or onnxruntime") from None
+        if backend is Backend.TENSORRT and target is Target.ONNXRUNTIME:
+            raise UsageError(
+                "--target onnxruntime (uint8 activations) cannot be built by TensorRT",
+                hint="drop --target, or use --target tensorrt",
+            )
+        if precision is not Precision.INT8 or req.qdq_model is not None:
+            raise UsageError("--target only applies when building INT8 from --calibration")
+    if backend is Backend.ONNXRUNTIME and any(v is not None for v in (req.min_seq, req.opt_seq, req.max_seq)):
+        raise UsageError("--min-seq/--opt-seq/--max-seq only apply to --backend tensorrt")
+    for p in req.exclude:
+        try:
+            re.compile(p)
+        except re.error as exc:
+            raise UsageError(f"--exclude {p!r} is not a valid regular expression ({exc})") from None
+    if precision is Precision.FP32 and (req.exclude or req.keep_nodes):
+        raise UsageError("--exclude applies to fp16 (nodes kept FP32) and int8 builds, not to fp32")
+    if req.qdq_model is not None and req.exclude:
+        raise UsageError("--exclude applies when building from --calibration; a --qdq model is used as it is")
+    if backend is Backend.TENSORRT:
+        from calibkit.engines.tensorrt import load_tensorrt, require_cuda
+
+        load_tensorrt()
+        require_cuda()
+
+
+def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildResult:
+    """Build the engine ``req`` describes. Raises a CalibkitError (nothing written) when it cannot."""
+    import onnx
+
+    from calibkit.data.modeldir import ModelDir
+    from calibkit.graph import load_model
+
+    validate(req)
+    precision, backend = Precision(req.precision), Backend(req.backend)
+    md = ModelDir.resolve(req.model, req.tokenizer)
+    src = md.onnx_path
+    if req.output.resolve() == src.resolve():
+        raise UsageError(f"-o {req.output} is the source model itself; choose another file name")
+    total = 4
+    _emit(progress, 0, total, f"loading {src.name}")
+    src_sha = sha256_file(src)
+    engine_dir = req.output.resolve().parent
+
+    calibration_json: Path | None = None
+    calibration_sha: str | None = None
+    kept: tuple[str, ...] = ()
+    quantized: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+    extra: dict[str, object] = {}
+    calib_set_path: Path | None = req.calibration_set
+    model_bytes: bytes | None = None
+    copy_from: Path | None = None
+
+    if precision is Precision.INT8 and req.qdq_model is not None:
+        qdq = req.qdq_model
+        qm = load_model(qdq, load_external_data=False)
+        if not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in qm.graph.node):
+            raise ModelError(
+                f"{qdq} has no QuantizeLinear/DequantizeLinear nodes: it is not a Q/DQ INT8 model",
+                hint="pass the model.int8.onnx written by `calibkit calibrate`, or build from --calibration",
+            )
+        copy_from = qdq
+        with contextlib.suppress(ModelError, KeyError, ValueError):
+            prev = EngineArtifact.load(qdq)
+            calibration_json = Path(prev.calibration_json) if prev.calibration_json else None
+            calibration_sha = prev.calibration_sha256
+            kept = prev.kept_higher_precision
+        if calibration_json is None and (qdq.parent / "calibration.json").is_file():
+            calibration_json = qdq.parent / "calibration.json"
+            calibration_sha = sha256_file(calibration_json)
+        extra["qdq_source"] = _rel(qdq, engine_dir)
+        if backend is Backend.TENSORRT:
+            zps = [i for i in qm.graph.initializer if i.name.endswith("zero_point")]
+            if any(z.data_type == onnx.TensorProto.UINT8 for z in zps):
+                raise ModelError(
+                    f"{qdq} uses uint8 activations (the --target onnxruntime layout); TensorRT needs int8",
+                    hint="build the TensorRT engine from --calibration, or calibrate with --target tensorrt",
+                )
+            model_bytes = qm.SerializeToString()
+    elif precision is Precision.INT8:
+        from calibkit.calibrate.tablefile import load_calibration_json
+        from calibkit.quantize.qdq import Target, quantize_model
+
+        assert req.calibration is not None  # checked by validate()
+        cf = load_calibration_json(req.calibration)
+        if cf.table.model_sha256 and cf.table.model_sha256 != src_sha:
+            raise CalibrationError(
+                f"{cf.path} was computed for another model (sha256 {cf.table.model_sha256[:12]}…, "
+                f"{src.name} is {src_sha[:12]}…)",
+                hint="re-run `calibkit calibrate` on this model, or pass the model it was calibrated on",
+            )
+        default = Target.TENSORRT if backend is Backend.TENSORRT else Target.ONNXRUNTIME
+        target = Target(req.target) if req.target else default
+        _emit(progress, 1, total, f"inserting Q/DQ ({target.value} layout)")
+        res = quantize_model(
+            load_model(src), cf.table, exclude=tuple(cf.exclude) + req.exclude, target=target,
+            keep_nodes=req.keep_nodes,
+        )
+        if not res.quantized_nodes:
+            raise CalibrationError(
+                f"no node of {src.name} could be quantized with {cf.path.name} "
+                f"({len(res.missing_ranges)} tensors have no range)",
+                hint="the calibration table does not match this model: re-run `calibkit calibrate`",
+            )
+        if res.missing_ranges:
+            log.warning("%d tensors have no range and stay FP32: %s", len(res.missing_ranges), res.missing_ranges[:5])
+        model_bytes = res.model.SerializeToString()
+        calibration_json = cf.path
+        calibration_sha = sha256_file(cf.path)
+        kept, quantized, missing = res.kept_nodes, res.quantized_nodes, res.missing_ranges
+        extra.update(target=target.value, quantized_nodes=len(quantized), missing_ranges=list(missing),
+                     zero_ranges=list(res.zero_ranges))
+        if calib_set_path is None:
+            cs = cf.raw.get("calibration_set")
+            if isinstance(cs, dict) and cs.get("path") and Path(cs["path"]).exists():
+                calib_set_path = Path(cs["path"])
+    elif precision is Precision.FP16:
+        from calibkit.quantize.fp16 import convert_to_fp16
+
+        _emit(progress, 1, total, "converting to FP16")
+        fmodel = load_model(src)
+        patterns = [re.compile(p) for p in req.exclude]
+        regex_kept = [n.name for n in fmodel.graph.node if n.name and any(p.search(n.name) for p in patterns)]
+        fres = convert_to_fp16(fmodel, keep_nodes=tuple(req.keep_nodes) + tuple(regex_kept))
+        model_bytes = fres.model.SerializeToString()
+        kept = fres.kept_fp32
+        extra["fp16_nodes"] = len(fres.fp16_nodes)
+    else:
+        copy_from = src
+
+    written: list[Path] = []
+    try:
+        _emit(progress, 2, total, f"writing {req.output.name}")
+        if backend is Backend.ONNXRUNTIME:
+            if copy_from is not None:
+                _atomic_copy(copy_from, req.output)
+            else:
+                assert model_bytes is not None
+                from calibkit._io import write_bytes
+
+                write_bytes(req.output, model_bytes)
+            written.append(req.output)
+        else:
+            from calibkit.data.calibset import load_calibration_set
+            from calibkit.data.tokenizer import TextTokenizer
+            from calibkit.engines.tensorrt.builder import build_engine
+            from calibkit.engines.tensorrt.profile import profile_from_lengths
+
+            lengths = None
+            if calib_set_path is not None:
+                cset = load_calibration_set(calib_set_path)
+                lengths = TextTokenizer(md.tokenizer_path).token_lengths(cset.texts)
+            profile = profile_from_lengths(
+                lengths, model_max=md.max_length, min_seq=req.min_seq, opt_seq=req.opt_seq, max_seq=req.max_seq
+            )
+            data = model_bytes if model_bytes is not None else src.read_bytes()
+            tres = build_engine(data, req.output, profile, workspace_bytes=req.workspace_mib << 20, progress=progress)
+            written += [tres.engine, tres.timing_cache, tres.layers_json]
+            extra.update(profile=profile.to_dict(), timing_cache=tres.timing_cache.name,
+                         layers_json=tres.layers_json.name)
+            extra["tensorrt_version"] = tres.tensorrt_version
+        art = EngineArtifact(
+            path=req.output,
+            precision=precision,
+            backend=backend,
+            source_model_sha256=src_sha,
+            calibration_sha256=calibration_sha,
+            tokenizer=_rel(md.tokenizer_path, engine_dir),
+            kept_higher_precision=tuple(kept),
+            source_model=_rel(src, engine_dir),
+            calibration_json=_rel(calibration_json, engine_dir) if calibration_json else None,
+            versions=_versions() | ({"tensorrt": str(extra.get("tensorrt_version"))} if "profile" in extra else {}),
+            extra=extra,
+        )
+        sc = art.save()
+        written.append(sc)
+    except BaseException:
+        for p in written:
+            with contextlib.suppress(OSError):
+                p.unlink()
+        raise
+    _emit(progress, total, total, "done")
+    return BuildResult(art, sc, tuple(written), quantized, missing)
+
+
+def _atomic_copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
+    os.close(fd)
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise

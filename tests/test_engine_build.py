@@ -1,0 +1,180 @@
+"""`calibkit build` for ONNX Runtime on a tiny model folder: each precision, the sidecar, and CLI errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from typer.testing import CliRunner
+
+from calibkit._io import sha256_file
+from calibkit.calibrate.tablefile import write_calibration_json
+from calibkit.cli import app
+from calibkit.engines.artifact import EngineArtifact, sidecar_path
+from calibkit.engines.registry import open_runner
+from calibkit.types import Backend, CalibrationTable, Method, MethodParams, Precision, TensorRange
+
+RNG = np.random.default_rng(11)
+W1 = (RNG.standard_normal((6, 12)) * 0.4).astype(np.float32)
+W2 = (RNG.standard_normal((12, 2)) * 0.4).astype(np.float32)
+X = RNG.standard_normal((3, 6)).astype(np.float32)
+
+
+def _model() -> onnx.ModelProto:
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h"], name="/l1/MatMul"),
+        helper.make_node("Erf", ["h"], ["e"], name="/act/Erf"),
+        helper.make_node("MatMul", ["e", "W2"], ["logits"], name="/classifier/MatMul"),
+    ]
+    g = helper.make_graph(
+        nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 6])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 2])],
+        [numpy_helper.from_array(W1, "W1"), numpy_helper.from_array(W2, "W2")],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture()
+def model_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "model"
+    d.mkdir()
+    onnx.save(_model(), str(d / "model.onnx"))
+    (d / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\n", encoding="utf-8")
+    (d / "config.json").write_text('{"id2label": {"0": "neg", "1": "pos"}}', encoding="utf-8")
+    return d
+
+
+def _calibration(model_dir: Path, path: Path, sha: str | None = None) -> Path:
+    h = X @ W1
+    amax = {"x": float(np.abs(X).max()), "e": float(np.abs(np.tanh(h)).max()) + 0.2}
+    table = CalibrationTable(
+        sha if sha is not None else sha256_file(model_dir / "model.onnx"), "set", Method.MINMAX, MethodParams(),
+        tuple(TensorRange(t, a, Method.MINMAX) for t, a in amax.items()),
+    )
+    return write_calibration_json(path, table, {"target": "tensorrt", "exclude": []})
+
+
+def _run(args: list[str]):
+    return CliRunner().invoke(app, args)
+
+
+def _logits(path: Path) -> np.ndarray:
+    with open_runner(path) as r:
+        return r.infer({"x": X})["logits"]
+
+
+def test_fp32_copy_and_sidecar(model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "engines" / "m.fp32.onnx"
+    res = _run(["build", str(model_dir), "--precision", "fp32", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert out.read_bytes() == (model_dir / "model.onnx").read_bytes()
+    art = EngineArtifact.load(out)
+    assert art.precision is Precision.FP32 and art.backend is Backend.ONNXRUNTIME
+    assert art.source_model_sha256 == sha256_file(model_dir / "model.onnx")
+    assert Path(art.source_model).samefile(model_dir / "model.onnx")
+    assert Path(art.tokenizer).samefile(model_dir)
+    assert art.calibration_json is None and art.versions["onnx"] == onnx.__version__
+
+
+def test_fp16(model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "m.fp16.onnx"
+    res = _run(["build", str(model_dir), "-p", "fp16", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    art = EngineArtifact.load(out)
+    assert art.precision is Precision.FP16
+    assert set(art.kept_higher_precision) == {"/act/Erf", "/classifier/MatMul"}
+    res = _run(["build", str(model_dir), "-p", "fp16", "-x", "^/l1/", "-o", str(tmp_path / "k.onnx")])
+    assert res.exit_code == 0, res.output
+    assert "/l1/MatMul" in EngineArtifact.load(tmp_path / "k.onnx").kept_higher_precision
+    types = {i.name: i.data_type for i in onnx.load(str(out)).graph.initializer}
+    assert types["W1"] == TensorProto.FLOAT16
+    ref = _logits(model_dir / "model.onnx")
+    np.testing.assert_allclose(_logits(out), ref, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("target", [None, "tensorrt"])
+def test_int8_from_calibration(model_dir: Path, tmp_path: Path, target: str | None) -> None:
+    cal = _calibration(model_dir, tmp_path / "cal" / "calibration.json")
+    out = tmp_path / "m.int8.onnx"
+    args = ["build", str(model_dir), "-p", "int8", "--calibration", str(cal), "-o", str(out)]
+    res = _run(args + (["--target", target] if target else []))
+    assert res.exit_code == 0, res.output
+    art = EngineArtifact.load(out)
+    assert art.precision is Precision.INT8
+    assert Path(art.calibration_json).samefile(cal) and art.calibration_sha256 == sha256_file(cal)
+    assert art.extra["target"] == (target or "onnxruntime")
+    m = onnx.load(str(out))
+    zp = next(i for i in m.graph.initializer if i.name == "x_zero_point")
+    assert zp.data_type == (TensorProto.INT8 if target == "tensorrt" else TensorProto.UINT8)
+    ref, got = _logits(model_dir / "model.onnx"), _logits(out)
+    assert not np.array_equal(ref, got)
+    np.testing.assert_allclose(got, ref, atol=0.05 * np.abs(ref).max())
+
+
+def test_int8_exclude_and_qdq_copy(model_dir: Path, tmp_path: Path) -> None:
+    cal = _calibration(model_dir, tmp_path / "calibration.json")
+    first = tmp_path / "a.onnx"
+    res = _run(["build", str(model_dir), "-p", "int8", "--calibration", str(cal), "-x", "classifier", "-o", str(first)])
+    assert res.exit_code == 0, res.output
+    assert EngineArtifact.load(first).kept_higher_precision == ("/classifier/MatMul",)
+    second = tmp_path / "b.onnx"
+    res = _run(["build", str(model_dir), "-p", "int8", "--qdq", str(first), "-o", str(second)])
+    assert res.exit_code == 0, res.output
+    assert second.read_bytes() == first.read_bytes()
+    art = EngineArtifact.load(second)
+    assert Path(art.calibration_json).samefile(cal)  # carried over from the Q/DQ model's own sidecar
+    assert art.kept_higher_precision == ("/classifier/MatMul",)
+
+
+def _nothing_written(tmp_path: Path, out: Path) -> None:
+    assert not out.exists() and not sidecar_path(out).exists()
+    assert not [p for p in tmp_path.rglob("*.tmp")]
+
+
+@pytest.mark.parametrize(
+    ("extra", "code", "needle"),
+    [
+        (["-p", "int8"], 2, "exactly one of --calibration and --qdq"),
+        (["-p", "int4"], 2, "unknown --precision"),
+        (["-p", "fp32", "--backend", "tensorflow"], 2, "unknown --backend"),
+        (["-p", "fp32", "--max-seq", "64"], 2, "only apply to --backend tensorrt"),
+        (["-p", "fp16", "--target", "tensorrt"], 2, "--target only applies"),
+        (["-p", "fp32", "-x", "classifier"], 2, "not to fp32"),
+        (["-p", "fp16", "-x", "("], 2, "not a valid regular expression"),
+        (["-p", "int8", "--calibration", "nowhere/calibration.json"], 5, "calibration file not found"),
+    ],
+)
+def test_cli_errors(model_dir: Path, tmp_path: Path, extra: list[str], code: int, needle: str) -> None:
+    out = tmp_path / "out.onnx"
+    res = _run(["build", str(model_dir), *extra, "-o", str(out)])
+    assert res.exit_code == code, res.output
+    assert needle in " ".join(res.output.split())
+    assert "Traceback" not in res.output
+    _nothing_written(tmp_path, out)
+
+
+def test_cli_missing_model_and_wrong_suffix(tmp_path: Path, model_dir: Path) -> None:
+    out = tmp_path / "out.onnx"
+    res = _run(["build", str(tmp_path / "nope"), "-o", str(out)])
+    assert res.exit_code == 4 and "model not found" in res.output
+    res = _run(["build", str(model_dir), "-o", str(tmp_path / "out.engine")])
+    assert res.exit_code == 2 and ".onnx file" in res.output
+    _nothing_written(tmp_path, out)
+
+
+def test_cli_table_of_another_model(model_dir: Path, tmp_path: Path) -> None:
+    cal = _calibration(model_dir, tmp_path / "calibration.json", sha="0" * 64)
+    out = tmp_path / "out.onnx"
+    res = _run(["build", str(model_dir), "-p", "int8", "--calibration", str(cal), "-o", str(out)])
+    assert res.exit_code == 5 and "another model" in res.output
+    _nothing_written(tmp_path, out)
+
+
+def test_cli_qdq_that_is_not_quantized(model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out.onnx"
+    res = _run(["build", str(model_dir), "-p", "int8", "--qdq", str(model_dir / "model.onnx"), "-o", str(out)])
+    assert res.exit_code == 4 and "not a Q/DQ INT8 model" in " ".join(res.output.split())
+    _nothing_written(tmp_path, out)

@@ -1,0 +1,209 @@
+"""Q/DQ insertion on tiny graphs, checked against a numpy fake-quant reference of the same graph."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from calibkit.quantize.qdq import Target, quantize_model, save_model
+from calibkit.quantize.weights import fake_quantize_weight, quantize_weight
+from calibkit.types import CalibrationTable, Method, MethodParams, TensorRange
+
+RNG = np.random.default_rng(7)
+W1 = (RNG.standard_normal((8, 16)) * 0.3).astype(np.float32)
+W2 = (RNG.standard_normal((4, 16)) * 0.3).astype(np.float32)  # Gemm transB=1: [N, K]
+B2 = RNG.standard_normal(4).astype(np.float32)
+
+
+def tiny_model() -> onnx.ModelProto:
+    """x[2,8] -> MatMul(W1) -> h -> Relu -> r ; attention-like a = MatMul(h, h^T) ; Gemm(r, W2^T) + B2 -> y."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("Transpose", ["h"], ["ht"], name="tr", perm=[1, 0]),
+        helper.make_node("MatMul", ["h", "ht"], ["a"], name="attn"),
+        helper.make_node("Gemm", ["r", "W2", "B2"], ["y"], name="gemm", transB=1),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4]),
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n", "n"]),
+        ],
+        [numpy_helper.from_array(W1, "W1"), numpy_helper.from_array(W2, "W2"), numpy_helper.from_array(B2, "B2")],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def table_for(x: np.ndarray, drop: tuple[str, ...] = (), zero: tuple[str, ...] = ()) -> CalibrationTable:
+    h = x @ W1
+    r = np.maximum(h, 0)
+    amax = {"x": float(np.abs(x).max()), "h": float(np.abs(h).max()), "r": float(np.abs(r).max())}
+    amax["ht"] = amax["h"] * 0.5  # deliberately clipped: the reference must clip the same way
+    for z in zero:
+        amax[z] = 0.0
+    ranges = tuple(TensorRange(t, a, Method.MINMAX) for t, a in amax.items() if t not in drop)
+    return CalibrationTable("sha", "set", Method.MINMAX, MethodParams(), ranges)
+
+
+def fq(v: np.ndarray, amax: float) -> np.ndarray:
+    s = np.float32(amax / 127)
+    return (np.clip(np.rint(v / s), -128, 127) * s).astype(np.float32)
+
+
+def run(model: onnx.ModelProto, x: np.ndarray) -> dict[str, np.ndarray]:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})))
+
+
+X = RNG.standard_normal((5, 8)).astype(np.float32)
+
+
+def reference(x: np.ndarray, t: CalibrationTable, quantize_attention: bool) -> dict[str, np.ndarray]:
+    a = t.amax()
+    h = fq(x, a["x"]) @ fake_quantize_weight(W1, 1)
+    r = np.maximum(h, 0)
+    y = fq(r, a["r"]) @ fake_quantize_weight(W2, 0).T + B2
+    att = fq(h, a["h"]) @ fq(h.T, a["ht"]) if quantize_attention else h @ h.T
+    return {"y": y, "a": att}
+
+
+@pytest.mark.parametrize("target", [Target.TENSORRT, Target.ONNXRUNTIME])
+def test_matches_numpy_fake_quant(target: Target) -> None:
+    t = table_for(X)
+    res = quantize_model(tiny_model(), t, target=target)
+    onnx.checker.check_model(res.model, full_check=True)
+    got = run(res.model, X)
+    want = reference(X, t, quantize_attention=target is Target.TENSORRT)
+    for k in ("y", "a"):
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4)
+    fp32 = run(tiny_model(), X)
+    assert np.abs(got["y"] - fp32["y"]).max() < 0.05 * np.abs(fp32["y"]).max()
+    assert not np.array_equal(got["y"], fp32["y"])  # it really is quantized
+
+
+def test_layout_and_names_tensorrt() -> None:
+    res = quantize_model(tiny_model(), table_for(X), target=Target.TENSORRT)
+    g = res.model.graph
+    assert res.quantized_nodes == ("mm1", "attn", "gemm")
+    assert res.kept_nodes == () and res.missing_ranges == ()
+    names = [n.name for n in g.node]
+    # original names and outputs survive
+    for n in ("mm1", "relu", "tr", "attn", "gemm"):
+        assert n in names
+    outs = {o for n in g.node for o in n.output}
+    assert {"h", "r", "ht", "a", "y"} <= outs
+    assert names.count("h_QuantizeLinear") == 1 and "ht_DequantizeLinear" in names
+    attn = next(n for n in g.node if n.name == "attn")
+    assert attn.input[0] == "h_dequantized"
+    assert next(n for n in g.node if n.name == "tr").input[0] == "h"  # FP32 consumer keeps the FP32 tensor
+    inits = {i.name: i for i in g.initializer}
+    assert "W1" not in inits and "W2" not in inits and "B2" in inits
+    assert inits["W1_quantized"].data_type == TensorProto.INT8
+    assert inits["x_zero_point"].data_type == TensorProto.INT8
+    dq_w2 = next(n for n in g.node if n.name == "W2_DequantizeLinear")
+    assert helper.get_attribute_value(dq_w2.attribute[0]) == 0  # transB=1 -> output channels on axis 0
+    np.testing.assert_array_equal(numpy_helper.to_array(inits["W1_quantized"]), quantize_weight(W1, 1).values)
+
+
+def test_onnxruntime_target_uses_uint8_and_skips_attention() -> None:
+    res = quantize_model(tiny_model(), table_for(X), target=Target.ONNXRUNTIME)
+    assert res.quantized_nodes == ("mm1", "gemm")
+    assert res.kept_nodes == ("attn",)
+    zp = {i.name: numpy_helper.to_array(i) for i in res.model.graph.initializer if i.name.endswith("_zero_point")}
+    assert zp["x_zero_point"].dtype == np.uint8 and int(zp["x_zero_point"]) == 128
+    assert zp["W1_zero_point"].dtype == np.int8
+
+
+def test_missing_and_zero_ranges_are_reported_and_left_fp32() -> None:
+    res = quantize_model(tiny_model(), table_for(X, drop=("r",), zero=("h",)))
+    assert res.missing_ranges == ("r",)  # "ht" has a range; "h" is zero
+    assert res.zero_ranges == ("h",)
+    assert res.quantized_nodes == ("mm1",)
+    assert set(res.kept_nodes) == {"attn", "gemm"}
+    inits = {i.name for i in res.model.graph.initializer}
+    assert "W2" in inits and "W2_quantized" not in inits
+    onnx.checker.check_model(res.model)
+    np.testing.assert_allclose(run(res.model, X)["a"], run(tiny_model(), X)["a"], rtol=0.1, atol=0.1)
+
+
+def test_exclude_and_keep_nodes() -> None:
+    res = quantize_model(tiny_model(), table_for(X), exclude=("^gem",), keep_nodes=("attn",))
+    assert res.quantized_nodes == ("mm1",)
+    assert res.kept_nodes == ("gemm", "attn")
+
+
+def test_input_model_is_not_modified(tmp_path) -> None:
+    m = tiny_model()
+    m.producer_name = "unit"
+    helper.set_model_props(m, {"k": "v"})
+    m.graph.value_info.append(helper.make_tensor_value_info("h", TensorProto.FLOAT, ["n", 16]))
+    before = m.SerializeToString()
+    res = quantize_model(m, table_for(X))
+    assert m.SerializeToString() == before
+    q = res.model
+    assert (q.ir_version, q.producer_name, list(q.opset_import)) == (m.ir_version, "unit", list(m.opset_import))
+    assert [(p.key, p.value) for p in q.metadata_props] == [("k", "v")] and q.graph.value_info[0].name == "h"
+    assert q.graph.name == m.graph.name and [i.name for i in q.graph.input] == ["x"]
+    p = tmp_path / "q.onnx"
+    save_model(res.model, p)
+    assert onnx.load(str(p)).graph.node[0].op_type in ("DequantizeLinear", "QuantizeLinear")
+    assert [f.name for f in tmp_path.iterdir()] == ["q.onnx"]
+
+
+def test_bad_regex_and_old_opset() -> None:
+    from calibkit.errors import ModelError, UsageError
+
+    with pytest.raises(UsageError):
+        quantize_model(tiny_model(), table_for(X), exclude=("(",))
+    old = tiny_model()
+    old.opset_import[0].version = 11
+    with pytest.raises(ModelError, match="opset"):
+        quantize_model(old, table_for(X))
+
+
+def _fanout_model() -> onnx.ModelProto:
+    """x feeds two weight MatMuls (like Q, K and V reading one LayerNorm output)."""
+    w3 = numpy_helper.from_array((W1 * 0.5 + 0.1).astype(np.float32), "W3")
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["q"], name="q/MatMul"),
+        helper.make_node("MatMul", ["x", "W3"], ["k"], name="k/MatMul"),
+        helper.make_node("Add", ["q", "k"], ["y"], name="add"),
+    ]
+    g = helper.make_graph(
+        nodes, "fan", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 16])],
+        [numpy_helper.from_array(W1, "W1"), w3],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_shared_tensor_gets_one_pair_unless_a_consumer_is_excluded() -> None:
+    t = table_for(X)
+    res = quantize_model(_fanout_model(), t)
+    g = res.model.graph
+    assert [n.op_type for n in g.node].count("QuantizeLinear") == 1
+    assert all(n.input[0] == "x_dequantized" for n in g.node if n.op_type == "MatMul")
+    w3 = (W1 * 0.5 + 0.1).astype(np.float32)
+    want = fq(X, t.amax()["x"]) @ (fake_quantize_weight(W1, 1) + fake_quantize_weight(w3, 1))
+    np.testing.assert_allclose(run(res.model, X)["y"], want, rtol=1e-4, atol=1e-4)
+
+    res = quantize_model(_fanout_model(), t, exclude=("^k/",))
+    k = next(n for n in res.model.graph.node if n.name == "k/MatMul")
+    assert list(k.input) == ["x", "W3"]  # the FP32 consumer reads the FP32 tensor and weight
+    assert [n.op_type for n in res.model.graph.node].count("QuantizeLinear") == 1
+    want = fq(X, t.amax()["x"]) @ fake_quantize_weight(W1, 1) + X @ w3
+    np.testing.assert_allclose(run(res.model, X)["y"], want, rtol=1e-4, atol=1e-4)
+
+
+def test_non_finite_amax_is_a_zero_range() -> None:
+    base = table_for(X)
+    ranges = tuple(TensorRange(r.tensor, float("inf") if r.tensor == "x" else r.amax, r.method) for r in base.ranges)
+    t = CalibrationTable("sha", "set", Method.MINMAX, MethodParams(), ranges)
+    res = quantize_model(tiny_model(), t)
+    assert res.zero_ranges == ("x",) and "mm1" in res.kept_nodes
