@@ -26,15 +26,21 @@ _EXTRAS: dict[str, tuple[str, str]] = {
 def available(module: str) -> bool:
     """True when ``module`` can be imported, without importing it."""
     try:
-        return importlib.util.find_spec(module) is not None
+        spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
         return False
+    # a bare folder (e.g. the stubs-only `tensorrt/` that tensorrt-stubs installs) is a namespace package
+    # with no code: not the real library
+    return spec is not None and spec.origin not in (None, "namespace")
 
 
 def require(module: str) -> ModuleType:
     """Import ``module`` or raise :class:`MissingDependencyError` naming the extra to install."""
     try:
-        return importlib.import_module(module)
+        mod = importlib.import_module(module)
+        if getattr(mod, "__file__", None) is None and "." not in module:
+            raise ImportError(f"{module} is only a namespace folder (type stubs?), not the library")
+        return mod
     except ImportError as exc:
         extra, purpose = _EXTRAS.get(module.split(".")[0], ("", "this feature"))
         how = f"pip install 'calibkit[{extra}]'" if extra else f"pip install {module}"

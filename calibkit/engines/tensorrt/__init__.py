@@ -18,9 +18,9 @@ always on); what 11 changed and this code does not use: builder precision flags 
 
 from __future__ import annotations
 
-import importlib.util
 from types import ModuleType
 
+from calibkit._deps import available as _real_module  # treats the stubs' bare folder as absent
 from calibkit._deps import require
 from calibkit.errors import MissingDependencyError
 
@@ -28,16 +28,6 @@ _HINT = (
     "install TensorRT from NVIDIA's index (pip install 'calibkit[tensorrt]' pulls tensorrt + cuda-python) "
     "on a machine with an NVIDIA GPU, or use --backend onnxruntime"
 )
-
-
-def _real_module(name: str) -> bool:
-    # tensorrt-stubs installs a bare `tensorrt/` folder of .pyi files, which Python imports as an empty
-    # namespace package: a spec without an origin is not the real TensorRT.
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return False
-    return spec is not None and spec.origin is not None
 
 
 def available() -> bool:
