@@ -21,7 +21,7 @@ demo: setup
 demo-fast: setup
 	$(BIN)/calibkit demo run --fast
 
-test: setup
+test: setup typecheck
 	$(BIN)/python -m pytest
 
 test-fast: setup
@@ -30,8 +30,9 @@ test-fast: setup
 lint: setup
 	$(BIN)/ruff check calibkit tests benchmarks
 
+# the TensorRT backend, against tensorrt-stubs (patched copy: the published stubs have syntax errors)
 typecheck: setup
-	$(BIN)/mypy calibkit/engines/tensorrt
+	$(BIN)/python tools/mypy_tensorrt.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
