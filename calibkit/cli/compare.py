@@ -1,9 +1,174 @@
-"""`calibkit compare` (being written)."""
+"""`calibkit compare`: two engines on a labelled eval set, layer by layer, with layers to keep in FP16."""
 
 from __future__ import annotations
 
+import datetime as _dt
+from pathlib import Path
+
 import typer
+
+from calibkit.cli._common import RichProgress, console, handle_errors, out
+
+HELP = (
+    "Compare engine A (baseline, e.g. FP32/FP16) with engine B (e.g. INT8) on a labelled eval set.\n\n"
+    "Reports accuracy, macro-F1, confusion matrix and latency of each engine; agreement and logit error between "
+    "them; and, for every quantized layer of the INT8 model (in graph order): the FP range and percentiles "
+    "against the INT8 clipping range, the clipped fraction, the outlier ratio, SQNR and cosine of the layer's "
+    "output, the accuracy effect of quantizing only this layer / keeping only this layer in higher precision, "
+    "and a keep-in-FP16 flag with the reasons that triggered it.\n\n"
+    "The eval set is JSONL, CSV/TSV, Parquet (columns text + label; labels as names or ids) or a Hugging Face "
+    "datasets folder. A and B must be built from the same FP32 model.\n\n"
+    "Examples:\n\n"
+    "  calibkit compare fp32.onnx int8.onnx --eval-set data/test.jsonl\n\n"
+    "  calibkit compare fp16.onnx int8.onnx --reference fp32.onnx --eval-set test.parquet --json cmp.json\n\n"
+    "  calibkit compare a.onnx b.onnx --eval-set test.csv --limit 500 --no-sensitivity --threshold-sqnr 25\n"
+)
 
 
 def register(app: typer.Typer) -> None:
-    return None
+    app.command("compare", help=HELP)(compare)
+
+
+def compare(
+    engine_a: Path = typer.Argument(..., help="Engine A (.onnx or .engine with its .calibkit.json sidecar)."),
+    engine_b: Path = typer.Argument(..., help="Engine B, built from the same FP32 model as A."),
+    eval_set: Path = typer.Option(..., "--eval-set", "-e", help="Labelled eval set (JSONL, CSV, Parquet, datasets)."),
+    reference: Path | None = typer.Option(
+        None, "--reference", help="Higher-precision engine (FP32) for FP ranges and reference logits."
+    ),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the calibkit-compare/1 JSON document here."),
+    report: Path | None = typer.Option(
+        None, "--report", help="Report folder (default reports/<timestamp>-<A>-vs-<B>/)."
+    ),
+    no_report: bool = typer.Option(False, "--no-report", help="Write no report folder."),
+    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Examples per inference batch."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Use only the first N eval examples."),
+    layers: bool = typer.Option(True, "--layers/--no-layers", help="Per-layer ranges and SQNR."),
+    layer_samples: int = typer.Option(512, "--layer-samples", min=1, help="Examples streamed for layer statistics."),
+    sensitivity: bool = typer.Option(
+        True, "--sensitivity/--no-sensitivity", help="Per-layer accuracy effect (rebuilds a variant per layer)."
+    ),
+    sensitivity_samples: int = typer.Option(256, "--sensitivity-samples", min=1, help="Examples per variant."),
+    workers: int | None = typer.Option(
+        None, "--workers", min=1, help="Processes for sensitivity (default min(2, cpus))."
+    ),
+    threshold_sqnr: float = typer.Option(
+        20.0, "--threshold-sqnr", help="Flag layers whose own quantization SQNR (dB) is below."
+    ),
+    threshold_clipped: float = typer.Option(1e-3, "--threshold-clipped", help="Flag layers clipping more than this."),
+    threshold_outlier: float = typer.Option(10.0, "--threshold-outlier", help="Flag max/p99.99 above this."),
+    threshold_recovery: float = typer.Option(
+        0.5, "--threshold-recovery", help="Flag when keeping only this layer recovers more points than this."
+    ),
+    threshold_cost: float = typer.Option(
+        0.5, "--threshold-cost", help="Flag when quantizing only this layer costs more points than this."
+    ),
+    text_column: str | None = typer.Option(None, "--text-column", help="Text column (default: text, sentence, ...)."),
+    label_column: str | None = typer.Option(None, "--label-column", help="Label column (default: label, ...)."),
+    split: str | None = typer.Option(None, "--split", help="Split of a datasets DatasetDict (default test)."),
+    max_disagreements: int = typer.Option(50, "--max-disagreements", min=0, help="Disagreeing examples to list."),
+) -> None:
+    with handle_errors():
+        from calibkit._io import write_json
+        from calibkit.data.evalset import load_eval_set
+        from calibkit.engines.artifact import EngineArtifact
+        from calibkit.evaluate.compare import CompareOptions, check_same_model, compare_engines, ensure_known_labels
+        from calibkit.evaluate.flags import Thresholds
+
+        a = EngineArtifact.load(engine_a)
+        b = EngineArtifact.load(engine_b)
+        ref = EngineArtifact.load(reference) if reference else None
+        check_same_model([a, b] + ([ref] if ref else []))
+        ev = load_eval_set(eval_set, text_column=text_column, label_column=label_column, split=split).head(limit)
+        ensure_known_labels(ev, next((e.tokenizer for e in (a, b, ref) if e and e.tokenizer), None))
+        opts = CompareOptions(
+            batch_size=batch_size,
+            layers=layers,
+            layer_samples=layer_samples,
+            sensitivity=sensitivity and layers,
+            sensitivity_samples=sensitivity_samples,
+            workers=workers,
+            max_disagreements=max_disagreements,
+            thresholds=Thresholds(
+                min_sqnr_db=threshold_sqnr,
+                max_clipped_fraction=threshold_clipped,
+                max_outlier_ratio=threshold_outlier,
+                min_recovery_points=threshold_recovery,
+                max_cost_points=threshold_cost,
+            ),
+        )
+        with RichProgress() as progress:
+            result = compare_engines(a, b, ev, reference=ref, options=opts, progress=progress)
+        doc = result.to_dict()
+        if json_path:
+            write_json(json_path, doc)
+        report_dir = None
+        if not no_report:
+            report_dir = report or _default_report_dir(a.path, b.path)
+            _render(doc, report_dir)
+        _print_summary(result, json_path, report_dir)
+
+
+def _default_report_dir(a: Path, b: Path) -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("reports") / f"{stamp}-{a.stem}-vs-{b.stem}"
+
+
+def _render(doc: dict, out_dir: Path) -> None:
+    from calibkit._io import write_json
+
+    try:
+        from calibkit.report.render import render_report
+    except ImportError:  # the report renderer is optional at this layer: keep the JSON
+        write_json(out_dir / "report.json", doc)
+        console.print(f"[yellow]report renderer not available; wrote {out_dir / 'report.json'}[/]")
+        return
+    render_report(doc, out_dir)
+
+
+def _print_summary(result, json_path: Path | None, report_dir: Path | None) -> None:  # noqa: ANN001
+    from rich.table import Table
+
+    t = Table(title=f"eval set {result.eval_set.path.name}: {len(result.eval_set)} examples")
+    for col in ("engine", "precision", "accuracy", "macro-F1", "p50 ms/batch", "items/s"):
+        t.add_column(col)
+    for e in result.engines:
+        t.add_row(
+            f"{e.name}: {e.artifact.path.name}",
+            e.artifact.precision.value,
+            f"{e.metrics.accuracy * 100:.2f} %",
+            f"{e.metrics.macro_f1:.4f}",
+            f"{e.latency.p50_ms:.1f}",
+            f"{e.latency.throughput_per_s:.0f}",
+        )
+    out.print(t)
+    ag = result.agreement
+    out.print(
+        f"agreement {ag.agreement * 100:.2f} %  logit cosine mean {ag.cosine_mean:.5f} min {ag.cosine_min:.5f}  "
+        f"max |err| {ag.max_abs_error:.4g}  ({len(result.disagreements)} disagreements listed)"
+    )
+    flagged = [r for r in result.layers if r.flag.flag.value != "ok"]
+    if result.layers:
+        lt = Table(title=f"{len(flagged)} of {len(result.layers)} quantized layer inputs flagged")
+        for col in ("#", "node", "tensor", "amax", "fp absmax", "clipped", "own SQNR", "out SQNR", "flag", "reasons"):
+            lt.add_column(col)
+        for r in flagged[:25]:
+            m, s = r.measurement, r.measurement.spec
+            lt.add_row(
+                str(s.index), s.node, s.tensor, _f(s.amax), _f(m.fp_absmax),
+                f"{m.clipped_fraction:.1e}" if m.clipped_fraction is not None else "-",
+                _f(m.quant_sqnr_db), _f(m.sqnr_db), r.flag.flag.value, "; ".join(r.flag.reasons),
+            )
+        if flagged:
+            out.print(lt)
+        keep = result.keep_in_higher_precision
+        out.print(f"recommendation: keep {len(keep)} nodes in {result.recommended_precision}: {', '.join(keep[:12])}"
+                  + (" ..." if len(keep) > 12 else ""))
+    if json_path:
+        out.print(f"JSON: {json_path}")
+    if report_dir:
+        out.print(f"report: {report_dir}")
+
+
+def _f(v: float | None) -> str:
+    return "-" if v is None else f"{v:.4g}"

@@ -1,0 +1,206 @@
+"""Labelled evaluation sets: JSONL, CSV/TSV, Parquet, or a Hugging Face ``datasets`` folder.
+
+Labels may be class names or class ids; :func:`label_ids` maps them onto a model's ``id2label``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from calibkit._deps import require
+from calibkit.errors import DataError
+
+TEXT_COLUMNS = ("text", "sentence", "review", "content")
+LABEL_COLUMNS = ("label", "labels", "sentiment", "target")
+_FORMATS = "JSONL (.jsonl/.json), CSV (.csv/.tsv), Parquet (.parquet) or a Hugging Face datasets folder"
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """Texts with their labels as written in the file (names or ids, as strings)."""
+
+    path: Path
+    texts: tuple[str, ...]
+    labels: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def head(self, n: int | None) -> EvalSet:
+        """The first ``n`` examples (all when ``n`` is None)."""
+        if n is None or n >= len(self.texts):
+            return self
+        if n <= 0:
+            raise DataError(f"--limit must be positive, got {n}")
+        return replace(self, texts=self.texts[:n], labels=self.labels[:n])
+
+
+def load_eval_set(
+    path: str | Path,
+    *,
+    text_column: str | None = None,
+    label_column: str | None = None,
+    split: str | None = None,
+) -> EvalSet:
+    """Read an eval set. Columns default to the first of ``text``/``sentence``/... and ``label``/``labels``/...
+
+    ``split`` picks a split of a ``datasets`` DatasetDict folder (default: test, then validation).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"eval set not found: {p}", hint=f"pass {_FORMATS}")
+    if p.is_dir():
+        if (p / "texts.jsonl").is_file():  # a calibration-set folder with labels
+            rows = _read_jsonl(p / "texts.jsonl")
+        else:
+            rows = _read_hf_dataset(p, split)
+    else:
+        suffix = p.suffix.lower()
+        if suffix in (".jsonl", ".json", ".ndjson"):
+            rows = _read_jsonl(p)
+        elif suffix in (".csv", ".tsv", ".parquet", ".pq"):
+            rows = _read_polars(p, suffix)
+        else:
+            raise DataError(f"eval set {p}: unknown format {suffix!r}", hint=f"pass {_FORMATS}")
+    return _to_eval_set(p, rows, text_column, label_column)
+
+
+def label_ids(eval_set: EvalSet, id2label: Mapping[int, str], num_classes: int) -> np.ndarray:
+    """Class ids (int64) for the eval set's labels, by name (exact, then case-insensitive) or by id.
+
+    Raises DataError naming the labels the model does not know.
+    """
+    names = {str(v): k for k, v in id2label.items()}
+    lower = {str(v).lower(): k for k, v in id2label.items()}
+    known_ids = set(id2label) if id2label else set(range(num_classes))
+    out = np.empty(len(eval_set.labels), dtype=np.int64)
+    unknown: dict[str, int] = {}
+    for i, lab in enumerate(eval_set.labels):
+        key = lab.strip()
+        if key in names:
+            out[i] = names[key]
+            continue
+        if key.lower() in lower:
+            out[i] = lower[key.lower()]
+            continue
+        as_id = _as_int(key)
+        if as_id is not None and as_id in known_ids and as_id < num_classes:
+            out[i] = as_id
+            continue
+        unknown[lab] = unknown.get(lab, 0) + 1
+    if unknown:
+        shown = ", ".join(f"{k!r} ({v}x)" for k, v in list(unknown.items())[:8])
+        known = ", ".join(f"{k}={v}" for k, v in sorted(id2label.items())) or f"ids 0..{num_classes - 1}"
+        raise DataError(
+            f"eval set {eval_set.path.name}: {sum(unknown.values())} labels the model does not know: {shown}",
+            hint=f"the model's labels (config.json id2label) are: {known}; use those names or ids",
+        )
+    return out
+
+
+def _as_int(s: str) -> int | None:
+    try:
+        f = float(s)
+    except ValueError:
+        return None
+    return int(f) if f == int(f) else None
+
+
+def _read_jsonl(p: Path) -> list[dict[str, Any]]:
+    text = p.read_text(encoding="utf-8", errors="replace")
+    stripped = text.lstrip()
+    if stripped.startswith("["):  # a JSON array of records
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{p}: not valid JSON ({exc.msg})") from exc
+        if not all(isinstance(r, dict) for r in data):
+            raise DataError(f"{p}: expected a list of objects")
+        return data
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{p}:{n}: not valid JSON ({exc.msg})", hint="one JSON object per line") from exc
+        if not isinstance(rec, dict):
+            raise DataError(f"{p}:{n}: expected a JSON object with text and label")
+        rows.append(rec)
+    return rows
+
+
+def _read_polars(p: Path, suffix: str) -> list[dict[str, Any]]:
+    import polars as pl
+
+    try:
+        if suffix == ".csv":
+            df = pl.read_csv(p, infer_schema_length=0)  # every column as text: labels stay as written
+        elif suffix == ".tsv":
+            df = pl.read_csv(p, separator="\t", infer_schema_length=0, quote_char=None)
+        else:
+            df = pl.read_parquet(p)
+    except Exception as exc:  # polars raises many unrelated exception types
+        raise DataError(f"cannot read eval set {p}: {exc}") from exc
+    return df.to_dicts()
+
+
+def _read_hf_dataset(p: Path, split: str | None) -> list[dict[str, Any]]:
+    datasets = require("datasets")
+    try:
+        ds = datasets.load_from_disk(str(p))
+    except Exception as exc:
+        raise DataError(f"{p} is not a Hugging Face datasets folder ({exc})", hint=f"pass {_FORMATS}") from exc
+    if isinstance(ds, datasets.DatasetDict):
+        wanted = [split] if split else ["test", "validation", "eval"]
+        chosen = next((s for s in wanted if s in ds), None)
+        if chosen is None:
+            raise DataError(
+                f"{p}: no split {' / '.join(wanted)} in the dataset (it has {sorted(ds)})",
+                hint="pick one with --split",
+            )
+        ds = ds[chosen]
+    # ClassLabel columns come back as ids; the model's id2label names them
+    return ds.to_list()
+
+
+def _pick(columns: Sequence[str], wanted: str | None, defaults: Sequence[str], what: str, p: Path) -> str:
+    if wanted:
+        if wanted not in columns:
+            raise DataError(f"eval set {p.name}: no {what} column {wanted!r} (columns: {list(columns)})")
+        return wanted
+    for c in defaults:
+        if c in columns:
+            return c
+    raise DataError(
+        f"eval set {p.name}: no {what} column (looked for {', '.join(defaults)}; columns: {list(columns)})",
+        hint=f"name it with --{what}-column",
+    )
+
+
+def _to_eval_set(p: Path, rows: list[dict[str, Any]], text_col: str | None, label_col: str | None) -> EvalSet:
+    if not rows:
+        raise DataError(f"eval set {p} holds no examples")
+    columns = list(rows[0])
+    tc = _pick(columns, text_col, TEXT_COLUMNS, "text", p)
+    lc = _pick(columns, label_col, LABEL_COLUMNS, "label", p)
+    texts: list[str] = []
+    labels: list[str] = []
+    for n, r in enumerate(rows, 1):
+        t, lab = r.get(tc), r.get(lc)
+        if not isinstance(t, str):
+            raise DataError(f"eval set {p.name}: example {n} has no text in column {tc!r}")
+        if lab is None or (isinstance(lab, str) and not lab.strip()):
+            raise DataError(f"eval set {p.name}: example {n} has no label in column {lc!r}")
+        if isinstance(lab, bool) or isinstance(lab, (list, dict)):
+            raise DataError(f"eval set {p.name}: example {n}: label {lab!r} is neither a class name nor an id")
+        texts.append(t)
+        labels.append(str(int(lab)) if isinstance(lab, float) and lab == int(lab) else str(lab))
+    return EvalSet(path=p, texts=tuple(texts), labels=tuple(labels))

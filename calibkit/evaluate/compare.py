@@ -1,0 +1,505 @@
+"""Compare two engines (and optionally a reference) on a labelled eval set, layer by layer.
+
+Flow: evaluate each engine untapped (accuracy, F1, confusion, latency) -> compare outputs -> read the INT8
+model's Q/DQ clipping ranges -> stream the eval inputs through tapped copies (FP ranges, SQNR, cosine) ->
+optional per-layer sensitivity in a process pool -> flags and a recommendation. The result is plain data
+(:class:`Comparison`) that renders to the calibkit-compare/1 JSON document.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from calibkit import __version__
+from calibkit.data.evalset import EvalSet, label_ids
+from calibkit.data.tokenizer import TextTokenizer
+from calibkit.engines.artifact import EngineArtifact
+from calibkit.engines.base import BaseRunner
+from calibkit.errors import DataError, ModelError, UsageError
+from calibkit.evaluate.flags import Flag, LayerFlag, Thresholds, flag_layer
+from calibkit.evaluate.layers import LayerSpec, WeightError, find_layers, weight_errors
+from calibkit.evaluate.metrics import (
+    ClassificationMetrics,
+    LatencyStats,
+    OutputAgreement,
+    OutputError,
+    classification_metrics,
+    latency_stats,
+    output_agreement,
+    output_error,
+)
+from calibkit.evaluate.predict import predict_logits
+from calibkit.evaluate.schema import FORMAT
+from calibkit.evaluate.sensitivity import LayerSensitivity, SensitivityAnalysis, analyse_sensitivity
+from calibkit.evaluate.streaming import RangeAccumulator
+from calibkit.evaluate.taps import LayerMeasurement, RunnerFactory, measure_layers, ort_runner_factory
+from calibkit.graph import load_model
+from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+from calibkit.types import Backend, Method, MethodParams, Precision
+
+log = logging.getLogger("calibkit.evaluate.compare")
+
+HISTOGRAM_BINS = 256
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    batch_size: int = 32
+    layers: bool = True
+    layer_samples: int | None = 512  # eval examples streamed through the tapped models (None: all)
+    sensitivity: bool = True
+    sensitivity_samples: int = 256
+    workers: int | None = None
+    max_disagreements: int = 50
+    histogram_layers: int = 6
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+
+@dataclass(frozen=True, eq=False)
+class EngineEvaluation:
+    name: str  # "A" | "B" | "reference"
+    artifact: EngineArtifact
+    logits: np.ndarray
+    metrics: ClassificationMetrics
+    latency: LatencyStats
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    index: int
+    text: str
+    label: str
+    pred_a: str
+    pred_b: str
+
+
+@dataclass(frozen=True)
+class LayerReport:
+    measurement: LayerMeasurement
+    sensitivity: LayerSensitivity | None
+    flag: LayerFlag
+    weight: WeightError | None = None  # the node's INT8 weights against the reference's FP weights
+
+
+@dataclass(frozen=True)
+class TensorHistogram:
+    tensor: str
+    counts: tuple[int, ...]
+    upper: float
+    thresholds: dict[str, float | None]
+
+
+@dataclass(frozen=True, eq=False)
+class Comparison:
+    eval_set: EvalSet
+    labels: tuple[str, ...]
+    engines: tuple[EngineEvaluation, ...]
+    agreement: OutputAgreement
+    output_error: OutputError  # B against A
+    disagreements: tuple[Disagreement, ...]
+    layers: tuple[LayerReport, ...]
+    thresholds: Thresholds
+    histograms: tuple[TensorHistogram, ...]
+    sensitivity: SensitivityAnalysis | None = None
+    layer_samples: int = 0
+
+    @property
+    def keep_in_higher_precision(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.measurement.spec.node for r in self.layers if r.flag.flag is not Flag.OK))
+
+    @property
+    def recommended_precision(self) -> str:
+        return "fp32" if any(r.flag.flag is Flag.KEEP_FP32 for r in self.layers) else "fp16"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The calibkit-compare/1 document (keys are a contract with the report renderer)."""
+        return {
+            "format": FORMAT,
+            "calibkit_version": __version__,
+            "eval_set": {"path": str(self.eval_set.path), "count": len(self.eval_set), "labels": list(self.labels)},
+            "engines": [_engine_dict(e) for e in self.engines],
+            "agreement": self.agreement.agreement,
+            "outputs": {
+                "cosine_mean": self.agreement.cosine_mean,
+                "cosine_min": self.agreement.cosine_min,
+                "max_abs_error": self.agreement.max_abs_error,
+                "mean_abs_error": self.agreement.mean_abs_error,
+                "mean_kl": self.output_error.mean_kl,
+                "logit_mse": self.output_error.logit_mse,
+            },
+            "disagreements": [
+                {"index": d.index, "text": d.text, "label": d.label, "pred_a": d.pred_a, "pred_b": d.pred_b}
+                for d in self.disagreements
+            ],
+            "layers": [_layer_dict(r) for r in self.layers],
+            "layer_samples": self.layer_samples,
+            "sensitivity_samples": self.sensitivity.samples if self.sensitivity else 0,
+            "thresholds": self.thresholds.to_dict(),
+            "recommendation": {
+                "keep_in_higher_precision": list(self.keep_in_higher_precision),
+                "precision": self.recommended_precision,
+            },
+            "histograms": {
+                h.tensor: {"counts": list(h.counts), "upper": h.upper, "thresholds": dict(h.thresholds)}
+                for h in self.histograms
+            },
+        }
+
+
+def _engine_dict(e: EngineEvaluation) -> dict[str, Any]:
+    return {
+        "name": e.name,
+        "path": str(e.artifact.path),
+        "precision": e.artifact.precision.value,
+        "backend": e.artifact.backend.value,
+        "accuracy": e.metrics.accuracy,
+        "macro_f1": e.metrics.macro_f1,
+        "confusion_matrix": [list(r) for r in e.metrics.confusion_matrix],
+        "labels": list(e.metrics.labels),
+        "latency_ms": {"mean": e.latency.mean_ms, "p50": e.latency.p50_ms, "p95": e.latency.p95_ms},
+        "throughput_per_s": e.latency.throughput_per_s,
+        "batch_size": e.latency.batch_size,
+    }
+
+
+def _sens_dict(accuracy: float, delta: float, logit_mse: float, mean_kl: float) -> dict[str, float]:
+    return {"accuracy": accuracy, "delta": delta, "logit_mse": logit_mse, "mean_kl": mean_kl}
+
+
+def _layer_dict(r: LayerReport) -> dict[str, Any]:
+    m, s = r.measurement, r.measurement.spec
+    sens = None
+    if r.sensitivity is not None:
+        ls = r.sensitivity
+        sens = {
+            "only_this_int8": _sens_dict(ls.only_this.accuracy, ls.only_this_delta, ls.only_this.logit_mse,
+                                         ls.only_this.mean_kl),
+            "all_but_this": _sens_dict(ls.all_but_this.accuracy, ls.all_but_this_delta, ls.all_but_this.logit_mse,
+                                       ls.all_but_this.mean_kl),
+        }
+    return {
+        "index": s.index,
+        "node": s.node,
+        "op_type": s.op_type,
+        "tensor": s.tensor,
+        "output": s.output,
+        "amax": s.amax,
+        "fp_min": m.fp_min,
+        "fp_max": m.fp_max,
+        "fp_absmax": m.fp_absmax,
+        "p99": m.p99,
+        "p9999": m.p9999,
+        "clipped_fraction": m.clipped_fraction,
+        "outlier_ratio": m.outlier_ratio,
+        "nonfinite": m.nonfinite,
+        "sqnr_db": m.sqnr_db,
+        "quant_sqnr_db": m.quant_sqnr_db,
+        "weight_sqnr_db": r.weight.sqnr_db if r.weight else None,
+        "weight_zeroed_fraction": r.weight.zeroed_fraction if r.weight else None,
+        "cosine": m.cosine,
+        "sensitivity": sens,
+        "flag": r.flag.flag.value,
+        "reasons": list(r.flag.reasons),
+    }
+
+
+# ------------------------------------------------------------------------------------------ evaluation
+
+
+def read_id2label(tokenizer_dir: str | Path | None) -> dict[int, str]:
+    if not tokenizer_dir:
+        return {}
+    p = Path(tokenizer_dir)
+    cfg = (p if p.is_dir() else p.parent) / "config.json"
+    if not cfg.is_file():
+        return {}
+    import json
+
+    try:
+        data = json.loads(cfg.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelError(f"cannot read {cfg}: {exc}") from exc
+    return {int(k): str(v) for k, v in (data.get("id2label") or {}).items()}
+
+
+def evaluate_runner(
+    runner: BaseRunner,
+    tokenizer: TextTokenizer,
+    texts: Sequence[str],
+    *,
+    batch_size: int,
+    progress: ProgressCallback | None = None,
+    task: str = "inference",
+) -> tuple[np.ndarray, LatencyStats]:
+    """Logits in input order and per-batch latency. ``runner`` must be active; one warm-up batch first."""
+    cb = progress or no_progress
+    predict_logits(runner, tokenizer, list(texts[: min(len(texts), batch_size)]), batch_size=batch_size)
+    seconds: list[float] = []
+
+    def timed(ev: ProgressEvent) -> None:
+        if ev.done > 0:  # each step after the first event follows exactly one infer() call
+            seconds.append(runner.last_inference_seconds)
+        cb(ev)
+
+    logits = predict_logits(runner, tokenizer, texts, batch_size=batch_size, progress=timed, task=task)
+    return logits, latency_stats(seconds, len(texts), batch_size)
+
+
+def check_same_model(engines: Sequence[EngineArtifact]) -> None:
+    shas = {e.source_model_sha256 for e in engines}
+    if len(shas) > 1:
+        listed = "; ".join(f"{e.path.name}: {e.source_model_sha256[:12]}" for e in engines)
+        raise UsageError(
+            f"the engines were built from different models ({listed})",
+            hint="compare engines built from the same FP32 model (see source_model_sha256 in their .calibkit.json)",
+        )
+
+
+def _is_int8(a: EngineArtifact) -> bool:
+    return a.precision is Precision.INT8
+
+
+def _onnx_of(a: EngineArtifact) -> onnx.ModelProto | None:
+    if a.backend is Backend.ONNXRUNTIME:
+        return load_model(a.path)
+    log.warning("%s is a TensorRT engine: per-layer analysis needs ONNX models, skipped for it", a.path.name)
+    return None
+
+
+def _qdq_target(model: onnx.ModelProto) -> str:
+    """The quantize Target a Q/DQ model was built for: uint8 activations with zero point 128 mean ONNX Runtime."""
+    inits = {i.name: i for i in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "QuantizeLinear" and len(n.input) > 2 and n.input[2] in inits:
+            return "onnxruntime" if inits[n.input[2]].data_type == onnx.TensorProto.UINT8 else "tensorrt"
+    return "tensorrt"
+
+
+def compare_engines(
+    a: EngineArtifact,
+    b: EngineArtifact,
+    eval_set: EvalSet,
+    *,
+    reference: EngineArtifact | None = None,
+    options: CompareOptions = CompareOptions(),
+    open_runner: Any = None,
+    runner_factory: RunnerFactory | None = None,
+    progress: ProgressCallback | None = None,
+) -> Comparison:
+    """Everything ``calibkit compare`` reports. ``open_runner(artifact) -> BaseRunner`` defaults to the engine
+    registry; ``runner_factory(model_bytes, outputs)`` builds runners for tapped ONNX copies (default ORT)."""
+    if open_runner is None:
+        from calibkit.engines.registry import open_runner as _open
+
+        open_runner = _open
+    factory = runner_factory or ort_runner_factory()
+    if options.batch_size <= 0:
+        raise UsageError(f"--batch-size must be positive, got {options.batch_size}")
+    engines = [a, b] + ([reference] if reference is not None else [])
+    check_same_model(engines)
+    tok_dir = next((e.tokenizer for e in engines if e.tokenizer), None)
+    if tok_dir is None:
+        raise ModelError(
+            "none of the engines' sidecars names a tokenizer folder",
+            hint="rebuild the engines with `calibkit build`, which records the tokenizer in the sidecar",
+        )
+    tokenizer = TextTokenizer(tok_dir)
+    id2label = read_id2label(tok_dir)
+    texts = list(eval_set.texts)
+    y_true: np.ndarray | None = label_ids(eval_set, id2label, len(id2label)) if id2label else None
+
+    evals: list[EngineEvaluation] = []
+    labels: tuple[str, ...] = ()
+    for name, art in zip(["A", "B", "reference"], engines):
+        with open_runner(art) as runner:
+            logits, lat = evaluate_runner(runner, tokenizer, texts, batch_size=options.batch_size,
+                                          progress=progress, task=f"evaluate {name} ({art.path.name})")
+        if not labels:
+            n_cls = int(logits.shape[1]) if logits.ndim == 2 else 0
+            if id2label and n_cls != len(id2label):
+                raise ModelError(f"{art.path.name} returns {n_cls} logits but config.json names {len(id2label)} labels")
+            labels = tuple(id2label.get(i, str(i)) for i in range(n_cls))
+            if y_true is None:
+                y_true = label_ids(eval_set, {}, n_cls)
+        metrics = classification_metrics(y_true, logits.argmax(axis=1), labels)
+        evals.append(EngineEvaluation(name, art, logits, metrics, lat))
+    if y_true is None:  # only when there were no engines, which the signature rules out
+        raise UsageError("no engine was evaluated")
+    ea, eb = evals[0], evals[1]
+    agreement = output_agreement(ea.logits, eb.logits)
+    pa, pb = ea.logits.argmax(axis=1), eb.logits.argmax(axis=1)
+    disagreements = tuple(
+        Disagreement(int(i), texts[i], labels[int(y_true[i])], labels[int(pa[i])], labels[int(pb[i])])
+        for i in np.flatnonzero(pa != pb)[: options.max_disagreements]
+    )
+
+    layer_reports: list[LayerReport] = []
+    histograms: list[TensorHistogram] = []
+    sens: SensitivityAnalysis | None = None
+    n_layer = 0
+    if options.layers:
+        int8_art = b if _is_int8(b) else (a if _is_int8(a) else None)
+        model_a, model_b = _onnx_of(a), _onnx_of(b)
+        int8_model = model_b if int8_art is b else (model_a if int8_art is a else None)
+        layer_source = int8_model if int8_model is not None else model_a
+        specs = find_layers(layer_source) if layer_source is not None else ()
+        ref_model = _reference_model(a, b, reference, model_a, model_b, int8_art)
+        n_layer = min(len(texts), options.layer_samples or len(texts))
+        measured = measure_layers(
+            specs, texts[:n_layer], tokenizer, reference=ref_model, baseline=model_a, candidate=model_b,
+            runner_factory=factory, batch_size=options.batch_size, progress=progress,
+        )
+        if options.sensitivity and int8_art is not None and int8_model is not None:
+            sens = _sensitivity(int8_art, int8_model, specs, evals, eval_set, y_true, tok_dir, options, progress)
+        by_node = {ls.node: ls for ls in sens.layers} if sens else {}
+        wsqnr = weight_errors(int8_model, ref_model) if int8_model is not None and ref_model is not None else {}
+        for m in measured.layers:
+            ls = by_node.get(m.spec.node)
+            ws = wsqnr.get(m.spec.node)
+            flag = flag_layer(
+                options.thresholds,
+                sqnr_db=m.sqnr_db,
+                clipped_fraction=m.clipped_fraction,
+                outlier_ratio=m.outlier_ratio,
+                nonfinite=m.nonfinite,
+                fp_absmax=m.fp_absmax,
+                quant_sqnr_db=m.quant_sqnr_db,
+                weight_sqnr_db=ws.sqnr_db if ws else None,
+                zeroed_weights=ws.zeroed_fraction if ws else None,
+                only_this_delta=ls.only_this_delta if ls and not ls.only_this.error else None,
+                all_but_this_delta=ls.all_but_this_delta if ls and not ls.all_but_this.error else None,
+            )
+            layer_reports.append(LayerReport(m, ls, flag, ws))
+        histograms = _histograms(measured.layers, measured.ranges, options.histogram_layers)
+    return Comparison(
+        eval_set=eval_set,
+        labels=labels,
+        engines=tuple(evals),
+        agreement=agreement,
+        output_error=output_error(ea.logits, eb.logits),
+        disagreements=disagreements,
+        layers=tuple(layer_reports),
+        thresholds=options.thresholds,
+        histograms=tuple(histograms),
+        sensitivity=sens,
+        layer_samples=n_layer,
+    )
+
+
+def _reference_model(
+    a: EngineArtifact,
+    b: EngineArtifact,
+    reference: EngineArtifact | None,
+    model_a: onnx.ModelProto | None,
+    model_b: onnx.ModelProto | None,
+    int8_art: EngineArtifact | None,
+) -> onnx.ModelProto | None:
+    """The higher-precision model whose tensors give the FP ranges (same object as model_a when it is A)."""
+    if reference is not None:
+        return _onnx_of(reference)
+    if not _is_int8(a) and model_a is not None:
+        return model_a
+    if not _is_int8(b) and model_b is not None:
+        return model_b
+    src = int8_art.source_model if int8_art else None
+    if src and Path(src).is_file():
+        return load_model(src)
+    log.warning("no higher-precision model to measure FP ranges on (pass --reference FP32.onnx)")
+    return None
+
+
+def _sensitivity(
+    int8_art: EngineArtifact,
+    int8_model: onnx.ModelProto,
+    specs: Sequence[LayerSpec],
+    evals: Sequence[EngineEvaluation],
+    eval_set: EvalSet,
+    y_true: np.ndarray,
+    tok_dir: str,
+    options: CompareOptions,
+    progress: ProgressCallback | None,
+) -> SensitivityAnalysis | None:
+    src, cal = int8_art.source_model, int8_art.calibration_json
+    if not (src and cal and Path(src).is_file() and Path(cal).is_file()):
+        log.warning(
+            "sensitivity skipped: %s's sidecar does not name an existing source_model and calibration_json",
+            int8_art.path.name,
+        )
+        return None
+    # reference logits: the --reference engine when given, else the higher-precision one of A and B
+    ordered = sorted(evals, key=lambda e: e.name != "reference")
+    fp = next((e for e in ordered if e.artifact.precision is not Precision.INT8), None)
+    if fp is None:
+        log.warning("sensitivity skipped: no higher-precision engine gives reference logits (pass --reference)")
+        return None
+    n = min(len(eval_set), options.sensitivity_samples)
+    if n <= 0:
+        return None
+    nodes = [s.node for s in specs]
+    return analyse_sensitivity(
+        nodes,
+        source_model=src,
+        calibration_json=cal,
+        tokenizer=tok_dir,
+        texts=eval_set.texts[:n],
+        labels=[int(v) for v in y_true[:n]],
+        reference_logits=fp.logits[:n],
+        base_keep=int8_art.kept_higher_precision,
+        target=_qdq_target(int8_model),
+        batch_size=options.batch_size,
+        workers=options.workers,
+        progress=progress,
+    )
+
+
+def _histograms(
+    layers: Sequence[LayerMeasurement], ranges: dict[str, RangeAccumulator], count: int
+) -> list[TensorHistogram]:
+    """|x| histograms of the ``count`` worst layers' input tensors (lowest own SQNR, then highest outlier ratio)."""
+
+    def badness(m: LayerMeasurement) -> tuple[float, float]:
+        own = m.quant_sqnr_db if m.quant_sqnr_db is not None else m.sqnr_db
+        return (own if own is not None else math.inf, -(m.outlier_ratio or 0.0))
+
+    chosen: dict[str, LayerMeasurement] = {}
+    for m in sorted(layers, key=badness):
+        acc = ranges.get(m.spec.tensor)
+        if acc is None or not acc.count or m.spec.tensor in chosen:
+            continue
+        chosen[m.spec.tensor] = m
+        if len(chosen) >= count:
+            break
+    from calibkit.calibrate.methods import compute_amax
+
+    out = []
+    for tensor, m in chosen.items():
+        acc = ranges[tensor]
+        stats = acc.coarse_stats(MethodParams().num_bins)
+        thresholds: dict[str, float | None] = {}
+        for method in Method:
+            try:
+                thresholds[method.value] = float(compute_amax(stats, method, MethodParams()))
+            except Exception as exc:  # a method failing must not lose the whole comparison
+                log.warning("method %s failed on %s: %s", method.value, tensor, exc)
+                thresholds[method.value] = None
+        thresholds["amax"] = m.spec.amax
+        counts = stats.histogram.counts.reshape(HISTOGRAM_BINS, -1).sum(axis=1)
+        out.append(TensorHistogram(tensor, tuple(int(c) for c in counts), float(stats.histogram.upper), thresholds))
+    return out
+
+
+def ensure_known_labels(eval_set: EvalSet, tokenizer_dir: str | None) -> None:
+    """Fail fast (before any inference) when the eval set's labels are not the model's."""
+    id2label = read_id2label(tokenizer_dir)
+    if id2label:
+        label_ids(eval_set, id2label, len(id2label))
+    elif not eval_set.labels:
+        raise DataError("the eval set has no labels")

@@ -1,0 +1,92 @@
+"""Which layers to keep in higher precision, and why: thresholds the user can set, reasons in words."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass
+from typing import Any
+
+FP16_MAX = 65504.0
+
+
+class Flag(str, enum.Enum):
+    OK = "ok"
+    KEEP_FP16 = "keep-fp16"
+    KEEP_FP32 = "keep-fp32"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """A layer is flagged when any rule fires. Accuracy thresholds are in percentage points.
+
+    ``min_sqnr_db`` applies to the layer's own quantization SQNR (its FP input against the input fake-quantized
+    with the model's own scale): the output SQNR of B against A also carries every earlier layer's error, so
+    below the first bad layer it is low everywhere. The output SQNR is used only where the own one is unknown.
+    """
+
+    min_sqnr_db: float = 20.0
+    max_clipped_fraction: float = 1e-3
+    max_outlier_ratio: float = 10.0
+    min_recovery_points: float = 0.5  # keeping only this layer in higher precision recovers more than this
+    max_cost_points: float = 0.5  # quantizing only this layer costs more than this
+    max_zeroed_weights: float = 0.05  # fraction of non-zero FP weights that INT8 rounds to zero
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class LayerFlag:
+    flag: Flag
+    reasons: tuple[str, ...]
+
+
+def flag_layer(
+    thresholds: Thresholds,
+    *,
+    sqnr_db: float | None,
+    clipped_fraction: float | None,
+    outlier_ratio: float | None,
+    nonfinite: int,
+    fp_absmax: float | None,
+    quant_sqnr_db: float | None = None,
+    weight_sqnr_db: float | None = None,
+    zeroed_weights: float | None = None,
+    only_this_delta: float | None = None,
+    all_but_this_delta: float | None = None,
+) -> LayerFlag:
+    """Deltas are accuracy differences as fractions (0.01 = one point)."""
+    t = thresholds
+    reasons: list[str] = []
+    fp32 = False
+    if nonfinite > 0:
+        reasons.append(f"{nonfinite} non-finite values seen")
+        fp32 = True
+    if fp_absmax is not None and fp_absmax > FP16_MAX:
+        reasons.append(f"range {fp_absmax:.4g} exceeds the FP16 maximum {FP16_MAX:g}")
+        fp32 = True
+    if quant_sqnr_db is not None:
+        if quant_sqnr_db < t.min_sqnr_db:
+            reasons.append(f"quantization SQNR of its input {quant_sqnr_db:.1f} dB < {t.min_sqnr_db:g} dB")
+    elif sqnr_db is not None and sqnr_db < t.min_sqnr_db:
+        reasons.append(f"output SQNR {sqnr_db:.1f} dB < {t.min_sqnr_db:g} dB")
+    if weight_sqnr_db is not None and weight_sqnr_db < t.min_sqnr_db:
+        reasons.append(f"weight quantization SQNR {weight_sqnr_db:.1f} dB < {t.min_sqnr_db:g} dB")
+    if zeroed_weights is not None and zeroed_weights > t.max_zeroed_weights:
+        reasons.append(
+            f"{zeroed_weights:.1%} of its non-zero weights round to 0 in INT8 (> {t.max_zeroed_weights:.0%})"
+        )
+    if clipped_fraction is not None and clipped_fraction > t.max_clipped_fraction:
+        reasons.append(f"clipped fraction {clipped_fraction:.2e} > {t.max_clipped_fraction:g}")
+    if outlier_ratio is not None and outlier_ratio > t.max_outlier_ratio:
+        reasons.append(f"outlier ratio max/p99.99 {outlier_ratio:.1f} > {t.max_outlier_ratio:g}")
+    if all_but_this_delta is not None and all_but_this_delta * 100 > t.min_recovery_points:
+        reasons.append(
+            f"keeping only this layer in higher precision recovers {all_but_this_delta * 100:.2f} points"
+            f" > {t.min_recovery_points:g}"
+        )
+    if only_this_delta is not None and -only_this_delta * 100 > t.max_cost_points:
+        reasons.append(f"quantizing only this layer costs {-only_this_delta * 100:.2f} points > {t.max_cost_points:g}")
+    if not reasons:
+        return LayerFlag(Flag.OK, ())
+    return LayerFlag(Flag.KEEP_FP32 if fp32 else Flag.KEEP_FP16, tuple(reasons))

@@ -1,0 +1,231 @@
+"""Per-layer sensitivity: the accuracy effect of quantizing only one layer, and of keeping only one layer in
+higher precision.
+
+The work unit is pure and serialisable: :class:`SensitivityJob` (a frozen dataclass of paths, texts and
+numbers) in, :class:`SensitivityResult` out, so a process pool, ``tune`` or a distributed engine can run it.
+Each job rebuilds its variant from the FP32 source model and the calibration table with
+``calibkit.quantize.qdq.quantize_model(model, table, keep_nodes=...)``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import multiprocessing
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from calibkit._io import read_json
+from calibkit.errors import CalibkitError, CalibrationError
+from calibkit.evaluate.metrics import output_error
+from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+from calibkit.types import CalibrationTable
+
+log = logging.getLogger("calibkit.evaluate.sensitivity")
+
+ONLY_THIS = "only_this_int8"
+ALL_BUT_THIS = "all_but_this"
+ALL_INT8 = "all_int8"
+
+
+@dataclass(frozen=True)
+class SensitivityJob:
+    """Build one variant (``keep_nodes`` stay in higher precision, every other placed node is INT8), run it
+    on ``texts`` and score it against ``labels`` and ``reference_logits``."""
+
+    source_model: str
+    calibration_json: str
+    tokenizer: str
+    texts: tuple[str, ...]
+    labels: tuple[int, ...]
+    reference_logits: tuple[tuple[float, ...], ...]
+    keep_nodes: tuple[str, ...]
+    mode: str  # ONLY_THIS | ALL_BUT_THIS | ALL_INT8
+    node: str | None = None
+    target: str = "tensorrt"  # calibkit.quantize.qdq.Target value
+    batch_size: int = 32
+    threads: int = 1
+    max_length: int | None = None
+
+
+@dataclass(frozen=True)
+class SensitivityResult:
+    mode: str
+    node: str | None
+    accuracy: float
+    logit_mse: float
+    mean_kl: float
+    seconds: float
+    error: str | None = None  # set when the variant could not be built or run
+
+
+def load_calibration_table(path: str | Path) -> CalibrationTable:
+    """The CalibrationTable of a calibration.json (calibkit-calibration/1), or of a bare table document."""
+    from calibkit.calibrate.tablefile import load_calibration_json
+
+    p = Path(path)
+    if p.is_file():
+        d = read_json(p)
+        if isinstance(d, dict) and "ranges" in d and "format" not in d:
+            try:
+                return CalibrationTable.from_dict(d)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise CalibrationError(f"{p} is not a calibkit calibration table ({exc})") from exc
+    return load_calibration_json(p).table
+
+
+def build_variant(
+    source_model: str, calibration_json: str, keep_nodes: Sequence[str], target: str = "tensorrt"
+) -> bytes:
+    """Serialized Q/DQ ONNX of ``source_model`` with ``keep_nodes`` left in higher precision."""
+    from calibkit.graph import load_model
+    from calibkit.quantize.qdq import Target, quantize_model
+
+    table = load_calibration_table(calibration_json)
+    result = quantize_model(load_model(source_model), table, keep_nodes=tuple(keep_nodes), target=Target(target))
+    return result.model.SerializeToString()
+
+
+def run_sensitivity_job(job: SensitivityJob) -> SensitivityResult:
+    """Pure work unit: everything it needs is in ``job``; failures come back in ``error``, never raised."""
+    from calibkit.data.tokenizer import TextTokenizer
+    from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+    from calibkit.evaluate.predict import predict_logits
+
+    start = time.perf_counter()
+    try:
+        model = build_variant(job.source_model, job.calibration_json, job.keep_nodes, job.target)
+        tok = TextTokenizer(job.tokenizer, max_length=job.max_length)
+        with OnnxRuntimeRunner(model, intra_op_threads=job.threads, name=f"{job.mode}:{job.node}") as runner:
+            logits = predict_logits(runner, tok, job.texts, batch_size=job.batch_size)
+    except CalibkitError as exc:
+        return SensitivityResult(job.mode, job.node, float("nan"), float("nan"), float("nan"),
+                                 time.perf_counter() - start, error=str(exc))
+    ref = np.asarray(job.reference_logits, dtype=np.float64)
+    acc = float(np.mean(logits.argmax(axis=1) == np.asarray(job.labels)))
+    oe = output_error(ref, logits)
+    return SensitivityResult(job.mode, job.node, acc, oe.logit_mse, oe.mean_kl, time.perf_counter() - start)
+
+
+def default_workers() -> int:
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def run_jobs(
+    jobs: Sequence[SensitivityJob],
+    *,
+    workers: int | None = None,
+    progress: ProgressCallback | None = None,
+    task: str = "sensitivity",
+) -> list[SensitivityResult]:
+    """Run ``jobs`` in a process pool (``workers`` <= 1: in this process); results in the order of ``jobs``."""
+    cb = progress or no_progress
+    n = workers if workers is not None else default_workers()
+    results: list[SensitivityResult | None] = [None] * len(jobs)
+    cb(ProgressEvent(task, 0, len(jobs)))
+    if n <= 1 or len(jobs) <= 1:
+        for i, job in enumerate(jobs):
+            results[i] = r = run_sensitivity_job(job)
+            log.info("sensitivity %d/%d: %s %s accuracy %.4f (%.1f s)", i + 1, len(jobs), r.mode, r.node or "",
+                     r.accuracy, r.seconds)
+            cb(ProgressEvent(task, i + 1, len(jobs), message=job.node or job.mode))
+        return [r for r in results if r is not None]
+    # spawn, not fork: ONNX Runtime's thread pools do not survive a fork
+    ctx = multiprocessing.get_context("spawn")
+    with cf.ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
+        futures = {pool.submit(run_sensitivity_job, job): i for i, job in enumerate(jobs)}
+        done = 0
+        for fut in cf.as_completed(futures):
+            i = futures[fut]
+            results[i] = r = fut.result()
+            done += 1
+            log.info("sensitivity %d/%d: %s %s accuracy %.4f (%.1f s)", done, len(jobs), r.mode, r.node or "",
+                     r.accuracy, r.seconds)
+            cb(ProgressEvent(task, done, len(jobs), message=jobs[i].node or jobs[i].mode))
+    return [r for r in results if r is not None]
+
+
+@dataclass(frozen=True)
+class LayerSensitivity:
+    node: str
+    only_this: SensitivityResult  # every other node kept in higher precision
+    all_but_this: SensitivityResult  # this node kept in higher precision
+    only_this_delta: float  # accuracy(only this INT8) - accuracy(reference)
+    all_but_this_delta: float  # accuracy(all but this) - accuracy(all INT8)
+
+
+@dataclass(frozen=True)
+class SensitivityAnalysis:
+    samples: int
+    reference_accuracy: float
+    all_int8: SensitivityResult
+    layers: tuple[LayerSensitivity, ...]
+
+
+def analyse_sensitivity(
+    nodes: Sequence[str],
+    *,
+    source_model: str,
+    calibration_json: str,
+    tokenizer: str,
+    texts: Sequence[str],
+    labels: Sequence[int],
+    reference_logits: np.ndarray,
+    base_keep: Sequence[str] = (),
+    target: str = "tensorrt",
+    batch_size: int = 32,
+    workers: int | None = None,
+    max_length: int | None = None,
+    progress: ProgressCallback | None = None,
+) -> SensitivityAnalysis:
+    """Two variants per node plus one all-INT8 variant, on ``texts`` (already the subset to use).
+
+    ``base_keep``: nodes the engine under study already keeps in higher precision (kept in every variant).
+    """
+    nodes = list(dict.fromkeys(nodes))
+    n = workers if workers is not None else default_workers()
+    threads = max(1, (os.cpu_count() or 1) // max(1, n))
+    base = dict(
+        source_model=str(source_model),
+        calibration_json=str(calibration_json),
+        tokenizer=str(tokenizer),
+        texts=tuple(texts),
+        labels=tuple(int(v) for v in labels),
+        reference_logits=tuple(tuple(float(v) for v in row) for row in np.asarray(reference_logits)),
+        batch_size=batch_size,
+        threads=threads,
+        max_length=max_length,
+        target=target,
+    )
+    kept = tuple(base_keep)
+    jobs = [SensitivityJob(keep_nodes=kept, mode=ALL_INT8, **base)]  # type: ignore[arg-type]
+    for node in nodes:
+        others = tuple(x for x in nodes if x != node) + kept
+        jobs.append(SensitivityJob(keep_nodes=others, mode=ONLY_THIS, node=node, **base))  # type: ignore[arg-type]
+        jobs.append(SensitivityJob(keep_nodes=(node, *kept), mode=ALL_BUT_THIS, node=node, **base))  # type: ignore[arg-type]
+    results = run_jobs(jobs, workers=n, progress=progress)
+    ref_acc = float(np.mean(np.asarray(reference_logits).argmax(axis=1) == np.asarray(labels)))
+    all_int8 = results[0]
+    if all_int8.error:
+        raise CalibrationError(f"sensitivity: the all-INT8 variant could not be built: {all_int8.error}")
+    per_node = []
+    for k, node in enumerate(nodes):
+        only, abt = results[1 + 2 * k], results[2 + 2 * k]
+        for r in (only, abt):
+            if r.error:
+                log.warning("sensitivity variant %s for %s failed: %s", r.mode, node, r.error)
+        per_node.append(
+            LayerSensitivity(
+                node=node,
+                only_this=only,
+                all_but_this=abt,
+                only_this_delta=only.accuracy - ref_acc,
+                all_but_this_delta=abt.accuracy - all_int8.accuracy,
+            )
+        )
+    return SensitivityAnalysis(len(texts), ref_acc, all_int8, tuple(per_node))

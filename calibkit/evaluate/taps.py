@@ -1,0 +1,188 @@
+"""Per-layer measurements on eval inputs, streamed batch by batch through tapped copies of the models.
+
+The reference (FP) model is tapped on each layer's input tensor for ranges and percentiles; the baseline (A)
+and candidate (B) models are tapped on each layer's output for SQNR and cosine. Padding positions are masked.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+
+from calibkit.data.tokenizer import TextTokenizer
+from calibkit.engines.base import BaseRunner
+from calibkit.evaluate.layers import LayerSpec, graph_tensors
+from calibkit.evaluate.predict import length_batches
+from calibkit.evaluate.streaming import ErrorAccumulator, RangeAccumulator, valid_mask
+from calibkit.graph import add_outputs, tap_name
+from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+
+log = logging.getLogger("calibkit.evaluate.taps")
+
+RunnerFactory = Callable[[bytes, Sequence[str]], BaseRunner]
+
+
+def ort_runner_factory(intra_op_threads: int | None = None) -> RunnerFactory:
+    def make(model: bytes, outputs: Sequence[str]) -> BaseRunner:
+        from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+
+        return OnnxRuntimeRunner(model, output_names=outputs, intra_op_threads=intra_op_threads, name="tapped")
+
+    return make
+
+
+@dataclass(frozen=True)
+class LayerMeasurement:
+    spec: LayerSpec
+    fp_min: float | None
+    fp_max: float | None
+    fp_absmax: float | None
+    p99: float | None
+    p9999: float | None
+    clipped_fraction: float | None
+    outlier_ratio: float | None
+    nonfinite: int
+    sqnr_db: float | None  # output of the node, B against A: includes what earlier layers did
+    cosine: float | None
+    quant_sqnr_db: float | None = None  # input of the node against its own fake-quantized copy: this layer only
+
+
+@dataclass(frozen=True)
+class LayerMeasurements:
+    layers: tuple[LayerMeasurement, ...]
+    ranges: dict[str, RangeAccumulator]  # by reference tensor name, for histograms
+    samples: int
+
+
+def _none(v: float) -> float | None:
+    return None if v is None or not math.isfinite(v) else float(v)
+
+
+def measure_layers(
+    layers: Sequence[LayerSpec],
+    texts: Sequence[str],
+    tokenizer: TextTokenizer,
+    *,
+    reference: onnx.ModelProto | None,
+    baseline: onnx.ModelProto | None,
+    candidate: onnx.ModelProto | None,
+    runner_factory: RunnerFactory,
+    batch_size: int = 32,
+    progress: ProgressCallback | None = None,
+) -> LayerMeasurements:
+    """Stream ``texts`` through tapped copies of the models; ``reference`` may be the same object as
+    ``baseline`` (then one pass serves both)."""
+    cb = progress or no_progress
+    ranges: dict[str, RangeAccumulator] = {}
+    errors: dict[str, ErrorAccumulator] = {}
+    # tensor -> clipping ranges seen for it (one tensor may feed several quantized nodes)
+    clips: dict[str, list[tuple[float, float]]] = {}
+    quants: dict[str, list[Any]] = {}
+    for spec in layers:
+        if spec.clip_low is not None and spec.clip_high is not None:
+            r = (spec.clip_low, spec.clip_high)
+            if r not in clips.setdefault(spec.tensor, []):
+                clips[spec.tensor].append(r)
+                quants.setdefault(spec.tensor, []).append(spec.quantizer)
+            continue
+        clips.setdefault(spec.tensor, [])
+
+    ref_tensors: list[str] = []
+    if reference is not None:
+        present = graph_tensors(reference)
+        ref_tensors = [t for t in dict.fromkeys(s.tensor for s in layers) if t in present]
+        missing = [s.tensor for s in layers if s.tensor not in present]
+        if missing:
+            log.warning("%d layer inputs are not in the reference model (no FP ranges for them): %s",
+                        len(missing), missing[:3])
+        ranges = {t: RangeAccumulator(t, clips.get(t, ()), quantizers=quants.get(t, ())) for t in ref_tensors}
+    out_tensors: list[str] = []
+    if baseline is not None and candidate is not None:
+        both = graph_tensors(baseline) & graph_tensors(candidate)
+        out_tensors = [t for t in dict.fromkeys(s.output for s in layers) if t in both]
+        errors = {t: ErrorAccumulator() for t in out_tensors}
+
+    # run plans: (model, tensors wanted from it)
+    plans: list[tuple[str, onnx.ModelProto, list[str]]] = []
+    if baseline is not None and out_tensors:
+        extra = ref_tensors if reference is baseline else []
+        plans.append(("baseline", baseline, list(dict.fromkeys(out_tensors + extra))))
+        plans.append(("candidate", candidate, list(out_tensors)))  # type: ignore[arg-type]
+    if reference is not None and ref_tensors and not (reference is baseline and out_tensors):
+        plans.append(("reference", reference, ref_tensors))
+    runners: dict[str, tuple[BaseRunner, dict[str, str]]] = {}
+    try:
+        for role, model, tensors in plans:
+            tapped = add_outputs(model, tensors)
+            names = {t: tap_name(t, model) for t in tensors}
+            runner = runner_factory(tapped.SerializeToString(), list(names.values()))
+            runner.activate()
+            runners[role] = (runner, names)
+        lengths = np.minimum(tokenizer.token_lengths(texts), tokenizer.max_length)
+        batches = length_batches(lengths, batch_size)
+        cb(ProgressEvent("layer statistics", 0, len(texts)))
+        done = 0
+        for idx in batches:
+            enc = tokenizer.encode([texts[i] for i in idx])
+            outs: dict[str, dict[str, np.ndarray]] = {}
+            for role, (runner, names) in runners.items():
+                feeds = enc.feeds([s.name for s in runner.input_specs])
+                got = runner.infer(feeds)
+                outs[role] = {t: got[n] for t, n in names.items()}
+            ref_role = "baseline" if (reference is baseline and "baseline" in outs) else "reference"
+            for t, acc in ranges.items():
+                x = outs.get(ref_role, {}).get(t)
+                if x is not None:
+                    acc.update(x, valid_mask(np.shape(x), enc.attention_mask))
+            for t, err in errors.items():
+                x, y = outs["baseline"][t], outs["candidate"][t]
+                if np.shape(x) != np.shape(y):
+                    log.warning("tensor %s has shape %s in A but %s in B: skipped", t, np.shape(x), np.shape(y))
+                    continue
+                err.update(x, y, valid_mask(np.shape(x), enc.attention_mask))
+            done += len(idx)
+            cb(ProgressEvent("layer statistics", done, len(texts)))
+    finally:
+        for runner, _ in runners.values():
+            runner.deactivate()
+
+    result = []
+    for spec in layers:
+        acc = ranges.get(spec.tensor)
+        err = errors.get(spec.output)
+        fp = dict(fp_min=None, fp_max=None, fp_absmax=None, p99=None, p9999=None, clipped_fraction=None,
+                  outlier_ratio=None, quant_sqnr_db=None)
+        nonfinite = 0
+        if acc is not None and acc.count:
+            p9999 = acc.percentile(99.99)
+            ci = clips[spec.tensor].index((spec.clip_low, spec.clip_high)) if spec.clip_low is not None else None
+            fp = dict(
+                fp_min=acc.min,
+                fp_max=acc.max,
+                fp_absmax=acc.absmax,
+                p99=acc.percentile(99.0),
+                p9999=p9999,
+                clipped_fraction=acc.clipped_fraction(ci) if ci is not None else None,
+                outlier_ratio=(acc.absmax / p9999) if p9999 > 0 else None,
+                quant_sqnr_db=acc.quant_sqnr_db(ci) if ci is not None else None,
+            )
+        if acc is not None:
+            nonfinite = acc.nonfinite
+        if err is not None:
+            nonfinite += err.nonfinite
+        result.append(
+            LayerMeasurement(
+                spec=spec,
+                **{k: _none(v) if v is not None else None for k, v in fp.items()},
+                nonfinite=nonfinite,
+                sqnr_db=_none(err.sqnr_db) if err is not None else None,
+                cosine=_none(err.cosine) if err is not None else None,
+            )
+        )
+    return LayerMeasurements(layers=tuple(result), ranges=ranges, samples=len(texts))

@@ -1,0 +1,109 @@
+"""`calibkit compare` through typer's CliRunner: the JSON it writes, and one clear message for bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from typer.testing import CliRunner
+
+from calibkit.cli import app
+from calibkit.data.tokenizer import TextTokenizer
+from calibkit.engines.artifact import sidecar_path
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from test_compare_tiny import build_engines  # the sibling module's tiny engines
+
+    return build_engines(tmp_path_factory.mktemp("cli"))
+
+
+def _run(*args: str) -> object:
+    return CliRunner().invoke(app, list(args))
+
+
+def test_compare_writes_json_and_report(engines: dict[str, Path], tmp_path: Path) -> None:
+    out, rep = tmp_path / "cmp.json", tmp_path / "rep"
+    r = _run("compare", str(engines["fp"]), str(engines["int8"]), "--eval-set", str(engines["eval"]),
+             "--json", str(out), "--report", str(rep), "--no-sensitivity", "--batch-size", "8", "--limit", "60")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    assert doc["format"] == "calibkit-compare/1" and doc["eval_set"]["count"] == 60
+    # accuracy the CLI reports == ORT + argmax on each text alone (the tiny model's pooling ignores the mask,
+    # so compare against a batch-of-one run only where all texts have the same length)
+    tok = TextTokenizer(engines["tok"])
+    rows = [json.loads(x) for x in engines["eval"].read_text().splitlines()][:60]
+    sess = ort.InferenceSession(str(engines["int8"]), providers=["CPUExecutionProvider"])
+    correct = []
+    for row in rows:
+        enc = tok.encode([row["text"]])
+        pred = int(sess.run(["logits"], {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask})[0].argmax())
+        correct.append(pred == (1 if row["label"] == "positive" else 0))
+    b = next(e for e in doc["engines"] if e["name"] == "B")
+    assert abs(b["accuracy"] - float(np.mean(correct))) <= 0.05
+    assert b["precision"] == "int8" and len(doc["layers"]) == 3
+    assert (rep / "report.json").is_file()
+
+
+def test_batch_size_one_accuracy_is_exact(engines: dict[str, Path], tmp_path: Path) -> None:
+    """With batch size 1 nothing is padded: the accuracy must equal ORT + argmax exactly."""
+    out = tmp_path / "cmp.json"
+    r = _run("compare", str(engines["fp"]), str(engines["int8"]), "--eval-set", str(engines["eval"]), "--json",
+             str(out), "--no-report", "--no-layers", "--batch-size", "1", "--limit", "30")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    tok = TextTokenizer(engines["tok"])
+    rows = [json.loads(x) for x in engines["eval"].read_text().splitlines()][:30]
+    for name, path in (("A", engines["fp"]), ("B", engines["int8"])):
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        preds = []
+        for row in rows:
+            enc = tok.encode([row["text"]])
+            preds.append(int(sess.run(["logits"], {"input_ids": enc.input_ids,
+                                                    "attention_mask": enc.attention_mask})[0].argmax()))
+        truth = [1 if row["label"] == "positive" else 0 for row in rows]
+        acc = float(np.mean(np.array(preds) == np.array(truth)))
+        assert next(e for e in doc["engines"] if e["name"] == name)["accuracy"] == pytest.approx(acc)
+    assert doc["layers"] == []
+
+
+def test_engines_of_different_models_refused(engines: dict[str, Path], tmp_path: Path) -> None:
+    sc = json.loads(sidecar_path(engines["int8"]).read_text())
+    other = tmp_path / "other.onnx"
+    other.write_bytes(engines["int8"].read_bytes())
+    sc["source_model_sha256"] = "0" * 64
+    sidecar_path(other).write_text(json.dumps(sc))
+    out = tmp_path / "cmp.json"
+    r = _run("compare", str(engines["fp"]), str(other), "--eval-set", str(engines["eval"]), "--json", str(out))
+    assert r.exit_code == 2
+    assert "different models" in r.output and "Traceback" not in r.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "content, code, message",
+    [
+        ('{"text": "good movie", "label": "neutral"}\n', 3, "labels the model does not know"),
+        ('{"text": "good movie"}\n', 3, "no label column"),
+        ("not json\n", 3, "not valid JSON"),
+    ],
+)
+def test_bad_eval_sets(engines: dict[str, Path], tmp_path: Path, content: str, code: int, message: str) -> None:
+    ev = tmp_path / "bad.jsonl"
+    ev.write_text(content)
+    out = tmp_path / "cmp.json"
+    r = _run("compare", str(engines["fp"]), str(engines["int8"]), "--eval-set", str(ev), "--json", str(out))
+    assert r.exit_code == code, r.output
+    assert message in " ".join(r.output.split()) and "Traceback" not in r.output
+    assert not out.exists()
+
+
+def test_missing_sidecar(engines: dict[str, Path], tmp_path: Path) -> None:
+    bare = tmp_path / "bare.onnx"
+    bare.write_bytes(engines["fp"].read_bytes())
+    r = _run("compare", str(bare), str(engines["int8"]), "--eval-set", str(engines["eval"]), "--no-report")
+    assert r.exit_code == 4 and "sidecar" in r.output

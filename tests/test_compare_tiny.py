@@ -1,0 +1,330 @@
+"""`compare` end to end on a tiny text classifier (word-level tokenizer + Gather/MatMul/Relu net), every number
+checked against an independent numpy / ONNX Runtime computation."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from sklearn.metrics import accuracy_score, f1_score
+
+from calibkit.data.evalset import load_eval_set
+from calibkit.data.tokenizer import TextTokenizer
+from calibkit.engines.artifact import EngineArtifact
+from calibkit.evaluate.compare import CompareOptions, compare_engines
+from calibkit.evaluate.flags import Thresholds
+from calibkit.evaluate.schema import check_document
+from calibkit.graph import add_outputs, model_sha256
+from calibkit.quantize.qdq import Target, quantize_model, save_model
+from calibkit.types import Backend, CalibrationTable, Method, MethodParams, Precision, TensorRange
+
+WORDS = ["good", "great", "fine", "love", "bad", "awful", "hate", "poor", "movie", "plot", "the", "a", "is", "was"]
+POS, NEG = WORDS[:4], WORDS[4:8]
+H = 8
+
+
+def make_tokenizer(folder: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, **{w: i + 4 for i, w in enumerate(WORDS)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "config.json").write_text(json.dumps({"id2label": {"0": "negative", "1": "positive"}}))
+
+
+def make_model(seed: int = 0) -> onnx.ModelProto:
+    """ids -> Gather(E) -> MatMul(W1) -> Add -> Relu -> MatMul(W2) -> ReduceMean(seq) -> MatMul(W3) -> logits.
+    The embedding row of a positive word points one way, of a negative word the other."""
+    rng = np.random.default_rng(seed)
+    vocab = len(WORDS) + 4
+    emb = (rng.standard_normal((vocab, H)) * 0.5).astype(np.float32)
+    for w in POS:
+        emb[WORDS.index(w) + 4, 0] += 2.0
+    for w in NEG:
+        emb[WORDS.index(w) + 4, 0] -= 2.0
+    emb[WORDS.index("awful") + 4, 1] = 40.0  # an outlier activation that a tight clip range will cut
+    w1 = (rng.standard_normal((H, H)) * 0.4).astype(np.float32)
+    w1[0, 0] = 2.0
+    b1 = (rng.standard_normal(H) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal((H, H)) * 0.4).astype(np.float32)
+    w2[0, 0] = 2.0
+    w3 = (rng.standard_normal((H, 2)) * 0.2).astype(np.float32)
+    w3[0] = [-1.0, 1.0]
+    inits = [numpy_helper.from_array(a, n) for a, n in ((emb, "E"), (w1, "W1"), (b1, "B1"), (w2, "W2"), (w3, "W3"))]
+    nodes = [
+        helper.make_node("Gather", ["E", "input_ids"], ["emb"], name="embed"),
+        helper.make_node("MatMul", ["emb", "W1"], ["h1"], name="fc1"),
+        helper.make_node("Add", ["h1", "B1"], ["h1b"], name="fc1_bias"),
+        helper.make_node("Relu", ["h1b"], ["r1"], name="relu1"),
+        helper.make_node("MatMul", ["r1", "W2"], ["h2"], name="fc2"),
+        helper.make_node("ReduceMean", ["h2"], ["pooled"], name="pool", axes=[1], keepdims=0),
+        helper.make_node("MatMul", ["pooled", "W3"], ["logits"], name="classifier"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "tiny-classifier",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]),
+        ],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])],
+        inits,
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def make_texts(n: int, seed: int = 1) -> tuple[list[str], list[str]]:
+    rng = np.random.default_rng(seed)
+    texts, labels = [], []
+    filler = WORDS[8:]
+    for _ in range(n):
+        pos = bool(rng.integers(2))
+        k = int(rng.integers(1, 6))
+        words = [str(rng.choice(filler)) for _ in range(k)]
+        words.insert(int(rng.integers(len(words) + 1)), str(rng.choice(POS if pos else NEG)))
+        if rng.random() < 0.25:  # noise: a word of the other class
+            words.append(str(rng.choice(NEG if pos else POS)))
+        texts.append(" ".join(words))
+        labels.append("positive" if pos else "negative")
+    return texts, labels
+
+
+def ort_run(model: onnx.ModelProto | Path, feeds: dict[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
+    src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    sess = ort.InferenceSession(src, providers=["CPUExecutionProvider"])
+    want = {i.name for i in sess.get_inputs()}
+    return sess.run(outputs, {k: v for k, v in feeds.items() if k in want})
+
+
+def table_for(model: onnx.ModelProto, texts: list[str], tok: TextTokenizer, squeeze: float) -> CalibrationTable:
+    """Minmax ranges of the MatMul inputs, with the first one (emb) shrunk by ``squeeze`` to force clipping."""
+    tensors = ["emb", "r1", "pooled"]
+    enc = tok.encode(texts)
+    vals = ort_run(add_outputs(model, tensors), {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask},
+                   tensors)
+    amax = {t: float(np.abs(v).max()) for t, v in zip(tensors, vals)}
+    amax["emb"] *= squeeze
+    return CalibrationTable("sha", "set", Method.MINMAX, MethodParams(),
+                            tuple(TensorRange(t, a, Method.MINMAX) for t, a in amax.items()))
+
+
+def build_engines(root: Path, *, target: Target = Target.TENSORRT, squeeze: float = 0.1) -> dict[str, Path]:
+    tokdir = root / "model"
+    make_tokenizer(tokdir)
+    fp = make_model()
+    fp_path = root / "model" / "model.onnx"
+    save_model(fp, fp_path)
+    sha = model_sha256(fp_path)
+    tok = TextTokenizer(tokdir)
+    texts, labels = make_texts(80)
+    table = table_for(fp, texts[:40], tok, squeeze)
+    cal = root / "calibration.json"
+    cal.write_text(json.dumps(table.to_dict()))
+    q = quantize_model(fp, table, target=target)
+    int8_path = root / "int8.onnx"
+    save_model(q.model, int8_path)
+    fp_engine = root / "fp32.onnx"
+    save_model(fp, fp_engine)
+    common = dict(
+        backend=Backend.ONNXRUNTIME, source_model_sha256=sha, tokenizer=str(tokdir), source_model=str(fp_path)
+    )
+    EngineArtifact(path=fp_engine, precision=Precision.FP32, **common).save()  # type: ignore[arg-type]
+    EngineArtifact(path=int8_path, precision=Precision.INT8, calibration_json=str(cal), **common).save()  # type: ignore[arg-type]
+    evalp = root / "eval.jsonl"
+    evalp.write_text("".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in zip(texts, labels)))
+    return {"fp": fp_engine, "int8": int8_path, "eval": evalp, "tok": tokdir, "cal": cal, "source": fp_path}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return build_engines(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def comparison(tiny: dict[str, Path]):
+    opts = CompareOptions(batch_size=16, sensitivity=True, workers=1, sensitivity_samples=40)
+    return compare_engines(EngineArtifact.load(tiny["fp"]), EngineArtifact.load(tiny["int8"]),
+                           load_eval_set(tiny["eval"]), options=opts)
+
+
+def _brute_logits(model: Path, texts: list[str], tok: TextTokenizer) -> np.ndarray:
+    """One example at a time: no padding at all, so nothing depends on batching."""
+    out = []
+    for t in texts:
+        enc = tok.encode([t])
+        out.append(ort_run(model, {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask}, ["logits"])[0])
+    return np.concatenate(out)
+
+
+def test_accuracy_matches_ort_argmax(tiny, comparison) -> None:
+    ev = load_eval_set(tiny["eval"])
+    tok = TextTokenizer(tiny["tok"])
+    y = np.array([1 if lab == "positive" else 0 for lab in ev.labels])
+    for eng, path in zip(comparison.engines, (tiny["fp"], tiny["int8"])):
+        pred = _brute_logits(path, list(ev.texts), tok).argmax(axis=1)
+        # padding changes the ReduceMean pool, so batches of mixed length may differ: compare on the metrics
+        assert eng.metrics.accuracy == pytest.approx(accuracy_score(y, eng.logits.argmax(axis=1)))
+        assert eng.metrics.macro_f1 == pytest.approx(f1_score(y, eng.logits.argmax(axis=1), average="macro"))
+        assert abs(eng.metrics.accuracy - accuracy_score(y, pred)) <= 0.05
+        assert sum(map(sum, eng.metrics.confusion_matrix)) == len(ev)
+    a, b = comparison.engines[0].logits, comparison.engines[1].logits
+    assert comparison.agreement.agreement == pytest.approx(np.mean(a.argmax(1) == b.argmax(1)))
+    assert comparison.agreement.max_abs_error == pytest.approx(np.abs(a - b).max(), rel=1e-6)
+    dis = [d.index for d in comparison.disagreements]
+    assert dis == [int(i) for i in np.flatnonzero(a.argmax(1) != b.argmax(1))][:50]
+
+
+def test_layers_found_in_graph_order_with_amax(tiny, comparison) -> None:
+    table = json.loads(tiny["cal"].read_text())
+    amax = {r["tensor"]: r["amax"] for r in table["ranges"]}
+    layers = [r.measurement.spec for r in comparison.layers]
+    assert [(s.node, s.tensor) for s in layers] == [("fc1", "emb"), ("fc2", "r1"), ("classifier", "pooled")]
+    for s in layers:
+        assert s.amax == pytest.approx(amax[s.tensor], rel=1e-6)
+
+
+def test_layer_ranges_and_sqnr_match_brute_force(tiny, comparison) -> None:
+    """Stream vs. hold everything: the per-layer numbers equal a direct numpy computation on the same batches."""
+    from calibkit.evaluate.predict import length_batches
+
+    tok = TextTokenizer(tiny["tok"])
+    ev = load_eval_set(tiny["eval"])
+    texts = list(ev.texts)
+    fp = onnx.load(str(tiny["fp"]))
+    q = onnx.load(str(tiny["int8"]))
+    xs: dict[str, list[np.ndarray]] = {"emb": [], "r1": [], "pooled": []}
+    err: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {"h1": [], "h2": [], "logits": []}
+    lengths = tok.token_lengths(texts)
+    for idx in length_batches(lengths, 16):
+        enc = tok.encode([texts[i] for i in idx])
+        feeds = {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask}
+        m = enc.attention_mask.astype(bool)
+        fv = ort_run(add_outputs(fp, list(xs) + list(err)), feeds, list(xs) + list(err))
+        qv = ort_run(add_outputs(q, list(err)), feeds, list(err))
+        fd = dict(zip(list(xs) + list(err), fv))
+        qd = dict(zip(err, qv))
+        for t in xs:
+            xs[t].append(fd[t][m] if fd[t].ndim == 3 else fd[t].reshape(-1, H))
+        for t in err:
+            a, b = fd[t], qd[t]
+            err[t].append((a[m], b[m]) if a.ndim == 3 else (a, b))
+    by_tensor = {r.measurement.spec.tensor: r.measurement for r in comparison.layers}
+    for t, parts in xs.items():
+        v = np.concatenate([p.reshape(-1) for p in parts])
+        meas = by_tensor[t]
+        spec = meas.spec
+        assert meas.fp_min == pytest.approx(v.min(), rel=1e-6)
+        assert meas.fp_max == pytest.approx(v.max(), rel=1e-6)
+        width = 2 * np.abs(v).max() / 8192
+        srt = np.sort(np.abs(v))
+        for p, got in ((99.0, meas.p99), (99.99, meas.p9999)):
+            k = math.ceil(p / 100 * len(srt))  # the histogram's percentile lies between neighbouring order stats
+            assert srt[max(0, k - 2)] - width <= got <= srt[min(len(srt) - 1, k)] + width
+        assert meas.clipped_fraction == pytest.approx(np.mean(np.abs(v) > spec.amax))
+    assert by_tensor["emb"].clipped_fraction > 1e-3  # squeezed on purpose
+    by_output = {r.measurement.spec.output: r.measurement for r in comparison.layers}
+    for t, pairs in err.items():
+        a = np.concatenate([p[0].reshape(-1) for p in pairs]).astype(np.float64)
+        b = np.concatenate([p[1].reshape(-1) for p in pairs]).astype(np.float64)
+        sqnr = 10 * math.log10((a**2).sum() / ((a - b) ** 2).sum())
+        cos = (a * b).sum() / math.sqrt((a**2).sum() * (b**2).sum())
+        assert by_output[t].sqnr_db == pytest.approx(sqnr, abs=1e-6)
+        assert by_output[t].cosine == pytest.approx(cos, abs=1e-9)
+
+
+def test_weight_sqnr_against_dequantized_initializers(tiny, comparison) -> None:
+    fp = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(tiny["fp"])).graph.initializer}
+    q = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(tiny["int8"])).graph.initializer}
+    for r in comparison.layers:
+        w_name = {"fc1": "W1", "fc2": "W2", "classifier": "W3"}[r.measurement.spec.node]
+        w = fp[w_name].astype(np.float64)
+        deq = q[f"{w_name}_quantized"].astype(np.float64) * q[f"{w_name}_scale"].astype(np.float64).reshape(1, -1)
+        want = 10 * math.log10((w**2).sum() / ((w - deq) ** 2).sum())
+        assert r.weight is not None and r.weight.sqnr_db == pytest.approx(want, abs=1e-6)
+        assert r.weight.zeroed_fraction == pytest.approx(np.mean(deq[w != 0] == 0))
+
+
+def test_flags_and_document(tiny, comparison) -> None:
+    doc = comparison.to_dict()
+    check_document(doc)
+    emb = next(x for x in doc["layers"] if x["tensor"] == "emb")
+    assert emb["flag"] == "keep-fp16"
+    assert any("clipped" in r for r in emb["reasons"])
+    assert "fc1" in doc["recommendation"]["keep_in_higher_precision"]
+    assert doc["histograms"], "histograms of the worst layers"
+    for h in doc["histograms"].values():
+        assert len(h["counts"]) <= 256 and set(h["thresholds"]) >= {"entropy", "minmax", "percentile", "mse", "amax"}
+    json.dumps(doc, allow_nan=False)
+
+
+def test_sensitivity_matches_direct_variants(tiny, comparison) -> None:
+    """Only-fc1-INT8 variant built and scored by hand gives the same accuracy as the pooled work unit."""
+    from calibkit.evaluate.sensitivity import load_calibration_table
+
+    sens = comparison.sensitivity
+    assert sens is not None and sens.samples == 40
+    ev = load_eval_set(tiny["eval"]).head(40)
+    tok = TextTokenizer(tiny["tok"])
+    y = np.array([1 if lab == "positive" else 0 for lab in ev.labels])
+    table = load_calibration_table(tiny["cal"])
+    fp = onnx.load(str(tiny["source"]))
+    variant = quantize_model(fp, table, keep_nodes=("fc2", "classifier")).model
+    p = tiny["tok"].parent / "variant.onnx"
+    save_model(variant, p)
+    from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+    from calibkit.evaluate.predict import predict_logits
+
+    with OnnxRuntimeRunner(p) as r:
+        logits = predict_logits(r, tok, list(ev.texts), batch_size=16)
+    fc1 = next(s for s in sens.layers if s.node == "fc1")
+    assert fc1.only_this.accuracy == pytest.approx(np.mean(logits.argmax(1) == y))
+    assert fc1.only_this_delta == pytest.approx(fc1.only_this.accuracy - sens.reference_accuracy)
+    assert fc1.all_but_this_delta == pytest.approx(fc1.all_but_this.accuracy - sens.all_int8.accuracy)
+    assert fc1.only_this.error is None
+
+
+def test_onnxruntime_layout_uint8_zero_point_128(tmp_path: Path) -> None:
+    paths = build_engines(tmp_path, target=Target.ONNXRUNTIME)
+    q = onnx.load(str(paths["int8"]))
+    zps = [i for i in q.graph.initializer if i.name.endswith("_zero_point") and i.data_type == TensorProto.UINT8]
+    assert zps, "the ONNX Runtime target writes uint8 activations"
+    opts = CompareOptions(batch_size=16, sensitivity=False, thresholds=Thresholds(min_sqnr_db=200.0))
+    c = compare_engines(EngineArtifact.load(paths["fp"]), EngineArtifact.load(paths["int8"]),
+                        load_eval_set(paths["eval"]), options=opts)
+    table = json.loads(paths["cal"].read_text())
+    amax = {r["tensor"]: r["amax"] for r in table["ranges"]}
+    specs = [r.measurement.spec for r in c.layers]
+    assert specs and all(s.amax == pytest.approx(amax[s.tensor], rel=1e-6) for s in specs)
+    assert all(r.flag.flag.value == "keep-fp16" for r in c.layers)  # every layer is below a 200 dB SQNR bar
+
+
+@pytest.mark.slow  # two spawned interpreters importing ONNX Runtime: several seconds
+def test_sensitivity_pool_matches_in_process(tiny) -> None:
+    """The work unit is serialisable: a 2-process pool returns what running the jobs in-process returns."""
+    import pickle
+
+    from calibkit.evaluate.sensitivity import ALL_BUT_THIS, SensitivityJob, run_jobs
+
+    ev = load_eval_set(tiny["eval"]).head(24)
+    base = dict(source_model=str(tiny["source"]), calibration_json=str(tiny["cal"]), tokenizer=str(tiny["tok"]),
+                texts=ev.texts, labels=tuple(1 if x == "positive" else 0 for x in ev.labels),
+                reference_logits=tuple((0.0, 1.0) for _ in ev.texts), mode=ALL_BUT_THIS, batch_size=8)
+    jobs = [SensitivityJob(keep_nodes=(n,), node=n, **base) for n in ("fc1", "fc2", "classifier")]  # type: ignore[arg-type]
+    assert pickle.loads(pickle.dumps(jobs[0])) == jobs[0]
+    pooled = run_jobs(jobs, workers=2)
+    local = run_jobs(jobs, workers=1)
+    assert [(r.node, r.accuracy, r.logit_mse) for r in pooled] == [(r.node, r.accuracy, r.logit_mse) for r in local]
+    assert all(r.error is None for r in pooled)
