@@ -328,3 +328,22 @@ def test_sensitivity_pool_matches_in_process(tiny) -> None:
     local = run_jobs(jobs, workers=1)
     assert [(r.node, r.accuracy, r.logit_mse) for r in pooled] == [(r.node, r.accuracy, r.logit_mse) for r in local]
     assert all(r.error is None for r in pooled)
+
+
+def test_sensitivity_limited_to_worst_layers(tiny, comparison) -> None:
+    opts = CompareOptions(batch_size=16, sensitivity=True, workers=1, sensitivity_samples=40, sensitivity_layers=1)
+    c = compare_engines(EngineArtifact.load(tiny["fp"]), EngineArtifact.load(tiny["int8"]),
+                        load_eval_set(tiny["eval"]), options=opts)
+    assert c.sensitivity is not None and len(c.sensitivity.layers) == 1
+    chosen = c.sensitivity.layers[0].node
+
+    def own(r):
+        q = r.measurement.quant_sqnr_db
+        w = r.weight.sqnr_db if r.weight is not None else None
+        z = r.weight.zeroed_fraction if r.weight is not None else 0.0
+        return min(q if q is not None else float("inf"), w if w is not None else float("inf")) - 100 * z
+
+    worst = min(comparison.layers, key=own).measurement.spec.node
+    assert chosen == worst
+    # the full analysis covers every node
+    assert len(comparison.sensitivity.layers) == len({r.measurement.spec.node for r in comparison.layers})

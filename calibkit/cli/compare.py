@@ -49,6 +49,10 @@ def compare(
         True, "--sensitivity/--no-sensitivity", help="Per-layer accuracy effect (rebuilds a variant per layer)."
     ),
     sensitivity_samples: int = typer.Option(256, "--sensitivity-samples", min=1, help="Examples per variant."),
+    sensitivity_layers: int | None = typer.Option(
+        None, "--sensitivity-layers", min=1,
+        help="Only the K layers with the worst own SQNR or most zeroed weights (default: every layer).",
+    ),
     workers: int | None = typer.Option(
         None, "--workers", min=1, help="Processes for sensitivity (default min(2, cpus))."
     ),
@@ -87,6 +91,7 @@ def compare(
             layer_samples=layer_samples,
             sensitivity=sensitivity and layers,
             sensitivity_samples=sensitivity_samples,
+            sensitivity_layers=sensitivity_layers,
             workers=workers,
             max_disagreements=max_disagreements,
             thresholds=Thresholds(

@@ -57,6 +57,7 @@ class CompareOptions:
     layer_samples: int | None = 512  # eval examples streamed through the tapped models (None: all)
     sensitivity: bool = True
     sensitivity_samples: int = 256
+    sensitivity_layers: int | None = None  # only the K layers with the worst own SQNR / zeroed weights
     workers: int | None = None
     max_disagreements: int = 50
     histogram_layers: int = 6
@@ -357,10 +358,12 @@ def compare_engines(
             specs, texts[:n_layer], tokenizer, reference=ref_model, baseline=model_a, candidate=model_b,
             runner_factory=factory, batch_size=options.batch_size, progress=progress,
         )
-        if options.sensitivity and int8_art is not None and int8_model is not None:
-            sens = _sensitivity(int8_art, int8_model, specs, evals, eval_set, y_true, tok_dir, options, progress)
-        by_node = {ls.node: ls for ls in sens.layers} if sens else {}
         wsqnr = weight_errors(int8_model, ref_model) if int8_model is not None and ref_model is not None else {}
+        if options.sensitivity and int8_art is not None and int8_model is not None:
+            sens_specs = _worst_layers(measured.layers, wsqnr, options.sensitivity_layers)
+            sens = _sensitivity(int8_art, int8_model, sens_specs, evals, eval_set, y_true, tok_dir, options,
+                                progress)
+        by_node = {ls.node: ls for ls in sens.layers} if sens else {}
         for m in measured.layers:
             ls = by_node.get(m.spec.node)
             ws = wsqnr.get(m.spec.node)
@@ -414,6 +417,25 @@ def _reference_model(
         return load_model(src)
     log.warning("no higher-precision model to measure FP ranges on (pass --reference FP32.onnx)")
     return None
+
+
+def _worst_layers(measured: Sequence[Any], wsqnr: dict[str, Any], k: int | None) -> list[LayerSpec]:
+    """The specs of the ``k`` nodes most likely to hurt: lowest own SQNR of input or weights, or most
+    zeroed weights first (all nodes when ``k`` is None)."""
+    def badness(m: Any) -> float:
+        own = m.quant_sqnr_db if m.quant_sqnr_db is not None else float("inf")
+        ws = wsqnr.get(m.spec.node)
+        w = ws.sqnr_db if ws is not None and ws.sqnr_db is not None else float("inf")
+        zeroed = ws.zeroed_fraction if ws is not None and ws.zeroed_fraction is not None else 0.0
+        return min(own, w) - 100.0 * zeroed
+
+    ordered = sorted(measured, key=badness)
+    chosen: dict[str, LayerSpec] = {}
+    for m in ordered:
+        if k is not None and len(chosen) >= k:
+            break
+        chosen.setdefault(m.spec.node, m.spec)
+    return list(chosen.values())
 
 
 def _sensitivity(
