@@ -45,6 +45,9 @@ def tune(
     workers: int | None = typer.Option(None, "--workers", min=1, help="Evaluation processes (default min(2, cpus))."),
     holdout: float = typer.Option(0.3, "--holdout", help="Fraction of the eval set held out for the final check."),
     sensitivity_samples: int = typer.Option(256, "--sensitivity-samples", min=8, help="Examples per ranking run."),
+    sensitivity_layers: int | None = typer.Option(
+        16, "--sensitivity-layers", min=1, help="Measure sensitivity for the K layers with the worst own SQNR."
+    ),
     max_evaluations: int = typer.Option(40, "--max-evaluations", min=1, help="Budget of candidate plans."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Use only the first N eval examples."),
     percentile: float = typer.Option(99.99, "--percentile", help="Percentile for the percentile method."),
@@ -65,7 +68,8 @@ def tune(
         ev = load_eval_set(eval_set).head(limit)
         cfg = TuneConfig(
             max_drop=max_drop, relative=relative, method=method, holdout_fraction=holdout,
-            sensitivity_samples=sensitivity_samples, max_evaluations=max_evaluations, workers=workers,
+            sensitivity_samples=sensitivity_samples, sensitivity_layers=sensitivity_layers,
+            max_evaluations=max_evaluations, workers=workers,
             seed=seed, target=target, params=MethodParams(percentile=percentile),
         )
         dest = out_dir or Path("runs") / f"tune-{md.onnx_path.parent.name or md.onnx_path.stem}"

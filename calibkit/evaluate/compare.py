@@ -360,7 +360,7 @@ def compare_engines(
         )
         wsqnr = weight_errors(int8_model, ref_model) if int8_model is not None and ref_model is not None else {}
         if options.sensitivity and int8_art is not None and int8_model is not None:
-            sens_specs = _worst_layers(measured.layers, wsqnr, options.sensitivity_layers)
+            sens_specs = worst_layers(measured.layers, wsqnr, options.sensitivity_layers)
             sens = _sensitivity(int8_art, int8_model, sens_specs, evals, eval_set, y_true, tok_dir, options,
                                 progress)
         by_node = {ls.node: ls for ls in sens.layers} if sens else {}
@@ -419,7 +419,7 @@ def _reference_model(
     return None
 
 
-def _worst_layers(measured: Sequence[Any], wsqnr: dict[str, Any], k: int | None) -> list[LayerSpec]:
+def worst_layers(measured: Sequence[Any], wsqnr: dict[str, Any], k: int | None) -> list[LayerSpec]:
     """The specs of the ``k`` nodes most likely to hurt: lowest own SQNR of input or weights, or most
     zeroed weights first (all nodes when ``k`` is None)."""
     def badness(m: Any) -> float:

@@ -68,6 +68,7 @@ class TuneConfig:
     method: str = "auto"  # "auto" or a Method value
     holdout_fraction: float = 0.3
     sensitivity_samples: int = 256
+    sensitivity_layers: int | None = 16  # measured sensitivity for the K worst layers (own SQNR); None: all
     max_evaluations: int = 40
     workers: int | None = None
     seed: int = 0
@@ -303,9 +304,10 @@ def run_tune(
         tables[m.value] = (t, p, _write_table(p, t, {"target": config.target}))
 
     chosen_methods: dict[str, str] = {}
+    probe_texts = search_texts[: min(128, len(search_texts))]
+    quality = _layer_quality(model_dir, {k: v[0] for k, v in tables.items()}, tok, probe_texts, cb)
     if config.method == "auto":
-        chosen_methods = _auto_methods(model_dir, tables, tok, search_texts[: min(128, len(search_texts))],
-                                       placement, cb)
+        chosen_methods = _auto_methods(quality, placement.activations)
         per_tensor = {t: Method(m) for t, m in chosen_methods.items()}
         t = compute_table(store, per_tensor, config.params, sha, cset.id, tensors=placement.activations)
         p = work / "table-auto.json"
@@ -320,14 +322,24 @@ def run_tune(
     base_key = max(table_acc, key=lambda k: (table_acc[k], k == "auto"))
     table, table_path, table_sha = tables[base_key]
 
-    # sensitivity ranking on a subset of the search split
+    # ranking: layers ordered by their own quantization error (cheap, every layer), then the worst K of them
+    # re-ordered by measured sensitivity (keep only this one in higher precision) on a subset of the search split
+    if base_key not in quality:
+        quality.update(_layer_quality(model_dir, {base_key: table}, tok, probe_texts, cb))
+    from calibkit.evaluate.compare import worst_layers
+    from calibkit.evaluate.layers import weight_errors
+
+    base_meas, base_model = quality[base_key]
+    by_badness = [spec.node for spec in worst_layers(base_meas.layers, weight_errors(base_model, _fp(model_dir)), None)]
+    by_badness += [n for n in nodes if n not in by_badness]
+    k = len(nodes) if config.sensitivity_layers is None else min(config.sensitivity_layers, len(nodes))
     sens_texts = tuple(search_texts[i] for i in sens_pick)
     sens_idx = search_idx[sens_pick]
-    sens_jobs = [job(table_path, (n,), sens_texts, sens_idx, ALL_BUT_THIS, n) for n in nodes]
+    sens_jobs = [job(table_path, (n,), sens_texts, sens_idx, ALL_BUT_THIS, n) for n in by_badness[:k]]
     (sens_base,) = ev.run([job(table_path, (), sens_texts, sens_idx, ALL_INT8)], table_sha, "sensitivity base")
     sens = ev.run(sens_jobs, table_sha, "sensitivity (keep one node)")
     gain = {r.node: sens_base.mean_kl - r.mean_kl for r in sens if r.node}
-    ranking = sorted(nodes, key=lambda n: (-gain[n], flops.get(n, 0.0)))
+    ranking = sorted(by_badness[:k], key=lambda n: (-gain[n], flops.get(n, 0.0))) + by_badness[k:]
 
     def evaluate(plans: Sequence[Plan]) -> list[float]:
         res = ev.run([job(table_path, p, search_texts, search_idx, PLAN_MODE) for p in plans], table_sha,
@@ -349,7 +361,11 @@ def run_tune(
                      "holdout check")
         hold_acc = {p: r.accuracy for p, r in zip(plans_to_check, res, strict=True)}
 
-    reasons = _reasons(final.plan, gain, sens_base, flops, store, table)
+    own_sqnr: dict[str, float] = {}
+    for lm in base_meas.layers:
+        if lm.quant_sqnr_db is not None:
+            own_sqnr[lm.spec.node] = min(own_sqnr.get(lm.spec.node, float("inf")), lm.quant_sqnr_db)
+    reasons = _reasons(final.plan, gain, sens_base, flops, own_sqnr, outcome.tried)
     doc = _document(config, eval_set, fp32_search, fp32_hold, threshold, outcome.tried, final, met, hold_acc,
                     reasons, table_acc, base_key, chosen_methods, len(search_idx), len(hold_idx), len(sens_idx),
                     reused_stats, ev.reused, time.perf_counter() - t0)
@@ -359,47 +375,71 @@ def run_tune(
     return replace(result, resumed_evaluations=ledger.loaded) if ledger.loaded else result
 
 
-def _auto_methods(
+_FP_CACHE: dict[str, Any] = {}
+
+
+def _fp(model_dir: ModelDir) -> Any:
+    key = str(model_dir.onnx_path)
+    if key not in _FP_CACHE:
+        _FP_CACHE.clear()
+        _FP_CACHE[key] = load_model(model_dir.onnx_path)
+    return _FP_CACHE[key]
+
+
+def _layer_quality(
     model_dir: ModelDir,
-    tables: dict[str, tuple[CalibrationTable, Path, str]],
+    tables: dict[str, CalibrationTable],
     tok: TextTokenizer,
     texts: Sequence[str],
-    placement: Any,
     cb: ProgressCallback,
-) -> dict[str, str]:
-    """For each tensor, the method whose all-INT8 model has the best SQNR at the output of the node reading it."""
+) -> dict[str, tuple[Any, Any]]:
+    """Per table: the per-layer measurements (own and output SQNR) of its all-INT8 model, and that model."""
     from calibkit.evaluate.layers import find_layers
     from calibkit.evaluate.taps import measure_layers, ort_runner_factory
     from calibkit.quantize.qdq import Target, quantize_model
 
-    fp = load_model(model_dir.onnx_path)
-    sqnr: dict[str, dict[str, float]] = {}  # tensor -> method -> worst SQNR over its consumers
-    for i, (m, (table, _, _)) in enumerate(tables.items()):
-        cb(ProgressEvent("auto method: per-layer SQNR", i, len(tables), message=m))
+    fp = _fp(model_dir)
+    out: dict[str, tuple[Any, Any]] = {}
+    for i, (m, table) in enumerate(tables.items()):
+        cb(ProgressEvent("per-layer SQNR of each table", i, len(tables), message=m))
         q = quantize_model(fp, table, target=Target.TENSORRT).model
-        meas = measure_layers(find_layers(q), texts, tok, reference=None, baseline=fp, candidate=q,
-                              runner_factory=ort_runner_factory())
+        out[m] = (measure_layers(find_layers(q), texts, tok, reference=fp, baseline=fp, candidate=q,
+                                 runner_factory=ort_runner_factory()), q)
+    cb(ProgressEvent("per-layer SQNR of each table", len(tables), len(tables)))
+    return out
+
+
+def _auto_methods(quality: dict[str, tuple[Any, Any]], tensors: Sequence[str]) -> dict[str, str]:
+    """For each tensor, the method whose all-INT8 model has the best SQNR at the output of the node reading it
+    (the worst over its consumers)."""
+    sqnr: dict[str, dict[str, float]] = {}
+    for m, (meas, _) in quality.items():
         for lm in meas.layers:
             v = lm.sqnr_db if lm.sqnr_db is not None else float("-inf")
             prev = sqnr.setdefault(lm.spec.tensor, {}).get(m, float("inf"))
             sqnr[lm.spec.tensor][m] = min(prev, v)
-    cb(ProgressEvent("auto method: per-layer SQNR", len(tables), len(tables)))
-    first = next(iter(tables))
-    return {t: max(sqnr.get(t, {first: 0.0}).items(), key=lambda kv: kv[1])[0] for t in placement.activations}
+    first = next(iter(quality))
+    return {t: max(sqnr.get(t, {first: 0.0}).items(), key=lambda kv: kv[1])[0] for t in tensors}
 
 
 def _reasons(
-    plan: Plan, gain: dict[str, float], base: SensitivityResult, flops: dict[str, float], store: Any,
-    table: CalibrationTable,
+    plan: Plan, gain: dict[str, float], base: SensitivityResult, flops: dict[str, float],
+    own_sqnr: dict[str, float], tried: Sequence[Measured] = (),
 ) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     total = sum(flops.values()) or 1.0
     for n in plan:
-        r = [
-            f"keeping it in higher precision lowers the output KL divergence to FP32 from {base.mean_kl:.4g} "
-            f"to {base.mean_kl - gain.get(n, 0.0):.4g} on the sensitivity subset",
-            f"costs {100 * flops.get(n, 0.0) / total:.2f} % of the MatMul/Gemm FLOPs",
-        ]
+        r = []
+        if n in gain:
+            r.append(f"keeping only it in higher precision lowers the output KL divergence to FP32 from "
+                     f"{base.mean_kl:.4g} to {base.mean_kl - gain[n]:.4g} on the sensitivity subset")
+        if n in own_sqnr:
+            r.append(f"its own INT8 error: SQNR {own_sqnr[n]:.1f} dB (input against its fake-quantized copy)")
+        without = tuple(x for x in plan if x != n)
+        miss = next((m for m in tried if m.plan == without and not m.meets), None)
+        if miss is not None:
+            r.append(f"the same plan with it in INT8 was measured at {100 * miss.accuracy:.2f} %, below the target")
+        r.append(f"costs {100 * flops.get(n, 0.0) / total:.2f} % of the MatMul/Gemm FLOPs")
         out[n] = r
     return out
 

@@ -1,0 +1,283 @@
+"""`calibkit demo run`: the whole workflow on the demo assets, through the library API.
+
+prepare -> sample the log -> calibrate with every method (statistics collected once) -> measure each method's
+INT8 accuracy -> build FP32 / FP16 / INT8 engines -> compare FP32 vs INT8 (per layer, with sensitivity) and
+FP16 vs INT8 -> tune to the accuracy target -> an index page under reports/ that a person opens first.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from calibkit import __version__
+from calibkit._io import atomic_dir, dumps_json
+from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+from calibkit.types import Method
+
+
+@dataclass(frozen=True)
+class WorkflowOptions:
+    fast: bool = False
+    workdir: Path = Path("demo_assets")
+    reports_dir: Path = Path("reports")
+    calibration_sets_dir: Path = Path("calibration_sets")
+    log_lines: int = 20000
+    sample_size: int = 512
+    seed: int = 0
+    max_drop: float = 0.5
+    workers: int | None = None
+    eval_limit: int | None = None  # None: the whole test split
+    sensitivity_samples: int = 256
+    sensitivity_layers: int | None = 12  # compare's per-layer sensitivity: the worst K layers
+    layer_samples: int = 512
+    max_evaluations: int = 40
+    methods: tuple[Method, ...] = tuple(Method)
+
+    @classmethod
+    def quick(cls, **kw: Any) -> WorkflowOptions:
+        """The --fast variant: logistic-regression head, smaller log, sample and eval subsets."""
+        base: dict[str, Any] = dict(fast=True, log_lines=3000, sample_size=128, eval_limit=400,
+                                    sensitivity_samples=64, sensitivity_layers=6, layer_samples=128,
+                                    max_evaluations=12, max_drop=1.0)
+        base.update(kw)
+        return cls(**base)
+
+
+@dataclass(frozen=True)
+class WorkflowResult:
+    index_html: Path
+    index_md: Path
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def _acc(logits: np.ndarray, labels: np.ndarray) -> float:
+    return float(np.mean(logits.argmax(axis=1) == labels))
+
+
+def run_workflow(
+    options: WorkflowOptions = WorkflowOptions(), progress: ProgressCallback | None = None
+) -> WorkflowResult:
+    from calibkit.calibrate.pipeline import calibrate
+    from calibkit.data.evalset import label_ids, load_eval_set
+    from calibkit.data.modeldir import ModelDir
+    from calibkit.data.sample_pipeline import SampleOptions, sample_log
+    from calibkit.data.tokenizer import TextTokenizer
+    from calibkit.demo.prepare import PrepareOptions, prepare_demo
+    from calibkit.engines.build import BuildRequest, build
+    from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+    from calibkit.evaluate.compare import CompareOptions, compare_engines
+    from calibkit.evaluate.predict import predict_logits
+    from calibkit.evaluate.tune import TuneConfig, run_tune
+    from calibkit.report.render import render_report
+    from calibkit.types import Precision
+
+    cb = progress or no_progress
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    steps = 8
+
+    def step(i: int, msg: str) -> None:
+        cb(ProgressEvent("demo workflow", i, steps, message=msg))
+
+    variant = "fast" if options.fast else "fine-tuned"
+    work = Path(options.workdir)
+    runs = work / "runs"
+    reports = Path(options.reports_dir) / f"demo-{variant}"
+
+    step(0, "prepare the demo assets")
+    prep = prepare_demo(work, PrepareOptions(fast=options.fast, log_lines=options.log_lines, seed=options.seed),
+                        progress=cb)
+    timings["prepare"] = time.perf_counter() - t0
+    md = ModelDir.resolve(prep.model_dir)
+
+    step(1, "sample the production log")
+    t = time.perf_counter()
+    cset_dir = Path(options.calibration_sets_dir) / f"demo-{variant}-n{options.sample_size}-s{options.seed}"
+    cset = sample_log(work / "logs.jsonl", cset_dir,
+                      SampleOptions(size=options.sample_size, seed=options.seed, tokenizer=md.tokenizer_path),
+                      progress=cb)
+    timings["sample"] = time.perf_counter() - t
+
+    ev = load_eval_set(work / "data" / "test.jsonl").head(options.eval_limit)
+    labels = label_ids(ev, md.id2label, len(md.id2label))
+    tok = TextTokenizer(md.tokenizer_path, max_length=md.max_length)
+
+    step(2, "calibrate with every method")
+    t = time.perf_counter()
+    calib: dict[str, Any] = {}
+    for m in options.methods:
+        calib[m.value] = calibrate(md, cset, m, out_dir=runs / f"calibrate-{m.value}", progress=cb)
+    timings["calibrate"] = time.perf_counter() - t
+
+    step(3, "measure every method's INT8 accuracy")
+    t = time.perf_counter()
+    with OnnxRuntimeRunner(md.onnx_path, name="fp32") as r:
+        fp32_logits = predict_logits(r, tok, ev.texts, progress=cb, task="FP32 accuracy")
+    fp32_acc = _acc(fp32_logits, labels)
+    method_acc: dict[str, float] = {}
+    for m, res in calib.items():
+        with OnnxRuntimeRunner(res.model_path, name=f"int8-{m}") as r:
+            method_acc[m] = _acc(predict_logits(r, tok, ev.texts, progress=cb, task=f"INT8 ({m}) accuracy"), labels)
+    best = max(method_acc, key=lambda k: method_acc[k])
+    timings["method accuracy"] = time.perf_counter() - t
+
+    step(4, "build FP32, FP16 and INT8 engines")
+    t = time.perf_counter()
+    eng = runs / "engines"
+    engines = {
+        "fp32": build(BuildRequest(model=prep.model_dir, output=eng / "fp32.onnx", precision=Precision.FP32)),
+        "fp16": build(BuildRequest(model=prep.model_dir, output=eng / "fp16.onnx", precision=Precision.FP16)),
+        "int8": build(BuildRequest(model=prep.model_dir, output=eng / f"int8-{best}.onnx", precision=Precision.INT8,
+                                   calibration=calib[best].json_path)),
+    }
+    timings["build"] = time.perf_counter() - t
+
+    step(5, "compare FP32 vs INT8 and FP16 vs INT8")
+    t = time.perf_counter()
+    copts = CompareOptions(layer_samples=options.layer_samples, sensitivity_samples=options.sensitivity_samples,
+                           sensitivity_layers=options.sensitivity_layers, workers=options.workers)
+    cmp_fp32 = compare_engines(engines["fp32"].artifact, engines["int8"].artifact, ev, options=copts, progress=cb)
+    doc_fp32 = cmp_fp32.to_dict()
+    render_report(doc_fp32, reports / "compare-fp32-vs-int8")
+    cmp_fp16 = compare_engines(engines["fp16"].artifact, engines["int8"].artifact, ev,
+                               reference=engines["fp32"].artifact,
+                               options=CompareOptions(layer_samples=options.layer_samples, sensitivity=False),
+                               progress=cb)
+    doc_fp16 = cmp_fp16.to_dict()
+    render_report(doc_fp16, reports / "compare-fp16-vs-int8")
+    timings["compare"] = time.perf_counter() - t
+
+    step(6, "tune the mixed-precision plan")
+    t = time.perf_counter()
+    tres = run_tune(md, cset, ev, runs / "tune",
+                    TuneConfig(max_drop=options.max_drop, sensitivity_samples=options.sensitivity_samples,
+                               max_evaluations=options.max_evaluations, workers=options.workers,
+                               seed=options.seed),
+                    progress=cb, render=render_report, report_dir=reports / "tune")
+    timings["tune"] = time.perf_counter() - t
+    timings["total"] = time.perf_counter() - t0
+
+    step(7, "write the index page")
+    summary = {
+        "format": "calibkit-demo/1",
+        "calibkit_version": __version__,
+        "variant": variant,
+        "model_accuracy_recorded": prep.accuracy,
+        "eval_examples": len(ev),
+        "calibration_set": str(cset.path),
+        "calibration_texts": len(cset),
+        "fp32_accuracy": fp32_acc,
+        "method_accuracy": method_acc,
+        "best_method": best,
+        "statistics_reused": {m: r.reused_stats for m, r in calib.items()},
+        "compare_fp32_vs_int8": {
+            "agreement": doc_fp32["agreement"],
+            "keep_in_higher_precision": doc_fp32["recommendation"]["keep_in_higher_precision"],
+            "engines": {e["name"]: e["accuracy"] for e in doc_fp32["engines"]},
+        },
+        "compare_fp16_vs_int8": {"agreement": doc_fp16["agreement"],
+                                 "engines": {e["name"]: e["accuracy"] for e in doc_fp16["engines"]}},
+        "tune": {
+            "met_target": tres.met_target,
+            "max_drop_points": options.max_drop,
+            "kept_nodes": list(tres.kept_nodes),
+            "int8_flops_fraction": tres.int8_flops_fraction,
+            "fp32_accuracy_holdout": tres.fp32_accuracy_holdout,
+            "accuracy_holdout": tres.accuracy_holdout,
+            "accuracy_search": tres.doc["final"]["accuracy_search"],
+            "fp32_accuracy_search": tres.doc["target"]["fp32_accuracy"],
+            "out": str(tres.out_dir),
+        },
+        "timings_s": {k: round(v, 1) for k, v in timings.items()},
+    }
+    md_text, html_text = _index(summary)
+    with atomic_dir(reports / "index") as tmp:
+        (tmp / "summary.json").write_text(dumps_json(summary), encoding="utf-8")
+        (tmp / "index.md").write_text(md_text, encoding="utf-8")
+        (tmp / "index.html").write_text(html_text, encoding="utf-8")
+    step(8, "done")
+    return WorkflowResult(reports / "index" / "index.html", reports / "index" / "index.md", summary)
+
+
+def _pct(v: float | None) -> str:
+    return "—" if v is None or v != v else f"{100 * v:.2f} %"
+
+
+def _index(s: dict[str, Any]) -> tuple[str, str]:
+    tune = s["tune"]
+    rows = [(m, _pct(a)) for m, a in s["method_accuracy"].items()]
+    kept = tune["kept_nodes"]
+    lines = [
+        f"# calibkit demo ({s['variant']} model)",
+        "",
+        f"FP32 accuracy on {s['eval_examples']} held-out movie-review snippets: **{_pct(s['fp32_accuracy'])}**.",
+        f"Calibration set: {s['calibration_texts']} texts sampled from the production log ({s['calibration_set']}).",
+        "",
+        "## INT8 accuracy by calibration method (every MatMul/Gemm in INT8)",
+        "",
+        "| method | accuracy |",
+        "|---|---|",
+        *[f"| {m} | {a} |" for m, a in rows],
+        "",
+        f"Best single method: **{s['best_method']}**.",
+        "",
+        "## Tuned mixed-precision plan",
+        "",
+        f"Target: at most {tune['max_drop_points']} points below FP32 — "
+        f"{'met' if tune['met_target'] else 'NOT met'}.",
+        f"INT8 share of MatMul/Gemm FLOPs: **{100 * tune['int8_flops_fraction']:.1f} %**; "
+        f"{len(kept)} layers kept in higher precision.",
+        f"Search split: FP32 {_pct(tune['fp32_accuracy_search'])}, plan {_pct(tune['accuracy_search'])}. "
+        f"Holdout split: FP32 {_pct(tune['fp32_accuracy_holdout'])}, plan {_pct(tune['accuracy_holdout'])}.",
+        "",
+        *[f"- `{n}`" for n in kept],
+        "",
+        "## Reports",
+        "",
+        "- [FP32 vs INT8, layer by layer](../compare-fp32-vs-int8/report.html)",
+        "- [FP16 vs INT8](../compare-fp16-vs-int8/report.html)",
+        "- [Tuning: accuracy vs INT8 coverage](../tune/report.html)",
+        "",
+        "## Time (seconds)",
+        "",
+        "| step | s |",
+        "|---|---|",
+        *[f"| {k} | {v} |" for k, v in s["timings_s"].items()],
+        "",
+    ]
+    md_text = "\n".join(lines)
+    e = html.escape
+    body = [
+        f"<h1>calibkit demo ({e(s['variant'])} model)</h1>",
+        f"<p>FP32 accuracy on {s['eval_examples']} held-out movie-review snippets: "
+        f"<b>{_pct(s['fp32_accuracy'])}</b>. Calibration set: {s['calibration_texts']} texts sampled from the "
+        f"production log (<code>{e(s['calibration_set'])}</code>).</p>",
+        "<h2>INT8 accuracy by calibration method</h2><table><tr><th>method</th><th>accuracy</th></tr>",
+        *[f"<tr><td>{e(m)}</td><td>{a}</td></tr>" for m, a in rows],
+        f"</table><p>Best single method: <b>{e(s['best_method'])}</b>.</p>",
+        "<h2>Tuned mixed-precision plan</h2>",
+        f"<p>Target: at most {tune['max_drop_points']} points below FP32 — "
+        f"<b>{'met' if tune['met_target'] else 'NOT met'}</b>. INT8 share of MatMul/Gemm FLOPs: "
+        f"<b>{100 * tune['int8_flops_fraction']:.1f} %</b>; {len(kept)} layers kept in higher precision.</p>",
+        f"<p>Search split: FP32 {_pct(tune['fp32_accuracy_search'])}, plan {_pct(tune['accuracy_search'])}. "
+        f"Holdout split: FP32 {_pct(tune['fp32_accuracy_holdout'])}, plan {_pct(tune['accuracy_holdout'])}.</p>",
+        "<ul>", *[f"<li><code>{e(n)}</code></li>" for n in kept], "</ul>",
+        "<h2>Reports</h2><ul>",
+        '<li><a href="../compare-fp32-vs-int8/report.html">FP32 vs INT8, layer by layer</a></li>',
+        '<li><a href="../compare-fp16-vs-int8/report.html">FP16 vs INT8</a></li>',
+        '<li><a href="../tune/report.html">Tuning: accuracy vs INT8 coverage</a></li></ul>',
+        "<h2>Time (seconds)</h2><table>",
+        *[f"<tr><td>{e(k)}</td><td>{v}</td></tr>" for k, v in s["timings_s"].items()],
+        "</table>",
+    ]
+    style = ("body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;line-height:1.5}"
+             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2rem .6rem}code{font-size:.9em}")
+    html_text = (f"<!doctype html><html><head><meta charset='utf-8'><title>calibkit demo</title>"
+                 f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
+    return md_text, html_text
