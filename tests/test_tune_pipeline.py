@@ -1,0 +1,144 @@
+"""`tune` end to end on the tiny text classifier of test_compare_tiny (no real model needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from test_compare_tiny import NEG, POS, WORDS, make_texts, make_tokenizer
+from typer.testing import CliRunner
+
+from calibkit.cli import app
+from calibkit.data.calibset import write_calibration_set
+from calibkit.data.evalset import load_eval_set
+from calibkit.data.modeldir import ModelDir
+from calibkit.data.tokenizer import TextTokenizer
+from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+from calibkit.evaluate.predict import predict_logits
+from calibkit.evaluate.tune import TuneConfig, run_tune, split_eval
+from calibkit.quantize.qdq import save_model
+
+
+def make_sensitive_model(outlier: float = 2000.0):
+    """ids -> Gather -> fc1 -> Relu -> fc2 -> mean over seq -> classifier. Sentiment lives in two embedding
+    dimensions of size ~3; the word "the" carries a huge value in a third, so an INT8 range that covers it
+    (scale ~ outlier/127) rounds the sentiment dimensions of fc1's input to zero: fc1 must stay in higher
+    precision, the other layers are harmless."""
+    rng = np.random.default_rng(0)
+    h, vocab = 8, len(WORDS) + 4
+    emb = (rng.standard_normal((vocab, h)) * 0.05).astype(np.float32)
+    for w in POS:
+        emb[WORDS.index(w) + 4, 0] = 3.0
+    for w in NEG:
+        emb[WORDS.index(w) + 4, 1] = 3.0
+    emb[WORDS.index("the") + 4, 2] = outlier
+    w1 = np.eye(h, dtype=np.float32)
+    w1[2, 2] = 0.0  # the outlier dimension is dropped after fc1
+    w2 = np.eye(h, dtype=np.float32)
+    w3 = np.zeros((h, 2), dtype=np.float32)
+    w3[0] = [-1.0, 1.0]
+    w3[1] = [1.0, -1.0]
+    inits = [numpy_helper.from_array(a, n) for a, n in ((emb, "E"), (w1, "W1"), (w2, "W2"), (w3, "W3"))]
+    nodes = [
+        helper.make_node("Gather", ["E", "input_ids"], ["emb"], name="embed"),
+        helper.make_node("MatMul", ["emb", "W1"], ["h1"], name="fc1"),
+        helper.make_node("Relu", ["h1"], ["r1"], name="relu1"),
+        helper.make_node("MatMul", ["r1", "W2"], ["h2"], name="fc2"),
+        helper.make_node("ReduceMean", ["h2"], ["pooled"], name="pool", axes=[1], keepdims=0),
+        helper.make_node("MatMul", ["pooled", "W3"], ["logits"], name="classifier"),
+    ]
+    g = helper.make_graph(
+        nodes, "tiny-sensitive",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])], inits,
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.fixture(scope="module")
+def tiny_setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tune")
+    make_tokenizer(root / "model")
+    save_model(make_sensitive_model(), root / "model" / "model.onnx")
+    texts, labels = make_texts(360, seed=5)
+    write_calibration_set(root / "cset", texts[:60], None, {"source": "test"})
+    ev = root / "eval.jsonl"
+    ev.write_text("".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in zip(texts[60:], labels[60:])))
+    return {"model": root / "model", "cset": root / "cset", "eval": ev, "root": root}
+
+
+def test_split_is_stratified_seeded_and_disjoint():
+    labels = np.array([0] * 70 + [1] * 30)
+    s, h = split_eval(labels, 0.3, seed=0)
+    assert len(set(s) & set(h)) == 0 and len(s) + len(h) == 100
+    assert (labels[h] == 0).sum() == 21 and (labels[h] == 1).sum() == 9
+    s2, h2 = split_eval(labels, 0.3, seed=0)
+    assert (h == h2).all()
+    assert not (h == split_eval(labels, 0.3, seed=1)[1]).all()
+
+
+def test_tune_writes_a_plan_whose_accuracy_is_measured(tiny_setup):
+    md = ModelDir.resolve(tiny_setup["model"])
+    ev = load_eval_set(tiny_setup["eval"])
+    out = tiny_setup["root"] / "out"
+    cfg = TuneConfig(max_drop=1.0, workers=1, sensitivity_samples=64, method="auto")
+    res = run_tune(md, tiny_setup["cset"], ev, out, cfg)
+    doc = res.doc
+    assert doc["target"]["fp32_accuracy"] > 0.75
+    all_int8 = next(c for c in doc["candidates"] if c["stage"] == "all-int8")
+    assert all_int8["accuracy_search"] < doc["target"]["threshold"]  # the outlier breaks plain INT8
+    assert res.met_target and res.kept_nodes == ("fc1",)
+    assert 0.0 < res.int8_flops_fraction < 1.0
+    for f in ("model.int8.onnx", "calibration.cache", "calibration.json", "plan.json", "tune.json"):
+        assert (out / f).is_file(), f
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["kept_nodes"] == list(res.kept_nodes)
+    assert set(plan["reasons"]) == set(res.kept_nodes)
+    # every candidate is a measurement; the final one is the accepted candidate
+    accepted = [c for c in doc["candidates"] if c["accepted"]]
+    assert len(accepted) == 1 and accepted[0]["kept_nodes"] == list(res.kept_nodes)
+    # independent check: run the written INT8 model on the holdout split and compare with the reported number
+    from calibkit.data.evalset import label_ids
+
+    y = label_ids(ev, md.id2label, 2)
+    _, hold = split_eval(y, cfg.holdout_fraction, cfg.seed)
+    tok = TextTokenizer(md.tokenizer_path)
+    with OnnxRuntimeRunner(res.model_path) as r:
+        logits = predict_logits(r, tok, [ev.texts[i] for i in hold])
+    assert doc["final"]["accuracy_holdout"] == pytest.approx(float(np.mean(logits.argmax(1) == y[hold])))
+    if res.met_target:
+        assert doc["final"]["accuracy_search"] >= doc["target"]["threshold"] - 1e-12
+    # the quantized nodes of the written model are exactly the nodes not kept
+    cal = json.loads((out / "calibration.json").read_text())
+    assert set(cal["kept_nodes"]) >= set(res.kept_nodes)
+    assert not set(cal["quantized_nodes"]) & set(res.kept_nodes)
+
+
+def test_tune_resumes_from_its_ledger(tiny_setup):
+    md = ModelDir.resolve(tiny_setup["model"])
+    ev = load_eval_set(tiny_setup["eval"])
+    out = tiny_setup["root"] / "resume"
+    cfg = TuneConfig(max_drop=0.5, workers=1, sensitivity_samples=64, method="minmax")
+    first = run_tune(md, tiny_setup["cset"], ev, out, cfg)
+    second = run_tune(md, tiny_setup["cset"], ev, out, cfg)
+    assert first.doc["evaluations_reused"] == 0
+    assert second.doc["evaluations_reused"] > 0
+    assert second.kept_nodes == first.kept_nodes
+    assert second.doc["final"]["accuracy_search"] == first.doc["final"]["accuracy_search"]
+
+
+def test_tune_cli_errors_are_clear(tiny_setup, tmp_path):
+    runner = CliRunner()
+    r = runner.invoke(app, ["tune", str(tiny_setup["model"]), "-c", str(tiny_setup["cset"]), "-e",
+                            str(tiny_setup["eval"]), "--method", "nope", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "unknown --method" in r.output
+    r = runner.invoke(app, ["tune", str(tiny_setup["model"]), "-c", str(tmp_path / "missing"), "-e",
+                            str(tiny_setup["eval"]), "--out", str(tmp_path / "o"), "--no-report"])
+    assert r.exit_code != 0 and "calibration set not found" in r.output
+    assert not (tmp_path / "o").exists()
