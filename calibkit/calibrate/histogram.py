@@ -1,0 +1,151 @@
+"""A mergeable histogram of |x| over [0, upper] with power-of-two ranges, so re-binning is exact.
+
+``upper`` is always a power of two (2**k for an integer k, negative allowed). When the data outgrows the
+range, ``upper`` doubles and neighbouring bin pairs are summed: no count ever moves to a wrong bin, so
+merging two histograms with the same number of bins is exact and associative whatever order the batches
+(or workers) came in. The price is resolution: the data's maximum lies in the upper half of the range, so
+between ``num_bins / 2`` and ``num_bins`` bins are occupied (TensorRT's 2048 bins over [0, max] is the
+upper bound). Calibration methods work on the occupied bins (:meth:`Histogram.occupied`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from calibkit.errors import CalibrationError
+
+MIN_EXPONENT = -126  # 2**-126: the smallest normal float32; ranges below are treated as zero
+
+
+def range_exponent(value: float) -> int:
+    """The smallest k with value < 2**k (strictly, so the maximum never sits on the closed upper edge)."""
+    if not value > 0:
+        return MIN_EXPONENT
+    _, e = math.frexp(value)  # value = m * 2**e with 0.5 <= m < 1, so value < 2**e
+    return max(int(e), MIN_EXPONENT)
+
+
+@dataclass(frozen=True, eq=False)
+class Histogram:
+    """Counts of |x| in ``len(counts)`` equal bins over [0, upper]. ``upper`` is a power of two."""
+
+    counts: np.ndarray  # int64 [num_bins]
+    upper: float
+
+    def __post_init__(self) -> None:
+        n = len(self.counts)
+        if n < 2 or n & (n - 1):
+            raise CalibrationError(f"histogram bin count must be a power of two >= 2, got {n}")
+        if not (self.upper > 0 and math.frexp(self.upper)[0] == 0.5):
+            raise CalibrationError(f"histogram upper bound must be a positive power of two, got {self.upper}")
+
+    # -- construction ------------------------------------------------------------------------------------
+    @classmethod
+    def empty(cls, num_bins: int = 2048, upper: float = 2.0**MIN_EXPONENT) -> Histogram:
+        return cls(np.zeros(num_bins, dtype=np.int64), float(upper))
+
+    @classmethod
+    def of(cls, values: np.ndarray, num_bins: int = 2048) -> Histogram:
+        """Histogram of |values| (finite values only are expected)."""
+        a = np.abs(np.asarray(values, dtype=np.float32)).ravel()
+        top = float(a.max()) if a.size else 0.0
+        upper = 2.0 ** range_exponent(top)
+        return cls(bin_counts(a, upper, num_bins), upper)
+
+    # -- geometry ----------------------------------------------------------------------------------------
+    @property
+    def num_bins(self) -> int:
+        return len(self.counts)
+
+    @property
+    def width(self) -> float:
+        return self.upper / self.num_bins
+
+    @property
+    def edges(self) -> np.ndarray:
+        return np.linspace(0.0, self.upper, self.num_bins + 1)
+
+    @property
+    def total(self) -> int:
+        return int(self.counts.sum())
+
+    def occupied(self) -> np.ndarray:
+        """Counts up to and including the last non-empty bin (what the methods search over)."""
+        nz = np.flatnonzero(self.counts)
+        return self.counts[: int(nz[-1]) + 1] if nz.size else self.counts[:0]
+
+    # -- combining ---------------------------------------------------------------------------------------
+    def widened(self, upper: float) -> Histogram:
+        """The same counts over [0, upper] (upper >= self.upper, a power of two): exact pair merging."""
+        if upper < self.upper:
+            raise CalibrationError(f"cannot narrow a histogram from {self.upper} to {upper}")
+        factor = round(upper / self.upper)
+        if factor == 1:
+            return self
+        n = self.num_bins
+        if factor >= n:
+            counts = np.zeros(n, dtype=np.int64)
+            counts[0] = self.counts.sum()
+        else:
+            counts = np.zeros(n, dtype=np.int64)
+            counts[: n // factor] = self.counts.reshape(n // factor, factor).sum(axis=1)
+        return Histogram(counts, float(upper))
+
+    def merge(self, other: Histogram) -> Histogram:
+        """Exact union of two histograms with the same number of bins (commutative and associative)."""
+        if other.num_bins != self.num_bins:
+            raise CalibrationError(
+                f"cannot merge histograms with {self.num_bins} and {other.num_bins} bins",
+                hint="collect statistics with the same --num-bins",
+            )
+        upper = max(self.upper, other.upper)
+        return Histogram(self.widened(upper).counts + other.widened(upper).counts, upper)
+
+    # -- queries -----------------------------------------------------------------------------------------
+    def percentile(self, p: float) -> float:
+        """The p-th percentile of |x| (0 < p <= 100), linearly interpolated inside the bin that holds it."""
+        if not 0.0 < p <= 100.0:
+            raise CalibrationError(f"percentile must be in (0, 100], got {p}")
+        total = self.total
+        if total == 0:
+            return 0.0
+        cdf = np.cumsum(self.counts)
+        target = total * p / 100.0
+        i = int(np.searchsorted(cdf, target, side="left"))
+        i = min(i, self.num_bins - 1)
+        before = float(cdf[i - 1]) if i > 0 else 0.0
+        inside = float(self.counts[i])
+        frac = (target - before) / inside if inside > 0 else 1.0
+        return (i + min(max(frac, 0.0), 1.0)) * self.width
+
+
+_CHUNK = 1 << 16  # elements per pass: the temporaries stay in the CPU cache (about 1.5x faster on big tensors)
+
+
+def bin_counts(values: np.ndarray, upper: float, num_bins: int, *, signed: bool = False) -> np.ndarray:
+    """Counts of |values| in ``num_bins`` bins over [0, upper]: np.bincount on integer bin indices, several
+    times faster than np.histogram. ``upper / num_bins`` is a power of two, so scaling is exact and every
+    value lands in exactly the bin ``floor(|x| * num_bins / upper)`` (the top edge joins the last bin).
+    ``signed`` is accepted for clarity; |x| is always taken."""
+    flat = np.asarray(values).ravel()
+    counts = np.zeros(num_bins, dtype=np.int64)
+    if flat.size == 0:
+        return counts
+    factor = num_bins / upper
+    dtype = np.float32 if factor < 2.0**100 else np.float64  # tiny ranges would overflow a float32 factor
+    f, top = dtype(factor), dtype(num_bins - 1)
+    chunk = min(_CHUNK, flat.size)
+    buf = np.empty(chunk, dtype=dtype)
+    ibuf = np.empty(chunk, dtype=np.intp)  # bincount works on intp: casting here is cheaper than inside it
+    for start in range(0, flat.size, chunk):
+        part = flat[start : start + chunk]
+        b, ib = buf[: part.size], ibuf[: part.size]
+        np.abs(part, out=b)
+        b *= f
+        np.minimum(b, top, out=b)
+        ib[...] = b
+        counts += np.bincount(ib, minlength=num_bins)
+    return counts

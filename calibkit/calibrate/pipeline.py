@@ -1,0 +1,368 @@
+"""`calibrate` end to end: placement -> statistics (collected once, reused) -> method -> table -> Q/DQ model,
+TensorRT cache, calibration.json and stats.npz, all written into OUT atomically (complete or not at all)."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from calibkit import __version__
+from calibkit._io import atomic_dir, sha256_file
+from calibkit.calibrate.methods import compute_table
+from calibkit.calibrate.stats import StatsStore
+from calibkit.calibrate.statscache import find_stats, save_stats
+from calibkit.calibrate.tablefile import write_calibration_json
+from calibkit.calibrate.trtcache import ALGORITHM_FOR_METHOD, DEFAULT_TRT_VERSION, read_cache, write_cache
+from calibkit.data.calibset import MANIFEST, CalibrationSet, load_calibration_set
+from calibkit.data.modeldir import ModelDir
+from calibkit.errors import CalibrationError
+from calibkit.progress import ProgressCallback
+from calibkit.quantize.placement import DEFAULT_OP_TYPES, plan_placement
+from calibkit.types import INT8_MAX, CalibrationTable, Method, MethodParams, TensorRange
+
+log = logging.getLogger("calibkit.calibrate")
+
+# Measured on the fast demo model (512 calibration texts, classifier head kept FP32, 2,114 held-out texts):
+# FP32 75.31 %, mse 75.31, minmax 75.02, entropy 74.83, percentile(99.99) 74.31.
+DEFAULT_METHOD = Method.MSE
+
+MODEL_FILE = "model.int8.onnx"
+CACHE_FILE = "calibration.cache"
+JSON_FILE = "calibration.json"
+STATS_FILE = "stats.npz"
+
+
+@dataclass(frozen=True)
+class CalibrationResult:
+    out_dir: Path
+    model_path: Path
+    cache_path: Path
+    json_path: Path
+    stats_path: Path | None
+    table: CalibrationTable
+    quantized_nodes: tuple[str, ...]
+    kept_nodes: tuple[str, ...]
+    missing_ranges: tuple[str, ...]
+    zero_ranges: tuple[str, ...]
+    reused_stats: bool
+    timings: dict[str, float] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+    unmatched_cache_names: tuple[str, ...] = ()  # --from-cache: names in the cache that match no quantized input
+
+
+def versions() -> dict[str, str]:
+    import onnx
+
+    out = {"calibkit": __version__, "onnx": onnx.__version__}
+    try:
+        import onnxruntime
+
+        out["onnxruntime"] = onnxruntime.__version__
+    except ImportError:  # pragma: no cover - onnxruntime is a hard dependency
+        pass
+    return out
+
+
+def _manifest_sha(cset: CalibrationSet) -> str:
+    m = cset.path / MANIFEST if cset.path.is_dir() else None
+    return sha256_file(m) if m is not None and m.is_file() else ""
+
+
+def gather_stats(
+    model_dir: ModelDir,
+    cset: CalibrationSet,
+    tensors: Sequence[str],
+    *,
+    model_sha256: str,
+    num_bins: int = 2048,
+    batch_size: int = 32,
+    progress: ProgressCallback | None = None,
+    use_cache: bool = True,
+    cache_dir: Path | None = None,
+    model: Any = None,
+) -> tuple[StatsStore, bool]:
+    """Statistics of ``tensors`` over the set: from the cache when there, else by running the model."""
+    if use_cache:
+        hit = find_stats(model_sha256, cset.id, tensors, num_bins, cache_dir)
+        if hit is not None:
+            log.info("reusing statistics from %s (the model is not run again)", hit[1])
+            return hit[0], True
+    from calibkit.calibrate.collect import collect_stats
+    from calibkit.data.encode import bucketed_batches
+    from calibkit.data.tokenizer import TextTokenizer
+    from calibkit.graph import load_model
+
+    tok = TextTokenizer(model_dir.tokenizer_path, max_length=model_dir.max_length)
+    proto = model if model is not None else load_model(model_dir.onnx_path)
+    input_names = [i.name for i in proto.graph.input if i.name not in {x.name for x in proto.graph.initializer}]
+    batches = bucketed_batches(tok, cset.texts, input_names, batch_size=batch_size)
+    store = collect_stats(proto, batches, tensors, num_bins=num_bins, progress=progress)
+    del proto
+    meta = {
+        **store.meta,
+        "model_sha256": model_sha256,
+        "calibration_set_id": cset.id,
+        "texts": batches.num_texts,
+        "truncated": batches.truncated,
+        "max_length": batches.max_length,
+        "batch_size": batch_size,
+    }
+    store = StatsStore(dict(store.stats), store.num_bins, meta)
+    if use_cache:
+        save_stats(store, tensors, cache_dir)
+    return store, False
+
+
+def _summary_warnings(store: StatsStore, table: CalibrationTable) -> list[str]:
+    out = []
+    n = int(store.meta.get("texts", store.meta.get("samples", 0)) or 0)
+    if n == 1:
+        out.append("the calibration set holds a single text: ranges from one sample rarely generalise")
+    trunc = int(store.meta.get("truncated", 0) or 0)
+    if trunc:
+        out.append(
+            f"{trunc} of {n} texts are longer than the model's maximum of {store.meta.get('max_length')} tokens "
+            "and were truncated"
+        )
+    nonfinite = [r.tensor for r in table.ranges if store[r.tensor].non_finite]
+    if nonfinite:
+        out.append(
+            f"{len(nonfinite)} tensors held non-finite values (excluded from their ranges), e.g. {nonfinite[0]}"
+        )
+    zero = [r.tensor for r in table.ranges if r.amax == 0.0]
+    if zero:
+        out.append(f"{len(zero)} tensors were all zero (amax 0, cache scale 0; kept in FP32), e.g. {zero[0]}")
+    return out
+
+
+def _quantize(model: Any, table: CalibrationTable, op_types: Sequence[str], exclude: Sequence[str], target: str):
+    from calibkit.graph import load_model
+    from calibkit.quantize.qdq import Target, quantize_model
+
+    proto = load_model(model) if isinstance(model, (str, Path)) else model
+    return quantize_model(proto, table, op_types=tuple(op_types), exclude=tuple(exclude), target=Target(target))
+
+
+def calibrate(
+    model_dir: ModelDir,
+    calibration_set: CalibrationSet | str | Path,
+    method: Method = DEFAULT_METHOD,
+    params: MethodParams = MethodParams(),
+    *,
+    out_dir: str | Path,
+    op_types: Sequence[str] = DEFAULT_OP_TYPES,
+    exclude: Sequence[str] = (),
+    target: str = "tensorrt",
+    batch_size: int = 32,
+    progress: ProgressCallback | None = None,
+    use_cache: bool = True,
+    cache_dir: Path | None = None,
+    trt_version: int = DEFAULT_TRT_VERSION,
+) -> CalibrationResult:
+    """Calibrate ``model_dir`` on ``calibration_set`` and write OUT (see the module docstring)."""
+    from calibkit.graph import load_model, model_sha256
+
+    method = Method(method)
+    t0 = time.perf_counter()
+    cset = calibration_set if isinstance(calibration_set, CalibrationSet) else load_calibration_set(calibration_set)
+    sha = model_sha256(model_dir.onnx_path)
+    proto = load_model(model_dir.onnx_path)  # loaded once: placement, taps and Q/DQ all read this copy
+    placement = plan_placement(proto, op_types, exclude)
+    tensors = placement.activations
+    # statistics cover every quantizable input (exclusions ignored), so a later run with other --exclude reuses them
+    collected = plan_placement(proto, op_types).activations
+    if not tensors:
+        raise CalibrationError(
+            f"no activation inputs of {', '.join(op_types)} nodes to calibrate in {model_dir.onnx_path.name}",
+            hint="check --op-types (e.g. MatMul,Gemm) and --exclude",
+        )
+    t1 = time.perf_counter()
+    store, reused = gather_stats(
+        model_dir, cset, collected, model_sha256=sha, num_bins=params.num_bins, batch_size=batch_size,
+        progress=progress, use_cache=use_cache, cache_dir=cache_dir, model=proto,
+    )
+    t2 = time.perf_counter()
+    provenance = {
+        "model": str(model_dir.onnx_path),
+        "calibration_set": str(cset.path),
+        "calibration_set_manifest_sha256": _manifest_sha(cset),
+        **{f"{k}_version": v for k, v in versions().items()},
+    }
+    table = compute_table(store, method, params, sha, cset.id, tensors=tensors, provenance=provenance)
+    t3 = time.perf_counter()
+    qres = _quantize(proto, table, op_types, exclude, target)
+    del proto
+    t4 = time.perf_counter()
+    warnings = _summary_warnings(store, table)
+    for w in warnings:
+        log.info(w)
+    extras: dict[str, Any] = {
+        "target": target,
+        "op_types": list(op_types),
+        "exclude": list(exclude),
+        "tensors": {
+            r.tensor: {"amax": r.amax, "scale": r.scale, "method": r.method.value, **store[r.tensor].summary()}
+            for r in table.ranges
+        },
+        "calibration_set": {
+            "id": cset.id,
+            "path": str(cset.path),
+            "manifest_sha256": provenance["calibration_set_manifest_sha256"],
+            "texts": len(cset),
+            "truncated": int(store.meta.get("truncated", 0) or 0),
+            "max_length": store.meta.get("max_length"),
+        },
+        "statistics": {"reused": reused, "num_bins": store.num_bins, **dict(store.meta)},
+        "trt_cache": {"algorithm": ALGORITHM_FOR_METHOD[method], "version": trt_version},
+        "warnings": warnings,
+    }
+    result = _write_outputs(
+        Path(out_dir), model_dir, table, qres, store, extras, trt_version,
+        timings={"placement": t1 - t0, "statistics": t2 - t1, "method": t3 - t2, "quantize": t4 - t3},
+        reused=reused, warnings=warnings, t_start=t0,
+    )
+    return result
+
+
+def _write_outputs(
+    out: Path,
+    model_dir: ModelDir,
+    table: CalibrationTable,
+    qres: Any,
+    store: StatsStore | None,
+    extras: dict[str, Any],
+    trt_version: int,
+    *,
+    timings: dict[str, float],
+    reused: bool,
+    warnings: Sequence[str],
+    t_start: float,
+    unmatched: Sequence[str] = (),
+    cache_source: Path | None = None,
+) -> CalibrationResult:
+    from calibkit.quantize.qdq import save_model
+
+    t = time.perf_counter()
+    files = {"model": MODEL_FILE, "cache": CACHE_FILE}
+    if store is not None:
+        files["stats"] = STATS_FILE
+    extras = {
+        **extras,
+        "quantized_nodes": list(qres.quantized_nodes),
+        "kept_nodes": list(qres.kept_nodes),
+        "missing_ranges": list(qres.missing_ranges),
+        "zero_ranges": list(getattr(qres, "zero_ranges", ())),
+        "files": files,
+        "source_model": str(model_dir.onnx_path),
+        "tokenizer": str(model_dir.tokenizer_path),
+    }
+    with atomic_dir(out) as tmp:
+        save_model(qres.model, tmp / MODEL_FILE)
+        if cache_source is not None:
+            shutil.copyfile(cache_source, tmp / CACHE_FILE)
+        else:
+            write_cache(tmp / CACHE_FILE, table, version=trt_version)
+        if store is not None:
+            store.save(tmp / STATS_FILE)
+        timings = {**timings, "write": time.perf_counter() - t, "total": time.perf_counter() - t_start}
+        rounded = {k: round(v, 3) for k, v in timings.items()}
+        write_calibration_json(tmp / JSON_FILE, table, {**extras, "timings": rounded})
+    return CalibrationResult(
+        out_dir=out,
+        model_path=out / MODEL_FILE,
+        cache_path=out / CACHE_FILE,
+        json_path=out / JSON_FILE,
+        stats_path=out / STATS_FILE if store is not None else None,
+        table=table,
+        quantized_nodes=tuple(qres.quantized_nodes),
+        kept_nodes=tuple(qres.kept_nodes),
+        missing_ranges=tuple(qres.missing_ranges),
+        zero_ranges=tuple(getattr(qres, "zero_ranges", ())),
+        reused_stats=reused,
+        timings=timings,
+        warnings=tuple(warnings),
+        unmatched_cache_names=tuple(unmatched),
+    )
+
+
+def calibrate_from_cache(
+    model_dir: ModelDir,
+    cache_path: str | Path,
+    *,
+    out_dir: str | Path,
+    op_types: Sequence[str] = DEFAULT_OP_TYPES,
+    exclude: Sequence[str] = (),
+    target: str = "tensorrt",
+) -> CalibrationResult:
+    """Build the Q/DQ model from an existing TensorRT calibration cache (no model run, no statistics).
+
+    Cache names that match no quantized activation (TensorRT-internal ``ONNXTRT_Broadcast_*`` or
+    ``(Unnamed Layer* N)`` names, tensors of other op types) are reported in ``unmatched_cache_names``;
+    quantized inputs the cache lacks stay FP32 and are reported as ``missing_ranges``.
+    """
+    from calibkit.graph import load_model, model_sha256
+
+    t0 = time.perf_counter()
+    cache = read_cache(cache_path)
+    sha = model_sha256(model_dir.onnx_path)
+    placement = plan_placement(load_model(model_dir.onnx_path, load_external_data=False), op_types, exclude)
+    wanted = set(placement.activations)
+    method = cache.method
+    ranges = tuple(
+        TensorRange(tensor=t, amax=float(cache.scales[t]) * INT8_MAX, method=method)
+        for t in placement.activations
+        if t in cache.scales
+    )
+    unmatched = sorted(n for n in [*cache.scales, *cache.non_finite] if n not in wanted)
+    cache_sha = sha256_file(cache_path)
+    table = CalibrationTable(
+        model_sha256=sha,
+        calibration_set_id=f"trt-cache:{cache_sha}",
+        method=method,
+        params=MethodParams(),
+        ranges=ranges,
+        provenance={
+            "model": str(model_dir.onnx_path),
+            "trt_cache": str(cache_path),
+            "trt_cache_sha256": cache_sha,
+            **{f"{k}_version": v for k, v in versions().items()},
+        },
+    )
+    qres = _quantize(model_dir.onnx_path, table, op_types, exclude, target)
+    warnings = []
+    if unmatched:
+        warnings.append(
+            f"{len(unmatched)} cache entries match no quantized tensor of the model (TensorRT-internal names or "
+            f"other ops), e.g. {unmatched[0]}"
+        )
+    if cache.non_finite:
+        warnings.append(f"{len(cache.non_finite)} cache entries hold a non-finite scale, e.g. {cache.non_finite[0]}")
+    if qres.missing_ranges:
+        warnings.append(f"{len(qres.missing_ranges)} quantized inputs have no scale in the cache (kept in FP32)")
+    for w in warnings:
+        log.info(w)
+    extras: dict[str, Any] = {
+        "target": target,
+        "op_types": list(op_types),
+        "exclude": list(exclude),
+        "tensors": {r.tensor: {"amax": r.amax, "scale": r.scale, "method": r.method.value} for r in ranges},
+        "trt_cache": {
+            "source": str(cache_path),
+            "algorithm": cache.algorithm,
+            "version": cache.version,
+            "unmatched": unmatched,
+            "zero": list(cache.zero),
+            "non_finite": list(cache.non_finite),
+        },
+        "warnings": warnings,
+    }
+    return _write_outputs(
+        Path(out_dir), model_dir, table, qres, None, extras, cache.version,
+        timings={"read": time.perf_counter() - t0}, reused=False, warnings=warnings, t_start=t0,
+        unmatched=unmatched, cache_source=Path(cache_path),
+    )

@@ -1,0 +1,225 @@
+"""Per-tensor activation statistics: streaming accumulation, merging, and saving as ``.npz``.
+
+Memory is bounded by tensors x bins: nothing about individual samples is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from calibkit._io import atomic_open
+from calibkit.calibrate.histogram import Histogram, bin_counts, range_exponent
+from calibkit.errors import CalibrationError
+
+STATS_FORMAT = "calibkit-stats/1"
+
+
+@dataclass(frozen=True, eq=False)
+class ActivationStats:
+    """What calibration knows about one tensor. ``count`` counts finite values; non-finite ones are apart."""
+
+    tensor: str
+    count: int
+    nan_count: int
+    posinf_count: int
+    neginf_count: int
+    min: float  # over finite values (0.0 when none were seen)
+    max: float
+    histogram: Histogram
+
+    @property
+    def absmax(self) -> float:
+        return max(abs(self.min), abs(self.max))
+
+    @property
+    def non_finite(self) -> int:
+        return self.nan_count + self.posinf_count + self.neginf_count
+
+    def merge(self, other: ActivationStats) -> ActivationStats:
+        if other.tensor != self.tensor:
+            raise CalibrationError(f"cannot merge statistics of {self.tensor!r} and {other.tensor!r}")
+        if self.count == 0:
+            mn, mx = other.min, other.max
+        elif other.count == 0:
+            mn, mx = self.min, self.max
+        else:
+            mn, mx = min(self.min, other.min), max(self.max, other.max)
+        return ActivationStats(
+            tensor=self.tensor,
+            count=self.count + other.count,
+            nan_count=self.nan_count + other.nan_count,
+            posinf_count=self.posinf_count + other.posinf_count,
+            neginf_count=self.neginf_count + other.neginf_count,
+            min=mn,
+            max=mx,
+            histogram=self.histogram.merge(other.histogram),
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """The per-tensor numbers calibration.json records."""
+        return {
+            "count": self.count,
+            "nan": self.nan_count,
+            "posinf": self.posinf_count,
+            "neginf": self.neginf_count,
+            "min": self.min,
+            "max": self.max,
+            "absmax": self.absmax,
+            "p99_99": self.histogram.percentile(99.99) if self.count else 0.0,
+        }
+
+
+class StatsAccumulator:
+    """Mutable running statistics of one tensor; ``observe`` a batch at a time, ``freeze`` at the end."""
+
+    def __init__(self, tensor: str, num_bins: int) -> None:
+        self.tensor = tensor
+        self.num_bins = num_bins
+        self.count = 0
+        self.nan = 0
+        self.posinf = 0
+        self.neginf = 0
+        self.min = math.inf
+        self.max = -math.inf
+        self.exponent: int | None = None
+        self.counts = np.zeros(num_bins, dtype=np.int64)
+
+    def observe(self, values: np.ndarray) -> None:
+        x = np.asarray(values)
+        if x.dtype != np.float32:
+            x = x.astype(np.float32)
+        x = x.ravel()
+        if x.size == 0:
+            return
+        lo, hi = float(x.min()), float(x.max())
+        if not (math.isfinite(lo) and math.isfinite(hi)):  # NaN propagates through min/max, inf shows
+            finite = np.isfinite(x)
+            bad = x[~finite]
+            nan = int(np.isnan(bad).sum())
+            pos = int((bad == np.inf).sum())
+            self.nan += nan
+            self.posinf += pos
+            self.neginf += bad.size - nan - pos
+            x = x[finite]
+            if x.size == 0:
+                return
+            lo, hi = float(x.min()), float(x.max())
+        self.min = min(self.min, lo)
+        self.max = max(self.max, hi)
+        self.count += x.size
+        exp = range_exponent(max(-lo, hi))
+        if self.exponent is None:
+            self.exponent = exp
+        elif exp > self.exponent:
+            self.counts = Histogram(self.counts, 2.0**self.exponent).widened(2.0**exp).counts
+            self.exponent = exp
+        self.counts += bin_counts(x, 2.0**self.exponent, self.num_bins, signed=True)
+
+    def freeze(self) -> ActivationStats:
+        seen = self.count > 0
+        return ActivationStats(
+            tensor=self.tensor,
+            count=self.count,
+            nan_count=self.nan,
+            posinf_count=self.posinf,
+            neginf_count=self.neginf,
+            min=self.min if seen else 0.0,
+            max=self.max if seen else 0.0,
+            histogram=Histogram(self.counts.copy(), 2.0 ** (self.exponent if self.exponent is not None else -126)),
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class StatsStore(Mapping[str, ActivationStats]):
+    """Statistics of every tapped tensor, plus where they came from (``meta``: model hash, set id, ...)."""
+
+    stats: Mapping[str, ActivationStats]
+    num_bins: int = 2048
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, tensor: str) -> ActivationStats:
+        try:
+            return self.stats[tensor]
+        except KeyError:
+            raise CalibrationError(
+                f"no statistics for tensor {tensor!r}",
+                hint="collect statistics with the same --op-types / --exclude, or delete the statistics cache",
+            ) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.stats)
+
+    def __len__(self) -> int:
+        return len(self.stats)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.histogram.counts.nbytes for s in self.stats.values())
+
+    def subset(self, tensors: list[str] | tuple[str, ...]) -> StatsStore:
+        return StatsStore({t: self[t] for t in tensors}, self.num_bins, dict(self.meta))
+
+    def merge(self, other: StatsStore) -> StatsStore:
+        """Combine statistics of two runs (e.g. two halves of a calibration set)."""
+        out = dict(self.stats)
+        for t, s in other.stats.items():
+            out[t] = out[t].merge(s) if t in out else s
+        return StatsStore(out, self.num_bins, dict(self.meta))
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        names = list(self.stats)
+        arrays: dict[str, np.ndarray] = {
+            "counts": np.stack([self.stats[t].histogram.counts for t in names])
+            if names
+            else np.zeros((0, self.num_bins), dtype=np.int64),
+            "upper": np.array([self.stats[t].histogram.upper for t in names], dtype=np.float64),
+            "ints": np.array(
+                [[s.count, s.nan_count, s.posinf_count, s.neginf_count] for s in (self.stats[t] for t in names)],
+                dtype=np.int64,
+            ).reshape(len(names), 4),
+            "minmax": np.array([[self.stats[t].min, self.stats[t].max] for t in names], dtype=np.float64).reshape(
+                len(names), 2
+            ),
+        }
+        header = {"format": STATS_FORMAT, "tensors": names, "num_bins": self.num_bins, "meta": dict(self.meta)}
+        arrays["header"] = np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8)
+        with atomic_open(path, "wb") as fh:
+            np.savez_compressed(fh, **arrays)
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> StatsStore:
+        p = Path(path)
+        if not p.is_file():
+            raise CalibrationError(f"statistics file not found: {p}")
+        try:
+            with np.load(p, allow_pickle=False) as z:
+                header = json.loads(bytes(z["header"]).decode("utf-8"))
+                counts, upper, ints, minmax = z["counts"], z["upper"], z["ints"], z["minmax"]
+        except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
+            raise CalibrationError(
+                f"cannot read statistics {p}: {exc}", hint="delete the file; calibrate collects them again"
+            ) from exc
+        if header.get("format") != STATS_FORMAT:
+            raise CalibrationError(f"{p} is not a calibkit statistics file (format {header.get('format')!r})")
+        stats = {}
+        for i, t in enumerate(header["tensors"]):
+            stats[t] = ActivationStats(
+                tensor=t,
+                count=int(ints[i, 0]),
+                nan_count=int(ints[i, 1]),
+                posinf_count=int(ints[i, 2]),
+                neginf_count=int(ints[i, 3]),
+                min=float(minmax[i, 0]),
+                max=float(minmax[i, 1]),
+                histogram=Histogram(counts[i].astype(np.int64), float(upper[i])),
+            )
+        return cls(stats, int(header["num_bins"]), header.get("meta", {}))

@@ -1,0 +1,89 @@
+"""Statistics are collected once per (model, calibration set, tapped tensors, bins) and reused.
+
+Layout: ``$CALIBKIT_CACHE/stats/`` (default ``~/.cache/calibkit/stats/``), one folder per (model sha256,
+calibration-set id, num_bins, collector version) and one ``.npz`` per tensor list. A saved store whose
+tensors are a superset of the requested ones is reused too (e.g. after adding an ``--exclude``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from calibkit.calibrate.stats import StatsStore
+from calibkit.errors import CalibrationError
+
+log = logging.getLogger("calibkit.calibrate")
+
+COLLECTOR_VERSION = 1  # bump when what the collector observes changes (e.g. padding masking)
+
+
+def cache_root() -> Path:
+    env = os.environ.get("CALIBKIT_CACHE")
+    base = Path(env) if env else Path.home() / ".cache" / "calibkit"
+    return base / "stats"
+
+
+def _digest(obj: object) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()[:24]
+
+
+def stats_key_dir(model_sha256: str, calibration_set_id: str, num_bins: int, root: Path | None = None) -> Path:
+    key = _digest({"model": model_sha256, "set": calibration_set_id, "bins": num_bins, "v": COLLECTOR_VERSION})
+    return (root or cache_root()) / key
+
+
+def stats_path(
+    model_sha256: str, calibration_set_id: str, tensors: Sequence[str], num_bins: int, root: Path | None = None
+) -> Path:
+    return stats_key_dir(model_sha256, calibration_set_id, num_bins, root) / f"{_digest(sorted(tensors))}.npz"
+
+
+def _tensors_of(path: Path) -> set[str]:
+    with np.load(path, allow_pickle=False) as z:
+        return set(json.loads(bytes(z["header"]).decode("utf-8"))["tensors"])
+
+
+def find_stats(
+    model_sha256: str, calibration_set_id: str, tensors: Sequence[str], num_bins: int, root: Path | None = None
+) -> tuple[StatsStore, Path] | None:
+    """A saved store covering ``tensors`` (restricted to them), or None."""
+    exact = stats_path(model_sha256, calibration_set_id, tensors, num_bins, root)
+    folder = exact.parent
+    if not folder.is_dir():
+        return None
+    want = set(tensors)
+    candidates = [exact] if exact.is_file() else []
+    candidates += sorted(p for p in folder.glob("*.npz") if p != exact)
+    for path in candidates:
+        try:
+            if path != exact and not want <= _tensors_of(path):
+                continue
+            store = StatsStore.load(path)
+        except (CalibrationError, OSError, ValueError, KeyError) as exc:
+            log.warning("ignoring unreadable statistics cache %s: %s", path, exc)
+            continue
+        if store.meta.get("model_sha256") != model_sha256 or store.meta.get("calibration_set_id") != calibration_set_id:
+            continue
+        if want <= set(store):
+            return store.subset(list(tensors)), path
+    return None
+
+
+def save_stats(store: StatsStore, tensors: Sequence[str], root: Path | None = None) -> Path | None:
+    """Save into the cache; a cache that cannot be written only costs a re-run later (logged)."""
+    path = stats_path(
+        str(store.meta.get("model_sha256", "")), str(store.meta.get("calibration_set_id", "")), tensors,
+        store.num_bins, root,
+    )
+    try:
+        return store.save(path)
+    except OSError as exc:
+        log.warning("could not save statistics to the cache %s: %s", path, exc)
+        return None

@@ -1,0 +1,137 @@
+import numpy as np
+import onnx
+import pytest
+from calib_helpers import texts, write_model_dir
+
+from calibkit.calibrate.pipeline import calibrate, calibrate_from_cache
+from calibkit.calibrate.stats import StatsStore
+from calibkit.calibrate.tablefile import load_calibration_json
+from calibkit.calibrate.trtcache import read_cache, write_cache
+from calibkit.data.calibset import write_calibration_set
+from calibkit.data.modeldir import ModelDir
+from calibkit.engines.base import BaseRunner
+from calibkit.errors import CalibrationError
+from calibkit.types import INT8_MAX, Method, MethodParams
+
+
+@pytest.fixture()
+def setup(tmp_path, monkeypatch):
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+    md = ModelDir.resolve(write_model_dir(tmp_path / "model", zero_branch=True))
+    cset = write_calibration_set(tmp_path / "set", texts(30, seed=7) + [" ".join(["good"] * 40)], None, {"n": 31})
+    calls = {"n": 0}
+    orig = BaseRunner.infer
+
+    def counting(self, feeds):
+        calls["n"] += 1
+        return orig(self, feeds)
+
+    monkeypatch.setattr(BaseRunner, "infer", counting)
+    return md, cset, calls, tmp_path
+
+
+def test_second_method_reuses_statistics(setup):
+    md, cset, calls, tmp = setup
+    r1 = calibrate(md, cset, Method.ENTROPY, out_dir=tmp / "out-e", batch_size=8, exclude=["classifier"])
+    assert calls["n"] > 0 and not r1.reused_stats
+    assert "pooled" not in r1.table.amax()
+    before = calls["n"]
+    r2 = calibrate(md, cset, Method.MINMAX, out_dir=tmp / "out-m", batch_size=8)
+    assert r2.reused_stats and calls["n"] == before  # the model did not run again, though fewer nodes are excluded
+    assert "pooled" in r2.table.amax()
+    # an extra exclusion needs a subset of the tensors: still reused
+    r3 = calibrate(md, cset, Method.PERCENTILE, out_dir=tmp / "out-p", exclude=["context"])
+    assert r3.reused_stats and calls["n"] == before
+    # minmax amax is the exact max |x| from the saved statistics
+    store = StatsStore.load(r2.stats_path)
+    for r in r2.table.ranges:
+        assert r.amax == pytest.approx(store[r.tensor].absmax)
+
+
+def test_outputs_and_calibration_json(setup):
+    md, cset, _, tmp = setup
+    res = calibrate(md, cset, Method.MSE, MethodParams(num_bins=1024), out_dir=tmp / "out")
+    for p in (res.model_path, res.cache_path, res.json_path, res.stats_path):
+        assert p.is_file()
+    onnx.checker.check_model(onnx.load(str(res.model_path)))
+    cf = load_calibration_json(tmp / "out")
+    assert cf.table.method is Method.MSE and cf.table.params.num_bins == 1024
+    assert cf.table.model_sha256 == res.table.model_sha256 and cf.table.calibration_set_id == cset.id
+    assert set(cf.quantized_nodes) == set(res.quantized_nodes) and "proj" in cf.quantized_nodes
+    assert cf.tensors["E"]["count"] > 0 and "p99_99" in cf.tensors["E"]
+    assert cf.raw["calibration_set"]["truncated"] == 1
+    assert cf.table.provenance["onnx_version"] and cf.table.provenance["calibration_set_manifest_sha256"]
+    assert cf.file("model") == res.model_path
+    # all-zero tensor: amax 0, cache writes 0, node kept FP32
+    assert cf.table.get("Z").amax == 0.0
+    assert "zero_use" in res.kept_nodes and "Z" in res.zero_ranges
+    cache = read_cache(res.cache_path)
+    assert cache.algorithm == "LegacyCalibration" and "Z" in cache.zero
+    for r in res.table.ranges:
+        assert cache.scales[r.tensor] == pytest.approx(r.amax / INT8_MAX, rel=1e-6)
+    assert any("truncated" in w for w in res.warnings)
+
+
+def test_one_sample_set(setup):
+    md, _, _, tmp = setup
+    one = write_calibration_set(tmp / "one", ["good movie"], None, {})
+    res = calibrate(md, one, Method.ENTROPY, out_dir=tmp / "one-out")
+    assert any("single text" in w for w in res.warnings)
+    assert all(np.isfinite(r.amax) for r in res.table.ranges)
+
+
+def test_from_cache_round_trip_and_unknown_names(setup):
+    md, cset, _, tmp = setup
+    res = calibrate(md, cset, Method.ENTROPY, out_dir=tmp / "out")
+    text = res.cache_path.read_text()
+    text += "ONNXTRT_Broadcast_191_output: 3b047011\n(Unnamed Layer* 64) [Shuffle]_output: 3c010204\nlog: 7f800000\n"
+    (tmp / "ext.cache").write_text(text)
+    fc = calibrate_from_cache(md, tmp / "ext.cache", out_dir=tmp / "from")
+    assert set(fc.unmatched_cache_names) == {"ONNXTRT_Broadcast_191_output", "(Unnamed Layer* 64) [Shuffle]_output",
+                                             "log"}
+    assert set(fc.quantized_nodes) == set(res.quantized_nodes)
+    for r in res.table.ranges:
+        assert fc.table.get(r.tensor).amax == pytest.approx(r.amax, rel=1e-6)
+    cf = load_calibration_json(fc.json_path)
+    assert cf.raw["trt_cache"]["non_finite"] == ["log"]
+
+
+def test_from_real_fixture_cache_matches_nothing_but_works(setup):
+    md, _, _, tmp = setup
+    fc = calibrate_from_cache(md, "/work/shared/fixtures/trt-caches/radioml-transformer-entropy2.cache",
+                              out_dir=tmp / "fx")
+    assert fc.quantized_nodes == () and len(fc.unmatched_cache_names) == 140
+    assert "E" in fc.missing_ranges and fc.model_path.is_file()
+
+
+def test_failure_leaves_nothing_behind(setup, monkeypatch):
+    md, cset, _, tmp = setup
+    import calibkit.calibrate.pipeline as pl
+
+    def boom(*a, **k):
+        raise CalibrationError("boom")
+
+    monkeypatch.setattr(pl, "write_calibration_json", boom)
+    with pytest.raises(CalibrationError):
+        calibrate(md, cset, Method.ENTROPY, out_dir=tmp / "never")
+    assert not (tmp / "never").exists()
+    assert not [p for p in tmp.iterdir() if p.name.startswith(".never")]
+
+
+def test_no_quantizable_ops(setup):
+    md, cset, _, tmp = setup
+    with pytest.raises(CalibrationError, match="no activation inputs"):
+        calibrate(md, cset, Method.ENTROPY, out_dir=tmp / "x", op_types=["Conv"])
+
+
+def test_table_cache_consistency_for_every_method(setup):
+    md, cset, _, tmp = setup
+    amax = {}
+    for m in Method:
+        res = calibrate(md, cset, m, out_dir=tmp / f"o-{m.value}")
+        amax[m] = res.table.amax()
+        write_cache(tmp / "c.cache", res.table)
+    # entropy / percentile / mse never exceed minmax
+    for m in (Method.ENTROPY, Method.PERCENTILE, Method.MSE):
+        for t, a in amax[m].items():
+            assert a <= amax[Method.MINMAX][t] + 1e-6
