@@ -303,7 +303,8 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
                 p.unlink()
         raise
     _emit(progress, total, total, "done")
-    return BuildResult(art, sc, tuple(written), quantized, missing)
+    # what a reader of the sidecar sees: paths resolved against the engine's folder
+    return BuildResult(EngineArtifact.load(req.output), sc, tuple(written), quantized, missing)
 
 
 def _atomic_copy(src: Path, dst: Path) -> None:
