@@ -157,3 +157,18 @@ def test_find_layers_reads_clip_range(zp_type: int, zp: int, low_q: int, high_q:
 def test_find_layers_walks_back_through_cast() -> None:
     (spec,) = find_layers(_qdq_model(TensorProto.INT8, 0, 0.1, cast=True))
     assert spec.tensor == "r" and spec.amax == pytest.approx(12.7)
+
+
+def test_measured_sensitivity_demotes_a_heuristic_flag_to_watch() -> None:
+    from calibkit.evaluate.flags import Flag, Thresholds, flag_layer
+
+    t = Thresholds()
+    common = dict(sqnr_db=30.0, clipped_fraction=0.0, outlier_ratio=2.0, nonfinite=0, fp_absmax=10.0,
+                  quant_sqnr_db=12.0)
+    assert flag_layer(t, **common).flag is Flag.KEEP_FP16  # heuristic only: flagged
+    harmless = flag_layer(t, **common, only_this_delta=-0.001, all_but_this_delta=0.002)
+    assert harmless.flag is Flag.WATCH and any("but measured" in r for r in harmless.reasons)
+    harmful = flag_layer(t, **common, only_this_delta=-0.02, all_but_this_delta=0.002)
+    assert harmful.flag is Flag.KEEP_FP16
+    nonfinite = flag_layer(t, **{**common, "nonfinite": 3}, only_this_delta=0.0, all_but_this_delta=0.0)
+    assert nonfinite.flag is Flag.KEEP_FP32

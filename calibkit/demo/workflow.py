@@ -38,13 +38,15 @@ class WorkflowOptions:
     layer_samples: int = 512
     max_evaluations: int = 40
     methods: tuple[Method, ...] = tuple(Method)
+    # a second tune restricted to TensorRT's default calibrator, to show the fallback search at work
+    extra_tune_methods: tuple[str, ...] = ("entropy",)
 
     @classmethod
     def quick(cls, **kw: Any) -> WorkflowOptions:
         """The --fast variant: logistic-regression head, smaller log, sample and eval subsets."""
         base: dict[str, Any] = dict(fast=True, log_lines=3000, sample_size=128, eval_limit=400,
                                     sensitivity_samples=64, sensitivity_layers=6, layer_samples=128,
-                                    max_evaluations=12, max_drop=1.0)
+                                    max_evaluations=12, max_drop=1.0, extra_tune_methods=())
         base.update(kw)
         return cls(**base)
 
@@ -161,6 +163,15 @@ def run_workflow(
                                seed=options.seed),
                     progress=cb, render=render_report, report_dir=reports / "tune")
     timings["tune"] = time.perf_counter() - t
+    extra_tunes: dict[str, Any] = {}
+    for m in options.extra_tune_methods:
+        t = time.perf_counter()
+        extra_tunes[m] = run_tune(
+            md, cset, ev, runs / f"tune-{m}",
+            TuneConfig(max_drop=options.max_drop, method=m, sensitivity_samples=options.sensitivity_samples,
+                       max_evaluations=options.max_evaluations, workers=options.workers, seed=options.seed),
+            progress=cb, render=render_report, report_dir=reports / f"tune-{m}")
+        timings[f"tune ({m})"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
 
     step(7, "write the index page")
@@ -194,6 +205,14 @@ def run_workflow(
             "fp32_accuracy_search": tres.doc["target"]["fp32_accuracy"],
             "out": str(tres.out_dir),
         },
+        "tune_by_method": {
+            m: {"met_target": r.met_target, "kept_nodes": list(r.kept_nodes),
+                "int8_flops_fraction": r.int8_flops_fraction, "accuracy_holdout": r.accuracy_holdout,
+                "all_int8_accuracy_holdout": r.doc["final"]["all_int8_accuracy_holdout"],
+                "accuracy_search": r.doc["final"]["accuracy_search"], "candidates": len(r.doc["candidates"])}
+            for m, r in extra_tunes.items()
+        },
+        "int8_engine": {"layout": "onnxruntime", "path": str(engines["int8"].artifact.path)},
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
     }
     md_text, html_text = _index(summary)
@@ -209,6 +228,21 @@ def _pct(v: float | None) -> str:
     return "—" if v is None or v != v else f"{100 * v:.2f} %"
 
 
+def _extra_md(s: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    for m, r in s.get("tune_by_method", {}).items():
+        out += [
+            f"### The same search restricted to {m}",
+            "",
+            f"All-INT8 with {m} on the holdout split: {_pct(r['all_int8_accuracy_holdout'])}; the plan keeps "
+            f"{len(r['kept_nodes'])} layers in higher precision ({100 * r['int8_flops_fraction']:.1f} % of the FLOPs "
+            f"stay INT8) and reaches {_pct(r['accuracy_holdout'])} on the holdout split — target "
+            f"{'met' if r['met_target'] else 'NOT met'}, {r['candidates']} candidates measured.",
+            "",
+        ]
+    return out
+
+
 def _index(s: dict[str, Any]) -> tuple[str, str]:
     tune = s["tune"]
     rows = [(m, _pct(a)) for m, a in s["method_accuracy"].items()]
@@ -219,7 +253,7 @@ def _index(s: dict[str, Any]) -> tuple[str, str]:
         f"FP32 accuracy on {s['eval_examples']} held-out movie-review snippets: **{_pct(s['fp32_accuracy'])}**.",
         f"Calibration set: {s['calibration_texts']} texts sampled from the production log ({s['calibration_set']}).",
         "",
-        "## INT8 accuracy by calibration method (every MatMul/Gemm in INT8)",
+        "## INT8 accuracy by calibration method (every MatMul/Gemm in INT8, TensorRT Q/DQ layout)",
         "",
         "| method | accuracy |",
         "|---|---|",
@@ -238,11 +272,13 @@ def _index(s: dict[str, Any]) -> tuple[str, str]:
         "",
         *[f"- `{n}`" for n in kept],
         "",
+        *_extra_md(s),
         "## Reports",
         "",
         "- [FP32 vs INT8, layer by layer](../compare-fp32-vs-int8/report.html)",
         "- [FP16 vs INT8](../compare-fp16-vs-int8/report.html)",
         "- [Tuning: accuracy vs INT8 coverage](../tune/report.html)",
+        *[f"- [Tuning with {m} only](../tune-{m}/report.html)" for m in s.get("tune_by_method", {})],
         "",
         "## Time (seconds)",
         "",
@@ -268,7 +304,10 @@ def _index(s: dict[str, Any]) -> tuple[str, str]:
         f"<p>Search split: FP32 {_pct(tune['fp32_accuracy_search'])}, plan {_pct(tune['accuracy_search'])}. "
         f"Holdout split: FP32 {_pct(tune['fp32_accuracy_holdout'])}, plan {_pct(tune['accuracy_holdout'])}.</p>",
         "<ul>", *[f"<li><code>{e(n)}</code></li>" for n in kept], "</ul>",
+        *[f"<p>{e(line)}</p>" for line in _extra_md(s) if line and not line.startswith("#")],
         "<h2>Reports</h2><ul>",
+        *[f'<li><a href="../tune-{e(m)}/report.html">Tuning with {e(m)} only</a></li>'
+          for m in s.get("tune_by_method", {})],
         '<li><a href="../compare-fp32-vs-int8/report.html">FP32 vs INT8, layer by layer</a></li>',
         '<li><a href="../compare-fp16-vs-int8/report.html">FP16 vs INT8</a></li>',
         '<li><a href="../tune/report.html">Tuning: accuracy vs INT8 coverage</a></li></ul>',

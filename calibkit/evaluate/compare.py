@@ -114,7 +114,8 @@ class Comparison:
 
     @property
     def keep_in_higher_precision(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(r.measurement.spec.node for r in self.layers if r.flag.flag is not Flag.OK))
+        return tuple(dict.fromkeys(r.measurement.spec.node for r in self.layers
+                                   if r.flag.flag in (Flag.KEEP_FP16, Flag.KEEP_FP32)))
 
     @property
     def recommended_precision(self) -> str:

@@ -11,6 +11,7 @@ FP16_MAX = 65504.0
 
 class Flag(str, enum.Enum):
     OK = "ok"
+    WATCH = "watch"  # a heuristic fired, but measured sensitivity says INT8 is harmless here
     KEEP_FP16 = "keep-fp16"
     KEEP_FP32 = "keep-fp32"
 
@@ -80,6 +81,7 @@ def flag_layer(
         reasons.append(f"clipped fraction {clipped_fraction:.2e} > {t.max_clipped_fraction:g}")
     if outlier_ratio is not None and outlier_ratio > t.max_outlier_ratio:
         reasons.append(f"outlier ratio max/p99.99 {outlier_ratio:.1f} > {t.max_outlier_ratio:g}")
+    heuristic = len(reasons)
     if all_but_this_delta is not None and all_but_this_delta * 100 > t.min_recovery_points:
         reasons.append(
             f"keeping only this layer in higher precision recovers {all_but_this_delta * 100:.2f} points"
@@ -89,4 +91,13 @@ def flag_layer(
         reasons.append(f"quantizing only this layer costs {-only_this_delta * 100:.2f} points > {t.max_cost_points:g}")
     if not reasons:
         return LayerFlag(Flag.OK, ())
+    measured = only_this_delta is not None and all_but_this_delta is not None
+    if measured and not fp32 and len(reasons) == heuristic:
+        # the measurement outranks the heuristics: keeping this layer in higher precision was tried and did not
+        # pay off, so the layer is only worth watching
+        reasons.append(
+            f"but measured: keeping only it in higher precision changes accuracy by {all_but_this_delta * 100:+.2f}"
+            f" points and quantizing only it by {only_this_delta * 100:+.2f} (within the thresholds)"
+        )
+        return LayerFlag(Flag.WATCH, tuple(reasons))
     return LayerFlag(Flag.KEEP_FP32 if fp32 else Flag.KEEP_FP16, tuple(reasons))

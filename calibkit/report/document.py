@@ -142,7 +142,7 @@ class LayerResult:
 
     @property
     def flagged(self) -> bool:
-        return self.flag is not None and self.flag != "ok"
+        return self.flag in ("keep-fp16", "keep-fp32")
 
     @property
     def label(self) -> str:
