@@ -45,6 +45,8 @@ class BaseRunner:
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self._inputs: tuple[TensorSpec, ...] = ()  # set by the backend (at construction or activation)
+        self._outputs: tuple[str, ...] = ()
         self._active = False
         self.inference_count = 0
         self.inference_seconds = 0.0
@@ -109,14 +111,15 @@ class BaseRunner:
                 if isinstance(want, int) and want >= 0 and want != got:
                     raise UsageError(f"runner {self.name!r}: input {n!r} axis {i} is {got}, the model expects {want}")
 
-    # -- to implement ----------------------------------------------------------------------------------
     @property
     def input_specs(self) -> tuple[TensorSpec, ...]:
-        raise NotImplementedError
+        return self._inputs
 
     @property
     def output_names(self) -> tuple[str, ...]:
-        raise NotImplementedError
+        return self._outputs
+
+    # -- to implement ----------------------------------------------------------------------------------
 
     def _activate_impl(self) -> None:
         raise NotImplementedError
@@ -142,14 +145,6 @@ class FunctionRunner(BaseRunner):
         self._fn = fn
         self._inputs = tuple(inputs)
         self._outputs = tuple(outputs)
-
-    @property
-    def input_specs(self) -> tuple[TensorSpec, ...]:
-        return self._inputs
-
-    @property
-    def output_names(self) -> tuple[str, ...]:
-        return self._outputs
 
     def _activate_impl(self) -> None:
         return None

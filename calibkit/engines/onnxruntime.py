@@ -55,16 +55,6 @@ class OnnxRuntimeRunner(BaseRunner):
         self._threads = intra_op_threads
         self._optimization = optimization
         self._session = None
-        self._inputs: tuple[TensorSpec, ...] = ()
-        self._outputs: tuple[str, ...] = ()
-
-    @property
-    def input_specs(self) -> tuple[TensorSpec, ...]:
-        return self._inputs
-
-    @property
-    def output_names(self) -> tuple[str, ...]:
-        return self._outputs
 
     @property
     def providers(self) -> list[str]:

@@ -31,22 +31,12 @@ class TensorRTRunner(BaseRunner):
         super().__init__(name or Path(engine).name)
         self._path = Path(engine)
         self._requested = tuple(output_names) if output_names else None
-        self._inputs: tuple[TensorSpec, ...] = ()
-        self._outputs: tuple[str, ...] = ()
         self._all_outputs: tuple[str, ...] = ()
         self._dtypes: dict[str, np.dtype[Any]] = {}
         self._buffers: dict[str, DeviceBuffer] = {}
         self._engine: trt.ICudaEngine | None = None
         self._context: trt.IExecutionContext | None = None
         self._stream: Any = None
-
-    @property
-    def input_specs(self) -> tuple[TensorSpec, ...]:
-        return self._inputs
-
-    @property
-    def output_names(self) -> tuple[str, ...]:
-        return self._outputs
 
     def _activate_impl(self) -> None:
         load_tensorrt()
