@@ -70,11 +70,12 @@ def _keep_table(keep: Sequence[tuple[str, LayerResult | None]]) -> Table:
             node,
             text(layer.op_type) if layer else DASH,
             text(layer.flag) if layer else DASH,
+            num(layer.quant_sqnr_db, 1) if layer else DASH,
             num(layer.sqnr_db, 1) if layer else DASH,
             "; ".join(layer.reasons) if layer and layer.reasons else DASH,
         ))
-    return Table(headers=("node", "op", "flag", "SQNR dB", "reasons"), rows=tuple(rows),
-                 numeric=(False, False, False, True, False))
+    return Table(headers=("node", "op", "flag", "own SQNR dB", "output SQNR dB", "reasons"), rows=tuple(rows),
+                 numeric=(False, False, False, True, True, False))
 
 
 def _delta(layer: LayerResult, which: str) -> str:
@@ -87,16 +88,19 @@ def _layer_table(layers: Sequence[LayerResult]) -> Table:
         (
             num(x.index), text(x.node), text(x.op_type), text(x.tensor), num(x.amax), num(x.fp_absmax),
             num(x.p9999), pct(x.clipped_fraction, 3), num(x.outlier_ratio, 1), num(x.nonfinite),
-            num(x.sqnr_db, 1), num(x.cosine, 4), _delta(x, "only"), _delta(x, "all_but"), text(x.flag),
+            num(x.quant_sqnr_db, 1), num(x.sqnr_db, 1), num(x.cosine, 4), _delta(x, "only"), _delta(x, "all_but"),
+            text(x.flag),
             "; ".join(x.reasons) or DASH,
         )
         for x in layers
     )
     return Table(
         headers=("#", "node", "op", "tensor", "amax", "FP |x| max", "p99.99", "clipped", "outlier ratio",
-                 "non-finite", "SQNR dB", "cosine", "Δ only this INT8", "Δ all but this", "flag", "reasons"),
+                 "non-finite", "own SQNR dB", "output SQNR dB", "cosine", "Δ only this INT8", "Δ all but this", "flag",
+                 "reasons"),
         rows=rows,
-        numeric=(True, False, False, False, True, True, True, True, True, True, True, True, True, True, False, False),
+        numeric=(True, False, False, False, True, True, True, True, True, True, True, True, True, True, True, False,
+                 False),
         highlight=tuple(x.flagged for x in layers),
     )
 

@@ -139,6 +139,7 @@ class LayerResult:
     all_but_this: Sensitivity | None
     flag: str | None
     reasons: tuple[str, ...]
+    quant_sqnr_db: float | None = None  # the layer's own INT8 error (input vs its fake-quantized copy)
 
     @property
     def flagged(self) -> bool:
@@ -253,6 +254,7 @@ def _layer(value: Any) -> LayerResult:
         outlier_ratio=_num(x.get("outlier_ratio")),
         nonfinite=_int(x.get("nonfinite")),
         sqnr_db=_num(x.get("sqnr_db")),
+        quant_sqnr_db=_num(x.get("quant_sqnr_db")),
         cosine=_num(x.get("cosine")),
         only_this_int8=_sensitivity(sens.get("only_this_int8")),
         all_but_this=_sensitivity(sens.get("all_but_this")),

@@ -125,32 +125,40 @@ def _tick_text(layer: LayerResult) -> str:
 
 def _sqnr_bars(report: CompareReport) -> Plot | None:
     layers = report.layers
-    if not any(x.sqnr_db is not None for x in layers):
+    if not any(x.sqnr_db is not None or x.quant_sqnr_db is not None for x in layers):
         return None
     fig = _layer_figure(layers)
     ax = fig.add_subplot()
-    values = [x.sqnr_db if x.sqnr_db is not None else 0.0 for x in layers]
+    # bars: the layer's own INT8 error (what the flag reads); dots: the error at its output, which also
+    # carries every earlier layer's error
+    own = [x.quant_sqnr_db if x.quant_sqnr_db is not None else x.sqnr_db for x in layers]
+    values = [v if v is not None else 0.0 for v in own]
     ax.barh(range(len(layers)), values, color=[_layer_colour(x) for x in layers], height=0.75)
-    for i, x in enumerate(layers):
-        if x.sqnr_db is None:
+    for i, v in enumerate(own):
+        if v is None:
             ax.text(0, i, " n/a", va="center", fontsize=7, color="#888888")
     handles = _flag_handles(layers)
+    out_pts = [(x.sqnr_db, i) for i, x in enumerate(layers) if x.sqnr_db is not None and x.quant_sqnr_db is not None]
+    if out_pts:
+        handles.append(ax.scatter([p[0] for p in out_pts], [p[1] for p in out_pts], s=10, color="#222222",
+                                  zorder=3, label="output SQNR (accumulated)"))
     threshold = _threshold(report, ("min_sqnr_db", "sqnr_db_min", "sqnr_db", "sqnr_min_db"))
     if threshold is not None:
         handles.append(ax.axvline(threshold, color="#c0392b", linestyle="--", linewidth=1,
                                   label=f"flag below {threshold:g} dB"))
     _layer_ticks(ax, layers)
-    ax.set_xlabel("SQNR of the INT8 activation (dB, higher is better)")
+    ax.set_xlabel("own SQNR of the INT8 input (dB, higher is better)")
     ax.grid(axis="x", alpha=0.3)
     _legend_above(ax, handles)
-    worst = [x for x in layers if x.sqnr_db is not None]
-    worst_text = min(worst, key=lambda x: x.sqnr_db or 0.0).label if worst else "—"
+    scored = [(v, x) for v, x in zip(own, layers) if v is not None]
+    worst_text = min(scored, key=lambda vx: vx[0])[1].label if scored else "—"
     n_flagged = sum(x.flagged for x in layers)
     return Plot(
         name="sqnr",
         title="Per-layer SQNR",
-        caption=f"Signal-to-quantization-noise ratio of each quantized activation; {n_flagged} flagged layer(s) "
-        "in orange/red.",
+        caption=f"Bars: signal-to-quantization-noise ratio of each quantized input against its own fake-quantized "
+        f"copy (the layer's own INT8 error); dots: SQNR at the layer's output, B against A, which also carries "
+        f"every earlier layer's error. {n_flagged} flagged layer(s) in orange/red.",
         alt=f"Bar chart of SQNR for {len(layers)} layers; lowest: {worst_text}.",
         png=_png(fig),
     )
