@@ -16,7 +16,6 @@ def test_walkthrough_executes(demo_assets_fast: Path, tmp_path: Path, monkeypatc
     nbclient = pytest.importorskip("nbclient")
     monkeypatch.setenv("CALIBKIT_NOTEBOOK_DIR", str(tmp_path / "run"))
     monkeypatch.setenv("CALIBKIT_DEMO_ASSETS", str(demo_assets_fast))
-    monkeypatch.setenv("MPLBACKEND", "agg")
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = nbclient.NotebookClient(

@@ -1,0 +1,46 @@
+"""`calibkit demo run --fast` end to end on the fast demo assets."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+@pytest.mark.slow
+def test_demo_workflow_fast(demo_assets_fast: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from calibkit.data.evalset import label_ids, load_eval_set
+    from calibkit.data.modeldir import ModelDir
+    from calibkit.data.tokenizer import TextTokenizer
+    from calibkit.demo.prepare import PrepareOptions
+    from calibkit.demo.workflow import WorkflowOptions, run_workflow
+    from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+    from calibkit.evaluate.predict import predict_logits
+
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+    opts = WorkflowOptions.quick(workdir=demo_assets_fast, log_lines=PrepareOptions(fast=True).log_lines,
+                                 reports_dir=tmp_path / "reports", calibration_sets_dir=tmp_path / "sets",
+                                 workers=1)
+    res = run_workflow(opts)
+    s = res.summary
+    assert res.index_html.is_file() and res.index_md.is_file()
+    assert set(s["method_accuracy"]) == {"entropy", "minmax", "percentile", "mse"}
+    # statistics were collected once: every method after the first reused them
+    assert sum(not r for r in s["statistics_reused"].values()) == 1
+    # every link of the index page resolves
+    html = res.index_html.read_text()
+    for href in re.findall(r'href="([^"]+)"', html):
+        assert (res.index_html.parent / href).resolve().is_file(), href
+    # the reported INT8 accuracy of the best method is what ONNX Runtime measures on that model
+    md = ModelDir.resolve(demo_assets_fast / "model")
+    ev = load_eval_set(demo_assets_fast / "data" / "test.jsonl").head(opts.eval_limit)
+    y = label_ids(ev, md.id2label, 2)
+    best = s["best_method"]
+    with OnnxRuntimeRunner(demo_assets_fast / "runs" / f"calibrate-{best}" / "model.int8.onnx") as r:
+        acc = float(np.mean(predict_logits(r, TextTokenizer(md.tokenizer_path), ev.texts).argmax(1) == y))
+    assert s["method_accuracy"][best] == pytest.approx(acc)
+    summary = json.loads((res.index_html.parent / "summary.json").read_text())
+    assert summary["tune"]["int8_flops_fraction"] == pytest.approx(s["tune"]["int8_flops_fraction"])

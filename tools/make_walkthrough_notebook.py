@@ -1,0 +1,157 @@
+"""Writes notebooks/walkthrough.ipynb (the notebook is generated so its cells stay reviewable as code)."""
+
+import nbformat as nbf
+
+nb = nbf.v4.new_notebook()
+cells = []
+md = lambda s: cells.append(nbf.v4.new_markdown_cell(s))
+code = lambda s: cells.append(nbf.v4.new_code_cell(s))
+
+md("""# calibkit walkthrough: from production logs to a tuned INT8 model
+
+This notebook runs the whole calibkit workflow through the Python API, on ONNX Runtime on the CPU:
+
+1. prepare the demo assets (a MiniLM sentiment model, a labelled test split, a production request log);
+2. **sample** a representative calibration set from the log;
+3. **calibrate** with every method — the model runs once, every other method reuses the statistics;
+4. look at one tensor's histogram and where each method puts the INT8 clipping range;
+5. **build** FP32 / INT8 engines and **compare** them layer by layer;
+6. **tune** a mixed-precision plan to an accuracy target;
+7. render a **report**.
+
+By default it uses the *fast* variant of the demo model (frozen encoder + logistic-regression head) so it runs in
+a few minutes; set `CALIBKIT_NOTEBOOK_FULL=1` to use the fine-tuned model instead (about 15 minutes more).""")
+
+code("""import os
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import polars as pl
+
+WORK = Path(os.environ.get("CALIBKIT_NOTEBOOK_DIR", "notebook_run")).resolve()
+ASSETS = Path(os.environ.get("CALIBKIT_DEMO_ASSETS", WORK / "demo_assets"))
+FAST = os.environ.get("CALIBKIT_NOTEBOOK_FULL", "") != "1"
+WORK.mkdir(parents=True, exist_ok=True)
+print("work folder:", WORK, "| assets:", ASSETS, "| fast variant:", FAST)""")
+
+md("## 1. Demo assets\n`prepare_demo` is idempotent: a second call reuses every finished step.")
+code("""from calibkit.demo.prepare import PrepareOptions, prepare_demo
+
+prep = prepare_demo(ASSETS, PrepareOptions(fast=FAST))
+print(prep.variant, "model, FP32 held-out accuracy", f"{prep.accuracy:.2%}", "| made:", prep.made, "reused:", prep.reused)""")
+
+md("## 2. A calibration set from the production log\nBroken lines are counted and skipped, duplicates removed, personal data redacted, and the sample is stratified by token length and topic. The manifest says how representative it is.")
+code("""from calibkit.data.sample_pipeline import SampleOptions, sample_log
+
+cset = sample_log(ASSETS / "logs.jsonl", WORK / "calibration_set",
+                  SampleOptions(size=256, seed=0, tokenizer=prep.model_dir))
+m = cset.manifest
+rep = m["representativeness"]
+print(len(cset), "texts | broken lines by kind:", {k: v["count"] for k, v in m["lines"]["broken"].items()})
+print("redactions:", m["redaction"], "| verdict:", rep["verdict"], f"(PSI {rep['psi']:.3f}, KS {rep['ks']:.3f})")""")
+
+code("""edges = rep["bin_edges"]
+x = np.arange(len(rep["population_fraction"]))
+fig, ax = plt.subplots(figsize=(8, 3))
+ax.bar(x - 0.2, rep["population_fraction"], 0.4, label="whole log")
+ax.bar(x + 0.2, rep["sample_fraction"], 0.4, label="calibration sample")
+names = [f"{a}-{b}" for a, b in zip(edges[:-1], edges[1:])]
+names += [f"{edges[-1]}+"] * (len(x) - len(names))  # the last bin holds everything beyond the last edge
+ax.set_xticks(x, names[: len(x)], rotation=45)
+ax.set_xlabel("tokens"); ax.set_ylabel("fraction"); ax.legend(); ax.set_title("token-length distribution")
+plt.show()""")
+
+md("## 3. Calibrate with every method\nThe first call runs the FP32 model over the set and streams the statistics; the others reuse them.")
+code("""from calibkit.calibrate.pipeline import calibrate
+from calibkit.data.modeldir import ModelDir
+from calibkit.types import Method
+
+md = ModelDir.resolve(prep.model_dir)
+results = {}
+for method in Method:
+    r = calibrate(md, cset, method, out_dir=WORK / f"calibrate-{method.value}", cache_dir=WORK / "stats-cache")
+    results[method.value] = r
+    print(f"{method.value:10s} statistics reused: {r.reused_stats!s:5s}  {len(r.quantized_nodes)} nodes quantized  "
+          f"-> {r.model_path.name}, {r.cache_path.name}, {r.json_path.name}")""")
+
+code("""table = pl.DataFrame({
+    "tensor": [r.tensor for r in results["minmax"].table.ranges],
+    **{m: [r.amax for r in res.table.ranges] for m, res in results.items()},
+})
+table.head(8)""")
+
+md("## 4. One tensor, four thresholds\nThe input of the last feed-forward output projection (after GELU) is where transformers' outliers live.")
+code("""from calibkit.calibrate.methods import compute_amax
+from calibkit.calibrate.stats import StatsStore
+from calibkit.types import MethodParams
+
+store = StatsStore.load(results["mse"].stats_path)
+name = next(t for t in store if "layer.5/output/dense" in t) if any("layer.5/output/dense" in t for t in store) else next(iter(store))
+s = store[name]
+h = s.histogram
+occupied = h.occupied()
+centres = (np.arange(len(occupied)) + 0.5) * h.width
+fig, ax = plt.subplots(figsize=(8, 3.5))
+ax.semilogy(centres, np.maximum(occupied, 0.5), lw=0.8, color="0.3")
+for method, colour in zip(Method, ["C0", "C1", "C2", "C3"]):
+    a = compute_amax(s, method, MethodParams())
+    ax.axvline(a, color=colour, label=f"{method.value}: {a:.3g}")
+ax.set_title(f"|x| histogram of {name}"); ax.set_xlabel("|x|"); ax.set_ylabel("count"); ax.legend()
+plt.show()
+print(f"values seen {s.count:,}, max |x| {s.absmax:.3g}, non-finite {s.nan_count + s.posinf_count + s.neginf_count}")""")
+
+md("## 5. Engines and a layer-by-layer comparison")
+code("""from calibkit.data.evalset import load_eval_set
+from calibkit.engines.build import BuildRequest, build
+from calibkit.evaluate.compare import CompareOptions, compare_engines
+from calibkit.types import Precision
+
+best = "mse"
+fp32 = build(BuildRequest(model=prep.model_dir, output=WORK / "engines" / "fp32.onnx", precision=Precision.FP32))
+int8 = build(BuildRequest(model=prep.model_dir, output=WORK / "engines" / "int8.onnx", precision=Precision.INT8,
+                          calibration=results[best].json_path))
+eval_set = load_eval_set(ASSETS / "data" / "test.jsonl").head(300)
+cmp = compare_engines(fp32.artifact, int8.artifact, eval_set,
+                      options=CompareOptions(layer_samples=128, sensitivity_samples=64, sensitivity_layers=6, workers=1))
+doc = cmp.to_dict()
+for e in doc["engines"]:
+    print(f"{e['name']}: {e['precision']:5s} accuracy {e['accuracy']:.2%}  macro-F1 {e['macro_f1']:.3f}")
+print("agreement", f"{doc['agreement']:.2%}", "| keep in higher precision:", doc["recommendation"]["keep_in_higher_precision"])""")
+
+code("""layers = pl.DataFrame([{k: l.get(k) for k in ("node", "tensor", "amax", "fp_absmax", "clipped_fraction",
+                                                  "quant_sqnr_db", "sqnr_db", "flag")} for l in doc["layers"]])
+fig, ax = plt.subplots(figsize=(10, 3.5))
+vals = [v if v is not None else 0 for v in layers["sqnr_db"].to_list()]
+colours = ["C3" if f != "ok" else "C0" for f in layers["flag"].to_list()]
+ax.bar(range(len(vals)), vals, color=colours)
+ax.set_xlabel("quantized layer (graph order)"); ax.set_ylabel("output SQNR (dB)")
+ax.set_title("per-layer SQNR, flagged layers in red")
+plt.show()
+layers.sort("quant_sqnr_db").head(8)""")
+
+md("## 6. Tune a mixed-precision plan\nThe eval set is split into a search part (every decision) and a holdout part (measured only at the end).")
+code("""from calibkit.evaluate.tune import TuneConfig, run_tune
+
+tuned = run_tune(md, cset, eval_set, WORK / "tune",
+                 TuneConfig(max_drop=1.0, sensitivity_samples=64, sensitivity_layers=6, max_evaluations=10, workers=1))
+d = tuned.doc
+print("FP32 search / holdout:", f"{d['target']['fp32_accuracy']:.2%} / {d['target']['fp32_accuracy_holdout']:.2%}")
+print("plan   search / holdout:", f"{d['final']['accuracy_search']:.2%} / {d['final']['accuracy_holdout']:.2%}",
+      f"| INT8 FLOPs {tuned.int8_flops_fraction:.1%} | kept: {list(tuned.kept_nodes)}")
+pl.DataFrame([{k: c[k] for k in ("id", "stage", "int8_flops_fraction", "accuracy_search", "meets_target")}
+              for c in d["candidates"]])""")
+
+md("## 7. Reports\nThe same documents the CLI writes: `report.json` for machines, `report.md` and a self-contained `report.html` with plots.")
+code("""from calibkit.report.render import render_report
+
+paths = render_report(doc, WORK / "reports" / "compare")
+tune_paths = render_report(d, WORK / "reports" / "tune")
+print(paths.html, tune_paths.html)
+print(len(paths.plots), "plots in the compare report")""")
+
+nb["cells"] = cells
+nb["metadata"]["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+from pathlib import Path
+
+nbf.write(nb, str(Path(__file__).resolve().parents[1] / "notebooks" / "walkthrough.ipynb"))
