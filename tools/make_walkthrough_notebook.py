@@ -1,11 +1,22 @@
 """Writes notebooks/walkthrough.ipynb (the notebook is generated so its cells stay reviewable as code)."""
 
+# ruff: noqa: E501  (the cells' text is notebook content)
+from pathlib import Path
+
 import nbformat as nbf
 
 nb = nbf.v4.new_notebook()
 cells = []
-md = lambda s: cells.append(nbf.v4.new_markdown_cell(s))
-code = lambda s: cells.append(nbf.v4.new_code_cell(s))
+
+
+def md(text: str) -> None:
+    cells.append(nbf.v4.new_markdown_cell(text))
+
+
+def code(text: str) -> None:
+    cells.append(nbf.v4.new_code_cell(text))
+
+
 
 md("""# calibkit walkthrough: from production logs to a tuned INT8 model
 
@@ -152,6 +163,4 @@ print(len(paths.plots), "plots in the compare report")""")
 
 nb["cells"] = cells
 nb["metadata"]["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-from pathlib import Path
-
 nbf.write(nb, str(Path(__file__).resolve().parents[1] / "notebooks" / "walkthrough.ipynb"))
