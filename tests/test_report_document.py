@@ -44,13 +44,15 @@ def test_mistyped_fields_become_none() -> None:
     ("relative", "expected"), [(False, 0.8444 - 0.02), (True, 0.8444 * 0.98), (None, 0.8444 - 0.02)]
 )
 def test_tune_target_accuracy(relative: bool | None, expected: float) -> None:
-    target: dict[str, object] = {"max_drop": 0.02, "fp32_accuracy": 0.8444}
+    target: dict[str, object] = {"max_drop": 2.0, "fp32_accuracy": 0.8444}  # points, as `tune --max-drop`
     if relative is not None:
         target["relative"] = relative
     report = parse_document({"format": "calibkit-tune/1", "target": target})
     assert isinstance(report, TuneReport)
     assert report.target_accuracy is not None and math.isclose(report.target_accuracy, expected)
     assert parse_document({"format": "calibkit-tune/1"}).target_accuracy is None  # type: ignore[union-attr]
+    stated = parse_document({"format": "calibkit-tune/1", "target": {**target, "threshold": 0.8}})
+    assert stated.target_accuracy == 0.8  # type: ignore[union-attr]  # the document's own threshold wins
 
 
 def test_load_document_errors(tmp_path: Path) -> None:

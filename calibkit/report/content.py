@@ -173,9 +173,9 @@ def _tune_document(report: TuneReport, plots: set[str]) -> Document:
     if report.max_drop is None:
         drop = DASH
     elif report.relative:
-        drop = f"{100 * report.max_drop:.2f} % of it (relative)"
+        drop = f"{report.max_drop:g} % of it (relative)"
     else:
-        drop = f"{100 * report.max_drop:.2f} pt"
+        drop = f"{report.max_drop:g} pt"
     blocks.append(Para.of("Target: accuracy at least ", Span(pct(report.target_accuracy), bold=True),
                           f" (FP32 {pct(report.fp32_accuracy)} minus {drop})."))
     final = report.final

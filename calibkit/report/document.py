@@ -334,6 +334,7 @@ class Candidate:
     kept_nodes: tuple[str, ...]
     method: str | None
     accepted: bool | None
+    meets_target: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -370,15 +371,19 @@ class TuneReport:
     candidates: tuple[Candidate, ...]
     final: TunePlan | None
     peers: tuple[Peer, ...]
+    threshold: float | None = None  # the document's own lowest accepted accuracy, when it states one
 
     @property
     def target_accuracy(self) -> float | None:
-        """The lowest accuracy the target accepts: FP32 minus the allowed drop (a fraction of it if relative)."""
+        """The lowest accuracy the target accepts. ``max_drop`` is in accuracy points (percent of the FP32
+        accuracy when relative), as `calibkit tune --max-drop` takes it."""
+        if self.threshold is not None:
+            return self.threshold
         if self.fp32_accuracy is None or self.max_drop is None:
             return None
         if self.relative:
-            return self.fp32_accuracy * (1.0 - self.max_drop)
-        return self.fp32_accuracy - self.max_drop
+            return self.fp32_accuracy * (1.0 - self.max_drop / 100.0)
+        return self.fp32_accuracy - self.max_drop / 100.0
 
 
 def parse_tune(doc: dict[str, Any]) -> TuneReport:
@@ -402,6 +407,7 @@ def parse_tune(doc: dict[str, Any]) -> TuneReport:
         max_drop=_num(target.get("max_drop")),
         relative=_bool(target.get("relative")),
         fp32_accuracy=_num(target.get("fp32_accuracy")),
+        threshold=_num(target.get("threshold")),
         candidates=tuple(
             Candidate(
                 id=_int(c.get("id")),
@@ -411,6 +417,7 @@ def parse_tune(doc: dict[str, Any]) -> TuneReport:
                 kept_nodes=_strs(c.get("kept_nodes")),
                 method=_str(c.get("method")),
                 accepted=_bool(c.get("accepted")),
+                meets_target=_bool(c.get("meets_target")),
             )
             for c in _list(doc.get("candidates"))
             if isinstance(c, dict)

@@ -342,9 +342,12 @@ def _tune_scatter(report: TuneReport) -> Plot | None:
         return None
     fig = _figure(9.5, 5.0)
     ax = fig.add_subplot()
-    for accepted, colour, label in ((True, "#2ca02c", "accepted"), (False, "#c0392b", "rejected"),
-                                    (None, "#7f7f7f", "not judged")):
-        group = [(x, y) for x, y, c in points if c.accepted is accepted]
+    def verdict(c: Any) -> bool | None:  # meets the target, when the document says; else accepted
+        return c.meets_target if c.meets_target is not None else c.accepted
+
+    for ok, colour, label in ((True, "#2ca02c", "meets the target"), (False, "#c0392b", "misses the target"),
+                              (None, "#7f7f7f", "not judged")):
+        group = [(x, y) for x, y, c in points if verdict(c) is ok]
         if group:
             ax.scatter([x for x, _ in group], [y for _, y in group], s=28,
                        color=colour, alpha=0.8, label=f"candidate, {label}", zorder=3)
