@@ -11,7 +11,7 @@ from calibkit.cli._common import RichProgress, handle_errors, out
 demo_app = typer.Typer(
     help=(
         "A ready-made sentiment model and data to try calibkit on.\n\n"
-        "  calibkit demo prepare          # fine-tuned MiniLM, ~10 min on 2 cores\n\n"
+        "  calibkit demo prepare          # fine-tuned MiniLM, ~2-3 min on 2 idle cores\n\n"
         "  calibkit demo prepare --fast   # frozen encoder + logistic regression, 1-2 min\n\n"
         "  calibkit demo run              # every workflow step on the prepared assets"
     ),
@@ -39,7 +39,7 @@ def prepare(
     out_dir: Path = typer.Option(Path("demo_assets"), "--out", help="Folder to write the demo assets into."),
     fast: bool = typer.Option(
         False, "--fast", help="Frozen encoder + logistic-regression head (~75 % accuracy, 1-2 min) instead of "
-        "fine-tuning (>= 83 %, ~10 min on 2 cores)."
+        "fine-tuning (>= 83 %, ~2-3 min on 2 idle cores)."
     ),
     log_lines: int = typer.Option(20000, "--log-lines", min=1, help="Lines of production log to generate."),
     seed: int = typer.Option(0, "--seed", help="Seed of the data split, the training and the log."),
