@@ -300,3 +300,20 @@ def test_names_with_dollars_and_other_scripts_plot_without_warnings(tmp_path: Pa
     paths = render_report(doc, tmp_path / "r")  # warnings are errors in this suite
     assert len(paths.plots) == 4
     assert "层/加法 $x$" in paths.html.read_text()
+
+
+def test_watched_layers_are_listed_but_not_kept(tmp_path: Path) -> None:
+    from calibkit.report.render import render_report
+
+    doc = {
+        "format": "calibkit-compare/1",
+        "layers": [
+            {"index": 0, "node": "fc1", "tensor": "a", "flag": "watch", "quant_sqnr_db": 12.0,
+             "reasons": ["quantization SQNR of its input 12.0 dB < 20 dB", "but measured: harmless"]},
+            {"index": 1, "node": "fc2", "tensor": "b", "flag": "ok", "quant_sqnr_db": 30.0, "reasons": []},
+        ],
+        "recommendation": {"keep_in_higher_precision": [], "precision": "fp16"},
+    }
+    md = render_report(doc, tmp_path / "r").markdown.read_text()
+    assert "None: all 2 quantized layers can run in INT8." in md
+    assert "1 layers to watch" in md and "but measured: harmless" in md

@@ -132,10 +132,19 @@ def _compare_document(report: CompareReport, plots: set[str]) -> Document:
         blocks.append(Para.of("Keep ", Span(f"{len(keep)} of {len(report.layers)}", bold=True),
                               f" quantized layers in {precision}; the rest can run in INT8."))
         blocks.append(_keep_table(keep))
+    elif report.layers and any(x.flag == "watch" for x in report.layers):
+        blocks.append(Para.of(f"None: all {len(report.layers)} quantized layers can run in INT8."))
     elif report.layers:
         blocks.append(Para.of(f"None: all {len(report.layers)} quantized layers passed the thresholds."))
     else:
         blocks.append(Para.of("No per-layer analysis in this report."))
+    watched = [x for x in report.layers if x.flag == "watch"]
+    if watched:
+        blocks.append(Para.of(
+            Span(f"{len(watched)} layers to watch", bold=True),
+            ": a heuristic threshold fired, but the measured sensitivity says INT8 costs nothing there.",
+        ))
+        blocks.append(_keep_table(tuple((x.label, x) for x in watched)))
     figures = _figures(plots, ("sqnr", "ranges", "histograms", "confusion"))
     if figures:
         blocks += [Heading(2, "Plots"), *figures]
