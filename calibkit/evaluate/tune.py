@@ -276,9 +276,9 @@ def run_tune(
 
     # statistics and tables
     store, reused_stats = gather_stats(model_dir, cset, placement.activations, model_sha256=sha,
-                                       num_bins=config.params.num_bins, batch_size=config.batch_size, progress=cb)
+                                       num_bins=config.params.num_bins, batch_size=config.batch_size, progress=cb,
+                                       model=proto)
     flops = {f.node: f.flops for f in node_flops(proto, _typical_feeds(tok, cset, input_names), config.op_types)}
-    del proto
     work.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(work / "ledger.jsonl")
     workers = config.workers if config.workers is not None else default_workers()
@@ -305,7 +305,7 @@ def run_tune(
 
     chosen_methods: dict[str, str] = {}
     probe_texts = search_texts[: min(128, len(search_texts))]
-    quality = _layer_quality(model_dir, {k: v[0] for k, v in tables.items()}, tok, probe_texts, cb)
+    quality = _layer_quality(proto, {k: v[0] for k, v in tables.items()}, tok, probe_texts, cb)
     if config.method == "auto":
         chosen_methods = _auto_methods(quality, placement.activations)
         per_tensor = {t: Method(m) for t, m in chosen_methods.items()}
@@ -325,12 +325,12 @@ def run_tune(
     # ranking: layers ordered by their own quantization error (cheap, every layer), then the worst K of them
     # re-ordered by measured sensitivity (keep only this one in higher precision) on a subset of the search split
     if base_key not in quality:
-        quality.update(_layer_quality(model_dir, {base_key: table}, tok, probe_texts, cb))
+        quality.update(_layer_quality(proto, {base_key: table}, tok, probe_texts, cb))
     from calibkit.evaluate.compare import worst_layers
     from calibkit.evaluate.layers import weight_errors
 
     base_meas, base_model = quality[base_key]
-    by_badness = [spec.node for spec in worst_layers(base_meas.layers, weight_errors(base_model, _fp(model_dir)), None)]
+    by_badness = [spec.node for spec in worst_layers(base_meas.layers, weight_errors(base_model, proto), None)]
     by_badness += [n for n in nodes if n not in by_badness]
     k = len(nodes) if config.sensitivity_layers is None else min(config.sensitivity_layers, len(nodes))
     sens_texts = tuple(search_texts[i] for i in sens_pick)
@@ -369,25 +369,14 @@ def run_tune(
     doc = _document(config, eval_set, fp32_search, fp32_hold, threshold, outcome.tried, final, met, hold_acc,
                     reasons, table_acc, base_key, chosen_methods, len(search_idx), len(hold_idx), len(sens_idx),
                     reused_stats, ev.reused, time.perf_counter() - t0)
-    result = _write_outputs(out, model_dir, table, final.plan, config, doc, reasons)
+    result = _write_outputs(out, model_dir, proto, table, final.plan, config, doc, reasons)
     if render is not None:
         render(doc, Path(report_dir) if report_dir else out / "report")
-    return replace(result, resumed_evaluations=ledger.loaded) if ledger.loaded else result
-
-
-_FP_CACHE: dict[str, Any] = {}
-
-
-def _fp(model_dir: ModelDir) -> Any:
-    key = str(model_dir.onnx_path)
-    if key not in _FP_CACHE:
-        _FP_CACHE.clear()
-        _FP_CACHE[key] = load_model(model_dir.onnx_path)
-    return _FP_CACHE[key]
+    return replace(result, resumed_evaluations=ledger.loaded)
 
 
 def _layer_quality(
-    model_dir: ModelDir,
+    fp: Any,
     tables: dict[str, CalibrationTable],
     tok: TextTokenizer,
     texts: Sequence[str],
@@ -398,7 +387,6 @@ def _layer_quality(
     from calibkit.evaluate.taps import measure_layers, ort_runner_factory
     from calibkit.quantize.qdq import Target, quantize_model
 
-    fp = _fp(model_dir)
     out: dict[str, tuple[Any, Any]] = {}
     for i, (m, table) in enumerate(tables.items()):
         cb(ProgressEvent("per-layer SQNR of each table", i, len(tables), message=m))
@@ -478,11 +466,11 @@ def _document(config: TuneConfig, eval_set: EvalSet, fp32_search: float, fp32_ho
     }
 
 
-def _write_outputs(out: Path, model_dir: ModelDir, table: CalibrationTable, plan: Plan, config: TuneConfig,
-                   doc: dict[str, Any], reasons: dict[str, list[str]]) -> TuneResult:
+def _write_outputs(out: Path, model_dir: ModelDir, fp: Any, table: CalibrationTable, plan: Plan,
+                   config: TuneConfig, doc: dict[str, Any], reasons: dict[str, list[str]]) -> TuneResult:
     from calibkit.quantize.qdq import Target, quantize_model, save_model
 
-    q = quantize_model(load_model(model_dir.onnx_path), table, op_types=config.op_types, keep_nodes=plan,
+    q = quantize_model(fp, table, op_types=config.op_types, keep_nodes=plan,
                        target=Target(config.target))
     plan_doc = {
         "format": "calibkit-plan/1",
