@@ -261,7 +261,7 @@ def _write_outputs(
         "source_model": str(model_dir.onnx_path),
         "tokenizer": str(model_dir.tokenizer_path),
     }
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, what="calibrate", legacy_names=(MODEL_FILE, CACHE_FILE, STATS_FILE, JSON_FILE)) as tmp:
         save_model(qres.model, tmp / MODEL_FILE)
         if cache_source is not None:
             shutil.copyfile(cache_source, tmp / CACHE_FILE)

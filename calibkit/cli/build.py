@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import RichProgress, handle_errors, out
+from calibkit.cli._common import RichProgress, guard_out_file, handle_errors, say
 
 HELP = """Build an engine from an FP32 ONNX model: FP32, FP16 or INT8, for ONNX Runtime or TensorRT.
 
@@ -94,14 +94,15 @@ def build(
             calibration_set=calibration_set, min_seq=min_seq, opt_seq=opt_seq, max_seq=max_seq,
             workspace_mib=workspace_mib,
         )
+        guard_out_file(output, inputs=[model, calibration, qdq, tokenizer, calibration_set], option="--output")
         with RichProgress() as progress:
             res = run_build(req, progress=progress)
         art = res.artifact
-        out.print(f"wrote {art.path} ({art.precision.value}, {art.backend.value})", highlight=False)
+        say(f"wrote {art.path} ({art.precision.value}, {art.backend.value})")
         if res.quantized_nodes:
-            out.print(f"  {len(res.quantized_nodes)} nodes quantized, {len(art.kept_higher_precision)} kept in "
-                      f"higher precision, {len(res.missing_ranges)} tensors without a range", highlight=False)
+            say(f"  {len(res.quantized_nodes)} nodes quantized, {len(art.kept_higher_precision)} kept in "
+                      f"higher precision, {len(res.missing_ranges)} tensors without a range")
         elif art.kept_higher_precision:
-            out.print(f"  {len(art.kept_higher_precision)} nodes kept in higher precision", highlight=False)
+            say(f"  {len(art.kept_higher_precision)} nodes kept in higher precision")
         for extra in res.files[1:]:
-            out.print(f"  + {extra}", highlight=False)
+            say(f"  + {extra}")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import RichProgress, console, handle_errors, out
+from calibkit.cli._common import FORCE_HELP, RichProgress, guard_out_dir, handle_errors, out, say, warn
 
 METHODS = ("entropy", "minmax", "percentile", "mse")
 
@@ -70,6 +70,7 @@ def calibrate(
         None, "--from-cache", help="Build the Q/DQ model from this TensorRT calibration cache instead of calibrating."
     ),
     fresh: bool = typer.Option(False, "--fresh-stats", help="Ignore cached statistics and run the model again."),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     with handle_errors():
         from calibkit.errors import UsageError
@@ -98,8 +99,9 @@ def calibrate(
         if from_cache is not None:
             if calibration_set is not None:
                 raise UsageError("--from-cache and --calibration-set exclude each other")
-            _from_cache(model, tokenizer, from_cache, out_dir or Path("runs") / "calibrate-from-cache", ops, exclude,
-                        target)
+            dest = out_dir or Path("runs") / "calibrate-from-cache"
+            _guard(dest, [model, tokenizer, from_cache], force)
+            _from_cache(model, tokenizer, from_cache, dest, ops, exclude, target)
             return
         if calibration_set is None:
             raise UsageError(
@@ -117,12 +119,18 @@ def calibrate(
         target_dir = out_dir or Path("runs") / f"calibrate-{method}"
         if target_dir.resolve() == Path.cwd().resolve():
             raise UsageError("--out is the current directory", hint="calibkit writes into a folder: pass --out DIR")
+        _guard(target_dir, [model, calibration_set, tokenizer], force)
         with RichProgress() as progress:
             result = run_calibration(
                 md, cset, Method(method), params, out_dir=target_dir, op_types=ops, exclude=exclude,
                 target=target, batch_size=batch_size, progress=progress, use_cache=not fresh,
             )
         _summary(result, method, len(cset))
+
+
+def _guard(dest: Path, inputs: list[Path | None], force: bool) -> None:
+    guard_out_dir(dest, inputs=inputs, force=force,
+                  legacy_names=("model.int8.onnx", "calibration.cache", "calibration.json", "stats.npz"))
 
 
 def _from_cache(model: Path, tokenizer: Path | None, cache: Path, out_dir: Path, ops: list[str],
@@ -138,25 +146,25 @@ def _from_cache(model: Path, tokenizer: Path | None, cache: Path, out_dir: Path,
             raise
         md = ModelDir(onnx_path=model, tokenizer_path=model.parent)  # a tokenizer is not needed to apply a cache
     result = calibrate_from_cache(md, cache, out_dir=out_dir, op_types=ops, exclude=exclude, target=target)
-    out.print(f"built {result.model_path} from {cache}: {len(result.quantized_nodes)} nodes quantized, "
+    say(f"built {result.model_path} from {cache}: {len(result.quantized_nodes)} nodes quantized, "
               f"{len(result.table.ranges)} ranges taken from the cache")
     if result.unmatched_cache_names:
         names = ", ".join(result.unmatched_cache_names[:5])
-        out.print(f"{len(result.unmatched_cache_names)} cache names match no quantized tensor (TensorRT-internal "
+        say(f"{len(result.unmatched_cache_names)} cache names match no quantized tensor (TensorRT-internal "
                   f"names or other ops), e.g. {names}")
     if result.missing_ranges:
-        out.print(f"{len(result.missing_ranges)} quantized inputs are not in the cache (their nodes stay FP32): "
+        say(f"{len(result.missing_ranges)} quantized inputs are not in the cache (their nodes stay FP32): "
                   f"{', '.join(result.missing_ranges[:5])}")
-    out.print(f"wrote {result.out_dir}/ (model.int8.onnx, calibration.cache, calibration.json)")
+    say(f"wrote {result.out_dir}/ (model.int8.onnx, calibration.cache, calibration.json)")
 
 
 def _summary(result, method: str, texts: int) -> None:  # type: ignore[no-untyped-def]
     stats = "reused cached statistics (the model was not run)" if result.reused_stats else (
         f"statistics from {texts} texts in {result.timings.get('statistics', 0):.1f} s")
-    out.print(f"calibrated with {method}: {stats}")
-    out.print(f"{len(result.table.ranges)} activation ranges, {len(result.quantized_nodes)} nodes quantized, "
+    say(f"calibrated with {method}: {stats}")
+    say(f"{len(result.table.ranges)} activation ranges, {len(result.quantized_nodes)} nodes quantized, "
               f"{len(result.kept_nodes)} kept in higher precision")
     for w in result.warnings:
-        console.print(f"[yellow]warning:[/] {w}", highlight=False)
-    out.print(f"wrote {result.out_dir}/ (model.int8.onnx, calibration.cache, calibration.json, stats.npz) "
+        warn(w)
+    say(f"wrote {result.out_dir}/ (model.int8.onnx, calibration.cache, calibration.json, stats.npz) "
               f"in {result.timings.get('total', 0):.1f} s")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import RichProgress, console, handle_errors, out
+from calibkit.cli._common import FORCE_HELP, RichProgress, guard_out_dir, guard_out_file, handle_errors, out, say, warn
 
 HELP = (
     "Compare engine A (baseline, e.g. FP32/FP16) with engine B (e.g. INT8) on a labelled eval set.\n\n"
@@ -71,6 +71,7 @@ def compare(
     label_column: str | None = typer.Option(None, "--label-column", help="Label column (default: label, ...)."),
     split: str | None = typer.Option(None, "--split", help="Split of a datasets DatasetDict (default test)."),
     max_disagreements: int = typer.Option(50, "--max-disagreements", min=0, help="Disagreeing examples to list."),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP + " Applies to --report."),
 ) -> None:
     with handle_errors():
         from calibkit._io import write_json
@@ -79,6 +80,20 @@ def compare(
         from calibkit.evaluate.compare import CompareOptions, check_same_model, compare_engines, ensure_known_labels
         from calibkit.evaluate.flags import Thresholds
 
+        inputs = [engine_a, engine_b, reference, eval_set]
+        if json_path:
+            guard_out_file(json_path, inputs=inputs, option="--json")
+        report_dir = None if no_report else report or _default_report_dir(engine_a, engine_b)
+        if report_dir is not None:
+            from calibkit.report.render import REPORT_NAMES
+
+            guard_out_dir(report_dir, inputs=inputs, option="--report", force=force, legacy_names=REPORT_NAMES)
+            if json_path and report_dir.absolute().resolve() in json_path.absolute().resolve().parents:
+                from calibkit.errors import UsageError
+
+                raise UsageError(f"--json {json_path} lies inside --report {report_dir}, which is replaced as a "
+                                 "whole", hint="write --json outside the report folder (the report holds "
+                                 "report.json anyway)")
         a = EngineArtifact.load(engine_a)
         b = EngineArtifact.load(engine_b)
         ref = EngineArtifact.load(reference) if reference else None
@@ -107,9 +122,7 @@ def compare(
         doc = result.to_dict()
         if json_path:
             write_json(json_path, doc)
-        report_dir = None
-        if not no_report:
-            report_dir = report or _default_report_dir(a.path, b.path)
+        if report_dir is not None:
             _render(doc, report_dir)
         _print_summary(result, json_path, report_dir)
 
@@ -126,7 +139,7 @@ def _render(doc: dict, out_dir: Path) -> None:
         from calibkit.report.render import render_report
     except ImportError:  # the report renderer is optional at this layer: keep the JSON
         write_json(out_dir / "report.json", doc)
-        console.print(f"[yellow]report renderer not available; wrote {out_dir / 'report.json'}[/]")
+        warn(f"report renderer not available; wrote {out_dir / 'report.json'}")
         return
     render_report(doc, out_dir)
 
@@ -167,12 +180,12 @@ def _print_summary(result, json_path: Path | None, report_dir: Path | None) -> N
         if flagged:
             out.print(lt)
         keep = result.keep_in_higher_precision
-        out.print(f"recommendation: keep {len(keep)} nodes in {result.recommended_precision}: {', '.join(keep[:12])}"
+        say(f"recommendation: keep {len(keep)} nodes in {result.recommended_precision}: {', '.join(keep[:12])}"
                   + (" ..." if len(keep) > 12 else ""))
     if json_path:
-        out.print(f"JSON: {json_path}")
+        say(f"JSON: {json_path}")
     if report_dir:
-        out.print(f"report: {report_dir}")
+        say(f"report: {report_dir}")
 
 
 def _f(v: float | None) -> str:

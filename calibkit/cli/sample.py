@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from calibkit.cli._common import RichProgress, handle_errors, out
+from calibkit.cli._common import FORCE_HELP, RichProgress, guard_out_dir, handle_errors, out, warn
 
 HELP = """Draw a calibration set from a JSON Lines request log (plain or .gz, any size).
 
@@ -64,6 +64,7 @@ def sample(
     strict: bool = typer.Option(False, "--strict", help="Fail at the first broken line instead of skipping it."),
     no_redact: bool = typer.Option(False, "--no-redact", help="Keep e-mails, phone/card numbers and IPs as is."),
     clusters: int = typer.Option(12, "--clusters", help="Topic clusters to stratify by (1 disables)."),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     with handle_errors():
         from calibkit.data.calibset import write_calibration_set
@@ -83,6 +84,7 @@ def sample(
             clusters=clusters,
         )
         target = out_dir or default_out_dir(logs, size, seed)
+        guard_out_dir(target, inputs=[logs, tokenizer], force=force, legacy_names=("texts.jsonl", "manifest.json"))
         with RichProgress() as progress:
             drawn = draw_sample(logs, options, progress)
         cset = write_calibration_set(target, drawn.texts, drawn.labels, drawn.manifest)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import RichProgress, handle_errors, out
+from calibkit.cli._common import FORCE_HELP, RichProgress, guard_out_dir, handle_errors, out, say
 
 HELP = (
     "Find the plan that keeps accuracy within --max-drop of FP32 while keeping as much MatMul/Gemm work "
@@ -52,6 +52,7 @@ def tune(
     limit: int | None = typer.Option(None, "--limit", min=1, help="Use only the first N eval examples."),
     percentile: float = typer.Option(99.99, "--percentile", help="Percentile for the percentile method."),
     seed: int = typer.Option(0, "--seed", help="Seed of the search/holdout split."),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP + " Applies to --out and --report."),
 ) -> None:
     with handle_errors():
         from calibkit.data.evalset import load_eval_set
@@ -65,6 +66,16 @@ def tune(
         if target not in ("tensorrt", "onnxruntime"):
             raise UsageError(f"unknown --target {target!r}", hint="use tensorrt or onnxruntime")
         md = ModelDir.resolve(model, tokenizer)
+        dest = out_dir or Path("runs") / f"tune-{md.onnx_path.parent.name or md.onnx_path.stem}"
+        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        report_dir = None if no_report else report or Path("reports") / f"{stamp}-tune"
+        inputs = [model, calibration_set, eval_set, tokenizer]
+        guard_out_dir(dest, inputs=inputs, force=force, legacy_names=_OUT_NAMES)
+        if report_dir is not None:
+            _check_apart(dest, report_dir)
+            from calibkit.report.render import REPORT_NAMES
+
+            guard_out_dir(report_dir, inputs=inputs, option="--report", force=force, legacy_names=REPORT_NAMES)
         ev = load_eval_set(eval_set).head(limit)
         cfg = TuneConfig(
             max_drop=max_drop, relative=relative, method=method, holdout_fraction=holdout,
@@ -72,19 +83,27 @@ def tune(
             max_evaluations=max_evaluations, workers=workers,
             seed=seed, target=target, params=MethodParams(percentile=percentile),
         )
-        dest = out_dir or Path("runs") / f"tune-{md.onnx_path.parent.name or md.onnx_path.stem}"
-        report_dir = None
         render = None
-        if not no_report:
+        if report_dir is not None:
             from calibkit.report.render import render_report
 
-            stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-            report_dir = report or Path("reports") / f"{stamp}-tune"
             render = render_report
         with RichProgress() as progress:
             res = run_tune(md, calibration_set, ev, dest, cfg, progress=progress, render=render,
                            report_dir=report_dir)
         _summary(res, report_dir)
+
+
+_OUT_NAMES = ("model.int8.onnx", "calibration.cache", "calibration.json", "plan.json", "tune.json")
+
+
+def _check_apart(out_dir: Path, report_dir: Path) -> None:
+    from calibkit.errors import UsageError
+
+    a, b = out_dir.absolute().resolve(), report_dir.absolute().resolve()
+    if a == b or a in b.parents or b in a.parents:
+        raise UsageError(f"--out {out_dir} and --report {report_dir} overlap; each is written as a whole",
+                         hint="pass two separate folders, e.g. --out runs/tune --report reports/tune")
 
 
 def _summary(res, report_dir: Path | None) -> None:  # noqa: ANN001
@@ -107,10 +126,10 @@ def _summary(res, report_dir: Path | None) -> None:  # noqa: ANN001
               pct(d["final"]["accuracy_holdout"]))
     out.print(t)
     verdict = "met" if res.met_target else "NOT met (the most accurate plan measured is written)"
-    out.print(f"target {verdict}; INT8 share of MatMul/Gemm FLOPs: {100 * res.int8_flops_fraction:.1f} %; "
+    say(f"target {verdict}; INT8 share of MatMul/Gemm FLOPs: {100 * res.int8_flops_fraction:.1f} %; "
               f"{len(d['candidates'])} candidates measured, {d['evaluations_reused']} evaluations reused")
     for n in res.kept_nodes:
-        out.print(f"  keep {n}")
-    out.print(f"wrote {res.out_dir}/ (model.int8.onnx, calibration.cache, calibration.json, plan.json)")
+        say(f"  keep {n}")
+    say(f"wrote {res.out_dir}/ (model.int8.onnx, calibration.cache, calibration.json, plan.json)")
     if report_dir:
-        out.print(f"report: {report_dir}/report.html")
+        say(f"report: {report_dir}/report.html")

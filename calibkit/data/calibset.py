@@ -48,7 +48,7 @@ def write_calibration_set(
     data = _texts_bytes(texts, labels)
     set_id = sha256_bytes(data)
     full = {**manifest, "texts_sha256": set_id, "count": len(texts)}
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, what="calibration set", legacy_names=(TEXTS, MANIFEST)) as tmp:
         (tmp / TEXTS).write_bytes(data)
         (tmp / MANIFEST).write_text(dumps_json(full), encoding="utf-8")
     return CalibrationSet(Path(out_dir), tuple(texts), tuple(labels) if labels is not None else None, full, set_id)

@@ -218,7 +218,8 @@ def run_workflow(
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
     }
     md_text, html_text = _index(summary)
-    with atomic_dir(reports / "index") as tmp:
+    with atomic_dir(reports / "index", what="demo index",
+                    legacy_names=("summary.json", "index.md", "index.html")) as tmp:
         (tmp / "summary.json").write_text(dumps_json(summary), encoding="utf-8")
         (tmp / "index.md").write_text(md_text, encoding="utf-8")
         (tmp / "index.html").write_text(html_text, encoding="utf-8")

@@ -492,7 +492,8 @@ def _write_outputs(out: Path, model_dir: ModelDir, fp: Any, table: CalibrationTa
         "source_model": str(model_dir.onnx_path), "tokenizer": str(model_dir.tokenizer_path),
         "tune": {"max_drop": config.max_drop, "relative": config.relative},
     }
-    with atomic_dir(out) as tmp:
+    legacy = ("model.int8.onnx", "calibration.cache", "calibration.json", "plan.json", "tune.json")
+    with atomic_dir(out, what="tune", legacy_names=legacy) as tmp:
         save_model(q.model, tmp / "model.int8.onnx")
         write_cache(tmp / "calibration.cache", table)
         write_calibration_json(tmp / "calibration.json", table, extras)
