@@ -17,7 +17,7 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from calibkit.errors import UsageError
@@ -90,8 +90,11 @@ def _resolved(p: str | os.PathLike[str]) -> Path:
 
 
 def check_not_input(path: str | os.PathLike[str], inputs: Sequence[str | os.PathLike[str] | None], *,
-                    option: str = "--out") -> None:
-    """Refuse an output that equals, contains or lies inside an input folder (``--force`` does not lift this)."""
+                    option: str = "--out", inside_ok: bool = False) -> None:
+    """Refuse an output that equals, contains or lies inside an input folder (``--force`` does not lift this).
+
+    ``inside_ok``: a new single file may be added inside an input folder (an engine beside its model).
+    """
     out = _resolved(path)
     for raw in inputs:
         if raw is None:
@@ -103,7 +106,7 @@ def check_not_input(path: str | os.PathLike[str], inputs: Sequence[str | os.Path
             relation = "is"
         elif out in inp.parents:
             relation = "contains"
-        elif inp.is_dir() and inp in out.parents:
+        elif inp.is_dir() and inp in out.parents and not inside_ok:
             relation = "lies inside"
         else:
             continue
@@ -157,10 +160,15 @@ def guard_output_dir(path: str | os.PathLike[str], *, inputs: Sequence[str | os.
 
 
 def guard_output_file(path: str | os.PathLike[str], *, inputs: Sequence[str | os.PathLike[str] | None] = (),
-                      option: str) -> None:
-    """Checks for a single file a command will write (``compare --json``, ``build -o``)."""
-    check_not_input(path, inputs, option=option)
+                      option: str, owned: Callable[[Path], bool] | None = None) -> None:
+    """Checks for a single file a command will write (``compare --json``, ``build -o``): never an input, never
+    a folder, writable; an existing file only when ``owned(path)`` says calibkit wrote it."""
+    check_not_input(path, inputs, option=option, inside_ok=True)
     check_writable(path, option=option, is_file=True)
+    p = Path(path)
+    if owned is not None and p.is_file() and not owned(p):
+        raise UsageError(f"{option} {p} exists and was not written by calibkit; it will not be overwritten",
+                         hint=f"pass a new file name to {option}, or move the file away first")
 
 
 def move_aside(folder: Path) -> Path:

@@ -17,13 +17,19 @@ from calibkit.calibrate.methods import compute_table
 from calibkit.calibrate.stats import StatsStore
 from calibkit.calibrate.statscache import find_stats, save_stats
 from calibkit.calibrate.tablefile import write_calibration_json
-from calibkit.calibrate.trtcache import ALGORITHM_FOR_METHOD, DEFAULT_TRT_VERSION, read_cache, write_cache
+from calibkit.calibrate.trtcache import (
+    ALGORITHM_FOR_METHOD,
+    DEFAULT_TRT_VERSION,
+    matched_amax,
+    read_cache,
+    write_cache,
+)
 from calibkit.data.calibset import MANIFEST, CalibrationSet, load_calibration_set
 from calibkit.data.modeldir import ModelDir
 from calibkit.errors import CalibrationError
 from calibkit.progress import ProgressCallback
 from calibkit.quantize.placement import DEFAULT_OP_TYPES, plan_placement
-from calibkit.types import INT8_MAX, CalibrationTable, Method, MethodParams, TensorRange
+from calibkit.types import CalibrationTable, Method, MethodParams, TensorRange
 
 log = logging.getLogger("calibkit.calibrate")
 
@@ -313,10 +319,9 @@ def calibrate_from_cache(
     placement = plan_placement(load_model(model_dir.onnx_path, load_external_data=False), op_types, exclude)
     wanted = set(placement.activations)
     method = cache.method
+    matched = matched_amax(cache, wanted, str(cache_path))  # refuses unusable or unmatched caches
     ranges = tuple(
-        TensorRange(tensor=t, amax=float(cache.scales[t]) * INT8_MAX, method=method)
-        for t in placement.activations
-        if t in cache.scales
+        TensorRange(tensor=t, amax=float(matched[t]), method=method) for t in placement.activations if t in matched
     )
     unmatched = sorted(n for n in [*cache.scales, *cache.non_finite] if n not in wanted)
     cache_sha = sha256_file(cache_path)
@@ -344,6 +349,9 @@ def calibrate_from_cache(
         warnings.append(f"{len(cache.non_finite)} cache entries hold a non-finite scale, e.g. {cache.non_finite[0]}")
     if qres.missing_ranges:
         warnings.append(f"{len(qres.missing_ranges)} quantized inputs have no scale in the cache (kept in FP32)")
+    zeros = [t for t in cache.zero if t in wanted]
+    if zeros:
+        warnings.append(f"{len(zeros)} cache entries hold scale 0 (their nodes stay FP32): {', '.join(zeros[:5])}")
     for w in warnings:
         log.info(w)
     extras: dict[str, Any] = {

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import typer
@@ -157,8 +157,10 @@ def guard_out_dir(path: Path, *, inputs: Sequence[Path | None] = (), option: str
         warn(f"{option} {path} held files calibkit did not write; moved it aside to {moved} (--force)")
 
 
-def guard_out_file(path: Path, *, inputs: Sequence[Path | None] = (), option: str) -> None:
-    """Before any work: refuse an output file that is an input, a folder or unwritable."""
+def guard_out_file(path: Path, *, inputs: Sequence[Path | None] = (), option: str,
+                   owned: Callable[[Path], bool] | None = None) -> None:
+    """Before any work: refuse an output file that is an input, a folder, unwritable, or an existing file
+    calibkit did not write (``owned``)."""
     from calibkit.outdirs import guard_output_file
 
-    guard_output_file(path, inputs=inputs, option=option)
+    guard_output_file(path, inputs=inputs, option=option, owned=owned)

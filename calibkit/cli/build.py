@@ -94,7 +94,10 @@ def build(
             calibration_set=calibration_set, min_seq=min_seq, opt_seq=opt_seq, max_seq=max_seq,
             workspace_mib=workspace_mib,
         )
-        guard_out_file(output, inputs=[model, calibration, qdq, tokenizer, calibration_set], option="--output")
+        from calibkit.engines.artifact import sidecar_path
+
+        guard_out_file(output, inputs=[model, calibration, qdq, tokenizer, calibration_set], option="--output",
+                       owned=lambda p: sidecar_path(p).is_file())
         with RichProgress() as progress:
             res = run_build(req, progress=progress)
         art = res.artifact

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import FORCE_HELP, RichProgress, guard_out_dir, handle_errors, out, say, warn
+from calibkit.cli._common import FORCE_HELP, RichProgress, guard_out_dir, handle_errors, say, warn
 
 METHODS = ("entropy", "minmax", "percentile", "mse")
 

@@ -82,7 +82,7 @@ def compare(
 
         inputs = [engine_a, engine_b, reference, eval_set]
         if json_path:
-            guard_out_file(json_path, inputs=inputs, option="--json")
+            guard_out_file(json_path, inputs=inputs, option="--json", owned=_is_compare_json)
         report_dir = None if no_report else report or _default_report_dir(engine_a, engine_b)
         if report_dir is not None:
             from calibkit.report.render import REPORT_NAMES
@@ -125,6 +125,18 @@ def compare(
         if report_dir is not None:
             _render(doc, report_dir)
         _print_summary(result, json_path, report_dir)
+
+
+def _is_compare_json(path: Path) -> bool:
+    """An earlier `compare --json` document (a file calibkit may overwrite)."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(doc, dict) and str(doc.get("format", "")).startswith("calibkit-compare/")
 
 
 def _default_report_dir(a: Path, b: Path) -> Path:
