@@ -19,8 +19,13 @@ What happens to each line: broken lines are skipped and counted (--strict stops 
 <script>/<style> blocks are removed (other markup is kept: the model should see what production sees);
 e-mails, phone numbers, Luhn-valid card numbers and IP addresses become <EMAIL>, <PHONE>, <CARD>, <IP>
 (--no-redact keeps them); duplicates (exact, or equal after NFKC + case + whitespace normalization) count
-once. The sample is stratified by token length, label and topic cluster; same log + same seed gives a
-byte-identical output.
+once. Texts longer than 65,536 characters are cut to that length first (counted as oversized); lines over
+64 MiB are skipped. The sample is stratified by token length, label and topic cluster (not by a label with
+more distinct values than max(20, size/8): a warning says so); same log + same seed gives a byte-identical
+output.
+
+--out must be a new or empty folder, or one calibkit wrote; inputs are never overwritten (--force moves a
+foreign folder aside, it never deletes it).
 
 Examples:
 
@@ -89,6 +94,8 @@ def sample(
             drawn = draw_sample(logs, options, progress)
         cset = write_calibration_set(target, drawn.texts, drawn.labels, drawn.manifest)
         _summary(cset.manifest, target)
+        for w in cset.manifest.get("warnings", []):
+            warn(w)
 
 
 def _summary(m: dict[str, Any], target: Path) -> None:
