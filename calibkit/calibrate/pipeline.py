@@ -92,7 +92,10 @@ def gather_stats(
     cache_dir: Path | None = None,
     model: Any = None,
 ) -> tuple[StatsStore, bool]:
-    """Statistics of ``tensors`` over the set: from the cache when there, else by running the model."""
+    """Statistics of ``tensors`` over the set: from the cache when there, else by running the model.
+
+    ``use_cache=False`` (``--fresh-stats``) does not read the cache but still saves the fresh statistics.
+    """
     if use_cache:
         hit = find_stats(model_sha256, cset.id, tensors, num_bins, cache_dir)
         if hit is not None:
@@ -119,8 +122,7 @@ def gather_stats(
         "batch_size": batch_size,
     }
     store = StatsStore(dict(store.stats), store.num_bins, meta)
-    if use_cache:
-        save_stats(store, tensors, cache_dir)
+    save_stats(store, tensors, cache_dir)  # also without use_cache: --fresh-stats repairs a broken cache
     return store, False
 
 

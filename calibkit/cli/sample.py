@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from calibkit.cli._common import FORCE_HELP, RichProgress, guard_out_dir, handle_errors, out
+from calibkit.cli._common import FORCE_HELP, RichProgress, guard_out_dir, handle_errors, out, warn
 
 HELP = """Draw a calibration set from a JSON Lines request log (plain or .gz, any size).
 

@@ -116,19 +116,45 @@ def split_eval(labels: np.ndarray, holdout_fraction: float, seed: int) -> tuple[
 
 
 class Ledger:
-    """Append-only JSON Lines of finished evaluations; a torn last line (interrupted write) is ignored."""
+    """Append-only JSON Lines of finished evaluations.
+
+    A record that cannot be used — a torn last line (interrupted write), invalid UTF-8 or JSON, JSON nested too
+    deeply, or a record whose numbers are missing or not numbers (``"accuracy": null``) — is skipped and
+    counted in ``skipped``: its evaluation simply runs again.
+    """
+
+    _NUMBERS = ("accuracy", "logit_mse", "mean_kl", "seconds")
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._done: dict[str, dict[str, Any]] = {}
+        self.skipped = 0
         if path.is_file():
-            for line in path.read_text(encoding="utf-8").splitlines():
+            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+                if not line.strip():
+                    continue
                 try:
                     rec = json.loads(line)
+                except (ValueError, RecursionError):
+                    rec = None
+                if self.usable(rec):
                     self._done[rec["key"]] = rec
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    continue
+                else:
+                    self.skipped += 1
+        if self.skipped:
+            log.warning("%s: %d unusable record(s) skipped; those evaluations run again", path, self.skipped)
         self.loaded = len(self._done)
+
+    @classmethod
+    def usable(cls, rec: Any) -> bool:
+        """A record ``_from_record`` can turn back into a SensitivityResult."""
+        if not isinstance(rec, dict) or not isinstance(rec.get("key"), str) or not isinstance(rec.get("mode"), str):
+            return False
+        if rec.get("node") is not None and not isinstance(rec["node"], str):
+            return False
+        if rec.get("error") is not None and not isinstance(rec["error"], str):
+            return False
+        return all(isinstance(rec.get(k), (int, float)) and not isinstance(rec.get(k), bool) for k in cls._NUMBERS)
 
     def get(self, key: str) -> dict[str, Any] | None:
         return self._done.get(key)
