@@ -127,7 +127,8 @@ def check_writable(path: str | os.PathLike[str], *, option: str = "--out", is_fi
         raise UsageError(f"{option} {p} is a folder", hint=f"pass a file path to {option}, e.g. {p / 'out.json'}")
     if not is_file and p.exists() and not p.is_dir():
         raise UsageError(f"{option} {p} is an existing file, not a folder", hint=f"pass a new folder to {option}")
-    # a folder is swapped in beside itself, so its parent must take new entries; a file likewise
+    # a folder is swapped in beside itself, so its parent must take new entries; a file likewise. An existing
+    # folder is emptied after the swap, so it must be writable too.
     probe_in = p.absolute().parent
     while not probe_in.exists():
         if probe_in.parent == probe_in:
@@ -135,15 +136,16 @@ def check_writable(path: str | os.PathLike[str], *, option: str = "--out", is_fi
         probe_in = probe_in.parent
     if not probe_in.is_dir():
         raise UsageError(f"{option} {p}: {probe_in} is a file, not a folder", hint=f"pass another path to {option}")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".calibkit-probe.", suffix=".tmp", dir=probe_in)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise UsageError(
-            f"{option} {p} cannot be written: {probe_in} is not writable ({exc.strerror or exc})",
-            hint=f"pass an {option} in a folder you can write to, or fix its permissions",
-        ) from None
+    for folder in (probe_in, *([p] if not is_file and p.is_dir() else [])):
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".calibkit-probe.", suffix=".tmp", dir=folder)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise UsageError(
+                f"{option} {p} cannot be written: {folder} is not writable ({exc.strerror or exc})",
+                hint=f"pass an {option} in a folder you can write to, or fix its permissions",
+            ) from None
 
 
 def guard_output_dir(path: str | os.PathLike[str], *, inputs: Sequence[str | os.PathLike[str] | None] = (),
