@@ -152,6 +152,9 @@ def _from_cache(model: Path, tokenizer: Path | None, cache: Path, out_dir: Path,
         names = ", ".join(result.unmatched_cache_names[:5])
         say(f"{len(result.unmatched_cache_names)} cache names match no quantized tensor (TensorRT-internal "
                   f"names or other ops), e.g. {names}")
+    if result.zero_ranges:
+        warn(f"{len(result.zero_ranges)} tensors have scale 0 in the cache, so their nodes stay FP32: "
+             f"{', '.join(result.zero_ranges[:5])}")
     if result.missing_ranges:
         say(f"{len(result.missing_ranges)} quantized inputs are not in the cache (their nodes stay FP32): "
                   f"{', '.join(result.missing_ranges[:5])}")

@@ -352,7 +352,7 @@ def check_onnx_file(path: Path) -> list[str]:
     if not model.opset_import or not model.graph.output or not model.graph.node:
         raise ModelError(f"{path} is not an ONNX model (no operator set, nodes or graph outputs)", hint=hint)
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(str(path))  # by path: external data is checked beside the model
     except Exception as exc:  # noqa: BLE001 - onnx raises ValidationError and plain errors alike
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"{path} is not a valid ONNX model: {first}", hint=hint) from None
