@@ -77,6 +77,8 @@ def find_stats(
     candidates += sorted(p for p in folder.glob("*.npz") if p != exact)
     for path in candidates:
         try:
+            if not zipfile.is_zipfile(path):  # empty or truncated: np.load would leak its file handle
+                raise zipfile.BadZipFile("not a complete .npz (zip) file")
             if path != exact and not want <= _tensors_of(path):
                 continue
             store = StatsStore.load(path)
