@@ -40,7 +40,7 @@ def handle_errors() -> Iterator[None]:
     try:
         yield
     except CalibkitError as exc:
-        _error(exc.message, exc.hint)
+        _error(exc.message, exc.hint or _default_hint(exc))
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: finished work is kept; outputs were not half-written", markup=True)
@@ -64,6 +64,23 @@ def handle_errors() -> Iterator[None]:
                f"this is a bug in calibkit; please report it with the command line (run with --verbose or "
                f"{TRACEBACK_ENV}=1 for the traceback)")
         raise typer.Exit(1) from None
+
+
+def _default_hint(exc: CalibkitError) -> str:
+    """What to do, for errors raised without a specific hint: every message comes with one."""
+    from calibkit import errors as e
+
+    for cls, hint in (
+        (e.UsageError, "see the command's --help for its options and examples"),
+        (e.DataError, "fix or replace the input file named above; the command's --help lists the formats read"),
+        (e.ModelError, "check the model file or folder named above (an ONNX model with its tokenizer)"),
+        (e.CalibrationError, "re-run `calibkit calibrate` to write the calibration files again"),
+        (e.BackendError, "run with --verbose to see the backend's log"),
+        (e.MissingDependencyError, "install the extra named above, e.g. pip install 'calibkit[demo]'"),
+    ):
+        if isinstance(exc, cls):
+            return hint
+    return "run with --verbose for details"
 
 
 def _error(message: str, hint: str | None) -> None:
