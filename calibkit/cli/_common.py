@@ -85,12 +85,12 @@ def _default_hint(exc: CalibkitError) -> str:
 
 def _error(message: str, hint: str | None) -> None:
     # escape: messages and hints hold brackets ("calibkit[tensorrt]", regexes) that rich would eat as markup
-    console.print(f"[bold red]error:[/] {escape(_printable(message))}", markup=True)
+    console.print(f"[bold red]error:[/] {escape(printable(message))}", markup=True)
     if hint:
-        console.print(f"  [yellow]hint:[/] {escape(_printable(hint))}", markup=True)
+        console.print(f"  [yellow]hint:[/] {escape(printable(hint))}", markup=True)
 
 
-def _printable(text: str) -> str:
+def printable(text: str) -> str:
     """Lone surrogates (from undecodable file names or JSON escapes) cannot be encoded: show them escaped."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
@@ -105,12 +105,12 @@ def _traceback() -> None:
 
 def warn(message: str) -> None:
     """One warning line on stderr."""
-    console.print(f"[yellow]warning:[/] {escape(_printable(message))}", markup=True)
+    console.print(f"[yellow]warning:[/] {escape(printable(message))}", markup=True)
 
 
 def say(message: str) -> None:
     """One plain line on stdout (no markup; paths are shown as they are)."""
-    out.print(_printable(message))
+    out.print(printable(message))
 
 
 class RichProgress:

@@ -19,6 +19,10 @@ rounded up to 8); a timing cache and the per-layer JSON are written beside the e
 Each engine gets a sidecar ENGINE.calibkit.json (precision, backend, source model + sha256, calibration
 table, tokenizer folder, nodes kept in higher precision) that `calibkit compare` and `tune` read.
 
+-o is never an input, and an existing file there is replaced only if it is an engine calibkit built (it has
+its sidecar). --precision fp32 validates the ONNX file and carries external-data weights along (written
+beside the engine as ENGINE.data, e.g. fp32.onnx.data). INT8 ranges are validated by tensor name before anything is written.
+
 INT8 Q/DQ layouts (--target): tensorrt = int8 activations, every MatMul/Gemm quantized (what TensorRT fuses;
 also runs in ONNX Runtime to preview TensorRT's numerics on CPU); onnxruntime = uint8 activations (zero point
 128, same values) on weight MatMuls only, the layout ONNX Runtime's CPU integer kernels fuse (the fast one

@@ -22,7 +22,11 @@ accuracy on the demo model), entropy (TensorRT EntropyCalibration2 KL search), m
 for NLP), percentile (--percentile of |x|).
 
 OUT receives model.int8.onnx, calibration.cache (TensorRT 8-10 legacy cache), calibration.json (ranges, statistics,
-provenance) and stats.npz. It is written atomically: on error nothing half-written is left.
+provenance) and stats.npz. It is written atomically: on error nothing half-written is left. OUT must be new,
+empty or a folder calibkit wrote (--force moves anything else aside, never deletes it); it may not be or lie
+inside the model folder or the calibration set. Every range is checked before a model is written: NaN, inf,
+negative, denormal-scale, above 65504 or implausible against the recorded statistics is refused by tensor
+name; a --from-cache cache that names none of the model's tensors is an error.
 
 Examples:
 

@@ -106,10 +106,12 @@ def _summary(m: dict[str, Any], target: Path) -> None:
     rep = m["representativeness"]
     red = m["redaction"]
     tf = m["text_field"]
-    t = Table(title=f"calibration set: {target}", show_header=False, title_justify="left")
+    from calibkit.cli._common import printable
+
+    t = Table(title=printable(f"calibration set: {target}"), show_header=False, title_justify="left")
     t.add_column("what", style="bold")
     t.add_column("value")
-    t.add_row("log", f"{m['source']['path']} ({m['source']['size_bytes']:,} bytes)")
+    t.add_row("log", printable(f"{m['source']['path']} ({m['source']['size_bytes']:,} bytes)"))
     t.add_row("text field", ", ".join(tf["paths"]) + (" (auto-detected)" if tf["auto_detected"] else ""))
     t.add_row("lines read", f"{lines['read']:,}")
     broken = ", ".join(
