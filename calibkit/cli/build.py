@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import RichProgress, guard_out_file, handle_errors, say
+from calibkit.cli._common import RichProgress, guard_out_file, handle_errors, say, warn
 
 HELP = """Build an engine from an FP32 ONNX model: FP32, FP16 or INT8, for ONNX Runtime or TensorRT.
 
@@ -21,7 +21,8 @@ table, tokenizer folder, nodes kept in higher precision) that `calibkit compare`
 
 -o is never an input, and an existing file there is replaced only if it is an engine calibkit built (it has
 its sidecar). --precision fp32 validates the ONNX file and carries external-data weights along (written
-beside the engine as ENGINE.data, e.g. fp32.onnx.data). INT8 ranges are validated by tensor name before anything is written.
+beside the engine as ENGINE.data, e.g. fp32.onnx.data). INT8 ranges are validated by tensor name before
+anything is written.
 
 INT8 Q/DQ layouts (--target): tensorrt = int8 activations, every MatMul/Gemm quantized (what TensorRT fuses;
 also runs in ONNX Runtime to preview TensorRT's numerics on CPU); onnxruntime = uint8 activations (zero point
@@ -111,5 +112,9 @@ def build(
                       f"higher precision, {len(res.missing_ranges)} tensors without a range")
         elif art.kept_higher_precision:
             say(f"  {len(art.kept_higher_precision)} nodes kept in higher precision")
+        zero = list(art.extra.get("zero_ranges") or [])
+        if zero:
+            warn(f"{len(zero)} tensors have amax 0 (all zero during calibration), so their nodes stay FP32: "
+                 f"{', '.join(map(str, zero[:5]))}")
         for extra in res.files[1:]:
             say(f"  + {extra}")
