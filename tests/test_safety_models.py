@@ -74,6 +74,9 @@ def test_rangecheck_rules() -> None:
     for bad in (float("inf"), float("nan"), -2.0, 1e-40, 1e6, True, "3"):
         assert problem("t", bad) is not None, bad
     assert problem("t", 1e-9, {"absmax": 10.0}) is not None
+    assert problem("t", 1e5, {"absmax": 1.2e5}) is None  # measured: a real range above the FP16 maximum
+    assert problem("t", 1e6, representable_only=True) is None  # the Q/DQ writer's guard
+    assert problem("t", 1e300, representable_only=True) is not None
 
 
 def _cache_with(calibrated: Path, tmp_path: Path, hex_value: str) -> tuple[Path, str]:

@@ -113,7 +113,8 @@ def quantize_model(
     amax = table.amax()
     # scale guard: an inf, 0 or denormal float32 scale would write a model that runs and is silently wrong
     check_ranges(((t, amax[t]) for t in placement.activations if t in amax), source="calibration table",
-                 hint="recalibrate (`calibkit calibrate`) or fix the table's ranges; calibkit never writes these")
+                 hint="recalibrate (`calibkit calibrate`) or fix the table's ranges; calibkit never writes these",
+                 representable_only=True)
     act_dtype = TensorProto.UINT8 if target is Target.ONNXRUNTIME else TensorProto.INT8
     act_zp = 128 if target is Target.ONNXRUNTIME else 0
 
