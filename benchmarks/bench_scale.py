@@ -295,6 +295,8 @@ def main() -> None:
                 row["ort"] = spawn("ort", model=model, calib=calib, out=work / f"ort-{shape}-{n}.onnx")
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
+            if args.json:  # after every row: a run cut short keeps what it measured
+                Path(args.json).write_text(json.dumps(rows, indent=1))
     print(f"{os.cpu_count()} CPUs; noisy shared machines: read the ratios within one run")
     print(f"{'shape':6s} {'texts':>5s} | {'floor s':>7s} {'GB':>5s} | {'calibkit s':>10s} {'GB':>5s} "
           f"{'x time':>6s} {'x mem':>6s} | {'ORT MinMax s':>12s} {'GB':>5s} {'ORT/ck':>6s}")
@@ -310,8 +312,6 @@ def main() -> None:
         if not c.get("ok", True):
             line += f"  calibkit FAILED {c.get('error')}"
         print(line)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -9,12 +9,12 @@ read (batch folded into another axis by a Reshape) are observed unmasked and lis
 
 Memory: ONNX Runtime returns every tapped tensor of a batch at once; those outputs are the peak, so batches are
 formed by a :class:`calibkit.data.encode.TokenBudget` priced by the same probe runs (:func:`probe_cost`).
-Statistics then read views of the real-token region of each output (no boolean-index copies, no float64 or
-int64 copies of whole tensors: 64K-element chunks through a reused buffer) and each output is released as soon
-as its statistics are done. Inference and statistics do not overlap (that would hold two batches); instead the
-statistics of one batch run on ``threads`` threads, one tensor per task, with a histogram kernel that releases
-the GIL. Results do not depend on batch size, budget or thread count: power-of-two histograms merge exactly
-and each tensor's accumulator sees its chunks in one order.
+Statistics read each output in place (padded entries overwritten by a copy of one real entry, whose copies are
+then taken back out; no boolean-index copies, no float64 or int64 copies of whole tensors: 256K-element chunks
+through per-thread buffers), and each output is released as soon as its statistics are done. Inference and
+statistics do not overlap (that would hold two batches); the statistics of one batch run on ``threads``
+threads instead, one tensor per task, with a histogram kernel that releases the GIL. Results do not depend on
+batch size, budget or thread count: power-of-two histograms merge exactly, min/max and counts are exact.
 """
 
 from __future__ import annotations
@@ -221,6 +221,59 @@ def valid_blocks(x: np.ndarray, layout: TensorLayout, mask: np.ndarray | None) -
         i = j
 
 
+def padding_entries(x: np.ndarray, layout: TensorLayout, mask: np.ndarray | None) -> tuple[np.ndarray, int] | None:
+    """A bool array broadcastable to ``x``, True at padded entries, and how many entries of ``x`` are padding
+    (None when there is nothing to mask)."""
+    if mask is None or not layout.maskable or mask.all():
+        return None
+    b, s = mask.shape
+    ba = layout.batch_axis
+    if ba is None or x.shape[ba] != b or any(x.shape[a] != s for a in layout.seq_axes):
+        return None
+    keep = None
+    for a in layout.seq_axes:
+        shape = [1] * x.ndim
+        shape[ba], shape[a] = b, s
+        m = (mask if ba < a else mask.T).reshape(shape)
+        keep = m if keep is None else keep & m
+    k = len(layout.seq_axes)
+    static = x.size // (b * s**k)
+    real = static * int((mask.sum(axis=1).astype(np.int64) ** k).sum())
+    return ~keep, x.size - real  # type: ignore[operator]
+
+
+def observe_real_tokens(acc: StatsAccumulator, x: np.ndarray, layout: TensorLayout, mask: np.ndarray | None) -> None:
+    """Statistics of the real-token entries of ``x`` (an output the collector owns; padded entries may be
+    overwritten).
+
+    Fast path: padded entries are overwritten, in one pass, with a copy of one real entry ``v``; the whole
+    contiguous tensor is observed in 256K-element chunks; then the copies of ``v`` are taken back out (``count`` and v's
+    bin). min/max never see a value that is not real, and counts are exact, so this equals observing the real
+    entries alone (:func:`valid_blocks`, the fallback for read-only or strided outputs) bit for bit."""
+    pad = padding_entries(x, layout, mask)
+    if pad is None:
+        acc.observe(x)
+        return
+    where, n_pad = pad
+    assert mask is not None and layout.batch_axis is not None  # padding_entries checked both
+    if x.flags.writeable and x.flags.c_contiguous and x.dtype in (np.float32, np.float16):
+        rows = np.flatnonzero(mask.any(axis=1))
+        if rows.size:
+            i = int(rows[0])
+            index = [0] * x.ndim
+            index[layout.batch_axis] = i
+            for a in layout.seq_axes:
+                index[a] = int(np.flatnonzero(mask[i])[0])
+            v = x[tuple(index)]
+            if np.isfinite(v):
+                np.copyto(x, v, where=where)
+                acc.observe(x)
+                acc.forget(v, n_pad)
+                return
+    for block in valid_blocks(x, layout, mask):
+        acc.observe(block)
+
+
 def valid_values(x: np.ndarray, layout: TensorLayout, mask: np.ndarray | None) -> np.ndarray:
     """The entries of ``x`` at real-token positions, as one flat array (a copy; the collector uses
     :func:`valid_blocks` views instead)."""
@@ -275,9 +328,7 @@ def collect_stats(
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="calibkit-stats") if workers > 1 else None
 
     def observe(t: str, x: np.ndarray, lay: TensorLayout, mask: np.ndarray | None) -> None:
-        a = acc[t]
-        for block in valid_blocks(x, lay, mask):
-            a.observe(block)
+        observe_real_tokens(acc[t], x, lay, mask)
 
     try:
         with runner:

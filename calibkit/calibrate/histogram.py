@@ -11,6 +11,7 @@ upper bound). Calibration methods work on the occupied bins (:meth:`Histogram.oc
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -123,7 +124,17 @@ class Histogram:
         return (i + min(max(frac, 0.0), 1.0)) * self.width
 
 
-_CHUNK = 1 << 16  # elements per pass: the temporaries stay in the CPU cache (about 1.5x faster on big tensors)
+_CHUNK = 1 << 18  # elements per pass: temporaries stay in the CPU's L2 cache, few Python calls per element
+_scratch = threading.local()  # per-thread buffers, shared by every counter the thread runs
+
+
+def _buffer(dtype: type, n: int) -> np.ndarray:
+    key = f"buf_{np.dtype(dtype).name}"
+    buf = getattr(_scratch, key, None)
+    if buf is None or buf.size < n:
+        buf = np.empty(max(n, _CHUNK), dtype=dtype)
+        setattr(_scratch, key, buf)
+    return buf[:n]
 
 
 def chunks(x: np.ndarray, limit: int = _CHUNK) -> Iterator[np.ndarray]:
@@ -154,7 +165,7 @@ def chunks(x: np.ndarray, limit: int = _CHUNK) -> Iterator[np.ndarray]:
 
 
 class BinCounter:
-    """Counts |x| into power-of-two-range bins chunk by chunk through reused buffers (no copy of the input).
+    """Counts |x| into power-of-two-range bins chunk by chunk through per-thread buffers (no copy of the input).
 
     ``gil_free`` counts by sorting uint16 bin indices (numpy's radix sort and searchsorted release the GIL, so
     several threads run at once); otherwise np.bincount, about twice as fast on one thread but holding the GIL.
@@ -163,28 +174,26 @@ class BinCounter:
     def __init__(self, num_bins: int, *, gil_free: bool = False) -> None:
         self.num_bins = num_bins
         self.gil_free = gil_free and num_bins <= 1 << 15
-        self._buf32 = np.empty(_CHUNK, dtype=np.float32)
-        self._buf64: np.ndarray | None = None
-        self._ibuf = np.empty(_CHUNK, dtype=np.uint16 if self.gil_free else np.intp)
         self._starts = np.arange(1, num_bins, dtype=np.uint16) if self.gil_free else None
 
-    def add(self, counts: np.ndarray, part: np.ndarray, upper: float) -> None:
-        """``counts += `` the bin counts of ``part`` (a chunk of at most 64K elements, any strides)."""
+    def add(self, counts: np.ndarray, part: np.ndarray, upper: float, *, below_upper: bool = False) -> None:
+        """``counts += `` the bin counts of ``part`` (a chunk of at most 256K elements, any strides).
+        ``below_upper``: every |x| < upper is known (then no clamping pass is needed: scaling by a power of two
+        is exact, so |x| * num_bins / upper < num_bins)."""
         n = part.size
         if n == 0:
             return
         factor = self.num_bins / upper
         if factor < 2.0**100:
-            f, top, buf = np.float32(factor), np.float32(self.num_bins - 1), self._buf32
+            f, top, b = np.float32(factor), np.float32(self.num_bins - 1), _buffer(np.float32, n)
         else:  # tiny ranges would overflow a float32 factor
-            if self._buf64 is None:
-                self._buf64 = np.empty(_CHUNK, dtype=np.float64)
-            f, top, buf = np.float64(factor), np.float64(self.num_bins - 1), self._buf64
-        b = buf[:n].reshape(part.shape)
+            f, top, b = np.float64(factor), np.float64(self.num_bins - 1), _buffer(np.float64, n)
+        b = b.reshape(part.shape)
         np.abs(part, out=b, casting="unsafe")
         b *= f
-        np.minimum(b, top, out=b)
-        ib = self._ibuf[:n]
+        if not below_upper:
+            np.minimum(b, top, out=b)
+        ib = _buffer(np.uint16 if self._starts is not None else np.intp, n)
         ib[...] = b.reshape(-1)
         if self._starts is None:
             counts += np.bincount(ib, minlength=self.num_bins)

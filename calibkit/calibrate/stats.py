@@ -80,7 +80,7 @@ class ActivationStats:
 class StatsAccumulator:
     """Mutable running statistics of one tensor; ``observe`` a batch at a time, ``freeze`` at the end.
 
-    ``observe`` reads its input in 64K-element chunks of views (strided views are fine: no copy of the input
+    ``observe`` reads its input in 256K-element chunks of views (strided views are fine: no copy of the input
     is made unless it holds non-finite values, and then only of one chunk). Chunking changes nothing in the
     result: min/max and counts are exact, and the histogram's power-of-two range widens exactly."""
 
@@ -130,7 +130,19 @@ class StatsAccumulator:
         elif exp > self.exponent:
             self.counts = Histogram(self.counts, 2.0**self.exponent).widened(2.0**exp).counts
             self.exponent = exp
-        self._counter.add(self.counts, x, 2.0**self.exponent)
+        self._counter.add(self.counts, x, 2.0**self.exponent, below_upper=True)  # range_exponent is strict
+
+    def forget(self, value: float, n: int) -> None:
+        """Take back ``n`` observations of the finite ``value`` (observed copies of a real entry that stood in
+        for padding; min/max are unaffected because ``value`` itself is real)."""
+        if n <= 0:
+            return
+        if self.exponent is None or n > self.count:
+            raise CalibrationError(f"{self.tensor}: cannot forget {n} values of {self.count}")
+        one = np.zeros(self.num_bins, dtype=np.int64)
+        self._counter.add(one, np.array([value], dtype=np.float32), 2.0**self.exponent, below_upper=True)
+        self.counts -= one * n
+        self.count -= n
 
     def freeze(self) -> ActivationStats:
         seen = self.count > 0
