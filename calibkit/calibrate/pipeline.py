@@ -25,6 +25,7 @@ from calibkit.calibrate.trtcache import (
     write_cache,
 )
 from calibkit.data.calibset import MANIFEST, CalibrationSet, load_calibration_set
+from calibkit.data.encode import DEFAULT_MEMORY_BUDGET, TokenBudget
 from calibkit.data.modeldir import ModelDir
 from calibkit.errors import CalibrationError
 from calibkit.progress import ProgressCallback
@@ -91,11 +92,14 @@ def gather_stats(
     use_cache: bool = True,
     cache_dir: Path | None = None,
     model: Any = None,
+    budget: TokenBudget | None = None,
+    threads: int | None = None,
 ) -> tuple[StatsStore, bool]:
     """Statistics of ``tensors`` over the set: from the cache when there, else by running the model.
 
     ``use_cache=False`` (``--fresh-stats``) does not read the cache but still saves the fresh statistics.
-    """
+    ``budget`` bounds each batch (default: :data:`calibkit.data.encode.DEFAULT_MEMORY_BUDGET` bytes of tapped
+    tensors); it changes memory and time, never the statistics, so it is not part of the cache key."""
     if use_cache:
         hit = find_stats(model_sha256, cset.id, tensors, num_bins, cache_dir)
         if hit is not None:
@@ -109,8 +113,9 @@ def gather_stats(
     tok = TextTokenizer(model_dir.tokenizer_path, max_length=model_dir.max_length)
     proto = model if model is not None else load_model(model_dir.onnx_path)
     input_names = [i.name for i in proto.graph.input if i.name not in {x.name for x in proto.graph.initializer}]
-    batches = bucketed_batches(tok, cset.texts, input_names, batch_size=batch_size)
-    store = collect_stats(proto, batches, tensors, num_bins=num_bins, progress=progress)
+    budget = budget if budget is not None else TokenBudget(memory_bytes=DEFAULT_MEMORY_BUDGET)
+    batches = bucketed_batches(tok, cset.texts, input_names, batch_size=batch_size, budget=budget)
+    store = collect_stats(proto, batches, tensors, num_bins=num_bins, progress=progress, threads=threads)
     del proto
     meta = {
         **store.meta,
@@ -120,6 +125,8 @@ def gather_stats(
         "truncated": batches.truncated,
         "max_length": batches.max_length,
         "batch_size": batch_size,
+        "max_batch_tokens": budget.max_batch_tokens,
+        "memory_budget_bytes": budget.memory_bytes,
     }
     store = StatsStore(dict(store.stats), store.num_bins, meta)
     save_stats(store, tensors, cache_dir)  # also without use_cache: --fresh-stats repairs a broken cache
@@ -171,6 +178,8 @@ def calibrate(
     use_cache: bool = True,
     cache_dir: Path | None = None,
     trt_version: int = DEFAULT_TRT_VERSION,
+    budget: TokenBudget | None = None,
+    threads: int | None = None,
 ) -> CalibrationResult:
     """Calibrate ``model_dir`` on ``calibration_set`` and write OUT (see the module docstring)."""
     from calibkit.graph import load_model, model_sha256
@@ -192,7 +201,7 @@ def calibrate(
     t1 = time.perf_counter()
     store, reused = gather_stats(
         model_dir, cset, collected, model_sha256=sha, num_bins=params.num_bins, batch_size=batch_size,
-        progress=progress, use_cache=use_cache, cache_dir=cache_dir, model=proto,
+        progress=progress, use_cache=use_cache, cache_dir=cache_dir, model=proto, budget=budget, threads=threads,
     )
     t2 = time.perf_counter()
     provenance = {

@@ -17,6 +17,11 @@ every activation input of the quantized ops streams into a 2048-bin |x| histogra
 counts. The statistics are cached ($CALIBKIT_CACHE or ~/.cache/calibkit/stats), so calibrating again with
 another --method, or with more --exclude, does not run the model again.
 
+Memory: batches are length-bucketed and bounded by --memory-budget, the bytes of tapped activations one batch
+may hold (attention probabilities grow with batch x sequence^2; calibkit prices them by two tiny probe runs).
+Long texts go in smaller batches, short ones in batches of --batch-size. Peak memory is about the model in ONNX
+Runtime (2-3x the .onnx file) plus 1.5x the budget; the statistics do not depend on the budget or batch size.
+
 Methods: mse (default: minimum expected squared quantization error, clipping included; the best held-out
 accuracy on the demo model), entropy (TensorRT EntropyCalibration2 KL search), minmax (max |x|, TensorRT's advice
 for NLP), percentile (--percentile of |x|).
@@ -40,6 +45,8 @@ Examples:
   calibkit calibrate demo_assets/model --calibration-set calib/ --exclude 'layer\\.5/output' --target onnxruntime
 
   calibkit calibrate demo_assets/model --from-cache trt/calibration.cache --out runs/from-trt
+
+  calibkit calibrate bert-large/ --calibration-set calib/ --memory-budget 512M --max-batch-tokens 8192
 """
 
 
@@ -61,7 +68,15 @@ def calibrate(
     ),
     percentile: float = typer.Option(99.99, "--percentile", help="Percentile of |x| for --method percentile."),
     out_dir: Path | None = typer.Option(None, "--out", "-o", help="Output folder [default: runs/calibrate-<method>]."),
-    batch_size: int = typer.Option(32, "--batch-size", "-b", help="Texts per inference batch (length-bucketed)."),
+    batch_size: int = typer.Option(
+        32, "--batch-size", "-b", help="Most texts per inference batch (length-bucketed; the budget may cut it)."
+    ),
+    memory_budget: str = typer.Option(
+        "1G", "--memory-budget", help="Bytes of tapped activations one batch may hold, e.g. 512M, 1G, 4G."
+    ),
+    max_batch_tokens: int | None = typer.Option(
+        None, "--max-batch-tokens", help="Most padded tokens (batch x longest text) per batch [default: no limit]."
+    ),
     op_types: list[str] = typer.Option(
         ["MatMul,Gemm"], "--op-types", help="Op types to quantize (comma-separated or repeated)."
     ),
@@ -90,6 +105,9 @@ def calibrate(
             raise UsageError(f"--num-bins must be a power of two >= 256, got {num_bins}", hint="the default is 2048")
         if batch_size < 1:
             raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
+        from calibkit.data.encode import TokenBudget, parse_size
+
+        budget = TokenBudget(max_batch_tokens=max_batch_tokens, memory_bytes=parse_size(memory_budget))
         ops = _split(op_types)
         if not ops:
             raise UsageError("--op-types is empty", hint="e.g. --op-types MatMul,Gemm")
@@ -129,6 +147,7 @@ def calibrate(
             result = run_calibration(
                 md, cset, Method(method), params, out_dir=target_dir, op_types=ops, exclude=exclude,
                 target=target, batch_size=batch_size, progress=progress, use_cache=not fresh,
+                budget=budget,
             )
         _summary(result, method, len(cset))
 
