@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from calibkit.data.evalset import EvalSet
 from calibkit.errors import DataError
 
 
@@ -134,3 +135,11 @@ def nested(parent: EvalSubset, child: EvalSubset) -> EvalSubset:
     """``child`` (drawn over ``parent``'s rows) expressed as indices into the full set ``parent`` came from."""
     return EvalSubset(tuple(parent.indices[i] for i in child.indices), parent.total, child.seed, child.strategy,
                       child.content_sha256)
+
+
+def limit_eval_set(eval_set: EvalSet, limit: int | None, seed: int = 0) -> tuple[EvalSet, EvalSubset | None]:
+    """``--limit``: a stratified random subset of ``limit`` rows (the set itself, and None, when it is smaller)."""
+    if limit is None or limit >= len(eval_set):
+        return eval_set, None
+    sub = stratified_subset(eval_set.texts, eval_set.labels, limit, seed)
+    return replace(eval_set, texts=sub.take(eval_set.texts), labels=sub.take(eval_set.labels)), sub
