@@ -317,3 +317,28 @@ def test_watched_layers_are_listed_but_not_kept(tmp_path: Path) -> None:
     md = render_report(doc, tmp_path / "r").markdown.read_text()
     assert "None: all 2 quantized layers can run in INT8." in md
     assert "1 layers to watch" in md and "but measured: harmless" in md
+
+
+def test_intervals_verdict_warnings_and_subsets_are_rendered(tmp_path: Path) -> None:
+    doc = {
+        "format": "calibkit-compare/1",
+        "engines": [{"name": "A", "accuracy": 0.85, "accuracy_ci": {"estimate": 0.85, "low": 0.83, "high": 0.87}},
+                    {"name": "B", "accuracy": 0.852,
+                     "accuracy_ci": {"estimate": 0.852, "low": 0.832, "high": 0.871}}],
+        "agreement": 0.97, "agreement_ci": {"estimate": 0.97, "low": 0.962, "high": 0.977},
+        "difference": {"accuracy": {"estimate": 0.002, "low": -0.004, "high": 0.008, "verdict": "not significant",
+                                    "mcnemar_p": 0.6, "examples_to_settle": 9000}},
+        "warnings": ["class 'neg' has only 10 examples (< 30)"],
+        "subsets": {"sensitivity": {"count": 256, "of": 2114, "strategy": "stratified", "seed": 0,
+                                    "content_sha256": "ab" * 32}},
+        "layers": [{"index": 0, "node": "fc1", "tensor": "a", "flag": "insufficient-evidence",
+                    "reasons": ["recovers 0.78 points: insufficient evidence on 256 examples"],
+                    "sensitivity": {"all_but_this": {"delta": 0.0078, "delta_low": -0.004, "delta_high": 0.02}}}],
+        "recommendation": {"keep_in_higher_precision": [], "precision": "fp16"},
+    }
+    md = render_report(doc, tmp_path / "r").markdown.read_text().replace("\\", "")
+    assert "+0.20 pt [-0.40, +0.80]" in md and "not significant" in md and "9,000 examples" in md
+    assert "85.00 % [83.00, 87.00]" in md and "97.00 % [96.20, 97.70]" in md and "flips: 3.00 %" in md
+    assert "Warning:" in md and "only 10 examples" in md
+    assert "256 of 2114 rows, stratified, seed 0" in md
+    assert "1 layers with insufficient evidence" in md and "+0.78 pt [-0.40, +2.00]" in md
