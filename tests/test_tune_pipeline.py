@@ -176,3 +176,18 @@ def test_min_agreement_is_a_constraint_of_the_search(tiny_setup):
     assert "agreement" in doc["final"]["holdout_verdict"]["by_constraint"]
     with pytest.raises(UsageError):
         run_tune(md, tiny_setup["cset"], ev, tiny_setup["root"] / "bad", TuneConfig(min_agreement=150.0))
+
+
+def test_tune_cli_reports_agreement_and_the_holdout_verdict(tiny_setup, tmp_path):
+    r = CliRunner().invoke(app, ["tune", str(tiny_setup["model"]), "-c", str(tiny_setup["cset"]), "-e",
+                                 str(tiny_setup["eval"]), "--method", "minmax", "--max-drop", "2",
+                                 "--min-agreement", "95", "--limit", "200", "--workers", "1", "--out",
+                                 str(tmp_path / "o"), "--no-report", "--sensitivity-samples", "32"])
+    assert r.exit_code == 0, r.output
+    flat = " ".join(r.output.split())
+    assert "share of FP32's predictions kept" in flat and "fewest flips" in flat
+    assert "the holdout supports the claim" in flat or "the holdout does NOT support the claim" in flat
+    doc = json.loads((tmp_path / "o" / "tune.json").read_text())
+    assert doc["eval_set"]["count"] == 200 and doc["target"]["min_agreement"] == 95.0
+    plan = json.loads((tmp_path / "o" / "plan.json").read_text())
+    assert plan["holdout_verdict"]["text"] and plan["agreement_with_fp32"]["holdout"] is not None
