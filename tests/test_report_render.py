@@ -342,3 +342,26 @@ def test_intervals_verdict_warnings_and_subsets_are_rendered(tmp_path: Path) -> 
     assert "Warning:" in md and "only 10 examples" in md
     assert "256 of 2114 rows, stratified, seed 0" in md
     assert "1 layers with insufficient evidence" in md and "+0.78 pt [-0.40, +2.00]" in md
+
+
+def test_tune_report_shows_agreement_and_the_holdout_verdict(tmp_path: Path) -> None:
+    doc = {
+        "format": "calibkit-tune/1",
+        "target": {"max_drop": 0.5, "relative": False, "fp32_accuracy": 0.85, "threshold": 0.845,
+                   "min_agreement": 99.0},
+        "methods": {"chosen": "mse", "all_int8_flip_rate_search": {"mse": 0.021, "entropy": 0.06}},
+        "warnings": ["the holdout split has 90 examples: its verdict has wide intervals"],
+        "candidates": [{"id": 0, "int8_flops_fraction": 0.97, "accuracy_search": 0.849, "agreement_search": 0.991,
+                        "kept_nodes": ["a"], "accepted": True}],
+        "final": {"kept_nodes": ["a"], "int8_flops_fraction": 0.97, "accuracy_search": 0.849,
+                  "accuracy_holdout": 0.846, "agreement_search": 0.991, "agreement_holdout": 0.989,
+                  "holdout_evidence": {"accuracy_minus_fp32": {"estimate": -0.002, "low": -0.01, "high": 0.006,
+                                                               "verdict": "not significant"},
+                                       "agreement": {"estimate": 0.989, "low": 0.98, "high": 0.994}},
+                  "holdout_verdict": {"supported": False, "text": "agreement target: not confirmed"}},
+    }
+    md = render_report(doc, tmp_path / "t").markdown.read_text().replace("\\", "")
+    assert "at least 99 % of FP32's predictions unchanged" in md and "mse 2.10 %" in md
+    assert "98.90 % [98.00, 99.40]" in md and "-0.20 pt [-1.00, +0.60]" in md and "not significant" in md
+    assert "does not support" in md and "agreement target: not confirmed" in md and "Warning:" in md
+    assert "99.10 %" in md  # the candidate's agreement

@@ -226,8 +226,16 @@ def _tune_document(report: TuneReport, plots: set[str]) -> Document:
         drop = f"{report.max_drop:g} % of it (relative)"
     else:
         drop = f"{report.max_drop:g} pt"
+    agree = (f" and at least {report.min_agreement:g} % of FP32's predictions unchanged"
+             if report.min_agreement is not None else "")
     blocks.append(Para.of("Target: accuracy at least ", Span(pct(report.target_accuracy), bold=True),
-                          f" (FP32 {pct(report.fp32_accuracy)} minus {drop})."))
+                          f" (FP32 {pct(report.fp32_accuracy)} minus {drop}){agree}, on the search split."))
+    for w in report.warnings:
+        blocks.append(Para.of(Span("Warning:", bold=True), " " + w))
+    if report.method_flips:
+        blocks.append(Para.of(f"Calibration table: {text(report.chosen_method)}, the one whose all-INT8 model flips "
+                              "the fewest FP32 predictions on the search split ("
+                              + ", ".join(f"{x.name} {x.value}" for x in report.method_flips) + ")."))
     final = report.final
     if final is None:
         blocks.append(Para.of("No plan was chosen."))
@@ -235,13 +243,28 @@ def _tune_document(report: TuneReport, plots: set[str]) -> Document:
         target = report.target_accuracy
         judged = final.accuracy_holdout if final.accuracy_holdout is not None else final.accuracy_search
         verdict = DASH if target is None or judged is None else ("yes" if judged >= target - 1e-12 else "no")
-        blocks.append(Bullets((
+        items = [
             Para.of("Share of FLOPs in INT8: ", Span(pct(final.int8_flops_fraction, 1), bold=True)),
             Para.of(f"Accuracy on the search set: {pct(final.accuracy_search)}; on the hold-out set: ",
                     Span(pct(final.accuracy_holdout), bold=True)),
-            Para.of(f"Meets the target: {verdict}"),
-            Para.of(f"Layers kept in higher precision: {len(final.kept_nodes)}"),
-        )))
+        ]
+        if final.agreement_search is not None or final.agreement_holdout is not None:
+            items.append(Para.of(f"Agreement with FP32 on the search set: {pct(final.agreement_search)}; on the "
+                                 "hold-out set: ", Span(pct(final.agreement_holdout) + _ci(final.holdout_agreement),
+                                                        bold=True)))
+        d = final.holdout_accuracy_diff
+        if d is not None and d.range.estimate is not None:
+            items.append(Para.of("Hold-out accuracy minus FP32: ",
+                                 Span(points(d.range.estimate) + _ci(d.range, pts=True), bold=True),
+                                 f" ({text(d.verdict)})"))
+        items.append(Para.of(f"Meets the target on the search set: {verdict}"
+                             if final.holdout_supported is not None else f"Meets the target: {verdict}"))
+        if final.holdout_supported is not None:
+            items.append(Para.of("The hold-out split ", Span("supports" if final.holdout_supported else
+                                                              "does not support", bold=True),
+                                 f" the claim: {text(final.holdout_verdict)}."))
+        items.append(Para.of(f"Layers kept in higher precision: {len(final.kept_nodes)}"))
+        blocks.append(Bullets(tuple(items)))
         if final.kept_nodes:
             blocks.append(Table(
                 headers=("kept node", "reasons"),
@@ -264,13 +287,13 @@ def _tune_document(report: TuneReport, plots: set[str]) -> Document:
         chosen = set(final.kept_nodes) if final else None
         blocks.append(Heading(2, f"Candidates ({len(report.candidates)})"))
         blocks.append(Table(
-            headers=("id", "method", "INT8 FLOPs", "accuracy search", "accuracy hold-out", "kept", "accepted",
-                     "kept nodes"),
+            headers=("id", "method", "INT8 FLOPs", "accuracy search", "agreement search", "accuracy hold-out",
+                     "kept", "accepted", "kept nodes"),
             rows=tuple((num(c.id), text(c.method), pct(c.int8_flops_fraction, 1), pct(c.accuracy_search),
-                        pct(c.accuracy_holdout), str(len(c.kept_nodes)),
+                        pct(c.agreement_search), pct(c.accuracy_holdout), str(len(c.kept_nodes)),
                         DASH if c.accepted is None else ("yes" if c.accepted else "no"),
                         shorten(", ".join(c.kept_nodes), 160) or DASH) for c in report.candidates),
-            numeric=(True, False, True, True, True, True, False, False),
+            numeric=(True, False, True, True, True, True, True, False, False),
             highlight=tuple(chosen is not None and set(c.kept_nodes) == chosen for c in report.candidates),
             note="Highlighted: the chosen plan." if final else "",
         ))

@@ -401,6 +401,7 @@ class Candidate:
     method: str | None
     accepted: bool | None
     meets_target: bool | None = None
+    agreement_search: float | None = None
 
 
 @dataclass(frozen=True)
@@ -422,6 +423,12 @@ class TunePlan:
     accuracy_search: float | None
     accuracy_holdout: float | None
     reasons: tuple[NodeReasons, ...]
+    agreement_search: float | None = None
+    agreement_holdout: float | None = None
+    holdout_accuracy_diff: Difference | None = None
+    holdout_agreement: Range | None = None
+    holdout_supported: bool | None = None
+    holdout_verdict: str | None = None
 
     def reasons_for(self, node: str) -> tuple[str, ...]:
         return next((r.reasons for r in self.reasons if r.node == node), ())
@@ -438,6 +445,10 @@ class TuneReport:
     final: TunePlan | None
     peers: tuple[Peer, ...]
     threshold: float | None = None  # the document's own lowest accepted accuracy, when it states one
+    min_agreement: float | None = None  # percent of FP32's predictions the plan must keep
+    method_flips: tuple[Setting, ...] = ()
+    chosen_method: str | None = None
+    warnings: tuple[str, ...] = ()
 
     @property
     def target_accuracy(self) -> float | None:
@@ -457,7 +468,15 @@ def parse_tune(doc: dict[str, Any]) -> TuneReport:
     final = doc.get("final")
     plan = None
     if isinstance(final, dict):
+        hold = _dict(final.get("holdout_evidence"))
+        verdict = _dict(final.get("holdout_verdict"))
         plan = TunePlan(
+            agreement_search=_num(final.get("agreement_search")),
+            agreement_holdout=_num(final.get("agreement_holdout")),
+            holdout_accuracy_diff=_difference(hold.get("accuracy_minus_fp32")),
+            holdout_agreement=_range(hold.get("agreement")),
+            holdout_supported=_bool(verdict.get("supported")),
+            holdout_verdict=_str(verdict.get("text")),
             kept_nodes=_strs(final.get("kept_nodes")),
             int8_flops_fraction=_num(final.get("int8_flops_fraction")),
             accuracy_search=_num(final.get("accuracy_search")),
@@ -474,6 +493,12 @@ def parse_tune(doc: dict[str, Any]) -> TuneReport:
         relative=_bool(target.get("relative")),
         fp32_accuracy=_num(target.get("fp32_accuracy")),
         threshold=_num(target.get("threshold")),
+        min_agreement=_num(target.get("min_agreement")),
+        method_flips=tuple(Setting(str(k), f"{100 * v:.2f} %") for k, v in
+                           _dict(_dict(doc.get("methods")).get("all_int8_flip_rate_search")).items()
+                           if isinstance(v, (int, float))),
+        chosen_method=_str(_dict(doc.get("methods")).get("chosen")),
+        warnings=_strs(doc.get("warnings")),
         candidates=tuple(
             Candidate(
                 id=_int(c.get("id")),
@@ -484,6 +509,7 @@ def parse_tune(doc: dict[str, Any]) -> TuneReport:
                 method=_str(c.get("method")),
                 accepted=_bool(c.get("accepted")),
                 meets_target=_bool(c.get("meets_target")),
+                agreement_search=_num(c.get("agreement_search")),
             )
             for c in _list(doc.get("candidates"))
             if isinstance(c, dict)
