@@ -9,8 +9,8 @@ Flow (every number below is measured, none estimated):
 3. the eval set is split (stratified by label, seeded, by row content: see evaluate.subsets) into a *search*
    part and a *holdout* part: every decision uses the search part; the holdout part is only measured at the
    end, for all-INT8 and the final plan, and the verdict says with 95 % intervals whether it supports the claim;
-4. sensitivity ranking: for every quantized node, the KL divergence to FP32 when only that node is kept in
-   higher precision (on a subset of the search part);
+4. sensitivity ranking: for the worst quantized nodes by own INT8 error, the KL divergence to FP32 when only
+   that node is quantized (on a stratified subset of the search part), most harmful first;
 5. calibkit.evaluate.search.search_plan: prefix / bisect / prune over the ranking, each candidate evaluated
    on the whole search part against the constraints (accuracy within ``max_drop`` of FP32 and, when given,
    at least ``min_agreement`` % of FP32's predictions kept).
@@ -45,8 +45,8 @@ from calibkit.errors import CalibrationError, DataError, UsageError
 from calibkit.evaluate.flops import node_flops
 from calibkit.evaluate.search import Measured, Plan, search_plan
 from calibkit.evaluate.sensitivity import (
-    ALL_BUT_THIS,
     ALL_INT8,
+    ONLY_THIS,
     SensitivityJob,
     SensitivityResult,
     default_workers,
@@ -356,11 +356,15 @@ def run_tune(
     k = len(nodes) if config.sensitivity_layers is None else min(config.sensitivity_layers, len(nodes))
     sens_texts = sens_sub.take(texts)
     sens_idx = sens_sub.array
-    sens_jobs = [job(table_path, (n,), sens_texts, sens_idx, ALL_BUT_THIS, n) for n in by_badness[:k]]
+    # each layer's own damage: quantize only it (every other layer in higher precision) and measure the output KL
+    # divergence to FP32; in an all-INT8 model the errors of the other layers mask it ("keep only this one"
+    # barely moves the KL), so this ranks far more sharply
+    sens_jobs = [job(table_path, tuple(x for x in nodes if x != n), sens_texts, sens_idx, ONLY_THIS, n)
+                 for n in by_badness[:k]]
     (sens_base,) = ev.run([job(table_path, (), sens_texts, sens_idx, ALL_INT8)], table_sha, "sensitivity base")
-    sens = ev.run(sens_jobs, table_sha, "sensitivity (keep one node)")
-    gain = {r.node: sens_base.mean_kl - r.mean_kl for r in sens if r.node}
-    ranking = sorted(by_badness[:k], key=lambda n: (-gain[n], flops.get(n, 0.0))) + by_badness[k:]
+    sens = ev.run(sens_jobs, table_sha, "sensitivity (quantize one node)")
+    harm = {r.node: (r.mean_kl, r.flip_rate) for r in sens if r.node}
+    ranking = sorted(by_badness[:k], key=lambda n: (-harm[n][0], -harm[n][1], flops.get(n, 0.0))) + by_badness[k:]
 
     search_results: dict[Plan, SensitivityResult] = {}
 
@@ -394,7 +398,7 @@ def run_tune(
     for lm in base_meas.layers:
         if lm.quant_sqnr_db is not None:
             own_sqnr[lm.spec.node] = min(own_sqnr.get(lm.spec.node, float("inf")), lm.quant_sqnr_db)
-    reasons = _reasons(final.plan, gain, sens_base, flops, own_sqnr, outcome.tried)
+    reasons = _reasons(final.plan, harm, sens_base, flops, own_sqnr, outcome.tried)
     doc = _document(config, eval_set, fp32_search, fp32_hold, threshold, outcome.tried, final, met, hold_acc,
                     reasons, table_acc, base_key, chosen_methods, len(search_idx), len(hold_idx), len(sens_idx),
                     reused_stats, ev.reused, time.perf_counter() - t0)
@@ -502,16 +506,17 @@ def _auto_methods(quality: dict[str, tuple[Any, Any]], tensors: Sequence[str]) -
 
 
 def _reasons(
-    plan: Plan, gain: dict[str, float], base: SensitivityResult, flops: dict[str, float],
+    plan: Plan, harm: dict[str, tuple[float, float]], base: SensitivityResult, flops: dict[str, float],
     own_sqnr: dict[str, float], tried: Sequence[Measured] = (),
 ) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     total = sum(flops.values()) or 1.0
     for n in plan:
         r = []
-        if n in gain:
-            r.append(f"keeping only it in higher precision lowers the output KL divergence to FP32 from "
-                     f"{base.mean_kl:.4g} to {base.mean_kl - gain[n]:.4g} on the sensitivity subset")
+        if n in harm:
+            r.append(f"quantizing only it gives an output KL divergence to FP32 of {harm[n][0]:.4g} and flips "
+                     f"{100 * harm[n][1]:.2f} % of FP32's predictions on the sensitivity subset (all INT8: "
+                     f"{base.mean_kl:.4g}, {100 * base.flip_rate:.2f} %)")
         if n in own_sqnr:
             r.append(f"its own INT8 error: SQNR {own_sqnr[n]:.1f} dB (input against its fake-quantized copy)")
         without = tuple(x for x in plan if x != n)
