@@ -16,8 +16,8 @@ HELP = (
     "The eval set is split (stratified by label, seeded, by row content) into a search part, used for every "
     "decision, and a holdout part, measured only for the final plan: the verdict gives the plan's accuracy "
     "difference to FP32 and its agreement with FP32 on the holdout with 95 % intervals, and says whether the "
-    "holdout supports the claim (supported / not confirmed / contradicted). Layers are ranked by how much "
-    "keeping each one in higher precision brings the output back to FP32 (KL divergence); the fewest are kept, "
+    "holdout supports the claim (supported / not confirmed / contradicted). Layers are ranked by the output "
+    "damage (KL divergence to FP32) of quantizing only that layer, per FLOP; the fewest are kept, "
     "and every candidate is measured. The calibration table is the one whose all-INT8 model flips the fewest "
     "FP32 predictions on the search split (accuracy differences between INT8 variants are mostly noise); "
     "--method auto adds a per-tensor table (per tensor the method with the best SQNR at its layer). "
@@ -55,7 +55,8 @@ def tune(
     holdout: float = typer.Option(0.3, "--holdout", help="Fraction of the eval set held out for the final check."),
     sensitivity_samples: int = typer.Option(256, "--sensitivity-samples", min=8, help="Examples per ranking run."),
     sensitivity_layers: int | None = typer.Option(
-        16, "--sensitivity-layers", min=1, help="Measure sensitivity for the K layers with the worst own SQNR."
+        None, "--sensitivity-layers", min=1,
+        help="Measure sensitivity only for the K layers with the worst own SQNR (default: every layer).",
     ),
     max_evaluations: int = typer.Option(40, "--max-evaluations", min=1, help="Budget of candidate plans."),
     limit: int | None = typer.Option(

@@ -130,7 +130,10 @@ def run_workflow(
                       progress=cb)
     timings["sample"] = time.perf_counter() - t
 
-    ev = load_eval_set(work / "data" / "test.jsonl").head(options.eval_limit)
+    from calibkit.evaluate.subsets import limit_eval_set
+
+    # the test split is ordered by label: a limit draws a stratified random subset, never the first rows
+    ev, _rows = limit_eval_set(load_eval_set(work / "data" / "test.jsonl"), options.eval_limit, options.seed)
     labels = label_ids(ev, md.id2label, len(md.id2label))
     tok = TextTokenizer(md.tokenizer_path, max_length=md.max_length)
 

@@ -9,8 +9,8 @@ Flow (every number below is measured, none estimated):
 3. the eval set is split (stratified by label, seeded, by row content: see evaluate.subsets) into a *search*
    part and a *holdout* part: every decision uses the search part; the holdout part is only measured at the
    end, for all-INT8 and the final plan, and the verdict says with 95 % intervals whether it supports the claim;
-4. sensitivity ranking: for the worst quantized nodes by own INT8 error, the KL divergence to FP32 when only
-   that node is quantized (on a stratified subset of the search part), most harmful first;
+4. sensitivity ranking: for every quantized node (or the worst K by own INT8 error), the KL divergence to FP32
+   when only that node is quantized (on a stratified subset of the search part); most damage per FLOP first;
 5. calibkit.evaluate.search.search_plan: prefix / bisect / prune over the ranking, each candidate evaluated
    on the whole search part against the constraints (accuracy within ``max_drop`` of FP32 and, when given,
    at least ``min_agreement`` % of FP32's predictions kept).
@@ -73,7 +73,7 @@ class TuneConfig:
     method: str = "auto"  # "auto" or a Method value
     holdout_fraction: float = 0.3
     sensitivity_samples: int = 256
-    sensitivity_layers: int | None = 16  # measured sensitivity for the K worst layers (own SQNR); None: all
+    sensitivity_layers: int | None = None  # measured sensitivity for the K worst layers (own SQNR); None: all
     max_evaluations: int = 40
     workers: int | None = None
     seed: int = 0
@@ -364,7 +364,7 @@ def run_tune(
     (sens_base,) = ev.run([job(table_path, (), sens_texts, sens_idx, ALL_INT8)], table_sha, "sensitivity base")
     sens = ev.run(sens_jobs, table_sha, "sensitivity (quantize one node)")
     harm = {r.node: (r.mean_kl, r.flip_rate) for r in sens if r.node}
-    ranking = sorted(by_badness[:k], key=lambda n: (-harm[n][0], -harm[n][1], flops.get(n, 0.0))) + by_badness[k:]
+    ranking = _rank_by_harm_per_flop(by_badness[:k], harm, flops) + by_badness[k:]
 
     search_results: dict[Plan, SensitivityResult] = {}
 
@@ -417,6 +417,19 @@ def run_tune(
     if render is not None:
         render(doc, Path(report_dir) if report_dir else out / "report")
     return replace(result, resumed_evaluations=ledger.loaded)
+
+
+def _rank_by_harm_per_flop(nodes: Sequence[str], harm: dict[str, tuple[float, float]], flops: dict[str, float]
+                           ) -> list[str]:
+    """Most output damage (KL to FP32 when only this node is INT8) per MatMul/Gemm FLOP first: the search keeps
+    a prefix of this order, and keeping a cheap harmful node (an attention MatMul) costs almost no INT8 coverage.
+    Damage is additive to first order, so this is the greedy knapsack order."""
+    total = sum(flops.values()) or 1.0
+
+    def density(n: str) -> float:
+        return harm[n][0] / max(flops.get(n, 0.0) / total, 1e-4)
+
+    return sorted(nodes, key=lambda n: (-density(n), -harm[n][1], flops.get(n, 0.0)))
 
 
 def _evidence(config: TuneConfig, final: Measured, labels: np.ndarray, ref_pred: np.ndarray,
