@@ -27,7 +27,8 @@ anything is written.
 INT8 Q/DQ layouts (--target): tensorrt = int8 activations, every MatMul/Gemm quantized (what TensorRT fuses;
 also runs in ONNX Runtime to preview TensorRT's numerics on CPU); onnxruntime = uint8 activations (zero point
 128, same values) on weight MatMuls only, the layout ONNX Runtime's CPU integer kernels fuse (the fast one
-on CPU). Default: the backend's own layout.
+on CPU). Default: the backend's own layout (onnxruntime for the ONNX Runtime backend, which differs from the
+tensorrt layout that `calibrate`, `tune` and the demo's reports measure: pass --target tensorrt for that model).
 
 Examples:
 

@@ -16,6 +16,13 @@ HELP = (
     "against the INT8 clipping range, the clipped fraction, the outlier ratio, SQNR and cosine of the layer's "
     "output, the accuracy effect of quantizing only this layer / keeping only this layer in higher precision, "
     "and a keep-in-FP16 flag with the reasons that triggered it.\n\n"
+    "Every accuracy, macro-F1, agreement and B-A difference carries a 95 % interval for paired predictions on "
+    "the same examples (Wilson, paired bootstrap, exact McNemar). A difference whose interval covers zero is "
+    "'not significant'; a per-layer effect within its own uncertainty is 'insufficient-evidence' (with the "
+    "number of examples that would settle it); and no layer is advised to stay in FP16 while B is not "
+    "significantly less accurate than A. Layer statistics, sensitivity samples and --limit use random subsets "
+    "stratified by label, drawn from --seed by row content (the same rows in any file order give the same "
+    "subset); the report lists the rows used.\n\n"
     "The eval set is JSONL, CSV/TSV, Parquet (columns text + label; labels as names or ids) or a Hugging Face "
     "datasets folder. A and B must be built from the same FP32 model.\n\n"
     "Outputs are checked before any work: --json must be a writable file path (an existing file only if it is "
@@ -45,13 +52,20 @@ def compare(
     ),
     no_report: bool = typer.Option(False, "--no-report", help="Write no report folder."),
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Examples per inference batch."),
-    limit: int | None = typer.Option(None, "--limit", min=1, help="Use only the first N eval examples."),
+    limit: int | None = typer.Option(
+        None, "--limit", min=1, help="Use N eval examples, drawn at random and stratified by label (--seed)."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the --limit, layer-statistics and sensitivity subsets."),
     layers: bool = typer.Option(True, "--layers/--no-layers", help="Per-layer ranges and SQNR."),
-    layer_samples: int = typer.Option(512, "--layer-samples", min=1, help="Examples streamed for layer statistics."),
+    layer_samples: int = typer.Option(
+        512, "--layer-samples", min=1, help="Examples streamed for layer statistics (stratified subset)."
+    ),
     sensitivity: bool = typer.Option(
         True, "--sensitivity/--no-sensitivity", help="Per-layer accuracy effect (rebuilds a variant per layer)."
     ),
-    sensitivity_samples: int = typer.Option(256, "--sensitivity-samples", min=1, help="Examples per variant."),
+    sensitivity_samples: int = typer.Option(
+        256, "--sensitivity-samples", min=1, help="Examples per variant (stratified subset)."
+    ),
     sensitivity_layers: int | None = typer.Option(
         None, "--sensitivity-layers", min=1,
         help="Only the K layers with the worst own SQNR or most zeroed weights (default: every layer).",
@@ -82,6 +96,7 @@ def compare(
         from calibkit.engines.artifact import EngineArtifact
         from calibkit.evaluate.compare import CompareOptions, check_same_model, compare_engines, ensure_known_labels
         from calibkit.evaluate.flags import Thresholds
+        from calibkit.evaluate.subsets import limit_eval_set
 
         inputs = [engine_a, engine_b, reference, eval_set]
         if json_path:
@@ -101,7 +116,8 @@ def compare(
         b = EngineArtifact.load(engine_b)
         ref = EngineArtifact.load(reference) if reference else None
         check_same_model([a, b] + ([ref] if ref else []))
-        ev = load_eval_set(eval_set, text_column=text_column, label_column=label_column, split=split).head(limit)
+        full = load_eval_set(eval_set, text_column=text_column, label_column=label_column, split=split)
+        ev, rows = limit_eval_set(full, limit, seed)
         ensure_known_labels(ev, next((e.tokenizer for e in (a, b, ref) if e and e.tokenizer), None))
         opts = CompareOptions(
             batch_size=batch_size,
@@ -112,6 +128,7 @@ def compare(
             sensitivity_layers=sensitivity_layers,
             workers=workers,
             max_disagreements=max_disagreements,
+            seed=seed,
             thresholds=Thresholds(
                 min_sqnr_db=threshold_sqnr,
                 max_clipped_fraction=threshold_clipped,
@@ -121,7 +138,7 @@ def compare(
             ),
         )
         with RichProgress() as progress:
-            result = compare_engines(a, b, ev, reference=ref, options=opts, progress=progress)
+            result = compare_engines(a, b, ev, reference=ref, options=opts, progress=progress, rows=rows)
         doc = result.to_dict()
         if json_path:
             write_json(json_path, doc)
@@ -162,24 +179,34 @@ def _render(doc: dict, out_dir: Path) -> None:
 def _print_summary(result, json_path: Path | None, report_dir: Path | None) -> None:  # noqa: ANN001
     from rich.table import Table
 
-    t = Table(title=f"eval set {result.eval_set.path.name}: {len(result.eval_set)} examples")
+    t = Table(title=f"eval set {result.eval_set.path.name}: {len(result.eval_set)} examples (95 % intervals)")
     for col in ("engine", "precision", "accuracy", "macro-F1", "p50 ms/batch", "items/s"):
         t.add_column(col)
     for e in result.engines:
         t.add_row(
             f"{e.name}: {e.artifact.path.name}",
             e.artifact.precision.value,
-            f"{e.metrics.accuracy * 100:.2f} %",
-            f"{e.metrics.macro_f1:.4f}",
+            f"{e.metrics.accuracy * 100:.2f} %" + _ci(e.accuracy_ci, 100, 1),
+            f"{e.metrics.macro_f1:.4f}" + _ci(e.macro_f1_ci, 1, 3),
             f"{e.latency.p50_ms:.1f}",
             f"{e.latency.throughput_per_s:.0f}",
         )
     out.print(t)
     ag = result.agreement
+    d = result.accuracy_diff
+    if d is not None:
+        iv = d.interval
+        out.print(f"B - A accuracy {iv.estimate * 100:+.2f} points (95 % CI {iv.low * 100:+.2f} to "
+                  f"{iv.high * 100:+.2f}; McNemar p {d.mcnemar_p:.3g}; {d.b_only} fixed, {d.a_only} broken): "
+                  f"[bold]{d.verdict}[/]")
     out.print(
-        f"agreement {ag.agreement * 100:.2f} %  logit cosine mean {ag.cosine_mean:.5f} min {ag.cosine_min:.5f}  "
-        f"max |err| {ag.max_abs_error:.4g}  ({len(result.disagreements)} disagreements listed)"
+        f"agreement {ag.agreement * 100:.2f} %{_ci(result.agreement_ci, 100, 2)}, flips "
+        f"{(1 - ag.agreement) * 100:.2f} %  logit cosine mean {ag.cosine_mean:.5f} min {ag.cosine_min:.5f}  "
+        f"max |err| {ag.max_abs_error:.4g}  mean KL {result.output_error.mean_kl:.3g}  "
+        f"({len(result.disagreements)} disagreements listed)"
     )
+    for w in result.warnings:
+        warn(w)
     flagged = [r for r in result.layers if r.flag.flag.value != "ok"]
     if result.layers:
         lt = Table(title=f"{len(flagged)} of {len(result.layers)} quantized layer inputs flagged")
@@ -195,12 +222,24 @@ def _print_summary(result, json_path: Path | None, report_dir: Path | None) -> N
         if flagged:
             out.print(lt)
         keep = result.keep_in_higher_precision
-        say(f"recommendation: keep {len(keep)} nodes in {result.recommended_precision}: {', '.join(keep[:12])}"
-                  + (" ..." if len(keep) > 12 else ""))
+        unsure = sum(r.flag.flag.value == "insufficient-evidence" for r in result.layers)
+        if keep:
+            say(f"recommendation: keep {len(keep)} nodes in {result.recommended_precision}: "
+                      f"{', '.join(keep[:12])}" + (" ..." if len(keep) > 12 else ""))
+        else:
+            say("recommendation: no layer needs higher precision on this evidence")
+        if unsure:
+            say(f"{unsure} layers: insufficient evidence (effect within its 95 % interval; see the reasons)")
     if json_path:
         say(f"JSON: {json_path}")
     if report_dir:
         say(f"report: {report_dir}")
+
+
+def _ci(iv, scale: float, digits: int) -> str:  # noqa: ANN001
+    if iv is None or iv.low != iv.low:
+        return ""
+    return f" [{iv.low * scale:.{digits}f}, {iv.high * scale:.{digits}f}]"
 
 
 def _f(v: float | None) -> str:

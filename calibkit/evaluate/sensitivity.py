@@ -23,6 +23,7 @@ import numpy as np
 from calibkit._io import read_json
 from calibkit.errors import CalibkitError, CalibrationError
 from calibkit.evaluate.metrics import output_error
+from calibkit.evaluate.uncertainty import PairedDifference, paired_difference
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.types import CalibrationTable
 
@@ -62,6 +63,14 @@ class SensitivityResult:
     mean_kl: float
     seconds: float
     error: str | None = None  # set when the variant could not be built or run
+    flip_rate: float = float("nan")  # share of examples whose prediction differs from the reference's
+    predictions: tuple[int, ...] = ()  # argmax per example, in the order of the job's texts
+
+    def correct(self, labels: np.ndarray) -> np.ndarray:
+        return np.asarray(self.predictions, dtype=np.int64) == np.asarray(labels, dtype=np.int64)
+
+    def flips(self, reference_predictions: np.ndarray) -> np.ndarray:
+        return np.asarray(self.predictions, dtype=np.int64) != np.asarray(reference_predictions, dtype=np.int64)
 
 
 def load_calibration_table(path: str | Path) -> CalibrationTable:
@@ -107,9 +116,12 @@ def run_sensitivity_job(job: SensitivityJob) -> SensitivityResult:
         return SensitivityResult(job.mode, job.node, float("nan"), float("nan"), float("nan"),
                                  time.perf_counter() - start, error=str(exc))
     ref = np.asarray(job.reference_logits, dtype=np.float64)
-    acc = float(np.mean(logits.argmax(axis=1) == np.asarray(job.labels)))
+    pred = logits.argmax(axis=1)
+    acc = float(np.mean(pred == np.asarray(job.labels)))
+    flip = float(np.mean(pred != ref.argmax(axis=1))) if len(ref) else float("nan")
     oe = output_error(ref, logits)
-    return SensitivityResult(job.mode, job.node, acc, oe.logit_mse, oe.mean_kl, time.perf_counter() - start)
+    return SensitivityResult(job.mode, job.node, acc, oe.logit_mse, oe.mean_kl, time.perf_counter() - start,
+                             flip_rate=flip, predictions=tuple(int(v) for v in pred))
 
 
 def default_workers() -> int:
@@ -157,6 +169,12 @@ class LayerSensitivity:
     all_but_this: SensitivityResult  # this node kept in higher precision
     only_this_delta: float  # accuracy(only this INT8) - accuracy(reference)
     all_but_this_delta: float  # accuracy(all but this) - accuracy(all INT8)
+    # paired 95 % intervals of the two deltas (same examples); None when a variant failed
+    only_this_diff: PairedDifference | None = None
+    all_but_this_diff: PairedDifference | None = None
+    # flips to the reference removed by keeping only this layer in higher precision (all INT8 minus all but
+    # this, as a paired difference of per-example flip indicators: positive = fewer flips)
+    flips_removed: PairedDifference | None = None
 
 
 @dataclass(frozen=True)
@@ -209,7 +227,10 @@ def analyse_sensitivity(
         jobs.append(SensitivityJob(keep_nodes=others, mode=ONLY_THIS, node=node, **base))  # type: ignore[arg-type]
         jobs.append(SensitivityJob(keep_nodes=(node, *kept), mode=ALL_BUT_THIS, node=node, **base))  # type: ignore[arg-type]
     results = run_jobs(jobs, workers=n, progress=progress)
-    ref_acc = float(np.mean(np.asarray(reference_logits).argmax(axis=1) == np.asarray(labels)))
+    y = np.asarray(labels, dtype=np.int64)
+    ref_pred = np.asarray(reference_logits).argmax(axis=1)
+    ref_correct = ref_pred == y
+    ref_acc = float(np.mean(ref_correct))
     all_int8 = results[0]
     if all_int8.error:
         raise CalibrationError(f"sensitivity: the all-INT8 variant could not be built: {all_int8.error}")
@@ -219,6 +240,9 @@ def analyse_sensitivity(
         for r in (only, abt):
             if r.error:
                 log.warning("sensitivity variant %s for %s failed: %s", r.mode, node, r.error)
+        ok = len(all_int8.predictions) == len(y)
+        only_ok = ok and not only.error and len(only.predictions) == len(y)
+        abt_ok = ok and not abt.error and len(abt.predictions) == len(y)
         per_node.append(
             LayerSensitivity(
                 node=node,
@@ -226,6 +250,9 @@ def analyse_sensitivity(
                 all_but_this=abt,
                 only_this_delta=only.accuracy - ref_acc,
                 all_but_this_delta=abt.accuracy - all_int8.accuracy,
+                only_this_diff=paired_difference(ref_correct, only.correct(y)) if only_ok else None,
+                all_but_this_diff=paired_difference(all_int8.correct(y), abt.correct(y)) if abt_ok else None,
+                flips_removed=paired_difference(abt.flips(ref_pred), all_int8.flips(ref_pred)) if abt_ok else None,
             )
         )
     return SensitivityAnalysis(len(texts), ref_acc, all_int8, tuple(per_node))
