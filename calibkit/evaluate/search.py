@@ -10,7 +10,7 @@ Strategy, every step measured:
 2. keep the top-k layers of the sensitivity ranking in higher precision, k = 1, 2, 4, 8, ... until a candidate
    meets the target, then bisect k between the last failure and the first success;
 3. prune: try returning each kept layer to INT8, most FLOPs first, keeping each return that still meets the
-   target (the ranking is only an estimate; layers interact).
+   target (the ranking is only an estimate; layers interact), and pass again while a pass returned any.
 The answer is the measured candidate that meets the target with the largest INT8 share of MatMul/Gemm FLOPs.
 """
 
@@ -119,13 +119,19 @@ def search_plan(
         else:
             lo = mid
     kept = list(order[:hi])
-    for node in sorted(kept, key=lambda n: -flops.get(n, 0.0)):
-        if len(tried) >= max_evaluations:
-            break
-        trial = as_plan([n for n in kept if n != node])
-        (m,) = measure([trial], "prune") or (None,)
-        if m is not None and m.meets:
-            kept.remove(node)
+    changed = True
+    while changed and len(tried) < max_evaluations:  # another pass after any return: layers interact
+        changed = False
+        for node in sorted(kept, key=lambda n: -flops.get(n, 0.0)):
+            if len(tried) >= max_evaluations:
+                break
+            trial = as_plan([n for n in kept if n != node])
+            if trial in tried and not tried[trial].meets:
+                continue
+            (m,) = measure([trial], "prune") or (None,)
+            if m is not None and m.meets:
+                kept.remove(node)
+                changed = True
     return SearchOutcome(best(), tuple(tried.values()))
 
 

@@ -2,8 +2,9 @@
 
 Flow (every number below is measured, none estimated):
 1. statistics of the calibration set, collected once (reused from the statistics cache when present);
-2. one table per method; with ``method="auto"`` each tensor takes the method whose all-INT8 model gives the
-   best SQNR at the output of the node that reads it; the table used is the one whose all-INT8 model flips
+2. one table per method; with ``method="auto"`` also a per-tensor table: each tensor takes the method whose range
+   does the least damage where it is read (output KL divergence to FP32 when only that node is INT8, summed
+   over the nodes reading it, on the sensitivity subset); the table used is the one whose all-INT8 model flips
    the fewest of FP32's predictions on the search split (fidelity, not accuracy: accuracy differences between
    INT8 variants are mostly noise, flips are not), ties broken by KL divergence;
 3. the eval set is split (stratified by label, seeded, by row content: see evaluate.subsets) into a *search*
@@ -349,9 +350,18 @@ def run_tune(
 
     chosen_methods: dict[str, str] = {}
     probe_texts = search_texts[: min(128, len(search_texts))]
-    quality = _layer_quality(proto, {k: v[0] for k, v in tables.items()}, tok, probe_texts, cb)
+    quality: dict[str, tuple[Any, Any]] = {}
+    sens_texts = sens_sub.take(texts)
+    sens_idx = sens_sub.array
     if config.method == "auto":
-        chosen_methods = _auto_methods(quality, placement.activations)
+        # per tensor, the method whose range does the least damage where it is used: for every method and node,
+        # the output KL divergence to FP32 when only that node is INT8 (on the sensitivity subset)
+        own_kl: dict[str, dict[str, float]] = {}
+        for m, (_, p, tsha) in tables.items():
+            res = ev.run([job(p, tuple(x for x in nodes if x != n), sens_texts, sens_idx, ONLY_THIS, n)
+                          for n in nodes], tsha, f"per-layer fidelity ({m})")
+            own_kl[m] = {r.node: r.mean_kl for r in res if r.node}
+        chosen_methods = _auto_methods_by_fidelity(own_kl, placement)
         per_tensor = {t: Method(m) for t, m in chosen_methods.items()}
         t = compute_table(store, per_tensor, config.params, sha, cset.id, tensors=placement.activations)
         p = work / "table-auto.json"
@@ -380,8 +390,6 @@ def run_tune(
     by_badness = [spec.node for spec in worst_layers(base_meas.layers, weight_errors(base_model, proto), None)]
     by_badness += [n for n in nodes if n not in by_badness]
     k = len(nodes) if config.sensitivity_layers is None else min(config.sensitivity_layers, len(nodes))
-    sens_texts = sens_sub.take(texts)
-    sens_idx = sens_sub.array
     # each layer's own damage: quantize only it (every other layer in higher precision) and measure the output KL
     # divergence to FP32; in an all-INT8 model the errors of the other layers mask it ("keep only this one"
     # barely moves the KL), so this ranks far more sharply
@@ -531,17 +539,14 @@ def _layer_quality(
     return out
 
 
-def _auto_methods(quality: dict[str, tuple[Any, Any]], tensors: Sequence[str]) -> dict[str, str]:
-    """For each tensor, the method whose all-INT8 model has the best SQNR at the output of the node reading it
-    (the worst over its consumers)."""
-    sqnr: dict[str, dict[str, float]] = {}
-    for m, (meas, _) in quality.items():
-        for lm in meas.layers:
-            v = lm.sqnr_db if lm.sqnr_db is not None else float("-inf")
-            prev = sqnr.setdefault(lm.spec.tensor, {}).get(m, float("inf"))
-            sqnr[lm.spec.tensor][m] = min(prev, v)
-    first = next(iter(quality))
-    return {t: max(sqnr.get(t, {first: 0.0}).items(), key=lambda kv: kv[1])[0] for t in tensors}
+def _auto_methods_by_fidelity(own_kl: dict[str, dict[str, float]], placement: Any) -> dict[str, str]:
+    """For each activation tensor, the method with the least summed KL over the nodes reading it (ties: the
+    method listed first)."""
+    out: dict[str, str] = {}
+    for t in placement.activations:
+        readers = [qn.name for qn in placement.nodes if t in qn.activation_inputs]
+        out[t] = min(own_kl, key=lambda m: sum(own_kl[m].get(n, float("inf")) for n in readers))
+    return out
 
 
 def _reasons(
