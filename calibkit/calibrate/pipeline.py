@@ -85,8 +85,10 @@ def gather_stats(
     use_cache: bool = True,
     cache_dir: Path | None = None,
     model: Any = None,
+    executor: Any = None,
 ) -> tuple[StatsStore, bool]:
-    """Statistics of ``tensors`` over the set: from the cache when there, else by running the model."""
+    """Statistics of ``tensors`` over the set: from the cache when there, else by running the model (in shards
+    on ``executor``'s workers when it has more than one: calibkit.calibrate.sharded, bit-identical)."""
     if use_cache:
         hit = find_stats(model_sha256, cset.id, tensors, num_bins, cache_dir)
         if hit is not None:
@@ -101,7 +103,13 @@ def gather_stats(
     proto = model if model is not None else load_model(model_dir.onnx_path)
     input_names = [i.name for i in proto.graph.input if i.name not in {x.name for x in proto.graph.initializer}]
     batches = bucketed_batches(tok, cset.texts, input_names, batch_size=batch_size)
-    store = collect_stats(proto, batches, tensors, num_bins=num_bins, progress=progress)
+    if executor is not None and executor.workers > 1:
+        from calibkit.calibrate.sharded import collect_stats_sharded
+
+        store = collect_stats_sharded(proto.SerializeToString(), batches, tensors, executor, num_bins=num_bins,
+                                      progress=progress)
+    else:
+        store = collect_stats(proto, batches, tensors, num_bins=num_bins, progress=progress)
     del proto
     meta = {
         **store.meta,
@@ -163,8 +171,10 @@ def calibrate(
     use_cache: bool = True,
     cache_dir: Path | None = None,
     trt_version: int = DEFAULT_TRT_VERSION,
+    executor: Any = None,
 ) -> CalibrationResult:
-    """Calibrate ``model_dir`` on ``calibration_set`` and write OUT (see the module docstring)."""
+    """Calibrate ``model_dir`` on ``calibration_set`` and write OUT (see the module docstring). ``executor``
+    (calibkit.executors.Executor): collect statistics in shards on its workers."""
     from calibkit.graph import load_model, model_sha256
 
     method = Method(method)
@@ -184,7 +194,7 @@ def calibrate(
     t1 = time.perf_counter()
     store, reused = gather_stats(
         model_dir, cset, collected, model_sha256=sha, num_bins=params.num_bins, batch_size=batch_size,
-        progress=progress, use_cache=use_cache, cache_dir=cache_dir, model=proto,
+        progress=progress, use_cache=use_cache, cache_dir=cache_dir, model=proto, executor=executor,
     )
     t2 = time.perf_counter()
     provenance = {

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from calibkit.cli._common import RichProgress, console, handle_errors, out
+from calibkit.executors import EXECUTOR_HELP
 
 METHODS = ("entropy", "minmax", "percentile", "mse")
 
@@ -35,6 +36,9 @@ Examples:
   calibkit calibrate demo_assets/model --calibration-set calib/ --exclude 'layer\\.5/output' --target onnxruntime
 
   calibkit calibrate demo_assets/model --from-cache trt/calibration.cache --out runs/from-trt
+
+  calibkit calibrate demo_assets/model -c calib/ --executor dask://10.0.0.5:8786   (statistics in shards on a
+  Dask cluster, merged here: bit-identical to one process)
 """
 
 
@@ -70,6 +74,11 @@ def calibrate(
         None, "--from-cache", help="Build the Q/DQ model from this TensorRT calibration cache instead of calibrating."
     ),
     fresh: bool = typer.Option(False, "--fresh-stats", help="Ignore cached statistics and run the model again."),
+    executor: str | None = typer.Option(
+        None, "--executor",
+        help="Collect statistics in shards, one per worker, merged bit-identically (default: in this process). "
+             + EXECUTOR_HELP,
+    ),
 ) -> None:
     with handle_errors():
         from calibkit.errors import UsageError
@@ -117,10 +126,15 @@ def calibrate(
         target_dir = out_dir or Path("runs") / f"calibrate-{method}"
         if target_dir.resolve() == Path.cwd().resolve():
             raise UsageError("--out is the current directory", hint="calibkit writes into a folder: pass --out DIR")
-        with RichProgress() as progress:
+        import contextlib
+
+        from calibkit.executors import from_spec
+
+        with contextlib.ExitStack() as stack, RichProgress() as progress:
+            ex = stack.enter_context(from_spec(executor)) if executor else None
             result = run_calibration(
                 md, cset, Method(method), params, out_dir=target_dir, op_types=ops, exclude=exclude,
-                target=target, batch_size=batch_size, progress=progress, use_cache=not fresh,
+                target=target, batch_size=batch_size, progress=progress, use_cache=not fresh, executor=ex,
             )
         _summary(result, method, len(cset))
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from calibkit.cli._common import RichProgress, handle_errors, out
+from calibkit.executors import EXECUTOR_HELP
 
 HELP = (
     "Find the plan that keeps accuracy within --max-drop of FP32 while keeping as much MatMul/Gemm work "
@@ -22,7 +23,9 @@ HELP = (
     "Examples:\n\n"
     "  calibkit tune demo_assets/model --calibration-set calibration_sets/logs-n512-s0 "
     "--eval-set demo_assets/data/test.jsonl --max-drop 0.5\n\n"
-    "  calibkit tune model/ -c calib/ -e test.parquet --max-drop 1 --relative --method entropy --workers 4\n"
+    "  calibkit tune model/ -c calib/ -e test.parquet --max-drop 1 --relative --method entropy --workers 4\n\n"
+    "  calibkit tune model/ -c calib/ -e test.parquet --executor dask://10.0.0.5:8786   (a Dask cluster: "
+    "statistics in shards, every candidate a work unit; re-run the same command to resume)\n"
 )
 
 
@@ -43,6 +46,7 @@ def tune(
     tokenizer: Path | None = typer.Option(None, "--tokenizer", help="Tokenizer folder when MODEL is an .onnx file."),
     target: str = typer.Option("tensorrt", "--target", help="Q/DQ layout: tensorrt | onnxruntime."),
     workers: int | None = typer.Option(None, "--workers", min=1, help="Evaluation processes (default min(2, cpus))."),
+    executor: str | None = typer.Option(None, "--executor", help=EXECUTOR_HELP),
     holdout: float = typer.Option(0.3, "--holdout", help="Fraction of the eval set held out for the final check."),
     sensitivity_samples: int = typer.Option(256, "--sensitivity-samples", min=8, help="Examples per ranking run."),
     sensitivity_layers: int | None = typer.Option(
@@ -81,9 +85,16 @@ def tune(
             stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
             report_dir = report or Path("reports") / f"{stamp}-tune"
             render = render_report
-        with RichProgress() as progress:
+        import contextlib
+
+        from calibkit.executors import from_spec
+
+        # without --executor run_tune evaluates in a local pool of --workers; a chosen executor also shards the
+        # statistics
+        with contextlib.ExitStack() as stack, RichProgress() as progress:
+            ex = stack.enter_context(from_spec(executor, workers)) if executor else None
             res = run_tune(md, calibration_set, ev, dest, cfg, progress=progress, render=render,
-                           report_dir=report_dir)
+                           report_dir=report_dir, executor=ex)
         _summary(res, report_dir)
 
 
