@@ -94,8 +94,10 @@ def gather_stats(
     model: Any = None,
     budget: TokenBudget | None = None,
     threads: int | None = None,
+    executor: Any = None,
 ) -> tuple[StatsStore, bool]:
-    """Statistics of ``tensors`` over the set: from the cache when there, else by running the model.
+    """Statistics of ``tensors`` over the set: from the cache when there, else by running the model (in shards
+    on ``executor``'s workers when it has more than one: calibkit.calibrate.sharded, bit-identical).
 
     ``use_cache=False`` (``--fresh-stats``) does not read the cache but still saves the fresh statistics.
     ``budget`` bounds each batch (default: :data:`calibkit.data.encode.DEFAULT_MEMORY_BUDGET` bytes of tapped
@@ -115,7 +117,13 @@ def gather_stats(
     input_names = [i.name for i in proto.graph.input if i.name not in {x.name for x in proto.graph.initializer}]
     budget = budget if budget is not None else TokenBudget(memory_bytes=DEFAULT_MEMORY_BUDGET)
     batches = bucketed_batches(tok, cset.texts, input_names, batch_size=batch_size, budget=budget)
-    store = collect_stats(proto, batches, tensors, num_bins=num_bins, progress=progress, threads=threads)
+    if executor is not None and executor.workers > 1:
+        from calibkit.calibrate.sharded import collect_stats_sharded
+
+        store = collect_stats_sharded(proto.SerializeToString(), batches, tensors, executor, num_bins=num_bins,
+                                      progress=progress)
+    else:
+        store = collect_stats(proto, batches, tensors, num_bins=num_bins, progress=progress, threads=threads)
     del proto
     meta = {
         **store.meta,
@@ -180,8 +188,10 @@ def calibrate(
     trt_version: int = DEFAULT_TRT_VERSION,
     budget: TokenBudget | None = None,
     threads: int | None = None,
+    executor: Any = None,
 ) -> CalibrationResult:
-    """Calibrate ``model_dir`` on ``calibration_set`` and write OUT (see the module docstring)."""
+    """Calibrate ``model_dir`` on ``calibration_set`` and write OUT (see the module docstring). ``executor``
+    (calibkit.executors.Executor): collect statistics in shards on its workers."""
     from calibkit.graph import load_model, model_sha256
 
     method = Method(method)
@@ -202,6 +212,7 @@ def calibrate(
     store, reused = gather_stats(
         model_dir, cset, collected, model_sha256=sha, num_bins=params.num_bins, batch_size=batch_size,
         progress=progress, use_cache=use_cache, cache_dir=cache_dir, model=proto, budget=budget, threads=threads,
+        executor=executor,
     )
     t2 = time.perf_counter()
     provenance = {

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from calibkit.cli._common import FORCE_HELP, RichProgress, guard_out_dir, handle_errors, say, warn
+from calibkit.executors import EXECUTOR_HELP
 
 METHODS = ("entropy", "minmax", "percentile", "mse")
 
@@ -47,6 +48,8 @@ Examples:
   calibkit calibrate demo_assets/model --from-cache trt/calibration.cache --out runs/from-trt
 
   calibkit calibrate bert-large/ --calibration-set calib/ --memory-budget 512M --max-batch-tokens 8192
+  calibkit calibrate demo_assets/model -c calib/ --executor dask://10.0.0.5:8786   (statistics in shards on a
+  Dask cluster, merged here: bit-identical to one process)
 """
 
 
@@ -91,6 +94,11 @@ def calibrate(
     ),
     fresh: bool = typer.Option(False, "--fresh-stats", help="Ignore cached statistics and run the model again."),
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
+    executor: str | None = typer.Option(
+        None, "--executor",
+        help="Collect statistics in shards, one per worker, merged bit-identically (default: in this process). "
+             + EXECUTOR_HELP,
+    ),
 ) -> None:
     with handle_errors():
         from calibkit.errors import UsageError
@@ -143,11 +151,16 @@ def calibrate(
         if target_dir.resolve() == Path.cwd().resolve():
             raise UsageError("--out is the current directory", hint="calibkit writes into a folder: pass --out DIR")
         _guard(target_dir, [model, calibration_set, tokenizer], force)
-        with RichProgress() as progress:
+        import contextlib
+
+        from calibkit.executors import from_spec
+
+        with contextlib.ExitStack() as stack, RichProgress() as progress:
+            ex = stack.enter_context(from_spec(executor)) if executor else None
             result = run_calibration(
                 md, cset, Method(method), params, out_dir=target_dir, op_types=ops, exclude=exclude,
                 target=target, batch_size=batch_size, progress=progress, use_cache=not fresh,
-                budget=budget,
+                budget=budget, executor=ex,
             )
         _summary(result, method, len(cset))
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from calibkit.cli._common import FORCE_HELP, RichProgress, guard_out_dir, guard_out_file, handle_errors, out, say, warn
+from calibkit.executors import EXECUTOR_HELP
 
 HELP = (
     "Compare engine A (baseline, e.g. FP32/FP16) with engine B (e.g. INT8) on a labelled eval set.\n\n"
@@ -73,6 +74,7 @@ def compare(
     workers: int | None = typer.Option(
         None, "--workers", min=1, help="Processes for sensitivity (default min(2, cpus))."
     ),
+    executor: str | None = typer.Option(None, "--executor", help=EXECUTOR_HELP + " Runs the sensitivity variants."),
     threshold_sqnr: float = typer.Option(
         20.0, "--threshold-sqnr", help="Flag layers whose own quantization SQNR (dB) is below."
     ),
@@ -137,8 +139,13 @@ def compare(
                 max_cost_points=threshold_cost,
             ),
         )
-        with RichProgress() as progress:
-            result = compare_engines(a, b, ev, reference=ref, options=opts, progress=progress, rows=rows)
+        from dataclasses import replace
+
+        from calibkit.executors import from_spec
+
+        with from_spec(executor, workers) as ex, RichProgress() as progress:
+            result = compare_engines(a, b, ev, reference=ref, options=replace(opts, executor=ex), progress=progress,
+                                     rows=rows)
         doc = result.to_dict()
         if json_path:
             write_json(json_path, doc)

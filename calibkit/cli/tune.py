@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from calibkit.cli._common import FORCE_HELP, RichProgress, guard_out_dir, handle_errors, out, say, warn
+from calibkit.executors import EXECUTOR_HELP
 
 HELP = (
     "Find the plan that keeps accuracy within --max-drop of FP32 (and, with --min-agreement, at least that "
@@ -31,6 +32,8 @@ HELP = (
     "--eval-set demo_assets/data/test.jsonl --max-drop 0.5\n\n"
     "  calibkit tune model/ -c calib/ -e test.parquet --max-drop 1 --relative --method entropy --workers 4\n\n"
     "  calibkit tune model/ -c calib/ -e test.jsonl --max-drop 0.5 --min-agreement 99\n"
+    "  calibkit tune model/ -c calib/ -e test.parquet --executor dask://10.0.0.5:8786   (a Dask cluster: "
+    "statistics in shards, every candidate a work unit; re-run the same command to resume)\n"
 )
 
 
@@ -54,6 +57,7 @@ def tune(
     tokenizer: Path | None = typer.Option(None, "--tokenizer", help="Tokenizer folder when MODEL is an .onnx file."),
     target: str = typer.Option("tensorrt", "--target", help="Q/DQ layout: tensorrt | onnxruntime."),
     workers: int | None = typer.Option(None, "--workers", min=1, help="Evaluation processes (default min(2, cpus))."),
+    executor: str | None = typer.Option(None, "--executor", help=EXECUTOR_HELP),
     holdout: float = typer.Option(0.3, "--holdout", help="Fraction of the eval set held out for the final check."),
     sensitivity_samples: int = typer.Option(256, "--sensitivity-samples", min=8, help="Examples per ranking run."),
     sensitivity_layers: int | None = typer.Option(
@@ -103,9 +107,16 @@ def tune(
             from calibkit.report.render import render_report
 
             render = render_report
-        with RichProgress() as progress:
+        import contextlib
+
+        from calibkit.executors import from_spec
+
+        # without --executor run_tune evaluates in a local pool of --workers; a chosen executor also shards the
+        # statistics
+        with contextlib.ExitStack() as stack, RichProgress() as progress:
+            ex = stack.enter_context(from_spec(executor, workers)) if executor else None
             res = run_tune(md, calibration_set, ev, dest, cfg, progress=progress, render=render,
-                           report_dir=report_dir)
+                           report_dir=report_dir, executor=ex)
         _summary(res, report_dir)
 
 

@@ -68,6 +68,7 @@ class CompareOptions:
     sensitivity_samples: int = 256
     sensitivity_layers: int | None = None  # only the K layers with the worst own SQNR / zeroed weights
     workers: int | None = None
+    executor: Any = field(default=None, compare=False, repr=False)  # calibkit.executors.Executor for sensitivity
     max_disagreements: int = 50
     histogram_layers: int = 6
     thresholds: Thresholds = field(default_factory=Thresholds)
@@ -562,6 +563,7 @@ def _sensitivity(
         batch_size=options.batch_size,
         workers=options.workers,
         progress=progress,
+        executor=options.executor,
     )
 
 

@@ -9,12 +9,10 @@ Each job rebuilds its variant from the FP32 source model and the calibration tab
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import logging
-import multiprocessing
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from calibkit._io import read_json
 from calibkit.errors import CalibkitError, CalibrationError
 from calibkit.evaluate.metrics import output_error
 from calibkit.evaluate.uncertainty import PairedDifference, paired_difference
+from calibkit.executors.base import Executor
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.types import CalibrationTable
 
@@ -134,32 +133,37 @@ def run_jobs(
     workers: int | None = None,
     progress: ProgressCallback | None = None,
     task: str = "sensitivity",
+    executor: Executor | None = None,
+    on_result: Callable[[int, SensitivityResult], None] | None = None,
 ) -> list[SensitivityResult]:
-    """Run ``jobs`` in a process pool (``workers`` <= 1: in this process); results in the order of ``jobs``."""
+    """Run ``jobs`` on ``executor`` (default: a process pool of ``workers``; <= 1: in this process); results
+    in the order of ``jobs``. Model, table, tokenizer and eval rows are shared once per worker
+    (:mod:`calibkit.evaluate.shipping`); ``on_result(i, result)`` is called as each job finishes."""
     cb = progress or no_progress
-    n = workers if workers is not None else default_workers()
-    results: list[SensitivityResult | None] = [None] * len(jobs)
-    cb(ProgressEvent(task, 0, len(jobs)))
-    if n <= 1 or len(jobs) <= 1:
-        for i, job in enumerate(jobs):
-            results[i] = r = run_sensitivity_job(job)
-            log.info("sensitivity %d/%d: %s %s accuracy %.4f (%.1f s)", i + 1, len(jobs), r.mode, r.node or "",
-                     r.accuracy, r.seconds)
-            cb(ProgressEvent(task, i + 1, len(jobs), message=job.node or job.mode))
-        return [r for r in results if r is not None]
-    # spawn, not fork: ONNX Runtime's thread pools do not survive a fork
-    ctx = multiprocessing.get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
-        futures = {pool.submit(run_sensitivity_job, job): i for i, job in enumerate(jobs)}
-        done = 0
-        for fut in cf.as_completed(futures):
-            i = futures[fut]
-            results[i] = r = fut.result()
-            done += 1
-            log.info("sensitivity %d/%d: %s %s accuracy %.4f (%.1f s)", done, len(jobs), r.mode, r.node or "",
-                     r.accuracy, r.seconds)
-            cb(ProgressEvent(task, done, len(jobs), message=jobs[i].node or jobs[i].mode))
-    return [r for r in results if r is not None]
+
+    def finished(i: int, r: SensitivityResult) -> None:
+        log.info("%s %s %s: accuracy %.4f (%.1f s)", task, r.mode, r.node or "", r.accuracy, r.seconds)
+        if on_result is not None:
+            on_result(i, r)
+
+    if executor is None:
+        n = workers if workers is not None else default_workers()
+        if n <= 1 or len(jobs) <= 1:
+            results = []
+            cb(ProgressEvent(task, 0, len(jobs)))
+            for i, job in enumerate(jobs):
+                results.append(r := run_sensitivity_job(job))
+                finished(i, r)
+                cb(ProgressEvent(task, i + 1, len(jobs), message=job.node or job.mode))
+            return results
+        from calibkit.executors.pool import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(min(n, len(jobs))) as pool:
+            return run_jobs(jobs, progress=progress, task=task, executor=pool, on_result=on_result)
+    from calibkit.evaluate.shipping import pack_jobs, run_shipped_job
+
+    shipped = pack_jobs(jobs, executor, threads=executor.task_threads)
+    return executor.map(run_shipped_job, shipped, task=task, progress=cb, on_result=finished)
 
 
 @dataclass(frozen=True)
@@ -200,6 +204,7 @@ def analyse_sensitivity(
     workers: int | None = None,
     max_length: int | None = None,
     progress: ProgressCallback | None = None,
+    executor: Executor | None = None,
 ) -> SensitivityAnalysis:
     """Two variants per node plus one all-INT8 variant, on ``texts`` (already the subset to use).
 
@@ -207,7 +212,7 @@ def analyse_sensitivity(
     """
     nodes = list(dict.fromkeys(nodes))
     n = workers if workers is not None else default_workers()
-    threads = max(1, (os.cpu_count() or 1) // max(1, n))
+    threads = executor.threads_per_task if executor is not None else max(1, (os.cpu_count() or 1) // max(1, n))
     base = dict(
         source_model=str(source_model),
         calibration_json=str(calibration_json),
@@ -226,7 +231,7 @@ def analyse_sensitivity(
         others = tuple(x for x in nodes if x != node) + kept
         jobs.append(SensitivityJob(keep_nodes=others, mode=ONLY_THIS, node=node, **base))  # type: ignore[arg-type]
         jobs.append(SensitivityJob(keep_nodes=(node, *kept), mode=ALL_BUT_THIS, node=node, **base))  # type: ignore[arg-type]
-    results = run_jobs(jobs, workers=n, progress=progress)
+    results = run_jobs(jobs, workers=n, progress=progress, executor=executor)
     y = np.asarray(labels, dtype=np.int64)
     ref_pred = np.asarray(reference_logits).argmax(axis=1)
     ref_correct = ref_pred == y

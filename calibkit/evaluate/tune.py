@@ -21,6 +21,7 @@ an interrupted run resumes without redoing it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -50,11 +51,11 @@ from calibkit.evaluate.sensitivity import (
     ONLY_THIS,
     SensitivityJob,
     SensitivityResult,
-    default_workers,
     run_jobs,
 )
 from calibkit.evaluate.subsets import EvalSubset, nested, stratified_split, stratified_subset
 from calibkit.evaluate.uncertainty import evidence_warnings, paired_difference, proportion
+from calibkit.executors import Executor, from_spec
 from calibkit.graph import load_model, model_sha256
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.quantize.placement import DEFAULT_OP_TYPES, plan_placement
@@ -202,14 +203,16 @@ def _from_record(rec: dict[str, Any]) -> SensitivityResult:
 
 
 class _Evaluator:
-    """Runs SensitivityJobs through the ledger: finished ones are read back, the rest run in the pool."""
+    """Runs SensitivityJobs through the ledger: finished ones are read back, the rest run on the executor, and
+    each result is in the ledger as soon as it comes back (an interrupt loses only the units in flight)."""
 
-    def __init__(self, ledger: Ledger, model_sha: str, workers: int, progress: ProgressCallback) -> None:
+    def __init__(self, ledger: Ledger, model_sha: str, executor: Executor, progress: ProgressCallback) -> None:
         self.ledger = ledger
         self.model_sha = model_sha
-        self.workers = workers
+        self.executor = executor
         self.progress = progress
         self.reused = 0
+        self.ran = 0
 
     def run(self, jobs: Sequence[SensitivityJob], table_sha: str, task: str) -> list[SensitivityResult]:
         keys = [_job_key(j, table_sha, self.model_sha) for j in jobs]
@@ -223,19 +226,19 @@ class _Evaluator:
             else:
                 out.append(None)
                 todo.append(i)
-        # chunks of a few jobs: each chunk's results are in the ledger before the next starts
-        chunk = max(1, self.workers) * 4
-        done = len(jobs) - len(todo)
-        self.progress(ProgressEvent(task, done, len(jobs)))
-        for s in range(0, len(todo), chunk):
-            part = todo[s : s + chunk]
-            results = run_jobs([jobs[i] for i in part], workers=self.workers)
-            for i, r in zip(part, results, strict=True):
-                out[i] = r
-                if not r.error:
-                    self.ledger.put(keys[i], _result_record(r))
-            done += len(part)
-            self.progress(ProgressEvent(task, done, len(jobs)))
+        reused = len(jobs) - len(todo)
+        self.progress(ProgressEvent(task, reused, len(jobs)))
+
+        def record(pos: int, r: SensitivityResult) -> None:
+            i = todo[pos]
+            out[i] = r
+            self.ran += 1
+            if not r.error:
+                self.ledger.put(keys[i], _result_record(r))
+            self.progress(ProgressEvent(task, sum(x is not None for x in out), len(jobs)))
+
+        if todo:
+            run_jobs([jobs[i] for i in todo], executor=self.executor, task=task, on_result=record)
         failed = [r for r in out if r is not None and r.error]
         if failed:
             raise CalibrationError(f"{len(failed)} evaluations failed, e.g.: {failed[0].error}")
@@ -268,6 +271,29 @@ def run_tune(
     progress: ProgressCallback | None = None,
     render: Callable[[dict[str, Any], Path], Any] | None = None,
     report_dir: str | Path | None = None,
+    executor: Executor | None = None,
+) -> TuneResult:
+    """``executor``: where evaluations run (default: a process pool of ``config.workers``, closed at the end)."""
+    with contextlib.ExitStack() as stack:
+        given = executor is not None
+        if executor is None:
+            executor = stack.enter_context(from_spec("local", config.workers))
+        return _run_tune(model_dir, calibration_set, eval_set, out_dir, config, progress=progress, render=render,
+                         report_dir=report_dir, executor=executor, shard_stats=given)
+
+
+def _run_tune(
+    model_dir: ModelDir,
+    calibration_set: CalibrationSet | str | Path,
+    eval_set: EvalSet,
+    out_dir: str | Path,
+    config: TuneConfig,
+    *,
+    progress: ProgressCallback | None,
+    render: Callable[[dict[str, Any], Path], Any] | None,
+    report_dir: str | Path | None,
+    executor: Executor,
+    shard_stats: bool,
 ) -> TuneResult:
     cb = progress or no_progress
     if config.min_agreement is not None and not 0.0 < config.min_agreement <= 100.0:
@@ -322,13 +348,12 @@ def run_tune(
     # statistics and tables
     store, reused_stats = gather_stats(model_dir, cset, placement.activations, model_sha256=sha,
                                        num_bins=config.params.num_bins, batch_size=config.batch_size, progress=cb,
-                                       model=proto)
+                                       model=proto, executor=executor if shard_stats else None)
     flops = {f.node: f.flops for f in node_flops(proto, _typical_feeds(tok, cset, input_names), config.op_types)}
     work.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(work / "ledger.jsonl")
-    workers = config.workers if config.workers is not None else default_workers()
-    threads = max(1, (os.cpu_count() or 1) // max(1, workers))
-    ev = _Evaluator(ledger, sha, workers, cb)
+    threads = executor.threads_per_task
+    ev = _Evaluator(ledger, sha, executor, cb)
 
     def job(table_path: Path, keep: Plan, text_subset: Sequence[str], idx: np.ndarray, mode: str,
             node: str | None = None) -> SensitivityJob:
