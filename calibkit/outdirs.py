@@ -153,6 +153,10 @@ def guard_output_dir(path: str | os.PathLike[str], *, inputs: Sequence[str | os.
     """All checks for a folder a command will write as a whole, before any work; returns where a foreign
     folder was moved aside under ``force`` (else None)."""
     check_not_input(path, inputs, option=option)
+    out, cwd = _resolved(path), Path.cwd().resolve()
+    if out == cwd or out in cwd.parents:
+        raise UsageError(f"{option} {path} is the current folder or one above it; it would be replaced as a whole",
+                         hint=f"pass a subfolder to {option}, e.g. {option} runs/<name>")
     check_replaceable(path, option=option, legacy_names=legacy_names, force=force)
     check_writable(path, option=option)
     p = Path(path)

@@ -225,3 +225,15 @@ def test_paths_with_rich_markup_are_printed_as_they_are(env: Path) -> None:
     r = run(*_commands(env, out)["sample"])
     assert r.exit_code == 0, r.output
     assert (out / "texts.jsonl").is_file() and "[bold]set" in r.output
+
+
+def test_the_current_folder_and_report_inputs_are_never_replaced(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (env / "doc.json").write_text("{}")
+    monkeypatch.chdir(env / "logs")
+    before = snapshot(env)
+    for args in (["report", env / "doc.json", "--out", env, "--force"],
+                 ["sample", "prod.jsonl", "--size", "8", "--out", ".", "--force"],
+                 ["sample", "prod.jsonl", "--size", "8", "--out", "..", "--force"]):
+        r = run(*args)
+        assert r.exit_code == 2, r.output
+    assert snapshot(env) == before
