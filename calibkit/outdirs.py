@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import glob
 import json
 import os
 import shutil
@@ -202,7 +203,7 @@ def clean_stale_tmp(target: Path) -> list[Path]:
     """Remove ``.TARGET.*.tmp`` folders that calibkit made (marker inside) and whose writer process is gone."""
     removed: list[Path] = []
     with contextlib.suppress(OSError):
-        for cand in target.parent.glob(f".{target.name}.*.tmp"):
+        for cand in target.parent.glob(f".{glob.escape(target.name)}.*.tmp"):
             if not cand.is_dir() or cand.is_symlink():
                 continue
             rec = read_marker(cand)

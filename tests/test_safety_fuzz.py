@@ -26,14 +26,16 @@ def _snapshot(root: Path, skip: Path) -> dict[str, tuple[int, float]]:
             if skip != p and skip not in p.parents}
 
 
-def _check(root: Path, out: Path, args: list[object]) -> None:
-    before = _snapshot(root, out)
+def _check(root: Path, out: Path, args: list[object], inputs: Path | None = None) -> None:
+    """``root`` holds the case's files, ``inputs`` the shared model and engines: neither may change."""
+    roots = [root] if inputs is None else [root, inputs]
+    before = [_snapshot(r, out) for r in roots]
     r = CliRunner().invoke(app, [str(a) for a in args])
     text = r.output
     assert 2 <= r.exit_code <= 7, (args, r.exit_code, text, r.exception)
     assert "Traceback" not in text, text
     assert text.count("error:") == 1 and text.count("hint:") == 1, text
-    assert _snapshot(root, out) == before, "a file outside --out was touched"
+    assert [_snapshot(r, out) for r in roots] == before, "a file outside --out was touched"
 
 
 def _hostile_value(rng: random.Random) -> object:
@@ -128,7 +130,7 @@ def test_hostile_eval_sets(engines: Path, tmp_path: Path, seed: int) -> None:
                                   f"txt{sep}lbl\nfine{sep}positive\n", "", f"text{sep}label\nfine{sep}nope\n"]))
     out = tmp_path / "report"
     e = engines / "e" / "fp32.onnx"
-    _check(tmp_path, out, ["compare", e, e, "-e", ev, "--report", out, "--no-sensitivity"])
+    _check(tmp_path, out, ["compare", e, e, "-e", ev, "--report", out, "--no-sensitivity"], engines)
 
 
 def _mutate_table(rng: random.Random, doc: dict) -> str:
@@ -162,7 +164,7 @@ def test_hostile_calibration_tables(engines: Path, tmp_path: Path, seed: int) ->
     (tmp_path / "t" / "calibration.json").write_text(_mutate_table(rng, doc))
     out = tmp_path / "q.onnx"
     _check(tmp_path, out, ["build", engines / "model", "--precision", "int8", "--calibration", tmp_path / "t",
-                           "-o", out])
+                           "-o", out], engines)
 
 
 _HEX: list[Callable[[random.Random], str]] = [
@@ -188,4 +190,4 @@ def test_hostile_tensorrt_caches(engines: Path, tmp_path: Path, seed: int) -> No
     cache = tmp_path / "c.cache"
     cache.write_text("\n".join(lines) + "\n", encoding="utf-8", errors="surrogatepass")
     out = tmp_path / "fc"
-    _check(tmp_path, out, ["calibrate", engines / "model", "--from-cache", cache, "--out", out])
+    _check(tmp_path, out, ["calibrate", engines / "model", "--from-cache", cache, "--out", out], engines)

@@ -237,3 +237,13 @@ def test_the_current_folder_and_report_inputs_are_never_replaced(env: Path, monk
         r = run(*args)
         assert r.exit_code == 2, r.output
     assert snapshot(env) == before
+
+
+def test_stale_cleanup_handles_names_with_glob_characters(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / ".[x]out.abc.tmp"
+    stale.mkdir()
+    write_marker(stale)
+    (stale / MARKER).write_text((stale / MARKER).read_text().replace(f'"pid": {os.getpid()}',
+                                                                     f'"pid": {int(dead.stdout)}'))
+    assert clean_stale_tmp(tmp_path / "[x]out") == [stale]
