@@ -147,7 +147,18 @@ def test_one_huge_record_is_cut_before_tokenizing_and_counted(tmp_path: Path) ->
     assert m["lines"]["oversized"]["count"] == 1 and m["lines"]["oversized"]["first_lines"] == [41]
     assert any("cut to that length" in w for w in m["warnings"]) and "cut to that length" in flat(r)
     longest = max(len(json.loads(x)["text"]) for x in (tmp_path / "out" / "texts.jsonl").read_text().splitlines())
-    assert longest == 65536
+    assert 65536 - 1024 < longest <= 65536
+
+
+def test_a_cut_never_splits_a_word_that_redaction_must_see() -> None:
+    from calibkit.data.logs import cut_text
+    from calibkit.data.redact import redact
+
+    text = "x " * 32_760 + "mail jane.doe@example.com now " + "y " * 10
+    cut = cut_text(text)
+    assert len(cut) <= 65536 and "jane" not in cut and cut.endswith("mail")
+    assert "jane.doe" not in redact(cut).text
+    assert cut_text("z" * 70_000) == "z" * 65536  # no whitespace: a hard cut
 
 
 def test_high_cardinality_label_field_is_detected_and_not_stratified(tmp_path: Path) -> None:
