@@ -2,6 +2,7 @@
 
 Every case must end with an exit code in 2-7, exactly one error message with a hint, no traceback, and no file
 outside the command's --out touched. Plain ``random`` with fixed seeds: the same cases on every run.
+``CALIBKIT_FUZZ_CASES=150`` runs more cases per kind (600 in about 20 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typer.testing import CliRunner
 from calibkit.cli import app
 from calibkit.data.calibset import write_calibration_set
 
-CASES = 12
+CASES = int(__import__("os").environ.get("CALIBKIT_FUZZ_CASES", "12"))
 
 
 def _snapshot(root: Path, skip: Path) -> dict[str, tuple[int, float]]:
