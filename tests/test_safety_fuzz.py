@@ -192,3 +192,23 @@ def test_hostile_tensorrt_caches(engines: Path, tmp_path: Path, seed: int) -> No
     cache.write_text("\n".join(lines) + "\n", encoding="utf-8", errors="surrogatepass")
     out = tmp_path / "fc"
     _check(tmp_path, out, ["calibrate", engines / "model", "--from-cache", cache, "--out", out], engines)
+
+
+@pytest.mark.parametrize("seed", range(CASES))
+def test_hostile_calibration_sets(engines: Path, tmp_path: Path, seed: int) -> None:
+    rng = random.Random(5000 + seed)
+    cset = tmp_path / "set"
+    cset.mkdir()
+    good = [json.dumps({"text": "good movie"})] * rng.randint(0, 3)
+    kind = rng.randrange(3)
+    if kind == 0:  # a broken line among good ones
+        good.insert(rng.randint(0, len(good)), rng.choice([_deep(rng), '{"text": "\\udc00"}', "[1]", '{"txt": 1}',
+                                                           '{"text": 5}', '{"text": "cut']))
+        (cset / "texts.jsonl").write_text("\n".join(good) + "\n")
+    elif kind == 1:  # good texts, a broken manifest
+        (cset / "texts.jsonl").write_text("\n".join(good or ['{"text": "fine"}']) + "\n")
+        (cset / "manifest.json").write_text(rng.choice([_deep(rng), "{", "[]", "null"]))
+    else:  # nothing usable
+        (cset / "texts.jsonl").write_text(rng.choice(["", "\n\n", "   \n"]))
+    out = tmp_path / "cal"
+    _check(tmp_path, out, ["calibrate", engines / "model", "-c", cset, "--out", out], engines)
