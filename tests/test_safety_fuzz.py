@@ -212,3 +212,28 @@ def test_hostile_calibration_sets(engines: Path, tmp_path: Path, seed: int) -> N
         (cset / "texts.jsonl").write_text(rng.choice(["", "\n\n", "   \n"]))
     out = tmp_path / "cal"
     _check(tmp_path, out, ["calibrate", engines / "model", "-c", cset, "--out", out], engines)
+
+
+@pytest.mark.parametrize("seed", range(CASES))
+def test_hostile_engine_sidecars(engines: Path, tmp_path: Path, seed: int) -> None:
+    rng = random.Random(6000 + seed)
+    good = json.loads((engines / "e" / "fp32.onnx.calibkit.json").read_text())
+    engine = tmp_path / "x.onnx"
+    engine.write_bytes((engines / "e" / "fp32.onnx").read_bytes())
+    kind = rng.randrange(4)
+    if kind == 0:
+        text = rng.choice([_deep(rng), "{", "[]", "null", '"a string"'])
+    elif kind == 1:
+        good[rng.choice(["precision", "backend"])] = _hostile_value(rng)
+        text = json.dumps(good)
+    elif kind == 2:
+        del good[rng.choice(["precision", "backend", "source_model_sha256"])]
+        text = json.dumps(good)
+    else:
+        good[rng.choice(["versions", "extra", "kept_higher_precision"])] = rng.choice([5, True])
+        text = json.dumps(good)
+    (tmp_path / "x.onnx.calibkit.json").write_text(text)
+    ev = tmp_path / "eval.jsonl"
+    ev.write_text(json.dumps({"text": "good movie", "label": "positive"}) + "\n")
+    out = tmp_path / "report"
+    _check(tmp_path, out, ["compare", engine, engines / "e" / "fp32.onnx", "-e", ev, "--report", out], engines)
