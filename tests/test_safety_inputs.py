@@ -225,3 +225,16 @@ def test_tampered_archive_is_refused_before_its_setup_code_runs(tmp_path: Path, 
     assert not ran.exists(), "setup.py of an unverified archive ran"
     assert not (tmp_path / "cache" / "downloads" / archive.ARCHIVE_NAME).exists()
     assert sys.executable  # the command runs pip of this interpreter
+
+
+@pytest.mark.parametrize("config", ["{", "[]", DEEP, '{"max_position_embeddings": "x"}', '{"id2label": 5}'])
+def test_a_broken_config_json_is_a_model_error(tmp_path: Path, config: str) -> None:
+    from calibkit.data.modeldir import ModelDir
+    from calibkit.data.tokenizer import TextTokenizer
+    from calibkit.errors import ModelError
+
+    folder = write_model_dir(tmp_path / "m")
+    (folder / "config.json").write_text(config)
+    with pytest.raises(ModelError, match="config.json"):
+        ModelDir.resolve(folder)
+    assert TextTokenizer(folder).max_length == 512  # the tokenizer falls back to the default limit
