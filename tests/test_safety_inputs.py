@@ -238,3 +238,9 @@ def test_a_broken_config_json_is_a_model_error(tmp_path: Path, config: str) -> N
     with pytest.raises(ModelError, match="config.json"):
         ModelDir.resolve(folder)
     assert TextTokenizer(folder).max_length == 512  # the tokenizer falls back to the default limit
+
+
+def test_deeply_nested_report_json_is_a_data_error(tmp_path: Path) -> None:
+    (tmp_path / "x.json").write_text(DEEP)
+    r = run("report", tmp_path / "x.json", "--out", tmp_path / "out")
+    assert r.exit_code == 3 and "nested too deeply" in flat(r) and not (tmp_path / "out").exists()
