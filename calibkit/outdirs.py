@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import glob
 import json
 import os
 import shutil
@@ -153,6 +154,10 @@ def guard_output_dir(path: str | os.PathLike[str], *, inputs: Sequence[str | os.
     """All checks for a folder a command will write as a whole, before any work; returns where a foreign
     folder was moved aside under ``force`` (else None)."""
     check_not_input(path, inputs, option=option)
+    out, cwd = _resolved(path), Path.cwd().resolve()
+    if out == cwd or out in cwd.parents:
+        raise UsageError(f"{option} {path} is the current folder or one above it; it would be replaced as a whole",
+                         hint=f"pass a subfolder to {option}, e.g. {option} runs/<name>")
     check_replaceable(path, option=option, legacy_names=legacy_names, force=force)
     check_writable(path, option=option)
     p = Path(path)
@@ -198,7 +203,7 @@ def clean_stale_tmp(target: Path) -> list[Path]:
     """Remove ``.TARGET.*.tmp`` folders that calibkit made (marker inside) and whose writer process is gone."""
     removed: list[Path] = []
     with contextlib.suppress(OSError):
-        for cand in target.parent.glob(f".{target.name}.*.tmp"):
+        for cand in target.parent.glob(f".{glob.escape(target.name)}.*.tmp"):
             if not cand.is_dir() or cand.is_symlink():
                 continue
             rec = read_marker(cand)

@@ -2,6 +2,7 @@
 
 Every case must end with an exit code in 2-7, exactly one error message with a hint, no traceback, and no file
 outside the command's --out touched. Plain ``random`` with fixed seeds: the same cases on every run.
+``CALIBKIT_FUZZ_CASES=150`` runs more cases per kind (600 in about 20 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typer.testing import CliRunner
 from calibkit.cli import app
 from calibkit.data.calibset import write_calibration_set
 
-CASES = 12
+CASES = int(__import__("os").environ.get("CALIBKIT_FUZZ_CASES", "12"))
 
 
 def _snapshot(root: Path, skip: Path) -> dict[str, tuple[int, float]]:
@@ -26,14 +27,16 @@ def _snapshot(root: Path, skip: Path) -> dict[str, tuple[int, float]]:
             if skip != p and skip not in p.parents}
 
 
-def _check(root: Path, out: Path, args: list[object]) -> None:
-    before = _snapshot(root, out)
+def _check(root: Path, out: Path, args: list[object], inputs: Path | None = None) -> None:
+    """``root`` holds the case's files, ``inputs`` the shared model and engines: neither may change."""
+    roots = [root] if inputs is None else [root, inputs]
+    before = [_snapshot(r, out) for r in roots]
     r = CliRunner().invoke(app, [str(a) for a in args])
     text = r.output
     assert 2 <= r.exit_code <= 7, (args, r.exit_code, text, r.exception)
     assert "Traceback" not in text, text
     assert text.count("error:") == 1 and text.count("hint:") == 1, text
-    assert _snapshot(root, out) == before, "a file outside --out was touched"
+    assert [_snapshot(r, out) for r in roots] == before, "a file outside --out was touched"
 
 
 def _hostile_value(rng: random.Random) -> object:
@@ -128,7 +131,7 @@ def test_hostile_eval_sets(engines: Path, tmp_path: Path, seed: int) -> None:
                                   f"txt{sep}lbl\nfine{sep}positive\n", "", f"text{sep}label\nfine{sep}nope\n"]))
     out = tmp_path / "report"
     e = engines / "e" / "fp32.onnx"
-    _check(tmp_path, out, ["compare", e, e, "-e", ev, "--report", out, "--no-sensitivity"])
+    _check(tmp_path, out, ["compare", e, e, "-e", ev, "--report", out, "--no-sensitivity"], engines)
 
 
 def _mutate_table(rng: random.Random, doc: dict) -> str:
@@ -162,7 +165,7 @@ def test_hostile_calibration_tables(engines: Path, tmp_path: Path, seed: int) ->
     (tmp_path / "t" / "calibration.json").write_text(_mutate_table(rng, doc))
     out = tmp_path / "q.onnx"
     _check(tmp_path, out, ["build", engines / "model", "--precision", "int8", "--calibration", tmp_path / "t",
-                           "-o", out])
+                           "-o", out], engines)
 
 
 _HEX: list[Callable[[random.Random], str]] = [
@@ -188,4 +191,49 @@ def test_hostile_tensorrt_caches(engines: Path, tmp_path: Path, seed: int) -> No
     cache = tmp_path / "c.cache"
     cache.write_text("\n".join(lines) + "\n", encoding="utf-8", errors="surrogatepass")
     out = tmp_path / "fc"
-    _check(tmp_path, out, ["calibrate", engines / "model", "--from-cache", cache, "--out", out])
+    _check(tmp_path, out, ["calibrate", engines / "model", "--from-cache", cache, "--out", out], engines)
+
+
+@pytest.mark.parametrize("seed", range(CASES))
+def test_hostile_calibration_sets(engines: Path, tmp_path: Path, seed: int) -> None:
+    rng = random.Random(5000 + seed)
+    cset = tmp_path / "set"
+    cset.mkdir()
+    good = [json.dumps({"text": "good movie"})] * rng.randint(0, 3)
+    kind = rng.randrange(3)
+    if kind == 0:  # a broken line among good ones
+        good.insert(rng.randint(0, len(good)), rng.choice([_deep(rng), '{"text": "\\udc00"}', "[1]", '{"txt": 1}',
+                                                           '{"text": 5}', '{"text": "cut']))
+        (cset / "texts.jsonl").write_text("\n".join(good) + "\n")
+    elif kind == 1:  # good texts, a broken manifest
+        (cset / "texts.jsonl").write_text("\n".join(good or ['{"text": "fine"}']) + "\n")
+        (cset / "manifest.json").write_text(rng.choice([_deep(rng), "{", "[]", "null"]))
+    else:  # nothing usable
+        (cset / "texts.jsonl").write_text(rng.choice(["", "\n\n", "   \n"]))
+    out = tmp_path / "cal"
+    _check(tmp_path, out, ["calibrate", engines / "model", "-c", cset, "--out", out], engines)
+
+
+@pytest.mark.parametrize("seed", range(CASES))
+def test_hostile_engine_sidecars(engines: Path, tmp_path: Path, seed: int) -> None:
+    rng = random.Random(6000 + seed)
+    good = json.loads((engines / "e" / "fp32.onnx.calibkit.json").read_text())
+    engine = tmp_path / "x.onnx"
+    engine.write_bytes((engines / "e" / "fp32.onnx").read_bytes())
+    kind = rng.randrange(4)
+    if kind == 0:
+        text = rng.choice([_deep(rng), "{", "[]", "null", '"a string"'])
+    elif kind == 1:
+        good[rng.choice(["precision", "backend"])] = _hostile_value(rng)
+        text = json.dumps(good)
+    elif kind == 2:
+        del good[rng.choice(["precision", "backend", "source_model_sha256"])]
+        text = json.dumps(good)
+    else:
+        good[rng.choice(["versions", "extra", "kept_higher_precision"])] = rng.choice([5, True])
+        text = json.dumps(good)
+    (tmp_path / "x.onnx.calibkit.json").write_text(text)
+    ev = tmp_path / "eval.jsonl"
+    ev.write_text(json.dumps({"text": "good movie", "label": "positive"}) + "\n")
+    out = tmp_path / "report"
+    _check(tmp_path, out, ["compare", engine, engines / "e" / "fp32.onnx", "-e", ev, "--report", out], engines)

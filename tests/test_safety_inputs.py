@@ -147,7 +147,18 @@ def test_one_huge_record_is_cut_before_tokenizing_and_counted(tmp_path: Path) ->
     assert m["lines"]["oversized"]["count"] == 1 and m["lines"]["oversized"]["first_lines"] == [41]
     assert any("cut to that length" in w for w in m["warnings"]) and "cut to that length" in flat(r)
     longest = max(len(json.loads(x)["text"]) for x in (tmp_path / "out" / "texts.jsonl").read_text().splitlines())
-    assert longest == 65536
+    assert 65536 - 1024 < longest <= 65536
+
+
+def test_a_cut_never_splits_a_word_that_redaction_must_see() -> None:
+    from calibkit.data.logs import cut_text
+    from calibkit.data.redact import redact
+
+    text = "x " * 32_760 + "mail jane.doe@example.com now " + "y " * 10
+    cut = cut_text(text)
+    assert len(cut) <= 65536 and "jane" not in cut and cut.endswith("mail")
+    assert "jane.doe" not in redact(cut).text
+    assert cut_text("z" * 70_000) == "z" * 65536  # no whitespace: a hard cut
 
 
 def test_high_cardinality_label_field_is_detected_and_not_stratified(tmp_path: Path) -> None:
@@ -214,3 +225,22 @@ def test_tampered_archive_is_refused_before_its_setup_code_runs(tmp_path: Path, 
     assert not ran.exists(), "setup.py of an unverified archive ran"
     assert not (tmp_path / "cache" / "downloads" / archive.ARCHIVE_NAME).exists()
     assert sys.executable  # the command runs pip of this interpreter
+
+
+@pytest.mark.parametrize("config", ["{", "[]", DEEP, '{"max_position_embeddings": "x"}', '{"id2label": 5}'])
+def test_a_broken_config_json_is_a_model_error(tmp_path: Path, config: str) -> None:
+    from calibkit.data.modeldir import ModelDir
+    from calibkit.data.tokenizer import TextTokenizer
+    from calibkit.errors import ModelError
+
+    folder = write_model_dir(tmp_path / "m")
+    (folder / "config.json").write_text(config)
+    with pytest.raises(ModelError, match="config.json"):
+        ModelDir.resolve(folder)
+    assert TextTokenizer(folder).max_length == 512  # the tokenizer falls back to the default limit
+
+
+def test_deeply_nested_report_json_is_a_data_error(tmp_path: Path) -> None:
+    (tmp_path / "x.json").write_text(DEEP)
+    r = run("report", tmp_path / "x.json", "--out", tmp_path / "out")
+    assert r.exit_code == 3 and "nested too deeply" in flat(r) and not (tmp_path / "out").exists()

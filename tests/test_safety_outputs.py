@@ -225,3 +225,25 @@ def test_paths_with_rich_markup_are_printed_as_they_are(env: Path) -> None:
     r = run(*_commands(env, out)["sample"])
     assert r.exit_code == 0, r.output
     assert (out / "texts.jsonl").is_file() and "[bold]set" in r.output
+
+
+def test_the_current_folder_and_report_inputs_are_never_replaced(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (env / "doc.json").write_text("{}")
+    monkeypatch.chdir(env / "logs")
+    before = snapshot(env)
+    for args in (["report", env / "doc.json", "--out", env, "--force"],
+                 ["sample", "prod.jsonl", "--size", "8", "--out", ".", "--force"],
+                 ["sample", "prod.jsonl", "--size", "8", "--out", "..", "--force"]):
+        r = run(*args)
+        assert r.exit_code == 2, r.output
+    assert snapshot(env) == before
+
+
+def test_stale_cleanup_handles_names_with_glob_characters(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / ".[x]out.abc.tmp"
+    stale.mkdir()
+    write_marker(stale)
+    (stale / MARKER).write_text((stale / MARKER).read_text().replace(f'"pid": {os.getpid()}',
+                                                                     f'"pid": {int(dead.stdout)}'))
+    assert clean_stale_tmp(tmp_path / "[x]out") == [stale]

@@ -100,7 +100,7 @@ def _traceback() -> None:
     import traceback
 
     if _state["verbose"] or os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
-        console.print(traceback.format_exc())
+        console.print(printable(traceback.format_exc()))
 
 
 def warn(message: str) -> None:

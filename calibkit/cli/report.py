@@ -42,7 +42,8 @@ def report(
 
         target = out_dir if out_dir is not None else default_out_dir(report_json)
         # REPORT.json may lie inside the folder it re-renders (in place): it is read before the swap
-        guard_out_dir(target, force=force, legacy_names=REPORT_NAMES)
+        in_place = (target / "report.json").absolute().resolve() == report_json.absolute().resolve()
+        guard_out_dir(target, inputs=[] if in_place else [report_json], force=force, legacy_names=REPORT_NAMES)
         doc = load_document(report_json)
         with RichProgress() as progress:
             paths = render_report(doc, target, progress=progress)

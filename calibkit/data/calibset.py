@@ -89,6 +89,12 @@ def load_calibration_set(path: str | Path) -> CalibrationSet:
     manifest: dict[str, Any] = {}
     mpath = (p if p.is_dir() else p.parent) / MANIFEST
     if p.is_dir() and mpath.is_file():
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+        try:
+            manifest = json.loads(mpath.read_text(encoding="utf-8", errors="replace"))
+        except (ValueError, RecursionError) as exc:
+            raise DataError(f"{mpath} is not valid JSON ({type(exc).__name__})",
+                            hint="re-create the set with `calibkit sample`, or remove the broken manifest") from None
+        if not isinstance(manifest, dict):
+            raise DataError(f"{mpath} is not a JSON object", hint="re-create the set with `calibkit sample`")
     has_labels = any(lab is not None for lab in labels)
     return CalibrationSet(p, tuple(texts), tuple(labels) if has_labels else None, manifest, sha256_bytes(raw))

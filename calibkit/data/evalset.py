@@ -154,7 +154,10 @@ def _read_polars(p: Path, suffix: str) -> list[dict[str, Any]]:
         else:
             df = pl.read_parquet(p)
     except Exception as exc:  # polars raises many unrelated exception types
-        raise DataError(f"cannot read eval set {p}: {exc}") from exc
+        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        raise DataError(f"cannot read eval set {p}: {first}",  # polars' advice below the first line is for coders
+                        hint="check the file's quoting (a field that opens a quote must close it) and its header "
+                        "row; or convert it to JSON Lines") from exc
     return df.to_dicts()
 
 

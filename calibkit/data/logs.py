@@ -203,6 +203,21 @@ def iter_lines(path: str | os.PathLike[str], stats: ReadStats | None = None) -> 
     st.sha256 = digest.hexdigest()
 
 
+def cut_text(text: str, limit: int | None = None) -> str:
+    """``text`` cut to at most ``limit`` (MAX_TEXT_CHARS) characters, at the last whitespace of its final
+    kilobyte when there is one: a cut through an e-mail address or card number would leave a fragment that
+    redaction no longer recognises."""
+    limit = MAX_TEXT_CHARS if limit is None else limit
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    window = head[-1024:]
+    for i in range(len(window) - 1, -1, -1):
+        if window[i].isspace():
+            return head[: limit - len(window) + i]
+    return head
+
+
 def get_path(obj: dict[str, Any], path: Sequence[str]) -> tuple[bool, Any]:
     cur: Any = obj
     for key in path:
@@ -358,7 +373,7 @@ def read_log(
             if ok and lv is not None and not isinstance(lv, (dict, list)):
                 label = replace_surrogates(str(lv))
         if len(text) > MAX_TEXT_CHARS:
-            text = text[:MAX_TEXT_CHARS]
+            text = cut_text(text)
             st.oversized += 1
             if len(st.oversized_first_lines) < FIRST_LINES_KEPT:
                 st.oversized_first_lines.append(n)

@@ -51,9 +51,11 @@ class ModelDir:
             if cfg.is_file():
                 try:
                     data = json.loads(cfg.read_text(encoding="utf-8"))
-                except (OSError, json.JSONDecodeError) as exc:
-                    raise ModelError(f"cannot read {cfg}: {exc}") from exc
-                id2label = {int(k): str(v) for k, v in (data.get("id2label") or {}).items()}
-                max_len = int(data.get("max_position_embeddings") or max_len)
+                    id2label = {int(k): str(v) for k, v in (data.get("id2label") or {}).items()}
+                    max_len = int(data.get("max_position_embeddings") or max_len)
+                except (OSError, ValueError, TypeError, AttributeError, RecursionError) as exc:
+                    raise ModelError(f"cannot read {cfg}: {type(exc).__name__}: {exc}",
+                                     hint="config.json must be a JSON object as transformers writes it "
+                                     "(id2label, max_position_embeddings)") from None
                 break
         return cls(onnx_path=onnx_path, tokenizer_path=tok, id2label=id2label, max_length=max_len)

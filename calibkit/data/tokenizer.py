@@ -129,7 +129,7 @@ def _model_max_length(path: Path) -> int:
             v = json.loads(cfg.read_text(encoding="utf-8")).get("model_max_length")
             if isinstance(v, int) and 0 < v < 100_000:
                 limit = v
-        except (OSError, json.JSONDecodeError):
+        except (OSError, ValueError, AttributeError, RecursionError):  # unreadable: the default limit
             pass
     mc = folder / "config.json"
     if mc.is_file():
@@ -137,6 +137,6 @@ def _model_max_length(path: Path) -> int:
             v = json.loads(mc.read_text(encoding="utf-8")).get("max_position_embeddings")
             if isinstance(v, int) and v > 0:
                 limit = min(limit, v)
-        except (OSError, json.JSONDecodeError):
+        except (OSError, ValueError, AttributeError, RecursionError):  # unreadable: the default limit
             pass
     return limit

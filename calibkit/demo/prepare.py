@@ -342,15 +342,17 @@ def _read_manifest(out: Path) -> dict[str, Any]:
         return {}
     try:
         data = read_json(path)
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError, RecursionError):
         log.warning("ignoring unreadable %s", path)
         return {}
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict) or not isinstance(data.get("steps", {}), dict):
+        return {}  # not a prepare.json we wrote: every step is redone
+    return data
 
 
 def _step_intact(out: Path, manifest: dict[str, Any], step: str) -> bool:
     rec = manifest.get("steps", {}).get(step)
-    if not isinstance(rec, dict) or not rec.get("files"):
+    if not isinstance(rec, dict) or not isinstance(rec.get("files"), dict) or not rec["files"]:
         return False
     for rel, digest in rec["files"].items():
         path = out / rel

@@ -68,10 +68,25 @@ class EngineArtifact:
                 f"{p} has no calibkit sidecar ({sc.name})",
                 hint="build engines with `calibkit build`, which writes the sidecar beside the engine",
             )
-        d = read_json(sc)
+        hint = "rebuild the engine with `calibkit build`, which writes the sidecar again"
+        try:
+            d = read_json(sc)
+        except (ValueError, RecursionError) as exc:
+            raise ModelError(f"{sc} is not valid JSON ({type(exc).__name__})", hint=hint) from None
+        if not isinstance(d, dict):
+            raise ModelError(f"{sc} is not a calibkit sidecar (not a JSON object)", hint=hint)
+
         def _abs(v: str | None) -> str | None:
             return str((p.parent / v).resolve()) if v and not Path(v).is_absolute() else v
 
+        try:
+            return cls._from_dict(p, d, _abs)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ModelError(f"{sc} is not a usable calibkit sidecar ({type(exc).__name__}: {exc})",
+                             hint=hint) from None
+
+    @classmethod
+    def _from_dict(cls, p: Path, d: dict[str, Any], _abs: Any) -> EngineArtifact:
         return cls(
             path=p,
             precision=Precision(d["precision"]),

@@ -568,5 +568,8 @@ def load_document(path: str | Path) -> dict[str, Any]:
             f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
             hint="re-run the command that wrote it; a truncated file usually means it was copied mid-write",
         ) from None
+    except RecursionError:
+        raise DataError(f"{path} is JSON nested too deeply to read",
+                        hint="pass the JSON written by `calibkit compare` or `calibkit tune`") from None
     parse_document(doc)  # validate the kind before anything is written
     return doc
