@@ -1,6 +1,6 @@
 """Sensitivity sweep and sharded calibration of a BERT-base shape on a local Dask cluster: 1 worker vs N.
 
-    python benchmarks/bench_distributed.py [--workers 16] [--jobs-per-worker 3] [--texts 48]
+    python benchmarks/bench_distributed.py [--workers 16] [--jobs-per-worker 4] [--texts 32]
         [--layers 12 --hidden 768 --heads 12 --intermediate 3072] [--json out.json]
 
 1. a random-initialised BertForSequenceClassification (transformers config, eager attention, seed 0) exported
@@ -80,8 +80,8 @@ def stats_identical(a, b) -> tuple[bool, int]:  # noqa: ANN001
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, default=16)
-    ap.add_argument("--jobs-per-worker", type=int, default=3)
-    ap.add_argument("--texts", type=int, default=48, help="eval texts per sensitivity unit")
+    ap.add_argument("--jobs-per-worker", type=int, default=4)
+    ap.add_argument("--texts", type=int, default=32, help="eval texts per sensitivity unit")
     ap.add_argument("--calib-texts", type=int, default=128)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--hidden", type=int, default=768)
