@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from calibkit.executors import fetch
+from calibkit.executors import fetch, materialize
 
 
 def scaled_len(item: tuple[int, object]) -> tuple[int, int, int]:
@@ -28,3 +28,11 @@ def die_once(item: tuple[int, str]) -> int:
 def slow(seconds: float) -> int:
     time.sleep(seconds)
     return os.getpid()
+
+
+def materialized(item: tuple[float, object]) -> tuple[int, str]:
+    """(pid, the folder this process materializes shared files in), after a pause so every worker gets one."""
+    pause, ref = item
+    path = materialize(ref)
+    time.sleep(pause)
+    return os.getpid(), str(path.parent)
