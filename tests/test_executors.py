@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from executor_units import die_once, materialized, scaled_len
+from executor_units import die_once, materialized, scaled_len, slow
 
 from calibkit.errors import BackendError, UsageError
 from calibkit.executors import InProcessExecutor, from_spec
@@ -111,6 +111,22 @@ def test_pool_workers_exit_when_the_parent_is_killed(tmp_path):
             parent.kill()
             parent.wait()
         parent.stdout.close()  # type: ignore[union-attr]
+
+
+def test_interrupted_pool_map_stops_its_workers():
+    ex = ProcessPoolExecutor(2)
+    pids = set(ex.map(slow, [0.3, 0.3, 0.3, 0.3]))
+
+    def interrupt(i, r):  # noqa: ANN001
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ex.map(slow, [0.1, 600, 600], on_result=interrupt)
+    deadline = time.monotonic() + 20
+    while any(psutil.pid_exists(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(psutil.pid_exists(p) for p in pids)
+    ex.close()
 
 
 def test_specs_are_parsed_and_bad_ones_rejected():
