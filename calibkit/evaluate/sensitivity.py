@@ -21,6 +21,7 @@ import numpy as np
 from calibkit._io import read_json
 from calibkit.errors import CalibkitError, CalibrationError
 from calibkit.evaluate.metrics import output_error
+from calibkit.executors import default_workers
 from calibkit.executors.base import Executor
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.types import CalibrationTable
@@ -109,10 +110,6 @@ def run_sensitivity_job(job: SensitivityJob) -> SensitivityResult:
     acc = float(np.mean(logits.argmax(axis=1) == np.asarray(job.labels)))
     oe = output_error(ref, logits)
     return SensitivityResult(job.mode, job.node, acc, oe.logit_mse, oe.mean_kl, time.perf_counter() - start)
-
-
-def default_workers() -> int:
-    return max(1, min(2, os.cpu_count() or 1))
 
 
 def run_jobs(
