@@ -74,7 +74,8 @@ def test_folders_of_killed_processes_are_swept(tmp_path, monkeypatch):
 def test_process_pool_worker_death_loses_only_its_unit(tmp_path):
     marker = tmp_path / "died"
     with ProcessPoolExecutor(2) as ex:
-        assert ex.map(die_once, [(i, str(marker)) for i in range(6)]) == list(range(6))
+        ref = ex.share(b"abc")
+        assert ex.map(die_once, [(i, str(marker), ref) for i in range(6)]) == [i + 3 for i in range(6)]
     assert marker.exists()
 
 
