@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from calibkit.executors import fetch
+from calibkit.executors import fetch, materialize
 
 
 def scaled_len(item: tuple[int, object]) -> tuple[int, int, int]:
@@ -16,15 +16,25 @@ def scaled_len(item: tuple[int, object]) -> tuple[int, int, int]:
     return a * len(value), os.getpid(), id(value)
 
 
-def die_once(item: tuple[int, str]) -> int:
-    """Kills its worker process the first time it runs (a marker file remembers), then returns its input."""
-    value, marker = item
+def die_once(item: tuple[int, str, object]) -> int:
+    """Unit 3 kills its worker process the first time it runs (a marker file remembers); each returns its input
+    plus the length of a shared value (None: 0)."""
+    value, marker, ref = item
+    extra = len(fetch(ref)) if ref is not None else 0
     if value == 3 and not Path(marker).exists():
         Path(marker).write_text("died")
         os._exit(1)
-    return value
+    return value + extra
 
 
 def slow(seconds: float) -> int:
     time.sleep(seconds)
     return os.getpid()
+
+
+def materialized(item: tuple[float, object]) -> tuple[int, str]:
+    """(pid, the folder this process materializes shared files in), after a pause so every worker gets one."""
+    pause, ref = item
+    path = materialize(ref)
+    time.sleep(pause)
+    return os.getpid(), str(path.parent)

@@ -185,7 +185,22 @@ def test_interrupted_distributed_tune_resumes_without_redoing_evaluations(tiny, 
     assert local.doc["final"]["accuracy_search"] == res.doc["final"]["accuracy_search"]
 
 
+def test_tune_cli_executor_option(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+    args = ["tune", str(tiny / "model"), "-c", str(tiny / "cset"), "-e", str(tiny / "eval.jsonl"), "--method",
+            "minmax", "--max-drop", "1", "--sensitivity-samples", "48", "--no-report"]
+    r = CliRunner().invoke(app, [*args, "--executor", "inline", "-o", str(tmp_path / "t")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "t" / "plan.json").read_text())["kept_nodes"] == ["fc1"]
+    r = CliRunner().invoke(app, [*args, "--executor", "dask://nohost", "-o", str(tmp_path / "u")])
+    assert r.exit_code == 2 and "needs a port" in r.output and not (tmp_path / "u").exists()
+
+
 def test_dask_worker_death_loses_only_its_unit(tmp_path, dask_ex):
-    marker = tmp_path / "died"
-    assert dask_ex.map(die_once, [(i, str(marker)) for i in range(6)]) == list(range(6))
-    assert marker.exists()
+    """Twice in a row: the second death may take the last copy of a shared value with it (the restarted worker
+    starts empty); the executor shares it again and resubmits."""
+    for round_ in range(2):
+        marker = tmp_path / f"died-{round_}"
+        ref = dask_ex.share(bytes(10 + round_))
+        assert dask_ex.map(die_once, [(i, str(marker), ref) for i in range(6)]) == [i + 10 + round_ for i in range(6)]
+        assert marker.exists()

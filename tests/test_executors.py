@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from executor_units import die_once, scaled_len
+from executor_units import die_once, materialized, scaled_len, slow
 
 from calibkit.errors import BackendError, UsageError
 from calibkit.executors import InProcessExecutor, from_spec
@@ -46,29 +46,57 @@ def test_process_pool_results_in_order_and_shared_once_per_worker():
         _check_shared_once(ex)
 
 
+def test_pool_workers_remove_their_materialized_files_when_they_exit():
+    with ProcessPoolExecutor(2) as ex:
+        ref = ex.share(b"model bytes")
+        out = ex.map(materialized, [(0.3, ref)] * 4)
+        dirs = {d for _, d in out}
+        assert all(Path(d).is_dir() for d in dirs)
+    assert not any(Path(d).exists() for d in dirs)
+
+
+def test_folders_of_killed_processes_are_swept(tmp_path, monkeypatch):
+    import tempfile
+
+    from calibkit.executors.base import sweep_stale
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f"calibkit-worker-{int(dead.stdout)}-ab"
+    live = tmp_path / f"calibkit-worker-{os.getpid()}-cd"
+    other = tmp_path / "calibkit-worker-notes"
+    for d in (stale, live, other):
+        d.mkdir()
+    sweep_stale("calibkit-worker-")
+    assert not stale.exists() and live.is_dir() and other.is_dir()
+
+
 def test_process_pool_worker_death_loses_only_its_unit(tmp_path):
     marker = tmp_path / "died"
     with ProcessPoolExecutor(2) as ex:
-        assert ex.map(die_once, [(i, str(marker)) for i in range(6)]) == list(range(6))
+        ref = ex.share(b"abc")
+        assert ex.map(die_once, [(i, str(marker), ref) for i in range(6)]) == [i + 3 for i in range(6)]
     assert marker.exists()
 
 
 def test_pool_workers_exit_when_the_parent_is_killed(tmp_path):
     script = (
         f"import sys; sys.path.insert(0, {TESTS!r})\n"
-        "from executor_units import slow\n"
+        "from executor_units import materialized, slow\n"
         "from calibkit.executors.pool import ProcessPoolExecutor\n"
         "if __name__ == '__main__':\n"
         "    ex = ProcessPoolExecutor(2)\n"
-        "    print(sorted(set(ex.map(slow, [0.2, 0.2, 0.2, 0.2]))), flush=True)\n"
+        "    ref = ex.share(b'model bytes')\n"
+        "    print(';'.join(sorted({f'{p},{d}' for p, d in ex.map(materialized, [(0.3, ref)] * 4)})), flush=True)\n"
         "    ex.map(slow, [600, 600])\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     try:
         line = parent.stdout.readline()  # type: ignore[union-attr]
-        pids = [int(p) for p in line.strip().strip("[]").split(",")]
-        assert len(pids) >= 1 and all(psutil.pid_exists(p) for p in pids)
+        pairs = [item.split(",", 1) for item in line.strip().split(";")]
+        pids, dirs = [int(p) for p, _ in pairs], [Path(d) for _, d in pairs]
+        assert len(pids) >= 1 and all(psutil.pid_exists(p) for p in pids) and all(d.is_dir() for d in dirs)
         time.sleep(0.5)  # both workers are now sleeping in their 600 s units
         parent.send_signal(signal.SIGKILL)
         parent.wait()
@@ -78,11 +106,28 @@ def test_pool_workers_exit_when_the_parent_is_killed(tmp_path):
             alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
             time.sleep(0.1)
         assert alive == [], f"orphaned workers still running: {alive}"
+        assert not any(d.exists() for d in dirs)  # the leaving workers removed their materialized files
     finally:
         if parent.poll() is None:
             parent.kill()
             parent.wait()
         parent.stdout.close()  # type: ignore[union-attr]
+
+
+def test_interrupted_pool_map_stops_its_workers():
+    ex = ProcessPoolExecutor(2)
+    pids = set(ex.map(slow, [0.3, 0.3, 0.3, 0.3]))
+
+    def interrupt(i, r):  # noqa: ANN001
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ex.map(slow, [0.1, 600, 600], on_result=interrupt)
+    deadline = time.monotonic() + 20
+    while any(psutil.pid_exists(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(psutil.pid_exists(p) for p in pids)
+    ex.close()
 
 
 def test_specs_are_parsed_and_bad_ones_rejected():

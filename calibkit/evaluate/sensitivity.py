@@ -22,6 +22,7 @@ from calibkit._io import read_json
 from calibkit.errors import CalibkitError, CalibrationError
 from calibkit.evaluate.metrics import output_error
 from calibkit.evaluate.uncertainty import PairedDifference, paired_difference
+from calibkit.executors import default_workers
 from calibkit.executors.base import Executor
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.types import CalibrationTable
@@ -121,10 +122,6 @@ def run_sensitivity_job(job: SensitivityJob) -> SensitivityResult:
     oe = output_error(ref, logits)
     return SensitivityResult(job.mode, job.node, acc, oe.logit_mse, oe.mean_kl, time.perf_counter() - start,
                              flip_rate=flip, predictions=tuple(int(v) for v in pred))
-
-
-def default_workers() -> int:
-    return max(1, min(2, os.cpu_count() or 1))
 
 
 def run_jobs(

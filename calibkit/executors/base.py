@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import multiprocessing.util
 import os
 import pickle
 import shutil
@@ -124,9 +125,40 @@ def _scratch() -> Path:
     global _tmp
     with _lock:
         if _tmp is None:
-            _tmp = Path(tempfile.mkdtemp(prefix="calibkit-worker-"))
-            atexit.register(shutil.rmtree, _tmp, True)
+            sweep_stale("calibkit-worker-")
+            _tmp = Path(tempfile.mkdtemp(prefix=f"calibkit-worker-{os.getpid()}-"))
+            atexit.register(remove_scratch)
+            # multiprocessing children (pool and Dask workers) leave through os._exit, skipping atexit: their
+            # exit runs multiprocessing's finalizers instead
+            multiprocessing.util.Finalize(None, remove_scratch, exitpriority=10)
         return _tmp
+
+
+def sweep_stale(prefix: str) -> None:
+    """Remove ``PREFIX<pid>-*`` temporary folders of processes that no longer exist (a worker or driver killed
+    with no chance to clean up: SIGKILL, out of memory)."""
+    for p in Path(tempfile.gettempdir()).glob(f"{prefix}*-*"):
+        pid = p.name[len(prefix):].split("-", 1)[0]
+        if not pid.isdigit() or not p.is_dir():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(p, ignore_errors=True)
+        except OSError:  # exists, owned by someone else
+            continue
+
+
+def remove_scratch() -> None:
+    """Delete this process's materialized shared files (at exit, or before a worker leaves)."""
+    locked = _lock.acquire(timeout=2)  # never hang an exiting process on a unit that holds the lock
+    try:
+        if _tmp is not None:
+            shutil.rmtree(_tmp, ignore_errors=True)
+        _files.clear()
+    finally:
+        if locked:
+            _lock.release()
 
 
 def _remove(p: Path) -> None:

@@ -34,6 +34,7 @@ class DaskExecutor(Executor):
         self._threads = threads
         self._cluster: Any = None
         self._futures: dict[str, Any] = {}
+        self._values: dict[str, Any] = {}
         if address is None:
             if not local_workers or local_workers < 1:
                 raise UsageError("dask-local needs a worker count, e.g. --executor dask-local:4")
@@ -76,43 +77,71 @@ class DaskExecutor(Executor):
         return self._threads
 
     def _publish(self, ref: Shared, value: Any, data: bytes) -> None:
+        self._values[ref.key] = value  # kept here too: a copy lost with its workers is scattered again
         (fut,) = self._client.scatter([value], broadcast=True, hash=False)
         self._futures[ref.key] = fut
 
+    def _ensure_shared(self) -> None:
+        """Every shared value alive and on every current worker (a restarted worker starts empty; a value whose
+        last holder died is scattered again from this process)."""
+        for key, fut in list(self._futures.items()):
+            if fut.status != "finished":
+                (self._futures[key],) = self._client.scatter([self._values[key]], broadcast=True, hash=False)
+        if self._futures:
+            self._client.replicate(list(self._futures.values()))
+
     def map(self, fn, items, *, task="work", progress=None, on_result=None):  # type: ignore[no-untyped-def]
+        from concurrent.futures import CancelledError
+
         distributed = _deps.require("distributed")
         cb = progress or no_progress
         cb(ProgressEvent(task, 0, len(items)))
-        sources = dict(self._futures)
-        futures = [self._client.submit(run_unit, fn, item, sources, pure=False, retries=self.retries)
-                   for item in items]
-        index = {f.key: i for i, f in enumerate(futures)}
         results: list[Any] = [None] * len(items)
+        todo = list(range(len(items)))
         done = 0
-        try:
-            for fut in distributed.as_completed(futures):
-                i = index[fut.key]
-                try:
-                    results[i] = r = fut.result()
-                except distributed.KilledWorker as exc:
-                    raise BackendError(
-                        f"a {task} unit killed every worker it ran on ({exc})",
-                        hint="a unit may need more memory than a worker has; check the workers' logs",
-                    ) from None
-                done += 1
-                if on_result is not None:
-                    on_result(i, r)
-                cb(ProgressEvent(task, done, len(items)))
-        except BaseException:
-            self._client.cancel(futures, force=True)
-            raise
-        finally:
-            del futures
+        attempts = 0
+        while todo:
+            self._ensure_shared()
+            sources = dict(self._futures)
+            futures = {self._client.submit(run_unit, fn, items[i], sources, pure=False, retries=self.retries): i
+                       for i in todo}
+            by_key = {f.key: i for f, i in futures.items()}
+            lost: list[int] = []
+            try:
+                for fut in distributed.as_completed(list(futures)):
+                    i = by_key[fut.key]
+                    try:
+                        r = fut.result()
+                    except distributed.KilledWorker as exc:
+                        raise BackendError(
+                            f"a {task} unit killed every worker it ran on ({exc})",
+                            hint="a unit may need more memory than a worker has; check the workers' logs",
+                        ) from None
+                    except CancelledError:  # its shared inputs died with their workers
+                        lost.append(i)
+                        continue
+                    results[i] = r
+                    done += 1
+                    if on_result is not None:
+                        on_result(i, r)
+                    cb(ProgressEvent(task, done, len(items)))
+            except BaseException:
+                self._client.cancel(list(futures), force=True)
+                raise
+            todo = lost
+            if todo:
+                attempts += 1
+                if attempts > self.retries:
+                    raise BackendError(f"{len(todo)} {task} units lost their inputs with their workers "
+                                       f"{attempts} times", hint="check the workers' logs (memory, restarts)")
+                log.warning("%d units lost their shared inputs with a worker; sharing again and resubmitting",
+                            len(todo))
         return results
 
     def close(self) -> None:
         futs = list(self._futures.values())
         self._futures.clear()
+        self._values.clear()
         try:
             if futs:
                 self._client.cancel(futs, force=True)

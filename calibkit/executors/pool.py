@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from calibkit.errors import BackendError, UsageError
-from calibkit.executors.base import Executor, Shared, Spilled, run_unit
+from calibkit.executors.base import Executor, Shared, Spilled, remove_scratch, run_unit, sweep_stale
 from calibkit.progress import ProgressEvent, no_progress
 
 log = logging.getLogger("calibkit.executors")
@@ -35,6 +35,7 @@ def _watch_parent() -> None:
 
     def wait() -> None:
         multiprocessing.connection.wait([parent.sentinel])
+        remove_scratch()
         os._exit(1)
 
     threading.Thread(target=wait, name="calibkit-parent-watch", daemon=True).start()
@@ -61,7 +62,8 @@ class ProcessPoolExecutor(Executor):
 
     def _publish(self, ref: Shared, value: Any, data: bytes) -> None:
         if self._dir is None:
-            self._dir = Path(tempfile.mkdtemp(prefix="calibkit-shared-"))
+            sweep_stale("calibkit-shared-")
+            self._dir = Path(tempfile.mkdtemp(prefix=f"calibkit-shared-{os.getpid()}-"))
         path = self._dir / ref.key
         with open(path, "wb") as fh:
             pickle.dump(value, fh, protocol=pickle.HIGHEST_PROTOCOL)
