@@ -111,12 +111,21 @@ def worker_calibkit(args: argparse.Namespace) -> dict:
     from calibkit.data.calibset import load_calibration_set
     from calibkit.data.modeldir import ModelDir
 
+    if args.variant == "blocks":  # A/B: statistics from views of the real tokens instead of overwritten padding
+        import calibkit.calibrate.collect as collect
+
+        def blocks(acc, x, layout, mask) -> None:  # noqa: ANN001
+            for block in collect.valid_blocks(x, layout, mask):
+                acc.observe(block)
+
+        collect.observe_real_tokens = blocks
     t0 = time.perf_counter()
     res = calibrate(ModelDir.resolve(args.model), load_calibration_set(args.calib), out_dir=Path(args.out),
                     cache_dir=Path(args.cache_dir), budget=_budget(args), threads=args.threads or None)
     meta = json.loads((Path(args.out) / "calibration.json").read_text())["statistics"] \
         if (Path(args.out) / "calibration.json").is_file() else {}
-    keep = ("batches", "inference_seconds", "statistics_seconds", "largest_batch_tapped_bytes", "statistics_threads")
+    keep = ("batches", "inference_seconds", "statistics_seconds", "statistics_cpu_seconds", "statistics_threads",
+            "largest_batch_tapped_bytes", "padding_fraction")
     return {"seconds": time.perf_counter() - t0, "timings": res.timings, **{k: meta.get(k) for k in keep}}
 
 
@@ -258,6 +267,7 @@ def main() -> None:
     ap.add_argument("--memory-budget", default="")
     ap.add_argument("--max-batch-tokens", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--variant", default="", help="blocks: also run calibkit reading views of the real tokens")
     ap.add_argument("--model", default="")
     ap.add_argument("--calib", default="")
     ap.add_argument("--out", default="")
@@ -289,6 +299,10 @@ def main() -> None:
             with tempfile.TemporaryDirectory(prefix="ck-", dir=work) as tmp:
                 row["calibkit"] = spawn("calibkit", model=model, calib=calib, out=Path(tmp) / "out",
                                         cache_dir=Path(tmp) / "cache", **opts)
+            if args.variant:
+                with tempfile.TemporaryDirectory(prefix="ck-", dir=work) as tmp:
+                    row[f"calibkit-{args.variant}"] = spawn("calibkit", model=model, calib=calib, out=Path(tmp) / "o",
+                                                            cache_dir=Path(tmp) / "c", variant=args.variant, **opts)
             if args.profile:
                 row["profile"] = spawn("profile", model=model, calib=calib, **opts)
             if not args.no_ort and n in ort_counts:
