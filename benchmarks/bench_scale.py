@@ -14,21 +14,23 @@ Each measurement runs in its own subprocess, one after another (peak RSS from wa
 - calibkit: `calibrate` end to end with the default method (mse), fresh statistics, default budget unless given;
 - ORT quantize_static MinMax, QDQ, each text padded to 128 tokens (variable lengths fail there).
 
-Where the bytes went before this benchmark's fixes (BERT-base, 512 log-sampled texts, 2 cores, batch 32,
-`--profile` on the old collector; tracemalloc sees numpy's allocations, RSS sampling the rest):
-- the tapped outputs ONNX Runtime returns for one batch: 73 tensors; the longest batch (32 texts of 512 tokens)
-  holds 12 attention-probability tensors [32, 12, 512, 512] (402 MB each, 4.8 GB) plus 61 [32, 512, 768|3072]
-  (2.8 GB): 7.6 GB for one batch;
-- the overlap thread kept batch k's outputs alive while batch k+1 ran: two batches, up to 15 GB;
-- `valid_values` made a boolean broadcast mask and a boolean-index copy of every tensor with padding (one more
-  tensor-sized copy at a time, up to 402 MB), and `observe` cast non-float32 inputs to a float32 copy;
-- the model three times over: the loaded proto, `add_outputs`' full copy of it, its serialized bytes (kept by
-  the runner) next to ONNX Runtime's own copy (BERT-large: 1.34 GB each);
-- the histogram itself was already chunked (64K-element float32/intp buffers): no float64/int64 copies there.
-What the collector does now (see calibkit/calibrate/collect.py): batches formed by a byte budget on the tapped
-outputs (priced by the layout probe, sequence² for attention), no overlap (one batch alive), statistics on
-views of the real-token region chunk by chunk, each output released when its statistics are done, taps
-serialized without copying the model and the bytes dropped after loading, statistics on all cores between runs.
+Where the bytes went before the budget (measured on the old collector, MiniLM-L6 shape, the 512 log-sampled
+texts, 2 cores, batch 32; RSS sampled every 10 ms, numpy's allocations by tracemalloc):
+- peak RSS 6.06 GB for a model of 90 MB. The longest batch (32 texts padded to 512 tokens) alone returned
+  3.93 GB of tapped outputs (50 tensors), 2.87 GB of it the 24 four-dimensional attention tensors (Q, K^T, V,
+  probabilities: [32, 12, 512, 64|512]); the overlap thread kept batch k's outputs alive while batch k+1 ran, so
+  the two longest batches were alive together;
+- numpy's own allocations peaked at only 0.28 GB: `valid_values`' boolean broadcast masks and boolean-index
+  copies (one tensor's real entries at a time). The histogram was already chunked (64K float32/intp buffers):
+  no float64 or int64 copies of whole tensors;
+- the model three times: loaded proto 0.09 GB, `add_outputs`' full copy plus its serialized bytes (kept by the
+  runner) +0.13 GB, ONNX Runtime's session +0.14 GB (BERT-large: 1.34 GB per copy).
+So the peak is set by batch x sequence^2 x tapped tensors, and by the longest texts, not by the statistics.
+The collector now (calibkit/calibrate/collect.py): batches formed by a byte budget on the tapped outputs
+(priced by the layout probe, sequence^2 for attention), one batch alive (no overlap), outputs read in place in
+256K-element chunks and released when done, the model tapped without a copy and its bytes dropped after
+loading, statistics on all cores between inference runs. Same shape and texts after: peak 1.93 GB, largest
+batch 0.98 GB of outputs, numpy's allocations 0.10 GB (`--profile` prints these).
 """
 
 from __future__ import annotations
