@@ -14,21 +14,23 @@ Each measurement runs in its own subprocess, one after another (peak RSS from wa
 - calibkit: `calibrate` end to end with the default method (mse), fresh statistics, default budget unless given;
 - ORT quantize_static MinMax, QDQ, each text padded to 128 tokens (variable lengths fail there).
 
-Where the bytes went before this benchmark's fixes (BERT-base, 512 log-sampled texts, 2 cores, batch 32,
-`--profile` on the old collector; tracemalloc sees numpy's allocations, RSS sampling the rest):
-- the tapped outputs ONNX Runtime returns for one batch: 73 tensors; the longest batch (32 texts of 512 tokens)
-  holds 12 attention-probability tensors [32, 12, 512, 512] (402 MB each, 4.8 GB) plus 61 [32, 512, 768|3072]
-  (2.8 GB): 7.6 GB for one batch;
-- the overlap thread kept batch k's outputs alive while batch k+1 ran: two batches, up to 15 GB;
-- `valid_values` made a boolean broadcast mask and a boolean-index copy of every tensor with padding (one more
-  tensor-sized copy at a time, up to 402 MB), and `observe` cast non-float32 inputs to a float32 copy;
-- the model three times over: the loaded proto, `add_outputs`' full copy of it, its serialized bytes (kept by
-  the runner) next to ONNX Runtime's own copy (BERT-large: 1.34 GB each);
-- the histogram itself was already chunked (64K-element float32/intp buffers): no float64/int64 copies there.
-What the collector does now (see calibkit/calibrate/collect.py): batches formed by a byte budget on the tapped
-outputs (priced by the layout probe, sequence² for attention), no overlap (one batch alive), statistics on
-views of the real-token region chunk by chunk, each output released when its statistics are done, taps
-serialized without copying the model and the bytes dropped after loading, statistics on all cores between runs.
+Where the bytes went before the budget (measured on the old collector, MiniLM-L6 shape, the 512 log-sampled
+texts, 2 cores, batch 32; RSS sampled every 10 ms, numpy's allocations by tracemalloc):
+- peak RSS 6.06 GB for a model of 90 MB. The longest batch (32 texts padded to 512 tokens) alone returned
+  3.93 GB of tapped outputs (50 tensors), 2.87 GB of it the 24 four-dimensional attention tensors (Q, K^T, V,
+  probabilities: [32, 12, 512, 64|512]); the overlap thread kept batch k's outputs alive while batch k+1 ran, so
+  the two longest batches were alive together;
+- numpy's own allocations peaked at only 0.28 GB: `valid_values`' boolean broadcast masks and boolean-index
+  copies (one tensor's real entries at a time). The histogram was already chunked (64K float32/intp buffers):
+  no float64 or int64 copies of whole tensors;
+- the model three times: loaded proto 0.09 GB, `add_outputs`' full copy plus its serialized bytes (kept by the
+  runner) +0.13 GB, ONNX Runtime's session +0.14 GB (BERT-large: 1.34 GB per copy).
+So the peak is set by batch x sequence^2 x tapped tensors, and by the longest texts, not by the statistics.
+The collector now (calibkit/calibrate/collect.py): batches formed by a byte budget on the tapped outputs
+(priced by the layout probe, sequence^2 for attention), one batch alive (no overlap), outputs read in place in
+256K-element chunks and released when done, the model tapped without a copy and its bytes dropped after
+loading, statistics on all cores between inference runs. Same shape and texts after: peak 1.93 GB, largest
+batch 0.98 GB of outputs, numpy's allocations 0.10 GB (`--profile` prints these).
 """
 
 from __future__ import annotations
@@ -111,12 +113,21 @@ def worker_calibkit(args: argparse.Namespace) -> dict:
     from calibkit.data.calibset import load_calibration_set
     from calibkit.data.modeldir import ModelDir
 
+    if args.variant == "blocks":  # A/B: statistics from views of the real tokens instead of overwritten padding
+        import calibkit.calibrate.collect as collect
+
+        def blocks(acc, x, layout, mask) -> None:  # noqa: ANN001
+            for block in collect.valid_blocks(x, layout, mask):
+                acc.observe(block)
+
+        collect.observe_real_tokens = blocks
     t0 = time.perf_counter()
     res = calibrate(ModelDir.resolve(args.model), load_calibration_set(args.calib), out_dir=Path(args.out),
                     cache_dir=Path(args.cache_dir), budget=_budget(args), threads=args.threads or None)
     meta = json.loads((Path(args.out) / "calibration.json").read_text())["statistics"] \
         if (Path(args.out) / "calibration.json").is_file() else {}
-    keep = ("batches", "inference_seconds", "statistics_seconds", "largest_batch_tapped_bytes", "statistics_threads")
+    keep = ("batches", "inference_seconds", "statistics_seconds", "statistics_cpu_seconds", "statistics_threads",
+            "largest_batch_tapped_bytes", "padding_fraction")
     return {"seconds": time.perf_counter() - t0, "timings": res.timings, **{k: meta.get(k) for k in keep}}
 
 
@@ -258,6 +269,7 @@ def main() -> None:
     ap.add_argument("--memory-budget", default="")
     ap.add_argument("--max-batch-tokens", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--variant", default="", help="blocks: also run calibkit reading views of the real tokens")
     ap.add_argument("--model", default="")
     ap.add_argument("--calib", default="")
     ap.add_argument("--out", default="")
@@ -289,6 +301,10 @@ def main() -> None:
             with tempfile.TemporaryDirectory(prefix="ck-", dir=work) as tmp:
                 row["calibkit"] = spawn("calibkit", model=model, calib=calib, out=Path(tmp) / "out",
                                         cache_dir=Path(tmp) / "cache", **opts)
+            if args.variant:
+                with tempfile.TemporaryDirectory(prefix="ck-", dir=work) as tmp:
+                    row[f"calibkit-{args.variant}"] = spawn("calibkit", model=model, calib=calib, out=Path(tmp) / "o",
+                                                            cache_dir=Path(tmp) / "c", variant=args.variant, **opts)
             if args.profile:
                 row["profile"] = spawn("profile", model=model, calib=calib, **opts)
             if not args.no_ort and n in ort_counts:

@@ -171,3 +171,25 @@ def test_padding_overwrite_equals_reading_real_tokens_only():
     assert a.count == b.count == 4 * (16 + 4 + 9) and a.neginf_count == b.neginf_count == 0
     assert (a.min, a.max) == (b.min, b.max)
     np.testing.assert_array_equal(a.histogram.counts, b.histogram.counts)
+
+
+def test_cli_budget_options(tmp_path, monkeypatch):
+    import json
+
+    from calib_helpers import write_model_dir
+    from typer.testing import CliRunner
+
+    from calibkit.cli import app
+    from calibkit.data.calibset import write_calibration_set
+
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+    model = write_model_dir(tmp_path / "model")
+    write_calibration_set(tmp_path / "set", texts(20, seed=3), None, {})
+    r = CliRunner().invoke(app, ["calibrate", str(model), "-c", str(tmp_path / "set"), "--out", str(tmp_path / "o"),
+                                 "--memory-budget", "64K", "--max-batch-tokens", "40"])
+    assert r.exit_code == 0, r.output
+    stats = json.loads((tmp_path / "o" / "calibration.json").read_text())["statistics"]
+    assert stats["memory_budget_bytes"] == 64 << 10 and stats["max_batch_tokens"] == 40 and stats["batches"] > 1
+    r = CliRunner().invoke(app, ["calibrate", str(model), "-c", str(tmp_path / "set"), "--out", str(tmp_path / "b"),
+                                 "--memory-budget", "lots"])
+    assert r.exit_code == 2 and "4G" in r.output
