@@ -37,7 +37,10 @@ def test_compare_demo_fp32_vs_int8(demo_assets_fast: Path, tmp_path: Path, monke
     assert r.exit_code == 0, r.output
     doc = json.loads(out.read_text())
 
-    test = [json.loads(x) for x in (demo_assets_fast / "data" / "test.jsonl").read_text().splitlines()[:80]]
+    every = [json.loads(x) for x in (demo_assets_fast / "data" / "test.jsonl").read_text().splitlines()]
+    used = doc["eval_set"]["rows"]["indices"]  # --limit: a stratified random subset, recorded
+    assert len(used) == 80 and len({every[i]["label"] for i in used}) == 2
+    test = [every[i] for i in used]
     tok = TextTokenizer(model)
     labels = {"negative": 0, "positive": 1}
     for name, path in (("A", tmp_path / "fp32.onnx"), ("B", tmp_path / "int8.onnx")):

@@ -89,17 +89,17 @@ def render_block(s: dict[str, Any]) -> str:
 
 
 def replace_block(readme: str, block: str) -> str:
-    pattern = re.compile(re.escape(BEGIN) + r"\n.*?\n" + re.escape(END), re.S)
+    pattern = re.compile(re.escape(BEGIN) + r"\n(?:.*?\n)?" + re.escape(END), re.S)
     if len(pattern.findall(readme)) != 1:
         raise ValueError(f"README must hold exactly one {BEGIN} ... {END} block")
     return pattern.sub(lambda _: f"{BEGIN}\n{block}\n{END}", readme)
 
 
 def read_block(readme: str) -> str:
-    m = re.search(re.escape(BEGIN) + r"\n(.*?)\n" + re.escape(END), readme, re.S)
+    m = re.search(re.escape(BEGIN) + r"\n(?:(.*?)\n)?" + re.escape(END), readme, re.S)
     if m is None:
         raise ValueError(f"README has no {BEGIN} ... {END} block")
-    return m.group(1)
+    return m.group(1) or ""
 
 
 def main(argv: list[str] | None = None) -> int:
