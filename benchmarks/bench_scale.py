@@ -113,14 +113,10 @@ def worker_calibkit(args: argparse.Namespace) -> dict:
     from calibkit.data.calibset import load_calibration_set
     from calibkit.data.modeldir import ModelDir
 
-    if args.variant == "blocks":  # A/B: statistics from views of the real tokens instead of overwritten padding
+    if args.variant in ("views", "overwrite"):  # A/B of the statistics path: always views / always overwrite
         import calibkit.calibrate.collect as collect
 
-        def blocks(acc, x, layout, mask) -> None:  # noqa: ANN001
-            for block in collect.valid_blocks(x, layout, mask):
-                acc.observe(block)
-
-        collect.observe_real_tokens = blocks
+        collect._VIEWS_FROM = 0 if args.variant == "views" else 1 << 62
     t0 = time.perf_counter()
     res = calibrate(ModelDir.resolve(args.model), load_calibration_set(args.calib), out_dir=Path(args.out),
                     cache_dir=Path(args.cache_dir), budget=_budget(args), threads=args.threads or None)
@@ -269,7 +265,7 @@ def main() -> None:
     ap.add_argument("--memory-budget", default="")
     ap.add_argument("--max-batch-tokens", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--variant", default="", help="blocks: also run calibkit reading views of the real tokens")
+    ap.add_argument("--variant", default="", help="views | overwrite: also run calibkit with that path forced")
     ap.add_argument("--model", default="")
     ap.add_argument("--calib", default="")
     ap.add_argument("--out", default="")

@@ -109,8 +109,10 @@ def _same(a, b):
         np.testing.assert_array_equal(x.histogram.counts, y.histogram.counts, err_msg=t)
 
 
-@pytest.mark.parametrize("num_bins", [2048, 16384])
-def test_ranges_bit_identical_whatever_batch_size_budget_and_threads(tok, num_bins):
+@pytest.mark.parametrize("num_bins, views_from", [(2048, None), (16384, None), (2048, 0)])
+def test_ranges_bit_identical_whatever_batch_size_budget_and_threads(tok, num_bins, views_from, monkeypatch):
+    if views_from is not None:  # read views of the real tokens even for short texts (the long-text path)
+        monkeypatch.setattr("calibkit.calibrate.collect._VIEWS_FROM", views_from)
     items = texts(60, seed=11)
     ref = collect_stats(_fake_runner, bucketed_batches(tok, items, NAMES, batch_size=60), ["H", "A", "Kt"],
                         num_bins=num_bins, threads=1)

@@ -41,6 +41,7 @@ RunnerSource = Callable[[], BaseRunner] | str | os.PathLike[str] | bytes | onnx.
 
 _PROBES = ((2, 13), (3, 17))
 _GIL_FREE_FROM = 4  # statistics threads from which the GIL-free histogram kernel is used
+_VIEWS_FROM = 1 << 16  # mean entries per view of real tokens from which views are read directly
 
 
 @dataclass(frozen=True)
@@ -247,17 +248,20 @@ def observe_real_tokens(acc: StatsAccumulator, x: np.ndarray, layout: TensorLayo
     """Statistics of the real-token entries of ``x`` (an output the collector owns; padded entries may be
     overwritten).
 
-    Fast path: padded entries are overwritten, in one pass, with a copy of one real entry ``v``; the whole
-    contiguous tensor is observed in 256K-element chunks; then the copies of ``v`` are taken back out (``count`` and v's
-    bin). min/max never see a value that is not real, and counts are exact, so this equals observing the real
-    entries alone (:func:`valid_blocks`, the fallback for read-only or strided outputs) bit for bit."""
+    Large views of the real tokens (long texts) are read as they are (:func:`valid_blocks`). When they would be
+    small (short texts: many rows of a few thousand entries), padded entries are overwritten in one pass with a
+    copy of one real entry ``v``, the whole contiguous tensor is observed in 256K-element chunks, and the copies
+    of ``v`` are taken back out (``count`` and v's bin). min/max never see a value that is not real and counts
+    are exact, so both ways equal observing the real entries alone, bit for bit."""
     pad = padding_entries(x, layout, mask)
     if pad is None:
         acc.observe(x)
         return
     where, n_pad = pad
     assert mask is not None and layout.batch_axis is not None  # padding_entries checked both
-    if x.flags.writeable and x.flags.c_contiguous and x.dtype in (np.float32, np.float16):
+    groups = 1 + int(np.count_nonzero(np.diff(mask.sum(axis=1))))  # rows of equal length share one view
+    small = x.size < _VIEWS_FROM * groups  # small views: numpy call overhead (and the GIL) would dominate
+    if small and x.flags.writeable and x.flags.c_contiguous and x.dtype in (np.float32, np.float16):
         rows = np.flatnonzero(mask.any(axis=1))
         if rows.size:
             i = int(rows[0])

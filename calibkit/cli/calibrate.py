@@ -20,8 +20,9 @@ another --method, or with more --exclude, does not run the model again.
 
 Memory: batches are length-bucketed and bounded by --memory-budget, the bytes of tapped activations one batch
 may hold (attention probabilities grow with batch x sequence^2; calibkit prices them by two tiny probe runs).
-Long texts go in smaller batches, short ones in batches of --batch-size. Peak memory is about the model in ONNX
-Runtime (2-3x the .onnx file) plus 1.5x the budget; the statistics do not depend on the budget or batch size.
+Long texts go in smaller batches, short ones in batches of --batch-size. Peak memory is about 3.5x the .onnx
+file (the model in calibkit and in ONNX Runtime) plus 1.5x the budget: 6.2 GB for BERT-large with the default.
+The statistics, and so the ranges, do not depend on the budget or the batch size.
 
 Methods: mse (default: minimum expected squared quantization error, clipping included; the best held-out
 accuracy on the demo model), entropy (TensorRT EntropyCalibration2 KL search), minmax (max |x|, TensorRT's advice
