@@ -110,6 +110,7 @@ def gather_stats(
         "texts": batches.num_texts,
         "truncated": batches.truncated,
         "max_length": batches.max_length,
+        "max_length_source": model_dir.max_length_source,
         "batch_size": batch_size,
     }
     store = StatsStore(dict(store.stats), store.num_bins, meta)
@@ -125,9 +126,10 @@ def _summary_warnings(store: StatsStore, table: CalibrationTable) -> list[str]:
         out.append("the calibration set holds a single text: ranges from one sample rarely generalise")
     trunc = int(store.meta.get("truncated", 0) or 0)
     if trunc:
+        source = store.meta.get("max_length_source")
         out.append(
             f"{trunc} of {n} texts are longer than the model's maximum of {store.meta.get('max_length')} tokens "
-            "and were truncated"
+            + (f"({source}) " if source else "") + "and were truncated"
         )
     nonfinite = [r.tensor for r in table.ranges if store[r.tensor].non_finite]
     if nonfinite:
