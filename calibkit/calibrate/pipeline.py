@@ -21,8 +21,10 @@ from calibkit.calibrate.trtcache import ALGORITHM_FOR_METHOD, DEFAULT_TRT_VERSIO
 from calibkit.data.calibset import MANIFEST, CalibrationSet, load_calibration_set
 from calibkit.data.modeldir import ModelDir
 from calibkit.errors import CalibrationError
+from calibkit.names import node_names
 from calibkit.progress import ProgressCallback
-from calibkit.quantize.placement import DEFAULT_OP_TYPES, plan_placement
+from calibkit.quantize.fused import fused_fp32_linear, fused_warning
+from calibkit.quantize.placement import DEFAULT_OP_TYPES, Placement, plan_placement
 from calibkit.types import INT8_MAX, CalibrationTable, Method, MethodParams, TensorRange
 
 log = logging.getLogger("calibkit.calibrate")
@@ -142,6 +144,22 @@ def _summary_warnings(store: StatsStore, table: CalibrationTable) -> list[str]:
     return out
 
 
+def structure_warnings(model: Any, placement: Placement, exclude: Sequence[str]) -> list[str]:
+    """What the user should know about the graph itself: --exclude patterns that select nothing, fused ops."""
+    out = []
+    if placement.unmatched:
+        known = node_names(model, [n.op_type for n in placement.nodes] or None)
+        sample = next(iter(known.values()), None)
+        example = (f" (names look like {sample.node!r}" + (f", module paths like {sample.module!r}" if sample.module
+                   else "") + ")") if sample else ""
+        for p in placement.unmatched:
+            out.append(f"--exclude {p!r} matches no quantized node{example}")
+    fused = fused_warning(model)
+    if fused:
+        out.append(fused)
+    return out
+
+
 def _quantize(model: Any, table: CalibrationTable, op_types: Sequence[str], exclude: Sequence[str], target: str):
     from calibkit.graph import load_model
     from calibkit.quantize.qdq import Target, quantize_model
@@ -198,15 +216,18 @@ def calibrate(
     table = compute_table(store, method, params, sha, cset.id, tensors=tensors, provenance=provenance)
     t3 = time.perf_counter()
     qres = _quantize(proto, table, op_types, exclude, target)
+    structure = structure_warnings(proto, placement, exclude)
+    fused = [n.name for n in fused_fp32_linear(proto)]
     del proto
     t4 = time.perf_counter()
-    warnings = _summary_warnings(store, table)
+    warnings = [*structure, *_summary_warnings(store, table)]
     for w in warnings:
         log.info(w)
     extras: dict[str, Any] = {
         "target": target,
         "op_types": list(op_types),
         "exclude": list(exclude),
+        "fused_fp32": fused,
         "tensors": {
             r.tensor: {"amax": r.amax, "scale": r.scale, "method": r.method.value, **store[r.tensor].summary()}
             for r in table.ranges
@@ -312,7 +333,10 @@ def calibrate_from_cache(
     t0 = time.perf_counter()
     cache = read_cache(cache_path)
     sha = model_sha256(model_dir.onnx_path)
-    placement = plan_placement(load_model(model_dir.onnx_path, load_external_data=False), op_types, exclude)
+    graph_only = load_model(model_dir.onnx_path, load_external_data=False)
+    placement = plan_placement(graph_only, op_types, exclude)
+    structure = structure_warnings(graph_only, placement, exclude)
+    del graph_only
     wanted = set(placement.activations)
     method = cache.method
     ranges = tuple(
@@ -336,7 +360,7 @@ def calibrate_from_cache(
         },
     )
     qres = _quantize(model_dir.onnx_path, table, op_types, exclude, target)
-    warnings = []
+    warnings = list(structure)
     if unmatched:
         warnings.append(
             f"{len(unmatched)} cache entries match no quantized tensor of the model (TensorRT-internal names or "
