@@ -153,7 +153,7 @@ def structure_warnings(model: Any, placement: Placement, exclude: Sequence[str])
         example = (f" (names look like {sample.node!r}" + (f", module paths like {sample.module!r}" if sample.module
                    else "") + ")") if sample else ""
         for p in placement.unmatched:
-            out.append(f"--exclude {p!r} matches no quantized node{example}")
+            out.append(f"--exclude '{p}' matches no quantized node{example}")
     fused = fused_warning(model)
     if fused:
         out.append(fused)

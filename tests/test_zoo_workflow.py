@@ -1,0 +1,95 @@
+"""Every zoo model through the CLI: sample -> calibrate -> build (fp32, fp16, int8) -> compare (-> tune for the
+classifiers), exit 0, no traceback; INT8 agrees with FP32 (>= 99 % of predictions, cosine >= 0.999 for
+embeddings)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+from typer.testing import CliRunner
+from zoo import write_texts, zoo_texts
+
+from calibkit.cli import app
+
+pytestmark = pytest.mark.slow
+
+MODELS = ("bert-cls-legacy", "bert-cls-dynamo", "bert-cls-ort-fused", "distilbert-cls-legacy", "roberta-cls-legacy",
+          "roberta-cls-dynamo", "deberta-v2-cls-legacy", "electra-cls-legacy", "bert-encoder-legacy",
+          "bert-encoder-dynamo", "bert-token-legacy")
+
+
+def cli(*args: object) -> str:
+    r = CliRunner().invoke(app, [str(a) for a in args])
+    assert r.exit_code == 0, f"calibkit {' '.join(map(str, args))}\n{r.output}\n{r.exception!r}"
+    assert "Traceback" not in r.output
+    return " ".join(r.output.split())  # rich wraps long lines at the terminal width
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("zoo-workflow")
+    write_texts(root / "logs.jsonl", zoo_texts(300, seed=5))  # 1 in 10 texts is over the 64-token limit
+    write_texts(root / "eval.jsonl", zoo_texts(120, seed=9))  # no labels: fidelity only
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+
+
+def _fidelity(zoo_model, fp32: Path, int8: Path, eval_path: Path):  # type: ignore[no-untyped-def]
+    from calibkit.data.evalset import load_eval_set
+    from calibkit.data.tokenizer import TextTokenizer
+    from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+    from calibkit.evaluate.tasks import choose_task, model_outputs
+
+    cfg = json.loads((zoo_model.folder / "config.json").read_text())
+    task = choose_task(model_outputs(onnx.load(str(fp32))), cfg)
+    tok = TextTokenizer(zoo_model.folder)
+    texts = load_eval_set(eval_path).texts
+    outs = []
+    for path in (fp32, int8):
+        with OnnxRuntimeRunner(path.read_bytes(), name=path.name) as r:
+            outs.append(task.predict(r, tok, texts, batch_size=32))
+    return task, task.fidelity(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_zoo_model_through_the_workflow(zoo: dict, work: Path, tmp_path: Path, name: str) -> None:
+    z = zoo[name]
+    out = cli("sample", work / "logs.jsonl", "--size", 100, "--tokenizer", z.folder, "--out", tmp_path / "calib")
+    assert "100" in out
+    out = cli("calibrate", z.folder, "-c", tmp_path / "calib", "--out", tmp_path / "cal")
+    # texts over the limit are truncated to the tokenizer's model_max_length (RoBERTa: not the 66-row table)
+    assert "maximum of 64 tokens" in out
+    if z.exporter == "ort-fused":
+        assert "2 fused com.microsoft ops" in out and "stay FP32" in out
+    for precision, extra in (("fp32", ()), ("fp16", ()), ("int8", ("--calibration", tmp_path / "cal"))):
+        cli("build", z.folder, "--precision", precision, *extra, "-o", tmp_path / f"{precision}.onnx")
+    task, fid = _fidelity(z, tmp_path / "fp32.onnx", tmp_path / "int8.onnx", work / "eval.jsonl")
+    assert task.kind.value == z.task
+    assert fid.agreement >= 0.99
+    if z.task == "embedding":
+        assert fid.cosine_min >= 0.999
+        assert fid.extra["retrieval_overlap_at_k"] >= 0.99
+
+
+@pytest.mark.parametrize("family", ["bert-cls", "roberta-cls"])
+def test_exclude_by_module_path_on_both_exports(zoo: dict, work: Path, tmp_path: Path, family: str) -> None:
+    module = f"{family.split('-')[0]}.encoder.layer.1.output.dense"
+    kept = []
+    for exporter in ("legacy", "dynamo"):
+        z = zoo[f"{family}-{exporter}"]
+        cli("sample", work / "logs.jsonl", "--size", 40, "--tokenizer", z.folder, "--out", tmp_path / f"c-{exporter}")
+        out = cli("calibrate", z.folder, "-c", tmp_path / f"c-{exporter}", "--out", tmp_path / f"o-{exporter}",
+                  "--exclude", f"{module}$", "--exclude", r"layer\.9/")
+        assert r"--exclude 'layer\.9/' matches no quantized node" in out, out
+        doc = json.loads((tmp_path / f"o-{exporter}" / "calibration.json").read_text())
+        kept.append(doc["kept_nodes"])
+    assert len(kept[0]) == len(kept[1]) == 1
+    assert kept[0] == [f"/{family.split('-')[0]}/encoder/layer.1/output/dense/MatMul"]
+    assert kept[1][0].startswith("node_")
