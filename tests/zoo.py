@@ -21,6 +21,7 @@ LAYERS = 2
 HEADS = 2
 MAX_TOKENS = 64  # model_max_length of every zoo tokenizer
 NUM_LABELS = 3
+INIT_RANGE = 0.2
 TOKEN_LABELS = ("O", "B-ENT", "I-ENT")
 
 
@@ -105,8 +106,13 @@ def _train_tokenizer(folder: Path, texts: list[str], family: str) -> dict[str, i
 def _config(family: str, head: str, special: dict[str, int]):  # type: ignore[no-untyped-def]
     import transformers as tf
 
-    # eager attention: the pattern ONNX Runtime's optimizer fuses into Attention (SDPA exports do not fuse)
-    common = {"vocab_size": special["vocab"], "pad_token_id": special["pad"], "attn_implementation": "eager"}
+    # eager attention: the pattern ONNX Runtime's optimizer fuses into Attention (SDPA exports do not fuse).
+    # initializer_range 0.2, not the default 0.02: at 0.02 the pooled vectors of different texts differ by less
+    # than one INT8 step of the classifier input (top principal component std 0.0008 vs step 0.0023 for BERT):
+    # the model carries less text information than INT8 resolves and every text gets the same class. At 0.2 the
+    # spread is 30-60 steps.
+    common = {"vocab_size": special["vocab"], "pad_token_id": special["pad"], "attn_implementation": "eager",
+              "initializer_range": INIT_RANGE}
     if head == "classification":
         common["id2label"] = {i: f"class_{i}" for i in range(NUM_LABELS)}
     elif head == "token-classification":
@@ -205,6 +211,42 @@ def _ort_fuse(src: Path, dst: Path) -> None:
     opt.save_model_to_file(str(dst))
 
 
+def _spread_head(module, texts: list[str], tokenizer_json: Path, pad: int, head: str, seed: int) -> None:  # type: ignore[no-untyped-def]
+    """Re-draw the final Linear so predictions spread over the classes, as a trained head's do.
+
+    A random head sees nearly the same vector for every text and predicts one class for all of them, so INT8
+    "agreement" would be 100 % whatever the error. This head reads the top principal components of its input
+    over the zoo texts (the directions in which texts differ most), scaled to unit variance and centred, so
+    logits vary from text to text by a few units.
+    """
+    import torch
+    from tokenizers import Tokenizer
+
+    final = [m for m in module.modules() if isinstance(m, torch.nn.Linear)][-1]
+    captured: list[torch.Tensor] = []
+    hook = final.register_forward_hook(lambda _m, inputs, _o: captured.append(inputs[0].detach()))
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    tok.enable_truncation(MAX_TOKENS)
+    tok.enable_padding(pad_id=pad)
+    enc = tok.encode_batch(texts[:200])
+    ids = torch.tensor([e.ids for e in enc])
+    mask = torch.tensor([e.attention_mask for e in enc])
+    with torch.no_grad():
+        module(input_ids=ids, attention_mask=mask)
+    hook.remove()
+    x = captured[0].double()
+    x = x[mask.bool()] if head == "token-classification" else x.reshape(-1, x.shape[-1])
+    mu = x.mean(0)
+    _u, sv, vt = torch.linalg.svd(x - mu, full_matrices=False)
+    k = 4
+    pcs = vt[:k] / (sv[:k, None] / len(x) ** 0.5)  # k unit-variance directions
+    gen = torch.Generator().manual_seed(seed)
+    w = 2.0 * torch.randn(final.out_features, k, generator=gen, dtype=torch.float64) @ pcs
+    with torch.no_grad():
+        final.weight.copy_(w.float())
+        final.bias.copy_(-(w @ mu).float())
+
+
 def build_family(root: Path, name: str, texts: list[str], seed: int = 0) -> dict[str, ZooModel]:
     """Every export of one zoo entry: {f"{name}-{exporter}": ZooModel}."""
     import torch
@@ -215,6 +257,8 @@ def build_family(root: Path, name: str, texts: list[str], seed: int = 0) -> dict
     special = _train_tokenizer(base, texts, family)
     config = _config(family, head, special)
     module = _module(family, head, config).eval()
+    if head != "embedding":
+        _spread_head(module, texts, base / "tokenizer.json", special["pad"], head, seed)
     names = _input_names(family, config)
     if head == "embedding":
         outputs = ["last_hidden_state"] + (["pooler_output"] if family == "bert" else [])
