@@ -71,7 +71,7 @@ def main() -> None:
     ev = load_eval_set(Path(args.data) / "test.jsonl")
     y = label_ids(ev, md.id2label, len(md.id2label))
     cfg = TuneConfig()
-    _, hold = split_eval(y, cfg.holdout_fraction, cfg.seed)
+    _, hold = split_eval(y, cfg.holdout_fraction, cfg.seed, texts=ev.texts)
     hold_texts = [ev.texts[i] for i in hold]
 
     rows = [

@@ -20,6 +20,8 @@ _EXTRAS: dict[str, tuple[str, str]] = {
     "cuda": ("tensorrt", "GPU memory for the TensorRT backend (cuda-python)"),
     "datasets": ("datasets", "Hugging Face datasets folders as eval sets"),
     "nbclient": ("dev", "executing notebooks"),
+    "distributed": ("distributed", "running work units on a Dask cluster (--executor dask://HOST:PORT)"),
+    "dask": ("distributed", "running work units on a Dask cluster (--executor dask://HOST:PORT)"),
 }
 
 

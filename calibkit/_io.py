@@ -8,9 +8,11 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
+
+from calibkit.outdirs import check_replaceable, clean_stale_tmp, umask, write_marker
 
 
 @contextlib.contextmanager
@@ -20,6 +22,7 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w", encoding: str | N
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        os.fchmod(fd, 0o666 & ~umask())  # mkstemp makes 0600; outputs get the umask's permissions
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as fh:
             yield fh
             fh.flush()
@@ -80,20 +83,28 @@ def sha256_bytes(data: bytes) -> str:
 
 
 @contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_dir(path: str | os.PathLike[str], *, what: str = "", legacy_names: Iterable[str] = ()) -> Iterator[Path]:
     """Build a directory under a temporary name and swap it into place only when complete.
 
-    An existing directory at ``path`` is replaced only after the new one is fully written.
+    The new folder carries calibkit's marker file (``outdirs.MARKER``). An existing ``path`` is replaced only
+    after the new folder is fully written, and only when it is empty, carries the marker or holds nothing but
+    ``legacy_names`` (folders written before the marker existed); anything else raises UsageError, as does an
+    existing file. Temporary folders left by a killed earlier writer are removed first.
     """
     target = Path(path)
+    check_replaceable(target, legacy_names=legacy_names)
     target.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_tmp(target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
+        os.chmod(tmp, 0o777 & ~umask())  # mkdtemp makes 0700
+        write_marker(tmp, what)
         yield tmp
+        write_marker(tmp, what, entries=(p.name for p in tmp.iterdir()))
+        check_replaceable(target, legacy_names=legacy_names)  # again: it may have changed while we worked
         if target.exists():
-            old = target.with_name(f".{target.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(target, old)
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+            os.replace(target, old)  # onto the empty placeholder; the old folder is ours (checked above)
             os.replace(tmp, target)
             shutil.rmtree(old, ignore_errors=True)
         else:

@@ -96,12 +96,13 @@ def test_from_cache_round_trip_and_unknown_names(setup):
     assert cf.raw["trt_cache"]["non_finite"] == ["log"]
 
 
-def test_from_real_fixture_cache_matches_nothing_but_works(setup):
+def test_from_cache_that_matches_nothing_is_refused(setup):
+    # it used to write a model with "0 nodes quantized" and exit 0 (issue #10)
     md, _, _, tmp = setup
-    fc = calibrate_from_cache(md, "/work/shared/fixtures/trt-caches/radioml-transformer-entropy2.cache",
-                              out_dir=tmp / "fx")
-    assert fc.quantized_nodes == () and len(fc.unmatched_cache_names) == 140
-    assert "E" in fc.missing_ranges and fc.model_path.is_file()
+    with pytest.raises(CalibrationError, match="none of its 140 entries"):
+        calibrate_from_cache(md, "/work/shared/fixtures/trt-caches/radioml-transformer-entropy2.cache",
+                             out_dir=tmp / "fx")
+    assert not (tmp / "fx").exists()
 
 
 def test_failure_leaves_nothing_behind(setup, monkeypatch):

@@ -57,7 +57,10 @@ def test_batch_size_one_accuracy_is_exact(engines: dict[str, Path], tmp_path: Pa
     assert r.exit_code == 0, r.output
     doc = json.loads(out.read_text())
     tok = TextTokenizer(engines["tok"])
-    rows = [json.loads(x) for x in engines["eval"].read_text().splitlines()][:30]
+    every = [json.loads(x) for x in engines["eval"].read_text().splitlines()]
+    used = doc["eval_set"]["rows"]  # --limit draws a stratified random subset and records it
+    assert used["count"] == 30 and used["of"] == len(every) and sorted(used["indices"]) != list(range(30))
+    rows = [every[i] for i in used["indices"]]
     for name, path in (("A", engines["fp"]), ("B", engines["int8"])):
         sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         preds = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -202,7 +203,9 @@ def test_layer_ranges_and_sqnr_match_brute_force(tiny, comparison) -> None:
 
     tok = TextTokenizer(tiny["tok"])
     ev = load_eval_set(tiny["eval"])
-    texts = list(ev.texts)
+    # layer statistics stream the layer subset in its canonical order (all rows here: the set is small)
+    assert comparison.layer_subset is not None and len(comparison.layer_subset) == len(ev)
+    texts = list(comparison.layer_subset.take(ev.texts))
     fp = onnx.load(str(tiny["fp"]))
     q = onnx.load(str(tiny["int8"]))
     xs: dict[str, list[np.ndarray]] = {"emb": [], "r1": [], "pooled": []}
@@ -233,7 +236,10 @@ def test_layer_ranges_and_sqnr_match_brute_force(tiny, comparison) -> None:
         for p, got in ((99.0, meas.p99), (99.99, meas.p9999)):
             k = math.ceil(p / 100 * len(srt))  # the histogram's percentile lies between neighbouring order stats
             assert srt[max(0, k - 2)] - width <= got <= srt[min(len(srt) - 1, k)] + width
-        assert meas.clipped_fraction == pytest.approx(np.mean(np.abs(v) > spec.amax))
+        # values within float noise of amax (the calibration text that set it, padded differently) may go
+        # either way
+        lo, hi = np.mean(np.abs(v) > spec.amax * (1 + 1e-5)), np.mean(np.abs(v) > spec.amax * (1 - 1e-5))
+        assert lo - 1e-12 <= meas.clipped_fraction <= hi + 1e-12
     assert by_tensor["emb"].clipped_fraction > 1e-3  # squeezed on purpose
     by_output = {r.measurement.spec.output: r.measurement for r in comparison.layers}
     for t, pairs in err.items():
@@ -265,10 +271,16 @@ def test_flags_and_document(tiny, comparison) -> None:
     # the clipping heuristic fires; the measured sensitivity decides between keep-fp16 and watch
     sens = emb["sensitivity"]
     t = doc["thresholds"]
-    harmful = (sens["all_but_this"]["delta"] * 100 > t["min_recovery_points"]
-               or -sens["only_this_int8"]["delta"] * 100 > t["max_cost_points"])
-    assert emb["flag"] == ("keep-fp16" if harmful else "watch")
-    assert ("fc1" in doc["recommendation"]["keep_in_higher_precision"]) == harmful
+    abt, only = sens["all_but_this"], sens["only_this_int8"]
+    over = (abt["delta"] * 100 > t["min_recovery_points"], -only["delta"] * 100 > t["max_cost_points"])
+    harmful = (over[0] and abt["significant"]) or (over[1] and only["significant"])
+    unsure = not harmful and any(over)
+    worse = doc["difference"]["accuracy"]["verdict"] == "loss"
+    want = ("keep-fp16" if worse else "watch") if harmful else ("insufficient-evidence" if unsure else "watch")
+    assert emb["flag"] == want
+    assert ("fc1" in doc["recommendation"]["keep_in_higher_precision"]) == (want == "keep-fp16")
+    assert doc["difference"]["accuracy"]["low"] <= doc["difference"]["accuracy"]["estimate"]
+    assert doc["subsets"]["sensitivity"]["count"] == 40
     assert doc["histograms"], "histograms of the worst layers"
     for h in doc["histograms"].values():
         assert len(h["counts"]) <= 256 and set(h["thresholds"]) >= {"entropy", "minmax", "percentile", "mse", "amax"}
@@ -281,7 +293,13 @@ def test_sensitivity_matches_direct_variants(tiny, comparison) -> None:
 
     sens = comparison.sensitivity
     assert sens is not None and sens.samples == 40
-    ev = load_eval_set(tiny["eval"]).head(40)
+    full = load_eval_set(tiny["eval"])
+    sub = comparison.sensitivity_subset
+    assert sub is not None and len(sub) == 40 and sub.total == len(full)
+    # a stratified random subset, not the first 40 rows
+    assert sorted(sub.indices) != list(range(40))
+    assert sum(full.labels[i] == "positive" for i in sub.indices) == round(40 * full.labels.count("positive") / 80)
+    ev = replace(full, texts=sub.take(full.texts), labels=sub.take(full.labels))
     tok = TextTokenizer(tiny["tok"])
     y = np.array([1 if lab == "positive" else 0 for lab in ev.labels])
     table = load_calibration_table(tiny["cal"])
@@ -313,7 +331,12 @@ def test_onnxruntime_layout_uint8_zero_point_128(tmp_path: Path) -> None:
     amax = {r["tensor"]: r["amax"] for r in table["ranges"]}
     specs = [r.measurement.spec for r in c.layers]
     assert specs and all(s.amax == pytest.approx(amax[s.tensor], rel=1e-6) for s in specs)
-    assert all(r.flag.flag.value == "keep-fp16" for r in c.layers)  # every layer is below a 200 dB SQNR bar
+    # every layer is below a 200 dB SQNR bar; keep advice only where INT8 is significantly less accurate
+    want = "keep-fp16" if c.accuracy_diff.significant and c.accuracy_diff.interval.estimate < 0 else "watch"
+    assert all(r.flag.flag.value == want for r in c.layers)
+    if want == "watch":
+        assert all("not significantly less accurate" in r.flag.reasons[-1] for r in c.layers)
+        assert c.keep_in_higher_precision == ()
 
 
 @pytest.mark.slow  # two spawned interpreters importing ONNX Runtime: several seconds
@@ -352,3 +375,39 @@ def test_sensitivity_limited_to_worst_layers(tiny, comparison) -> None:
     assert chosen == worst
     # the full analysis covers every node
     assert len(comparison.sensitivity.layers) == len({r.measurement.spec.node for r in comparison.layers})
+
+
+def test_same_rows_in_another_order_give_the_same_flags(tiny, comparison, tmp_path: Path) -> None:
+    rows = [json.loads(x) for x in Path(tiny["eval"]).read_text().splitlines()]
+    perm = np.random.default_rng(7).permutation(len(rows))
+    shuffled = tmp_path / "shuffled.jsonl"
+    shuffled.write_text("".join(json.dumps(rows[i]) + "\n" for i in perm))
+    opts = CompareOptions(batch_size=16, sensitivity=True, workers=1, sensitivity_samples=40)
+    again = compare_engines(EngineArtifact.load(tiny["fp"]), EngineArtifact.load(tiny["int8"]),
+                            load_eval_set(shuffled), options=opts)
+    assert comparison.sensitivity_subset.content_sha256 == again.sensitivity_subset.content_sha256
+    assert comparison.layer_subset.content_sha256 == again.layer_subset.content_sha256
+    assert [(r.measurement.spec.node, r.flag) for r in comparison.layers] == \
+        [(r.measurement.spec.node, r.flag) for r in again.layers]
+    assert comparison.accuracy_diff.to_dict() == again.accuracy_diff.to_dict()
+
+
+def test_a_recovery_within_its_uncertainty_is_insufficient_evidence() -> None:
+    from calibkit.evaluate.flags import Flag, flag_layer
+    from calibkit.evaluate.uncertainty import paired_difference
+
+    n = 256
+    base = np.zeros(n, dtype=bool)
+    base[:200] = True
+    kept = base.copy()
+    kept[200:202] = True  # 2 more correct of 256: +0.78 points
+    noisy = paired_difference(base, kept)
+    common = dict(sqnr_db=40.0, clipped_fraction=0.0, outlier_ratio=2.0, nonfinite=0, fp_absmax=5.0,
+                  quant_sqnr_db=40.0, only_this_delta=0.0)
+    f = flag_layer(Thresholds(), **common, all_but_this_delta=2 / n, all_but_this_diff=noisy)
+    assert f.flag is Flag.INSUFFICIENT
+    assert any("insufficient evidence on 256 examples" in r and "would settle it" in r for r in f.reasons)
+    kept[202:240] = True  # 40 more: real
+    real = paired_difference(base, kept)
+    f = flag_layer(Thresholds(), **common, all_but_this_delta=40 / n, all_but_this_diff=real)
+    assert f.flag is Flag.KEEP_FP16

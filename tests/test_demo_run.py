@@ -36,7 +36,9 @@ def test_demo_workflow_fast(demo_assets_fast: Path, tmp_path: Path, monkeypatch:
         assert (res.index_html.parent / href).resolve().is_file(), href
     # the reported INT8 accuracy of the best method is what ONNX Runtime measures on that model
     md = ModelDir.resolve(demo_assets_fast / "model")
-    ev = load_eval_set(demo_assets_fast / "data" / "test.jsonl").head(opts.eval_limit)
+    from calibkit.evaluate.subsets import limit_eval_set
+
+    ev, _ = limit_eval_set(load_eval_set(demo_assets_fast / "data" / "test.jsonl"), opts.eval_limit, opts.seed)
     y = label_ids(ev, md.id2label, 2)
     best = s["best_method"]
     with OnnxRuntimeRunner(demo_assets_fast / "runs" / f"calibrate-{best}" / "model.int8.onnx") as r:
@@ -44,3 +46,23 @@ def test_demo_workflow_fast(demo_assets_fast: Path, tmp_path: Path, monkeypatch:
     assert s["method_accuracy"][best] == pytest.approx(acc)
     summary = json.loads((res.index_html.parent / "summary.json").read_text())
     assert summary["tune"]["int8_flops_fraction"] == pytest.approx(s["tune"]["int8_flops_fraction"])
+    # one story: the compared INT8 engine is in the TensorRT layout; the best method is the most faithful one
+    assert summary["int8_engine"]["layout"] == "tensorrt"
+    fid = summary["method_fidelity"]
+    assert best == min(fid, key=lambda m: (fid[m]["flips"], fid[m]["mean_kl"]))
+    with OnnxRuntimeRunner(md.onnx_path) as r:
+        ref = predict_logits(r, TextTokenizer(md.tokenizer_path), ev.texts).argmax(1)
+    with OnnxRuntimeRunner(demo_assets_fast / "runs" / f"calibrate-{best}" / "model.int8.onnx") as r:
+        pred = predict_logits(r, TextTokenizer(md.tokenizer_path), ev.texts).argmax(1)
+    assert fid[best]["flips"] == int((pred != ref).sum())
+    index = res.index_md.read_text()
+    assert "agreement with FP32" in index and "flips" in index and "TensorRT Q/DQ layout" in index
+    # the README generator accepts the summary the demo writes
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("readme_measured", Path(__file__).resolve().parents[1] / "tools"
+                                                  / "readme_measured.py")
+    assert spec and spec.loader
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert "| what | result | command |" in tool.render_block(summary)

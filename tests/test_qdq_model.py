@@ -8,6 +8,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from calibkit.errors import CalibrationError
 from calibkit.quantize.qdq import Target, quantize_model, save_model
 from calibkit.quantize.weights import fake_quantize_weight, quantize_weight
 from calibkit.types import CalibrationTable, Method, MethodParams, TensorRange
@@ -201,9 +202,11 @@ def test_shared_tensor_gets_one_pair_unless_a_consumer_is_excluded() -> None:
     np.testing.assert_allclose(run(res.model, X)["y"], want, rtol=1e-4, atol=1e-4)
 
 
-def test_non_finite_amax_is_a_zero_range() -> None:
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), -1.0, 1e-300, 1e300, 1e-42, 5e40])
+def test_unusable_amax_is_refused_by_name(bad: float) -> None:
+    # once kept FP32 without a word (inf, nan, negative) or written as an inf/0 scale (1e300, 1e-300)
     base = table_for(X)
-    ranges = tuple(TensorRange(r.tensor, float("inf") if r.tensor == "x" else r.amax, r.method) for r in base.ranges)
+    ranges = tuple(TensorRange(r.tensor, bad if r.tensor == "x" else r.amax, r.method) for r in base.ranges)
     t = CalibrationTable("sha", "set", Method.MINMAX, MethodParams(), ranges)
-    res = quantize_model(tiny_model(), t)
-    assert res.zero_ranges == ("x",) and "mm1" in res.kept_nodes
+    with pytest.raises(CalibrationError, match="x: "):
+        quantize_model(tiny_model(), t)

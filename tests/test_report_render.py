@@ -317,3 +317,51 @@ def test_watched_layers_are_listed_but_not_kept(tmp_path: Path) -> None:
     md = render_report(doc, tmp_path / "r").markdown.read_text()
     assert "None: all 2 quantized layers can run in INT8." in md
     assert "1 layers to watch" in md and "but measured: harmless" in md
+
+
+def test_intervals_verdict_warnings_and_subsets_are_rendered(tmp_path: Path) -> None:
+    doc = {
+        "format": "calibkit-compare/1",
+        "engines": [{"name": "A", "accuracy": 0.85, "accuracy_ci": {"estimate": 0.85, "low": 0.83, "high": 0.87}},
+                    {"name": "B", "accuracy": 0.852,
+                     "accuracy_ci": {"estimate": 0.852, "low": 0.832, "high": 0.871}}],
+        "agreement": 0.97, "agreement_ci": {"estimate": 0.97, "low": 0.962, "high": 0.977},
+        "difference": {"accuracy": {"estimate": 0.002, "low": -0.004, "high": 0.008, "verdict": "not significant",
+                                    "mcnemar_p": 0.6, "examples_to_settle": 9000}},
+        "warnings": ["class 'neg' has only 10 examples (< 30)"],
+        "subsets": {"sensitivity": {"count": 256, "of": 2114, "strategy": "stratified", "seed": 0,
+                                    "content_sha256": "ab" * 32}},
+        "layers": [{"index": 0, "node": "fc1", "tensor": "a", "flag": "insufficient-evidence",
+                    "reasons": ["recovers 0.78 points: insufficient evidence on 256 examples"],
+                    "sensitivity": {"all_but_this": {"delta": 0.0078, "delta_low": -0.004, "delta_high": 0.02}}}],
+        "recommendation": {"keep_in_higher_precision": [], "precision": "fp16"},
+    }
+    md = render_report(doc, tmp_path / "r").markdown.read_text().replace("\\", "")
+    assert "+0.20 pt [-0.40, +0.80]" in md and "not significant" in md and "9,000 examples" in md
+    assert "85.00 % [83.00, 87.00]" in md and "97.00 % [96.20, 97.70]" in md and "flips: 3.00 %" in md
+    assert "Warning:" in md and "only 10 examples" in md
+    assert "256 of 2114 rows, stratified, seed 0" in md
+    assert "1 layers with insufficient evidence" in md and "+0.78 pt [-0.40, +2.00]" in md
+
+
+def test_tune_report_shows_agreement_and_the_holdout_verdict(tmp_path: Path) -> None:
+    doc = {
+        "format": "calibkit-tune/1",
+        "target": {"max_drop": 0.5, "relative": False, "fp32_accuracy": 0.85, "threshold": 0.845,
+                   "min_agreement": 99.0},
+        "methods": {"chosen": "mse", "all_int8_flip_rate_search": {"mse": 0.021, "entropy": 0.06}},
+        "warnings": ["the holdout split has 90 examples: its verdict has wide intervals"],
+        "candidates": [{"id": 0, "int8_flops_fraction": 0.97, "accuracy_search": 0.849, "agreement_search": 0.991,
+                        "kept_nodes": ["a"], "accepted": True}],
+        "final": {"kept_nodes": ["a"], "int8_flops_fraction": 0.97, "accuracy_search": 0.849,
+                  "accuracy_holdout": 0.846, "agreement_search": 0.991, "agreement_holdout": 0.989,
+                  "holdout_evidence": {"accuracy_minus_fp32": {"estimate": -0.002, "low": -0.01, "high": 0.006,
+                                                               "verdict": "not significant"},
+                                       "agreement": {"estimate": 0.989, "low": 0.98, "high": 0.994}},
+                  "holdout_verdict": {"supported": False, "text": "agreement target: not confirmed"}},
+    }
+    md = render_report(doc, tmp_path / "t").markdown.read_text().replace("\\", "")
+    assert "at least 99 % of FP32's predictions unchanged" in md and "mse 2.10 %" in md
+    assert "98.90 % [98.00, 99.40]" in md and "-0.20 pt [-1.00, +0.60]" in md and "not significant" in md
+    assert "does not support" in md and "agreement target: not confirmed" in md and "Warning:" in md
+    assert "99.10 %" in md  # the candidate's agreement

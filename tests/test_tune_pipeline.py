@@ -17,6 +17,7 @@ from calibkit.data.evalset import load_eval_set
 from calibkit.data.modeldir import ModelDir
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+from calibkit.errors import UsageError
 from calibkit.evaluate.predict import predict_logits
 from calibkit.evaluate.tune import TuneConfig, run_tune, split_eval
 from calibkit.quantize.qdq import save_model
@@ -107,11 +108,27 @@ def test_tune_writes_a_plan_whose_accuracy_is_measured(tiny_setup):
     from calibkit.data.evalset import label_ids
 
     y = label_ids(ev, md.id2label, 2)
-    _, hold = split_eval(y, cfg.holdout_fraction, cfg.seed)
+    _, hold = split_eval(y, cfg.holdout_fraction, cfg.seed, texts=ev.texts)
     tok = TextTokenizer(md.tokenizer_path)
     with OnnxRuntimeRunner(res.model_path) as r:
         logits = predict_logits(r, tok, [ev.texts[i] for i in hold])
     assert doc["final"]["accuracy_holdout"] == pytest.approx(float(np.mean(logits.argmax(1) == y[hold])))
+    with OnnxRuntimeRunner(md.onnx_path) as r:
+        ref = predict_logits(r, tok, list(ev.texts)).argmax(1)[hold]  # as tune runs FP32: once, on everything
+    hold_ev = doc["final"]["holdout_evidence"]
+    assert hold_ev["flips"] == int((logits.argmax(1) != ref).sum()) and hold_ev["n"] == len(hold)
+    assert doc["final"]["agreement_holdout"] == pytest.approx(float(np.mean(logits.argmax(1) == ref)))
+    d = hold_ev["accuracy_minus_fp32"]
+    assert d["estimate"] == pytest.approx(float(np.mean(logits.argmax(1) == y[hold]) - np.mean(ref == y[hold])))
+    assert d["low"] <= d["estimate"] <= d["high"]
+    verdict = doc["final"]["holdout_verdict"]
+    assert verdict["by_constraint"]["accuracy"] in ("supported", "not confirmed", "contradicted")
+    assert verdict["supported"] == (verdict["by_constraint"]["accuracy"] == "supported")
+    # the method is chosen by flips, not by accuracy
+    flips = doc["methods"]["all_int8_flip_rate_search"]
+    kl = doc["methods"]["all_int8_mean_kl_search"]
+    assert doc["methods"]["chosen"] == min(flips, key=lambda k: (flips[k], kl[k], k != "auto"))
+    assert doc["split"]["holdout"]["count"] == len(hold)
     if res.met_target:
         assert doc["final"]["accuracy_search"] >= doc["target"]["threshold"] - 1e-12
     # the quantized nodes of the written model are exactly the nodes not kept
@@ -142,3 +159,35 @@ def test_tune_cli_errors_are_clear(tiny_setup, tmp_path):
                             str(tiny_setup["eval"]), "--out", str(tmp_path / "o"), "--no-report"])
     assert r.exit_code != 0 and "calibration set not found" in r.output
     assert not (tmp_path / "o").exists()
+
+
+def test_min_agreement_is_a_constraint_of_the_search(tiny_setup):
+    md = ModelDir.resolve(tiny_setup["model"])
+    ev = load_eval_set(tiny_setup["eval"])
+    cfg = TuneConfig(max_drop=5.0, min_agreement=100.0, workers=1, sensitivity_samples=64, method="minmax")
+    res = run_tune(md, tiny_setup["cset"], ev, tiny_setup["root"] / "agree", cfg)
+    doc = res.doc
+    assert doc["target"]["min_agreement"] == 100.0
+    for c in doc["candidates"]:
+        assert c["meets_target"] == (c["accuracy_search"] >= doc["target"]["threshold"] - 1e-12
+                                     and c["agreement_search"] >= 1.0 - 1e-12)
+    if res.met_target:
+        assert doc["final"]["agreement_search"] == pytest.approx(1.0)
+    assert "agreement" in doc["final"]["holdout_verdict"]["by_constraint"]
+    with pytest.raises(UsageError):
+        run_tune(md, tiny_setup["cset"], ev, tiny_setup["root"] / "bad", TuneConfig(min_agreement=150.0))
+
+
+def test_tune_cli_reports_agreement_and_the_holdout_verdict(tiny_setup, tmp_path):
+    r = CliRunner().invoke(app, ["tune", str(tiny_setup["model"]), "-c", str(tiny_setup["cset"]), "-e",
+                                 str(tiny_setup["eval"]), "--method", "minmax", "--max-drop", "2",
+                                 "--min-agreement", "95", "--limit", "200", "--workers", "1", "--out",
+                                 str(tmp_path / "o"), "--no-report", "--sensitivity-samples", "32"])
+    assert r.exit_code == 0, r.output
+    flat = " ".join(r.output.split())
+    assert "share of FP32's predictions kept" in flat and "fewest flips" in flat
+    assert "the holdout supports the claim" in flat or "the holdout does NOT support the claim" in flat
+    doc = json.loads((tmp_path / "o" / "tune.json").read_text())
+    assert doc["eval_set"]["count"] == 200 and doc["target"]["min_agreement"] == 95.0
+    plan = json.loads((tmp_path / "o" / "plan.json").read_text())
+    assert plan["holdout_verdict"]["text"] and plan["agreement_with_fp32"]["holdout"] is not None

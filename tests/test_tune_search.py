@@ -1,5 +1,7 @@
 import itertools
 
+import pytest
+
 from calibkit.evaluate.search import as_plan, int8_flops_fraction, search_plan
 
 FLOPS = {f"n{i}": float(10 + i) for i in range(10)}
@@ -71,3 +73,22 @@ def test_int8_fraction():
     assert int8_flops_fraction((), FLOPS) == 1.0
     total = sum(FLOPS.values())
     assert abs(int8_flops_fraction(("n0", "n9"), FLOPS) - (total - 10 - 19) / total) < 1e-12
+
+
+def test_agreement_constraint_keeps_more_layers_than_accuracy_alone():
+    """Accuracy barely moves (flips cancel out) but agreement with FP32 does: --min-agreement decides."""
+    flips = {n: 0.0 for n in FLOPS}
+    flips.update({"n2": 0.012, "n5": 0.004})
+
+    def evaluate(plans):
+        return [(0.9, 1.0 - sum(f for n, f in flips.items() if n not in p)) for p in plans]
+
+    ranking = ["n2", "n5"] + [n for n in FLOPS if n not in ("n2", "n5")]
+    loose = search_plan(ranking, FLOPS, evaluate, threshold=0.89)
+    assert loose.best is not None and loose.best.plan == ()
+    strict = search_plan(ranking, FLOPS, evaluate, threshold=0.89, min_agreement=0.99)
+    assert strict.best is not None and strict.best.plan == ("n2",)
+    assert strict.best.agreement == pytest.approx(0.996)
+    assert not next(m for m in strict.tried if m.plan == ()).meets
+    never = search_plan(ranking, FLOPS, evaluate, threshold=0.89, min_agreement=1.01)
+    assert never.best is None

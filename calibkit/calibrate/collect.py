@@ -6,6 +6,15 @@ tiny probe runs with distinct (batch, seq) sizes — (2, 13) and (3, 17) — so 
 dims) can never be mistaken for the sequence. A [b, s, ...] tensor keeps rows where the mask is set; an
 attention tensor [b, h, s, s] keeps (query, key) pairs where both are real tokens. Tensors whose layout cannot be
 read (batch folded into another axis by a Reshape) are observed unmasked and listed in ``meta["unmasked"]``.
+
+Memory: ONNX Runtime returns every tapped tensor of a batch at once; those outputs are the peak, so batches are
+formed by a :class:`calibkit.data.encode.TokenBudget` priced by the same probe runs (:func:`probe_cost`).
+Statistics read each output in place (padded entries overwritten by a copy of one real entry, whose copies are
+then taken back out; no boolean-index copies, no float64 or int64 copies of whole tensors: 256K-element chunks
+through per-thread buffers), and each output is released as soon as its statistics are done. Inference and
+statistics do not overlap (that would hold two batches); the statistics of one batch run on ``threads``
+threads instead, one tensor per task, with a histogram kernel that releases the GIL. Results do not depend on
+batch size, budget or thread count: power-of-two histograms merge exactly, min/max and counts are exact.
 """
 
 from __future__ import annotations
@@ -13,14 +22,15 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
 from calibkit.calibrate.stats import StatsAccumulator, StatsStore
+from calibkit.data.encode import BatchCost
 from calibkit.engines.base import BaseRunner
 from calibkit.errors import BackendError, CalibrationError, UsageError
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
@@ -46,7 +56,10 @@ UNMASKED = TensorLayout(None, ())
 
 
 def tapped_runner(model: str | os.PathLike[str] | bytes | onnx.ModelProto, tensors: Sequence[str]) -> BaseRunner:
-    """An ONNX Runtime runner over a copy of ``model`` that outputs ``tensors`` (by their tap names)."""
+    """An ONNX Runtime runner over ``model`` that also outputs ``tensors`` (by their tap names).
+
+    A ModelProto is tapped in place and restored after serializing (no second copy of the weights); the
+    serialized bytes are dropped once the session has loaded them."""
     from calibkit.engines.onnxruntime import OnnxRuntimeRunner
     from calibkit.graph import add_outputs, load_model, tap_name
 
@@ -56,9 +69,29 @@ def tapped_runner(model: str | os.PathLike[str] | bytes | onnx.ModelProto, tenso
         proto = onnx.load_from_string(model)
     else:
         proto = load_model(model)
-    tapped = add_outputs(proto, tensors)
     names = [tap_name(t, proto) for t in tensors]
-    return OnnxRuntimeRunner(tapped.SerializeToString(), output_names=names, name="calibration-taps")
+    data = _serialized_with_outputs(proto, tensors, add_outputs)
+    return OnnxRuntimeRunner(data, output_names=names, name="calibration-taps", keep_model=False)
+
+
+def _serialized_with_outputs(proto: onnx.ModelProto, tensors: Sequence[str], add_outputs: Callable) -> bytes:
+    """``add_outputs(proto, tensors)`` serialized, without its copy of the weights: the taps are planned on a
+    weightless skeleton of the graph, appended to ``proto`` for serializing, then removed again."""
+    g = proto.graph
+    n_out, n_node = len(g.output), len(g.node)
+    skeleton = onnx.ModelProto()
+    skeleton.graph.node.extend(g.node)
+    skeleton.graph.input.extend(g.input)
+    skeleton.graph.output.extend(g.output)
+    skeleton.graph.initializer.extend(onnx.TensorProto(name=i.name) for i in g.initializer)
+    tapped = add_outputs(skeleton, tensors).graph
+    g.output.extend(tapped.output[n_out:])
+    g.node.extend(tapped.node[n_node:])
+    try:
+        return proto.SerializeToString()
+    finally:
+        del g.output[n_out:]
+        del g.node[n_node:]
 
 
 def _output_of(outputs: Mapping[str, np.ndarray], tensor: str) -> np.ndarray:
@@ -82,18 +115,22 @@ def _probe_feeds(template: Mapping[str, np.ndarray], mask: np.ndarray, b: int, s
     return feeds
 
 
-def probe_layouts(
+def _probe_shapes(
     runner: BaseRunner, template: Mapping[str, np.ndarray], mask: np.ndarray, tensors: Sequence[str]
-) -> dict[str, TensorLayout]:
-    """Find each tensor's batch and sequence axes from two runs with distinct (batch, seq) sizes."""
+) -> list[dict[str, tuple[int, ...]]] | None:
     shapes = []
     try:
         for b, s in _PROBES:
             out = runner.infer(_probe_feeds(template, mask, b, s))
-            shapes.append({t: _output_of(out, t).shape for t in tensors})
+            shapes.append({t: tuple(_output_of(out, t).shape) for t in tensors})
+            del out
     except (ValueError, BackendError, UsageError) as exc:
         log.warning("padding cannot be masked (layout probe failed: %s); statistics include padded positions", exc)
-        return {t: UNMASKED for t in tensors}
+        return None
+    return shapes
+
+
+def _layouts_from(shapes: list[dict[str, tuple[int, ...]]], tensors: Sequence[str]) -> dict[str, TensorLayout]:
     layouts = {}
     (b1, s1), (b2, s2) = _PROBES
     for t in tensors:
@@ -107,22 +144,148 @@ def probe_layouts(
     return layouts
 
 
-def valid_values(x: np.ndarray, layout: TensorLayout, mask: np.ndarray | None) -> np.ndarray:
-    """The entries of ``x`` at real-token positions (all of ``x`` when unmasked or without padding)."""
+def _cost_from(shapes: list[dict[str, tuple[int, ...]]], tensors: Sequence[str]) -> BatchCost:
+    """Elements per text as fixed + per_token·s + per_pair·s², solved from the two probes per tensor."""
+    (b1, s1), (b2, s2) = _PROBES
+    fixed = token = pair = 0.0
+    for t in tensors:
+        n1 = float(np.prod(shapes[0][t], dtype=np.float64)) / b1
+        n2 = float(np.prod(shapes[1][t], dtype=np.float64)) / b2
+        # n = c1·s + c2·s² through both probes; a tensor that does not grow with s is fixed
+        c2 = (n2 / s2 - n1 / s1) / (s2 - s1)
+        c1 = n1 / s1 - c2 * s1
+        if abs(n1 - n2) < 0.5:
+            fixed += n1
+        elif c2 > 1e-9 and c1 >= -1e-9:
+            pair += c2
+            token += max(c1, 0.0)
+        else:
+            token += max(n1 / s1, n2 / s2)
+    return BatchCost(per_token=token, per_pair=pair, fixed=fixed)
+
+
+def probe_layouts(
+    runner: BaseRunner, template: Mapping[str, np.ndarray], mask: np.ndarray, tensors: Sequence[str]
+) -> dict[str, TensorLayout]:
+    """Find each tensor's batch and sequence axes from two runs with distinct (batch, seq) sizes."""
+    shapes = _probe_shapes(runner, template, mask, tensors)
+    return {t: UNMASKED for t in tensors} if shapes is None else _layouts_from(shapes, tensors)
+
+
+def probe_cost(
+    runner: BaseRunner, template: Mapping[str, np.ndarray], mask: np.ndarray, tensors: Sequence[str]
+) -> tuple[dict[str, TensorLayout], BatchCost | None]:
+    """Layouts and the bytes per batch of ``tensors`` (None when the probe fails), from the same two runs."""
+    shapes = _probe_shapes(runner, template, mask, tensors)
+    if shapes is None:
+        return {t: UNMASKED for t in tensors}, None
+    return _layouts_from(shapes, tensors), _cost_from(shapes, tensors)
+
+
+def _runs(mask_row: np.ndarray) -> int | None:
+    """The number of real tokens when they form a prefix of the row (right padding), else None."""
+    n = int(mask_row.sum())
+    return n if mask_row[:n].all() else None
+
+
+def valid_blocks(x: np.ndarray, layout: TensorLayout, mask: np.ndarray | None) -> Iterator[np.ndarray]:
+    """Views of ``x`` that together hold exactly its real-token entries; copies only for rows whose padding is
+    not at the end (rare: left padding), and then one row at a time."""
     if mask is None or not layout.maskable or mask.all():
-        return x
+        yield x
+        return
     b, s = mask.shape
     ba = layout.batch_axis
-    assert ba is not None
-    if x.shape[ba] != b or any(x.shape[a] != s for a in layout.seq_axes):
-        return x
+    if ba is None or x.shape[ba] != b or any(x.shape[a] != s for a in layout.seq_axes):
+        yield x
+        return
+    i = 0
+    while i < b:
+        n = _runs(mask[i])
+        j = i + 1
+        if n is not None:
+            while j < b and _runs(mask[j]) == n:
+                j += 1
+            if n:
+                index: list[slice | int] = [slice(None)] * x.ndim
+                index[ba] = slice(i, j)
+                for a in layout.seq_axes:
+                    index[a] = slice(0, n)
+                yield x[tuple(index)]
+        else:
+            row = np.take(x, [i], axis=ba)
+            keep = np.flatnonzero(mask[i])
+            for a in layout.seq_axes:
+                row = np.take(row, keep, axis=a)
+            yield row
+        i = j
+
+
+def padding_entries(x: np.ndarray, layout: TensorLayout, mask: np.ndarray | None) -> tuple[np.ndarray, int] | None:
+    """A bool array broadcastable to ``x``, True at padded entries, and how many entries of ``x`` are padding
+    (None when there is nothing to mask)."""
+    if mask is None or not layout.maskable or mask.all():
+        return None
+    b, s = mask.shape
+    ba = layout.batch_axis
+    if ba is None or x.shape[ba] != b or any(x.shape[a] != s for a in layout.seq_axes):
+        return None
     keep = None
     for a in layout.seq_axes:
         shape = [1] * x.ndim
         shape[ba], shape[a] = b, s
         m = (mask if ba < a else mask.T).reshape(shape)
         keep = m if keep is None else keep & m
-    return x[np.broadcast_to(keep, x.shape)]
+    k = len(layout.seq_axes)
+    static = x.size // (b * s**k)
+    real = static * int((mask.sum(axis=1).astype(np.int64) ** k).sum())
+    return ~keep, x.size - real  # type: ignore[operator]
+
+
+def observe_real_tokens(acc: StatsAccumulator, x: np.ndarray, layout: TensorLayout, mask: np.ndarray | None) -> None:
+    """Statistics of the real-token entries of ``x`` (an output the collector owns; padded entries may be
+    overwritten).
+
+    Fast path: padded entries are overwritten, in one pass, with a copy of one real entry ``v``; the whole
+    contiguous tensor is observed in 256K-element chunks; then the copies of ``v`` are taken back out (``count`` and v's
+    bin). min/max never see a value that is not real, and counts are exact, so this equals observing the real
+    entries alone (:func:`valid_blocks`, the fallback for read-only or strided outputs) bit for bit."""
+    pad = padding_entries(x, layout, mask)
+    if pad is None:
+        acc.observe(x)
+        return
+    where, n_pad = pad
+    assert mask is not None and layout.batch_axis is not None  # padding_entries checked both
+    if x.flags.writeable and x.flags.c_contiguous and x.dtype in (np.float32, np.float16):
+        rows = np.flatnonzero(mask.any(axis=1))
+        if rows.size:
+            i = int(rows[0])
+            index = [0] * x.ndim
+            index[layout.batch_axis] = i
+            for a in layout.seq_axes:
+                index[a] = int(np.flatnonzero(mask[i])[0])
+            v = x[tuple(index)]
+            if np.isfinite(v):
+                np.copyto(x, v, where=where)
+                acc.observe(x)
+                acc.forget(v, n_pad)
+                return
+    for block in valid_blocks(x, layout, mask):
+        acc.observe(block)
+
+
+def valid_values(x: np.ndarray, layout: TensorLayout, mask: np.ndarray | None) -> np.ndarray:
+    """The entries of ``x`` at real-token positions, as one flat array (a copy; the collector uses
+    :func:`valid_blocks` views instead)."""
+    blocks = [np.ravel(v) for v in valid_blocks(x, layout, mask)]
+    return blocks[0] if len(blocks) == 1 else (np.concatenate(blocks) if blocks else x.reshape(-1)[:0])
+
+
+def default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def collect_stats(
@@ -133,47 +296,56 @@ def collect_stats(
     num_bins: int = 2048,
     progress: ProgressCallback | None = None,
     mask_padding: bool = True,
-    overlap: bool = True,
+    threads: int | None = None,
 ) -> StatsStore:
     """Statistics of ``tensors`` over ``batches``.
 
     ``batches`` yields :class:`calibkit.data.encode.Batch` (feeds + padding mask) or plain feed mappings
-    (no masking). ``runner_factory_or_model_path`` is a callable returning a fresh runner whose outputs include
-    the tensors (under their own or their tap names), or an ONNX model (path, bytes, ModelProto) to tap.
+    (no masking); a :class:`calibkit.data.encode.BucketedBatches` with a memory budget is re-grouped once the
+    probe runs have priced its batches. ``runner_factory_or_model_path`` is a callable returning a fresh runner
+    whose outputs include the tensors (under their own or their tap names), or an ONNX model (path, bytes,
+    ModelProto) to tap. ``threads`` (default: the CPUs) compute statistics between inference runs.
     """
     if not tensors:
         raise CalibrationError("no tensors to calibrate", hint="check --op-types and --exclude")
     if num_bins < 2 or num_bins & (num_bins - 1):
         raise UsageError(f"--num-bins must be a power of two (e.g. 2048), got {num_bins}")
+    workers = default_threads() if threads is None else int(threads)
+    if workers < 1:
+        raise UsageError(f"statistics threads must be at least 1, got {threads}")
     tensors = list(dict.fromkeys(tensors))
     if callable(runner_factory_or_model_path) and not isinstance(runner_factory_or_model_path, onnx.ModelProto):
         runner = runner_factory_or_model_path()
     else:
         runner = tapped_runner(runner_factory_or_model_path, tensors)  # type: ignore[arg-type]
     cb = progress or no_progress
-    total = len(batches) if hasattr(batches, "__len__") else None  # type: ignore[arg-type]
-    acc = {t: StatsAccumulator(t, num_bins) for t in tensors}
+    acc = {t: StatsAccumulator(t, num_bins, gil_free=workers > 1) for t in tensors}
     layouts: dict[str, TensorLayout] | None = None
-    samples = 0
-    done_batches = 0
-    padded = 0
-    positions = 0
+    cost: BatchCost | None = None
+    samples = done_batches = padded = positions = 0
+    peak_bytes = 0
     infer_s = stats_s = 0.0
-    cb(ProgressEvent("statistics", 0, total))
-    # Statistics of batch k are computed on a worker thread while the model runs batch k+1 (ONNX Runtime and
-    # numpy's ufuncs release the GIL); at most two batches of tapped outputs are alive at a time.
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="calibkit-stats") if overlap else None
-    pending: Future[float] | None = None
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="calibkit-stats") if workers > 1 else None
 
-    def observe(out: Mapping[str, np.ndarray], lay: dict[str, TensorLayout], mask: np.ndarray | None) -> float:
-        t1 = time.perf_counter()
-        for t in tensors:
-            acc[t].observe(valid_values(_output_of(out, t), lay[t], mask))
-        return time.perf_counter() - t1
+    def observe(t: str, x: np.ndarray, lay: TensorLayout, mask: np.ndarray | None) -> None:
+        observe_real_tokens(acc[t], x, lay, mask)
 
     try:
         with runner:
-            for done, item in enumerate(batches, 1):
+            stream: Iterable[object] = batches
+            first = _first_batch(batches)
+            if first is not None:
+                feeds, mask = _unpack(first)
+                if mask_padding and mask is not None:
+                    layouts, cost = probe_cost(runner, feeds, mask, tensors)
+                else:
+                    layouts = {t: UNMASKED for t in tensors}
+                priced = getattr(batches, "priced", None)
+                if cost is not None and priced is not None:
+                    stream = priced(cost)
+            total = len(stream) if hasattr(stream, "__len__") else None  # type: ignore[arg-type]
+            cb(ProgressEvent("statistics", 0, total))
+            for done, item in enumerate(stream, 1):
                 feeds, mask = _unpack(item)
                 if layouts is None:
                     layouts = (
@@ -182,17 +354,27 @@ def collect_stats(
                         else {t: UNMASKED for t in tensors}
                     )
                 t0 = time.perf_counter()
-                out = runner.infer(feeds)
-                infer_s += time.perf_counter() - t0
-                if pending is not None:
-                    stats_s += pending.result()
-                    cb(ProgressEvent("statistics", done - 1, total))
-                if pool is not None:
-                    pending = pool.submit(observe, out, layouts, mask)
+                out = dict(runner.infer(feeds))
+                t1 = time.perf_counter()
+                infer_s += t1 - t0
+                arrays = [(t, _output_of(out, t)) for t in tensors]
+                peak_bytes = max(peak_bytes, sum(int(getattr(x, "nbytes", 0)) for _, x in arrays))
+                out.clear()
+                if pool is None:
+                    while arrays:
+                        t, x = arrays.pop()
+                        observe(t, x, layouts[t], mask)
+                        del x
                 else:
-                    stats_s += observe(out, layouts, mask)
-                    cb(ProgressEvent("statistics", done, total))
-                del out
+                    # biggest first, so the threads finish together; each array is dropped when its task ends
+                    arrays.sort(key=lambda tx: -int(getattr(tx[1], "size", 0)))
+                    futures = [pool.submit(observe, t, x, layouts[t], mask) for t, x in arrays]
+                    arrays.clear()
+                    for f in futures:
+                        f.result()
+                    del futures
+                stats_s += time.perf_counter() - t1
+                cb(ProgressEvent("statistics", done, total))
                 if mask is not None:
                     samples += mask.shape[0]
                     positions += mask.size
@@ -200,10 +382,6 @@ def collect_stats(
                 else:
                     samples += len(next(iter(feeds.values()))) if feeds else 0
                 done_batches = done
-            if pending is not None:
-                stats_s += pending.result()
-                pending = None
-                cb(ProgressEvent("statistics", done_batches, total))
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -211,14 +389,25 @@ def collect_stats(
         raise CalibrationError("the calibration batches were empty", hint="check the calibration set")
     meta = {
         "samples": samples,
-        "batches": total,
+        "batches": done_batches,
         "padding_fraction": padded / positions if positions else 0.0,
         "unmasked": sorted(t for t, lay in (layouts or {}).items() if not lay.maskable),
         "inference_seconds": round(infer_s, 3),
-        "statistics_seconds": round(stats_s, 3),  # on the worker thread, overlapping inference when overlap=True
+        "statistics_seconds": round(stats_s, 3),
+        "statistics_threads": workers,
+        "largest_batch_tapped_bytes": peak_bytes,
         "runner_calls": runner.inference_count,
     }
     return StatsStore({t: a.freeze() for t, a in acc.items()}, num_bins, meta)
+
+
+def _first_batch(batches: Iterable[object]) -> object | None:
+    """The first batch of a re-iterable collection (for the probe runs); None for a one-shot iterator."""
+    if iter(batches) is batches:  # type: ignore[comparison-overlap]
+        return None
+    for item in batches:
+        return item
+    return None
 
 
 def _unpack(item: object) -> tuple[Mapping[str, np.ndarray], np.ndarray | None]:

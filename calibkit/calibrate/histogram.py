@@ -11,6 +11,8 @@ upper bound). Calibration methods work on the occupied bins (:meth:`Histogram.oc
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,7 +124,86 @@ class Histogram:
         return (i + min(max(frac, 0.0), 1.0)) * self.width
 
 
-_CHUNK = 1 << 16  # elements per pass: the temporaries stay in the CPU cache (about 1.5x faster on big tensors)
+_CHUNK = 1 << 18  # elements per pass: temporaries stay in the CPU's L2 cache, few Python calls per element
+_scratch = threading.local()  # per-thread buffers, shared by every counter the thread runs
+
+
+def _buffer(dtype: type, n: int) -> np.ndarray:
+    key = f"buf_{np.dtype(dtype).name}"
+    buf = getattr(_scratch, key, None)
+    if buf is None or buf.size < n:
+        buf = np.empty(max(n, _CHUNK), dtype=dtype)
+        setattr(_scratch, key, buf)
+    return buf[:n]
+
+
+def chunks(x: np.ndarray, limit: int = _CHUNK) -> Iterator[np.ndarray]:
+    """Views (never copies) that tile ``x`` in C order, each of at most ``limit`` elements or one innermost row."""
+    if x.ndim == 0:
+        yield x.reshape(1)
+        return
+    if x.flags.c_contiguous:
+        flat = x.reshape(-1)
+        for i in range(0, flat.size, limit):
+            yield flat[i : i + limit]
+        return
+    if x.size <= limit or x.ndim == 1:
+        if x.ndim == 1:
+            for i in range(0, x.size, limit):
+                yield x[i : i + limit]
+        else:
+            yield x
+        return
+    inner = x[0].size
+    if inner > limit:
+        for i in range(x.shape[0]):
+            yield from chunks(x[i], limit)
+    else:
+        rows = max(1, limit // max(inner, 1))
+        for i in range(0, x.shape[0], rows):
+            yield x[i : i + rows]
+
+
+class BinCounter:
+    """Counts |x| into power-of-two-range bins chunk by chunk through per-thread buffers (no copy of the input).
+
+    ``gil_free`` counts by sorting uint16 bin indices (numpy's radix sort and searchsorted release the GIL, so
+    several threads run at once); otherwise np.bincount, about twice as fast on one thread but holding the GIL.
+    Both give the same counts."""
+
+    def __init__(self, num_bins: int, *, gil_free: bool = False) -> None:
+        self.num_bins = num_bins
+        self.gil_free = gil_free and num_bins <= 1 << 15
+        self._starts = np.arange(1, num_bins, dtype=np.uint16) if self.gil_free else None
+
+    def add(self, counts: np.ndarray, part: np.ndarray, upper: float, *, below_upper: bool = False) -> None:
+        """``counts += `` the bin counts of ``part`` (a chunk of at most 256K elements, any strides).
+        ``below_upper``: every |x| < upper is known (then no clamping pass is needed: scaling by a power of two
+        is exact, so |x| * num_bins / upper < num_bins)."""
+        n = part.size
+        if n == 0:
+            return
+        factor = self.num_bins / upper
+        if factor < 2.0**100:
+            f, top, b = np.float32(factor), np.float32(self.num_bins - 1), _buffer(np.float32, n)
+        else:  # tiny ranges would overflow a float32 factor
+            f, top, b = np.float64(factor), np.float64(self.num_bins - 1), _buffer(np.float64, n)
+        b = b.reshape(part.shape)
+        np.abs(part, out=b, casting="unsafe")
+        b *= f
+        if not below_upper:
+            np.minimum(b, top, out=b)
+        ib = _buffer(np.uint16 if self._starts is not None else np.intp, n)
+        ib[...] = b.reshape(-1)
+        if self._starts is None:
+            counts += np.bincount(ib, minlength=self.num_bins)
+            return
+        ib.sort(kind="stable")  # radix sort for 16-bit integers
+        edges = np.searchsorted(ib, self._starts)
+        counts[0] += edges[0] if edges.size else n
+        if edges.size:
+            counts[1:-1] += np.diff(edges)
+            counts[-1] += n - edges[-1]
 
 
 def bin_counts(values: np.ndarray, upper: float, num_bins: int, *, signed: bool = False) -> np.ndarray:
@@ -130,22 +211,11 @@ def bin_counts(values: np.ndarray, upper: float, num_bins: int, *, signed: bool 
     times faster than np.histogram. ``upper / num_bins`` is a power of two, so scaling is exact and every
     value lands in exactly the bin ``floor(|x| * num_bins / upper)`` (the top edge joins the last bin).
     ``signed`` is accepted for clarity; |x| is always taken."""
-    flat = np.asarray(values).ravel()
     counts = np.zeros(num_bins, dtype=np.int64)
-    if flat.size == 0:
+    x = np.asarray(values)
+    if x.size == 0:
         return counts
-    factor = num_bins / upper
-    dtype = np.float32 if factor < 2.0**100 else np.float64  # tiny ranges would overflow a float32 factor
-    f, top = dtype(factor), dtype(num_bins - 1)
-    chunk = min(_CHUNK, flat.size)
-    buf = np.empty(chunk, dtype=dtype)
-    ibuf = np.empty(chunk, dtype=np.intp)  # bincount works on intp: casting here is cheaper than inside it
-    for start in range(0, flat.size, chunk):
-        part = flat[start : start + chunk]
-        b, ib = buf[: part.size], ibuf[: part.size]
-        np.abs(part, out=b)
-        b *= f
-        np.minimum(b, top, out=b)
-        ib[...] = b
-        counts += np.bincount(ib, minlength=num_bins)
+    counter = BinCounter(num_bins)
+    for part in chunks(x):
+        counter.add(counts, part, upper)
     return counts

@@ -17,15 +17,22 @@ from calibkit.calibrate.methods import compute_table
 from calibkit.calibrate.stats import StatsStore
 from calibkit.calibrate.statscache import find_stats, save_stats
 from calibkit.calibrate.tablefile import write_calibration_json
-from calibkit.calibrate.trtcache import ALGORITHM_FOR_METHOD, DEFAULT_TRT_VERSION, read_cache, write_cache
+from calibkit.calibrate.trtcache import (
+    ALGORITHM_FOR_METHOD,
+    DEFAULT_TRT_VERSION,
+    matched_amax,
+    read_cache,
+    write_cache,
+)
 from calibkit.data.calibset import MANIFEST, CalibrationSet, load_calibration_set
+from calibkit.data.encode import DEFAULT_MEMORY_BUDGET, TokenBudget
 from calibkit.data.modeldir import ModelDir
 from calibkit.errors import CalibrationError
 from calibkit.names import node_names
 from calibkit.progress import ProgressCallback
 from calibkit.quantize.fused import fused_fp32_linear, fused_warning
 from calibkit.quantize.placement import DEFAULT_OP_TYPES, Placement, plan_placement
-from calibkit.types import INT8_MAX, CalibrationTable, Method, MethodParams, TensorRange
+from calibkit.types import CalibrationTable, Method, MethodParams, TensorRange
 
 log = logging.getLogger("calibkit.calibrate")
 
@@ -87,8 +94,16 @@ def gather_stats(
     use_cache: bool = True,
     cache_dir: Path | None = None,
     model: Any = None,
+    budget: TokenBudget | None = None,
+    threads: int | None = None,
+    executor: Any = None,
 ) -> tuple[StatsStore, bool]:
-    """Statistics of ``tensors`` over the set: from the cache when there, else by running the model."""
+    """Statistics of ``tensors`` over the set: from the cache when there, else by running the model (in shards
+    on ``executor``'s workers when it has more than one: calibkit.calibrate.sharded, bit-identical).
+
+    ``use_cache=False`` (``--fresh-stats``) does not read the cache but still saves the fresh statistics.
+    ``budget`` bounds each batch (default: :data:`calibkit.data.encode.DEFAULT_MEMORY_BUDGET` bytes of tapped
+    tensors); it changes memory and time, never the statistics, so it is not part of the cache key."""
     if use_cache:
         hit = find_stats(model_sha256, cset.id, tensors, num_bins, cache_dir)
         if hit is not None:
@@ -102,8 +117,15 @@ def gather_stats(
     tok = TextTokenizer(model_dir.tokenizer_path, max_length=model_dir.max_length)
     proto = model if model is not None else load_model(model_dir.onnx_path)
     input_names = [i.name for i in proto.graph.input if i.name not in {x.name for x in proto.graph.initializer}]
-    batches = bucketed_batches(tok, cset.texts, input_names, batch_size=batch_size)
-    store = collect_stats(proto, batches, tensors, num_bins=num_bins, progress=progress)
+    budget = budget if budget is not None else TokenBudget(memory_bytes=DEFAULT_MEMORY_BUDGET)
+    batches = bucketed_batches(tok, cset.texts, input_names, batch_size=batch_size, budget=budget)
+    if executor is not None and executor.workers > 1:
+        from calibkit.calibrate.sharded import collect_stats_sharded
+
+        store = collect_stats_sharded(proto.SerializeToString(), batches, tensors, executor, num_bins=num_bins,
+                                      progress=progress)
+    else:
+        store = collect_stats(proto, batches, tensors, num_bins=num_bins, progress=progress, threads=threads)
     del proto
     meta = {
         **store.meta,
@@ -114,10 +136,11 @@ def gather_stats(
         "max_length": batches.max_length,
         "max_length_source": model_dir.max_length_source,
         "batch_size": batch_size,
+        "max_batch_tokens": budget.max_batch_tokens,
+        "memory_budget_bytes": budget.memory_bytes,
     }
     store = StatsStore(dict(store.stats), store.num_bins, meta)
-    if use_cache:
-        save_stats(store, tensors, cache_dir)
+    save_stats(store, tensors, cache_dir)  # also without use_cache: --fresh-stats repairs a broken cache
     return store, False
 
 
@@ -183,8 +206,12 @@ def calibrate(
     use_cache: bool = True,
     cache_dir: Path | None = None,
     trt_version: int = DEFAULT_TRT_VERSION,
+    budget: TokenBudget | None = None,
+    threads: int | None = None,
+    executor: Any = None,
 ) -> CalibrationResult:
-    """Calibrate ``model_dir`` on ``calibration_set`` and write OUT (see the module docstring)."""
+    """Calibrate ``model_dir`` on ``calibration_set`` and write OUT (see the module docstring). ``executor``
+    (calibkit.executors.Executor): collect statistics in shards on its workers."""
     from calibkit.graph import load_model, model_sha256
 
     method = Method(method)
@@ -204,7 +231,8 @@ def calibrate(
     t1 = time.perf_counter()
     store, reused = gather_stats(
         model_dir, cset, collected, model_sha256=sha, num_bins=params.num_bins, batch_size=batch_size,
-        progress=progress, use_cache=use_cache, cache_dir=cache_dir, model=proto,
+        progress=progress, use_cache=use_cache, cache_dir=cache_dir, model=proto, budget=budget, threads=threads,
+        executor=executor,
     )
     t2 = time.perf_counter()
     provenance = {
@@ -284,7 +312,7 @@ def _write_outputs(
         "source_model": str(model_dir.onnx_path),
         "tokenizer": str(model_dir.tokenizer_path),
     }
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, what="calibrate", legacy_names=(MODEL_FILE, CACHE_FILE, STATS_FILE, JSON_FILE)) as tmp:
         save_model(qres.model, tmp / MODEL_FILE)
         if cache_source is not None:
             shutil.copyfile(cache_source, tmp / CACHE_FILE)
@@ -339,10 +367,9 @@ def calibrate_from_cache(
     del graph_only
     wanted = set(placement.activations)
     method = cache.method
+    matched = matched_amax(cache, wanted, str(cache_path))  # refuses unusable or unmatched caches
     ranges = tuple(
-        TensorRange(tensor=t, amax=float(cache.scales[t]) * INT8_MAX, method=method)
-        for t in placement.activations
-        if t in cache.scales
+        TensorRange(tensor=t, amax=float(matched[t]), method=method) for t in placement.activations if t in matched
     )
     unmatched = sorted(n for n in [*cache.scales, *cache.non_finite] if n not in wanted)
     cache_sha = sha256_file(cache_path)
@@ -370,6 +397,9 @@ def calibrate_from_cache(
         warnings.append(f"{len(cache.non_finite)} cache entries hold a non-finite scale, e.g. {cache.non_finite[0]}")
     if qres.missing_ranges:
         warnings.append(f"{len(qres.missing_ranges)} quantized inputs have no scale in the cache (kept in FP32)")
+    zeros = [t for t in cache.zero if t in wanted]
+    if zeros:
+        warnings.append(f"{len(zeros)} cache entries hold scale 0 (their nodes stay FP32): {', '.join(zeros[:5])}")
     for w in warnings:
         log.info(w)
     extras: dict[str, Any] = {

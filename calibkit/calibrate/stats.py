@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from calibkit._io import atomic_open
-from calibkit.calibrate.histogram import Histogram, bin_counts, range_exponent
+from calibkit.calibrate.histogram import BinCounter, Histogram, chunks, range_exponent
 from calibkit.errors import CalibrationError
 
 STATS_FORMAT = "calibkit-stats/1"
@@ -78,9 +78,13 @@ class ActivationStats:
 
 
 class StatsAccumulator:
-    """Mutable running statistics of one tensor; ``observe`` a batch at a time, ``freeze`` at the end."""
+    """Mutable running statistics of one tensor; ``observe`` a batch at a time, ``freeze`` at the end.
 
-    def __init__(self, tensor: str, num_bins: int) -> None:
+    ``observe`` reads its input in 256K-element chunks of views (strided views are fine: no copy of the input
+    is made unless it holds non-finite values, and then only of one chunk). Chunking changes nothing in the
+    result: min/max and counts are exact, and the histogram's power-of-two range widens exactly."""
+
+    def __init__(self, tensor: str, num_bins: int, *, gil_free: bool = False) -> None:
         self.tensor = tensor
         self.num_bins = num_bins
         self.count = 0
@@ -91,24 +95,29 @@ class StatsAccumulator:
         self.max = -math.inf
         self.exponent: int | None = None
         self.counts = np.zeros(num_bins, dtype=np.int64)
+        self._counter = BinCounter(num_bins, gil_free=gil_free)
 
     def observe(self, values: np.ndarray) -> None:
         x = np.asarray(values)
-        if x.dtype != np.float32:
+        if x.dtype != np.float32 and x.dtype != np.float16:
             x = x.astype(np.float32)
-        x = x.ravel()
+        for part in chunks(x):
+            self._observe_chunk(part)
+
+    def _observe_chunk(self, x: np.ndarray) -> None:
         if x.size == 0:
             return
         lo, hi = float(x.min()), float(x.max())
         if not (math.isfinite(lo) and math.isfinite(hi)):  # NaN propagates through min/max, inf shows
-            finite = np.isfinite(x)
-            bad = x[~finite]
+            flat = np.ravel(x)
+            finite = np.isfinite(flat)
+            bad = flat[~finite]
             nan = int(np.isnan(bad).sum())
             pos = int((bad == np.inf).sum())
             self.nan += nan
             self.posinf += pos
             self.neginf += bad.size - nan - pos
-            x = x[finite]
+            x = flat[finite]
             if x.size == 0:
                 return
             lo, hi = float(x.min()), float(x.max())
@@ -121,7 +130,19 @@ class StatsAccumulator:
         elif exp > self.exponent:
             self.counts = Histogram(self.counts, 2.0**self.exponent).widened(2.0**exp).counts
             self.exponent = exp
-        self.counts += bin_counts(x, 2.0**self.exponent, self.num_bins, signed=True)
+        self._counter.add(self.counts, x, 2.0**self.exponent, below_upper=True)  # range_exponent is strict
+
+    def forget(self, value: float, n: int) -> None:
+        """Take back ``n`` observations of the finite ``value`` (observed copies of a real entry that stood in
+        for padding; min/max are unaffected because ``value`` itself is real)."""
+        if n <= 0:
+            return
+        if self.exponent is None or n > self.count:
+            raise CalibrationError(f"{self.tensor}: cannot forget {n} values of {self.count}")
+        one = np.zeros(self.num_bins, dtype=np.int64)
+        self._counter.add(one, np.array([value], dtype=np.float32), 2.0**self.exponent, below_upper=True)
+        self.counts -= one * n
+        self.count -= n
 
     def freeze(self) -> ActivationStats:
         seen = self.count > 0

@@ -7,10 +7,13 @@ tensors are a superset of the requested ones is reused too (e.g. after adding an
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import re
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -50,6 +53,17 @@ def _tensors_of(path: Path) -> set[str]:
         return set(json.loads(bytes(z["header"]).decode("utf-8"))["tensors"])
 
 
+_UNREADABLE = (CalibrationError, OSError, ValueError, KeyError, TypeError, IndexError, EOFError, RecursionError,
+               zipfile.BadZipFile)
+_ENTRY = re.compile(r"[0-9a-f]{24}\.npz")
+
+
+def _drop(path: Path) -> None:
+    if _ENTRY.fullmatch(path.name):  # only a file named as calibkit names its cache entries
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
 def find_stats(
     model_sha256: str, calibration_set_id: str, tensors: Sequence[str], num_bins: int, root: Path | None = None
 ) -> tuple[StatsStore, Path] | None:
@@ -63,11 +77,17 @@ def find_stats(
     candidates += sorted(p for p in folder.glob("*.npz") if p != exact)
     for path in candidates:
         try:
+            if not zipfile.is_zipfile(path):  # empty or truncated: np.load would leak its file handle
+                raise zipfile.BadZipFile("not a complete .npz (zip) file")
             if path != exact and not want <= _tensors_of(path):
                 continue
             store = StatsStore.load(path)
-        except (CalibrationError, OSError, ValueError, KeyError) as exc:
-            log.warning("ignoring unreadable statistics cache %s: %s", path, exc)
+        except _UNREADABLE as exc:
+            # truncated (BadZipFile), empty (EOFError: click would print only "Aborted."), or garbage: a miss.
+            # The file is calibkit's own cache entry, so it is removed; the statistics are collected again.
+            log.warning("statistics cache %s is unreadable (%s: %s); collecting the statistics again",
+                        path, type(exc).__name__, exc)
+            _drop(path)
             continue
         if store.meta.get("model_sha256") != model_sha256 or store.meta.get("calibration_set_id") != calibration_set_id:
             continue

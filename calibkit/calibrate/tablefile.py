@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from calibkit._io import read_json, write_json
+from calibkit.calibrate.rangecheck import check_ranges
 from calibkit.errors import CalibrationError
 from calibkit.types import CalibrationTable
 
@@ -57,9 +58,21 @@ def load_calibration_json(path: str | os.PathLike[str]) -> CalibrationFile:
         doc = read_json(p)
         if doc.get("format") != CALIBRATION_FORMAT:
             raise CalibrationError(f"{p} is not a calibkit calibration file (format {doc.get('format')!r})")
+        ranges = doc["table"]["ranges"]
+        if not isinstance(ranges, list) or not all(isinstance(r, dict) for r in ranges):
+            raise TypeError("table.ranges is not a list of objects")
+        tensors = doc.get("tensors", {})
+        if not isinstance(tensors, dict):
+            raise TypeError("tensors is not an object")
+        check_ranges(((str(r.get("tensor")), r.get("amax")) for r in ranges), source=str(p),
+                     stats={k: v for k, v in tensors.items() if isinstance(v, dict)},
+                     hint="re-run `calibkit calibrate` to write the ranges again (calibkit never writes these)")
         table = CalibrationTable.from_dict(doc["table"])
     except CalibrationError:
         raise
+    except RecursionError:
+        raise CalibrationError(f"cannot read calibration file {p}: JSON nested too deeply",
+                               hint="re-run `calibkit calibrate` to write it again") from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CalibrationError(
             f"cannot read calibration file {p}: {exc}", hint="re-run `calibkit calibrate` to write it again"

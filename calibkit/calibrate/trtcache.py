@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -149,3 +149,26 @@ def read_cache(path: str | os.PathLike[str]) -> TrtCache:
     except OSError as exc:
         raise CalibrationError(f"cannot read {p}: {exc}") from exc
     return parse_cache(text, str(p))
+
+
+def matched_amax(cache: TrtCache, wanted: Collection[str], source: str) -> dict[str, float]:
+    """amax (scale x 127) of the cache entries that name one of ``wanted``, validated.
+
+    A cache that matches no wanted tensor is an error (it would write a model with nothing quantized). A
+    matched entry that is NaN/inf, negative, denormal or huge is refused by name (rangecheck); entries that
+    match nothing are TensorRT-internal names and are only reported.
+    """
+    from calibkit.calibrate.rangecheck import check_ranges
+
+    hint = "the cache must come from TensorRT calibrating this same ONNX model; re-run its calibration"
+    matched = {t: cache.scales[t] * INT8_MAX for t in wanted if t in cache.scales}
+    bad_nf = [t for t in cache.non_finite if t in wanted]
+    if not matched and not bad_nf:
+        some = ", ".join(sorted(wanted)[:3])
+        raise CalibrationError(
+            f"{source}: none of its {len(cache.scales) + len(cache.non_finite)} entries names a tensor this model "
+            f"quantizes (e.g. {some})",
+            hint=hint,
+        )
+    check_ranges([*((t, float("nan")) for t in bad_nf), *matched.items()], source=source, hint=hint)
+    return matched

@@ -8,7 +8,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -18,24 +19,98 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from calibkit.errors import CalibkitError
 from calibkit.progress import ProgressEvent
 
-console = Console(stderr=True)
-out = Console()
+# markup off: paths, node names and texts hold brackets ("runs/[/x]", "calibkit[tensorrt]") that rich would
+# parse as markup (or fail on); styled lines opt in with markup=True and escape() every value they show
+console = Console(stderr=True, markup=False, highlight=False)
+out = Console(markup=False, highlight=False)
+_state = {"verbose": False}
+TRACEBACK_ENV = "CALIBKIT_TRACEBACK"
 
 
 @contextlib.contextmanager
 def handle_errors() -> Iterator[None]:
-    """Turn a CalibkitError into one clear message and its exit code; never a traceback for user errors."""
+    """Turn any error into one clear message and an exit code; a traceback only under --verbose.
+
+    CalibkitError: its exit code (2-7) and hint. OS errors (permissions, full disk, a folder where a file was
+    expected) that no check caught: exit 2 with the path and what to do. Anything else is a calibkit bug:
+    exit 1 and a hint to report it. The specific causes are fixed where they arise; this is the net.
+    """
+    import click
+
     try:
         yield
     except CalibkitError as exc:
-        # escape: messages and hints hold brackets ("calibkit[tensorrt]", regexes) that rich would eat as markup
-        console.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False, markup=True)
-        if exc.hint:
-            console.print(f"  [yellow]hint:[/] {escape(exc.hint)}", highlight=False)
+        _error(exc.message, exc.hint or _default_hint(exc))
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]: finished work is kept; outputs were not half-written")
+        console.print("[yellow]interrupted[/]: finished work is kept; outputs were not half-written", markup=True)
         raise typer.Exit(130) from None
+    except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+        raise
+    except OSError as exc:
+        _traceback()
+        where = f"{exc.filename}: " if exc.filename else ""
+        _error(f"{where}{exc.strerror or exc}",
+               "check that the path exists, is the kind expected (file or folder) and that you may write it; "
+               "free disk space if it is full")
+        raise typer.Exit(2) from None
+    except MemoryError:
+        _traceback()
+        _error("out of memory", "use a smaller input (--limit, --size) or a machine with more memory")
+        raise typer.Exit(1) from None
+    except Exception as exc:  # noqa: BLE001 - the last net: one message instead of a traceback
+        _traceback()
+        _error(f"unexpected {type(exc).__name__}: {exc}",
+               f"this is a bug in calibkit; please report it with the command line (run with --verbose or "
+               f"{TRACEBACK_ENV}=1 for the traceback)")
+        raise typer.Exit(1) from None
+
+
+def _default_hint(exc: CalibkitError) -> str:
+    """What to do, for errors raised without a specific hint: every message comes with one."""
+    from calibkit import errors as e
+
+    for cls, hint in (
+        (e.UsageError, "see the command's --help for its options and examples"),
+        (e.DataError, "fix or replace the input file named above; the command's --help lists the formats read"),
+        (e.ModelError, "check the model file or folder named above (an ONNX model with its tokenizer)"),
+        (e.CalibrationError, "re-run `calibkit calibrate` to write the calibration files again"),
+        (e.BackendError, "run with --verbose to see the backend's log"),
+        (e.MissingDependencyError, "install the extra named above, e.g. pip install 'calibkit[demo]'"),
+    ):
+        if isinstance(exc, cls):
+            return hint
+    return "run with --verbose for details"
+
+
+def _error(message: str, hint: str | None) -> None:
+    # escape: messages and hints hold brackets ("calibkit[tensorrt]", regexes) that rich would eat as markup
+    console.print(f"[bold red]error:[/] {escape(printable(message))}", markup=True)
+    if hint:
+        console.print(f"  [yellow]hint:[/] {escape(printable(hint))}", markup=True)
+
+
+def printable(text: str) -> str:
+    """Lone surrogates (from undecodable file names or JSON escapes) cannot be encoded: show them escaped."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _traceback() -> None:
+    import os
+    import traceback
+
+    if _state["verbose"] or os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+        console.print(traceback.format_exc())
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr."""
+    console.print(f"[yellow]warning:[/] {escape(printable(message))}", markup=True)
+
+
+def say(message: str) -> None:
+    """One plain line on stdout (no markup; paths are shown as they are)."""
+    out.print(printable(message))
 
 
 class RichProgress:
@@ -43,11 +118,11 @@ class RichProgress:
 
     def __init__(self, enabled: bool = True) -> None:
         self._progress = Progress(
-            TextColumn("[progress.description]{task.description}"),
+            TextColumn("{task.description}", style="progress.description", markup=False),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
-            TextColumn("{task.fields[message]}"),
+            TextColumn("{task.fields[message]}", markup=False),
             console=console,
             transient=False,
             disable=not enabled or not sys.stderr.isatty() and not _force_progress(),
@@ -76,8 +151,33 @@ def _force_progress() -> bool:
 
 
 def setup_logging(verbose: bool) -> None:
+    _state["verbose"] = verbose
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+
+
+FORCE_HELP = ("Replace an --out folder that holds files calibkit did not write: the old folder is moved aside "
+              "to NAME.replaced-<time> (never deleted). Inputs are never overwritten, even with --force.")
+
+
+def guard_out_dir(path: Path, *, inputs: Sequence[Path | None] = (), option: str = "--out", force: bool = False,
+                  legacy_names: Iterable[str] = ()) -> None:
+    """Before any work: refuse an output folder that is an input, a file, foreign (without --force) or
+    unwritable; under --force move a foreign folder aside and say where."""
+    from calibkit.outdirs import guard_output_dir
+
+    moved = guard_output_dir(path, inputs=inputs, option=option, force=force, legacy_names=legacy_names)
+    if moved is not None:
+        warn(f"{option} {path} held files calibkit did not write; moved it aside to {moved} (--force)")
+
+
+def guard_out_file(path: Path, *, inputs: Sequence[Path | None] = (), option: str,
+                   owned: Callable[[Path], bool] | None = None) -> None:
+    """Before any work: refuse an output file that is an input, a folder, unwritable, or an existing file
+    calibkit did not write (``owned``)."""
+    from calibkit.outdirs import guard_output_file
+
+    guard_output_file(path, inputs=inputs, option=option, owned=owned)

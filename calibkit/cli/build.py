@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import RichProgress, handle_errors, out
+from calibkit.cli._common import RichProgress, guard_out_file, handle_errors, say, warn
 
 HELP = """Build an engine from an FP32 ONNX model: FP32, FP16 or INT8, for ONNX Runtime or TensorRT.
 
@@ -19,10 +19,16 @@ rounded up to 8); a timing cache and the per-layer JSON are written beside the e
 Each engine gets a sidecar ENGINE.calibkit.json (precision, backend, source model + sha256, calibration
 table, tokenizer folder, nodes kept in higher precision) that `calibkit compare` and `tune` read.
 
+-o is never an input, and an existing file there is replaced only if it is an engine calibkit built (it has
+its sidecar). --precision fp32 validates the ONNX file and carries external-data weights along (written
+beside the engine as ENGINE.data, e.g. fp32.onnx.data). INT8 ranges are validated by tensor name before
+anything is written.
+
 INT8 Q/DQ layouts (--target): tensorrt = int8 activations, every MatMul/Gemm quantized (what TensorRT fuses;
 also runs in ONNX Runtime to preview TensorRT's numerics on CPU); onnxruntime = uint8 activations (zero point
 128, same values) on weight MatMuls only, the layout ONNX Runtime's CPU integer kernels fuse (the fast one
-on CPU). Default: the backend's own layout.
+on CPU). Default: the backend's own layout (onnxruntime for the ONNX Runtime backend, which differs from the
+tensorrt layout that `calibrate`, `tune` and the demo's reports measure: pass --target tensorrt for that model).
 
 Examples:
 
@@ -95,14 +101,22 @@ def build(
             calibration_set=calibration_set, min_seq=min_seq, opt_seq=opt_seq, max_seq=max_seq,
             workspace_mib=workspace_mib,
         )
+        from calibkit.engines.artifact import sidecar_path
+
+        guard_out_file(output, inputs=[model, calibration, qdq, tokenizer, calibration_set], option="--output",
+                       owned=lambda p: sidecar_path(p).is_file())
         with RichProgress() as progress:
             res = run_build(req, progress=progress)
         art = res.artifact
-        out.print(f"wrote {art.path} ({art.precision.value}, {art.backend.value})", highlight=False)
+        say(f"wrote {art.path} ({art.precision.value}, {art.backend.value})")
         if res.quantized_nodes:
-            out.print(f"  {len(res.quantized_nodes)} nodes quantized, {len(art.kept_higher_precision)} kept in "
-                      f"higher precision, {len(res.missing_ranges)} tensors without a range", highlight=False)
+            say(f"  {len(res.quantized_nodes)} nodes quantized, {len(art.kept_higher_precision)} kept in "
+                      f"higher precision, {len(res.missing_ranges)} tensors without a range")
         elif art.kept_higher_precision:
-            out.print(f"  {len(art.kept_higher_precision)} nodes kept in higher precision", highlight=False)
+            say(f"  {len(art.kept_higher_precision)} nodes kept in higher precision")
+        zero = list(art.extra.get("zero_ranges") or [])
+        if zero:
+            warn(f"{len(zero)} tensors have amax 0 (all zero during calibration), so their nodes stay FP32: "
+                 f"{', '.join(map(str, zero[:5]))}")
         for extra in res.files[1:]:
-            out.print(f"  + {extra}", highlight=False)
+            say(f"  + {extra}")

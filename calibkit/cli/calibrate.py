@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import RichProgress, console, handle_errors, out
+from calibkit.cli._common import FORCE_HELP, RichProgress, guard_out_dir, handle_errors, say, warn
+from calibkit.executors import EXECUTOR_HELP
 
 METHODS = ("entropy", "minmax", "percentile", "mse")
 
@@ -17,12 +18,22 @@ every activation input of the quantized ops streams into a 2048-bin |x| histogra
 counts. The statistics are cached ($CALIBKIT_CACHE or ~/.cache/calibkit/stats), so calibrating again with
 another --method, or with more --exclude, does not run the model again.
 
+Memory: batches are length-bucketed and bounded by --memory-budget, the bytes of tapped activations one batch
+may hold (attention probabilities grow with batch x sequence^2; calibkit prices them by two tiny probe runs).
+Long texts go in smaller batches, short ones in batches of --batch-size. Peak memory is about the model in ONNX
+Runtime (2-3x the .onnx file) plus 1.5x the budget; the statistics do not depend on the budget or batch size.
+
 Methods: mse (default: minimum expected squared quantization error, clipping included; the best held-out
 accuracy on the demo model), entropy (TensorRT EntropyCalibration2 KL search), minmax (max |x|, TensorRT's advice
 for NLP), percentile (--percentile of |x|).
 
 OUT receives model.int8.onnx, calibration.cache (TensorRT 8-10 legacy cache), calibration.json (ranges, statistics,
-provenance) and stats.npz. It is written atomically: on error nothing half-written is left.
+provenance) and stats.npz. It is written atomically: on error nothing half-written is left. OUT must be new,
+empty or a folder calibkit wrote (--force moves anything else aside, never deletes it); it may not be or lie
+inside the model folder or the calibration set. Every range is checked before a model is written: NaN, inf,
+negative, a denormal or overflowing scale, implausible against the recorded statistics, or (from a cache,
+which has none) above 65504 is refused by tensor name; a --from-cache cache that names none of the model's
+tensors is an error.
 
 Examples:
 
@@ -37,6 +48,10 @@ Examples:
   calibkit calibrate model/ -c calib/ --exclude 'bert.encoder.layer.5.output.dense'   (module path: any exporter)
 
   calibkit calibrate demo_assets/model --from-cache trt/calibration.cache --out runs/from-trt
+
+  calibkit calibrate bert-large/ --calibration-set calib/ --memory-budget 512M --max-batch-tokens 8192
+  calibkit calibrate demo_assets/model -c calib/ --executor dask://10.0.0.5:8786   (statistics in shards on a
+  Dask cluster, merged here: bit-identical to one process)
 """
 
 
@@ -58,7 +73,15 @@ def calibrate(
     ),
     percentile: float = typer.Option(99.99, "--percentile", help="Percentile of |x| for --method percentile."),
     out_dir: Path | None = typer.Option(None, "--out", "-o", help="Output folder [default: runs/calibrate-<method>]."),
-    batch_size: int = typer.Option(32, "--batch-size", "-b", help="Texts per inference batch (length-bucketed)."),
+    batch_size: int = typer.Option(
+        32, "--batch-size", "-b", help="Most texts per inference batch (length-bucketed; the budget may cut it)."
+    ),
+    memory_budget: str = typer.Option(
+        "1G", "--memory-budget", help="Bytes of tapped activations one batch may hold, e.g. 512M, 1G, 4G."
+    ),
+    max_batch_tokens: int | None = typer.Option(
+        None, "--max-batch-tokens", help="Most padded tokens (batch x longest text) per batch [default: no limit]."
+    ),
     op_types: list[str] = typer.Option(
         ["MatMul,Gemm"], "--op-types", help="Op types to quantize (comma-separated or repeated)."
     ),
@@ -74,6 +97,12 @@ def calibrate(
         None, "--from-cache", help="Build the Q/DQ model from this TensorRT calibration cache instead of calibrating."
     ),
     fresh: bool = typer.Option(False, "--fresh-stats", help="Ignore cached statistics and run the model again."),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
+    executor: str | None = typer.Option(
+        None, "--executor",
+        help="Collect statistics in shards, one per worker, merged bit-identically (default: in this process). "
+             + EXECUTOR_HELP,
+    ),
 ) -> None:
     with handle_errors():
         from calibkit.errors import UsageError
@@ -88,6 +117,9 @@ def calibrate(
             raise UsageError(f"--num-bins must be a power of two >= 256, got {num_bins}", hint="the default is 2048")
         if batch_size < 1:
             raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
+        from calibkit.data.encode import TokenBudget, parse_size
+
+        budget = TokenBudget(max_batch_tokens=max_batch_tokens, memory_bytes=parse_size(memory_budget))
         ops = _split(op_types)
         if not ops:
             raise UsageError("--op-types is empty", hint="e.g. --op-types MatMul,Gemm")
@@ -102,8 +134,9 @@ def calibrate(
         if from_cache is not None:
             if calibration_set is not None:
                 raise UsageError("--from-cache and --calibration-set exclude each other")
-            _from_cache(model, tokenizer, from_cache, out_dir or Path("runs") / "calibrate-from-cache", ops, exclude,
-                        target)
+            dest = out_dir or Path("runs") / "calibrate-from-cache"
+            _guard(dest, [model, tokenizer, from_cache], force)
+            _from_cache(model, tokenizer, from_cache, dest, ops, exclude, target)
             return
         if calibration_set is None:
             raise UsageError(
@@ -121,12 +154,24 @@ def calibrate(
         target_dir = out_dir or Path("runs") / f"calibrate-{method}"
         if target_dir.resolve() == Path.cwd().resolve():
             raise UsageError("--out is the current directory", hint="calibkit writes into a folder: pass --out DIR")
-        with RichProgress() as progress:
+        _guard(target_dir, [model, calibration_set, tokenizer], force)
+        import contextlib
+
+        from calibkit.executors import from_spec
+
+        with contextlib.ExitStack() as stack, RichProgress() as progress:
+            ex = stack.enter_context(from_spec(executor)) if executor else None
             result = run_calibration(
                 md, cset, Method(method), params, out_dir=target_dir, op_types=ops, exclude=exclude,
                 target=target, batch_size=batch_size, progress=progress, use_cache=not fresh,
+                budget=budget, executor=ex,
             )
         _summary(result, method, len(cset))
+
+
+def _guard(dest: Path, inputs: list[Path | None], force: bool) -> None:
+    guard_out_dir(dest, inputs=inputs, force=force,
+                  legacy_names=("model.int8.onnx", "calibration.cache", "calibration.json", "stats.npz"))
 
 
 def _from_cache(model: Path, tokenizer: Path | None, cache: Path, out_dir: Path, ops: list[str],
@@ -142,25 +187,28 @@ def _from_cache(model: Path, tokenizer: Path | None, cache: Path, out_dir: Path,
             raise
         md = ModelDir(onnx_path=model, tokenizer_path=model.parent)  # a tokenizer is not needed to apply a cache
     result = calibrate_from_cache(md, cache, out_dir=out_dir, op_types=ops, exclude=exclude, target=target)
-    out.print(f"built {result.model_path} from {cache}: {len(result.quantized_nodes)} nodes quantized, "
+    say(f"built {result.model_path} from {cache}: {len(result.quantized_nodes)} nodes quantized, "
               f"{len(result.table.ranges)} ranges taken from the cache")
     if result.unmatched_cache_names:
         names = ", ".join(result.unmatched_cache_names[:5])
-        out.print(f"{len(result.unmatched_cache_names)} cache names match no quantized tensor (TensorRT-internal "
+        say(f"{len(result.unmatched_cache_names)} cache names match no quantized tensor (TensorRT-internal "
                   f"names or other ops), e.g. {names}")
+    if result.zero_ranges:
+        warn(f"{len(result.zero_ranges)} tensors have scale 0 in the cache, so their nodes stay FP32: "
+             f"{', '.join(result.zero_ranges[:5])}")
     if result.missing_ranges:
-        out.print(f"{len(result.missing_ranges)} quantized inputs are not in the cache (their nodes stay FP32): "
+        say(f"{len(result.missing_ranges)} quantized inputs are not in the cache (their nodes stay FP32): "
                   f"{', '.join(result.missing_ranges[:5])}")
-    out.print(f"wrote {result.out_dir}/ (model.int8.onnx, calibration.cache, calibration.json)")
+    say(f"wrote {result.out_dir}/ (model.int8.onnx, calibration.cache, calibration.json)")
 
 
 def _summary(result, method: str, texts: int) -> None:  # type: ignore[no-untyped-def]
     stats = "reused cached statistics (the model was not run)" if result.reused_stats else (
         f"statistics from {texts} texts in {result.timings.get('statistics', 0):.1f} s")
-    out.print(f"calibrated with {method}: {stats}")
-    out.print(f"{len(result.table.ranges)} activation ranges, {len(result.quantized_nodes)} nodes quantized, "
+    say(f"calibrated with {method}: {stats}")
+    say(f"{len(result.table.ranges)} activation ranges, {len(result.quantized_nodes)} nodes quantized, "
               f"{len(result.kept_nodes)} kept in higher precision")
     for w in result.warnings:
-        console.print(f"[yellow]warning:[/] {w}", highlight=False)
-    out.print(f"wrote {result.out_dir}/ (model.int8.onnx, calibration.cache, calibration.json, stats.npz) "
+        warn(w)
+    say(f"wrote {result.out_dir}/ (model.int8.onnx, calibration.cache, calibration.json, stats.npz) "
               f"in {result.timings.get('total', 0):.1f} s")

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import RichProgress, console, handle_errors, out
+from calibkit.cli._common import FORCE_HELP, RichProgress, guard_out_dir, guard_out_file, handle_errors, out, say, warn
+from calibkit.executors import EXECUTOR_HELP
 
 HELP = (
     "Compare engine A (baseline, e.g. FP32/FP16) with engine B (e.g. INT8) on a labelled eval set.\n\n"
@@ -16,8 +17,18 @@ HELP = (
     "against the INT8 clipping range, the clipped fraction, the outlier ratio, SQNR and cosine of the layer's "
     "output, the accuracy effect of quantizing only this layer / keeping only this layer in higher precision, "
     "and a keep-in-FP16 flag with the reasons that triggered it.\n\n"
+    "Every accuracy, macro-F1, agreement and B-A difference carries a 95 % interval for paired predictions on "
+    "the same examples (Wilson, paired bootstrap, exact McNemar). A difference whose interval covers zero is "
+    "'not significant'; a per-layer effect within its own uncertainty is 'insufficient-evidence' (with the "
+    "number of examples that would settle it); and no layer is advised to stay in FP16 while B is not "
+    "significantly less accurate than A. Layer statistics, sensitivity samples and --limit use random subsets "
+    "stratified by label, drawn from --seed by row content (the same rows in any file order give the same "
+    "subset); the report lists the rows used.\n\n"
     "The eval set is JSONL, CSV/TSV, Parquet (columns text + label; labels as names or ids) or a Hugging Face "
     "datasets folder. A and B must be built from the same FP32 model.\n\n"
+    "Outputs are checked before any work: --json must be a writable file path (an existing file only if it is "
+    "an earlier compare document); the report folder must be new, empty or written by calibkit (--force moves "
+    "anything else aside, never deletes it).\n\n"
     "Examples:\n\n"
     "  calibkit compare fp32.onnx int8.onnx --eval-set data/test.jsonl\n\n"
     "  calibkit compare fp16.onnx int8.onnx --reference fp32.onnx --eval-set test.parquet --json cmp.json\n\n"
@@ -42,13 +53,20 @@ def compare(
     ),
     no_report: bool = typer.Option(False, "--no-report", help="Write no report folder."),
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Examples per inference batch."),
-    limit: int | None = typer.Option(None, "--limit", min=1, help="Use only the first N eval examples."),
+    limit: int | None = typer.Option(
+        None, "--limit", min=1, help="Use N eval examples, drawn at random and stratified by label (--seed)."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the --limit, layer-statistics and sensitivity subsets."),
     layers: bool = typer.Option(True, "--layers/--no-layers", help="Per-layer ranges and SQNR."),
-    layer_samples: int = typer.Option(512, "--layer-samples", min=1, help="Examples streamed for layer statistics."),
+    layer_samples: int = typer.Option(
+        512, "--layer-samples", min=1, help="Examples streamed for layer statistics (stratified subset)."
+    ),
     sensitivity: bool = typer.Option(
         True, "--sensitivity/--no-sensitivity", help="Per-layer accuracy effect (rebuilds a variant per layer)."
     ),
-    sensitivity_samples: int = typer.Option(256, "--sensitivity-samples", min=1, help="Examples per variant."),
+    sensitivity_samples: int = typer.Option(
+        256, "--sensitivity-samples", min=1, help="Examples per variant (stratified subset)."
+    ),
     sensitivity_layers: int | None = typer.Option(
         None, "--sensitivity-layers", min=1,
         help="Only the K layers with the worst own SQNR or most zeroed weights (default: every layer).",
@@ -56,6 +74,7 @@ def compare(
     workers: int | None = typer.Option(
         None, "--workers", min=1, help="Processes for sensitivity (default min(2, cpus))."
     ),
+    executor: str | None = typer.Option(None, "--executor", help=EXECUTOR_HELP + " Runs the sensitivity variants."),
     threshold_sqnr: float = typer.Option(
         20.0, "--threshold-sqnr", help="Flag layers whose own quantization SQNR (dB) is below."
     ),
@@ -71,6 +90,7 @@ def compare(
     label_column: str | None = typer.Option(None, "--label-column", help="Label column (default: label, ...)."),
     split: str | None = typer.Option(None, "--split", help="Split of a datasets DatasetDict (default test)."),
     max_disagreements: int = typer.Option(50, "--max-disagreements", min=0, help="Disagreeing examples to list."),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP + " Applies to --report."),
 ) -> None:
     with handle_errors():
         from calibkit._io import write_json
@@ -78,12 +98,28 @@ def compare(
         from calibkit.engines.artifact import EngineArtifact
         from calibkit.evaluate.compare import CompareOptions, check_same_model, compare_engines, ensure_known_labels
         from calibkit.evaluate.flags import Thresholds
+        from calibkit.evaluate.subsets import limit_eval_set
 
+        inputs = [engine_a, engine_b, reference, eval_set]
+        if json_path:
+            guard_out_file(json_path, inputs=inputs, option="--json", owned=_is_compare_json)
+        report_dir = None if no_report else report or _default_report_dir(engine_a, engine_b)
+        if report_dir is not None:
+            from calibkit.report.render import REPORT_NAMES
+
+            guard_out_dir(report_dir, inputs=inputs, option="--report", force=force, legacy_names=REPORT_NAMES)
+            if json_path and report_dir.absolute().resolve() in json_path.absolute().resolve().parents:
+                from calibkit.errors import UsageError
+
+                raise UsageError(f"--json {json_path} lies inside --report {report_dir}, which is replaced as a "
+                                 "whole", hint="write --json outside the report folder (the report holds "
+                                 "report.json anyway)")
         a = EngineArtifact.load(engine_a)
         b = EngineArtifact.load(engine_b)
         ref = EngineArtifact.load(reference) if reference else None
         check_same_model([a, b] + ([ref] if ref else []))
-        ev = load_eval_set(eval_set, text_column=text_column, label_column=label_column, split=split).head(limit)
+        full = load_eval_set(eval_set, text_column=text_column, label_column=label_column, split=split)
+        ev, rows = limit_eval_set(full, limit, seed)
         ensure_known_labels(ev, next((e.tokenizer for e in (a, b, ref) if e and e.tokenizer), None))
         opts = CompareOptions(
             batch_size=batch_size,
@@ -94,6 +130,7 @@ def compare(
             sensitivity_layers=sensitivity_layers,
             workers=workers,
             max_disagreements=max_disagreements,
+            seed=seed,
             thresholds=Thresholds(
                 min_sqnr_db=threshold_sqnr,
                 max_clipped_fraction=threshold_clipped,
@@ -102,16 +139,31 @@ def compare(
                 max_cost_points=threshold_cost,
             ),
         )
-        with RichProgress() as progress:
-            result = compare_engines(a, b, ev, reference=ref, options=opts, progress=progress)
+        from dataclasses import replace
+
+        from calibkit.executors import from_spec
+
+        with from_spec(executor, workers) as ex, RichProgress() as progress:
+            result = compare_engines(a, b, ev, reference=ref, options=replace(opts, executor=ex), progress=progress,
+                                     rows=rows)
         doc = result.to_dict()
         if json_path:
             write_json(json_path, doc)
-        report_dir = None
-        if not no_report:
-            report_dir = report or _default_report_dir(a.path, b.path)
+        if report_dir is not None:
             _render(doc, report_dir)
         _print_summary(result, json_path, report_dir)
+
+
+def _is_compare_json(path: Path) -> bool:
+    """An earlier `compare --json` document (a file calibkit may overwrite)."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(doc, dict) and str(doc.get("format", "")).startswith("calibkit-compare/")
 
 
 def _default_report_dir(a: Path, b: Path) -> Path:
@@ -126,7 +178,7 @@ def _render(doc: dict, out_dir: Path) -> None:
         from calibkit.report.render import render_report
     except ImportError:  # the report renderer is optional at this layer: keep the JSON
         write_json(out_dir / "report.json", doc)
-        console.print(f"[yellow]report renderer not available; wrote {out_dir / 'report.json'}[/]")
+        warn(f"report renderer not available; wrote {out_dir / 'report.json'}")
         return
     render_report(doc, out_dir)
 
@@ -134,24 +186,34 @@ def _render(doc: dict, out_dir: Path) -> None:
 def _print_summary(result, json_path: Path | None, report_dir: Path | None) -> None:  # noqa: ANN001
     from rich.table import Table
 
-    t = Table(title=f"eval set {result.eval_set.path.name}: {len(result.eval_set)} examples")
+    t = Table(title=f"eval set {result.eval_set.path.name}: {len(result.eval_set)} examples (95 % intervals)")
     for col in ("engine", "precision", "accuracy", "macro-F1", "p50 ms/batch", "items/s"):
         t.add_column(col)
     for e in result.engines:
         t.add_row(
             f"{e.name}: {e.artifact.path.name}",
             e.artifact.precision.value,
-            f"{e.metrics.accuracy * 100:.2f} %",
-            f"{e.metrics.macro_f1:.4f}",
+            f"{e.metrics.accuracy * 100:.2f} %" + _ci(e.accuracy_ci, 100, 1),
+            f"{e.metrics.macro_f1:.4f}" + _ci(e.macro_f1_ci, 1, 3),
             f"{e.latency.p50_ms:.1f}",
             f"{e.latency.throughput_per_s:.0f}",
         )
     out.print(t)
     ag = result.agreement
+    d = result.accuracy_diff
+    if d is not None:
+        iv = d.interval
+        out.print(f"B - A accuracy {iv.estimate * 100:+.2f} points (95 % CI {iv.low * 100:+.2f} to "
+                  f"{iv.high * 100:+.2f}; McNemar p {d.mcnemar_p:.3g}; {d.b_only} fixed, {d.a_only} broken): "
+                  f"[bold]{d.verdict}[/]")
     out.print(
-        f"agreement {ag.agreement * 100:.2f} %  logit cosine mean {ag.cosine_mean:.5f} min {ag.cosine_min:.5f}  "
-        f"max |err| {ag.max_abs_error:.4g}  ({len(result.disagreements)} disagreements listed)"
+        f"agreement {ag.agreement * 100:.2f} %{_ci(result.agreement_ci, 100, 2)}, flips "
+        f"{(1 - ag.agreement) * 100:.2f} %  logit cosine mean {ag.cosine_mean:.5f} min {ag.cosine_min:.5f}  "
+        f"max |err| {ag.max_abs_error:.4g}  mean KL {result.output_error.mean_kl:.3g}  "
+        f"({len(result.disagreements)} disagreements listed)"
     )
+    for w in result.warnings:
+        warn(w)
     flagged = [r for r in result.layers if r.flag.flag.value != "ok"]
     if result.layers:
         lt = Table(title=f"{len(flagged)} of {len(result.layers)} quantized layer inputs flagged")
@@ -167,12 +229,24 @@ def _print_summary(result, json_path: Path | None, report_dir: Path | None) -> N
         if flagged:
             out.print(lt)
         keep = result.keep_in_higher_precision
-        out.print(f"recommendation: keep {len(keep)} nodes in {result.recommended_precision}: {', '.join(keep[:12])}"
-                  + (" ..." if len(keep) > 12 else ""))
+        unsure = sum(r.flag.flag.value == "insufficient-evidence" for r in result.layers)
+        if keep:
+            say(f"recommendation: keep {len(keep)} nodes in {result.recommended_precision}: "
+                      f"{', '.join(keep[:12])}" + (" ..." if len(keep) > 12 else ""))
+        else:
+            say("recommendation: no layer needs higher precision on this evidence")
+        if unsure:
+            say(f"{unsure} layers: insufficient evidence (effect within its 95 % interval; see the reasons)")
     if json_path:
-        out.print(f"JSON: {json_path}")
+        say(f"JSON: {json_path}")
     if report_dir:
-        out.print(f"report: {report_dir}")
+        say(f"report: {report_dir}")
+
+
+def _ci(iv, scale: float, digits: int) -> str:  # noqa: ANN001
+    if iv is None or iv.low != iv.low:
+        return ""
+    return f" [{iv.low * scale:.{digits}f}, {iv.high * scale:.{digits}f}]"
 
 
 def _f(v: float | None) -> str:

@@ -26,7 +26,7 @@ demo_app = typer.Typer(
         "Writes OUT/model/ (model.onnx, tokenizer, config.json, metrics.json), OUT/data/train.jsonl and "
         "test.jsonl (movie-review snippets, seeded 80/20 split), OUT/logs.jsonl (synthetic production traffic "
         "from tweets, Amazon and NYT snippets and the movie training split; never the test split) and "
-        "OUT/prepare.json (sha256 of every file).\n\n"
+        "OUT/prepare.json (sha256 of every file). OUT must be new, empty or an earlier demo folder.\n\n"
         "Re-running with the same arguments reuses every complete step; the data archive "
         "(vaderSentiment 3.3.2 from PyPI) is cached in $CALIBKIT_CACHE or ~/.cache/calibkit.\n\n"
         "Examples:\n\n"
@@ -46,7 +46,11 @@ def prepare(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars (on a terminal)."),
 ) -> None:
     with handle_errors():
-        from calibkit.demo.prepare import PrepareOptions, prepare_demo
+        from calibkit.demo.prepare import PrepareOptions, check_demo_folder, prepare_demo
+        from calibkit.outdirs import check_writable
+
+        check_demo_folder(out_dir)
+        check_writable(out_dir)
 
         with RichProgress(enabled=progress) as bars:
             result = prepare_demo(out_dir, PrepareOptions(fast=fast, log_lines=log_lines, seed=seed), progress=bars)

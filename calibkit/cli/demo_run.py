@@ -30,13 +30,19 @@ def run(
     workers: int | None = typer.Option(None, "--workers", min=1, help="Processes for sensitivity and tuning."),
 ) -> None:
     with handle_errors():
+        from calibkit.demo.prepare import check_demo_folder
         from calibkit.demo.workflow import WorkflowOptions, run_workflow
+        from calibkit.outdirs import check_writable
 
         kw: dict = {"reports_dir": reports_dir, "workers": workers,
                     "workdir": workdir or Path("demo_assets-fast" if fast else "demo_assets")}
         if max_drop is not None:
             kw["max_drop"] = max_drop
         opts = WorkflowOptions.quick(**kw) if fast else WorkflowOptions(**kw)
+        check_demo_folder(Path(opts.workdir))
+        for folder, option in ((opts.workdir, "--workdir"), (opts.reports_dir, "--reports"),
+                               (opts.calibration_sets_dir, "calibration_sets")):
+            check_writable(folder, option=option)
         with RichProgress() as progress:
             res = run_workflow(opts, progress=progress)
         s = res.summary

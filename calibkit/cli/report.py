@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import RichProgress, handle_errors, out
+from calibkit.cli._common import FORCE_HELP, RichProgress, guard_out_dir, handle_errors, say
 
 _HELP = (
     "Re-render a compare or tune report from its JSON.\n\n"
@@ -16,6 +16,7 @@ _HELP = (
     "The folder is written under a temporary name and swapped in when complete, so a failure leaves the "
     "previous report as it was. It is replaced as a whole: --out must be a new folder or hold only an earlier "
     "report.\n\n"
+    "A folder holding anything else is refused; --force moves it aside (renamed, never deleted).\n\n"
     "Examples:\n\n"
     "  calibkit report reports/minilm-int8/report.json   (re-render in place)\n\n"
     "  calibkit report compare.json --out reports/minilm-int8\n\n"
@@ -33,15 +34,17 @@ def report(
     out_dir: Path = typer.Option(None, "--out", "-o", metavar="DIR", help="Report folder to write. Default: the "
                                  "folder of REPORT.json when it is named report.json, else <name>-report/ beside "
                                  "it."),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     with handle_errors():
         from calibkit.report.document import load_document
-        from calibkit.report.render import default_out_dir, render_report
+        from calibkit.report.render import REPORT_NAMES, default_out_dir, render_report
 
-        doc = load_document(report_json)
         target = out_dir if out_dir is not None else default_out_dir(report_json)
+        # REPORT.json may lie inside the folder it re-renders (in place): it is read before the swap
+        guard_out_dir(target, force=force, legacy_names=REPORT_NAMES)
+        doc = load_document(report_json)
         with RichProgress() as progress:
             paths = render_report(doc, target, progress=progress)
-        out.print(f"wrote {paths.html}", highlight=False)
-        out.print(f"      {paths.markdown}  ({len(paths.plots)} plots in {paths.html.parent / 'plots'})",
-                  highlight=False)
+        say(f"wrote {paths.html}")
+        say(f"      {paths.markdown}  ({len(paths.plots)} plots in {paths.html.parent / 'plots'})")

@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from calibkit.cli._common import RichProgress, handle_errors, out
+from calibkit.cli._common import FORCE_HELP, RichProgress, guard_out_dir, handle_errors, out, warn
 
 HELP = """Draw a calibration set from a JSON Lines request log (plain or .gz, any size).
 
@@ -19,8 +19,13 @@ What happens to each line: broken lines are skipped and counted (--strict stops 
 <script>/<style> blocks are removed (other markup is kept: the model should see what production sees);
 e-mails, phone numbers, Luhn-valid card numbers and IP addresses become <EMAIL>, <PHONE>, <CARD>, <IP>
 (--no-redact keeps them); duplicates (exact, or equal after NFKC + case + whitespace normalization) count
-once. The sample is stratified by token length, label and topic cluster; same log + same seed gives a
-byte-identical output.
+once. Texts longer than 65,536 characters are cut to that length first (counted as oversized); lines over
+64 MiB are skipped. The sample is stratified by token length, label and topic cluster (not by a label with
+more distinct values than max(20, size/8): a warning says so); same log + same seed gives a byte-identical
+output.
+
+--out must be a new or empty folder, or one calibkit wrote; inputs are never overwritten (--force moves a
+foreign folder aside, it never deletes it).
 
 Examples:
 
@@ -64,6 +69,7 @@ def sample(
     strict: bool = typer.Option(False, "--strict", help="Fail at the first broken line instead of skipping it."),
     no_redact: bool = typer.Option(False, "--no-redact", help="Keep e-mails, phone/card numbers and IPs as is."),
     clusters: int = typer.Option(12, "--clusters", help="Topic clusters to stratify by (1 disables)."),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     with handle_errors():
         from calibkit.data.calibset import write_calibration_set
@@ -83,10 +89,13 @@ def sample(
             clusters=clusters,
         )
         target = out_dir or default_out_dir(logs, size, seed)
+        guard_out_dir(target, inputs=[logs, tokenizer], force=force, legacy_names=("texts.jsonl", "manifest.json"))
         with RichProgress() as progress:
             drawn = draw_sample(logs, options, progress)
         cset = write_calibration_set(target, drawn.texts, drawn.labels, drawn.manifest)
         _summary(cset.manifest, target)
+        for w in cset.manifest.get("warnings", []):
+            warn(w)
 
 
 def _summary(m: dict[str, Any], target: Path) -> None:
@@ -97,10 +106,12 @@ def _summary(m: dict[str, Any], target: Path) -> None:
     rep = m["representativeness"]
     red = m["redaction"]
     tf = m["text_field"]
-    t = Table(title=f"calibration set: {target}", show_header=False, title_justify="left")
+    from calibkit.cli._common import printable
+
+    t = Table(title=printable(f"calibration set: {target}"), show_header=False, title_justify="left")
     t.add_column("what", style="bold")
     t.add_column("value")
-    t.add_row("log", f"{m['source']['path']} ({m['source']['size_bytes']:,} bytes)")
+    t.add_row("log", printable(f"{m['source']['path']} ({m['source']['size_bytes']:,} bytes)"))
     t.add_row("text field", ", ".join(tf["paths"]) + (" (auto-detected)" if tf["auto_detected"] else ""))
     t.add_row("lines read", f"{lines['read']:,}")
     broken = ", ".join(

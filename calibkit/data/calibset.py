@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from calibkit._io import atomic_dir, dumps_json, sha256_bytes
+from calibkit.data.textcheck import has_lone_surrogate
 from calibkit.errors import DataError
 
 TEXTS = "texts.jsonl"
@@ -48,7 +49,7 @@ def write_calibration_set(
     data = _texts_bytes(texts, labels)
     set_id = sha256_bytes(data)
     full = {**manifest, "texts_sha256": set_id, "count": len(texts)}
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, what="calibration set", legacy_names=(TEXTS, MANIFEST)) as tmp:
         (tmp / TEXTS).write_bytes(data)
         (tmp / MANIFEST).write_text(dumps_json(full), encoding="utf-8")
     return CalibrationSet(Path(out_dir), tuple(texts), tuple(labels) if labels is not None else None, full, set_id)
@@ -73,8 +74,13 @@ def load_calibration_set(path: str | Path) -> CalibrationSet:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
             raise DataError(f"{texts_path}:{n}: not valid JSON ({exc.msg})") from exc
+        except RecursionError:
+            raise DataError(f"{texts_path}:{n}: JSON nested too deeply to read") from None
         if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
             raise DataError(f'{texts_path}:{n}: expected an object with a string "text" field')
+        if has_lone_surrogate(rec["text"]):
+            raise DataError(f"{texts_path}:{n}: the text holds a lone UTF-16 surrogate (e.g. \\udc00)",
+                            hint="re-create the set with `calibkit sample`, which counts such lines as broken")
         texts.append(rec["text"])
         lab = rec.get("label")
         labels.append(None if lab is None else str(lab))

@@ -2,10 +2,16 @@
 
 Variable sequence lengths are the point: no padding to a fixed maximum, so statistics see what production
 sees, and padding (which the collector also masks out) stays rare.
+
+Batches are also bounded by a :class:`TokenBudget`: padded tokens per batch (``max_batch_tokens``) and/or bytes
+of tapped tensors per batch (``memory_bytes``, priced by a :class:`BatchCost` that knows attention tensors grow
+with sequence²). The batch size is an upper bound: long texts go in smaller batches, short ones in full batches.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -13,6 +19,83 @@ import numpy as np
 
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.errors import UsageError
+
+DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes of tapped tensors alive per batch: keeps calibrate near plain inference
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from ``4G``, ``512M``, ``1.5G``, ``800K`` or a plain number (binary units; a trailing B is optional)."""
+    if isinstance(text, int):
+        value = text
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(?:I?B)?\s*", str(text).upper())
+        if not m:
+            raise UsageError(f"cannot read the size {text!r}", hint="write e.g. 4G, 512M or 1.5G")
+        value = int(float(m.group(1)) * _UNITS[m.group(2)])
+    if value < 1:
+        raise UsageError(f"a size must be positive, got {text!r}", hint="e.g. --memory-budget 4G")
+    return value
+
+
+@dataclass(frozen=True)
+class BatchCost:
+    """Float32 elements of the tapped tensors for one text padded to ``s`` tokens: fixed + per_token·s +
+    per_pair·s² (attention probabilities [heads, s, s] are the per_pair part)."""
+
+    per_token: float = 0.0
+    per_pair: float = 0.0
+    fixed: float = 0.0
+
+    def nbytes(self, batch: int, seq: int, itemsize: int = 4) -> float:
+        return float(batch) * itemsize * (self.fixed + self.per_token * seq + self.per_pair * seq * seq)
+
+
+@dataclass(frozen=True)
+class TokenBudget:
+    """Limits on one batch. ``memory_bytes`` needs a :class:`BatchCost` (the collector measures it by probing
+    the model); ``None`` means no limit of that kind."""
+
+    max_batch_tokens: int | None = None
+    memory_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
+            raise UsageError(f"--max-batch-tokens must be at least 1, got {self.max_batch_tokens}")
+        if self.memory_bytes is not None and self.memory_bytes < 1:
+            raise UsageError(f"--memory-budget must be positive, got {self.memory_bytes}")
+
+    def fits(self, batch: int, seq: int, cost: BatchCost | None) -> bool:
+        if self.max_batch_tokens is not None and batch * seq > self.max_batch_tokens:
+            return False
+        if self.memory_bytes is not None and cost is not None and cost.nbytes(batch, seq) > self.memory_bytes:
+            return False
+        return True
+
+
+def budget_groups(
+    lengths: np.ndarray, batch_size: int, budget: TokenBudget | None = None, cost: BatchCost | None = None
+) -> tuple[np.ndarray, ...]:
+    """Indices sorted by length (stable), cut into consecutive groups of at most ``batch_size`` that fit the
+    budget when padded to their longest member. A single text over the budget forms a batch of its own."""
+    if batch_size < 1:
+        raise UsageError(f"batch size must be at least 1, got {batch_size}")
+    lengths = np.asarray(lengths)
+    order = np.argsort(lengths, kind="stable")
+    if budget is None or (budget.max_batch_tokens is None and (budget.memory_bytes is None or cost is None)):
+        return tuple(order[i : i + batch_size] for i in range(0, len(order), batch_size))
+    groups = []
+    start = 0
+    n = len(order)
+    while start < n:
+        end = start + 1
+        # lengths ascend, so the newest member is the longest: the batch grows while it still fits
+        while end < n and end - start < batch_size and budget.fits(end + 1 - start, int(lengths[order[end]]), cost):
+            end += 1
+        groups.append(order[start:end])
+        start = end
+    return tuple(groups)
 
 
 @dataclass(frozen=True)
@@ -38,14 +121,31 @@ class BucketedBatches:
     order: tuple[np.ndarray, ...]
     lengths: np.ndarray  # untruncated token counts, per text
     max_length: int
+    batch_size: int = 32
+    budget: TokenBudget | None = None
+    cost: BatchCost | None = None
 
     def __len__(self) -> int:
         return len(self.order)
 
     def __iter__(self) -> Iterator[Batch]:
         for idx in self.order:
-            enc = self.tokenizer.encode([self.texts[i] for i in idx], max_length=self.max_length)
-            yield Batch(feeds=enc.feeds(self.input_names), mask=enc.attention_mask.astype(bool), indices=idx)
+            yield self.batch(idx)
+
+    def batch(self, idx: np.ndarray) -> Batch:
+        enc = self.tokenizer.encode([self.texts[i] for i in idx], max_length=self.max_length)
+        return Batch(feeds=enc.feeds(self.input_names), mask=enc.attention_mask.astype(bool), indices=idx)
+
+    def priced(self, cost: BatchCost) -> BucketedBatches:
+        """The same texts re-grouped now that the bytes per batch are known (a no-op without a memory budget)."""
+        if self.budget is None or self.budget.memory_bytes is None:
+            return dataclasses.replace(self, cost=cost)
+        clipped = np.minimum(self.lengths, self.max_length)
+        return dataclasses.replace(self, order=budget_groups(clipped, self.batch_size, self.budget, cost), cost=cost)
+
+    @property
+    def needs_cost(self) -> bool:
+        return self.budget is not None and self.budget.memory_bytes is not None and self.cost is None
 
     @property
     def num_texts(self) -> int:
@@ -66,6 +166,14 @@ class BucketedBatches:
         clipped = np.minimum(self.lengths, self.max_length)
         return int(sum(len(idx) * int(clipped[idx].max()) for idx in self.order if len(idx)))
 
+    @property
+    def peak_batch_bytes(self) -> float:
+        """Bytes of tapped tensors of the largest batch under ``cost`` (0 when the cost is unknown)."""
+        if self.cost is None:
+            return 0.0
+        clipped = np.minimum(self.lengths, self.max_length)
+        return max((self.cost.nbytes(len(i), int(clipped[i].max())) for i in self.order if len(i)), default=0.0)
+
 
 def bucketed_batches(
     tokenizer: TextTokenizer,
@@ -74,12 +182,13 @@ def bucketed_batches(
     *,
     batch_size: int = 32,
     max_length: int | None = None,
+    budget: TokenBudget | None = None,
 ) -> BucketedBatches:
-    """Batches of texts of similar token length (stable sort by length, then consecutive groups)."""
+    """Batches of texts of similar token length (stable sort by length, then consecutive groups within
+    ``budget``; a memory budget takes effect once the collector prices the batches, see ``priced``)."""
     if batch_size < 1:
         raise UsageError(f"batch size must be at least 1, got {batch_size}")
     limit = int(max_length or tokenizer.max_length)
     lengths = tokenizer.token_lengths(texts)
-    order = np.argsort(np.minimum(lengths, limit), kind="stable")
-    groups = tuple(order[i : i + batch_size] for i in range(0, len(order), batch_size))
-    return BucketedBatches(tokenizer, tuple(texts), tuple(input_names), groups, lengths, limit)
+    groups = budget_groups(np.minimum(lengths, limit), batch_size, budget)
+    return BucketedBatches(tokenizer, tuple(texts), tuple(input_names), groups, lengths, limit, batch_size, budget)

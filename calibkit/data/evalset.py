@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from calibkit._deps import require
+from calibkit.data.textcheck import has_lone_surrogate, is_usable
 from calibkit.errors import DataError
 
 TEXT_COLUMNS = ("text", "sentence", "review", "content")
@@ -127,7 +128,9 @@ def _read_jsonl(p: Path) -> list[dict[str, Any]]:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise DataError(f"{p}: not valid JSON ({exc.msg})") from exc
-        if not all(isinstance(r, dict) for r in data):
+        except RecursionError:
+            raise DataError(f"{p}: JSON nested too deeply to read", hint="one flat object per example") from None
+        if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
             raise DataError(f"{p}: expected a list of objects")
         return data
     rows = []
@@ -138,6 +141,8 @@ def _read_jsonl(p: Path) -> list[dict[str, Any]]:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
             raise DataError(f"{p}:{n}: not valid JSON ({exc.msg})", hint="one JSON object per line") from exc
+        except RecursionError:
+            raise DataError(f"{p}:{n}: JSON nested too deeply to read", hint="one flat object per line") from None
         if not isinstance(rec, dict):
             raise DataError(f"{p}:{n}: expected a JSON object with text and label")
         rows.append(rec)
@@ -151,7 +156,8 @@ def _read_polars(p: Path, suffix: str) -> list[dict[str, Any]]:
         if suffix == ".csv":
             df = pl.read_csv(p, infer_schema_length=0)  # every column as text: labels stay as written
         elif suffix == ".tsv":
-            df = pl.read_csv(p, separator="\t", infer_schema_length=0, quote_char=None)
+            # quoted fields as in CSV: a text may hold tabs, newlines or "" (an escaped quote) inside quotes
+            df = pl.read_csv(p, separator="\t", infer_schema_length=0, quote_char='"')
         else:
             df = pl.read_parquet(p)
     except Exception as exc:  # polars raises many unrelated exception types
@@ -206,6 +212,12 @@ def _to_eval_set(p: Path, rows: list[dict[str, Any]], text_col: str | None, labe
         t = r.get(tc)
         if not isinstance(t, str):
             raise DataError(f"eval set {p.name}: example {n} has no text in column {tc!r}")
+        if not is_usable(t):
+            raise DataError(f"eval set {p.name}: example {n} has no usable text in column {tc!r} (empty, or only "
+                            "zero-width, format or control characters)", hint="remove or fix that example")
+        if has_lone_surrogate(t):
+            raise DataError(f"eval set {p.name}: example {n}: its text holds a lone UTF-16 surrogate (e.g. "
+                            "\\udc00), which no tokenizer accepts", hint="fix the encoding of that example")
         if lc is None:
             texts.append(t)
             continue

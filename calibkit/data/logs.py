@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calibkit.data.textcheck import has_lone_surrogate, is_usable, replace_surrogates
 from calibkit.errors import DataError
 
 log = logging.getLogger("calibkit.data.logs")
@@ -39,28 +40,40 @@ TEXT_FIELD_CANDIDATES: tuple[str, ...] = (
     "payload.text",
 )
 
+MAX_LINE_BYTES = 64 << 20  # a longer line is skipped unread (counted as too_long): memory stays bounded
+
 # Kinds of broken lines, in the order they are checked.
 BROKEN_KINDS: tuple[str, ...] = (
     "blank",
+    "too_long",
     "invalid_utf8",
     "invalid_json",
+    "too_deep",
     "not_object",
     "missing_text",
     "non_string_text",
     "empty_text",
+    "lone_surrogate",
 )
 _BROKEN_DESCRIPTIONS = {
     "blank": "blank line",
+    "too_long": f"line longer than {MAX_LINE_BYTES >> 20} MiB",
     "invalid_utf8": "invalid UTF-8 bytes",
     "invalid_json": "invalid or truncated JSON",
+    "too_deep": "JSON nested too deeply to parse",
     "not_object": "JSON value is not an object",
     "missing_text": "text field missing",
     "non_string_text": "text field is not a string",
-    "empty_text": "text field is empty",
+    "empty_text": "text field is empty or holds only invisible (zero-width, format, control) characters",
+    "lone_surrogate": "text holds a lone UTF-16 surrogate escape (e.g. \\udc00) that no encoder accepts",
 }
 FIRST_LINES_KEPT = 5
 _BLOCK = 1 << 20
 _DETECT_LINES = 2000
+# a text is cut to this many characters before anything else sees it (redaction, dedup, tokenizer): a model
+# reads at most a few thousand characters, and one 50 MB request must not cost gigabytes (counted: oversized)
+MAX_TEXT_CHARS = 65536
+TOO_LONG: bytes | None = None  # what iter_lines yields in place of a line over MAX_LINE_BYTES
 
 
 @dataclass(frozen=True)
@@ -81,6 +94,8 @@ class ReadStats:
     bytes_read: int = 0  # of the file on disk (compressed when gzip)
     sha256: str = ""
     gzip_truncated: bool = False  # the compressed stream ended early (a log copied while being written)
+    oversized: int = 0  # texts cut to MAX_TEXT_CHARS
+    oversized_first_lines: list[int] = field(default_factory=list)
 
     @property
     def broken_total(self) -> int:
@@ -97,6 +112,8 @@ class ReadStats:
             "read": self.lines,
             "usable": self.records,
             "broken_total": self.broken_total,
+            "oversized": {"count": self.oversized, "first_lines": list(self.oversized_first_lines),
+                          "max_chars": MAX_TEXT_CHARS},
             "broken": {
                 k: {"count": self.broken[k], "first_lines": list(self.first_lines[k])}
                 for k in BROKEN_KINDS
@@ -146,8 +163,11 @@ def _raw_blocks(path: Path, on_bytes: Callable[[bytes], None], st: ReadStats) ->
                 log.warning("%s: gzip stream ends early (truncated file); the lines before the cut are used", path)
 
 
-def iter_lines(path: str | os.PathLike[str], stats: ReadStats | None = None) -> Iterator[tuple[int, bytes]]:
-    """(1-based line number, bytes without the line ending); a final line without newline is included."""
+def iter_lines(path: str | os.PathLike[str], stats: ReadStats | None = None) -> Iterator[tuple[int, bytes | None]]:
+    """(1-based line number, bytes without the line ending); a final line without newline is included.
+
+    A line longer than ``MAX_LINE_BYTES`` is not kept in memory: it is yielded as ``TOO_LONG`` (None).
+    """
     p = Path(path)
     st = stats or ReadStats()
     digest = hashlib.sha256()
@@ -158,13 +178,26 @@ def iter_lines(path: str | os.PathLike[str], stats: ReadStats | None = None) -> 
 
     n = 0
     rest = b""
+    skipping = False  # inside a line over MAX_LINE_BYTES: discard until its newline
     for block in _raw_blocks(p, seen, st):
+        if skipping:
+            cut = block.find(b"\n")
+            if cut < 0:
+                continue
+            n += 1
+            yield n, TOO_LONG
+            skipping, block = False, block[cut + 1 :]
         parts = (rest + block).split(b"\n") if rest else block.split(b"\n")
         rest = parts.pop()
         for part in parts:
             n += 1
-            yield n, part[:-1] if part.endswith(b"\r") else part
-    if rest:
+            yield n, TOO_LONG if len(part) > MAX_LINE_BYTES else (part[:-1] if part.endswith(b"\r") else part)
+        if len(rest) > MAX_LINE_BYTES:
+            rest, skipping = b"", True
+    if skipping:
+        n += 1
+        yield n, TOO_LONG
+    elif rest:
         n += 1
         yield n, rest[:-1] if rest.endswith(b"\r") else rest
     st.sha256 = digest.hexdigest()
@@ -207,9 +240,11 @@ def detect_text_fields(path: str | os.PathLike[str], max_lines: int = _DETECT_LI
     for _, raw in iter_lines(path):
         if len(objects) >= max_lines:
             break
+        if raw is TOO_LONG:
+            continue
         try:
             obj = json.loads(raw)
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):
             continue
         if isinstance(obj, dict):
             objects.append(obj)
@@ -268,7 +303,9 @@ def read_log(
         st.lines += 1
         kind: str | None = None
         text: Any = None
-        if not raw.strip():
+        if raw is TOO_LONG:
+            kind = "too_long"
+        elif not raw.strip():
             kind = "blank"
         else:
             try:
@@ -280,6 +317,8 @@ def read_log(
                     obj = loads(s)
                 except ValueError:
                     kind = "invalid_json"
+                except RecursionError:
+                    kind = "too_deep"
                 else:
                     if not isinstance(obj, dict):
                         kind = "not_object"
@@ -301,8 +340,10 @@ def read_log(
                             kind = "missing_text"
                         elif not isinstance(text, str):
                             kind = "non_string_text"
-                        elif not text.strip():
+                        elif not is_usable(text):
                             kind = "empty_text"
+                        elif has_lone_surrogate(text):
+                            kind = "lone_surrogate"
         if kind is not None:
             if strict:
                 raise DataError(
@@ -315,6 +356,11 @@ def read_log(
         if label_parts is not None:
             ok, lv = get_path(obj, label_parts)
             if ok and lv is not None and not isinstance(lv, (dict, list)):
-                label = str(lv)
+                label = replace_surrogates(str(lv))
+        if len(text) > MAX_TEXT_CHARS:
+            text = text[:MAX_TEXT_CHARS]
+            st.oversized += 1
+            if len(st.oversized_first_lines) < FIRST_LINES_KEPT:
+                st.oversized_first_lines.append(n)
         st.records += 1
         yield LogRecord(n, text, label)

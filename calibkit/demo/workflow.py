@@ -1,8 +1,15 @@
 """`calibkit demo run`: the whole workflow on the demo assets, through the library API.
 
 prepare -> sample the log -> calibrate with every method (statistics collected once) -> measure each method's
-INT8 accuracy -> build FP32 / FP16 / INT8 engines -> compare FP32 vs INT8 (per layer, with sensitivity) and
-FP16 vs INT8 -> tune to the accuracy target -> an index page under reports/ that a person opens first.
+INT8 accuracy and fidelity to FP32 -> build FP32 / FP16 / INT8 engines -> compare FP32 vs INT8 (per layer, with
+sensitivity) and FP16 vs INT8 -> tune to the accuracy and agreement targets -> an index page under reports/ that
+a person opens first, and ``summary.json`` beside it (``tools/readme_measured.py`` turns it into the README's
+measured rows).
+
+One INT8 layout throughout: the TensorRT Q/DQ layout (every MatMul/Gemm input quantized, attention MatMuls
+included), which is what calibrate writes and tune searches; the INT8 engine compared layer by layer is built with
+``target="tensorrt"`` so the index, the method table, the layer-by-layer report and the tuned plan describe the
+same model.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ class WorkflowOptions:
     sample_size: int = 512
     seed: int = 0
     max_drop: float = 0.5
+    min_agreement: float | None = 99.0  # percent of FP32's predictions the tuned plan keeps
     workers: int | None = None
     eval_limit: int | None = None  # None: the whole test split
     sensitivity_samples: int = 256
@@ -46,7 +54,7 @@ class WorkflowOptions:
         """The --fast variant: logistic-regression head, smaller log, sample and eval subsets."""
         base: dict[str, Any] = dict(fast=True, log_lines=3000, sample_size=128, eval_limit=400,
                                     sensitivity_samples=64, sensitivity_layers=6, layer_samples=128,
-                                    max_evaluations=12, max_drop=1.0, extra_tune_methods=())
+                                    max_evaluations=12, max_drop=1.0, min_agreement=None, extra_tune_methods=())
         base.update(kw)
         return cls(**base)
 
@@ -60,6 +68,22 @@ class WorkflowResult:
 
 def _acc(logits: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean(logits.argmax(axis=1) == labels))
+
+
+def _fidelity(logits: np.ndarray, fp32_logits: np.ndarray, labels: np.ndarray, seed: int) -> dict[str, Any]:
+    """Accuracy and agreement with FP32 of one INT8 model on the same examples, with 95 % intervals."""
+    from calibkit.evaluate.metrics import output_error
+    from calibkit.evaluate.uncertainty import paired_difference, proportion
+
+    pred, ref = logits.argmax(axis=1), fp32_logits.argmax(axis=1)
+    return {
+        "accuracy": proportion(pred == labels).to_dict(),
+        "accuracy_minus_fp32": paired_difference(ref == labels, pred == labels, seed=seed).to_dict(),
+        "agreement": proportion(pred == ref).to_dict(),
+        "flips": int((pred != ref).sum()),
+        "n": int(len(labels)),
+        "mean_kl": output_error(fp32_logits, logits).mean_kl,
+    }
 
 
 def run_workflow(
@@ -106,7 +130,10 @@ def run_workflow(
                       progress=cb)
     timings["sample"] = time.perf_counter() - t
 
-    ev = load_eval_set(work / "data" / "test.jsonl").head(options.eval_limit)
+    from calibkit.evaluate.subsets import limit_eval_set
+
+    # the test split is ordered by label: a limit draws a stratified random subset, never the first rows
+    ev, _rows = limit_eval_set(load_eval_set(work / "data" / "test.jsonl"), options.eval_limit, options.seed)
     labels = label_ids(ev, md.id2label, len(md.id2label))
     tok = TextTokenizer(md.tokenizer_path, max_length=md.max_length)
 
@@ -123,10 +150,14 @@ def run_workflow(
         fp32_logits = predict_logits(r, tok, ev.texts, progress=cb, task="FP32 accuracy")
     fp32_acc = _acc(fp32_logits, labels)
     method_acc: dict[str, float] = {}
+    method_fid: dict[str, dict[str, Any]] = {}
     for m, res in calib.items():
         with OnnxRuntimeRunner(res.model_path, name=f"int8-{m}") as r:
-            method_acc[m] = _acc(predict_logits(r, tok, ev.texts, progress=cb, task=f"INT8 ({m}) accuracy"), labels)
-    best = max(method_acc, key=lambda k: method_acc[k])
+            lg = predict_logits(r, tok, ev.texts, progress=cb, task=f"INT8 ({m}) accuracy")
+        method_acc[m] = _acc(lg, labels)
+        method_fid[m] = _fidelity(lg, fp32_logits, labels, options.seed)
+    # fidelity, not accuracy, picks the method: accuracy differences between INT8 variants are mostly noise
+    best = min(method_fid, key=lambda k: (method_fid[k]["flips"], method_fid[k]["mean_kl"]))
     timings["method accuracy"] = time.perf_counter() - t
 
     step(4, "build FP32, FP16 and INT8 engines")
@@ -136,20 +167,21 @@ def run_workflow(
         "fp32": build(BuildRequest(model=prep.model_dir, output=eng / "fp32.onnx", precision=Precision.FP32)),
         "fp16": build(BuildRequest(model=prep.model_dir, output=eng / "fp16.onnx", precision=Precision.FP16)),
         "int8": build(BuildRequest(model=prep.model_dir, output=eng / f"int8-{best}.onnx", precision=Precision.INT8,
-                                   calibration=calib[best].json_path)),
+                                   calibration=calib[best].json_path, target="tensorrt")),
     }
     timings["build"] = time.perf_counter() - t
 
     step(5, "compare FP32 vs INT8 and FP16 vs INT8")
     t = time.perf_counter()
     copts = CompareOptions(layer_samples=options.layer_samples, sensitivity_samples=options.sensitivity_samples,
-                           sensitivity_layers=options.sensitivity_layers, workers=options.workers)
+                           sensitivity_layers=options.sensitivity_layers, workers=options.workers, seed=options.seed)
     cmp_fp32 = compare_engines(engines["fp32"].artifact, engines["int8"].artifact, ev, options=copts, progress=cb)
     doc_fp32 = cmp_fp32.to_dict()
     render_report(doc_fp32, reports / "compare-fp32-vs-int8")
     cmp_fp16 = compare_engines(engines["fp16"].artifact, engines["int8"].artifact, ev,
                                reference=engines["fp32"].artifact,
-                               options=CompareOptions(layer_samples=options.layer_samples, sensitivity=False),
+                               options=CompareOptions(layer_samples=options.layer_samples, sensitivity=False,
+                                                      seed=options.seed),
                                progress=cb)
     doc_fp16 = cmp_fp16.to_dict()
     render_report(doc_fp16, reports / "compare-fp16-vs-int8")
@@ -158,7 +190,8 @@ def run_workflow(
     step(6, "tune the mixed-precision plan")
     t = time.perf_counter()
     tres = run_tune(md, cset, ev, runs / "tune",
-                    TuneConfig(max_drop=options.max_drop, sensitivity_samples=options.sensitivity_samples,
+                    TuneConfig(max_drop=options.max_drop, min_agreement=options.min_agreement,
+                               sensitivity_samples=options.sensitivity_samples,
                                max_evaluations=options.max_evaluations, workers=options.workers,
                                seed=options.seed),
                     progress=cb, render=render_report, report_dir=reports / "tune")
@@ -185,11 +218,17 @@ def run_workflow(
         "calibration_texts": len(cset),
         "fp32_accuracy": fp32_acc,
         "method_accuracy": method_acc,
+        "method_fidelity": method_fid,
         "best_method": best,
+        "best_method_by": "fewest flips of FP32's predictions (then KL divergence)",
         "statistics_reused": {m: r.reused_stats for m, r in calib.items()},
         "compare_fp32_vs_int8": {
             "agreement": doc_fp32["agreement"],
+            "agreement_ci": doc_fp32["agreement_ci"],
+            "accuracy_difference": doc_fp32["difference"]["accuracy"],
             "keep_in_higher_precision": doc_fp32["recommendation"]["keep_in_higher_precision"],
+            "insufficient_evidence": [x["node"] for x in doc_fp32["layers"] if x["flag"] == "insufficient-evidence"],
+            "warnings": doc_fp32["warnings"],
             "engines": {e["name"]: e["accuracy"] for e in doc_fp32["engines"]},
         },
         "compare_fp16_vs_int8": {"agreement": doc_fp16["agreement"],
@@ -203,6 +242,13 @@ def run_workflow(
             "accuracy_holdout": tres.accuracy_holdout,
             "accuracy_search": tres.doc["final"]["accuracy_search"],
             "fp32_accuracy_search": tres.doc["target"]["fp32_accuracy"],
+            "min_agreement_percent": options.min_agreement,
+            "method": tres.doc["methods"]["chosen"],
+            "agreement_search": tres.doc["final"].get("agreement_search"),
+            "agreement_holdout": tres.doc["final"].get("agreement_holdout"),
+            "holdout_evidence": tres.doc["final"].get("holdout_evidence"),
+            "holdout_verdict": tres.doc["final"].get("holdout_verdict"),
+            "holdout_examples": tres.doc["eval_set"]["holdout"],
             "out": str(tres.out_dir),
         },
         "tune_by_method": {
@@ -214,11 +260,12 @@ def run_workflow(
                 "fp32_accuracy_holdout": r.fp32_accuracy_holdout}
             for m, r in extra_tunes.items()
         },
-        "int8_engine": {"layout": "onnxruntime", "path": str(engines["int8"].artifact.path)},
+        "int8_engine": {"layout": "tensorrt", "path": str(engines["int8"].artifact.path)},
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
     }
     md_text, html_text = _index(summary)
-    with atomic_dir(reports / "index") as tmp:
+    with atomic_dir(reports / "index", what="demo index",
+                    legacy_names=("summary.json", "index.md", "index.html")) as tmp:
         (tmp / "summary.json").write_text(dumps_json(summary), encoding="utf-8")
         (tmp / "index.md").write_text(md_text, encoding="utf-8")
         (tmp / "index.html").write_text(html_text, encoding="utf-8")
@@ -228,6 +275,70 @@ def run_workflow(
 
 def _pct(v: float | None) -> str:
     return "—" if v is None or v != v else f"{100 * v:.2f} %"
+
+
+def _ci(d: dict[str, Any] | None, pts: bool = False) -> str:
+    if not d or d.get("low") is None:
+        return ""
+    if pts:
+        return f" [{100 * d['low']:+.2f}, {100 * d['high']:+.2f}]"
+    return f" [{100 * d['low']:.2f}, {100 * d['high']:.2f}]"
+
+
+def _method_rows(s: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    """method, accuracy [CI], agreement with FP32 [CI], flips, mean KL."""
+    rows = []
+    for m, a in s["method_accuracy"].items():
+        f = s.get("method_fidelity", {}).get(m)
+        if f is None:
+            rows.append((m, _pct(a), "—", "—", "—"))
+            continue
+        rows.append((m, _pct(a) + _ci(f["accuracy"]), _pct(f["agreement"]["estimate"]) + _ci(f["agreement"]),
+                     f"{f['flips']} of {f['n']} ({_pct(f['flips'] / f['n'] if f['n'] else None)})",
+                     f"{f['mean_kl']:.4f}"))
+    return rows
+
+
+def _compare_line(s: dict[str, Any]) -> str:
+    c = s["compare_fp32_vs_int8"]
+    d = c.get("accuracy_difference")
+    keep = c["keep_in_higher_precision"]
+    parts = [f"FP32 vs INT8 ({s['best_method']}, TensorRT layout) on the whole test split: agreement "
+             f"{_pct(c['agreement'])}{_ci(c.get('agreement_ci'))}"]
+    if d:
+        parts.append(f"accuracy {100 * d['estimate']:+.2f} points{_ci(d, pts=True)} ({d['verdict']})")
+    parts.append(f"{len(keep)} layers advised to stay in higher precision" if keep
+                 else "no layer advised to stay in higher precision")
+    if c.get("insufficient_evidence"):
+        parts.append(f"{len(c['insufficient_evidence'])} with insufficient evidence")
+    return "; ".join(parts) + "."
+
+
+def _tune_lines(tune: dict[str, Any]) -> list[str]:
+    agree = (f" and at least {tune['min_agreement_percent']:g} % of FP32's predictions unchanged"
+             if tune.get("min_agreement_percent") is not None else "")
+    lines = [
+        f"Target: at most {tune['max_drop_points']} points below FP32{agree}, on the search split — "
+        f"{'met' if tune['met_target'] else 'NOT met'} (calibration: {tune.get('method', '—')}).",
+        f"INT8 share of MatMul/Gemm FLOPs: **{100 * tune['int8_flops_fraction']:.1f} %**; "
+        f"{len(tune['kept_nodes'])} layers kept in higher precision.",
+        f"Search split: FP32 {_pct(tune['fp32_accuracy_search'])}, plan {_pct(tune['accuracy_search'])}, agreement "
+        f"{_pct(tune.get('agreement_search'))}. Holdout split ({tune.get('holdout_examples', '—')} examples the "
+        f"search never saw): FP32 {_pct(tune['fp32_accuracy_holdout'])}, plan {_pct(tune['accuracy_holdout'])}, "
+        f"agreement {_pct(tune.get('agreement_holdout'))}"
+        f"{_ci((tune.get('holdout_evidence') or {}).get('agreement'))}.",
+    ]
+    v = tune.get("holdout_verdict") or {}
+    if v.get("text"):
+        word = {True: "supports", False: "does not support"}.get(v.get("supported"), "cannot judge")
+        lines.append(f"The holdout **{word}** the claim: {v['text']}.")
+    return lines
+
+
+LAYOUT_NOTE = ("Every INT8 model here uses the TensorRT Q/DQ layout (every MatMul/Gemm input in INT8, attention "
+               "MatMuls included). `calibkit build --precision int8` defaults to `--target onnxruntime` (weight "
+               "MatMuls only: faster on CPU, a different model); pass `--target tensorrt` to build what these "
+               "numbers describe.")
 
 
 def _extra_md(s: dict[str, Any]) -> list[str]:
@@ -249,7 +360,7 @@ def _extra_md(s: dict[str, Any]) -> list[str]:
 
 def _index(s: dict[str, Any]) -> tuple[str, str]:
     tune = s["tune"]
-    rows = [(m, _pct(a)) for m, a in s["method_accuracy"].items()]
+    rows = _method_rows(s)
     kept = tune["kept_nodes"]
     lines = [
         f"# calibkit demo ({s['variant']} model)",
@@ -257,22 +368,21 @@ def _index(s: dict[str, Any]) -> tuple[str, str]:
         f"FP32 accuracy on {s['eval_examples']} held-out movie-review snippets: **{_pct(s['fp32_accuracy'])}**.",
         f"Calibration set: {s['calibration_texts']} texts sampled from the production log ({s['calibration_set']}).",
         "",
-        "## INT8 accuracy by calibration method (every MatMul/Gemm in INT8, TensorRT Q/DQ layout)",
+        LAYOUT_NOTE,
         "",
-        "| method | accuracy |",
-        "|---|---|",
-        *[f"| {m} | {a} |" for m, a in rows],
+        "## INT8 by calibration method (every MatMul/Gemm in INT8, TensorRT Q/DQ layout; 95 % intervals)",
         "",
-        f"Best single method: **{s['best_method']}**.",
+        "| method | accuracy | agreement with FP32 | flips | mean KL |",
+        "|---|---|---|---|---|",
+        *[f"| {' | '.join(r)} |" for r in rows],
+        "",
+        f"Best single method by fidelity (fewest flips of FP32's predictions): **{s['best_method']}**.",
+        "",
+        _compare_line(s),
         "",
         "## Tuned mixed-precision plan",
         "",
-        f"Target: at most {tune['max_drop_points']} points below FP32 on the search split — "
-        f"{'met' if tune['met_target'] else 'NOT met'}.",
-        f"INT8 share of MatMul/Gemm FLOPs: **{100 * tune['int8_flops_fraction']:.1f} %**; "
-        f"{len(kept)} layers kept in higher precision.",
-        f"Search split: FP32 {_pct(tune['fp32_accuracy_search'])}, plan {_pct(tune['accuracy_search'])}. "
-        f"Holdout split: FP32 {_pct(tune['fp32_accuracy_holdout'])}, plan {_pct(tune['accuracy_holdout'])}.",
+        *_tune_lines(tune),
         "",
         *[f"- `{n}`" for n in kept],
         "",
@@ -298,15 +408,15 @@ def _index(s: dict[str, Any]) -> tuple[str, str]:
         f"<p>FP32 accuracy on {s['eval_examples']} held-out movie-review snippets: "
         f"<b>{_pct(s['fp32_accuracy'])}</b>. Calibration set: {s['calibration_texts']} texts sampled from the "
         f"production log (<code>{e(s['calibration_set'])}</code>).</p>",
-        "<h2>INT8 accuracy by calibration method</h2><table><tr><th>method</th><th>accuracy</th></tr>",
-        *[f"<tr><td>{e(m)}</td><td>{a}</td></tr>" for m, a in rows],
-        f"</table><p>Best single method: <b>{e(s['best_method'])}</b>.</p>",
+        f"<p>{e(LAYOUT_NOTE)}</p>",
+        "<h2>INT8 by calibration method (TensorRT Q/DQ layout; 95 % intervals)</h2><table><tr><th>method</th>"
+        "<th>accuracy</th><th>agreement with FP32</th><th>flips</th><th>mean KL</th></tr>",
+        *["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows],
+        f"</table><p>Best single method by fidelity (fewest flips of FP32's predictions): "
+        f"<b>{e(s['best_method'])}</b>.</p>",
+        f"<p>{e(_compare_line(s))}</p>",
         "<h2>Tuned mixed-precision plan</h2>",
-        f"<p>Target: at most {tune['max_drop_points']} points below FP32 — "
-        f"<b>{'met' if tune['met_target'] else 'NOT met'}</b>. INT8 share of MatMul/Gemm FLOPs: "
-        f"<b>{100 * tune['int8_flops_fraction']:.1f} %</b>; {len(kept)} layers kept in higher precision.</p>",
-        f"<p>Search split: FP32 {_pct(tune['fp32_accuracy_search'])}, plan {_pct(tune['accuracy_search'])}. "
-        f"Holdout split: FP32 {_pct(tune['fp32_accuracy_holdout'])}, plan {_pct(tune['accuracy_holdout'])}.</p>",
+        *[f"<p>{e(line.replace('**', ''))}</p>" for line in _tune_lines(tune)],
         "<ul>", *[f"<li><code>{e(n)}</code></li>" for n in kept], "</ul>",
         *[f"<p>{e(line)}</p>" for line in _extra_md(s) if line and not line.startswith("#")],
         "<h2>Reports</h2><ul>",

@@ -27,6 +27,7 @@ from calibkit import __version__
 from calibkit._io import sha256_file
 from calibkit.engines.artifact import EngineArtifact
 from calibkit.errors import CalibrationError, ModelError, UsageError
+from calibkit.outdirs import umask
 from calibkit.progress import ProgressCallback, ProgressEvent
 from calibkit.types import Backend, Precision
 
@@ -253,19 +254,21 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
         extra["fp16_nodes"] = len(fres.fp16_nodes)
     else:
         copy_from = src
+    if copy_from is not None:
+        check_onnx_file(copy_from)
 
     written: list[Path] = []
     try:
         _emit(progress, 2, total, f"writing {req.output.name}")
         if backend is Backend.ONNXRUNTIME:
             if copy_from is not None:
-                _atomic_copy(copy_from, req.output)
+                written += _copy_onnx(copy_from, req.output)
             else:
                 assert model_bytes is not None
                 from calibkit._io import write_bytes
 
                 write_bytes(req.output, model_bytes)
-            written.append(req.output)
+                written.append(req.output)
         else:
             from calibkit.data.calibset import load_calibration_set
             from calibkit.data.tokenizer import TextTokenizer
@@ -331,6 +334,7 @@ def _check_tensorrt_parsable(req: BuildRequest) -> None:
 def _atomic_copy(src: Path, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
+    os.fchmod(fd, 0o666 & ~umask())  # mkstemp makes 0600
     os.close(fd)
     try:
         shutil.copyfile(src, tmp)
@@ -339,3 +343,69 @@ def _atomic_copy(src: Path, dst: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _external_locations(model: object) -> list[str]:
+    import onnx
+
+    assert isinstance(model, onnx.ModelProto)
+    locs: list[str] = []
+    for init in model.graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            loc = next((e.value for e in init.external_data if e.key == "location"), None)
+            if loc and loc not in locs:
+                locs.append(loc)
+    return locs
+
+
+def check_onnx_file(path: Path) -> list[str]:
+    """Refuse a file that is not a usable ONNX model (a text file named model.onnx, a truncated download,
+    a graph without outputs or with external-data files missing); return its external-data locations."""
+    import onnx
+
+    from calibkit.graph import load_model
+
+    hint = "pass a valid ONNX model file (e.g. exported with torch.onnx.export or optimum-cli export onnx)"
+    try:
+        model = load_model(path, load_external_data=False)
+    except ModelError as exc:
+        raise ModelError(f"{path} is not an ONNX model ({exc.message})", hint=hint) from None
+    if not model.opset_import or not model.graph.output or not model.graph.node:
+        raise ModelError(f"{path} is not an ONNX model (no operator set, nodes or graph outputs)", hint=hint)
+    try:
+        onnx.checker.check_model(str(path))  # by path: external data is checked beside the model
+    except Exception as exc:  # noqa: BLE001 - onnx raises ValidationError and plain errors alike
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"{path} is not a valid ONNX model: {first}", hint=hint) from None
+    locs = _external_locations(model)
+    for loc in locs:
+        data = (path.parent / loc).resolve()
+        if path.parent.resolve() not in data.parents or not data.is_file():
+            raise ModelError(
+                f"{path} keeps its weights in {loc}, which is missing beside it",
+                hint=f"copy {loc} next to {path.name} (external-data files travel with the model)",
+            )
+    return locs
+
+
+def _copy_onnx(src: Path, dst: Path) -> list[Path]:
+    """Copy an ONNX model atomically; external-data weights are carried along as ``DST.data``."""
+    if not check_onnx_file(src):
+        _atomic_copy(src, dst)
+        return [dst]
+    import onnx
+
+    from calibkit.graph import load_model
+
+    model = load_model(src, load_external_data=True)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    data_name = f"{dst.name}.data"
+    with tempfile.TemporaryDirectory(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent) as tmp:
+        onnx.save_model(model, str(Path(tmp) / dst.name), save_as_external_data=True,
+                        all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
+        written = [dst]
+        if (Path(tmp) / data_name).is_file():
+            os.replace(Path(tmp) / data_name, dst.parent / data_name)
+            written.append(dst.parent / data_name)
+        os.replace(Path(tmp) / dst.name, dst)
+    return written

@@ -35,7 +35,8 @@ class OnnxRuntimeRunner(BaseRunner):
     """Runs an ONNX model (a path or serialized bytes) in an ``onnxruntime.InferenceSession``.
 
     ``output_names`` limits what ``infer`` returns (default: every graph output).
-    ``intra_op_threads`` defaults to the number of CPUs.
+    ``intra_op_threads`` defaults to the number of CPUs. ``keep_model=False`` drops serialized model bytes once
+    the session holds the model (one copy of the weights less; the runner cannot be activated again).
     """
 
     def __init__(
@@ -47,6 +48,7 @@ class OnnxRuntimeRunner(BaseRunner):
         intra_op_threads: int | None = None,
         optimization: str = "all",
         name: str | None = None,
+        keep_model: bool = True,
     ) -> None:
         super().__init__(name or (Path(model).name if not isinstance(model, bytes) else "onnx-bytes"))
         self._model = model
@@ -55,6 +57,7 @@ class OnnxRuntimeRunner(BaseRunner):
         self._threads = intra_op_threads
         self._optimization = optimization
         self._session = None
+        self._keep_model = keep_model
 
     @property
     def providers(self) -> list[str]:
@@ -72,6 +75,8 @@ class OnnxRuntimeRunner(BaseRunner):
             "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
         }[self._optimization]
         opts.intra_op_num_threads = self._threads or (os.cpu_count() or 1)
+        if self._model is None:
+            raise BackendError(f"{self.name}: the model bytes were released after the first activation")
         model = self._model if isinstance(self._model, bytes) else os.fspath(self._model)
         if not isinstance(model, bytes) and not Path(model).is_file():
             raise ModelError(f"model file not found: {model}")
@@ -79,6 +84,9 @@ class OnnxRuntimeRunner(BaseRunner):
             self._session = ort.InferenceSession(model, opts, providers=self._providers or default_providers())
         except Exception as exc:  # onnxruntime raises its own untyped exceptions
             raise BackendError(f"ONNX Runtime could not load {self.name}: {exc}") from exc
+        if not self._keep_model and isinstance(model, bytes):
+            self._model = None
+        del model
         self._inputs = tuple(
             TensorSpec(i.name, _ORT_DTYPES.get(i.type, i.type), tuple(i.shape)) for i in self._session.get_inputs()
         )

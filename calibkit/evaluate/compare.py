@@ -24,7 +24,7 @@ from calibkit.data.tokenizer import TextTokenizer
 from calibkit.engines.artifact import EngineArtifact
 from calibkit.engines.base import BaseRunner
 from calibkit.errors import DataError, ModelError, UsageError
-from calibkit.evaluate.flags import Flag, LayerFlag, Thresholds, flag_layer
+from calibkit.evaluate.flags import Flag, LayerFlag, Thresholds, flag_layer, gate_on_overall
 from calibkit.evaluate.layers import LayerSpec, WeightError, find_layers, weight_errors
 from calibkit.evaluate.metrics import (
     ClassificationMetrics,
@@ -40,7 +40,16 @@ from calibkit.evaluate.predict import predict_logits
 from calibkit.evaluate.schema import FORMAT
 from calibkit.evaluate.sensitivity import LayerSensitivity, SensitivityAnalysis, analyse_sensitivity
 from calibkit.evaluate.streaming import RangeAccumulator
+from calibkit.evaluate.subsets import EvalSubset, stratified_subset
 from calibkit.evaluate.taps import LayerMeasurement, RunnerFactory, measure_layers, ort_runner_factory
+from calibkit.evaluate.uncertainty import (
+    Interval,
+    PairedDifference,
+    evidence_warnings,
+    macro_f1_intervals,
+    paired_difference,
+    proportion,
+)
 from calibkit.graph import load_model
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.types import Backend, Method, MethodParams, Precision
@@ -59,9 +68,11 @@ class CompareOptions:
     sensitivity_samples: int = 256
     sensitivity_layers: int | None = None  # only the K layers with the worst own SQNR / zeroed weights
     workers: int | None = None
+    executor: Any = field(default=None, compare=False, repr=False)  # calibkit.executors.Executor for sensitivity
     max_disagreements: int = 50
     histogram_layers: int = 6
     thresholds: Thresholds = field(default_factory=Thresholds)
+    seed: int = 0  # draws the layer-statistics and sensitivity subsets (stratified by label)
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,6 +82,8 @@ class EngineEvaluation:
     logits: np.ndarray
     metrics: ClassificationMetrics
     latency: LatencyStats
+    accuracy_ci: Interval | None = None
+    macro_f1_ci: Interval | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +124,15 @@ class Comparison:
     histograms: tuple[TensorHistogram, ...]
     sensitivity: SensitivityAnalysis | None = None
     layer_samples: int = 0
+    # paired uncertainty of B against A on the same examples
+    accuracy_diff: PairedDifference | None = None
+    macro_f1_diff: Interval | None = None
+    agreement_ci: Interval | None = None
+    warnings: tuple[str, ...] = ()
+    seed: int = 0
+    rows: EvalSubset | None = None  # the eval set's rows used (--limit), as indices into the file
+    layer_subset: EvalSubset | None = None
+    sensitivity_subset: EvalSubset | None = None
 
     @property
     def keep_in_higher_precision(self) -> tuple[str, ...]:
@@ -126,9 +148,22 @@ class Comparison:
         return {
             "format": FORMAT,
             "calibkit_version": __version__,
-            "eval_set": {"path": str(self.eval_set.path), "count": len(self.eval_set), "labels": list(self.labels)},
+            "eval_set": {"path": str(self.eval_set.path), "count": len(self.eval_set), "labels": list(self.labels),
+                         "rows": self.rows.to_dict() if self.rows else None},
             "engines": [_engine_dict(e) for e in self.engines],
             "agreement": self.agreement.agreement,
+            "agreement_ci": self.agreement_ci.to_dict() if self.agreement_ci else None,
+            "flip_rate": 1.0 - self.agreement.agreement if len(self.eval_set) else None,
+            "difference": {
+                "accuracy": self.accuracy_diff.to_dict() if self.accuracy_diff else None,
+                "macro_f1": self.macro_f1_diff.to_dict() if self.macro_f1_diff else None,
+            },
+            "warnings": list(self.warnings),
+            "seed": self.seed,
+            "subsets": {
+                "layers": self.layer_subset.to_dict() if self.layer_subset else None,
+                "sensitivity": self.sensitivity_subset.to_dict() if self.sensitivity_subset else None,
+            },
             "outputs": {
                 "cosine_mean": self.agreement.cosine_mean,
                 "cosine_min": self.agreement.cosine_min,
@@ -163,7 +198,9 @@ def _engine_dict(e: EngineEvaluation) -> dict[str, Any]:
         "precision": e.artifact.precision.value,
         "backend": e.artifact.backend.value,
         "accuracy": e.metrics.accuracy,
+        "accuracy_ci": e.accuracy_ci.to_dict() if e.accuracy_ci else None,
         "macro_f1": e.metrics.macro_f1,
+        "macro_f1_ci": e.macro_f1_ci.to_dict() if e.macro_f1_ci else None,
         "confusion_matrix": [list(r) for r in e.metrics.confusion_matrix],
         "labels": list(e.metrics.labels),
         "latency_ms": {"mean": e.latency.mean_ms, "p50": e.latency.p50_ms, "p95": e.latency.p95_ms},
@@ -172,8 +209,14 @@ def _engine_dict(e: EngineEvaluation) -> dict[str, Any]:
     }
 
 
-def _sens_dict(accuracy: float, delta: float, logit_mse: float, mean_kl: float) -> dict[str, float]:
-    return {"accuracy": accuracy, "delta": delta, "logit_mse": logit_mse, "mean_kl": mean_kl}
+def _sens_dict(accuracy: float, delta: float, logit_mse: float, mean_kl: float, flip_rate: float = float("nan"),
+               diff: PairedDifference | None = None) -> dict[str, Any]:
+    d: dict[str, Any] = {"accuracy": accuracy, "delta": delta, "logit_mse": logit_mse, "mean_kl": mean_kl,
+                         "flip_rate": flip_rate}
+    if diff is not None:
+        d.update(delta_low=diff.interval.low, delta_high=diff.interval.high, significant=diff.significant,
+                 examples_to_settle=None if diff.significant else diff.examples_to_settle())
+    return d
 
 
 def _layer_dict(r: LayerReport) -> dict[str, Any]:
@@ -183,9 +226,10 @@ def _layer_dict(r: LayerReport) -> dict[str, Any]:
         ls = r.sensitivity
         sens = {
             "only_this_int8": _sens_dict(ls.only_this.accuracy, ls.only_this_delta, ls.only_this.logit_mse,
-                                         ls.only_this.mean_kl),
+                                         ls.only_this.mean_kl, ls.only_this.flip_rate, ls.only_this_diff),
             "all_but_this": _sens_dict(ls.all_but_this.accuracy, ls.all_but_this_delta, ls.all_but_this.logit_mse,
-                                       ls.all_but_this.mean_kl),
+                                       ls.all_but_this.mean_kl, ls.all_but_this.flip_rate, ls.all_but_this_diff),
+            "flips_removed": ls.flips_removed.to_dict() if ls.flips_removed else None,
         }
     return {
         "index": s.index,
@@ -295,9 +339,11 @@ def compare_engines(
     open_runner: Any = None,
     runner_factory: RunnerFactory | None = None,
     progress: ProgressCallback | None = None,
+    rows: EvalSubset | None = None,
 ) -> Comparison:
     """Everything ``calibkit compare`` reports. ``open_runner(artifact) -> BaseRunner`` defaults to the engine
-    registry; ``runner_factory(model_bytes, outputs)`` builds runners for tapped ONNX copies (default ORT)."""
+    registry; ``runner_factory(model_bytes, outputs)`` builds runners for tapped ONNX copies (default ORT).
+    ``rows``: where ``eval_set`` is a subset of a file (``--limit``), which rows of the file it holds."""
     if open_runner is None:
         from calibkit.engines.registry import open_runner as _open
 
@@ -335,13 +381,23 @@ def compare_engines(
         evals.append(EngineEvaluation(name, art, logits, metrics, lat))
     if y_true is None:  # only when there were no engines, which the signature rules out
         raise UsageError("no engine was evaluated")
+    evals = _with_intervals(evals, y_true, len(labels), options.seed)
     ea, eb = evals[0], evals[1]
     agreement = output_agreement(ea.logits, eb.logits)
     pa, pb = ea.logits.argmax(axis=1), eb.logits.argmax(axis=1)
+    accuracy_diff = paired_difference(pa == y_true, pb == y_true, seed=options.seed)
+    f1_diff = macro_f1_intervals(y_true, pa, pb, len(labels), seed=options.seed)[2] if len(y_true) else None
+    warnings = evidence_warnings(y_true, labels)
+    for w in warnings:
+        log.warning("%s", w)
+    file_row = (lambda i: rows.indices[i]) if rows is not None else (lambda i: i)
     disagreements = tuple(
-        Disagreement(int(i), texts[i], labels[int(y_true[i])], labels[int(pa[i])], labels[int(pb[i])])
+        Disagreement(int(file_row(int(i))), texts[i], labels[int(y_true[i])], labels[int(pa[i])], labels[int(pb[i])])
         for i in np.flatnonzero(pa != pb)[: options.max_disagreements]
     )
+    str_labels = [str(int(v)) for v in y_true]
+    layer_subset: EvalSubset | None = None
+    sens_subset: EvalSubset | None = None
 
     layer_reports: list[LayerReport] = []
     histograms: list[TensorHistogram] = []
@@ -354,16 +410,18 @@ def compare_engines(
         layer_source = int8_model if int8_model is not None else model_a
         specs = find_layers(layer_source) if layer_source is not None else ()
         ref_model = _reference_model(a, b, reference, model_a, model_b, int8_art)
-        n_layer = min(len(texts), options.layer_samples or len(texts))
+        layer_subset = stratified_subset(texts, str_labels, options.layer_samples, options.seed)
+        n_layer = len(layer_subset)
         measured = measure_layers(
-            specs, texts[:n_layer], tokenizer, reference=ref_model, baseline=model_a, candidate=model_b,
+            specs, layer_subset.take(texts), tokenizer, reference=ref_model, baseline=model_a, candidate=model_b,
             runner_factory=factory, batch_size=options.batch_size, progress=progress,
         )
         wsqnr = weight_errors(int8_model, ref_model) if int8_model is not None and ref_model is not None else {}
-        if options.sensitivity and int8_art is not None and int8_model is not None:
+        if options.sensitivity and int8_art is not None and int8_model is not None and texts:
             sens_specs = worst_layers(measured.layers, wsqnr, options.sensitivity_layers)
+            sens_subset = stratified_subset(texts, str_labels, options.sensitivity_samples, options.seed)
             sens = _sensitivity(int8_art, int8_model, sens_specs, evals, eval_set, y_true, tok_dir, options,
-                                progress)
+                                progress, sens_subset)
         by_node = {ls.node: ls for ls in sens.layers} if sens else {}
         for m in measured.layers:
             ls = by_node.get(m.spec.node)
@@ -380,7 +438,11 @@ def compare_engines(
                 zeroed_weights=ws.zeroed_fraction if ws else None,
                 only_this_delta=ls.only_this_delta if ls and not ls.only_this.error else None,
                 all_but_this_delta=ls.all_but_this_delta if ls and not ls.all_but_this.error else None,
+                only_this_diff=ls.only_this_diff if ls else None,
+                all_but_this_diff=ls.all_but_this_diff if ls else None,
+                flips_removed=ls.flips_removed if ls else None,
             )
+            flag = gate_on_overall(flag, accuracy_diff)
             layer_reports.append(LayerReport(m, ls, flag, ws))
         histograms = _histograms(measured.layers, measured.ranges, options.histogram_layers)
     return Comparison(
@@ -395,7 +457,27 @@ def compare_engines(
         histograms=tuple(histograms),
         sensitivity=sens,
         layer_samples=n_layer,
+        accuracy_diff=accuracy_diff,
+        macro_f1_diff=f1_diff,
+        agreement_ci=proportion(pa == pb),
+        warnings=warnings,
+        seed=options.seed,
+        rows=rows,
+        layer_subset=layer_subset,
+        sensitivity_subset=sens_subset,
     )
+
+
+def _with_intervals(evals: Sequence[EngineEvaluation], y_true: np.ndarray, n_classes: int, seed: int
+                    ) -> list[EngineEvaluation]:
+    from dataclasses import replace
+
+    out = []
+    for e in evals:
+        pred = e.logits.argmax(axis=1)
+        f1 = macro_f1_intervals(y_true, pred, pred, n_classes, seed=seed)[0] if len(y_true) else None
+        out.append(replace(e, accuracy_ci=proportion(pred == y_true), macro_f1_ci=f1))
+    return out
 
 
 def _reference_model(
@@ -449,6 +531,7 @@ def _sensitivity(
     tok_dir: str,
     options: CompareOptions,
     progress: ProgressCallback | None,
+    subset: EvalSubset,
 ) -> SensitivityAnalysis | None:
     src, cal = int8_art.source_model, int8_art.calibration_json
     if not (src and cal and Path(src).is_file() and Path(cal).is_file()):
@@ -463,23 +546,24 @@ def _sensitivity(
     if fp is None:
         log.warning("sensitivity skipped: no higher-precision engine gives reference logits (pass --reference)")
         return None
-    n = min(len(eval_set), options.sensitivity_samples)
-    if n <= 0:
+    if not len(subset):
         return None
     nodes = [s.node for s in specs]
+    idx = subset.array
     return analyse_sensitivity(
         nodes,
         source_model=src,
         calibration_json=cal,
         tokenizer=tok_dir,
-        texts=eval_set.texts[:n],
-        labels=[int(v) for v in y_true[:n]],
-        reference_logits=fp.logits[:n],
+        texts=subset.take(eval_set.texts),
+        labels=[int(v) for v in y_true[idx]],
+        reference_logits=fp.logits[idx],
         base_keep=int8_art.kept_higher_precision,
         target=_qdq_target(int8_model),
         batch_size=options.batch_size,
         workers=options.workers,
         progress=progress,
+        executor=options.executor,
     )
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
+
+from calibkit.evaluate.uncertainty import PairedDifference
 
 FP16_MAX = 65504.0
 
@@ -14,6 +16,8 @@ class Flag(str, enum.Enum):
     WATCH = "watch"  # a heuristic fired, but measured sensitivity says INT8 is harmless here
     KEEP_FP16 = "keep-fp16"
     KEEP_FP32 = "keep-fp32"
+    # a measured effect passed a threshold, but its 95 % interval covers zero: no advice either way
+    INSUFFICIENT = "insufficient-evidence"
 
 
 @dataclass(frozen=True)
@@ -55,8 +59,13 @@ def flag_layer(
     zeroed_weights: float | None = None,
     only_this_delta: float | None = None,
     all_but_this_delta: float | None = None,
+    only_this_diff: PairedDifference | None = None,
+    all_but_this_diff: PairedDifference | None = None,
+    flips_removed: PairedDifference | None = None,
 ) -> LayerFlag:
-    """Deltas are accuracy differences as fractions (0.01 = one point)."""
+    """Deltas are accuracy differences as fractions (0.01 = one point). With their paired intervals
+    (``*_diff``), a measured rule fires only when the interval excludes zero; otherwise the layer is marked
+    "insufficient evidence" with the number of examples that would settle it."""
     t = thresholds
     reasons: list[str] = []
     fp32 = False
@@ -82,22 +91,66 @@ def flag_layer(
     if outlier_ratio is not None and outlier_ratio > t.max_outlier_ratio:
         reasons.append(f"outlier ratio max/p99.99 {outlier_ratio:.1f} > {t.max_outlier_ratio:g}")
     heuristic = len(reasons)
+    unsettled: list[str] = []
     if all_but_this_delta is not None and all_but_this_delta * 100 > t.min_recovery_points:
-        reasons.append(
-            f"keeping only this layer in higher precision recovers {all_but_this_delta * 100:.2f} points"
-            f" > {t.min_recovery_points:g}"
-        )
+        what = (f"keeping only this layer in higher precision recovers {all_but_this_delta * 100:.2f} points"
+                f"{_ci(all_but_this_diff)} > {t.min_recovery_points:g}")
+        (unsettled if _unsettled(all_but_this_diff) else reasons).append(what + _settle(all_but_this_diff))
     if only_this_delta is not None and -only_this_delta * 100 > t.max_cost_points:
-        reasons.append(f"quantizing only this layer costs {-only_this_delta * 100:.2f} points > {t.max_cost_points:g}")
-    if not reasons:
+        what = (f"quantizing only this layer costs {-only_this_delta * 100:.2f} points{_ci(only_this_diff)}"
+                f" > {t.max_cost_points:g}")
+        (unsettled if _unsettled(only_this_diff) else reasons).append(what + _settle(only_this_diff))
+    fidelity = _fidelity(flips_removed)
+    if not reasons and not unsettled:
         return LayerFlag(Flag.OK, ())
+    if len(reasons) == heuristic and unsettled and not fp32:
+        return LayerFlag(Flag.INSUFFICIENT, tuple(reasons + unsettled + fidelity))
     measured = only_this_delta is not None and all_but_this_delta is not None
     if measured and not fp32 and len(reasons) == heuristic:
         # the measurement outranks the heuristics: keeping this layer in higher precision was tried and did not
         # pay off, so the layer is only worth watching
         reasons.append(
             f"but measured: keeping only it in higher precision changes accuracy by {all_but_this_delta * 100:+.2f}"
-            f" points and quantizing only it by {only_this_delta * 100:+.2f} (within the thresholds)"
+            f" points{_ci(all_but_this_diff)} and quantizing only it by {only_this_delta * 100:+.2f}"
+            f"{_ci(only_this_diff)} (within the thresholds)"
         )
-        return LayerFlag(Flag.WATCH, tuple(reasons))
-    return LayerFlag(Flag.KEEP_FP32 if fp32 else Flag.KEEP_FP16, tuple(reasons))
+        return LayerFlag(Flag.WATCH, tuple(reasons + fidelity))
+    return LayerFlag(Flag.KEEP_FP32 if fp32 else Flag.KEEP_FP16, tuple(reasons + unsettled + fidelity))
+
+
+def _unsettled(d: PairedDifference | None) -> bool:
+    return d is not None and not d.significant
+
+
+def _ci(d: PairedDifference | None) -> str:
+    if d is None:
+        return ""
+    return f" (95 % CI {d.interval.low * 100:+.2f} to {d.interval.high * 100:+.2f})"
+
+
+def _settle(d: PairedDifference | None) -> str:
+    if d is None or d.significant:
+        return ""
+    need = d.examples_to_settle()
+    more = f"; about {need:,} examples would settle it" if need else ""
+    return f": insufficient evidence on {d.n} examples{more}"
+
+
+def _fidelity(d: PairedDifference | None) -> list[str]:
+    if d is None or not d.significant or d.interval.estimate <= 0:
+        return []
+    return [f"keeping only it in higher precision removes {d.interval.estimate * 100:.2f} % of the flips to the "
+            f"reference{_ci(d)}"]
+
+
+def gate_on_overall(flag: LayerFlag, overall: PairedDifference | None, names: tuple[str, str] = ("A", "B")
+                    ) -> LayerFlag:
+    """No keep-in-FP16 advice when B is not significantly less accurate than A: the layer is only watched.
+    FP32 keeps (non-finite values, FP16 overflow) stand: they are about FP16, not about accuracy."""
+    if flag.flag is not Flag.KEEP_FP16 or overall is None or (overall.significant and overall.interval.estimate < 0):
+        return flag
+    a, b = names
+    iv = overall.interval
+    why = (f"but {b} is not significantly less accurate than {a} ({iv.estimate * 100:+.2f} points, 95 % CI "
+           f"{iv.low * 100:+.2f} to {iv.high * 100:+.2f}): no layer needs higher precision for accuracy")
+    return replace(flag, flag=Flag.WATCH, reasons=(*flag.reasons, why))

@@ -14,15 +14,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from calibkit.data.encode import BatchCost, TokenBudget, budget_groups
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.engines.base import BaseRunner
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 
 
-def length_batches(lengths: np.ndarray, batch_size: int) -> list[np.ndarray]:
-    """Indices grouped into batches of similar length (stable sort), so padding stays small."""
-    order = np.argsort(lengths, kind="stable")
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+def length_batches(
+    lengths: np.ndarray, batch_size: int, *, budget: TokenBudget | None = None, cost: BatchCost | None = None
+) -> list[np.ndarray]:
+    """Indices grouped into batches of similar length (stable sort), so padding stays small; with ``budget``,
+    batches of long texts are cut to fit it (see :func:`calibkit.data.encode.budget_groups`)."""
+    return list(budget_groups(np.asarray(lengths), batch_size, budget, cost))
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,22 @@
 """Mixed-precision plan search: the fewest layers in higher precision that meet an accuracy target.
 
-Pure logic over an ``evaluate`` callback (a measured accuracy per candidate), so it is tested with fake
-evaluators and runs unchanged over a process pool or a distributed engine.
+Pure logic over an ``evaluate`` callback (a measured accuracy per candidate, or an (accuracy, agreement with
+FP32) pair), so it is tested with fake evaluators and runs unchanged over a process pool or a distributed engine.
+A candidate meets the target when its accuracy reaches ``threshold`` and, when ``min_agreement`` is given, its
+agreement with FP32 reaches it too; among those, the most INT8 FLOPs win, then the highest agreement.
 
 Strategy, every step measured:
 1. all layers INT8; done if it meets the target;
 2. keep the top-k layers of the sensitivity ranking in higher precision, k = 1, 2, 4, 8, ... until a candidate
    meets the target, then bisect k between the last failure and the first success;
 3. prune: try returning each kept layer to INT8, most FLOPs first, keeping each return that still meets the
-   target (the ranking is only an estimate; layers interact).
+   target (the ranking is only an estimate; layers interact), and pass again while a pass returned any.
 The answer is the measured candidate that meets the target with the largest INT8 share of MatMul/Gemm FLOPs.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -31,6 +34,7 @@ class Measured:
     int8_flops_fraction: float
     stage: str  # "all-int8" | "prefix" | "bisect" | "prune"
     meets: bool
+    agreement: float = float("nan")  # share of FP32's predictions kept
 
 
 @dataclass(frozen=True)
@@ -47,30 +51,41 @@ def int8_flops_fraction(plan: Plan, flops: Mapping[str, float]) -> float:
     return (total - kept) / total
 
 
+Score = float | tuple[float, float]  # accuracy, or (accuracy, agreement)
+
+
 def search_plan(
     ranking: Sequence[str],
     flops: Mapping[str, float],
-    evaluate: Callable[[Sequence[Plan]], Sequence[float]],
+    evaluate: Callable[[Sequence[Plan]], Sequence[Score]],
     threshold: float,
     *,
     max_evaluations: int = 40,
+    min_agreement: float | None = None,
 ) -> SearchOutcome:
-    """``ranking``: nodes, most harmful in INT8 first. ``evaluate`` measures accuracies of several plans
-    (it may run them in parallel). ``threshold``: the lowest accuracy that meets the target."""
+    """``ranking``: nodes, most harmful in INT8 first. ``evaluate`` measures several plans (it may run them in
+    parallel). ``threshold``: the lowest accuracy that meets the target; ``min_agreement`` (a fraction): the
+    lowest agreement with FP32."""
     tried: dict[Plan, Measured] = {}
+
+    def meets(acc: float, agr: float) -> bool:
+        if acc < threshold:
+            return False
+        return min_agreement is None or (not math.isnan(agr) and agr >= min_agreement)
 
     def measure(plans: Sequence[Plan], stage: str) -> list[Measured]:
         fresh = [p for p in dict.fromkeys(plans) if p not in tried]
         budget = max_evaluations - len(tried)
         fresh = fresh[: max(budget, 0)]
         if fresh:
-            for p, acc in zip(fresh, evaluate(fresh), strict=True):
-                tried[p] = Measured(p, float(acc), int8_flops_fraction(p, flops), stage, acc >= threshold)
+            for p, score in zip(fresh, evaluate(fresh), strict=True):
+                acc, agr = (float(score[0]), float(score[1])) if isinstance(score, tuple) else (float(score), math.nan)
+                tried[p] = Measured(p, acc, int8_flops_fraction(p, flops), stage, meets(acc, agr), agr)
         return [tried[p] for p in plans if p in tried]
 
     def best() -> Measured | None:
         ok = [m for m in tried.values() if m.meets]
-        return max(ok, key=lambda m: (m.int8_flops_fraction, m.accuracy)) if ok else None
+        return max(ok, key=lambda m: (m.int8_flops_fraction, _or0(m.agreement), m.accuracy)) if ok else None
 
     base = measure([()], "all-int8")
     if base and base[0].meets:
@@ -104,11 +119,21 @@ def search_plan(
         else:
             lo = mid
     kept = list(order[:hi])
-    for node in sorted(kept, key=lambda n: -flops.get(n, 0.0)):
-        if len(tried) >= max_evaluations:
-            break
-        trial = as_plan([n for n in kept if n != node])
-        (m,) = measure([trial], "prune") or (None,)
-        if m is not None and m.meets:
-            kept.remove(node)
+    changed = True
+    while changed and len(tried) < max_evaluations:  # another pass after any return: layers interact
+        changed = False
+        for node in sorted(kept, key=lambda n: -flops.get(n, 0.0)):
+            if len(tried) >= max_evaluations:
+                break
+            trial = as_plan([n for n in kept if n != node])
+            if trial in tried and not tried[trial].meets:
+                continue
+            (m,) = measure([trial], "prune") or (None,)
+            if m is not None and m.meets:
+                kept.remove(node)
+                changed = True
     return SearchOutcome(best(), tuple(tried.values()))
+
+
+def _or0(v: float) -> float:
+    return 0.0 if math.isnan(v) else v

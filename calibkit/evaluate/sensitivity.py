@@ -9,12 +9,10 @@ Each job rebuilds its variant from the FP32 source model and the calibration tab
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import logging
-import multiprocessing
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +21,8 @@ import numpy as np
 from calibkit._io import read_json
 from calibkit.errors import CalibkitError, CalibrationError
 from calibkit.evaluate.metrics import output_error
+from calibkit.evaluate.uncertainty import PairedDifference, paired_difference
+from calibkit.executors.base import Executor
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.types import CalibrationTable
 
@@ -62,6 +62,14 @@ class SensitivityResult:
     mean_kl: float
     seconds: float
     error: str | None = None  # set when the variant could not be built or run
+    flip_rate: float = float("nan")  # share of examples whose prediction differs from the reference's
+    predictions: tuple[int, ...] = ()  # argmax per example, in the order of the job's texts
+
+    def correct(self, labels: np.ndarray) -> np.ndarray:
+        return np.asarray(self.predictions, dtype=np.int64) == np.asarray(labels, dtype=np.int64)
+
+    def flips(self, reference_predictions: np.ndarray) -> np.ndarray:
+        return np.asarray(self.predictions, dtype=np.int64) != np.asarray(reference_predictions, dtype=np.int64)
 
 
 def load_calibration_table(path: str | Path) -> CalibrationTable:
@@ -107,9 +115,12 @@ def run_sensitivity_job(job: SensitivityJob) -> SensitivityResult:
         return SensitivityResult(job.mode, job.node, float("nan"), float("nan"), float("nan"),
                                  time.perf_counter() - start, error=str(exc))
     ref = np.asarray(job.reference_logits, dtype=np.float64)
-    acc = float(np.mean(logits.argmax(axis=1) == np.asarray(job.labels)))
+    pred = logits.argmax(axis=1)
+    acc = float(np.mean(pred == np.asarray(job.labels)))
+    flip = float(np.mean(pred != ref.argmax(axis=1))) if len(ref) else float("nan")
     oe = output_error(ref, logits)
-    return SensitivityResult(job.mode, job.node, acc, oe.logit_mse, oe.mean_kl, time.perf_counter() - start)
+    return SensitivityResult(job.mode, job.node, acc, oe.logit_mse, oe.mean_kl, time.perf_counter() - start,
+                             flip_rate=flip, predictions=tuple(int(v) for v in pred))
 
 
 def default_workers() -> int:
@@ -122,32 +133,37 @@ def run_jobs(
     workers: int | None = None,
     progress: ProgressCallback | None = None,
     task: str = "sensitivity",
+    executor: Executor | None = None,
+    on_result: Callable[[int, SensitivityResult], None] | None = None,
 ) -> list[SensitivityResult]:
-    """Run ``jobs`` in a process pool (``workers`` <= 1: in this process); results in the order of ``jobs``."""
+    """Run ``jobs`` on ``executor`` (default: a process pool of ``workers``; <= 1: in this process); results
+    in the order of ``jobs``. Model, table, tokenizer and eval rows are shared once per worker
+    (:mod:`calibkit.evaluate.shipping`); ``on_result(i, result)`` is called as each job finishes."""
     cb = progress or no_progress
-    n = workers if workers is not None else default_workers()
-    results: list[SensitivityResult | None] = [None] * len(jobs)
-    cb(ProgressEvent(task, 0, len(jobs)))
-    if n <= 1 or len(jobs) <= 1:
-        for i, job in enumerate(jobs):
-            results[i] = r = run_sensitivity_job(job)
-            log.info("sensitivity %d/%d: %s %s accuracy %.4f (%.1f s)", i + 1, len(jobs), r.mode, r.node or "",
-                     r.accuracy, r.seconds)
-            cb(ProgressEvent(task, i + 1, len(jobs), message=job.node or job.mode))
-        return [r for r in results if r is not None]
-    # spawn, not fork: ONNX Runtime's thread pools do not survive a fork
-    ctx = multiprocessing.get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
-        futures = {pool.submit(run_sensitivity_job, job): i for i, job in enumerate(jobs)}
-        done = 0
-        for fut in cf.as_completed(futures):
-            i = futures[fut]
-            results[i] = r = fut.result()
-            done += 1
-            log.info("sensitivity %d/%d: %s %s accuracy %.4f (%.1f s)", done, len(jobs), r.mode, r.node or "",
-                     r.accuracy, r.seconds)
-            cb(ProgressEvent(task, done, len(jobs), message=jobs[i].node or jobs[i].mode))
-    return [r for r in results if r is not None]
+
+    def finished(i: int, r: SensitivityResult) -> None:
+        log.info("%s %s %s: accuracy %.4f (%.1f s)", task, r.mode, r.node or "", r.accuracy, r.seconds)
+        if on_result is not None:
+            on_result(i, r)
+
+    if executor is None:
+        n = workers if workers is not None else default_workers()
+        if n <= 1 or len(jobs) <= 1:
+            results = []
+            cb(ProgressEvent(task, 0, len(jobs)))
+            for i, job in enumerate(jobs):
+                results.append(r := run_sensitivity_job(job))
+                finished(i, r)
+                cb(ProgressEvent(task, i + 1, len(jobs), message=job.node or job.mode))
+            return results
+        from calibkit.executors.pool import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(min(n, len(jobs))) as pool:
+            return run_jobs(jobs, progress=progress, task=task, executor=pool, on_result=on_result)
+    from calibkit.evaluate.shipping import pack_jobs, run_shipped_job
+
+    shipped = pack_jobs(jobs, executor, threads=executor.task_threads)
+    return executor.map(run_shipped_job, shipped, task=task, progress=cb, on_result=finished)
 
 
 @dataclass(frozen=True)
@@ -157,6 +173,12 @@ class LayerSensitivity:
     all_but_this: SensitivityResult  # this node kept in higher precision
     only_this_delta: float  # accuracy(only this INT8) - accuracy(reference)
     all_but_this_delta: float  # accuracy(all but this) - accuracy(all INT8)
+    # paired 95 % intervals of the two deltas (same examples); None when a variant failed
+    only_this_diff: PairedDifference | None = None
+    all_but_this_diff: PairedDifference | None = None
+    # flips to the reference removed by keeping only this layer in higher precision (all INT8 minus all but
+    # this, as a paired difference of per-example flip indicators: positive = fewer flips)
+    flips_removed: PairedDifference | None = None
 
 
 @dataclass(frozen=True)
@@ -182,6 +204,7 @@ def analyse_sensitivity(
     workers: int | None = None,
     max_length: int | None = None,
     progress: ProgressCallback | None = None,
+    executor: Executor | None = None,
 ) -> SensitivityAnalysis:
     """Two variants per node plus one all-INT8 variant, on ``texts`` (already the subset to use).
 
@@ -189,7 +212,7 @@ def analyse_sensitivity(
     """
     nodes = list(dict.fromkeys(nodes))
     n = workers if workers is not None else default_workers()
-    threads = max(1, (os.cpu_count() or 1) // max(1, n))
+    threads = executor.threads_per_task if executor is not None else max(1, (os.cpu_count() or 1) // max(1, n))
     base = dict(
         source_model=str(source_model),
         calibration_json=str(calibration_json),
@@ -208,8 +231,11 @@ def analyse_sensitivity(
         others = tuple(x for x in nodes if x != node) + kept
         jobs.append(SensitivityJob(keep_nodes=others, mode=ONLY_THIS, node=node, **base))  # type: ignore[arg-type]
         jobs.append(SensitivityJob(keep_nodes=(node, *kept), mode=ALL_BUT_THIS, node=node, **base))  # type: ignore[arg-type]
-    results = run_jobs(jobs, workers=n, progress=progress)
-    ref_acc = float(np.mean(np.asarray(reference_logits).argmax(axis=1) == np.asarray(labels)))
+    results = run_jobs(jobs, workers=n, progress=progress, executor=executor)
+    y = np.asarray(labels, dtype=np.int64)
+    ref_pred = np.asarray(reference_logits).argmax(axis=1)
+    ref_correct = ref_pred == y
+    ref_acc = float(np.mean(ref_correct))
     all_int8 = results[0]
     if all_int8.error:
         raise CalibrationError(f"sensitivity: the all-INT8 variant could not be built: {all_int8.error}")
@@ -219,6 +245,9 @@ def analyse_sensitivity(
         for r in (only, abt):
             if r.error:
                 log.warning("sensitivity variant %s for %s failed: %s", r.mode, node, r.error)
+        ok = len(all_int8.predictions) == len(y)
+        only_ok = ok and not only.error and len(only.predictions) == len(y)
+        abt_ok = ok and not abt.error and len(abt.predictions) == len(y)
         per_node.append(
             LayerSensitivity(
                 node=node,
@@ -226,6 +255,9 @@ def analyse_sensitivity(
                 all_but_this=abt,
                 only_this_delta=only.accuracy - ref_acc,
                 all_but_this_delta=abt.accuracy - all_int8.accuracy,
+                only_this_diff=paired_difference(ref_correct, only.correct(y)) if only_ok else None,
+                all_but_this_diff=paired_difference(all_int8.correct(y), abt.correct(y)) if abt_ok else None,
+                flips_removed=paired_difference(abt.flips(ref_pred), all_int8.flips(ref_pred)) if abt_ok else None,
             )
         )
     return SensitivityAnalysis(len(texts), ref_acc, all_int8, tuple(per_node))

@@ -1,4 +1,5 @@
-"""Streaming per-tensor accumulators: nothing holds more than one batch of activations.
+"""Streaming per-tensor accumulators: nothing holds more than one batch of activations, and float64 work is
+done 256K elements at a time.
 
 ``RangeAccumulator`` keeps min/max/abs-max, a fine |x| histogram (for percentiles), non-finite counts and the
 exact number of values outside given clipping ranges. ``ErrorAccumulator`` keeps the sums that give SQNR and
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from calibkit.calibrate.histogram import Histogram
+from calibkit.calibrate.histogram import Histogram, chunks
 from calibkit.calibrate.stats import ActivationStats, StatsAccumulator
 
 HIST_BINS = 16384  # 8 x 2048: percentiles stay precise when a few outliers stretch the range
@@ -87,14 +88,15 @@ class RangeAccumulator:
         self._acc.observe(v)
         self._frozen = None
         if self.clip_ranges:
-            v = v.astype(np.float64, copy=False)
-            v = v[np.isfinite(v)]
-            self._signal += float(np.dot(v, v))
-            for i, (clo, chi) in enumerate(self.clip_ranges):
-                self.clipped[i] += int(np.count_nonzero((v < clo) | (v > chi)))
-                if self.quantizers[i] is not None:
-                    d = v - self.quantizers[i].fake_quantize(v)
-                    self._noise[i] += float(np.dot(d, d))
+            for part in chunks(v):  # float64 temporaries of 256K elements, not of the whole tensor
+                c = part.astype(np.float64)
+                c = c[np.isfinite(c)]
+                self._signal += float(np.dot(c, c))
+                for i, (clo, chi) in enumerate(self.clip_ranges):
+                    self.clipped[i] += int(np.count_nonzero((c < clo) | (c > chi)))
+                    if self.quantizers[i] is not None:
+                        d = c - self.quantizers[i].fake_quantize(c)
+                        self._noise[i] += float(np.dot(d, d))
 
     @property
     def stats(self) -> ActivationStats:
@@ -166,18 +168,19 @@ class ErrorAccumulator:
         x, y = np.asarray(x), np.asarray(y)
         if x.shape != y.shape:
             raise ValueError(f"tensor shapes differ: {x.shape} vs {y.shape}")
-        a = _select(x, mask).astype(np.float64, copy=False)
-        b = _select(y, mask).astype(np.float64, copy=False)
-        ok = np.isfinite(a) & np.isfinite(b)
-        if not ok.all():
-            self.nonfinite += int(ok.size - ok.sum())
-            a, b = a[ok], b[ok]
-        self.count += int(a.size)
-        self.sxx += float(np.dot(a, a))
-        self.syy += float(np.dot(b, b))
-        self.sxy += float(np.dot(a, b))
-        d = a - b
-        self.see += float(np.dot(d, d))
+        xs, ys = _select(x, mask), _select(y, mask)
+        for px, py in zip(chunks(xs), chunks(ys)):  # float64 copies of 256K elements at a time
+            a, b = px.astype(np.float64), py.astype(np.float64)
+            ok = np.isfinite(a) & np.isfinite(b)
+            if not ok.all():
+                self.nonfinite += int(ok.size - ok.sum())
+                a, b = a[ok], b[ok]
+            self.count += int(a.size)
+            self.sxx += float(np.dot(a, a))
+            self.syy += float(np.dot(b, b))
+            self.sxy += float(np.dot(a, b))
+            d = a - b
+            self.see += float(np.dot(d, d))
 
     @property
     def sqnr_db(self) -> float:

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import onnx
 
+from calibkit.calibrate.collect import probe_cost
+from calibkit.data.encode import DEFAULT_MEMORY_BUDGET, BatchCost, TokenBudget
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.engines.base import BaseRunner
 from calibkit.evaluate.layers import LayerSpec, graph_tensors
@@ -60,6 +62,21 @@ class LayerMeasurements:
     samples: int
 
 
+def _tapped_cost(
+    runners: dict[str, tuple[BaseRunner, dict[str, str]]], tokenizer: TextTokenizer, texts: Sequence[str]
+) -> BatchCost | None:
+    """Bytes per batch of every tapped output of every runner (they are alive together), from probe runs."""
+    enc = tokenizer.encode([texts[0]])
+    total = BatchCost()
+    for runner, names in runners.values():
+        feeds = enc.feeds([s.name for s in runner.input_specs])
+        _, cost = probe_cost(runner, feeds, enc.attention_mask, list(names.values()))
+        if cost is None:
+            return None
+        total = BatchCost(total.per_token + cost.per_token, total.per_pair + cost.per_pair, total.fixed + cost.fixed)
+    return total
+
+
 def _none(v: float) -> float | None:
     return None if v is None or not math.isfinite(v) else float(v)
 
@@ -75,9 +92,11 @@ def measure_layers(
     runner_factory: RunnerFactory,
     batch_size: int = 32,
     progress: ProgressCallback | None = None,
+    budget: TokenBudget | None = None,
 ) -> LayerMeasurements:
     """Stream ``texts`` through tapped copies of the models; ``reference`` may be the same object as
-    ``baseline`` (then one pass serves both)."""
+    ``baseline`` (then one pass serves both). Batches hold at most ``batch_size`` texts and fit ``budget``
+    (default :data:`calibkit.data.encode.DEFAULT_MEMORY_BUDGET` bytes of tapped outputs, all models together)."""
     cb = progress or no_progress
     ranges: dict[str, RangeAccumulator] = {}
     errors: dict[str, ErrorAccumulator] = {}
@@ -125,7 +144,9 @@ def measure_layers(
             runner.activate()
             runners[role] = (runner, names)
         lengths = np.minimum(tokenizer.token_lengths(texts), tokenizer.max_length)
-        batches = length_batches(lengths, batch_size)
+        budget = budget if budget is not None else TokenBudget(memory_bytes=DEFAULT_MEMORY_BUDGET)
+        cost = _tapped_cost(runners, tokenizer, texts) if budget.memory_bytes is not None and texts else None
+        batches = length_batches(lengths, batch_size, budget=budget, cost=cost)
         cb(ProgressEvent("layer statistics", 0, len(texts)))
         done = 0
         for idx in batches:

@@ -2,22 +2,26 @@
 
 Flow (every number below is measured, none estimated):
 1. statistics of the calibration set, collected once (reused from the statistics cache when present);
-2. one table per method; with ``method="auto"`` each tensor takes the method whose all-INT8 model gives the
-   best SQNR at the output of the node that reads it, and the auto table must beat every single-method table
-   on the search split to be used (otherwise the best single method is);
-3. the eval set is split (stratified by label, seeded) into a *search* part and a *holdout* part: every
-   decision uses the search part; the holdout part is only measured at the end, for all-INT8 and the final plan,
-   so over-fitting the search part shows as a gap between the two;
-4. sensitivity ranking: for every quantized node, the KL divergence to FP32 when only that node is kept in
-   higher precision (on a subset of the search part);
+2. one table per method; with ``method="auto"`` also a per-tensor table: each tensor takes the method whose range
+   does the least damage where it is read (output KL divergence to FP32 when only that node is INT8, summed
+   over the nodes reading it, on the sensitivity subset); the table used is the one whose all-INT8 model flips
+   the fewest of FP32's predictions on the search split (fidelity, not accuracy: accuracy differences between
+   INT8 variants are mostly noise, flips are not), ties broken by KL divergence;
+3. the eval set is split (stratified by label, seeded, by row content: see evaluate.subsets) into a *search*
+   part and a *holdout* part: every decision uses the search part; the holdout part is only measured at the
+   end, for all-INT8 and the final plan, and the verdict says with 95 % intervals whether it supports the claim;
+4. sensitivity ranking: for every quantized node (or the worst K by own INT8 error), the KL divergence to FP32
+   when only that node is quantized (on a stratified subset of the search part); most damage per FLOP first;
 5. calibkit.evaluate.search.search_plan: prefix / bisect / prune over the ranking, each candidate evaluated
-   on the whole search part.
+   on the whole search part against the constraints (accuracy within ``max_drop`` of FP32 and, when given,
+   at least ``min_agreement`` % of FP32's predictions kept).
 Each finished evaluation is appended to ``OUT/.tune/ledger.jsonl`` (keyed by what determines its result), so
 an interrupted run resumes without redoing it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -39,17 +43,19 @@ from calibkit.data.calibset import CalibrationSet, load_calibration_set
 from calibkit.data.evalset import EvalSet, label_ids
 from calibkit.data.modeldir import ModelDir
 from calibkit.data.tokenizer import TextTokenizer
-from calibkit.errors import CalibrationError, DataError
+from calibkit.errors import CalibrationError, DataError, UsageError
 from calibkit.evaluate.flops import node_flops
 from calibkit.evaluate.search import Measured, Plan, search_plan
 from calibkit.evaluate.sensitivity import (
-    ALL_BUT_THIS,
     ALL_INT8,
+    ONLY_THIS,
     SensitivityJob,
     SensitivityResult,
-    default_workers,
     run_jobs,
 )
+from calibkit.evaluate.subsets import EvalSubset, nested, stratified_split, stratified_subset
+from calibkit.evaluate.uncertainty import evidence_warnings, paired_difference, proportion
+from calibkit.executors import Executor, from_spec
 from calibkit.graph import load_model, model_sha256
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.quantize.placement import DEFAULT_OP_TYPES, plan_placement
@@ -65,10 +71,11 @@ PLAN_MODE = "plan"
 class TuneConfig:
     max_drop: float = 0.5  # accuracy points (or percent of FP32 accuracy with relative=True)
     relative: bool = False
+    min_agreement: float | None = None  # percent of FP32's predictions the plan must keep (e.g. 99)
     method: str = "auto"  # "auto" or a Method value
     holdout_fraction: float = 0.3
     sensitivity_samples: int = 256
-    sensitivity_layers: int | None = 16  # measured sensitivity for the K worst layers (own SQNR); None: all
+    sensitivity_layers: int | None = None  # measured sensitivity for the K worst layers (own SQNR); None: all
     max_evaluations: int = 40
     workers: int | None = None
     seed: int = 0
@@ -100,35 +107,60 @@ class TuneResult:
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------
-def split_eval(labels: np.ndarray, holdout_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Stratified (by label) seeded split into search and holdout indices, each sorted."""
-    if not 0.0 <= holdout_fraction < 1.0:
-        raise DataError(f"--holdout must be in [0, 1), got {holdout_fraction}")
-    rng = np.random.default_rng(seed)
-    search, hold = [], []
-    for lab in np.unique(labels):
-        idx = np.flatnonzero(labels == lab)
-        rng.shuffle(idx)
-        n_hold = int(round(len(idx) * holdout_fraction))
-        hold.extend(idx[:n_hold].tolist())
-        search.extend(idx[n_hold:].tolist())
-    return np.array(sorted(search), dtype=np.int64), np.array(sorted(hold), dtype=np.int64)
+def split_subsets(labels: np.ndarray, holdout_fraction: float, seed: int, texts: Sequence[str] | None = None
+                  ) -> tuple[EvalSubset, EvalSubset]:
+    """Stratified (by label) seeded search/holdout split, by row content when ``texts`` are given."""
+    keys = list(texts) if texts is not None else [str(i) for i in range(len(labels))]
+    return stratified_split(keys, [int(v) for v in labels], holdout_fraction, seed)
+
+
+def split_eval(labels: np.ndarray, holdout_fraction: float, seed: int, texts: Sequence[str] | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """The search and holdout indices of :func:`split_subsets`, in its canonical order."""
+    search, hold = split_subsets(labels, holdout_fraction, seed, texts)
+    return search.array, hold.array
 
 
 class Ledger:
-    """Append-only JSON Lines of finished evaluations; a torn last line (interrupted write) is ignored."""
+    """Append-only JSON Lines of finished evaluations.
+
+    A record that cannot be used — a torn last line (interrupted write), invalid UTF-8 or JSON, JSON nested too
+    deeply, or a record whose numbers are missing or not numbers (``"accuracy": null``) — is skipped and
+    counted in ``skipped``: its evaluation simply runs again.
+    """
+
+    _NUMBERS = ("accuracy", "logit_mse", "mean_kl", "seconds")
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._done: dict[str, dict[str, Any]] = {}
+        self.skipped = 0
         if path.is_file():
-            for line in path.read_text(encoding="utf-8").splitlines():
+            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+                if not line.strip():
+                    continue
                 try:
                     rec = json.loads(line)
+                except (ValueError, RecursionError):
+                    rec = None
+                if self.usable(rec):
                     self._done[rec["key"]] = rec
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    continue
+                else:
+                    self.skipped += 1
+        if self.skipped:
+            log.warning("%s: %d unusable record(s) skipped; those evaluations run again", path, self.skipped)
         self.loaded = len(self._done)
+
+    @classmethod
+    def usable(cls, rec: Any) -> bool:
+        """A record ``_from_record`` can turn back into a SensitivityResult."""
+        if not isinstance(rec, dict) or not isinstance(rec.get("key"), str) or not isinstance(rec.get("mode"), str):
+            return False
+        if rec.get("node") is not None and not isinstance(rec["node"], str):
+            return False
+        if rec.get("error") is not None and not isinstance(rec["error"], str):
+            return False
+        return all(isinstance(rec.get(k), (int, float)) and not isinstance(rec.get(k), bool) for k in cls._NUMBERS)
 
     def get(self, key: str) -> dict[str, Any] | None:
         return self._done.get(key)
@@ -158,24 +190,29 @@ def _job_key(job: SensitivityJob, table_sha: str, model_sha: str) -> str:
 def _result_record(r: SensitivityResult) -> dict[str, Any]:
     return {
         "mode": r.mode, "node": r.node, "accuracy": r.accuracy, "logit_mse": r.logit_mse,
-        "mean_kl": r.mean_kl, "seconds": r.seconds, "error": r.error,
+        "mean_kl": r.mean_kl, "seconds": r.seconds, "error": r.error, "flip_rate": r.flip_rate,
+        "predictions": list(r.predictions),
     }
 
 
 def _from_record(rec: dict[str, Any]) -> SensitivityResult:
     return SensitivityResult(rec["mode"], rec.get("node"), float(rec["accuracy"]), float(rec["logit_mse"]),
-                             float(rec["mean_kl"]), float(rec["seconds"]), rec.get("error"))
+                             float(rec["mean_kl"]), float(rec["seconds"]), rec.get("error"),
+                             flip_rate=float(rec.get("flip_rate", float("nan"))),
+                             predictions=tuple(int(v) for v in rec.get("predictions", ())))
 
 
 class _Evaluator:
-    """Runs SensitivityJobs through the ledger: finished ones are read back, the rest run in the pool."""
+    """Runs SensitivityJobs through the ledger: finished ones are read back, the rest run on the executor, and
+    each result is in the ledger as soon as it comes back (an interrupt loses only the units in flight)."""
 
-    def __init__(self, ledger: Ledger, model_sha: str, workers: int, progress: ProgressCallback) -> None:
+    def __init__(self, ledger: Ledger, model_sha: str, executor: Executor, progress: ProgressCallback) -> None:
         self.ledger = ledger
         self.model_sha = model_sha
-        self.workers = workers
+        self.executor = executor
         self.progress = progress
         self.reused = 0
+        self.ran = 0
 
     def run(self, jobs: Sequence[SensitivityJob], table_sha: str, task: str) -> list[SensitivityResult]:
         keys = [_job_key(j, table_sha, self.model_sha) for j in jobs]
@@ -189,19 +226,19 @@ class _Evaluator:
             else:
                 out.append(None)
                 todo.append(i)
-        # chunks of a few jobs: each chunk's results are in the ledger before the next starts
-        chunk = max(1, self.workers) * 4
-        done = len(jobs) - len(todo)
-        self.progress(ProgressEvent(task, done, len(jobs)))
-        for s in range(0, len(todo), chunk):
-            part = todo[s : s + chunk]
-            results = run_jobs([jobs[i] for i in part], workers=self.workers)
-            for i, r in zip(part, results, strict=True):
-                out[i] = r
-                if not r.error:
-                    self.ledger.put(keys[i], _result_record(r))
-            done += len(part)
-            self.progress(ProgressEvent(task, done, len(jobs)))
+        reused = len(jobs) - len(todo)
+        self.progress(ProgressEvent(task, reused, len(jobs)))
+
+        def record(pos: int, r: SensitivityResult) -> None:
+            i = todo[pos]
+            out[i] = r
+            self.ran += 1
+            if not r.error:
+                self.ledger.put(keys[i], _result_record(r))
+            self.progress(ProgressEvent(task, sum(x is not None for x in out), len(jobs)))
+
+        if todo:
+            run_jobs([jobs[i] for i in todo], executor=self.executor, task=task, on_result=record)
         failed = [r for r in out if r is not None and r.error]
         if failed:
             raise CalibrationError(f"{len(failed)} evaluations failed, e.g.: {failed[0].error}")
@@ -234,8 +271,34 @@ def run_tune(
     progress: ProgressCallback | None = None,
     render: Callable[[dict[str, Any], Path], Any] | None = None,
     report_dir: str | Path | None = None,
+    executor: Executor | None = None,
+) -> TuneResult:
+    """``executor``: where evaluations run (default: a process pool of ``config.workers``, closed at the end)."""
+    with contextlib.ExitStack() as stack:
+        given = executor is not None
+        if executor is None:
+            executor = stack.enter_context(from_spec("local", config.workers))
+        return _run_tune(model_dir, calibration_set, eval_set, out_dir, config, progress=progress, render=render,
+                         report_dir=report_dir, executor=executor, shard_stats=given)
+
+
+def _run_tune(
+    model_dir: ModelDir,
+    calibration_set: CalibrationSet | str | Path,
+    eval_set: EvalSet,
+    out_dir: str | Path,
+    config: TuneConfig,
+    *,
+    progress: ProgressCallback | None,
+    render: Callable[[dict[str, Any], Path], Any] | None,
+    report_dir: str | Path | None,
+    executor: Executor,
+    shard_stats: bool,
 ) -> TuneResult:
     cb = progress or no_progress
+    if config.min_agreement is not None and not 0.0 < config.min_agreement <= 100.0:
+        raise UsageError(f"--min-agreement must be in (0, 100] percent, got {config.min_agreement}",
+                         hint="pass e.g. --min-agreement 99 to keep 99 % of FP32's predictions")
     out = Path(out_dir)
     work = out.parent / f".{out.name}.tune"  # beside OUT so OUT itself is swapped in whole at the end
     t0 = time.perf_counter()
@@ -254,14 +317,20 @@ def run_tune(
     if not id2label:
         raise DataError("the model folder's config.json has no id2label: tune cannot map eval labels to classes")
     labels = label_ids(eval_set, id2label, len(id2label))
-    search_idx, hold_idx = split_eval(labels, config.holdout_fraction, config.seed)
+    texts = eval_set.texts
+    search_sub, hold_sub = split_subsets(labels, config.holdout_fraction, config.seed, texts)
+    search_idx, hold_idx = search_sub.array, hold_sub.array
     if len(search_idx) < 10:
         raise DataError(f"the eval set is too small to tune on ({len(eval_set)} examples)",
                         hint="use at least a few hundred labelled examples")
-    texts = eval_set.texts
+    warnings = list(evidence_warnings(labels, [id2label[i] for i in sorted(id2label)]))
+    if len(hold_idx) < 200:
+        warnings.append(f"the holdout split has {len(hold_idx)} examples: its verdict has wide intervals")
+    for w in warnings:
+        log.warning("%s", w)
     search_texts = tuple(texts[i] for i in search_idx)
-    rng = np.random.default_rng(config.seed + 1)
-    sens_pick = np.sort(rng.permutation(len(search_idx))[: min(config.sensitivity_samples, len(search_idx))])
+    sens_sub = nested(search_sub, stratified_subset(search_texts, [int(v) for v in labels[search_idx]],
+                                                    config.sensitivity_samples, config.seed + 1))
 
     # FP32 reference logits on everything (once)
     from calibkit.engines.onnxruntime import OnnxRuntimeRunner
@@ -273,17 +342,18 @@ def run_tune(
     fp32_search = _accuracy(ref_logits[search_idx], labels[search_idx])
     fp32_hold = _accuracy(ref_logits[hold_idx], labels[hold_idx]) if len(hold_idx) else float("nan")
     threshold = config.threshold(fp32_search)
+    min_agreement = None if config.min_agreement is None else config.min_agreement / 100.0
+    ref_pred = ref_logits.argmax(axis=1)
 
     # statistics and tables
     store, reused_stats = gather_stats(model_dir, cset, placement.activations, model_sha256=sha,
                                        num_bins=config.params.num_bins, batch_size=config.batch_size, progress=cb,
-                                       model=proto)
+                                       model=proto, executor=executor if shard_stats else None)
     flops = {f.node: f.flops for f in node_flops(proto, _typical_feeds(tok, cset, input_names), config.op_types)}
     work.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(work / "ledger.jsonl")
-    workers = config.workers if config.workers is not None else default_workers()
-    threads = max(1, (os.cpu_count() or 1) // max(1, workers))
-    ev = _Evaluator(ledger, sha, workers, cb)
+    threads = executor.threads_per_task
+    ev = _Evaluator(ledger, sha, executor, cb)
 
     def job(table_path: Path, keep: Plan, text_subset: Sequence[str], idx: np.ndarray, mode: str,
             node: str | None = None) -> SensitivityJob:
@@ -305,21 +375,33 @@ def run_tune(
 
     chosen_methods: dict[str, str] = {}
     probe_texts = search_texts[: min(128, len(search_texts))]
-    quality = _layer_quality(proto, {k: v[0] for k, v in tables.items()}, tok, probe_texts, cb)
+    quality: dict[str, tuple[Any, Any]] = {}
+    sens_texts = sens_sub.take(texts)
+    sens_idx = sens_sub.array
     if config.method == "auto":
-        chosen_methods = _auto_methods(quality, placement.activations)
+        # per tensor, the method whose range does the least damage where it is used: for every method and node,
+        # the output KL divergence to FP32 when only that node is INT8 (on the sensitivity subset)
+        own_kl: dict[str, dict[str, float]] = {}
+        for m, (_, p, tsha) in tables.items():
+            res = ev.run([job(p, tuple(x for x in nodes if x != n), sens_texts, sens_idx, ONLY_THIS, n)
+                          for n in nodes], tsha, f"per-layer fidelity ({m})")
+            own_kl[m] = {r.node: r.mean_kl for r in res if r.node}
+        chosen_methods = _auto_methods_by_fidelity(own_kl, placement)
         per_tensor = {t: Method(m) for t, m in chosen_methods.items()}
         t = compute_table(store, per_tensor, config.params, sha, cset.id, tensors=placement.activations)
         p = work / "table-auto.json"
         tables["auto"] = (t, p, _write_table(p, t, {"target": config.target}))
 
-    # all-INT8 accuracy of every table on the search split; the best one is the base of the search
+    # all-INT8 fidelity of every table on the search split; the one flipping the fewest FP32 predictions is
+    # the base of the search
     base_jobs = {k: job(v[1], (), search_texts, search_idx, ALL_INT8) for k, v in tables.items()}
     table_acc: dict[str, float] = {}
+    table_flips: dict[str, float] = {}
+    table_kl: dict[str, float] = {}
     for k, j in base_jobs.items():
         (r,) = ev.run([j], tables[k][2], f"all-INT8 ({k})")
-        table_acc[k] = r.accuracy
-    base_key = max(table_acc, key=lambda k: (table_acc[k], k == "auto"))
+        table_acc[k], table_flips[k], table_kl[k] = r.accuracy, r.flip_rate, r.mean_kl
+    base_key = min(table_flips, key=lambda k: (table_flips[k], table_kl[k], k != "auto"))
     table, table_path, table_sha = tables[base_key]
 
     # ranking: layers ordered by their own quantization error (cheap, every layer), then the worst K of them
@@ -333,46 +415,131 @@ def run_tune(
     by_badness = [spec.node for spec in worst_layers(base_meas.layers, weight_errors(base_model, proto), None)]
     by_badness += [n for n in nodes if n not in by_badness]
     k = len(nodes) if config.sensitivity_layers is None else min(config.sensitivity_layers, len(nodes))
-    sens_texts = tuple(search_texts[i] for i in sens_pick)
-    sens_idx = search_idx[sens_pick]
-    sens_jobs = [job(table_path, (n,), sens_texts, sens_idx, ALL_BUT_THIS, n) for n in by_badness[:k]]
+    # each layer's own damage: quantize only it (every other layer in higher precision) and measure the output KL
+    # divergence to FP32; in an all-INT8 model the errors of the other layers mask it ("keep only this one"
+    # barely moves the KL), so this ranks far more sharply
+    sens_jobs = [job(table_path, tuple(x for x in nodes if x != n), sens_texts, sens_idx, ONLY_THIS, n)
+                 for n in by_badness[:k]]
     (sens_base,) = ev.run([job(table_path, (), sens_texts, sens_idx, ALL_INT8)], table_sha, "sensitivity base")
-    sens = ev.run(sens_jobs, table_sha, "sensitivity (keep one node)")
-    gain = {r.node: sens_base.mean_kl - r.mean_kl for r in sens if r.node}
-    ranking = sorted(by_badness[:k], key=lambda n: (-gain[n], flops.get(n, 0.0))) + by_badness[k:]
+    sens = ev.run(sens_jobs, table_sha, "sensitivity (quantize one node)")
+    harm = {r.node: (r.mean_kl, r.flip_rate) for r in sens if r.node}
+    ranking = _rank_by_harm_per_flop(by_badness[:k], harm, flops) + by_badness[k:]
 
-    def evaluate(plans: Sequence[Plan]) -> list[float]:
+    search_results: dict[Plan, SensitivityResult] = {}
+
+    def evaluate(plans: Sequence[Plan]) -> list[tuple[float, float]]:
         res = ev.run([job(table_path, p, search_texts, search_idx, PLAN_MODE) for p in plans], table_sha,
                      "candidate plans")
-        return [r.accuracy for r in res]
+        search_results.update(zip(plans, res))
+        return [(r.accuracy, 1.0 - r.flip_rate) for r in res]
 
-    outcome = search_plan(ranking, flops, evaluate, threshold, max_evaluations=config.max_evaluations)
+    outcome = search_plan(ranking, flops, evaluate, threshold, max_evaluations=config.max_evaluations,
+                          min_agreement=min_agreement)
     final: Measured | None = outcome.best
-    if final is None:  # nothing met the target: report the most accurate plan measured
-        final = max(outcome.tried, key=lambda m: (m.accuracy, m.int8_flops_fraction))
+    if final is None:  # nothing met the target: report the most faithful plan measured
+        final = max(outcome.tried, key=lambda m: (m.agreement, m.accuracy, m.int8_flops_fraction))
     met = outcome.best is not None
 
     # holdout check: all-INT8 and the final plan, measured once each
     hold_texts = tuple(texts[i] for i in hold_idx)
     hold_acc: dict[Plan, float] = {}
+    hold_res: dict[Plan, SensitivityResult] = {}
     if len(hold_idx):
         plans_to_check = list(dict.fromkeys([(), final.plan]))
         res = ev.run([job(table_path, p, hold_texts, hold_idx, PLAN_MODE) for p in plans_to_check], table_sha,
                      "holdout check")
-        hold_acc = {p: r.accuracy for p, r in zip(plans_to_check, res, strict=True)}
+        hold_res = dict(zip(plans_to_check, res, strict=True))
+        hold_acc = {p: r.accuracy for p, r in hold_res.items()}
+    evidence = _evidence(config, final, labels, ref_pred, search_idx, hold_idx,
+                         search_results.get(final.plan), hold_res.get(final.plan), threshold, fp32_search)
 
     own_sqnr: dict[str, float] = {}
     for lm in base_meas.layers:
         if lm.quant_sqnr_db is not None:
             own_sqnr[lm.spec.node] = min(own_sqnr.get(lm.spec.node, float("inf")), lm.quant_sqnr_db)
-    reasons = _reasons(final.plan, gain, sens_base, flops, own_sqnr, outcome.tried)
+    reasons = _reasons(final.plan, harm, sens_base, flops, own_sqnr, outcome.tried)
     doc = _document(config, eval_set, fp32_search, fp32_hold, threshold, outcome.tried, final, met, hold_acc,
                     reasons, table_acc, base_key, chosen_methods, len(search_idx), len(hold_idx), len(sens_idx),
                     reused_stats, ev.reused, time.perf_counter() - t0)
+    doc["methods"]["all_int8_flip_rate_search"] = table_flips
+    doc["methods"]["all_int8_mean_kl_search"] = table_kl
+    doc["methods"]["chosen_by"] = "fewest flips of FP32's predictions on the search split (then KL divergence)"
+    doc["target"]["min_agreement"] = config.min_agreement
+    doc["final"].update(evidence)
+    doc["final"]["all_int8_agreement_holdout"] = (1.0 - hold_res[()].flip_rate) if () in hold_res else None
+    for c, m in zip(doc["candidates"], outcome.tried, strict=True):
+        c["agreement_search"] = None if m.agreement != m.agreement else m.agreement
+    doc["split"] = {"search": search_sub.to_dict(), "holdout": hold_sub.to_dict(), "sensitivity": sens_sub.to_dict(),
+                    "seed": config.seed}
+    doc["warnings"] = warnings
     result = _write_outputs(out, model_dir, proto, table, final.plan, config, doc, reasons)
     if render is not None:
         render(doc, Path(report_dir) if report_dir else out / "report")
     return replace(result, resumed_evaluations=ledger.loaded)
+
+
+def _rank_by_harm_per_flop(nodes: Sequence[str], harm: dict[str, tuple[float, float]], flops: dict[str, float]
+                           ) -> list[str]:
+    """Most output damage (KL to FP32 when only this node is INT8) per MatMul/Gemm FLOP first: the search keeps
+    a prefix of this order, and keeping a cheap harmful node (an attention MatMul) costs almost no INT8 coverage.
+    Damage is additive to first order, so this is the greedy knapsack order."""
+    total = sum(flops.values()) or 1.0
+
+    def density(n: str) -> float:
+        return harm[n][0] / max(flops.get(n, 0.0) / total, 1e-4)
+
+    return sorted(nodes, key=lambda n: (-density(n), -harm[n][1], flops.get(n, 0.0)))
+
+
+def _evidence(config: TuneConfig, final: Measured, labels: np.ndarray, ref_pred: np.ndarray,
+              search_idx: np.ndarray, hold_idx: np.ndarray, on_search: SensitivityResult | None,
+              on_hold: SensitivityResult | None, threshold: float, fp32_search: float) -> dict[str, Any]:
+    """The final plan against FP32 on each split, with paired 95 % intervals, and the holdout verdict."""
+    out: dict[str, Any] = {}
+    for name, idx, r in (("search", search_idx, on_search), ("holdout", hold_idx, on_hold)):
+        if r is None or len(r.predictions) != len(idx) or not len(idx):
+            out[f"{name}_evidence"] = None
+            continue
+        pred = np.asarray(r.predictions, dtype=np.int64)
+        diff = paired_difference(ref_pred[idx] == labels[idx], pred == labels[idx], seed=config.seed)
+        agree = proportion(pred == ref_pred[idx])
+        out[f"{name}_evidence"] = {"accuracy_minus_fp32": diff.to_dict(), "agreement": agree.to_dict(),
+                                   "flips": int((pred != ref_pred[idx]).sum()), "n": int(len(idx))}
+        out[f"agreement_{name}"] = agree.estimate
+    fp32_hold = float(np.mean(ref_pred[hold_idx] == labels[hold_idx])) if len(hold_idx) else float("nan")
+    allowed = -(fp32_hold * config.max_drop / 100.0 if config.relative else config.max_drop / 100.0)
+    out["holdout_verdict"] = _holdout_verdict(config, out.get("holdout_evidence"), allowed)
+    return out
+
+
+def _holdout_verdict(config: TuneConfig, ev: dict[str, Any] | None, allowed: float) -> dict[str, Any]:
+    """Whether the holdout split supports the claim, per constraint: 'supported' (met on the holdout),
+    'not confirmed' (missed, but within the holdout's 95 % interval) or 'contradicted' (missed beyond it)."""
+    if ev is None:
+        return {"supported": None, "text": "no holdout split: the claim rests on the search split alone"}
+    d = ev["accuracy_minus_fp32"]
+    parts: dict[str, str] = {}
+    if allowed == allowed:
+        if d["estimate"] >= allowed - 1e-12:
+            parts["accuracy"] = "supported"
+        else:
+            parts["accuracy"] = "not confirmed" if d["high"] >= allowed else "contradicted"
+    if config.min_agreement is not None:
+        a = ev["agreement"]
+        need = config.min_agreement / 100.0
+        if a["estimate"] >= need - 1e-12:
+            parts["agreement"] = "supported"
+        else:
+            parts["agreement"] = "not confirmed" if a["high"] >= need else "contradicted"
+    supported = all(v == "supported" for v in parts.values()) if parts else None
+    a = ev["agreement"]
+    words = [f"on the holdout split ({ev['n']} examples never used by the search) the plan's accuracy is "
+             f"{100 * d['estimate']:+.2f} points from FP32 (95 % CI {100 * d['low']:+.2f} to {100 * d['high']:+.2f},"
+             f" {d['verdict']}) and it keeps {100 * a['estimate']:.2f} % of FP32's predictions (95 % CI "
+             f"{100 * a['low']:.2f} to {100 * a['high']:.2f})"]
+    for k, v in parts.items():
+        words.append(f"{k} target: {v}")
+    return {"supported": supported, "by_constraint": parts, "text": "; ".join(words)}
 
 
 def _layer_quality(
@@ -397,30 +564,28 @@ def _layer_quality(
     return out
 
 
-def _auto_methods(quality: dict[str, tuple[Any, Any]], tensors: Sequence[str]) -> dict[str, str]:
-    """For each tensor, the method whose all-INT8 model has the best SQNR at the output of the node reading it
-    (the worst over its consumers)."""
-    sqnr: dict[str, dict[str, float]] = {}
-    for m, (meas, _) in quality.items():
-        for lm in meas.layers:
-            v = lm.sqnr_db if lm.sqnr_db is not None else float("-inf")
-            prev = sqnr.setdefault(lm.spec.tensor, {}).get(m, float("inf"))
-            sqnr[lm.spec.tensor][m] = min(prev, v)
-    first = next(iter(quality))
-    return {t: max(sqnr.get(t, {first: 0.0}).items(), key=lambda kv: kv[1])[0] for t in tensors}
+def _auto_methods_by_fidelity(own_kl: dict[str, dict[str, float]], placement: Any) -> dict[str, str]:
+    """For each activation tensor, the method with the least summed KL over the nodes reading it (ties: the
+    method listed first)."""
+    out: dict[str, str] = {}
+    for t in placement.activations:
+        readers = [qn.name for qn in placement.nodes if t in qn.activation_inputs]
+        out[t] = min(own_kl, key=lambda m: sum(own_kl[m].get(n, float("inf")) for n in readers))
+    return out
 
 
 def _reasons(
-    plan: Plan, gain: dict[str, float], base: SensitivityResult, flops: dict[str, float],
+    plan: Plan, harm: dict[str, tuple[float, float]], base: SensitivityResult, flops: dict[str, float],
     own_sqnr: dict[str, float], tried: Sequence[Measured] = (),
 ) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     total = sum(flops.values()) or 1.0
     for n in plan:
         r = []
-        if n in gain:
-            r.append(f"keeping only it in higher precision lowers the output KL divergence to FP32 from "
-                     f"{base.mean_kl:.4g} to {base.mean_kl - gain[n]:.4g} on the sensitivity subset")
+        if n in harm:
+            r.append(f"quantizing only it gives an output KL divergence to FP32 of {harm[n][0]:.4g} and flips "
+                     f"{100 * harm[n][1]:.2f} % of FP32's predictions on the sensitivity subset (all INT8: "
+                     f"{base.mean_kl:.4g}, {100 * base.flip_rate:.2f} %)")
         if n in own_sqnr:
             r.append(f"its own INT8 error: SQNR {own_sqnr[n]:.1f} dB (input against its fake-quantized copy)")
         without = tuple(x for x in plan if x != n)
@@ -481,6 +646,9 @@ def _write_outputs(out: Path, model_dir: ModelDir, fp: Any, table: CalibrationTa
         "accuracy": {"fp32_search": doc["target"]["fp32_accuracy"], "search": doc["final"]["accuracy_search"],
                      "fp32_holdout": doc["target"]["fp32_accuracy_holdout"],
                      "holdout": doc["final"]["accuracy_holdout"]},
+        "agreement_with_fp32": {"search": doc["final"].get("agreement_search"),
+                                "holdout": doc["final"].get("agreement_holdout")},
+        "holdout_verdict": doc["final"].get("holdout_verdict"),
         "met_target": doc["target"]["met"],
         "method": doc["final"]["method"],
     }
@@ -492,7 +660,8 @@ def _write_outputs(out: Path, model_dir: ModelDir, fp: Any, table: CalibrationTa
         "source_model": str(model_dir.onnx_path), "tokenizer": str(model_dir.tokenizer_path),
         "tune": {"max_drop": config.max_drop, "relative": config.relative},
     }
-    with atomic_dir(out) as tmp:
+    legacy = ("model.int8.onnx", "calibration.cache", "calibration.json", "plan.json", "tune.json")
+    with atomic_dir(out, what="tune", legacy_names=legacy) as tmp:
         save_model(q.model, tmp / "model.int8.onnx")
         write_cache(tmp / "calibration.cache", table)
         write_calibration_json(tmp / "calibration.json", table, extras)

@@ -3,8 +3,9 @@
 Layout (both targets)
 - Which nodes: :func:`calibkit.quantize.placement.plan_placement` (MatMul and Gemm by default) minus the
   ``exclude`` regexes and the exact ``keep_nodes`` names. A node is quantized only when every activation input
-  has a usable range (amax finite and > 0); otherwise it is kept in FP32 and its tensors are reported in
-  ``missing_ranges`` (no range in the table) or ``zero_ranges`` (amax 0 or not finite).
+  has a range with amax > 0; otherwise it is kept in FP32 and reported in ``missing_ranges`` (no range in the
+  table) or ``zero_ranges`` (amax 0: an all-zero tensor). NaN, inf, negative, denormal-scale or huge ranges are
+  refused with a CalibrationError naming the tensors (``calibkit.calibrate.rangecheck``).
 - Activations: per-tensor scale ``amax / 127`` from the table, ``Q -> DQ`` right after the producer. A tensor
   read by several quantized nodes gets ONE shared pair (TensorRT fuses it once); consumers that stay in FP32
   keep reading the original tensor.
@@ -39,7 +40,6 @@ What differs between the targets
 from __future__ import annotations
 
 import enum
-import math
 import os
 import re
 from collections.abc import Sequence
@@ -51,6 +51,7 @@ from google.protobuf.message import Message
 from onnx import TensorProto, helper, numpy_helper
 
 from calibkit._io import write_bytes
+from calibkit.calibrate.rangecheck import check_ranges
 from calibkit.errors import ModelError, UsageError
 from calibkit.quantize.placement import DEFAULT_OP_TYPES, plan_placement
 from calibkit.quantize.weights import quantize_weight, weight_axis
@@ -110,6 +111,10 @@ def quantize_model(
     placement = plan_placement(model, op_types, exclude)
     keep = set(keep_nodes)
     amax = table.amax()
+    # scale guard: an inf, 0 or denormal float32 scale would write a model that runs and is silently wrong
+    check_ranges(((t, amax[t]) for t in placement.activations if t in amax), source="calibration table",
+                 hint="recalibrate (`calibkit calibrate`) or fix the table's ranges; calibkit never writes these",
+                 representable_only=True)
     act_dtype = TensorProto.UINT8 if target is Target.ONNXRUNTIME else TensorProto.INT8
     act_zp = 128 if target is Target.ONNXRUNTIME else 0
 
@@ -131,7 +136,7 @@ def quantize_model(
             if a is None:
                 missing.setdefault(t, None)
                 ok = False
-            elif not math.isfinite(a) or a <= 0:
+            elif a == 0:
                 zero.setdefault(t, None)
                 ok = False
         if ok:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from calibkit.report.blocks import Block, Bullets, Details, Document, Figure, Heading, Para, Span, Table
-from calibkit.report.document import CompareReport, EngineResult, LayerResult, Report, TuneReport
+from calibkit.report.document import CompareReport, EngineResult, LayerResult, Range, Report, TuneReport
 from calibkit.report.formatting import DASH, num, pct, points, shorten, text
 from calibkit.report.plots import Plot
 
@@ -35,6 +35,14 @@ def _baseline(engines: Sequence[EngineResult]) -> EngineResult | None:
     return None
 
 
+def _ci(r: Range | None, pts: bool = False) -> str:
+    if r is None or r.low is None or r.high is None:
+        return ""
+    if pts:
+        return f" [{100 * r.low:+.2f}, {100 * r.high:+.2f}]"
+    return f" [{100 * r.low:.2f}, {100 * r.high:.2f}]"
+
+
 def _engine_table(engines: Sequence[EngineResult]) -> Table:
     base = _baseline(engines)
     rows = []
@@ -43,15 +51,17 @@ def _engine_table(engines: Sequence[EngineResult]) -> Table:
         if base is not None and e is not base and e.accuracy is not None and base.accuracy is not None:
             delta = e.accuracy - base.accuracy
         rows.append((
-            text(e.name), text(e.precision), text(e.backend), pct(e.accuracy),
-            points(delta) if base is not None and e is not base else DASH, num(e.macro_f1),
+            text(e.name), text(e.precision), text(e.backend), pct(e.accuracy) + _ci(e.accuracy_ci),
+            points(delta) if base is not None and e is not base else DASH,
+            num(e.macro_f1) + (f" [{num(e.macro_f1_ci.low)}, {num(e.macro_f1_ci.high)}]"
+                               if e.macro_f1_ci and e.macro_f1_ci.low is not None else ""),
             num(e.latency_ms.p50, 2), num(e.latency_ms.p95, 2), num(e.throughput_per_s, 1), num(e.batch_size),
             text(e.path),
         ))
     vs = f"Δ vs {base.name}" if base is not None else "Δ accuracy"
     return Table(
-        headers=("engine", "precision", "backend", "accuracy", vs, "macro F1", "p50 ms", "p95 ms", "per s",
-                 "batch", "path"),
+        headers=("engine", "precision", "backend", "accuracy [95 % CI]", vs, "macro F1 [95 % CI]", "p50 ms",
+                 "p95 ms", "per s", "batch", "path"),
         rows=tuple(rows),
         numeric=(False, False, False, True, True, True, True, True, True, True, False),
     )
@@ -80,7 +90,11 @@ def _keep_table(keep: Sequence[tuple[str, LayerResult | None]]) -> Table:
 
 def _delta(layer: LayerResult, which: str) -> str:
     sens = layer.only_this_int8 if which == "only" else layer.all_but_this
-    return points(sens.delta) if sens is not None else DASH
+    if sens is None:
+        return DASH
+    if sens.delta_low is None or sens.delta_high is None:
+        return points(sens.delta)
+    return points(sens.delta) + f" [{100 * sens.delta_low:+.2f}, {100 * sens.delta_high:+.2f}]"
 
 
 def _layer_table(layers: Sequence[LayerResult]) -> Table:
@@ -113,8 +127,21 @@ def _compare_document(report: CompareReport, plots: set[str]) -> Document:
     if report.engines:
         blocks.append(_engine_table(report.engines))
     o = report.outputs
+    d = report.accuracy_diff
+    if d is not None and d.range.estimate is not None:
+        settle = (f"; about {d.examples_to_settle:,} examples would settle it"
+                  if d.verdict == "not significant" and d.examples_to_settle else "")
+        blocks.append(Para.of(
+            "Accuracy of B minus A: ", Span(f"{points(d.range.estimate)}{_ci(d.range, pts=True)}", bold=True),
+            f" (95 % paired interval; exact McNemar p {num(d.mcnemar_p)}): ", Span(text(d.verdict), bold=True),
+            f"{settle}."))
+    for w in report.warnings:
+        blocks.append(Para.of(Span("Warning:", bold=True), " " + w))
+    flips = None if report.agreement is None else 1.0 - report.agreement
     blocks.append(Bullets((
-        Para.of("Agreement of the predictions of A and B: ", Span(pct(report.agreement), bold=True)),
+        Para.of("Agreement of the predictions of A and B: ",
+                Span(pct(report.agreement) + _ci(report.agreement_ci), bold=True),
+                f" (flips: {pct(flips)})"),
         Para.of(f"Cosine similarity of the outputs: mean {num(o.cosine_mean, 4)}, min {num(o.cosine_min, 4)}"),
         Para.of(f"Output error: max |Δ| {num(o.max_abs_error)}, mean |Δ| {num(o.mean_abs_error)}"
                 + (f", logit MSE {num(o.logit_mse)}" if o.logit_mse is not None else "")
@@ -124,7 +151,8 @@ def _compare_document(report: CompareReport, plots: set[str]) -> Document:
     if report.layer_samples or report.sensitivity_samples:
         sens = num(report.sensitivity_samples) if report.sensitivity_samples else "no"
         blocks.append(Para.of(f"Per-layer statistics from {num(report.layer_samples)} texts; per-layer "
-                              f"sensitivity from {sens} texts."))
+                              f"sensitivity from {sens} texts (random subsets stratified by label, seed "
+                              f"{text(report.seed)})."))
     keep = _keep_layers(report)
     precision = (report.keep_precision or "higher precision").upper()
     blocks.append(Heading(2, "Layers to keep in higher precision"))
@@ -134,6 +162,8 @@ def _compare_document(report: CompareReport, plots: set[str]) -> Document:
         blocks.append(_keep_table(keep))
     elif report.layers and any(x.flag == "watch" for x in report.layers):
         blocks.append(Para.of(f"None: all {len(report.layers)} quantized layers can run in INT8."))
+    elif report.layers and any(x.flag == "insufficient-evidence" for x in report.layers):
+        blocks.append(Para.of("None on this evidence: no measured effect is larger than its own uncertainty."))
     elif report.layers:
         blocks.append(Para.of(f"None: all {len(report.layers)} quantized layers passed the thresholds."))
     else:
@@ -145,6 +175,14 @@ def _compare_document(report: CompareReport, plots: set[str]) -> Document:
             ": a heuristic threshold fired, but the measured sensitivity says INT8 costs nothing there.",
         ))
         blocks.append(_keep_table(tuple((x.label, x) for x in watched)))
+    unsure = [x for x in report.layers if x.flag == "insufficient-evidence"]
+    if unsure:
+        blocks.append(Para.of(
+            Span(f"{len(unsure)} layers with insufficient evidence", bold=True),
+            ": a measured effect passed a threshold but lies within its own 95 % interval; the reasons say how "
+            "many examples would settle it.",
+        ))
+        blocks.append(_keep_table(tuple((x.label, x) for x in unsure)))
     figures = _figures(plots, ("sqnr", "ranges", "histograms", "confusion"))
     if figures:
         blocks += [Heading(2, "Plots"), *figures]
@@ -167,6 +205,9 @@ def _compare_document(report: CompareReport, plots: set[str]) -> Document:
         ))
     else:
         blocks.append(Para.of("A and B agree on every text."))
+    if report.subsets:
+        blocks.append(Details("Rows used by each measurement", (Table(
+            headers=("subset", "rows"), rows=tuple((s.name, s.value) for s in report.subsets)),)))
     if report.thresholds:
         blocks.append(Details("Thresholds used to flag layers", (Table(
             headers=("threshold", "value"), rows=tuple((s.name, s.value) for s in report.thresholds)),)))
@@ -185,8 +226,16 @@ def _tune_document(report: TuneReport, plots: set[str]) -> Document:
         drop = f"{report.max_drop:g} % of it (relative)"
     else:
         drop = f"{report.max_drop:g} pt"
+    agree = (f" and at least {report.min_agreement:g} % of FP32's predictions unchanged"
+             if report.min_agreement is not None else "")
     blocks.append(Para.of("Target: accuracy at least ", Span(pct(report.target_accuracy), bold=True),
-                          f" (FP32 {pct(report.fp32_accuracy)} minus {drop})."))
+                          f" (FP32 {pct(report.fp32_accuracy)} minus {drop}){agree}, on the search split."))
+    for w in report.warnings:
+        blocks.append(Para.of(Span("Warning:", bold=True), " " + w))
+    if report.method_flips:
+        blocks.append(Para.of(f"Calibration table: {text(report.chosen_method)}, the one whose all-INT8 model flips "
+                              "the fewest FP32 predictions on the search split ("
+                              + ", ".join(f"{x.name} {x.value}" for x in report.method_flips) + ")."))
     final = report.final
     if final is None:
         blocks.append(Para.of("No plan was chosen."))
@@ -194,13 +243,28 @@ def _tune_document(report: TuneReport, plots: set[str]) -> Document:
         target = report.target_accuracy
         judged = final.accuracy_holdout if final.accuracy_holdout is not None else final.accuracy_search
         verdict = DASH if target is None or judged is None else ("yes" if judged >= target - 1e-12 else "no")
-        blocks.append(Bullets((
+        items = [
             Para.of("Share of FLOPs in INT8: ", Span(pct(final.int8_flops_fraction, 1), bold=True)),
             Para.of(f"Accuracy on the search set: {pct(final.accuracy_search)}; on the hold-out set: ",
                     Span(pct(final.accuracy_holdout), bold=True)),
-            Para.of(f"Meets the target: {verdict}"),
-            Para.of(f"Layers kept in higher precision: {len(final.kept_nodes)}"),
-        )))
+        ]
+        if final.agreement_search is not None or final.agreement_holdout is not None:
+            items.append(Para.of(f"Agreement with FP32 on the search set: {pct(final.agreement_search)}; on the "
+                                 "hold-out set: ", Span(pct(final.agreement_holdout) + _ci(final.holdout_agreement),
+                                                        bold=True)))
+        d = final.holdout_accuracy_diff
+        if d is not None and d.range.estimate is not None:
+            items.append(Para.of("Hold-out accuracy minus FP32: ",
+                                 Span(points(d.range.estimate) + _ci(d.range, pts=True), bold=True),
+                                 f" ({text(d.verdict)})"))
+        items.append(Para.of(f"Meets the target on the search set: {verdict}"
+                             if final.holdout_supported is not None else f"Meets the target: {verdict}"))
+        if final.holdout_supported is not None:
+            items.append(Para.of("The hold-out split ", Span("supports" if final.holdout_supported else
+                                                              "does not support", bold=True),
+                                 f" the claim: {text(final.holdout_verdict)}."))
+        items.append(Para.of(f"Layers kept in higher precision: {len(final.kept_nodes)}"))
+        blocks.append(Bullets(tuple(items)))
         if final.kept_nodes:
             blocks.append(Table(
                 headers=("kept node", "reasons"),
@@ -223,13 +287,13 @@ def _tune_document(report: TuneReport, plots: set[str]) -> Document:
         chosen = set(final.kept_nodes) if final else None
         blocks.append(Heading(2, f"Candidates ({len(report.candidates)})"))
         blocks.append(Table(
-            headers=("id", "method", "INT8 FLOPs", "accuracy search", "accuracy hold-out", "kept", "accepted",
-                     "kept nodes"),
+            headers=("id", "method", "INT8 FLOPs", "accuracy search", "agreement search", "accuracy hold-out",
+                     "kept", "accepted", "kept nodes"),
             rows=tuple((num(c.id), text(c.method), pct(c.int8_flops_fraction, 1), pct(c.accuracy_search),
-                        pct(c.accuracy_holdout), str(len(c.kept_nodes)),
+                        pct(c.agreement_search), pct(c.accuracy_holdout), str(len(c.kept_nodes)),
                         DASH if c.accepted is None else ("yes" if c.accepted else "no"),
                         shorten(", ".join(c.kept_nodes), 160) or DASH) for c in report.candidates),
-            numeric=(True, False, True, True, True, True, False, False),
+            numeric=(True, False, True, True, True, True, True, False, False),
             highlight=tuple(chosen is not None and set(c.kept_nodes) == chosen for c in report.candidates),
             note="Highlighted: the chosen plan." if final else "",
         ))

@@ -78,6 +78,40 @@ class Latency:
 
 
 @dataclass(frozen=True)
+class Range:
+    """A 95 % interval (fractions)."""
+
+    estimate: float | None
+    low: float | None
+    high: float | None
+
+
+def _range(value: Any) -> Range | None:
+    d = _dict(value)
+    if not d:
+        return None
+    return Range(_num(d.get("estimate")), _num(d.get("low")), _num(d.get("high")))
+
+
+@dataclass(frozen=True)
+class Difference:
+    """B - A of a paired outcome with its interval and verdict ("gain" | "loss" | "not significant")."""
+
+    range: Range
+    verdict: str | None
+    mcnemar_p: float | None
+    examples_to_settle: int | None
+
+
+def _difference(value: Any) -> Difference | None:
+    d = _dict(value)
+    r = _range(d)
+    if r is None:
+        return None
+    return Difference(r, _str(d.get("verdict")), _num(d.get("mcnemar_p")), _int(d.get("examples_to_settle")))
+
+
+@dataclass(frozen=True)
 class EngineResult:
     name: str | None
     path: str | None
@@ -90,6 +124,8 @@ class EngineResult:
     latency_ms: Latency
     throughput_per_s: float | None
     batch_size: int | None
+    accuracy_ci: Range | None = None
+    macro_f1_ci: Range | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +152,9 @@ class Sensitivity:
     accuracy: float | None
     delta: float | None
     logit_mse: float | None
+    delta_low: float | None = None
+    delta_high: float | None = None
+    significant: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -189,6 +228,12 @@ class CompareReport:
     histograms: tuple[HistogramData, ...]
     layer_samples: int | None = None
     sensitivity_samples: int | None = None
+    agreement_ci: Range | None = None
+    accuracy_diff: Difference | None = None
+    macro_f1_diff: Range | None = None
+    warnings: tuple[str, ...] = ()
+    seed: int | None = None
+    subsets: tuple[Setting, ...] = ()  # which rows each measurement used
 
     def layer_for_node(self, node: str) -> LayerResult | None:
         return next((layer for layer in self.layers if layer.node == node), None)
@@ -200,7 +245,8 @@ class CompareReport:
 def _sensitivity(value: Any) -> Sensitivity | None:
     if not isinstance(value, dict):
         return None
-    return Sensitivity(_num(value.get("accuracy")), _num(value.get("delta")), _num(value.get("logit_mse")))
+    return Sensitivity(_num(value.get("accuracy")), _num(value.get("delta")), _num(value.get("logit_mse")),
+                       _num(value.get("delta_low")), _num(value.get("delta_high")), _bool(value.get("significant")))
 
 
 def _matrix(value: Any) -> tuple[tuple[int, ...], ...] | None:
@@ -233,6 +279,8 @@ def _engine(value: Any) -> EngineResult:
         latency_ms=Latency(_num(lat.get("mean")), _num(lat.get("p50")), _num(lat.get("p95"))),
         throughput_per_s=_num(e.get("throughput_per_s")),
         batch_size=_int(e.get("batch_size")),
+        accuracy_ci=_range(e.get("accuracy_ci")),
+        macro_f1_ci=_range(e.get("macro_f1_ci")),
     )
 
 
@@ -319,7 +367,25 @@ def parse_compare(doc: dict[str, Any]) -> CompareReport:
         keep_nodes=_strs(rec.get("keep_in_higher_precision")),
         keep_precision=_str(rec.get("precision")),
         histograms=_histograms(doc.get("histograms")),
+        agreement_ci=_range(doc.get("agreement_ci")),
+        accuracy_diff=_difference(_dict(doc.get("difference")).get("accuracy")),
+        macro_f1_diff=_range(_dict(doc.get("difference")).get("macro_f1")),
+        warnings=_strs(doc.get("warnings")),
+        seed=_int(doc.get("seed")),
+        subsets=_subsets(doc),
     )
+
+
+def _subsets(doc: dict[str, Any]) -> tuple[Setting, ...]:
+    out = []
+    named = [("eval rows (--limit)", _dict(doc.get("eval_set")).get("rows"))]
+    named += [(f"{k} subset", v) for k, v in sorted(_dict(doc.get("subsets")).items())]
+    for name, value in named:
+        d = _dict(value)
+        if d:
+            out.append(Setting(name, f"{d.get('count')} of {d.get('of')} rows, {d.get('strategy')}, seed "
+                                     f"{d.get('seed')}, content sha256 {str(d.get('content_sha256'))[:16]}"))
+    return tuple(out)
 
 
 # ---------------------------------------------------------------- tune
@@ -335,6 +401,7 @@ class Candidate:
     method: str | None
     accepted: bool | None
     meets_target: bool | None = None
+    agreement_search: float | None = None
 
 
 @dataclass(frozen=True)
@@ -356,6 +423,12 @@ class TunePlan:
     accuracy_search: float | None
     accuracy_holdout: float | None
     reasons: tuple[NodeReasons, ...]
+    agreement_search: float | None = None
+    agreement_holdout: float | None = None
+    holdout_accuracy_diff: Difference | None = None
+    holdout_agreement: Range | None = None
+    holdout_supported: bool | None = None
+    holdout_verdict: str | None = None
 
     def reasons_for(self, node: str) -> tuple[str, ...]:
         return next((r.reasons for r in self.reasons if r.node == node), ())
@@ -372,6 +445,10 @@ class TuneReport:
     final: TunePlan | None
     peers: tuple[Peer, ...]
     threshold: float | None = None  # the document's own lowest accepted accuracy, when it states one
+    min_agreement: float | None = None  # percent of FP32's predictions the plan must keep
+    method_flips: tuple[Setting, ...] = ()
+    chosen_method: str | None = None
+    warnings: tuple[str, ...] = ()
 
     @property
     def target_accuracy(self) -> float | None:
@@ -391,7 +468,15 @@ def parse_tune(doc: dict[str, Any]) -> TuneReport:
     final = doc.get("final")
     plan = None
     if isinstance(final, dict):
+        hold = _dict(final.get("holdout_evidence"))
+        verdict = _dict(final.get("holdout_verdict"))
         plan = TunePlan(
+            agreement_search=_num(final.get("agreement_search")),
+            agreement_holdout=_num(final.get("agreement_holdout")),
+            holdout_accuracy_diff=_difference(hold.get("accuracy_minus_fp32")),
+            holdout_agreement=_range(hold.get("agreement")),
+            holdout_supported=_bool(verdict.get("supported")),
+            holdout_verdict=_str(verdict.get("text")),
             kept_nodes=_strs(final.get("kept_nodes")),
             int8_flops_fraction=_num(final.get("int8_flops_fraction")),
             accuracy_search=_num(final.get("accuracy_search")),
@@ -408,6 +493,12 @@ def parse_tune(doc: dict[str, Any]) -> TuneReport:
         relative=_bool(target.get("relative")),
         fp32_accuracy=_num(target.get("fp32_accuracy")),
         threshold=_num(target.get("threshold")),
+        min_agreement=_num(target.get("min_agreement")),
+        method_flips=tuple(Setting(str(k), f"{100 * v:.2f} %") for k, v in
+                           _dict(_dict(doc.get("methods")).get("all_int8_flip_rate_search")).items()
+                           if isinstance(v, (int, float))),
+        chosen_method=_str(_dict(doc.get("methods")).get("chosen")),
+        warnings=_strs(doc.get("warnings")),
         candidates=tuple(
             Candidate(
                 id=_int(c.get("id")),
@@ -418,6 +509,7 @@ def parse_tune(doc: dict[str, Any]) -> TuneReport:
                 method=_str(c.get("method")),
                 accepted=_bool(c.get("accepted")),
                 meets_target=_bool(c.get("meets_target")),
+                agreement_search=_num(c.get("agreement_search")),
             )
             for c in _list(doc.get("candidates"))
             if isinstance(c, dict)

@@ -9,6 +9,7 @@ from typing import Any
 
 from calibkit._io import atomic_dir, write_bytes, write_json, write_text
 from calibkit.errors import UsageError
+from calibkit.outdirs import MARKER
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.report.content import build_document
 from calibkit.report.document import parse_document
@@ -22,7 +23,8 @@ JSON_NAME = "report.json"
 MARKDOWN_NAME = "report.md"
 HTML_NAME = "report.html"
 PLOT_DIR = "plots"
-_OWN = {JSON_NAME, MARKDOWN_NAME, HTML_NAME, PLOT_DIR}
+_OWN = {JSON_NAME, MARKDOWN_NAME, HTML_NAME, PLOT_DIR, MARKER}
+REPORT_NAMES = frozenset(_OWN)  # what a report folder holds: replaceable without a marker (older reports)
 _TASK = "render report"
 
 
@@ -54,7 +56,7 @@ def render_report(doc: dict[str, Any], out_dir: Path, *, progress: ProgressCallb
     cb(ProgressEvent(_TASK, 2, total, "markdown"))
     html = render_html(document, plots)
     cb(ProgressEvent(_TASK, 3, total, "html"))
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, what="report", legacy_names=_OWN) as tmp:
         write_json(tmp / JSON_NAME, doc)
         write_text(tmp / MARKDOWN_NAME, markdown)
         write_text(tmp / HTML_NAME, html)

@@ -1,0 +1,105 @@
+"""How :class:`SensitivityJob` work units travel to workers.
+
+A job names files (the FP32 model, the calibration table, the tokenizer folder) and carries its eval rows
+inline; neither survives a trip to another machine cheaply. :func:`pack_jobs` shares every distinct file and
+every distinct (texts, labels, reference logits) block once through the executor and turns each job into a
+:class:`ShippedJob` of references and a few numbers; :func:`run_shipped_job`, on the worker, materializes the
+references into local files (once per process) and runs the unchanged
+:func:`calibkit.evaluate.sensitivity.run_sensitivity_job`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from calibkit.errors import ModelError
+from calibkit.executors.base import Executor, Shared, fetch, materialize
+
+if TYPE_CHECKING:  # sensitivity imports this module
+    from calibkit.evaluate.sensitivity import SensitivityJob, SensitivityResult
+
+# what a tokenizer folder needs; model weights beside it (the folder is often the model folder) stay home
+_WEIGHT_SUFFIXES = {".onnx", ".bin", ".safetensors", ".pt", ".pth", ".h5", ".msgpack", ".ot", ".data", ".npz"}
+_MAX_TOKENIZER_FILE = 64 << 20
+
+
+@dataclass(frozen=True)
+class ShippedJob:
+    """A SensitivityJob whose files and eval rows are :class:`Shared` references."""
+
+    model: Shared  # bytes of the FP32 ONNX model
+    table: Shared  # bytes of the calibration JSON
+    tokenizer: Shared  # {file name: bytes} of the tokenizer folder
+    tokenizer_file: str | None  # the tokenizer was this file of the folder (None: the folder itself)
+    data: Shared  # (texts, labels, reference_logits)
+    keep_nodes: tuple[str, ...]
+    mode: str
+    node: str | None
+    target: str
+    batch_size: int
+    threads: int
+    max_length: int | None
+
+
+def _tokenizer_files(path: Path) -> tuple[dict[str, bytes], str | None]:
+    if path.is_file():
+        return {path.name: path.read_bytes()}, path.name
+    if not path.is_dir():
+        raise ModelError(f"tokenizer not found: {path}")
+    files = {
+        p.name: p.read_bytes()
+        for p in sorted(path.iterdir())
+        if p.is_file() and p.suffix not in _WEIGHT_SUFFIXES and p.stat().st_size <= _MAX_TOKENIZER_FILE
+    }
+    return files, None
+
+
+def pack_jobs(jobs: Sequence[SensitivityJob], executor: Executor, threads: int | None = None) -> list[ShippedJob]:
+    """Share what ``jobs`` need once and return their light shipped form.
+
+    ``threads``: intra-op threads per job (default: each job's own)."""
+    tokenizers: dict[str, tuple[Shared, str | None]] = {}
+    blocks: dict[tuple[int, int, int], Shared] = {}
+    out = []
+    for j in jobs:
+        tok = tokenizers.get(j.tokenizer)
+        if tok is None:
+            files, single = _tokenizer_files(Path(j.tokenizer))
+            tok = tokenizers[j.tokenizer] = (executor.share(files), single)
+        ident = (id(j.texts), id(j.labels), id(j.reference_logits))
+        data = blocks.get(ident)
+        if data is None:
+            data = blocks[ident] = executor.share((j.texts, j.labels, j.reference_logits))
+        table = Path(j.calibration_json)
+        out.append(ShippedJob(
+            model=executor.share_file(j.source_model),
+            table=executor.share_file(table / "calibration.json" if table.is_dir() else table),
+            tokenizer=tok[0], tokenizer_file=tok[1], data=data, keep_nodes=tuple(j.keep_nodes), mode=j.mode,
+            node=j.node, target=j.target, batch_size=j.batch_size, threads=threads or j.threads,
+            max_length=j.max_length,
+        ))
+    return out
+
+
+def unpack_job(s: ShippedJob) -> SensitivityJob:
+    """The SensitivityJob ``s`` stands for, with local paths (on the worker)."""
+    from calibkit.evaluate.sensitivity import SensitivityJob
+
+    texts, labels, ref = fetch(s.data)
+    tok = materialize(s.tokenizer)
+    return SensitivityJob(
+        source_model=str(materialize(s.model)), calibration_json=str(materialize(s.table)),
+        tokenizer=str(tok / s.tokenizer_file if s.tokenizer_file else tok), texts=texts, labels=labels,
+        reference_logits=ref, keep_nodes=s.keep_nodes, mode=s.mode, node=s.node, target=s.target,
+        batch_size=s.batch_size, threads=s.threads, max_length=s.max_length,
+    )
+
+
+def run_shipped_job(s: ShippedJob) -> SensitivityResult:
+    """The work unit executors run: :func:`run_sensitivity_job` on the unpacked job."""
+    from calibkit.evaluate.sensitivity import run_sensitivity_job
+
+    return run_sensitivity_job(unpack_job(s))

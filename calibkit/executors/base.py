@@ -1,0 +1,253 @@
+"""The executor seam: submit pure work units, gather their results in order, share large read-only inputs once.
+
+Work units are a module-level function and a picklable argument. Large inputs (model bytes, eval data) are
+not put in every argument: the driver ``share``s them once and the argument carries a :class:`Shared` reference
+(a content key); on a worker, :func:`fetch` returns the value from a per-process cache, filled once per worker
+process (a file the pool worker reads once, or Dask's broadcast copy in the worker's memory).
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+import pickle
+import shutil
+import tempfile
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from calibkit.errors import UsageError
+from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+ResultCallback = Callable[[int, Any], None]
+
+
+@dataclass(frozen=True)
+class Shared:
+    """A reference to a value shared once with every worker; :func:`fetch` resolves it on the worker."""
+
+    key: str  # sha256 of the value's pickle (bytes values: of the bytes)
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Spilled:
+    """Where a pool worker reads a shared value from (once per process)."""
+
+    path: str
+
+    def load(self) -> Any:
+        with open(self.path, "rb") as fh:
+            return pickle.load(fh)
+
+
+def content_key(value: Any) -> tuple[str, bytes]:
+    data = value if isinstance(value, bytes) else pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    return hashlib.sha256(data).hexdigest(), data
+
+
+# -- worker side: per-process cache of shared values -----------------------------------------------------------
+_lock = threading.Lock()
+_values: dict[str, Any] = {}
+_sources: dict[str, Any] = {}
+_files: dict[str, Path] = {}
+_tmp: Path | None = None
+
+
+def install_sources(sources: Mapping[str, Any]) -> None:
+    """Called before each task on a worker: makes the executor's current shares resolvable and forgets the
+    ones no longer shared (an executor that closed), so a long-lived worker does not keep old models."""
+    with _lock:
+        for k in [k for k in _values if k not in sources]:
+            del _values[k]
+        for k in [k for k in _files if k not in sources]:
+            _remove(_files.pop(k))
+        for k in [k for k in _sources if k not in sources]:
+            del _sources[k]
+        for k, v in sources.items():
+            if k not in _values:
+                _sources[k] = v
+
+
+def fetch(ref: Shared) -> Any:
+    """The value behind ``ref`` (loaded once per process)."""
+    with _lock:
+        if ref.key in _values:
+            return _values[ref.key]
+        src = _sources.get(ref.key)
+        if src is None:
+            raise UsageError(f"shared value {ref.key[:12]} is not known in this process",
+                             hint="share it through the executor that runs the work unit")
+        value = src.load() if isinstance(src, Spilled) else src
+        _values[ref.key] = value
+        _sources.pop(ref.key, None)
+        return value
+
+
+def materialize(ref: Shared) -> Path:
+    """A local path holding the shared value: ``bytes`` become a file, ``{name: bytes}`` a folder (once per
+    process, under a temporary folder removed when the process exits)."""
+    with _lock:
+        hit = _files.get(ref.key)
+    if hit is not None and hit.exists():
+        return hit
+    value = fetch(ref)
+    root = _scratch()
+    dest = root / ref.key
+    tmp = root / f".{ref.key}.{threading.get_ident()}"
+    if isinstance(value, bytes):
+        tmp.write_bytes(value)
+    elif isinstance(value, Mapping):
+        tmp.mkdir()
+        for name, data in value.items():
+            (tmp / Path(name).name).write_bytes(data)
+    else:
+        raise UsageError(f"shared value {ref.key[:12]} is {type(value).__name__}, not bytes or a folder")
+    if dest.exists():
+        _remove(tmp)
+    else:
+        os.replace(tmp, dest)
+    with _lock:
+        _files[ref.key] = dest
+    return dest
+
+
+def _scratch() -> Path:
+    global _tmp
+    with _lock:
+        if _tmp is None:
+            _tmp = Path(tempfile.mkdtemp(prefix="calibkit-worker-"))
+            atexit.register(shutil.rmtree, _tmp, True)
+        return _tmp
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        p.unlink(missing_ok=True)
+
+
+def run_unit(fn: Callable[[Any], Any], item: Any, sources: Mapping[str, Any]) -> Any:
+    """What every executor runs on a worker: install the shared values, then the work unit."""
+    install_sources(sources)
+    return fn(item)
+
+
+# -- driver side -----------------------------------------------------------------------------------------------
+class Executor(ABC):
+    """Runs work units; results come back in the order of the inputs. Use as a context manager."""
+
+    name: str = "executor"
+    retries: int = 2
+
+    def __init__(self) -> None:
+        self._shared: dict[str, Shared] = {}
+        self._file_memo: dict[tuple[str, int, int], Shared] = {}
+
+    # sharing
+    def share(self, value: Any) -> Shared:
+        """Share ``value`` with every worker once; the same content is shared only once."""
+        key, data = content_key(value)
+        ref = self._shared.get(key)
+        if ref is None:
+            ref = Shared(key, len(data))
+            self._publish(ref, value, data)
+            self._shared[key] = ref
+        return ref
+
+    def share_file(self, path: str | os.PathLike[str]) -> Shared:
+        """Share a file's bytes (read and hashed once per path, size and mtime)."""
+        st = os.stat(path)
+        memo = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+        ref = self._file_memo.get(memo)
+        if ref is None:
+            ref = self._file_memo[memo] = self.share(Path(path).read_bytes())
+        return ref
+
+    @abstractmethod
+    def _publish(self, ref: Shared, value: Any, data: bytes) -> None: ...
+
+    # running
+    @property
+    @abstractmethod
+    def workers(self) -> int:
+        """How many work units run at once."""
+
+    @property
+    def threads_per_task(self) -> int:
+        """Intra-op threads each work unit should use."""
+        return max(1, (os.cpu_count() or 1) // max(1, self.workers))
+
+    @property
+    def task_threads(self) -> int | None:
+        """Threads a unit must use whatever its caller computed (None: the caller's choice stands). Remote
+        workers' core counts are not the driver's."""
+        return None
+
+    @abstractmethod
+    def map(
+        self,
+        fn: Callable[[T], R],
+        items: Sequence[T],
+        *,
+        task: str = "work",
+        progress: ProgressCallback | None = None,
+        on_result: Callable[[int, R], None] | None = None,
+    ) -> list[R]:
+        """``[fn(x) for x in items]`` on the workers. ``on_result(i, r)`` is called on the driver as each
+        finishes (in completion order), before ``map`` returns."""
+
+    def close(self) -> None:
+        self._shared.clear()
+        self._file_memo.clear()
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+
+class InProcessExecutor(Executor):
+    """Runs every unit in this process, one after the other (tests; ``--executor inline``)."""
+
+    name = "inline"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._sources: dict[str, Any] = {}
+
+    def _publish(self, ref: Shared, value: Any, data: bytes) -> None:
+        self._sources[ref.key] = value
+
+    @property
+    def workers(self) -> int:
+        return 1
+
+    def map(self, fn, items, *, task="work", progress=None, on_result=None):  # type: ignore[no-untyped-def]
+        cb = progress or no_progress
+        cb(ProgressEvent(task, 0, len(items)))
+        out = []
+        for i, item in enumerate(items):
+            r = run_unit(fn, item, self._sources)
+            out.append(r)
+            if on_result is not None:
+                on_result(i, r)
+            cb(ProgressEvent(task, i + 1, len(items)))
+        return out
+
+    def close(self) -> None:
+        super().close()
+        self._sources.clear()

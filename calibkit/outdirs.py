@@ -1,0 +1,222 @@
+"""Output folders: which ones calibkit may replace, which it must refuse, and where it can write at all.
+
+Every folder calibkit writes as a whole carries a marker file (``MARKER``). A folder is replaced only when it
+is empty or carries the marker (or, for folders written before the marker existed, holds only names calibkit
+writes there); anything else is refused unless the user passes ``--force``, and even then it is moved aside,
+never deleted. Inputs are never outputs: an output that equals, contains or lies inside an input is refused
+whatever the flags. Writability is checked before any work starts, so a read-only folder fails in a second,
+not after an hour of calibration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+from calibkit.errors import UsageError
+
+MARKER = ".calibkit-output.json"
+MARKER_FORMAT = "calibkit-output/1"
+
+
+def write_marker(folder: Path, what: str = "", entries: Iterable[str] | None = None) -> None:
+    """Mark ``folder`` as written by calibkit; the pid and host tell a stale temporary folder from a live one.
+
+    ``entries`` (the names calibkit put in the folder) makes a later replace refuse a folder into which the
+    user has since added files of their own.
+    """
+    rec: dict = {"format": MARKER_FORMAT, "what": what, "pid": os.getpid(), "host": socket.gethostname()}
+    if entries is not None:
+        rec["entries"] = sorted(set(entries) - {MARKER})
+    (folder / MARKER).write_text(json.dumps(rec, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def read_marker(folder: Path) -> dict | None:
+    try:
+        rec = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return rec if isinstance(rec, dict) and rec.get("format") == MARKER_FORMAT else None
+
+
+def is_replaceable(folder: Path, legacy_names: Iterable[str] = ()) -> bool:
+    """True for an empty folder, one calibkit wrote (marker; nothing added since), or one holding only
+    ``legacy_names`` (written before the marker existed)."""
+    names = {p.name for p in folder.iterdir()}
+    if not names:
+        return True
+    rec = read_marker(folder)
+    if rec is not None:
+        entries = rec.get("entries")
+        return not isinstance(entries, list) or names - {MARKER} <= set(entries)
+    legacy = set(legacy_names)
+    return bool(legacy) and names <= legacy
+
+
+def foreign_entries(folder: Path, limit: int = 5) -> str:
+    names = sorted(p.name for p in folder.iterdir())
+    return ", ".join(names[:limit]) + (" …" if len(names) > limit else "")
+
+
+def check_replaceable(path: str | os.PathLike[str], *, option: str = "--out", legacy_names: Iterable[str] = (),
+                      force: bool = False) -> None:
+    """Refuse an output path that is a file, or a folder calibkit did not write (unless ``force``)."""
+    p = Path(path)
+    if p.is_symlink() and not p.exists():
+        raise UsageError(f"{option} {p} is a dangling symbolic link", hint=f"pass a new folder to {option}")
+    if not p.exists():
+        return
+    if not p.is_dir():
+        raise UsageError(f"{option} {p} is an existing file, not a folder; calibkit will not replace it",
+                         hint=f"pass a new folder path to {option}")
+    if not force and not is_replaceable(p, legacy_names):
+        raise UsageError(
+            f"{option} {p} holds files calibkit did not write ({foreign_entries(p)}); the folder would be replaced "
+            "as a whole",
+            hint=f"pass a new or empty folder to {option}, or add --force to move the existing folder aside "
+            "(it is renamed, never deleted)",
+        )
+
+
+def _resolved(p: str | os.PathLike[str]) -> Path:
+    return Path(os.path.abspath(os.path.expanduser(os.fspath(p)))).resolve()
+
+
+def check_not_input(path: str | os.PathLike[str], inputs: Sequence[str | os.PathLike[str] | None], *,
+                    option: str = "--out", inside_ok: bool = False) -> None:
+    """Refuse an output that equals, contains or lies inside an input folder (``--force`` does not lift this).
+
+    ``inside_ok``: a new single file may be added inside an input folder (an engine beside its model).
+    """
+    out = _resolved(path)
+    for raw in inputs:
+        if raw is None:
+            continue
+        inp = _resolved(raw)
+        if not inp.exists():
+            continue
+        if out == inp:
+            relation = "is"
+        elif out in inp.parents:
+            relation = "contains"
+        elif inp.is_dir() and inp in out.parents and not inside_ok:
+            relation = "lies inside"
+        else:
+            continue
+        raise UsageError(
+            f"{option} {path} {relation} the input {raw}; calibkit never writes over its inputs",
+            hint=f"pass an {option} folder outside the inputs, e.g. runs/<name>",
+        )
+
+
+def check_writable(path: str | os.PathLike[str], *, option: str = "--out", is_file: bool = False) -> None:
+    """Fail now, not after the work, when ``path`` (a folder or, with ``is_file``, a file) cannot be written.
+
+    Probes by creating and removing a temporary file in the nearest existing folder, which works for root and
+    read-only mounts alike (``os.access`` does not).
+    """
+    p = Path(path)
+    if is_file and p.is_dir():
+        raise UsageError(f"{option} {p} is a folder", hint=f"pass a file path to {option}, e.g. {p / 'out.json'}")
+    if not is_file and p.exists() and not p.is_dir():
+        raise UsageError(f"{option} {p} is an existing file, not a folder", hint=f"pass a new folder to {option}")
+    # a folder is swapped in beside itself, so its parent must take new entries; a file likewise. An existing
+    # folder is emptied after the swap, so it must be writable too.
+    probe_in = p.absolute().parent
+    while not probe_in.exists():
+        if probe_in.parent == probe_in:
+            break
+        probe_in = probe_in.parent
+    if not probe_in.is_dir():
+        raise UsageError(f"{option} {p}: {probe_in} is a file, not a folder", hint=f"pass another path to {option}")
+    for folder in (probe_in, *([p] if not is_file and p.is_dir() else [])):
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".calibkit-probe.", suffix=".tmp", dir=folder)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise UsageError(
+                f"{option} {p} cannot be written: {folder} is not writable ({exc.strerror or exc})",
+                hint=f"pass an {option} in a folder you can write to, or fix its permissions",
+            ) from None
+
+
+def guard_output_dir(path: str | os.PathLike[str], *, inputs: Sequence[str | os.PathLike[str] | None] = (),
+                     option: str = "--out", force: bool = False, legacy_names: Iterable[str] = ()) -> Path | None:
+    """All checks for a folder a command will write as a whole, before any work; returns where a foreign
+    folder was moved aside under ``force`` (else None)."""
+    check_not_input(path, inputs, option=option)
+    check_replaceable(path, option=option, legacy_names=legacy_names, force=force)
+    check_writable(path, option=option)
+    p = Path(path)
+    if force and p.is_dir() and not is_replaceable(p, legacy_names):
+        return move_aside(p)
+    return None
+
+
+def guard_output_file(path: str | os.PathLike[str], *, inputs: Sequence[str | os.PathLike[str] | None] = (),
+                      option: str, owned: Callable[[Path], bool] | None = None) -> None:
+    """Checks for a single file a command will write (``compare --json``, ``build -o``): never an input, never
+    a folder, writable; an existing file only when ``owned(path)`` says calibkit wrote it."""
+    check_not_input(path, inputs, option=option, inside_ok=True)
+    check_writable(path, option=option, is_file=True)
+    p = Path(path)
+    if owned is not None and p.is_file() and not owned(p):
+        raise UsageError(f"{option} {p} exists and was not written by calibkit; it will not be overwritten",
+                         hint=f"pass a new file name to {option}, or move the file away first")
+
+
+def move_aside(folder: Path) -> Path:
+    """Rename a folder out of the way (``NAME.replaced-YYYYmmdd-HHMMSS[-k]``), keeping every file in it."""
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    for k in range(1000):
+        dest = folder.with_name(f"{folder.name}.replaced-{stamp}" + (f"-{k}" if k else ""))
+        if not dest.exists():
+            os.rename(folder, dest)
+            return dest
+    raise UsageError(f"cannot find a free name to move {folder} aside", hint="move or remove it yourself")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
+
+
+def clean_stale_tmp(target: Path) -> list[Path]:
+    """Remove ``.TARGET.*.tmp`` folders that calibkit made (marker inside) and whose writer process is gone."""
+    removed: list[Path] = []
+    with contextlib.suppress(OSError):
+        for cand in target.parent.glob(f".{target.name}.*.tmp"):
+            if not cand.is_dir() or cand.is_symlink():
+                continue
+            rec = read_marker(cand)
+            if rec is None or rec.get("host") != socket.gethostname():
+                continue
+            pid = rec.get("pid")
+            if isinstance(pid, int) and not _pid_alive(pid):
+                shutil.rmtree(cand, ignore_errors=True)
+                removed.append(cand)
+    return removed
+
+
+def umask() -> int:
+    """The process umask, read without changing it where the platform allows (Linux ``/proc``)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

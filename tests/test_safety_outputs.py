@@ -1,0 +1,227 @@
+"""Issue #10, output folders: nothing calibkit did not write is ever deleted; inputs are never outputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from calib_helpers import texts, write_model_dir
+from typer.testing import CliRunner
+
+from calibkit._io import atomic_dir, write_text
+from calibkit.cli import app
+from calibkit.data.calibset import write_calibration_set
+from calibkit.errors import UsageError
+from calibkit.outdirs import MARKER, clean_stale_tmp, write_marker
+
+
+def run(*args: object) -> object:
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def flat(r: object) -> str:
+    return " ".join(r.output.split())  # type: ignore[attr-defined]
+
+
+def snapshot(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+def user_folder(path: Path) -> Path:
+    path.mkdir(parents=True)
+    (path / "thesis.docx").write_bytes(b"four years of work")
+    (path / "photos").mkdir()
+    (path / "photos" / "a.jpg").write_bytes(b"\xff\xd8")
+    return path
+
+
+@pytest.fixture()
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+    write_model_dir(tmp_path / "model")
+    write_calibration_set(tmp_path / "set", texts(20, seed=3), None, {})
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "prod.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(60, seed=1)))
+    (logs / "other.jsonl").write_text('{"text": "a sibling log"}\n')
+    (tmp_path / "eval.jsonl").write_text(
+        "".join(json.dumps({"text": t, "label": ["negative", "positive"][i % 2]}) + "\n"
+                for i, t in enumerate(texts(16, seed=2))))
+    return tmp_path
+
+
+def _commands(tmp: Path, out: Path) -> dict[str, list[object]]:
+    return {
+        "sample": ["sample", tmp / "logs" / "prod.jsonl", "--size", "8", "--clusters", "1", "--out", out],
+        "calibrate": ["calibrate", tmp / "model", "-c", tmp / "set", "--out", out],
+        "tune": ["tune", tmp / "model", "-c", tmp / "set", "-e", tmp / "eval.jsonl", "--out", out, "--no-report"],
+        "tune --report": ["tune", tmp / "model", "-c", tmp / "set", "-e", tmp / "eval.jsonl", "--out",
+                          tmp / "fresh", "--report", out],
+        "compare --report": ["compare", tmp / "a.onnx", tmp / "b.onnx", "-e", tmp / "eval.jsonl", "--report", out],
+        "report": ["report", tmp / "doc.json", "--out", out],
+    }
+
+
+@pytest.mark.parametrize("command", ["sample", "calibrate", "tune", "tune --report", "compare --report", "report"])
+def test_a_folder_of_user_files_is_never_replaced(env: Path, command: str) -> None:
+    out = user_folder(env / "mine")
+    (env / "doc.json").write_text("{}")
+    before = snapshot(env)
+    r = run(*_commands(env, out)[command])
+    assert r.exit_code == 2, r.output
+    assert "calibkit did not write" in flat(r) and "--force" in flat(r) and "Traceback" not in r.output
+    assert snapshot(env) == before
+
+
+def test_force_moves_the_foreign_folder_aside_never_deletes_it(env: Path) -> None:
+    out = user_folder(env / "mine")
+    r = run(*_commands(env, out)["sample"], "--force")
+    assert r.exit_code == 0, r.output
+    assert (out / "texts.jsonl").is_file() and (out / MARKER).is_file() and not (out / "thesis.docx").exists()
+    aside = [p for p in env.iterdir() if p.name.startswith("mine.replaced-")]
+    assert len(aside) == 1 and (aside[0] / "thesis.docx").read_bytes() == b"four years of work"
+    assert "moved it aside" in flat(r)
+
+
+def test_a_folder_calibkit_wrote_is_replaced_but_not_after_the_user_added_files(env: Path) -> None:
+    out = env / "cal"
+    assert run(*_commands(env, out)["calibrate"]).exit_code == 0
+    r = run(*_commands(env, out)["calibrate"], "--method", "minmax")
+    assert r.exit_code == 0, r.output
+    (out / "notes.txt").write_text("my notes on this run")
+    r = run(*_commands(env, out)["calibrate"])
+    assert r.exit_code == 2 and (out / "notes.txt").read_text() == "my notes on this run"
+
+
+@pytest.mark.parametrize("case", ["model", "inside model", "set", "log folder", "log file", "parent of set"])
+def test_inputs_are_never_outputs_even_with_force(env: Path, case: str) -> None:
+    args = {
+        "model": ["calibrate", env / "model", "-c", env / "set", "--out", env / "model"],
+        "inside model": ["calibrate", env / "model", "-c", env / "set", "--out", env / "model" / "runs"],
+        "set": ["calibrate", env / "model", "-c", env / "set", "--out", env / "set"],
+        "log folder": ["sample", env / "logs" / "prod.jsonl", "--size", "8", "--out", env / "logs"],
+        "log file": ["sample", env / "logs" / "prod.jsonl", "--size", "8", "--out", env / "logs" / "prod.jsonl"],
+        "parent of set": ["calibrate", env / "model", "-c", env / "set", "--out", env],
+    }[case]
+    before = snapshot(env)
+    r = run(*args, "--force")
+    assert r.exit_code == 2, r.output
+    assert "never writes over its inputs" in flat(r)
+    assert snapshot(env) == before
+
+
+def test_an_existing_file_as_out_is_refused_not_moved(env: Path) -> None:
+    target = env / "results"
+    target.write_text("keep me")
+    for _ in range(2):  # the rerun used to fail with NotADirectoryError
+        r = run(*_commands(env, target)["calibrate"], "--force")
+        assert r.exit_code == 2 and "existing file" in flat(r)
+    assert target.read_text() == "keep me" and not (env / ".results.old").exists()
+
+
+def test_build_and_compare_json_never_overwrite_foreign_files(env: Path) -> None:
+    mine = env / "notes.onnx"
+    mine.write_bytes(b"not an engine")
+    r = run("build", env / "model", "--precision", "fp32", "-o", mine)
+    assert r.exit_code == 2 and mine.read_bytes() == b"not an engine"
+    r = run("build", env / "model", "--precision", "fp32", "-o", env / "model" / "model.onnx")
+    assert r.exit_code == 2
+    ok = env / "engines" / "fp32.onnx"
+    assert run("build", env / "model", "--precision", "fp32", "-o", ok).exit_code == 0
+    assert run("build", env / "model", "--precision", "fp32", "-o", ok).exit_code == 0  # its own engine: replaced
+    (env / "mine.json").write_text('{"my": "data"}')
+    r = run("compare", ok, ok, "-e", env / "eval.jsonl", "--json", env / "mine.json", "--no-report")
+    assert r.exit_code == 2 and json.loads((env / "mine.json").read_text()) == {"my": "data"}
+
+
+@pytest.mark.parametrize("where", ["json is a folder", "json under a file", "unwritable --out", "unwritable json"])
+def test_unwritable_outputs_fail_before_any_work(env: Path, where: str) -> None:
+    ro = Path("/sys/calibkit-test")
+    if where.startswith("unwritable") and os.access("/sys", os.W_OK) and os.geteuid() != 0:
+        pytest.skip("/sys is writable here")
+    (env / "afile").write_text("x")
+    args = {
+        "json is a folder": ["compare", env / "no-such-a.onnx", env / "b.onnx", "-e", env / "eval.jsonl",
+                             "--json", env, "--no-report"],
+        "json under a file": ["compare", env / "no-such-a.onnx", env / "b.onnx", "-e", env / "eval.jsonl",
+                              "--json", env / "afile" / "x.json", "--no-report"],
+        "unwritable --out": ["calibrate", env / "model", "-c", env / "set", "--out", ro / "out"],
+        "unwritable json": ["compare", env / "no-such-a.onnx", env / "b.onnx", "-e", env / "eval.jsonl",
+                            "--json", ro / "c.json", "--no-report"],
+    }[where]
+    r = run(*args)
+    # exit 2 from the output check, before the engines (which do not exist: exit 4) are even looked at
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output and "hint:" in r.output
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_read_only_folder_fails_before_work(env: Path) -> None:
+    ro = env / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        r = run(*_commands(env, ro / "out")["calibrate"])
+        assert r.exit_code == 2 and "not writable" in flat(r)
+    finally:
+        ro.chmod(0o755)
+
+
+def test_stale_temporary_folders_of_dead_writers_are_cleaned(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    stale = tmp_path / ".out.abc123.tmp"
+    stale.mkdir()
+    (stale / "model.int8.onnx").write_bytes(b"partial")
+    write_marker(stale)
+    (stale / MARKER).write_text((stale / MARKER).read_text().replace(f'"pid": {os.getpid()}', f'"pid": {dead_pid}'))
+    live = tmp_path / ".out.live.tmp"
+    live.mkdir()
+    write_marker(live)  # this process: still writing
+    user = tmp_path / ".out.mine.tmp"
+    user.mkdir()
+    (user / "x").write_text("not calibkit's")
+    with atomic_dir(tmp_path / "out") as d:
+        (d / "a.txt").write_text("a")
+    assert not stale.exists() and live.is_dir() and (user / "x").is_file()
+    assert clean_stale_tmp(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027])
+def test_outputs_get_the_umask_permissions(tmp_path: Path, mask: int) -> None:
+    old = os.umask(mask)
+    try:
+        with atomic_dir(tmp_path / "out") as d:
+            write_text(d / "f.txt", "x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o777 & ~mask
+    assert stat.S_IMODE((tmp_path / "out" / "f.txt").stat().st_mode) == 0o666 & ~mask
+
+
+def test_atomic_dir_refuses_foreign_folders_at_library_level(tmp_path: Path) -> None:
+    out = user_folder(tmp_path / "o")
+    with pytest.raises(UsageError, match="thesis.docx"):
+        with atomic_dir(out) as d:
+            (d / "a").write_text("a")
+    assert (out / "thesis.docx").is_file() and [p.name for p in tmp_path.iterdir()] == ["o"]
+
+
+def test_demo_prepare_refuses_a_folder_of_user_files(tmp_path: Path) -> None:
+    out = user_folder(tmp_path / "demo")
+    before = snapshot(tmp_path)
+    r = run("demo", "prepare", "--fast", "--out", out)
+    assert r.exit_code == 2 and "calibkit did not write" in flat(r)
+    assert snapshot(tmp_path) == before
+
+
+def test_paths_with_rich_markup_are_printed_as_they_are(env: Path) -> None:
+    out = env / "[/x]" / "[bold]set"
+    r = run(*_commands(env, out)["sample"])
+    assert r.exit_code == 0, r.output
+    assert (out / "texts.jsonl").is_file() and "[bold]set" in r.output
