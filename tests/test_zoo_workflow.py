@@ -64,6 +64,16 @@ def _fidelity(zoo_model, fp32: Path, int8: Path, eval_path: Path):  # type: igno
     return task, task.fidelity(outs[0], outs[1])
 
 
+def _fp32_outputs(zoo_model, fp32: Path, work: Path):  # type: ignore[no-untyped-def]
+    from calibkit.data.tokenizer import TextTokenizer
+    from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+    from calibkit.evaluate.tasks import ClassificationTask
+
+    with OnnxRuntimeRunner(fp32.read_bytes(), name="fp32") as r:
+        return ClassificationTask("logits").predict(r, TextTokenizer(zoo_model.folder), zoo_texts(120, seed=9),
+                                                    batch_size=32)
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_zoo_model_through_the_workflow(zoo: dict, work: Path, tmp_path: Path, name: str) -> None:
     z = zoo[name]
@@ -78,6 +88,34 @@ def test_zoo_model_through_the_workflow(zoo: dict, work: Path, tmp_path: Path, n
         cli("build", z.folder, "--precision", precision, *extra, "-o", tmp_path / f"{precision}.onnx")
     task, fid = _fidelity(z, tmp_path / "fp32.onnx", tmp_path / "int8.onnx", work / "eval.jsonl")
     assert task.kind.value == z.task
+    # compare on the unlabeled eval set: fidelity, per-layer measurements, a rendered report
+    out = cli("compare", tmp_path / "fp32.onnx", tmp_path / "int8.onnx", "-e", work / "eval.jsonl",
+              "--json", tmp_path / "cmp.json", "--report", tmp_path / "report")
+    doc = json.loads((tmp_path / "cmp.json").read_text())
+    assert doc["task"]["kind"] == z.task and doc["task"]["labelled"] is False
+    assert doc["engines"][0]["accuracy"] is None and doc["layers"]
+    assert doc["task"]["fidelity"]["agreement"] == pytest.approx(fid.agreement)
+    assert all(layer["module"] for layer in doc["layers"])  # every quantized node has a module path
+    assert (tmp_path / "report" / "report.html").is_file()
+    if z.task == "classification":
+        # labelled by the FP32 model's own predictions: accuracy = agreement with FP32
+        labels = [task.labels[int(i)] for i in task.predictions(_fp32_outputs(z, tmp_path / "fp32.onnx", work))]
+        write_texts(tmp_path / "labelled.jsonl", zoo_texts(120, seed=9), labels)
+        cli("compare", tmp_path / "fp32.onnx", tmp_path / "int8.onnx", "-e", tmp_path / "labelled.jsonl",
+            "--json", tmp_path / "cmp-labelled.json", "--no-report", "--sensitivity-layers", 2,
+            "--sensitivity-samples", 64, "--workers", 1)
+        doc = json.loads((tmp_path / "cmp-labelled.json").read_text())
+        assert doc["engines"][0]["accuracy"] == 1.0
+        assert doc["engines"][1]["accuracy"] == pytest.approx(fid.agreement)
+        out = cli("tune", z.folder, "-c", tmp_path / "calib", "-e", tmp_path / "labelled.jsonl", "--max-drop", 2,
+                  "--out", tmp_path / "tune", "--no-report", "--workers", 1, "--sensitivity-samples", 64,
+                  "--max-evaluations", 12)
+        tuned = json.loads((tmp_path / "tune" / "tune.json").read_text())
+        if z.exporter == "ort-fused":  # fused attention is FP32 in every plan, and says so
+            assert tuned["linear_flops"]["plain_share"] < 0.9 and "fused com.microsoft ops" in out
+            assert tuned["final"]["int8_flops_fraction"] < 0.9
+        else:
+            assert tuned["linear_flops"]["plain_share"] == 1.0
     if z.task == "classification":
         assert fid.agreement >= 0.90
     elif z.task == "token-classification":
