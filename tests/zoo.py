@@ -68,34 +68,38 @@ def zoo_texts(n: int = 160, seed: int = 0) -> list[str]:
 
 
 def _train_tokenizer(folder: Path, texts: list[str], family: str) -> dict[str, int]:
-    """A WordPiece ([PAD]=0, BERT-style) or byte-level BPE (<pad>=1, RoBERTa-style) tokenizer; special ids."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    """A WordPiece tokenizer learnt from ``texts``: BERT-style specials ([PAD]=0) or RoBERTa-style ones (<s>=0,
+    <pad>=1, </s>=2, which give RoBERTa its position offset). Returns the special ids and the vocabulary size.
+
+    The vocabulary is built here, not by ``tokenizers``' trainers: those break frequency ties in hash order, so
+    two builds of the zoo would differ. Characters and ``##`` continuations of every character, plus the 50
+    most frequent words (ties alphabetical): rarer words split into pieces, as with a real vocabulary.
+    """
+    import re
+    from collections import Counter
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
     if family == "roberta":
         specials = ["<s>", "<pad>", "</s>", "<unk>"]
-        tok = Tokenizer(models.BPE(unk_token="<unk>"))
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
-                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-        ids = {s: tok.token_to_id(s) for s in specials}
-        tok.post_processor = processors.TemplateProcessing(
-            single="<s> $A </s>", special_tokens=[("<s>", ids["<s>"]), ("</s>", ids["</s>"])]
-        )
-        config = {"model_max_length": MAX_TOKENS, "pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>"}
-        special = {"pad": ids["<pad>"], "bos": ids["<s>"], "eos": ids["</s>"]}
+        bos, pad, eos, unk = specials
     else:
         specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tok.decoder = decoders.WordPiece()
-        tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=300, special_tokens=specials))
-        ids = {s: tok.token_to_id(s) for s in specials}
-        tok.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])]
-        )
-        config = {"model_max_length": MAX_TOKENS, "pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]"}
-        special = {"pad": ids["[PAD]"], "bos": ids["[CLS]"], "eos": ids["[SEP]"]}
+        pad, unk, bos, eos = specials[:4]
+    words = Counter(w for t in texts for w in re.findall(r"\w+|[^\w\s]", t.lower()))
+    chars = sorted({c for w in words for c in w})
+    frequent = [w for w, _ in sorted(words.items(), key=lambda kv: (-kv[1], kv[0]))[:50] if len(w) > 1]
+    vocab: dict[str, int] = {}
+    for token in [*specials, *chars, *(f"##{c}" for c in chars), *frequent]:
+        vocab.setdefault(token, len(vocab))
+    tok = Tokenizer(models.WordPiece(vocab, unk_token=unk))
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A {eos}", special_tokens=[(bos, vocab[bos]), (eos, vocab[eos])]
+    )
+    config = {"model_max_length": MAX_TOKENS, "pad_token": pad, "unk_token": unk}
+    special = {"pad": vocab[pad], "bos": vocab[bos], "eos": vocab[eos]}
     folder.mkdir(parents=True, exist_ok=True)
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
