@@ -171,7 +171,8 @@ def sequence_limit(path: str | Path, config_dir: str | Path | None = None) -> Se
     if isinstance(mpe, int) and mpe > 0 and cfg.get("position_biased_input", True) is not False:
         model_type = str(cfg.get("model_type", ""))
         if model_type in POSITION_OFFSET_MODEL_TYPES:
-            pad = int(cfg.get("pad_token_id") or 1)
+            pad_raw = cfg.get("pad_token_id")
+            pad = int(pad_raw) if isinstance(pad_raw, int) else 1
             limits.append(SequenceLimit(
                 mpe - pad - 1,
                 f"config.json max_position_embeddings {mpe} minus the {model_type} position offset "
