@@ -23,3 +23,12 @@ def demo_assets_fast() -> Path:
     if not is_complete(FAST_ASSETS, options):
         prepare_demo(FAST_ASSETS, options)
     return FAST_ASSETS
+
+
+@pytest.fixture(scope="session")
+def zoo(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Tiny random-initialised transformers exported the usual ways (tests/zoo.py), built once per session."""
+    pytest.importorskip("torch")
+    from zoo import build_zoo
+
+    return build_zoo(tmp_path_factory.mktemp("zoo"))

@@ -87,11 +87,24 @@ def test_engines_of_different_models_refused(engines: dict[str, Path], tmp_path:
     assert not out.exists()
 
 
+def test_unlabeled_eval_set_reports_fidelity_not_accuracy(engines: dict[str, Path], tmp_path: Path) -> None:
+    ev = tmp_path / "texts.jsonl"
+    ev.write_text("".join(json.dumps({"text": t}) + "\n" for t in ("good movie", "awful plot", "great fine")))
+    out = tmp_path / "cmp.json"
+    r = _run("compare", str(engines["fp"]), str(engines["int8"]), "--eval-set", str(ev), "--json", str(out),
+             "--no-report")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    assert all(e["accuracy"] is None and e["confusion_matrix"] is None for e in doc["engines"])
+    assert doc["task"]["kind"] == "classification" and doc["task"]["labelled"] is False
+    assert doc["task"]["fidelity"]["agreement"] == doc["agreement"]
+    assert "no labels" in " ".join(r.output.split())
+
+
 @pytest.mark.parametrize(
     "content, code, message",
     [
         ('{"text": "good movie", "label": "neutral"}\n', 3, "labels the model does not know"),
-        ('{"text": "good movie"}\n', 3, "no label column"),
         ("not json\n", 3, "not valid JSON"),
     ],
 )

@@ -73,7 +73,6 @@ def test_label_names_case_insensitive_and_unknown(tmp_path: Path) -> None:
         ("e.jsonl", "", "holds no examples"),
         ("e.jsonl", '{"text": 3, "label": "a"}\n', "has no text"),
         ("e.jsonl", '{"text": "t", "label": ""}\n', "has no label"),
-        ("e.csv", "text,other\nhi,1\n", "no label column"),
     ],
 )
 def test_bad_files(tmp_path: Path, name: str, content: str, message: str) -> None:
@@ -90,3 +89,13 @@ def test_missing_and_limit(tmp_path: Path) -> None:
     p.write_text("".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in ROWS))
     assert len(load_eval_set(p).head(2)) == 2
     assert np.array_equal(label_ids(load_eval_set(p).head(2), ID2LABEL, 2), [1, 0])
+
+
+def test_unlabeled_set_is_accepted_and_a_named_label_column_must_exist(tmp_path: Path) -> None:
+    f = tmp_path / "e.csv"
+    f.write_text("text,other\nhi,1\nyo,2\n")
+    es = load_eval_set(f)
+    assert es.texts == ("hi", "yo") and es.labels == () and not es.has_labels
+    assert es.head(1).texts == ("hi",)
+    with pytest.raises(DataError, match="no label column 'intent'"):
+        load_eval_set(f, label_column="intent")

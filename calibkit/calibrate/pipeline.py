@@ -28,8 +28,10 @@ from calibkit.data.calibset import MANIFEST, CalibrationSet, load_calibration_se
 from calibkit.data.encode import DEFAULT_MEMORY_BUDGET, TokenBudget
 from calibkit.data.modeldir import ModelDir
 from calibkit.errors import CalibrationError
+from calibkit.names import node_names
 from calibkit.progress import ProgressCallback
-from calibkit.quantize.placement import DEFAULT_OP_TYPES, plan_placement
+from calibkit.quantize.fused import fused_fp32_linear, fused_warning
+from calibkit.quantize.placement import DEFAULT_OP_TYPES, Placement, plan_placement
 from calibkit.types import CalibrationTable, Method, MethodParams, TensorRange
 
 log = logging.getLogger("calibkit.calibrate")
@@ -132,6 +134,7 @@ def gather_stats(
         "texts": batches.num_texts,
         "truncated": batches.truncated,
         "max_length": batches.max_length,
+        "max_length_source": model_dir.max_length_source,
         "batch_size": batch_size,
         "max_batch_tokens": budget.max_batch_tokens,
         "memory_budget_bytes": budget.memory_bytes,
@@ -148,9 +151,10 @@ def _summary_warnings(store: StatsStore, table: CalibrationTable) -> list[str]:
         out.append("the calibration set holds a single text: ranges from one sample rarely generalise")
     trunc = int(store.meta.get("truncated", 0) or 0)
     if trunc:
+        source = store.meta.get("max_length_source")
         out.append(
             f"{trunc} of {n} texts are longer than the model's maximum of {store.meta.get('max_length')} tokens "
-            "and were truncated"
+            + (f"({source}) " if source else "") + "and were truncated"
         )
     nonfinite = [r.tensor for r in table.ranges if store[r.tensor].non_finite]
     if nonfinite:
@@ -160,6 +164,22 @@ def _summary_warnings(store: StatsStore, table: CalibrationTable) -> list[str]:
     zero = [r.tensor for r in table.ranges if r.amax == 0.0]
     if zero:
         out.append(f"{len(zero)} tensors were all zero (amax 0, cache scale 0; kept in FP32), e.g. {zero[0]}")
+    return out
+
+
+def structure_warnings(model: Any, placement: Placement, exclude: Sequence[str]) -> list[str]:
+    """What the user should know about the graph itself: --exclude patterns that select nothing, fused ops."""
+    out = []
+    if placement.unmatched:
+        known = node_names(model, [n.op_type for n in placement.nodes] or None)
+        sample = next(iter(known.values()), None)
+        example = (f" (names look like {sample.node!r}" + (f", module paths like {sample.module!r}" if sample.module
+                   else "") + ")") if sample else ""
+        for p in placement.unmatched:
+            out.append(f"--exclude '{p}' matches no quantized node{example}")
+    fused = fused_warning(model)
+    if fused:
+        out.append(fused)
     return out
 
 
@@ -224,15 +244,18 @@ def calibrate(
     table = compute_table(store, method, params, sha, cset.id, tensors=tensors, provenance=provenance)
     t3 = time.perf_counter()
     qres = _quantize(proto, table, op_types, exclude, target)
+    structure = structure_warnings(proto, placement, exclude)
+    fused = [n.name for n in fused_fp32_linear(proto)]
     del proto
     t4 = time.perf_counter()
-    warnings = _summary_warnings(store, table)
+    warnings = [*structure, *_summary_warnings(store, table)]
     for w in warnings:
         log.info(w)
     extras: dict[str, Any] = {
         "target": target,
         "op_types": list(op_types),
         "exclude": list(exclude),
+        "fused_fp32": fused,
         "tensors": {
             r.tensor: {"amax": r.amax, "scale": r.scale, "method": r.method.value, **store[r.tensor].summary()}
             for r in table.ranges
@@ -338,7 +361,10 @@ def calibrate_from_cache(
     t0 = time.perf_counter()
     cache = read_cache(cache_path)
     sha = model_sha256(model_dir.onnx_path)
-    placement = plan_placement(load_model(model_dir.onnx_path, load_external_data=False), op_types, exclude)
+    graph_only = load_model(model_dir.onnx_path, load_external_data=False)
+    placement = plan_placement(graph_only, op_types, exclude)
+    structure = structure_warnings(graph_only, placement, exclude)
+    del graph_only
     wanted = set(placement.activations)
     method = cache.method
     matched = matched_amax(cache, wanted, str(cache_path))  # refuses unusable or unmatched caches
@@ -361,7 +387,7 @@ def calibrate_from_cache(
         },
     )
     qres = _quantize(model_dir.onnx_path, table, op_types, exclude, target)
-    warnings = []
+    warnings = list(structure)
     if unmatched:
         warnings.append(
             f"{len(unmatched)} cache entries match no quantized tensor of the model (TensorRT-internal names or "

@@ -69,7 +69,8 @@ def build(
         None, "--target", help="INT8 Q/DQ layout: tensorrt | onnxruntime [default: the backend's own]."
     ),
     exclude: list[str] = typer.Option(
-        [], "--exclude", "-x", help="Regex of node names kept in FP32 for int8/fp16 (repeatable), e.g. '/classifier/'."
+        [], "--exclude", "-x", help="Regex of node names or module paths kept in FP32 for int8/fp16 (repeatable), e.g. "
+        "'/classifier/' or 'classifier'."
     ),
     tokenizer: Path | None = typer.Option(None, "--tokenizer", help="Tokenizer folder when MODEL is an .onnx file."),
     calibration_set: Path | None = typer.Option(

@@ -46,6 +46,8 @@ Examples:
 
   calibkit calibrate demo_assets/model --calibration-set calib/ --exclude 'layer\\.5/output' --target onnxruntime
 
+  calibkit calibrate model/ -c calib/ --exclude 'bert.encoder.layer.5.output.dense'   (module path: any exporter)
+
   calibkit calibrate demo_assets/model --from-cache trt/calibration.cache --out runs/from-trt
 
   calibkit calibrate bert-large/ --calibration-set calib/ --memory-budget 512M --max-batch-tokens 8192
@@ -85,7 +87,9 @@ def calibrate(
         ["MatMul,Gemm"], "--op-types", help="Op types to quantize (comma-separated or repeated)."
     ),
     exclude: list[str] = typer.Option(
-        [], "--exclude", "-x", help="Regex of node names to keep in FP32 (repeatable), e.g. 'layer\\.5/'."
+        [], "--exclude", "-x", help="Regex of node names or module paths to keep in FP32 (repeatable), e.g. "
+        "'layer\\.5/' or 'encoder.layer.5.output.dense'; works on legacy and dynamo exports; a pattern that "
+        "matches nothing is warned about."
     ),
     target: str = typer.Option("tensorrt", "--target", help="tensorrt | onnxruntime: the Q/DQ layout to write."),
     tokenizer: Path | None = typer.Option(None, "--tokenizer", help="Tokenizer folder when MODEL is an .onnx file."),

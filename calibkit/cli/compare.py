@@ -43,7 +43,10 @@ def register(app: typer.Typer) -> None:
 def compare(
     engine_a: Path = typer.Argument(..., help="Engine A (.onnx or .engine with its .calibkit.json sidecar)."),
     engine_b: Path = typer.Argument(..., help="Engine B, built from the same FP32 model as A."),
-    eval_set: Path = typer.Option(..., "--eval-set", "-e", help="Labelled eval set (JSONL, CSV, Parquet, datasets)."),
+    eval_set: Path = typer.Option(
+        ..., "--eval-set", "-e", help="Eval set (JSONL, CSV, Parquet, datasets); labels optional: without them, "
+        "fidelity to A is reported instead of accuracy."
+    ),
     reference: Path | None = typer.Option(
         None, "--reference", help="Higher-precision engine (FP32) for FP ranges and reference logits."
     ),
@@ -91,6 +94,11 @@ def compare(
     split: str | None = typer.Option(None, "--split", help="Split of a datasets DatasetDict (default test)."),
     max_disagreements: int = typer.Option(50, "--max-disagreements", min=0, help="Disagreeing examples to list."),
     force: bool = typer.Option(False, "--force", help=FORCE_HELP + " Applies to --report."),
+    task: str | None = typer.Option(
+        None, "--task", help="classification | embedding | token-classification [default: from the model's outputs "
+        "and config.json: logits [batch, classes], last_hidden_state (mean-pooled) or a pooled embedding, "
+        "logits [batch, seq, labels]]."
+    ),
 ) -> None:
     with handle_errors():
         from calibkit._io import write_json
@@ -131,6 +139,7 @@ def compare(
             workers=workers,
             max_disagreements=max_disagreements,
             seed=seed,
+            task=task,
             thresholds=Thresholds(
                 min_sqnr_db=threshold_sqnr,
                 max_clipped_fraction=threshold_clipped,
@@ -193,8 +202,8 @@ def _print_summary(result, json_path: Path | None, report_dir: Path | None) -> N
         t.add_row(
             f"{e.name}: {e.artifact.path.name}",
             e.artifact.precision.value,
-            f"{e.metrics.accuracy * 100:.2f} %" + _ci(e.accuracy_ci, 100, 1),
-            f"{e.metrics.macro_f1:.4f}" + _ci(e.macro_f1_ci, 1, 3),
+            f"{e.metrics.accuracy * 100:.2f} %" + _ci(e.accuracy_ci, 100, 1) if e.metrics else "-",
+            f"{e.metrics.macro_f1:.4f}" + _ci(e.macro_f1_ci, 1, 3) if e.metrics else "-",
             f"{e.latency.p50_ms:.1f}",
             f"{e.latency.throughput_per_s:.0f}",
         )
@@ -206,6 +215,13 @@ def _print_summary(result, json_path: Path | None, report_dir: Path | None) -> N
         out.print(f"B - A accuracy {iv.estimate * 100:+.2f} points (95 % CI {iv.low * 100:+.2f} to "
                   f"{iv.high * 100:+.2f}; McNemar p {d.mcnemar_p:.3g}; {d.b_only} fixed, {d.a_only} broken): "
                   f"[bold]{d.verdict}[/]")
+    if result.task != "classification" and result.fidelity is not None:
+        fid = result.fidelity
+        extra = "  ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in fid.extra.items() if k != "k")
+        what = {"embedding": f"nearest-neighbour agreement (top-1 among the eval texts) {fid.agreement * 100:.2f} %",
+                "token-classification": f"per-token agreement {fid.agreement * 100:.2f} %"}.get(result.task, "")
+        out.print(f"task {result.task} ({result.task_output}): {what}  cosine to A mean {fid.cosine_mean:.5f} "
+                  f"min {fid.cosine_min:.5f}  {extra}")
     out.print(
         f"agreement {ag.agreement * 100:.2f} %{_ci(result.agreement_ci, 100, 2)}, flips "
         f"{(1 - ag.agreement) * 100:.2f} %  logit cosine mean {ag.cosine_mean:.5f} min {ag.cosine_min:.5f}  "
@@ -222,7 +238,7 @@ def _print_summary(result, json_path: Path | None, report_dir: Path | None) -> N
         for r in flagged[:25]:
             m, s = r.measurement, r.measurement.spec
             lt.add_row(
-                str(s.index), s.node, s.tensor, _f(s.amax), _f(m.fp_absmax),
+                str(s.index), s.label, s.tensor, _f(s.amax), _f(m.fp_absmax),
                 f"{m.clipped_fraction:.1e}" if m.clipped_fraction is not None else "-",
                 _f(m.quant_sqnr_db), _f(m.sqnr_db), r.flag.flag.value, "; ".join(r.flag.reasons),
             )
@@ -231,8 +247,10 @@ def _print_summary(result, json_path: Path | None, report_dir: Path | None) -> N
         keep = result.keep_in_higher_precision
         unsure = sum(r.flag.flag.value == "insufficient-evidence" for r in result.layers)
         if keep:
+            label = {r.measurement.spec.node: r.measurement.spec.label for r in result.layers}
+            shown = [label.get(n, n) for n in keep[:12]]
             say(f"recommendation: keep {len(keep)} nodes in {result.recommended_precision}: "
-                      f"{', '.join(keep[:12])}" + (" ..." if len(keep) > 12 else ""))
+                      f"{', '.join(shown)}" + (" ..." if len(keep) > 12 else ""))
         else:
             say("recommendation: no layer needs higher precision on this evidence")
         if unsure:

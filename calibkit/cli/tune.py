@@ -156,7 +156,7 @@ def _summary(res, report_dir: Path | None) -> None:  # noqa: ANN001
     out.print(f"calibration: {m['chosen']} (fewest flips of FP32 on the search split: "
               + ", ".join(f"{k} {100 * v:.2f} %" for k, v in m.get("all_int8_flip_rate_search", {}).items()) + ")")
     verdict = "met" if res.met_target else "NOT met (the most accurate plan measured is written)"
-    say(f"target {verdict}; INT8 share of MatMul/Gemm FLOPs: {100 * res.int8_flops_fraction:.1f} %; "
+    say(f"target {verdict}; INT8 share of linear FLOPs (fused ops included): {100 * res.int8_flops_fraction:.1f} %; "
               f"{len(d['candidates'])} candidates measured, {d['evaluations_reused']} evaluations reused")
     verdict_h = f.get("holdout_verdict") or {}
     if verdict_h.get("text"):
@@ -165,8 +165,9 @@ def _summary(res, report_dir: Path | None) -> None:  # noqa: ANN001
         say(f"{word}: {verdict_h['text']}")
     for w in d.get("warnings", []):
         warn(w)
+    modules = f.get("kept_modules") or {}
     for n in res.kept_nodes:
-        say(f"  keep {n}")
+        say(f"  keep {modules[n]} ({n})" if modules.get(n) and modules[n] not in n else f"  keep {n}")
     say(f"wrote {res.out_dir}/ (model.int8.onnx, calibration.cache, calibration.json, plan.json)")
     if report_dir:
         say(f"report: {report_dir}/report.html")

@@ -1,6 +1,8 @@
-"""Labelled evaluation sets: JSONL, CSV/TSV, Parquet, or a Hugging Face ``datasets`` folder.
+"""Evaluation sets: JSONL, CSV/TSV, Parquet, or a Hugging Face ``datasets`` folder.
 
-Labels may be class names or class ids; :func:`label_ids` maps them onto a model's ``id2label``.
+Labels may be class names or class ids; :func:`label_ids` maps them onto a model's ``id2label``. A set without a
+label column is accepted (``labels == ()``, :attr:`EvalSet.has_labels` False): fidelity to the reference model
+needs no labels; accuracy is reported only where they exist.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ _FORMATS = "JSONL (.jsonl/.json), CSV (.csv/.tsv), Parquet (.parquet) or a Huggi
 
 @dataclass(frozen=True)
 class EvalSet:
-    """Texts with their labels as written in the file (names or ids, as strings)."""
+    """Texts with their labels as written in the file (names or ids, as strings); ``labels`` is empty when the
+    file has no label column."""
 
     path: Path
     texts: tuple[str, ...]
@@ -32,6 +35,10 @@ class EvalSet:
 
     def __len__(self) -> int:
         return len(self.texts)
+
+    @property
+    def has_labels(self) -> bool:
+        return len(self.labels) == len(self.texts) and len(self.texts) > 0
 
     def head(self, n: int | None) -> EvalSet:
         """The first ``n`` examples (all when ``n`` is None)."""
@@ -199,11 +206,13 @@ def _to_eval_set(p: Path, rows: list[dict[str, Any]], text_col: str | None, labe
         raise DataError(f"eval set {p} holds no examples")
     columns = list(rows[0])
     tc = _pick(columns, text_col, TEXT_COLUMNS, "text", p)
-    lc = _pick(columns, label_col, LABEL_COLUMNS, "label", p)
+    # no label column at all: an unlabeled set (fidelity only); a named --label-column must exist
+    lc = _pick(columns, label_col, LABEL_COLUMNS, "label", p) if label_col or any(
+        c in columns for c in LABEL_COLUMNS) else None
     texts: list[str] = []
     labels: list[str] = []
     for n, r in enumerate(rows, 1):
-        t, lab = r.get(tc), r.get(lc)
+        t = r.get(tc)
         if not isinstance(t, str):
             raise DataError(f"eval set {p.name}: example {n} has no text in column {tc!r}")
         if not is_usable(t):
@@ -212,6 +221,10 @@ def _to_eval_set(p: Path, rows: list[dict[str, Any]], text_col: str | None, labe
         if has_lone_surrogate(t):
             raise DataError(f"eval set {p.name}: example {n}: its text holds a lone UTF-16 surrogate (e.g. "
                             "\\udc00), which no tokenizer accepts", hint="fix the encoding of that example")
+        if lc is None:
+            texts.append(t)
+            continue
+        lab = r.get(lc)
         if lab is None or (isinstance(lab, str) and not lab.strip()):
             raise DataError(f"eval set {p.name}: example {n} has no label in column {lc!r}")
         if isinstance(lab, bool) or isinstance(lab, (list, dict)):

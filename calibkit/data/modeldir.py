@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from calibkit.data.tokenizer import sequence_limit
 from calibkit.errors import ModelError
 
 
@@ -14,7 +15,8 @@ class ModelDir:
     onnx_path: Path
     tokenizer_path: Path
     id2label: dict[int, str] = field(default_factory=dict)
-    max_length: int = 512
+    max_length: int = 512  # tokens: see data.tokenizer.sequence_limit
+    max_length_source: str = "default"
 
     @property
     def label2id(self) -> dict[str, int]:
@@ -45,17 +47,19 @@ class ModelDir:
                 hint="pass --tokenizer with the model's Hugging Face folder",
             )
         id2label: dict[int, str] = {}
-        max_len = 512
+        config_dir: Path | None = None
         for cfg_dir in (folder, tok if tok.is_dir() else tok.parent):
             cfg = cfg_dir / "config.json"
             if cfg.is_file():
                 try:
                     data = json.loads(cfg.read_text(encoding="utf-8"))
                     id2label = {int(k): str(v) for k, v in (data.get("id2label") or {}).items()}
-                    max_len = int(data.get("max_position_embeddings") or max_len)
                 except (OSError, ValueError, TypeError, AttributeError, RecursionError) as exc:
                     raise ModelError(f"cannot read {cfg}: {type(exc).__name__}: {exc}",
                                      hint="config.json must be a JSON object as transformers writes it "
                                      "(id2label, max_position_embeddings)") from None
+                config_dir = cfg_dir
                 break
-        return cls(onnx_path=onnx_path, tokenizer_path=tok, id2label=id2label, max_length=max_len)
+        limit = sequence_limit(tok, config_dir)
+        return cls(onnx_path=onnx_path, tokenizer_path=tok, id2label=id2label, max_length=limit.tokens,
+                   max_length_source=limit.source)

@@ -46,6 +46,7 @@ class TextTokenizer:
     """Wraps a tokenizer so every caller gets the same ids, padding and truncation."""
 
     def __init__(self, path: str | Path, max_length: int | None = None) -> None:
+        """``max_length`` overrides the limit read from the folder (:func:`sequence_limit`)."""
         self.path = Path(path)
         self._fast = None
         self._slow = None
@@ -120,23 +121,69 @@ class TextTokenizer:
         return Encoding(input_ids, mask, type_ids, lengths, truncated)
 
 
+# model types whose position ids start at pad_token_id + 1 (fairseq style): the table holds that many extra rows
+POSITION_OFFSET_MODEL_TYPES = frozenset({
+    "roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "longformer", "data2vec-text", "ibert", "luke",
+    "markuplm", "roberta-prelayernorm", "xmod", "bart", "mbart", "mvp", "plbart", "ernie_m",
+})
+_SANE_MAX = 100_000  # tokenizer_config's "no limit" sentinel is int(1e30)
+DEFAULT_MAX_LENGTH = 512
+
+
+@dataclass(frozen=True)
+class SequenceLimit:
+    """The longest token sequence the model accepts, and where that number comes from (for messages)."""
+
+    tokens: int
+    source: str
+
+    def describe(self) -> str:
+        return f"{self.tokens} tokens ({self.source})"
+
+
+def _read_json(p: Path) -> dict:
+    if not p.is_file():
+        return {}
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # unreadable: no limit from this file
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def sequence_limit(path: str | Path, config_dir: str | Path | None = None) -> SequenceLimit:
+    """The truncation length: the tokenizer's ``model_max_length``, then the position table minus its offset.
+
+    Both are read when present and the smaller one wins, so a tokenizer_config that promises more positions than
+    the model's table holds never makes ONNX Runtime index past it. RoBERTa-family position ids start at
+    ``pad_token_id + 1``, so their table of ``max_position_embeddings`` rows (514) holds 512 usable positions.
+    """
+    p = Path(path)
+    folder = p if p.is_dir() else p.parent
+    cfg = _read_json(Path(config_dir) / "config.json") if config_dir else {}
+    if not cfg:
+        cfg = _read_json(folder / "config.json")
+    limits: list[SequenceLimit] = []
+    mml = _read_json(folder / "tokenizer_config.json").get("model_max_length")
+    if isinstance(mml, (int, float)) and 0 < mml < _SANE_MAX:
+        limits.append(SequenceLimit(int(mml), "tokenizer_config.json model_max_length"))
+    mpe = cfg.get("max_position_embeddings")
+    if isinstance(mpe, int) and mpe > 0 and cfg.get("position_biased_input", True) is not False:
+        model_type = str(cfg.get("model_type", ""))
+        if model_type in POSITION_OFFSET_MODEL_TYPES:
+            pad_raw = cfg.get("pad_token_id")
+            pad = int(pad_raw) if isinstance(pad_raw, int) else 1
+            limits.append(SequenceLimit(
+                mpe - pad - 1,
+                f"config.json max_position_embeddings {mpe} minus the {model_type} position offset "
+                f"pad_token_id + 1 = {pad + 1}",
+            ))
+        else:
+            limits.append(SequenceLimit(mpe, "config.json max_position_embeddings"))
+    if not limits:
+        return SequenceLimit(DEFAULT_MAX_LENGTH, "default: neither model_max_length nor max_position_embeddings")
+    return min(limits, key=lambda lim: lim.tokens)
+
+
 def _model_max_length(path: Path) -> int:
-    folder = path if path.is_dir() else path.parent
-    limit = 512
-    cfg = folder / "tokenizer_config.json"
-    if cfg.is_file():
-        try:
-            v = json.loads(cfg.read_text(encoding="utf-8")).get("model_max_length")
-            if isinstance(v, int) and 0 < v < 100_000:
-                limit = v
-        except (OSError, ValueError, AttributeError, RecursionError):  # unreadable: the default limit
-            pass
-    mc = folder / "config.json"
-    if mc.is_file():
-        try:
-            v = json.loads(mc.read_text(encoding="utf-8")).get("max_position_embeddings")
-            if isinstance(v, int) and v > 0:
-                limit = min(limit, v)
-        except (OSError, ValueError, AttributeError, RecursionError):  # unreadable: the default limit
-            pass
-    return limit
+    return sequence_limit(path).tokens

@@ -141,6 +141,7 @@ def validate(req: BuildRequest) -> None:
     if req.qdq_model is not None and req.exclude:
         raise UsageError("--exclude applies when building from --calibration; a --qdq model is used as it is")
     if backend is Backend.TENSORRT:
+        _check_tensorrt_parsable(req)
         from calibkit.engines.tensorrt import load_tensorrt, require_cuda
 
         load_tensorrt()
@@ -243,8 +244,10 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
 
         _emit(progress, 1, total, "converting to FP16")
         fmodel = load_model(src)
-        patterns = [re.compile(p) for p in req.exclude]
-        regex_kept = [n.name for n in fmodel.graph.node if n.name and any(p.search(n.name) for p in patterns)]
+        from calibkit.names import compile_patterns, node_names
+
+        patterns = compile_patterns(req.exclude)
+        regex_kept = [n.node for n in node_names(fmodel).values() if any(n.matches(p) for p in patterns)]
         fres = convert_to_fp16(fmodel, keep_nodes=tuple(req.keep_nodes) + tuple(regex_kept))
         model_bytes = fres.model.SerializeToString()
         kept = fres.kept_fp32
@@ -308,6 +311,24 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
     _emit(progress, total, total, "done")
     # what a reader of the sidecar sees: paths resolved against the engine's folder
     return BuildResult(EngineArtifact.load(req.output), sc, tuple(written), quantized, missing)
+
+
+def _check_tensorrt_parsable(req: BuildRequest) -> None:
+    """TensorRT's ONNX parser reads the standard domain only: ORT-fused graphs (com.microsoft ops) fail there."""
+    from calibkit.data.modeldir import ModelDir
+    from calibkit.graph import load_model
+    from calibkit.quantize.fused import contrib_nodes
+
+    src = req.qdq_model or ModelDir.resolve(req.model, req.tokenizer).onnx_path
+    contrib = contrib_nodes(load_model(src, load_external_data=False))
+    if contrib:
+        ops = ", ".join(sorted({f"{n.domain}.{n.op_type}" for n in contrib}))
+        raise ModelError(
+            f"{src.name} holds {len(contrib)} nodes TensorRT's ONNX parser cannot read ({ops}): it was optimized "
+            "for ONNX Runtime (onnxruntime.transformers.optimizer)",
+            hint="build TensorRT engines from the unfused export (torch.onnx.export or optimum-cli export onnx "
+                 "without ORT optimization); this file serves with --backend onnxruntime",
+        )
 
 
 def _atomic_copy(src: Path, dst: Path) -> None:

@@ -23,7 +23,7 @@ from calibkit.data.evalset import EvalSet, label_ids
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.engines.artifact import EngineArtifact
 from calibkit.engines.base import BaseRunner
-from calibkit.errors import DataError, ModelError, UsageError
+from calibkit.errors import ModelError, UsageError
 from calibkit.evaluate.flags import Flag, LayerFlag, Thresholds, flag_layer, gate_on_overall
 from calibkit.evaluate.layers import LayerSpec, WeightError, find_layers, weight_errors
 from calibkit.evaluate.metrics import (
@@ -36,12 +36,13 @@ from calibkit.evaluate.metrics import (
     output_agreement,
     output_error,
 )
-from calibkit.evaluate.predict import predict_logits
+from calibkit.evaluate.predict import Predicted, predict_logits
 from calibkit.evaluate.schema import FORMAT
 from calibkit.evaluate.sensitivity import LayerSensitivity, SensitivityAnalysis, analyse_sensitivity
 from calibkit.evaluate.streaming import RangeAccumulator
 from calibkit.evaluate.subsets import EvalSubset, stratified_subset
 from calibkit.evaluate.taps import LayerMeasurement, RunnerFactory, measure_layers, ort_runner_factory
+from calibkit.evaluate.tasks import Fidelity, Task, TaskKind, choose_task, model_outputs
 from calibkit.evaluate.uncertainty import (
     Interval,
     PairedDifference,
@@ -73,17 +74,19 @@ class CompareOptions:
     histogram_layers: int = 6
     thresholds: Thresholds = field(default_factory=Thresholds)
     seed: int = 0  # draws the layer-statistics and sensitivity subsets (stratified by label)
+    task: str | None = None  # --task: classification | embedding | token-classification (default: from outputs)
 
 
 @dataclass(frozen=True, eq=False)
 class EngineEvaluation:
     name: str  # "A" | "B" | "reference"
     artifact: EngineArtifact
-    logits: np.ndarray
-    metrics: ClassificationMetrics
+    logits: np.ndarray  # the task's output per text: logits, pooled embeddings, token logits (padded)
+    metrics: ClassificationMetrics | None  # None without labels, or for tasks other than classification
     latency: LatencyStats
     accuracy_ci: Interval | None = None
     macro_f1_ci: Interval | None = None
+    outputs: Predicted | None = None  # with the real-token mask of sequence outputs
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,9 @@ class Comparison:
     rows: EvalSubset | None = None  # the eval set's rows used (--limit), as indices into the file
     layer_subset: EvalSubset | None = None
     sensitivity_subset: EvalSubset | None = None
+    task: str = "classification"  # evaluate.tasks.TaskKind value
+    task_output: str = ""
+    fidelity: Fidelity | None = None  # B against A in the task's terms
 
     @property
     def keep_in_higher_precision(self) -> tuple[str, ...]:
@@ -188,6 +194,9 @@ class Comparison:
                 h.tensor: {"counts": list(h.counts), "upper": h.upper, "thresholds": dict(h.thresholds)}
                 for h in self.histograms
             },
+            "task": {"kind": self.task, "output": self.task_output,
+                     "labelled": bool(self.engines and self.engines[0].metrics is not None),
+                     "fidelity": self.fidelity.to_dict() if self.fidelity else None},
         }
 
 
@@ -197,12 +206,12 @@ def _engine_dict(e: EngineEvaluation) -> dict[str, Any]:
         "path": str(e.artifact.path),
         "precision": e.artifact.precision.value,
         "backend": e.artifact.backend.value,
-        "accuracy": e.metrics.accuracy,
+        "accuracy": e.metrics.accuracy if e.metrics else None,
         "accuracy_ci": e.accuracy_ci.to_dict() if e.accuracy_ci else None,
-        "macro_f1": e.metrics.macro_f1,
+        "macro_f1": e.metrics.macro_f1 if e.metrics else None,
         "macro_f1_ci": e.macro_f1_ci.to_dict() if e.macro_f1_ci else None,
-        "confusion_matrix": [list(r) for r in e.metrics.confusion_matrix],
-        "labels": list(e.metrics.labels),
+        "confusion_matrix": [list(r) for r in e.metrics.confusion_matrix] if e.metrics else None,
+        "labels": list(e.metrics.labels) if e.metrics else [],
         "latency_ms": {"mean": e.latency.mean_ms, "p50": e.latency.p50_ms, "p95": e.latency.p95_ms},
         "throughput_per_s": e.latency.throughput_per_s,
         "batch_size": e.latency.batch_size,
@@ -234,6 +243,7 @@ def _layer_dict(r: LayerReport) -> dict[str, Any]:
     return {
         "index": s.index,
         "node": s.node,
+        "module": s.module,
         "op_type": s.op_type,
         "tensor": s.tensor,
         "output": s.output,
@@ -284,10 +294,12 @@ def evaluate_runner(
     batch_size: int,
     progress: ProgressCallback | None = None,
     task: str = "inference",
+    output_name: str | None = None,
 ) -> tuple[np.ndarray, LatencyStats]:
     """Logits in input order and per-batch latency. ``runner`` must be active; one warm-up batch first."""
     cb = progress or no_progress
-    predict_logits(runner, tokenizer, list(texts[: min(len(texts), batch_size)]), batch_size=batch_size)
+    predict_logits(runner, tokenizer, list(texts[: min(len(texts), batch_size)]), batch_size=batch_size,
+                   output_name=output_name)
     seconds: list[float] = []
 
     def timed(ev: ProgressEvent) -> None:
@@ -295,8 +307,144 @@ def evaluate_runner(
             seconds.append(runner.last_inference_seconds)
         cb(ev)
 
-    logits = predict_logits(runner, tokenizer, texts, batch_size=batch_size, progress=timed, task=task)
+    logits = predict_logits(runner, tokenizer, texts, batch_size=batch_size, progress=timed, task=task,
+                            output_name=output_name)
     return logits, latency_stats(seconds, len(texts), batch_size)
+
+
+def select_task(artifact: EngineArtifact, tokenizer_dir: str | Path | None, kind: str | None = None) -> Task:
+    """The evaluate.tasks Task for the engines' model: from its ONNX outputs and config.json (``kind`` forces)."""
+    import json
+
+    cfg: dict[str, Any] = {}
+    if tokenizer_dir:
+        p = Path(tokenizer_dir)
+        f = (p if p.is_dir() else p.parent) / "config.json"
+        if f.is_file():
+            try:
+                cfg = json.loads(f.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError) as exc:
+                raise ModelError(f"cannot read {f}: {exc}") from exc
+    src = artifact.path if artifact.backend is Backend.ONNXRUNTIME else artifact.source_model
+    if src and Path(src).is_file():
+        outputs = model_outputs(load_model(src, load_external_data=False))
+    else:
+        outputs = {"logits": 2}  # a TensorRT engine without its source model: classification as before
+    try:
+        return choose_task(outputs, cfg, kind)
+    except ValueError:
+        raise UsageError(f"unknown --task {kind!r}",
+                         hint="choose classification, embedding or token-classification") from None
+
+
+def _evaluate_task(runner: BaseRunner, tokenizer: TextTokenizer, texts: Sequence[str], task: Task, *,
+                   batch_size: int, progress: ProgressCallback | None, name: str) -> tuple[Predicted, LatencyStats]:
+    """Like :func:`evaluate_runner`, through the task (pooling, sequence outputs with their mask)."""
+    cb = progress or no_progress
+    task.predict(runner, tokenizer, list(texts[: min(len(texts), batch_size)]), batch_size=batch_size)
+    seconds: list[float] = []
+
+    def timed(ev: ProgressEvent) -> None:
+        if ev.done > 0:
+            seconds.append(runner.last_inference_seconds)
+        cb(ev)
+
+    out = task.predict(runner, tokenizer, texts, batch_size=batch_size, progress=timed, task=name)
+    return out, latency_stats(seconds, len(texts), batch_size)
+
+
+def _compare_fidelity(
+    task: Task,
+    a: EngineArtifact,
+    b: EngineArtifact,
+    eval_set: EvalSet,
+    *,
+    reference: EngineArtifact | None,
+    options: CompareOptions,
+    open_runner: Any,
+    factory: RunnerFactory,
+    tokenizer: TextTokenizer,
+    progress: ProgressCallback | None,
+    rows: EvalSubset | None,
+) -> Comparison:
+    """compare without labels, or for embeddings and token classifiers: fidelity of B to A in the task's terms
+    (agreement, cosine, retrieval, entity F1) and the per-layer measurements, which need no labels. Accuracy,
+    its intervals and the per-layer accuracy sensitivity are left out (they need labels)."""
+    engines = [a, b] + ([reference] if reference is not None else [])
+    texts = list(eval_set.texts)
+    evals: list[EngineEvaluation] = []
+    for name, art in zip(["A", "B", "reference"], engines):
+        with open_runner(art) as runner:
+            out, lat = _evaluate_task(runner, tokenizer, texts, task, batch_size=options.batch_size,
+                                      progress=progress, name=f"evaluate {name} ({art.path.name})")
+        evals.append(EngineEvaluation(name, art, out.values, None, lat, outputs=out))
+    ea, eb = evals[0], evals[1]
+    assert ea.outputs is not None and eb.outputs is not None  # set just above
+    fid = task.fidelity(ea.outputs, eb.outputs)
+    va, vb = ea.logits, eb.logits
+    if ea.outputs.mask is not None:  # token outputs: real tokens only
+        va, vb = va[ea.outputs.mask], vb[ea.outputs.mask]
+    err = np.abs(va.astype(np.float64) - vb) if va.size else np.zeros(1)
+    agreement = OutputAgreement(fid.agreement, fid.cosine_mean, fid.cosine_min, float(err.max()), float(err.mean()))
+    if task.kind is TaskKind.EMBEDDING:  # no distribution over classes: only the squared error means something
+        out_err = OutputError(mean_kl=float("nan"), logit_mse=float(np.mean(err**2)))
+    else:
+        out_err = output_error(va.reshape(-1, va.shape[-1]), vb.reshape(-1, vb.shape[-1])) if va.size else \
+            OutputError(0.0, 0.0)
+    labels: tuple[str, ...] = tuple(task.labels)
+    disagreements: tuple[Disagreement, ...] = ()
+    strata: list[str] = [""] * len(texts)
+    pa = task.predictions(ea.outputs)
+    pb = task.predictions(eb.outputs)
+    if pa is not None and pb is not None:
+        names = labels or tuple(str(i) for i in range(int(va.shape[-1]) if va.ndim else 0))
+        file_row = (lambda i: rows.indices[i]) if rows is not None else (lambda i: i)
+        disagreements = tuple(
+            Disagreement(int(file_row(int(i))), texts[i], "", names[int(pa[i])], names[int(pb[i])])
+            for i in np.flatnonzero(pa != pb)[: options.max_disagreements]
+        )
+        strata = [str(int(v)) for v in pa]  # layer subsets stratified by A's prediction
+    warnings = ["the eval set has no labels: fidelity to A is reported, accuracy is not"] if not eval_set.has_labels \
+        else [f"labels are not used for {task.kind.value} models yet: fidelity to A is reported, accuracy is not"]
+    if options.sensitivity and options.layers:
+        warnings.append("per-layer sensitivity (accuracy of one-layer variants) needs a labelled classification "
+                        "eval set: skipped")
+    layer_reports: list[LayerReport] = []
+    histograms: list[TensorHistogram] = []
+    layer_subset: EvalSubset | None = None
+    if options.layers:
+        int8_art = b if _is_int8(b) else (a if _is_int8(a) else None)
+        model_a, model_b = _onnx_of(a), _onnx_of(b)
+        int8_model = model_b if int8_art is b else (model_a if int8_art is a else None)
+        layer_source = int8_model if int8_model is not None else model_a
+        specs = find_layers(layer_source) if layer_source is not None else ()
+        ref_model = _reference_model(a, b, reference, model_a, model_b, int8_art)
+        layer_subset = stratified_subset(texts, strata, options.layer_samples, options.seed)
+        measured = measure_layers(
+            specs, layer_subset.take(texts), tokenizer, reference=ref_model, baseline=model_a, candidate=model_b,
+            runner_factory=factory, batch_size=options.batch_size, progress=progress,
+        )
+        wsqnr = weight_errors(int8_model, ref_model) if int8_model is not None and ref_model is not None else {}
+        for m in measured.layers:
+            ws = wsqnr.get(m.spec.node)
+            flag = flag_layer(
+                options.thresholds, sqnr_db=m.sqnr_db, clipped_fraction=m.clipped_fraction,
+                outlier_ratio=m.outlier_ratio, nonfinite=m.nonfinite, fp_absmax=m.fp_absmax,
+                quant_sqnr_db=m.quant_sqnr_db, weight_sqnr_db=ws.sqnr_db if ws else None,
+                zeroed_weights=ws.zeroed_fraction if ws else None,
+            )
+            layer_reports.append(LayerReport(m, None, flag, ws))
+        histograms = _histograms(measured.layers, measured.ranges, options.histogram_layers)
+    for w in warnings:
+        log.warning("%s", w)
+    return Comparison(
+        eval_set=eval_set, labels=labels, engines=tuple(evals), agreement=agreement, output_error=out_err,
+        disagreements=disagreements, layers=tuple(layer_reports), thresholds=options.thresholds,
+        histograms=tuple(histograms), sensitivity=None, layer_samples=len(layer_subset) if layer_subset else 0,
+        agreement_ci=proportion(pa == pb) if pa is not None and pb is not None else None,
+        warnings=tuple(warnings), seed=options.seed, rows=rows, layer_subset=layer_subset,
+        task=task.kind.value, task_output=task.output_name, fidelity=fid,
+    )
 
 
 def check_same_model(engines: Sequence[EngineArtifact]) -> None:
@@ -361,6 +509,11 @@ def compare_engines(
         )
     tokenizer = TextTokenizer(tok_dir)
     id2label = read_id2label(tok_dir)
+    task = select_task(a, tok_dir, options.task)
+    if task.kind is not TaskKind.CLASSIFICATION or not eval_set.has_labels:
+        return _compare_fidelity(task, a, b, eval_set, reference=reference, options=options,
+                                 open_runner=open_runner, factory=factory, tokenizer=tokenizer, progress=progress,
+                                 rows=rows)
     texts = list(eval_set.texts)
     y_true: np.ndarray | None = label_ids(eval_set, id2label, len(id2label)) if id2label else None
 
@@ -369,7 +522,8 @@ def compare_engines(
     for name, art in zip(["A", "B", "reference"], engines):
         with open_runner(art) as runner:
             logits, lat = evaluate_runner(runner, tokenizer, texts, batch_size=options.batch_size,
-                                          progress=progress, task=f"evaluate {name} ({art.path.name})")
+                                          progress=progress, task=f"evaluate {name} ({art.path.name})",
+                                          output_name=task.output_name)
         if not labels:
             n_cls = int(logits.shape[1]) if logits.ndim == 2 else 0
             if id2label and n_cls != len(id2label):
@@ -465,6 +619,9 @@ def compare_engines(
         rows=rows,
         layer_subset=layer_subset,
         sensitivity_subset=sens_subset,
+        task=task.kind.value,
+        task_output=task.output_name,
+        fidelity=task.fidelity(Predicted(ea.logits), Predicted(eb.logits)),
     )
 
 
@@ -606,7 +763,5 @@ def _histograms(
 def ensure_known_labels(eval_set: EvalSet, tokenizer_dir: str | None) -> None:
     """Fail fast (before any inference) when the eval set's labels are not the model's."""
     id2label = read_id2label(tokenizer_dir)
-    if id2label:
+    if id2label and eval_set.has_labels:
         label_ids(eval_set, id2label, len(id2label))
-    elif not eval_set.labels:
-        raise DataError("the eval set has no labels")

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from calibkit.names import node_name as _names
 from calibkit.quantize.placement import plan_placement
 
 log = logging.getLogger("calibkit.evaluate.layers")
@@ -50,6 +51,12 @@ class LayerSpec:
     clip_low: float | None
     clip_high: float | None
     quantizer: Quantizer | None = None
+    module: str = ""  # the node's module path (calibkit.names), e.g. bert.encoder.layer.4.output.dense
+
+    @property
+    def label(self) -> str:
+        """What a reader sees: the module path with the ONNX node name, or the node name alone."""
+        return f"{self.module} ({self.node})" if self.module and self.module not in self.node else self.node
 
 
 def _const_values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
@@ -64,6 +71,10 @@ def _const_values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
 
 def node_name(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}_{index}"
+
+
+def module_path(node: onnx.NodeProto, index: int) -> str:
+    return _names(node, index).module
 
 
 def _clip_range(q: onnx.NodeProto, consts: dict[str, np.ndarray]) -> tuple[float, float, float, Quantizer] | None:
@@ -103,7 +114,8 @@ def find_layers(model: onnx.ModelProto) -> tuple[LayerSpec, ...]:
         for qn in plan_placement(model).nodes:
             idx, node = next((i, n) for i, n in enumerate(graph.node) if node_name(n, i) == qn.name)
             for t in qn.activation_inputs:
-                layers.append(LayerSpec(len(layers), qn.name, qn.op_type, t, node.output[0], None, None, None))
+                layers.append(LayerSpec(len(layers), qn.name, qn.op_type, t, node.output[0], None, None, None,
+                                        module=qn.module))
         return tuple(layers)
     for i, node in enumerate(graph.node):
         if node.op_type in QDQ_OPS or not node.output:
@@ -123,7 +135,8 @@ def find_layers(model: onnx.ModelProto) -> tuple[LayerSpec, ...]:
                 continue  # a weight quantized by QuantizeLinear at run time
             amax, low, high, quant = rng if rng else (None, None, None, None)
             layers.append(
-                LayerSpec(len(layers), node_name(node, i), node.op_type, tensor, node.output[0], amax, low, high, quant)
+                LayerSpec(len(layers), node_name(node, i), node.op_type, tensor, node.output[0], amax, low, high, quant,
+                          module=module_path(node, i))
             )
     return tuple(layers)
 

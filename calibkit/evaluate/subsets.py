@@ -141,5 +141,8 @@ def limit_eval_set(eval_set: EvalSet, limit: int | None, seed: int = 0) -> tuple
     """``--limit``: a stratified random subset of ``limit`` rows (the set itself, and None, when it is smaller)."""
     if limit is None or limit >= len(eval_set):
         return eval_set, None
+    if not eval_set.has_labels:  # an unlabeled set: one stratum
+        sub = stratified_subset(eval_set.texts, [""] * len(eval_set), limit, seed)
+        return replace(eval_set, texts=sub.take(eval_set.texts)), sub
     sub = stratified_subset(eval_set.texts, eval_set.labels, limit, seed)
     return replace(eval_set, texts=sub.take(eval_set.texts), labels=sub.take(eval_set.labels)), sub

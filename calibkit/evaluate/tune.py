@@ -44,7 +44,7 @@ from calibkit.data.evalset import EvalSet, label_ids
 from calibkit.data.modeldir import ModelDir
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.errors import CalibrationError, DataError, UsageError
-from calibkit.evaluate.flops import node_flops
+from calibkit.evaluate.flops import linear_work
 from calibkit.evaluate.search import Measured, Plan, search_plan
 from calibkit.evaluate.sensitivity import (
     ALL_INT8,
@@ -57,6 +57,7 @@ from calibkit.evaluate.subsets import EvalSubset, nested, stratified_split, stra
 from calibkit.evaluate.uncertainty import evidence_warnings, paired_difference, proportion
 from calibkit.executors import Executor, from_spec
 from calibkit.graph import load_model, model_sha256
+from calibkit.names import node_names
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.quantize.placement import DEFAULT_OP_TYPES, plan_placement
 from calibkit.types import CalibrationTable, Method, MethodParams
@@ -349,7 +350,8 @@ def _run_tune(
     store, reused_stats = gather_stats(model_dir, cset, placement.activations, model_sha256=sha,
                                        num_bins=config.params.num_bins, batch_size=config.batch_size, progress=cb,
                                        model=proto, executor=executor if shard_stats else None)
-    flops = {f.node: f.flops for f in node_flops(proto, _typical_feeds(tok, cset, input_names), config.op_types)}
+    linear = linear_work(proto, _typical_feeds(tok, cset, input_names), config.op_types)
+    flops = {f.node: f.flops for f in linear.plain}  # what plans choose among; fused ops stay FP32 (below)
     work.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(work / "ledger.jsonl")
     threads = executor.threads_per_task
@@ -472,6 +474,19 @@ def _run_tune(
     doc["split"] = {"search": search_sub.to_dict(), "holdout": hold_sub.to_dict(), "sensitivity": sens_sub.to_dict(),
                     "seed": config.seed}
     doc["warnings"] = warnings
+    # INT8 share over ALL linear FLOPs: work hidden in fused contrib ops (ORT Attention) stays FP32 in every plan
+    share = linear.plain_share
+    for c in doc["candidates"]:
+        c["int8_flops_fraction"] *= share
+    doc["final"]["int8_flops_fraction"] *= share
+    modules = node_names(proto, config.op_types)
+    doc["final"]["kept_modules"] = {n: modules[n].module for n in final.plan if n in modules and modules[n].module}
+    doc["linear_flops"] = {"plain_share": share, "fused_fp32": [f.node for f in linear.fused if not f.integer],
+                           "uncounted": list(linear.uncounted)}
+    if share < 1.0:
+        doc["warnings"] = [*warnings, f"{100 * (1 - share):.1f} % of the linear FLOPs are inside fused "
+                           f"com.microsoft ops ({', '.join(sorted({f.op_type for f in linear.fused}))}) that stay "
+                           "FP32: quantize the unfused export to put them in INT8"]
     result = _write_outputs(out, model_dir, proto, table, final.plan, config, doc, reasons)
     if render is not None:
         render(doc, Path(report_dir) if report_dir else out / "report")

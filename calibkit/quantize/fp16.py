@@ -11,6 +11,9 @@ Rules (each node is either an FP16 node or an FP32 node; Casts are inserted on t
 3. Nodes that produce a float graph output stay FP32, so the outputs (``logits``) keep dtype float32 and their
    names (no renaming, no extra Cast at the end).
 4. ``keep_nodes`` (exact names) stay FP32.
+5. Nodes of other domains (com.microsoft ``Attention``, ``SkipLayerNormalization``, ``BiasGelu`` ... of an
+   ORT-optimized graph) stay FP32: several of their CPU kernels are float-only, and ONNX shape inference cannot
+   type them, so their outputs are typed from their inputs (:func:`_tensor_types`) to put Casts on every edge.
 Everything else that computes on float32 tensors becomes FP16; integer graph inputs (token ids) are untouched.
 Float initializers read only by FP16 nodes are stored as FP16 (halving the file); one read by both kinds stays
 FP32 and FP16 readers get a Cast. Inserted Casts are named ``<tensor>_cast_fp16`` / ``<tensor>_cast_fp32``
@@ -76,12 +79,12 @@ def _fits_fp16(a: np.ndarray) -> bool:
     return True
 
 
-def _tensor_types(model: onnx.ModelProto) -> dict[str, int]:
+def _collect_types(model: onnx.ModelProto) -> dict[str, int]:
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     g = inferred.graph
     types: dict[str, int] = {}
     for vi in [*g.input, *g.value_info, *g.output]:
-        if vi.type.HasField("tensor_type"):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
             types[vi.name] = vi.type.tensor_type.elem_type
     for i in model.graph.initializer:
         types[i.name] = i.data_type
@@ -90,6 +93,38 @@ def _tensor_types(model: onnx.ModelProto) -> dict[str, int]:
             for a in n.attribute:
                 if a.name == "value":
                     types[n.output[0]] = a.t.data_type
+    return types
+
+
+def _contrib_output_type(node: onnx.NodeProto, k: int, types: dict[str, int]) -> int | None:
+    """Element type of output ``k`` of a non-standard-domain node, which ONNX shape inference cannot type."""
+    if node.op_type == "EmbedLayerNormalization" and k == 1:
+        return TensorProto.INT32  # mask_index
+    return next((types[x] for x in node.input if x and types.get(x) in (TensorProto.FLOAT, TensorProto.FLOAT16)),
+                None)
+
+
+def _tensor_types(model: onnx.ModelProto) -> dict[str, int]:
+    """dtype of every tensor. ONNX shape inference stops at contrib ops (com.microsoft ``Attention``,
+    ``SkipLayerNormalization`` ...), so their outputs are typed from their float inputs and inference runs again
+    until nothing new is learnt: without this, nodes behind a fused op look untyped and get no Cast."""
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    types = _collect_types(work)
+    contrib = [n for n in work.graph.node if n.domain not in ("", "ai.onnx")]
+    for _ in range(len(contrib) + 1):
+        added = False
+        for n in contrib:
+            for k, o in enumerate(n.output):
+                if o and o not in types:
+                    t = _contrib_output_type(n, k, types)
+                    if t is not None:
+                        work.graph.value_info.append(helper.make_tensor_value_info(o, t, None))
+                        types[o] = t
+                        added = True
+        if not added:
+            break
+        types = {**types, **_collect_types(work)}
     return types
 
 
@@ -140,6 +175,7 @@ def convert_to_fp16(model: onnx.ModelProto, *, keep_nodes: Sequence[str] = ()) -
         fed_by_island = n.op_type in _PROPAGATE and any(x in range_kept for x in n.input)
         if (
             n.op_type in FP32_OP_TYPES
+            or n.domain not in ("", "ai.onnx")
             or bad_const
             or fed_by_island
             or name in keep

@@ -8,11 +8,12 @@ inputs of an activation x activation MatMul (attention QK^T and probs·V) are ac
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import onnx
+
+from calibkit.names import compile_patterns, node_name
 
 DEFAULT_OP_TYPES: tuple[str, ...] = ("MatMul", "Gemm")
 
@@ -23,12 +24,14 @@ class QuantizedNode:
     op_type: str
     activation_inputs: tuple[str, ...]
     weight_inputs: tuple[str, ...]
+    module: str = ""  # module path (calibkit.names), empty when the exporter left none
 
 
 @dataclass(frozen=True)
 class Placement:
     nodes: tuple[QuantizedNode, ...]
     excluded: tuple[str, ...]  # node names kept in higher precision by --exclude
+    unmatched: tuple[str, ...] = ()  # --exclude patterns that select no node of the quantized op types
 
     @property
     def activations(self) -> tuple[str, ...]:
@@ -49,18 +52,26 @@ def plan_placement(
     op_types: Sequence[str] = DEFAULT_OP_TYPES,
     exclude: Sequence[str] = (),
 ) -> Placement:
-    """Nodes whose op type is in ``op_types`` and whose name matches no ``exclude`` regex."""
+    """Nodes whose op type is in ``op_types`` and whose names match no ``exclude`` regex.
+
+    A pattern may be written against the ONNX node name or the module path (see :mod:`calibkit.names`).
+    """
     graph = model.graph
     inits = {i.name for i in graph.initializer} | _constant_outputs(graph)
-    patterns = [re.compile(p) for p in exclude]
+    patterns = compile_patterns(exclude)
+    hits = [False] * len(patterns)
     nodes: list[QuantizedNode] = []
     excluded: list[str] = []
     wanted = set(op_types)
     for i, node in enumerate(graph.node):
         if node.op_type not in wanted:
             continue
-        name = node.name or f"{node.op_type}_{i}"
-        if any(p.search(name) for p in patterns):
+        names = node_name(node, i)
+        name = names.node
+        matched = [k for k, p in enumerate(patterns) if names.matches(p)]
+        if matched:
+            for k in matched:
+                hits[k] = True
             excluded.append(name)
             continue
         # Gemm's third input (bias) stays in higher precision.
@@ -71,6 +82,8 @@ def plan_placement(
                 op_type=node.op_type,
                 activation_inputs=tuple(x for x in data_inputs if x not in inits),
                 weight_inputs=tuple(x for x in data_inputs if x in inits),
+                module=names.module,
             )
         )
-    return Placement(nodes=tuple(nodes), excluded=tuple(excluded))
+    unmatched = tuple(p for p, hit in zip(exclude, hits) if not hit)
+    return Placement(nodes=tuple(nodes), excluded=tuple(excluded), unmatched=unmatched)

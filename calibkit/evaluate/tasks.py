@@ -1,0 +1,317 @@
+"""What a model's outputs mean: the ``Task`` that turns them into predictions, fidelity and task metrics.
+
+compare and tune ask the task, never the model type:
+- ``classification`` (a ``[batch, classes]`` logits output): agreement = same argmax; accuracy, macro-F1 where
+  the eval set has labels.
+- ``embedding`` (``last_hidden_state`` mean-pooled over real tokens, or a pooled ``[batch, dim]`` output such as
+  ``sentence_embedding`` / ``pooler_output``): fidelity = cosine of each text's vector to the reference's, and
+  retrieval agreement over the eval texts themselves (for each text, do both models rank the same nearest
+  neighbours? top-1 agreement and top-k overlap), so no labels are needed.
+- ``token-classification`` (``[batch, seq, labels]`` logits): agreement = same argmax per real token; for BIO
+  label sets, entity-level F1 of the candidate's entities against the reference's.
+
+:func:`choose_task` picks one from the ONNX outputs (name, rank) and config.json (``id2label``,
+``architectures``).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from calibkit.data.tokenizer import TextTokenizer
+from calibkit.engines.base import BaseRunner
+from calibkit.errors import ModelError
+from calibkit.evaluate.metrics import ClassificationMetrics, classification_metrics
+from calibkit.evaluate.predict import Predicted, predict_outputs
+from calibkit.progress import ProgressCallback
+
+RETRIEVAL_K = 10
+EMBEDDING_OUTPUTS = ("sentence_embedding", "sentence_embeddings", "embeddings", "text_embeds", "pooled_output")
+SEQUENCE_OUTPUTS = ("last_hidden_state", "token_embeddings", "hidden_states")
+
+
+class TaskKind(str, enum.Enum):
+    CLASSIFICATION = "classification"
+    EMBEDDING = "embedding"
+    TOKEN_CLASSIFICATION = "token-classification"
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """How close a candidate's outputs are to the reference's, in the task's own terms.
+
+    ``agreement``: classification, same argmax per text; token classification, same argmax per real token;
+    embedding, same nearest neighbour among the eval texts. ``cosine_*``: per text, between the two output
+    vectors (logits, embeddings, or a text's real-token logits flattened). ``extra``: task-specific numbers
+    (``retrieval_overlap_at_k``, ``k``, ``entity_f1``).
+    """
+
+    agreement: float
+    cosine_mean: float
+    cosine_min: float
+    extra: Mapping[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, float]:
+        return {"agreement": self.agreement, "cosine_mean": self.cosine_mean, "cosine_min": self.cosine_min,
+                **dict(self.extra)}
+
+
+class Task(Protocol):
+    kind: TaskKind
+    output_name: str
+    labels: tuple[str, ...]
+
+    def predict(self, runner: BaseRunner, tokenizer: TextTokenizer, texts: Sequence[str], *, batch_size: int,
+                progress: ProgressCallback | None = None, task: str = "inference") -> Predicted: ...
+
+    def fidelity(self, reference: Predicted, candidate: Predicted) -> Fidelity: ...
+
+    def predictions(self, out: Predicted) -> np.ndarray | None: ...
+
+    def metrics(self, out: Predicted, y_true: np.ndarray | None) -> ClassificationMetrics | None: ...
+
+
+def _row_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = np.asarray(a, dtype=np.float64).reshape(len(a), -1)
+    b = np.asarray(b, dtype=np.float64).reshape(len(b), -1)
+    na, nb = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
+    denom = na * nb
+    dots = np.einsum("ij,ij->i", a, b)
+    # two zero vectors are identical; a zero vector against a non-zero one shares no direction
+    return np.where(denom > 0, dots / np.where(denom > 0, denom, 1.0), np.where((na == 0) & (nb == 0), 1.0, 0.0))
+
+
+def _check_same(reference: Predicted, candidate: Predicted) -> None:
+    if reference.values.shape != candidate.values.shape:
+        raise ModelError(f"the engines' outputs differ in shape: {reference.values.shape} vs "
+                         f"{candidate.values.shape}", hint="compare engines built from the same model")
+
+
+@dataclass(frozen=True)
+class ClassificationTask:
+    output_name: str
+    labels: tuple[str, ...] = ()
+    kind: TaskKind = TaskKind.CLASSIFICATION
+
+    def predict(self, runner: BaseRunner, tokenizer: TextTokenizer, texts: Sequence[str], *, batch_size: int,
+                progress: ProgressCallback | None = None, task: str = "inference") -> Predicted:
+        out = predict_outputs(runner, tokenizer, texts, batch_size=batch_size, output_name=self.output_name,
+                              progress=progress, task=task)
+        if out.values.ndim != 2 and len(texts):
+            raise ModelError(f"output {self.output_name!r} has shape {out.values.shape[1:]} per text, not [classes]",
+                             hint="pass --task embedding or token-classification for this model")
+        return out
+
+    def fidelity(self, reference: Predicted, candidate: Predicted) -> Fidelity:
+        _check_same(reference, candidate)
+        if not len(reference.values):
+            return Fidelity(0.0, 0.0, 0.0)
+        cos = _row_cosine(reference.values, candidate.values)
+        same = reference.values.argmax(axis=1) == candidate.values.argmax(axis=1)
+        return Fidelity(float(same.mean()), float(cos.mean()), float(cos.min()))
+
+    def predictions(self, out: Predicted) -> np.ndarray | None:
+        return out.values.argmax(axis=1) if out.values.size else np.zeros(0, dtype=np.int64)
+
+    def metrics(self, out: Predicted, y_true: np.ndarray | None) -> ClassificationMetrics | None:
+        if y_true is None:
+            return None
+        labels = self.labels or tuple(str(i) for i in range(out.values.shape[1]))
+        return classification_metrics(y_true, out.values.argmax(axis=1), labels)
+
+
+def retrieval_agreement(reference: np.ndarray, candidate: np.ndarray, k: int = RETRIEVAL_K) -> tuple[float, float, int]:
+    """(top-1 agreement, mean top-k overlap, k): each text queries the others by cosine, under both models."""
+    n = len(reference)
+    k = min(k, n - 1)
+    if k < 1:
+        return 1.0, 1.0, 0
+
+    def normed(x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+    ra, cb = normed(reference), normed(candidate)
+    top1 = 0
+    overlap = 0.0
+    block = 1024  # rows at a time: memory stays O(block x n)
+    for start in range(0, n, block):
+        rows = np.arange(start, min(n, start + block))
+        sims = [x[rows] @ x.T for x in (ra, cb)]
+        tops = []
+        for s in sims:
+            s[np.arange(len(rows)), rows] = -np.inf  # a text is not its own neighbour
+            part = np.argpartition(-s, k - 1, axis=1)[:, :k]
+            order = np.take_along_axis(s, part, axis=1).argsort(axis=1)[:, ::-1]
+            tops.append(np.take_along_axis(part, order, axis=1))
+        top1 += int((tops[0][:, 0] == tops[1][:, 0]).sum())
+        overlap += sum(len(set(a) & set(b)) / k for a, b in zip(tops[0].tolist(), tops[1].tolist()))
+    return top1 / n, overlap / n, k
+
+
+@dataclass(frozen=True)
+class EmbeddingTask:
+    output_name: str
+    pooling: str | None = "mean"  # "mean" for a sequence output; None for a pooled [batch, dim] output
+    k: int = RETRIEVAL_K
+    labels: tuple[str, ...] = ()
+    kind: TaskKind = TaskKind.EMBEDDING
+
+    def predict(self, runner: BaseRunner, tokenizer: TextTokenizer, texts: Sequence[str], *, batch_size: int,
+                progress: ProgressCallback | None = None, task: str = "inference") -> Predicted:
+        out = predict_outputs(runner, tokenizer, texts, batch_size=batch_size, output_name=self.output_name,
+                              pooling=self.pooling, progress=progress, task=task)
+        return Predicted(out.values.reshape(len(out.values), -1) if len(out.values) else out.values)
+
+    def fidelity(self, reference: Predicted, candidate: Predicted) -> Fidelity:
+        _check_same(reference, candidate)
+        if not len(reference.values):
+            return Fidelity(0.0, 0.0, 0.0)
+        cos = _row_cosine(reference.values, candidate.values)
+        top1, overlap, k = retrieval_agreement(reference.values, candidate.values, self.k)
+        return Fidelity(top1, float(cos.mean()), float(cos.min()),
+                        {"retrieval_top1_agreement": top1, "retrieval_overlap_at_k": overlap, "k": float(k)})
+
+    def predictions(self, out: Predicted) -> np.ndarray | None:
+        return None
+
+    def metrics(self, out: Predicted, y_true: np.ndarray | None) -> ClassificationMetrics | None:
+        return None
+
+
+def bio_entities(tags: Sequence[str]) -> set[tuple[int, int, str]]:
+    """(start, end, type) spans of a BIO/IOB2 tag sequence; an I- without its B- starts an entity."""
+    out: set[tuple[int, int, str]] = set()
+    start, kind = -1, ""
+    for i, t in enumerate([*tags, "O"]):
+        prefix, _, typ = t.partition("-")
+        continues = prefix == "I" and kind == typ and start >= 0
+        if start >= 0 and not continues:
+            out.add((start, i, kind))
+            start, kind = -1, ""
+        if prefix in ("B", "I") and not continues:
+            start, kind = i, typ
+    return out
+
+
+def entity_f1(reference: Sequence[Sequence[str]], candidate: Sequence[Sequence[str]]) -> float:
+    """Micro entity-level F1 of the candidate's spans against the reference's (exact span and type)."""
+    tp = fp = fn = 0
+    for r, c in zip(reference, candidate):
+        er, ec = bio_entities(r), bio_entities(c)
+        tp += len(er & ec)
+        fp += len(ec - er)
+        fn += len(er - ec)
+    return 1.0 if tp + fp + fn == 0 else 2 * tp / (2 * tp + fp + fn)
+
+
+@dataclass(frozen=True)
+class TokenClassificationTask:
+    output_name: str
+    labels: tuple[str, ...] = ()
+    kind: TaskKind = TaskKind.TOKEN_CLASSIFICATION
+
+    @property
+    def is_bio(self) -> bool:
+        return bool(self.labels) and all(x == "O" or x[:2] in ("B-", "I-") for x in self.labels)
+
+    def predict(self, runner: BaseRunner, tokenizer: TextTokenizer, texts: Sequence[str], *, batch_size: int,
+                progress: ProgressCallback | None = None, task: str = "inference") -> Predicted:
+        out = predict_outputs(runner, tokenizer, texts, batch_size=batch_size, output_name=self.output_name,
+                              progress=progress, task=task)
+        if out.mask is None and len(texts):
+            raise ModelError(f"output {self.output_name!r} has no sequence axis (shape {out.values.shape[1:]})",
+                             hint="a token classifier returns logits [batch, sequence, labels]")
+        return out
+
+    def fidelity(self, reference: Predicted, candidate: Predicted) -> Fidelity:
+        _check_same(reference, candidate)
+        if not len(reference.values) or reference.mask is None:
+            return Fidelity(0.0, 0.0, 0.0)
+        mask = reference.mask
+        pa, pb = reference.values.argmax(axis=-1), candidate.values.argmax(axis=-1)
+        agreement = float((pa == pb)[mask].mean()) if mask.any() else 1.0
+        # per text: cosine over its real tokens' logits
+        a = np.where(mask[..., None], reference.values, 0.0)
+        b = np.where(mask[..., None], candidate.values, 0.0)
+        cos = _row_cosine(a, b)
+        extra: dict[str, float] = {}
+        if self.is_bio:
+            tags = np.asarray(self.labels)
+            ref_tags = [list(tags[p[m]]) for p, m in zip(pa, mask)]
+            cand_tags = [list(tags[p[m]]) for p, m in zip(pb, mask)]
+            extra["entity_f1"] = entity_f1(ref_tags, cand_tags)
+        return Fidelity(agreement, float(cos.mean()), float(cos.min()), extra)
+
+    def predictions(self, out: Predicted) -> np.ndarray | None:
+        return None
+
+    def metrics(self, out: Predicted, y_true: np.ndarray | None) -> ClassificationMetrics | None:
+        return None  # gold token tags are not read from eval sets yet
+
+
+def choose_task(
+    outputs: Mapping[str, int | None],
+    config: Mapping[str, object] | None = None,
+    kind: TaskKind | str | None = None,
+) -> Task:
+    """The task for a model with these outputs (name -> rank, None when unknown) and config.json.
+
+    ``kind`` forces a task (``--task``); otherwise: a rank-3 ``logits`` is token classification; a rank-2
+    ``logits`` (or a first output with as many columns as ``id2label`` names) is classification; a pooled
+    embedding output, or ``last_hidden_state`` mean-pooled, is an embedding model.
+    """
+    cfg = dict(config or {})
+    raw = cfg.get("id2label") or {}
+    id2label = {int(k): str(v) for k, v in raw.items()} if isinstance(raw, Mapping) else {}
+    labels = tuple(id2label[i] for i in sorted(id2label))
+    archs = " ".join(str(a) for a in cfg.get("architectures") or [] if isinstance(a, str))  # type: ignore[union-attr]
+    names = list(outputs)
+    if not names:
+        raise ModelError("the model has no outputs")
+    first = names[0]
+    wanted = TaskKind(kind) if kind is not None else None
+
+    def embedding() -> EmbeddingTask:
+        pooled = next((n for n in names if n in EMBEDDING_OUTPUTS and outputs[n] in (2, None)), None)
+        if pooled:
+            return EmbeddingTask(pooled, pooling=None)
+        seq = next((n for n in names if n in SEQUENCE_OUTPUTS), None)
+        if seq:
+            return EmbeddingTask(seq, pooling="mean")
+        if "pooler_output" in names:
+            return EmbeddingTask("pooler_output", pooling=None)
+        return EmbeddingTask(first, pooling="mean" if outputs[first] == 3 else None)
+
+    logits = "logits" if "logits" in names else None
+    if wanted is TaskKind.EMBEDDING:
+        return embedding()
+    if wanted is TaskKind.TOKEN_CLASSIFICATION:
+        return TokenClassificationTask(logits or first, labels)
+    if wanted is TaskKind.CLASSIFICATION:
+        return ClassificationTask(logits or first, labels)
+    if logits is not None:
+        if outputs[logits] == 3 or "TokenClassification" in archs:
+            return TokenClassificationTask(logits, labels)
+        return ClassificationTask(logits, labels)
+    if any(n in EMBEDDING_OUTPUTS or n in SEQUENCE_OUTPUTS or n == "pooler_output" for n in names):
+        return embedding()
+    if outputs[first] == 3:
+        return TokenClassificationTask(first, labels) if "TokenClassification" in archs else embedding()
+    if id2label or "SequenceClassification" in archs:
+        return ClassificationTask(first, labels)
+    return embedding()
+
+
+def model_outputs(model: object) -> dict[str, int | None]:
+    """name -> rank of an ONNX model's graph outputs (None where the file does not say)."""
+    out: dict[str, int | None] = {}
+    for o in model.graph.output:  # type: ignore[attr-defined]
+        tt = o.type.tensor_type
+        out[o.name] = len(tt.shape.dim) if tt.HasField("shape") else None
+    return out
