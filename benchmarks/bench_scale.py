@@ -27,9 +27,10 @@ texts, 2 cores, batch 32; RSS sampled every 10 ms, numpy's allocations by tracem
   runner) +0.13 GB, ONNX Runtime's session +0.14 GB (BERT-large: 1.34 GB per copy).
 So the peak is set by batch x sequence^2 x tapped tensors, and by the longest texts, not by the statistics.
 The collector now (calibkit/calibrate/collect.py): batches formed by a byte budget on the tapped outputs
-(priced by the layout probe, sequence^2 for attention), one batch alive (no overlap), outputs read in place in
-256K-element chunks and released when done, the model tapped without a copy and its bytes dropped after
-loading, statistics on all cores between inference runs. Same shape and texts after: peak 1.93 GB, largest
+(priced by the layout probe, sequence^2 for attention), one batch alive (no overlap), outputs read as views
+of the real tokens (or in place, padding overwritten, for short texts) in 256K-element chunks and released when
+done, the model tapped without a copy and its bytes dropped after loading, statistics on all cores between
+inference runs. Same shape and texts after: peak 1.93 GB, largest
 batch 0.98 GB of outputs, numpy's allocations 0.10 GB (`--profile` prints these).
 """
 

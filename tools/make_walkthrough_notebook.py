@@ -145,7 +145,7 @@ md("## 6. Tune a mixed-precision plan\nThe eval set is split into a search part 
 code("""from calibkit.evaluate.tune import TuneConfig, run_tune
 
 tuned = run_tune(md, cset, eval_set, WORK / "tune",
-                 TuneConfig(max_drop=1.0, sensitivity_samples=64, sensitivity_layers=6, max_evaluations=10, workers=1))
+                 TuneConfig(max_drop=1.0, method="mse", sensitivity_samples=64, sensitivity_layers=6, max_evaluations=10, workers=1))
 d = tuned.doc
 print("FP32 search / holdout:", f"{d['target']['fp32_accuracy']:.2%} / {d['target']['fp32_accuracy_holdout']:.2%}")
 print("plan   search / holdout:", f"{d['final']['accuracy_search']:.2%} / {d['final']['accuracy_holdout']:.2%}",

@@ -9,9 +9,10 @@ read (batch folded into another axis by a Reshape) are observed unmasked and lis
 
 Memory: ONNX Runtime returns every tapped tensor of a batch at once; those outputs are the peak, so batches are
 formed by a :class:`calibkit.data.encode.TokenBudget` priced by the same probe runs (:func:`probe_cost`).
-Statistics read each output in place (padded entries overwritten by a copy of one real entry, whose copies are
-then taken back out; no boolean-index copies, no float64 or int64 copies of whole tensors: 256K-element chunks
-through per-thread buffers), and each output is released as soon as its statistics are done. Inference and
+Statistics read the real tokens of each output as views, or, when those views would be small, in place with
+padded entries overwritten by a copy of one real entry that is then taken back out (:func:`observe_real_tokens`;
+no boolean-index copies, no float64 or int64 copies of whole tensors: 256K-element chunks through per-thread
+buffers), and each output is released as soon as its statistics are done. Inference and
 statistics do not overlap (that would hold two batches); the statistics of one batch run on ``threads``
 threads instead, one tensor per task, with a histogram kernel that releases the GIL. Results do not depend on
 batch size, budget or thread count: power-of-two histograms merge exactly, min/max and counts are exact.

@@ -49,7 +49,7 @@ def collect_shard(shard: Shard) -> StatsStore:
 
     model = fetch(shard.model)
     return collect_stats(lambda: _shard_runner(model, shard.tensors, shard.threads), shard.batches,
-                         shard.tensors, num_bins=shard.num_bins)
+                         shard.tensors, num_bins=shard.num_bins, threads=shard.threads or 1)
 
 
 def merge_stores(stores: Sequence[StatsStore]) -> StatsStore:

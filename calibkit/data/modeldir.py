@@ -55,7 +55,7 @@ class ModelDir:
                     data = json.loads(cfg.read_text(encoding="utf-8"))
                     id2label = {int(k): str(v) for k, v in (data.get("id2label") or {}).items()}
                     mpe = data.get("max_position_embeddings")
-                    if mpe is not None and (isinstance(mpe, bool) or not isinstance(mpe, int) or mpe <= 0):
+                    if mpe is not None and (not isinstance(mpe, int) or isinstance(mpe, bool) or mpe < 1):
                         raise ValueError(f"max_position_embeddings is {mpe!r}, not a positive integer")
                 except (OSError, ValueError, TypeError, AttributeError, RecursionError) as exc:
                     raise ModelError(f"cannot read {cfg}: {type(exc).__name__}: {exc}",
