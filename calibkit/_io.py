@@ -112,3 +112,48 @@ def atomic_dir(path: str | os.PathLike[str], *, what: str = "", legacy_names: It
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+_ALIVE = ".calibkit-alive"
+_held_locks: list[int] = []  # descriptors held open for the life of the process
+
+
+def mark_alive(folder: str | os.PathLike[str]) -> None:
+    """Hold an exclusive lock on ``folder/.calibkit-alive`` for the life of this process.
+
+    The kernel drops the lock when the process ends, however it ends, so :func:`owner_alive` can tell a live
+    owner from a dead one even where a PID check cannot (processes in another PID namespace sharing one /tmp
+    look dead to ``os.kill(pid, 0)``; a recycled PID looks alive)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: callers fall back to their PID check
+        return
+    fd = os.open(Path(folder) / _ALIVE, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return
+    _held_locks.append(fd)
+
+
+def owner_alive(folder: str | os.PathLike[str]) -> bool | None:
+    """Whether the process that called :func:`mark_alive` on ``folder`` still runs; ``None`` when the folder
+    has no such lock (made by an older calibkit, or its owner has not locked it yet)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    try:
+        fd = os.open(Path(folder) / _ALIVE, os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return True  # cannot tell: never remove
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # also releases the lock just taken
+    return False

@@ -65,10 +65,41 @@ def test_folders_of_killed_processes_are_swept(tmp_path, monkeypatch):
     stale = tmp_path / f"calibkit-worker-{int(dead.stdout)}-ab"
     live = tmp_path / f"calibkit-worker-{os.getpid()}-cd"
     other = tmp_path / "calibkit-worker-notes"
-    for d in (stale, live, other):
+    young = tmp_path / f"calibkit-worker-{int(dead.stdout)}-young"  # unlocked and just made: maybe being locked
+    for d in (stale, live, other, young):
         d.mkdir()
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
     sweep_stale("calibkit-worker-")
-    assert not stale.exists() and live.is_dir() and other.is_dir()
+    assert not stale.exists() and live.is_dir() and other.is_dir() and young.is_dir()
+
+
+def test_sweep_trusts_the_owners_lock_over_its_pid(tmp_path, monkeypatch):
+    """A folder named after a PID this process cannot see (another PID namespace sharing /tmp) stays while its
+    owner holds the lock, and goes once the owner is gone, however young."""
+    import tempfile
+
+    from calibkit.executors.base import sweep_stale
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    held = tmp_path / f"calibkit-worker-{int(dead.stdout)}-ef"
+    held.mkdir()
+    code = ("import sys; from calibkit._io import mark_alive; mark_alive(sys.argv[1]); print('ok', flush=True); "
+            "sys.stdin.read()")
+    owner = subprocess.Popen([sys.executable, "-c", code, str(held)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert owner.stdout is not None and owner.stdout.readline().strip() == "ok"
+        sweep_stale("calibkit-worker-")
+        assert held.is_dir()
+    finally:
+        assert owner.stdin is not None
+        owner.stdin.close()
+        owner.wait(timeout=30)
+        owner.stdout.close()
+    sweep_stale("calibkit-worker-")
+    assert not held.exists()
 
 
 def test_process_pool_worker_death_loses_only_its_unit(tmp_path):

@@ -16,12 +16,14 @@ import pickle
 import shutil
 import tempfile
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from calibkit._io import mark_alive, owner_alive
 from calibkit.errors import UsageError
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 
@@ -127,11 +129,15 @@ def _scratch() -> Path:
         if _tmp is None:
             sweep_stale("calibkit-worker-")
             _tmp = Path(tempfile.mkdtemp(prefix=f"calibkit-worker-{os.getpid()}-"))
+            mark_alive(_tmp)
             atexit.register(remove_scratch)
             # multiprocessing children (pool and Dask workers) leave through os._exit, skipping atexit: their
             # exit runs multiprocessing's finalizers instead
             multiprocessing.util.Finalize(None, remove_scratch, exitpriority=10)
         return _tmp
+
+
+_UNLOCKED_GRACE_S = 600.0  # an unlocked folder this young may still be locked by its (live) creator
 
 
 def sweep_stale(prefix: str) -> None:
@@ -141,12 +147,17 @@ def sweep_stale(prefix: str) -> None:
         pid = p.name[len(prefix):].split("-", 1)[0]
         if not pid.isdigit() or not p.is_dir():
             continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
+        alive = owner_alive(p)  # the owner's lock: right across PID namespaces sharing this /tmp
+        if alive is None:  # no lock (older calibkit, or being created): the PID, and only once it is old
+            try:
+                os.kill(int(pid), 0)
+                continue
+            except ProcessLookupError:
+                alive = time.time() - p.stat().st_mtime < _UNLOCKED_GRACE_S
+            except OSError:  # exists, owned by someone else
+                continue
+        if not alive:
             shutil.rmtree(p, ignore_errors=True)
-        except OSError:  # exists, owned by someone else
-            continue
 
 
 def remove_scratch() -> None:

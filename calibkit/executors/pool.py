@@ -21,6 +21,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
+from calibkit._io import mark_alive
 from calibkit.errors import BackendError, UsageError
 from calibkit.executors.base import Executor, Shared, Spilled, remove_scratch, run_unit, sweep_stale
 from calibkit.progress import ProgressEvent, no_progress
@@ -64,6 +65,7 @@ class ProcessPoolExecutor(Executor):
         if self._dir is None:
             sweep_stale("calibkit-shared-")
             self._dir = Path(tempfile.mkdtemp(prefix=f"calibkit-shared-{os.getpid()}-"))
+            mark_alive(self._dir)
         path = self._dir / ref.key
         with open(path, "wb") as fh:
             pickle.dump(value, fh, protocol=pickle.HIGHEST_PROTOCOL)
