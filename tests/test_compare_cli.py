@@ -123,3 +123,27 @@ def test_missing_sidecar(engines: dict[str, Path], tmp_path: Path) -> None:
     bare.write_bytes(engines["fp"].read_bytes())
     r = _run("compare", str(bare), str(engines["int8"]), "--eval-set", str(engines["eval"]), "--no-report")
     assert r.exit_code == 4 and "sidecar" in r.output
+
+
+def test_memory_budget_reaches_the_layer_taps_and_changes_no_measurement(engines: dict[str, Path],
+                                                                         tmp_path: Path) -> None:
+    """--max-batch-tokens cuts the tapped batches (more runner calls) but the per-layer ranges stay the same."""
+    docs = []
+    for extra in ([], ["--max-batch-tokens", "16", "--memory-budget", "64K"]):
+        out = tmp_path / f"cmp{len(extra)}.json"
+        r = _run("compare", str(engines["fp"]), str(engines["int8"]), "--eval-set", str(engines["eval"]), "--json",
+                 str(out), "--no-report", "--no-sensitivity", "--batch-size", "8", "--limit", "40", *extra)
+        assert r.exit_code == 0, r.output
+        docs.append(json.loads(out.read_text()))
+    ranges = [{x["node"]: (x.get("fp_absmax"), x.get("clipped_fraction")) for x in d["layers"]} for d in docs]
+    # per-token layers: padding is masked out, so the batching cannot show
+    assert all(ranges[0][n] == ranges[1][n] for n in ("fc1", "fc2"))
+    # the tiny model's mean pooling reads padded positions, so its classifier input shows that the budget did
+    # reach the taps and cut the batches differently
+    assert ranges[0]["classifier"] != ranges[1]["classifier"]
+
+
+def test_a_bad_memory_budget_is_one_message(engines: dict[str, Path], tmp_path: Path) -> None:
+    r = _run("compare", str(engines["fp"]), str(engines["int8"]), "--eval-set", str(engines["eval"]),
+             "--no-report", "--memory-budget", "lots")
+    assert r.exit_code == 2 and "cannot read the size" in r.output and "Traceback" not in r.output

@@ -181,3 +181,14 @@ def guard_out_file(path: Path, *, inputs: Sequence[Path | None] = (), option: st
     from calibkit.outdirs import guard_output_file
 
     guard_output_file(path, inputs=inputs, option=option, owned=owned)
+
+
+MEMORY_BUDGET_HELP = "Bytes of tapped activations one batch may hold, e.g. 512M, 1G, 4G."
+MAX_BATCH_TOKENS_HELP = "Most padded tokens (batch x longest text) per batch [default: no limit]."
+
+
+def token_budget(memory_budget: str, max_batch_tokens: int | None):  # type: ignore[no-untyped-def]
+    """The TokenBudget of --memory-budget / --max-batch-tokens (imported here, not at --help time)."""
+    from calibkit.data.encode import TokenBudget, parse_size
+
+    return TokenBudget(max_batch_tokens=max_batch_tokens, memory_bytes=parse_size(memory_budget))

@@ -6,7 +6,17 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import FORCE_HELP, RichProgress, guard_out_dir, handle_errors, say, warn
+from calibkit.cli._common import (
+    FORCE_HELP,
+    MAX_BATCH_TOKENS_HELP,
+    MEMORY_BUDGET_HELP,
+    RichProgress,
+    guard_out_dir,
+    handle_errors,
+    say,
+    token_budget,
+    warn,
+)
 from calibkit.executors import EXECUTOR_HELP
 
 METHODS = ("entropy", "minmax", "percentile", "mse")
@@ -78,10 +88,10 @@ def calibrate(
         32, "--batch-size", "-b", help="Most texts per inference batch (length-bucketed; the budget may cut it)."
     ),
     memory_budget: str = typer.Option(
-        "1G", "--memory-budget", help="Bytes of tapped activations one batch may hold, e.g. 512M, 1G, 4G."
+        "1G", "--memory-budget", help=MEMORY_BUDGET_HELP
     ),
     max_batch_tokens: int | None = typer.Option(
-        None, "--max-batch-tokens", help="Most padded tokens (batch x longest text) per batch [default: no limit]."
+        None, "--max-batch-tokens", help=MAX_BATCH_TOKENS_HELP
     ),
     op_types: list[str] = typer.Option(
         ["MatMul,Gemm"], "--op-types", help="Op types to quantize (comma-separated or repeated)."
@@ -118,9 +128,7 @@ def calibrate(
             raise UsageError(f"--num-bins must be a power of two >= 256, got {num_bins}", hint="the default is 2048")
         if batch_size < 1:
             raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
-        from calibkit.data.encode import TokenBudget, parse_size
-
-        budget = TokenBudget(max_batch_tokens=max_batch_tokens, memory_bytes=parse_size(memory_budget))
+        budget = token_budget(memory_budget, max_batch_tokens)
         ops = _split(op_types)
         if not ops:
             raise UsageError("--op-types is empty", hint="e.g. --op-types MatMul,Gemm")

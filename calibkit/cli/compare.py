@@ -7,7 +7,19 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import FORCE_HELP, RichProgress, guard_out_dir, guard_out_file, handle_errors, out, say, warn
+from calibkit.cli._common import (
+    FORCE_HELP,
+    MAX_BATCH_TOKENS_HELP,
+    MEMORY_BUDGET_HELP,
+    RichProgress,
+    guard_out_dir,
+    guard_out_file,
+    handle_errors,
+    out,
+    say,
+    token_budget,
+    warn,
+)
 from calibkit.executors import EXECUTOR_HELP
 
 HELP = (
@@ -70,6 +82,8 @@ def compare(
     sensitivity_samples: int = typer.Option(
         256, "--sensitivity-samples", min=1, help="Examples per variant (stratified subset)."
     ),
+    memory_budget: str = typer.Option("1G", "--memory-budget", help=MEMORY_BUDGET_HELP + " For the layer taps."),
+    max_batch_tokens: int | None = typer.Option(None, "--max-batch-tokens", help=MAX_BATCH_TOKENS_HELP),
     sensitivity_layers: int | None = typer.Option(
         None, "--sensitivity-layers", min=1,
         help="Only the K layers with the worst own SQNR or most zeroed weights (default: every layer).",
@@ -130,6 +144,7 @@ def compare(
         ev, rows = limit_eval_set(full, limit, seed)
         ensure_known_labels(ev, next((e.tokenizer for e in (a, b, ref) if e and e.tokenizer), None))
         opts = CompareOptions(
+            budget=token_budget(memory_budget, max_batch_tokens),
             batch_size=batch_size,
             layers=layers,
             layer_samples=layer_samples,

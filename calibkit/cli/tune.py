@@ -7,7 +7,18 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import FORCE_HELP, RichProgress, guard_out_dir, handle_errors, out, say, warn
+from calibkit.cli._common import (
+    FORCE_HELP,
+    MAX_BATCH_TOKENS_HELP,
+    MEMORY_BUDGET_HELP,
+    RichProgress,
+    guard_out_dir,
+    handle_errors,
+    out,
+    say,
+    token_budget,
+    warn,
+)
 from calibkit.executors import EXECUTOR_HELP
 
 HELP = (
@@ -60,6 +71,8 @@ def tune(
     executor: str | None = typer.Option(None, "--executor", help=EXECUTOR_HELP),
     holdout: float = typer.Option(0.3, "--holdout", help="Fraction of the eval set held out for the final check."),
     sensitivity_samples: int = typer.Option(256, "--sensitivity-samples", min=8, help="Examples per ranking run."),
+    memory_budget: str = typer.Option("1G", "--memory-budget", help=MEMORY_BUDGET_HELP + " For the layer taps."),
+    max_batch_tokens: int | None = typer.Option(None, "--max-batch-tokens", help=MAX_BATCH_TOKENS_HELP),
     sensitivity_layers: int | None = typer.Option(
         None, "--sensitivity-layers", min=1,
         help="Measure sensitivity only for the K layers with the worst own SQNR (default: every layer).",
@@ -101,6 +114,7 @@ def tune(
             sensitivity_samples=sensitivity_samples, sensitivity_layers=sensitivity_layers,
             max_evaluations=max_evaluations, workers=workers,
             seed=seed, target=target, params=MethodParams(percentile=percentile),
+            budget=token_budget(memory_budget, max_batch_tokens),
         )
         render = None
         if report_dir is not None:

@@ -75,6 +75,7 @@ class CompareOptions:
     thresholds: Thresholds = field(default_factory=Thresholds)
     seed: int = 0  # draws the layer-statistics and sensitivity subsets (stratified by label)
     task: str | None = None  # --task: classification | embedding | token-classification (default: from outputs)
+    budget: Any = None  # calibkit.data.encode.TokenBudget of the layer taps (None: the default memory budget)
 
 
 @dataclass(frozen=True, eq=False)
@@ -422,7 +423,7 @@ def _compare_fidelity(
         layer_subset = stratified_subset(texts, strata, options.layer_samples, options.seed)
         measured = measure_layers(
             specs, layer_subset.take(texts), tokenizer, reference=ref_model, baseline=model_a, candidate=model_b,
-            runner_factory=factory, batch_size=options.batch_size, progress=progress,
+            runner_factory=factory, batch_size=options.batch_size, progress=progress, budget=options.budget,
         )
         wsqnr = weight_errors(int8_model, ref_model) if int8_model is not None and ref_model is not None else {}
         for m in measured.layers:
@@ -568,7 +569,7 @@ def compare_engines(
         n_layer = len(layer_subset)
         measured = measure_layers(
             specs, layer_subset.take(texts), tokenizer, reference=ref_model, baseline=model_a, candidate=model_b,
-            runner_factory=factory, batch_size=options.batch_size, progress=progress,
+            runner_factory=factory, batch_size=options.batch_size, progress=progress, budget=options.budget,
         )
         wsqnr = weight_errors(int8_model, ref_model) if int8_model is not None and ref_model is not None else {}
         if options.sensitivity and int8_art is not None and int8_model is not None and texts:

@@ -84,6 +84,7 @@ class TuneConfig:
     op_types: tuple[str, ...] = DEFAULT_OP_TYPES
     batch_size: int = 32
     params: MethodParams = field(default_factory=MethodParams)
+    budget: Any = None  # calibkit.data.encode.TokenBudget for statistics and layer taps (None: the default)
 
     def threshold(self, fp32_accuracy: float) -> float:
         if self.relative:
@@ -349,7 +350,8 @@ def _run_tune(
     # statistics and tables
     store, reused_stats = gather_stats(model_dir, cset, placement.activations, model_sha256=sha,
                                        num_bins=config.params.num_bins, batch_size=config.batch_size, progress=cb,
-                                       model=proto, executor=executor if shard_stats else None)
+                                       model=proto, executor=executor if shard_stats else None,
+                                       budget=config.budget)
     linear = linear_work(proto, _typical_feeds(tok, cset, input_names), config.op_types)
     flops = {f.node: f.flops for f in linear.plain}  # what plans choose among; fused ops stay FP32 (below)
     work.mkdir(parents=True, exist_ok=True)
@@ -409,7 +411,7 @@ def _run_tune(
     # ranking: layers ordered by their own quantization error (cheap, every layer), then the worst K of them
     # re-ordered by measured sensitivity (keep only this one in higher precision) on a subset of the search split
     if base_key not in quality:
-        quality.update(_layer_quality(proto, {base_key: table}, tok, probe_texts, cb))
+        quality.update(_layer_quality(proto, {base_key: table}, tok, probe_texts, cb, config.budget))
     from calibkit.evaluate.compare import worst_layers
     from calibkit.evaluate.layers import weight_errors
 
@@ -563,6 +565,7 @@ def _layer_quality(
     tok: TextTokenizer,
     texts: Sequence[str],
     cb: ProgressCallback,
+    budget: Any = None,
 ) -> dict[str, tuple[Any, Any]]:
     """Per table: the per-layer measurements (own and output SQNR) of its all-INT8 model, and that model."""
     from calibkit.evaluate.layers import find_layers
@@ -574,7 +577,7 @@ def _layer_quality(
         cb(ProgressEvent("per-layer SQNR of each table", i, len(tables), message=m))
         q = quantize_model(fp, table, target=Target.TENSORRT).model
         out[m] = (measure_layers(find_layers(q), texts, tok, reference=fp, baseline=fp, candidate=q,
-                                 runner_factory=ort_runner_factory()), q)
+                                 runner_factory=ort_runner_factory(), budget=budget), q)
     cb(ProgressEvent("per-layer SQNR of each table", len(tables), len(tables)))
     return out
 
