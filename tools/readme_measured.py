@@ -17,22 +17,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from calibkit.report.formatting import fraction_pct as _pct
+from calibkit.report.formatting import interval_text as _ci
+
 BEGIN = "<!-- measured:begin -->"
 END = "<!-- measured:end -->"
 HEADER = ("| what | result | command |", "|---|---|---|")
 DEFAULT_SUMMARY = Path("reports/demo-fine-tuned/index/summary.json")
-
-
-def _pct(v: float | None) -> str:
-    return "—" if v is None or v != v else f"{100 * v:.2f} %"
-
-
-def _ci(d: dict[str, Any] | None, pts: bool = False) -> str:
-    if not d or d.get("low") is None:
-        return ""
-    if pts:
-        return f" [{100 * d['low']:+.2f}, {100 * d['high']:+.2f}]"
-    return f" [{100 * d['low']:.2f}, {100 * d['high']:.2f}]"
 
 
 def render_block(s: dict[str, Any]) -> str:
@@ -62,7 +53,7 @@ def render_block(s: dict[str, Any]) -> str:
          f"{best}: {bf['flips']} of {bf['n']} flipped ({_pct(bf['flips'] / bf['n'])}), agreement "
          f"{_pct(bf['agreement']['estimate'])}{_ci(bf['agreement'])}" if bf else best, "`calibkit demo run`"),
         (f"compare FP32 vs INT8 ({best}), {n} test texts",
-         f"accuracy {100 * d.get('estimate', float('nan')):+.2f} points{_ci(d, pts=True)} "
+         f"accuracy {100 * d.get('estimate', float('nan')):+.2f} points{_ci(d, signed=True)} "
          f"({d.get('verdict', '—')}); agreement {_pct(c['agreement'])}{_ci(c.get('agreement_ci'))}; "
          f"{len(keep)} layers advised to stay in higher precision", "`calibkit demo run`"),
         (f"tune --max-drop {t['max_drop_points']:g}{agree}, holdout split ({t.get('holdout_examples', '—')} texts "

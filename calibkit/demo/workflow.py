@@ -25,6 +25,8 @@ import numpy as np
 from calibkit import __version__
 from calibkit._io import atomic_dir, dumps_json
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+from calibkit.report.formatting import fraction_pct as _pct
+from calibkit.report.formatting import interval_text as _ci
 from calibkit.types import Method
 
 
@@ -273,18 +275,6 @@ def run_workflow(
     return WorkflowResult(reports / "index" / "index.html", reports / "index" / "index.md", summary)
 
 
-def _pct(v: float | None) -> str:
-    return "—" if v is None or v != v else f"{100 * v:.2f} %"
-
-
-def _ci(d: dict[str, Any] | None, pts: bool = False) -> str:
-    if not d or d.get("low") is None:
-        return ""
-    if pts:
-        return f" [{100 * d['low']:+.2f}, {100 * d['high']:+.2f}]"
-    return f" [{100 * d['low']:.2f}, {100 * d['high']:.2f}]"
-
-
 def _method_rows(s: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
     """method, accuracy [CI], agreement with FP32 [CI], flips, mean KL."""
     rows = []
@@ -306,7 +296,7 @@ def _compare_line(s: dict[str, Any]) -> str:
     parts = [f"FP32 vs INT8 ({s['best_method']}, TensorRT layout) on the whole test split: agreement "
              f"{_pct(c['agreement'])}{_ci(c.get('agreement_ci'))}"]
     if d:
-        parts.append(f"accuracy {100 * d['estimate']:+.2f} points{_ci(d, pts=True)} ({d['verdict']})")
+        parts.append(f"accuracy {100 * d['estimate']:+.2f} points{_ci(d, signed=True)} ({d['verdict']})")
     parts.append(f"{len(keep)} layers advised to stay in higher precision" if keep
                  else "no layer advised to stay in higher precision")
     if c.get("insufficient_evidence"):

@@ -29,6 +29,20 @@ def pct(value: float | None, digits: int = 2) -> str:
     return f"{value:.{digits}f}"
 
 
+def fraction_pct(value: float | None) -> str:
+    """A fraction as a percentage with two decimals; None and NaN as a dash."""
+    return DASH if value is None or value != value else f"{100 * value:.2f} %"
+
+
+def interval_text(d: dict | None, signed: bool = False) -> str:
+    """A JSON interval ``{"low": .., "high": ..}`` (fractions) as " [low, high]" in percent ("" when absent)."""
+    if not d or d.get("low") is None:
+        return ""
+    if signed:
+        return f" [{100 * d['low']:+.2f}, {100 * d['high']:+.2f}]"
+    return f" [{100 * d['low']:.2f}, {100 * d['high']:.2f}]"
+
+
 def points(value: float | None, digits: int = 2) -> str:
     """A signed accuracy difference (fractions) in percentage points."""
     if value is None:
