@@ -414,18 +414,8 @@ def _compare_fidelity(
     histograms: list[TensorHistogram] = []
     layer_subset: EvalSubset | None = None
     if options.layers:
-        int8_art = b if _is_int8(b) else (a if _is_int8(a) else None)
-        model_a, model_b = _onnx_of(a), _onnx_of(b)
-        int8_model = model_b if int8_art is b else (model_a if int8_art is a else None)
-        layer_source = int8_model if int8_model is not None else model_a
-        specs = find_layers(layer_source) if layer_source is not None else ()
-        ref_model = _reference_model(a, b, reference, model_a, model_b, int8_art)
-        layer_subset = stratified_subset(texts, strata, options.layer_samples, options.seed)
-        measured = measure_layers(
-            specs, layer_subset.take(texts), tokenizer, reference=ref_model, baseline=model_a, candidate=model_b,
-            runner_factory=factory, batch_size=options.batch_size, progress=progress, budget=options.budget,
-        )
-        wsqnr = weight_errors(int8_model, ref_model) if int8_model is not None and ref_model is not None else {}
+        lr = _layer_run(a, b, reference, texts, strata, options, factory, tokenizer, progress)
+        measured, wsqnr, layer_subset = lr.measured, lr.wsqnr, lr.subset
         for m in measured.layers:
             ws = wsqnr.get(m.spec.node)
             flag = flag_layer(
@@ -559,19 +549,10 @@ def compare_engines(
     sens: SensitivityAnalysis | None = None
     n_layer = 0
     if options.layers:
-        int8_art = b if _is_int8(b) else (a if _is_int8(a) else None)
-        model_a, model_b = _onnx_of(a), _onnx_of(b)
-        int8_model = model_b if int8_art is b else (model_a if int8_art is a else None)
-        layer_source = int8_model if int8_model is not None else model_a
-        specs = find_layers(layer_source) if layer_source is not None else ()
-        ref_model = _reference_model(a, b, reference, model_a, model_b, int8_art)
-        layer_subset = stratified_subset(texts, str_labels, options.layer_samples, options.seed)
+        lr = _layer_run(a, b, reference, texts, str_labels, options, factory, tokenizer, progress)
+        measured, wsqnr, layer_subset = lr.measured, lr.wsqnr, lr.subset
+        int8_art, int8_model = lr.int8_art, lr.int8_model
         n_layer = len(layer_subset)
-        measured = measure_layers(
-            specs, layer_subset.take(texts), tokenizer, reference=ref_model, baseline=model_a, candidate=model_b,
-            runner_factory=factory, batch_size=options.batch_size, progress=progress, budget=options.budget,
-        )
-        wsqnr = weight_errors(int8_model, ref_model) if int8_model is not None and ref_model is not None else {}
         if options.sensitivity and int8_art is not None and int8_model is not None and texts:
             sens_specs = worst_layers(measured.layers, wsqnr, options.sensitivity_layers)
             sens_subset = stratified_subset(texts, str_labels, options.sensitivity_samples, options.seed)
@@ -636,6 +617,35 @@ def _with_intervals(evals: Sequence[EngineEvaluation], y_true: np.ndarray, n_cla
         f1 = macro_f1_intervals(y_true, pred, pred, n_classes, seed=seed)[0] if len(y_true) else None
         out.append(replace(e, accuracy_ci=proportion(pred == y_true), macro_f1_ci=f1))
     return out
+
+
+@dataclass(frozen=True, eq=False)
+class _LayerRun:
+    int8_art: EngineArtifact | None  # the INT8 side, if either is
+    int8_model: onnx.ModelProto | None
+    measured: Any  # calibkit.evaluate.taps.LayerMeasurements
+    wsqnr: dict[str, Any]  # node -> weight error
+    subset: EvalSubset
+
+
+def _layer_run(a: EngineArtifact, b: EngineArtifact, reference: EngineArtifact | None, texts: Sequence[str],
+               strata: Sequence[str], options: CompareOptions, factory: RunnerFactory, tokenizer: TextTokenizer,
+               progress: ProgressCallback | None) -> _LayerRun:
+    """Per-layer measurements of the quantized layers on a stratified subset (``strata``: labels, or A's
+    predictions without labels), and the weight errors of the INT8 side."""
+    int8_art = b if _is_int8(b) else (a if _is_int8(a) else None)
+    model_a, model_b = _onnx_of(a), _onnx_of(b)
+    int8_model = model_b if int8_art is b else (model_a if int8_art is a else None)
+    layer_source = int8_model if int8_model is not None else model_a
+    specs = find_layers(layer_source) if layer_source is not None else ()
+    ref_model = _reference_model(a, b, reference, model_a, model_b, int8_art)
+    subset = stratified_subset(texts, list(strata), options.layer_samples, options.seed)
+    measured = measure_layers(
+        specs, subset.take(texts), tokenizer, reference=ref_model, baseline=model_a, candidate=model_b,
+        runner_factory=factory, batch_size=options.batch_size, progress=progress, budget=options.budget,
+    )
+    wsqnr = weight_errors(int8_model, ref_model) if int8_model is not None and ref_model is not None else {}
+    return _LayerRun(int8_art, int8_model, measured, wsqnr, subset)
 
 
 def _reference_model(
