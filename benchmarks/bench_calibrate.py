@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _ort_reader import padded_reader
+
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
@@ -71,9 +73,7 @@ def worker_calibkit(args: argparse.Namespace) -> dict:
 
 
 def worker_ort(args: argparse.Namespace) -> dict:
-    import numpy as np
     from onnxruntime.quantization import (
-        CalibrationDataReader,
         CalibrationMethod,
         QuantFormat,
         QuantType,
@@ -85,22 +85,6 @@ def worker_ort(args: argparse.Namespace) -> dict:
     texts = [r["text"] for r in read_jsonl(Path(args.calib) / "texts.jsonl")]
     tok = TextTokenizer(args.model)
 
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.i = 0
-
-        def get_next(self):  # noqa: ANN201
-            if self.i >= len(texts):
-                return None
-            enc = tok.encode([texts[self.i]], max_length=64)
-            self.i += 1
-            pad = 64 - enc.input_ids.shape[1]
-            f = {k: np.pad(v, ((0, 0), (0, pad))) for k, v in
-                 {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask,
-                  "token_type_ids": enc.token_type_ids}.items()}
-            if pad:
-                f["input_ids"][:, -pad:] = tok.pad_id
-            return f
 
     excluded = []
     if args.exclude:
@@ -113,7 +97,7 @@ def worker_ort(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     try:
         quantize_static(
-            str(Path(args.model) / "model.onnx"), args.out, Reader(), quant_format=QuantFormat.QDQ,
+            str(Path(args.model) / "model.onnx"), args.out, padded_reader(tok, texts, 64), quant_format=QuantFormat.QDQ,
             activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, per_channel=True,
             op_types_to_quantize=["MatMul", "Gemm"], calibrate_method=getattr(CalibrationMethod, args.method),
             extra_options={"ActivationSymmetric": True, "WeightSymmetric": True}, nodes_to_exclude=excluded,

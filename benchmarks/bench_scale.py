@@ -46,6 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _ort_reader import padded_reader
+
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 SHAPES = {  # layers, hidden, heads, intermediate
@@ -170,9 +172,7 @@ def worker_profile(args: argparse.Namespace) -> dict:
 
 
 def worker_ort(args: argparse.Namespace) -> dict:
-    import numpy as np
     from onnxruntime.quantization import (
-        CalibrationDataReader,
         CalibrationMethod,
         QuantFormat,
         QuantType,
@@ -184,26 +184,11 @@ def worker_ort(args: argparse.Namespace) -> dict:
     texts = read_texts(Path(args.calib))
     tok = TextTokenizer(args.model, max_length=128)
 
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.i = 0
-
-        def get_next(self):  # noqa: ANN201
-            if self.i >= len(texts):
-                return None
-            enc = tok.encode([texts[self.i]], max_length=128)
-            self.i += 1
-            pad = 128 - enc.input_ids.shape[1]
-            f = {k: np.pad(v, ((0, 0), (0, pad))) for k, v in
-                 {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask,
-                  "token_type_ids": enc.token_type_ids}.items()}
-            if pad:
-                f["input_ids"][:, -pad:] = tok.pad_id
-            return f
 
     t0 = time.perf_counter()
     try:
-        quantize_static(str(Path(args.model) / "model.onnx"), args.out, Reader(), quant_format=QuantFormat.QDQ,
+        quantize_static(str(Path(args.model) / "model.onnx"), args.out, padded_reader(tok, texts, 128),
+                        quant_format=QuantFormat.QDQ,
                         activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, per_channel=True,
                         op_types_to_quantize=["MatMul", "Gemm"], calibrate_method=CalibrationMethod.MinMax,
                         extra_options={"ActivationSymmetric": True, "WeightSymmetric": True})
