@@ -13,7 +13,7 @@ HELP = (
     "calibrate with every method, build FP32/FP16/INT8 engines, compare them layer by layer, tune the "
     "mixed-precision plan, and write reports/demo-<variant>/index/index.html — open that first.\n\n"
     "Examples:\n\n"
-    "  calibkit demo run                 # fine-tuned model, ~7 min on 2 cores from nothing\n\n"
+    "  calibkit demo run                 # fine-tuned model: 2 min of fine-tuning, then 15-20 min on 2 cores\n\n"
     "  calibkit demo run --fast          # logistic-regression head and small subsets, a few minutes\n"
 )
 
@@ -49,7 +49,13 @@ def run(
         out.print(f"FP32 accuracy {100 * s['fp32_accuracy']:.2f} %; INT8 by method: "
                   + ", ".join(f"{m} {100 * a:.2f} %" for m, a in s["method_accuracy"].items()))
         t = s["tune"]
+        verdict = t.get("holdout_verdict") or {}
+        holdout = {True: "supports the plan", False: "does NOT support the plan"}.get(verdict.get("supported"),
+                                                                                   "gives no verdict")
+        agreement = t.get("agreement_holdout")
         out.print(f"tuned plan: {len(t['kept_nodes'])} layers kept, {100 * t['int8_flops_fraction']:.1f} % of "
-                  f"MatMul/Gemm FLOPs in INT8, holdout {100 * t['accuracy_holdout']:.2f} % vs FP32 "
-                  f"{100 * t['fp32_accuracy_holdout']:.2f} % (target {'met' if t['met_target'] else 'NOT met'})")
+                  f"MatMul/Gemm FLOPs in INT8; target {'met' if t['met_target'] else 'NOT met'} on the search "
+                  f"split; holdout {100 * t['accuracy_holdout']:.2f} % vs FP32 {100 * t['fp32_accuracy_holdout']:.2f} %"
+                  + (f", agreement {100 * agreement:.2f} %" if agreement is not None else "")
+                  + f": the holdout {holdout}")
         out.print(f"open first: {res.index_html}")
