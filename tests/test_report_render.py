@@ -365,3 +365,48 @@ def test_tune_report_shows_agreement_and_the_holdout_verdict(tmp_path: Path) -> 
     assert "98.90 % [98.00, 99.40]" in md and "-0.20 pt [-1.00, +0.60]" in md and "not significant" in md
     assert "does not support" in md and "agreement target: not confirmed" in md and "Warning:" in md
     assert "99.10 %" in md  # the candidate's agreement
+
+
+def _task_doc(kind: str, fidelity: dict, gold: dict | None = None) -> dict:
+    return {"format": "calibkit-compare/1", "agreement": fidelity["agreement"],
+            "task": {"kind": kind, "output": "logits" if kind != "embedding" else "last_hidden_state",
+                     "labelled": gold is not None, "fidelity": fidelity, "gold": gold}}
+
+
+def test_embedding_fidelity_block_is_rendered(tmp_path: Path) -> None:
+    doc = _task_doc("embedding", {"agreement": 0.8833, "cosine_mean": 0.999912, "cosine_min": 0.999634,
+                                  "retrieval_top1_agreement": 0.8833, "retrieval_overlap_at_k": 0.94625, "k": 10.0})
+    paths = render_report(doc, tmp_path / "r")
+    md, html = paths.markdown.read_text().replace("\\", ""), paths.html.read_text()
+    for out in (md, html):
+        assert "Task fidelity: embedding" in out
+        assert "0.99963" in out and "0.99991" in out  # cosine min and mean
+        assert "same nearest neighbour" in out and "88.33 %" in out
+        assert "top-10 neighbour overlap" in out and "0.9463" in out
+    row = next(r for r in _tables(md)[-1] if "top-10" in r)
+    assert _cells(row) == 3
+
+
+def test_token_fidelity_and_gold_blocks_are_rendered(tmp_path: Path) -> None:
+    gold = {"words": 812, "unscored_words": 9, "entities": 140,
+            "engines": {"A": {"token_accuracy": 0.71, "token_accuracy_ci": {"estimate": 0.71, "low": 0.68,
+                                                                               "high": 0.74},
+                              "entity_f1": 0.4321, "entity_precision": 0.41, "entity_recall": 0.46},
+                        "B": {"token_accuracy": 0.705, "entity_f1": 0.4288, "entity_precision": 0.40,
+                              "entity_recall": 0.45}}}
+    doc = _task_doc("token-classification", {"agreement": 0.9773, "cosine_mean": 0.9991, "cosine_min": 0.9876,
+                                             "entity_f1": 0.9634}, gold)
+    paths = render_report(doc, tmp_path / "r")
+    md, html = paths.markdown.read_text().replace("\\", ""), paths.html.read_text()
+    for out in (md, html):
+        assert "Task fidelity: token classification" in out
+        assert "same label per token" in out and "97.73 %" in out
+        assert "entity F1 against A" in out and "0.9634" in out
+        assert "Against the gold labels" in out and "812 words scored" in out and "140 gold entities" in out
+        assert "9 words past the token limit" in out
+        assert "71.00 % [68.00, 74.00]" in out and "0.4321" in out and "0.4288" in out and "70.50 %" in out
+
+
+def test_no_task_block_renders_no_fidelity_section(tmp_path: Path) -> None:
+    md = render_report({"format": "calibkit-compare/1"}, tmp_path / "r").markdown.read_text()
+    assert "Task fidelity" not in md

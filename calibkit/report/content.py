@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from calibkit.report.blocks import Block, Bullets, Details, Document, Figure, Heading, Para, Span, Table
-from calibkit.report.document import CompareReport, EngineResult, LayerResult, Range, Report, TuneReport
+from calibkit.report.document import (
+    CompareReport,
+    EngineResult,
+    LayerResult,
+    Range,
+    Report,
+    TaskFidelity,
+    TuneReport,
+)
 from calibkit.report.formatting import DASH, num, pct, points, shorten, text
 from calibkit.report.plots import Plot
 
@@ -119,6 +127,70 @@ def _layer_table(layers: Sequence[LayerResult]) -> Table:
     )
 
 
+_TASK_NAMES = {"classification": "classification", "embedding": "embedding",
+               "token-classification": "token classification"}
+
+
+def _fidelity_rows(t: TaskFidelity) -> list[tuple[str, str, str]]:
+    """(metric, value, what it measures) of B against A, in the task's own terms."""
+    k = t.metric("k")
+    kk = f"top-{int(k)}" if k is not None else "top-k"
+    if t.kind == "embedding":
+        rows = [
+            ("cosine to A, mean", num(t.cosine_mean, 5), "per text, between B's and A's embedding"),
+            ("cosine to A, min", num(t.cosine_min, 5), "the least faithful text"),
+            ("same nearest neighbour", pct(t.metric("retrieval_top1_agreement") or t.agreement),
+             "each eval text queries the others by cosine: B's top-1 is A's"),
+            (f"{kk} neighbour overlap", num(t.metric("retrieval_overlap_at_k"), 4),
+             f"mean share of A's {kk} neighbours that B also ranks in its {kk}"),
+        ]
+        shown = {"retrieval_top1_agreement", "retrieval_overlap_at_k", "k"}
+    elif t.kind == "token-classification":
+        rows = [
+            ("same label per token", pct(t.agreement), "argmax of B equals A's, over real (non-padding) tokens"),
+            ("entity F1 against A", num(t.metric("entity_f1"), 4),
+             "B's BIO entities (exact span and type) scored against A's"),
+            ("cosine to A, mean", num(t.cosine_mean, 5), "per text, over its real tokens' logits"),
+            ("cosine to A, min", num(t.cosine_min, 5), "the least faithful text"),
+        ]
+        shown = {"entity_f1"}
+    else:
+        rows = [
+            ("same prediction", pct(t.agreement), "argmax of B equals A's"),
+            ("logit cosine, mean", num(t.cosine_mean, 5), "per text, between B's and A's logits"),
+            ("logit cosine, min", num(t.cosine_min, 5), "the least faithful text"),
+        ]
+        shown = set()
+    rows += [(m.name.replace("_", " "), num(m.value, 4), DASH) for m in t.extra if m.name not in shown]
+    return rows
+
+
+def _task_blocks(t: TaskFidelity | None) -> list[Block]:
+    if t is None or (t.agreement is None and t.cosine_mean is None and not t.extra and not t.gold):
+        return []
+    kind = _TASK_NAMES.get(t.kind or "", text(t.kind))
+    blocks: list[Block] = [Heading(2, f"Task fidelity: {kind}")]
+    blocks.append(Para.of("B against A in the terms of the task calibkit chose for output ",
+                          Span(text(t.output), code=True), " (", Span(kind, bold=True), "; ",
+                          "labelled eval set" if t.labelled else "no labels needed", ")."))
+    blocks.append(Table(headers=("B against A", "value", "what it measures"), rows=tuple(_fidelity_rows(t)),
+                        numeric=(False, True, False)))
+    if t.gold:
+        blocks.append(Heading(3, "Against the gold labels"))
+        unscored = (f"; {num(t.gold_unscored_words)} words past the token limit or without tokens are not scored"
+                    if t.gold_unscored_words else "")
+        blocks.append(Para.of(f"Word-level BIO tags of the eval set: {num(t.gold_words)} words scored, "
+                              f"{num(t.gold_entities)} gold entities{unscored}. A word's prediction is its first "
+                              "token's."))
+        blocks.append(Table(
+            headers=("engine", "token accuracy [95 % CI]", "entity F1", "entity precision", "entity recall"),
+            rows=tuple((text(g.engine), pct(g.token_accuracy) + _ci(g.token_accuracy_ci), num(g.entity_f1, 4),
+                        num(g.entity_precision, 4), num(g.entity_recall, 4)) for g in t.gold),
+            numeric=(False, True, True, True, True),
+        ))
+    return blocks
+
+
 def _compare_document(report: CompareReport, plots: set[str]) -> Document:
     blocks: list[Block] = [Heading(2, "Summary")]
     labels = ", ".join(report.eval_labels) if report.eval_labels else DASH
@@ -148,6 +220,7 @@ def _compare_document(report: CompareReport, plots: set[str]) -> Document:
                 + (f", mean KL {num(o.mean_kl)}" if o.mean_kl is not None else "")),
         Para.of(f"Disagreements: {len(report.disagreements)}"),
     )))
+    blocks += _task_blocks(report.task)
     if report.layer_samples or report.sensitivity_samples:
         sens = num(report.sensitivity_samples) if report.sensitivity_samples else "no"
         blocks.append(Para.of(f"Per-layer statistics from {num(report.layer_samples)} texts; per-layer "

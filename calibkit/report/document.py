@@ -211,6 +211,69 @@ class Setting:
 
 
 @dataclass(frozen=True)
+class Metric:
+    name: str
+    value: float
+
+
+@dataclass(frozen=True)
+class GoldResult:
+    """One engine against the eval set's gold labels (token classification: word-level BIO tags)."""
+
+    engine: str | None
+    token_accuracy: float | None
+    token_accuracy_ci: Range | None
+    entity_f1: float | None
+    entity_precision: float | None
+    entity_recall: float | None
+
+
+@dataclass(frozen=True)
+class TaskFidelity:
+    """The ``task`` block: which task compare chose and B's fidelity to A in its terms (``fidelity``), and,
+    for token classification with gold tags, each engine against them (``gold``)."""
+
+    kind: str | None
+    output: str | None
+    labelled: bool | None
+    agreement: float | None
+    cosine_mean: float | None
+    cosine_min: float | None
+    extra: tuple[Metric, ...]  # task-specific numbers: retrieval_overlap_at_k, k, entity_f1, ...
+    gold: tuple[GoldResult, ...] = ()
+    gold_words: int | None = None
+    gold_unscored_words: int | None = None
+    gold_entities: int | None = None
+
+    def metric(self, name: str) -> float | None:
+        return next((m.value for m in self.extra if m.name == name), None)
+
+
+_FIDELITY_CORE = ("agreement", "cosine_mean", "cosine_min")
+
+
+def _task(value: Any) -> TaskFidelity | None:
+    t = _dict(value)
+    if not t:
+        return None
+    fid = _dict(t.get("fidelity"))
+    gold = _dict(t.get("gold"))
+    extra = tuple(Metric(str(k), v) for k, v in ((k, _num(v)) for k, v in fid.items() if k not in _FIDELITY_CORE)
+                  if v is not None)
+    engines = tuple(
+        GoldResult(str(name), _num(g.get("token_accuracy")), _range(g.get("token_accuracy_ci")),
+                   _num(g.get("entity_f1")), _num(g.get("entity_precision")), _num(g.get("entity_recall")))
+        for name, g in ((n, _dict(g)) for n, g in _dict(gold.get("engines")).items())
+    )
+    return TaskFidelity(
+        kind=_str(t.get("kind")), output=_str(t.get("output")), labelled=_bool(t.get("labelled")),
+        agreement=_num(fid.get("agreement")), cosine_mean=_num(fid.get("cosine_mean")),
+        cosine_min=_num(fid.get("cosine_min")), extra=extra, gold=engines, gold_words=_int(gold.get("words")),
+        gold_unscored_words=_int(gold.get("unscored_words")), gold_entities=_int(gold.get("entities")),
+    )
+
+
+@dataclass(frozen=True)
 class CompareReport:
     format: str
     calibkit_version: str | None
@@ -234,6 +297,7 @@ class CompareReport:
     warnings: tuple[str, ...] = ()
     seed: int | None = None
     subsets: tuple[Setting, ...] = ()  # which rows each measurement used
+    task: TaskFidelity | None = None
 
     def layer_for_node(self, node: str) -> LayerResult | None:
         return next((layer for layer in self.layers if layer.node == node), None)
@@ -373,6 +437,7 @@ def parse_compare(doc: dict[str, Any]) -> CompareReport:
         warnings=_strs(doc.get("warnings")),
         seed=_int(doc.get("seed")),
         subsets=_subsets(doc),
+        task=_task(doc.get("task")),
     )
 
 
