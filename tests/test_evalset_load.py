@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from calibkit.data.evalset import label_ids, load_eval_set
+from calibkit.data.evalset import label_ids, load_eval_set, word_label_ids
 from calibkit.errors import DataError
 
 ROWS = [("a fine film", "positive"), ("dull, flat", "negative"), ('says "hi", then, leaves', "positive")]
@@ -99,3 +99,90 @@ def test_unlabeled_set_is_accepted_and_a_named_label_column_must_exist(tmp_path:
     assert es.head(1).texts == ("hi",)
     with pytest.raises(DataError, match="no label column 'intent'"):
         load_eval_set(f, label_column="intent")
+
+
+# ---------------------------------------------------------------- one tag per word (NER, CoNLL style)
+
+NER = [(["Anna", "flew", "to", "New", "York."], ["B-PER", "O", "O", "B-LOC", "I-LOC"]),
+       (["Bob", "stayed"], ["B-PER", "O"])]
+NER_LABELS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
+
+
+def _words(ev, i: int) -> list[str]:
+    return [ev.texts[i][a:b] for a, b in ev.word_labels[i].spans]
+
+
+def test_conll_tokens_and_ner_tags_jsonl(tmp_path: Path) -> None:
+    p = tmp_path / "ner.jsonl"
+    p.write_text("".join(json.dumps({"tokens": w, "ner_tags": t}) + "\n" for w, t in NER))
+    ev = load_eval_set(p)
+    assert ev.texts == ("Anna flew to New York.", "Bob stayed")
+    assert ev.has_word_labels and not ev.has_labels and ev.labels == ()
+    assert _words(ev, 0) == NER[0][0] and ev.word_labels[0].tags == tuple(NER[0][1])
+    ids = word_label_ids(ev, NER_LABELS, 5)
+    assert [list(x) for x in ids] == [[1, 0, 0, 3, 4], [1, 0]]
+
+
+def test_text_with_a_tags_list_aligned_to_whitespace_words_and_int_tags(tmp_path: Path) -> None:
+    p = tmp_path / "ner.jsonl"
+    p.write_text(json.dumps({"text": "Anna  flew\tto Paris", "tags": [1, 0, 0, 3.0]}) + "\n")
+    ev = load_eval_set(p)
+    assert _words(ev, 0) == ["Anna", "flew", "to", "Paris"] and ev.word_labels[0].tags == ("1", "0", "0", "3")
+    assert list(word_label_ids(ev, NER_LABELS, 5)[0]) == [1, 0, 0, 3]
+
+
+def test_hf_datasets_ner_tags_become_the_datasets_tag_names(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    # the dataset's ids differ from the model's: names are what match
+    names = ["O", "B-LOC", "I-LOC", "B-PER", "I-PER"]
+    feats = datasets.Features({"tokens": datasets.Sequence(datasets.Value("string")),
+                               "ner_tags": datasets.Sequence(datasets.ClassLabel(names=names))})
+    ds = datasets.Dataset.from_dict({"tokens": [w for w, _ in NER],
+                                     "ner_tags": [[names.index(x) for x in t] for _, t in NER]}, features=feats)
+    datasets.DatasetDict({"test": ds}).save_to_disk(str(tmp_path / "hf"))
+    ev = load_eval_set(tmp_path / "hf")
+    assert ev.word_labels[0].tags == tuple(NER[0][1])
+    assert [list(x) for x in word_label_ids(ev, NER_LABELS, 5)] == [[1, 0, 0, 3, 4], [1, 0]]
+
+
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        ([{"tokens": ["a", "b"], "ner_tags": ["O"]}], "example 1 has 1 tags in 'ner_tags' for 2 words"),
+        ([{"tokens": ["a"], "ner_tags": ["O"]}, {"tokens": ["b", "c"], "ner_tags": ["O", "O", "O"]}],
+         "example 2 has 3 tags in 'ner_tags' for 2 words in 'tokens': tags and words are misaligned"),
+        ([{"text": "a b c", "labels": ["O", "O"]}], "example 1 has 2 tags in 'labels' for 3 words in 'text'"),
+        ([{"tokens": ["a"], "ner_tags": ["O"]}, {"tokens": ["b"], "ner_tags": "O"}],
+         "example 2 has no list of tags in column 'ner_tags'"),
+        ([{"tokens": ["a", "b"], "ner_tags": ["O", None]}], "tag 2 \\(None\\) of word 'b'"),
+        ([{"tokens": ["a", 3], "ner_tags": ["O", "O"]}], "column 'tokens' is not a list of words"),
+    ],
+)
+def test_misaligned_or_malformed_word_tags_name_the_row(tmp_path: Path, rows: list, message: str) -> None:
+    p = tmp_path / "ner.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match=message) as exc:
+        load_eval_set(p)
+    assert "one tag per word" in (exc.value.hint or "") or "list of words" in str(exc.value)
+
+
+def test_unknown_word_tags_are_named(tmp_path: Path) -> None:
+    p = tmp_path / "ner.jsonl"
+    p.write_text(json.dumps({"tokens": ["Anna", "Corp"], "ner_tags": ["B-PER", "B-ORG"]}) + "\n")
+    with pytest.raises(DataError, match="1 word tags the model does not know: 'B-ORG'") as exc:
+        word_label_ids(load_eval_set(p), NER_LABELS, 5)
+    assert "B-LOC" in (exc.value.hint or "")
+
+
+def test_subsets_keep_words_and_tags_together(tmp_path: Path) -> None:
+    from calibkit.evaluate.subsets import limit_eval_set
+
+    p = tmp_path / "ner.jsonl"
+    rows = [{"tokens": [f"w{i}", "x"], "ner_tags": ["B-PER" if i % 2 else "O", "O"]} for i in range(40)]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ev = load_eval_set(p)
+    for sub in (ev.head(7), limit_eval_set(ev, 9, seed=3)[0]):
+        assert sub.has_word_labels and len(sub.word_labels) == len(sub.texts)
+        for text, wl in zip(sub.texts, sub.word_labels):
+            i = int(text.split()[0][1:])
+            assert wl.tags[0] == ("B-PER" if i % 2 else "O")

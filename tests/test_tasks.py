@@ -141,3 +141,81 @@ def test_classification_metrics_only_with_labels() -> None:
     assert t.metrics(out, None) is None
     m = t.metrics(out, np.array([0, 0]))
     assert m is not None and m.accuracy == 0.5
+
+
+# ---------------------------------------------------------------- gold word tags (NER)
+
+TAGS = ("O", "B-ENT", "I-ENT")
+
+
+def _word_set(tmp_path: Path, rows: list[tuple[str, list[str]]]):  # type: ignore[no-untyped-def]
+    from calibkit.data.evalset import load_eval_set
+
+    p = tmp_path / "ner.jsonl"
+    p.write_text("".join(json.dumps({"text": t, "tags": g}) + "\n" for t, g in rows))
+    return load_eval_set(p)
+
+
+def _tagger() -> FunctionRunner:
+    """logits[b, s] one-hot: token "a" (id 4) -> B-ENT, "b" (id 5) -> I-ENT, anything else -> O."""
+    def fn(feeds):  # type: ignore[no-untyped-def]
+        ids = feeds["input_ids"]
+        cls = np.where(ids == 4, 1, np.where(ids == 5, 2, 0))
+        return {"logits": np.eye(3, dtype=np.float32)[cls]}
+
+    specs = [TensorSpec("input_ids", "int64", ("batch", "seq")), TensorSpec("attention_mask", "int64", ("b", "s"))]
+    return FunctionRunner(fn, specs, ["logits"])
+
+
+def test_words_map_to_their_first_token_and_words_past_the_limit_are_unscored(
+        tokenizer: TextTokenizer, tmp_path: Path) -> None:
+    from calibkit.evaluate.tasks import align_word_labels, first_token_positions
+
+    long = " ".join(["c"] * 20)
+    ev = _word_set(tmp_path, [("a b. c", ["O"] * 3), ("c  ,d", ["O", "O"]), (long, ["O"] * 20)])
+    gold = align_word_labels(tokenizer, ev, TAGS)
+    # [CLS] a b . c [SEP]: "b." is two tokens, its first is position 2; ",d" starts with an [UNK] comma
+    assert gold.positions[0].tolist() == [1, 2, 4] and gold.positions[1].tolist() == [1, 2]
+    # model_max_length 16: [CLS] + 14 words + [SEP]; the last 6 words have no position
+    assert gold.positions[2].tolist() == list(range(1, 15)) + [-1] * 6
+    assert gold.words == 3 + 2 + 14 and gold.unscored_words == 6
+    # brute force: the first token whose start lies inside the word
+    offs = tokenizer.token_offsets(ev.texts)
+    for o, w, got in zip(offs, [x.spans for x in ev.word_labels], first_token_positions(offs, [x.spans for x in
+                                                                                              ev.word_labels])):
+        want = [next((j for j, (a, b) in enumerate(o) if b > a and s <= a < e), -1) for s, e in w]
+        assert got.tolist() == want
+
+
+def test_gold_metrics_per_word_accuracy_and_entity_f1(tokenizer: TextTokenizer, tmp_path: Path) -> None:
+    from calibkit.evaluate.tasks import align_word_labels, entity_scores
+
+    rows = [("a b c", ["B-ENT", "I-ENT", "O"]),  # all right
+            ("c a. d", ["O", "B-ENT", "O"]),  # "a." is scored by its first token "a": right
+            ("c b", ["O", "O"]),  # predicts I-ENT on "b": one wrong word, one spurious entity
+            ("a c", ["B-ENT", "I-ENT"]),  # entity cut short: one wrong word, a missed and a spurious entity
+            (" ".join(["c"] * 20), ["O"] * 20)]  # 14 scored, all right; 6 past the limit
+    ev = _word_set(tmp_path, rows)
+    task = TokenClassificationTask("logits", TAGS)
+    with _tagger() as r:
+        out = task.predict(r, tokenizer, ev.texts, batch_size=2)
+    m = task.gold_metrics(out, align_word_labels(tokenizer, ev, TAGS))
+    assert (m.words, m.unscored_words, m.gold_entities) == (24, 6, 3)
+    assert m.token_accuracy == pytest.approx(22 / 24) and m.token_accuracy_ci.low < 22 / 24 < m.token_accuracy_ci.high
+    assert m.entities is not None and (m.entities.tp, m.entities.fp, m.entities.fn) == (2, 2, 1)
+    assert m.entities.f1 == pytest.approx(4 / 7) and m.entities.precision == 0.5
+    assert m.entities.recall == pytest.approx(2 / 3)
+    assert entity_scores([["B-ENT"]], [["O"]]).f1 == 0.0
+    d = m.to_dict()
+    assert d["entity_f1"] == pytest.approx(4 / 7) and d["words"] == 24
+
+
+def test_gold_metrics_without_bio_labels_give_accuracy_only(tokenizer: TextTokenizer, tmp_path: Path) -> None:
+    from calibkit.evaluate.tasks import align_word_labels
+
+    ev = _word_set(tmp_path, [("a b c", ["NOUN", "VERB", "X"])])
+    task = TokenClassificationTask("logits", ("X", "NOUN", "VERB"))
+    with _tagger() as r:
+        m = task.gold_metrics(task.predict(r, tokenizer, ev.texts, batch_size=2),
+                              align_word_labels(tokenizer, ev, task.labels))
+    assert m.token_accuracy == 1.0 and m.entities is None and m.to_dict()["entity_f1"] is None

@@ -3,11 +3,18 @@
 Labels may be class names or class ids; :func:`label_ids` maps them onto a model's ``id2label``. A set without a
 label column is accepted (``labels == ()``, :attr:`EvalSet.has_labels` False): fidelity to the reference model
 needs no labels; accuracy is reported only where they exist.
+
+Token-labelled sets (named-entity recognition): one tag per word, as CoNLL-style datasets ship them — a
+``tokens`` list of words with a ``ner_tags`` list (``datasets``' ``Sequence(ClassLabel)`` ids become the
+dataset's tag names), or a ``text`` with a ``tags`` / ``ner_tags`` / ``labels`` list aligned to its whitespace
+words. They load as :attr:`EvalSet.word_labels` (the text is the words joined by single spaces); a row whose
+tag count differs from its word count is refused with its row number.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,17 +28,34 @@ from calibkit.errors import DataError
 
 TEXT_COLUMNS = ("text", "sentence", "review", "content")
 LABEL_COLUMNS = ("label", "labels", "sentiment", "target")
+WORD_COLUMNS = ("tokens", "words")  # a list of words per row (CoNLL-style datasets)
+TAG_COLUMNS = ("ner_tags", "tags", "labels", "label")  # a list of tags per row, one per word
 _FORMATS = "JSONL (.jsonl/.json), CSV (.csv/.tsv), Parquet (.parquet) or a Hugging Face datasets folder"
+
+
+@dataclass(frozen=True)
+class WordLabels:
+    """Gold tags of one text, one per word: ``spans`` are the words' (start, end) character offsets in the
+    text, ``tags`` their tags as written (names or ids, as strings)."""
+
+    spans: tuple[tuple[int, int], ...]
+    tags: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class EvalSet:
     """Texts with their labels as written in the file (names or ids, as strings); ``labels`` is empty when the
-    file has no label column."""
+    file has no label column. ``word_labels``: per text, gold tags of its words (token-labelled sets), else
+    empty."""
 
     path: Path
     texts: tuple[str, ...]
     labels: tuple[str, ...]
+    word_labels: tuple[WordLabels, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.word_labels and len(self.word_labels) != len(self.texts):
+            raise ValueError(f"{len(self.word_labels)} rows of word labels for {len(self.texts)} texts")
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -40,13 +64,24 @@ class EvalSet:
     def has_labels(self) -> bool:
         return len(self.labels) == len(self.texts) and len(self.texts) > 0
 
+    @property
+    def has_word_labels(self) -> bool:
+        return len(self.word_labels) == len(self.texts) and len(self.texts) > 0
+
+    def take(self, indices: Sequence[int]) -> EvalSet:
+        """The rows ``indices``, with their labels and word labels."""
+        idx = [int(i) for i in indices]
+        return replace(self, texts=tuple(self.texts[i] for i in idx),
+                       labels=tuple(self.labels[i] for i in idx) if self.labels else (),
+                       word_labels=tuple(self.word_labels[i] for i in idx) if self.word_labels else ())
+
     def head(self, n: int | None) -> EvalSet:
         """The first ``n`` examples (all when ``n`` is None)."""
         if n is None or n >= len(self.texts):
             return self
         if n <= 0:
             raise DataError(f"--limit must be positive, got {n}")
-        return replace(self, texts=self.texts[:n], labels=self.labels[:n])
+        return self.take(range(n))
 
 
 def load_eval_set(
@@ -84,12 +119,32 @@ def label_ids(eval_set: EvalSet, id2label: Mapping[int, str], num_classes: int) 
 
     Raises DataError naming the labels the model does not know.
     """
+    return map_labels(eval_set.labels, id2label, num_classes, f"eval set {eval_set.path.name}", "labels")
+
+
+def word_label_ids(eval_set: EvalSet, id2label: Mapping[int, str], num_labels: int) -> list[np.ndarray]:
+    """Per text, the model's label ids (int64) of its words' gold tags (by name or id, as :func:`label_ids`).
+
+    Raises DataError naming the tags the model does not know.
+    """
+    flat = [t for w in eval_set.word_labels for t in w.tags]
+    ids = map_labels(flat, id2label, num_labels, f"eval set {eval_set.path.name}", "word tags")
+    out, start = [], 0
+    for w in eval_set.word_labels:
+        out.append(ids[start:start + len(w.tags)])
+        start += len(w.tags)
+    return out
+
+
+def map_labels(values: Sequence[str], id2label: Mapping[int, str], num_classes: int, where: str,
+               what: str = "labels") -> np.ndarray:
+    """Ids (int64) of label names or ids against a model's ``id2label``; DataError naming the unknown ones."""
     names = {str(v): k for k, v in id2label.items()}
     lower = {str(v).lower(): k for k, v in id2label.items()}
     known_ids = set(id2label) if id2label else set(range(num_classes))
-    out = np.empty(len(eval_set.labels), dtype=np.int64)
+    out = np.empty(len(values), dtype=np.int64)
     unknown: dict[str, int] = {}
-    for i, lab in enumerate(eval_set.labels):
+    for i, lab in enumerate(values):
         key = lab.strip()
         if key in names:
             out[i] = names[key]
@@ -106,7 +161,7 @@ def label_ids(eval_set: EvalSet, id2label: Mapping[int, str], num_classes: int) 
         shown = ", ".join(f"{k!r} ({v}x)" for k, v in list(unknown.items())[:8])
         known = ", ".join(f"{k}={v}" for k, v in sorted(id2label.items())) or f"ids 0..{num_classes - 1}"
         raise DataError(
-            f"eval set {eval_set.path.name}: {sum(unknown.values())} labels the model does not know: {shown}",
+            f"{where}: {sum(unknown.values())} {what} the model does not know: {shown}",
             hint=f"the model's labels (config.json id2label) are: {known}; use those names or ids",
         )
     return out
@@ -183,8 +238,18 @@ def _read_hf_dataset(p: Path, split: str | None) -> list[dict[str, Any]]:
                 hint="pick one with --split",
             )
         ds = ds[chosen]
-    # ClassLabel columns come back as ids; the model's id2label names them
-    return ds.to_list()
+    # ClassLabel columns come back as ids; the model's id2label names them. Lists of ClassLabel (ner_tags) come
+    # back as the dataset's tag names: a word's tag is matched to the model's labels by name
+    rows = ds.to_list()
+    for col, feat in ds.features.items():
+        inner = getattr(feat, "feature", None)
+        if isinstance(feat, list) and len(feat) == 1:
+            inner = feat[0]
+        if isinstance(inner, datasets.ClassLabel):
+            for r in rows:
+                if isinstance(r.get(col), list):
+                    r[col] = [inner.int2str(v) if isinstance(v, int) and v >= 0 else v for v in r[col]]
+    return rows
 
 
 def _pick(columns: Sequence[str], wanted: str | None, defaults: Sequence[str], what: str, p: Path) -> str:
@@ -201,10 +266,82 @@ def _pick(columns: Sequence[str], wanted: str | None, defaults: Sequence[str], w
     )
 
 
+def _list_column(row: dict[str, Any], wanted: str | None, defaults: Sequence[str]) -> str | None:
+    """The column holding a list in ``row``: ``wanted`` when it does, else the first of ``defaults``."""
+    if wanted:
+        return wanted if isinstance(row.get(wanted), list) else None
+    return next((c for c in defaults if isinstance(row.get(c), list)), None)
+
+
+def _tag_text(value: Any) -> str | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, float):
+        return str(int(value)) if value == int(value) else None
+    if isinstance(value, (str, int)):
+        s = str(value).strip()
+        return s or None
+    return None
+
+
+def _to_word_eval_set(p: Path, rows: list[dict[str, Any]], text_col: str | None, tag_col: str) -> EvalSet:
+    """A token-labelled set: per row a list of words (``tokens``) or a text split at whitespace, and a list of
+    tags of the same length."""
+    first = rows[0]
+    wc = _list_column(first, text_col, WORD_COLUMNS)
+    tc = None if wc else _pick(list(first), text_col, TEXT_COLUMNS, "text", p)
+    source = wc or tc
+    texts: list[str] = []
+    words: list[WordLabels] = []
+    hint = (f"one tag per word: CoNLL style, a {WORD_COLUMNS[0]!r} list of words and a {tag_col!r} list of as many "
+            f"tags, or a text whose whitespace-separated words the {tag_col!r} list tags one by one")
+    for n, r in enumerate(rows, 1):
+        tags = r.get(tag_col)
+        if not isinstance(tags, list):
+            raise DataError(f"eval set {p.name}: example {n} has no list of tags in column {tag_col!r} (example 1 "
+                            f"has one)", hint=hint)
+        if wc:
+            ws = r.get(wc)
+            if not isinstance(ws, list) or not all(isinstance(w, str) for w in ws):
+                raise DataError(f"eval set {p.name}: example {n}: column {wc!r} is not a list of words", hint=hint)
+            spans, pos = [], 0
+            for w in ws:
+                spans.append((pos, pos + len(w)))
+                pos += len(w) + 1
+            t = " ".join(ws)
+        else:
+            raw = r.get(tc) if tc else None
+            if not isinstance(raw, str):
+                raise DataError(f"eval set {p.name}: example {n} has no text in column {tc!r}")
+            t = raw
+            spans = [(m.start(), m.end()) for m in re.finditer(r"\S+", t)]
+        if len(tags) != len(spans):
+            raise DataError(
+                f"eval set {p.name}: example {n} has {len(tags)} tags in {tag_col!r} for {len(spans)} words in "
+                f"{source!r}: tags and words are misaligned", hint=hint)
+        if not is_usable(t):
+            raise DataError(f"eval set {p.name}: example {n} has no usable text in column {source!r}",
+                            hint="remove or fix that example")
+        if has_lone_surrogate(t):
+            raise DataError(f"eval set {p.name}: example {n}: its text holds a lone UTF-16 surrogate (e.g. "
+                            "\\udc00), which no tokenizer accepts", hint="fix the encoding of that example")
+        as_text = [_tag_text(v) for v in tags]
+        bad = next((i for i, v in enumerate(as_text) if v is None), None)
+        if bad is not None:
+            raise DataError(f"eval set {p.name}: example {n}: tag {bad + 1} ({tags[bad]!r}) of word "
+                            f"{t[spans[bad][0]:spans[bad][1]]!r} is neither a tag name nor an id", hint=hint)
+        texts.append(t)
+        words.append(WordLabels(tuple(spans), tuple(v for v in as_text if v is not None)))
+    return EvalSet(path=p, texts=tuple(texts), labels=(), word_labels=tuple(words))
+
+
 def _to_eval_set(p: Path, rows: list[dict[str, Any]], text_col: str | None, label_col: str | None) -> EvalSet:
     if not rows:
         raise DataError(f"eval set {p} holds no examples")
     columns = list(rows[0])
+    tag_col = _list_column(rows[0], label_col, TAG_COLUMNS)
+    if tag_col is not None:  # one tag per word (NER): a list-valued label column
+        return _to_word_eval_set(p, rows, text_col, tag_col)
     tc = _pick(columns, text_col, TEXT_COLUMNS, "text", p)
     # no label column at all: an unlabeled set (fidelity only); a named --label-column must exist
     lc = _pick(columns, label_col, LABEL_COLUMNS, "label", p) if label_col or any(

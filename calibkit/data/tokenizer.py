@@ -93,6 +93,24 @@ class TextTokenizer:
             return np.array([len(e.ids) for e in encs], dtype=np.int64)
         return np.array([len(x) for x in self._slow(list(texts))["input_ids"]], dtype=np.int64)
 
+    def token_offsets(self, texts: Sequence[str], max_length: int | None = None) -> list[list[tuple[int, int]]]:
+        """Per text, the (start, end) character span of each token position that :meth:`encode` feeds, truncated
+        the same way; special tokens are ``(0, 0)``. Needs a fast tokenizer (tokenizer.json)."""
+        limit = max_length or self.max_length
+        if self._fast is not None:
+            encs = self._fast.encode_batch(list(texts))
+            offs = [[(0, 0) if sp else (int(a), int(b)) for (a, b), sp in zip(e.offsets, e.special_tokens_mask)]
+                    for e in encs]
+        else:
+            try:
+                enc = self._slow(list(texts), return_offsets_mapping=True, return_special_tokens_mask=True)
+            except NotImplementedError as exc:
+                raise ModelError(f"the tokenizer in {self.path} cannot map tokens to characters",
+                                 hint="word-level labels need a fast tokenizer: a folder with tokenizer.json") from exc
+            offs = [[(0, 0) if sp else (int(a), int(b)) for (a, b), sp in zip(o, m)]
+                    for o, m in zip(enc["offset_mapping"], enc["special_tokens_mask"])]
+        return [x if len(x) <= limit else x[: limit - 1] + x[-1:] for x in offs]
+
     def encode(self, texts: Sequence[str], max_length: int | None = None) -> Encoding:
         """Encode and pad to the longest text of the batch (no padding to a fixed maximum)."""
         limit = max_length or self.max_length

@@ -42,7 +42,16 @@ from calibkit.evaluate.sensitivity import LayerSensitivity, SensitivityAnalysis,
 from calibkit.evaluate.streaming import RangeAccumulator
 from calibkit.evaluate.subsets import EvalSubset, stratified_subset
 from calibkit.evaluate.taps import LayerMeasurement, RunnerFactory, measure_layers, ort_runner_factory
-from calibkit.evaluate.tasks import Fidelity, Task, TaskKind, choose_task, model_outputs
+from calibkit.evaluate.tasks import (
+    Fidelity,
+    Task,
+    TaskKind,
+    TokenClassificationTask,
+    WordGold,
+    align_word_labels,
+    choose_task,
+    model_outputs,
+)
 from calibkit.evaluate.uncertainty import (
     Interval,
     PairedDifference,
@@ -140,6 +149,7 @@ class Comparison:
     task: str = "classification"  # evaluate.tasks.TaskKind value
     task_output: str = ""
     fidelity: Fidelity | None = None  # B against A in the task's terms
+    gold: dict[str, Any] | None = None  # token classification: each engine against the eval set's gold word tags
 
     @property
     def keep_in_higher_precision(self) -> tuple[str, ...]:
@@ -196,8 +206,8 @@ class Comparison:
                 for h in self.histograms
             },
             "task": {"kind": self.task, "output": self.task_output,
-                     "labelled": bool(self.engines and self.engines[0].metrics is not None),
-                     "fidelity": self.fidelity.to_dict() if self.fidelity else None},
+                     "labelled": bool(self.engines and self.engines[0].metrics is not None) or self.gold is not None,
+                     "fidelity": self.fidelity.to_dict() if self.fidelity else None, "gold": self.gold},
         }
 
 
@@ -373,6 +383,9 @@ def _compare_fidelity(
     its intervals and the per-layer accuracy sensitivity are left out (they need labels)."""
     engines = [a, b] + ([reference] if reference is not None else [])
     texts = list(eval_set.texts)
+    # gold word tags (NER sets) score token classifiers; aligned before any inference, so bad tags fail fast
+    scored = task if isinstance(task, TokenClassificationTask) and eval_set.has_word_labels else None
+    word_gold = align_word_labels(tokenizer, eval_set, task.labels) if scored and task.labels else None
     evals: list[EngineEvaluation] = []
     for name, art in zip(["A", "B", "reference"], engines):
         with open_runner(art) as runner:
@@ -382,6 +395,7 @@ def _compare_fidelity(
     ea, eb = evals[0], evals[1]
     assert ea.outputs is not None and eb.outputs is not None  # set just above
     fid = task.fidelity(ea.outputs, eb.outputs)
+    gold = _gold_metrics(scored, tokenizer, eval_set, evals, word_gold) if scored else None
     va, vb = ea.logits, eb.logits
     if ea.outputs.mask is not None:  # token outputs: real tokens only
         va, vb = va[ea.outputs.mask], vb[ea.outputs.mask]
@@ -405,8 +419,16 @@ def _compare_fidelity(
             for i in np.flatnonzero(pa != pb)[: options.max_disagreements]
         )
         strata = [str(int(v)) for v in pa]  # layer subsets stratified by A's prediction
-    warnings = ["the eval set has no labels: fidelity to A is reported, accuracy is not"] if not eval_set.has_labels \
-        else [f"labels are not used for {task.kind.value} models yet: fidelity to A is reported, accuracy is not"]
+    if gold is not None:
+        warnings = []
+    elif eval_set.has_word_labels:
+        warnings = [f"the eval set's word tags are used for token-classification models, not {task.kind.value}: "
+                    "fidelity to A is reported, accuracy is not"]
+    elif not eval_set.has_labels:
+        warnings = ["the eval set has no labels: fidelity to A is reported, accuracy is not"]
+    else:
+        warnings = [f"labels are not used for {task.kind.value} models yet: fidelity to A is reported, accuracy is "
+                    "not"]
     if options.sensitivity and options.layers:
         warnings.append("per-layer sensitivity (accuracy of one-layer variants) needs a labelled classification "
                         "eval set: skipped")
@@ -434,8 +456,21 @@ def _compare_fidelity(
         histograms=tuple(histograms), sensitivity=None, layer_samples=len(layer_subset) if layer_subset else 0,
         agreement_ci=proportion(pa == pb) if pa is not None and pb is not None else None,
         warnings=tuple(warnings), seed=options.seed, rows=rows, layer_subset=layer_subset,
-        task=task.kind.value, task_output=task.output_name, fidelity=fid,
+        task=task.kind.value, task_output=task.output_name, fidelity=fid, gold=gold,
     )
+
+
+def _gold_metrics(task: TokenClassificationTask, tokenizer: TextTokenizer, eval_set: EvalSet,
+                  evals: Sequence[EngineEvaluation], word_gold: WordGold | None) -> dict[str, Any]:
+    """Each engine against the eval set's gold word tags (evaluate.tasks.TokenClassificationTask.gold_metrics)."""
+    if word_gold is None:  # no id2label: the model's label ids name its labels
+        n = int(evals[0].logits.shape[-1]) if evals[0].logits.ndim == 3 else 0
+        word_gold = align_word_labels(tokenizer, eval_set, tuple(str(i) for i in range(n)))
+    per = {e.name: task.gold_metrics(e.outputs, word_gold) for e in evals if e.outputs is not None}
+    first = next(iter(per.values()))
+    return {"engines": {k: v.to_dict() for k, v in per.items()}, "words": first.words,
+            "unscored_words": first.unscored_words, "entities": first.gold_entities,
+            "convention": "one BIO tag per word; a word's prediction is its first token's"}
 
 
 def check_same_model(engines: Sequence[EngineArtifact]) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -143,6 +143,6 @@ def limit_eval_set(eval_set: EvalSet, limit: int | None, seed: int = 0) -> tuple
         return eval_set, None
     if not eval_set.has_labels:  # an unlabeled set: one stratum
         sub = stratified_subset(eval_set.texts, [""] * len(eval_set), limit, seed)
-        return replace(eval_set, texts=sub.take(eval_set.texts)), sub
+        return eval_set.take(sub.indices), sub  # with its word labels, where it has them
     sub = stratified_subset(eval_set.texts, eval_set.labels, limit, seed)
-    return replace(eval_set, texts=sub.take(eval_set.texts), labels=sub.take(eval_set.labels)), sub
+    return eval_set.take(sub.indices), sub

@@ -8,7 +8,10 @@ compare and tune ask the task, never the model type:
   retrieval agreement over the eval texts themselves (for each text, do both models rank the same nearest
   neighbours? top-1 agreement and top-k overlap), so no labels are needed.
 - ``token-classification`` (``[batch, seq, labels]`` logits): agreement = same argmax per real token; for BIO
-  label sets, entity-level F1 of the candidate's entities against the reference's.
+  label sets, entity-level F1 of the candidate's entities against the reference's. Where the eval set carries
+  gold tags per word (:attr:`EvalSet.word_labels`), :meth:`TokenClassificationTask.gold_metrics` scores each
+  model against them: a word's prediction is that of its first token (the usual convention for CoNLL-style
+  evaluation), per-word accuracy and entity-level (exact span and type) precision, recall and F1.
 
 :func:`choose_task` picks one from the ONNX outputs (name, rank) and config.json (``id2label``,
 ``architectures``).
@@ -23,11 +26,13 @@ from typing import Protocol
 
 import numpy as np
 
+from calibkit.data.evalset import EvalSet, word_label_ids
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.engines.base import BaseRunner
 from calibkit.errors import ModelError
 from calibkit.evaluate.metrics import ClassificationMetrics, classification_metrics
 from calibkit.evaluate.predict import Predicted, predict_outputs
+from calibkit.evaluate.uncertainty import Interval, proportion
 from calibkit.progress import ProgressCallback
 
 RETRIEVAL_K = 10
@@ -199,15 +204,109 @@ def bio_entities(tags: Sequence[str]) -> set[tuple[int, int, str]]:
     return out
 
 
-def entity_f1(reference: Sequence[Sequence[str]], candidate: Sequence[Sequence[str]]) -> float:
-    """Micro entity-level F1 of the candidate's spans against the reference's (exact span and type)."""
+@dataclass(frozen=True)
+class EntityScore:
+    """Micro entity-level scores of a candidate's spans against a reference's (exact span and type)."""
+
+    tp: int
+    fp: int
+    fn: int
+
+    @property
+    def f1(self) -> float:
+        return 1.0 if self.tp + self.fp + self.fn == 0 else 2 * self.tp / (2 * self.tp + self.fp + self.fn)
+
+    @property
+    def precision(self) -> float:
+        return 1.0 if self.tp + self.fp == 0 else self.tp / (self.tp + self.fp)
+
+    @property
+    def recall(self) -> float:
+        return 1.0 if self.tp + self.fn == 0 else self.tp / (self.tp + self.fn)
+
+
+def entity_scores(reference: Sequence[Sequence[str]], candidate: Sequence[Sequence[str]]) -> EntityScore:
+    if len(reference) != len(candidate):
+        raise ValueError(f"{len(reference)} reference tag sequences vs {len(candidate)} candidate ones")
     tp = fp = fn = 0
     for r, c in zip(reference, candidate):
         er, ec = bio_entities(r), bio_entities(c)
         tp += len(er & ec)
         fp += len(ec - er)
         fn += len(er - ec)
-    return 1.0 if tp + fp + fn == 0 else 2 * tp / (2 * tp + fp + fn)
+    return EntityScore(tp, fp, fn)
+
+
+def entity_f1(reference: Sequence[Sequence[str]], candidate: Sequence[Sequence[str]]) -> float:
+    """Micro entity-level F1 of the candidate's spans against the reference's (exact span and type)."""
+    return entity_scores(reference, candidate).f1
+
+
+def first_token_positions(offsets: Sequence[Sequence[tuple[int, int]]],
+                          spans: Sequence[Sequence[tuple[int, int]]]) -> list[np.ndarray]:
+    """Per text, the token position of each word's first token (int64), -1 where a word has none (past the
+    token limit, or characters the tokenizer drops). ``offsets``: per text, each token position's character
+    span ((0, 0) for special tokens); ``spans``: per text, each word's character span."""
+    if len(offsets) != len(spans):
+        raise ValueError(f"token offsets of {len(offsets)} texts for word spans of {len(spans)}")
+    out = []
+    for offs, words in zip(offsets, spans):
+        starts = [(a, j) for j, (a, b) in enumerate(offs) if b > a]  # increasing in a for every tokenizer here
+        pos = np.full(len(words), -1, dtype=np.int64)
+        k = 0
+        for w, (ws, we) in enumerate(words):
+            while k < len(starts) and starts[k][0] < ws:
+                k += 1
+            if k < len(starts) and starts[k][0] < we:
+                pos[w] = starts[k][1]
+        out.append(pos)
+    return out
+
+
+@dataclass(frozen=True)
+class WordGold:
+    """Gold tags aligned to token positions: per text, each word's first-token position (-1: not scored) and
+    gold label id."""
+
+    positions: tuple[np.ndarray, ...]
+    label_ids: tuple[np.ndarray, ...]
+
+    @property
+    def words(self) -> int:
+        return int(sum(int((p >= 0).sum()) for p in self.positions))
+
+    @property
+    def unscored_words(self) -> int:
+        return int(sum(int((p < 0).sum()) for p in self.positions))
+
+
+def align_word_labels(tokenizer: TextTokenizer, eval_set: EvalSet, labels: Sequence[str]) -> WordGold:
+    """The eval set's gold word tags as the model's label ids, at their words' first token positions.
+    Raises DataError for tags the model does not know."""
+    ids = word_label_ids(eval_set, dict(enumerate(labels)), len(labels))
+    offsets = tokenizer.token_offsets(eval_set.texts)
+    positions = first_token_positions(offsets, [w.spans for w in eval_set.word_labels])
+    return WordGold(tuple(positions), tuple(ids))
+
+
+@dataclass(frozen=True)
+class TokenGoldMetrics:
+    """One model against gold word tags: per-word accuracy (Wilson 95 % interval over words) and, for BIO
+    label sets, entity-level precision, recall and F1 (None otherwise)."""
+
+    token_accuracy: float
+    token_accuracy_ci: Interval
+    entities: EntityScore | None
+    words: int
+    unscored_words: int
+    gold_entities: int
+
+    def to_dict(self) -> dict[str, object]:
+        e = self.entities
+        return {"token_accuracy": self.token_accuracy, "token_accuracy_ci": self.token_accuracy_ci.to_dict(),
+                "entity_f1": e.f1 if e else None, "entity_precision": e.precision if e else None,
+                "entity_recall": e.recall if e else None, "words": self.words,
+                "unscored_words": self.unscored_words, "entities": self.gold_entities}
 
 
 @dataclass(frozen=True)
@@ -252,7 +351,33 @@ class TokenClassificationTask:
         return None
 
     def metrics(self, out: Predicted, y_true: np.ndarray | None) -> ClassificationMetrics | None:
-        return None  # gold token tags are not read from eval sets yet
+        return None  # gold tags are per word, not per text: see gold_metrics
+
+    def gold_metrics(self, out: Predicted, gold: WordGold) -> TokenGoldMetrics:
+        """``out`` (this task's predictions for the eval texts, in order) against gold word tags: a word's
+        prediction is its first token's; words without a token position are not scored."""
+        if len(gold.positions) != len(out.values):
+            raise ValueError(f"gold tags of {len(gold.positions)} texts for predictions of {len(out.values)}")
+        pred = out.values.argmax(axis=-1) if out.values.size else np.zeros((len(gold.positions), 0), np.int64)
+        width = pred.shape[1] if pred.ndim == 2 else 0
+        same: list[np.ndarray] = []
+        gold_tags: list[list[str]] = []
+        pred_tags: list[list[str]] = []
+        names = np.asarray(self.labels) if self.labels else None
+        for i, (pos, ids) in enumerate(zip(gold.positions, gold.label_ids)):
+            keep = (pos >= 0) & (pos < width)
+            p = pred[i, pos[keep]] if width else np.zeros(0, dtype=np.int64)
+            g = ids[keep]
+            same.append(p == g)
+            if names is not None:
+                gold_tags.append(list(names[g]))
+                pred_tags.append(list(names[p]))
+        hits = np.concatenate(same) if same else np.zeros(0, dtype=bool)
+        ci = proportion(hits)
+        scores = entity_scores(gold_tags, pred_tags) if self.is_bio else None
+        n_gold = sum(len(bio_entities(t)) for t in gold_tags) if self.is_bio else 0
+        return TokenGoldMetrics(float(hits.mean()) if hits.size else float("nan"), ci, scores, int(hits.size),
+                                gold.unscored_words + (gold.words - int(hits.size)), n_gold)
 
 
 def choose_task(
