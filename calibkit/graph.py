@@ -62,3 +62,13 @@ def tap_name(tensor: str, model: onnx.ModelProto) -> str:
     """The output name under which ``add_outputs`` exposes ``tensor``."""
     produced = {o for n in model.graph.node for o in n.output}
     return tensor if tensor in produced or tensor in {o.name for o in model.graph.output} else f"{tensor}__calibkit_tap"
+
+
+def qdq_layout(model: onnx.ModelProto) -> str | None:
+    """The quantize Target a Q/DQ model was built for (uint8 activations with zero point 128: ``onnxruntime``;
+    int8: ``tensorrt``), or None when it has no QuantizeLinear with a zero point."""
+    inits = {i.name: i.data_type for i in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "QuantizeLinear" and len(n.input) > 2 and n.input[2] in inits:
+            return "onnxruntime" if inits[n.input[2]] == onnx.TensorProto.UINT8 else "tensorrt"
+    return None

@@ -178,3 +178,36 @@ def test_cli_qdq_that_is_not_quantized(model_dir: Path, tmp_path: Path) -> None:
     res = _run(["build", str(model_dir), "-p", "int8", "--qdq", str(model_dir / "model.onnx"), "-o", str(out)])
     assert res.exit_code == 4 and "not a Q/DQ INT8 model" in " ".join(res.output.split())
     _nothing_written(tmp_path, out)
+
+
+@pytest.mark.parametrize(("flag", "saturates", "bits"), [
+    ("--reduce-range", False, 7), ("--no-reduce-range", True, 8), (None, True, 7), (None, False, 8),
+])
+def test_int8_weight_bits_follow_the_flag_or_the_cpu(model_dir: Path, tmp_path: Path, monkeypatch,  # noqa: ANN001
+                                                      flag: str | None, saturates: bool, bits: int) -> None:
+    import calibkit.engines.cpu as cpu
+
+    monkeypatch.setattr(cpu, "int8_gemm_saturates", lambda: saturates)
+    cal = _calibration(model_dir, tmp_path / "cal" / "calibration.json")
+    out = tmp_path / "m.int8.onnx"
+    res = _run(["build", str(model_dir), "-p", "int8", "--calibration", str(cal), "-o", str(out),
+                *([flag] if flag else [])])
+    assert res.exit_code == 0, res.output
+    assert EngineArtifact.load(out).extra["weight_bits"] == bits
+    weights = [numpy_helper.to_array(i) for i in onnx.load(str(out)).graph.initializer
+               if i.data_type == TensorProto.INT8]
+    assert max(int(np.abs(w).max()) for w in weights) == (63 if bits == 7 else 127)
+    from calibkit.engines.onnxruntime import EXACT_QDQ, OnnxRuntimeRunner
+
+    ref = _logits(model_dir / "model.onnx")
+    with OnnxRuntimeRunner(out, optimization=EXACT_QDQ) as r:  # 8-bit weights may saturate ORT's kernels here
+        np.testing.assert_allclose(r.infer({"x": X})["logits"], ref, atol=0.05 * np.abs(ref).max())
+    if bits == 7:  # cannot saturate: ORT's int8 kernels give the same on every CPU
+        np.testing.assert_allclose(_logits(out), ref, atol=0.05 * np.abs(ref).max())
+
+
+def test_reduce_range_with_the_tensorrt_layout_is_refused(model_dir: Path, tmp_path: Path) -> None:
+    cal = _calibration(model_dir, tmp_path / "cal" / "calibration.json")
+    res = _run(["build", str(model_dir), "-p", "int8", "--calibration", str(cal), "--target", "tensorrt",
+                "--reduce-range", "-o", str(tmp_path / "m.onnx")])
+    assert res.exit_code != 0 and "onnxruntime layout only" in res.output

@@ -80,6 +80,11 @@ def build(
     opt_seq: int | None = typer.Option(None, "--opt-seq", help="TensorRT profile: tuned-for sequence [median]."),
     max_seq: int | None = typer.Option(None, "--max-seq", help="TensorRT profile: longest sequence [p99, to 8]."),
     workspace_mib: int = typer.Option(4096, "--workspace-mib", help="TensorRT builder workspace limit (MiB)."),
+    reduce_range: bool | None = typer.Option(
+        None, "--reduce-range/--no-reduce-range",
+        help="7-bit weights for the onnxruntime layout: ONNX Runtime's int8 GEMM saturates with 8-bit weights on "
+        "x86 CPUs without VNNI [default: on where this machine's CPU lacks VNNI].",
+    ),
 ) -> None:
     with handle_errors():
         from calibkit.engines.build import BuildRequest
@@ -99,7 +104,7 @@ def build(
             model=model, output=output, precision=prec, backend=back, calibration=calibration, qdq_model=qdq,
             target=target.lower() if target else None, exclude=_split(exclude), tokenizer=tokenizer,
             calibration_set=calibration_set, min_seq=min_seq, opt_seq=opt_seq, max_seq=max_seq,
-            workspace_mib=workspace_mib,
+            workspace_mib=workspace_mib, reduce_range=reduce_range,
         )
         from calibkit.engines.artifact import sidecar_path
 

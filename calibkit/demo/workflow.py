@@ -98,7 +98,7 @@ def run_workflow(
     from calibkit.data.tokenizer import TextTokenizer
     from calibkit.demo.prepare import PrepareOptions, prepare_demo
     from calibkit.engines.build import BuildRequest, build
-    from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+    from calibkit.engines.onnxruntime import OnnxRuntimeRunner, evaluation_optimization
     from calibkit.evaluate.compare import CompareOptions, compare_engines
     from calibkit.evaluate.predict import predict_logits
     from calibkit.evaluate.tune import TuneConfig, run_tune
@@ -154,7 +154,8 @@ def run_workflow(
     method_acc: dict[str, float] = {}
     method_fid: dict[str, dict[str, Any]] = {}
     for m, res in calib.items():
-        with OnnxRuntimeRunner(res.model_path, name=f"int8-{m}") as r:
+        with OnnxRuntimeRunner(res.model_path, name=f"int8-{m}",
+                               optimization=evaluation_optimization("tensorrt")) as r:
             lg = predict_logits(r, tok, ev.texts, progress=cb, task=f"INT8 ({m}) accuracy")
         method_acc[m] = _acc(lg, labels)
         method_fid[m] = _fidelity(lg, fp32_logits, labels, options.seed)

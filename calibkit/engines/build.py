@@ -54,6 +54,7 @@ class BuildRequest:
     opt_seq: int | None = None
     max_seq: int | None = None
     workspace_mib: int = 4096
+    reduce_range: bool | None = None  # 7-bit weights (onnxruntime layout); None: where this CPU needs them
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,11 @@ def validate(req: BuildRequest) -> None:
                 "--precision int8 needs exactly one of --calibration and --qdq",
                 hint="calibrate first (`calibkit calibrate MODEL -c SET --out OUT`), then pass --calibration OUT",
             )
+        if req.reduce_range is not None and req.qdq_model is not None:
+            raise UsageError("--reduce-range/--no-reduce-range choose the weights calibkit quantizes; --qdq models "
+                             "come quantized", hint="drop the flag, or build from --calibration")
+    elif req.reduce_range is not None:
+        raise UsageError(f"--reduce-range only applies to --precision int8 (got {precision.value})")
     elif req.calibration is not None or req.qdq_model is not None:
         raise UsageError(f"--calibration/--qdq only apply to --precision int8 (got {precision.value})")
     if req.target is not None:
@@ -216,10 +222,11 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
             )
         default = Target.TENSORRT if backend is Backend.TENSORRT else Target.ONNXRUNTIME
         target = Target(req.target) if req.target else default
-        _emit(progress, 1, total, f"inserting Q/DQ ({target.value} layout)")
+        reduce = _reduce_range(req, target)
+        _emit(progress, 1, total, f"inserting Q/DQ ({target.value} layout{', 7-bit weights' if reduce else ''})")
         res = quantize_model(
             load_model(src), cf.table, exclude=tuple(cf.exclude) + req.exclude, target=target,
-            keep_nodes=req.keep_nodes,
+            keep_nodes=req.keep_nodes, reduce_range=reduce,
         )
         if not res.quantized_nodes:
             raise CalibrationError(
@@ -234,7 +241,7 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
         calibration_sha = sha256_file(cf.path)
         kept, quantized, missing = res.kept_nodes, res.quantized_nodes, res.missing_ranges
         extra.update(target=target.value, quantized_nodes=len(quantized), missing_ranges=list(missing),
-                     zero_ranges=list(res.zero_ranges))
+                     zero_ranges=list(res.zero_ranges), weight_bits=7 if reduce else 8)
         if calib_set_path is None:
             cs = cf.raw.get("calibration_set")
             if isinstance(cs, dict) and cs.get("path") and Path(cs["path"]).exists():
@@ -311,6 +318,24 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
     _emit(progress, total, total, "done")
     # what a reader of the sidecar sees: paths resolved against the engine's folder
     return BuildResult(EngineArtifact.load(req.output), sc, tuple(written), quantized, missing)
+
+
+def _reduce_range(req: BuildRequest, target: object) -> bool:
+    from calibkit.engines.cpu import int8_gemm_saturates
+    from calibkit.quantize.qdq import Target
+
+    if target is not Target.ONNXRUNTIME:
+        if req.reduce_range:
+            raise UsageError("--reduce-range applies to the onnxruntime layout only",
+                             hint="TensorRT's int8 GEMMs accumulate in int32 and never saturate: drop --reduce-range")
+        return False
+    if req.reduce_range is not None:
+        return req.reduce_range
+    if int8_gemm_saturates():
+        log.warning("this CPU has no VNNI: ONNX Runtime's int8 GEMM would saturate with 8-bit weights, so the "
+                    "weights get 7 bits (--reduce-range); pass --no-reduce-range for a model served on VNNI CPUs")
+        return True
+    return False
 
 
 def _check_tensorrt_parsable(req: BuildRequest) -> None:

@@ -31,6 +31,17 @@ def default_providers() -> list[str]:
     return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in have]
 
 
+EXACT_QDQ = "none"  # graph optimizations off: Q/DQ pairs run as written, the MatMuls in FP32 on dequantized values
+
+
+def evaluation_optimization(target: str | None) -> str:
+    """ONNX Runtime's optimization level for evaluating a model of this Q/DQ layout on CPU. The TensorRT layout
+    runs as exact Q/DQ arithmetic, which is what TensorRT computes (int8 GEMMs accumulating in int32); with
+    optimizations on, ORT fuses it into its own int8 kernels, which saturate on x86 CPUs without VNNI
+    (calibkit.engines.cpu) and would blame calibration for the CPU. Other models run fully optimized."""
+    return EXACT_QDQ if target == "tensorrt" else "all"
+
+
 class OnnxRuntimeRunner(BaseRunner):
     """Runs an ONNX model (a path or serialized bytes) in an ``onnxruntime.InferenceSession``.
 

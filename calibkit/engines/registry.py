@@ -23,11 +23,31 @@ def open_runner(
     path = art.path if art else Path(engine)  # type: ignore[arg-type]
     backend = art.backend if art else (Backend.TENSORRT if path.suffix in (".engine", ".plan") else Backend.ONNXRUNTIME)
     if backend is Backend.ONNXRUNTIME:
-        from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+        from calibkit.engines.onnxruntime import OnnxRuntimeRunner, evaluation_optimization
 
-        return OnnxRuntimeRunner(path, providers=providers, output_names=output_names)
+        layout = qdq_layout(art, path)
+        return OnnxRuntimeRunner(path, providers=providers, output_names=output_names,
+                                 optimization=evaluation_optimization(layout))
     if backend is Backend.TENSORRT:
         from calibkit.engines.tensorrt.runner import TensorRTRunner
 
         return TensorRTRunner(path, output_names=output_names)
     raise ModelError(f"unknown backend for {path}")
+
+
+def qdq_layout(art: EngineArtifact | None, path: Path) -> str | None:
+    """The Q/DQ layout of an INT8 ONNX engine (its sidecar's ``target``, else read from the file's zero
+    points); None for FP32/FP16 engines, which are not read again."""
+    if art is not None:
+        if art.precision.value != "int8":
+            return None
+        if art.extra.get("target"):
+            return str(art.extra["target"])
+    from calibkit.graph import load_model
+    from calibkit.graph import qdq_layout as layout_of
+
+    try:
+        model = load_model(path, load_external_data=False)
+    except ModelError:  # the runner reports unreadable files itself
+        return None
+    return layout_of(model)

@@ -60,7 +60,7 @@ from calibkit.evaluate.uncertainty import (
     paired_difference,
     proportion,
 )
-from calibkit.graph import load_model
+from calibkit.graph import load_model, qdq_layout
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.types import Backend, Method, MethodParams, Precision
 
@@ -494,15 +494,6 @@ def _onnx_of(a: EngineArtifact) -> onnx.ModelProto | None:
     return None
 
 
-def _qdq_target(model: onnx.ModelProto) -> str:
-    """The quantize Target a Q/DQ model was built for: uint8 activations with zero point 128 mean ONNX Runtime."""
-    inits = {i.name: i for i in model.graph.initializer}
-    for n in model.graph.node:
-        if n.op_type == "QuantizeLinear" and len(n.input) > 2 and n.input[2] in inits:
-            return "onnxruntime" if inits[n.input[2]].data_type == onnx.TensorProto.UINT8 else "tensorrt"
-    return "tensorrt"
-
-
 def compare_engines(
     a: EngineArtifact,
     b: EngineArtifact,
@@ -762,7 +753,7 @@ def _sensitivity(
         labels=[int(v) for v in y_true[idx]],
         reference_logits=fp.logits[idx],
         base_keep=int8_art.kept_higher_precision,
-        target=_qdq_target(int8_model),
+        target=qdq_layout(int8_model) or "tensorrt",
         batch_size=options.batch_size,
         workers=options.workers,
         progress=progress,

@@ -103,14 +103,15 @@ def build_variant(
 def run_sensitivity_job(job: SensitivityJob) -> SensitivityResult:
     """Pure work unit: everything it needs is in ``job``; failures come back in ``error``, never raised."""
     from calibkit.data.tokenizer import TextTokenizer
-    from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+    from calibkit.engines.onnxruntime import OnnxRuntimeRunner, evaluation_optimization
     from calibkit.evaluate.predict import predict_logits
 
     start = time.perf_counter()
     try:
         model = build_variant(job.source_model, job.calibration_json, job.keep_nodes, job.target)
         tok = TextTokenizer(job.tokenizer, max_length=job.max_length)
-        with OnnxRuntimeRunner(model, intra_op_threads=job.threads, name=f"{job.mode}:{job.node}") as runner:
+        with OnnxRuntimeRunner(model, intra_op_threads=job.threads, name=f"{job.mode}:{job.node}",
+                               optimization=evaluation_optimization(job.target)) as runner:
             logits = predict_logits(runner, tok, job.texts, batch_size=job.batch_size)
     except CalibkitError as exc:
         return SensitivityResult(job.mode, job.node, float("nan"), float("nan"), float("nan"),

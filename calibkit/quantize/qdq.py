@@ -54,7 +54,7 @@ from calibkit._io import write_bytes
 from calibkit.calibrate.rangecheck import check_ranges
 from calibkit.errors import ModelError, UsageError
 from calibkit.quantize.placement import DEFAULT_OP_TYPES, plan_placement
-from calibkit.quantize.weights import quantize_weight, weight_axis
+from calibkit.quantize.weights import REDUCED_WEIGHT_MAX, quantize_weight, weight_axis
 from calibkit.types import INT8_MAX, CalibrationTable
 
 MIN_OPSET = 13  # per-axis DequantizeLinear
@@ -94,9 +94,15 @@ def quantize_model(
     exclude: Sequence[str] = (),
     target: Target = Target.TENSORRT,
     keep_nodes: Sequence[str] = (),
+    reduce_range: bool = False,
 ) -> QuantizeResult:
-    """A Q/DQ INT8 copy of ``model`` (the input model is not modified). See the module docstring for the layout."""
+    """A Q/DQ INT8 copy of ``model`` (the input model is not modified). See the module docstring for the layout.
+    ``reduce_range``: 7-bit weights for ONNX Runtime on CPUs without VNNI (calibkit.quantize.weights)"""
     target = Target(target)
+    if reduce_range and target is not Target.ONNXRUNTIME:
+        raise UsageError("--reduce-range applies to the onnxruntime layout only",
+                         hint="TensorRT's int8 GEMMs accumulate in int32 and never saturate: drop --reduce-range")
+    weight_qmax = REDUCED_WEIGHT_MAX if reduce_range else INT8_MAX
     if _default_opset(model) < MIN_OPSET:
         raise ModelError(
             f"the model uses ONNX opset {_default_opset(model)}; per-channel Q/DQ needs opset >= {MIN_OPSET}",
@@ -198,7 +204,7 @@ def quantize_model(
         key = (w, axis)
         if key in weight_dq:
             return weight_dq[key]
-        qw = quantize_weight(value, axis)
+        qw = quantize_weight(value, axis, weight_qmax)
         qname, sname, zname = fresh(f"{w}_quantized"), fresh(f"{w}_scale"), fresh(f"{w}_zero_point")
         new_inits.append(numpy_helper.from_array(qw.values, qname))
         new_inits.append(numpy_helper.from_array(qw.scale, sname))

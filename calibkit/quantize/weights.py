@@ -1,4 +1,8 @@
-"""Symmetric INT8 weight quantization: per-output-channel scales, zero point 0, values in [-127, 127]."""
+"""Symmetric INT8 weight quantization: per-output-channel scales, zero point 0, values in [-127, 127].
+
+``qmax`` 63 is ONNX Runtime's *reduce range* (7-bit weights): on x86-64 CPUs without VNNI its int8 GEMM adds
+uint8 x int8 products in pairs into int16 (VPMADDUBSW), which saturates for 8-bit weights (255 * 127 * 2 >
+32767) and silently corrupts outputs; 7-bit weights cannot saturate (255 * 63 * 2 < 32767)."""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from calibkit.types import INT8_MAX
+
+REDUCED_WEIGHT_MAX = 63  # ONNX Runtime's reduce_range: 7-bit weights
 
 
 @dataclass(frozen=True)
@@ -30,19 +36,19 @@ def weight_axis(op_type: str, input_index: int, rank: int, trans_b: bool = False
     return rank - 1 if rank >= 2 else None
 
 
-def quantize_weight(w: np.ndarray, axis: int | None) -> QuantizedWeight:
-    """Round ``w / scale`` to int8 with ``scale = max|w| / 127`` per channel (channels of zeros get scale 1)."""
+def quantize_weight(w: np.ndarray, axis: int | None, qmax: int = INT8_MAX) -> QuantizedWeight:
+    """Round ``w / scale`` to int8 with ``scale = max|w| / qmax`` per channel (channels of zeros get scale 1)."""
     w = np.asarray(w, dtype=np.float32)
     if axis is None:
         amax = np.asarray(np.max(np.abs(w)) if w.size else 0.0, dtype=np.float32)
     else:
         other = tuple(i for i in range(w.ndim) if i != axis)
         amax = np.max(np.abs(w), axis=other).astype(np.float32)
-    scale = (amax / np.float32(INT8_MAX)).astype(np.float32)
+    scale = (amax / np.float32(qmax)).astype(np.float32)
     scale = np.where(scale > 0, scale, np.float32(1.0)).astype(np.float32)
     bshape = scale.shape if axis is None else tuple(-1 if i == axis else 1 for i in range(w.ndim))
     q = np.rint(w / scale.reshape(bshape))
-    np.clip(q, -INT8_MAX, INT8_MAX, out=q)
+    np.clip(q, -qmax, qmax, out=q)
     return QuantizedWeight(values=q.astype(np.int8), scale=scale, axis=axis)
 
 
