@@ -21,6 +21,8 @@ ONNX Runtime (CPU, default graph optimizations: the Q/DQ pairs are fused into it
 feeds a float MatMul: exactly the arithmetic the Q/DQ graph specifies (what TensorRT computes, up to
 accumulation order). On CPUs without VNNI (AVX2) ONNX Runtime's s8 x s8 kernels lose far more than the Q/DQ
 graph does;
+``ORT layout, N-bit weights``: what ``calibkit build --precision int8`` writes for ONNX Runtime (uint8
+activations, weight MatMuls only, 7-bit weights on CPUs without VNNI), run by ORT's kernels;
 ``tuned holdout [95 % CI]``: the tuned plan on the holdout split; ``tuned FLOPs``: its INT8 share of linear
 FLOPs; ``target``: whether the 99 % agreement target is met on the holdout (``yes`` only when the interval's
 lower end is at least 99 %, ``estimate`` when only the point estimate is, ``no`` otherwise).
@@ -51,6 +53,7 @@ from calibkit.data.modeldir import ModelDir  # noqa: E402
 from calibkit.data.tokenizer import TextTokenizer  # noqa: E402
 from calibkit.engines.base import FunctionRunner  # noqa: E402
 from calibkit.engines.build import BuildRequest, build  # noqa: E402
+from calibkit.engines.cpu import int8_gemm_saturates  # noqa: E402
 from calibkit.engines.onnxruntime import OnnxRuntimeRunner  # noqa: E402
 from calibkit.evaluate.flops import linear_work  # noqa: E402
 from calibkit.evaluate.tasks import TaskKind, choose_task, model_outputs  # noqa: E402
@@ -122,7 +125,11 @@ def main() -> None:
     print(f"eval texts: {len(eval_texts)}; tune: "
           + ("off" if args.no_tune else f"calibkit tune --min-agreement {args.min_agreement:g} "
              f"--max-drop {args.max_drop:g} (holdout 30 %)"), flush=True)
-    header = ("| model | task | all-INT8 agreement [95 % CI] | all-INT8, exact Q/DQ [95 % CI] | other fidelity "
+    bits = 7 if int8_gemm_saturates() else 8
+    print(f"CPU: {'no VNNI' if bits == 7 else 'VNNI or not x86'}; build's onnxruntime layout uses {bits}-bit weights",
+          flush=True)
+    header = ("| model | task | all-INT8 agreement [95 % CI] | all-INT8, exact Q/DQ [95 % CI] | "
+              f"ORT layout, {bits}-bit weights, ORT kernels [95 % CI] | other fidelity "
               "(ORT kernels; exact Q/DQ) | all-INT8 FLOPs | tuned holdout agreement [95 % CI] | tuned FLOPs | kept "
               "| 99 % on holdout |")
     rows = []
@@ -133,6 +140,9 @@ def main() -> None:
                         exclude=tuple(args.exclude))
         for p, extra in (("fp32", {}), ("int8", {"calibration": res.out_dir, "target": "tensorrt"})):
             build(BuildRequest(model=z.folder, output=work / f"{p}.onnx", precision=Precision(p), **extra))
+        # build's own default for ONNX Runtime: the onnxruntime layout, 7-bit weights where this CPU lacks VNNI
+        build(BuildRequest(model=z.folder, output=work / "int8-ort.onnx", precision=Precision.INT8,
+                           calibration=res.out_dir, target="onnxruntime"))
         fp32 = onnx.load(str(work / "fp32.onnx"))
         task = choose_task(model_outputs(fp32), json.loads((z.folder / "config.json").read_text()))
         tok = TextTokenizer(z.folder)
@@ -144,6 +154,11 @@ def main() -> None:
         with exact_qdq_runner(work / "int8.onnx") as r:
             exact = task.predict(r, tok, eval_texts, batch_size=32)
         fid_exact = task.fidelity(outs[0], exact)
+        with OnnxRuntimeRunner((work / "int8-ort.onnx").read_bytes(), name="int8-ort") as r:
+            ort_layout = task.predict(r, tok, eval_texts, batch_size=32)
+        ort_iv = agreement(task, outs[0], ort_layout)
+        ort_cell = ci(ort_iv) if ort_iv is not None else \
+            f"cosine min {task.fidelity(outs[0], ort_layout).cosine_min:.5f}"
         ids = np.array([tok.encode([eval_texts[0]]).input_ids[0]])
         feeds = {k: v for k, v in {"input_ids": ids, "attention_mask": np.ones_like(ids),
                                    "token_type_ids": np.zeros_like(ids)}.items()
@@ -175,7 +190,8 @@ def main() -> None:
             tuned_share = f"{100 * final['int8_flops_fraction']:.1f} %"
             kept = str(len(final["kept_nodes"]))
             target = verdict(h_iv)
-        rows.append(f"| {name} | {task.kind.value} | {ci(all_iv)} | {ci(exact_iv)} | {other} | {100 * share:.1f} % "
+        rows.append(f"| {name} | {task.kind.value} | {ci(all_iv)} | {ci(exact_iv)} | {ort_cell} | {other} "
+                    f"| {100 * share:.1f} % "
                     f"| {tuned} | {tuned_share} | {kept} | {target} |")
         print(rows[-1], flush=True)
     print()

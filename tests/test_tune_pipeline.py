@@ -191,3 +191,23 @@ def test_tune_cli_reports_agreement_and_the_holdout_verdict(tiny_setup, tmp_path
     assert doc["eval_set"]["count"] == 200 and doc["target"]["min_agreement"] == 95.0
     plan = json.loads((tmp_path / "o" / "plan.json").read_text())
     assert plan["holdout_verdict"]["text"] and plan["agreement_with_fp32"]["holdout"] is not None
+
+
+def test_tune_on_an_unlabeled_eval_set_targets_agreement_with_fp32(tiny_setup):
+    unlabeled = tiny_setup["root"] / "unlabeled.jsonl"
+    rows = [json.loads(line) for line in tiny_setup["eval"].read_text().splitlines()]
+    unlabeled.write_text("".join(json.dumps({"text": r["text"]}) + "\n" for r in rows))
+    md = ModelDir.resolve(tiny_setup["model"])
+    ev = load_eval_set(unlabeled)
+    assert not ev.has_labels
+    cfg = TuneConfig(max_drop=0.0, workers=1, sensitivity_samples=64, method="minmax")
+    res = run_tune(md, tiny_setup["cset"], ev, tiny_setup["root"] / "unlabeled-out", cfg)
+    doc = res.doc
+    assert doc["eval_set"]["labels"].startswith("FP32 predictions")
+    assert doc["target"]["min_agreement"] == 99.0 and doc["target"]["max_drop"] is None
+    assert doc["target"]["fp32_accuracy"] == 1.0  # FP32 against its own predictions
+    for c in doc["candidates"]:  # accuracy against FP32's predictions is the agreement; only it constrains
+        assert c["accuracy_search"] == pytest.approx(c["agreement_search"])
+        assert c["meets_target"] == (c["agreement_search"] >= 0.99 - 1e-12)
+    assert res.met_target and "fc1" in res.kept_nodes  # the outlier layer flips predictions in INT8
+    assert set(doc["final"]["holdout_verdict"]["by_constraint"]) == {"agreement"}

@@ -25,6 +25,8 @@ HELP = (
     "Find the plan that keeps accuracy within --max-drop of FP32 (and, with --min-agreement, at least that "
     "percentage of FP32's predictions unchanged) while keeping as much MatMul/Gemm work (FLOPs) in INT8 as "
     "possible.\n\n"
+    "An eval set without labels works too: FP32's own predictions become the labels and the target is agreement "
+    "alone (--min-agreement, default 99 there).\n\n"
     "The eval set is split (stratified by label, seeded, by row content) into a search part, used for every "
     "decision, and a holdout part, measured only for the final plan: the verdict gives the plan's accuracy "
     "difference to FP32 and its agreement with FP32 on the holdout with 95 % intervals, and says whether the "

@@ -85,11 +85,17 @@ class TuneConfig:
     batch_size: int = 32
     params: MethodParams = field(default_factory=MethodParams)
     budget: Any = None  # calibkit.data.encode.TokenBudget for statistics and layer taps (None: the default)
+    fidelity_only: bool = False  # unlabeled eval set: FP32's predictions are the labels, only min_agreement counts
 
     def threshold(self, fp32_accuracy: float) -> float:
+        if self.fidelity_only:
+            return 0.0
         if self.relative:
             return fp32_accuracy * (1.0 - self.max_drop / 100.0)
         return fp32_accuracy - self.max_drop / 100.0
+
+
+DEFAULT_UNLABELED_AGREEMENT = 99.0  # percent of FP32's predictions kept, when the eval set has no labels
 
 
 @dataclass(frozen=True)
@@ -314,25 +320,23 @@ def _run_tune(
     if not nodes:
         raise CalibrationError(f"no {', '.join(config.op_types)} nodes to quantize in {model_dir.onnx_path.name}")
 
-    # eval set -> ids, split
+    # eval set -> ids (or, unlabeled, FP32's own predictions), split
     id2label = model_dir.id2label
     if not id2label:
         raise DataError("the model folder's config.json has no id2label: tune cannot map eval labels to classes")
-    labels = label_ids(eval_set, id2label, len(id2label))
     texts = eval_set.texts
-    search_sub, hold_sub = split_subsets(labels, config.holdout_fraction, config.seed, texts)
-    search_idx, hold_idx = search_sub.array, hold_sub.array
-    if len(search_idx) < 10:
+    if len(texts) < 15:
         raise DataError(f"the eval set is too small to tune on ({len(eval_set)} examples)",
-                        hint="use at least a few hundred labelled examples")
-    warnings = list(evidence_warnings(labels, [id2label[i] for i in sorted(id2label)]))
-    if len(hold_idx) < 200:
-        warnings.append(f"the holdout split has {len(hold_idx)} examples: its verdict has wide intervals")
-    for w in warnings:
-        log.warning("%s", w)
-    search_texts = tuple(texts[i] for i in search_idx)
-    sens_sub = nested(search_sub, stratified_subset(search_texts, [int(v) for v in labels[search_idx]],
-                                                    config.sensitivity_samples, config.seed + 1))
+                        hint="use at least a few hundred examples")
+    labelled = eval_set.has_labels
+    if labelled:
+        labels = label_ids(eval_set, id2label, len(id2label))
+    else:  # the target is fidelity alone: FP32's predictions are the labels, accuracy = agreement with FP32
+        if config.min_agreement is None:
+            config = replace(config, min_agreement=DEFAULT_UNLABELED_AGREEMENT)
+        log.warning("%s has no labels: tuning for agreement with FP32 alone (--min-agreement %g; --max-drop does "
+                    "not apply)", eval_set.path.name, config.min_agreement)
+        config = replace(config, fidelity_only=True)
 
     # FP32 reference logits on everything (once)
     from calibkit.engines.onnxruntime import OnnxRuntimeRunner
@@ -341,6 +345,21 @@ def _run_tune(
     with OnnxRuntimeRunner(model_dir.onnx_path, name="fp32") as fp32:
         ref_logits = predict_logits(fp32, tok, texts, batch_size=config.batch_size, progress=cb,
                                     task="FP32 reference")
+    if not labelled:
+        labels = ref_logits.argmax(axis=1).astype(np.int64)
+    search_sub, hold_sub = split_subsets(labels, config.holdout_fraction, config.seed, texts)
+    search_idx, hold_idx = search_sub.array, hold_sub.array
+    if len(search_idx) < 10:
+        raise DataError(f"the eval set is too small to tune on ({len(eval_set)} examples)",
+                        hint="use at least a few hundred examples")
+    warnings = list(evidence_warnings(labels, [id2label[i] for i in sorted(id2label)])) if labelled else []
+    if len(hold_idx) < 200:
+        warnings.append(f"the holdout split has {len(hold_idx)} examples: its verdict has wide intervals")
+    for w in warnings:
+        log.warning("%s", w)
+    search_texts = tuple(texts[i] for i in search_idx)
+    sens_sub = nested(search_sub, stratified_subset(search_texts, [int(v) for v in labels[search_idx]],
+                                                    config.sensitivity_samples, config.seed + 1))
     fp32_search = _accuracy(ref_logits[search_idx], labels[search_idx])
     fp32_hold = _accuracy(ref_logits[hold_idx], labels[hold_idx]) if len(hold_idx) else float("nan")
     threshold = config.threshold(fp32_search)
@@ -469,6 +488,9 @@ def _run_tune(
     doc["methods"]["all_int8_mean_kl_search"] = table_kl
     doc["methods"]["chosen_by"] = "fewest flips of FP32's predictions on the search split (then KL divergence)"
     doc["target"]["min_agreement"] = config.min_agreement
+    doc["eval_set"]["labels"] = "FP32 predictions (the eval set has none)" if config.fidelity_only else "given"
+    if config.fidelity_only:
+        doc["target"]["max_drop"] = None
     doc["final"].update(evidence)
     doc["final"]["all_int8_agreement_holdout"] = (1.0 - hold_res[()].flip_rate) if () in hold_res else None
     for c, m in zip(doc["candidates"], outcome.tried, strict=True):
@@ -525,6 +547,8 @@ def _evidence(config: TuneConfig, final: Measured, labels: np.ndarray, ref_pred:
         out[f"agreement_{name}"] = agree.estimate
     fp32_hold = float(np.mean(ref_pred[hold_idx] == labels[hold_idx])) if len(hold_idx) else float("nan")
     allowed = -(fp32_hold * config.max_drop / 100.0 if config.relative else config.max_drop / 100.0)
+    if config.fidelity_only:
+        allowed = float("nan")  # no accuracy constraint to verify
     out["holdout_verdict"] = _holdout_verdict(config, out.get("holdout_evidence"), allowed)
     return out
 
