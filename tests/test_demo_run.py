@@ -17,7 +17,7 @@ def test_demo_workflow_fast(demo_assets_fast: Path, tmp_path: Path, monkeypatch:
     from calibkit.data.tokenizer import TextTokenizer
     from calibkit.demo.prepare import PrepareOptions
     from calibkit.demo.workflow import WorkflowOptions, run_workflow
-    from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+    from calibkit.engines.onnxruntime import EXACT_QDQ, OnnxRuntimeRunner
     from calibkit.evaluate.predict import predict_logits
 
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
@@ -41,7 +41,9 @@ def test_demo_workflow_fast(demo_assets_fast: Path, tmp_path: Path, monkeypatch:
     ev, _ = limit_eval_set(load_eval_set(demo_assets_fast / "data" / "test.jsonl"), opts.eval_limit, opts.seed)
     y = label_ids(ev, md.id2label, 2)
     best = s["best_method"]
-    with OnnxRuntimeRunner(demo_assets_fast / "runs" / f"calibrate-{best}" / "model.int8.onnx") as r:
+    # TensorRT layout: measured as exact Q/DQ arithmetic, what TensorRT computes (engines.onnxruntime)
+    int8_path = demo_assets_fast / "runs" / f"calibrate-{best}" / "model.int8.onnx"
+    with OnnxRuntimeRunner(int8_path, optimization=EXACT_QDQ) as r:
         acc = float(np.mean(predict_logits(r, TextTokenizer(md.tokenizer_path), ev.texts).argmax(1) == y))
     assert s["method_accuracy"][best] == pytest.approx(acc)
     summary = json.loads((res.index_html.parent / "summary.json").read_text())
@@ -52,7 +54,7 @@ def test_demo_workflow_fast(demo_assets_fast: Path, tmp_path: Path, monkeypatch:
     assert best == min(fid, key=lambda m: (fid[m]["flips"], fid[m]["mean_kl"]))
     with OnnxRuntimeRunner(md.onnx_path) as r:
         ref = predict_logits(r, TextTokenizer(md.tokenizer_path), ev.texts).argmax(1)
-    with OnnxRuntimeRunner(demo_assets_fast / "runs" / f"calibrate-{best}" / "model.int8.onnx") as r:
+    with OnnxRuntimeRunner(int8_path, optimization=EXACT_QDQ) as r:
         pred = predict_logits(r, TextTokenizer(md.tokenizer_path), ev.texts).argmax(1)
     assert fid[best]["flips"] == int((pred != ref).sum())
     index = res.index_md.read_text()
