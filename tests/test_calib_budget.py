@@ -163,7 +163,7 @@ def test_both_histogram_kernels_equal_brute_force():
     np.testing.assert_array_equal(a.counts, brute)
 
 
-@pytest.mark.parametrize("kernel", ["bincount", "sort"])
+@pytest.mark.parametrize("kernel", ["bincount", "add_at", "sort"])
 @pytest.mark.parametrize("scale", [1e-30, 1e-3, 1.0, 7.5e4, 1e30])
 def test_kernel_bins_strided_and_half_inputs_exactly(kernel, scale):
     from calibkit.calibrate.histogram import BinCounter

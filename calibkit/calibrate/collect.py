@@ -14,7 +14,8 @@ padded entries overwritten by a copy of one real entry that is then taken back o
 no boolean-index copies, no float64 or int64 copies of whole tensors: 256K-element chunks through per-thread
 buffers), and each output is released as soon as its statistics are done. Inference and
 statistics do not overlap (that would hold two batches); the statistics of one batch run on ``threads``
-threads instead, one tensor per task, with a histogram kernel that releases the GIL. Results do not depend on
+threads instead, one tensor per task, counting with np.bincount (whose counting loop releases the GIL; see
+:class:`calibkit.calibrate.histogram.BinCounter`). Results do not depend on
 batch size, budget or thread count: power-of-two histograms merge exactly, min/max and counts are exact.
 """
 
