@@ -2,7 +2,8 @@
 
     python benchmarks/bench_scale.py --shapes base --texts 512,2048 [--log demo_assets/logs.jsonl]
         [--tokenizer demo_assets/model] [--samples DIR] [--work DIR] [--no-ort] [--ort-lengths 128,longest]
-        [--profile] [--kernels] [--variant sort|views|overwrite] [--memory-budget 1G] [--max-batch-tokens N]
+        [--profile] [--kernels] [--variant sort|views|overwrite] [--memory-budget 1G] [--also-budget 256M]
+        [--max-batch-tokens N]
         [--threads N]
 
 Models are random-initialised BERT shapes built from a `transformers` config (nothing is downloaded) and exported
@@ -36,7 +37,8 @@ So the peak is set by batch x sequence^2 x tapped tensors, and by the longest te
 The collector now (calibkit/calibrate/collect.py): batches formed by a byte budget on the tapped outputs
 (priced by the layout probe, sequence^2 for attention), one batch alive (no overlap), outputs read as views
 of the real tokens (or in place, padding overwritten, for short texts) in 256K-element chunks and released when
-done, the model tapped without a copy and its bytes dropped after loading, statistics on all cores between
+done, the model tapped without serializing it again (the taps are a protobuf suffix appended to the file's
+bytes) and its bytes dropped after loading, statistics on all cores between
 inference runs. Same shape and texts after: peak 1.93 GB, largest
 batch 0.98 GB of outputs, numpy's allocations 0.10 GB (`--profile` prints these).
 """
@@ -297,6 +299,7 @@ def main() -> None:
     ap.add_argument("--kernels", action="store_true", help="first measure the histogram kernels alone")
     ap.add_argument("--profile", action="store_true", help="also profile statistics collection (RSS, tracemalloc)")
     ap.add_argument("--memory-budget", default="")
+    ap.add_argument("--also-budget", default="", help="also run calibkit with this --memory-budget (e.g. 256M)")
     ap.add_argument("--max-batch-tokens", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--variant", default="", help="views | overwrite | sort: also run calibkit with that statistics "
@@ -339,6 +342,11 @@ def main() -> None:
             with tempfile.TemporaryDirectory(prefix="ck-", dir=work) as tmp:
                 row["calibkit"] = spawn("calibkit", model=model, calib=calib, out=Path(tmp) / "out",
                                         cache_dir=Path(tmp) / "cache", **opts)
+            if args.also_budget:  # the same run under a smaller budget: less memory for more, smaller batches
+                with tempfile.TemporaryDirectory(prefix="ck-", dir=work) as tmp:
+                    row[f"calibkit-budget-{args.also_budget}"] = spawn(
+                        "calibkit", model=model, calib=calib, out=Path(tmp) / "o", cache_dir=Path(tmp) / "c",
+                        **{**opts, "memory_budget": args.also_budget})
             if args.variant:
                 with tempfile.TemporaryDirectory(prefix="ck-", dir=work) as tmp:
                     row[f"calibkit-{args.variant}"] = spawn("calibkit", model=model, calib=calib, out=Path(tmp) / "o",
