@@ -20,7 +20,8 @@ Each measurement runs in its own subprocess, one after another (peak RSS from wa
   padded to the longest text of the set (512 tokens for the log-sampled sets), like for like in what is seen
   (ORT then also runs, and takes ranges over, the padding, which calibkit masks).
 ``--kernels`` first measures the histogram kernels alone (calibkit.calibrate.histogram.BinCounter) on 1 thread and
-on every CPU; ``--variant sort`` also runs calibkit with the sort kernel (the earlier GIL-free default).
+on every CPU; ``--variant sort|bincount|add_at`` also runs calibkit with that kernel forced (by default the
+collector counts with bincount below 6 statistics threads and with the GIL-free sort kernel from 6 on).
 
 Where the bytes went before the budget (measured on the old collector, MiniLM-L6 shape, the 512 log-sampled
 texts, 2 cores, batch 32; RSS sampled every 10 ms, numpy's allocations by tracemalloc):
@@ -128,8 +129,8 @@ def worker_calibkit(args: argparse.Namespace) -> dict:
 
     if args.variant in ("views", "overwrite"):  # A/B of the statistics path: always views / always overwrite
         collect._VIEWS_FROM = 0 if args.variant == "views" else 1 << 62
-    elif args.variant == "sort":  # A/B of the histogram kernel
-        collect.KERNEL = "sort"
+    elif args.variant in ("sort", "bincount", "add_at"):  # A/B of the histogram kernel
+        collect.KERNEL = args.variant
     t0 = time.perf_counter()
     res = calibrate(ModelDir.resolve(args.model), load_calibration_set(args.calib), out_dir=Path(args.out),
                     cache_dir=Path(args.cache_dir), budget=_budget(args), threads=args.threads or None)
@@ -302,7 +303,8 @@ def main() -> None:
     ap.add_argument("--also-budget", default="", help="also run calibkit with this --memory-budget (e.g. 256M)")
     ap.add_argument("--max-batch-tokens", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--variant", default="", help="views | overwrite | sort: also run calibkit with that statistics "
+    ap.add_argument("--variant", default="", help="views | overwrite | sort | bincount | add_at: also run calibkit "
+                    "with that statistics "
                     "path or histogram kernel forced")
     ap.add_argument("--model", default="")
     ap.add_argument("--calib", default="")

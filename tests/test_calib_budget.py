@@ -126,6 +126,7 @@ def test_ranges_bit_identical_whatever_batch_size_budget_and_threads(tok, num_bi
         (32, TokenBudget(max_batch_tokens=40), 2),
         (32, TokenBudget(memory_bytes=3000), 4),
         (60, TokenBudget(memory_bytes=1), 2),  # one text per batch
+        (5, None, 8),  # from _SORT_FROM threads on, the sort kernel counts
     ]:
         got = collect_stats(_fake_runner, bucketed_batches(tok, items, NAMES, batch_size=batch_size, budget=budget),
                             ["H", "A", "Kt"], num_bins=num_bins, threads=threads)

@@ -14,8 +14,8 @@ padded entries overwritten by a copy of one real entry that is then taken back o
 no boolean-index copies, no float64 or int64 copies of whole tensors: 256K-element chunks through per-thread
 buffers), and each output is released as soon as its statistics are done. Inference and
 statistics do not overlap (that would hold two batches); the statistics of one batch run on ``threads``
-threads instead, one tensor per task, counting with np.bincount (whose counting loop releases the GIL; see
-:class:`calibkit.calibrate.histogram.BinCounter`). Results do not depend on
+threads instead, one tensor per task, counting with np.bincount on few threads and with a GIL-free radix sort
+from ``_SORT_FROM`` threads on (see :class:`calibkit.calibrate.histogram.BinCounter`). Results do not depend on
 batch size, budget or thread count: power-of-two histograms merge exactly, min/max and counts are exact.
 """
 
@@ -42,7 +42,12 @@ log = logging.getLogger("calibkit.calibrate")
 RunnerSource = Callable[[], BaseRunner] | str | os.PathLike[str] | bytes | onnx.ModelProto
 
 _PROBES = ((2, 13), (3, 17))
-KERNEL = "bincount"  # the histogram kernel (calibkit.calibrate.histogram.BinCounter); benchmarks A/B it
+KERNEL = ""  # force a histogram kernel (calibkit.calibrate.histogram.BinCounter); benchmarks A/B them
+# from this many statistics threads on, the radix-sort kernel: measured on the GPU machine's 16-core host
+# (benchmarks/bench_scale.py --kernels), np.bincount costs 4.3 ns per value on one thread but only gets 1.75x
+# faster on 16 (its min/max pre-pass holds the GIL), the sort kernel costs 7.6 ns but gets 3.8x faster:
+# 2.4 against 2.0 ns per value at 16 threads; the two cross near 6 threads
+_SORT_FROM = 6
 _VIEWS_FROM = 1 << 16  # mean entries per view of real tokens from which views are read directly
 
 
@@ -367,7 +372,8 @@ def collect_stats(
         runner = tapped_runner(runner_factory_or_model_path, tensors, serialized=serialized)  # type: ignore[arg-type]
     del serialized
     cb = progress or no_progress
-    acc = {t: StatsAccumulator(t, num_bins, kernel=KERNEL) for t in tensors}
+    kernel = KERNEL or ("sort" if workers >= _SORT_FROM else "bincount")
+    acc = {t: StatsAccumulator(t, num_bins, kernel=kernel) for t in tensors}
     layouts: dict[str, TensorLayout] | None = None
     cost: BatchCost | None = None
     samples = done_batches = padded = positions = 0

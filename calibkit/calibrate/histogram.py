@@ -173,12 +173,13 @@ class BinCounter:
     Bin indices come from one ufunc call: ``trunc(x * num_bins / upper)`` cast straight into an int buffer, then
     an integer abs (truncation toward zero of x·f equals floor(|x|·f), and scaling by a power of two is exact).
     ``kernel``:
-    - ``bincount`` (default): np.bincount on the intp indices. Its counting loop releases the GIL (only its
-      min/max pre-pass over the indices holds it), so several statistics threads count at once;
-    - ``add_at``: np.add.at(counts, indices, 1) (numpy's indexed-ufunc fast path; measured beside bincount);
-    - ``sort``: a radix sort of uint16 indices and searchsorted (fully GIL-free, but several times the CPU of
-      bincount: kept for A/B measurements, ``benchmarks/bench_scale.py --kernels``).
-    Both give the same counts."""
+    - ``bincount`` (default): np.bincount on the intp indices, the cheapest on one thread. Its counting loop
+      releases the GIL but its min/max pre-pass over the indices holds it, so it scales badly with threads;
+    - ``sort``: a radix sort of uint16 indices and searchsorted: about 1.8x bincount's CPU, but GIL-free, so it
+      is the faster one on many threads (the collector switches on the thread count);
+    - ``add_at``: np.add.at(counts, indices, 1), as cheap as bincount on one thread but holding the GIL
+      (measured beside them by ``benchmarks/bench_scale.py --kernels``).
+    All give the same counts."""
 
     def __init__(self, num_bins: int, *, kernel: str = "bincount") -> None:
         if kernel not in KERNELS:
