@@ -1,8 +1,10 @@
 """Calibration at BERT scale: plain FP32 inference (the floor) vs calibkit's first method vs ORT MinMax.
 
     python benchmarks/bench_scale.py --shapes base --texts 512,2048 [--log demo_assets/logs.jsonl]
-        [--tokenizer demo_assets/model] [--samples DIR] [--work DIR] [--no-ort] [--profile]
-        [--memory-budget 1G] [--max-batch-tokens N] [--threads N]
+        [--tokenizer demo_assets/model] [--samples DIR] [--work DIR] [--no-ort] [--ort-lengths 128,longest]
+        [--profile] [--kernels] [--variant sort|views|overwrite] [--memory-budget 1G] [--also-budget 256M]
+        [--max-batch-tokens N]
+        [--threads N]
 
 Models are random-initialised BERT shapes built from a `transformers` config (nothing is downloaded) and exported
 with torch's legacy exporter (opset 17, dynamic batch and sequence): mini = 6x384 (MiniLM-L6), base = 12x768,
@@ -12,7 +14,14 @@ taken from `--samples DIR/n<N>/texts.jsonl` (what the GPU machine's host gets: t
 Each measurement runs in its own subprocess, one after another (peak RSS from wait4, so peaks do not mix):
 - floor: FP32 ONNX Runtime inference over the same texts, length-sorted batches of 32 (`predict_logits`);
 - calibkit: `calibrate` end to end with the default method (mse), fresh statistics, default budget unless given;
-- ORT quantize_static MinMax, QDQ, each text padded to 128 tokens (variable lengths fail there).
+- ORT quantize_static MinMax, QDQ, one text per batch (variable lengths fail there), in two rows
+  (``--ort-lengths``): each text truncated and padded to 128 tokens (the peer's usual setting: it runs fewer
+  tokens than calibkit and the floor, whose texts keep up to 512), and ``longest``: no text truncated, every text
+  padded to the longest text of the set (512 tokens for the log-sampled sets), like for like in what is seen
+  (ORT then also runs, and takes ranges over, the padding, which calibkit masks).
+``--kernels`` first measures the histogram kernels alone (calibkit.calibrate.histogram.BinCounter) on 1 thread and
+on every CPU; ``--variant sort|bincount|add_at`` also runs calibkit with that kernel forced (by default the
+collector counts with bincount below 6 statistics threads and with the GIL-free sort kernel from 6 on).
 
 Where the bytes went before the budget (measured on the old collector, MiniLM-L6 shape, the 512 log-sampled
 texts, 2 cores, batch 32; RSS sampled every 10 ms, numpy's allocations by tracemalloc):
@@ -29,7 +38,8 @@ So the peak is set by batch x sequence^2 x tapped tensors, and by the longest te
 The collector now (calibkit/calibrate/collect.py): batches formed by a byte budget on the tapped outputs
 (priced by the layout probe, sequence^2 for attention), one batch alive (no overlap), outputs read as views
 of the real tokens (or in place, padding overwritten, for short texts) in 256K-element chunks and released when
-done, the model tapped without a copy and its bytes dropped after loading, statistics on all cores between
+done, the model tapped without serializing it again (the taps are a protobuf suffix appended to the file's
+bytes) and its bytes dropped after loading, statistics on all cores between
 inference runs. Same shape and texts after: peak 1.93 GB, largest
 batch 0.98 GB of outputs, numpy's allocations 0.10 GB (`--profile` prints these).
 """
@@ -112,21 +122,22 @@ def _budget(args: argparse.Namespace):  # noqa: ANN202
 
 
 def worker_calibkit(args: argparse.Namespace) -> dict:
+    import calibkit.calibrate.collect as collect
     from calibkit.calibrate.pipeline import calibrate
     from calibkit.data.calibset import load_calibration_set
     from calibkit.data.modeldir import ModelDir
 
     if args.variant in ("views", "overwrite"):  # A/B of the statistics path: always views / always overwrite
-        import calibkit.calibrate.collect as collect
-
         collect._VIEWS_FROM = 0 if args.variant == "views" else 1 << 62
+    elif args.variant in ("sort", "bincount", "add_at"):  # A/B of the histogram kernel
+        collect.KERNEL = args.variant
     t0 = time.perf_counter()
     res = calibrate(ModelDir.resolve(args.model), load_calibration_set(args.calib), out_dir=Path(args.out),
                     cache_dir=Path(args.cache_dir), budget=_budget(args), threads=args.threads or None)
     meta = json.loads((Path(args.out) / "calibration.json").read_text())["statistics"] \
         if (Path(args.out) / "calibration.json").is_file() else {}
-    keep = ("batches", "inference_seconds", "statistics_seconds", "statistics_cpu_seconds", "statistics_threads",
-            "largest_batch_tapped_bytes", "padding_fraction")
+    keep = ("batches", "session_seconds", "probe_seconds", "inference_seconds", "statistics_seconds",
+            "statistics_cpu_seconds", "statistics_threads", "largest_batch_tapped_bytes", "padding_fraction")
     return {"seconds": time.perf_counter() - t0, "timings": res.timings, **{k: meta.get(k) for k in keep}}
 
 
@@ -182,12 +193,15 @@ def worker_ort(args: argparse.Namespace) -> dict:
     from calibkit.data.tokenizer import TextTokenizer
 
     texts = read_texts(Path(args.calib))
-    tok = TextTokenizer(args.model, max_length=128)
-
-
+    if args.ort_length == "longest":  # no truncation: every text padded to the longest of the set
+        longest = TextTokenizer(args.model, max_length=512)
+        length = max(int(longest.encode([t]).attention_mask.sum()) for t in texts)
+    else:
+        length = int(args.ort_length or 128)
+    tok = TextTokenizer(args.model, max_length=length)
     t0 = time.perf_counter()
     try:
-        quantize_static(str(Path(args.model) / "model.onnx"), args.out, padded_reader(tok, texts, 128),
+        quantize_static(str(Path(args.model) / "model.onnx"), args.out, padded_reader(tok, texts, length),
                         quant_format=QuantFormat.QDQ,
                         activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, per_channel=True,
                         op_types_to_quantize=["MatMul", "Gemm"], calibrate_method=CalibrationMethod.MinMax,
@@ -195,11 +209,43 @@ def worker_ort(args: argparse.Namespace) -> dict:
         ok, err = True, ""
     except Exception as exc:  # the peer's failure is the measurement
         ok, err = False, f"{type(exc).__name__}: {str(exc)[:160]}"
-    return {"seconds": time.perf_counter() - t0, "ok": ok, "error": err}
+    return {"seconds": time.perf_counter() - t0, "ok": ok, "error": err, "length": length}
+
+
+def worker_kernels(args: argparse.Namespace) -> dict:
+    """Seconds per 1e9 values of each histogram kernel, on 1 thread and on every CPU (one tensor per thread,
+    256K-element chunks, as the collector runs them): the parallel speed-up shows how much holds the GIL."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    from calibkit.calibrate.collect import default_threads
+    from calibkit.calibrate.histogram import KERNELS
+    from calibkit.calibrate.stats import StatsAccumulator
+
+    n = default_threads()
+    rng = np.random.default_rng(0)
+    data = [rng.standard_normal(1 << 23, dtype=np.float32) * 3 for _ in range(2 * n)]  # 32 MB per tensor
+    out: dict = {"threads": n}
+    for kernel in KERNELS:
+        def run(x: np.ndarray, kernel: str = kernel) -> None:
+            StatsAccumulator("t", 2048, kernel=kernel).observe(x)
+
+        t0 = time.perf_counter()
+        for x in data[:2]:
+            run(x)
+        one = (time.perf_counter() - t0) / (2 * data[0].size) * 1e9
+        with ThreadPoolExecutor(n) as pool:
+            t0 = time.perf_counter()
+            list(pool.map(run, data))
+            many = (time.perf_counter() - t0) / (len(data) * data[0].size) * 1e9
+        out[kernel] = {"ns_per_value_1_thread": round(one, 3), f"ns_per_value_{n}_threads": round(many, 3),
+                       "speedup": round(one / many, 2)}
+    return out
 
 
 WORKERS = {"build": worker_build, "floor": worker_floor, "calibkit": worker_calibkit, "ort": worker_ort,
-           "profile": worker_profile}
+           "profile": worker_profile, "kernels": worker_kernels}
 
 
 # -- driver ----------------------------------------------------------------------------------------------------
@@ -247,11 +293,19 @@ def main() -> None:
     ap.add_argument("--work", default="", help="where models and samples are kept between runs")
     ap.add_argument("--no-ort", action="store_true")
     ap.add_argument("--ort-texts", default="512", help="text counts at which ORT MinMax runs")
+    ap.add_argument("--ort-lengths", default="128,longest",
+                    help="ORT MinMax rows: pad/truncate to N tokens, or 'longest' (no truncation)")
+    ap.add_argument("--ort-shapes", default="", help="shapes at which ORT MinMax runs (default: all)")
+    ap.add_argument("--ort-length", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--kernels", action="store_true", help="first measure the histogram kernels alone")
     ap.add_argument("--profile", action="store_true", help="also profile statistics collection (RSS, tracemalloc)")
     ap.add_argument("--memory-budget", default="")
+    ap.add_argument("--also-budget", default="", help="also run calibkit with this --memory-budget (e.g. 256M)")
     ap.add_argument("--max-batch-tokens", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--variant", default="", help="views | overwrite: also run calibkit with that path forced")
+    ap.add_argument("--variant", default="", help="views | overwrite | sort | bincount | add_at: also run calibkit "
+                    "with that statistics "
+                    "path or histogram kernel forced")
     ap.add_argument("--model", default="")
     ap.add_argument("--calib", default="")
     ap.add_argument("--out", default="")
@@ -270,6 +324,13 @@ def main() -> None:
     opts = {"memory_budget": args.memory_budget, "max_batch_tokens": args.max_batch_tokens or None,
             "threads": args.threads or None}
     rows = []
+    if args.kernels:
+        k = spawn("kernels")
+        print(json.dumps({"kernels": k}), file=sys.stderr, flush=True)
+        rows.append({"kernels": k})
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+    ort_shapes = set(args.ort_shapes.split(",")) if args.ort_shapes else None
     for shape in args.shapes.split(","):
         model = work / f"bert-{shape}"
         if not (model / "model.onnx").is_file():
@@ -283,33 +344,63 @@ def main() -> None:
             with tempfile.TemporaryDirectory(prefix="ck-", dir=work) as tmp:
                 row["calibkit"] = spawn("calibkit", model=model, calib=calib, out=Path(tmp) / "out",
                                         cache_dir=Path(tmp) / "cache", **opts)
+            if args.also_budget:  # the same run under a smaller budget: less memory for more, smaller batches
+                with tempfile.TemporaryDirectory(prefix="ck-", dir=work) as tmp:
+                    row[f"calibkit-budget-{args.also_budget}"] = spawn(
+                        "calibkit", model=model, calib=calib, out=Path(tmp) / "o", cache_dir=Path(tmp) / "c",
+                        **{**opts, "memory_budget": args.also_budget})
             if args.variant:
                 with tempfile.TemporaryDirectory(prefix="ck-", dir=work) as tmp:
                     row[f"calibkit-{args.variant}"] = spawn("calibkit", model=model, calib=calib, out=Path(tmp) / "o",
                                                             cache_dir=Path(tmp) / "c", variant=args.variant, **opts)
             if args.profile:
                 row["profile"] = spawn("profile", model=model, calib=calib, **opts)
-            if not args.no_ort and n in ort_counts:
-                row["ort"] = spawn("ort", model=model, calib=calib, out=work / f"ort-{shape}-{n}.onnx")
+            if not args.no_ort and n in ort_counts and (ort_shapes is None or shape in ort_shapes):
+                for length in [x for x in args.ort_lengths.split(",") if x]:
+                    row[f"ort-{length}"] = spawn("ort", model=model, calib=calib, ort_length=length,
+                                                 out=work / f"ort-{shape}-{n}-{length}.onnx")
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
             if args.json:  # after every row: a run cut short keeps what it measured
                 Path(args.json).write_text(json.dumps(rows, indent=1))
+    report(rows)
+
+
+def report(rows: list[dict]) -> None:
     print(f"{os.cpu_count()} CPUs; noisy shared machines: read the ratios within one run")
-    print(f"{'shape':6s} {'texts':>5s} | {'floor s':>7s} {'GB':>5s} | {'calibkit s':>10s} {'GB':>5s} "
-          f"{'x time':>6s} {'x mem':>6s} | {'ORT MinMax s':>12s} {'GB':>5s} {'ORT/ck':>6s}")
     for r in rows:
-        f, c, o = r["floor"], r["calibkit"], r.get("ort")
+        if "kernels" in r:
+            print("histogram kernels:", json.dumps(r["kernels"]))
+    print(f"{'shape':6s} {'texts':>5s} | {'floor s':>7s} {'GB':>5s} | {'calibkit s':>10s} {'GB':>5s} "
+          f"{'x time':>6s} {'x mem':>6s} | ORT MinMax: s, GB, ORT/calibkit time")
+    for r in rows:
+        if "kernels" in r:
+            continue
+        f, c = r["floor"], r["calibkit"]
         fs, cs = f.get("seconds", float("nan")), c.get("seconds", float("nan"))
         line = (f"{r['shape']:6s} {r['texts']:5d} | {fs:7.1f} {f['peak_rss_gb']:5.2f} | {cs:10.1f} "
                 f"{c['peak_rss_gb']:5.2f} {cs / fs:6.2f} {c['peak_rss_gb'] / f['peak_rss_gb']:6.2f} |")
-        if o and o.get("ok", True):
-            line += f" {o['seconds']:12.1f} {o['peak_rss_gb']:5.2f} {o['seconds'] / cs:6.2f}"
-        elif o:
-            line += f" FAILED {o.get('error', '')}"
+        for key in sorted(k for k in r if k.startswith("ort-")):
+            o = r[key]
+            if o.get("ok", True):
+                line += (f" padded to {o.get('length')}: {o['seconds']:.1f} s, {o['peak_rss_gb']:.2f} GB, "
+                         f"{o['seconds'] / cs:.2f}x;")
+            else:
+                line += f" {key} FAILED {o.get('error', '')};"
         if not c.get("ok", True):
             line += f"  calibkit FAILED {c.get('error')}"
         print(line)
+        for key in [k for k in r if k.startswith("calibkit")]:
+            c = r[key]
+            if c.get("ok", True):
+                t = c.get("timings", {})
+                print(f"    {key}: {c['seconds']:.1f} s = placement+load {t.get('placement', 0):.1f}, statistics "
+                      f"{t.get('statistics', 0):.1f} (session {c.get('session_seconds')}, probe "
+                      f"{c.get('probe_seconds')}, inference {c.get('inference_seconds')}, statistics "
+                      f"{c.get('statistics_seconds')} wall / "
+                      f"{c.get('statistics_cpu_seconds')} CPU s on {c.get('statistics_threads')} threads, "
+                      f"{c.get('batches')} batches), method {t.get('method', 0):.1f}, Q/DQ {t.get('quantize', 0):.1f}, "
+                      f"write {t.get('write', 0):.1f}; peak {c['peak_rss_gb']:.2f} GB")
 
 
 if __name__ == "__main__":

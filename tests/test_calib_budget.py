@@ -1,5 +1,7 @@
 """Token/memory budgets for batches, and statistics that do not depend on batch size, budget or threads."""
 
+import math
+
 import numpy as np
 import pytest
 from calib_helpers import texts, tiny_model, write_tokenizer
@@ -124,6 +126,7 @@ def test_ranges_bit_identical_whatever_batch_size_budget_and_threads(tok, num_bi
         (32, TokenBudget(max_batch_tokens=40), 2),
         (32, TokenBudget(memory_bytes=3000), 4),
         (60, TokenBudget(memory_bytes=1), 2),  # one text per batch
+        (5, None, 8),  # from _SORT_FROM threads on, the sort kernel counts
     ]:
         got = collect_stats(_fake_runner, bucketed_batches(tok, items, NAMES, batch_size=batch_size, budget=budget),
                             ["H", "A", "Kt"], num_bins=num_bins, threads=threads)
@@ -147,15 +150,38 @@ def test_memory_budget_is_priced_by_the_probe_and_cuts_batches(tok):
             assert small[t].max == pytest.approx(free[t].max, rel=1e-5)
 
 
-def test_gil_free_counting_equals_bincount():
+def test_both_histogram_kernels_equal_brute_force():
     rng = np.random.default_rng(3)
     x = (rng.standard_cauchy(200_000) * 3).astype(np.float32)
-    a, b = StatsAccumulator("t", 2048), StatsAccumulator("t", 2048, gil_free=True)
+    a, b = StatsAccumulator("t", 2048), StatsAccumulator("t", 2048, kernel="sort")
     for part in np.array_split(x, 7):
         a.observe(part)
         b.observe(part)
     np.testing.assert_array_equal(a.counts, b.counts)
     assert a.counts.sum() == x.size
+    upper = 2.0**a.exponent
+    brute = np.bincount(np.floor(np.abs(x.astype(np.float64)) * 2048 / upper).astype(np.int64), minlength=2048)
+    np.testing.assert_array_equal(a.counts, brute)
+
+
+@pytest.mark.parametrize("kernel", ["bincount", "add_at", "sort"])
+@pytest.mark.parametrize("scale", [1e-30, 1e-3, 1.0, 7.5e4, 1e30])
+def test_kernel_bins_strided_and_half_inputs_exactly(kernel, scale):
+    from calibkit.calibrate.histogram import BinCounter
+
+    rng = np.random.default_rng(11)
+    base = rng.standard_normal((6, 5, 40)).astype(np.float32) * np.float32(scale)
+    upper = 2.0 ** math.frexp(float(np.abs(base).max()))[1]
+    for x in (base, base[:, ::2, 3:31], base.astype(np.float16) if 1e-3 <= scale <= 1.0 else base[::-1]):
+        got = np.zeros(2048, np.int64)
+        BinCounter(2048, kernel=kernel).add(got, x, upper, below_upper=True)
+        exact = np.abs(x.astype(np.float64).ravel())
+        want = np.bincount(np.floor(exact * (2048 / upper)).astype(np.int64), minlength=2048)
+        np.testing.assert_array_equal(got, want)
+        clamped = np.zeros(2048, np.int64)  # values at or above upper join the last bin
+        BinCounter(2048, kernel=kernel).add(clamped, x, upper / 4)
+        want = np.bincount(np.minimum(np.floor(exact * (2048 / (upper / 4))), 2047).astype(np.int64), minlength=2048)
+        np.testing.assert_array_equal(clamped, want)
 
 
 def test_padding_overwrite_equals_reading_real_tokens_only():

@@ -152,3 +152,33 @@ def test_errors():
     with pytest.raises(CalibrationError, match="empty"):
         collect_stats(model, [], ["E"], num_bins=256)
     assert isinstance(model, onnx.ModelProto)
+
+
+def test_taps_appended_to_the_file_bytes_equal_a_serialized_tapped_model(tok):
+    """The tapped session built from the model's own bytes plus a protobuf suffix (no re-serialization) returns
+    what the tapped model serialized as a whole returns, graph inputs passed through Identity included."""
+    from calibkit.calibrate.collect import tap_names
+
+    model = tiny_model()
+    data = model.SerializeToString()
+    tensors = [*plan_placement(model).activations, "input_ids"]  # a graph input: tapped through an Identity
+    assert tap_names(model, tensors) == [tap_name(t, model) for t in tensors]
+    feeds = tok.encode(texts(3, seed=4)).feeds(["input_ids", "attention_mask"])
+    outs = []
+    for runner in (tapped_runner(model, tensors), tapped_runner(model, tensors, serialized=data),
+                   tapped_runner(data, tensors)):
+        with runner:
+            outs.append(runner.infer(feeds))
+    assert model.SerializeToString() == data  # the proto was restored, the bytes never touched
+    for name in tap_names(model, tensors):
+        np.testing.assert_array_equal(outs[0][name], outs[1][name])
+        np.testing.assert_array_equal(outs[0][name], outs[2][name])
+    items = texts(17, seed=5)
+    tensors = list(plan_placement(model).activations)
+    a = collect_stats(model, bucketed_batches(tok, items, ["input_ids", "attention_mask"], batch_size=4), tensors)
+    b = collect_stats(model, bucketed_batches(tok, items, ["input_ids", "attention_mask"], batch_size=4), tensors,
+                      serialized=data)
+    for t in tensors:
+        np.testing.assert_array_equal(a[t].histogram.counts, b[t].histogram.counts)
+        assert (a[t].min, a[t].max, a[t].count) == (b[t].min, b[t].max, b[t].count)
+    assert {"session_seconds", "probe_seconds"} <= set(b.meta)

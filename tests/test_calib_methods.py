@@ -134,3 +134,21 @@ def test_compute_table_per_tensor_methods():
     assert t.get("a").amax == store["a"].absmax
     assert t.get("b").amax < store["b"].absmax
     assert t.model_sha256 == "sha" and t.calibration_set_id == "set"
+
+
+def test_table_is_the_same_on_any_number_of_threads():
+    from calibkit.calibrate.histogram import Histogram
+    from calibkit.calibrate.methods import compute_table
+    from calibkit.calibrate.stats import ActivationStats
+
+    rng = np.random.default_rng(21)
+    store = {}
+    for i in range(9):
+        x = np.abs(rng.standard_cauchy(20_000)).astype(np.float32) * (i + 1)
+        upper = 2.0 ** np.frexp(float(x.max()))[1]
+        counts = np.bincount(np.floor(x.astype(np.float64) * 2048 / upper).astype(np.int64), minlength=2048)
+        store[f"t{i}"] = ActivationStats(f"t{i}", x.size, 0, 0, 0, 0.0, float(x.max()), Histogram(counts, upper))
+    for method in (Method.MSE, Method.ENTROPY, Method.PERCENTILE, {"*": Method.MSE, "t3": Method.ENTROPY}):
+        one = compute_table(store, method, threads=1)
+        many = compute_table(store, method, threads=4)
+        assert [(r.tensor, r.amax, r.method) for r in one.ranges] == [(r.tensor, r.amax, r.method) for r in many.ranges]

@@ -136,3 +136,44 @@ def test_table_cache_consistency_for_every_method(setup):
     for m in (Method.ENTROPY, Method.PERCENTILE, Method.MSE):
         for t, a in amax[m].items():
             assert a <= amax[Method.MINMAX][t] + 1e-6
+
+
+def test_written_model_is_exactly_the_serialized_model(tmp_path):
+    """save_model encodes the initializers itself (raw data written from its buffer): the file must hold the
+    bytes protobuf's own serialization gives, for every kind of initializer."""
+    from onnx import helper, numpy_helper
+
+    from calibkit.quantize.qdq import save_model
+
+    model = onnx.load(write_model_dir(tmp_path / "m") / "model.onnx")
+    g = model.graph
+    g.initializer.append(helper.make_tensor("typed", onnx.TensorProto.FLOAT, [2], [1.5, -2.0]))  # float_data
+    g.initializer.append(numpy_helper.from_array(np.zeros((0, 3), np.float32), "empty"))
+    g.initializer.append(numpy_helper.from_array(np.array(3, np.int64), "scalar"))
+    doc = numpy_helper.from_array(np.ones(4, np.float32), "with_doc")
+    doc.doc_string = "a field the fast path does not write"
+    g.initializer.append(doc)
+    model.metadata_props.add(key="k", value="v")
+    g.doc_string = "graph doc"
+    save_model(model, tmp_path / "out.onnx")
+    assert (tmp_path / "out.onnx").read_bytes() == model.SerializeToString()
+
+
+def test_load_hashed_equals_separate_hash_and_load(tmp_path):
+    from calibkit._io import sha256_file
+    from calibkit.calibrate.pipeline import load_hashed
+    from calibkit.errors import ModelError
+
+    path = write_model_dir(tmp_path / "m") / "model.onnx"
+    proto, sha, data = load_hashed(path)
+    assert sha == sha256_file(path) and data == [path.read_bytes()]
+    assert proto == onnx.load(str(path))
+    ext = tmp_path / "ext" / "model.onnx"
+    ext.parent.mkdir()
+    onnx.save_model(onnx.load(str(path)), str(ext), save_as_external_data=True, size_threshold=0,
+                    location="weights.bin")
+    proto2, sha2, data2 = load_hashed(ext)
+    assert data2 == [] and sha2 == sha256_file(ext)  # the file alone is not the model
+    assert proto2 == onnx.load(str(ext))
+    with pytest.raises(ModelError):
+        load_hashed(tmp_path / "missing.onnx")

@@ -5,9 +5,9 @@ Agreement floors, and why they are below the issue's 99 % for classifiers: the z
 spread texts over the classes, see tests/zoo.py), so agreement is a real test, and on these random 2-layer
 models INT8 keeps 88.5-96.8 % of FP32's predictions on 600 texts (benchmarks/bench_zoo.py, TensorRT layout as
 exact Q/DQ) and 91.3-96.0 % in the ONNX Runtime layout this test builds (7-bit weights on CPUs without VNNI,
-where 8-bit weights saturate ORT's kernels: 56-89 %). Quantizing one node at a time puts the largest losses on the pooler Gemm and the
-``output.dense`` MatMuls (GELU outputs, the layers that hurt on the demo model too); with the default 0.02
-initializer every text got the same class and "agreement" was a trivial 100 %.
+where 8-bit weights saturate ORT's kernels: 56-89 %). Quantizing one node at a time puts the largest losses on
+the pooler Gemm and the ``output.dense`` MatMuls (GELU outputs, the layers that hurt on the demo model too);
+with the default 0.02 initializer every text got the same class and "agreement" was a trivial 100 %.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ padded entries overwritten by a copy of one real entry that is then taken back o
 no boolean-index copies, no float64 or int64 copies of whole tensors: 256K-element chunks through per-thread
 buffers), and each output is released as soon as its statistics are done. Inference and
 statistics do not overlap (that would hold two batches); the statistics of one batch run on ``threads``
-threads instead, one tensor per task, with a histogram kernel that releases the GIL. Results do not depend on
+threads instead, one tensor per task, counting with np.bincount on few threads and with a GIL-free radix sort
+from ``_SORT_FROM`` threads on (see :class:`calibkit.calibrate.histogram.BinCounter`). Results do not depend on
 batch size, budget or thread count: power-of-two histograms merge exactly, min/max and counts are exact.
 """
 
@@ -41,7 +42,12 @@ log = logging.getLogger("calibkit.calibrate")
 RunnerSource = Callable[[], BaseRunner] | str | os.PathLike[str] | bytes | onnx.ModelProto
 
 _PROBES = ((2, 13), (3, 17))
-_GIL_FREE_FROM = 4  # statistics threads from which the GIL-free histogram kernel is used
+KERNEL = ""  # force a histogram kernel (calibkit.calibrate.histogram.BinCounter); benchmarks A/B them
+# from this many statistics threads on, the radix-sort kernel: measured on the GPU machine's 16-core host
+# (benchmarks/bench_scale.py --kernels), np.bincount costs 4.3 ns per value on one thread but only gets 1.75x
+# faster on 16 (its min/max pre-pass holds the GIL), the sort kernel costs 7.6 ns but gets 3.8x faster:
+# 2.4 against 2.0 ns per value at 16 threads; the two cross near 6 threads
+_SORT_FROM = 6
 _VIEWS_FROM = 1 << 16  # mean entries per view of real tokens from which views are read directly
 
 
@@ -58,23 +64,63 @@ class TensorLayout:
 UNMASKED = TensorLayout(None, ())
 
 
-def tapped_runner(model: str | os.PathLike[str] | bytes | onnx.ModelProto, tensors: Sequence[str]) -> BaseRunner:
+def tapped_runner(
+    model: str | os.PathLike[str] | bytes | onnx.ModelProto,
+    tensors: Sequence[str],
+    *,
+    serialized: bytes | None = None,
+) -> BaseRunner:
     """An ONNX Runtime runner over ``model`` that also outputs ``tensors`` (by their tap names).
 
-    A ModelProto is tapped in place and restored after serializing (no second copy of the weights); the
-    serialized bytes are dropped once the session has loaded them."""
+    ``serialized``: the bytes ``model`` (a ModelProto) was parsed from (its file), when the caller has them. Then
+    nothing of the model is serialized again: the taps are encoded as a small ModelProto holding only the extra
+    graph outputs and Identity nodes, and appended to those bytes. Protobuf parses a concatenation of two
+    messages as their merge, and a merge appends repeated fields (graph.output, graph.node), so ONNX Runtime
+    reads exactly the tapped model; for BERT-large this skips serializing 1.3 GB. Otherwise a ModelProto is
+    tapped in place and restored after serializing (no second copy of the weights). The bytes are dropped once
+    the session has loaded them."""
     from calibkit.engines.onnxruntime import OnnxRuntimeRunner
-    from calibkit.graph import add_outputs, load_model, tap_name
+    from calibkit.graph import add_outputs, load_model
 
     if isinstance(model, onnx.ModelProto):
         proto = model
     elif isinstance(model, bytes):
-        proto = onnx.load_from_string(model)
+        proto, serialized = onnx.load_from_string(model), model
     else:
         proto = load_model(model)
-    names = [tap_name(t, proto) for t in tensors]
-    data = _serialized_with_outputs(proto, tensors, add_outputs)
+    names = tap_names(proto, tensors)
+    if serialized is not None:
+        data = serialized + _taps_suffix(proto, tensors, add_outputs)
+    else:
+        data = _serialized_with_outputs(proto, tensors, add_outputs)
+    del serialized
     return OnnxRuntimeRunner(data, output_names=names, name="calibration-taps", keep_model=False)
+
+
+def tap_names(proto: onnx.ModelProto, tensors: Sequence[str]) -> list[str]:
+    """:func:`calibkit.graph.tap_name` of every tensor, with the graph's names gathered once."""
+    known = {o for n in proto.graph.node for o in n.output} | {o.name for o in proto.graph.output}
+    return [t if t in known else f"{t}__calibkit_tap" for t in tensors]
+
+
+def _tapped_skeleton(proto: onnx.ModelProto, tensors: Sequence[str], add_outputs: Callable) -> onnx.GraphProto:
+    g = proto.graph
+    skeleton = onnx.ModelProto()
+    skeleton.graph.node.extend(g.node)
+    skeleton.graph.input.extend(g.input)
+    skeleton.graph.output.extend(g.output)
+    skeleton.graph.initializer.extend(onnx.TensorProto(name=i.name) for i in g.initializer)
+    return add_outputs(skeleton, tensors).graph
+
+
+def _taps_suffix(proto: onnx.ModelProto, tensors: Sequence[str], add_outputs: Callable) -> bytes:
+    """The serialized ModelProto that, appended to ``proto``'s own bytes, adds the taps' outputs and nodes."""
+    g = proto.graph
+    tapped = _tapped_skeleton(proto, tensors, add_outputs)
+    extra = onnx.ModelProto()
+    extra.graph.output.extend(tapped.output[len(g.output):])
+    extra.graph.node.extend(tapped.node[len(g.node):])
+    return extra.SerializeToString()
 
 
 def _serialized_with_outputs(proto: onnx.ModelProto, tensors: Sequence[str], add_outputs: Callable) -> bytes:
@@ -82,12 +128,7 @@ def _serialized_with_outputs(proto: onnx.ModelProto, tensors: Sequence[str], add
     weightless skeleton of the graph, appended to ``proto`` for serializing, then removed again."""
     g = proto.graph
     n_out, n_node = len(g.output), len(g.node)
-    skeleton = onnx.ModelProto()
-    skeleton.graph.node.extend(g.node)
-    skeleton.graph.input.extend(g.input)
-    skeleton.graph.output.extend(g.output)
-    skeleton.graph.initializer.extend(onnx.TensorProto(name=i.name) for i in g.initializer)
-    tapped = add_outputs(skeleton, tensors).graph
+    tapped = _tapped_skeleton(proto, tensors, add_outputs)
     g.output.extend(tapped.output[n_out:])
     g.node.extend(tapped.node[n_node:])
     try:
@@ -303,6 +344,7 @@ def collect_stats(
     progress: ProgressCallback | None = None,
     mask_padding: bool = True,
     threads: int | None = None,
+    serialized: bytes | None = None,
 ) -> StatsStore:
     """Statistics of ``tensors`` over ``batches``.
 
@@ -310,7 +352,10 @@ def collect_stats(
     (no masking); a :class:`calibkit.data.encode.BucketedBatches` with a memory budget is re-grouped once the
     probe runs have priced its batches. ``runner_factory_or_model_path`` is a callable returning a fresh runner
     whose outputs include the tensors (under their own or their tap names), or an ONNX model (path, bytes,
-    ModelProto) to tap. ``threads`` (default: the CPUs) compute statistics between inference runs.
+    ModelProto) to tap; ``serialized``: the bytes a ModelProto was parsed from (see :func:`tapped_runner`).
+    ``threads`` (default: the CPUs) compute statistics between inference runs. ``meta`` records where the time
+    went: ``session_seconds`` (tapping and ONNX Runtime's session), ``probe_seconds``, ``inference_seconds`` and
+    ``statistics_seconds`` (wall, and ``statistics_cpu_seconds`` summed over the threads).
     """
     if not tensors:
         raise CalibrationError("no tensors to calibrate", hint="check --op-types and --exclude")
@@ -320,19 +365,21 @@ def collect_stats(
     if workers < 1:
         raise UsageError(f"statistics threads must be at least 1, got {threads}")
     tensors = list(dict.fromkeys(tensors))
+    t_session = time.perf_counter()
     if callable(runner_factory_or_model_path) and not isinstance(runner_factory_or_model_path, onnx.ModelProto):
         runner = runner_factory_or_model_path()
     else:
-        runner = tapped_runner(runner_factory_or_model_path, tensors)  # type: ignore[arg-type]
+        runner = tapped_runner(runner_factory_or_model_path, tensors, serialized=serialized)  # type: ignore[arg-type]
+    del serialized
     cb = progress or no_progress
-    # radix counting costs twice bincount on one core but runs GIL-free: it wins from about 4 threads on
-    gil_free = workers >= _GIL_FREE_FROM
-    acc = {t: StatsAccumulator(t, num_bins, gil_free=gil_free) for t in tensors}
+    kernel = KERNEL or ("sort" if workers >= _SORT_FROM else "bincount")
+    acc = {t: StatsAccumulator(t, num_bins, kernel=kernel) for t in tensors}
     layouts: dict[str, TensorLayout] | None = None
     cost: BatchCost | None = None
     samples = done_batches = padded = positions = 0
     peak_bytes = 0
-    infer_s = stats_s = stats_cpu = 0.0
+    infer_s = stats_s = stats_cpu = probe_s = 0.0
+    session_s = 0.0
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="calibkit-stats") if workers > 1 else None
 
     def observe(t: str, x: np.ndarray, lay: TensorLayout, mask: np.ndarray | None) -> float:
@@ -342,12 +389,15 @@ def collect_stats(
 
     try:
         with runner:
+            session_s = time.perf_counter() - t_session  # the session is created on activation
             stream: Iterable[object] = batches
             first = _first_batch(batches)
             if first is not None:
                 feeds, mask = _unpack(first)
                 if mask_padding and mask is not None:
+                    t_probe = time.perf_counter()
                     layouts, cost = probe_cost(runner, feeds, mask, tensors)
+                    probe_s = time.perf_counter() - t_probe
                 else:
                     layouts = {t: UNMASKED for t in tensors}
                 priced = getattr(batches, "priced", None)
@@ -402,6 +452,8 @@ def collect_stats(
         "batches": done_batches,
         "padding_fraction": padded / positions if positions else 0.0,
         "unmasked": sorted(t for t, lay in (layouts or {}).items() if not lay.maskable),
+        "session_seconds": round(session_s, 3),
+        "probe_seconds": round(probe_s, 3),
         "inference_seconds": round(infer_s, 3),
         "statistics_seconds": round(stats_s, 3),
         "statistics_threads": workers,

@@ -164,42 +164,59 @@ def chunks(x: np.ndarray, limit: int = _CHUNK) -> Iterator[np.ndarray]:
             yield x[i : i + rows]
 
 
+KERNELS = ("bincount", "add_at", "sort")
+
+
 class BinCounter:
-    """Counts |x| into power-of-two-range bins chunk by chunk through per-thread buffers (no copy of the input).
+    """Counts |x| into power-of-two-range bins chunk by chunk through a per-thread buffer (no copy of the input).
 
-    ``gil_free`` counts by sorting uint16 bin indices (numpy's radix sort and searchsorted release the GIL, so
-    several threads run at once); otherwise np.bincount, about twice as fast on one thread but holding the GIL.
-    Both give the same counts."""
+    Bin indices come from one ufunc call: ``trunc(x * num_bins / upper)`` cast straight into an int buffer, then
+    an integer abs (truncation toward zero of x·f equals floor(|x|·f), and scaling by a power of two is exact).
+    ``kernel``:
+    - ``bincount`` (default): np.bincount on the intp indices, the cheapest on one thread. Its counting loop
+      releases the GIL but its min/max pre-pass over the indices holds it, so it scales badly with threads;
+    - ``sort``: a radix sort of uint16 indices and searchsorted: about 1.8x bincount's CPU, but GIL-free, so it
+      is the faster one on many threads (the collector switches on the thread count);
+    - ``add_at``: np.add.at(counts, indices, 1), as cheap as bincount on one thread but holding the GIL
+      (measured beside them by ``benchmarks/bench_scale.py --kernels``).
+    All give the same counts."""
 
-    def __init__(self, num_bins: int, *, gil_free: bool = False) -> None:
+    def __init__(self, num_bins: int, *, kernel: str = "bincount") -> None:
+        if kernel not in KERNELS:
+            raise CalibrationError(f"unknown histogram kernel {kernel!r} (one of {', '.join(KERNELS)})")
         self.num_bins = num_bins
-        self.gil_free = gil_free and num_bins <= 1 << 15
-        self._starts = np.arange(1, num_bins, dtype=np.uint16) if self.gil_free else None
+        self.kernel = kernel if num_bins <= 1 << 15 else "bincount"
+        self._starts = np.arange(1, num_bins, dtype=np.uint16) if self.kernel == "sort" else None
 
     def add(self, counts: np.ndarray, part: np.ndarray, upper: float, *, below_upper: bool = False) -> None:
-        """``counts += `` the bin counts of ``part`` (a chunk of at most 256K elements, any strides).
+        """``counts += `` the bin counts of ``part`` (a chunk of at most 256K finite elements, any strides).
         ``below_upper``: every |x| < upper is known (then no clamping pass is needed: scaling by a power of two
         is exact, so |x| * num_bins / upper < num_bins)."""
         n = part.size
         if n == 0:
             return
         factor = self.num_bins / upper
-        if factor < 2.0**100:
-            f, top, b = np.float32(factor), np.float32(self.num_bins - 1), _buffer(np.float32, n)
-        else:  # tiny ranges would overflow a float32 factor
-            f, top, b = np.float64(factor), np.float64(self.num_bins - 1), _buffer(np.float64, n)
-        b = b.reshape(part.shape)
+        f = np.float32(factor) if factor < 2.0**100 else np.float64(factor)  # tiny ranges: no float32 overflow
+        if self._starts is None:
+            ib = _buffer(np.intp, n).reshape(part.shape)
+            np.multiply(part, f, out=ib, casting="unsafe")  # truncates toward zero
+            np.abs(ib, out=ib)
+            if not below_upper:
+                np.minimum(ib, self.num_bins - 1, out=ib)
+            if self.kernel == "add_at":
+                np.add.at(counts, ib.reshape(-1), 1)
+            else:
+                counts += np.bincount(ib.reshape(-1), minlength=self.num_bins)
+            return
+        b = _buffer(np.float32 if f.dtype == np.float32 else np.float64, n).reshape(part.shape)
         np.abs(part, out=b, casting="unsafe")
         b *= f
         if not below_upper:
-            np.minimum(b, top, out=b)
-        ib = _buffer(np.uint16 if self._starts is not None else np.intp, n)
-        ib[...] = b.reshape(-1)
-        if self._starts is None:
-            counts += np.bincount(ib, minlength=self.num_bins)
-            return
-        ib.sort(kind="stable")  # radix sort for 16-bit integers
-        edges = np.searchsorted(ib, self._starts)
+            np.minimum(b, self.num_bins - 1, out=b)
+        ib16 = _buffer(np.uint16, n)
+        ib16[...] = b.reshape(-1)
+        ib16.sort(kind="stable")  # radix sort for 16-bit integers
+        edges = np.searchsorted(ib16, self._starts)
         counts[0] += edges[0] if edges.size else n
         if edges.size:
             counts[1:-1] += np.diff(edges)

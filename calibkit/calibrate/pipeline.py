@@ -97,9 +97,14 @@ def gather_stats(
     budget: TokenBudget | None = None,
     threads: int | None = None,
     executor: Any = None,
+    model_bytes: list[bytes] | None = None,
 ) -> tuple[StatsStore, bool]:
     """Statistics of ``tensors`` over the set: from the cache when there, else by running the model (in shards
     on ``executor``'s workers when it has more than one: calibkit.calibrate.sharded, bit-identical).
+
+    ``model_bytes``: a one-element list holding the bytes ``model`` was parsed from (its file); the taps are
+    appended to them instead of serializing the model again, and the list is emptied as they are handed on, so
+    nothing keeps them alive while the model runs.
 
     ``use_cache=False`` (``--fresh-stats``) does not read the cache but still saves the fresh statistics.
     ``budget`` bounds each batch (default: :data:`calibkit.data.encode.DEFAULT_MEMORY_BUDGET` bytes of tapped
@@ -125,7 +130,8 @@ def gather_stats(
         store = collect_stats_sharded(proto.SerializeToString(), batches, tensors, executor, num_bins=num_bins,
                                       progress=progress)
     else:
-        store = collect_stats(proto, batches, tensors, num_bins=num_bins, progress=progress, threads=threads)
+        store = collect_stats(proto, batches, tensors, num_bins=num_bins, progress=progress, threads=threads,
+                              serialized=model_bytes.pop() if model_bytes else None)
     del proto
     meta = {
         **store.meta,
@@ -183,6 +189,34 @@ def structure_warnings(model: Any, placement: Placement, exclude: Sequence[str])
     return out
 
 
+def load_hashed(path: Path) -> tuple[Any, str, list[bytes]]:
+    """The model, the SHA-256 of its file and (in a one-element list, empty for models with external data) the
+    file's bytes, from one read: the hash runs on a second thread (hashlib releases the GIL) while protobuf
+    parses, instead of reading the file twice and hashing it first."""
+    import hashlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    import onnx
+    from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+
+    from calibkit.errors import ModelError
+
+    if not path.is_file():
+        raise ModelError(f"ONNX model not found: {path}")
+    data = path.read_bytes()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="calibkit-sha256") as pool:
+        digest = pool.submit(lambda: hashlib.sha256(data).hexdigest())
+        try:
+            proto = onnx.load_model_from_string(data)
+        except Exception as exc:
+            raise ModelError(f"cannot read ONNX model {path}: {exc}") from exc
+        sha = digest.result()
+    if any(uses_external_data(t) for t in proto.graph.initializer):
+        load_external_data_for_model(proto, str(path.parent))
+        return proto, sha, []  # the file alone is not the model: taps fall back to serializing it
+    return proto, sha, [data]
+
+
 def _quantize(model: Any, table: CalibrationTable, op_types: Sequence[str], exclude: Sequence[str], target: str):
     from calibkit.graph import load_model
     from calibkit.quantize.qdq import Target, quantize_model
@@ -212,13 +246,11 @@ def calibrate(
 ) -> CalibrationResult:
     """Calibrate ``model_dir`` on ``calibration_set`` and write OUT (see the module docstring). ``executor``
     (calibkit.executors.Executor): collect statistics in shards on its workers."""
-    from calibkit.graph import load_model, model_sha256
-
     method = Method(method)
     t0 = time.perf_counter()
     cset = calibration_set if isinstance(calibration_set, CalibrationSet) else load_calibration_set(calibration_set)
-    sha = model_sha256(model_dir.onnx_path)
-    proto = load_model(model_dir.onnx_path)  # loaded once: placement, taps and Q/DQ all read this copy
+    # loaded once: placement, taps and Q/DQ all read this copy; the file's bytes go to the tapped session
+    proto, sha, model_bytes = load_hashed(model_dir.onnx_path)
     placement = plan_placement(proto, op_types, exclude)
     tensors = placement.activations
     # statistics cover every quantizable input (exclusions ignored), so a later run with other --exclude reuses them
@@ -232,8 +264,9 @@ def calibrate(
     store, reused = gather_stats(
         model_dir, cset, collected, model_sha256=sha, num_bins=params.num_bins, batch_size=batch_size,
         progress=progress, use_cache=use_cache, cache_dir=cache_dir, model=proto, budget=budget, threads=threads,
-        executor=executor,
+        executor=executor, model_bytes=model_bytes,
     )
+    model_bytes.clear()  # statistics from the cache never needed them
     t2 = time.perf_counter()
     provenance = {
         "model": str(model_dir.onnx_path),
@@ -241,7 +274,8 @@ def calibrate(
         "calibration_set_manifest_sha256": _manifest_sha(cset),
         **{f"{k}_version": v for k, v in versions().items()},
     }
-    table = compute_table(store, method, params, sha, cset.id, tensors=tensors, provenance=provenance)
+    table = compute_table(store, method, params, sha, cset.id, tensors=tensors, provenance=provenance,
+                          threads=threads)
     t3 = time.perf_counter()
     qres = _quantize(proto, table, op_types, exclude, target)
     structure = structure_warnings(proto, placement, exclude)

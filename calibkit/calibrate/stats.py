@@ -84,7 +84,7 @@ class StatsAccumulator:
     is made unless it holds non-finite values, and then only of one chunk). Chunking changes nothing in the
     result: min/max and counts are exact, and the histogram's power-of-two range widens exactly."""
 
-    def __init__(self, tensor: str, num_bins: int, *, gil_free: bool = False) -> None:
+    def __init__(self, tensor: str, num_bins: int, *, kernel: str = "bincount") -> None:
         self.tensor = tensor
         self.num_bins = num_bins
         self.count = 0
@@ -95,7 +95,7 @@ class StatsAccumulator:
         self.max = -math.inf
         self.exponent: int | None = None
         self.counts = np.zeros(num_bins, dtype=np.int64)
-        self._counter = BinCounter(num_bins, gil_free=gil_free)
+        self._counter = BinCounter(num_bins, kernel=kernel)
 
     def observe(self, values: np.ndarray) -> None:
         x = np.asarray(values)

@@ -43,18 +43,20 @@ import enum
 import os
 import re
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
 from google.protobuf.message import Message
 from onnx import TensorProto, helper, numpy_helper
 
-from calibkit._io import write_bytes
+from calibkit._io import atomic_open
 from calibkit.calibrate.rangecheck import check_ranges
 from calibkit.errors import ModelError, UsageError
 from calibkit.quantize.placement import DEFAULT_OP_TYPES, plan_placement
-from calibkit.quantize.weights import REDUCED_WEIGHT_MAX, quantize_weight, weight_axis
+from calibkit.quantize.weights import REDUCED_WEIGHT_MAX, QuantizedWeight, quantize_weight, weight_axis
 from calibkit.types import INT8_MAX, CalibrationTable
 
 MIN_OPSET = 13  # per-axis DequantizeLinear
@@ -196,15 +198,17 @@ def quantize_model(
                 return numpy_helper.to_array(a.t)
         raise ModelError(f"weight {w!r} is a Constant without a tensor value; cannot quantize it")
 
-    def weight_pair(w: str, op_type: str, index: int, trans_b: bool) -> str | None:
+    def weight_key(w: str, op_type: str, index: int, trans_b: bool) -> tuple[str, int | None] | None:
         value = weight_value(w)
         if value.dtype != np.float32:
             return None
-        axis = weight_axis(op_type, index, value.ndim, trans_b)
-        key = (w, axis)
+        return w, weight_axis(op_type, index, value.ndim, trans_b)
+
+    def weight_pair(key: tuple[str, int | None]) -> str:
+        w, axis = key
         if key in weight_dq:
             return weight_dq[key]
-        qw = quantize_weight(value, axis, weight_qmax)
+        qw = quantized_weights.pop(key)
         qname, sname, zname = fresh(f"{w}_quantized"), fresh(f"{w}_scale"), fresh(f"{w}_zero_point")
         new_inits.append(numpy_helper.from_array(qw.values, qname))
         new_inits.append(numpy_helper.from_array(qw.scale, sname))
@@ -219,20 +223,32 @@ def quantize_model(
         return dq_out
 
     index_by_name = {_node_name(n, i): i for i, n in enumerate(g.node)}
-    quantized: list[str] = []
+    # which weights, first (names are handed out below in the same order as ever), then their int8 values on
+    # all CPUs at once: quantize_weight is numpy on whole matrices, which releases the GIL
+    weight_keys: dict[tuple[int, int], tuple[str, int | None] | None] = {}
     for qn in chosen:
         idx = index_by_name[qn.name]
         node = g.node[idx]
         trans_b = any(a.name == "transB" and a.i for a in node.attribute)
+        for k, t in enumerate(node.input[:2]):
+            if t and t not in qn.activation_inputs and t in qn.weight_inputs:
+                weight_keys[(idx, k)] = weight_key(t, node.op_type, k, trans_b)
+    quantized_weights = _quantize_weights(
+        list(dict.fromkeys(key for key in weight_keys.values() if key is not None)), weight_value, weight_qmax
+    )
+    quantized: list[str] = []
+    for qn in chosen:
+        idx = index_by_name[qn.name]
+        node = g.node[idx]
         for k, t in enumerate(node.input[:2]):
             if not t:
                 continue
             if t in qn.activation_inputs:
                 rewire[(idx, k)] = activation_pair(t)
             elif t in qn.weight_inputs:
-                new = weight_pair(t, node.op_type, k, trans_b)
-                if new is not None:
-                    rewire[(idx, k)] = new
+                key = weight_keys[(idx, k)]
+                if key is not None:
+                    rewire[(idx, k)] = weight_pair(key)
         quantized.append(qn.name)
 
     # -- rewire inputs and rebuild the node list in topological order -----------------------------------------
@@ -273,6 +289,27 @@ def quantize_model(
     )
 
 
+def _quantize_weights(keys: list, value_of: Any, qmax: int = INT8_MAX) -> dict:
+    """``quantize_weight`` of every (weight, axis) key, on up to one thread per CPU (the results are the same
+    arrays as one after another: each weight's arithmetic is unchanged)."""
+
+    def one(key: tuple[str, int | None]) -> QuantizedWeight:
+        return quantize_weight(value_of(key[0]), key[1], qmax)
+
+    workers = min(len(keys), _cpus())
+    if workers <= 1:
+        return {key: one(key) for key in keys}
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="calibkit-weights") as pool:
+        return dict(zip(keys, pool.map(one, keys), strict=True))
+
+
+def _cpus() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def _copy_fields(src: Message, dst: Message, skip: str) -> None:
     for fd, value in src.ListFields():
         if fd.name == skip:
@@ -294,10 +331,83 @@ def _copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike[str]) -> None:
-    """Write ``model`` atomically as one file (models over protobuf's 2 GB limit are not supported)."""
-    try:
-        data = model.SerializeToString()
-    except ValueError as exc:  # protobuf refuses messages over 2 GB
-        msg = f"cannot serialize the model for {path}: {exc}"
-        raise ModelError(msg, hint="models over 2 GB are not supported") from None
-    write_bytes(path, data)
+    """Write ``model`` atomically as one file (models over protobuf's 2 GB limit are not supported).
+
+    The file holds exactly the bytes of ``model.SerializeToString()``, but the graph's initializers are encoded
+    here, each tensor's raw data written straight from its buffer, instead of protobuf copying every weight
+    into one serialized message first (for BERT-large that serialization alone took seconds)."""
+    head_lo, head_hi = _split(model, _MODEL_GRAPH)
+    graph_lo, graph_hi = _split(model.graph, _GRAPH_INITIALIZER)
+    inits = [_tensor_parts(t) for t in model.graph.initializer]
+    graph_len = len(graph_lo) + len(graph_hi) + sum(_field_len(_GRAPH_INITIALIZER, sum(map(len, p))) for p in inits)
+    if len(head_lo) + len(head_hi) + _field_len(_MODEL_GRAPH, graph_len) >= 2**31:
+        raise ModelError(f"cannot serialize the model for {path}: it is over 2 GB",
+                         hint="models over 2 GB are not supported")
+    with atomic_open(path, "wb") as fh:
+        fh.write(head_lo)
+        fh.write(_key(_MODEL_GRAPH) + _varint(graph_len))
+        fh.write(graph_lo)
+        for parts in inits:
+            fh.write(_key(_GRAPH_INITIALIZER) + _varint(sum(map(len, parts))))
+            for part in parts:
+                fh.write(part)
+        fh.write(graph_hi)
+        fh.write(head_hi)
+
+
+_MODEL_GRAPH = 7  # ModelProto.graph
+_GRAPH_INITIALIZER = 5  # GraphProto.initializer
+_PLAIN_TENSOR_FIELDS = {1, 2, 8, 9}  # TensorProto dims, data_type, name, raw_data
+_TENSOR_RAW_DATA = 9
+
+
+def _split(msg: Message, number: int) -> tuple[bytes, bytes]:
+    """``msg``'s encoding of the fields numbered below and above ``number`` (protobuf writes fields in number
+    order, so the encoding of field ``number`` goes between the two)."""
+    lo, hi = type(msg)(), type(msg)()
+    for fd, value in msg.ListFields():
+        if fd.number == number:
+            continue
+        dst = lo if fd.number < number else hi
+        if hasattr(value, "extend"):  # repeated field
+            getattr(dst, fd.name).extend(value)
+        elif isinstance(value, Message):
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
+    return lo.SerializeToString(), hi.SerializeToString()
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if not n:
+            out.append(b)
+            return bytes(out)
+        out.append(b | 0x80)
+
+
+def _key(field: int) -> bytes:
+    return _varint(field << 3 | 2)  # wire type 2: length-delimited
+
+
+def _field_len(field: int, n: int) -> int:
+    return len(_key(field)) + len(_varint(n)) + n
+
+
+def _tensor_parts(t: onnx.TensorProto) -> list[bytes]:
+    """The encoding of ``t`` as pieces to write one after another; its raw data (the last field written) is a
+    piece of its own, not copied into a bigger message."""
+    numbers = {fd.number for fd, _ in t.ListFields()}
+    if _TENSOR_RAW_DATA not in numbers or not numbers <= _PLAIN_TENSOR_FIELDS:
+        return [t.SerializeToString()]
+    rest = onnx.TensorProto()
+    rest.dims.extend(t.dims)
+    if t.HasField("data_type"):
+        rest.data_type = t.data_type
+    if t.HasField("name"):
+        rest.name = t.name
+    raw = t.raw_data
+    return [rest.SerializeToString(), _key(_TENSOR_RAW_DATA) + _varint(len(raw)), raw]
