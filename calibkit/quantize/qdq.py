@@ -310,16 +310,19 @@ def _cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def _copy_field(dst: Message, fd: Any, value: Any) -> None:
+    if hasattr(value, "extend"):  # repeated field
+        getattr(dst, fd.name).extend(value)
+    elif isinstance(value, Message):
+        getattr(dst, fd.name).CopyFrom(value)
+    else:
+        setattr(dst, fd.name, value)
+
+
 def _copy_fields(src: Message, dst: Message, skip: str) -> None:
     for fd, value in src.ListFields():
-        if fd.name == skip:
-            continue
-        if hasattr(value, "extend"):  # repeated field
-            getattr(dst, fd.name).extend(value)
-        elif isinstance(value, Message):
-            getattr(dst, fd.name).CopyFrom(value)
-        else:
-            setattr(dst, fd.name, value)
+        if fd.name != skip:
+            _copy_field(dst, fd, value)
 
 
 def _copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -368,13 +371,7 @@ def _split(msg: Message, number: int) -> tuple[bytes, bytes]:
     for fd, value in msg.ListFields():
         if fd.number == number:
             continue
-        dst = lo if fd.number < number else hi
-        if hasattr(value, "extend"):  # repeated field
-            getattr(dst, fd.name).extend(value)
-        elif isinstance(value, Message):
-            getattr(dst, fd.name).CopyFrom(value)
-        else:
-            setattr(dst, fd.name, value)
+        _copy_field(lo if fd.number < number else hi, fd, value)
     return lo.SerializeToString(), hi.SerializeToString()
 
 
