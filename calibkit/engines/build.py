@@ -324,14 +324,9 @@ def _reduce_range(req: BuildRequest, target: object) -> bool:
     from calibkit.engines.cpu import int8_gemm_saturates
     from calibkit.quantize.qdq import Target
 
-    if target is not Target.ONNXRUNTIME:
-        if req.reduce_range:
-            raise UsageError("--reduce-range applies to the onnxruntime layout only",
-                             hint="TensorRT's int8 GEMMs accumulate in int32 and never saturate: drop --reduce-range")
-        return False
-    if req.reduce_range is not None:
+    if req.reduce_range is not None:  # as asked; quantize_model refuses it for the tensorrt layout
         return req.reduce_range
-    if int8_gemm_saturates():
+    if target is Target.ONNXRUNTIME and int8_gemm_saturates():
         log.warning("this CPU has no VNNI: ONNX Runtime's int8 GEMM would saturate with 8-bit weights, so the "
                     "weights get 7 bits (--reduce-range); pass --no-reduce-range for a model served on VNNI CPUs")
         return True

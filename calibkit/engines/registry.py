@@ -25,7 +25,7 @@ def open_runner(
     if backend is Backend.ONNXRUNTIME:
         from calibkit.engines.onnxruntime import OnnxRuntimeRunner, evaluation_optimization
 
-        layout = qdq_layout(art, path)
+        layout = _engine_layout(art, path)
         return OnnxRuntimeRunner(path, providers=providers, output_names=output_names,
                                  optimization=evaluation_optimization(layout))
     if backend is Backend.TENSORRT:
@@ -35,7 +35,7 @@ def open_runner(
     raise ModelError(f"unknown backend for {path}")
 
 
-def qdq_layout(art: EngineArtifact | None, path: Path) -> str | None:
+def _engine_layout(art: EngineArtifact | None, path: Path) -> str | None:
     """The Q/DQ layout of an INT8 ONNX engine (its sidecar's ``target``, else read from the file's zero
     points); None for FP32/FP16 engines, which are not read again."""
     if art is not None:
@@ -43,11 +43,10 @@ def qdq_layout(art: EngineArtifact | None, path: Path) -> str | None:
             return None
         if art.extra.get("target"):
             return str(art.extra["target"])
-    from calibkit.graph import load_model
-    from calibkit.graph import qdq_layout as layout_of
+    from calibkit.graph import load_model, qdq_layout
 
     try:
         model = load_model(path, load_external_data=False)
     except ModelError:  # the runner reports unreadable files itself
         return None
-    return layout_of(model)
+    return qdq_layout(model)

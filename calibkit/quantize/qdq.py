@@ -189,20 +189,23 @@ def quantize_model(
         act_dq[t] = dq_out
         return dq_out
 
-    def weight_value(w: str) -> np.ndarray:
+    def weight_tensor(w: str) -> onnx.TensorProto:
         if w in init_by_name:
-            return numpy_helper.to_array(init_by_name[w])
+            return init_by_name[w]
         node = const_by_output[w]
         for a in node.attribute:
             if a.name == "value":
-                return numpy_helper.to_array(a.t)
+                return a.t
         raise ModelError(f"weight {w!r} is a Constant without a tensor value; cannot quantize it")
 
+    def weight_value(w: str) -> np.ndarray:
+        return numpy_helper.to_array(weight_tensor(w))
+
     def weight_key(w: str, op_type: str, index: int, trans_b: bool) -> tuple[str, int | None] | None:
-        value = weight_value(w)
-        if value.dtype != np.float32:
+        t = weight_tensor(w)  # dtype and rank from the proto: the values are converted once, when quantized
+        if t.data_type != TensorProto.FLOAT:
             return None
-        return w, weight_axis(op_type, index, value.ndim, trans_b)
+        return w, weight_axis(op_type, index, len(t.dims), trans_b)
 
     def weight_pair(key: tuple[str, int | None]) -> str:
         w, axis = key
