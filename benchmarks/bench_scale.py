@@ -2,7 +2,7 @@
 
     python benchmarks/bench_scale.py --shapes base --texts 512,2048 [--log demo_assets/logs.jsonl]
         [--tokenizer demo_assets/model] [--samples DIR] [--work DIR] [--no-ort] [--ort-lengths 128,longest]
-        [--profile] [--kernels] [--variant sort|views|overwrite] [--memory-budget 1G] [--also-budget 256M]
+        [--profile] [--kernels] [--variant sort|views|overwrite|no-overlap] [--memory-budget 1G] [--also-budget 256M]
         [--max-batch-tokens N]
         [--threads N]
 
@@ -21,7 +21,8 @@ Each measurement runs in its own subprocess, one after another (peak RSS from wa
   (ORT then also runs, and takes ranges over, the padding, which calibkit masks).
 ``--kernels`` first measures the histogram kernels alone (calibkit.calibrate.histogram.BinCounter) on 1 thread and
 on every CPU; ``--variant sort|bincount|add_at`` also runs calibkit with that kernel forced (by default the
-collector counts with bincount below 6 statistics threads and with the GIL-free sort kernel from 6 on).
+collector counts with bincount below 6 statistics threads and with the GIL-free sort kernel from 6 on);
+``--variant no-overlap`` runs it with inference and statistics taking turns (calibkit.calibrate.collect.OVERLAP).
 
 Where the bytes went before the budget (measured on the old collector, MiniLM-L6 shape, the 512 log-sampled
 texts, 2 cores, batch 32; RSS sampled every 10 ms, numpy's allocations by tracemalloc):
@@ -36,7 +37,8 @@ texts, 2 cores, batch 32; RSS sampled every 10 ms, numpy's allocations by tracem
   runner) +0.13 GB, ONNX Runtime's session +0.14 GB (BERT-large: 1.34 GB per copy).
 So the peak is set by batch x sequence^2 x tapped tensors, and by the longest texts, not by the statistics.
 The collector now (calibkit/calibrate/collect.py): batches formed by a byte budget on the tapped outputs
-(priced by the layout probe, sequence^2 for attention), one batch alive (no overlap), outputs read as views
+(priced by the layout probe, sequence^2 for attention; with the overlap of batch k+1's inference and batch k's
+statistics each batch gets half the budget, so the two alive fit it), outputs read as views
 of the real tokens (or in place, padding overwritten, for short texts) in 256K-element chunks and released when
 done, the model tapped without serializing it again (the taps are a protobuf suffix appended to the file's
 bytes) and its bytes dropped after loading, statistics on all cores between
@@ -131,6 +133,8 @@ def worker_calibkit(args: argparse.Namespace) -> dict:
         collect._VIEWS_FROM = 0 if args.variant == "views" else 1 << 62
     elif args.variant in ("sort", "bincount", "add_at"):  # A/B of the histogram kernel
         collect.KERNEL = args.variant
+    elif args.variant == "no-overlap":  # A/B of inference overlapped with the previous batch's statistics
+        collect.OVERLAP = False
     t0 = time.perf_counter()
     res = calibrate(ModelDir.resolve(args.model), load_calibration_set(args.calib), out_dir=Path(args.out),
                     cache_dir=Path(args.cache_dir), budget=_budget(args), threads=args.threads or None)
@@ -303,9 +307,8 @@ def main() -> None:
     ap.add_argument("--also-budget", default="", help="also run calibkit with this --memory-budget (e.g. 256M)")
     ap.add_argument("--max-batch-tokens", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--variant", default="", help="views | overwrite | sort | bincount | add_at: also run calibkit "
-                    "with that statistics "
-                    "path or histogram kernel forced")
+    ap.add_argument("--variant", default="", help="views | overwrite | sort | bincount | add_at | no-overlap: "
+                    "also run calibkit with that statistics path or histogram kernel forced, or without overlap")
     ap.add_argument("--model", default="")
     ap.add_argument("--calib", default="")
     ap.add_argument("--out", default="")

@@ -221,3 +221,41 @@ def test_cli_budget_options(tmp_path, monkeypatch):
     r = CliRunner().invoke(app, ["calibrate", str(model), "-c", str(tmp_path / "set"), "--out", str(tmp_path / "b"),
                                  "--memory-budget", "lots"])
     assert r.exit_code == 2 and "4G" in r.output
+
+
+def test_overlap_halves_the_budget_holds_at_most_two_batches_and_changes_no_statistic(tok):
+    """Batch k+1 is inferred while batch k's statistics run: each batch gets half the budget, so the two alive
+    together fit it, and the statistics are those of running one batch at a time."""
+    import weakref
+
+    alive: list[weakref.ref] = []
+    most_alive = [0]
+
+    def counting_runner():
+        inner = _fake_runner()
+
+        def fn(feeds):
+            most_alive[0] = max(most_alive[0], sum(1 for r in alive if r() is not None))
+            with inner:
+                out = dict(inner.infer(feeds))
+            alive.extend(weakref.ref(x) for x in out.values())
+            return out
+
+        return FunctionRunner(fn, inner.input_specs, ["H", "A", "Kt"])
+
+    items = texts(80, seed=12)
+    budget = TokenBudget(memory_bytes=12_000)
+    args = (["H", "A", "Kt"],)
+    turn = collect_stats(_fake_runner, bucketed_batches(tok, items, NAMES, batch_size=64, budget=budget), *args,
+                         threads=2, overlap=False)
+    ahead = collect_stats(counting_runner, bucketed_batches(tok, items, NAMES, batch_size=64, budget=budget), *args,
+                          threads=2, overlap=True)
+    _same(turn, ahead)
+    assert ahead.meta["overlapped"] and not turn.meta["overlapped"]
+    assert ahead.meta["batches"] > turn.meta["batches"] > 2
+    assert turn.meta["largest_batch_tapped_bytes"] > budget.memory_bytes // 2
+    assert ahead.meta["largest_batch_tapped_bytes"] <= budget.memory_bytes // 2
+    assert most_alive[0] <= 3  # one batch's three outputs alive when the next inference starts, never two batches
+    one = collect_stats(_fake_runner, bucketed_batches(tok, items, NAMES, batch_size=64, budget=budget), *args,
+                        threads=1, overlap=True)
+    assert not one.meta["overlapped"]  # nothing to overlap with on one statistics thread

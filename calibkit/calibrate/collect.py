@@ -12,15 +12,18 @@ formed by a :class:`calibkit.data.encode.TokenBudget` priced by the same probe r
 Statistics read the real tokens of each output as views, or, when those views would be small, in place with
 padded entries overwritten by a copy of one real entry that is then taken back out (:func:`observe_real_tokens`;
 no boolean-index copies, no float64 or int64 copies of whole tensors: 256K-element chunks through per-thread
-buffers), and each output is released as soon as its statistics are done. Inference and
-statistics do not overlap (that would hold two batches); the statistics of one batch run on ``threads``
-threads instead, one tensor per task, counting with np.bincount on few threads and with a GIL-free radix sort
+buffers), and each output is released as soon as its statistics are done. Where a memory budget bounds the
+batches and there are at least two statistics threads, batch k+1 is tokenized and inferred on a second thread
+while batch k's statistics run (ONNX Runtime releases the GIL): two batches are then alive, so each is formed
+with half the budget and together they stay within it. The statistics of one batch run on ``threads``
+threads, one tensor per task, counting with np.bincount on few threads and with a GIL-free radix sort
 from ``_SORT_FROM`` threads on (see :class:`calibkit.calibrate.histogram.BinCounter`). Results do not depend on
 batch size, budget or thread count: power-of-two histograms merge exactly, min/max and counts are exact.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -42,6 +45,7 @@ log = logging.getLogger("calibkit.calibrate")
 RunnerSource = Callable[[], BaseRunner] | str | os.PathLike[str] | bytes | onnx.ModelProto
 
 _PROBES = ((2, 13), (3, 17))
+OVERLAP = True  # infer batch k+1 while batch k's statistics run (collect_stats' default); benchmarks A/B it
 KERNEL = ""  # force a histogram kernel (calibkit.calibrate.histogram.BinCounter); benchmarks A/B them
 # from this many statistics threads on, the radix-sort kernel: measured on the GPU machine's 16-core host
 # (benchmarks/bench_scale.py --kernels), np.bincount costs 4.3 ns per value on one thread but only gets 1.75x
@@ -69,6 +73,8 @@ def tapped_runner(
     tensors: Sequence[str],
     *,
     serialized: bytes | None = None,
+    intra_op_threads: int | None = None,
+    spinning: bool = True,
 ) -> BaseRunner:
     """An ONNX Runtime runner over ``model`` that also outputs ``tensors`` (by their tap names).
 
@@ -94,7 +100,8 @@ def tapped_runner(
     else:
         data = _serialized_with_outputs(proto, tensors, add_outputs)
     del serialized
-    return OnnxRuntimeRunner(data, output_names=names, name="calibration-taps", keep_model=False)
+    return OnnxRuntimeRunner(data, output_names=names, name="calibration-taps", keep_model=False,
+                             intra_op_threads=intra_op_threads, spinning=spinning)
 
 
 def tap_names(proto: onnx.ModelProto, tensors: Sequence[str]) -> list[str]:
@@ -345,6 +352,7 @@ def collect_stats(
     mask_padding: bool = True,
     threads: int | None = None,
     serialized: bytes | None = None,
+    overlap: bool | None = None,
 ) -> StatsStore:
     """Statistics of ``tensors`` over ``batches``.
 
@@ -361,15 +369,23 @@ def collect_stats(
         raise CalibrationError("no tensors to calibrate", hint="check --op-types and --exclude")
     if num_bins < 2 or num_bins & (num_bins - 1):
         raise UsageError(f"--num-bins must be a power of two (e.g. 2048), got {num_bins}")
-    workers = default_threads() if threads is None else int(threads)
+    cpus = default_threads()
+    may_overlap = (OVERLAP if overlap is None else overlap) and bool(getattr(batches, "memory_bounded", False))
+    # overlapped, the CPUs are shared: half for statistics, three quarters for ONNX Runtime, whose idle threads
+    # sleep instead of spinning (measured on 16 cores, BERT-base, 2,048 log texts: 54 s with both on all CPUs and
+    # spinning, 41 s without spinning, 37 s split so; 52 s not overlapped; benchmarks/bench_scale.py)
+    workers = (max(2, cpus // 2) if may_overlap else cpus) if threads is None else int(threads)
     if workers < 1:
         raise UsageError(f"statistics threads must be at least 1, got {threads}")
+    may_overlap = may_overlap and workers > 1
     tensors = list(dict.fromkeys(tensors))
     t_session = time.perf_counter()
     if callable(runner_factory_or_model_path) and not isinstance(runner_factory_or_model_path, onnx.ModelProto):
         runner = runner_factory_or_model_path()
     else:
-        runner = tapped_runner(runner_factory_or_model_path, tensors, serialized=serialized)  # type: ignore[arg-type]
+        runner = tapped_runner(runner_factory_or_model_path, tensors, serialized=serialized,  # type: ignore[arg-type]
+                               intra_op_threads=max(1, cpus - cpus // 4) if may_overlap else None,
+                               spinning=not may_overlap)
     del serialized
     cb = progress or no_progress
     kernel = KERNEL or ("sort" if workers >= _SORT_FROM else "bincount")
@@ -380,6 +396,7 @@ def collect_stats(
     peak_bytes = 0
     infer_s = stats_s = stats_cpu = probe_s = 0.0
     session_s = 0.0
+    ahead = False
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="calibkit-stats") if workers > 1 else None
 
     def observe(t: str, x: np.ndarray, lay: TensorLayout, mask: np.ndarray | None) -> float:
@@ -402,24 +419,25 @@ def collect_stats(
                     layouts = {t: UNMASKED for t in tensors}
                 priced = getattr(batches, "priced", None)
                 if cost is not None and priced is not None:
-                    stream = priced(cost)
+                    # overlap only where a memory budget bounds the batches: two are alive, half the budget each
+                    ahead = may_overlap
+                    stream = priced(cost, share=2 if ahead else 1)
             total = len(stream) if hasattr(stream, "__len__") else None  # type: ignore[arg-type]
             cb(ProgressEvent("statistics", 0, total))
-            for done, item in enumerate(stream, 1):
-                feeds, mask = _unpack(item)
+            runs = _inferred_ahead(runner, stream) if ahead else _inferred_in_turn(runner, stream)
+            for done, (feeds, mask, out, dt) in enumerate(runs, 1):
                 if layouts is None:
                     layouts = (
                         probe_layouts(runner, feeds, mask, tensors)
                         if mask_padding and mask is not None
                         else {t: UNMASKED for t in tensors}
                     )
-                t0 = time.perf_counter()
-                out = dict(runner.infer(feeds))
+                infer_s += dt
                 t1 = time.perf_counter()
-                infer_s += t1 - t0
                 arrays = [(t, _output_of(out, t)) for t in tensors]
                 peak_bytes = max(peak_bytes, sum(int(getattr(x, "nbytes", 0)) for _, x in arrays))
                 out.clear()
+                del out
                 if pool is None:
                     while arrays:
                         t, x = arrays.pop()
@@ -458,10 +476,48 @@ def collect_stats(
         "statistics_seconds": round(stats_s, 3),
         "statistics_threads": workers,
         "statistics_cpu_seconds": round(stats_cpu, 3),
+        "overlapped": ahead,
         "largest_batch_tapped_bytes": peak_bytes,
         "runner_calls": runner.inference_count,
     }
     return StatsStore({t: a.freeze() for t, a in acc.items()}, num_bins, meta)
+
+
+_Run = tuple[Mapping[str, np.ndarray], np.ndarray | None, dict[str, np.ndarray], float]
+
+
+def _infer(runner: BaseRunner, item: object) -> _Run:
+    feeds, mask = _unpack(item)
+    t0 = time.perf_counter()
+    out = dict(runner.infer(feeds))
+    return feeds, mask, out, time.perf_counter() - t0
+
+
+def _inferred_in_turn(runner: BaseRunner, stream: Iterable[object]) -> Iterator[_Run]:
+    for item in stream:
+        yield _infer(runner, item)
+
+
+def _inferred_ahead(runner: BaseRunner, stream: Iterable[object]) -> Iterator[_Run]:
+    """Each batch's outputs, with the next batch tokenized and inferred on a second thread meanwhile (ONNX
+    Runtime releases the GIL), so the statistics of batch k run while the model runs batch k+1. The consumer
+    must drop batch k's outputs before asking for batch k+1: at most two batches are alive."""
+    items = iter(stream)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="calibkit-infer") as ex:
+        first = next(items, None)
+        pending = ex.submit(_infer, runner, first) if first is not None else None
+        try:
+            while pending is not None:
+                run = pending.result()
+                nxt = next(items, None)
+                pending = ex.submit(_infer, runner, nxt) if nxt is not None else None
+                yield run
+                del run
+        finally:
+            if pending is not None:
+                pending.cancel()
+                with contextlib.suppress(Exception):
+                    pending.result()
 
 
 def _first_batch(batches: Iterable[object]) -> object | None:

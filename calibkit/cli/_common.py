@@ -183,7 +183,8 @@ def guard_out_file(path: Path, *, inputs: Sequence[Path | None] = (), option: st
     guard_output_file(path, inputs=inputs, option=option, owned=owned)
 
 
-MEMORY_BUDGET_HELP = "Bytes of tapped activations one batch may hold, e.g. 512M, 1G, 4G."
+MEMORY_BUDGET_HELP = ("Bytes of tapped activations held at once, e.g. 512M, 1G, 4G (while one batch's statistics "
+                      "run the next is inferred: two batches of half the budget each).")
 MAX_BATCH_TOKENS_HELP = "Most padded tokens (batch x longest text) per batch [default: no limit]."
 
 

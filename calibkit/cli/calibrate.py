@@ -28,8 +28,9 @@ every activation input of the quantized ops streams into a 2048-bin |x| histogra
 counts. The statistics are cached ($CALIBKIT_CACHE or ~/.cache/calibkit/stats), so calibrating again with
 another --method, or with more --exclude, does not run the model again.
 
-Memory: batches are length-bucketed and bounded by --memory-budget, the bytes of tapped activations one batch
-may hold (attention probabilities grow with batch x sequence^2; calibkit prices them by two tiny probe runs).
+Memory: batches are length-bucketed and bounded by --memory-budget, the bytes of tapped activations held at
+once (attention probabilities grow with batch x sequence^2; calibkit prices them by two tiny probe runs; the
+next batch is inferred while this one's statistics run, so each batch gets half).
 Long texts go in smaller batches, short ones in batches of --batch-size. Peak memory is about 3.5x the .onnx
 file (the model in calibkit and in ONNX Runtime) plus 1.5x the budget: 6.2 GB for BERT-large with the default.
 The statistics, and so the ranges, do not depend on the budget or the batch size.

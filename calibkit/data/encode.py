@@ -136,12 +136,22 @@ class BucketedBatches:
         enc = self.tokenizer.encode([self.texts[i] for i in idx], max_length=self.max_length)
         return Batch(feeds=enc.feeds(self.input_names), mask=enc.attention_mask.astype(bool), indices=idx)
 
-    def priced(self, cost: BatchCost) -> BucketedBatches:
-        """The same texts re-grouped now that the bytes per batch are known (a no-op without a memory budget)."""
+    def priced(self, cost: BatchCost, share: int = 1) -> BucketedBatches:
+        """The same texts re-grouped now that the bytes per batch are known (a no-op without a memory budget).
+
+        ``share``: how many batches the consumer holds at once; each then gets ``1/share`` of the memory budget,
+        so together they stay within it."""
         if self.budget is None or self.budget.memory_bytes is None:
             return dataclasses.replace(self, cost=cost)
+        if share < 1:
+            raise UsageError(f"share must be at least 1, got {share}")
+        budget = dataclasses.replace(self.budget, memory_bytes=max(1, self.budget.memory_bytes // share))
         clipped = np.minimum(self.lengths, self.max_length)
-        return dataclasses.replace(self, order=budget_groups(clipped, self.batch_size, self.budget, cost), cost=cost)
+        return dataclasses.replace(self, order=budget_groups(clipped, self.batch_size, budget, cost), cost=cost)
+
+    @property
+    def memory_bounded(self) -> bool:
+        return self.budget is not None and self.budget.memory_bytes is not None
 
     @property
     def needs_cost(self) -> bool:

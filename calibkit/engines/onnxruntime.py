@@ -48,6 +48,8 @@ class OnnxRuntimeRunner(BaseRunner):
     ``output_names`` limits what ``infer`` returns (default: every graph output).
     ``intra_op_threads`` defaults to the number of CPUs. ``keep_model=False`` drops serialized model bytes once
     the session holds the model (one copy of the weights less; the runner cannot be activated again).
+    ``spinning=False``: ONNX Runtime's idle threads sleep instead of spin-waiting (for a session whose runs share
+    the CPUs with other work: spinning threads take the cores that work needs).
     """
 
     def __init__(
@@ -60,6 +62,7 @@ class OnnxRuntimeRunner(BaseRunner):
         optimization: str = "all",
         name: str | None = None,
         keep_model: bool = True,
+        spinning: bool = True,
     ) -> None:
         super().__init__(name or (Path(model).name if not isinstance(model, bytes) else "onnx-bytes"))
         self._model = model
@@ -69,6 +72,7 @@ class OnnxRuntimeRunner(BaseRunner):
         self._optimization = optimization
         self._session = None
         self._keep_model = keep_model
+        self._spinning = spinning
 
     @property
     def providers(self) -> list[str]:
@@ -86,6 +90,8 @@ class OnnxRuntimeRunner(BaseRunner):
             "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
         }[self._optimization]
         opts.intra_op_num_threads = self._threads or (os.cpu_count() or 1)
+        if not self._spinning:
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if self._model is None:
             raise BackendError(f"{self.name}: the model bytes were released after the first activation")
         model = self._model if isinstance(self._model, bytes) else os.fspath(self._model)
