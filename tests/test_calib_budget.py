@@ -259,3 +259,32 @@ def test_overlap_halves_the_budget_holds_at_most_two_batches_and_changes_no_stat
     one = collect_stats(_fake_runner, bucketed_batches(tok, items, NAMES, batch_size=64, budget=budget), *args,
                         threads=1, overlap=True)
     assert not one.meta["overlapped"]  # nothing to overlap with on one statistics thread
+
+
+@pytest.mark.parametrize("where", ["inference", "statistics"])
+def test_overlap_fails_cleanly_on_either_thread(tok, where):
+    """An error in the model run (second thread) or while batch k is consumed reaches the caller as itself."""
+    from calibkit.errors import BackendError
+
+    calls = {"n": 0}
+
+    def failing_runner():
+        inner = _fake_runner()
+
+        def fn(feeds):
+            calls["n"] += 1
+            if where == "inference" and calls["n"] == 4:  # after the two probe runs and the first batch
+                raise BackendError("boom in inference")
+            with inner:
+                return dict(inner.infer(feeds))
+
+        return FunctionRunner(fn, inner.input_specs, ["H", "A", "Kt"])
+
+    def progress(event):
+        if where == "statistics" and event.done == 2:
+            raise RuntimeError("boom in statistics")
+
+    batches = bucketed_batches(tok, texts(80, seed=12), NAMES, batch_size=64, budget=TokenBudget(memory_bytes=12_000))
+    with pytest.raises((BackendError, RuntimeError), match="boom in " + where):
+        collect_stats(failing_runner, batches, ["H", "A", "Kt"], threads=2, overlap=True, progress=progress)
+    assert calls["n"] >= 4

@@ -361,9 +361,11 @@ def collect_stats(
     probe runs have priced its batches. ``runner_factory_or_model_path`` is a callable returning a fresh runner
     whose outputs include the tensors (under their own or their tap names), or an ONNX model (path, bytes,
     ModelProto) to tap; ``serialized``: the bytes a ModelProto was parsed from (see :func:`tapped_runner`).
-    ``threads`` (default: the CPUs) compute statistics between inference runs. ``meta`` records where the time
+    ``threads`` compute statistics (default: the CPUs, or half of them while the next batch's inference overlaps;
+    ``overlap`` None: :data:`OVERLAP`). ``meta`` records where the time
     went: ``session_seconds`` (tapping and ONNX Runtime's session), ``probe_seconds``, ``inference_seconds`` and
-    ``statistics_seconds`` (wall, and ``statistics_cpu_seconds`` summed over the threads).
+    ``statistics_seconds`` (wall, and ``statistics_cpu_seconds`` summed over the threads; inference and statistics
+    run at the same time when ``overlapped``, so their seconds add up to more than the wall time).
     """
     if not tensors:
         raise CalibrationError("no tensors to calibrate", hint="check --op-types and --exclude")
@@ -425,41 +427,43 @@ def collect_stats(
             total = len(stream) if hasattr(stream, "__len__") else None  # type: ignore[arg-type]
             cb(ProgressEvent("statistics", 0, total))
             runs = _inferred_ahead(runner, stream) if ahead else _inferred_in_turn(runner, stream)
-            for done, (feeds, mask, out, dt) in enumerate(runs, 1):
-                if layouts is None:
-                    layouts = (
-                        probe_layouts(runner, feeds, mask, tensors)
-                        if mask_padding and mask is not None
-                        else {t: UNMASKED for t in tensors}
-                    )
-                infer_s += dt
-                t1 = time.perf_counter()
-                arrays = [(t, _output_of(out, t)) for t in tensors]
-                peak_bytes = max(peak_bytes, sum(int(getattr(x, "nbytes", 0)) for _, x in arrays))
-                out.clear()
-                del out
-                if pool is None:
-                    while arrays:
-                        t, x = arrays.pop()
-                        stats_cpu += observe(t, x, layouts[t], mask)
-                        del x
-                else:
-                    # biggest first, so the threads finish together; each array is dropped when its task ends
-                    arrays.sort(key=lambda tx: -int(getattr(tx[1], "size", 0)))
-                    futures = [pool.submit(observe, t, x, layouts[t], mask) for t, x in arrays]
-                    arrays.clear()
-                    for f in futures:
-                        stats_cpu += f.result()
-                    del futures
-                stats_s += time.perf_counter() - t1
-                cb(ProgressEvent("statistics", done, total))
-                if mask is not None:
-                    samples += mask.shape[0]
-                    positions += mask.size
-                    padded += int(mask.size - mask.sum())
-                else:
-                    samples += len(next(iter(feeds.values()))) if feeds else 0
-                done_batches = done
+            # closed before the runner is: an inference still running on the second thread finishes first
+            with contextlib.closing(runs):
+                for done, (feeds, mask, out, dt) in enumerate(runs, 1):
+                    if layouts is None:
+                        layouts = (
+                            probe_layouts(runner, feeds, mask, tensors)
+                            if mask_padding and mask is not None
+                            else {t: UNMASKED for t in tensors}
+                        )
+                    infer_s += dt
+                    t1 = time.perf_counter()
+                    arrays = [(t, _output_of(out, t)) for t in tensors]
+                    peak_bytes = max(peak_bytes, sum(int(getattr(x, "nbytes", 0)) for _, x in arrays))
+                    out.clear()
+                    del out
+                    if pool is None:
+                        while arrays:
+                            t, x = arrays.pop()
+                            stats_cpu += observe(t, x, layouts[t], mask)
+                            del x
+                    else:
+                        # biggest first, so the threads finish together; each array is dropped when its task ends
+                        arrays.sort(key=lambda tx: -int(getattr(tx[1], "size", 0)))
+                        futures = [pool.submit(observe, t, x, layouts[t], mask) for t, x in arrays]
+                        arrays.clear()
+                        for f in futures:
+                            stats_cpu += f.result()
+                        del futures
+                    stats_s += time.perf_counter() - t1
+                    cb(ProgressEvent("statistics", done, total))
+                    if mask is not None:
+                        samples += mask.shape[0]
+                        positions += mask.size
+                        padded += int(mask.size - mask.sum())
+                    else:
+                        samples += len(next(iter(feeds.values()))) if feeds else 0
+                    done_batches = done
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)

@@ -32,7 +32,7 @@ Memory: batches are length-bucketed and bounded by --memory-budget, the bytes of
 once (attention probabilities grow with batch x sequence^2; calibkit prices them by two tiny probe runs; the
 next batch is inferred while this one's statistics run, so each batch gets half).
 Long texts go in smaller batches, short ones in batches of --batch-size. Peak memory is about 3.5x the .onnx
-file (the model in calibkit and in ONNX Runtime) plus 1.5x the budget: 6.2 GB for BERT-large with the default.
+file (the model in calibkit and in ONNX Runtime) plus 1.5x the budget: 6.1 GB for BERT-large with the default.
 The statistics, and so the ranges, do not depend on the budget or the batch size.
 
 Methods: mse (default: minimum expected squared quantization error, clipping included; the best held-out
