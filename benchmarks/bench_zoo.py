@@ -2,7 +2,7 @@
 and the INT8 share of linear FLOPs.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_zoo.py [--out /tmp/zoo-bench] [--models bert-cls,bert-encoder]
-        [--eval-size 600] [--no-tune] [--min-agreement 99] [--max-drop 0.5]
+        [--eval-size 600] [--no-tune] [--min-agreement 99] [--max-drop 0.5] [--decompose]
 
 Builds tiny random-initialised transformers (2 layers, hidden 32) from ``transformers`` configs, exports them
 with the legacy exporter, the dynamo exporter and ONNX Runtime's transformer optimizer, calibrates each on 100
@@ -26,6 +26,11 @@ activations, weight MatMuls only, 7-bit weights on CPUs without VNNI), run by OR
 ``tuned holdout [95 % CI]``: the tuned plan on the holdout split; ``tuned FLOPs``: its INT8 share of linear
 FLOPs; ``target``: whether the 99 % agreement target is met on the holdout (``yes`` only when the interval's
 lower end is at least 99 %, ``estimate`` when only the point estimate is, ``no`` otherwise).
+
+``--decompose`` also prints, per classifier, where the all-INT8 model's flips come from: the same exact Q/DQ
+model with only its weights quantized (every activation Q/DQ pair removed), with only its activations quantized
+(every weight DequantizeLinear replaced by the FP32 weight), and the FP16 build's agreement (how much any
+rounding of this model's arithmetic moves its predictions).
 """
 
 from __future__ import annotations
@@ -85,6 +90,47 @@ def exact_qdq_runner(path: Path) -> FunctionRunner:
     return FunctionRunner(lambda feeds: dict(zip(names, sess.run(names, feeds))), specs, names, name="exact-qdq")
 
 
+def only_part(int8: onnx.ModelProto, fp32: onnx.ModelProto, keep: str) -> onnx.ModelProto:
+    """The Q/DQ model with only its weights (``keep="weights"``) or only its activations (``"activations"``)
+    quantized: removed activation pairs feed the FP32 tensor on, removed weight DQs the FP32 initializer."""
+    m = onnx.ModelProto()
+    m.CopyFrom(int8)
+    fp32_inits = {i.name: i for i in fp32.graph.initializer}
+    inits = {i.name for i in m.graph.initializer}
+    rename: dict[str, str] = {}
+    nodes = []
+    for n in m.graph.node:
+        is_weight = n.op_type == "DequantizeLinear" and n.input[0] in inits
+        if n.op_type == "DequantizeLinear" and n.output[0].endswith("_dequantized"):
+            base = n.output[0][: -len("_dequantized")]
+            if (keep == "weights") != is_weight and (base in fp32_inits or not is_weight):
+                rename[n.output[0]] = base
+                continue
+        if n.op_type == "QuantizeLinear" and keep == "weights":
+            continue
+        nodes.append(n)
+    for n in nodes:
+        n.input[:] = [rename.get(x, x) for x in n.input]
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    m.graph.initializer.extend(fp32_inits[b] for b in sorted(set(rename.values()) & set(fp32_inits)))
+    return m
+
+
+def decompose(task, work: Path, folder: Path, tok, texts, ref) -> str:  # type: ignore[no-untyped-def]
+    fp32, int8 = onnx.load(str(work / "fp32.onnx")), onnx.load(str(work / "int8.onnx"))
+    cells = []
+    for keep in ("weights", "activations"):
+        path = work / f"int8-{keep}-only.onnx"
+        onnx.save(only_part(int8, fp32, keep), str(path))
+        with exact_qdq_runner(path) as r:
+            cells.append(ci(agreement(task, ref, task.predict(r, tok, texts, batch_size=32))))
+    build(BuildRequest(model=folder, output=work / "fp16.onnx", precision=Precision.FP16))
+    with OnnxRuntimeRunner((work / "fp16.onnx").read_bytes(), name="fp16") as r:
+        cells.append(ci(agreement(task, ref, task.predict(r, tok, texts, batch_size=32))))
+    return " | ".join(cells)
+
+
 def agreement(task, a, b) -> Interval | None:  # type: ignore[no-untyped-def]
     """Same prediction per text (classification) or per real token (token classification), Wilson 95 %."""
     if task.kind is TaskKind.CLASSIFICATION:
@@ -116,6 +162,7 @@ def main() -> None:
     ap.add_argument("--min-agreement", type=float, default=99.0)
     ap.add_argument("--max-drop", type=float, default=0.5)
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--decompose", action="store_true", help="also: weights-only / activations-only INT8, FP16")
     args = ap.parse_args()
     root = args.out or Path(tempfile.mkdtemp(prefix="calibkit-zoo-"))
     zoo = build_zoo(root / "models", tuple(args.models.split(",")))
@@ -133,6 +180,7 @@ def main() -> None:
               "(ORT kernels; exact Q/DQ) | all-INT8 FLOPs | tuned holdout agreement [95 % CI] | tuned FLOPs | kept "
               "| 99 % on holdout |")
     rows = []
+    parts: list[str] = []
     for name, z in zoo.items():
         work = root / "runs" / name
         md = ModelDir.resolve(z.folder)
@@ -179,6 +227,9 @@ def main() -> None:
         target = verdict(all_iv) if all_iv is not None else (
             "cosine ≥ 0.999: " + ("yes" if fid.cosine_min >= 0.999 else "no") + "; exact Q/DQ: "
             + ("yes" if fid_exact.cosine_min >= 0.999 else "no"))
+        if args.decompose and task.kind is TaskKind.CLASSIFICATION:
+            parts.append(f"| {name} | {ci(exact_iv)} | {decompose(task, work, z.folder, tok, eval_texts, outs[0])} |")
+            print(parts[-1], flush=True)
         if task.kind is TaskKind.CLASSIFICATION and not args.no_tune:
             labels = [task.labels[int(i)] for i in task.predictions(outs[0])]
             labelled = write_texts(work / "labelled.jsonl", eval_texts, labels)
@@ -198,6 +249,11 @@ def main() -> None:
     print(header)
     print("|" + "---|" * header.count(" | ") + "---|")
     print("\n".join(rows))
+    if parts:
+        print()
+        print("| model | all-INT8, exact Q/DQ | weights only INT8 (exact) | activations only INT8 (exact) | FP16 |")
+        print("|---|---|---|---|---|")
+        print("\n".join(parts))
 
 
 if __name__ == "__main__":
