@@ -177,3 +177,29 @@ def test_load_hashed_equals_separate_hash_and_load(tmp_path):
     assert proto2 == onnx.load(str(ext))
     with pytest.raises(ModelError):
         load_hashed(tmp_path / "missing.onnx")
+
+
+def test_model_is_read_again_after_statistics_and_a_changed_file_is_refused(setup):
+    """While ONNX Runtime runs the model, calibrate keeps only a weightless copy and reads the file again for the
+    Q/DQ step: the output equals the one made from statistics reused from the cache, and a file rewritten in
+    between is refused, never quantized from other weights than the statistics came from."""
+    from calibkit.errors import ModelError
+    from calibkit.progress import ProgressEvent
+
+    md, cset, _, tmp = setup
+    fresh = calibrate(md, cset, Method.MSE, out_dir=tmp / "fresh", use_cache=False)
+    reused = calibrate(md, cset, Method.MSE, out_dir=tmp / "reused")
+    assert reused.reused_stats and not fresh.reused_stats
+    assert fresh.model_path.read_bytes() == reused.model_path.read_bytes()
+
+    original = md.onnx_path.read_bytes()
+
+    def rewrite(event: ProgressEvent) -> None:
+        if event.task == "statistics" and event.done == 1:
+            m = onnx.load_from_string(original)
+            m.doc_string = "re-exported"
+            md.onnx_path.write_bytes(m.SerializeToString())
+
+    with pytest.raises(ModelError, match="changed while it was being calibrated"):
+        calibrate(md, cset, Method.MSE, out_dir=tmp / "changed", use_cache=False, progress=rewrite)
+    assert not (tmp / "changed" / "model.int8.onnx").exists()

@@ -336,6 +336,16 @@ def _copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+def weightless_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with every initializer reduced to its name, type and shape (no data): enough to plan taps and
+    name graph inputs, a few KB where the weights are hundreds of MB."""
+    out = _copy_without_initializers(model)
+    out.graph.initializer.extend(
+        onnx.TensorProto(name=i.name, data_type=i.data_type, dims=i.dims) for i in model.graph.initializer
+    )
+    return out
+
+
 def save_model(model: onnx.ModelProto, path: str | os.PathLike[str]) -> None:
     """Write ``model`` atomically as one file (models over protobuf's 2 GB limit are not supported).
 
