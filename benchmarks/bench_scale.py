@@ -145,6 +145,19 @@ def worker_calibkit(args: argparse.Namespace) -> dict:
     return {"seconds": time.perf_counter() - t0, "timings": res.timings, **{k: meta.get(k) for k in keep}}
 
 
+def worker_smooth(args: argparse.Namespace) -> dict:
+    """`calibkit smooth` (alpha auto): the per-channel pass, the alpha search and the equivalence check."""
+    from calibkit.calibrate.smoothing import smooth
+    from calibkit.data.calibset import load_calibration_set
+    from calibkit.data.modeldir import ModelDir
+
+    t0 = time.perf_counter()
+    res = smooth(ModelDir.resolve(args.model), load_calibration_set(args.calib), out_dir=Path(args.out),
+                 budget=_budget(args))
+    return {"seconds": time.perf_counter() - t0, "timings": res.timings, "smoothed": len(res.smoothed),
+            "groups": res.groups, "max_deviation": res.max_deviation}
+
+
 def worker_profile(args: argparse.Namespace) -> dict:
     """RSS over time (sampled every 20 ms) and numpy's tracemalloc peak while collecting statistics."""
     import threading
@@ -249,7 +262,7 @@ def worker_kernels(args: argparse.Namespace) -> dict:
 
 
 WORKERS = {"build": worker_build, "floor": worker_floor, "calibkit": worker_calibkit, "ort": worker_ort,
-           "profile": worker_profile, "kernels": worker_kernels}
+           "profile": worker_profile, "kernels": worker_kernels, "smooth": worker_smooth}
 
 
 # -- driver ----------------------------------------------------------------------------------------------------
@@ -314,6 +327,7 @@ def main() -> None:
     ap.add_argument("--out", default="")
     ap.add_argument("--cache-dir", default="")
     ap.add_argument("--json", default="", help="also write the results here")
+    ap.add_argument("--smooth", action="store_true", help="also time `calibkit smooth` (alpha auto): s, peak RSS")
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(WORKERS[args.worker](args)))
@@ -356,6 +370,10 @@ def main() -> None:
                 with tempfile.TemporaryDirectory(prefix="ck-", dir=work) as tmp:
                     row[f"calibkit-{args.variant}"] = spawn("calibkit", model=model, calib=calib, out=Path(tmp) / "o",
                                                             cache_dir=Path(tmp) / "c", variant=args.variant, **opts)
+            if args.smooth:
+                with tempfile.TemporaryDirectory(prefix="ck-", dir=work) as tmp:
+                    row["smooth"] = spawn("smooth", model=model, calib=calib, out=Path(tmp) / "s",
+                                          memory_budget=args.memory_budget)
             if args.profile:
                 row["profile"] = spawn("profile", model=model, calib=calib, **opts)
             if not args.no_ort and n in ort_counts and (ort_shapes is None or shape in ort_shapes):
@@ -393,6 +411,11 @@ def report(rows: list[dict]) -> None:
         if not c.get("ok", True):
             line += f"  calibkit FAILED {c.get('error')}"
         print(line)
+        if "smooth" in r:
+            sm = r["smooth"]
+            print(f"    smooth: {sm.get('seconds', float('nan')):.1f} s ({sm.get('timings')}), peak "
+                  f"{sm['peak_rss_gb']:.2f} GB, {sm.get('smoothed')} of {sm.get('groups')} smoothed, FP32 "
+                  f"deviation {sm.get('max_deviation')}" if sm.get("ok", True) else f"    smooth FAILED {sm}")
         for key in [k for k in r if k.startswith("calibkit")]:
             c = r[key]
             if c.get("ok", True):

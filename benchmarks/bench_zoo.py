@@ -27,6 +27,8 @@ activations, weight MatMuls only, 7-bit weights on CPUs without VNNI), run by OR
 FLOPs; ``target``: whether the 99 % agreement target is met on the holdout (``yes`` only when the interval's
 lower end is at least 99 %, ``estimate`` when only the point estimate is, ``no`` otherwise).
 
+``--smooth`` (without ``--decompose``) also prints, per classifier, the exact Q/DQ all-INT8 agreement of the model
+smoothed by ``calibkit smooth`` (alpha auto), calibrated with mse and with minmax.
 ``--decompose`` also prints, per classifier, where the all-INT8 model's flips come from: the same exact Q/DQ
 model with only its weights quantized (every activation Q/DQ pair removed), with only its activations quantized
 (every weight DequantizeLinear replaced by the FP32 weight), and the FP16 build's agreement (how much any
@@ -131,6 +133,20 @@ def decompose(task, work: Path, folder: Path, tok, texts, ref) -> str:  # type: 
     return " | ".join(cells)
 
 
+def smoothed(task, work: Path, md: ModelDir, calib, tok, texts, ref) -> str:  # type: ignore[no-untyped-def]
+    """Exact Q/DQ all-INT8 agreement with FP32 of the smoothed model, mse and minmax."""
+    from calibkit.calibrate.smoothing import smooth
+
+    res = smooth(md, calib, out_dir=work / "smoothed")
+    smd = ModelDir.resolve(res.out_dir)
+    cells = []
+    for m in (Method.MSE, Method.MINMAX):
+        cal = calibrate(smd, calib, m, out_dir=work / f"cal-smoothed-{m.value}")
+        with exact_qdq_runner(cal.model_path) as r:
+            cells.append(f"{m.value} {ci(agreement(task, ref, task.predict(r, tok, texts, batch_size=32)))}")
+    return " | ".join(cells) + f" | {len(res.smoothed)} of {res.groups}"
+
+
 def agreement(task, a, b) -> Interval | None:  # type: ignore[no-untyped-def]
     """Same prediction per text (classification) or per real token (token classification), Wilson 95 %."""
     if task.kind is TaskKind.CLASSIFICATION:
@@ -163,6 +179,8 @@ def main() -> None:
     ap.add_argument("--max-drop", type=float, default=0.5)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--decompose", action="store_true", help="also: weights-only / activations-only INT8, FP16")
+    ap.add_argument("--smooth", action="store_true",
+                    help="also: all-INT8 (exact Q/DQ) of the model smoothed by `calibkit smooth` (alpha auto)")
     args = ap.parse_args()
     root = args.out or Path(tempfile.mkdtemp(prefix="calibkit-zoo-"))
     zoo = build_zoo(root / "models", tuple(args.models.split(",")))
@@ -227,6 +245,9 @@ def main() -> None:
         target = verdict(all_iv) if all_iv is not None else (
             "cosine ≥ 0.999: " + ("yes" if fid.cosine_min >= 0.999 else "no") + "; exact Q/DQ: "
             + ("yes" if fid_exact.cosine_min >= 0.999 else "no"))
+        if args.smooth and not args.decompose and task.kind is TaskKind.CLASSIFICATION:
+            parts.append(f"| {name} | {ci(exact_iv)} | {smoothed(task, work, md, calib, tok, eval_texts, outs[0])} |")
+            print(parts[-1], flush=True)
         if args.decompose and task.kind is TaskKind.CLASSIFICATION:
             parts.append(f"| {name} | {ci(exact_iv)} | {decompose(task, work, z.folder, tok, eval_texts, outs[0])} |")
             print(parts[-1], flush=True)
@@ -251,8 +272,12 @@ def main() -> None:
     print("\n".join(rows))
     if parts:
         print()
-        print("| model | all-INT8, exact Q/DQ | weights only INT8 (exact) | activations only INT8 (exact) | FP16 |")
-        print("|---|---|---|---|---|")
+        if args.decompose:
+            print("| model | all-INT8, exact Q/DQ | weights only INT8 (exact) | activations only INT8 (exact) | FP16 |")
+            print("|---|---|---|---|---|")
+        else:
+            print("| model | all-INT8, exact Q/DQ | smoothed, mse (exact) | smoothed, minmax (exact) | smoothed |")
+            print("|---|---|---|---|---|")
         print("\n".join(parts))
 
 

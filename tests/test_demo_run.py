@@ -27,9 +27,13 @@ def test_demo_workflow_fast(demo_assets_fast: Path, tmp_path: Path, monkeypatch:
     res = run_workflow(opts)
     s = res.summary
     assert res.index_html.is_file() and res.index_md.is_file()
-    assert set(s["method_accuracy"]) == {"entropy", "minmax", "percentile", "mse"}
-    # statistics were collected once: every method after the first reused them
-    assert sum(not r for r in s["statistics_reused"].values()) == 1
+    from calibkit.demo.workflow import SMOOTHED, calibrate_dir
+
+    methods = {"entropy", "minmax", "percentile", "mse"}
+    assert set(s["method_accuracy"]) == methods | {m + SMOOTHED for m in methods}
+    # statistics were collected once per model (original, smoothed): every other method reused them
+    assert sum(not r for r in s["statistics_reused"].values()) == 2
+    assert s["smoothing"]["smoothed"] > 0 and s["smoothing"]["max_output_deviation"] < 1e-4
     # every link of the index page resolves
     html = res.index_html.read_text()
     for href in re.findall(r'href="([^"]+)"', html):
@@ -42,7 +46,7 @@ def test_demo_workflow_fast(demo_assets_fast: Path, tmp_path: Path, monkeypatch:
     y = label_ids(ev, md.id2label, 2)
     best = s["best_method"]
     # TensorRT layout: measured as exact Q/DQ arithmetic, what TensorRT computes (engines.onnxruntime)
-    int8_path = demo_assets_fast / "runs" / f"calibrate-{best}" / "model.int8.onnx"
+    int8_path = demo_assets_fast / "runs" / calibrate_dir(best) / "model.int8.onnx"
     with OnnxRuntimeRunner(int8_path, optimization=EXACT_QDQ) as r:
         acc = float(np.mean(predict_logits(r, TextTokenizer(md.tokenizer_path), ev.texts).argmax(1) == y))
     assert s["method_accuracy"][best] == pytest.approx(acc)

@@ -27,11 +27,13 @@ def _iv(est: float, half: float) -> dict:
 def fake_summary() -> dict:
     fid = {m: {"accuracy": _iv(0.84, 0.015), "agreement": _iv(1 - f / 2114, 0.005), "flips": f, "n": 2114,
                "mean_kl": 0.01, "accuracy_minus_fp32": {**_iv(-0.002, 0.006), "verdict": "not significant"}}
-           for m, f in (("entropy", 150), ("minmax", 60), ("percentile", 70), ("mse", 40))}
+           for m, f in (("entropy", 150), ("minmax", 60), ("percentile", 70), ("mse", 40),
+                        ("entropy + smoothing", 140), ("minmax + smoothing", 25), ("percentile + smoothing", 30),
+                        ("mse + smoothing", 28))}
     return {
         "format": "calibkit-demo/1", "calibkit_version": "0.0", "eval_examples": 2114, "calibration_texts": 512,
         "fp32_accuracy": 0.8458, "method_accuracy": {m: 0.84 for m in fid}, "method_fidelity": fid,
-        "best_method": "mse",
+        "best_method": "minmax + smoothing",
         "compare_fp32_vs_int8": {"agreement": 0.981, "agreement_ci": _iv(0.981, 0.005),
                                  "accuracy_difference": {**_iv(0.001, 0.005), "verdict": "not significant"},
                                  "keep_in_higher_precision": [], "insufficient_evidence": ["a"]},
@@ -43,6 +45,8 @@ def fake_summary() -> dict:
         "tune_by_method": {"entropy": {"accuracy_holdout": 0.83, "fp32_accuracy_holdout": 0.84,
                                        "all_int8_accuracy_holdout": 0.81, "int8_flops_fraction": 0.99,
                                        "kept_nodes": ["x"]}},
+        "smoothing": {"alpha": "auto", "groups": 25, "smoothed": 25, "max_output_deviation": 6e-7,
+                      "gain_db": [3.3, 14.0]},
         "timings_s": {"total": 400.0},
     }
 
@@ -72,7 +76,9 @@ def test_block_numbers_come_from_the_summary_and_replace_in_place(tmp_path: Path
     tool = _tool()
     s = fake_summary()
     block = tool.render_block(s)
-    assert "mse: 40 of 2114 flipped (1.89 %)" in block
+    assert "minmax + smoothing: 25 of 2114 flipped (1.18 %)" in block
+    assert "25 of 25 activations smoothed, INT8 product error 3.3–14.0 dB lower" in block
+    assert "mse 40 → 28" in block and "minmax 60 → 25" in block
     assert "plan 83.80 % vs FP32 84.00 %, agreement 99.00 % [98.40, 99.60], 95.0 %" in block
     assert "+0.10 points [-0.40, +0.60] (not significant)" in block and "holdout supports the claim" in block
     readme = tmp_path / "README.md"

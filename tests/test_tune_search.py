@@ -92,3 +92,25 @@ def test_agreement_constraint_keeps_more_layers_than_accuracy_alone():
     assert not next(m for m in strict.tried if m.plan == ()).meets
     never = search_plan(ranking, FLOPS, evaluate, threshold=0.89, min_agreement=1.01)
     assert never.best is None
+
+
+
+def test_agreement_must_clear_the_target_by_its_own_uncertainty():
+    """99.2 % of 1,500 examples: met at the point estimate, not when its one-sided 90 % bound must reach 99 %
+    (that bound is 98.9 %); keeping the layer that flips most (99.6 %, bound 99.4 %) is."""
+    from calibkit.evaluate.uncertainty import wilson_lower
+
+    flips = {n: 0.0 for n in FLOPS}
+    flips.update({"n2": 0.004, "n5": 0.004})
+
+    def evaluate(plans):
+        return [(0.9, 1.0 - sum(f for n, f in flips.items() if n not in p)) for p in plans]
+
+    ranking = ["n2", "n5"] + [n for n in FLOPS if n not in ("n2", "n5")]
+    point = search_plan(ranking, FLOPS, evaluate, threshold=0.89, min_agreement=0.99)
+    assert point.best is not None and point.best.plan == ()
+    bounded = search_plan(ranking, FLOPS, evaluate, threshold=0.89, min_agreement=0.99, agreement_examples=1500,
+                          agreement_z=1.2815515655446004)
+    assert bounded.best is not None and bounded.best.plan == ("n2",)
+    assert wilson_lower(0.992, 1500, 1.2815515655446004) < 0.99 < wilson_lower(0.996, 1500, 1.2815515655446004)
+    assert wilson_lower(0.992, 1500, 0.0) == 0.992

@@ -37,6 +37,9 @@ budget are 2.1 GB for BERT-base (a 0.44 GB file) and 4.7 GB for BERT-large (1.34
 inference over the same texts takes.
 The statistics, and so the ranges, do not depend on the budget or the batch size.
 
+Activations with outlier channels (GELU outputs, LayerNorm outputs) lose the most to a per-tensor range:
+`calibkit smooth` first writes an equivalent model folder with those outliers moved into the weights.
+
 Methods: mse (default: minimum expected squared quantization error, clipping included; the best held-out
 accuracy on the demo model), entropy (TensorRT EntropyCalibration2 KL search), minmax (max |x|, TensorRT's advice
 for NLP), percentile (--percentile of |x|).

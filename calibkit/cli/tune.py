@@ -45,6 +45,8 @@ HELP = (
     "--eval-set demo_assets/data/test.jsonl --max-drop 0.5\n\n"
     "  calibkit tune model/ -c calib/ -e test.parquet --max-drop 1 --relative --method entropy --workers 4\n\n"
     "  calibkit tune model/ -c calib/ -e test.jsonl --max-drop 0.5 --min-agreement 99\n"
+    "  calibkit tune runs/minilm-smoothed -c calib/ -e test.jsonl --min-agreement 99   (a folder written by "
+    "`calibkit smooth`: fewer layers to keep, measured against the same FP32 function)\n"
     "  calibkit tune model/ -c calib/ -e test.parquet --executor dask://10.0.0.5:8786   (a Dask cluster: "
     "statistics in shards, every candidate a work unit; re-run the same command to resume)\n"
 )
@@ -62,6 +64,11 @@ def tune(
     relative: bool = typer.Option(False, "--relative", help="Read --max-drop as percent of FP32 accuracy."),
     min_agreement: float | None = typer.Option(
         None, "--min-agreement", help="Also require this percentage of FP32's predictions unchanged (e.g. 99)."
+    ),
+    agreement_confidence: float = typer.Option(
+        0.9, "--agreement-confidence",
+        help="A plan meets --min-agreement on the search split only when the one-sided lower bound of its "
+             "agreement at this confidence reaches it (0.5: the point estimate), so the claim survives the holdout.",
     ),
     method: str = typer.Option("auto", "--method", "-m", help="auto | entropy | minmax | percentile | mse."),
     out_dir: Path | None = typer.Option(None, "--out", "-o", help="Output folder (default runs/tune-<model>/)."),
@@ -112,7 +119,8 @@ def tune(
             guard_out_dir(report_dir, inputs=inputs, option="--report", force=force, legacy_names=REPORT_NAMES)
         ev, _rows = limit_eval_set(load_eval_set(eval_set), limit, seed)
         cfg = TuneConfig(
-            max_drop=max_drop, relative=relative, min_agreement=min_agreement, method=method, holdout_fraction=holdout,
+            max_drop=max_drop, relative=relative, min_agreement=min_agreement,
+            agreement_confidence=agreement_confidence, method=method, holdout_fraction=holdout,
             sensitivity_samples=sensitivity_samples, sensitivity_layers=sensitivity_layers,
             max_evaluations=max_evaluations, workers=workers,
             seed=seed, target=target, params=MethodParams(percentile=percentile),

@@ -181,6 +181,11 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
     calib_set_path: Path | None = req.calibration_set
     model_bytes: bytes | None = None
     copy_from: Path | None = None
+    from calibkit.quantize.smooth import smoothed_from
+
+    origin = smoothed_from(load_model(src, load_external_data=False))
+    if origin is not None:  # FP32-equivalent to that model: compare accepts engines of either
+        extra["smoothed_from_sha256"] = origin
 
     if precision is Precision.INT8 and req.qdq_model is not None:
         qdq = req.qdq_model

@@ -473,10 +473,16 @@ def _gold_metrics(task: TokenClassificationTask, tokenizer: TextTokenizer, eval_
             "convention": "one BIO tag per word; a word's prediction is its first token's"}
 
 
+def origin_sha256(e: EngineArtifact) -> str:
+    """The model an engine's FP32 function comes from: a smoothed model's original (calibkit smooth keeps the
+    function), else its own source."""
+    return str(e.extra.get("smoothed_from_sha256") or e.source_model_sha256)
+
+
 def check_same_model(engines: Sequence[EngineArtifact]) -> None:
-    shas = {e.source_model_sha256 for e in engines}
+    shas = {origin_sha256(e) for e in engines}
     if len(shas) > 1:
-        listed = "; ".join(f"{e.path.name}: {e.source_model_sha256[:12]}" for e in engines)
+        listed = "; ".join(f"{e.path.name}: {origin_sha256(e)[:12]}" for e in engines)
         raise UsageError(
             f"the engines were built from different models ({listed})",
             hint="compare engines built from the same FP32 model (see source_model_sha256 in their .calibkit.json)",
@@ -682,14 +688,18 @@ def _reference_model(
     model_b: onnx.ModelProto | None,
     int8_art: EngineArtifact | None,
 ) -> onnx.ModelProto | None:
-    """The higher-precision model whose tensors give the FP ranges (same object as model_a when it is A)."""
+    """The higher-precision model whose tensors give the FP ranges (same object as model_a when it is A).
+    For an INT8 model built from a smoothed model, that smoothed FP32 model: its tensors are what INT8
+    quantizes (X/s), and its layer outputs are the original's."""
+    src = int8_art.source_model if int8_art else None
+    if int8_art is not None and int8_art.extra.get("smoothed_from_sha256") and src and Path(src).is_file():
+        return load_model(src)
     if reference is not None:
         return _onnx_of(reference)
     if not _is_int8(a) and model_a is not None:
         return model_a
     if not _is_int8(b) and model_b is not None:
         return model_b
-    src = int8_art.source_model if int8_art else None
     if src and Path(src).is_file():
         return load_model(src)
     log.warning("no higher-precision model to measure FP ranges on (pass --reference FP32.onnx)")

@@ -62,16 +62,24 @@ def search_plan(
     *,
     max_evaluations: int = 40,
     min_agreement: float | None = None,
+    agreement_examples: int = 0,
+    agreement_z: float = 0.0,
 ) -> SearchOutcome:
     """``ranking``: nodes, most harmful in INT8 first. ``evaluate`` measures several plans (it may run them in
     parallel). ``threshold``: the lowest accuracy that meets the target; ``min_agreement`` (a fraction): the
-    lowest agreement with FP32."""
+    lowest agreement with FP32; with ``agreement_examples`` (the search split's size) and ``agreement_z`` > 0 it
+    is the one-sided Wilson lower bound of the measured agreement that must reach it, so that a plan which
+    only just meets the target on the search split, by the luck of those examples, does not count as met."""
+    from calibkit.evaluate.uncertainty import wilson_lower
+
     tried: dict[Plan, Measured] = {}
 
     def meets(acc: float, agr: float) -> bool:
         if acc < threshold:
             return False
-        return min_agreement is None or (not math.isnan(agr) and agr >= min_agreement)
+        # no flips at all is no evidence of any: the bound cannot reach a 100 % target, the estimate can
+        return min_agreement is None or (not math.isnan(agr) and agr >= min_agreement and (
+            agr >= 1.0 or wilson_lower(agr, agreement_examples, agreement_z) >= min_agreement))
 
     def measure(plans: Sequence[Plan], stage: str) -> list[Measured]:
         fresh = [p for p in dict.fromkeys(plans) if p not in tried]

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -86,6 +87,10 @@ class TuneConfig:
     params: MethodParams = field(default_factory=MethodParams)
     budget: Any = None  # calibkit.data.encode.TokenBudget for statistics and layer taps (None: the default)
     fidelity_only: bool = False  # unlabeled eval set: FP32's predictions are the labels, only min_agreement counts
+    # --min-agreement is met on the search split when the one-sided lower bound of the agreement at this
+    # confidence reaches it (0.5: the point estimate); measured on the demo: at the point estimate all-INT8 met
+    # 99 % on the search split (99.19 %, 1,480 texts) and kept 98.74 % on the holdout
+    agreement_confidence: float = 0.9
 
     def threshold(self, fp32_accuracy: float) -> float:
         if self.fidelity_only:
@@ -304,6 +309,9 @@ def _run_tune(
     shard_stats: bool,
 ) -> TuneResult:
     cb = progress or no_progress
+    if not 0.5 <= config.agreement_confidence < 1.0:
+        raise UsageError(f"--agreement-confidence must be in [0.5, 1), got {config.agreement_confidence}",
+                         hint="e.g. 0.9 (the default); 0.5 compares the point estimate")
     if config.min_agreement is not None and not 0.0 < config.min_agreement <= 100.0:
         raise UsageError(f"--min-agreement must be in (0, 100] percent, got {config.min_agreement}",
                          hint="pass e.g. --min-agreement 99 to keep 99 % of FP32's predictions")
@@ -457,7 +465,8 @@ def _run_tune(
         return [(r.accuracy, 1.0 - r.flip_rate) for r in res]
 
     outcome = search_plan(ranking, flops, evaluate, threshold, max_evaluations=config.max_evaluations,
-                          min_agreement=min_agreement)
+                          min_agreement=min_agreement, agreement_examples=len(search_idx),
+                          agreement_z=NormalDist().inv_cdf(config.agreement_confidence))
     final: Measured | None = outcome.best
     if final is None:  # nothing met the target: report the most faithful plan measured
         final = max(outcome.tried, key=lambda m: (m.agreement, m.accuracy, m.int8_flops_fraction))
@@ -488,6 +497,7 @@ def _run_tune(
     doc["methods"]["all_int8_mean_kl_search"] = table_kl
     doc["methods"]["chosen_by"] = "fewest flips of FP32's predictions on the search split (then KL divergence)"
     doc["target"]["min_agreement"] = config.min_agreement
+    doc["target"]["agreement_confidence"] = config.agreement_confidence
     doc["eval_set"]["labels"] = "FP32 predictions (the eval set has none)" if config.fidelity_only else "given"
     if config.fidelity_only:
         doc["target"]["max_drop"] = None

@@ -79,6 +79,16 @@ def wilson(k: int, n: int) -> Interval:
     return Interval(p, max(0.0, centre - half), min(1.0, centre + half))
 
 
+def wilson_lower(p: float, n: int, z: float) -> float:
+    """The lower end of the Wilson interval of a proportion ``p`` of ``n`` at ``z`` (one-sided: z 1.2816 for 90 %)."""
+    if n <= 0 or math.isnan(p) or z <= 0:
+        return p
+    z2 = z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(max(p * (1 - p), 0.0) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half)
+
+
 def proportion(outcome: np.ndarray) -> Interval:
     o = np.asarray(outcome, dtype=bool)
     return wilson(int(o.sum()), int(o.size))
