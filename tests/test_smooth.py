@@ -210,3 +210,22 @@ def test_token_rows_layouts() -> None:
     flat, grid2 = _token_rows(x3.reshape(6, 4), mask, 4)  # tokens flattened before the MatMul
     np.testing.assert_array_equal(flat, rows) and grid2.tolist() == grid.tolist()
     assert _token_rows(x3.reshape(2, 3, 2, 2), mask, 2) is None  # channels not last: left unsmoothed
+
+
+def test_a_model_file_rewritten_during_the_statistics_is_refused(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import calibkit.calibrate.smoothing as smoothing
+
+    md = _model_dir(tmp_path / "m")
+    cset = write_calibration_set(tmp_path / "set", texts(30, seed=2), None, {})
+    real = smoothing.channel_stats
+
+    def rewriting(*a, **kw):  # type: ignore[no-untyped-def]
+        out = real(*a, **kw)
+        onnx.save(tiny_model(seed=5), str(md.onnx_path))  # another model under the same name
+        return out
+
+    monkeypatch.setattr(smoothing, "channel_stats", rewriting)
+    with pytest.raises(ModelError, match="changed while smooth"):
+        smooth(md, cset, out_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists()

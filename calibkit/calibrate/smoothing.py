@@ -25,6 +25,7 @@ from calibkit.data.encode import DEFAULT_MEMORY_BUDGET, TokenBudget
 from calibkit.data.modeldir import ModelDir
 from calibkit.errors import CalibrationError, ModelError
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+from calibkit.quantize.qdq import save_model, weightless_copy
 from calibkit.quantize.smooth import (
     METADATA_KEY,
     GroupChoice,
@@ -157,7 +158,7 @@ def _outputs(model: Path | bytes, name: str, model_dir: ModelDir, texts: Sequenc
         return [dict(r.infer(tok.encode(texts[i:i + 8]).feeds(names))) for i in range(0, len(texts), 8)]
 
 
-def _max_deviation(smoothed: bytes, model_dir: ModelDir, texts: Sequence[str]) -> float:
+def _max_deviation(smoothed: Path, model_dir: ModelDir, texts: Sequence[str]) -> float:
     """The largest |smoothed - original| over every output, relative to the original's max |output|; one model
     loaded at a time (the original from its file)."""
     ref = _outputs(model_dir.onnx_path, "fp32", model_dir, texts)
@@ -198,9 +199,20 @@ def smooth(model_dir: ModelDir, cset: CalibrationSet, *, out_dir: str | Path, al
     if not groups:
         raise ModelError("no MatMul/Gemm with a constant 2-D float weight: nothing to smooth",
                          hint="calibrate the model as it is")
-    stats = channel_stats(proto, groups, model_dir, cset.texts, budget=budget, batch_size=batch_size,
+    lean = bool(data)  # the file alone is the model: ONNX Runtime gets its bytes, we keep no weights meanwhile
+    stats_model = weightless_copy(proto) if lean else proto
+    if lean:
+        del proto
+    stats = channel_stats(stats_model, groups, model_dir, cset.texts, budget=budget, batch_size=batch_size,
                           serialized=data.pop() if data else None, progress=progress)
+    del stats_model
     timings["statistics"] = time.perf_counter() - t0
+    if lean:
+        proto, again, reread = load_hashed(model_dir.onnx_path)
+        reread.clear()
+        if again != sha:
+            raise ModelError(f"{model_dir.onnx_path} changed while smooth was reading its statistics",
+                             hint="run calibkit smooth again once the file is no longer being written")
     t = time.perf_counter()
     from onnx import numpy_helper
 
@@ -211,24 +223,22 @@ def smooth(model_dir: ModelDir, cset: CalibrationSet, *, out_dir: str | Path, al
     timings["alpha search"] = time.perf_counter() - t
     meta = {"format": SMOOTHING_FORMAT, "alpha": "auto" if alpha is None else alpha, "source_sha256": sha,
             "calibration_set_id": cset.id}
-    # the file's bytes went to the tapped session and are gone: the equivalence check reads the original's file
     smoothed = apply_smoothing(proto, groups, choices, metadata=json.dumps(meta, sort_keys=True), in_place=True)
     del proto
-    smoothed_bytes = smoothed.SerializeToString()
-    del smoothed
-    t = time.perf_counter()
-    deviation = _max_deviation(smoothed_bytes, model_dir, _equivalence_texts(cset.texts))
-    timings["equivalence check"] = time.perf_counter() - t
-    if not np.isfinite(deviation) or deviation > EQUIVALENCE_TOLERANCE:
-        raise ModelError(
-            f"the smoothed model's outputs differ from the original's by {deviation:.3g} of their range "
-            f"(more than float rounding, {EQUIVALENCE_TOLERANCE:g}); nothing was written",
-            hint="calibrate the original model without smoothing, and report the model to calibkit")
     out = Path(out_dir)
     src_folder = model_dir.onnx_path.parent
     with atomic_dir(out, what="smooth") as tmp:
-        with open(tmp / "model.onnx", "wb") as f:
-            f.write(smoothed_bytes)
+        save_model(smoothed, tmp / "model.onnx")  # weights written from their buffers: no serialized copy
+        del smoothed
+        t = time.perf_counter()
+        # one model in memory at a time, each read from its file; a refusal leaves nothing behind
+        deviation = _max_deviation(tmp / "model.onnx", model_dir, _equivalence_texts(cset.texts))
+        timings["equivalence check"] = time.perf_counter() - t
+        if not np.isfinite(deviation) or deviation > EQUIVALENCE_TOLERANCE:
+            raise ModelError(
+                f"the smoothed model's outputs differ from the original's by {deviation:.3g} of their range "
+                f"(more than float rounding, {EQUIVALENCE_TOLERANCE:g}); nothing was written",
+                hint="calibrate the original model without smoothing, and report the model to calibkit")
         for folder in dict.fromkeys([src_folder, model_dir.tokenizer_path if model_dir.tokenizer_path.is_dir()
                                      else model_dir.tokenizer_path.parent]):
             for name in _FOLDER_FILES:

@@ -183,7 +183,10 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
     copy_from: Path | None = None
     from calibkit.quantize.smooth import smoothed_from
 
-    origin = smoothed_from(load_model(src, load_external_data=False))
+    try:
+        origin = smoothed_from(load_model(src, load_external_data=False))
+    except ModelError:  # not readable: the build below says what is wrong with it
+        origin = None
     if origin is not None:  # FP32-equivalent to that model: compare accepts engines of either
         extra["smoothed_from_sha256"] = origin
 

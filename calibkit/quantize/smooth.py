@@ -8,8 +8,9 @@ the LayerNorm outputs carry a few channels 5-30x larger than the rest: a per-ten
 the bulk a handful of INT8 levels.
 
 The graph change: one ``Mul(X, 1/s)`` node per smoothed activation, read by its weight MatMuls only (other
-consumers, such as a residual Add, keep reading X); the weights are replaced by ``diag(s)·W``. TensorRT fuses
-the Mul into the QuantizeLinear that follows it; ONNX Runtime runs it as one elementwise op.
+consumers, such as a residual Add, keep reading X); the weights are replaced by ``diag(s)·W``. One
+elementwise op per activation is the runtime cost (TensorRT can fuse a pointwise op into the QuantizeLinear
+after it; not verified here, where TensorRT is absent).
 
 ``s_k = max|X_k|^a / max|W_k|^(1-a)`` per input channel k (a = alpha; the maximum over every weight reading X).
 With ``alpha=None`` each activation takes the alpha of :data:`ALPHA_GRID` (or no smoothing at all) whose
