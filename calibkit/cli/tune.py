@@ -180,6 +180,10 @@ def _summary(res, report_dir: Path | None) -> None:  # noqa: ANN001
     out.print(f"calibration: {m['chosen']} (fewest flips of FP32 on the search split: "
               + ", ".join(f"{k} {100 * v:.2f} %" for k, v in m.get("all_int8_flip_rate_search", {}).items()) + ")")
     verdict = "met" if res.met_target else "NOT met (the most accurate plan measured is written)"
+    conf = d["target"].get("agreement_confidence")
+    if d["target"].get("min_agreement") is not None and conf is not None and conf > 0.5:
+        say(f"--min-agreement {d['target']['min_agreement']:g} counts as met on the search split when the one-sided "
+            f"{100 * conf:g} % lower bound of the agreement reaches it (--agreement-confidence; 0.5: the estimate)")
     say(f"target {verdict}; INT8 share of linear FLOPs (fused ops included): {100 * res.int8_flops_fraction:.1f} %; "
               f"{len(d['candidates'])} candidates measured, {d['evaluations_reused']} evaluations reused")
     verdict_h = f.get("holdout_verdict") or {}
