@@ -99,6 +99,16 @@ def test_zoo_model_through_the_workflow(zoo: dict, work: Path, tmp_path: Path, n
     assert doc["task"]["fidelity"]["agreement"] == pytest.approx(fid.agreement)
     assert all(layer["module"] for layer in doc["layers"])  # every quantized node has a module path
     assert (tmp_path / "report" / "report.html").is_file()
+    # smooth -> calibrate -> build -> compare against the original FP32 engine, on every exporter and task
+    out = cli("smooth", z.folder, "-c", tmp_path / "calib", "--out", tmp_path / "smoothed")
+    assert "match the original's" in " ".join(out.split())
+    cli("calibrate", tmp_path / "smoothed", "-c", tmp_path / "calib", "--out", tmp_path / "cal-sm")
+    cli("build", tmp_path / "smoothed", "--precision", "int8", "--calibration", tmp_path / "cal-sm",
+        "-o", tmp_path / "int8-sm.onnx")
+    cli("compare", tmp_path / "fp32.onnx", tmp_path / "int8-sm.onnx", "-e", work / "eval.jsonl",
+        "--json", tmp_path / "cmp-sm.json", "--no-report")
+    sm = json.loads((tmp_path / "cmp-sm.json").read_text())
+    assert sm["layers"] and all(layer["fp_absmax"] is not None for layer in sm["layers"])
     if z.task == "classification":
         # labelled by the FP32 model's own predictions: accuracy = agreement with FP32
         labels = [task.labels[int(i)] for i in task.predictions(_fp32_outputs(z, tmp_path / "fp32.onnx", work))]
