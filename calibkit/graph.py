@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import onnx
+from google.protobuf.message import DecodeError
 
 from calibkit._io import sha256_file
 from calibkit.errors import ModelError
@@ -20,6 +22,54 @@ def load_model(path: str | os.PathLike[str], load_external_data: bool = True) ->
         return onnx.load(str(p), load_external_data=load_external_data)
     except Exception as exc:
         raise ModelError(f"cannot read ONNX model {p}: {exc}") from exc
+
+
+_MODEL_METADATA_PROPS = 14  # ModelProto.metadata_props
+
+
+def _read_varint(fh: BinaryIO) -> int | None:
+    shift = value = 0
+    while True:
+        b = fh.read(1)
+        if not b:
+            if shift:
+                raise ValueError("truncated varint")
+            return None
+        value |= (b[0] & 0x7F) << shift
+        if not b[0] & 0x80:
+            return value
+        shift += 7
+
+
+def metadata_props(path: str | os.PathLike[str]) -> dict[str, str]:
+    """``ModelProto.metadata_props`` of an ONNX file, read by walking its top-level fields and seeking past the
+    others (the graph and its weights are neither read nor parsed). A file that is not a ModelProto raises
+    ModelError."""
+    p = Path(path)
+    out: dict[str, str] = {}
+    try:
+        with open(p, "rb") as fh:
+            while (key := _read_varint(fh)) is not None:
+                field, wire = key >> 3, key & 7
+                if wire == 0:
+                    _read_varint(fh)
+                elif wire == 2:
+                    n = _read_varint(fh)
+                    if n is None:
+                        raise ValueError("truncated field")
+                    if field == _MODEL_METADATA_PROPS:
+                        entry = onnx.StringStringEntryProto()
+                        entry.ParseFromString(fh.read(n))
+                        out[entry.key] = entry.value
+                    else:
+                        fh.seek(n, os.SEEK_CUR)
+                elif wire in (1, 5):
+                    fh.seek(8 if wire == 1 else 4, os.SEEK_CUR)
+                else:
+                    raise ValueError(f"wire type {wire}")
+    except (OSError, ValueError, DecodeError) as exc:
+        raise ModelError(f"cannot read ONNX model {p}: {exc}") from exc
+    return out
 
 
 def model_sha256(path: str | os.PathLike[str]) -> str:

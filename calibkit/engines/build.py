@@ -181,10 +181,11 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
     calib_set_path: Path | None = req.calibration_set
     model_bytes: bytes | None = None
     copy_from: Path | None = None
+    from calibkit.graph import metadata_props
     from calibkit.quantize.smooth import smoothed_from
 
     try:
-        origin = smoothed_from(load_model(src, load_external_data=False))
+        origin = smoothed_from(metadata_props(src))
     except ModelError:  # not readable: the build below says what is wrong with it
         origin = None
     if origin is not None:  # FP32-equivalent to that model: compare accepts engines of either
