@@ -229,3 +229,18 @@ def test_a_model_file_rewritten_during_the_statistics_is_refused(tmp_path: Path,
     with pytest.raises(ModelError, match="changed while smooth"):
         smooth(md, cset, out_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_metadata_props_are_read_without_the_graph(tmp_path: Path) -> None:
+    from calibkit.graph import metadata_props
+
+    m = tiny_model()
+    m.metadata_props.append(onnx.StringStringEntryProto(key="calibkit.smoothing", value='{"source_sha256": "ab"}'))
+    m.metadata_props.append(onnx.StringStringEntryProto(key="other", value="x"))
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    props = metadata_props(tmp_path / "m.onnx")
+    assert props == {p.key: p.value for p in onnx.load(str(tmp_path / "m.onnx")).metadata_props}
+    assert smoothed_from(props) == "ab"
+    (tmp_path / "t.onnx").write_text("not a model, a text file\n")
+    with pytest.raises(ModelError, match="cannot read ONNX model"):
+        metadata_props(tmp_path / "t.onnx")

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from calibkit.demo.workflow import SMOOTHED  # the key suffix of a smoothed variant
 from calibkit.report.formatting import fraction_pct as _pct
 from calibkit.report.formatting import interval_text as _ci
 
@@ -24,7 +25,6 @@ BEGIN = "<!-- measured:begin -->"
 END = "<!-- measured:end -->"
 HEADER = ("| what | result | command |", "|---|---|---|")
 DEFAULT_SUMMARY = Path("reports/demo-fine-tuned/index/summary.json")
-SMOOTHED = " + smoothing"  # calibkit.demo.workflow.SMOOTHED: the suffix of a smoothed variant
 
 
 def render_block(s: dict[str, Any]) -> str:

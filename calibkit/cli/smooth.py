@@ -68,11 +68,9 @@ def smooth(
             value = None
         else:
             try:
-                value = float(alpha)
+                value = float(alpha)  # its range is checked by calibrate.smoothing.smooth
             except ValueError:
                 raise UsageError(f"--alpha must be a number in [0, 1] or auto, got {alpha!r}") from None
-            if not 0.0 <= value <= 1.0:
-                raise UsageError(f"--alpha must be in [0, 1], got {value}", hint="e.g. --alpha 0.8, or auto")
         if batch_size < 1:
             raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
         budget = token_budget(memory_budget, max_batch_tokens)

@@ -190,7 +190,7 @@ def run_workflow(
         "fp32": build(BuildRequest(model=prep.model_dir, output=eng / "fp32.onnx", precision=Precision.FP32)),
         "fp16": build(BuildRequest(model=prep.model_dir, output=eng / "fp16.onnx", precision=Precision.FP16)),
         "int8": build(BuildRequest(model=model_of[best].onnx_path.parent,
-                                   output=eng / f"int8-{calibrate_dir(best)[len('calibrate-'):]}.onnx",
+                                   output=eng / f"int8-{variant_slug(best)}.onnx",
                                    precision=Precision.INT8,
                                    calibration=calib[best].json_path, target="tensorrt")),
     }
@@ -304,9 +304,14 @@ def run_workflow(
 SMOOTHED = " + smoothing"
 
 
+def variant_slug(key: str) -> str:
+    """A variant's name in file names: mse, mse-smoothed."""
+    return key[: -len(SMOOTHED)] + "-smoothed" if key.endswith(SMOOTHED) else key
+
+
 def calibrate_dir(key: str) -> str:
     """runs/<this>: calibrate-mse, calibrate-mse-smoothed"""
-    return "calibrate-" + (key[: -len(SMOOTHED)] + "-smoothed" if key.endswith(SMOOTHED) else key)
+    return "calibrate-" + variant_slug(key)
 
 
 def _method_rows(s: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:

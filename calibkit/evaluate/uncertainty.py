@@ -69,24 +69,25 @@ class PairedDifference:
                 "examples_to_settle": None if self.significant else self.examples_to_settle()}
 
 
+def _wilson_bounds(p: float, n: int, z: float) -> tuple[float, float]:
+    z2 = z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(max(p * (1 - p), 0.0) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def wilson(k: int, n: int) -> Interval:
     if n <= 0:
         return Interval(float("nan"), 0.0, 1.0)
     p = k / n
-    z2 = Z95 * Z95
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return Interval(p, max(0.0, centre - half), min(1.0, centre + half))
+    return Interval(p, *_wilson_bounds(p, n, Z95))
 
 
 def wilson_lower(p: float, n: int, z: float) -> float:
     """The lower end of the Wilson interval of a proportion ``p`` of ``n`` at ``z`` (one-sided: z 1.2816 for 90 %)."""
     if n <= 0 or math.isnan(p) or z <= 0:
         return p
-    z2 = z * z
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = z * math.sqrt(max(p * (1 - p), 0.0) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return max(0.0, centre - half)
+    return _wilson_bounds(p, n, z)[0]
 
 
 def proportion(outcome: np.ndarray) -> Interval:

@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from calibkit.names import node_label
 from calibkit.quantize.weights import fake_quantize_weight
 from calibkit.types import INT8_MAX
 
@@ -60,10 +61,6 @@ class GroupChoice:
         return float(10.0 * np.log10(self.error_before / self.error_after))
 
 
-def _node_name(node: onnx.NodeProto, index: int) -> str:
-    return node.name or f"{node.op_type}_{index}"
-
-
 def find_groups(model: onnx.ModelProto) -> list[SmoothGroup]:
     """Activations read by MatMul/Gemm nodes whose weight is a 2-D float32 initializer read by that node alone
     (a shared weight cannot absorb two different scales). Only those nodes are rewired; a group needs one."""
@@ -88,7 +85,7 @@ def find_groups(model: onnx.ModelProto) -> list[SmoothGroup]:
             if attrs.get("transA", 0):
                 continue
             axis = 1 if attrs.get("transB", 0) else 0
-        found.setdefault(x, []).append((_node_name(n, i), w, axis))
+        found.setdefault(x, []).append((node_label(n, i), w, axis))
     return [SmoothGroup(x, tuple(a for a, _, _ in v), tuple(b for _, b, _ in v), tuple(c for _, _, c in v))
             for x, v in found.items()]
 
@@ -185,7 +182,7 @@ def apply_smoothing(model: onnx.ModelProto, groups: Sequence[SmoothGroup], choic
     inits = {i.name: i for i in out.graph.initializer}
     taken = {o for n in out.graph.node for o in n.output} | set(inits) | {i.name for i in out.graph.input}
     taken |= {n.name for n in out.graph.node}
-    node_pos = {_node_name(n, i): i for i, n in enumerate(out.graph.node)}
+    node_pos = {node_label(n, i): i for i, n in enumerate(out.graph.node)}
     before_node: dict[int, list[onnx.NodeProto]] = {}
     for c in choices:
         if c.scale is None:
@@ -220,15 +217,17 @@ def apply_smoothing(model: onnx.ModelProto, groups: Sequence[SmoothGroup], choic
     return out
 
 
-def smoothed_from(model: onnx.ModelProto) -> str | None:
-    """The SHA-256 of the model a calibkit-smoothed model was made from (None for any other model)."""
+def smoothed_from(model: onnx.ModelProto | Mapping[str, str]) -> str | None:
+    """The SHA-256 of the model a calibkit-smoothed model was made from (None for any other model), from the
+    model or its ``metadata_props`` (:func:`calibkit.graph.metadata_props` reads them without the graph)."""
     import json
 
-    for p in model.metadata_props:
-        if p.key == METADATA_KEY:
-            try:
-                sha = json.loads(p.value).get("source_sha256")
-            except (ValueError, AttributeError):
-                return None
-            return str(sha) if sha else None
-    return None
+    props = {p.key: p.value for p in model.metadata_props} if isinstance(model, onnx.ModelProto) else model
+    value = props.get(METADATA_KEY)
+    if value is None:
+        return None
+    try:
+        sha = json.loads(value).get("source_sha256")
+    except (ValueError, AttributeError):
+        return None
+    return str(sha) if sha else None
