@@ -33,6 +33,18 @@ smoothed by ``calibkit smooth`` (alpha auto), calibrated with mse and with minma
 model with only its weights quantized (every activation Q/DQ pair removed), with only its activations quantized
 (every weight DequantizeLinear replaced by the FP32 weight), and the FP16 build's agreement (how much any
 rounding of this model's arithmetic moves its predictions).
+``--peers`` also prints, per classifier, ONNX Runtime's own ``quantize_static`` on the same FP32 model and the
+same 100 calibration texts (QDQ, per-channel int8 weights, MatMul/Gemm; MinMax, Percentile, Entropy; int8
+symmetric activations as TensorRT needs them and uint8 asymmetric ones, ORT's default), run as exact Q/DQ.
+ORT's histogram calibrators fail on texts of different lengths, so its calibration texts are padded to the
+zoo's 64 tokens (the padding masked), which it needs; the unpadded MinMax run is shown too.
+``--floor`` also prints, per classifier, the ``FLOOR_TENSORS`` tensors whose quantization alone flips the most
+predictions, each alone in INT8 (everything else FP32) with its scale swept over x0.05..x2 of the calibrated
+one (x1 included), and the fewest flips of the sweep. The sweep is judged on the eval texts themselves, so it
+is a lower bound: if one activation alone, at its best per-tensor scale, flips more than 1 % of the texts, no
+calibration method can bring the all-INT8 model to 99 %. It also prints the median logit error of the
+exact Q/DQ all-INT8 model against the logits' spread, and the share of texts whose FP32 top-2 margin is under
+0.1 of that spread (the near ties that any error flips).
 """
 
 from __future__ import annotations
@@ -52,7 +64,7 @@ import onnxruntime as ort
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from zoo import SPECS, build_zoo, write_texts, zoo_texts  # noqa: E402
+from zoo import MAX_TOKENS, SPECS, build_zoo, write_texts, zoo_texts  # noqa: E402
 
 from calibkit.calibrate.pipeline import calibrate  # noqa: E402
 from calibkit.data.calibset import write_calibration_set  # noqa: E402
@@ -92,31 +104,38 @@ def exact_qdq_runner(path: Path) -> FunctionRunner:
     return FunctionRunner(lambda feeds: dict(zip(names, sess.run(names, feeds))), specs, names, name="exact-qdq")
 
 
-def only_part(int8: onnx.ModelProto, fp32: onnx.ModelProto, keep: str) -> onnx.ModelProto:
-    """The Q/DQ model with only its weights (``keep="weights"``) or only its activations (``"activations"``)
-    quantized: removed activation pairs feed the FP32 tensor on, removed weight DQs the FP32 initializer."""
+def only_tensors(int8: onnx.ModelProto, fp32: onnx.ModelProto, keep: set[str]) -> onnx.ModelProto:
+    """The Q/DQ model with only the tensors in ``keep`` (activation or weight names) quantized."""
     m = onnx.ModelProto()
     m.CopyFrom(int8)
     fp32_inits = {i.name: i for i in fp32.graph.initializer}
-    inits = {i.name for i in m.graph.initializer}
     rename: dict[str, str] = {}
     nodes = []
     for n in m.graph.node:
-        is_weight = n.op_type == "DequantizeLinear" and n.input[0] in inits
         if n.op_type == "DequantizeLinear" and n.output[0].endswith("_dequantized"):
             base = n.output[0][: -len("_dequantized")]
-            if (keep == "weights") != is_weight and (base in fp32_inits or not is_weight):
+            if base not in keep:
                 rename[n.output[0]] = base
                 continue
-        if n.op_type == "QuantizeLinear" and keep == "weights":
+        if n.op_type == "QuantizeLinear" and n.input[0] not in keep:
             continue
         nodes.append(n)
     for n in nodes:
         n.input[:] = [rename.get(x, x) for x in n.input]
     del m.graph.node[:]
     m.graph.node.extend(nodes)
-    m.graph.initializer.extend(fp32_inits[b] for b in sorted(set(rename.values()) & set(fp32_inits)))
+    have = {i.name for i in m.graph.initializer}
+    m.graph.initializer.extend(fp32_inits[b] for b in sorted(set(rename.values()) & set(fp32_inits)) if b not in have)
     return m
+
+
+def only_part(int8: onnx.ModelProto, fp32: onnx.ModelProto, keep: str) -> onnx.ModelProto:
+    """The Q/DQ model with only its weights (``keep="weights"``) or only its activations (``"activations"``)
+    quantized: removed activation pairs feed the FP32 tensor on, removed weight DQs the FP32 initializer."""
+    weights = {i.name[: -len("_quantized")] for i in int8.graph.initializer if i.name.endswith("_quantized")}
+    tensors = {n.output[0][: -len("_dequantized")] for n in int8.graph.node
+               if n.op_type == "DequantizeLinear" and n.output[0].endswith("_dequantized")}
+    return only_tensors(int8, fp32, tensors & weights if keep == "weights" else tensors - weights)
 
 
 def decompose(task, work: Path, folder: Path, tok, texts, ref) -> str:  # type: ignore[no-untyped-def]
@@ -145,6 +164,106 @@ def smoothed(task, work: Path, md: ModelDir, calib, tok, texts, ref) -> str:  # 
         with exact_qdq_runner(cal.model_path) as r:
             cells.append(f"{m.value} {ci(agreement(task, ref, task.predict(r, tok, texts, batch_size=32)))}")
     return " | ".join(cells) + f" | {len(res.smoothed)} of {res.groups}"
+
+
+FLOOR_TENSORS = 4
+FLOOR_GRID = np.union1d(np.geomspace(0.05, 2.0, 24), [1.0])  # x1: the calibrated scale
+
+
+def floor(task, work: Path, tok, texts, ref) -> list[str]:  # type: ignore[no-untyped-def]
+    """Rows: the tensors that alone flip the most predictions, at the calibrated scale and at the sweep's best."""
+    from onnx import numpy_helper
+
+    fp32, int8 = onnx.load(str(work / "fp32.onnx")), onnx.load(str(work / "int8.onnx"))
+    weights = {i.name[: -len("_quantized")] for i in int8.graph.initializer if i.name.endswith("_quantized")}
+    tensors = [n.output[0][: -len("_dequantized")] for n in int8.graph.node
+               if n.op_type == "DequantizeLinear" and n.output[0].endswith("_dequantized")]
+    base = task.predictions(ref)
+    path = work / "int8-one-tensor.onnx"
+
+    def flips(m: onnx.ModelProto) -> int:
+        onnx.save(m, str(path))
+        with exact_qdq_runner(path) as r:
+            return int((task.predictions(task.predict(r, tok, texts, batch_size=32)) != base).sum())
+
+    alone = sorted(((flips(only_tensors(int8, fp32, {t})), t) for t in tensors), key=lambda ft: -ft[0])
+    rows = []
+    for f0, t in alone[:FLOOR_TENSORS]:
+        m = only_tensors(int8, fp32, {t})
+        scale = next(i for i in m.graph.initializer if i.name == f"{t}_scale")
+        s0 = numpy_helper.to_array(scale).copy()
+        sweep = []
+        for g in FLOOR_GRID:
+            scale.CopyFrom(numpy_helper.from_array((s0 * g).astype(np.float32), scale.name))
+            sweep.append(flips(m))
+        best = int(np.argmin(sweep))
+        kind = "weight" if t in weights else "activation"
+        rows.append(f"{t} ({kind}) | {f0} ({100 * f0 / len(texts):.2f} %) | {sweep[best]} "
+                    f"({100 * sweep[best] / len(texts):.2f} %) at x{FLOOR_GRID[best]:.2f}")
+    return rows
+
+
+def ties(fp32: np.ndarray, int8: np.ndarray) -> str:
+    """How large INT8's logit error is against the logits' spread, and how many texts sit near a tie."""
+    spread = float(fp32.std())
+    top2 = np.sort(fp32, axis=-1)[:, -2:]
+    near = float(np.mean((top2[:, 1] - top2[:, 0]) < 0.1 * spread))
+    err = float(np.median(np.abs(int8 - fp32)))
+    return (f"logit std {spread:.3f}, median |INT8 - FP32| {err:.4f} ({100 * err / spread:.1f} % of it); "
+            f"{100 * near:.1f} % of texts have a top-2 margin under 0.1 logit std")
+
+
+def peers(task, work: Path, tok, calib_texts: list[str], texts, ref) -> str:  # type: ignore[no-untyped-def]
+    """ONNX Runtime's quantize_static on the same model and calibration texts: flips of FP32's predictions."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    fp32_path = work / "fp32.onnx"
+    names = {i.name for i in onnx.load(str(fp32_path), load_external_data=False).graph.input}
+    base = task.predictions(ref)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self, pad_to: int | None) -> None:
+            self.texts, self.pad_to = iter(calib_texts), pad_to
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            t = next(self.texts, None)
+            if t is None:
+                return None
+            enc = tok.encode([t])
+            n = enc.input_ids.shape[1]
+            width = self.pad_to or n
+            ids = np.full((1, width), tok.pad_id, dtype=np.int64)
+            ids[0, :n] = enc.input_ids[0]
+            mask = np.zeros((1, width), dtype=np.int64)
+            mask[0, :n] = 1
+            feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+            return {k: v for k, v in feeds.items() if k in names}
+
+    cells = []
+    runs = [(CalibrationMethod.MinMax, None)] + [(m, MAX_TOKENS) for m in
+                                                 (CalibrationMethod.MinMax, CalibrationMethod.Percentile,
+                                                  CalibrationMethod.Entropy)]
+    for method, pad_to in runs:
+        for act, symmetric in ((QuantType.QInt8, True), (QuantType.QUInt8, False)):
+            out = work / f"ort-{method.name.lower()}-{act.name.lower()}{'-padded' if pad_to else ''}.onnx"
+            try:
+                quantize_static(str(fp32_path), str(out), Reader(pad_to), quant_format=QuantFormat.QDQ,
+                                per_channel=True, activation_type=act, weight_type=QuantType.QInt8,
+                                op_types_to_quantize=["MatMul", "Gemm"], calibrate_method=method,
+                                extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": True})
+            except Exception as exc:  # a peer's failure is a result here
+                cells.append(f"fails: {type(exc).__name__}")
+                continue
+            with exact_qdq_runner(out) as r:
+                agree = proportion(task.predictions(task.predict(r, tok, texts, batch_size=32)) == base)
+            cells.append(ci(agree))
+    return " | ".join(cells)
 
 
 def agreement(task, a, b) -> Interval | None:  # type: ignore[no-untyped-def]
@@ -181,10 +300,15 @@ def main() -> None:
     ap.add_argument("--decompose", action="store_true", help="also: weights-only / activations-only INT8, FP16")
     ap.add_argument("--smooth", action="store_true",
                     help="also: all-INT8 (exact Q/DQ) of the model smoothed by `calibkit smooth` (alpha auto)")
+    ap.add_argument("--peers", action="store_true",
+                    help="also: ONNX Runtime's quantize_static (MinMax, Percentile, Entropy) on the classifiers")
+    ap.add_argument("--floor", action="store_true",
+                    help="also: the tensors that alone flip the most predictions, at their best scale")
     args = ap.parse_args()
     root = args.out or Path(tempfile.mkdtemp(prefix="calibkit-zoo-"))
     zoo = build_zoo(root / "models", tuple(args.models.split(",")))
-    calib = write_calibration_set(root / "calib", zoo_texts(100, seed=5), None, {})
+    calib_texts = zoo_texts(100, seed=5)
+    calib = write_calibration_set(root / "calib", calib_texts, None, {})
     eval_texts = zoo_texts(args.eval_size, seed=9)
     write_texts(root / "eval.jsonl", eval_texts)
     print(f"eval texts: {len(eval_texts)}; tune: "
@@ -199,6 +323,8 @@ def main() -> None:
               "| 99 % on holdout |")
     rows = []
     parts: list[str] = []
+    peer_rows: list[str] = []
+    floor_rows: list[str] = []
     for name, z in zoo.items():
         work = root / "runs" / name
         md = ModelDir.resolve(z.folder)
@@ -251,6 +377,14 @@ def main() -> None:
         if args.decompose and task.kind is TaskKind.CLASSIFICATION:
             parts.append(f"| {name} | {ci(exact_iv)} | {decompose(task, work, z.folder, tok, eval_texts, outs[0])} |")
             print(parts[-1], flush=True)
+        if args.peers and task.kind is TaskKind.CLASSIFICATION:
+            peer = peers(task, work, tok, calib_texts, eval_texts, outs[0])
+            peer_rows.append(f"| {name} | {ci(exact_iv)} | {peer} |")
+            print(peer_rows[-1], flush=True)
+        if args.floor and task.kind is TaskKind.CLASSIFICATION:
+            print(f"{name}: {ties(outs[0].values, exact.values)}", flush=True)
+            floor_rows.extend(f"| {name} | {row} |" for row in floor(task, work, tok, eval_texts, outs[0]))
+            print("\n".join(floor_rows[-FLOOR_TENSORS:]), flush=True)
         if task.kind is TaskKind.CLASSIFICATION and not args.no_tune:
             labels = [task.labels[int(i)] for i in task.predictions(outs[0])]
             labelled = write_texts(work / "labelled.jsonl", eval_texts, labels)
@@ -279,6 +413,18 @@ def main() -> None:
             print("| model | all-INT8, exact Q/DQ | smoothed, mse (exact) | smoothed, minmax (exact) | smoothed |")
             print("|---|---|---|---|---|")
         print("\n".join(parts))
+    if peer_rows:
+        print()
+        print("| model | calibkit mse, exact Q/DQ | ORT MinMax s8 sym | ORT MinMax u8 asym | ORT MinMax s8 sym, padded "
+              "| ORT MinMax u8 asym, padded | ORT Percentile s8 sym, padded | ORT Percentile u8 asym, padded "
+              "| ORT Entropy s8 sym, padded | ORT Entropy u8 asym, padded |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("\n".join(peer_rows))
+    if floor_rows:
+        print()
+        print("| model | tensor alone in INT8 | flips at the calibrated scale | fewest flips over scales x0.05..x2 |")
+        print("|---|---|---|---|")
+        print("\n".join(floor_rows))
 
 
 if __name__ == "__main__":
