@@ -55,6 +55,7 @@ def test_batch_size_one_accuracy_is_exact(engines: dict[str, Path], tmp_path: Pa
     r = _run("compare", str(engines["fp"]), str(engines["int8"]), "--eval-set", str(engines["eval"]), "--json",
              str(out), "--no-report", "--no-layers", "--batch-size", "1", "--limit", "30")
     assert r.exit_code == 0, r.output
+    assert "B - A accuracy" in r.output and "[/" not in r.output, "no raw rich markup in the summary"
     doc = json.loads(out.read_text())
     tok = TextTokenizer(engines["tok"])
     every = [json.loads(x) for x in engines["eval"].read_text().splitlines()]
@@ -99,6 +100,7 @@ def test_unlabeled_eval_set_reports_fidelity_not_accuracy(engines: dict[str, Pat
     assert doc["task"]["kind"] == "classification" and doc["task"]["labelled"] is False
     assert doc["task"]["fidelity"]["agreement"] == doc["agreement"]
     assert "no labels" in " ".join(r.output.split())
+    assert sum(b["texts"] for b in doc["flips_by_confidence"]) == 3  # without labels too
 
 
 @pytest.mark.parametrize(

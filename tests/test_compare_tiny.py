@@ -280,6 +280,11 @@ def test_flags_and_document(tiny, comparison) -> None:
     assert emb["flag"] == want
     assert ("fc1" in doc["recommendation"]["keep_in_higher_precision"]) == (want == "keep-fp16")
     assert doc["difference"]["accuracy"]["low"] <= doc["difference"]["accuracy"]["estimate"]
+    bands = doc["flips_by_confidence"]
+    assert sum(b["texts"] for b in bands) == doc["eval_set"]["count"]
+    assert sum(b["flips"] for b in bands) == round(doc["flip_rate"] * doc["eval_set"]["count"])
+    for d in doc["disagreements"]:
+        assert 0.0 <= d["confidence_a"] <= 1.0
     assert doc["subsets"]["sensitivity"]["count"] == 40
     assert doc["histograms"], "histograms of the worst layers"
     for h in doc["histograms"].values():

@@ -13,7 +13,14 @@ from sklearn.metrics import confusion_matrix, f1_score
 
 from calibkit.evaluate.flags import Flag, Thresholds, flag_layer
 from calibkit.evaluate.layers import find_layers
-from calibkit.evaluate.metrics import classification_metrics, latency_stats, output_agreement, output_error
+from calibkit.evaluate.metrics import (
+    classification_metrics,
+    flips_by_confidence,
+    latency_stats,
+    output_agreement,
+    output_error,
+    top2_gap,
+)
 from calibkit.evaluate.streaming import ErrorAccumulator, RangeAccumulator, valid_mask
 
 RNG = np.random.default_rng(3)
@@ -91,6 +98,26 @@ def test_output_agreement_and_error() -> None:
     oe = output_error(a, b)
     assert oe.mean_kl == pytest.approx(np.mean((pa * np.log(pa / pb)).sum(1)))
     assert oe.logit_mse == pytest.approx(np.mean((a - b) ** 2))
+
+
+def test_flips_by_confidence_counts_each_text_once_by_a_top2_gap() -> None:
+    a = RNG.standard_normal((400, 3)) * 2
+    b = a + RNG.standard_normal((400, 3)) * 0.5
+    p = np.exp(a) / np.exp(a).sum(1, keepdims=True)
+    srt = np.sort(p, axis=1)
+    gap = srt[:, -1] - srt[:, -2]
+    assert np.allclose(top2_gap(a), gap)
+    bands = flips_by_confidence(a, b)
+    assert [(x.low, x.high) for x in bands] == [(0.0, 0.1), (0.1, 0.5), (0.5, 1.0)]
+    assert sum(x.texts for x in bands) == 400
+    flipped = a.argmax(1) != b.argmax(1)
+    assert sum(x.flips for x in bands) == flipped.sum()
+    assert bands[0].flips == (flipped & (gap < 0.1)).sum() and bands[0].texts == (gap < 0.1).sum()
+    assert bands[2].flips == (flipped & (gap >= 0.5)).sum()
+    # the near ties flip far more often than the confident texts under the same noise
+    assert bands[0].flips / bands[0].texts > 3 * bands[2].flips / bands[2].texts
+    # one class: always "confident", never a flip
+    assert [x.texts for x in flips_by_confidence(a[:, :1], b[:, :1])] == [0, 0, 400]
 
 
 def test_latency_stats() -> None:

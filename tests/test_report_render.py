@@ -72,8 +72,12 @@ def fake_compare(n_layers: int = 60, seed: int = 0) -> dict:
         "disagreements": [
             {"index": 4, "text": f"a film {EVIL} that | breaks\ntables", "label": "positive", "pred_a": "positive",
              "pred_b": "negative"},
-            {"index": 9, "text": "plain", "label": "negative", "pred_a": "negative", "pred_b": "positive"},
+            {"index": 9, "text": "plain", "label": "negative", "pred_a": "negative", "pred_b": "positive",
+             "confidence_a": 0.0417},
         ],
+        "flips_by_confidence": [{"low": 0.0, "high": 0.1, "texts": 161, "flips": 97},
+                                {"low": 0.1, "high": 0.5, "texts": 412, "flips": 41},
+                                {"low": 0.5, "high": 1.0, "texts": 1641, "flips": 10}],
         "layers": layers,
         "thresholds": {"sqnr_db_min": 20.0, "clipped_fraction_max": 0.001},
         "recommendation": {"keep_in_higher_precision": [layers[i]["node"] for i in sorted(flagged)],
@@ -410,3 +414,15 @@ def test_token_fidelity_and_gold_blocks_are_rendered(tmp_path: Path) -> None:
 def test_no_task_block_renders_no_fidelity_section(tmp_path: Path) -> None:
     md = render_report({"format": "calibkit-compare/1"}, tmp_path / "r").markdown.read_text()
     assert "Task fidelity" not in md
+
+
+def test_flips_are_shown_by_how_sure_a_was(compare_report) -> None:
+    paths, _ = compare_report
+    md = paths.markdown.read_text()
+    summary = md[md.index("## Summary"):md.index("## Layers to keep")]
+    assert "Of the 148 flips, **97** are texts on which A's top two classes were within 0.10" in summary
+    band = next(t for t in _tables(summary) if "A's top-2 probability gap" in t[0])
+    assert [r.split("|")[1].strip() for r in band[2:]] == ["0.00 to 0.10", "0.10 to 0.50", "0.50 to 1.00"]
+    assert "| 1641 | 10 | 0.61 % |" in band[4]
+    listed = md[md.index("## Disagreements"):]
+    assert "| 0.042 |" in listed, "each disagreement shows A's top-2 gap"

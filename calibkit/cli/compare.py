@@ -229,7 +229,7 @@ def _print_summary(result, json_path: Path | None, report_dir: Path | None) -> N
         iv = d.interval
         out.print(f"B - A accuracy {iv.estimate * 100:+.2f} points (95 % CI {iv.low * 100:+.2f} to "
                   f"{iv.high * 100:+.2f}; McNemar p {d.mcnemar_p:.3g}; {d.b_only} fixed, {d.a_only} broken): "
-                  f"[bold]{d.verdict}[/]")
+                  f"{d.verdict}")
     if result.task != "classification" and result.fidelity is not None:
         fid = result.fidelity
         extra = "  ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in fid.extra.items() if k != "k")
@@ -243,6 +243,11 @@ def _print_summary(result, json_path: Path | None, report_dir: Path | None) -> N
         f"max |err| {ag.max_abs_error:.4g}  mean KL {result.output_error.mean_kl:.3g}  "
         f"({len(result.disagreements)} disagreements listed)"
     )
+    bands = result.flips_by_confidence
+    if bands and sum(b.flips for b in bands):
+        out.print("flips by A's top-2 probability gap: " + ", ".join(
+            f"{b.flips} of {b.texts} texts at {b.low:g}-{b.high:g}" for b in bands)
+            + f" ({bands[0].flips} where A itself was nearly undecided)")
     for w in result.warnings:
         warn(w)
     flagged = [r for r in result.layers if r.flag.flag.value != "ok"]

@@ -28,13 +28,16 @@ from calibkit.evaluate.flags import Flag, LayerFlag, Thresholds, flag_layer, gat
 from calibkit.evaluate.layers import LayerSpec, WeightError, find_layers, weight_errors
 from calibkit.evaluate.metrics import (
     ClassificationMetrics,
+    ConfidenceBucket,
     LatencyStats,
     OutputAgreement,
     OutputError,
     classification_metrics,
+    flips_by_confidence,
     latency_stats,
     output_agreement,
     output_error,
+    top2_gap,
 )
 from calibkit.evaluate.predict import Predicted, predict_logits
 from calibkit.evaluate.schema import FORMAT
@@ -106,6 +109,7 @@ class Disagreement:
     label: str
     pred_a: str
     pred_b: str
+    confidence_a: float | None = None  # A's top-2 probability gap on this text (classification)
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,7 @@ class Comparison:
     task_output: str = ""
     fidelity: Fidelity | None = None  # B against A in the task's terms
     gold: dict[str, Any] | None = None  # token classification: each engine against the eval set's gold word tags
+    flips_by_confidence: tuple[ConfidenceBucket, ...] = ()  # classification: flips per band of A's top-2 gap
 
     @property
     def keep_in_higher_precision(self) -> tuple[str, ...]:
@@ -190,9 +195,11 @@ class Comparison:
                 "logit_mse": self.output_error.logit_mse,
             },
             "disagreements": [
-                {"index": d.index, "text": d.text, "label": d.label, "pred_a": d.pred_a, "pred_b": d.pred_b}
+                {"index": d.index, "text": d.text, "label": d.label, "pred_a": d.pred_a, "pred_b": d.pred_b,
+                 "confidence_a": d.confidence_a}
                 for d in self.disagreements
             ],
+            "flips_by_confidence": [b.to_dict() for b in self.flips_by_confidence],
             "layers": [_layer_dict(r) for r in self.layers],
             "layer_samples": self.layer_samples,
             "sensitivity_samples": self.sensitivity.samples if self.sensitivity else 0,
@@ -414,8 +421,10 @@ def _compare_fidelity(
     if pa is not None and pb is not None:
         names = labels or tuple(str(i) for i in range(int(va.shape[-1]) if va.ndim else 0))
         file_row = (lambda i: rows.indices[i]) if rows is not None else (lambda i: i)
+        gap = top2_gap(va) if task.kind is TaskKind.CLASSIFICATION else None
         disagreements = tuple(
-            Disagreement(int(file_row(int(i))), texts[i], "", names[int(pa[i])], names[int(pb[i])])
+            Disagreement(int(file_row(int(i))), texts[i], "", names[int(pa[i])], names[int(pb[i])],
+                         float(gap[i]) if gap is not None else None)
             for i in np.flatnonzero(pa != pb)[: options.max_disagreements]
         )
         strata = [str(int(v)) for v in pa]  # layer subsets stratified by A's prediction
@@ -457,6 +466,7 @@ def _compare_fidelity(
         agreement_ci=proportion(pa == pb) if pa is not None and pb is not None else None,
         warnings=tuple(warnings), seed=options.seed, rows=rows, layer_subset=layer_subset,
         task=task.kind.value, task_output=task.output_name, fidelity=fid, gold=gold,
+        flips_by_confidence=flips_by_confidence(va, vb) if task.kind is TaskKind.CLASSIFICATION and va.size else (),
     )
 
 
@@ -568,8 +578,10 @@ def compare_engines(
     for w in warnings:
         log.warning("%s", w)
     file_row = (lambda i: rows.indices[i]) if rows is not None else (lambda i: i)
+    gap = top2_gap(ea.logits)
     disagreements = tuple(
-        Disagreement(int(file_row(int(i))), texts[i], labels[int(y_true[i])], labels[int(pa[i])], labels[int(pb[i])])
+        Disagreement(int(file_row(int(i))), texts[i], labels[int(y_true[i])], labels[int(pa[i])], labels[int(pb[i])],
+                     float(gap[i]))
         for i in np.flatnonzero(pa != pb)[: options.max_disagreements]
     )
     str_labels = [str(int(v)) for v in y_true]
@@ -636,6 +648,7 @@ def compare_engines(
         task=task.kind.value,
         task_output=task.output_name,
         fidelity=task.fidelity(Predicted(ea.logits), Predicted(eb.logits)),
+        flips_by_confidence=flips_by_confidence(ea.logits, eb.logits),
     )
 
 

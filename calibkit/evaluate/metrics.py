@@ -1,5 +1,5 @@
 """Metrics of one classifier (accuracy, macro-F1, confusion matrix, latency) and between two (agreement,
-logit cosine and absolute error, output error against a reference)."""
+logit cosine and absolute error, output error against a reference, flips by the reference's confidence)."""
 
 from __future__ import annotations
 
@@ -110,3 +110,48 @@ def output_error(reference: np.ndarray, logits: np.ndarray) -> OutputError:
     lp, lq = log_softmax(ref), log_softmax(x)
     kl = (np.exp(lp) * (lp - lq)).sum(axis=-1)
     return OutputError(mean_kl=float(kl.mean()), logit_mse=float(np.mean((ref - x) ** 2)))
+
+
+# A's top-2 probability gap: under 0.1 A itself is nearly undecided, from 0.5 on it is confident
+CONFIDENCE_EDGES: tuple[float, ...] = (0.1, 0.5)
+
+
+@dataclass(frozen=True)
+class ConfidenceBucket:
+    """Texts whose reference top-2 probability gap lies in [low, high), and how many of them flipped."""
+
+    low: float
+    high: float
+    texts: int
+    flips: int
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"low": self.low, "high": self.high, "texts": self.texts, "flips": self.flips}
+
+
+def top2_gap(logits: np.ndarray) -> np.ndarray:
+    """Per row: softmax probability of the top class minus that of the runner-up (1.0 with a single class)."""
+    x = np.asarray(logits, dtype=np.float64).reshape(len(logits), -1)
+    if x.shape[1] < 2:
+        return np.ones(len(x))
+    p = np.exp(log_softmax(x))
+    top = np.partition(p, -2, axis=1)[:, -2:]
+    return top[:, 1] - top[:, 0]
+
+
+def flips_by_confidence(reference: np.ndarray, candidate: np.ndarray,
+                        edges: Sequence[float] = CONFIDENCE_EDGES) -> tuple[ConfidenceBucket, ...]:
+    """How many texts fall in each band of the reference's top-2 probability gap and how many of them the
+    candidate's argmax moves: flips among texts the reference is unsure of matter less than among confident ones."""
+    ref = np.asarray(reference, dtype=np.float64).reshape(len(reference), -1)
+    cand = np.asarray(candidate, dtype=np.float64).reshape(len(candidate), -1)
+    if ref.shape != cand.shape:
+        raise ValueError(f"logit shapes differ: {ref.shape} vs {cand.shape}")
+    gap = top2_gap(ref)
+    flipped = ref.argmax(axis=1) != cand.argmax(axis=1) if len(ref) else np.zeros(0, dtype=bool)
+    bounds = [0.0, *edges, 1.0]
+    out = []
+    for i, (low, high) in enumerate(zip(bounds[:-1], bounds[1:])):
+        inside = (gap >= low) & ((gap < high) if i < len(bounds) - 2 else (gap <= high))
+        out.append(ConfidenceBucket(low, high, int(inside.sum()), int((inside & flipped).sum())))
+    return tuple(out)

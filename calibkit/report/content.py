@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from calibkit.report.blocks import Block, Bullets, Details, Document, Figure, Heading, Para, Span, Table
 from calibkit.report.document import (
     CompareReport,
+    ConfidenceBand,
     EngineResult,
     LayerResult,
     Range,
@@ -165,6 +166,23 @@ def _fidelity_rows(t: TaskFidelity) -> list[tuple[str, str, str]]:
     return rows
 
 
+def _confidence_blocks(bands: Sequence[ConfidenceBand]) -> list[Block]:
+    """Flips by how sure A was: a flip where A's top two classes were nearly tied is a coin toss A made too."""
+    if not bands or not any(b.flips for b in bands):
+        return []
+    total = sum(b.flips or 0 for b in bands)
+    unsure = bands[0]
+    rows = tuple((f"{num(b.low, 2)} to {num(b.high, 2)}", num(b.texts), num(b.flips),
+                  pct((b.flips or 0) / b.texts) if b.texts else DASH) for b in bands)
+    return [
+        Para.of(f"Of the {total} flips, ", Span(num(unsure.flips), bold=True),
+                f" are texts on which A's top two classes were within {num(unsure.high, 2)} of each other in "
+                f"probability ({num(unsure.texts)} texts), where A itself was nearly undecided."),
+        Table(headers=("A's top-2 probability gap", "texts", "flips", "flip rate"), rows=rows,
+              numeric=(False, True, True, True)),
+    ]
+
+
 def _task_blocks(t: TaskFidelity | None) -> list[Block]:
     if t is None or (t.agreement is None and t.cosine_mean is None and not t.extra and not t.gold):
         return []
@@ -220,6 +238,7 @@ def _compare_document(report: CompareReport, plots: set[str]) -> Document:
                 + (f", mean KL {num(o.mean_kl)}" if o.mean_kl is not None else "")),
         Para.of(f"Disagreements: {len(report.disagreements)}"),
     )))
+    blocks += _confidence_blocks(report.flips_by_confidence)
     blocks += _task_blocks(report.task)
     if report.layer_samples or report.sensitivity_samples:
         sens = num(report.sensitivity_samples) if report.sensitivity_samples else "no"
@@ -270,10 +289,10 @@ def _compare_document(report: CompareReport, plots: set[str]) -> Document:
         note = (f"First {MAX_DISAGREEMENTS} of {len(report.disagreements)}; all are in report.json."
                 if len(report.disagreements) > MAX_DISAGREEMENTS else "")
         blocks.append(Table(
-            headers=("#", "label", "A", "B", "text"),
-            rows=tuple((num(d.index), text(d.label), text(d.pred_a), text(d.pred_b),
+            headers=("#", "label", "A", "B", "A's top-2 gap", "text"),
+            rows=tuple((num(d.index), text(d.label), text(d.pred_a), text(d.pred_b), num(d.confidence_a, 3),
                         shorten(text(d.text), MAX_TEXT)) for d in shown),
-            numeric=(True, False, False, False, False),
+            numeric=(True, False, False, False, True, False),
             note=note,
         ))
     else:

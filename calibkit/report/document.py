@@ -145,6 +145,17 @@ class Disagreement:
     label: str | None
     pred_a: str | None
     pred_b: str | None
+    confidence_a: float | None = None  # A's top-2 probability gap
+
+
+@dataclass(frozen=True)
+class ConfidenceBand:
+    """Texts whose top-2 probability gap under A lies in [low, high), and how many of them B flipped."""
+
+    low: float | None
+    high: float | None
+    texts: int | None
+    flips: int | None
 
 
 @dataclass(frozen=True)
@@ -298,6 +309,7 @@ class CompareReport:
     seed: int | None = None
     subsets: tuple[Setting, ...] = ()  # which rows each measurement used
     task: TaskFidelity | None = None
+    flips_by_confidence: tuple[ConfidenceBand, ...] = ()
 
     def layer_for_node(self, node: str) -> LayerResult | None:
         return next((layer for layer in self.layers if layer.node == node), None)
@@ -422,7 +434,7 @@ def parse_compare(doc: dict[str, Any]) -> CompareReport:
         sensitivity_samples=_int(doc.get("sensitivity_samples")),
         disagreements=tuple(
             Disagreement(_int(d.get("index")), _str(d.get("text")), _str(d.get("label")), _str(d.get("pred_a")),
-                         _str(d.get("pred_b")))
+                         _str(d.get("pred_b")), _num(d.get("confidence_a")))
             for d in _list(doc.get("disagreements"))
             if isinstance(d, dict)
         ),
@@ -438,6 +450,11 @@ def parse_compare(doc: dict[str, Any]) -> CompareReport:
         seed=_int(doc.get("seed")),
         subsets=_subsets(doc),
         task=_task(doc.get("task")),
+        flips_by_confidence=tuple(
+            ConfidenceBand(_num(b.get("low")), _num(b.get("high")), _int(b.get("texts")), _int(b.get("flips")))
+            for b in _list(doc.get("flips_by_confidence"))
+            if isinstance(b, dict)
+        ),
     )
 
 
