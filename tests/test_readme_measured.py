@@ -36,7 +36,10 @@ def fake_summary() -> dict:
         "best_method": "minmax + smoothing",
         "compare_fp32_vs_int8": {"agreement": 0.981, "agreement_ci": _iv(0.981, 0.005),
                                  "accuracy_difference": {**_iv(0.001, 0.005), "verdict": "not significant"},
-                                 "keep_in_higher_precision": [], "insufficient_evidence": ["a"]},
+                                 "keep_in_higher_precision": [], "insufficient_evidence": ["a"],
+                                 "flips_by_confidence": [{"low": 0.0, "high": 0.1, "texts": 84, "flips": 17},
+                                                         {"low": 0.1, "high": 0.5, "texts": 382, "flips": 2},
+                                                         {"low": 0.5, "high": 1.0, "texts": 1648, "flips": 0}]},
         "tune": {"met_target": True, "max_drop_points": 0.5, "min_agreement_percent": 99.0, "method": "mse",
                  "kept_nodes": ["a", "b"], "int8_flops_fraction": 0.95, "fp32_accuracy_holdout": 0.84,
                  "accuracy_holdout": 0.838, "agreement_holdout": 0.99, "holdout_examples": 634,
@@ -78,6 +81,8 @@ def test_block_numbers_come_from_the_summary_and_replace_in_place(tmp_path: Path
     block = tool.render_block(s)
     assert "minmax + smoothing: 25 of 2114 flipped (1.18 %)" in block
     assert "25 of 25 activations smoothed, INT8 product error 3.3–14.0 dB lower" in block
+    assert ("flips by FP32's top-2 probability gap: 17 of 84 texts under 0.1, 2 of 382 texts at 0.1–0.5, 0 of 1648 "
+            "texts from 0.5") in block
     assert "mse 40 → 28" in block and "minmax 60 → 25" in block
     assert "plan 83.80 % vs FP32 84.00 %, agreement 99.00 % [98.40, 99.60], 95.0 %" in block
     assert "+0.10 points [-0.40, +0.60] (not significant)" in block and "holdout supports the claim" in block

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from calibkit.demo.workflow import SMOOTHED  # the key suffix of a smoothed variant
+from calibkit.demo.workflow import SMOOTHED, confidence_text  # SMOOTHED: the key suffix of a smoothed variant
 from calibkit.report.formatting import fraction_pct as _pct
 from calibkit.report.formatting import interval_text as _ci
 
@@ -56,7 +56,9 @@ def render_block(s: dict[str, Any]) -> str:
         (f"compare FP32 vs INT8 ({best}), {n} test texts",
          f"accuracy {100 * d.get('estimate', float('nan')):+.2f} points{_ci(d, signed=True)} "
          f"({d.get('verdict', '—')}); agreement {_pct(c['agreement'])}{_ci(c.get('agreement_ci'))}; "
-         f"{len(keep)} layers advised to stay in higher precision", "`calibkit demo run`"),
+         f"{len(keep)} layers advised to stay in higher precision"
+         + (f"; {confidence_text(c['flips_by_confidence'])}" if c.get("flips_by_confidence") else ""),
+         "`calibkit demo run`"),
         (f"tune --max-drop {t['max_drop_points']:g}{agree}, holdout split ({t.get('holdout_examples', '—')} texts "
          "the search never saw)",
          f"plan {_pct(t['accuracy_holdout'])} vs FP32 {_pct(t['fp32_accuracy_holdout'])}, agreement "
