@@ -48,6 +48,33 @@ def test_second_method_reuses_statistics(setup):
         assert r.amax == pytest.approx(store[r.tensor].absmax)
 
 
+def test_statistics_of_another_encoding_are_not_reused(setup):
+    """The same model and set, encoded with another truncation length or vocabulary, are other token sequences."""
+    import json
+    from dataclasses import replace
+
+    md, cset, calls, tmp = setup
+    calibrate(md, cset, Method.MINMAX, out_dir=tmp / "long", batch_size=8)
+    shorter = replace(md, max_length=8, max_length_source="test")
+    before = calls["n"]
+    short = calibrate(shorter, cset, Method.MINMAX, out_dir=tmp / "short", batch_size=8)
+    assert not short.reused_stats and calls["n"] > before
+    assert load_calibration_json(tmp / "short").raw["calibration_set"]["max_length"] == 8
+    again = calibrate(shorter, cset, Method.MINMAX, out_dir=tmp / "short-again", batch_size=8)
+    assert again.reused_stats  # same encoding: reused
+    tok_files = [f for f in md.tokenizer_path.iterdir() if f.name.startswith("tokenizer")]
+    assert tok_files
+    cfg = next((f for f in tok_files if f.name == "tokenizer_config.json"), None)
+    if cfg is not None:
+        doc = json.loads(cfg.read_text())
+        doc["calibkit_test_marker"] = 1
+        cfg.write_text(json.dumps(doc))
+    else:
+        tok_files[0].write_bytes(tok_files[0].read_bytes() + b" ")
+    changed = calibrate(md, cset, Method.MINMAX, out_dir=tmp / "changed-tokenizer", batch_size=8)
+    assert not changed.reused_stats
+
+
 def test_outputs_and_calibration_json(setup):
     md, cset, _, tmp = setup
     res = calibrate(md, cset, Method.MSE, MethodParams(num_bins=1024), out_dir=tmp / "out")

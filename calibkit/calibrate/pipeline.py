@@ -15,7 +15,7 @@ from calibkit import __version__
 from calibkit._io import atomic_dir, sha256_file
 from calibkit.calibrate.methods import compute_table
 from calibkit.calibrate.stats import StatsStore
-from calibkit.calibrate.statscache import find_stats, save_stats
+from calibkit.calibrate.statscache import find_stats, save_stats, set_key
 from calibkit.calibrate.tablefile import write_calibration_json
 from calibkit.calibrate.trtcache import (
     ALGORITHM_FOR_METHOD,
@@ -110,8 +110,9 @@ def gather_stats(
     ``use_cache=False`` (``--fresh-stats``) does not read the cache but still saves the fresh statistics.
     ``budget`` bounds each batch (default: :data:`calibkit.data.encode.DEFAULT_MEMORY_BUDGET` bytes of tapped
     tensors); it changes memory and time, never the statistics, so it is not part of the cache key."""
+    key = set_key(cset.id, model_dir.tokenizer_path, model_dir.max_length)
     if use_cache:
-        hit = find_stats(model_sha256, cset.id, tensors, num_bins, cache_dir)
+        hit = find_stats(model_sha256, key, tensors, num_bins, cache_dir)
         if hit is not None:
             log.info("reusing statistics from %s (the model is not run again)", hit[1])
             return hit[0], True
@@ -138,6 +139,7 @@ def gather_stats(
         **store.meta,
         "model_sha256": model_sha256,
         "calibration_set_id": cset.id,
+        "stats_set_key": key,
         "texts": batches.num_texts,
         "truncated": batches.truncated,
         "max_length": batches.max_length,
@@ -265,7 +267,8 @@ def calibrate(
     # While the model runs, ONNX Runtime holds its weights; a second copy here would only wait for the Q/DQ step
     # (1.3 GB for BERT-large). So the taps are planned on a weightless copy and the model is read again after.
     lean = bool(model_bytes) and (executor is None or executor.workers <= 1) and not (
-        use_cache and find_stats(sha, cset.id, collected, params.num_bins, cache_dir) is not None)
+        use_cache and find_stats(sha, set_key(cset.id, model_dir.tokenizer_path, model_dir.max_length), collected,
+                                 params.num_bins, cache_dir) is not None)
     stats_model = weightless_copy(proto) if lean else proto
     if lean:
         del proto

@@ -1,8 +1,10 @@
-"""Statistics are collected once per (model, calibration set, tapped tensors, bins) and reused.
+"""Statistics are collected once per (model, calibration set, its encoding, tapped tensors, bins) and reused.
 
 Layout: ``$CALIBKIT_CACHE/stats/`` (default ``~/.cache/calibkit/stats/``), one folder per (model sha256,
-calibration-set id, num_bins, collector version) and one ``.npz`` per tensor list. A saved store whose
-tensors are a superset of the requested ones is reused too (e.g. after adding an ``--exclude``).
+set key, num_bins, collector version) and one ``.npz`` per tensor list. The set key (:func:`set_key`) is the
+calibration-set id together with how its texts become tokens: the tokenizer's files and the truncation length,
+so another ``model_max_length`` or vocabulary never reuses statistics of other token sequences. A saved store
+whose tensors are a superset of the requested ones is reused too (e.g. after adding an ``--exclude``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,26 @@ def cache_root() -> Path:
 
 def _digest(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()[:24]
+
+
+# files of a tokenizer folder that decide how texts become ids (others: the model, its config, readmes)
+_TOKENIZER_FILES = re.compile(r"(tokenizer.*|vocab.*|merges\.txt|special_tokens_map\.json|added_tokens\.json|"
+                              r"spiece\.model|sentencepiece.*\.model|.*\.bpe\.model)")
+
+
+def encoding_digest(tokenizer_path: Path, max_length: int) -> str:
+    """Digest of how texts are encoded: the truncation length and every tokenizer file's bytes."""
+    h = hashlib.sha256(f"max_length={max_length}\n".encode())
+    folder = tokenizer_path if tokenizer_path.is_dir() else tokenizer_path.parent
+    for f in sorted(folder.iterdir()) if folder.is_dir() else ():
+        if f.is_file() and _TOKENIZER_FILES.fullmatch(f.name):
+            h.update(f.name.encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()[:16]
+
+
+def set_key(calibration_set_id: str, tokenizer_path: Path, max_length: int) -> str:
+    """The cache's name for a calibration set as the model sees it (its id plus its encoding)."""
+    return f"{calibration_set_id}+enc:{encoding_digest(tokenizer_path, max_length)}"
 
 
 def stats_key_dir(model_sha256: str, calibration_set_id: str, num_bins: int, root: Path | None = None) -> Path:
@@ -89,7 +111,7 @@ def find_stats(
                         path, type(exc).__name__, exc)
             _drop(path)
             continue
-        if store.meta.get("model_sha256") != model_sha256 or store.meta.get("calibration_set_id") != calibration_set_id:
+        if store.meta.get("model_sha256") != model_sha256 or store.meta.get("stats_set_key") != calibration_set_id:
             continue
         if want <= set(store):
             return store.subset(list(tensors)), path
@@ -99,7 +121,7 @@ def find_stats(
 def save_stats(store: StatsStore, tensors: Sequence[str], root: Path | None = None) -> Path | None:
     """Save into the cache; a cache that cannot be written only costs a re-run later (logged)."""
     path = stats_path(
-        str(store.meta.get("model_sha256", "")), str(store.meta.get("calibration_set_id", "")), tensors,
+        str(store.meta.get("model_sha256", "")), str(store.meta.get("stats_set_key", "")), tensors,
         store.num_bins, root,
     )
     try:
