@@ -15,6 +15,7 @@ from calibkit.calibrate.tablefile import write_calibration_json
 from calibkit.cli import app
 from calibkit.engines.artifact import EngineArtifact, sidecar_path
 from calibkit.engines.registry import open_runner
+from calibkit.errors import ModelError
 from calibkit.types import Backend, CalibrationTable, Method, MethodParams, Precision, TensorRange
 
 RNG = np.random.default_rng(11)
@@ -211,3 +212,33 @@ def test_reduce_range_with_the_tensorrt_layout_is_refused(model_dir: Path, tmp_p
     res = _run(["build", str(model_dir), "-p", "int8", "--calibration", str(cal), "--target", "tensorrt",
                 "--reduce-range", "-o", str(tmp_path / "m.onnx")])
     assert res.exit_code != 0 and "onnxruntime layout only" in res.output
+
+
+def test_a_rebuild_cut_off_between_engine_and_sidecar_is_caught(model_dir: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine is replaced before its sidecar is written: a kill in between must not leave an INT8 file that
+    its old sidecar calls FP32, and an interrupt there must not leave the old sidecar without its engine."""
+    cal = _calibration(model_dir, tmp_path / "cal" / "calibration.json")
+    out = tmp_path / "x.onnx"
+    assert _run(["build", str(model_dir), "-p", "fp32", "-o", str(out)]).exit_code == 0
+    fp32_sidecar = sidecar_path(out).read_bytes()
+    int8 = tmp_path / "int8.onnx"
+    assert _run(["build", str(model_dir), "-p", "int8", "--calibration", str(cal), "-o", str(int8)]).exit_code == 0
+    # what SIGKILL after the engine's rename leaves: the new engine under the old sidecar
+    out.write_bytes(int8.read_bytes())
+    with pytest.raises(ModelError, match="describes another file"):
+        EngineArtifact.load(out)
+    res = _run(["compare", str(int8), str(out), "--eval-set", str(tmp_path / "none.jsonl")])
+    assert res.exit_code != 0 and "Traceback" not in res.output
+    # a rebuild into the same name is allowed (calibkit's sidecar is there) and repairs the pair
+    assert _run(["build", str(model_dir), "-p", "fp32", "-o", str(out)]).exit_code == 0
+    assert EngineArtifact.load(out).precision is Precision.FP32 and sidecar_path(out).read_bytes() == fp32_sidecar
+    # an interrupt while the sidecar is written: neither the new engine nor the old sidecar stays
+
+    def interrupted(self: EngineArtifact) -> Path:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(EngineArtifact, "save", interrupted)
+    res = _run(["build", str(model_dir), "-p", "int8", "--calibration", str(cal), "-o", str(out)])
+    assert res.exit_code == 130, res.output
+    assert not out.exists() and not sidecar_path(out).exists()

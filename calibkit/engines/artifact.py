@@ -6,6 +6,7 @@ An ONNX Runtime engine is ``NAME.onnx`` with ``NAME.onnx.calibkit.json`` beside 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,22 @@ SIDECAR_SUFFIX = ".calibkit.json"
 def sidecar_path(engine: str | Path) -> Path:
     p = Path(engine)
     return p.with_name(p.name + SIDECAR_SUFFIX)
+
+
+_EDGE = 1 << 20
+
+
+def fingerprint(engine: Path) -> str:
+    """Size and the sha256 of the first and last MiB: cheap on a 1.3 GB engine, and it tells one build from
+    another (an FP32 file from the INT8 one an interrupted rebuild left under its sidecar), copies alike."""
+    size = engine.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(engine, "rb") as fh:
+        h.update(fh.read(_EDGE))
+        if size > 2 * _EDGE:
+            fh.seek(size - _EDGE)
+        h.update(fh.read(_EDGE))
+    return f"{size}:{h.hexdigest()[:32]}"
 
 
 @dataclass(frozen=True)
@@ -53,8 +70,9 @@ class EngineArtifact:
         }
 
     def save(self) -> Path:
+        """Write the sidecar of the engine file as it is now on disk (its fingerprint included)."""
         out = sidecar_path(self.path)
-        write_json(out, self.to_dict())
+        write_json(out, {**self.to_dict(), "engine_fingerprint": fingerprint(self.path)})
         return out
 
     @classmethod
@@ -75,6 +93,14 @@ class EngineArtifact:
             raise ModelError(f"{sc} is not valid JSON ({type(exc).__name__})", hint=hint) from None
         if not isinstance(d, dict):
             raise ModelError(f"{sc} is not a calibkit sidecar (not a JSON object)", hint=hint)
+
+        recorded = d.get("engine_fingerprint")
+        if isinstance(recorded, str) and recorded != fingerprint(p):
+            raise ModelError(
+                f"{sc.name} describes another file than {p} (an interrupted rebuild, or an engine copied over "
+                "another one without its sidecar)",
+                hint="rebuild the engine with `calibkit build ... -o " + str(p) + "`, which writes both again",
+            )
 
         def _abs(v: str | None) -> str | None:
             return str((p.parent / v).resolve()) if v and not Path(v).is_absolute() else v

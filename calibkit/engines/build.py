@@ -25,7 +25,7 @@ from pathlib import Path
 
 from calibkit import __version__
 from calibkit._io import sha256_file
-from calibkit.engines.artifact import EngineArtifact
+from calibkit.engines.artifact import EngineArtifact, sidecar_path
 from calibkit.errors import CalibrationError, ModelError, UsageError
 from calibkit.outdirs import umask
 from calibkit.progress import ProgressCallback, ProgressEvent
@@ -323,6 +323,9 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
         for p in written:
             with contextlib.suppress(OSError):
                 p.unlink()
+        if req.output in written:  # the engine it described is gone: an old sidecar must not outlive it
+            with contextlib.suppress(OSError):
+                sidecar_path(req.output).unlink()
         raise
     _emit(progress, total, total, "done")
     # what a reader of the sidecar sees: paths resolved against the engine's folder
