@@ -19,9 +19,24 @@ def load_model(path: str | os.PathLike[str], load_external_data: bool = True) ->
     if not p.is_file():
         raise ModelError(f"ONNX model not found: {p}")
     try:
-        return onnx.load(str(p), load_external_data=load_external_data)
+        model = onnx.load(str(p), load_external_data=load_external_data)
     except Exception as exc:
         raise ModelError(f"cannot read ONNX model {p}: {exc}") from exc
+    return check_not_empty(model, p)
+
+
+def check_not_empty(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
+    """Refuse what protobuf happily parses as an empty model: a 0-byte file (an interrupted export or download)
+    or any other bytes without a graph."""
+    if not model.graph.node or not model.graph.output:
+        size = path.stat().st_size if path.is_file() else 0
+        raise ModelError(
+            f"{path} is not an ONNX model: it holds no graph ({size} bytes"
+            + (", an empty file" if size == 0 else "") + ")",
+            hint="pass the exported model file (torch.onnx.export, optimum-cli export onnx); an empty one is "
+                 "usually an interrupted export or download",
+        )
+    return model
 
 
 _MODEL_METADATA_PROPS = 14  # ModelProto.metadata_props

@@ -27,7 +27,7 @@ def _snapshot(root: Path, skip: Path) -> dict[str, tuple[int, float]]:
             if skip != p and skip not in p.parents}
 
 
-def _check(root: Path, out: Path, args: list[object], inputs: Path | None = None) -> None:
+def _check(root: Path, out: Path, args: list[object], inputs: Path | None = None) -> str:
     """``root`` holds the case's files, ``inputs`` the shared model and engines: neither may change."""
     roots = [root] if inputs is None else [root, inputs]
     before = [_snapshot(r, out) for r in roots]
@@ -37,6 +37,7 @@ def _check(root: Path, out: Path, args: list[object], inputs: Path | None = None
     assert "Traceback" not in text, text
     assert text.count("error:") == 1 and text.count("hint:") == 1, text
     assert [_snapshot(r, out) for r in roots] == before, "a file outside --out was touched"
+    return text
 
 
 def _hostile_value(rng: random.Random) -> object:
@@ -237,3 +238,30 @@ def test_hostile_engine_sidecars(engines: Path, tmp_path: Path, seed: int) -> No
     ev.write_text(json.dumps({"text": "good movie", "label": "positive"}) + "\n")
     out = tmp_path / "report"
     _check(tmp_path, out, ["compare", engine, engines / "e" / "fp32.onnx", "-e", ev, "--report", out], engines)
+
+
+@pytest.mark.parametrize("damage", ["empty", "half", "text", "zeros", "another-proto"])
+@pytest.mark.parametrize("command", ["calibrate", "build-fp16", "build-fp32", "tune", "smooth"])
+def test_damaged_model_files(engines: Path, tmp_path: Path, damage: str, command: str) -> None:
+    """A model.onnx that is empty, cut in half, text, zeros or another protobuf: one error, no traceback, no output."""
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(engines / "model", folder)
+    onnx_file = folder / "model.onnx"
+    data = onnx_file.read_bytes()
+    onnx_file.write_bytes({"empty": b"", "half": data[: len(data) // 2], "text": b"version https://git-lfs\n",
+                           "zeros": bytes(64), "another-proto": b"\x08\x01"}[damage])
+    out = tmp_path / "out"
+    ev = tmp_path / "eval.jsonl"
+    ev.write_text("".join(json.dumps({"text": t, "label": "positive"}) + "\n" for t in texts(20, seed=1)))
+    args: list[object] = {
+        "calibrate": ["calibrate", folder, "-c", engines / "set", "--out", out],
+        "build-fp16": ["build", folder, "-p", "fp16", "-o", out / "e.onnx"],
+        "build-fp32": ["build", folder, "-p", "fp32", "-o", out / "e.onnx"],
+        "tune": ["tune", folder, "-c", engines / "set", "-e", ev, "--out", out],
+        "smooth": ["smooth", folder, "-c", engines / "set", "--out", out],
+    }[command]
+    text = " ".join(_check(tmp_path, out, args, inputs=engines).split())
+    assert "ONNX model" in text, text  # says what is wrong: the model file, not a later symptom of it
+    assert not out.exists() or not any(out.rglob("*.onnx"))
