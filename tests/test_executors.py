@@ -161,6 +161,17 @@ def test_interrupted_pool_map_stops_its_workers():
     ex.close()
 
 
+def test_ctrl_c_to_the_process_group_leaves_the_workers_to_the_parent():
+    """A terminal's Ctrl-C reaches every worker too: they ignore it (no traceback of theirs); the parent decides."""
+    with ProcessPoolExecutor(2) as ex:
+        pids = set(ex.map(slow, [0.3, 0.3, 0.3, 0.3]))
+        for p in pids:
+            os.kill(p, signal.SIGINT)
+        time.sleep(0.3)
+        assert all(psutil.pid_exists(p) for p in pids)
+        assert set(ex.map(slow, [0.2, 0.2, 0.2, 0.2])) <= pids, "the same workers carry on"
+
+
 def test_specs_are_parsed_and_bad_ones_rejected():
     assert isinstance(from_spec("inline"), InProcessExecutor)
     assert isinstance(from_spec("local:1"), InProcessExecutor)

@@ -47,4 +47,13 @@ for _module in (_demo, _sample, _smooth, _calibrate, _build, _compare, _tune, _r
 
 
 def main() -> None:
+    import signal
+
+    from calibkit.cli._common import Terminated
+
+    def terminate(signum: int, frame: object) -> None:
+        raise Terminated
+
+    # SIGTERM (kill, a job scheduler, a container stop) unwinds like Ctrl-C: temporary outputs are removed
+    signal.signal(signal.SIGTERM, terminate)
     app()

@@ -27,6 +27,10 @@ _state = {"verbose": False}
 TRACEBACK_ENV = "CALIBKIT_TRACEBACK"
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is so that it unwinds (and cleans up) like Ctrl-C."""
+
+
 @contextlib.contextmanager
 def handle_errors() -> Iterator[None]:
     """Turn any error into one clear message and an exit code; a traceback only under --verbose.
@@ -42,9 +46,10 @@ def handle_errors() -> Iterator[None]:
     except CalibkitError as exc:
         _error(exc.message, exc.hint or _default_hint(exc))
         raise typer.Exit(exc.exit_code) from None
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]: finished work is kept; outputs were not half-written", markup=True)
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as exc:
+        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        console.print(f"[yellow]{what}[/]: finished work is kept; outputs were not half-written", markup=True)
+        raise typer.Exit(143 if isinstance(exc, Terminated) else 130) from None
     except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
         raise
     except OSError as exc:

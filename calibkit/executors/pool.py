@@ -15,6 +15,7 @@ import multiprocessing.connection
 import os
 import pickle
 import shutil
+import signal
 import tempfile
 import threading
 from concurrent.futures.process import BrokenProcessPool
@@ -30,6 +31,9 @@ log = logging.getLogger("calibkit.executors")
 
 
 def _watch_parent() -> None:
+    # Ctrl-C reaches the whole process group: the parent cancels the work and stops the pool, so a worker
+    # ignores it instead of dying with a KeyboardInterrupt traceback of its own
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = multiprocessing.parent_process()
     if parent is None:
         return
