@@ -601,7 +601,7 @@ def compare_engines(
             sens_specs = worst_layers(measured.layers, wsqnr, options.sensitivity_layers)
             sens_subset = stratified_subset(texts, str_labels, options.sensitivity_samples, options.seed)
             sens = _sensitivity(int8_art, int8_model, sens_specs, evals, eval_set, y_true, tok_dir, options,
-                                progress, sens_subset)
+                                progress, sens_subset, output_name=task.output_name)
         by_node = {ls.node: ls for ls in sens.layers} if sens else {}
         for m in measured.layers:
             ls = by_node.get(m.spec.node)
@@ -749,6 +749,7 @@ def _sensitivity(
     options: CompareOptions,
     progress: ProgressCallback | None,
     subset: EvalSubset,
+    output_name: str | None = None,
 ) -> SensitivityAnalysis | None:
     src, cal = int8_art.source_model, int8_art.calibration_json
     if not (src and cal and Path(src).is_file() and Path(cal).is_file()):
@@ -781,6 +782,7 @@ def _sensitivity(
         workers=options.workers,
         progress=progress,
         executor=options.executor,
+        output_name=output_name,
     )
 
 

@@ -52,6 +52,7 @@ class SensitivityJob:
     batch_size: int = 32
     threads: int = 1
     max_length: int | None = None
+    output_name: str | None = None  # the model output holding the logits (None: the first)
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def run_sensitivity_job(job: SensitivityJob) -> SensitivityResult:
         tok = TextTokenizer(job.tokenizer, max_length=job.max_length)
         with OnnxRuntimeRunner(model, intra_op_threads=job.threads, name=f"{job.mode}:{job.node}",
                                optimization=evaluation_optimization(job.target)) as runner:
-            logits = predict_logits(runner, tok, job.texts, batch_size=job.batch_size)
+            logits = predict_logits(runner, tok, job.texts, batch_size=job.batch_size, output_name=job.output_name)
     except CalibkitError as exc:
         return SensitivityResult(job.mode, job.node, float("nan"), float("nan"), float("nan"),
                                  time.perf_counter() - start, error=str(exc))
@@ -203,6 +204,7 @@ def analyse_sensitivity(
     max_length: int | None = None,
     progress: ProgressCallback | None = None,
     executor: Executor | None = None,
+    output_name: str | None = None,
 ) -> SensitivityAnalysis:
     """Two variants per node plus one all-INT8 variant, on ``texts`` (already the subset to use).
 
@@ -222,6 +224,7 @@ def analyse_sensitivity(
         threads=threads,
         max_length=max_length,
         target=target,
+        output_name=output_name,
     )
     kept = tuple(base_keep)
     jobs = [SensitivityJob(keep_nodes=kept, mode=ALL_INT8, **base)]  # type: ignore[arg-type]

@@ -42,6 +42,7 @@ class ShippedJob:
     batch_size: int
     threads: int
     max_length: int | None
+    output_name: str | None = None
 
 
 def _tokenizer_files(path: Path) -> tuple[dict[str, bytes], str | None]:
@@ -57,14 +58,30 @@ def _tokenizer_files(path: Path) -> tuple[dict[str, bytes], str | None]:
     return files, None
 
 
+def _share_model(path: str, executor: Executor) -> Shared:
+    """The model's file, or, when its weights live in external-data files beside it (which a worker's copy
+    would not find), the model with its weights inlined."""
+    from onnx.external_data_helper import uses_external_data
+
+    from calibkit.graph import load_model
+
+    lean = load_model(path, load_external_data=False)
+    if not any(uses_external_data(t) for t in lean.graph.initializer):
+        return executor.share_file(path)
+    return executor.share(load_model(path, load_external_data=True).SerializeToString())
+
+
 def pack_jobs(jobs: Sequence[SensitivityJob], executor: Executor, threads: int | None = None) -> list[ShippedJob]:
     """Share what ``jobs`` need once and return their light shipped form.
 
     ``threads``: intra-op threads per job (default: each job's own)."""
     tokenizers: dict[str, tuple[Shared, str | None]] = {}
     blocks: dict[tuple[int, int, int], Shared] = {}
+    models: dict[str, Shared] = {}
     out = []
     for j in jobs:
+        if j.source_model not in models:
+            models[j.source_model] = _share_model(j.source_model, executor)
         tok = tokenizers.get(j.tokenizer)
         if tok is None:
             files, single = _tokenizer_files(Path(j.tokenizer))
@@ -75,11 +92,11 @@ def pack_jobs(jobs: Sequence[SensitivityJob], executor: Executor, threads: int |
             data = blocks[ident] = executor.share((j.texts, j.labels, j.reference_logits))
         table = Path(j.calibration_json)
         out.append(ShippedJob(
-            model=executor.share_file(j.source_model),
+            model=models[j.source_model],
             table=executor.share_file(table / "calibration.json" if table.is_dir() else table),
             tokenizer=tok[0], tokenizer_file=tok[1], data=data, keep_nodes=tuple(j.keep_nodes), mode=j.mode,
             node=j.node, target=j.target, batch_size=j.batch_size, threads=threads or j.threads,
-            max_length=j.max_length,
+            max_length=j.max_length, output_name=j.output_name,
         ))
     return out
 
@@ -94,7 +111,7 @@ def unpack_job(s: ShippedJob) -> SensitivityJob:
         source_model=str(materialize(s.model)), calibration_json=str(materialize(s.table)),
         tokenizer=str(tok / s.tokenizer_file if s.tokenizer_file else tok), texts=texts, labels=labels,
         reference_logits=ref, keep_nodes=s.keep_nodes, mode=s.mode, node=s.node, target=s.target,
-        batch_size=s.batch_size, threads=s.threads, max_length=s.max_length,
+        batch_size=s.batch_size, threads=s.threads, max_length=s.max_length, output_name=s.output_name,
     )
 
 

@@ -332,6 +332,12 @@ def _run_tune(
     id2label = model_dir.id2label
     if not id2label:
         raise DataError("the model folder's config.json has no id2label: tune cannot map eval labels to classes")
+    from calibkit.evaluate.tasks import TaskKind, choose_task, model_outputs
+
+    task = choose_task(model_outputs(proto), {"id2label": {str(k): v for k, v in id2label.items()}})
+    if task.kind is not TaskKind.CLASSIFICATION:
+        raise UsageError(f"tune searches plans for classifiers; this model's outputs make it a {task.kind.value} "
+                         "model", hint="use `calibkit compare` for its fidelity, and --exclude to keep layers")
     texts = eval_set.texts
     if len(texts) < 15:
         raise DataError(f"the eval set is too small to tune on ({len(eval_set)} examples)",
@@ -352,7 +358,7 @@ def _run_tune(
 
     with OnnxRuntimeRunner(model_dir.onnx_path, name="fp32") as fp32:
         ref_logits = predict_logits(fp32, tok, texts, batch_size=config.batch_size, progress=cb,
-                                    task="FP32 reference")
+                                    task="FP32 reference", output_name=task.output_name)
     if not labelled:
         labels = ref_logits.argmax(axis=1).astype(np.int64)
     search_sub, hold_sub = split_subsets(labels, config.holdout_fraction, config.seed, texts)
@@ -395,6 +401,7 @@ def _run_tune(
             reference_logits=tuple(tuple(float(v) for v in row) for row in ref_logits[idx]),
             keep_nodes=tuple(keep), mode=mode, node=node, target=config.target,
             batch_size=config.batch_size, threads=threads, max_length=model_dir.max_length,
+            output_name=task.output_name,
         )
 
     methods = [Method(config.method)] if config.method != "auto" else list(Method)
