@@ -25,6 +25,36 @@ def load_model(path: str | os.PathLike[str], load_external_data: bool = True) ->
     return check_not_empty(model, p)
 
 
+# ops that only appear in models that are already quantized (ONNX Q/DQ and QLinear*, ORT's integer contrib ops)
+QUANTIZED_OPS = frozenset({
+    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "QLinearMatMul",
+    "QLinearConv", "QLinearAdd", "QLinearMul", "QGemm", "QAttention", "DynamicQuantizeMatMul",
+    "MatMulIntegerToFloat", "MatMulNBits", "QOrderedMatMul", "QOrderedAttention",
+})
+_HALF_TYPES = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+
+
+def check_float_source(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
+    """Refuse a model that is not the FP32 export calibkit quantizes: one that is already quantized (its Q/DQ or
+    integer ops would be quantized again into a model ONNX Runtime cannot load) or whose weights are FP16."""
+    quantized = sorted({n.op_type for n in model.graph.node if n.op_type in QUANTIZED_OPS})
+    if quantized:
+        raise ModelError(
+            f"{path} is already quantized (it holds {', '.join(quantized)} nodes); calibkit quantizes FP32 models",
+            hint="pass the FP32 export the quantized model was made from",
+        )
+    inits = {i.name: i.data_type for i in model.graph.initializer}
+    half = sorted({x for n in model.graph.node for x in n.input if inits.get(x) in _HALF_TYPES})
+    if half:
+        raise ModelError(
+            f"{path} holds FP16/BF16 weights ({len(half)} tensors, e.g. {half[0]}); calibkit calibrates and builds "
+            "from the FP32 model",
+            hint="export in FP32 (no model.half() or float16 conversion); `calibkit build --precision fp16` makes "
+                 "the FP16 engine from it",
+        )
+    return model
+
+
 def check_not_empty(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
     """Refuse what protobuf happily parses as an empty model: a 0-byte file (an interrupted export or download)
     or any other bytes without a graph."""

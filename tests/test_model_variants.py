@@ -75,3 +75,40 @@ def test_weights_in_an_external_data_file(tmp_path: Path, monkeypatch: pytest.Mo
     folder = _folder(tmp_path, tiny_model(), external=True)
     assert (folder / "model.onnx.data").is_file()
     _workflow(tmp_path, folder, monkeypatch, tune=False)
+
+
+def _fp16(model: onnx.ModelProto) -> onnx.ModelProto:
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    return convert_float_to_float16(model, keep_io_types=True)
+
+
+def _dynamic_int8(model: onnx.ModelProto, root: Path) -> onnx.ModelProto:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    src, dst = root / "src.onnx", root / "dyn.onnx"
+    onnx.save(model, str(src))
+    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8)
+    return onnx.load(str(dst))
+
+
+@pytest.mark.parametrize("kind, needle", [("fp16", "FP16/BF16 weights"), ("quantized", "already quantized")])
+def test_fp16_and_quantized_exports_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str,
+                                               needle: str) -> None:
+    """Both used to pass calibrate and build with exit 0 and write a model ONNX Runtime cannot load."""
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+    model = _fp16(tiny_model()) if kind == "fp16" else _dynamic_int8(tiny_model(), tmp_path)
+    folder = _folder(tmp_path, model)
+    cset = write_calibration_set(tmp_path / "set", texts(20, seed=5), None, {})
+    ev = _eval(tmp_path)
+    for args in (["calibrate", folder, "-c", cset.path, "--out", tmp_path / "cal"],
+                 ["smooth", folder, "-c", cset.path, "--out", tmp_path / "sm"],
+                 ["tune", folder, "-c", cset.path, "-e", ev, "--out", tmp_path / "tune"],
+                 ["build", folder, "-p", "fp16", "-o", tmp_path / "e" / "fp16.onnx"],
+                 ["build", folder, "-p", "fp32", "-o", tmp_path / "e" / "fp32.onnx"]):
+        r = _run(*args)
+        text = " ".join(r.output.split())
+        assert r.exit_code == 4, (args, r.output)
+        assert needle in text and "hint:" in text and "Traceback" not in text
+    assert not (tmp_path / "e").exists() or not any((tmp_path / "e").iterdir())
+    assert not (tmp_path / "cal").exists() and not (tmp_path / "sm").exists()

@@ -203,7 +203,7 @@ def load_hashed(path: Path) -> tuple[Any, str, list[bytes]]:
     from onnx.external_data_helper import load_external_data_for_model, uses_external_data
 
     from calibkit.errors import ModelError
-    from calibkit.graph import check_not_empty
+    from calibkit.graph import check_float_source, check_not_empty
 
     if not path.is_file():
         raise ModelError(f"ONNX model not found: {path}")
@@ -215,7 +215,7 @@ def load_hashed(path: Path) -> tuple[Any, str, list[bytes]]:
         except Exception as exc:
             raise ModelError(f"cannot read ONNX model {path}: {exc}") from exc
         sha = digest.result()
-    check_not_empty(proto, path)
+    check_float_source(check_not_empty(proto, path), path)
     if any(uses_external_data(t) for t in proto.graph.initializer):
         load_external_data_for_model(proto, str(path.parent))
         return proto, sha, []  # the file alone is not the model: taps fall back to serializing it

@@ -159,7 +159,7 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
     import onnx
 
     from calibkit.data.modeldir import ModelDir
-    from calibkit.graph import load_model
+    from calibkit.graph import check_float_source, load_model
 
     validate(req)
     precision, backend = Precision(req.precision), Backend(req.backend)
@@ -234,7 +234,7 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
         reduce = _reduce_range(req, target)
         _emit(progress, 1, total, f"inserting Q/DQ ({target.value} layout{', 7-bit weights' if reduce else ''})")
         res = quantize_model(
-            load_model(src), cf.table, exclude=tuple(cf.exclude) + req.exclude, target=target,
+            check_float_source(load_model(src), src), cf.table, exclude=tuple(cf.exclude) + req.exclude, target=target,
             keep_nodes=req.keep_nodes, reduce_range=reduce,
         )
         if not res.quantized_nodes:
@@ -259,7 +259,7 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
         from calibkit.quantize.fp16 import convert_to_fp16
 
         _emit(progress, 1, total, "converting to FP16")
-        fmodel = load_model(src)
+        fmodel = check_float_source(load_model(src), src)
         from calibkit.names import compile_patterns, node_names
 
         patterns = compile_patterns(req.exclude)
@@ -271,7 +271,7 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
     else:
         copy_from = src
     if copy_from is not None:
-        check_onnx_file(copy_from)
+        check_onnx_file(copy_from, float_source=copy_from == src)
 
     written: list[Path] = []
     try:
@@ -390,12 +390,13 @@ def _external_locations(model: object) -> list[str]:
     return locs
 
 
-def check_onnx_file(path: Path) -> list[str]:
+def check_onnx_file(path: Path, float_source: bool = False) -> list[str]:
     """Refuse a file that is not a usable ONNX model (a text file named model.onnx, a truncated download,
-    a graph without outputs or with external-data files missing); return its external-data locations."""
+    a graph without outputs or with external-data files missing), and with ``float_source`` one that is not an
+    FP32 model; return its external-data locations."""
     import onnx
 
-    from calibkit.graph import load_model
+    from calibkit.graph import check_float_source, load_model
 
     hint = "pass a valid ONNX model file (e.g. exported with torch.onnx.export or optimum-cli export onnx)"
     try:
@@ -404,6 +405,8 @@ def check_onnx_file(path: Path) -> list[str]:
         raise ModelError(f"{path} is not an ONNX model ({exc.message})", hint=hint) from None
     if not model.opset_import or not model.graph.output or not model.graph.node:
         raise ModelError(f"{path} is not an ONNX model (no operator set, nodes or graph outputs)", hint=hint)
+    if float_source:
+        check_float_source(model, path)
     try:
         onnx.checker.check_model(str(path))  # by path: external data is checked beside the model
     except Exception as exc:  # noqa: BLE001 - onnx raises ValidationError and plain errors alike

@@ -57,7 +57,7 @@ from calibkit.evaluate.sensitivity import (
 from calibkit.evaluate.subsets import EvalSubset, nested, stratified_split, stratified_subset
 from calibkit.evaluate.uncertainty import evidence_warnings, paired_difference, proportion
 from calibkit.executors import Executor, from_spec
-from calibkit.graph import load_model, model_sha256
+from calibkit.graph import check_float_source, load_model, model_sha256
 from calibkit.names import node_names
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.quantize.placement import DEFAULT_OP_TYPES, plan_placement
@@ -321,7 +321,7 @@ def _run_tune(
     cset = calibration_set if isinstance(calibration_set, CalibrationSet) else load_calibration_set(calibration_set)
     tok = TextTokenizer(model_dir.tokenizer_path, max_length=model_dir.max_length)
     sha = model_sha256(model_dir.onnx_path)
-    proto = load_model(model_dir.onnx_path)
+    proto = check_float_source(load_model(model_dir.onnx_path), model_dir.onnx_path)
     input_names = [i.name for i in proto.graph.input if i.name not in {x.name for x in proto.graph.initializer}]
     placement = plan_placement(proto, config.op_types)
     nodes = [n.name for n in placement.nodes]
