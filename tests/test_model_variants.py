@@ -112,3 +112,62 @@ def test_fp16_and_quantized_exports_are_refused(tmp_path: Path, monkeypatch: pyt
         assert needle in text and "hint:" in text and "Traceback" not in text
     assert not (tmp_path / "e").exists() or not any((tmp_path / "e").iterdir())
     assert not (tmp_path / "cal").exists() and not (tmp_path / "sm").exists()
+
+
+def _renamed_with_positions() -> onnx.ModelProto:
+    """TensorFlow-style input names (input_mask, segment_ids) and an explicit position_ids input."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    m = tiny_model()
+    g = m.graph
+    for node in g.node:
+        node.input[:] = ["input_mask" if x == "attention_mask" else x for x in node.input]
+    g.input[1].name = "input_mask"
+    g.input.extend([helper.make_tensor_value_info("segment_ids", TensorProto.INT64, ["batch", "seq"]),
+                    helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "seq"])])
+    g.initializer.append(numpy_helper.from_array(
+        np.random.default_rng(1).normal(size=(16, 8)).astype(np.float32), "pos_emb"))
+    embed = next(i for i, n in enumerate(g.node) if n.name == "embed")
+    g.node[embed].output[0] = "E_tok"
+    g.node.insert(embed + 1, helper.make_node("Gather", ["pos_emb", "position_ids"], ["P_emb"], name="pos"))
+    g.node.insert(embed + 2, helper.make_node("Add", ["E_tok", "P_emb"], ["E"], name="add_pos"))
+    onnx.checker.check_model(m)
+    return m
+
+
+def _without_mask() -> onnx.ModelProto:
+    """No attention_mask input at all: the model attends to whatever it is given, padding included."""
+    m = tiny_model()
+    g = m.graph
+    keep = [n for n in g.node if n.name not in ("cast", "unsq", "mask")]
+    for n in keep:
+        n.input[:] = ["S" if x == "S2" else x for x in n.input]
+    del g.node[:]
+    g.node.extend(keep)
+    del g.input[1]
+    onnx.checker.check_model(m)
+    return m
+
+
+def test_tensorflow_input_names_and_position_ids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _workflow(tmp_path, _folder(tmp_path, _renamed_with_positions()), monkeypatch, tune=False)
+
+
+def test_a_model_without_attention_mask_never_sees_padding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batched with padding its outputs would depend on the batch; texts are batched by equal length instead."""
+    import numpy as np
+
+    from calibkit.data.tokenizer import TextTokenizer
+    from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+    from calibkit.evaluate.predict import predict_logits
+
+    folder = _folder(tmp_path, _without_mask())
+    tok = TextTokenizer(folder)
+    sample = texts(40, seed=9)
+    assert len(set(tok.token_lengths(sample))) > 3
+    with OnnxRuntimeRunner(folder / "model.onnx") as r:
+        batched = predict_logits(r, tok, sample, batch_size=16)
+        alone = predict_logits(r, tok, sample, batch_size=1)
+    np.testing.assert_allclose(batched, alone, rtol=1e-5, atol=1e-6)
+    _workflow(tmp_path, folder, monkeypatch, tune=False)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from calibkit.data.tokenizer import TextTokenizer
+from calibkit.data.tokenizer import TextTokenizer, takes_mask
 from calibkit.errors import UsageError
 
 DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes of tapped tensors alive per batch: keeps calibrate near plain inference
@@ -75,13 +75,27 @@ class TokenBudget:
 
 
 def budget_groups(
-    lengths: np.ndarray, batch_size: int, budget: TokenBudget | None = None, cost: BatchCost | None = None
+    lengths: np.ndarray, batch_size: int, budget: TokenBudget | None = None, cost: BatchCost | None = None,
+    *, equal_lengths: bool = False,
 ) -> tuple[np.ndarray, ...]:
     """Indices sorted by length (stable), cut into consecutive groups of at most ``batch_size`` that fit the
-    budget when padded to their longest member. A single text over the budget forms a batch of its own."""
+    budget when padded to their longest member. A single text over the budget forms a batch of its own.
+
+    ``equal_lengths``: every group holds texts of one length only (no padding at all), for models that take no
+    attention mask and so would attend to the padding."""
+    groups = _budget_groups(np.asarray(lengths), batch_size, budget, cost)
+    if not equal_lengths:
+        return groups
+    lengths = np.asarray(lengths)
+    return tuple(part for g in groups
+                 for part in np.split(g, np.flatnonzero(np.diff(lengths[g])) + 1) if len(part))
+
+
+def _budget_groups(
+    lengths: np.ndarray, batch_size: int, budget: TokenBudget | None, cost: BatchCost | None
+) -> tuple[np.ndarray, ...]:
     if batch_size < 1:
         raise UsageError(f"batch size must be at least 1, got {batch_size}")
-    lengths = np.asarray(lengths)
     order = np.argsort(lengths, kind="stable")
     if budget is None or (budget.max_batch_tokens is None and (budget.memory_bytes is None or cost is None)):
         return tuple(order[i : i + batch_size] for i in range(0, len(order), batch_size))
@@ -147,7 +161,9 @@ class BucketedBatches:
             raise UsageError(f"share must be at least 1, got {share}")
         budget = dataclasses.replace(self.budget, memory_bytes=max(1, self.budget.memory_bytes // share))
         clipped = np.minimum(self.lengths, self.max_length)
-        return dataclasses.replace(self, order=budget_groups(clipped, self.batch_size, budget, cost), cost=cost)
+        return dataclasses.replace(self, order=budget_groups(clipped, self.batch_size, budget, cost,
+                                                             equal_lengths=not takes_mask(self.input_names)),
+                                   cost=cost)
 
     @property
     def memory_bounded(self) -> bool:
@@ -200,5 +216,5 @@ def bucketed_batches(
         raise UsageError(f"batch size must be at least 1, got {batch_size}")
     limit = int(max_length or tokenizer.max_length)
     lengths = tokenizer.token_lengths(texts)
-    groups = budget_groups(np.minimum(lengths, limit), batch_size, budget)
+    groups = budget_groups(np.minimum(lengths, limit), batch_size, budget, equal_lengths=not takes_mask(input_names))
     return BucketedBatches(tokenizer, tuple(texts), tuple(input_names), groups, lengths, limit, batch_size, budget)

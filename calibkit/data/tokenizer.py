@@ -27,19 +27,40 @@ class Encoding:
     truncated: np.ndarray  # bool [batch]: text was longer than max_length
 
     def feeds(self, names: Sequence[str]) -> dict[str, np.ndarray]:
-        """The subset of arrays a model with these input names takes."""
+        """The arrays a model with these input names takes: Hugging Face names, the TensorFlow / TF Hub BERT
+        names for the same tensors (input_mask, segment_ids, input_word_ids, input_type_ids), and position_ids
+        (0, 1, 2, ... per text) for exports that take them as an input."""
         table = {
             "input_ids": self.input_ids,
             "attention_mask": self.attention_mask,
             "token_type_ids": self.token_type_ids,
         }
+        for name, alias in INPUT_ALIASES.items():
+            table[name] = table[alias]
+        if "position_ids" in names:
+            width = self.input_ids.shape[1] if self.input_ids.ndim == 2 else 0
+            table["position_ids"] = np.broadcast_to(np.arange(width, dtype=np.int64), self.input_ids.shape).copy()
         missing = [n for n in names if n not in table]
         if missing:
             raise ModelError(
-                f"model inputs {missing} are not produced by the tokenizer "
-                "(calibkit feeds input_ids, attention_mask and token_type_ids)"
+                f"model inputs {missing} are not produced by the tokenizer (calibkit feeds input_ids, "
+                f"attention_mask, token_type_ids and position_ids, also under the names {sorted(INPUT_ALIASES)})",
+                hint="re-export the model with those input names (torch.onnx.export(..., input_names=[...])), or "
+                     "rename the graph inputs with onnx.compose / onnx.utils",
             )
         return {n: table[n] for n in names}
+
+
+def takes_mask(input_names: Sequence[str]) -> bool:
+    """Whether a model with these inputs is told which positions are padding (else it attends to them)."""
+    return any(n == "attention_mask" or INPUT_ALIASES.get(n) == "attention_mask" for n in input_names)
+
+
+# other exporters' names for the tokenizer's arrays (TensorFlow BERT, TF Hub, older ONNX exports)
+INPUT_ALIASES = {
+    "input_mask": "attention_mask", "mask": "attention_mask", "segment_ids": "token_type_ids",
+    "input_word_ids": "input_ids", "input_type_ids": "token_type_ids", "token_type": "token_type_ids",
+}
 
 
 class TextTokenizer:

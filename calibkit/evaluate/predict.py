@@ -15,17 +15,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from calibkit.data.encode import BatchCost, TokenBudget, budget_groups
-from calibkit.data.tokenizer import TextTokenizer
+from calibkit.data.tokenizer import TextTokenizer, takes_mask
 from calibkit.engines.base import BaseRunner
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 
 
 def length_batches(
-    lengths: np.ndarray, batch_size: int, *, budget: TokenBudget | None = None, cost: BatchCost | None = None
+    lengths: np.ndarray, batch_size: int, *, budget: TokenBudget | None = None, cost: BatchCost | None = None,
+    input_names: Sequence[str] = ("attention_mask",),
 ) -> list[np.ndarray]:
     """Indices grouped into batches of similar length (stable sort), so padding stays small; with ``budget``,
-    batches of long texts are cut to fit it (see :func:`calibkit.data.encode.budget_groups`)."""
-    return list(budget_groups(np.asarray(lengths), batch_size, budget, cost))
+    batches of long texts are cut to fit it (see :func:`calibkit.data.encode.budget_groups`). A model whose
+    ``input_names`` hold no attention mask gets batches of one length each (it would attend to padding)."""
+    return list(budget_groups(np.asarray(lengths), batch_size, budget, cost,
+                              equal_lengths=not takes_mask(input_names)))
 
 
 @dataclass(frozen=True)
@@ -59,10 +62,10 @@ def predict_outputs(
         raise ValueError(f"unknown pooling {pooling!r}")
     cb = progress or no_progress
     lengths = np.minimum(tokenizer.token_lengths(texts), tokenizer.max_length)
-    batches = length_batches(lengths, batch_size)
+    names = [s.name for s in runner.input_specs]
+    batches = length_batches(lengths, batch_size, input_names=names)
     width = int(lengths.max()) if len(lengths) else 0
     out_name = output_name or runner.output_names[0]
-    names = [s.name for s in runner.input_specs]
     result: np.ndarray | None = None
     mask: np.ndarray | None = None
     cb(ProgressEvent(task, 0, len(texts)))

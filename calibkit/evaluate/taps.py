@@ -146,7 +146,9 @@ def measure_layers(
         lengths = np.minimum(tokenizer.token_lengths(texts), tokenizer.max_length)
         budget = budget if budget is not None else TokenBudget(memory_bytes=DEFAULT_MEMORY_BUDGET)
         cost = _tapped_cost(runners, tokenizer, texts) if budget.memory_bytes is not None and texts else None
-        batches = length_batches(lengths, batch_size, budget=budget, cost=cost)
+        first = next(iter(runners.values()))[0]
+        batches = length_batches(lengths, batch_size, budget=budget, cost=cost,
+                                 input_names=[s.name for s in first.input_specs])
         cb(ProgressEvent("layer statistics", 0, len(texts)))
         done = 0
         for idx in batches:
