@@ -171,3 +171,19 @@ def test_a_model_without_attention_mask_never_sees_padding(tmp_path: Path, monke
         alone = predict_logits(r, tok, sample, batch_size=1)
     np.testing.assert_allclose(batched, alone, rtol=1e-5, atol=1e-6)
     _workflow(tmp_path, folder, monkeypatch, tune=False)
+
+
+def test_a_fixed_sequence_length_export_is_refused_with_a_re_export_hint(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+    m = tiny_model()
+    for inp in m.graph.input:
+        inp.type.tensor_type.shape.dim[1].ClearField("dim_param")
+        inp.type.tensor_type.shape.dim[1].dim_value = 16
+    folder = _folder(tmp_path, m)
+    cset = write_calibration_set(tmp_path / "set", texts(20, seed=5), None, {})
+    r = _run("calibrate", folder, "-c", cset.path, "--out", tmp_path / "cal")
+    text = " ".join(r.output.split())
+    assert r.exit_code == 4, r.output
+    assert "fixed sequence size 16" in text and "dynamic axes" in text and "Traceback" not in text
+    assert not (tmp_path / "cal").exists()

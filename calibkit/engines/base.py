@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from calibkit.errors import BackendError, UsageError
+from calibkit.errors import BackendError, ModelError, UsageError
 from calibkit.types import TensorSpec
 
 Feeds = Mapping[str, np.ndarray]
@@ -109,7 +109,14 @@ class BaseRunner:
                 )
             for i, (want, got) in enumerate(zip(spec.shape, np.shape(arr))):
                 if isinstance(want, int) and want >= 0 and want != got:
-                    raise UsageError(f"runner {self.name!r}: input {n!r} axis {i} is {got}, the model expects {want}")
+                    axis = {0: "batch", 1: "sequence"}.get(i, f"axis {i}")
+                    raise ModelError(
+                        f"runner {self.name!r}: the model's input {n!r} has a fixed {axis} size {want}, and calibkit "
+                        f"feeds batches of {got} (texts are batched at their own lengths)",
+                        hint="re-export with dynamic axes, e.g. torch.onnx.export(..., dynamic_axes={'input_ids': "
+                             "{0: 'batch', 1: 'sequence'}, ...}); for TensorRT, `calibkit build --min-seq/--opt-seq/"
+                             "--max-seq` sets the shapes the engine is built for",
+                    )
 
     @property
     def input_specs(self) -> tuple[TensorSpec, ...]:
