@@ -46,6 +46,35 @@ for _module in (_demo, _sample, _smooth, _calibrate, _build, _compare, _tune, _r
     _module.register(app)
 
 
+def _literal_help(t: typer.Typer, seen: set[int] | None = None) -> None:
+    """Help texts are plain text: their brackets ("[default: no limit]", "[smooth ->]", "logits [batch,
+    classes]") are shown, not read as rich markup (which silently dropped them)."""
+    import inspect
+
+    seen = set() if seen is None else seen  # option objects shared by several commands are escaped once
+
+    def esc(text: str | None) -> str | None:
+        return text.replace("[", "\\[") if text else text
+
+    t.info.help = esc(t.info.help)
+    for info in t.registered_commands:
+        info.help = esc(info.help or (inspect.getdoc(info.callback) if info.callback else None))
+        info.epilog = esc(info.epilog)
+        if info.callback is None:
+            continue
+        for param in inspect.signature(info.callback).parameters.values():
+            if isinstance(param.default, typer.models.ParameterInfo) and id(param.default) not in seen:
+                seen.add(id(param.default))
+                param.default.help = esc(param.default.help)
+    for group in t.registered_groups:
+        if group.typer_instance is not None:
+            group.help = esc(group.help)
+            _literal_help(group.typer_instance, seen)
+
+
+_literal_help(app)
+
+
 def main() -> None:
     import signal
 
