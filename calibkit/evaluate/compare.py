@@ -457,8 +457,8 @@ def _compare_fidelity(
             )
             layer_reports.append(LayerReport(m, None, flag, ws))
         histograms = _histograms(measured.layers, measured.ranges, options.histogram_layers)
-    for w in warnings:
-        log.warning("%s", w)
+    for w in warnings:  # returned with the result, whose caller shows them (the CLI as "warning:")
+        log.info("%s", w)
     return Comparison(
         eval_set=eval_set, labels=labels, engines=tuple(evals), agreement=agreement, output_error=out_err,
         disagreements=disagreements, layers=tuple(layer_reports), thresholds=options.thresholds,
@@ -575,8 +575,8 @@ def compare_engines(
     accuracy_diff = paired_difference(pa == y_true, pb == y_true, seed=options.seed)
     f1_diff = macro_f1_intervals(y_true, pa, pb, len(labels), seed=options.seed)[2] if len(y_true) else None
     warnings = evidence_warnings(y_true, labels)
-    for w in warnings:
-        log.warning("%s", w)
+    for w in warnings:  # returned with the result, whose caller shows them (the CLI as "warning:")
+        log.info("%s", w)
     file_row = (lambda i: rows.indices[i]) if rows is not None else (lambda i: i)
     gap = top2_gap(ea.logits)
     disagreements = tuple(

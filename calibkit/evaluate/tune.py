@@ -369,8 +369,8 @@ def _run_tune(
     warnings = list(evidence_warnings(labels, [id2label[i] for i in sorted(id2label)])) if labelled else []
     if len(hold_idx) < 200:
         warnings.append(f"the holdout split has {len(hold_idx)} examples: its verdict has wide intervals")
-    for w in warnings:
-        log.warning("%s", w)
+    for w in warnings:  # returned with the result, whose caller shows them (the CLI as "warning:")
+        log.info("%s", w)
     search_texts = tuple(texts[i] for i in search_idx)
     sens_sub = nested(search_sub, stratified_subset(search_texts, [int(v) for v in labels[search_idx]],
                                                     config.sensitivity_samples, config.seed + 1))
