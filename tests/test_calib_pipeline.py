@@ -230,3 +230,18 @@ def test_model_is_read_again_after_statistics_and_a_changed_file_is_refused(setu
     with pytest.raises(ModelError, match="changed while it was being calibrated"):
         calibrate(md, cset, Method.MSE, out_dir=tmp / "changed", use_cache=False, progress=rewrite)
     assert not (tmp / "changed" / "model.int8.onnx").exists()
+
+
+def test_texts_edited_after_the_manifest_are_flagged(tmp_path, caplog):
+    import logging
+
+    from calibkit.data.calibset import load_calibration_set
+
+    cset = write_calibration_set(tmp_path / "set", texts(12, seed=1), None, {"n": 12})
+    assert "stale" not in load_calibration_set(cset.path).manifest
+    lines = (cset.path / "texts.jsonl").read_text().splitlines()
+    (cset.path / "texts.jsonl").write_text("\n".join(lines[:5]) + "\n")
+    with caplog.at_level(logging.WARNING, logger="calibkit.data"):
+        edited = load_calibration_set(cset.path)
+    assert len(edited.texts) == 5 and edited.manifest["stale"] is True
+    assert "was changed after manifest.json was written (5 texts, the manifest describes 12)" in caplog.text

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,8 @@ from calibkit.errors import DataError
 
 TEXTS = "texts.jsonl"
 MANIFEST = "manifest.json"
+
+log = logging.getLogger("calibkit.data")
 
 
 @dataclass(frozen=True)
@@ -96,5 +99,12 @@ def load_calibration_set(path: str | Path) -> CalibrationSet:
                             hint="re-create the set with `calibkit sample`, or remove the broken manifest") from None
         if not isinstance(manifest, dict):
             raise DataError(f"{mpath} is not a JSON object", hint="re-create the set with `calibkit sample`")
+        recorded = manifest.get("texts_sha256")
+        if isinstance(recorded, str) and recorded != sha256_bytes(raw):
+            log.warning(
+                "%s was changed after %s was written (%d texts, the manifest describes %s): the manifest's "
+                "coverage figures describe other texts; re-run `calibkit sample`, or delete %s to use the texts "
+                "as they are", texts_path, MANIFEST, len(texts), manifest.get("count", "?"), mpath)
+            manifest = {**manifest, "stale": True}
     has_labels = any(lab is not None for lab in labels)
     return CalibrationSet(p, tuple(texts), tuple(labels) if has_labels else None, manifest, sha256_bytes(raw))
