@@ -120,6 +120,17 @@ def test_bad_eval_sets(engines: dict[str, Path], tmp_path: Path, content: str, c
     assert not out.exists()
 
 
+def test_an_unknown_label_outside_the_limit_subset_is_still_refused(engines: dict[str, Path], tmp_path: Path) -> None:
+    rows = [json.loads(x) for x in engines["eval"].read_text().splitlines()]
+    rows.append({"text": "good movie", "label": "neutral"})
+    ev = tmp_path / "eval.jsonl"
+    ev.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for seed in range(3):
+        r = _run("compare", str(engines["fp"]), str(engines["int8"]), "--eval-set", str(ev), "--limit", "5",
+                 "--seed", str(seed), "--no-report", "--no-layers")
+        assert r.exit_code == 3 and "labels the model does not know" in " ".join(r.output.split()), r.output
+
+
 def test_missing_sidecar(engines: dict[str, Path], tmp_path: Path) -> None:
     bare = tmp_path / "bare.onnx"
     bare.write_bytes(engines["fp"].read_bytes())

@@ -141,8 +141,9 @@ def compare(
         ref = EngineArtifact.load(reference) if reference else None
         check_same_model([a, b] + ([ref] if ref else []))
         full = load_eval_set(eval_set, text_column=text_column, label_column=label_column, split=split)
+        # the whole file, not only the --limit subset: a bad label is the file's fault whichever rows are drawn
+        ensure_known_labels(full, next((e.tokenizer for e in (a, b, ref) if e and e.tokenizer), None))
         ev, rows = limit_eval_set(full, limit, seed)
-        ensure_known_labels(ev, next((e.tokenizer for e in (a, b, ref) if e and e.tokenizer), None))
         opts = CompareOptions(
             budget=token_budget(memory_budget, max_batch_tokens),
             batch_size=batch_size,
