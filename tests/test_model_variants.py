@@ -187,3 +187,51 @@ def test_a_fixed_sequence_length_export_is_refused_with_a_re_export_hint(tmp_pat
     assert r.exit_code == 4, r.output
     assert "fixed sequence size 16" in text and "dynamic axes" in text and "Traceback" not in text
     assert not (tmp_path / "cal").exists()
+
+
+def _regression_head() -> onnx.ModelProto:
+    """The tiny model with a one-score head (problem_type regression), as a STS-B or reward model exports."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    m = tiny_model()
+    g = m.graph
+    for init in g.initializer:
+        if init.name == "Wc":
+            w = np.random.default_rng(2).normal(size=(8, 1)).astype(np.float32)
+            init.CopyFrom(numpy_helper.from_array(w, "Wc"))
+        elif init.name == "bc":
+            init.CopyFrom(numpy_helper.from_array(np.zeros(1, np.float32), "bc"))
+    g.output[0].type.tensor_type.shape.dim[1].dim_value = 1
+    onnx.checker.check_model(m)
+    return m
+
+
+def test_a_regression_head_gets_score_fidelity_not_argmax(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """argmax over one score agreed 100 % whatever INT8 did; float labels were refused as unknown classes."""
+    import random
+
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+    folder = _folder(tmp_path, _regression_head())
+    (folder / "config.json").write_text(json.dumps({"max_position_embeddings": 16, "problem_type": "regression",
+                                                    "id2label": {"0": "LABEL_0"}}))
+    cset = write_calibration_set(tmp_path / "set", texts(30, seed=5), None, {})
+    rng = random.Random(3)
+    ev = tmp_path / "scores.jsonl"
+    ev.write_text("".join(json.dumps({"text": t, "label": round(rng.uniform(0, 5), 3)}) + "\n"
+                          for t in texts(60, seed=8)))
+    assert _run("calibrate", folder, "-c", cset.path, "--out", tmp_path / "cal").exit_code == 0
+    for p, extra in (("fp32", []), ("int8", ["--calibration", tmp_path / "cal", "--target", "tensorrt"])):
+        assert _run("build", folder, "-p", p, *extra, "-o", tmp_path / "e" / f"{p}.onnx").exit_code == 0
+    r = _run("compare", tmp_path / "e" / "fp32.onnx", tmp_path / "e" / "int8.onnx", "-e", ev, "--json",
+             tmp_path / "c.json", "--report", tmp_path / "rep")
+    assert r.exit_code == 0, r.output
+    doc = json.loads((tmp_path / "c.json").read_text())
+    fid = doc["task"]["fidelity"]
+    assert doc["task"]["kind"] == "regression" and doc["disagreements"] == [] and doc["flips_by_confidence"] == []
+    assert 0.0 <= fid["agreement"] <= 1.0 and fid["max_abs_error"] > 0 and -1.0 <= fid["spearman"] <= 1.0
+    assert fid["agreement"] == doc["agreement"]
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "regression (scores)" in md and "rank correlation with A" in md
+    r = _run("tune", folder, "-c", cset.path, "-e", ev, "--out", tmp_path / "tune")
+    assert r.exit_code == 2 and "regression" in r.output and "Traceback" not in r.output

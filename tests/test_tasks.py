@@ -219,3 +219,22 @@ def test_gold_metrics_without_bio_labels_give_accuracy_only(tokenizer: TextToken
         m = task.gold_metrics(task.predict(r, tokenizer, ev.texts, batch_size=2),
                               align_word_labels(tokenizer, ev, task.labels))
     assert m.token_accuracy == 1.0 and m.entities is None and m.to_dict()["entity_f1"] is None
+
+
+def test_score_heads_are_regression_not_argmax() -> None:
+    from calibkit.evaluate.predict import Predicted
+    from calibkit.evaluate.tasks import RegressionTask, TaskKind, choose_task
+
+    assert choose_task({"logits": 2}, {"problem_type": "regression", "id2label": {"0": "LABEL_0"}}).kind \
+        is TaskKind.REGRESSION
+    assert choose_task({"logits": 2}, {"id2label": {"0": "score"}}).kind is TaskKind.REGRESSION
+    assert choose_task({"logits": 2}, {"id2label": {"0": "a", "1": "b"}}).kind is TaskKind.CLASSIFICATION
+    assert choose_task({"logits": 2}, {}, "regression").kind is TaskKind.REGRESSION
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(200, 1))
+    task = RegressionTask("logits")
+    same = task.fidelity(Predicted(a), Predicted(a.copy()))
+    assert same.agreement == 1.0 and same.extra["max_abs_error"] == 0.0 and same.cosine_min == pytest.approx(1.0)
+    noisy = task.fidelity(Predicted(a), Predicted(a + rng.normal(size=a.shape) * 0.02))  # 2 % of the spread
+    assert 0.2 < noisy.agreement < 0.6  # |N(0, 0.02)| <= 0.01: about 38 %
+    assert noisy.extra["spearman"] > 0.99 and task.predictions(Predicted(a)) is None

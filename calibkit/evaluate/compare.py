@@ -53,6 +53,7 @@ from calibkit.evaluate.tasks import (
     WordGold,
     align_word_labels,
     choose_task,
+    is_regression,
     model_outputs,
 )
 from calibkit.evaluate.uncertainty import (
@@ -288,7 +289,8 @@ def _layer_dict(r: LayerReport) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ evaluation
 
 
-def read_id2label(tokenizer_dir: str | Path | None) -> dict[int, str]:
+def _config(tokenizer_dir: str | Path | None) -> dict[str, Any]:
+    """The model folder's config.json ({} when there is none)."""
     if not tokenizer_dir:
         return {}
     p = Path(tokenizer_dir)
@@ -301,7 +303,11 @@ def read_id2label(tokenizer_dir: str | Path | None) -> dict[int, str]:
         data = json.loads(cfg.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ModelError(f"cannot read {cfg}: {exc}") from exc
-    return {int(k): str(v) for k, v in (data.get("id2label") or {}).items()}
+    return data if isinstance(data, dict) else {}
+
+
+def read_id2label(tokenizer_dir: str | Path | None) -> dict[int, str]:
+    return {int(k): str(v) for k, v in (_config(tokenizer_dir).get("id2label") or {}).items()}
 
 
 def evaluate_runner(
@@ -332,17 +338,7 @@ def evaluate_runner(
 
 def select_task(artifact: EngineArtifact, tokenizer_dir: str | Path | None, kind: str | None = None) -> Task:
     """The evaluate.tasks Task for the engines' model: from its ONNX outputs and config.json (``kind`` forces)."""
-    import json
-
-    cfg: dict[str, Any] = {}
-    if tokenizer_dir:
-        p = Path(tokenizer_dir)
-        f = (p if p.is_dir() else p.parent) / "config.json"
-        if f.is_file():
-            try:
-                cfg = json.loads(f.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError) as exc:
-                raise ModelError(f"cannot read {f}: {exc}") from exc
+    cfg = _config(tokenizer_dir)
     src = artifact.path if artifact.backend is Backend.ONNXRUNTIME else artifact.source_model
     if src and Path(src).is_file():
         outputs = model_outputs(load_model(src, load_external_data=False))
@@ -352,7 +348,7 @@ def select_task(artifact: EngineArtifact, tokenizer_dir: str | Path | None, kind
         return choose_task(outputs, cfg, kind)
     except ValueError:
         raise UsageError(f"unknown --task {kind!r}",
-                         hint="choose classification, embedding or token-classification") from None
+                         hint="choose classification, embedding, token-classification or regression") from None
 
 
 def _evaluate_task(runner: BaseRunner, tokenizer: TextTokenizer, texts: Sequence[str], task: Task, *,
@@ -408,7 +404,7 @@ def _compare_fidelity(
         va, vb = va[ea.outputs.mask], vb[ea.outputs.mask]
     err = np.abs(va.astype(np.float64) - vb) if va.size else np.zeros(1)
     agreement = OutputAgreement(fid.agreement, fid.cosine_mean, fid.cosine_min, float(err.max()), float(err.mean()))
-    if task.kind is TaskKind.EMBEDDING:  # no distribution over classes: only the squared error means something
+    if task.kind in (TaskKind.EMBEDDING, TaskKind.REGRESSION):  # no class distribution: only the squared error
         out_err = OutputError(mean_kl=float("nan"), logit_mse=float(np.mean(err**2)))
     else:
         out_err = output_error(va.reshape(-1, va.shape[-1]), vb.reshape(-1, vb.shape[-1])) if va.size else \
@@ -823,7 +819,8 @@ def _histograms(
 
 
 def ensure_known_labels(eval_set: EvalSet, tokenizer_dir: str | None) -> None:
-    """Fail fast (before any inference) when the eval set's labels are not the model's."""
+    """Fail fast (before any inference) when the eval set's labels are not the model's (a score head's labels
+    are numbers, not classes: not checked)."""
     id2label = read_id2label(tokenizer_dir)
-    if id2label and eval_set.has_labels:
+    if id2label and eval_set.has_labels and not is_regression(_config(tokenizer_dir)):
         label_ids(eval_set, id2label, len(id2label))

@@ -44,6 +44,11 @@ class TaskKind(str, enum.Enum):
     CLASSIFICATION = "classification"
     EMBEDDING = "embedding"
     TOKEN_CLASSIFICATION = "token-classification"
+    REGRESSION = "regression"
+
+
+# a regression output counts as unchanged within this share of the reference's spread across the eval texts
+REGRESSION_TOLERANCE = 0.01
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,67 @@ class ClassificationTask:
             return None
         labels = self.labels or tuple(str(i) for i in range(out.values.shape[1]))
         return classification_metrics(y_true, out.values.argmax(axis=1), labels)
+
+
+@dataclass(frozen=True)
+class RegressionTask:
+    """A score head (``problem_type`` regression, or a single output): no argmax, no classes. Fidelity is the
+    share of texts whose every output moved by at most :data:`REGRESSION_TOLERANCE` of the reference's spread
+    over the eval texts, with the error and the rank correlation to the reference."""
+
+    output_name: str
+    labels: tuple[str, ...] = ()
+    kind: TaskKind = TaskKind.REGRESSION
+
+    def predict(self, runner: BaseRunner, tokenizer: TextTokenizer, texts: Sequence[str], *, batch_size: int,
+                progress: ProgressCallback | None = None, task: str = "inference") -> Predicted:
+        out = predict_outputs(runner, tokenizer, texts, batch_size=batch_size, output_name=self.output_name,
+                              progress=progress, task=task)
+        if out.values.ndim != 2 and len(texts):
+            raise ModelError(f"output {self.output_name!r} has shape {out.values.shape[1:]} per text, not [scores]",
+                             hint="pass --task embedding or token-classification for this model")
+        return out
+
+    def fidelity(self, reference: Predicted, candidate: Predicted) -> Fidelity:
+        _check_same(reference, candidate)
+        a = np.asarray(reference.values, dtype=np.float64)
+        b = np.asarray(candidate.values, dtype=np.float64)
+        if not len(a):
+            return Fidelity(0.0, 0.0, 0.0)
+        err = np.abs(a - b)
+        spread = a.std(axis=0)
+        tol = REGRESSION_TOLERANCE * np.where(spread > 0, spread, 1.0)
+        within = (err <= tol).all(axis=1)
+        cols = [_column_cosine(a[:, j], b[:, j]) for j in range(a.shape[1])]
+        extra = {"mean_abs_error": float(err.mean()), "max_abs_error": float(err.max()),
+                 "tolerance": float(tol.max()), "spearman": _spearman(a[:, 0], b[:, 0])}
+        return Fidelity(float(within.mean()), float(np.mean(cols)), float(np.min(cols)), extra)
+
+    def predictions(self, out: Predicted) -> np.ndarray | None:
+        return None
+
+    def metrics(self, out: Predicted, y_true: np.ndarray | None) -> ClassificationMetrics | None:
+        return None
+
+
+def _column_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine between two engines' scores over the eval texts, centred (Pearson correlation)."""
+    a, b = a - a.mean(), b - b.mean()
+    d = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return float(a @ b / d) if d > 0 else float(np.allclose(a, b))
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    ra = np.argsort(np.argsort(a, kind="stable"), kind="stable").astype(np.float64)
+    rb = np.argsort(np.argsort(b, kind="stable"), kind="stable").astype(np.float64)
+    return _column_cosine(ra, rb)
+
+
+def is_regression(config: Mapping[str, object] | None) -> bool:
+    """config.json says the head scores rather than classifies (problem_type, or a single label)."""
+    cfg = dict(config or {})
+    raw = cfg.get("id2label")
+    return cfg.get("problem_type") == "regression" or (isinstance(raw, Mapping) and len(raw) == 1)
 
 
 def retrieval_agreement(reference: np.ndarray, candidate: np.ndarray, k: int = RETRIEVAL_K) -> tuple[float, float, int]:
@@ -388,8 +454,9 @@ def choose_task(
     """The task for a model with these outputs (name -> rank, None when unknown) and config.json.
 
     ``kind`` forces a task (``--task``); otherwise: a rank-3 ``logits`` is token classification; a rank-2
-    ``logits`` (or a first output with as many columns as ``id2label`` names) is classification; a pooled
-    embedding output, or ``last_hidden_state`` mean-pooled, is an embedding model.
+    ``logits`` (or a first output with as many columns as ``id2label`` names) is classification, unless
+    config.json says regression (``problem_type``, or a single label): then a score head; a pooled embedding
+    output, or ``last_hidden_state`` mean-pooled, is an embedding model.
     """
     cfg = dict(config or {})
     raw = cfg.get("id2label") or {}
@@ -420,6 +487,8 @@ def choose_task(
         return TokenClassificationTask(logits or first, labels)
     if wanted is TaskKind.CLASSIFICATION:
         return ClassificationTask(logits or first, labels)
+    if wanted is TaskKind.REGRESSION or (wanted is None and is_regression(cfg) and outputs.get(logits or first) != 3):
+        return RegressionTask(logits or first, labels)
     if logits is not None:
         if outputs[logits] == 3 or "TokenClassification" in archs:
             return TokenClassificationTask(logits, labels)

@@ -129,7 +129,7 @@ def _layer_table(layers: Sequence[LayerResult]) -> Table:
 
 
 _TASK_NAMES = {"classification": "classification", "embedding": "embedding",
-               "token-classification": "token classification"}
+               "token-classification": "token classification", "regression": "regression (scores)"}
 
 
 def _fidelity_rows(t: TaskFidelity) -> list[tuple[str, str, str]]:
@@ -155,6 +155,16 @@ def _fidelity_rows(t: TaskFidelity) -> list[tuple[str, str, str]]:
             ("cosine to A, min", num(t.cosine_min, 5), "the least faithful text"),
         ]
         shown = {"entity_f1"}
+    elif t.kind == "regression":
+        rows = [
+            ("scores within tolerance", pct(t.agreement),
+             f"|B - A| at most {num(t.metric('tolerance'), 4)} (1 % of A's spread over the eval texts)"),
+            ("mean |B - A|", num(t.metric("mean_abs_error"), 5), "over texts"),
+            ("max |B - A|", num(t.metric("max_abs_error"), 5), "the least faithful text"),
+            ("correlation with A", num(t.cosine_mean, 5), "Pearson, over the eval texts"),
+            ("rank correlation with A", num(t.metric("spearman"), 5), "Spearman: does B order the texts as A does"),
+        ]
+        shown = {"tolerance", "mean_abs_error", "max_abs_error", "spearman"}
     else:
         rows = [
             ("same prediction", pct(t.agreement), "argmax of B equals A's"),
