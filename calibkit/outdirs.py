@@ -113,7 +113,8 @@ def check_not_input(path: str | os.PathLike[str], inputs: Sequence[str | os.Path
             continue
         raise UsageError(
             f"{option} {path} {relation} the input {raw}; calibkit never writes over its inputs",
-            hint=f"pass an {option} folder outside the inputs, e.g. runs/<name>",
+            hint=(f"pass {option} a new file name that is not one of the inputs" if inside_ok else
+                  f"pass an {option} folder outside the inputs, e.g. runs/<name>"),
         )
 
 

@@ -242,3 +242,20 @@ def test_a_rebuild_cut_off_between_engine_and_sidecar_is_caught(model_dir: Path,
     res = _run(["build", str(model_dir), "-p", "int8", "--calibration", str(cal), "-o", str(out)])
     assert res.exit_code == 130, res.output
     assert not out.exists() and not sidecar_path(out).exists()
+
+
+def test_a_full_disk_names_the_output_not_the_source(model_dir: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import shutil
+
+    def full(src: str, dst: str, *args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(src), None, str(dst))
+
+    monkeypatch.setattr(shutil, "copyfile", full)
+    out = tmp_path / "e" / "fp32.onnx"
+    res = _run(["build", str(model_dir), "-p", "fp32", "-o", str(out)])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and "No space left on device while writing" in text and str(tmp_path / "e") in text
+    assert "model/model.onnx" not in text.split("while writing")[1]
+    assert not out.exists() and list(out.parent.iterdir()) == []

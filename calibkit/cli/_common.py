@@ -54,6 +54,15 @@ def handle_errors() -> Iterator[None]:
         raise
     except OSError as exc:
         _traceback()
+        import errno
+
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            # a copy names its source first and its destination second: the destination is what filled up
+            dest = exc.filename2 or exc.filename
+            _error(f"{exc.strerror or exc}" + (f" while writing {dest}" if dest else " while writing the output"),
+                   "free space (or raise the file-size limit) where the output goes, or pass another --out / -o; "
+                   "nothing half-written was left in place")
+            raise typer.Exit(2) from None
         where = f"{exc.filename}: " if exc.filename else ""
         _error(f"{where}{exc.strerror or exc}",
                "check that the path exists, is the kind expected (file or folder) and that you may write it; "
