@@ -10,6 +10,7 @@ not after an hour of calibration.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime as _dt
 import glob
@@ -161,10 +162,54 @@ def guard_output_dir(path: str | os.PathLike[str], *, inputs: Sequence[str | os.
                          hint=f"pass a subfolder to {option}, e.g. {option} runs/<name>")
     check_replaceable(path, option=option, legacy_names=legacy_names, force=force)
     check_writable(path, option=option)
+    claim_output(Path(path), option=option)
     p = Path(path)
     if force and p.is_dir() and not is_replaceable(p, legacy_names):
         return move_aside(p)
     return None
+
+
+_claims: dict[Path, int] = {}  # output -> descriptor of its held lock, for the life of this process
+
+
+def claim_output(path: Path, *, option: str = "--out") -> None:
+    """One writer per output: hold an exclusive lock named after the output's absolute path (in the system's
+    temporary folder, so nothing is added beside the user's files) until this process ends (the kernel releases
+    it however the process ends), and refuse when another live run holds it; two runs into one --out used to
+    both report success while one silently replaced the other."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no claim
+        return
+    import hashlib
+
+    target = _resolved(path)
+    if target in _claims:
+        return
+    locks = Path(tempfile.gettempdir()) / f"calibkit-locks-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    try:
+        locks.mkdir(parents=True, exist_ok=True)
+        lock = locks / f"{hashlib.sha256(str(target).encode()).hexdigest()[:32]}.lock"
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+    except OSError:  # no writable cache: the output is not claimed (the atomic write still protects it)
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 64).decode("ascii", "replace").strip() or "?"
+        os.close(fd)
+        raise UsageError(f"{option} {path} is being written by another calibkit run (pid {holder})",
+                         hint=f"wait for it to finish, or pass another {option}") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    _claims[target] = fd
+
+    def release() -> None:
+        with contextlib.suppress(OSError):
+            lock.unlink()
+            os.close(fd)
+
+    atexit.register(release)
 
 
 def guard_output_file(path: str | os.PathLike[str], *, inputs: Sequence[str | os.PathLike[str] | None] = (),

@@ -247,3 +247,31 @@ def test_stale_cleanup_handles_names_with_glob_characters(tmp_path: Path) -> Non
     (stale / MARKER).write_text((stale / MARKER).read_text().replace(f'"pid": {os.getpid()}',
                                                                      f'"pid": {int(dead.stdout)}'))
     assert clean_stale_tmp(tmp_path / "[x]out") == [stale]
+
+
+def test_two_runs_into_one_out_folder(tmp_path: Path) -> None:
+    """The second run is refused while the first lives, and may go ahead once it has ended (however it ended)."""
+    import signal
+
+    from calibkit.errors import UsageError
+    from calibkit.outdirs import guard_output_dir
+
+    out = tmp_path / "runs" / "cal"
+    script = ("import sys, time; from pathlib import Path; from calibkit.outdirs import claim_output\n"
+              f"claim_output(Path({str(out)!r})); print('claimed', flush=True); time.sleep(60)\n")
+    first = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout is not None and first.stdout.readline().strip() == "claimed"
+        with pytest.raises(UsageError, match=rf"being written by another calibkit run \(pid {first.pid}\)"):
+            guard_output_dir(out)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        guard_output_dir(out)  # the kernel released the dead run's lock
+        guard_output_dir(out)  # and this process may claim its own output again
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        if first.stdout is not None:
+            first.stdout.close()
+    assert not (tmp_path / "runs").exists() or [p.name for p in (tmp_path / "runs").iterdir()] == []
