@@ -64,6 +64,7 @@ class SensitivityResult:
     mean_kl: float
     seconds: float
     error: str | None = None  # set when the variant could not be built or run
+    error_hint: str | None = None  # what to do about ``error``, when the failure said
     flip_rate: float = float("nan")  # share of examples whose prediction differs from the reference's
     predictions: tuple[int, ...] = ()  # argmax per example, in the order of the job's texts
 
@@ -116,7 +117,7 @@ def run_sensitivity_job(job: SensitivityJob) -> SensitivityResult:
             logits = predict_logits(runner, tok, job.texts, batch_size=job.batch_size, output_name=job.output_name)
     except CalibkitError as exc:
         return SensitivityResult(job.mode, job.node, float("nan"), float("nan"), float("nan"),
-                                 time.perf_counter() - start, error=str(exc))
+                                 time.perf_counter() - start, error=exc.message, error_hint=exc.hint)
     ref = np.asarray(job.reference_logits, dtype=np.float64)
     pred = logits.argmax(axis=1)
     acc = float(np.mean(pred == np.asarray(job.labels)))
@@ -239,7 +240,8 @@ def analyse_sensitivity(
     ref_acc = float(np.mean(ref_correct))
     all_int8 = results[0]
     if all_int8.error:
-        raise CalibrationError(f"sensitivity: the all-INT8 variant could not be built: {all_int8.error}")
+        raise CalibrationError(f"sensitivity: the all-INT8 variant could not be built: {all_int8.error}",
+                               hint=all_int8.error_hint or "run with --no-sensitivity to compare without it")
     per_node = []
     for k, node in enumerate(nodes):
         only, abt = results[1 + 2 * k], results[2 + 2 * k]

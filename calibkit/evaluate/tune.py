@@ -254,7 +254,8 @@ class _Evaluator:
             run_jobs([jobs[i] for i in todo], executor=self.executor, task=task, on_result=record)
         failed = [r for r in out if r is not None and r.error]
         if failed:
-            raise CalibrationError(f"{len(failed)} evaluations failed, e.g.: {failed[0].error}")
+            raise CalibrationError(f"{len(failed)} evaluations failed, e.g.: {failed[0].error}",
+                                   hint=failed[0].error_hint or "run with --verbose for each evaluation's log")
         return [r for r in out if r is not None]
 
 
