@@ -235,3 +235,23 @@ def test_a_regression_head_gets_score_fidelity_not_argmax(tmp_path: Path, monkey
     assert "regression (scores)" in md and "rank correlation with A" in md
     r = _run("tune", folder, "-c", cset.path, "-e", ev, "--out", tmp_path / "tune")
     assert r.exit_code == 2 and "regression" in r.output and "Traceback" not in r.output
+
+
+def test_a_multi_label_head_through_compare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+    folder = _folder(tmp_path, tiny_model())
+    (folder / "config.json").write_text(json.dumps({"max_position_embeddings": 16,
+                                                    "problem_type": "multi_label_classification",
+                                                    "id2label": {"0": "negative", "1": "positive"}}))
+    cset = write_calibration_set(tmp_path / "set", texts(30, seed=5), None, {})
+    ev = tmp_path / "sets.jsonl"
+    ev.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(40, seed=8)))  # fidelity needs no labels
+    assert _run("calibrate", folder, "-c", cset.path, "--out", tmp_path / "cal").exit_code == 0
+    for p, extra in (("fp32", []), ("int8", ["--calibration", tmp_path / "cal", "--target", "tensorrt"])):
+        assert _run("build", folder, "-p", p, *extra, "-o", tmp_path / "e" / f"{p}.onnx").exit_code == 0
+    r = _run("compare", tmp_path / "e" / "fp32.onnx", tmp_path / "e" / "int8.onnx", "-e", ev, "--json",
+             tmp_path / "c.json", "--no-report")
+    assert r.exit_code == 0, r.output
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert doc["task"]["kind"] == "multi-label" and "label_decision_agreement" in doc["task"]["fidelity"]
+    assert doc["disagreements"] == [] and "same label set" in " ".join(r.output.split())

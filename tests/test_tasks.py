@@ -238,3 +238,18 @@ def test_score_heads_are_regression_not_argmax() -> None:
     noisy = task.fidelity(Predicted(a), Predicted(a + rng.normal(size=a.shape) * 0.02))  # 2 % of the spread
     assert 0.2 < noisy.agreement < 0.6  # |N(0, 0.02)| <= 0.01: about 38 %
     assert noisy.extra["spearman"] > 0.99 and task.predictions(Predicted(a)) is None
+
+
+def test_multi_label_heads_compare_label_sets_not_argmax() -> None:
+    from calibkit.evaluate.predict import Predicted
+    from calibkit.evaluate.tasks import MultiLabelTask, TaskKind, choose_task
+
+    cfg = {"problem_type": "multi_label_classification", "id2label": {str(i): f"l{i}" for i in range(4)}}
+    assert choose_task({"logits": 2}, cfg).kind is TaskKind.MULTI_LABEL
+    a = np.array([[2.0, -1.0, 0.5, -3.0], [1.0, 1.2, -1.0, -1.0], [-2.0, -1.0, -0.5, -0.1]])
+    b = a.copy()
+    b[0, 2] = -0.1  # a label switched off: the argmax is unchanged
+    b[2, 3] = 0.3  # a label switched on
+    fid = MultiLabelTask("logits").fidelity(Predicted(a), Predicted(b))
+    assert fid.agreement == pytest.approx(1 / 3)  # argmax agreement would say 2 of 3
+    assert fid.extra["label_decision_agreement"] == pytest.approx(10 / 12)

@@ -109,9 +109,11 @@ def compare(
     max_disagreements: int = typer.Option(50, "--max-disagreements", min=0, help="Disagreeing examples to list."),
     force: bool = typer.Option(False, "--force", help=FORCE_HELP + " Applies to --report."),
     task: str | None = typer.Option(
-        None, "--task", help="classification | embedding | token-classification | regression [default: from the "
+        None, "--task", help="classification | embedding | token-classification | regression | multi-label "
+        "[default: from the "
         "model's outputs and config.json: logits [batch, classes], last_hidden_state (mean-pooled) or a pooled "
-        "embedding, logits [batch, seq, labels], a single score or problem_type regression]."
+        "embedding, logits [batch, seq, labels], a single score or problem_type regression, problem_type "
+        "multi_label_classification]."
     ),
 ) -> None:
     with handle_errors():
@@ -236,6 +238,8 @@ def _print_summary(result, json_path: Path | None, report_dir: Path | None) -> N
         extra = "  ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in fid.extra.items() if k != "k")
         what = {"embedding": f"nearest-neighbour agreement (top-1 among the eval texts) {fid.agreement * 100:.2f} %",
                 "token-classification": f"per-token agreement {fid.agreement * 100:.2f} %",
+                "multi-label": f"same label set {fid.agreement * 100:.2f} %, same decision per label "
+                               f"{fid.extra.get('label_decision_agreement', float('nan')) * 100:.2f} %",
                 "regression": f"scores within {fid.extra.get('tolerance', float('nan')):.3g} of A's on "
                               f"{fid.agreement * 100:.2f} % of texts"}.get(result.task, "")
         out.print(f"task {result.task} ({result.task_output}): {what}  cosine to A mean {fid.cosine_mean:.5f} "

@@ -348,7 +348,8 @@ def select_task(artifact: EngineArtifact, tokenizer_dir: str | Path | None, kind
         return choose_task(outputs, cfg, kind)
     except ValueError:
         raise UsageError(f"unknown --task {kind!r}",
-                         hint="choose classification, embedding, token-classification or regression") from None
+                         hint="choose classification, embedding, token-classification, regression or "
+                              "multi-label") from None
 
 
 def _evaluate_task(runner: BaseRunner, tokenizer: TextTokenizer, texts: Sequence[str], task: Task, *,
@@ -822,5 +823,7 @@ def ensure_known_labels(eval_set: EvalSet, tokenizer_dir: str | None) -> None:
     """Fail fast (before any inference) when the eval set's labels are not the model's (a score head's labels
     are numbers, not classes: not checked)."""
     id2label = read_id2label(tokenizer_dir)
-    if id2label and eval_set.has_labels and not is_regression(_config(tokenizer_dir)):
+    cfg = _config(tokenizer_dir)
+    if (id2label and eval_set.has_labels and not is_regression(cfg)
+            and cfg.get("problem_type") != "multi_label_classification"):
         label_ids(eval_set, id2label, len(id2label))

@@ -45,6 +45,7 @@ class TaskKind(str, enum.Enum):
     EMBEDDING = "embedding"
     TOKEN_CLASSIFICATION = "token-classification"
     REGRESSION = "regression"
+    MULTI_LABEL = "multi-label"
 
 
 # a regression output counts as unchanged within this share of the reference's spread across the eval texts
@@ -168,6 +169,38 @@ class RegressionTask:
         extra = {"mean_abs_error": float(err.mean()), "max_abs_error": float(err.max()),
                  "tolerance": float(tol.max()), "spearman": _spearman(a[:, 0], b[:, 0])}
         return Fidelity(float(within.mean()), float(np.mean(cols)), float(np.min(cols)), extra)
+
+    def predictions(self, out: Predicted) -> np.ndarray | None:
+        return None
+
+    def metrics(self, out: Predicted, y_true: np.ndarray | None) -> ClassificationMetrics | None:
+        return None
+
+
+@dataclass(frozen=True)
+class MultiLabelTask:
+    """Independent yes/no per label (``problem_type`` multi_label_classification): a label is on where its
+    logit is above 0 (sigmoid above 0.5). Fidelity: the share of texts whose whole label set is unchanged, and
+    the share of (text, label) decisions unchanged."""
+
+    output_name: str
+    labels: tuple[str, ...] = ()
+    kind: TaskKind = TaskKind.MULTI_LABEL
+
+    def predict(self, runner: BaseRunner, tokenizer: TextTokenizer, texts: Sequence[str], *, batch_size: int,
+                progress: ProgressCallback | None = None, task: str = "inference") -> Predicted:
+        return ClassificationTask(self.output_name, self.labels).predict(
+            runner, tokenizer, texts, batch_size=batch_size, progress=progress, task=task)
+
+    def fidelity(self, reference: Predicted, candidate: Predicted) -> Fidelity:
+        _check_same(reference, candidate)
+        if not len(reference.values):
+            return Fidelity(0.0, 0.0, 0.0)
+        a, b = reference.values > 0, candidate.values > 0
+        cos = _row_cosine(reference.values, candidate.values)
+        return Fidelity(float((a == b).all(axis=1).mean()), float(cos.mean()), float(cos.min()),
+                        {"label_decision_agreement": float((a == b).mean()),
+                         "labels_on_per_text": float(a.sum(axis=1).mean())})
 
     def predictions(self, out: Predicted) -> np.ndarray | None:
         return None
@@ -455,7 +488,8 @@ def choose_task(
 
     ``kind`` forces a task (``--task``); otherwise: a rank-3 ``logits`` is token classification; a rank-2
     ``logits`` (or a first output with as many columns as ``id2label`` names) is classification, unless
-    config.json says regression (``problem_type``, or a single label): then a score head; a pooled embedding
+    config.json says regression (``problem_type``, or a single label): then a score head, or
+    ``multi_label_classification``: independent labels; a pooled embedding
     output, or ``last_hidden_state`` mean-pooled, is an embedding model.
     """
     cfg = dict(config or {})
@@ -489,6 +523,9 @@ def choose_task(
         return ClassificationTask(logits or first, labels)
     if wanted is TaskKind.REGRESSION or (wanted is None and is_regression(cfg) and outputs.get(logits or first) != 3):
         return RegressionTask(logits or first, labels)
+    if wanted is TaskKind.MULTI_LABEL or (wanted is None and cfg.get("problem_type") == "multi_label_classification"
+                                          and outputs.get(logits or first) != 3):
+        return MultiLabelTask(logits or first, labels)
     if logits is not None:
         if outputs[logits] == 3 or "TokenClassification" in archs:
             return TokenClassificationTask(logits, labels)

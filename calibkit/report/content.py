@@ -129,7 +129,8 @@ def _layer_table(layers: Sequence[LayerResult]) -> Table:
 
 
 _TASK_NAMES = {"classification": "classification", "embedding": "embedding",
-               "token-classification": "token classification", "regression": "regression (scores)"}
+               "token-classification": "token classification", "regression": "regression (scores)",
+               "multi-label": "multi-label classification"}
 
 
 def _fidelity_rows(t: TaskFidelity) -> list[tuple[str, str, str]]:
@@ -155,6 +156,14 @@ def _fidelity_rows(t: TaskFidelity) -> list[tuple[str, str, str]]:
             ("cosine to A, min", num(t.cosine_min, 5), "the least faithful text"),
         ]
         shown = {"entity_f1"}
+    elif t.kind == "multi-label":
+        rows = [
+            ("same label set", pct(t.agreement), "every label's yes/no (logit above 0) of B equals A's"),
+            ("same decision per label", pct(t.metric("label_decision_agreement")), "over every (text, label)"),
+            ("logit cosine, mean", num(t.cosine_mean, 5), "per text, between B's and A's logits"),
+            ("logit cosine, min", num(t.cosine_min, 5), "the least faithful text"),
+        ]
+        shown = {"label_decision_agreement"}
     elif t.kind == "regression":
         rows = [
             ("scores within tolerance", pct(t.agreement),
