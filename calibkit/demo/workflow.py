@@ -277,6 +277,7 @@ def run_workflow(
             "holdout_evidence": tres.doc["final"].get("holdout_evidence"),
             "holdout_verdict": tres.doc["final"].get("holdout_verdict"),
             "holdout_examples": tres.doc["eval_set"]["holdout"],
+            "evaluations_reused": tres.doc.get("evaluations_reused", 0),
             "out": str(tres.out_dir),
             "model": str(model_of[best].onnx_path.parent),
         },
