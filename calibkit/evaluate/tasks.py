@@ -103,6 +103,17 @@ def _check_same(reference: Predicted, candidate: Predicted) -> None:
                          f"{candidate.values.shape}", hint="compare engines built from the same model")
 
 
+def _per_text(output: str, what: str, runner: BaseRunner, tokenizer: TextTokenizer, texts: Sequence[str],
+              batch_size: int, progress: ProgressCallback | None, task: str) -> Predicted:
+    """One row of ``what`` per text from ``output`` (refused when the output has a sequence axis)."""
+    out = predict_outputs(runner, tokenizer, texts, batch_size=batch_size, output_name=output, progress=progress,
+                          task=task)
+    if out.values.ndim != 2 and len(texts):
+        raise ModelError(f"output {output!r} has shape {out.values.shape[1:]} per text, not [{what}]",
+                         hint="pass --task embedding or token-classification for this model")
+    return out
+
+
 @dataclass(frozen=True)
 class ClassificationTask:
     output_name: str
@@ -111,12 +122,7 @@ class ClassificationTask:
 
     def predict(self, runner: BaseRunner, tokenizer: TextTokenizer, texts: Sequence[str], *, batch_size: int,
                 progress: ProgressCallback | None = None, task: str = "inference") -> Predicted:
-        out = predict_outputs(runner, tokenizer, texts, batch_size=batch_size, output_name=self.output_name,
-                              progress=progress, task=task)
-        if out.values.ndim != 2 and len(texts):
-            raise ModelError(f"output {self.output_name!r} has shape {out.values.shape[1:]} per text, not [classes]",
-                             hint="pass --task embedding or token-classification for this model")
-        return out
+        return _per_text(self.output_name, "classes", runner, tokenizer, texts, batch_size, progress, task)
 
     def fidelity(self, reference: Predicted, candidate: Predicted) -> Fidelity:
         _check_same(reference, candidate)
@@ -148,12 +154,7 @@ class RegressionTask:
 
     def predict(self, runner: BaseRunner, tokenizer: TextTokenizer, texts: Sequence[str], *, batch_size: int,
                 progress: ProgressCallback | None = None, task: str = "inference") -> Predicted:
-        out = predict_outputs(runner, tokenizer, texts, batch_size=batch_size, output_name=self.output_name,
-                              progress=progress, task=task)
-        if out.values.ndim != 2 and len(texts):
-            raise ModelError(f"output {self.output_name!r} has shape {out.values.shape[1:]} per text, not [scores]",
-                             hint="pass --task embedding or token-classification for this model")
-        return out
+        return _per_text(self.output_name, "scores", runner, tokenizer, texts, batch_size, progress, task)
 
     def fidelity(self, reference: Predicted, candidate: Predicted) -> Fidelity:
         _check_same(reference, candidate)
@@ -189,8 +190,7 @@ class MultiLabelTask:
 
     def predict(self, runner: BaseRunner, tokenizer: TextTokenizer, texts: Sequence[str], *, batch_size: int,
                 progress: ProgressCallback | None = None, task: str = "inference") -> Predicted:
-        return ClassificationTask(self.output_name, self.labels).predict(
-            runner, tokenizer, texts, batch_size=batch_size, progress=progress, task=task)
+        return _per_text(self.output_name, "labels", runner, tokenizer, texts, batch_size, progress, task)
 
     def fidelity(self, reference: Predicted, candidate: Predicted) -> Fidelity:
         _check_same(reference, candidate)
