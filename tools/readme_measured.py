@@ -82,11 +82,13 @@ def render_block(s: dict[str, Any]) -> str:
                      f"plan {_pct(r['accuracy_holdout'])} vs FP32 {_pct(r['fp32_accuracy_holdout'])} "
                      f"(all-INT8 {_pct(r['all_int8_accuracy_holdout'])}), {100 * r['int8_flops_fraction']:.1f} % "
                      f"of FLOPs in INT8, {len(r['kept_nodes'])} layers kept", "`calibkit demo run`"))
-    reused = [m for m, r in s.get("statistics_reused", {}).items() if r]
-    warm = (" (a warm re-run: statistics of " + ("every method" if len(reused) == len(s["statistics_reused"]) else
-                                                f"{len(reused)} methods") + " from the cache"
-            + (f", {t['evaluations_reused']} tune evaluations from its ledger" if t.get("evaluations_reused") else "")
-            + ")") if reused else ""
+    # within one run the first method of each model collects the statistics and the others reuse them; a run
+    # whose every method reused them found them cached by an earlier run, as tune's reused evaluations are
+    stats = s.get("statistics_reused", {})
+    earlier = [w for w, on in (("statistics from the cache", bool(stats) and all(stats.values())),
+                               (f"{t.get('evaluations_reused')} tune evaluations from its ledger",
+                                bool(t.get("evaluations_reused")))) if on]
+    warm = f" (a warm re-run: {', '.join(earlier)})" if earlier else " (cold: no cache, no tune ledger)"
     rows.append(("`calibkit demo run`, whole workflow", f"{s['timings_s'].get('total', '—')} s{warm}",
                  "`calibkit demo run`"))
     lines = [
