@@ -233,6 +233,14 @@ def test_a_regression_head_gets_score_fidelity_not_argmax(tmp_path: Path, monkey
     assert fid["agreement"] == doc["agreement"]
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "regression (scores)" in md and "rank correlation with A" in md
+    y = [json.loads(x)["label"] for x in ev.read_text().splitlines()]
+    assert fid["A_mae_vs_labels"] > 0 and fid["B_rmse_vs_labels"] >= fid["B_mae_vs_labels"] > 0
+    assert fid["A_mae_vs_labels"] < max(y) - min(y)
+    assert "A: mean |score - label|" in md.replace("\\|", "|")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(ev.read_text() + json.dumps({"text": "good movie", "label": "high"}) + "\n")
+    r = _run("compare", tmp_path / "e" / "fp32.onnx", tmp_path / "e" / "int8.onnx", "-e", bad, "--no-report")
+    assert r.exit_code == 3 and "example 61's label 'high' is not a number" in " ".join(r.output.split())
     r = _run("tune", folder, "-c", cset.path, "-e", ev, "--out", tmp_path / "tune")
     assert r.exit_code == 2 and "regression" in r.output and "Traceback" not in r.output
 

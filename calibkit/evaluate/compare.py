@@ -23,7 +23,7 @@ from calibkit.data.evalset import EvalSet, label_ids
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.engines.artifact import EngineArtifact
 from calibkit.engines.base import BaseRunner
-from calibkit.errors import ModelError, UsageError
+from calibkit.errors import DataError, ModelError, UsageError
 from calibkit.evaluate.flags import Flag, LayerFlag, Thresholds, flag_layer, gate_on_overall
 from calibkit.evaluate.layers import LayerSpec, WeightError, find_layers, weight_errors
 from calibkit.evaluate.metrics import (
@@ -399,6 +399,11 @@ def _compare_fidelity(
     ea, eb = evals[0], evals[1]
     assert ea.outputs is not None and eb.outputs is not None  # set just above
     fid = task.fidelity(ea.outputs, eb.outputs)
+    scored_scores = task.kind is TaskKind.REGRESSION and eval_set.has_labels
+    if scored_scores:  # each engine's scores against the gold ones
+        from dataclasses import replace
+
+        fid = replace(fid, extra={**fid.extra, **_score_errors(eval_set, ea.logits, eb.logits)})
     gold = _gold_metrics(scored, tokenizer, eval_set, evals, word_gold) if scored else None
     va, vb = ea.logits, eb.logits
     if ea.outputs.mask is not None:  # token outputs: real tokens only
@@ -425,7 +430,7 @@ def _compare_fidelity(
             for i in np.flatnonzero(pa != pb)[: options.max_disagreements]
         )
         strata = [str(int(v)) for v in pa]  # layer subsets stratified by A's prediction
-    if gold is not None:
+    if gold is not None or scored_scores:
         warnings = []
     elif eval_set.has_word_labels:
         warnings = [f"the eval set's word tags are used for token-classification models, not {task.kind.value}: "
@@ -465,6 +470,33 @@ def _compare_fidelity(
         task=task.kind.value, task_output=task.output_name, fidelity=fid, gold=gold,
         flips_by_confidence=flips_by_confidence(va, vb) if task.kind is TaskKind.CLASSIFICATION and va.size else (),
     )
+
+
+def _score_errors(eval_set: EvalSet, a: np.ndarray, b: np.ndarray) -> dict[str, float]:
+    """Mean absolute and root-mean-square error of A's and B's first score against numeric gold labels."""
+    y = numeric_labels(eval_set)
+    out = {}
+    for name, x in (("A", a), ("B", b)):
+        err = np.asarray(x, dtype=np.float64).reshape(len(y), -1)[:, 0] - y
+        out[f"{name}_mae_vs_labels"] = float(np.abs(err).mean())
+        out[f"{name}_rmse_vs_labels"] = float(np.sqrt((err ** 2).mean()))
+    return out
+
+
+def numeric_labels(eval_set: EvalSet) -> np.ndarray:
+    """The labels as target scores; a label that is not a finite number is refused, naming the example."""
+    y = np.empty(len(eval_set), dtype=np.float64)
+    for i, lab in enumerate(eval_set.labels):
+        try:
+            y[i] = float(lab)
+        except ValueError:
+            raise DataError(f"eval set {eval_set.path.name}: example {i + 1}'s label {lab!r} is not a number",
+                            hint="a regression model's labels are its target scores") from None
+    bad = np.flatnonzero(~np.isfinite(y))
+    if len(bad):
+        raise DataError(f"eval set {eval_set.path.name}: example {bad[0] + 1}'s label is not a finite number",
+                        hint="a regression model's labels are its target scores")
+    return y
 
 
 def _gold_metrics(task: TokenClassificationTask, tokenizer: TextTokenizer, eval_set: EvalSet,
@@ -824,6 +856,8 @@ def ensure_known_labels(eval_set: EvalSet, tokenizer_dir: str | None) -> None:
     are numbers, not classes: not checked)."""
     id2label = read_id2label(tokenizer_dir)
     cfg = _config(tokenizer_dir)
-    if (id2label and eval_set.has_labels and not is_regression(cfg)
+    if eval_set.has_labels and is_regression(cfg):
+        numeric_labels(eval_set)
+    elif (id2label and eval_set.has_labels and not is_regression(cfg)
             and cfg.get("problem_type") != "multi_label_classification"):
         label_ids(eval_set, id2label, len(id2label))

@@ -173,7 +173,13 @@ def _fidelity_rows(t: TaskFidelity) -> list[tuple[str, str, str]]:
             ("correlation with A", num(t.cosine_mean, 5), "Pearson, over the eval texts"),
             ("rank correlation with A", num(t.metric("spearman"), 5), "Spearman: does B order the texts as A does"),
         ]
-        shown = {"tolerance", "mean_abs_error", "max_abs_error", "spearman"}
+        for who in ("A", "B"):
+            if t.metric(f"{who}_mae_vs_labels") is not None:
+                rows += [(f"{who}: mean |score - label|", num(t.metric(f"{who}_mae_vs_labels"), 5),
+                          "against the eval set's target scores"),
+                         (f"{who}: RMSE against the labels", num(t.metric(f"{who}_rmse_vs_labels"), 5), DASH)]
+        shown = {"tolerance", "mean_abs_error", "max_abs_error", "spearman", "A_mae_vs_labels", "A_rmse_vs_labels",
+                 "B_mae_vs_labels", "B_rmse_vs_labels"}
     else:
         rows = [
             ("same prediction", pct(t.agreement), "argmax of B equals A's"),
