@@ -186,3 +186,18 @@ def test_subsets_keep_words_and_tags_together(tmp_path: Path) -> None:
         for text, wl in zip(sub.texts, sub.word_labels):
             i = int(text.split()[0][1:])
             assert wl.tags[0] == ("B-PER" if i % 2 else "O")
+
+
+def test_label_sets_for_multi_label_models(tmp_path: Path) -> None:
+    """With label_sets a list is the example's labels (names, ids or a 0/1 vector), not one tag per word."""
+    from calibkit.data.evalset import SET_SEPARATOR
+
+    p = tmp_path / "multi.jsonl"
+    rows = [{"text": "a b c", "labels": ["toxic", "insult"]}, {"text": "d", "labels": [1, 0, 1]},
+            {"text": "e f", "labels": []}, {"text": "g", "labels": "toxic"}]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ev = load_eval_set(p, label_sets=True)
+    assert [x.split(SET_SEPARATOR) if x else [] for x in ev.labels] == [["insult", "toxic"], ["0", "2"], [], ["toxic"]]
+    assert not ev.has_word_labels
+    with pytest.raises(DataError, match="tags and words are misaligned"):
+        load_eval_set(p)  # without it, lists are word tags, as before

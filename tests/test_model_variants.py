@@ -253,7 +253,9 @@ def test_a_multi_label_head_through_compare(tmp_path: Path, monkeypatch: pytest.
                                                     "id2label": {"0": "negative", "1": "positive"}}))
     cset = write_calibration_set(tmp_path / "set", texts(30, seed=5), None, {})
     ev = tmp_path / "sets.jsonl"
-    ev.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(40, seed=8)))  # fidelity needs no labels
+    sets = [["positive"], ["negative", "positive"], [], [0]]
+    ev.write_text("".join(json.dumps({"text": t, "labels": sets[i % 4]}) + "\n"
+                          for i, t in enumerate(texts(40, seed=8))))
     assert _run("calibrate", folder, "-c", cset.path, "--out", tmp_path / "cal").exit_code == 0
     for p, extra in (("fp32", []), ("int8", ["--calibration", tmp_path / "cal", "--target", "tensorrt"])):
         assert _run("build", folder, "-p", p, *extra, "-o", tmp_path / "e" / f"{p}.onnx").exit_code == 0
@@ -261,5 +263,22 @@ def test_a_multi_label_head_through_compare(tmp_path: Path, monkeypatch: pytest.
              tmp_path / "c.json", "--no-report")
     assert r.exit_code == 0, r.output
     doc = json.loads((tmp_path / "c.json").read_text())
-    assert doc["task"]["kind"] == "multi-label" and "label_decision_agreement" in doc["task"]["fidelity"]
+    fid = doc["task"]["fidelity"]
+    assert doc["task"]["kind"] == "multi-label" and "label_decision_agreement" in fid
     assert doc["disagreements"] == [] and "same label set" in " ".join(r.output.split())
+    # the lists are label sets scored against each engine's decisions, not word tags
+    import numpy as np
+
+    from calibkit.data.tokenizer import TextTokenizer
+    from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+    from calibkit.evaluate.predict import predict_logits
+
+    with OnnxRuntimeRunner(tmp_path / "e" / "fp32.onnx") as runner:
+        on = predict_logits(runner, TextTokenizer(folder), texts(40, seed=8)) > 0
+    gold = np.array([[False, True], [True, True], [False, False], [True, False]] * 10)
+    assert fid["A_exact_set_accuracy"] == pytest.approx(float((on == gold).all(axis=1).mean()))
+    assert 0.0 <= fid["B_micro_f1"] <= 1.0 and 0.0 <= fid["A_macro_f1"] <= 1.0
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(ev.read_text() + json.dumps({"text": "good movie", "labels": ["neutral"]}) + "\n")
+    r = _run("compare", tmp_path / "e" / "fp32.onnx", tmp_path / "e" / "int8.onnx", "-e", bad, "--no-report")
+    assert r.exit_code == 3 and "example 41 has the label 'neutral'" in " ".join(r.output.split())

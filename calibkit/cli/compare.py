@@ -120,7 +120,13 @@ def compare(
         from calibkit._io import write_json
         from calibkit.data.evalset import load_eval_set
         from calibkit.engines.artifact import EngineArtifact
-        from calibkit.evaluate.compare import CompareOptions, check_same_model, compare_engines, ensure_known_labels
+        from calibkit.evaluate.compare import (
+            CompareOptions,
+            check_same_model,
+            compare_engines,
+            ensure_known_labels,
+            expects_label_sets,
+        )
         from calibkit.evaluate.flags import Thresholds
         from calibkit.evaluate.subsets import limit_eval_set
 
@@ -142,9 +148,11 @@ def compare(
         b = EngineArtifact.load(engine_b)
         ref = EngineArtifact.load(reference) if reference else None
         check_same_model([a, b] + ([ref] if ref else []))
-        full = load_eval_set(eval_set, text_column=text_column, label_column=label_column, split=split)
+        tok_dir = next((e.tokenizer for e in (a, b, ref) if e and e.tokenizer), None)
+        full = load_eval_set(eval_set, text_column=text_column, label_column=label_column, split=split,
+                             label_sets=expects_label_sets(tok_dir))
         # the whole file, not only the --limit subset: a bad label is the file's fault whichever rows are drawn
-        ensure_known_labels(full, next((e.tokenizer for e in (a, b, ref) if e and e.tokenizer), None))
+        ensure_known_labels(full, tok_dir)
         ev, rows = limit_eval_set(full, limit, seed)
         opts = CompareOptions(
             budget=token_budget(memory_budget, max_batch_tokens),

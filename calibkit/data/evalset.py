@@ -90,10 +90,13 @@ def load_eval_set(
     text_column: str | None = None,
     label_column: str | None = None,
     split: str | None = None,
+    label_sets: bool = False,
 ) -> EvalSet:
     """Read an eval set. Columns default to the first of ``text``/``sentence``/... and ``label``/``labels``/...
 
     ``split`` picks a split of a ``datasets`` DatasetDict folder (default: test, then validation).
+    ``label_sets`` (multi-label models): a list in the label column is the example's set of labels (names or ids,
+    or a multi-hot 0/1 vector), not one tag per word; each label is then the set joined by :data:`SET_SEPARATOR`.
     """
     p = Path(path)
     if not p.exists():
@@ -111,7 +114,22 @@ def load_eval_set(
             rows = _read_polars(p, suffix)
         else:
             raise DataError(f"eval set {p}: unknown format {suffix!r}", hint=f"pass {_FORMATS}")
-    return _to_eval_set(p, rows, text_column, label_column)
+    return _to_eval_set(p, rows, text_column, label_column, label_sets)
+
+
+SET_SEPARATOR = "\x1f"  # joins the labels of a multi-label example (no label name holds a unit separator)
+
+
+def _label_set(value: Any, p: Path, n: int) -> str:
+    if not isinstance(value, list):
+        value = [value]
+    if value and all(isinstance(v, int) and not isinstance(v, bool) and v in (0, 1) for v in value) and len(value) > 1:
+        value = [i for i, v in enumerate(value) if v == 1]  # multi-hot
+    names = [_tag_text(v) for v in value]
+    if any(v is None for v in names):
+        raise DataError(f"eval set {p.name}: example {n}: the label set {value!r} holds a value that is neither a "
+                        "label name nor an id", hint="a list of label names or ids, or a 0/1 vector per label")
+    return SET_SEPARATOR.join(sorted(set(str(v) for v in names)))
 
 
 def label_ids(eval_set: EvalSet, id2label: Mapping[int, str], num_classes: int) -> np.ndarray:
@@ -335,11 +353,12 @@ def _to_word_eval_set(p: Path, rows: list[dict[str, Any]], text_col: str | None,
     return EvalSet(path=p, texts=tuple(texts), labels=(), word_labels=tuple(words))
 
 
-def _to_eval_set(p: Path, rows: list[dict[str, Any]], text_col: str | None, label_col: str | None) -> EvalSet:
+def _to_eval_set(p: Path, rows: list[dict[str, Any]], text_col: str | None, label_col: str | None,
+                 label_sets: bool = False) -> EvalSet:
     if not rows:
         raise DataError(f"eval set {p} holds no examples")
     columns = list(rows[0])
-    tag_col = _list_column(rows[0], label_col, TAG_COLUMNS)
+    tag_col = None if label_sets else _list_column(rows[0], label_col, TAG_COLUMNS)
     if tag_col is not None:  # one tag per word (NER): a list-valued label column
         return _to_word_eval_set(p, rows, text_col, tag_col)
     tc = _pick(columns, text_col, TEXT_COLUMNS, "text", p)
@@ -362,6 +381,10 @@ def _to_eval_set(p: Path, rows: list[dict[str, Any]], text_col: str | None, labe
             texts.append(t)
             continue
         lab = r.get(lc)
+        if label_sets and isinstance(lab, list):
+            texts.append(t)
+            labels.append(_label_set(lab, p, n))
+            continue
         if lab is None or (isinstance(lab, str) and not lab.strip()):
             raise DataError(f"eval set {p.name}: example {n} has no label in column {lc!r}")
         if isinstance(lab, bool) or isinstance(lab, (list, dict)):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,7 @@ from calibkit.evaluate.tasks import (
     WordGold,
     align_word_labels,
     choose_task,
+    is_multi_label,
     is_regression,
     model_outputs,
 )
@@ -399,11 +400,13 @@ def _compare_fidelity(
     ea, eb = evals[0], evals[1]
     assert ea.outputs is not None and eb.outputs is not None  # set just above
     fid = task.fidelity(ea.outputs, eb.outputs)
-    scored_scores = task.kind is TaskKind.REGRESSION and eval_set.has_labels
-    if scored_scores:  # each engine's scores against the gold ones
+    scored_scores = task.kind in (TaskKind.REGRESSION, TaskKind.MULTI_LABEL) and eval_set.has_labels
+    if scored_scores:  # each engine against the gold scores or label sets
         from dataclasses import replace
 
-        fid = replace(fid, extra={**fid.extra, **_score_errors(eval_set, ea.logits, eb.logits)})
+        against = (_score_errors(eval_set, ea.logits, eb.logits) if task.kind is TaskKind.REGRESSION else
+                   _label_set_scores(eval_set, dict(enumerate(task.labels)), ea.logits, eb.logits))
+        fid = replace(fid, extra={**fid.extra, **against})
     gold = _gold_metrics(scored, tokenizer, eval_set, evals, word_gold) if scored else None
     va, vb = ea.logits, eb.logits
     if ea.outputs.mask is not None:  # token outputs: real tokens only
@@ -480,6 +483,44 @@ def _score_errors(eval_set: EvalSet, a: np.ndarray, b: np.ndarray) -> dict[str, 
         err = np.asarray(x, dtype=np.float64).reshape(len(y), -1)[:, 0] - y
         out[f"{name}_mae_vs_labels"] = float(np.abs(err).mean())
         out[f"{name}_rmse_vs_labels"] = float(np.sqrt((err ** 2).mean()))
+    return out
+
+
+def expects_label_sets(tokenizer_dir: str | Path | None) -> bool:
+    """Whether the engines' model is multi-label, so a list in the eval set's label column is a set of labels."""
+    return is_multi_label(_config(tokenizer_dir))
+
+
+def multi_hot(eval_set: EvalSet, id2label: Mapping[int, str]) -> np.ndarray:
+    """[examples, labels] bool from label sets (names or ids, joined by SET_SEPARATOR); unknown names refused."""
+    from calibkit.data.evalset import SET_SEPARATOR
+
+    by_name = {v: k for k, v in id2label.items()} | {str(k): k for k in id2label}
+    y = np.zeros((len(eval_set), len(id2label)), dtype=bool)
+    for i, lab in enumerate(eval_set.labels):
+        for name in filter(None, lab.split(SET_SEPARATOR)):
+            if name not in by_name:
+                raise DataError(f"eval set {eval_set.path.name}: example {i + 1} has the label {name!r}, which the "
+                                "model does not know",
+                                hint="the model's labels (config.json id2label) are: "
+                                     + ", ".join(f"{k}={v}" for k, v in sorted(id2label.items())))
+            y[i, by_name[name]] = True
+    return y
+
+
+def _label_set_scores(eval_set: EvalSet, id2label: Mapping[int, str], a: np.ndarray, b: np.ndarray
+                      ) -> dict[str, float]:
+    """Each engine's decisions (logit > 0) against the gold label sets: exact-set accuracy, micro and macro F1."""
+    y = multi_hot(eval_set, id2label)
+    out = {}
+    for name, x in (("A", a), ("B", b)):
+        d = np.asarray(x) > 0
+        tp, fp, fn = (d & y).sum(0), (d & ~y).sum(0), (~d & y).sum(0)
+        per_label = np.where(2 * tp + fp + fn > 0, 2 * tp / np.maximum(2 * tp + fp + fn, 1), 1.0)
+        out[f"{name}_exact_set_accuracy"] = float((d == y).all(axis=1).mean())
+        total = 2 * tp.sum() + fp.sum() + fn.sum()
+        out[f"{name}_micro_f1"] = float(2 * tp.sum() / total) if total else 1.0
+        out[f"{name}_macro_f1"] = float(per_label.mean())
     return out
 
 
@@ -858,6 +899,7 @@ def ensure_known_labels(eval_set: EvalSet, tokenizer_dir: str | None) -> None:
     cfg = _config(tokenizer_dir)
     if eval_set.has_labels and is_regression(cfg):
         numeric_labels(eval_set)
-    elif (id2label and eval_set.has_labels and not is_regression(cfg)
-            and cfg.get("problem_type") != "multi_label_classification"):
+    elif eval_set.has_labels and is_multi_label(cfg):
+        multi_hot(eval_set, id2label)
+    elif (id2label and eval_set.has_labels and not is_regression(cfg)):
         label_ids(eval_set, id2label, len(id2label))

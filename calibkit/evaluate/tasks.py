@@ -222,6 +222,10 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float:
     return _column_cosine(ra, rb)
 
 
+def is_multi_label(config: Mapping[str, object] | None) -> bool:
+    return dict(config or {}).get("problem_type") == "multi_label_classification"
+
+
 def is_regression(config: Mapping[str, object] | None) -> bool:
     """config.json says the head scores rather than classifies (problem_type, or a single label)."""
     cfg = dict(config or {})
@@ -523,8 +527,7 @@ def choose_task(
         return ClassificationTask(logits or first, labels)
     if wanted is TaskKind.REGRESSION or (wanted is None and is_regression(cfg) and outputs.get(logits or first) != 3):
         return RegressionTask(logits or first, labels)
-    if wanted is TaskKind.MULTI_LABEL or (wanted is None and cfg.get("problem_type") == "multi_label_classification"
-                                          and outputs.get(logits or first) != 3):
+    if wanted is TaskKind.MULTI_LABEL or (wanted is None and is_multi_label(cfg) and outputs.get(logits or first) != 3):
         return MultiLabelTask(logits or first, labels)
     if logits is not None:
         if outputs[logits] == 3 or "TokenClassification" in archs:

@@ -163,7 +163,14 @@ def _fidelity_rows(t: TaskFidelity) -> list[tuple[str, str, str]]:
             ("logit cosine, mean", num(t.cosine_mean, 5), "per text, between B's and A's logits"),
             ("logit cosine, min", num(t.cosine_min, 5), "the least faithful text"),
         ]
-        shown = {"label_decision_agreement"}
+        for who in ("A", "B"):
+            if t.metric(f"{who}_exact_set_accuracy") is not None:
+                rows += [(f"{who}: exact label set", pct(t.metric(f"{who}_exact_set_accuracy")),
+                          "against the eval set's label sets"),
+                         (f"{who}: micro / macro F1", f"{num(t.metric(f'{who}_micro_f1'), 4)} / "
+                          f"{num(t.metric(f'{who}_macro_f1'), 4)}", "over every (text, label) / per label, averaged")]
+        shown = {"label_decision_agreement"} | {f"{w}_{m}" for w in "AB"
+                                                for m in ("exact_set_accuracy", "micro_f1", "macro_f1")}
     elif t.kind == "regression":
         rows = [
             ("scores within tolerance", pct(t.agreement),
