@@ -201,3 +201,12 @@ def test_label_sets_for_multi_label_models(tmp_path: Path) -> None:
     assert not ev.has_word_labels
     with pytest.raises(DataError, match="tags and words are misaligned"):
         load_eval_set(p)  # without it, lists are word tags, as before
+
+
+def test_unknown_labels_without_id2label_say_ids_are_expected() -> None:
+    from calibkit.data.evalset import map_labels
+
+    with pytest.raises(DataError) as info:
+        map_labels(["class_0", "1"], {}, 3, "eval set x")
+    assert "no id2label" in (info.value.hint or "") and "0..2" in (info.value.hint or "")
+    assert list(map_labels(["2", "0"], {}, 3, "eval set x")) == [2, 0]

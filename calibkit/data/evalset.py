@@ -177,11 +177,13 @@ def map_labels(values: Sequence[str], id2label: Mapping[int, str], num_classes: 
         unknown[lab] = unknown.get(lab, 0) + 1
     if unknown:
         shown = ", ".join(f"{k!r} ({v}x)" for k, v in list(unknown.items())[:8])
-        known = ", ".join(f"{k}={v}" for k, v in sorted(id2label.items())) or f"ids 0..{num_classes - 1}"
-        raise DataError(
-            f"{where}: {sum(unknown.values())} {what} the model does not know: {shown}",
-            hint=f"the model's labels (config.json id2label) are: {known}; use those names or ids",
-        )
+        if id2label:
+            known = ", ".join(f"{k}={v}" for k, v in sorted(id2label.items()))
+            hint = f"the model's labels (config.json id2label) are: {known}; use those names or ids"
+        else:  # nothing names the classes: only their positions in the output are known
+            hint = (f"the model folder's config.json names no labels (no id2label), so labels must be class ids "
+                    f"0..{num_classes - 1}; or add id2label to config.json")
+        raise DataError(f"{where}: {sum(unknown.values())} {what} the model does not know: {shown}", hint=hint)
     return out
 
 
