@@ -230,7 +230,8 @@ def test_a_regression_head_gets_score_fidelity_not_argmax(tmp_path: Path, monkey
     fid = doc["task"]["fidelity"]
     assert doc["task"]["kind"] == "regression" and doc["disagreements"] == [] and doc["flips_by_confidence"] == []
     assert 0.0 <= fid["agreement"] <= 1.0 and fid["max_abs_error"] > 0 and -1.0 <= fid["spearman"] <= 1.0
-    assert fid["agreement"] == doc["agreement"]
+    assert fid["agreement"] == doc["agreement"] and doc["task"]["labelled"] is True
+    assert "flips" not in r.output and "mean KL" not in r.output
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "regression (scores)" in md and "rank correlation with A" in md
     y = [json.loads(x)["label"] for x in ev.read_text().splitlines()]

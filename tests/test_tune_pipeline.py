@@ -159,6 +159,13 @@ def test_tune_cli_errors_are_clear(tiny_setup, tmp_path):
                             str(tiny_setup["eval"]), "--out", str(tmp_path / "o"), "--no-report"])
     assert r.exit_code != 0 and "calibration set not found" in r.output
     assert not (tmp_path / "o").exists()
+    # an unknown label anywhere in the file is refused, whichever rows --limit draws
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(Path(tiny_setup["eval"]).read_text() + '{"text": "good movie", "label": "neutral"}\n')
+    r = runner.invoke(app, ["tune", str(tiny_setup["model"]), "-c", str(tiny_setup["cset"]), "-e", str(bad),
+                            "--limit", "20", "--out", str(tmp_path / "o"), "--no-report"])
+    assert r.exit_code == 3 and "labels the model does not know" in " ".join(r.output.split()), r.output
+    assert not (tmp_path / "o").exists()
 
 
 def test_min_agreement_is_a_constraint_of_the_search(tiny_setup):

@@ -252,12 +252,15 @@ def _print_summary(result, json_path: Path | None, report_dir: Path | None) -> N
                               f"{fid.agreement * 100:.2f} % of texts"}.get(result.task, "")
         out.print(f"task {result.task} ({result.task_output}): {what}  cosine to A mean {fid.cosine_mean:.5f} "
                   f"min {fid.cosine_min:.5f}  {extra}")
-    out.print(
-        f"agreement {ag.agreement * 100:.2f} %{_ci(result.agreement_ci, 100, 2)}, flips "
-        f"{(1 - ag.agreement) * 100:.2f} %  logit cosine mean {ag.cosine_mean:.5f} min {ag.cosine_min:.5f}  "
-        f"max |err| {ag.max_abs_error:.4g}  mean KL {result.output_error.mean_kl:.3g}  "
-        f"({len(result.disagreements)} disagreements listed)"
-    )
+    if result.task in ("regression", "multi-label"):  # no argmax to flip: the task line above says it all
+        out.print(f"output error: max |err| {ag.max_abs_error:.4g}, mean |err| {ag.mean_abs_error:.4g}")
+    else:
+        out.print(
+            f"agreement {ag.agreement * 100:.2f} %{_ci(result.agreement_ci, 100, 2)}, flips "
+            f"{(1 - ag.agreement) * 100:.2f} %  logit cosine mean {ag.cosine_mean:.5f} min {ag.cosine_min:.5f}  "
+            f"max |err| {ag.max_abs_error:.4g}  mean KL {result.output_error.mean_kl:.3g}  "
+            f"({len(result.disagreements)} disagreements listed)"
+        )
     bands = result.flips_by_confidence
     if bands and sum(b.flips for b in bands):
         out.print("flips by A's top-2 probability gap: " + ", ".join(

@@ -98,6 +98,7 @@ def tune(
         from calibkit.data.evalset import load_eval_set
         from calibkit.data.modeldir import ModelDir
         from calibkit.errors import UsageError
+        from calibkit.evaluate.compare import ensure_known_labels
         from calibkit.evaluate.subsets import limit_eval_set
         from calibkit.evaluate.tune import TuneConfig, run_tune
         from calibkit.types import Method, MethodParams
@@ -117,7 +118,9 @@ def tune(
             from calibkit.report.render import REPORT_NAMES
 
             guard_out_dir(report_dir, inputs=inputs, option="--report", force=force, legacy_names=REPORT_NAMES)
-        ev, _rows = limit_eval_set(load_eval_set(eval_set), limit, seed)
+        full = load_eval_set(eval_set)
+        ensure_known_labels(full, str(md.onnx_path.parent))  # the whole file, not only the --limit subset
+        ev, _rows = limit_eval_set(full, limit, seed)
         cfg = TuneConfig(
             max_drop=max_drop, relative=relative, min_agreement=min_agreement,
             agreement_confidence=agreement_confidence, method=method, holdout_fraction=holdout,

@@ -112,7 +112,8 @@ class BaseRunner:
                     axis = {0: "batch", 1: "sequence"}.get(i, f"axis {i}")
                     raise ModelError(
                         f"runner {self.name!r}: the model's input {n!r} has a fixed {axis} size {want}, and calibkit "
-                        f"feeds batches of {got} (texts are batched at their own lengths)",
+                        + (f"feeds batches of {got} texts" if i == 0 else
+                           f"feeds {got} (each batch is as long as its longest text)"),
                         hint="re-export with dynamic axes, e.g. torch.onnx.export(..., dynamic_axes={'input_ids': "
                              "{0: 'batch', 1: 'sequence'}, ...}); for TensorRT, `calibkit build --min-seq/--opt-seq/"
                              "--max-seq` sets the shapes the engine is built for",

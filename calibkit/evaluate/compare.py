@@ -157,6 +157,7 @@ class Comparison:
     fidelity: Fidelity | None = None  # B against A in the task's terms
     gold: dict[str, Any] | None = None  # token classification: each engine against the eval set's gold word tags
     flips_by_confidence: tuple[ConfidenceBucket, ...] = ()  # classification: flips per band of A's top-2 gap
+    labels_scored: bool = False  # regression / multi-label: the engines were scored against the labels (fidelity)
 
     @property
     def keep_in_higher_precision(self) -> tuple[str, ...]:
@@ -215,7 +216,8 @@ class Comparison:
                 for h in self.histograms
             },
             "task": {"kind": self.task, "output": self.task_output,
-                     "labelled": bool(self.engines and self.engines[0].metrics is not None) or self.gold is not None,
+                     "labelled": bool(self.engines and self.engines[0].metrics is not None) or self.gold is not None
+                     or self.labels_scored,
                      "fidelity": self.fidelity.to_dict() if self.fidelity else None, "gold": self.gold},
         }
 
@@ -472,6 +474,7 @@ def _compare_fidelity(
         warnings=tuple(warnings), seed=options.seed, rows=rows, layer_subset=layer_subset,
         task=task.kind.value, task_output=task.output_name, fidelity=fid, gold=gold,
         flips_by_confidence=flips_by_confidence(va, vb) if task.kind is TaskKind.CLASSIFICATION and va.size else (),
+        labels_scored=scored_scores,
     )
 
 
