@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from calibkit.outdirs import check_replaceable, clean_stale_tmp, umask, write_marker
+from calibkit.outdirs import check_replaceable, clean_stale_tmp, hold_lock, umask, write_marker
 
 
 @contextlib.contextmanager
@@ -115,7 +115,6 @@ def atomic_dir(path: str | os.PathLike[str], *, what: str = "", legacy_names: It
 
 
 _ALIVE = ".calibkit-alive"
-_held_locks: list[int] = []  # descriptors held open for the life of the process
 
 
 def mark_alive(folder: str | os.PathLike[str]) -> None:
@@ -124,17 +123,7 @@ def mark_alive(folder: str | os.PathLike[str]) -> None:
     The kernel drops the lock when the process ends, however it ends, so :func:`owner_alive` can tell a live
     owner from a dead one even where a PID check cannot (processes in another PID namespace sharing one /tmp
     look dead to ``os.kill(pid, 0)``; a recycled PID looks alive)."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: callers fall back to their PID check
-        return
-    fd = os.open(Path(folder) / _ALIVE, os.O_CREAT | os.O_RDWR, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return
-    _held_locks.append(fd)
+    hold_lock(Path(folder) / _ALIVE, 0o600)  # not POSIX, or already held: callers fall back to their PID check
 
 
 def owner_alive(folder: str | os.PathLike[str]) -> bool | None:

@@ -10,7 +10,6 @@ not after an hour of calibration.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import datetime as _dt
 import glob
@@ -169,47 +168,54 @@ def guard_output_dir(path: str | os.PathLike[str], *, inputs: Sequence[str | os.
     return None
 
 
-_claims: dict[Path, int] = {}  # output -> descriptor of its held lock, for the life of this process
+_held_locks: list[int] = []  # descriptors held open for the life of the process
+
+
+def hold_lock(path: Path, mode: int = 0o644) -> int | None:
+    """Take an exclusive lock on ``path`` (created if missing) and hold it for the life of this process; the
+    descriptor, or None when another process holds it (or the platform has no ``flock``)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, mode)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    _held_locks.append(fd)
+    return fd
+
+
+_claims: set[Path] = set()  # outputs this process holds the lock of
 
 
 def claim_output(path: Path, *, option: str = "--out") -> None:
     """One writer per output: hold an exclusive lock named after the output's absolute path (in the system's
     temporary folder, so nothing is added beside the user's files) until this process ends (the kernel releases
     it however the process ends), and refuse when another live run holds it; two runs into one --out used to
-    both report success while one silently replaced the other."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no claim
-        return
+    both report success while one silently replaced the other. The lock files stay (a few bytes each):
+    removing one while another run opens it would let two runs hold "the" lock."""
     import hashlib
 
     target = _resolved(path)
-    if target in _claims:
+    if target in _claims or not hasattr(os, "getuid"):  # already ours, or not POSIX: no claim
         return
-    locks = Path(tempfile.gettempdir()) / f"calibkit-locks-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    locks = Path(tempfile.gettempdir()) / f"calibkit-locks-{os.getuid()}"
+    lock = locks / f"{hashlib.sha256(str(target).encode()).hexdigest()[:32]}.lock"
     try:
         locks.mkdir(parents=True, exist_ok=True)
-        lock = locks / f"{hashlib.sha256(str(target).encode()).hexdigest()[:32]}.lock"
-        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
-    except OSError:  # no writable cache: the output is not claimed (the atomic write still protects it)
+        fd = hold_lock(lock)
+    except OSError:  # no writable temporary folder: the output is not claimed (the atomic write still protects it)
         return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = os.read(fd, 64).decode("ascii", "replace").strip() or "?"
-        os.close(fd)
+    if fd is None:
+        holder = lock.read_text(encoding="ascii", errors="replace").strip() or "?"
         raise UsageError(f"{option} {path} is being written by another calibkit run (pid {holder})",
-                         hint=f"wait for it to finish, or pass another {option}") from None
+                         hint=f"wait for it to finish, or pass another {option}")
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
-    _claims[target] = fd
-
-    def release() -> None:
-        with contextlib.suppress(OSError):
-            lock.unlink()
-            os.close(fd)
-
-    atexit.register(release)
+    _claims.add(target)
 
 
 def guard_output_file(path: str | os.PathLike[str], *, inputs: Sequence[str | os.PathLike[str] | None] = (),
