@@ -10,6 +10,8 @@ references into local files (once per process) and runs the unchanged
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,14 +63,23 @@ def _tokenizer_files(path: Path) -> tuple[dict[str, bytes], str | None]:
 def _share_model(path: str, executor: Executor) -> Shared:
     """The model's file, or, when its weights live in external-data files beside it (which a worker's copy
     would not find), the model with its weights inlined."""
+    from calibkit.graph import load_model
+
+    st = os.stat(path)
+    if not _uses_external_data(str(Path(path).resolve()), st.st_size, st.st_mtime_ns):
+        return executor.share_file(path)
+    return executor.share(load_model(path, load_external_data=True).SerializeToString())
+
+
+@functools.lru_cache(maxsize=16)
+def _uses_external_data(path: str, size: int, mtime_ns: int) -> bool:
+    """Parsed once per file version: tune packs jobs for every batch of candidates, and a 1.3 GB model with
+    inline weights would otherwise be parsed each time only to learn it has no external data."""
     from onnx.external_data_helper import uses_external_data
 
     from calibkit.graph import load_model
 
-    lean = load_model(path, load_external_data=False)
-    if not any(uses_external_data(t) for t in lean.graph.initializer):
-        return executor.share_file(path)
-    return executor.share(load_model(path, load_external_data=True).SerializeToString())
+    return any(uses_external_data(t) for t in load_model(path, load_external_data=False).graph.initializer)
 
 
 def pack_jobs(jobs: Sequence[SensitivityJob], executor: Executor, threads: int | None = None) -> list[ShippedJob]:
