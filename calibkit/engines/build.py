@@ -400,11 +400,13 @@ def check_onnx_file(path: Path, float_source: bool = False) -> list[str]:
 
     hint = "pass a valid ONNX model file (e.g. exported with torch.onnx.export or optimum-cli export onnx)"
     try:
-        model = load_model(path, load_external_data=False)
+        model = load_model(path, load_external_data=False)  # also refuses a graph without nodes or outputs
     except ModelError as exc:
+        if exc.hint:  # already says what the file is and what to do
+            raise
         raise ModelError(f"{path} is not an ONNX model ({exc.message})", hint=hint) from None
-    if not model.opset_import or not model.graph.output or not model.graph.node:
-        raise ModelError(f"{path} is not an ONNX model (no operator set, nodes or graph outputs)", hint=hint)
+    if not model.opset_import:
+        raise ModelError(f"{path} is not an ONNX model (no operator set)", hint=hint)
     if float_source:
         check_float_source(model, path)
     try:

@@ -310,7 +310,11 @@ def _config(tokenizer_dir: str | Path | None) -> dict[str, Any]:
 
 
 def read_id2label(tokenizer_dir: str | Path | None) -> dict[int, str]:
-    return {int(k): str(v) for k, v in (_config(tokenizer_dir).get("id2label") or {}).items()}
+    return _id2label(_config(tokenizer_dir))
+
+
+def _id2label(cfg: Mapping[str, Any]) -> dict[int, str]:
+    return {int(k): str(v) for k, v in (cfg.get("id2label") or {}).items()}
 
 
 def evaluate_runner(
@@ -898,11 +902,13 @@ def _histograms(
 def ensure_known_labels(eval_set: EvalSet, tokenizer_dir: str | None) -> None:
     """Fail fast (before any inference) when the eval set's labels are not the model's (a score head's labels
     are numbers, not classes: not checked)."""
-    id2label = read_id2label(tokenizer_dir)
+    if not eval_set.has_labels:
+        return
     cfg = _config(tokenizer_dir)
-    if eval_set.has_labels and is_regression(cfg):
+    id2label = _id2label(cfg)
+    if is_regression(cfg):
         numeric_labels(eval_set)
-    elif eval_set.has_labels and is_multi_label(cfg):
+    elif is_multi_label(cfg):
         multi_hot(eval_set, id2label)
-    elif (id2label and eval_set.has_labels and not is_regression(cfg)):
+    elif id2label:
         label_ids(eval_set, id2label, len(id2label))
