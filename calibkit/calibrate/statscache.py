@@ -59,15 +59,15 @@ def set_key(calibration_set_id: str, tokenizer_path: Path, max_length: int) -> s
     return f"{calibration_set_id}+enc:{encoding_digest(tokenizer_path, max_length)}"
 
 
-def stats_key_dir(model_sha256: str, calibration_set_id: str, num_bins: int, root: Path | None = None) -> Path:
-    key = _digest({"model": model_sha256, "set": calibration_set_id, "bins": num_bins, "v": COLLECTOR_VERSION})
+def stats_key_dir(model_sha256: str, stats_set_key: str, num_bins: int, root: Path | None = None) -> Path:
+    key = _digest({"model": model_sha256, "set": stats_set_key, "bins": num_bins, "v": COLLECTOR_VERSION})
     return (root or cache_root()) / key
 
 
 def stats_path(
-    model_sha256: str, calibration_set_id: str, tensors: Sequence[str], num_bins: int, root: Path | None = None
+    model_sha256: str, stats_set_key: str, tensors: Sequence[str], num_bins: int, root: Path | None = None
 ) -> Path:
-    return stats_key_dir(model_sha256, calibration_set_id, num_bins, root) / f"{_digest(sorted(tensors))}.npz"
+    return stats_key_dir(model_sha256, stats_set_key, num_bins, root) / f"{_digest(sorted(tensors))}.npz"
 
 
 def _tensors_of(path: Path) -> set[str]:
@@ -87,10 +87,10 @@ def _drop(path: Path) -> None:
 
 
 def find_stats(
-    model_sha256: str, calibration_set_id: str, tensors: Sequence[str], num_bins: int, root: Path | None = None
+    model_sha256: str, stats_set_key: str, tensors: Sequence[str], num_bins: int, root: Path | None = None
 ) -> tuple[StatsStore, Path] | None:
     """A saved store covering ``tensors`` (restricted to them), or None."""
-    exact = stats_path(model_sha256, calibration_set_id, tensors, num_bins, root)
+    exact = stats_path(model_sha256, stats_set_key, tensors, num_bins, root)
     folder = exact.parent
     if not folder.is_dir():
         return None
@@ -111,7 +111,7 @@ def find_stats(
                         path, type(exc).__name__, exc)
             _drop(path)
             continue
-        if store.meta.get("model_sha256") != model_sha256 or store.meta.get("stats_set_key") != calibration_set_id:
+        if store.meta.get("model_sha256") != model_sha256 or store.meta.get("stats_set_key") != stats_set_key:
             continue
         if want <= set(store):
             return store.subset(list(tensors)), path
