@@ -20,9 +20,9 @@ from calibkit.data.tokenizer import TextTokenizer
 from calibkit.engines.artifact import EngineArtifact
 from calibkit.evaluate.compare import CompareOptions, compare_engines
 from calibkit.evaluate.flags import Thresholds
-from calibkit.evaluate.schema import check_document
 from calibkit.graph import add_outputs, model_sha256
 from calibkit.quantize.qdq import Target, quantize_model, save_model
+from calibkit.report.codec import parse_result, to_document
 from calibkit.types import Backend, CalibrationTable, Method, MethodParams, Precision, TensorRange
 
 WORDS = ["good", "great", "fine", "love", "bad", "awful", "hate", "poor", "movie", "plot", "the", "a", "is", "was"]
@@ -174,16 +174,17 @@ def test_accuracy_matches_ort_argmax(tiny, comparison) -> None:
     ev = load_eval_set(tiny["eval"])
     tok = TextTokenizer(tiny["tok"])
     y = np.array([1 if lab == "positive" else 0 for lab in ev.labels])
+    logits = comparison.per_text.by_engine
     for eng, path in zip(comparison.engines, (tiny["fp"], tiny["int8"])):
         pred = _brute_logits(path, list(ev.texts), tok).argmax(axis=1)
         # padding changes the ReduceMean pool, so batches of mixed length may differ: compare on the metrics
-        assert eng.metrics.accuracy == pytest.approx(accuracy_score(y, eng.logits.argmax(axis=1)))
-        assert eng.metrics.macro_f1 == pytest.approx(f1_score(y, eng.logits.argmax(axis=1), average="macro"))
-        assert abs(eng.metrics.accuracy - accuracy_score(y, pred)) <= 0.05
-        assert sum(map(sum, eng.metrics.confusion_matrix)) == len(ev)
-    a, b = comparison.engines[0].logits, comparison.engines[1].logits
-    assert comparison.agreement.agreement == pytest.approx(np.mean(a.argmax(1) == b.argmax(1)))
-    assert comparison.agreement.max_abs_error == pytest.approx(np.abs(a - b).max(), rel=1e-6)
+        assert eng.accuracy == pytest.approx(accuracy_score(y, logits[eng.name].argmax(axis=1)))
+        assert eng.macro_f1 == pytest.approx(f1_score(y, logits[eng.name].argmax(axis=1), average="macro"))
+        assert abs(eng.accuracy - accuracy_score(y, pred)) <= 0.05
+        assert sum(map(sum, eng.confusion_matrix)) == len(ev)
+    a, b = logits["A"], logits["B"]
+    assert comparison.agreement == pytest.approx(np.mean(a.argmax(1) == b.argmax(1)))
+    assert comparison.outputs.max_abs_error == pytest.approx(np.abs(a - b).max(), rel=1e-6)
     dis = [d.index for d in comparison.disagreements]
     assert dis == [int(i) for i in np.flatnonzero(a.argmax(1) != b.argmax(1))][:50]
 
@@ -191,7 +192,7 @@ def test_accuracy_matches_ort_argmax(tiny, comparison) -> None:
 def test_layers_found_in_graph_order_with_amax(tiny, comparison) -> None:
     table = json.loads(tiny["cal"].read_text())
     amax = {r["tensor"]: r["amax"] for r in table["ranges"]}
-    layers = [r.measurement.spec for r in comparison.layers]
+    layers = list(comparison.layers)
     assert [(s.node, s.tensor) for s in layers] == [("fc1", "emb"), ("fc2", "r1"), ("classifier", "pooled")]
     for s in layers:
         assert s.amax == pytest.approx(amax[s.tensor], rel=1e-6)
@@ -204,8 +205,9 @@ def test_layer_ranges_and_sqnr_match_brute_force(tiny, comparison) -> None:
     tok = TextTokenizer(tiny["tok"])
     ev = load_eval_set(tiny["eval"])
     # layer statistics stream the layer subset in its canonical order (all rows here: the set is small)
-    assert comparison.layer_subset is not None and len(comparison.layer_subset) == len(ev)
-    texts = list(comparison.layer_subset.take(ev.texts))
+    sub = comparison.subsets.layers
+    assert sub is not None and sub.count == len(ev)
+    texts = [ev.texts[i] for i in sub.indices]
     fp = onnx.load(str(tiny["fp"]))
     q = onnx.load(str(tiny["int8"]))
     xs: dict[str, list[np.ndarray]] = {"emb": [], "r1": [], "pooled": []}
@@ -224,11 +226,11 @@ def test_layer_ranges_and_sqnr_match_brute_force(tiny, comparison) -> None:
         for t in err:
             a, b = fd[t], qd[t]
             err[t].append((a[m], b[m]) if a.ndim == 3 else (a, b))
-    by_tensor = {r.measurement.spec.tensor: r.measurement for r in comparison.layers}
+    by_tensor = {r.tensor: r for r in comparison.layers}
     for t, parts in xs.items():
         v = np.concatenate([p.reshape(-1) for p in parts])
         meas = by_tensor[t]
-        spec = meas.spec
+        spec = meas
         assert meas.fp_min == pytest.approx(v.min(), rel=1e-6)
         assert meas.fp_max == pytest.approx(v.max(), rel=1e-6)
         width = 2 * np.abs(v).max() / 8192
@@ -241,7 +243,7 @@ def test_layer_ranges_and_sqnr_match_brute_force(tiny, comparison) -> None:
         lo, hi = np.mean(np.abs(v) > spec.amax * (1 + 1e-5)), np.mean(np.abs(v) > spec.amax * (1 - 1e-5))
         assert lo - 1e-12 <= meas.clipped_fraction <= hi + 1e-12
     assert by_tensor["emb"].clipped_fraction > 1e-3  # squeezed on purpose
-    by_output = {r.measurement.spec.output: r.measurement for r in comparison.layers}
+    by_output = {r.output: r for r in comparison.layers}
     for t, pairs in err.items():
         a = np.concatenate([p[0].reshape(-1) for p in pairs]).astype(np.float64)
         b = np.concatenate([p[1].reshape(-1) for p in pairs]).astype(np.float64)
@@ -255,17 +257,17 @@ def test_weight_sqnr_against_dequantized_initializers(tiny, comparison) -> None:
     fp = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(tiny["fp"])).graph.initializer}
     q = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(tiny["int8"])).graph.initializer}
     for r in comparison.layers:
-        w_name = {"fc1": "W1", "fc2": "W2", "classifier": "W3"}[r.measurement.spec.node]
+        w_name = {"fc1": "W1", "fc2": "W2", "classifier": "W3"}[r.node]
         w = fp[w_name].astype(np.float64)
         deq = q[f"{w_name}_quantized"].astype(np.float64) * q[f"{w_name}_scale"].astype(np.float64).reshape(1, -1)
         want = 10 * math.log10((w**2).sum() / ((w - deq) ** 2).sum())
-        assert r.weight is not None and r.weight.sqnr_db == pytest.approx(want, abs=1e-6)
-        assert r.weight.zeroed_fraction == pytest.approx(np.mean(deq[w != 0] == 0))
+        assert r.weight_sqnr_db == pytest.approx(want, abs=1e-6)
+        assert r.weight_zeroed_fraction == pytest.approx(np.mean(deq[w != 0] == 0))
 
 
 def test_flags_and_document(tiny, comparison) -> None:
-    doc = comparison.to_dict()
-    check_document(doc)
+    doc = to_document(comparison)
+    assert parse_result(json.loads(json.dumps(doc, allow_nan=False))) == comparison  # every field round-trips
     emb = next(x for x in doc["layers"] if x["tensor"] == "emb")
     assert any("clipped" in r for r in emb["reasons"])
     # the clipping heuristic fires; the measured sensitivity decides between keep-fp16 and watch
@@ -296,15 +298,15 @@ def test_sensitivity_matches_direct_variants(tiny, comparison) -> None:
     """Only-fc1-INT8 variant built and scored by hand gives the same accuracy as the pooled work unit."""
     from calibkit.evaluate.sensitivity import load_calibration_table
 
-    sens = comparison.sensitivity
-    assert sens is not None and sens.samples == 40
+    assert comparison.sensitivity_samples == 40
     full = load_eval_set(tiny["eval"])
-    sub = comparison.sensitivity_subset
-    assert sub is not None and len(sub) == 40 and sub.total == len(full)
+    sub = comparison.subsets.sensitivity
+    assert sub is not None and sub.count == 40 and sub.of == len(full)
     # a stratified random subset, not the first 40 rows
     assert sorted(sub.indices) != list(range(40))
     assert sum(full.labels[i] == "positive" for i in sub.indices) == round(40 * full.labels.count("positive") / 80)
-    ev = replace(full, texts=sub.take(full.texts), labels=sub.take(full.labels))
+    ev = replace(full, texts=tuple(full.texts[i] for i in sub.indices),
+                 labels=tuple(full.labels[i] for i in sub.indices))
     tok = TextTokenizer(tiny["tok"])
     y = np.array([1 if lab == "positive" else 0 for lab in ev.labels])
     table = load_calibration_table(tiny["cal"])
@@ -317,11 +319,11 @@ def test_sensitivity_matches_direct_variants(tiny, comparison) -> None:
 
     with OnnxRuntimeRunner(p) as r:
         logits = predict_logits(r, tok, list(ev.texts), batch_size=16)
-    fc1 = next(s for s in sens.layers if s.node == "fc1")
-    assert fc1.only_this.accuracy == pytest.approx(np.mean(logits.argmax(1) == y))
-    assert fc1.only_this_delta == pytest.approx(fc1.only_this.accuracy - sens.reference_accuracy)
-    assert fc1.all_but_this_delta == pytest.approx(fc1.all_but_this.accuracy - sens.all_int8.accuracy)
-    assert fc1.only_this.error is None
+    fc1 = comparison.layer("fc1").sensitivity
+    assert fc1.only_this_int8.accuracy == pytest.approx(np.mean(logits.argmax(1) == y))
+    reference = comparison.per_text.by_engine["A"][list(sub.indices)]  # FP32 (A) gives the reference logits
+    assert fc1.only_this_int8.delta == pytest.approx(fc1.only_this_int8.accuracy - np.mean(reference.argmax(1) == y))
+    assert fc1.all_but_this.accuracy is not None and fc1.all_but_this.delta is not None
 
 
 def test_onnxruntime_layout_uint8_zero_point_128(tmp_path: Path) -> None:
@@ -334,13 +336,13 @@ def test_onnxruntime_layout_uint8_zero_point_128(tmp_path: Path) -> None:
                         load_eval_set(paths["eval"]), options=opts)
     table = json.loads(paths["cal"].read_text())
     amax = {r["tensor"]: r["amax"] for r in table["ranges"]}
-    specs = [r.measurement.spec for r in c.layers]
+    specs = list(c.layers)
     assert specs and all(s.amax == pytest.approx(amax[s.tensor], rel=1e-6) for s in specs)
     # every layer is below a 200 dB SQNR bar; keep advice only where INT8 is significantly less accurate
-    want = "keep-fp16" if c.accuracy_diff.significant and c.accuracy_diff.interval.estimate < 0 else "watch"
-    assert all(r.flag.flag.value == want for r in c.layers)
+    want = "keep-fp16" if c.accuracy_diff.significant and c.accuracy_diff.estimate < 0 else "watch"
+    assert all(r.flag.value == want for r in c.layers)
     if want == "watch":
-        assert all("not significantly less accurate" in r.flag.reasons[-1] for r in c.layers)
+        assert all("not significantly less accurate" in r.reasons[-1] for r in c.layers)
         assert c.keep_in_higher_precision == ()
 
 
@@ -367,19 +369,20 @@ def test_sensitivity_limited_to_worst_layers(tiny, comparison) -> None:
     opts = CompareOptions(batch_size=16, sensitivity=True, workers=1, sensitivity_samples=40, sensitivity_layers=1)
     c = compare_engines(EngineArtifact.load(tiny["fp"]), EngineArtifact.load(tiny["int8"]),
                         load_eval_set(tiny["eval"]), options=opts)
-    assert c.sensitivity is not None and len(c.sensitivity.layers) == 1
-    chosen = c.sensitivity.layers[0].node
+    measured = {v.node for v in c.layers if v.sensitivity is not None}
+    assert len(measured) == 1
+    chosen = next(iter(measured))
 
     def own(r):
-        q = r.measurement.quant_sqnr_db
-        w = r.weight.sqnr_db if r.weight is not None else None
-        z = r.weight.zeroed_fraction if r.weight is not None else 0.0
+        q = r.quant_sqnr_db
+        w = r.weight_sqnr_db
+        z = r.weight_zeroed_fraction or 0.0
         return min(q if q is not None else float("inf"), w if w is not None else float("inf")) - 100 * z
 
-    worst = min(comparison.layers, key=own).measurement.spec.node
+    worst = min(comparison.layers, key=own).node
     assert chosen == worst
     # the full analysis covers every node
-    assert len(comparison.sensitivity.layers) == len({r.measurement.spec.node for r in comparison.layers})
+    assert all(v.sensitivity is not None for v in comparison.layers)
 
 
 def test_same_rows_in_another_order_give_the_same_flags(tiny, comparison, tmp_path: Path) -> None:
@@ -390,11 +393,11 @@ def test_same_rows_in_another_order_give_the_same_flags(tiny, comparison, tmp_pa
     opts = CompareOptions(batch_size=16, sensitivity=True, workers=1, sensitivity_samples=40)
     again = compare_engines(EngineArtifact.load(tiny["fp"]), EngineArtifact.load(tiny["int8"]),
                             load_eval_set(shuffled), options=opts)
-    assert comparison.sensitivity_subset.content_sha256 == again.sensitivity_subset.content_sha256
-    assert comparison.layer_subset.content_sha256 == again.layer_subset.content_sha256
-    assert [(r.measurement.spec.node, r.flag) for r in comparison.layers] == \
-        [(r.measurement.spec.node, r.flag) for r in again.layers]
-    assert comparison.accuracy_diff.to_dict() == again.accuracy_diff.to_dict()
+    assert comparison.subsets.sensitivity.content_sha256 == again.subsets.sensitivity.content_sha256
+    assert comparison.subsets.layers.content_sha256 == again.subsets.layers.content_sha256
+    assert [(r.node, r.flag, r.reasons) for r in comparison.layers] == \
+        [(r.node, r.flag, r.reasons) for r in again.layers]
+    assert comparison.accuracy_diff == again.accuracy_diff
 
 
 def test_a_recovery_within_its_uncertainty_is_insufficient_evidence() -> None:

@@ -176,13 +176,13 @@ def test_interrupted_distributed_tune_resumes_without_redoing_evaluations(tiny, 
 
     res = run_tune(md, tiny / "cset", ev, out, cfg, executor=dask_ex)
     assert res.met_target and res.kept_nodes == ("fc1",)
-    assert res.resumed_evaluations == 4 and res.doc["evaluations_reused"] >= 4
+    assert res.resumed_evaluations == 4 and res.result.evaluations_reused >= 4
     keys = [json.loads(line)["key"] for line in ledger.read_text().splitlines()]
     assert keys[:4] == first and len(keys) == len(set(keys))  # no finished evaluation was run (appended) again
     local = run_tune(md, tiny / "cset", ev, tmp_path / "tune-local", TuneConfig(max_drop=1.0, workers=1,
                      sensitivity_samples=48, method="minmax"))
     assert local.kept_nodes == res.kept_nodes
-    assert local.doc["final"]["accuracy_search"] == res.doc["final"]["accuracy_search"]
+    assert local.result.final.accuracy_search == res.result.final.accuracy_search
 
 
 def test_tune_cli_executor_option(tiny, tmp_path, monkeypatch):

@@ -19,8 +19,10 @@ from calibkit.data.tokenizer import TextTokenizer
 from calibkit.engines.onnxruntime import OnnxRuntimeRunner
 from calibkit.errors import UsageError
 from calibkit.evaluate.predict import predict_logits
-from calibkit.evaluate.tune import TuneConfig, run_tune, split_eval
+from calibkit.evaluate.tune import TuneConfig, split_eval
+from calibkit.evaluate.tune import run_tune as _run_tune
 from calibkit.quantize.qdq import save_model
+from calibkit.report.codec import parse_result, to_document
 
 
 def make_sensitive_model(outlier: float = 2000.0):
@@ -82,6 +84,29 @@ def test_split_is_stratified_seeded_and_disjoint():
     s2, h2 = split_eval(labels, 0.3, seed=0)
     assert (h == h2).all()
     assert not (h == split_eval(labels, 0.3, seed=1)[1]).all()
+
+
+def _write_document(result, path: Path) -> None:
+    from calibkit._io import write_json
+
+    write_json(path, to_document(result))
+
+
+def run_tune(*args, **kwargs):
+    """The library's tune with the report layer's tune.json writer (as calibkit.tune passes it); the returned
+    run carries ``doc``: its result as the JSON document, which must parse back into the same result."""
+    run = _run_tune(*args, write_document=_write_document, **kwargs)
+    doc = json.loads((run.out_dir / "tune.json").read_text())
+    assert parse_result(doc) == run.result
+    return Run(run, doc)
+
+
+class Run:
+    def __init__(self, run, doc) -> None:
+        self.run, self.doc = run, doc
+
+    def __getattr__(self, name: str):
+        return getattr(self.run, name)
 
 
 def test_tune_writes_a_plan_whose_accuracy_is_measured(tiny_setup):

@@ -53,10 +53,9 @@ prep = prepare_demo(ASSETS, PrepareOptions(fast=FAST))
 print(prep.variant, "model, FP32 held-out accuracy", f"{prep.accuracy:.2%}", "| made:", prep.made, "reused:", prep.reused)""")
 
 md("## 2. A calibration set from the production log\nBroken lines are counted and skipped, duplicates removed, personal data redacted, and the sample is stratified by token length and topic. The manifest says how representative it is.")
-code("""from calibkit.data.sample_pipeline import SampleOptions, sample_log
+code("""import calibkit as ck
 
-cset = sample_log(ASSETS / "logs.jsonl", WORK / "calibration_set",
-                  SampleOptions(size=256, seed=0, tokenizer=prep.model_dir))
+cset = ck.sample(ASSETS / "logs.jsonl", WORK / "calibration_set", size=256, seed=0, tokenizer=prep.model_dir)
 m = cset.manifest
 rep = m["representativeness"]
 print(len(cset), "texts | broken lines by kind:", {k: v["count"] for k, v in m["lines"]["broken"].items()})
@@ -74,16 +73,11 @@ ax.set_xlabel("tokens"); ax.set_ylabel("fraction"); ax.legend(); ax.set_title("t
 plt.show()""")
 
 md("## 3. Calibrate with every method\nThe first call runs the FP32 model over the set and streams the statistics; the others reuse them.")
-code("""from calibkit.calibrate.pipeline import calibrate
-from calibkit.data.modeldir import ModelDir
-from calibkit.types import Method
-
-md = ModelDir.resolve(prep.model_dir)
-results = {}
-for method in Method:
-    r = calibrate(md, cset, method, out_dir=WORK / f"calibrate-{method.value}", cache_dir=WORK / "stats-cache")
-    results[method.value] = r
-    print(f"{method.value:10s} statistics reused: {r.reused_stats!s:5s}  {len(r.quantized_nodes)} nodes quantized  "
+code("""results = {}
+for method in ("entropy", "minmax", "percentile", "mse"):
+    r = ck.calibrate(prep.model_dir, cset, WORK / f"calibrate-{method}", method=method, cache_dir=WORK / "stats-cache")
+    results[method] = r
+    print(f"{method:10s} statistics reused: {r.reused_stats!s:5s}  {len(r.quantized_nodes)} nodes quantized  "
           f"-> {r.model_path.name}, {r.cache_path.name}, {r.json_path.name}")""")
 
 code("""table = pl.DataFrame({
@@ -95,7 +89,7 @@ table.head(8)""")
 md("## 4. One tensor, four thresholds\nThe input of the last feed-forward output projection (after GELU) is where transformers' outliers live.")
 code("""from calibkit.calibrate.methods import compute_amax
 from calibkit.calibrate.stats import StatsStore
-from calibkit.types import MethodParams
+from calibkit.types import Method, MethodParams
 
 store = StatsStore.load(results["mse"].stats_path)
 name = next(t for t in store if "layer.5/output/dense" in t) if any("layer.5/output/dense" in t for t in store) else next(iter(store))
@@ -113,29 +107,21 @@ plt.show()
 print(f"values seen {s.count:,}, max |x| {s.absmax:.3g}, non-finite {s.nan_count + s.posinf_count + s.neginf_count}")""")
 
 md("## 5. Engines and a layer-by-layer comparison")
-code("""from calibkit.data.evalset import load_eval_set
-from calibkit.engines.build import BuildRequest, build
-from calibkit.evaluate.compare import CompareOptions, compare_engines
-from calibkit.evaluate.subsets import limit_eval_set
-from calibkit.types import Precision
-
-best = "mse"
-fp32 = build(BuildRequest(model=prep.model_dir, output=WORK / "engines" / "fp32.onnx", precision=Precision.FP32))
-int8 = build(BuildRequest(model=prep.model_dir, output=WORK / "engines" / "int8.onnx", precision=Precision.INT8,
-                          calibration=results[best].json_path))
-# the test split is ordered by label: a stratified random subset, never its first rows
-eval_set, _rows = limit_eval_set(load_eval_set(ASSETS / "data" / "test.jsonl"), 300, seed=0)
-cmp = compare_engines(fp32.artifact, int8.artifact, eval_set,
-                      options=CompareOptions(layer_samples=128, sensitivity_samples=64, sensitivity_layers=6, workers=1))
-doc = cmp.to_dict()
-for e in doc["engines"]:
-    print(f"{e['name']}: {e['precision']:5s} accuracy {e['accuracy']:.2%}  macro-F1 {e['macro_f1']:.3f}")
-print("agreement", f"{doc['agreement']:.2%}", "| keep in higher precision:", doc["recommendation"]["keep_in_higher_precision"])
+code("""best = "mse"
+fp32 = ck.build(prep.model_dir, WORK / "engines" / "fp32.onnx", precision="fp32")
+int8 = ck.build(prep.model_dir, WORK / "engines" / "int8.onnx", precision="int8", calibration=results[best].json_path)
+# the test split is ordered by label: --limit draws a stratified random subset, never its first rows
+cmp = ck.compare(fp32.artifact, int8.artifact, ASSETS / "data" / "test.jsonl", limit=300, seed=0,
+                 layer_samples=128, sensitivity_samples=64, sensitivity_layers=6, workers=1)
+for e in cmp.engines:
+    print(f"{e.name}: {e.precision:5s} accuracy {e.accuracy:.2%}  macro-F1 {e.macro_f1:.3f}")
+print("agreement", f"{cmp.agreement:.2%}", "| keep in higher precision:", list(cmp.keep_in_higher_precision))
 # were the flips coin tosses? texts by A's top-2 probability gap, and how many of each flipped
-print("flips by A's confidence:", [(f"{b['low']}-{b['high']}", b["flips"], b["texts"]) for b in doc["flips_by_confidence"]])""")
+print("flips by A's confidence:", [(f"{b.low}-{b.high}", b.flips, b.texts) for b in cmp.flips_by_confidence])""")
 
-code("""layers = pl.DataFrame([{k: l.get(k) for k in ("node", "tensor", "amax", "fp_absmax", "clipped_fraction",
-                                                  "quant_sqnr_db", "sqnr_db", "flag")} for l in doc["layers"]])
+code("""layers = pl.DataFrame([{"node": v.node, "tensor": v.tensor, "amax": v.amax, "fp_absmax": v.fp_absmax,
+                        "clipped_fraction": v.clipped_fraction, "quant_sqnr_db": v.quant_sqnr_db,
+                        "sqnr_db": v.sqnr_db, "flag": v.flag.value} for v in cmp.layers])
 fig, ax = plt.subplots(figsize=(10, 3.5))
 vals = [v if v is not None else 0 for v in layers["sqnr_db"].to_list()]
 colours = ["C3" if f != "ok" else "C0" for f in layers["flag"].to_list()]
@@ -147,45 +133,34 @@ layers.sort("quant_sqnr_db").head(8)""")
 
 md("""## 5b. Smoothing: the outliers move into the weights
 A few channels of the GELU and LayerNorm outputs are far larger than the rest, so a per-tensor INT8 range sized for them leaves the others few levels. `smooth` divides each such activation by per-channel scales that the weights absorb (the FP32 function is unchanged, and checked); the INT8 model of the smoothed copy flips fewer of FP32's predictions.""")
-code("""from calibkit.calibrate.smoothing import smooth
-from calibkit.data.tokenizer import TextTokenizer
-from calibkit.engines.onnxruntime import EXACT_QDQ, OnnxRuntimeRunner
-from calibkit.evaluate.predict import predict_logits
-
-sm = smooth(md, cset, out_dir=WORK / "smoothed-model")
-smd = ModelDir.resolve(sm.out_dir)
+code("""sm = ck.smooth(prep.model_dir, cset, WORK / "smoothed-model")
 print(f"{len(sm.smoothed)} of {sm.groups} activations smoothed; FP32 outputs equal within {sm.max_deviation:.1e}")
-tok = TextTokenizer(md.tokenizer_path, max_length=md.max_length)
-texts = list(eval_set.texts)
-with OnnxRuntimeRunner(md.onnx_path) as r:
-    ref = predict_logits(r, tok, texts).argmax(1)
 rows = []
 for m in ("minmax", "mse"):
-    s = calibrate(smd, cset, Method(m), out_dir=WORK / f"calibrate-{m}-smoothed", cache_dir=WORK / "stats-cache")
-    for label, path in (("plain", results[m].model_path), ("smoothed", s.model_path)):
-        with OnnxRuntimeRunner(path, optimization=EXACT_QDQ) as r:  # the Q/DQ arithmetic TensorRT computes
-            pred = predict_logits(r, tok, texts).argmax(1)
-        rows.append({"method": m, "model": label, "flips of FP32": int((pred != ref).sum()), "texts": len(texts)})
+    s = ck.calibrate(sm.out_dir, cset, WORK / f"calibrate-{m}-smoothed", method=m, cache_dir=WORK / "stats-cache")
+    for label, folder, res in (("plain", prep.model_dir, results[m]), ("smoothed", sm.out_dir, s)):
+        eng = ck.build(folder, WORK / "engines" / f"int8-{m}-{label}.onnx", precision="int8",
+                       calibration=res.json_path)
+        c = ck.compare(fp32.artifact, eng.artifact, ASSETS / "data" / "test.jsonl", limit=300, seed=0, layers=False)
+        rows.append({"method": m, "model": label, "flips of FP32": round(c.flip_rate * c.eval_set.count),
+                     "agreement": c.agreement, "texts": c.eval_set.count})
 pl.DataFrame(rows)
 """)
 
 md("## 6. Tune a mixed-precision plan\nThe eval set is split into a search part (every decision) and a holdout part (measured only at the end).")
-code("""from calibkit.evaluate.tune import TuneConfig, run_tune
-
-tuned = run_tune(md, cset, eval_set, WORK / "tune",
-                 TuneConfig(max_drop=1.0, method="mse", sensitivity_samples=64, sensitivity_layers=6, max_evaluations=10, workers=1))
-d = tuned.doc
-print("FP32 search / holdout:", f"{d['target']['fp32_accuracy']:.2%} / {d['target']['fp32_accuracy_holdout']:.2%}")
-print("plan   search / holdout:", f"{d['final']['accuracy_search']:.2%} / {d['final']['accuracy_holdout']:.2%}",
-      f"| INT8 FLOPs {tuned.int8_flops_fraction:.1%} | kept: {list(tuned.kept_nodes)}")
-pl.DataFrame([{k: c[k] for k in ("id", "stage", "int8_flops_fraction", "accuracy_search", "meets_target")}
-              for c in d["candidates"]])""")
+code("""tuned = ck.tune(prep.model_dir, cset, ASSETS / "data" / "test.jsonl", WORK / "tune", limit=300, seed=0,
+                max_drop=1.0, method="mse", sensitivity_samples=64, sensitivity_layers=6, max_evaluations=10,
+                workers=1)
+t = tuned.result
+print("FP32 search / holdout:", f"{t.target.fp32_accuracy:.2%} / {t.target.fp32_accuracy_holdout:.2%}")
+print("plan   search / holdout:", f"{t.final.accuracy_search:.2%} / {t.final.accuracy_holdout:.2%}",
+      f"| INT8 FLOPs {t.final.int8_flops_fraction:.1%} | kept: {list(t.final.kept_nodes)}")
+pl.DataFrame([{"id": c.id, "stage": c.stage, "int8_flops_fraction": c.int8_flops_fraction,
+               "accuracy_search": c.accuracy_search, "meets_target": c.meets_target} for c in t.candidates])""")
 
 md("## 7. Reports\nThe same documents the CLI writes: `report.json` for machines, `report.md` and a self-contained `report.html` with plots.")
-code("""from calibkit.report.render import render_report
-
-paths = render_report(doc, WORK / "reports" / "compare")
-tune_paths = render_report(d, WORK / "reports" / "tune")
+code("""paths = ck.render_report(cmp, WORK / "reports" / "compare")
+tune_paths = ck.render_report(tuned.result, WORK / "reports" / "tune")
 print(paths.html, tune_paths.html)
 print(len(paths.plots), "plots in the compare report")""")
 

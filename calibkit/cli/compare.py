@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as _dt
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -17,10 +19,12 @@ from calibkit.cli._common import (
     handle_errors,
     out,
     say,
-    token_budget,
     warn,
 )
 from calibkit.executors import EXECUTOR_HELP
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from calibkit.evaluate.results import Comparison, LayerVerdict, Range
 
 HELP = (
     "Compare engine A (baseline, e.g. FP32/FP16) with engine B (e.g. INT8) on a labelled eval set.\n\n"
@@ -62,7 +66,10 @@ def compare(
     reference: Path | None = typer.Option(
         None, "--reference", help="Higher-precision engine (FP32) for FP ranges and reference logits."
     ),
-    json_path: Path | None = typer.Option(None, "--json", help="Write the calibkit-compare/1 JSON document here."),
+    json_path: Path | None = typer.Option(
+        None, "--json", help="Write the calibkit-compare/1 JSON document here ('-': to stdout, instead of the "
+        "summary)."
+    ),
     report: Path | None = typer.Option(
         None, "--report", help="Report folder (default reports/<timestamp>-<A>-vs-<B>/)."
     ),
@@ -117,75 +124,52 @@ def compare(
     ),
 ) -> None:
     with handle_errors():
-        from calibkit._io import write_json
-        from calibkit.data.evalset import load_eval_set
-        from calibkit.engines.artifact import EngineArtifact
-        from calibkit.evaluate.compare import (
-            CompareOptions,
-            check_same_model,
-            compare_engines,
-            ensure_known_labels,
-            expects_label_sets,
-        )
+        from calibkit.api import compare as run_compare
         from calibkit.evaluate.flags import Thresholds
-        from calibkit.evaluate.subsets import limit_eval_set
 
+        to_stdout = json_path is not None and str(json_path) == "-"
         inputs = [engine_a, engine_b, reference, eval_set]
-        if json_path:
+        if json_path and not to_stdout:
             guard_out_file(json_path, inputs=inputs, option="--json", owned=_is_compare_json)
         report_dir = None if no_report else report or _default_report_dir(engine_a, engine_b)
         if report_dir is not None:
             from calibkit.report.render import REPORT_NAMES
 
             guard_out_dir(report_dir, inputs=inputs, option="--report", force=force, legacy_names=REPORT_NAMES)
-            if json_path and report_dir.absolute().resolve() in json_path.absolute().resolve().parents:
+            if json_path and not to_stdout and \
+                    report_dir.absolute().resolve() in json_path.absolute().resolve().parents:
                 from calibkit.errors import UsageError
 
                 raise UsageError(f"--json {json_path} lies inside --report {report_dir}, which is replaced as a "
                                  "whole", hint="write --json outside the report folder (the report holds "
                                  "report.json anyway)")
-        a = EngineArtifact.load(engine_a)
-        b = EngineArtifact.load(engine_b)
-        ref = EngineArtifact.load(reference) if reference else None
-        check_same_model([a, b] + ([ref] if ref else []))
-        tok_dir = next((e.tokenizer for e in (a, b, ref) if e and e.tokenizer), None)
-        full = load_eval_set(eval_set, text_column=text_column, label_column=label_column, split=split,
-                             label_sets=expects_label_sets(tok_dir))
-        # the whole file, not only the --limit subset: a bad label is the file's fault whichever rows are drawn
-        ensure_known_labels(full, tok_dir)
-        ev, rows = limit_eval_set(full, limit, seed)
-        opts = CompareOptions(
-            budget=token_budget(memory_budget, max_batch_tokens),
-            batch_size=batch_size,
-            layers=layers,
-            layer_samples=layer_samples,
-            sensitivity=sensitivity and layers,
-            sensitivity_samples=sensitivity_samples,
-            sensitivity_layers=sensitivity_layers,
-            workers=workers,
-            max_disagreements=max_disagreements,
-            seed=seed,
-            task=task,
-            thresholds=Thresholds(
-                min_sqnr_db=threshold_sqnr,
-                max_clipped_fraction=threshold_clipped,
-                max_outlier_ratio=threshold_outlier,
-                min_recovery_points=threshold_recovery,
-                max_cost_points=threshold_cost,
-            ),
-        )
-        from dataclasses import replace
+        with RichProgress() as progress:
+            result = run_compare(
+                engine_a, engine_b, eval_set, reference=reference, task=task, limit=limit, seed=seed,
+                text_column=text_column, label_column=label_column, split=split, batch_size=batch_size,
+                layers=layers, layer_samples=layer_samples, sensitivity=sensitivity,
+                sensitivity_samples=sensitivity_samples, sensitivity_layers=sensitivity_layers,
+                thresholds=Thresholds(min_sqnr_db=threshold_sqnr, max_clipped_fraction=threshold_clipped,
+                                      max_outlier_ratio=threshold_outlier, min_recovery_points=threshold_recovery,
+                                      max_cost_points=threshold_cost),
+                max_disagreements=max_disagreements, workers=workers, executor=executor,
+                memory_budget=memory_budget, max_batch_tokens=max_batch_tokens, progress=progress,
+            )
+        from calibkit.report.codec import to_document
 
-        from calibkit.executors import from_spec
+        doc = to_document(result)
+        if json_path and not to_stdout:
+            from calibkit._io import write_json
 
-        with from_spec(executor, workers) as ex, RichProgress() as progress:
-            result = compare_engines(a, b, ev, reference=ref, options=replace(opts, executor=ex), progress=progress,
-                                     rows=rows)
-        doc = result.to_dict()
-        if json_path:
             write_json(json_path, doc)
         if report_dir is not None:
             _render(doc, report_dir)
+        if to_stdout:
+            from calibkit._io import dumps_json
+
+            sys.stdout.write(dumps_json(doc))
+            sys.stdout.flush()
+            return
         _print_summary(result, json_path, report_dir)
 
 
@@ -193,12 +177,14 @@ def _is_compare_json(path: Path) -> bool:
     """An earlier `compare --json` document (a file calibkit may overwrite)."""
     import json
 
+    from calibkit.report.codec import COMPARE_FORMAT
+
     try:
         with open(path, encoding="utf-8") as fh:
             doc = json.load(fh)
     except (OSError, ValueError, RecursionError):
         return False
-    return isinstance(doc, dict) and str(doc.get("format", "")).startswith("calibkit-compare/")
+    return isinstance(doc, dict) and str(doc.get("format", "")).startswith(COMPARE_FORMAT.partition("/")[0] + "/")
 
 
 def _default_report_dir(a: Path, b: Path) -> Path:
@@ -218,47 +204,48 @@ def _render(doc: dict, out_dir: Path) -> None:
     render_report(doc, out_dir)
 
 
-def _print_summary(result, json_path: Path | None, report_dir: Path | None) -> None:  # noqa: ANN001
+def _print_summary(result: Comparison, json_path: Path | None, report_dir: Path | None) -> None:
     from rich.table import Table
 
-    t = Table(title=f"eval set {result.eval_set.path.name}: {len(result.eval_set)} examples (95 % intervals)")
+    ev = result.eval_set
+    t = Table(title=f"eval set {Path(ev.path).name}: {ev.count} examples (95 % intervals)")
     for col in ("engine", "precision", "accuracy", "macro-F1", "p50 ms/batch", "items/s"):
         t.add_column(col)
     for e in result.engines:
         t.add_row(
-            f"{e.name}: {e.artifact.path.name}",
-            e.artifact.precision.value,
-            f"{e.metrics.accuracy * 100:.2f} %" + _ci(e.accuracy_ci, 100, 1) if e.metrics else "-",
-            f"{e.metrics.macro_f1:.4f}" + _ci(e.macro_f1_ci, 1, 3) if e.metrics else "-",
-            f"{e.latency.p50_ms:.1f}",
-            f"{e.latency.throughput_per_s:.0f}",
+            f"{e.name}: {Path(e.path).name}",
+            e.precision,
+            f"{e.accuracy * 100:.2f} %" + _ci(e.accuracy_ci, 100, 1) if e.accuracy is not None else "-",
+            f"{e.macro_f1:.4f}" + _ci(e.macro_f1_ci, 1, 3) if e.macro_f1 is not None else "-",
+            _f1(e.latency_ms.p50),
+            f"{e.throughput_per_s:.0f}" if e.throughput_per_s is not None else "-",
         )
     out.print(t)
-    ag = result.agreement
+    o = result.outputs
     d = result.accuracy_diff
-    if d is not None:
-        iv = d.interval
-        out.print(f"B - A accuracy {iv.estimate * 100:+.2f} points (95 % CI {iv.low * 100:+.2f} to "
-                  f"{iv.high * 100:+.2f}; McNemar p {d.mcnemar_p:.3g}; {d.b_only} fixed, {d.a_only} broken): "
+    if d is not None and d.estimate is not None and d.low is not None and d.high is not None:
+        out.print(f"B - A accuracy {d.estimate * 100:+.2f} points (95 % CI {d.low * 100:+.2f} to "
+                  f"{d.high * 100:+.2f}; McNemar p {_g(d.mcnemar_p)}; {d.b_only} fixed, {d.a_only} broken): "
                   f"{d.verdict}")
-    if result.task != "classification" and result.fidelity is not None:
-        fid = result.fidelity
-        extra = "  ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in fid.extra.items() if k != "k")
-        what = {"embedding": f"nearest-neighbour agreement (top-1 among the eval texts) {fid.agreement * 100:.2f} %",
-                "token-classification": f"per-token agreement {fid.agreement * 100:.2f} %",
-                "multi-label": f"same label set {fid.agreement * 100:.2f} %, same decision per label "
-                               f"{fid.extra.get('label_decision_agreement', float('nan')) * 100:.2f} %",
-                "regression": f"scores within {fid.extra.get('tolerance', float('nan')):.3g} of A's on "
-                              f"{fid.agreement * 100:.2f} % of texts"}.get(result.task, "")
-        out.print(f"task {result.task} ({result.task_output}): {what}  cosine to A mean {fid.cosine_mean:.5f} "
-                  f"min {fid.cosine_min:.5f}  {extra}")
-    if result.task in ("regression", "multi-label"):  # no argmax to flip: the task line above says it all
-        out.print(f"output error: max |err| {ag.max_abs_error:.4g}, mean |err| {ag.mean_abs_error:.4g}")
+    kind = result.task.kind
+    fid = result.task.fidelity
+    if kind != "classification" and fid is not None:
+        extra = "  ".join(f"{k.replace('_', ' ')} {_n(v, '.4f')}" for k, v in fid.extra.items() if k != "k")
+        what = {"embedding": f"nearest-neighbour agreement (top-1 among the eval texts) {_pct(fid.agreement)} %",
+                "token-classification": f"per-token agreement {_pct(fid.agreement)} %",
+                "multi-label": f"same label set {_pct(fid.agreement)} %, same decision per label "
+                               f"{_pct(fid.extra.get('label_decision_agreement'))} %",
+                "regression": f"scores within {_n(fid.extra.get('tolerance'), '.3g')} of A's on "
+                              f"{_pct(fid.agreement)} % of texts"}.get(kind, "")
+        out.print(f"task {kind} ({result.task.output}): {what}  cosine to A mean {_n(fid.cosine_mean, '.5f')} "
+                  f"min {_n(fid.cosine_min, '.5f')}  {extra}")
+    if kind in ("regression", "multi-label"):  # no argmax to flip: the task line above says it all
+        out.print(f"output error: max |err| {_n(o.max_abs_error, '.4g')}, mean |err| {_n(o.mean_abs_error, '.4g')}")
     else:
         out.print(
-            f"agreement {ag.agreement * 100:.2f} %{_ci(result.agreement_ci, 100, 2)}, flips "
-            f"{(1 - ag.agreement) * 100:.2f} %  logit cosine mean {ag.cosine_mean:.5f} min {ag.cosine_min:.5f}  "
-            f"max |err| {ag.max_abs_error:.4g}  mean KL {result.output_error.mean_kl:.3g}  "
+            f"agreement {_pct(result.agreement)} %{_ci(result.agreement_ci, 100, 2)}, flips "
+            f"{_pct(result.flip_rate)} %  logit cosine mean {_n(o.cosine_mean, '.5f')} min "
+            f"{_n(o.cosine_min, '.5f')}  max |err| {_n(o.max_abs_error, '.4g')}  mean KL {_n(o.mean_kl, '.3g')}  "
             f"({len(result.disagreements)} disagreements listed)"
         )
     bands = result.flips_by_confidence
@@ -268,42 +255,83 @@ def _print_summary(result, json_path: Path | None, report_dir: Path | None) -> N
             + f" ({bands[0].flips} where A itself was nearly undecided)")
     for w in result.warnings:
         warn(w)
-    flagged = [r for r in result.layers if r.flag.flag.value != "ok"]
     if result.layers:
-        lt = Table(title=f"{len(flagged)} of {len(result.layers)} quantized layer inputs flagged")
-        for col in ("#", "node", "tensor", "amax", "fp absmax", "clipped", "own SQNR", "out SQNR", "flag", "reasons"):
-            lt.add_column(col)
-        for r in flagged[:25]:
-            m, s = r.measurement, r.measurement.spec
-            lt.add_row(
-                str(s.index), s.label, s.tensor, _f(s.amax), _f(m.fp_absmax),
-                f"{m.clipped_fraction:.1e}" if m.clipped_fraction is not None else "-",
-                _f(m.quant_sqnr_db), _f(m.sqnr_db), r.flag.flag.value, "; ".join(r.flag.reasons),
-            )
-        if flagged:
-            out.print(lt)
-        keep = result.keep_in_higher_precision
-        unsure = sum(r.flag.flag.value == "insufficient-evidence" for r in result.layers)
-        if keep:
-            label = {r.measurement.spec.node: r.measurement.spec.label for r in result.layers}
-            shown = [label.get(n, n) for n in keep[:12]]
-            say(f"recommendation: keep {len(keep)} nodes in {result.recommended_precision}: "
-                      f"{', '.join(shown)}" + (" ..." if len(keep) > 12 else ""))
-        else:
-            say("recommendation: no layer needs higher precision on this evidence")
-        if unsure:
-            say(f"{unsure} layers: insufficient evidence (effect within its 95 % interval; see the reasons)")
+        _print_layers(result)
     if json_path:
         say(f"JSON: {json_path}")
     if report_dir:
         say(f"report: {report_dir}")
 
 
-def _ci(iv, scale: float, digits: int) -> str:  # noqa: ANN001
-    if iv is None or iv.low != iv.low:
+def _print_layers(result: Comparison) -> None:
+    """The flagged layers: a table on a terminal; piped, one plain line per layer with the full node name and a
+    short reason (the long reasons stay in the report)."""
+    from rich.table import Table
+
+    flagged = result.flagged
+    title = f"{len(flagged)} of {len(result.layers)} quantized layer inputs flagged"
+    if not out.is_terminal:
+        say(title)
+        for v in flagged:
+            say(layer_line(v))
+    else:
+        lt = Table(title=title)
+        for col in ("#", "node", "tensor", "amax", "fp absmax", "clipped", "own SQNR", "out SQNR", "flag", "reasons"):
+            lt.add_column(col)
+        for v in flagged[:25]:
+            lt.add_row(
+                str(v.index), v.label, v.tensor, _f(v.amax), _f(v.fp_absmax),
+                f"{v.clipped_fraction:.1e}" if v.clipped_fraction is not None else "-",
+                _f(v.quant_sqnr_db), _f(v.sqnr_db), v.flag.value, "; ".join(v.reasons),
+            )
+        if flagged:
+            out.print(lt)
+    keep = result.keep_in_higher_precision
+    unsure = sum(v.flag.value == "insufficient-evidence" for v in result.layers)
+    if keep:
+        label = {v.node: v.label for v in result.layers}
+        shown = [label.get(n, n) for n in keep[:12]]
+        nodes = "node" if len(keep) == 1 else "nodes"
+        say(f"recommendation: keep {len(keep)} {nodes} in {result.recommendation.precision}: "
+            f"{', '.join(shown)}" + (" ..." if len(keep) > 12 else ""))
+    else:
+        say("recommendation: no layer needs higher precision on this evidence")
+    if unsure:
+        say(f"{unsure} layers: insufficient evidence (effect within its 95 % interval; see the reasons)")
+
+
+def layer_line(v: LayerVerdict) -> str:
+    """One log line for a flagged layer: index, flag, full node name (with its module), the first reason cut to
+    a short clause."""
+    reason = v.reasons[0] if v.reasons else ""
+    short = reason.split(";")[0].split(" (")[0]
+    if len(short) > 100:
+        short = short[:97] + "..."
+    more = f" (+{len(v.reasons) - 1} more)" if len(v.reasons) > 1 else ""
+    return f"layer {v.index} {v.flag.value} {v.label}: {short}{more}"
+
+
+def _ci(iv: Range | None, scale: float, digits: int) -> str:
+    if iv is None or iv.low is None or iv.high is None:
         return ""
     return f" [{iv.low * scale:.{digits}f}, {iv.high * scale:.{digits}f}]"
 
 
 def _f(v: float | None) -> str:
     return "-" if v is None else f"{v:.4g}"
+
+
+def _f1(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _g(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3g}"
+
+
+def _n(v: float | None, fmt: str) -> str:
+    return "n/a" if v is None else format(v, fmt)
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v * 100:.2f}"

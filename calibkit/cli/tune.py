@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -16,10 +17,12 @@ from calibkit.cli._common import (
     handle_errors,
     out,
     say,
-    token_budget,
     warn,
 )
 from calibkit.executors import EXECUTOR_HELP
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from calibkit.evaluate.tune import TuneRun
 
 HELP = (
     "Find the plan that keeps accuracy within --max-drop of FP32 (and, with --min-agreement, at least that "
@@ -95,20 +98,12 @@ def tune(
     force: bool = typer.Option(False, "--force", help=FORCE_HELP + " Applies to --out and --report."),
 ) -> None:
     with handle_errors():
-        from calibkit.data.evalset import load_eval_set
-        from calibkit.data.modeldir import ModelDir
-        from calibkit.errors import UsageError
-        from calibkit.evaluate.compare import ensure_known_labels
-        from calibkit.evaluate.subsets import limit_eval_set
-        from calibkit.evaluate.tune import TuneConfig, run_tune
-        from calibkit.types import Method, MethodParams
+        from calibkit.api import check_tune_options
+        from calibkit.api import tune as run_tune
 
-        if method != "auto" and method not in {m.value for m in Method}:
-            raise UsageError(f"unknown --method {method!r}", hint="use auto, entropy, minmax, percentile or mse")
-        if target not in ("tensorrt", "onnxruntime"):
-            raise UsageError(f"unknown --target {target!r}", hint="use tensorrt or onnxruntime")
-        md = ModelDir.resolve(model, tokenizer)
-        dest = out_dir or Path("runs") / f"tune-{md.onnx_path.parent.name or md.onnx_path.stem}"
+        check_tune_options(method=method, target=target)
+
+        dest = out_dir or Path("runs") / f"tune-{_model_name(model, tokenizer)}"
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         report_dir = None if no_report else report or Path("reports") / f"{stamp}-tune"
         inputs = [model, calibration_set, eval_set, tokenizer]
@@ -118,33 +113,29 @@ def tune(
             from calibkit.report.render import REPORT_NAMES
 
             guard_out_dir(report_dir, inputs=inputs, option="--report", force=force, legacy_names=REPORT_NAMES)
-        full = load_eval_set(eval_set)
-        ensure_known_labels(full, str(md.onnx_path.parent))  # the whole file, not only the --limit subset
-        ev, _rows = limit_eval_set(full, limit, seed)
-        cfg = TuneConfig(
-            max_drop=max_drop, relative=relative, min_agreement=min_agreement,
-            agreement_confidence=agreement_confidence, method=method, holdout_fraction=holdout,
-            sensitivity_samples=sensitivity_samples, sensitivity_layers=sensitivity_layers,
-            max_evaluations=max_evaluations, workers=workers,
-            seed=seed, target=target, params=MethodParams(percentile=percentile),
-            budget=token_budget(memory_budget, max_batch_tokens),
-        )
-        render = None
-        if report_dir is not None:
-            from calibkit.report.render import render_report
-
-            render = render_report
-        import contextlib
-
-        from calibkit.executors import from_spec
-
-        # without --executor run_tune evaluates in a local pool of --workers; a chosen executor also shards the
+        # without --executor tune evaluates in a local pool of --workers; a chosen executor also shards the
         # statistics
-        with contextlib.ExitStack() as stack, RichProgress() as progress:
-            ex = stack.enter_context(from_spec(executor, workers)) if executor else None
-            res = run_tune(md, calibration_set, ev, dest, cfg, progress=progress, render=render,
-                           report_dir=report_dir, executor=ex)
-        _summary(res, report_dir)
+        with RichProgress() as progress:
+            run = run_tune(
+                model, calibration_set, eval_set, dest, tokenizer=tokenizer, max_drop=max_drop, relative=relative,
+                min_agreement=min_agreement, agreement_confidence=agreement_confidence, method=method,
+                target=target, holdout=holdout, sensitivity_samples=sensitivity_samples,
+                sensitivity_layers=sensitivity_layers, max_evaluations=max_evaluations, limit=limit, seed=seed,
+                percentile=percentile, workers=workers, executor=executor, memory_budget=memory_budget,
+                max_batch_tokens=max_batch_tokens, report=report_dir, progress=progress,
+            )
+        _summary(run, report_dir)
+
+
+def _model_name(model: Path, tokenizer: Path | None) -> str:
+    """The default --out name: the model folder's name (an .onnx file's folder, else its stem)."""
+    from calibkit.data.modeldir import ModelDir
+
+    try:
+        md = ModelDir.resolve(model, tokenizer)
+    except Exception:  # the API reports the real problem with its hint; the name only needs a fallback
+        return model.stem or "model"
+    return md.onnx_path.parent.name or md.onnx_path.stem
 
 
 _OUT_NAMES = ("model.int8.onnx", "calibration.cache", "calibration.json", "plan.json", "tune.json")
@@ -159,10 +150,10 @@ def _check_apart(out_dir: Path, report_dir: Path) -> None:
                          hint="pass two separate folders, e.g. --out runs/tune --report reports/tune")
 
 
-def _summary(res, report_dir: Path | None) -> None:  # noqa: ANN001
+def _summary(run: TuneRun, report_dir: Path | None) -> None:
     from rich.table import Table
 
-    d = res.doc
+    r = run.result
     t = Table(title="tune (agreement: share of FP32's predictions kept)")
     for col in ("", "accuracy search", "accuracy holdout", "agreement search", "agreement holdout"):
         t.add_column(col, justify="right" if col else "left")
@@ -170,35 +161,36 @@ def _summary(res, report_dir: Path | None) -> None:  # noqa: ANN001
     def pct(v: float | None) -> str:
         return "—" if v is None else f"{100 * v:.2f} %"
 
-    f = d["final"]
-    t.add_row("FP32", pct(d["target"]["fp32_accuracy"]), pct(d["target"]["fp32_accuracy_holdout"]), "", "")
-    allint8 = next((c for c in d["candidates"] if not c["kept_nodes"]), None)
-    t.add_row("all INT8", pct(allint8["accuracy_search"] if allint8 else None),
-              pct(f["all_int8_accuracy_holdout"]), pct(allint8.get("agreement_search") if allint8 else None),
-              pct(f.get("all_int8_agreement_holdout")))
-    t.add_row(f"plan ({len(res.kept_nodes)} layers kept)", pct(f["accuracy_search"]), pct(f["accuracy_holdout"]),
-              pct(f.get("agreement_search")), pct(f.get("agreement_holdout")))
+    f = r.final
+    t.add_row("FP32", pct(r.target.fp32_accuracy), pct(r.target.fp32_accuracy_holdout), "", "")
+    allint8 = r.all_int8
+    t.add_row("all INT8", pct(allint8.accuracy_search if allint8 else None), pct(f.all_int8_accuracy_holdout),
+              pct(allint8.agreement_search if allint8 else None), pct(f.all_int8_agreement_holdout))
+    t.add_row(f"plan ({len(f.kept_nodes)} layers kept)", pct(f.accuracy_search), pct(f.accuracy_holdout),
+              pct(f.agreement_search), pct(f.agreement_holdout))
     out.print(t)
-    m = d["methods"]
-    out.print(f"calibration: {m['chosen']} (fewest flips of FP32 on the search split: "
-              + ", ".join(f"{k} {100 * v:.2f} %" for k, v in m.get("all_int8_flip_rate_search", {}).items()) + ")")
-    verdict = "met" if res.met_target else "NOT met (the most accurate plan measured is written)"
-    conf = d["target"].get("agreement_confidence")
-    if d["target"].get("min_agreement") is not None and conf is not None and conf > 0.5:
-        say(f"--min-agreement {d['target']['min_agreement']:g} counts as met on the search split when the one-sided "
+    m = r.methods
+    out.print(f"calibration: {m.chosen} (fewest flips of FP32 on the search split: "
+              + ", ".join(f"{k} {pct(v)}" for k, v in m.all_int8_flip_rate_search.items()) + ")")
+    verdict = "met" if r.met_target else "NOT met (the most accurate plan measured is written)"
+    conf = r.target.agreement_confidence
+    if r.target.min_agreement is not None and conf > 0.5:
+        say(f"--min-agreement {r.target.min_agreement:g} counts as met on the search split when the one-sided "
             f"{100 * conf:g} % lower bound of the agreement reaches it (--agreement-confidence; 0.5: the estimate)")
-    say(f"target {verdict}; INT8 share of linear FLOPs (fused ops included): {100 * res.int8_flops_fraction:.1f} %; "
-              f"{len(d['candidates'])} candidates measured, {d['evaluations_reused']} evaluations reused")
-    verdict_h = f.get("holdout_verdict") or {}
-    if verdict_h.get("text"):
+    say(f"target {verdict}; INT8 share of linear FLOPs (fused ops included): {100 * f.int8_flops_fraction:.1f} %; "
+        f"{len(r.candidates)} candidates measured, {r.evaluations_reused} evaluations reused")
+    vh = f.holdout_verdict
+    if vh is not None and vh.text:
         word = {True: "the holdout supports the claim", False: "the holdout does NOT support the claim",
-                None: "no holdout verdict"}[verdict_h.get("supported")]
-        say(f"{word}: {verdict_h['text']}")
-    for w in d.get("warnings", []):
+                None: "no holdout verdict"}[vh.supported]
+        say(f"{word}: {vh.text}")
+    for w in r.warnings:
         warn(w)
-    modules = f.get("kept_modules") or {}
-    for n in res.kept_nodes:
-        say(f"  keep {modules[n]} ({n})" if modules.get(n) and modules[n] not in n else f"  keep {n}")
-    say(f"wrote {res.out_dir}/ (model.int8.onnx, calibration.cache, calibration.json, plan.json)")
+    modules = f.kept_modules
+    for n in f.kept_nodes:
+        why = f.reasons_for(n)
+        short = f": {why[0].split(' (')[0]}" if why and not out.is_terminal else ""
+        say((f"  keep {modules[n]} ({n})" if modules.get(n) and modules[n] not in n else f"  keep {n}") + short)
+    say(f"wrote {run.out_dir}/ (model.int8.onnx, calibration.cache, calibration.json, plan.json, tune.json)")
     if report_dir:
         say(f"report: {report_dir}/report.html")

@@ -74,6 +74,13 @@ def _acc(logits: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean(logits.argmax(axis=1) == labels))
 
 
+def _plain(value: Any) -> Any:
+    """A result part as plain JSON values for the demo summary (the report layer's own mapping)."""
+    from calibkit.report.codec import to_json
+
+    return to_json(value)
+
+
 def _fidelity(logits: np.ndarray, fp32_logits: np.ndarray, labels: np.ndarray, seed: int) -> dict[str, Any]:
     """Accuracy and agreement with FP32 of one INT8 model on the same examples, with 95 % intervals."""
     from calibkit.evaluate.metrics import output_error
@@ -93,19 +100,13 @@ def _fidelity(logits: np.ndarray, fp32_logits: np.ndarray, labels: np.ndarray, s
 def run_workflow(
     options: WorkflowOptions = WorkflowOptions(), progress: ProgressCallback | None = None
 ) -> WorkflowResult:
-    from calibkit.calibrate.pipeline import calibrate
+    import calibkit as ck
     from calibkit.data.evalset import label_ids, load_eval_set
     from calibkit.data.modeldir import ModelDir
-    from calibkit.data.sample_pipeline import SampleOptions, sample_log
     from calibkit.data.tokenizer import TextTokenizer
     from calibkit.demo.prepare import PrepareOptions, prepare_demo
-    from calibkit.engines.build import BuildRequest, build
     from calibkit.engines.onnxruntime import OnnxRuntimeRunner, evaluation_optimization
-    from calibkit.evaluate.compare import CompareOptions, compare_engines
     from calibkit.evaluate.predict import predict_logits
-    from calibkit.evaluate.tune import TuneConfig, run_tune
-    from calibkit.report.render import render_report
-    from calibkit.types import Precision
 
     cb = progress or no_progress
     t0 = time.perf_counter()
@@ -129,9 +130,8 @@ def run_workflow(
     step(1, "sample the production log")
     t = time.perf_counter()
     cset_dir = Path(options.calibration_sets_dir) / f"demo-{variant}-n{options.sample_size}-s{options.seed}"
-    cset = sample_log(work / "logs.jsonl", cset_dir,
-                      SampleOptions(size=options.sample_size, seed=options.seed, tokenizer=md.tokenizer_path),
-                      progress=cb)
+    cset = ck.sample(work / "logs.jsonl", cset_dir, size=options.sample_size, seed=options.seed,
+                     tokenizer=md.tokenizer_path, progress=cb)
     timings["sample"] = time.perf_counter() - t
 
     from calibkit.evaluate.subsets import limit_eval_set
@@ -144,11 +144,9 @@ def run_workflow(
     models = {"": md}  # variant suffix -> model folder
     smoothing: dict[str, Any] | None = None
     if options.smooth:
-        from calibkit.calibrate.smoothing import smooth
-
         step(2, "smooth the model (activation outliers moved into the weights)")
         t = time.perf_counter()
-        sres = smooth(md, cset, out_dir=runs / "smoothed-model", progress=cb)
+        sres = ck.smooth(md, cset, runs / "smoothed-model", progress=cb)
         models[SMOOTHED] = ModelDir.resolve(sres.out_dir)
         smoothing = {"model": str(sres.out_dir), "alpha": "auto", "groups": sres.groups,
                      "smoothed": len(sres.smoothed), "max_output_deviation": sres.max_deviation,
@@ -163,7 +161,7 @@ def run_workflow(
         for m in options.methods:
             key = m.value + suffix
             model_of[key] = mdir
-            calib[key] = calibrate(mdir, cset, m, out_dir=runs / calibrate_dir(key), progress=cb)
+            calib[key] = ck.calibrate(mdir, cset, runs / calibrate_dir(key), method=m.value, progress=cb)
     timings["calibrate"] = time.perf_counter() - t
 
     step(4, "measure every method's INT8 accuracy")
@@ -187,49 +185,41 @@ def run_workflow(
     t = time.perf_counter()
     eng = runs / "engines"
     engines = {
-        "fp32": build(BuildRequest(model=prep.model_dir, output=eng / "fp32.onnx", precision=Precision.FP32)),
-        "fp16": build(BuildRequest(model=prep.model_dir, output=eng / "fp16.onnx", precision=Precision.FP16)),
-        "int8": build(BuildRequest(model=model_of[best].onnx_path.parent,
-                                   output=eng / f"int8-{variant_slug(best)}.onnx",
-                                   precision=Precision.INT8,
-                                   calibration=calib[best].json_path, target="tensorrt")),
+        "fp32": ck.build(prep.model_dir, eng / "fp32.onnx", precision="fp32"),
+        "fp16": ck.build(prep.model_dir, eng / "fp16.onnx", precision="fp16"),
+        "int8": ck.build(model_of[best].onnx_path.parent, eng / f"int8-{variant_slug(best)}.onnx", precision="int8",
+                         calibration=calib[best].json_path, target="tensorrt"),
     }
     timings["build"] = time.perf_counter() - t
 
     step(6, "compare FP32 vs INT8 and FP16 vs INT8")
     t = time.perf_counter()
-    copts = CompareOptions(layer_samples=options.layer_samples, sensitivity_samples=options.sensitivity_samples,
-                           sensitivity_layers=options.sensitivity_layers, workers=options.workers, seed=options.seed)
-    cmp_fp32 = compare_engines(engines["fp32"].artifact, engines["int8"].artifact, ev, options=copts, progress=cb)
-    doc_fp32 = cmp_fp32.to_dict()
-    render_report(doc_fp32, reports / "compare-fp32-vs-int8")
-    cmp_fp16 = compare_engines(engines["fp16"].artifact, engines["int8"].artifact, ev,
-                               reference=engines["fp32"].artifact,
-                               options=CompareOptions(layer_samples=options.layer_samples, sensitivity=False,
-                                                      seed=options.seed),
-                               progress=cb)
-    doc_fp16 = cmp_fp16.to_dict()
-    render_report(doc_fp16, reports / "compare-fp16-vs-int8")
+    cmp_fp32 = ck.compare(engines["fp32"].artifact, engines["int8"].artifact, ev,
+                          layer_samples=options.layer_samples, sensitivity_samples=options.sensitivity_samples,
+                          sensitivity_layers=options.sensitivity_layers, workers=options.workers, seed=options.seed,
+                          progress=cb)
+    ck.render_report(cmp_fp32, reports / "compare-fp32-vs-int8")
+    cmp_fp16 = ck.compare(engines["fp16"].artifact, engines["int8"].artifact, ev,
+                          reference=engines["fp32"].artifact, layer_samples=options.layer_samples, sensitivity=False,
+                          seed=options.seed, progress=cb)
+    ck.render_report(cmp_fp16, reports / "compare-fp16-vs-int8")
     timings["compare"] = time.perf_counter() - t
 
     step(7, "tune the mixed-precision plan")
     t = time.perf_counter()
     # on the model of the most faithful variant: smoothed when smoothing won
-    tres = run_tune(model_of[best], cset, ev, runs / "tune",
-                    TuneConfig(max_drop=options.max_drop, min_agreement=options.min_agreement,
-                               sensitivity_samples=options.sensitivity_samples,
-                               max_evaluations=options.max_evaluations, workers=options.workers,
-                               seed=options.seed),
-                    progress=cb, render=render_report, report_dir=reports / "tune")
+    tres = ck.tune(model_of[best], cset, ev, runs / "tune", max_drop=options.max_drop,
+                   min_agreement=options.min_agreement, sensitivity_samples=options.sensitivity_samples,
+                   max_evaluations=options.max_evaluations, workers=options.workers, seed=options.seed,
+                   report=reports / "tune", progress=cb)
     timings["tune"] = time.perf_counter() - t
     extra_tunes: dict[str, Any] = {}
     for m in options.extra_tune_methods:
         t = time.perf_counter()
-        extra_tunes[m] = run_tune(
-            md, cset, ev, runs / f"tune-{m}",
-            TuneConfig(max_drop=options.max_drop, method=m, sensitivity_samples=options.sensitivity_samples,
-                       max_evaluations=options.max_evaluations, workers=options.workers, seed=options.seed),
-            progress=cb, render=render_report, report_dir=reports / f"tune-{m}")
+        extra_tunes[m] = ck.tune(md, cset, ev, runs / f"tune-{m}", max_drop=options.max_drop, method=m,
+                                 sensitivity_samples=options.sensitivity_samples,
+                                 max_evaluations=options.max_evaluations, workers=options.workers,
+                                 seed=options.seed, report=reports / f"tune-{m}", progress=cb)
         timings[f"tune ({m})"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
 
@@ -250,17 +240,17 @@ def run_workflow(
         "statistics_reused": {m: r.reused_stats for m, r in calib.items()},
         "smoothing": smoothing,
         "compare_fp32_vs_int8": {
-            "agreement": doc_fp32["agreement"],
-            "agreement_ci": doc_fp32["agreement_ci"],
-            "accuracy_difference": doc_fp32["difference"]["accuracy"],
-            "keep_in_higher_precision": doc_fp32["recommendation"]["keep_in_higher_precision"],
-            "insufficient_evidence": [x["node"] for x in doc_fp32["layers"] if x["flag"] == "insufficient-evidence"],
-            "flips_by_confidence": doc_fp32.get("flips_by_confidence", []),
-            "warnings": doc_fp32["warnings"],
-            "engines": {e["name"]: e["accuracy"] for e in doc_fp32["engines"]},
+            "agreement": cmp_fp32.agreement,
+            "agreement_ci": _plain(cmp_fp32.agreement_ci),
+            "accuracy_difference": _plain(cmp_fp32.difference.accuracy),
+            "keep_in_higher_precision": list(cmp_fp32.keep_in_higher_precision),
+            "insufficient_evidence": [v.node for v in cmp_fp32.layers if v.flag.value == "insufficient-evidence"],
+            "flips_by_confidence": _plain(cmp_fp32.flips_by_confidence),
+            "warnings": list(cmp_fp32.warnings),
+            "engines": {e.name: e.accuracy for e in cmp_fp32.engines},
         },
-        "compare_fp16_vs_int8": {"agreement": doc_fp16["agreement"],
-                                 "engines": {e["name"]: e["accuracy"] for e in doc_fp16["engines"]}},
+        "compare_fp16_vs_int8": {"agreement": cmp_fp16.agreement,
+                                 "engines": {e.name: e.accuracy for e in cmp_fp16.engines}},
         "tune": {
             "met_target": tres.met_target,
             "max_drop_points": options.max_drop,
@@ -268,25 +258,25 @@ def run_workflow(
             "int8_flops_fraction": tres.int8_flops_fraction,
             "fp32_accuracy_holdout": tres.fp32_accuracy_holdout,
             "accuracy_holdout": tres.accuracy_holdout,
-            "accuracy_search": tres.doc["final"]["accuracy_search"],
-            "fp32_accuracy_search": tres.doc["target"]["fp32_accuracy"],
+            "accuracy_search": tres.result.final.accuracy_search,
+            "fp32_accuracy_search": tres.result.target.fp32_accuracy,
             "min_agreement_percent": options.min_agreement,
-            "method": tres.doc["methods"]["chosen"],
-            "agreement_search": tres.doc["final"].get("agreement_search"),
-            "agreement_holdout": tres.doc["final"].get("agreement_holdout"),
-            "holdout_evidence": tres.doc["final"].get("holdout_evidence"),
-            "holdout_verdict": tres.doc["final"].get("holdout_verdict"),
-            "holdout_examples": tres.doc["eval_set"]["holdout"],
-            "evaluations_reused": tres.doc.get("evaluations_reused", 0),
+            "method": tres.result.methods.chosen,
+            "agreement_search": tres.result.final.agreement_search,
+            "agreement_holdout": tres.result.final.agreement_holdout,
+            "holdout_evidence": _plain(tres.result.final.holdout_evidence),
+            "holdout_verdict": _plain(tres.result.final.holdout_verdict),
+            "holdout_examples": tres.result.eval_set.holdout,
+            "evaluations_reused": tres.result.evaluations_reused,
             "out": str(tres.out_dir),
             "model": str(model_of[best].onnx_path.parent),
         },
         "tune_by_method": {
             m: {"met_target": r.met_target, "kept_nodes": list(r.kept_nodes),
                 "int8_flops_fraction": r.int8_flops_fraction, "accuracy_holdout": r.accuracy_holdout,
-                "all_int8_accuracy_holdout": r.doc["final"]["all_int8_accuracy_holdout"],
-                "accuracy_search": r.doc["final"]["accuracy_search"], "candidates": len(r.doc["candidates"]),
-                "fp32_accuracy_search": r.doc["target"]["fp32_accuracy"],
+                "all_int8_accuracy_holdout": r.result.final.all_int8_accuracy_holdout,
+                "accuracy_search": r.result.final.accuracy_search, "candidates": len(r.result.candidates),
+                "fp32_accuracy_search": r.result.target.fp32_accuracy,
                 "fp32_accuracy_holdout": r.fp32_accuracy_holdout}
             for m, r in extra_tunes.items()
         },

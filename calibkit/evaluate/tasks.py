@@ -26,13 +26,21 @@ from typing import Protocol
 
 import numpy as np
 
-from calibkit.data.evalset import EvalSet, word_label_ids
+from calibkit.data.evalset import SET_SEPARATOR, EvalSet, label_ids, word_label_ids
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.engines.base import BaseRunner
-from calibkit.errors import ModelError
+from calibkit.errors import DataError, ModelError
 from calibkit.evaluate.metrics import ClassificationMetrics, classification_metrics
 from calibkit.evaluate.predict import Predicted, predict_outputs
-from calibkit.evaluate.uncertainty import Interval, proportion
+from calibkit.evaluate.results import Fidelity, GoldResult, GoldScores, Range, finite
+from calibkit.evaluate.uncertainty import (
+    Interval,
+    PairedDifference,
+    evidence_warnings,
+    macro_f1_intervals,
+    paired_difference,
+    proportion,
+)
 from calibkit.progress import ProgressCallback
 
 RETRIEVAL_K = 10
@@ -52,30 +60,55 @@ class TaskKind(str, enum.Enum):
 REGRESSION_TOLERANCE = 0.01
 
 
-@dataclass(frozen=True)
-class Fidelity:
-    """How close a candidate's outputs are to the reference's, in the task's own terms.
+@dataclass(frozen=True, eq=False)
+class EngineScore:
+    """One engine against the eval set's labels, with Wilson / bootstrap 95 % intervals."""
 
-    ``agreement``: classification, same argmax per text; token classification, same argmax per real token;
-    embedding, same nearest neighbour among the eval texts. ``cosine_*``: per text, between the two output
-    vectors (logits, embeddings, or a text's real-token logits flattened). ``extra``: task-specific numbers
-    (``retrieval_overlap_at_k``, ``k``, ``entity_f1``).
-    """
+    metrics: ClassificationMetrics
+    accuracy_ci: Interval | None
+    macro_f1_ci: Interval | None
 
-    agreement: float
-    cosine_mean: float
-    cosine_min: float
-    extra: Mapping[str, float] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, float]:
-        return {"agreement": self.agreement, "cosine_mean": self.cosine_mean, "cosine_min": self.cosine_min,
-                **dict(self.extra)}
+@dataclass(frozen=True, eq=False)
+class TaskScore:
+    """What a task makes of the engines' outputs against its gold labels (:meth:`Task.score`).
+
+    ``engines``: per engine name, class metrics (classification only); ``accuracy_diff`` / ``macro_f1_diff``:
+    B − A paired on the same examples; ``extra``: label scores that join the fidelity numbers (regression
+    MAE/RMSE, multi-label exact-set accuracy and F1, per engine); ``gold``: token classification against gold
+    word tags; ``class_ids``: the labels as class ids where per-layer accuracy sensitivity can use them;
+    ``warnings``: what the evidence cannot support."""
+
+    engines: Mapping[str, EngineScore] = field(default_factory=dict)
+    accuracy_diff: PairedDifference | None = None
+    macro_f1_diff: Interval | None = None
+    extra: Mapping[str, float | None] = field(default_factory=dict)
+    gold: GoldScores | None = None
+    class_ids: np.ndarray | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def labelled(self) -> bool:
+        return bool(self.engines) or bool(self.extra) or self.gold is not None
 
 
 class Task(Protocol):
+    """What a model's outputs mean. compare and tune only ever ask these questions:
+
+    - ``predict``: the task's output per text (pooled, with the real-token mask of sequence outputs);
+    - ``gold``: the eval set's labels in the task's terms, validated (DataError names a label the model does
+      not know) — None when the eval set has nothing this task scores; ``width`` (the output's last axis,
+      once known) completes the labels of a model without ``id2label``;
+    - ``fidelity``: the candidate against the reference in the task's terms;
+    - ``predictions``: a class per text where the task has one (None otherwise);
+    - ``score``: every engine's outputs against ``gold`` (metrics, paired differences, label scores);
+    - ``tunable``: None when tune can search plans for this task, else why not (the message of a UsageError).
+    """
+
     kind: TaskKind
     output_name: str
     labels: tuple[str, ...]
+    logits_distribution: bool
 
     def predict(self, runner: BaseRunner, tokenizer: TextTokenizer, texts: Sequence[str], *, batch_size: int,
                 progress: ProgressCallback | None = None, task: str = "inference") -> Predicted: ...
@@ -85,6 +118,32 @@ class Task(Protocol):
     def predictions(self, out: Predicted) -> np.ndarray | None: ...
 
     def metrics(self, out: Predicted, y_true: np.ndarray | None) -> ClassificationMetrics | None: ...
+
+    def gold(self, eval_set: EvalSet, tokenizer: TextTokenizer | None = None, width: int | None = None
+             ) -> object | None: ...
+
+    def score(self, outputs: Mapping[str, Predicted], gold: object | None, *, seed: int = 0) -> TaskScore: ...
+
+    @property
+    def tunable(self) -> str | None: ...
+
+
+def _not_tunable(kind: TaskKind) -> str:
+    return f"tune searches plans for classifiers; this model's outputs make it a {kind.value} model"
+
+
+def _no_labels(kind: TaskKind, eval_set: EvalSet) -> tuple[str, ...]:
+    if eval_set.has_word_labels and kind is not TaskKind.TOKEN_CLASSIFICATION:
+        return (f"the eval set's word tags are used for token-classification models, not {kind.value}: "
+                "fidelity to A is reported, accuracy is not",)
+    if not eval_set.has_labels:
+        return ("the eval set has no labels: fidelity to A is reported, accuracy is not",)
+    return (f"labels are not used for {kind.value} models yet: fidelity to A is reported, accuracy is not",)
+
+
+def unscored_warnings(task: Task, eval_set: EvalSet) -> tuple[str, ...]:
+    """Why a task scored no labels on this eval set (for the report's warnings)."""
+    return _no_labels(task.kind, eval_set)
 
 
 def _row_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -119,6 +178,7 @@ class ClassificationTask:
     output_name: str
     labels: tuple[str, ...] = ()
     kind: TaskKind = TaskKind.CLASSIFICATION
+    logits_distribution: bool = True  # outputs are logits of a class distribution (KL divergence applies)
 
     def predict(self, runner: BaseRunner, tokenizer: TextTokenizer, texts: Sequence[str], *, batch_size: int,
                 progress: ProgressCallback | None = None, task: str = "inference") -> Predicted:
@@ -141,6 +201,41 @@ class ClassificationTask:
         labels = self.labels or tuple(str(i) for i in range(out.values.shape[1]))
         return classification_metrics(y_true, out.values.argmax(axis=1), labels)
 
+    @property
+    def tunable(self) -> str | None:
+        return None
+
+    def gold(self, eval_set: EvalSet, tokenizer: TextTokenizer | None = None, width: int | None = None
+             ) -> np.ndarray | None:
+        """Class ids of the eval set's labels (by name or id); without ``id2label``, by id once ``width`` is known."""
+        if not eval_set.has_labels:
+            return None
+        if self.labels:
+            return label_ids(eval_set, dict(enumerate(self.labels)), len(self.labels))
+        return label_ids(eval_set, {}, width) if width is not None else None
+
+    def score(self, outputs: Mapping[str, Predicted], gold: object | None, *, seed: int = 0) -> TaskScore:
+        if gold is None or not outputs:
+            return TaskScore()
+        y = np.asarray(gold, dtype=np.int64)
+        first = next(iter(outputs.values())).values
+        n = len(self.labels) or (int(first.shape[1]) if first.ndim == 2 else 0)
+        names = self.labels or tuple(str(i) for i in range(n))
+        engines: dict[str, EngineScore] = {}
+        preds: dict[str, np.ndarray] = {}
+        for name, out in outputs.items():
+            pred = preds[name] = out.values.argmax(axis=1)
+            f1 = macro_f1_intervals(y, pred, pred, n, seed=seed)[0] if len(y) else None
+            engines[name] = EngineScore(classification_metrics(y, pred, names), proportion(pred == y), f1)
+        pa, pb = list(preds.values())[:2]
+        return TaskScore(
+            engines=engines,
+            accuracy_diff=paired_difference(pa == y, pb == y, seed=seed),
+            macro_f1_diff=macro_f1_intervals(y, pa, pb, n, seed=seed)[2] if len(y) else None,
+            class_ids=y,
+            warnings=tuple(evidence_warnings(y, names)),
+        )
+
 
 @dataclass(frozen=True)
 class RegressionTask:
@@ -151,6 +246,7 @@ class RegressionTask:
     output_name: str
     labels: tuple[str, ...] = ()
     kind: TaskKind = TaskKind.REGRESSION
+    logits_distribution: bool = False  # outputs are logits of a class distribution (KL divergence applies)
 
     def predict(self, runner: BaseRunner, tokenizer: TextTokenizer, texts: Sequence[str], *, batch_size: int,
                 progress: ProgressCallback | None = None, task: str = "inference") -> Predicted:
@@ -177,6 +273,29 @@ class RegressionTask:
     def metrics(self, out: Predicted, y_true: np.ndarray | None) -> ClassificationMetrics | None:
         return None
 
+    @property
+    def tunable(self) -> str | None:
+        return _not_tunable(self.kind)
+
+    def gold(self, eval_set: EvalSet, tokenizer: TextTokenizer | None = None, width: int | None = None
+             ) -> np.ndarray | None:
+        """The labels as target scores (a label that is not a finite number is refused, naming the example)."""
+        return numeric_labels(eval_set) if eval_set.has_labels else None
+
+    def score(self, outputs: Mapping[str, Predicted], gold: object | None, *, seed: int = 0) -> TaskScore:
+        """Mean absolute and root-mean-square error of A's and B's first score against the gold scores."""
+        if gold is None:
+            return TaskScore()
+        y = np.asarray(gold, dtype=np.float64)
+        extra: dict[str, float | None] = {}
+        for name in ("A", "B"):
+            if name not in outputs:
+                continue
+            err = np.asarray(outputs[name].values, dtype=np.float64).reshape(len(y), -1)[:, 0] - y
+            extra[f"{name}_mae_vs_labels"] = finite(np.abs(err).mean()) if len(y) else None
+            extra[f"{name}_rmse_vs_labels"] = finite(np.sqrt((err ** 2).mean())) if len(y) else None
+        return TaskScore(extra=extra)
+
 
 @dataclass(frozen=True)
 class MultiLabelTask:
@@ -187,6 +306,7 @@ class MultiLabelTask:
     output_name: str
     labels: tuple[str, ...] = ()
     kind: TaskKind = TaskKind.MULTI_LABEL
+    logits_distribution: bool = True  # outputs are logits of a class distribution (KL divergence applies)
 
     def predict(self, runner: BaseRunner, tokenizer: TextTokenizer, texts: Sequence[str], *, batch_size: int,
                 progress: ProgressCallback | None = None, task: str = "inference") -> Predicted:
@@ -207,6 +327,33 @@ class MultiLabelTask:
 
     def metrics(self, out: Predicted, y_true: np.ndarray | None) -> ClassificationMetrics | None:
         return None
+
+    @property
+    def tunable(self) -> str | None:
+        return _not_tunable(self.kind)
+
+    def gold(self, eval_set: EvalSet, tokenizer: TextTokenizer | None = None, width: int | None = None
+             ) -> np.ndarray | None:
+        """[examples, labels] bool from the eval set's label sets (unknown labels refused)."""
+        return multi_hot(eval_set, dict(enumerate(self.labels))) if eval_set.has_labels else None
+
+    def score(self, outputs: Mapping[str, Predicted], gold: object | None, *, seed: int = 0) -> TaskScore:
+        """A's and B's decisions (logit > 0) against the gold label sets: exact-set accuracy, micro and macro F1."""
+        if gold is None:
+            return TaskScore()
+        y = np.asarray(gold, dtype=bool)
+        extra: dict[str, float | None] = {}
+        for name in ("A", "B"):
+            if name not in outputs:
+                continue
+            d = np.asarray(outputs[name].values) > 0
+            tp, fp, fn = (d & y).sum(0), (d & ~y).sum(0), (~d & y).sum(0)
+            per_label = np.where(2 * tp + fp + fn > 0, 2 * tp / np.maximum(2 * tp + fp + fn, 1), 1.0)
+            extra[f"{name}_exact_set_accuracy"] = finite((d == y).all(axis=1).mean()) if len(y) else None
+            total = 2 * tp.sum() + fp.sum() + fn.sum()
+            extra[f"{name}_micro_f1"] = float(2 * tp.sum() / total) if total else 1.0
+            extra[f"{name}_macro_f1"] = finite(per_label.mean()) if per_label.size else None
+        return TaskScore(extra=extra)
 
 
 def _column_cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -269,6 +416,7 @@ class EmbeddingTask:
     k: int = RETRIEVAL_K
     labels: tuple[str, ...] = ()
     kind: TaskKind = TaskKind.EMBEDDING
+    logits_distribution: bool = False  # outputs are logits of a class distribution (KL divergence applies)
 
     def predict(self, runner: BaseRunner, tokenizer: TextTokenizer, texts: Sequence[str], *, batch_size: int,
                 progress: ProgressCallback | None = None, task: str = "inference") -> Predicted:
@@ -290,6 +438,16 @@ class EmbeddingTask:
 
     def metrics(self, out: Predicted, y_true: np.ndarray | None) -> ClassificationMetrics | None:
         return None
+
+    @property
+    def tunable(self) -> str | None:
+        return _not_tunable(self.kind)
+
+    def gold(self, eval_set: EvalSet, tokenizer: TextTokenizer | None = None, width: int | None = None) -> None:
+        return None  # an embedding's fidelity needs no labels; none are scored
+
+    def score(self, outputs: Mapping[str, Predicted], gold: object | None, *, seed: int = 0) -> TaskScore:
+        return TaskScore()
 
 
 def bio_entities(tags: Sequence[str]) -> set[tuple[int, int, str]]:
@@ -417,6 +575,7 @@ class TokenClassificationTask:
     output_name: str
     labels: tuple[str, ...] = ()
     kind: TaskKind = TaskKind.TOKEN_CLASSIFICATION
+    logits_distribution: bool = True  # outputs are logits of a class distribution (KL divergence applies)
 
     @property
     def is_bio(self) -> bool:
@@ -481,6 +640,33 @@ class TokenClassificationTask:
         n_gold = sum(len(bio_entities(t)) for t in gold_tags) if self.is_bio else 0
         return TokenGoldMetrics(float(hits.mean()) if hits.size else float("nan"), ci, scores, int(hits.size),
                                 gold.unscored_words + (gold.words - int(hits.size)), n_gold)
+
+    @property
+    def tunable(self) -> str | None:
+        return _not_tunable(self.kind)
+
+    def gold(self, eval_set: EvalSet, tokenizer: TextTokenizer | None = None, width: int | None = None
+             ) -> WordGold | None:
+        """The eval set's gold word tags at their words' first token positions (tags the model does not know are
+        refused); without ``id2label``, by label id once ``width`` is known."""
+        if not eval_set.has_word_labels or tokenizer is None:
+            return None
+        labels = self.labels or (tuple(str(i) for i in range(width)) if width is not None else None)
+        return align_word_labels(tokenizer, eval_set, labels) if labels is not None else None
+
+    def score(self, outputs: Mapping[str, Predicted], gold: object | None, *, seed: int = 0) -> TaskScore:
+        """Each engine against the gold word tags (:meth:`gold_metrics`)."""
+        if not isinstance(gold, WordGold) or not outputs:
+            return TaskScore()
+        per = {name: self.gold_metrics(out, gold) for name, out in outputs.items()}
+        first = next(iter(per.values()))
+        engines = {name: GoldResult(finite(m.token_accuracy), Range.of(m.token_accuracy_ci),
+                                    m.entities.f1 if m.entities else None,
+                                    m.entities.precision if m.entities else None,
+                                    m.entities.recall if m.entities else None, m.words, m.unscored_words,
+                                    m.gold_entities)
+                   for name, m in per.items()}
+        return TaskScore(gold=GoldScores(engines, first.words, first.unscored_words, first.gold_entities))
 
 
 def choose_task(
@@ -549,3 +735,34 @@ def model_outputs(model: object) -> dict[str, int | None]:
         tt = o.type.tensor_type
         out[o.name] = len(tt.shape.dim) if tt.HasField("shape") else None
     return out
+
+
+def numeric_labels(eval_set: EvalSet) -> np.ndarray:
+    """The labels as target scores; a label that is not a finite number is refused, naming the example."""
+    y = np.empty(len(eval_set), dtype=np.float64)
+    for i, lab in enumerate(eval_set.labels):
+        try:
+            y[i] = float(lab)
+        except ValueError:
+            raise DataError(f"eval set {eval_set.path.name}: example {i + 1}'s label {lab!r} is not a number",
+                            hint="a regression model's labels are its target scores") from None
+    bad = np.flatnonzero(~np.isfinite(y))
+    if len(bad):
+        raise DataError(f"eval set {eval_set.path.name}: example {bad[0] + 1}'s label is not a finite number",
+                        hint="a regression model's labels are its target scores")
+    return y
+
+
+def multi_hot(eval_set: EvalSet, id2label: Mapping[int, str]) -> np.ndarray:
+    """[examples, labels] bool from label sets (names or ids, joined by SET_SEPARATOR); unknown names refused."""
+    by_name = {v: k for k, v in id2label.items()} | {str(k): k for k in id2label}
+    y = np.zeros((len(eval_set), len(id2label)), dtype=bool)
+    for i, lab in enumerate(eval_set.labels):
+        for name in filter(None, lab.split(SET_SEPARATOR)):
+            if name not in by_name:
+                raise DataError(f"eval set {eval_set.path.name}: example {i + 1} has the label {name!r}, which the "
+                                "model does not know",
+                                hint="the model's labels (config.json id2label) are: "
+                                     + ", ".join(f"{k}={v}" for k, v in sorted(id2label.items())))
+            y[i, by_name[name]] = True
+    return y

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from calibkit import __version__
-from calibkit._io import atomic_dir, dumps_json, read_json, sha256_bytes, write_json
+from calibkit._io import atomic_dir, dumps_json, sha256_bytes, write_json
 from calibkit.calibrate.methods import compute_table
 from calibkit.calibrate.pipeline import gather_stats
 from calibkit.calibrate.tablefile import write_calibration_json
@@ -46,6 +46,23 @@ from calibkit.data.modeldir import ModelDir
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.errors import CalibrationError, DataError, UsageError
 from calibkit.evaluate.flops import linear_work
+from calibkit.evaluate.results import (
+    Candidate,
+    Difference,
+    Evidence,
+    HoldoutVerdict,
+    LinearFlops,
+    MethodChoice,
+    PlanEvidence,
+    Range,
+    RowSelection,
+    TuneEvalSet,
+    TunePlan,
+    TuneResult,
+    TuneSplit,
+    TuneTarget,
+    finite,
+)
 from calibkit.evaluate.search import Measured, Plan, search_plan
 from calibkit.evaluate.sensitivity import (
     ALL_INT8,
@@ -65,8 +82,8 @@ from calibkit.types import CalibrationTable, Method, MethodParams
 
 log = logging.getLogger("calibkit.evaluate.tune")
 
-TUNE_FORMAT = "calibkit-tune/1"
 PLAN_MODE = "plan"
+PLAN_FORMAT = "calibkit-plan/1"
 
 
 @dataclass(frozen=True)
@@ -103,20 +120,40 @@ class TuneConfig:
 DEFAULT_UNLABELED_AGREEMENT = 99.0  # percent of FP32's predictions kept, when the eval set has no labels
 
 
+DocumentWriter = Callable[[TuneResult, Path], None]  # writes tune.json (the report layer's serializer)
+
+
 @dataclass(frozen=True)
-class TuneResult:
+class TuneRun:
+    """What a tune run wrote (OUT/ and its files) and its typed :class:`TuneResult`."""
+
     out_dir: Path
     model_path: Path
     cache_path: Path
     json_path: Path
     plan_path: Path
-    doc: dict[str, Any]
-    kept_nodes: tuple[str, ...]
-    int8_flops_fraction: float
-    fp32_accuracy_holdout: float
-    accuracy_holdout: float
-    met_target: bool
-    resumed_evaluations: int
+    result: TuneResult
+    resumed_evaluations: int = 0
+
+    @property
+    def kept_nodes(self) -> tuple[str, ...]:
+        return self.result.final.kept_nodes
+
+    @property
+    def int8_flops_fraction(self) -> float:
+        return self.result.final.int8_flops_fraction
+
+    @property
+    def met_target(self) -> bool:
+        return self.result.target.met
+
+    @property
+    def fp32_accuracy_holdout(self) -> float | None:
+        return self.result.target.fp32_accuracy_holdout
+
+    @property
+    def accuracy_holdout(self) -> float | None:
+        return self.result.final.accuracy_holdout
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------
@@ -283,17 +320,25 @@ def run_tune(
     config: TuneConfig = TuneConfig(),
     *,
     progress: ProgressCallback | None = None,
-    render: Callable[[dict[str, Any], Path], Any] | None = None,
+    render: Callable[[TuneResult, Path], Any] | None = None,
     report_dir: str | Path | None = None,
     executor: Executor | None = None,
-) -> TuneResult:
-    """``executor``: where evaluations run (default: a process pool of ``config.workers``, closed at the end)."""
+    write_document: DocumentWriter | None = None,
+    rows: EvalSubset | None = None,
+) -> TuneRun:
+    """Search the plan, write OUT/ and return what was written with the typed result.
+
+    ``executor``: where evaluations run (default: a process pool of ``config.workers``, closed at the end);
+    ``write_document(result, path)`` writes tune.json inside OUT (``calibkit.tune`` passes the report layer's
+    serializer; without it no tune.json is written); ``render(result, folder)`` writes the report; ``rows``:
+    which rows of the eval file ``eval_set`` holds (``--limit``), recorded in the result's evidence."""
     with contextlib.ExitStack() as stack:
         given = executor is not None
         if executor is None:
             executor = stack.enter_context(from_spec("local", config.workers))
         return _run_tune(model_dir, calibration_set, eval_set, out_dir, config, progress=progress, render=render,
-                         report_dir=report_dir, executor=executor, shard_stats=given)
+                         report_dir=report_dir, executor=executor, shard_stats=given, write_document=write_document,
+                         rows=rows)
 
 
 def _run_tune(
@@ -304,11 +349,15 @@ def _run_tune(
     config: TuneConfig,
     *,
     progress: ProgressCallback | None,
-    render: Callable[[dict[str, Any], Path], Any] | None,
+    render: Callable[[TuneResult, Path], Any] | None,
     report_dir: str | Path | None,
     executor: Executor,
     shard_stats: bool,
-) -> TuneResult:
+    write_document: DocumentWriter | None,
+    rows: EvalSubset | None,
+) -> TuneRun:
+    """The whole search (see the module docstring); longer than one screen because each step's values feed
+    the next and the final result — the steps are marked by comments."""
     cb = progress or no_progress
     if not 0.5 <= config.agreement_confidence < 1.0:
         raise UsageError(f"--agreement-confidence must be in [0.5, 1), got {config.agreement_confidence}",
@@ -333,12 +382,11 @@ def _run_tune(
     id2label = model_dir.id2label
     if not id2label:
         raise DataError("the model folder's config.json has no id2label: tune cannot map eval labels to classes")
-    from calibkit.evaluate.tasks import TaskKind, choose_task, model_outputs
+    from calibkit.evaluate.tasks import choose_task, model_outputs
 
     task = choose_task(model_outputs(proto), {"id2label": {str(k): v for k, v in id2label.items()}})
-    if task.kind is not TaskKind.CLASSIFICATION:
-        raise UsageError(f"tune searches plans for classifiers; this model's outputs make it a {task.kind.value} "
-                         "model", hint="use `calibkit compare` for its fidelity, and --exclude to keep layers")
+    if task.tunable is not None:
+        raise UsageError(task.tunable, hint="use `calibkit compare` for its fidelity, and --exclude to keep layers")
     texts = eval_set.texts
     if len(texts) < 15:
         raise DataError(f"the eval set is too small to tune on ({len(eval_set)} examples)",
@@ -490,49 +538,76 @@ def _run_tune(
                      "holdout check")
         hold_res = dict(zip(plans_to_check, res, strict=True))
         hold_acc = {p: r.accuracy for p, r in hold_res.items()}
-    evidence = _evidence(config, final, labels, ref_pred, search_idx, hold_idx,
-                         search_results.get(final.plan), hold_res.get(final.plan), threshold, fp32_search)
+    search_ev, agree_search = _plan_evidence(config, labels, ref_pred, search_idx, search_results.get(final.plan))
+    hold_ev, agree_hold = _plan_evidence(config, labels, ref_pred, hold_idx, hold_res.get(final.plan))
+    allowed = _allowed_change(config, ref_pred, labels, hold_idx)
 
     own_sqnr: dict[str, float] = {}
     for lm in base_meas.layers:
         if lm.quant_sqnr_db is not None:
             own_sqnr[lm.spec.node] = min(own_sqnr.get(lm.spec.node, float("inf")), lm.quant_sqnr_db)
     reasons = _reasons(final.plan, harm, sens_base, flops, own_sqnr, outcome.tried)
-    doc = _document(config, eval_set, fp32_search, fp32_hold, threshold, outcome.tried, final, met, hold_acc,
-                    reasons, table_acc, base_key, chosen_methods, len(search_idx), len(hold_idx), len(sens_idx),
-                    reused_stats, ev.reused, time.perf_counter() - t0)
-    doc["methods"]["all_int8_flip_rate_search"] = table_flips
-    doc["methods"]["all_int8_mean_kl_search"] = table_kl
-    doc["methods"]["chosen_by"] = "fewest flips of FP32's predictions on the search split (then KL divergence)"
-    doc["target"]["min_agreement"] = config.min_agreement
-    doc["target"]["agreement_confidence"] = config.agreement_confidence
-    doc["eval_set"]["labels"] = "FP32 predictions (the eval set has none)" if config.fidelity_only else "given"
-    if config.fidelity_only:
-        doc["target"]["max_drop"] = None
-    doc["final"].update(evidence)
-    doc["final"]["all_int8_agreement_holdout"] = (1.0 - hold_res[()].flip_rate) if () in hold_res else None
-    for c, m in zip(doc["candidates"], outcome.tried, strict=True):
-        c["agreement_search"] = None if m.agreement != m.agreement else m.agreement
-    doc["split"] = {"search": search_sub.to_dict(), "holdout": hold_sub.to_dict(), "sensitivity": sens_sub.to_dict(),
-                    "seed": config.seed}
-    doc["warnings"] = warnings
     # INT8 share over ALL linear FLOPs: work hidden in fused contrib ops (ORT Attention) stays FP32 in every plan
     share = linear.plain_share
-    for c in doc["candidates"]:
-        c["int8_flops_fraction"] *= share
-    doc["final"]["int8_flops_fraction"] *= share
-    modules = node_names(proto, config.op_types)
-    doc["final"]["kept_modules"] = {n: modules[n].module for n in final.plan if n in modules and modules[n].module}
-    doc["linear_flops"] = {"plain_share": share, "fused_fp32": [f.node for f in linear.fused if not f.integer],
-                           "uncounted": list(linear.uncounted)}
     if share < 1.0:
-        doc["warnings"] = [*warnings, f"{100 * (1 - share):.1f} % of the linear FLOPs are inside fused "
-                           f"com.microsoft ops ({', '.join(sorted({f.op_type for f in linear.fused}))}) that stay "
-                           "FP32: quantize the unfused export to put them in INT8"]
-    result = _write_outputs(out, model_dir, proto, table, final.plan, config, doc, reasons)
+        warnings.append(f"{100 * (1 - share):.1f} % of the linear FLOPs are inside fused com.microsoft ops "
+                        f"({', '.join(sorted({f.op_type for f in linear.fused}))}) that stay FP32: quantize the "
+                        "unfused export to put them in INT8")
+    modules = node_names(proto, config.op_types)
+    method_counts: dict[str, int] = {}
+    for m in chosen_methods.values():
+        method_counts[m] = method_counts.get(m, 0) + 1
+    result = TuneResult(
+        calibkit_version=__version__,
+        eval_set=TuneEvalSet(
+            path=str(eval_set.path), count=len(eval_set), search=len(search_idx), holdout=len(hold_idx),
+            sensitivity_samples=len(sens_idx),
+            labels="FP32 predictions (the eval set has none)" if config.fidelity_only else "given",
+            evidence=Evidence(str(eval_set.path), len(eval_set), tuple(id2label[i] for i in sorted(id2label)),
+                              RowSelection.of_subset(rows), labelled=not config.fidelity_only),
+        ),
+        target=TuneTarget(
+            relative=config.relative, fp32_accuracy=finite(fp32_search), fp32_accuracy_holdout=finite(fp32_hold),
+            threshold=finite(threshold), met=met, max_drop=None if config.fidelity_only else config.max_drop,
+            min_agreement=config.min_agreement, agreement_confidence=config.agreement_confidence,
+        ),
+        methods=MethodChoice(
+            requested=config.method, chosen=base_key,
+            all_int8_accuracy_search={k: finite(v) for k, v in table_acc.items()},
+            all_int8_flip_rate_search={k: finite(v) for k, v in table_flips.items()},
+            all_int8_mean_kl_search={k: finite(v) for k, v in table_kl.items()},
+            per_tensor_counts=method_counts,
+        ),
+        candidates=tuple(
+            Candidate(id=i, stage=m.stage, kept_nodes=tuple(m.plan), int8_flops_fraction=m.int8_flops_fraction * share,
+                      accuracy_search=finite(m.accuracy), method=base_key, accepted=m.plan == final.plan,
+                      meets_target=m.meets, accuracy_holdout=finite(hold_acc.get(m.plan)),
+                      agreement_search=finite(m.agreement))
+            for i, m in enumerate(outcome.tried)
+        ),
+        final=TunePlan(
+            kept_nodes=tuple(final.plan), int8_flops_fraction=final.int8_flops_fraction * share, method=base_key,
+            accuracy_search=finite(final.accuracy), accuracy_holdout=finite(hold_acc.get(final.plan)),
+            all_int8_accuracy_holdout=finite(hold_acc.get(())),
+            all_int8_agreement_holdout=finite(1.0 - hold_res[()].flip_rate) if () in hold_res else None,
+            agreement_search=agree_search, agreement_holdout=agree_hold, search_evidence=search_ev,
+            holdout_evidence=hold_ev, holdout_verdict=holdout_verdict(config, hold_ev, allowed),
+            reasons={n: tuple(r) for n, r in reasons.items()},
+            kept_modules={n: modules[n].module for n in final.plan if n in modules and modules[n].module},
+        ),
+        split=TuneSplit(*(RowSelection.of_subset(s) for s in (search_sub, hold_sub, sens_sub)),  # type: ignore[arg-type]
+                        seed=config.seed),
+        linear_flops=LinearFlops(share, tuple(f.node for f in linear.fused if not f.integer),
+                                 tuple(linear.uncounted)),
+        warnings=tuple(warnings),
+        statistics_reused=reused_stats,
+        evaluations_reused=ev.reused,
+        seconds=round(time.perf_counter() - t0, 1),
+    )
+    run = _write_outputs(out, model_dir, proto, table, result, config, write_document)
     if render is not None:
-        render(doc, Path(report_dir) if report_dir else out / "report")
-    return replace(result, resumed_evaluations=ledger.loaded)
+        render(result, Path(report_dir) if report_dir else out / "report")
+    return replace(run, resumed_evaluations=ledger.loaded)
 
 
 def _rank_by_harm_per_flop(nodes: Sequence[str], harm: dict[str, tuple[float, float]], flops: dict[str, float]
@@ -548,57 +623,58 @@ def _rank_by_harm_per_flop(nodes: Sequence[str], harm: dict[str, tuple[float, fl
     return sorted(nodes, key=lambda n: (-density(n), -harm[n][1], flops.get(n, 0.0)))
 
 
-def _evidence(config: TuneConfig, final: Measured, labels: np.ndarray, ref_pred: np.ndarray,
-              search_idx: np.ndarray, hold_idx: np.ndarray, on_search: SensitivityResult | None,
-              on_hold: SensitivityResult | None, threshold: float, fp32_search: float) -> dict[str, Any]:
-    """The final plan against FP32 on each split, with paired 95 % intervals, and the holdout verdict."""
-    out: dict[str, Any] = {}
-    for name, idx, r in (("search", search_idx, on_search), ("holdout", hold_idx, on_hold)):
-        if r is None or len(r.predictions) != len(idx) or not len(idx):
-            out[f"{name}_evidence"] = None
-            continue
-        pred = np.asarray(r.predictions, dtype=np.int64)
-        diff = paired_difference(ref_pred[idx] == labels[idx], pred == labels[idx], seed=config.seed)
-        agree = proportion(pred == ref_pred[idx])
-        out[f"{name}_evidence"] = {"accuracy_minus_fp32": diff.to_dict(), "agreement": agree.to_dict(),
-                                   "flips": int((pred != ref_pred[idx]).sum()), "n": int(len(idx))}
-        out[f"agreement_{name}"] = agree.estimate
-    fp32_hold = float(np.mean(ref_pred[hold_idx] == labels[hold_idx])) if len(hold_idx) else float("nan")
-    allowed = -(fp32_hold * config.max_drop / 100.0 if config.relative else config.max_drop / 100.0)
+def _plan_evidence(config: TuneConfig, labels: np.ndarray, ref_pred: np.ndarray, idx: np.ndarray,
+                   r: SensitivityResult | None) -> tuple[PlanEvidence | None, float | None]:
+    """The final plan against FP32 on one split, with paired 95 % intervals, and its agreement with FP32."""
+    if r is None or len(r.predictions) != len(idx) or not len(idx):
+        return None, None
+    pred = np.asarray(r.predictions, dtype=np.int64)
+    diff = paired_difference(ref_pred[idx] == labels[idx], pred == labels[idx], seed=config.seed)
+    agree = proportion(pred == ref_pred[idx])
+    ev = PlanEvidence(Difference.of(diff), Range.of(agree), int((pred != ref_pred[idx]).sum()),  # type: ignore[arg-type]
+                      int(len(idx)))
+    return ev, finite(agree.estimate)
+
+
+def _allowed_change(config: TuneConfig, ref_pred: np.ndarray, labels: np.ndarray, hold_idx: np.ndarray
+                    ) -> float | None:
+    """The accuracy change against FP32 the target allows on the holdout (None: no accuracy constraint)."""
     if config.fidelity_only:
-        allowed = float("nan")  # no accuracy constraint to verify
-    out["holdout_verdict"] = _holdout_verdict(config, out.get("holdout_evidence"), allowed)
-    return out
+        return None
+    fp32_hold = float(np.mean(ref_pred[hold_idx] == labels[hold_idx])) if len(hold_idx) else float("nan")
+    return -(fp32_hold * config.max_drop / 100.0 if config.relative else config.max_drop / 100.0)
 
 
-def _holdout_verdict(config: TuneConfig, ev: dict[str, Any] | None, allowed: float) -> dict[str, Any]:
+def holdout_verdict(config: TuneConfig, ev: PlanEvidence | None, allowed: float | None) -> HoldoutVerdict:
     """Whether the holdout split supports the claim, per constraint: 'supported' (met on the holdout),
     'not confirmed' (missed, but within the holdout's 95 % interval) or 'contradicted' (missed beyond it)."""
     if ev is None:
-        return {"supported": None, "text": "no holdout split: the claim rests on the search split alone"}
-    d = ev["accuracy_minus_fp32"]
+        return HoldoutVerdict(None, "no holdout split: the claim rests on the search split alone")
+    d, a = ev.accuracy_minus_fp32, ev.agreement
     parts: dict[str, str] = {}
-    if allowed == allowed:
-        if d["estimate"] >= allowed - 1e-12:
+    if allowed is not None and allowed == allowed and d.estimate is not None:
+        if d.estimate >= allowed - 1e-12:
             parts["accuracy"] = "supported"
         else:
-            parts["accuracy"] = "not confirmed" if d["high"] >= allowed else "contradicted"
-    if config.min_agreement is not None:
-        a = ev["agreement"]
+            parts["accuracy"] = "not confirmed" if (d.high or 0.0) >= allowed else "contradicted"
+    if config.min_agreement is not None and a.estimate is not None:
         need = config.min_agreement / 100.0
-        if a["estimate"] >= need - 1e-12:
+        if a.estimate >= need - 1e-12:
             parts["agreement"] = "supported"
         else:
-            parts["agreement"] = "not confirmed" if a["high"] >= need else "contradicted"
+            parts["agreement"] = "not confirmed" if (a.high or 0.0) >= need else "contradicted"
     supported = all(v == "supported" for v in parts.values()) if parts else None
-    a = ev["agreement"]
-    words = [f"on the holdout split ({ev['n']} examples never used by the search) the plan's accuracy is "
-             f"{100 * d['estimate']:+.2f} points from FP32 (95 % CI {100 * d['low']:+.2f} to {100 * d['high']:+.2f},"
-             f" {d['verdict']}) and it keeps {100 * a['estimate']:.2f} % of FP32's predictions (95 % CI "
-             f"{100 * a['low']:.2f} to {100 * a['high']:.2f})"]
+
+    def pts(v: float | None, fmt: str) -> str:
+        return "n/a" if v is None else format(100 * v, fmt)
+
+    words = [f"on the holdout split ({ev.n} examples never used by the search) the plan's accuracy is "
+             f"{pts(d.estimate, '+.2f')} points from FP32 (95 % CI {pts(d.low, '+.2f')} to {pts(d.high, '+.2f')},"
+             f" {d.verdict}) and it keeps {pts(a.estimate, '.2f')} % of FP32's predictions (95 % CI "
+             f"{pts(a.low, '.2f')} to {pts(a.high, '.2f')})"]
     for k, v in parts.items():
         words.append(f"{k} target: {v}")
-    return {"supported": supported, "by_constraint": parts, "text": "; ".join(words)}
+    return HoldoutVerdict(supported, "; ".join(words), parts)
 
 
 def _layer_quality(
@@ -657,61 +733,16 @@ def _reasons(
     return out
 
 
-def _document(config: TuneConfig, eval_set: EvalSet, fp32_search: float, fp32_hold: float, threshold: float,
-              tried: Sequence[Measured], final: Measured, met: bool, hold_acc: dict[Plan, float],
-              reasons: dict[str, list[str]], table_acc: dict[str, float], base_key: str,
-              chosen_methods: dict[str, str], n_search: int, n_hold: int, n_sens: int, reused_stats: bool,
-              reused_evals: int, seconds: float) -> dict[str, Any]:
-    candidates = [
-        {"id": i, "stage": m.stage, "int8_flops_fraction": m.int8_flops_fraction, "accuracy_search": m.accuracy,
-         "accuracy_holdout": hold_acc.get(m.plan), "kept_nodes": list(m.plan), "method": base_key,
-         "accepted": m.plan == final.plan, "meets_target": m.meets}
-        for i, m in enumerate(tried)
-    ]
-    method_counts: dict[str, int] = {}
-    for m in chosen_methods.values():
-        method_counts[m] = method_counts.get(m, 0) + 1
-    return {
-        "format": TUNE_FORMAT,
-        "calibkit_version": __version__,
-        "eval_set": {"path": str(eval_set.path), "count": len(eval_set), "search": n_search, "holdout": n_hold,
-                     "sensitivity_samples": n_sens},
-        "target": {"max_drop": config.max_drop, "relative": config.relative, "fp32_accuracy": fp32_search,
-                   "fp32_accuracy_holdout": fp32_hold, "threshold": threshold, "met": met},
-        "methods": {"requested": config.method, "all_int8_accuracy_search": table_acc, "chosen": base_key,
-                    "per_tensor_counts": method_counts},
-        "candidates": candidates,
-        "final": {"kept_nodes": list(final.plan), "int8_flops_fraction": final.int8_flops_fraction,
-                  "accuracy_search": final.accuracy, "accuracy_holdout": hold_acc.get(final.plan),
-                  "all_int8_accuracy_holdout": hold_acc.get(()), "reasons": reasons, "method": base_key},
-        "peers": [],
-        "statistics_reused": reused_stats,
-        "evaluations_reused": reused_evals,
-        "seconds": round(seconds, 1),
-    }
-
-
-def _write_outputs(out: Path, model_dir: ModelDir, fp: Any, table: CalibrationTable, plan: Plan,
-                   config: TuneConfig, doc: dict[str, Any], reasons: dict[str, list[str]]) -> TuneResult:
+def _write_outputs(out: Path, model_dir: ModelDir, fp: Any, table: CalibrationTable, result: TuneResult,
+                   config: TuneConfig, write_document: DocumentWriter | None) -> TuneRun:
+    """OUT/ as a whole: the plan's INT8 model, its calibration cache and table, plan.json and, through
+    ``write_document`` (the report layer's serializer), tune.json."""
     from calibkit.quantize.qdq import Target, quantize_model, save_model
 
+    final = result.final
+    plan = final.kept_nodes
     q = quantize_model(fp, table, op_types=config.op_types, keep_nodes=plan,
                        target=Target(config.target))
-    plan_doc = {
-        "format": "calibkit-plan/1",
-        "kept_nodes": list(plan),
-        "precision_of_kept": "fp16 (TensorRT) / fp32 (ONNX Runtime CPU)",
-        "reasons": reasons,
-        "int8_flops_fraction": doc["final"]["int8_flops_fraction"],
-        "accuracy": {"fp32_search": doc["target"]["fp32_accuracy"], "search": doc["final"]["accuracy_search"],
-                     "fp32_holdout": doc["target"]["fp32_accuracy_holdout"],
-                     "holdout": doc["final"]["accuracy_holdout"]},
-        "agreement_with_fp32": {"search": doc["final"].get("agreement_search"),
-                                "holdout": doc["final"].get("agreement_holdout")},
-        "holdout_verdict": doc["final"].get("holdout_verdict"),
-        "met_target": doc["target"]["met"],
-        "method": doc["final"]["method"],
-    }
     extras = {
         "target": config.target, "op_types": list(config.op_types), "exclude": [],
         "quantized_nodes": list(q.quantized_nodes), "kept_nodes": list(q.kept_nodes),
@@ -725,21 +756,30 @@ def _write_outputs(out: Path, model_dir: ModelDir, fp: Any, table: CalibrationTa
         save_model(q.model, tmp / "model.int8.onnx")
         write_cache(tmp / "calibration.cache", table)
         write_calibration_json(tmp / "calibration.json", table, extras)
-        write_json(tmp / "plan.json", plan_doc)
-        write_json(tmp / "tune.json", doc)
-    final = doc["final"]
-    return TuneResult(
-        out_dir=out, model_path=out / "model.int8.onnx", cache_path=out / "calibration.cache",
-        json_path=out / "calibration.json", plan_path=out / "plan.json", doc=doc, kept_nodes=tuple(plan),
-        int8_flops_fraction=float(final["int8_flops_fraction"]),
-        fp32_accuracy_holdout=float(doc["target"]["fp32_accuracy_holdout"] or float("nan")),
-        accuracy_holdout=float(final["accuracy_holdout"]) if final["accuracy_holdout"] is not None else float("nan"),
-        met_target=bool(doc["target"]["met"]), resumed_evaluations=0,
-    )
+        write_json(tmp / "plan.json", plan_file(result))
+        if write_document is not None:
+            write_document(result, tmp / "tune.json")
+    return TuneRun(out_dir=out, model_path=out / "model.int8.onnx", cache_path=out / "calibration.cache",
+                   json_path=out / "calibration.json", plan_path=out / "plan.json", result=result)
 
 
-def load_tune_document(path: str | Path) -> dict[str, Any]:
-    d = read_json(path)
-    if not isinstance(d, dict) or d.get("format") != TUNE_FORMAT:
-        raise DataError(f"{path} is not a calibkit tune document")
-    return d
+def plan_file(result: TuneResult) -> dict[str, Any]:
+    """plan.json (calibkit-plan/1): what a deployment needs of the plan — the layers kept and why, its INT8
+    share and the measurements behind it. A build input, not a report (report/ owns the report documents)."""
+    final, target = result.final, result.target
+    verdict = final.holdout_verdict
+    return {
+        "format": PLAN_FORMAT,
+        "kept_nodes": list(final.kept_nodes),
+        "precision_of_kept": "fp16 (TensorRT) / fp32 (ONNX Runtime CPU)",
+        "reasons": {n: list(r) for n, r in final.reasons.items()},
+        "int8_flops_fraction": final.int8_flops_fraction,
+        "accuracy": {"fp32_search": target.fp32_accuracy, "search": final.accuracy_search,
+                     "fp32_holdout": target.fp32_accuracy_holdout, "holdout": final.accuracy_holdout},
+        "agreement_with_fp32": {"search": final.agreement_search, "holdout": final.agreement_holdout},
+        "holdout_verdict": None if verdict is None else {"supported": verdict.supported,
+                                                         "by_constraint": dict(verdict.by_constraint),
+                                                         "text": verdict.text},
+        "met_target": target.met,
+        "method": final.method,
+    }

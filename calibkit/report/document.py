@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from calibkit.errors import DataError
+from calibkit.report.codec import COMPARE_FORMAT, FORMATS, TUNE_FORMAT
 
 log = logging.getLogger("calibkit.report")
 
-COMPARE_FORMAT = "calibkit-compare/1"
-TUNE_FORMAT = "calibkit-tune/1"
-_KINDS = {"calibkit-compare": COMPARE_FORMAT, "calibkit-tune": TUNE_FORMAT}
+_KINDS = {fmt.partition("/")[0]: fmt for fmt in FORMATS.values()}
 
 
 # ---------------------------------------------------------------- forgiving field readers

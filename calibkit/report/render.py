@@ -9,8 +9,10 @@ from typing import Any
 
 from calibkit._io import atomic_dir, write_bytes, write_json, write_text
 from calibkit.errors import UsageError
+from calibkit.evaluate.results import Result
 from calibkit.outdirs import MARKER
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+from calibkit.report.codec import FORMATS, to_document
 from calibkit.report.content import build_document
 from calibkit.report.document import parse_document
 from calibkit.report.html import render_html
@@ -36,14 +38,18 @@ class ReportPaths:
     plots: tuple[Path, ...]
 
 
-def render_report(doc: dict[str, Any], out_dir: Path, *, progress: ProgressCallback | None = None) -> ReportPaths:
-    """Write ``doc`` (a calibkit-compare/1 or calibkit-tune/1 document) as a report folder ``out_dir``.
+def render_report(doc: dict[str, Any] | Result, out_dir: Path, *, progress: ProgressCallback | None = None
+                  ) -> ReportPaths:
+    """Write ``doc`` (a typed result, or a calibkit-compare/1 or calibkit-tune/1 document) as a report folder
+    ``out_dir``.
 
     The folder is built under a temporary name and swapped in whole, so a failed render leaves the previous
     report intact. ``out_dir`` is replaced as a unit: it must not exist, or hold only a previous report.
     Raises :class:`DataError` for a document that is not a report, :class:`UsageError` for an unusable folder.
     """
     out_dir = Path(out_dir).absolute()
+    if not isinstance(doc, dict) and type(doc) in FORMATS:
+        doc = to_document(doc)
     _check_out_dir(out_dir)
     cb = progress or no_progress
     total = 4

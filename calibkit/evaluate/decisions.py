@@ -1,0 +1,74 @@
+"""Decisions on measured evidence: each layer's flag (with its reasons) from its measurements and sensitivity.
+
+Takes values, reads no files and runs no model: compare measures, this module decides, ``evaluate.results``
+holds the outcome.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from calibkit.evaluate.flags import Thresholds, flag_layer, gate_on_overall
+from calibkit.evaluate.results import Difference, LayerSensitivity, LayerVerdict, SensitivityRun, finite
+from calibkit.evaluate.sensitivity import LayerSensitivity as MeasuredSensitivity
+from calibkit.evaluate.sensitivity import SensitivityAnalysis, SensitivityResult
+from calibkit.evaluate.uncertainty import PairedDifference
+
+
+def layer_verdicts(measured: Sequence[Any], weight_errors: Mapping[str, Any], sensitivity: SensitivityAnalysis | None,
+                   thresholds: Thresholds, overall: PairedDifference | None) -> tuple[LayerVerdict, ...]:
+    """A verdict per measured layer input (``evaluate.taps.LayerMeasurement``): its flag from the heuristics,
+    the measured sensitivity where there is one, and no keep-in-FP16 advice while B is not significantly less
+    accurate than A (``overall``)."""
+    by_node = {ls.node: ls for ls in sensitivity.layers} if sensitivity else {}
+    out = []
+    for m in measured:
+        ls = by_node.get(m.spec.node)
+        ws = weight_errors.get(m.spec.node)
+        flag = flag_layer(
+            thresholds,
+            sqnr_db=m.sqnr_db,
+            clipped_fraction=m.clipped_fraction,
+            outlier_ratio=m.outlier_ratio,
+            nonfinite=m.nonfinite,
+            fp_absmax=m.fp_absmax,
+            quant_sqnr_db=m.quant_sqnr_db,
+            weight_sqnr_db=ws.sqnr_db if ws else None,
+            zeroed_weights=ws.zeroed_fraction if ws else None,
+            only_this_delta=ls.only_this_delta if ls and not ls.only_this.error else None,
+            all_but_this_delta=ls.all_but_this_delta if ls and not ls.all_but_this.error else None,
+            only_this_diff=ls.only_this_diff if ls else None,
+            all_but_this_diff=ls.all_but_this_diff if ls else None,
+            flips_removed=ls.flips_removed if ls else None,
+        )
+        flag = gate_on_overall(flag, overall)
+        s = m.spec
+        out.append(LayerVerdict(
+            index=int(s.index), node=s.node, op_type=s.op_type, tensor=s.tensor, flag=flag.flag,
+            reasons=tuple(flag.reasons), module=s.module, output=s.output, amax=finite(s.amax),
+            fp_min=finite(m.fp_min), fp_max=finite(m.fp_max), fp_absmax=finite(m.fp_absmax), p99=finite(m.p99),
+            p9999=finite(m.p9999), clipped_fraction=finite(m.clipped_fraction),
+            outlier_ratio=finite(m.outlier_ratio), nonfinite=int(m.nonfinite or 0), sqnr_db=finite(m.sqnr_db),
+            quant_sqnr_db=finite(m.quant_sqnr_db), weight_sqnr_db=finite(ws.sqnr_db) if ws else None,
+            weight_zeroed_fraction=finite(ws.zeroed_fraction) if ws else None, cosine=finite(m.cosine),
+            sensitivity=_sensitivity(ls) if ls is not None else None,
+        ))
+    return tuple(out)
+
+
+def _run(r: SensitivityResult, delta: float, diff: PairedDifference | None) -> SensitivityRun:
+    d = Difference.of(diff)
+    return SensitivityRun(
+        accuracy=finite(r.accuracy), delta=finite(delta), logit_mse=finite(r.logit_mse), mean_kl=finite(r.mean_kl),
+        flip_rate=finite(r.flip_rate), delta_low=d.low if d else None, delta_high=d.high if d else None,
+        significant=d.significant if d else None, examples_to_settle=d.examples_to_settle if d else None,
+    )
+
+
+def _sensitivity(ls: MeasuredSensitivity) -> LayerSensitivity:
+    return LayerSensitivity(
+        only_this_int8=_run(ls.only_this, ls.only_this_delta, ls.only_this_diff),
+        all_but_this=_run(ls.all_but_this, ls.all_but_this_delta, ls.all_but_this_diff),
+        flips_removed=Difference.of(ls.flips_removed),
+    )

@@ -1,0 +1,562 @@
+"""The results calibkit returns: typed, frozen, plain data — the one contract between evaluation and reports.
+
+``compare`` returns a :class:`Comparison`, ``tune`` a :class:`TuneResult`. Each mirrors its JSON document
+field by field (``report.codec`` writes and parses them generically from these annotations, so a field added
+here is in the document and read back without further code). No value here is NaN: a number that does not
+apply is ``None`` (rendered "n/a"). Arrays (per-text outputs) are not part of a result's document; where a
+caller wants them they ride in a field marked ``json=False`` (see :data:`NOT_IN_DOCUMENT`), excluded from
+equality too.
+
+:class:`Evidence` names where the rows a verdict rests on came from (file, content hash, which rows, what was
+excluded, labelled or not): compare's ``eval_set`` block; tune's eval set carries one too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from calibkit.evaluate.flags import Flag, Thresholds
+
+#: field metadata: leave the field out of the JSON document
+NOT_IN_DOCUMENT = {"json": False}
+#: field metadata: a Mapping field whose entries sit beside the other fields in the JSON object
+FLATTEN = {"flatten": True}
+
+
+def finite(value: float | None) -> float | None:
+    """``value`` as a float, or None when it is None or not a finite number (NaN never enters a result)."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+# ---------------------------------------------------------------- shared values
+
+
+@dataclass(frozen=True)
+class Range:
+    """A 95 % interval of a proportion or an estimate (fractions)."""
+
+    estimate: float | None
+    low: float | None
+    high: float | None
+    level: float = 0.95
+
+    @classmethod
+    def of(cls, iv: Any) -> Range | None:
+        """From an ``evaluate.uncertainty.Interval`` (None passes through)."""
+        if iv is None:
+            return None
+        return cls(finite(iv.estimate), finite(iv.low), finite(iv.high), float(iv.level))
+
+
+@dataclass(frozen=True)
+class Difference:
+    """B − A of a paired 0/1 outcome on the same examples, with its interval, McNemar p and verdict
+    ("gain" | "loss" | "not significant")."""
+
+    estimate: float | None
+    low: float | None
+    high: float | None
+    a_only: int
+    b_only: int
+    n: int
+    mcnemar_p: float | None
+    significant: bool
+    verdict: str
+    examples_to_settle: int | None = None
+    level: float = 0.95
+
+    @property
+    def interval(self) -> Range:
+        return Range(self.estimate, self.low, self.high, self.level)
+
+    @classmethod
+    def of(cls, d: Any) -> Difference | None:
+        """From an ``evaluate.uncertainty.PairedDifference`` (None passes through)."""
+        if d is None:
+            return None
+        iv = d.interval
+        return cls(finite(iv.estimate), finite(iv.low), finite(iv.high), int(d.a_only), int(d.b_only), int(d.n),
+                   finite(d.mcnemar_p), bool(d.significant), str(d.verdict),
+                   None if d.significant else d.examples_to_settle(), float(iv.level))
+
+
+@dataclass(frozen=True)
+class RowSelection:
+    """Rows of a file of ``of`` rows: ``indices`` into it in canonical (hash) order (left out past 5,000 rows),
+    drawn by ``strategy`` from ``seed``; ``content_sha256`` is the same for the same rows in any file order."""
+
+    count: int
+    of: int
+    seed: int
+    strategy: str
+    content_sha256: str
+    indices: tuple[int, ...] | None = None
+
+    @classmethod
+    def of_subset(cls, sub: Any, max_indices: int = 5000) -> RowSelection | None:
+        """From an ``evaluate.subsets.EvalSubset`` (None passes through)."""
+        if sub is None:
+            return None
+        return cls(len(sub.indices), int(sub.total), int(sub.seed), str(sub.strategy), str(sub.content_sha256),
+                   tuple(int(i) for i in sub.indices) if len(sub.indices) <= max_indices else None)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Where the rows a verdict rests on came from.
+
+    ``path``: the file (or folder) read; ``count``: rows evaluated; ``labels``: the class names the labels
+    map to (empty without labels, or for tasks without classes); ``rows``: which rows of the file (None: all
+    of them, in file order); ``labelled``: whether labels were scored (else fidelity to the reference alone);
+    ``exclusions``: rows left out and why (e.g. texts that are also in the calibration set)."""
+
+    path: str
+    count: int
+    labels: tuple[str, ...] = ()
+    rows: RowSelection | None = None
+    labelled: bool = False
+    exclusions: tuple[str, ...] = ()
+
+
+# ---------------------------------------------------------------- compare
+
+
+@dataclass(frozen=True)
+class Latency:
+    """Per-batch inference time in milliseconds."""
+
+    mean: float | None
+    p50: float | None
+    p95: float | None
+
+
+@dataclass(frozen=True)
+class EngineEvaluation:
+    """One engine on the evidence: what it is, its label metrics (None without labels or for tasks without
+    classes) and its latency."""
+
+    name: str  # "A" | "B" | "reference"
+    path: str
+    precision: str
+    backend: str
+    latency_ms: Latency
+    throughput_per_s: float | None
+    batch_size: int
+    accuracy: float | None = None
+    accuracy_ci: Range | None = None
+    macro_f1: float | None = None
+    macro_f1_ci: Range | None = None
+    confusion_matrix: tuple[tuple[int, ...], ...] | None = None
+    labels: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class OutputStats:
+    """B's outputs against A's: cosine per text, absolute error, KL divergence of the softmax (None where the
+    outputs are no distribution) and mean squared error."""
+
+    cosine_mean: float | None
+    cosine_min: float | None
+    max_abs_error: float | None
+    mean_abs_error: float | None
+    mean_kl: float | None
+    logit_mse: float | None
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    index: int  # row in the file
+    text: str
+    label: str  # "" without labels
+    pred_a: str
+    pred_b: str
+    confidence_a: float | None = None  # A's top-2 probability gap on this text (classification)
+
+
+@dataclass(frozen=True)
+class ConfidenceBand:
+    """Texts whose top-2 probability gap under A lies in [low, high), and how many of them B flipped."""
+
+    low: float
+    high: float
+    texts: int
+    flips: int
+
+
+@dataclass(frozen=True)
+class SensitivityRun:
+    """One variant of the INT8 model on the sensitivity subset: its accuracy, the change it makes (points as a
+    fraction), its output error and, with a paired interval, whether the change is significant."""
+
+    accuracy: float | None
+    delta: float | None
+    logit_mse: float | None
+    mean_kl: float | None
+    flip_rate: float | None = None
+    delta_low: float | None = None
+    delta_high: float | None = None
+    significant: bool | None = None
+    examples_to_settle: int | None = None
+
+
+@dataclass(frozen=True)
+class LayerSensitivity:
+    """A layer's measured effect: quantizing only it, and keeping only it in higher precision."""
+
+    only_this_int8: SensitivityRun
+    all_but_this: SensitivityRun
+    flips_removed: Difference | None = None
+
+
+@dataclass(frozen=True)
+class LayerVerdict:
+    """One quantized layer input: where it is, what was measured on it, its sensitivity and the flag with the
+    reasons that set it."""
+
+    index: int
+    node: str
+    op_type: str
+    tensor: str
+    flag: Flag
+    reasons: tuple[str, ...] = ()
+    module: str = ""
+    output: str = ""
+    amax: float | None = None
+    fp_min: float | None = None
+    fp_max: float | None = None
+    fp_absmax: float | None = None
+    p99: float | None = None
+    p9999: float | None = None
+    clipped_fraction: float | None = None
+    outlier_ratio: float | None = None
+    nonfinite: int = 0
+    sqnr_db: float | None = None  # the layer's output against the reference's
+    quant_sqnr_db: float | None = None  # its own INT8 error: input against its fake-quantized copy
+    weight_sqnr_db: float | None = None
+    weight_zeroed_fraction: float | None = None
+    cosine: float | None = None
+    sensitivity: LayerSensitivity | None = None
+
+    @property
+    def label(self) -> str:
+        """What a reader sees: the module path with the ONNX node name, or the node name alone."""
+        return f"{self.module} ({self.node})" if self.module and self.module not in self.node else self.node
+
+    @property
+    def flagged(self) -> bool:
+        return self.flag in (Flag.KEEP_FP16, Flag.KEEP_FP32)
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    keep_in_higher_precision: tuple[str, ...]
+    precision: str  # "fp16" | "fp32"
+
+
+@dataclass(frozen=True)
+class TensorHistogram:
+    """|x| histogram of a layer input (``counts`` over [0, ``upper``]) and each method's clipping threshold."""
+
+    counts: tuple[int, ...]
+    upper: float
+    thresholds: Mapping[str, float | None]
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """How close B's outputs are to A's in the task's own terms.
+
+    ``agreement``: classification, same argmax per text; token classification, same argmax per real token;
+    embedding, same nearest neighbour among the eval texts; regression, within tolerance; multi-label, same
+    label set. ``cosine_*``: per text between the two output vectors. ``extra``: task-specific numbers
+    (``retrieval_overlap_at_k``, ``k``, ``entity_f1``, label scores such as ``A_mae_vs_labels``), None where
+    one does not apply."""
+
+    agreement: float | None
+    cosine_mean: float | None
+    cosine_min: float | None
+    extra: Mapping[str, float | None] = field(default_factory=dict, metadata=FLATTEN)
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {"agreement": self.agreement, "cosine_mean": self.cosine_mean, "cosine_min": self.cosine_min,
+                **dict(self.extra)}
+
+
+@dataclass(frozen=True)
+class GoldResult:
+    """One engine against gold word tags: per-word accuracy and entity-level scores (BIO label sets)."""
+
+    token_accuracy: float | None
+    token_accuracy_ci: Range | None
+    entity_f1: float | None
+    entity_precision: float | None
+    entity_recall: float | None
+    words: int
+    unscored_words: int
+    entities: int
+
+
+@dataclass(frozen=True)
+class GoldScores:
+    engines: Mapping[str, GoldResult]
+    words: int
+    unscored_words: int
+    entities: int
+    convention: str = "one BIO tag per word; a word's prediction is its first token's"
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """Which task compare judged the outputs as, whether labels were scored, and B's fidelity to A."""
+
+    kind: str  # evaluate.tasks.TaskKind value
+    output: str
+    labelled: bool
+    fidelity: Fidelity | None = None
+    gold: GoldScores | None = None
+
+
+@dataclass(frozen=True)
+class Differences:
+    accuracy: Difference | None = None
+    macro_f1: Range | None = None
+
+
+@dataclass(frozen=True)
+class Subsets:
+    """The rows each measurement used (layer statistics, sensitivity variants)."""
+
+    layers: RowSelection | None = None
+    sensitivity: RowSelection | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class PerTextOutputs:
+    """Each engine's raw outputs per text (numpy arrays, same order as the evidence rows), for callers that
+    want them; never written to a document."""
+
+    by_engine: Mapping[str, Any]
+    masks: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Everything ``calibkit compare`` reports: engine A against engine B (and a reference) on evidence."""
+
+    calibkit_version: str
+    eval_set: Evidence
+    engines: tuple[EngineEvaluation, ...]
+    task: TaskResult
+    outputs: OutputStats
+    thresholds: Thresholds
+    recommendation: Recommendation
+    agreement: float | None = None
+    agreement_ci: Range | None = None
+    flip_rate: float | None = None
+    difference: Differences = Differences()
+    warnings: tuple[str, ...] = ()
+    seed: int = 0
+    subsets: Subsets = Subsets()
+    disagreements: tuple[Disagreement, ...] = ()
+    flips_by_confidence: tuple[ConfidenceBand, ...] = ()
+    layers: tuple[LayerVerdict, ...] = ()
+    layer_samples: int = 0
+    sensitivity_samples: int = 0
+    histograms: Mapping[str, TensorHistogram] = field(default_factory=dict)
+    per_text: PerTextOutputs | None = field(default=None, compare=False, repr=False, metadata=NOT_IN_DOCUMENT)
+
+    @property
+    def engine_a(self) -> EngineEvaluation:
+        return self.engines[0]
+
+    @property
+    def engine_b(self) -> EngineEvaluation:
+        return self.engines[1]
+
+    @property
+    def keep_in_higher_precision(self) -> tuple[str, ...]:
+        return self.recommendation.keep_in_higher_precision
+
+    @property
+    def accuracy_diff(self) -> Difference | None:
+        return self.difference.accuracy
+
+    @property
+    def flagged(self) -> tuple[LayerVerdict, ...]:
+        return tuple(v for v in self.layers if v.flag is not Flag.OK)
+
+    def layer(self, node: str) -> LayerVerdict | None:
+        return next((v for v in self.layers if v.node == node), None)
+
+
+# ---------------------------------------------------------------- tune
+
+
+@dataclass(frozen=True)
+class TuneEvalSet:
+    """The eval set tune judged on: the evidence and how it was split (search, holdout, sensitivity subset)."""
+
+    path: str
+    count: int
+    search: int
+    holdout: int
+    sensitivity_samples: int
+    labels: str  # "given" | "FP32 predictions (the eval set has none)"
+    evidence: Evidence | None = None
+
+
+@dataclass(frozen=True)
+class TuneTarget:
+    """What the plan must keep: accuracy within ``max_drop`` points of FP32 (None: fidelity alone) and, with
+    ``min_agreement``, that percentage of FP32's predictions."""
+
+    relative: bool
+    fp32_accuracy: float | None  # on the search split
+    fp32_accuracy_holdout: float | None
+    threshold: float | None  # the lowest accepted accuracy on the search split
+    met: bool
+    max_drop: float | None = None
+    min_agreement: float | None = None
+    agreement_confidence: float = 0.9
+
+    @property
+    def target_accuracy(self) -> float | None:
+        return self.threshold
+
+
+@dataclass(frozen=True)
+class MethodChoice:
+    """The calibration tables measured all-INT8 on the search split and the one the search started from."""
+
+    requested: str
+    chosen: str
+    all_int8_accuracy_search: Mapping[str, float | None] = field(default_factory=dict)
+    all_int8_flip_rate_search: Mapping[str, float | None] = field(default_factory=dict)
+    all_int8_mean_kl_search: Mapping[str, float | None] = field(default_factory=dict)
+    per_tensor_counts: Mapping[str, int] = field(default_factory=dict)
+    chosen_by: str = "fewest flips of FP32's predictions on the search split (then KL divergence)"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One plan the search measured on the search split (``kept_nodes`` stay in higher precision)."""
+
+    id: int
+    stage: str
+    kept_nodes: tuple[str, ...]
+    int8_flops_fraction: float
+    accuracy_search: float | None
+    method: str
+    accepted: bool
+    meets_target: bool
+    accuracy_holdout: float | None = None
+    agreement_search: float | None = None
+
+
+@dataclass(frozen=True)
+class PlanEvidence:
+    """The final plan against FP32 on one split: paired accuracy difference, agreement, flips."""
+
+    accuracy_minus_fp32: Difference
+    agreement: Range
+    flips: int
+    n: int
+
+
+@dataclass(frozen=True)
+class HoldoutVerdict:
+    """Whether the holdout split supports the claim: True, False, or None (no holdout / nothing to verify);
+    per constraint 'supported' | 'not confirmed' | 'contradicted'."""
+
+    supported: bool | None
+    text: str
+    by_constraint: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TunePlan:
+    """The plan tune chose: the nodes kept in higher precision (with why), its INT8 share of the linear FLOPs,
+    its measurements on both splits and the holdout verdict."""
+
+    kept_nodes: tuple[str, ...]
+    int8_flops_fraction: float
+    method: str
+    accuracy_search: float | None
+    accuracy_holdout: float | None = None
+    all_int8_accuracy_holdout: float | None = None
+    all_int8_agreement_holdout: float | None = None
+    agreement_search: float | None = None
+    agreement_holdout: float | None = None
+    search_evidence: PlanEvidence | None = None
+    holdout_evidence: PlanEvidence | None = None
+    holdout_verdict: HoldoutVerdict | None = None
+    reasons: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    kept_modules: Mapping[str, str] = field(default_factory=dict)
+
+    def reasons_for(self, node: str) -> tuple[str, ...]:
+        return tuple(self.reasons.get(node, ()))
+
+
+@dataclass(frozen=True)
+class TuneSplit:
+    search: RowSelection
+    holdout: RowSelection
+    sensitivity: RowSelection
+    seed: int
+
+
+@dataclass(frozen=True)
+class LinearFlops:
+    """How much of the model's linear work the plans choose among: ``plain_share`` of the MatMul/Gemm FLOPs
+    (the rest is inside fused ops that stay FP32)."""
+
+    plain_share: float
+    fused_fp32: tuple[str, ...] = ()
+    uncounted: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Peer:
+    name: str
+    accuracy: float | None
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """Everything ``calibkit tune`` reports: the target, the tables, every candidate measured, the final plan
+    and its verdict."""
+
+    calibkit_version: str
+    eval_set: TuneEvalSet
+    target: TuneTarget
+    methods: MethodChoice
+    final: TunePlan
+    candidates: tuple[Candidate, ...] = ()
+    split: TuneSplit | None = None
+    linear_flops: LinearFlops | None = None
+    warnings: tuple[str, ...] = ()
+    peers: tuple[Peer, ...] = ()
+    statistics_reused: bool = False
+    evaluations_reused: int = 0
+    seconds: float = 0.0
+
+    @property
+    def met_target(self) -> bool:
+        return self.target.met
+
+    @property
+    def kept_nodes(self) -> tuple[str, ...]:
+        return self.final.kept_nodes
+
+    @property
+    def all_int8(self) -> Candidate | None:
+        return next((c for c in self.candidates if not c.kept_nodes), None)
+
+
+Result = Comparison | TuneResult

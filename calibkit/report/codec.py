@@ -1,0 +1,194 @@
+"""The JSON documents of calibkit's results: written from the typed results and parsed back into the SAME types.
+
+One format tag per document kind, defined here (:data:`FORMATS`). The mapping between a result and its JSON
+is generic: a dataclass is an object whose keys are its field names, a tuple a list, a ``Mapping[str, X]`` an
+object, an enum its value; a field whose metadata says ``flatten`` has its entries beside the other keys; a
+field marked ``json=False`` is left out. So ``parse(to_document(r)) == r`` for every result (tests check it
+over random results), and a field added to ``evaluate.results`` needs no code here.
+
+Parsing is strict about types (a document names what is wrong, with its JSON path) and lenient about absence
+only where the result type has a default (older documents lack newer keys).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import json
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from calibkit.errors import DataError
+from calibkit.evaluate.results import Comparison, Result, TuneResult
+
+COMPARE_FORMAT = "calibkit-compare/1"
+TUNE_FORMAT = "calibkit-tune/1"
+FORMATS: dict[type, str] = {Comparison: COMPARE_FORMAT, TuneResult: TUNE_FORMAT}
+KINDS: dict[str, type] = {fmt.partition("/")[0]: cls for cls, fmt in FORMATS.items()}
+
+
+def format_of(result: Result) -> str:
+    return FORMATS[type(result)]
+
+
+def to_document(result: Result) -> dict[str, Any]:
+    """The JSON document of a result: ``{"format": ..., **fields}``."""
+    if type(result) not in FORMATS:
+        raise TypeError(f"{type(result).__name__} has no document format")
+    return {"format": FORMATS[type(result)], **to_json(result)}
+
+
+def dumps(result: Result) -> str:
+    from calibkit._io import dumps_json
+
+    return dumps_json(to_document(result))
+
+
+def to_json(value: Any) -> Any:
+    """Plain JSON values (dict, list, str, float, int, bool, None) of a result or any value inside one."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(value):
+            if f.metadata.get("json", True) is False:
+                continue
+            v = getattr(value, f.name)
+            if f.metadata.get("flatten"):
+                out.update({str(k): to_json(x) for k, x in dict(v).items()})
+            else:
+                out[f.name] = to_json(v)
+        return out
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): to_json(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [to_json(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def parse_result(doc: Any) -> Result:
+    """A compare or tune document (a parsed JSON object) as its typed result. Raises :class:`DataError` for
+    anything else, naming what is wrong."""
+    cls = result_type(doc)
+    body = {k: v for k, v in doc.items() if k != "format"}
+    return from_json(cls, body)
+
+
+def result_type(doc: Any) -> type:
+    if not isinstance(doc, dict):
+        raise DataError(f"a report document must be a JSON object, not {type(doc).__name__}",
+                        hint="pass the JSON written by `calibkit compare` or `calibkit tune`")
+    fmt = doc.get("format")
+    if not isinstance(fmt, str):
+        raise DataError("the document has no \"format\" field, so it is not a calibkit report",
+                        hint=f"pass the JSON written by `calibkit compare` or `calibkit tune` (format "
+                             f"{COMPARE_FORMAT} or {TUNE_FORMAT})")
+    cls = KINDS.get(fmt.partition("/")[0])
+    if cls is None:
+        raise DataError(f"unknown report format {fmt!r}",
+                        hint=f"calibkit reads {COMPARE_FORMAT} and {TUNE_FORMAT} documents")
+    return cls
+
+
+def from_json(cls: Any, data: Any, path: str = "$") -> Any:
+    """``data`` (plain JSON values) as an instance of the type ``cls`` (a dataclass, tuple, Mapping, enum,
+    Optional or scalar annotation)."""
+    origin = typing.get_origin(cls)
+    if cls is Any:
+        return data
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(cls)
+        if data is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return from_json(arg, data, path)
+            except DataError as exc:
+                errors.append(exc)
+        raise errors[0] if errors else _bad(path, "a value", data)
+    if origin is tuple:
+        args = typing.get_args(cls)
+        if not isinstance(data, list):
+            raise _bad(path, "a list", data)
+        item = args[0] if args else Any
+        return tuple(from_json(item, v, f"{path}[{i}]") for i, v in enumerate(data))
+    if origin in (Mapping, dict, typing.Mapping) or cls in (dict, Mapping):
+        args = typing.get_args(cls)
+        if not isinstance(data, dict):
+            raise _bad(path, "an object", data)
+        item = args[1] if len(args) == 2 else Any
+        return {str(k): from_json(item, v, f"{path}.{k}") for k, v in data.items()}
+    if isinstance(cls, type) and dataclasses.is_dataclass(cls):
+        return _dataclass(cls, data, path)
+    if isinstance(cls, type) and issubclass(cls, enum.Enum):
+        try:
+            return cls(data)
+        except ValueError:
+            raise _bad(path, "one of " + ", ".join(repr(m.value) for m in cls), data) from None
+    if cls is bool:
+        if not isinstance(data, bool):
+            raise _bad(path, "true or false", data)
+        return data
+    if cls is int:
+        if isinstance(data, bool) or not isinstance(data, (int, float)) or int(data) != data:
+            raise _bad(path, "an integer", data)
+        return int(data)
+    if cls is float:
+        if isinstance(data, bool) or not isinstance(data, (int, float)):
+            raise _bad(path, "a number", data)
+        return float(data)
+    if cls is str:
+        if not isinstance(data, str):
+            raise _bad(path, "a string", data)
+        return data
+    raise TypeError(f"no JSON mapping for {cls!r} at {path}")
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _dataclass(cls: type, data: Any, path: str) -> Any:
+    if not isinstance(data, dict):
+        raise _bad(path, "an object", data)
+    hints = _hints(cls)
+    kwargs: dict[str, Any] = {}
+    named = {f.name for f in dataclasses.fields(cls) if not f.metadata.get("flatten")}
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("json", True) is False:
+            continue
+        if f.metadata.get("flatten"):
+            rest = {k: v for k, v in data.items() if k not in named}
+            kwargs[f.name] = from_json(hints[f.name], rest, path)
+            continue
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise DataError(f"the document lacks {path}.{f.name}",
+                                hint="pass a document written by this calibkit version's compare or tune")
+            continue
+        kwargs[f.name] = from_json(hints[f.name], data[f.name], f"{path}.{f.name}")
+    return cls(**kwargs)
+
+
+def _bad(path: str, wanted: str, data: Any) -> DataError:
+    shown = json.dumps(data, default=str)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return DataError(f"{path} should be {wanted}, not {shown}",
+                     hint="pass a document written by calibkit compare or tune, unedited")
+
+
+def load_result(path: str | Path) -> Result:
+    """Read a compare or tune JSON file into its typed result."""
+    from calibkit.report.document import load_document
+
+    return parse_result(load_document(path))
