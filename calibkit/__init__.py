@@ -15,7 +15,9 @@ and their parts (calibkit.evaluate.results). Errors: :class:`CalibkitError` and 
 
 from __future__ import annotations
 
-import importlib
+import importlib as _importlib
+import sys as _sys
+import types as _types  # aliased: the subpackage calibkit.types, once imported, is bound as calibkit.types
 from typing import Any
 
 __version__ = "0.1.0"
@@ -31,11 +33,40 @@ _WHERE = {**dict.fromkeys(_API, "calibkit.api"), **dict.fromkeys(_RESULTS, "cali
 __all__ = ["__version__", *_API, *_RESULTS, *_ERRORS]
 
 
+class _Calibrate:
+    """``calibkit.calibrate``: the API function when called, the ``calibkit/calibrate`` subpackage for attribute
+    access (``calibkit.calibrate.pipeline``), since both have the one name."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _importlib.import_module("calibkit.api").calibrate(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_importlib.import_module("calibkit.calibrate"), name)
+
+    def __repr__(self) -> str:
+        return "<calibkit.calibrate: calibkit.api.calibrate, and the calibkit.calibrate package>"
+
+    @property
+    def __doc__(self) -> str | None:  # type: ignore[override]
+        return _importlib.import_module("calibkit.api").calibrate.__doc__
+
+
+class _Package(_types.ModuleType):
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "calibrate" and isinstance(value, _types.ModuleType):
+            return  # the import system binding the subpackage: calibkit.calibrate stays the API entry
+        super().__setattr__(name, value)
+
+
+calibrate = _Calibrate()
+_sys.modules[__name__].__class__ = _Package
+
+
 def __getattr__(name: str) -> Any:
     where = _WHERE.get(name)
     if where is None:
         raise AttributeError(f"module 'calibkit' has no attribute {name!r}")
-    value = getattr(importlib.import_module(where), name)
+    value = getattr(_importlib.import_module(where), name)
     globals()[name] = value
     return value
 

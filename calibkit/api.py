@@ -146,7 +146,7 @@ def check_calibration_options(*, method: str, target: str, percentile: float, nu
                               op_types: Sequence[str], exclude: Sequence[str]) -> None:
     """UsageError for options calibrate cannot use (each with what to pass instead)."""
     if method not in METHODS:
-        raise UsageError(f"unknown --method {method!r}", hint="choose " + ", ".join(METHODS))
+        raise UsageError(f"unknown --method {method!r}", hint=f"choose one of: {', '.join(METHODS)}")
     if target not in ("tensorrt", "onnxruntime"):
         raise UsageError(f"unknown --target {target!r}", hint="choose tensorrt or onnxruntime")
     if not 0.0 < percentile <= 100.0:
@@ -169,7 +169,7 @@ def calibrate(
     calibration_set: PathLike | CalibrationSet,
     out: PathLike | None = None,
     *,
-    method: str = "entropy",
+    method: str = "mse",
     tokenizer: PathLike | None = None,
     op_types: Sequence[str] = ("MatMul", "Gemm"),
     exclude: Sequence[str] = (),
@@ -210,7 +210,7 @@ def build(
     model: PathLike,
     output: PathLike,
     *,
-    precision: str = "int8",
+    precision: str = "fp32",
     backend: str = "onnxruntime",
     calibration: PathLike | None = None,
     qdq: PathLike | None = None,
@@ -246,7 +246,7 @@ def build(
 
     req = BuildRequest(
         model=Path(model), output=Path(output), precision=prec, backend=back, calibration=p(calibration),
-        qdq_model=p(qdq), target=target.lower() if target else None, exclude=list(exclude), tokenizer=p(tokenizer),
+        qdq_model=p(qdq), target=target.lower() if target else None, exclude=tuple(exclude), tokenizer=p(tokenizer),
         calibration_set=p(calibration_set), min_seq=min_seq, opt_seq=opt_seq, max_seq=max_seq,
         workspace_mib=workspace_mib, reduce_range=reduce_range,
     )

@@ -136,3 +136,14 @@ def test_ck_compare_validates_like_the_cli(tmp_path: Path) -> None:
         ck.compare(paths["fp"], paths["int8"], bad, limit=10, layers=False)
     with pytest.raises(ck.UsageError, match="batch-size"):
         ck.compare(paths["fp"], paths["int8"], paths["eval"], batch_size=0)
+
+
+def test_ck_calibrate_stays_the_api_after_its_subpackage_is_imported() -> None:
+    import calibkit as ck
+    import calibkit.calibrate.pipeline as pipeline
+    from calibkit.api import calibrate
+
+    assert ck.calibrate.pipeline is pipeline  # the subpackage is still reachable by attribute
+    assert ck.calibrate.__doc__ == calibrate.__doc__
+    with pytest.raises(ck.UsageError, match="unknown --method"):
+        ck.calibrate("model", "cset", method="nope")

@@ -202,8 +202,19 @@ MEMORY_BUDGET_HELP = ("Bytes of tapped activations held at once, e.g. 512M, 1G, 
 MAX_BATCH_TOKENS_HELP = "Most padded tokens (batch x longest text) per batch [default: no limit]."
 
 
-def token_budget(memory_budget: str, max_batch_tokens: int | None):  # type: ignore[no-untyped-def]
-    """The TokenBudget of --memory-budget / --max-batch-tokens (imported here, not at --help time)."""
-    from calibkit.data.encode import TokenBudget, parse_size
+# ---------------------------------------------------------------- option blocks shared by several commands
+# declared once; a command's signature names them (``tokenizer: Path | None = TOKENIZER``)
 
-    return TokenBudget(max_batch_tokens=max_batch_tokens, memory_bytes=parse_size(memory_budget))
+TOKENIZER = typer.Option(None, "--tokenizer", help="Tokenizer folder when MODEL is an .onnx file.")
+MAX_BATCH_TOKENS = typer.Option(None, "--max-batch-tokens", help=MAX_BATCH_TOKENS_HELP)
+MEMORY_BUDGET = typer.Option("1G", "--memory-budget", help=MEMORY_BUDGET_HELP)
+MEMORY_BUDGET_TAPS = typer.Option("1G", "--memory-budget", help=MEMORY_BUDGET_HELP + " For the layer taps.")
+FORCE = typer.Option(False, "--force", help=FORCE_HELP)
+NO_REPORT = typer.Option(False, "--no-report", help="Write no report folder.")
+LIMIT = typer.Option(None, "--limit", min=1,
+                     help="Use N eval examples, drawn at random and stratified by label (--seed).")
+
+
+def force_option(applies_to: str) -> typer.models.OptionInfo:
+    """--force, saying which outputs it applies to."""
+    return typer.Option(False, "--force", help=f"{FORCE_HELP} Applies to {applies_to}.")

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import RichProgress, guard_out_file, handle_errors, say, warn
+from calibkit.cli._common import (
+    TOKENIZER,
+    RichProgress,
+    guard_out_file,
+    handle_errors,
+    say,
+    warn,
+)
 
 HELP = """Build an engine from an FP32 ONNX model: FP32, FP16 or INT8, for ONNX Runtime or TensorRT.
 
@@ -72,7 +79,7 @@ def build(
         [], "--exclude", "-x", help="Regex of node names or module paths kept in FP32 for int8/fp16 (repeatable), e.g. "
         "'/classifier/' or 'classifier'."
     ),
-    tokenizer: Path | None = typer.Option(None, "--tokenizer", help="Tokenizer folder when MODEL is an .onnx file."),
+    tokenizer: Path | None = TOKENIZER,
     calibration_set: Path | None = typer.Option(
         None, "--calibration-set", "-c", help="Texts whose token lengths set the TensorRT profile."
     ),
@@ -87,31 +94,18 @@ def build(
     ),
 ) -> None:
     with handle_errors():
-        from calibkit.engines.build import BuildRequest
-        from calibkit.engines.build import build as run_build
-        from calibkit.errors import UsageError
-        from calibkit.types import Backend, Precision
-
-        try:
-            prec = Precision(precision.lower())
-        except ValueError:
-            raise UsageError(f"unknown --precision {precision!r}", hint="choose fp32, fp16 or int8") from None
-        try:
-            back = Backend(backend.lower())
-        except ValueError:
-            raise UsageError(f"unknown --backend {backend!r}", hint="choose onnxruntime or tensorrt") from None
-        req = BuildRequest(
-            model=model, output=output, precision=prec, backend=back, calibration=calibration, qdq_model=qdq,
-            target=target.lower() if target else None, exclude=_split(exclude), tokenizer=tokenizer,
-            calibration_set=calibration_set, min_seq=min_seq, opt_seq=opt_seq, max_seq=max_seq,
-            workspace_mib=workspace_mib, reduce_range=reduce_range,
-        )
+        from calibkit.api import build as run_build
         from calibkit.engines.artifact import sidecar_path
 
         guard_out_file(output, inputs=[model, calibration, qdq, tokenizer, calibration_set], option="--output",
                        owned=lambda p: sidecar_path(p).is_file())
         with RichProgress() as progress:
-            res = run_build(req, progress=progress)
+            res = run_build(
+                model, output, precision=precision, backend=backend, calibration=calibration, qdq=qdq, target=target,
+                exclude=_split(exclude), tokenizer=tokenizer, calibration_set=calibration_set, min_seq=min_seq,
+                opt_seq=opt_seq, max_seq=max_seq, workspace_mib=workspace_mib, reduce_range=reduce_range,
+                progress=progress,
+            )
         art = res.artifact
         say(f"wrote {art.path} ({art.precision.value}, {art.backend.value})")
         if res.quantized_nodes:

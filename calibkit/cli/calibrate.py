@@ -7,14 +7,14 @@ from pathlib import Path
 import typer
 
 from calibkit.cli._common import (
-    FORCE_HELP,
-    MAX_BATCH_TOKENS_HELP,
-    MEMORY_BUDGET_HELP,
+    FORCE,
+    MAX_BATCH_TOKENS,
+    MEMORY_BUDGET,
+    TOKENIZER,
     RichProgress,
     guard_out_dir,
     handle_errors,
     say,
-    token_budget,
     warn,
 )
 from calibkit.executors import EXECUTOR_HELP
@@ -93,12 +93,8 @@ def calibrate(
     batch_size: int = typer.Option(
         32, "--batch-size", "-b", help="Most texts per inference batch (length-bucketed; the budget may cut it)."
     ),
-    memory_budget: str = typer.Option(
-        "1G", "--memory-budget", help=MEMORY_BUDGET_HELP
-    ),
-    max_batch_tokens: int | None = typer.Option(
-        None, "--max-batch-tokens", help=MAX_BATCH_TOKENS_HELP
-    ),
+    memory_budget: str = MEMORY_BUDGET,
+    max_batch_tokens: int | None = MAX_BATCH_TOKENS,
     op_types: list[str] = typer.Option(
         ["MatMul,Gemm"], "--op-types", help="Op types to quantize (comma-separated or repeated)."
     ),
@@ -108,13 +104,13 @@ def calibrate(
         "matches nothing is warned about."
     ),
     target: str = typer.Option("tensorrt", "--target", help="tensorrt | onnxruntime: the Q/DQ layout to write."),
-    tokenizer: Path | None = typer.Option(None, "--tokenizer", help="Tokenizer folder when MODEL is an .onnx file."),
+    tokenizer: Path | None = TOKENIZER,
     num_bins: int = typer.Option(2048, "--num-bins", help="Histogram bins (a power of two)."),
     from_cache: Path | None = typer.Option(
         None, "--from-cache", help="Build the Q/DQ model from this TensorRT calibration cache instead of calibrating."
     ),
     fresh: bool = typer.Option(False, "--fresh-stats", help="Ignore cached statistics and run the model again."),
-    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
+    force: bool = FORCE,
     executor: str | None = typer.Option(
         None, "--executor",
         help="Collect statistics in shards, one per worker, merged bit-identically (default: in this process). "
@@ -122,30 +118,13 @@ def calibrate(
     ),
 ) -> None:
     with handle_errors():
+        from calibkit.api import budget, check_calibration_options
         from calibkit.errors import UsageError
 
-        if method not in METHODS:
-            raise UsageError(f"unknown --method {method!r}", hint=f"choose one of: {', '.join(METHODS)}")
-        if target not in ("tensorrt", "onnxruntime"):
-            raise UsageError(f"unknown --target {target!r}", hint="choose tensorrt or onnxruntime")
-        if not 0.0 < percentile <= 100.0:
-            raise UsageError(f"--percentile must be in (0, 100], got {percentile}", hint="e.g. --percentile 99.99")
-        if num_bins < 256 or num_bins & (num_bins - 1):
-            raise UsageError(f"--num-bins must be a power of two >= 256, got {num_bins}", hint="the default is 2048")
-        if batch_size < 1:
-            raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
-        budget = token_budget(memory_budget, max_batch_tokens)
         ops = _split(op_types)
-        if not ops:
-            raise UsageError("--op-types is empty", hint="e.g. --op-types MatMul,Gemm")
-        import re
-
-        for p in exclude:
-            try:
-                re.compile(p)
-            except re.error as exc:
-                raise UsageError(f"--exclude {p!r} is not a valid regular expression ({exc})") from None
-
+        check_calibration_options(method=method, target=target, percentile=percentile, num_bins=num_bins,
+                                  batch_size=batch_size, op_types=ops, exclude=exclude)
+        budget(memory_budget, max_batch_tokens)  # a bad --memory-budget is refused before any work
         if from_cache is not None:
             if calibration_set is not None:
                 raise UsageError("--from-cache and --calibration-set exclude each other")
@@ -158,17 +137,15 @@ def calibrate(
                 "--calibration-set is required (or --from-cache FILE)",
                 hint="create one with `calibkit sample LOGS.jsonl --out DIR`",
             )
-        from calibkit.calibrate.pipeline import calibrate as run_calibration
+        from calibkit.api import calibrate as run_calibration
         from calibkit.data.calibset import load_calibration_set
         from calibkit.data.modeldir import ModelDir
-        from calibkit.types import Method, MethodParams
 
-        md = ModelDir.resolve(model, tokenizer)
-        cset = load_calibration_set(calibration_set)
-        params = MethodParams(num_bins=num_bins, percentile=percentile)
         target_dir = out_dir or Path("runs") / f"calibrate-{method}"
         if target_dir.resolve() == Path.cwd().resolve():
             raise UsageError("--out is the current directory", hint="calibkit writes into a folder: pass --out DIR")
+        md = ModelDir.resolve(model, tokenizer)
+        cset = load_calibration_set(calibration_set)
         _guard(target_dir, [model, calibration_set, tokenizer], force)
         import contextlib
 
@@ -177,9 +154,9 @@ def calibrate(
         with contextlib.ExitStack() as stack, RichProgress() as progress:
             ex = stack.enter_context(from_spec(executor)) if executor else None
             result = run_calibration(
-                md, cset, Method(method), params, out_dir=target_dir, op_types=ops, exclude=exclude,
-                target=target, batch_size=batch_size, progress=progress, use_cache=not fresh,
-                budget=budget, executor=ex,
+                md, cset, target_dir, method=method, op_types=ops, exclude=exclude,
+                target=target, percentile=percentile, num_bins=num_bins, batch_size=batch_size, use_cache=not fresh,
+                memory_budget=memory_budget, max_batch_tokens=max_batch_tokens, executor=ex, progress=progress,
             )
         _summary(result, method, len(cset))
 

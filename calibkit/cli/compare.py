@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING
 import typer
 
 from calibkit.cli._common import (
-    FORCE_HELP,
-    MAX_BATCH_TOKENS_HELP,
-    MEMORY_BUDGET_HELP,
+    LIMIT,
+    MAX_BATCH_TOKENS,
+    MEMORY_BUDGET_TAPS,
+    NO_REPORT,
     RichProgress,
+    force_option,
     guard_out_dir,
     guard_out_file,
     handle_errors,
@@ -73,11 +75,9 @@ def compare(
     report: Path | None = typer.Option(
         None, "--report", help="Report folder (default reports/<timestamp>-<A>-vs-<B>/)."
     ),
-    no_report: bool = typer.Option(False, "--no-report", help="Write no report folder."),
+    no_report: bool = NO_REPORT,
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Examples per inference batch."),
-    limit: int | None = typer.Option(
-        None, "--limit", min=1, help="Use N eval examples, drawn at random and stratified by label (--seed)."
-    ),
+    limit: int | None = LIMIT,
     seed: int = typer.Option(0, "--seed", help="Seed of the --limit, layer-statistics and sensitivity subsets."),
     layers: bool = typer.Option(True, "--layers/--no-layers", help="Per-layer ranges and SQNR."),
     layer_samples: int = typer.Option(
@@ -89,8 +89,8 @@ def compare(
     sensitivity_samples: int = typer.Option(
         256, "--sensitivity-samples", min=1, help="Examples per variant (stratified subset)."
     ),
-    memory_budget: str = typer.Option("1G", "--memory-budget", help=MEMORY_BUDGET_HELP + " For the layer taps."),
-    max_batch_tokens: int | None = typer.Option(None, "--max-batch-tokens", help=MAX_BATCH_TOKENS_HELP),
+    memory_budget: str = MEMORY_BUDGET_TAPS,
+    max_batch_tokens: int | None = MAX_BATCH_TOKENS,
     sensitivity_layers: int | None = typer.Option(
         None, "--sensitivity-layers", min=1,
         help="Only the K layers with the worst own SQNR or most zeroed weights (default: every layer).",
@@ -114,7 +114,7 @@ def compare(
     label_column: str | None = typer.Option(None, "--label-column", help="Label column (default: label, ...)."),
     split: str | None = typer.Option(None, "--split", help="Split of a datasets DatasetDict (default test)."),
     max_disagreements: int = typer.Option(50, "--max-disagreements", min=0, help="Disagreeing examples to list."),
-    force: bool = typer.Option(False, "--force", help=FORCE_HELP + " Applies to --report."),
+    force: bool = force_option("--report"),
     task: str | None = typer.Option(
         None, "--task", help="classification | embedding | token-classification | regression | multi-label "
         "[default: from the "

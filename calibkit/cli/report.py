@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import FORCE_HELP, RichProgress, guard_out_dir, handle_errors, say
+from calibkit.cli._common import FORCE, RichProgress, guard_out_dir, handle_errors, say
 
 _HELP = (
     "Re-render a compare or tune report from its JSON.\n\n"
@@ -34,7 +34,7 @@ def report(
     out_dir: Path = typer.Option(None, "--out", "-o", metavar="DIR", help="Report folder to write. Default: the "
                                  "folder of REPORT.json when it is named report.json, else <name>-report/ beside "
                                  "it."),
-    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
+    force: bool = FORCE,
 ) -> None:
     with handle_errors():
         from calibkit.report.document import load_document

@@ -7,7 +7,14 @@ from typing import Any
 
 import typer
 
-from calibkit.cli._common import FORCE_HELP, RichProgress, guard_out_dir, handle_errors, out, warn
+from calibkit.cli._common import (
+    FORCE,
+    RichProgress,
+    guard_out_dir,
+    handle_errors,
+    out,
+    warn,
+)
 
 HELP = """Draw a calibration set from a JSON Lines request log (plain or .gz, any size).
 
@@ -69,30 +76,21 @@ def sample(
     strict: bool = typer.Option(False, "--strict", help="Fail at the first broken line instead of skipping it."),
     no_redact: bool = typer.Option(False, "--no-redact", help="Keep e-mails, phone/card numbers and IPs as is."),
     clusters: int = typer.Option(12, "--clusters", help="Topic clusters to stratify by (1 disables)."),
-    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
+    force: bool = FORCE,
 ) -> None:
     with handle_errors():
-        from calibkit.data.calibset import write_calibration_set
-        from calibkit.data.sample_pipeline import SampleOptions, default_out_dir, draw_sample
+        from calibkit.api import sample as run_sample
+        from calibkit.data.sample_pipeline import default_out_dir
         from calibkit.errors import UsageError
 
         if clusters < 1:
             raise UsageError(f"--clusters must be at least 1 (got {clusters})")
-        options = SampleOptions(
-            size=size,
-            seed=seed,
-            text_field=text_field,
-            label_field=label_field,
-            tokenizer=tokenizer,
-            strict=strict,
-            redact=not no_redact,
-            clusters=clusters,
-        )
         target = out_dir or default_out_dir(logs, size, seed)
         guard_out_dir(target, inputs=[logs, tokenizer], force=force, legacy_names=("texts.jsonl", "manifest.json"))
         with RichProgress() as progress:
-            drawn = draw_sample(logs, options, progress)
-        cset = write_calibration_set(target, drawn.texts, drawn.labels, drawn.manifest)
+            cset = run_sample(logs, target, size=size, seed=seed, text_field=text_field, label_field=label_field,
+                              tokenizer=tokenizer, strict=strict, redact=not no_redact, clusters=clusters,
+                              progress=progress)
         _summary(cset.manifest, target)
         for w in cset.manifest.get("warnings", []):
             warn(w)

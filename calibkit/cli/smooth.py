@@ -7,14 +7,14 @@ from pathlib import Path
 import typer
 
 from calibkit.cli._common import (
-    FORCE_HELP,
-    MAX_BATCH_TOKENS_HELP,
-    MEMORY_BUDGET_HELP,
+    FORCE,
+    MAX_BATCH_TOKENS,
+    MEMORY_BUDGET,
+    TOKENIZER,
     RichProgress,
     guard_out_dir,
     handle_errors,
     say,
-    token_budget,
 )
 
 HELP = """Smooth a model before calibrating it (SmoothQuant): a few channels of a transformer's activations are
@@ -54,11 +54,11 @@ def smooth(
         "auto", "--alpha",
         help="Migration strength in [0, 1] (1: activations flattened, the weights take every outlier), or auto: "
              "per activation, the alpha with the least INT8 product error on the calibration rows."),
-    tokenizer: Path | None = typer.Option(None, "--tokenizer", help="Tokenizer folder when MODEL is an .onnx file."),
+    tokenizer: Path | None = TOKENIZER,
     batch_size: int = typer.Option(32, "--batch-size", "-b", help="Most texts per inference batch."),
-    memory_budget: str = typer.Option("1G", "--memory-budget", help=MEMORY_BUDGET_HELP),
-    max_batch_tokens: int | None = typer.Option(None, "--max-batch-tokens", help=MAX_BATCH_TOKENS_HELP),
-    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
+    memory_budget: str = MEMORY_BUDGET,
+    max_batch_tokens: int | None = MAX_BATCH_TOKENS,
+    force: bool = FORCE,
 ) -> None:
     with handle_errors():
         from calibkit.errors import UsageError
@@ -73,17 +73,18 @@ def smooth(
                 raise UsageError(f"--alpha must be a number in [0, 1] or auto, got {alpha!r}") from None
         if batch_size < 1:
             raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
-        budget = token_budget(memory_budget, max_batch_tokens)
-        from calibkit.calibrate.smoothing import smooth as run_smooth
+        from calibkit.api import budget
+        from calibkit.api import smooth as run_smooth
         from calibkit.data.calibset import load_calibration_set
         from calibkit.data.modeldir import ModelDir
 
+        budget(memory_budget, max_batch_tokens)  # a bad --memory-budget is refused before any work
         md = ModelDir.resolve(model, tokenizer)
         cset = load_calibration_set(calibration_set)
         guard_out_dir(out_dir, inputs=[model, calibration_set, tokenizer, md.onnx_path.parent], force=force)
         with RichProgress() as progress:
-            result = run_smooth(md, cset, out_dir=out_dir, alpha=value, budget=budget, batch_size=batch_size,
-                                progress=progress)
+            result = run_smooth(md, cset, out_dir, alpha=value, batch_size=batch_size, memory_budget=memory_budget,
+                                max_batch_tokens=max_batch_tokens, progress=progress)
         done = result.smoothed
         gains = sorted(c.gain_db for c in done)
         say(f"smoothed {len(done)} of {result.groups} activations read by weight MatMuls "

@@ -9,10 +9,13 @@ from typing import TYPE_CHECKING
 import typer
 
 from calibkit.cli._common import (
-    FORCE_HELP,
-    MAX_BATCH_TOKENS_HELP,
-    MEMORY_BUDGET_HELP,
+    LIMIT,
+    MAX_BATCH_TOKENS,
+    MEMORY_BUDGET_TAPS,
+    NO_REPORT,
+    TOKENIZER,
     RichProgress,
+    force_option,
     guard_out_dir,
     handle_errors,
     out,
@@ -76,26 +79,24 @@ def tune(
     method: str = typer.Option("auto", "--method", "-m", help="auto | entropy | minmax | percentile | mse."),
     out_dir: Path | None = typer.Option(None, "--out", "-o", help="Output folder (default runs/tune-<model>/)."),
     report: Path | None = typer.Option(None, "--report", help="Report folder (default reports/<time>-tune/)."),
-    no_report: bool = typer.Option(False, "--no-report", help="Write no report folder."),
-    tokenizer: Path | None = typer.Option(None, "--tokenizer", help="Tokenizer folder when MODEL is an .onnx file."),
+    no_report: bool = NO_REPORT,
+    tokenizer: Path | None = TOKENIZER,
     target: str = typer.Option("tensorrt", "--target", help="Q/DQ layout: tensorrt | onnxruntime."),
     workers: int | None = typer.Option(None, "--workers", min=1, help="Evaluation processes (default min(2, cpus))."),
     executor: str | None = typer.Option(None, "--executor", help=EXECUTOR_HELP),
     holdout: float = typer.Option(0.3, "--holdout", help="Fraction of the eval set held out for the final check."),
     sensitivity_samples: int = typer.Option(256, "--sensitivity-samples", min=8, help="Examples per ranking run."),
-    memory_budget: str = typer.Option("1G", "--memory-budget", help=MEMORY_BUDGET_HELP + " For the layer taps."),
-    max_batch_tokens: int | None = typer.Option(None, "--max-batch-tokens", help=MAX_BATCH_TOKENS_HELP),
+    memory_budget: str = MEMORY_BUDGET_TAPS,
+    max_batch_tokens: int | None = MAX_BATCH_TOKENS,
     sensitivity_layers: int | None = typer.Option(
         None, "--sensitivity-layers", min=1,
         help="Measure sensitivity only for the K layers with the worst own SQNR (default: every layer).",
     ),
     max_evaluations: int = typer.Option(40, "--max-evaluations", min=1, help="Budget of candidate plans."),
-    limit: int | None = typer.Option(
-        None, "--limit", min=1, help="Use N eval examples, drawn at random and stratified by label (--seed)."
-    ),
+    limit: int | None = LIMIT,
     percentile: float = typer.Option(99.99, "--percentile", help="Percentile for the percentile method."),
     seed: int = typer.Option(0, "--seed", help="Seed of the --limit subset and the search/holdout split."),
-    force: bool = typer.Option(False, "--force", help=FORCE_HELP + " Applies to --out and --report."),
+    force: bool = force_option("--out and --report"),
 ) -> None:
     with handle_errors():
         from calibkit.api import check_tune_options
