@@ -22,12 +22,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from calibkit.errors import UsageError
-from calibkit.progress import ProgressCallback
+from calibkit.progress import ProgressCallback, no_progress
+from calibkit.resources import Resources
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.calibrate.pipeline import CalibrationResult
@@ -324,7 +324,7 @@ def compare(
     ev, rows = load_evidence(eval_set, task=chosen, limit=limit, seed=seed, text_column=text_column,
                              label_column=label_column, split=split)
     opts = CompareOptions(
-        budget=budget(memory_budget, max_batch_tokens), batch_size=batch_size, layers=layers,
+        batch_size=batch_size, layers=layers,
         layer_samples=layer_samples, sensitivity=sensitivity and layers, sensitivity_samples=sensitivity_samples,
         sensitivity_layers=sensitivity_layers, workers=workers, max_disagreements=max_disagreements, seed=seed,
         task=task, thresholds=thresholds or Thresholds(),
@@ -333,8 +333,9 @@ def compare(
         ex = executor
         if ex is None or isinstance(ex, str):
             ex = stack.enter_context(from_spec(ex, workers))
-        return compare_engines(a, b, ev, reference=ref, options=replace(opts, executor=ex), progress=progress,
-                               rows=rows, task=chosen)
+        resources = Resources(executor=ex, budget=budget(memory_budget, max_batch_tokens), workers=workers,
+                              progress=progress or no_progress)
+        return compare_engines(a, b, ev, reference=ref, options=opts, rows=rows, task=chosen, resources=resources)
 
 
 # ---------------------------------------------------------------- tune
@@ -402,7 +403,7 @@ def tune(
         max_drop=max_drop, relative=relative, min_agreement=min_agreement, agreement_confidence=agreement_confidence,
         method=method, holdout_fraction=holdout, sensitivity_samples=sensitivity_samples,
         sensitivity_layers=sensitivity_layers, max_evaluations=max_evaluations, workers=workers, seed=seed,
-        target=target, params=MethodParams(percentile=percentile), budget=budget(memory_budget, max_batch_tokens),
+        target=target, params=MethodParams(percentile=percentile),
     )
     render = None
     if report is not None:
@@ -418,8 +419,10 @@ def tune(
         ex = executor
         if isinstance(ex, str):
             ex = stack.enter_context(from_spec(ex, workers))
-        return run_tune(md, _calibration_set(calibration_set), ev, dest, config, progress=progress, render=render,
-                        report_dir=Path(report) if report is not None else None, executor=ex,
+        resources = Resources(executor=ex, budget=budget(memory_budget, max_batch_tokens), workers=workers,
+                              progress=progress or no_progress)
+        return run_tune(md, _calibration_set(calibration_set), ev, dest, config, render=render,
+                        report_dir=Path(report) if report is not None else None, resources=resources,
                         write_document=write_document, rows=rows)
 
 

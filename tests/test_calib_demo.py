@@ -10,12 +10,12 @@ pytestmark = pytest.mark.slow
 
 def test_calibrate_demo_model(demo_assets_fast, tmp_path, monkeypatch):
     from calibkit.calibrate.pipeline import calibrate
-    from calibkit.calibrate.tablefile import load_calibration_json
     from calibkit.data.calibset import write_calibration_set
     from calibkit.data.modeldir import ModelDir
     from calibkit.data.tokenizer import TextTokenizer
     from calibkit.engines.onnxruntime import OnnxRuntimeRunner
     from calibkit.evaluate.predict import predict_logits
+    from calibkit.quantize.tablefile import load_calibration_json
     from calibkit.types import Method
 
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))

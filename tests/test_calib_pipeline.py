@@ -5,12 +5,12 @@ from calib_helpers import texts, write_model_dir
 
 from calibkit.calibrate.pipeline import calibrate, calibrate_from_cache
 from calibkit.calibrate.stats import StatsStore
-from calibkit.calibrate.tablefile import load_calibration_json
 from calibkit.calibrate.trtcache import read_cache, write_cache
 from calibkit.data.calibset import write_calibration_set
 from calibkit.data.modeldir import ModelDir
 from calibkit.engines.base import BaseRunner
 from calibkit.errors import CalibrationError
+from calibkit.quantize.tablefile import load_calibration_json
 from calibkit.types import INT8_MAX, Method, MethodParams
 
 

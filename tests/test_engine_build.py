@@ -11,11 +11,11 @@ from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
 from calibkit._io import sha256_file
-from calibkit.calibrate.tablefile import write_calibration_json
 from calibkit.cli import app
 from calibkit.engines.artifact import EngineArtifact, sidecar_path
 from calibkit.engines.registry import open_runner
 from calibkit.errors import ModelError
+from calibkit.quantize.tablefile import write_calibration_json
 from calibkit.types import Backend, CalibrationTable, Method, MethodParams, Precision, TensorRange
 
 RNG = np.random.default_rng(11)

@@ -12,10 +12,10 @@ import pytest
 from calib_helpers import texts, tiny_model, write_model_dir
 from typer.testing import CliRunner
 
-from calibkit.calibrate.rangecheck import problem
 from calibkit.calibrate.trtcache import float_to_hex
 from calibkit.cli import app
 from calibkit.data.calibset import write_calibration_set
+from calibkit.quantize.rangecheck import problem
 
 
 def run(*args: object) -> object:

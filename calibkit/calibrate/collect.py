@@ -85,7 +85,7 @@ def tapped_runner(
     reads exactly the tapped model; for BERT-large this skips serializing 1.3 GB. Otherwise a ModelProto is
     tapped in place and restored after serializing (no second copy of the weights). The bytes are dropped once
     the session has loaded them."""
-    from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+    from calibkit.engines.registry import model_runner
     from calibkit.graph import add_outputs, load_model
 
     if isinstance(model, onnx.ModelProto):
@@ -100,8 +100,8 @@ def tapped_runner(
     else:
         data = _serialized_with_outputs(proto, tensors, add_outputs)
     del serialized
-    return OnnxRuntimeRunner(data, output_names=names, name="calibration-taps", keep_model=False,
-                             intra_op_threads=intra_op_threads, spinning=spinning)
+    return model_runner(data, output_names=names, name="calibration-taps", keep_model=False,
+                        threads=intra_op_threads, spinning=spinning)
 
 
 def tap_names(proto: onnx.ModelProto, tensors: Sequence[str]) -> list[str]:

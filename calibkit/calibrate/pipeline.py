@@ -16,7 +16,6 @@ from calibkit._io import atomic_dir, sha256_file
 from calibkit.calibrate.methods import compute_table
 from calibkit.calibrate.stats import StatsStore
 from calibkit.calibrate.statscache import find_stats, save_stats, set_key
-from calibkit.calibrate.tablefile import write_calibration_json
 from calibkit.calibrate.trtcache import (
     ALGORITHM_FOR_METHOD,
     DEFAULT_TRT_VERSION,
@@ -33,6 +32,7 @@ from calibkit.progress import ProgressCallback
 from calibkit.quantize.fused import fused_fp32_linear, fused_warning
 from calibkit.quantize.placement import DEFAULT_OP_TYPES, Placement, plan_placement
 from calibkit.quantize.qdq import weightless_copy
+from calibkit.quantize.tablefile import write_calibration_json
 from calibkit.types import CalibrationTable, Method, MethodParams, TensorRange
 
 log = logging.getLogger("calibkit.calibrate")

@@ -33,14 +33,14 @@ class Shard:
 def _shard_runner(model: bytes, tensors: Sequence[str], threads: int | None) -> Any:
     import onnx
 
-    from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+    from calibkit.engines.registry import model_runner
     from calibkit.graph import add_outputs, tap_name
 
     proto = onnx.load_from_string(model)
     names = [tap_name(t, proto) for t in tensors]
     tapped = add_outputs(proto, tensors).SerializeToString()
     del proto
-    return OnnxRuntimeRunner(tapped, output_names=names, intra_op_threads=threads, name="calibration-shard")
+    return model_runner(tapped, output_names=names, threads=threads, name="calibration-shard")
 
 
 def collect_shard(shard: Shard) -> StatsStore:

@@ -150,10 +150,10 @@ def channel_stats(proto: Any, groups: Sequence[SmoothGroup], model_dir: ModelDir
 
 def _outputs(model: Path | bytes, name: str, model_dir: ModelDir, texts: Sequence[str]) -> list[dict[str, Any]]:
     from calibkit.data.tokenizer import TextTokenizer
-    from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+    from calibkit.engines.registry import model_runner
 
     tok = TextTokenizer(model_dir.tokenizer_path, max_length=model_dir.max_length)
-    with OnnxRuntimeRunner(model, name=name) as r:
+    with model_runner(model, name=name) as r:
         names = [s.name for s in r.input_specs]
         return [dict(r.infer(tok.encode(texts[i:i + 8]).feeds(names))) for i in range(0, len(texts), 8)]
 

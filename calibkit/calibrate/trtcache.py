@@ -158,7 +158,7 @@ def matched_amax(cache: TrtCache, wanted: Collection[str], source: str) -> dict[
     matched entry that is NaN/inf, negative, denormal or huge is refused by name (rangecheck); entries that
     match nothing are TensorRT-internal names and are only reported.
     """
-    from calibkit.calibrate.rangecheck import check_ranges
+    from calibkit.quantize.rangecheck import check_ranges
 
     hint = "the cache must come from TensorRT calibrating this same ONNX model; re-run its calibration"
     matched = {t: cache.scales[t] * INT8_MAX for t in wanted if t in cache.scales}

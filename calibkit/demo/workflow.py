@@ -105,7 +105,7 @@ def run_workflow(
     from calibkit.data.modeldir import ModelDir
     from calibkit.data.tokenizer import TextTokenizer
     from calibkit.demo.prepare import PrepareOptions, prepare_demo
-    from calibkit.engines.onnxruntime import OnnxRuntimeRunner, evaluation_optimization
+    from calibkit.engines.registry import model_runner
     from calibkit.evaluate.predict import predict_logits
 
     cb = progress or no_progress
@@ -166,14 +166,13 @@ def run_workflow(
 
     step(4, "measure every method's INT8 accuracy")
     t = time.perf_counter()
-    with OnnxRuntimeRunner(md.onnx_path, name="fp32") as r:
+    with model_runner(md.onnx_path, name="fp32") as r:
         fp32_logits = predict_logits(r, tok, ev.texts, progress=cb, task="FP32 accuracy")
     fp32_acc = _acc(fp32_logits, labels)
     method_acc: dict[str, float] = {}
     method_fid: dict[str, dict[str, Any]] = {}
     for m, res in calib.items():
-        with OnnxRuntimeRunner(res.model_path, name=f"int8-{m}",
-                               optimization=evaluation_optimization("tensorrt")) as r:
+        with model_runner(res.model_path, name=f"int8-{m}", layout="tensorrt") as r:
             lg = predict_logits(r, tok, ev.texts, progress=cb, task=f"INT8 ({m}) accuracy")
         method_acc[m] = _acc(lg, labels)
         method_fid[m] = _fidelity(lg, fp32_logits, labels, options.seed)

@@ -218,8 +218,8 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
                 )
             model_bytes = qm.SerializeToString()
     elif precision is Precision.INT8:
-        from calibkit.calibrate.tablefile import load_calibration_json
         from calibkit.quantize.qdq import Target, quantize_model
+        from calibkit.quantize.tablefile import load_calibration_json
 
         assert req.calibration is not None  # checked by validate()
         cf = load_calibration_json(req.calibration)

@@ -1,9 +1,12 @@
-"""The one place that turns an engine file into a Runner. Library code receives runners; it never builds one
-from a string."""
+"""The one place that makes Runners: :func:`open_runner` for an engine file (ONNX Runtime ``.onnx`` or TensorRT
+``.engine``), :func:`model_runner` for an ONNX model the library made itself (tapped copies, sensitivity
+variants, the FP32 reference). Library code receives a :data:`ModelRunnerFactory` (``Resources.runner_factory``)
+or calls :func:`model_runner`; it never constructs a backend's runner class."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from calibkit.engines.artifact import EngineArtifact
@@ -50,3 +53,28 @@ def _engine_layout(art: EngineArtifact | None, path: Path) -> str | None:
     except ModelError:  # the runner reports unreadable files itself
         return None
     return qdq_layout(model)
+
+
+#: makes a runner for an ONNX model (path or serialized bytes); :func:`model_runner` is the default
+ModelRunnerFactory = Callable[..., BaseRunner]
+
+
+def model_runner(
+    model: str | os.PathLike[str] | bytes,
+    *,
+    output_names: Sequence[str] | None = None,
+    threads: int | None = None,
+    layout: str | None = None,
+    name: str | None = None,
+    keep_model: bool = True,
+    spinning: bool = True,
+    providers: Sequence[str] | None = None,
+) -> BaseRunner:
+    """A runner for an ONNX model calibkit made or was given (ONNX Runtime). ``layout``: the Q/DQ layout of an
+    INT8 model ("tensorrt" runs as exact Q/DQ, the arithmetic TensorRT computes); ``threads``: intra-op
+    threads; ``keep_model=False`` lets the runner drop the model bytes once its session is built."""
+    from calibkit.engines.onnxruntime import OnnxRuntimeRunner, evaluation_optimization
+
+    optimization = evaluation_optimization(layout) if layout else "all"
+    return OnnxRuntimeRunner(model, providers=providers, output_names=output_names, intra_op_threads=threads,
+                             optimization=optimization, name=name, keep_model=keep_model, spinning=spinning)

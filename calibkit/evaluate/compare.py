@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -60,7 +60,12 @@ from calibkit.evaluate.tasks import EngineScore, Task, TaskScore, choose_task, m
 from calibkit.evaluate.uncertainty import proportion
 from calibkit.graph import load_model, qdq_layout
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+from calibkit.resources import Resources
 from calibkit.types import Backend, Method, MethodParams, Precision
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from calibkit.data.encode import TokenBudget
+    from calibkit.executors.base import Executor
 
 log = logging.getLogger("calibkit.evaluate.compare")
 
@@ -76,13 +81,11 @@ class CompareOptions:
     sensitivity_samples: int = 256
     sensitivity_layers: int | None = None  # only the K layers with the worst own SQNR / zeroed weights
     workers: int | None = None
-    executor: Any = field(default=None, compare=False, repr=False)  # calibkit.executors.Executor for sensitivity
     max_disagreements: int = 50
     histogram_layers: int = 6
     thresholds: Thresholds = field(default_factory=Thresholds)
     seed: int = 0  # draws the layer-statistics and sensitivity subsets (stratified by label)
     task: str | None = None  # --task: classification | embedding | token-classification (default: from outputs)
-    budget: Any = None  # calibkit.data.encode.TokenBudget of the layer taps (None: the default memory budget)
 
 
 # ------------------------------------------------------------------------------------------ evaluation
@@ -190,6 +193,7 @@ def compare_engines(
     progress: ProgressCallback | None = None,
     rows: EvalSubset | None = None,
     task: Task | None = None,
+    resources: Resources | None = None,
 ) -> Comparison:
     """Everything ``calibkit compare`` reports, for every task through one pipeline: evaluate each engine
     through the task, score the outputs against the task's gold labels (where the eval set has them), B's
@@ -203,7 +207,9 @@ def compare_engines(
         from calibkit.engines.registry import open_runner as _open
 
         open_runner = _open
-    factory = runner_factory or ort_runner_factory()
+    resources = resources or Resources(workers=options.workers)
+    progress = progress or resources.progress
+    factory = runner_factory or ort_runner_factory(factory=resources.runner_factory)
     if options.batch_size <= 0:
         raise UsageError(f"--batch-size must be positive, got {options.batch_size}")
     engines = [a, b] + ([reference] if reference is not None else [])
@@ -228,7 +234,7 @@ def compare_engines(
     labels = task.labels or (tuple(str(i) for i in range(width)) if score.engines else ())
     warnings = list(score.warnings) if score.labelled else list(unscored_warnings(task, eval_set))
     layered = _layers(a, b, reference, texts, runs, eval_set, score, pa, task, options, factory, tokenizer,
-                      tok_dir, progress)
+                      tok_dir, progress, resources)
     if options.sensitivity and options.layers and score.class_ids is None:
         warnings.append("per-layer sensitivity (accuracy of one-layer variants) needs a labelled classification "
                         "eval set: skipped")
@@ -297,7 +303,7 @@ class _Layered:
 def _layers(a: EngineArtifact, b: EngineArtifact, reference: EngineArtifact | None, texts: Sequence[str],
             runs: Sequence[_EngineRun], eval_set: EvalSet, score: TaskScore, pa: np.ndarray | None, task: Task,
             options: CompareOptions, factory: RunnerFactory, tokenizer: TextTokenizer, tok_dir: str,
-            progress: ProgressCallback | None) -> _Layered:
+            progress: ProgressCallback | None, resources: Resources) -> _Layered:
     """Per-layer measurements on a stratified subset (by label, else by A's prediction), sensitivity where the
     labels are classes, and each layer's flag."""
     if not options.layers:
@@ -309,7 +315,7 @@ def _layers(a: EngineArtifact, b: EngineArtifact, reference: EngineArtifact | No
         strata = [str(int(v)) for v in pa]
     else:
         strata = [""] * len(texts)
-    lr = _layer_run(a, b, reference, texts, strata, options, factory, tokenizer, progress)
+    lr = _layer_run(a, b, reference, texts, strata, options, factory, tokenizer, progress, resources.budget)
     sens: SensitivityAnalysis | None = None
     sens_subset: EvalSubset | None = None
     if (options.sensitivity and y is not None and lr.int8_art is not None and lr.int8_model is not None
@@ -317,7 +323,7 @@ def _layers(a: EngineArtifact, b: EngineArtifact, reference: EngineArtifact | No
         sens_specs = worst_layers(lr.measured.layers, lr.wsqnr, options.sensitivity_layers)
         sens_subset = stratified_subset(texts, strata, options.sensitivity_samples, options.seed)
         sens = _sensitivity(lr.int8_art, lr.int8_model, sens_specs, runs, eval_set, y, tok_dir, options,
-                            progress, sens_subset, output_name=task.output_name)
+                            progress, sens_subset, output_name=task.output_name, executor=resources.executor)
     verdicts = layer_verdicts(lr.measured.layers, lr.wsqnr, sens, options.thresholds, score.accuracy_diff)
     return _Layered(verdicts, _histograms(lr.measured.layers, lr.measured.ranges, options.histogram_layers),
                     lr.subset, sens_subset, sens.samples if sens else 0)
@@ -334,7 +340,7 @@ class _LayerRun:
 
 def _layer_run(a: EngineArtifact, b: EngineArtifact, reference: EngineArtifact | None, texts: Sequence[str],
                strata: Sequence[str], options: CompareOptions, factory: RunnerFactory, tokenizer: TextTokenizer,
-               progress: ProgressCallback | None) -> _LayerRun:
+               progress: ProgressCallback | None, budget: TokenBudget | None = None) -> _LayerRun:
     """Per-layer measurements of the quantized layers on a stratified subset (``strata``: labels, or A's
     predictions without labels), and the weight errors of the INT8 side."""
     int8_art = b if _is_int8(b) else (a if _is_int8(a) else None)
@@ -346,7 +352,7 @@ def _layer_run(a: EngineArtifact, b: EngineArtifact, reference: EngineArtifact |
     subset = stratified_subset(texts, list(strata), options.layer_samples, options.seed)
     measured = measure_layers(
         specs, subset.take(texts), tokenizer, reference=ref_model, baseline=model_a, candidate=model_b,
-        runner_factory=factory, batch_size=options.batch_size, progress=progress, budget=options.budget,
+        runner_factory=factory, batch_size=options.batch_size, progress=progress, budget=budget,
     )
     wsqnr = weight_errors(int8_model, ref_model) if int8_model is not None and ref_model is not None else {}
     return _LayerRun(int8_art, int8_model, measured, wsqnr, subset)
@@ -409,6 +415,7 @@ def _sensitivity(
     progress: ProgressCallback | None,
     subset: EvalSubset,
     output_name: str | None = None,
+    executor: Executor | None = None,
 ) -> SensitivityAnalysis | None:
     src, cal = int8_art.source_model, int8_art.calibration_json
     if not (src and cal and Path(src).is_file() and Path(cal).is_file()):
@@ -440,7 +447,7 @@ def _sensitivity(
         batch_size=options.batch_size,
         workers=options.workers,
         progress=progress,
-        executor=options.executor,
+        executor=executor,
         output_name=output_name,
     )
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+from calibkit.engines.registry import model_runner
 from calibkit.graph import add_outputs, tap_name
 from calibkit.quantize.fused import LINEAR_CONTRIB_OPS, contrib_nodes
 from calibkit.quantize.placement import DEFAULT_OP_TYPES, plan_placement
@@ -107,7 +107,7 @@ def _node_and_fused_flops(
     acts = [t for t in acts if t not in inits and t not in const_shapes]
     tapped = add_outputs(model, acts)
     names = [tap_name(t, model) for t in acts]
-    with OnnxRuntimeRunner(tapped.SerializeToString(), output_names=names, name="flops") as runner:
+    with model_runner(tapped.SerializeToString(), output_names=names, name="flops") as runner:
         values = runner.infer(feeds)
     shapes = {t: tuple(values[n].shape) for t, n in zip(acts, names)}
     shapes.update(inits)

@@ -21,7 +21,7 @@ from calibkit.errors import ModelError
 from calibkit.executors.base import Executor, Shared, fetch, materialize
 
 if TYPE_CHECKING:  # sensitivity imports this module
-    from calibkit.evaluate.sensitivity import SensitivityJob, SensitivityResult
+    from calibkit.evaluate.jobs import SensitivityJob, SensitivityResult
 
 # what a tokenizer folder needs; model weights beside it (the folder is often the model folder) stay home
 _WEIGHT_SUFFIXES = {".onnx", ".bin", ".safetensors", ".pt", ".pth", ".h5", ".msgpack", ".ot", ".data", ".npz"}
@@ -114,7 +114,7 @@ def pack_jobs(jobs: Sequence[SensitivityJob], executor: Executor, threads: int |
 
 def unpack_job(s: ShippedJob) -> SensitivityJob:
     """The SensitivityJob ``s`` stands for, with local paths (on the worker)."""
-    from calibkit.evaluate.sensitivity import SensitivityJob
+    from calibkit.evaluate.jobs import SensitivityJob
 
     texts, labels, ref = fetch(s.data)
     tok = materialize(s.tokenizer)
@@ -128,6 +128,6 @@ def unpack_job(s: ShippedJob) -> SensitivityJob:
 
 def run_shipped_job(s: ShippedJob) -> SensitivityResult:
     """The work unit executors run: :func:`run_sensitivity_job` on the unpacked job."""
-    from calibkit.evaluate.sensitivity import run_sensitivity_job
+    from calibkit.evaluate.jobs import run_sensitivity_job
 
     return run_sensitivity_job(unpack_job(s))

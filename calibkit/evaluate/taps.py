@@ -19,6 +19,7 @@ from calibkit.calibrate.collect import probe_cost
 from calibkit.data.encode import DEFAULT_MEMORY_BUDGET, BatchCost, TokenBudget
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.engines.base import BaseRunner
+from calibkit.engines.registry import ModelRunnerFactory, model_runner
 from calibkit.evaluate.layers import LayerSpec, graph_tensors
 from calibkit.evaluate.predict import length_batches
 from calibkit.evaluate.streaming import ErrorAccumulator, RangeAccumulator, valid_mask
@@ -30,11 +31,14 @@ log = logging.getLogger("calibkit.evaluate.taps")
 RunnerFactory = Callable[[bytes, Sequence[str]], BaseRunner]
 
 
-def ort_runner_factory(intra_op_threads: int | None = None) -> RunnerFactory:
-    def make(model: bytes, outputs: Sequence[str]) -> BaseRunner:
-        from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+def ort_runner_factory(intra_op_threads: int | None = None,
+                       factory: ModelRunnerFactory | None = None) -> RunnerFactory:
+    """Runners for tapped copies, made by ``factory`` (``Resources.runner_factory``; default: the registry's
+    :func:`~calibkit.engines.registry.model_runner`)."""
+    make_runner = factory or model_runner
 
-        return OnnxRuntimeRunner(model, output_names=outputs, intra_op_threads=intra_op_threads, name="tapped")
+    def make(model: bytes, outputs: Sequence[str]) -> BaseRunner:
+        return make_runner(model, output_names=outputs, threads=intra_op_threads, name="tapped")
 
     return make
 

@@ -38,7 +38,6 @@ from calibkit import __version__
 from calibkit._io import atomic_dir, dumps_json, sha256_bytes, write_json
 from calibkit.calibrate.methods import compute_table
 from calibkit.calibrate.pipeline import gather_stats
-from calibkit.calibrate.tablefile import write_calibration_json
 from calibkit.calibrate.trtcache import write_cache
 from calibkit.data.calibset import CalibrationSet, load_calibration_set
 from calibkit.data.evalset import EvalSet, label_ids
@@ -78,6 +77,8 @@ from calibkit.graph import check_float_source, load_model, model_sha256
 from calibkit.names import node_names
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.quantize.placement import DEFAULT_OP_TYPES, plan_placement
+from calibkit.quantize.tablefile import write_calibration_json
+from calibkit.resources import Resources
 from calibkit.types import CalibrationTable, Method, MethodParams
 
 log = logging.getLogger("calibkit.evaluate.tune")
@@ -102,7 +103,6 @@ class TuneConfig:
     op_types: tuple[str, ...] = DEFAULT_OP_TYPES
     batch_size: int = 32
     params: MethodParams = field(default_factory=MethodParams)
-    budget: Any = None  # calibkit.data.encode.TokenBudget for statistics and layer taps (None: the default)
     fidelity_only: bool = False  # unlabeled eval set: FP32's predictions are the labels, only min_agreement counts
     # --min-agreement is met on the search split when the one-sided lower bound of the agreement at this
     # confidence reaches it (0.5: the point estimate); measured on the demo: at the point estimate all-INT8 met
@@ -325,20 +325,24 @@ def run_tune(
     executor: Executor | None = None,
     write_document: DocumentWriter | None = None,
     rows: EvalSubset | None = None,
+    resources: Resources | None = None,
 ) -> TuneRun:
     """Search the plan, write OUT/ and return what was written with the typed result.
 
-    ``executor``: where evaluations run (default: a process pool of ``config.workers``, closed at the end);
+    ``resources``: where evaluations run (``executor``; default: a process pool of ``config.workers``, closed at
+    the end; a given executor also shards the statistics), the memory budget of statistics and layer taps, and
+    the runner factory (``executor`` alone is the shorthand for ``Resources(executor=...)``);
     ``write_document(result, path)`` writes tune.json inside OUT (``calibkit.tune`` passes the report layer's
     serializer; without it no tune.json is written); ``render(result, folder)`` writes the report; ``rows``:
     which rows of the eval file ``eval_set`` holds (``--limit``), recorded in the result's evidence."""
+    resources = resources or Resources(executor=executor, workers=config.workers)
     with contextlib.ExitStack() as stack:
-        given = executor is not None
-        if executor is None:
-            executor = stack.enter_context(from_spec("local", config.workers))
-        return _run_tune(model_dir, calibration_set, eval_set, out_dir, config, progress=progress, render=render,
-                         report_dir=report_dir, executor=executor, shard_stats=given, write_document=write_document,
-                         rows=rows)
+        given = resources.executor is not None
+        if resources.executor is None:
+            resources = replace(resources, executor=stack.enter_context(from_spec("local", config.workers)))
+        return _run_tune(model_dir, calibration_set, eval_set, out_dir, config,
+                         progress=progress or resources.progress, render=render, report_dir=report_dir,
+                         resources=resources, shard_stats=given, write_document=write_document, rows=rows)
 
 
 def _run_tune(
@@ -351,7 +355,7 @@ def _run_tune(
     progress: ProgressCallback | None,
     render: Callable[[TuneResult, Path], Any] | None,
     report_dir: str | Path | None,
-    executor: Executor,
+    resources: Resources,
     shard_stats: bool,
     write_document: DocumentWriter | None,
     rows: EvalSubset | None,
@@ -359,6 +363,8 @@ def _run_tune(
     """The whole search (see the module docstring); longer than one screen because each step's values feed
     the next and the final result — the steps are marked by comments."""
     cb = progress or no_progress
+    executor = resources.executor
+    assert executor is not None  # run_tune provides one
     if not 0.5 <= config.agreement_confidence < 1.0:
         raise UsageError(f"--agreement-confidence must be in [0.5, 1), got {config.agreement_confidence}",
                          hint="e.g. 0.9 (the default); 0.5 compares the point estimate")
@@ -402,10 +408,9 @@ def _run_tune(
         config = replace(config, fidelity_only=True)
 
     # FP32 reference logits on everything (once)
-    from calibkit.engines.onnxruntime import OnnxRuntimeRunner
     from calibkit.evaluate.predict import predict_logits
 
-    with OnnxRuntimeRunner(model_dir.onnx_path, name="fp32") as fp32:
+    with resources.runner_factory(model_dir.onnx_path, name="fp32") as fp32:
         ref_logits = predict_logits(fp32, tok, texts, batch_size=config.batch_size, progress=cb,
                                     task="FP32 reference", output_name=task.output_name)
     if not labelled:
@@ -433,7 +438,7 @@ def _run_tune(
     store, reused_stats = gather_stats(model_dir, cset, placement.activations, model_sha256=sha,
                                        num_bins=config.params.num_bins, batch_size=config.batch_size, progress=cb,
                                        model=proto, executor=executor if shard_stats else None,
-                                       budget=config.budget)
+                                       budget=resources.budget)
     linear = linear_work(proto, _typical_feeds(tok, cset, input_names), config.op_types)
     flops = {f.node: f.flops for f in linear.plain}  # what plans choose among; fused ops stay FP32 (below)
     work.mkdir(parents=True, exist_ok=True)
@@ -494,7 +499,7 @@ def _run_tune(
     # ranking: layers ordered by their own quantization error (cheap, every layer), then the worst K of them
     # re-ordered by measured sensitivity (keep only this one in higher precision) on a subset of the search split
     if base_key not in quality:
-        quality.update(_layer_quality(proto, {base_key: table}, tok, probe_texts, cb, config.budget))
+        quality.update(_layer_quality(proto, {base_key: table}, tok, probe_texts, cb, resources))
     from calibkit.evaluate.compare import worst_layers
     from calibkit.evaluate.layers import weight_errors
 
@@ -683,7 +688,7 @@ def _layer_quality(
     tok: TextTokenizer,
     texts: Sequence[str],
     cb: ProgressCallback,
-    budget: Any = None,
+    resources: Resources,
 ) -> dict[str, tuple[Any, Any]]:
     """Per table: the per-layer measurements (own and output SQNR) of its all-INT8 model, and that model."""
     from calibkit.evaluate.layers import find_layers
@@ -695,7 +700,8 @@ def _layer_quality(
         cb(ProgressEvent("per-layer SQNR of each table", i, len(tables), message=m))
         q = quantize_model(fp, table, target=Target.TENSORRT).model
         out[m] = (measure_layers(find_layers(q), texts, tok, reference=fp, baseline=fp, candidate=q,
-                                 runner_factory=ort_runner_factory(), budget=budget), q)
+                                 runner_factory=ort_runner_factory(factory=resources.runner_factory),
+                                 budget=resources.budget), q)
     cb(ProgressEvent("per-layer SQNR of each table", len(tables), len(tables)))
     return out
 

@@ -5,7 +5,7 @@ Layout (both targets)
   ``exclude`` regexes and the exact ``keep_nodes`` names. A node is quantized only when every activation input
   has a range with amax > 0; otherwise it is kept in FP32 and reported in ``missing_ranges`` (no range in the
   table) or ``zero_ranges`` (amax 0: an all-zero tensor). NaN, inf, negative, denormal-scale or huge ranges are
-  refused with a CalibrationError naming the tensors (``calibkit.calibrate.rangecheck``).
+  refused with a CalibrationError naming the tensors (``calibkit.quantize.rangecheck``).
 - Activations: per-tensor scale ``amax / 127`` from the table, ``Q -> DQ`` right after the producer. A tensor
   read by several quantized nodes gets ONE shared pair (TensorRT fuses it once); consumers that stay in FP32
   keep reading the original tensor.
@@ -53,9 +53,9 @@ from google.protobuf.message import Message
 from onnx import TensorProto, helper, numpy_helper
 
 from calibkit._io import atomic_open
-from calibkit.calibrate.rangecheck import check_ranges
 from calibkit.errors import ModelError, UsageError
 from calibkit.quantize.placement import DEFAULT_OP_TYPES, plan_placement
+from calibkit.quantize.rangecheck import check_ranges
 from calibkit.quantize.weights import REDUCED_WEIGHT_MAX, QuantizedWeight, quantize_weight, weight_axis
 from calibkit.types import INT8_MAX, CalibrationTable
 

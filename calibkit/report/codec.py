@@ -92,7 +92,7 @@ def result_type(doc: Any) -> type:
     cls = KINDS.get(fmt.partition("/")[0])
     if cls is None:
         raise DataError(f"unknown report format {fmt!r}",
-                        hint=f"calibkit reads {COMPARE_FORMAT} and {TUNE_FORMAT} documents")
+                        hint=f"calibkit renders {COMPARE_FORMAT} and {TUNE_FORMAT} documents")
     return cls
 
 
@@ -189,6 +189,28 @@ def _bad(path: str, wanted: str, data: Any) -> DataError:
 
 def load_result(path: str | Path) -> Result:
     """Read a compare or tune JSON file into its typed result."""
-    from calibkit.report.document import load_document
-
     return parse_result(load_document(path))
+
+
+def load_document(path: str | Path) -> dict[str, Any]:
+    """Read a report JSON file; a missing, unreadable or malformed file raises :class:`DataError`."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DataError(f"{path} does not exist", hint="pass the report.json of a compare or tune run") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"cannot read {path}: {exc}", hint="pass a UTF-8 JSON file") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(
+            f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
+            hint="re-run the command that wrote it; a truncated file usually means it was copied mid-write",
+        ) from None
+    except RecursionError:
+        raise DataError(f"{path} is JSON nested too deeply to read",
+                        hint="pass the JSON written by `calibkit compare` or `calibkit tune`") from None
+    result_type(doc)  # validate the kind before anything is written
+    return doc
+

@@ -11,15 +11,14 @@ import json
 import logging
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from calibkit.errors import DataError
-from calibkit.report.codec import COMPARE_FORMAT, FORMATS, TUNE_FORMAT
+from calibkit.report.codec import COMPARE_FORMAT, FORMATS, load_document, result_type
+
+__all__ = ["CompareReport", "TuneReport", "Report", "load_document", "parse_compare", "parse_document", "parse_tune"]
 
 log = logging.getLogger("calibkit.report")
 
-_KINDS = {fmt.partition("/")[0]: fmt for fmt in FORMATS.values()}
 
 
 # ---------------------------------------------------------------- forgiving field readers
@@ -609,48 +608,9 @@ Report = CompareReport | TuneReport
 
 def parse_document(doc: Any) -> Report:
     """Dispatch on ``doc["format"]``. Raises :class:`DataError` for anything that is not a known report."""
-    if not isinstance(doc, dict):
-        raise DataError(
-            f"a report document must be a JSON object, not {type(doc).__name__}",
-            hint="pass the JSON written by `calibkit compare` or `calibkit tune`",
-        )
-    fmt = doc.get("format")
-    if not isinstance(fmt, str):
-        raise DataError(
-            "the document has no \"format\" field, so it is not a calibkit report",
-            hint="pass the JSON written by `calibkit compare` or `calibkit tune` (format calibkit-compare/1 "
-            "or calibkit-tune/1)",
-        )
-    family, _, _version = fmt.partition("/")
-    known = _KINDS.get(family)
-    if known is None:
-        raise DataError(
-            f"unknown report format {fmt!r}",
-            hint=f"calibkit renders {COMPARE_FORMAT} and {TUNE_FORMAT} documents",
-        )
+    kind = result_type(doc)  # the one check of what a document is (report.codec)
+    fmt = doc["format"]
+    known = FORMATS[kind]
     if fmt != known:
         log.warning("report format %s is not %s; rendering what can be read", fmt, known)
     return parse_compare(doc) if known == COMPARE_FORMAT else parse_tune(doc)
-
-
-def load_document(path: str | Path) -> dict[str, Any]:
-    """Read a report JSON file; a missing, unreadable or malformed file raises :class:`DataError`."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"{path} does not exist", hint="pass the report.json of a compare or tune run") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"cannot read {path}: {exc}", hint="pass a UTF-8 JSON file") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DataError(
-            f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
-            hint="re-run the command that wrote it; a truncated file usually means it was copied mid-write",
-        ) from None
-    except RecursionError:
-        raise DataError(f"{path} is JSON nested too deeply to read",
-                        hint="pass the JSON written by `calibkit compare` or `calibkit tune`") from None
-    parse_document(doc)  # validate the kind before anything is written
-    return doc

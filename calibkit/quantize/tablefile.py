@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from calibkit._io import read_json, write_json
-from calibkit.calibrate.rangecheck import check_ranges
 from calibkit.errors import CalibrationError
+from calibkit.quantize.rangecheck import check_ranges
 from calibkit.types import CalibrationTable
 
 CALIBRATION_FORMAT = "calibkit-calibration/1"
