@@ -128,9 +128,14 @@ def say(message: str) -> None:
 
 
 class RichProgress:
-    """A ProgressCallback that renders one bar per task name (to stderr, so stdout stays parseable)."""
+    """A ProgressCallback that renders one bar per task name (to stderr, so stdout stays parseable).
+
+    When stderr is not a terminal (a log file, a pipe, CI), bars would be lost or garble the log: progress goes
+    out as plain lines instead, ``progress: TASK DONE/TOTAL (MESSAGE), N s`` — at most one per task every
+    ``CALIBKIT_PROGRESS_INTERVAL`` seconds (default 10), and a last one when a task that took that long ends."""
 
     def __init__(self, enabled: bool = True) -> None:
+        self._plain = enabled and not sys.stderr.isatty() and not _force_progress()
         self._progress = Progress(
             TextColumn("{task.description}", style="progress.description", markup=False),
             BarColumn(),
@@ -142,8 +147,12 @@ class RichProgress:
             disable=not enabled or not sys.stderr.isatty() and not _force_progress(),
         )
         self._tasks: dict[str, TaskID] = {}
+        self._lines = PlainProgress() if self._plain else None
 
     def __call__(self, event: ProgressEvent) -> None:
+        if self._lines is not None:
+            self._lines(event)
+            return
         task = self._tasks.get(event.task)
         if task is None:
             task = self._progress.add_task(event.task, total=event.total, message=event.message)
@@ -156,6 +165,38 @@ class RichProgress:
 
     def __exit__(self, *exc: object) -> None:
         self._progress.stop()
+
+
+class PlainProgress:
+    """Progress as plain periodic lines on stderr, for logs (see :class:`RichProgress`)."""
+
+    def __init__(self, interval: float | None = None, write: Callable[[str], None] | None = None) -> None:
+        import os
+        import time
+
+        self._clock = time.monotonic
+        self._interval = interval if interval is not None else float(os.environ.get("CALIBKIT_PROGRESS_INTERVAL", 10))
+        self._write = write or (lambda line: print(line, file=sys.stderr, flush=True))
+        self._started: dict[str, float] = {}
+        self._last: dict[str, float] = {}
+
+    def __call__(self, event: ProgressEvent) -> None:
+        now = self._clock()
+        start = self._started.setdefault(event.task, now)
+        if event.total is not None and event.done >= event.total:  # the task ended: a last line if it was long
+            self._started.pop(event.task, None)
+            self._last.pop(event.task, None)
+            if now - start >= self._interval:
+                self._line(event, now - start)
+            return
+        if now - self._last.get(event.task, start) >= self._interval:
+            self._last[event.task] = now
+            self._line(event, now - start)
+
+    def _line(self, event: ProgressEvent, seconds: float) -> None:
+        total = f"/{event.total}" if event.total is not None else ""
+        message = f" ({printable(event.message)})" if event.message else ""
+        self._write(f"progress: {printable(event.task)} {event.done}{total}{message}, {seconds:.0f} s")
 
 
 def _force_progress() -> bool:
