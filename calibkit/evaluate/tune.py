@@ -44,6 +44,7 @@ from calibkit.data.evalset import EvalSet, label_ids
 from calibkit.data.modeldir import ModelDir
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.errors import CalibrationError, DataError, UsageError
+from calibkit.evaluate.evidence import SplitEvidence, split_evidence, split_subsets
 from calibkit.evaluate.flops import linear_work
 from calibkit.evaluate.results import (
     Candidate,
@@ -70,8 +71,8 @@ from calibkit.evaluate.sensitivity import (
     SensitivityResult,
     run_jobs,
 )
-from calibkit.evaluate.subsets import EvalSubset, nested, stratified_split, stratified_subset
-from calibkit.evaluate.uncertainty import evidence_warnings, paired_difference, proportion
+from calibkit.evaluate.subsets import EvalSubset
+from calibkit.evaluate.uncertainty import paired_difference, proportion
 from calibkit.executors import Executor, from_spec
 from calibkit.graph import check_float_source, load_model, model_sha256
 from calibkit.names import node_names
@@ -157,13 +158,6 @@ class TuneRun:
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------
-def split_subsets(labels: np.ndarray, holdout_fraction: float, seed: int, texts: Sequence[str] | None = None
-                  ) -> tuple[EvalSubset, EvalSubset]:
-    """Stratified (by label) seeded search/holdout split, by row content when ``texts`` are given."""
-    keys = list(texts) if texts is not None else [str(i) for i in range(len(labels))]
-    return stratified_split(keys, [int(v) for v in labels], holdout_fraction, seed)
-
-
 def split_eval(labels: np.ndarray, holdout_fraction: float, seed: int, texts: Sequence[str] | None = None
                ) -> tuple[np.ndarray, np.ndarray]:
     """The search and holdout indices of :func:`split_subsets`, in its canonical order."""
@@ -345,6 +339,78 @@ def run_tune(
                          resources=resources, shard_stats=given, write_document=write_document, rows=rows)
 
 
+@dataclass(frozen=True, eq=False)
+class _Model:
+    """The FP32 model being tuned, loaded once."""
+
+    dir: ModelDir
+    tokenizer: TextTokenizer
+    sha: str
+    proto: Any  # onnx.ModelProto
+    input_names: tuple[str, ...]
+    placement: Any  # quantize.placement.Placement
+    nodes: tuple[str, ...]
+    task: Any  # evaluate.tasks.Task
+
+
+@dataclass(frozen=True, eq=False)
+class _Jobs:
+    """Makes the sensitivity work units of one run: a table, a plan and a subset of the evidence."""
+
+    model: _Model
+    evidence: SplitEvidence
+    config: TuneConfig
+    threads: int
+
+    def __call__(self, table_path: Path, keep: Plan, subset: EvalSubset, mode: str,
+                 node: str | None = None) -> SensitivityJob:
+        idx = subset.array
+        md = self.model.dir
+        return SensitivityJob(
+            source_model=str(md.onnx_path), calibration_json=str(table_path), tokenizer=str(md.tokenizer_path),
+            texts=subset.take(self.evidence.texts), labels=tuple(int(v) for v in self.evidence.labels[idx]),
+            reference_logits=tuple(tuple(float(v) for v in row) for row in self.evidence.reference[idx]),
+            keep_nodes=tuple(keep), mode=mode, node=node, target=self.config.target,
+            batch_size=self.config.batch_size, threads=self.threads, max_length=md.max_length,
+            output_name=self.model.task.output_name,
+        )
+
+    def all_but(self, node: str) -> Plan:
+        return tuple(x for x in self.model.nodes if x != node)
+
+
+@dataclass(frozen=True, eq=False)
+class _Tables:
+    """The calibration tables measured all-INT8 on the search split, and the one the search starts from."""
+
+    tables: dict[str, tuple[CalibrationTable, Path, str]]  # key -> (table, its file, its hash)
+    chosen_methods: dict[str, str]  # per tensor, with method auto
+    accuracy: dict[str, float]
+    flips: dict[str, float]
+    kl: dict[str, float]
+    base_key: str
+
+    @property
+    def base(self) -> tuple[CalibrationTable, Path, str]:
+        return self.tables[self.base_key]
+
+
+@dataclass(frozen=True, eq=False)
+class _Ranking:
+    order: list[str]  # the search keeps a prefix of this order in higher precision
+    harm: dict[str, tuple[float, float]]  # node -> (KL, flip rate) when only it is INT8
+    base: SensitivityResult  # all INT8 on the sensitivity subset
+    own_sqnr: dict[str, float]
+
+
+@dataclass(frozen=True, eq=False)
+class _Searched:
+    outcome: Any  # evaluate.search.SearchOutcome
+    final: Measured
+    on_search: dict[Plan, SensitivityResult]
+    on_holdout: dict[Plan, SensitivityResult]
+
+
 def _run_tune(
     model_dir: ModelDir,
     calibration_set: CalibrationSet | str | Path,
@@ -360,227 +426,242 @@ def _run_tune(
     write_document: DocumentWriter | None,
     rows: EvalSubset | None,
 ) -> TuneRun:
-    """The whole search (see the module docstring); longer than one screen because each step's values feed
-    the next and the final result — the steps are marked by comments."""
+    """The search, step by step (see the module docstring)."""
     cb = progress or no_progress
     executor = resources.executor
     assert executor is not None  # run_tune provides one
+    _check_config(config)
+    out = Path(out_dir)
+    work = out.parent / f".{out.name}.tune"  # beside OUT so OUT itself is swapped in whole at the end
+    t0 = time.perf_counter()
+    cset = calibration_set if isinstance(calibration_set, CalibrationSet) else load_calibration_set(calibration_set)
+    model = _load_model(model_dir, config)
+    config, evidence = _draw_evidence(model, eval_set, config, resources, cb)
+    store, reused_stats = gather_stats(model_dir, cset, model.placement.activations, model_sha256=model.sha,
+                                       num_bins=config.params.num_bins, batch_size=config.batch_size, progress=cb,
+                                       model=model.proto, executor=executor if shard_stats else None,
+                                       budget=resources.budget)
+    linear = linear_work(model.proto, _typical_feeds(model.tokenizer, cset, model.input_names), config.op_types)
+    flops = {f.node: f.flops for f in linear.plain}  # what plans choose among; fused ops stay FP32 (below)
+    work.mkdir(parents=True, exist_ok=True)
+    ledger = Ledger(work / "ledger.jsonl")
+    ev = _Evaluator(ledger, model.sha, executor, cb)
+    jobs = _Jobs(model, evidence, config, executor.threads_per_task)
+    tables = _measure_tables(store, cset, model, config, jobs, ev, work)
+    ranking = _rank(model, evidence, config, jobs, ev, tables, flops, resources, cb)
+    searched = _search(evidence, config, jobs, ev, tables, ranking, flops)
+    result = _tune_result(eval_set, rows, model, evidence, config, tables, ranking, searched, flops, linear,
+                          reused_stats, ev.reused, time.perf_counter() - t0)
+    run = _write_outputs(out, model_dir, model.proto, tables.base[0], result, config, write_document)
+    if render is not None:
+        render(result, Path(report_dir) if report_dir else out / "report")
+    return replace(run, resumed_evaluations=ledger.loaded)
+
+
+def _check_config(config: TuneConfig) -> None:
     if not 0.5 <= config.agreement_confidence < 1.0:
         raise UsageError(f"--agreement-confidence must be in [0.5, 1), got {config.agreement_confidence}",
                          hint="e.g. 0.9 (the default); 0.5 compares the point estimate")
     if config.min_agreement is not None and not 0.0 < config.min_agreement <= 100.0:
         raise UsageError(f"--min-agreement must be in (0, 100] percent, got {config.min_agreement}",
                          hint="pass e.g. --min-agreement 99 to keep 99 % of FP32's predictions")
-    out = Path(out_dir)
-    work = out.parent / f".{out.name}.tune"  # beside OUT so OUT itself is swapped in whole at the end
-    t0 = time.perf_counter()
-    cset = calibration_set if isinstance(calibration_set, CalibrationSet) else load_calibration_set(calibration_set)
+
+
+def _load_model(model_dir: ModelDir, config: TuneConfig) -> _Model:
+    """The FP32 model, its placement and its task (which must be one tune can search plans for)."""
+    from calibkit.evaluate.tasks import choose_task, model_outputs
+
     tok = TextTokenizer(model_dir.tokenizer_path, max_length=model_dir.max_length)
-    sha = model_sha256(model_dir.onnx_path)
     proto = check_float_source(load_model(model_dir.onnx_path), model_dir.onnx_path)
-    input_names = [i.name for i in proto.graph.input if i.name not in {x.name for x in proto.graph.initializer}]
+    inits = {x.name for x in proto.graph.initializer}
     placement = plan_placement(proto, config.op_types)
-    nodes = [n.name for n in placement.nodes]
+    nodes = tuple(n.name for n in placement.nodes)
     if not nodes:
         raise CalibrationError(f"no {', '.join(config.op_types)} nodes to quantize in {model_dir.onnx_path.name}")
-
-    # eval set -> ids (or, unlabeled, FP32's own predictions), split
     id2label = model_dir.id2label
     if not id2label:
         raise DataError("the model folder's config.json has no id2label: tune cannot map eval labels to classes")
-    from calibkit.evaluate.tasks import choose_task, model_outputs
-
     task = choose_task(model_outputs(proto), {"id2label": {str(k): v for k, v in id2label.items()}})
     if task.tunable is not None:
         raise UsageError(task.tunable, hint="use `calibkit compare` for its fidelity, and --exclude to keep layers")
+    return _Model(model_dir, tok, model_sha256(model_dir.onnx_path), proto,
+                  tuple(i.name for i in proto.graph.input if i.name not in inits), placement, nodes, task)
+
+
+def _draw_evidence(model: _Model, eval_set: EvalSet, config: TuneConfig, resources: Resources,
+                   cb: ProgressCallback) -> tuple[TuneConfig, SplitEvidence]:
+    """Labels (or, unlabeled, FP32's own predictions: the target becomes agreement alone), the FP32 reference
+    on every row (once), and the search / holdout / sensitivity split."""
+    from calibkit.evaluate.predict import predict_logits
+
     texts = eval_set.texts
     if len(texts) < 15:
         raise DataError(f"the eval set is too small to tune on ({len(eval_set)} examples)",
                         hint="use at least a few hundred examples")
+    id2label = model.dir.id2label
     labelled = eval_set.has_labels
-    if labelled:
-        labels = label_ids(eval_set, id2label, len(id2label))
-    else:  # the target is fidelity alone: FP32's predictions are the labels, accuracy = agreement with FP32
+    labels = label_ids(eval_set, id2label, len(id2label)) if labelled else None
+    if not labelled:  # the target is fidelity alone: FP32's predictions are the labels, accuracy = agreement
         if config.min_agreement is None:
             config = replace(config, min_agreement=DEFAULT_UNLABELED_AGREEMENT)
         log.warning("%s has no labels: tuning for agreement with FP32 alone (--min-agreement %g; --max-drop does "
                     "not apply)", eval_set.path.name, config.min_agreement)
         config = replace(config, fidelity_only=True)
-
-    # FP32 reference logits on everything (once)
-    from calibkit.evaluate.predict import predict_logits
-
-    with resources.runner_factory(model_dir.onnx_path, name="fp32") as fp32:
-        ref_logits = predict_logits(fp32, tok, texts, batch_size=config.batch_size, progress=cb,
-                                    task="FP32 reference", output_name=task.output_name)
-    if not labelled:
+    with resources.runner_factory(model.dir.onnx_path, name="fp32") as fp32:
+        ref_logits = predict_logits(fp32, model.tokenizer, texts, batch_size=config.batch_size, progress=cb,
+                                    task="FP32 reference", output_name=model.task.output_name)
+    if labels is None:
         labels = ref_logits.argmax(axis=1).astype(np.int64)
-    search_sub, hold_sub = split_subsets(labels, config.holdout_fraction, config.seed, texts)
-    search_idx, hold_idx = search_sub.array, hold_sub.array
-    if len(search_idx) < 10:
-        raise DataError(f"the eval set is too small to tune on ({len(eval_set)} examples)",
-                        hint="use at least a few hundred examples")
-    warnings = list(evidence_warnings(labels, [id2label[i] for i in sorted(id2label)])) if labelled else []
-    if len(hold_idx) < 200:
-        warnings.append(f"the holdout split has {len(hold_idx)} examples: its verdict has wide intervals")
-    for w in warnings:  # returned with the result, whose caller shows them (the CLI as "warning:")
+    evidence = split_evidence(texts, labels, ref_logits, labelled=labelled,
+                              class_names=[id2label[i] for i in sorted(id2label)],
+                              holdout_fraction=config.holdout_fraction,
+                              sensitivity_samples=config.sensitivity_samples, seed=config.seed)
+    for w in evidence.warnings:  # returned with the result, whose caller shows them (the CLI as "warning:")
         log.info("%s", w)
-    search_texts = tuple(texts[i] for i in search_idx)
-    sens_sub = nested(search_sub, stratified_subset(search_texts, [int(v) for v in labels[search_idx]],
-                                                    config.sensitivity_samples, config.seed + 1))
-    fp32_search = _accuracy(ref_logits[search_idx], labels[search_idx])
-    fp32_hold = _accuracy(ref_logits[hold_idx], labels[hold_idx]) if len(hold_idx) else float("nan")
-    threshold = config.threshold(fp32_search)
-    min_agreement = None if config.min_agreement is None else config.min_agreement / 100.0
-    ref_pred = ref_logits.argmax(axis=1)
+    return config, evidence
 
-    # statistics and tables
-    store, reused_stats = gather_stats(model_dir, cset, placement.activations, model_sha256=sha,
-                                       num_bins=config.params.num_bins, batch_size=config.batch_size, progress=cb,
-                                       model=proto, executor=executor if shard_stats else None,
-                                       budget=resources.budget)
-    linear = linear_work(proto, _typical_feeds(tok, cset, input_names), config.op_types)
-    flops = {f.node: f.flops for f in linear.plain}  # what plans choose among; fused ops stay FP32 (below)
-    work.mkdir(parents=True, exist_ok=True)
-    ledger = Ledger(work / "ledger.jsonl")
-    threads = executor.threads_per_task
-    ev = _Evaluator(ledger, sha, executor, cb)
 
-    def job(table_path: Path, keep: Plan, text_subset: Sequence[str], idx: np.ndarray, mode: str,
-            node: str | None = None) -> SensitivityJob:
-        return SensitivityJob(
-            source_model=str(model_dir.onnx_path), calibration_json=str(table_path),
-            tokenizer=str(model_dir.tokenizer_path), texts=tuple(text_subset),
-            labels=tuple(int(v) for v in labels[idx]),
-            reference_logits=tuple(tuple(float(v) for v in row) for row in ref_logits[idx]),
-            keep_nodes=tuple(keep), mode=mode, node=node, target=config.target,
-            batch_size=config.batch_size, threads=threads, max_length=model_dir.max_length,
-            output_name=task.output_name,
-        )
-
+def _measure_tables(store: Any, cset: CalibrationSet, model: _Model, config: TuneConfig, jobs: _Jobs,
+                    ev: _Evaluator, work: Path) -> _Tables:
+    """One table per method (with method auto, also the per-tensor table: each tensor takes the method whose
+    range does the least damage where it is read) and each table's all-INT8 fidelity on the search split; the
+    table flipping the fewest FP32 predictions is the base of the search."""
+    acts = model.placement.activations
     methods = [Method(config.method)] if config.method != "auto" else list(Method)
     tables: dict[str, tuple[CalibrationTable, Path, str]] = {}
     for m in methods:
-        t = compute_table(store, m, config.params, sha, cset.id, tensors=placement.activations)
+        t = compute_table(store, m, config.params, model.sha, cset.id, tensors=acts)
         p = work / f"table-{m.value}.json"
         tables[m.value] = (t, p, _write_table(p, t, {"target": config.target}))
-
     chosen_methods: dict[str, str] = {}
-    probe_texts = search_texts[: min(128, len(search_texts))]
-    quality: dict[str, tuple[Any, Any]] = {}
-    sens_texts = sens_sub.take(texts)
-    sens_idx = sens_sub.array
+    sens = jobs.evidence.sensitivity
     if config.method == "auto":
-        # per tensor, the method whose range does the least damage where it is used: for every method and node,
-        # the output KL divergence to FP32 when only that node is INT8 (on the sensitivity subset)
+        # for every method and node, the output KL divergence to FP32 when only that node is INT8
         own_kl: dict[str, dict[str, float]] = {}
         for m, (_, p, tsha) in tables.items():
-            res = ev.run([job(p, tuple(x for x in nodes if x != n), sens_texts, sens_idx, ONLY_THIS, n)
-                          for n in nodes], tsha, f"per-layer fidelity ({m})")
+            res = ev.run([jobs(p, jobs.all_but(n), sens, ONLY_THIS, n) for n in model.nodes], tsha,
+                         f"per-layer fidelity ({m})")
             own_kl[m] = {r.node: r.mean_kl for r in res if r.node}
-        chosen_methods = _auto_methods_by_fidelity(own_kl, placement)
+        chosen_methods = _auto_methods_by_fidelity(own_kl, model.placement)
         per_tensor = {t: Method(m) for t, m in chosen_methods.items()}
-        t = compute_table(store, per_tensor, config.params, sha, cset.id, tensors=placement.activations)
+        t = compute_table(store, per_tensor, config.params, model.sha, cset.id, tensors=acts)
         p = work / "table-auto.json"
         tables["auto"] = (t, p, _write_table(p, t, {"target": config.target}))
+    acc: dict[str, float] = {}
+    flips: dict[str, float] = {}
+    kl: dict[str, float] = {}
+    for k, (_, p, tsha) in tables.items():
+        (r,) = ev.run([jobs(p, (), jobs.evidence.search, ALL_INT8)], tsha, f"all-INT8 ({k})")
+        acc[k], flips[k], kl[k] = r.accuracy, r.flip_rate, r.mean_kl
+    base_key = min(flips, key=lambda k: (flips[k], kl[k], k != "auto"))
+    return _Tables(tables, chosen_methods, acc, flips, kl, base_key)
 
-    # all-INT8 fidelity of every table on the search split; the one flipping the fewest FP32 predictions is
-    # the base of the search
-    base_jobs = {k: job(v[1], (), search_texts, search_idx, ALL_INT8) for k, v in tables.items()}
-    table_acc: dict[str, float] = {}
-    table_flips: dict[str, float] = {}
-    table_kl: dict[str, float] = {}
-    for k, j in base_jobs.items():
-        (r,) = ev.run([j], tables[k][2], f"all-INT8 ({k})")
-        table_acc[k], table_flips[k], table_kl[k] = r.accuracy, r.flip_rate, r.mean_kl
-    base_key = min(table_flips, key=lambda k: (table_flips[k], table_kl[k], k != "auto"))
-    table, table_path, table_sha = tables[base_key]
 
-    # ranking: layers ordered by their own quantization error (cheap, every layer), then the worst K of them
-    # re-ordered by measured sensitivity (keep only this one in higher precision) on a subset of the search split
-    if base_key not in quality:
-        quality.update(_layer_quality(proto, {base_key: table}, tok, probe_texts, cb, resources))
+def _rank(model: _Model, evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: _Evaluator,
+          tables: _Tables, flops: dict[str, float], resources: Resources, cb: ProgressCallback) -> _Ranking:
+    """Layers ordered by their own quantization error (cheap, every layer), then the worst K of them re-ordered
+    by measured damage per FLOP: quantize only it (every other layer in higher precision) and measure the output
+    KL divergence to FP32 — in an all-INT8 model the other layers' errors mask it, so this ranks far more
+    sharply."""
     from calibkit.evaluate.compare import worst_layers
     from calibkit.evaluate.layers import weight_errors
 
-    base_meas, base_model = quality[base_key]
-    by_badness = [spec.node for spec in worst_layers(base_meas.layers, weight_errors(base_model, proto), None)]
+    table, table_path, table_sha = tables.base
+    probe = evidence.search.take(evidence.texts)[:128]
+    base_meas, base_model = _layer_quality(model.proto, {tables.base_key: table}, model.tokenizer, probe, cb,
+                                           resources)[tables.base_key]
+    nodes = model.nodes
+    by_badness = [spec.node for spec in worst_layers(base_meas.layers, weight_errors(base_model, model.proto), None)]
     by_badness += [n for n in nodes if n not in by_badness]
     k = len(nodes) if config.sensitivity_layers is None else min(config.sensitivity_layers, len(nodes))
-    # each layer's own damage: quantize only it (every other layer in higher precision) and measure the output KL
-    # divergence to FP32; in an all-INT8 model the errors of the other layers mask it ("keep only this one"
-    # barely moves the KL), so this ranks far more sharply
-    sens_jobs = [job(table_path, tuple(x for x in nodes if x != n), sens_texts, sens_idx, ONLY_THIS, n)
-                 for n in by_badness[:k]]
-    (sens_base,) = ev.run([job(table_path, (), sens_texts, sens_idx, ALL_INT8)], table_sha, "sensitivity base")
-    sens = ev.run(sens_jobs, table_sha, "sensitivity (quantize one node)")
-    harm = {r.node: (r.mean_kl, r.flip_rate) for r in sens if r.node}
-    ranking = _rank_by_harm_per_flop(by_badness[:k], harm, flops) + by_badness[k:]
-
-    search_results: dict[Plan, SensitivityResult] = {}
-
-    def evaluate(plans: Sequence[Plan]) -> list[tuple[float, float]]:
-        res = ev.run([job(table_path, p, search_texts, search_idx, PLAN_MODE) for p in plans], table_sha,
-                     "candidate plans")
-        search_results.update(zip(plans, res))
-        return [(r.accuracy, 1.0 - r.flip_rate) for r in res]
-
-    outcome = search_plan(ranking, flops, evaluate, threshold, max_evaluations=config.max_evaluations,
-                          min_agreement=min_agreement, agreement_examples=len(search_idx),
-                          agreement_z=NormalDist().inv_cdf(config.agreement_confidence))
-    final: Measured | None = outcome.best
-    if final is None:  # nothing met the target: report the most faithful plan measured
-        final = max(outcome.tried, key=lambda m: (m.agreement, m.accuracy, m.int8_flops_fraction))
-    met = outcome.best is not None
-
-    # holdout check: all-INT8 and the final plan, measured once each
-    hold_texts = tuple(texts[i] for i in hold_idx)
-    hold_acc: dict[Plan, float] = {}
-    hold_res: dict[Plan, SensitivityResult] = {}
-    if len(hold_idx):
-        plans_to_check = list(dict.fromkeys([(), final.plan]))
-        res = ev.run([job(table_path, p, hold_texts, hold_idx, PLAN_MODE) for p in plans_to_check], table_sha,
-                     "holdout check")
-        hold_res = dict(zip(plans_to_check, res, strict=True))
-        hold_acc = {p: r.accuracy for p, r in hold_res.items()}
-    search_ev, agree_search = _plan_evidence(config, labels, ref_pred, search_idx, search_results.get(final.plan))
-    hold_ev, agree_hold = _plan_evidence(config, labels, ref_pred, hold_idx, hold_res.get(final.plan))
-    allowed = _allowed_change(config, ref_pred, labels, hold_idx)
-
+    sens = evidence.sensitivity
+    (base,) = ev.run([jobs(table_path, (), sens, ALL_INT8)], table_sha, "sensitivity base")
+    measured = ev.run([jobs(table_path, jobs.all_but(n), sens, ONLY_THIS, n) for n in by_badness[:k]], table_sha,
+                      "sensitivity (quantize one node)")
+    harm = {r.node: (r.mean_kl, r.flip_rate) for r in measured if r.node}
     own_sqnr: dict[str, float] = {}
     for lm in base_meas.layers:
         if lm.quant_sqnr_db is not None:
             own_sqnr[lm.spec.node] = min(own_sqnr.get(lm.spec.node, float("inf")), lm.quant_sqnr_db)
-    reasons = _reasons(final.plan, harm, sens_base, flops, own_sqnr, outcome.tried)
+    return _Ranking(_rank_by_harm_per_flop(by_badness[:k], harm, flops) + by_badness[k:], harm, base, own_sqnr)
+
+
+def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: _Evaluator, tables: _Tables,
+            ranking: _Ranking, flops: dict[str, float]) -> _Searched:
+    """The plan search on the search split (evaluate.search), then all-INT8 and the final plan measured once
+    each on the holdout split."""
+    _, table_path, table_sha = tables.base
+    on_search: dict[Plan, SensitivityResult] = {}
+
+    def evaluate(plans: Sequence[Plan]) -> list[tuple[float, float]]:
+        res = ev.run([jobs(table_path, p, evidence.search, PLAN_MODE) for p in plans], table_sha, "candidate plans")
+        on_search.update(zip(plans, res))
+        return [(r.accuracy, 1.0 - r.flip_rate) for r in res]
+
+    fp32_search = evidence.accuracy_of_reference(evidence.search)
+    outcome = search_plan(ranking.order, flops, evaluate, config.threshold(fp32_search),
+                          max_evaluations=config.max_evaluations,
+                          min_agreement=None if config.min_agreement is None else config.min_agreement / 100.0,
+                          agreement_examples=len(evidence.search),
+                          agreement_z=NormalDist().inv_cdf(config.agreement_confidence))
+    final: Measured | None = outcome.best
+    if final is None:  # nothing met the target: report the most faithful plan measured
+        final = max(outcome.tried, key=lambda m: (m.agreement, m.accuracy, m.int8_flops_fraction))
+    on_holdout: dict[Plan, SensitivityResult] = {}
+    if len(evidence.holdout):
+        plans = list(dict.fromkeys([(), final.plan]))
+        res = ev.run([jobs(table_path, p, evidence.holdout, PLAN_MODE) for p in plans], table_sha, "holdout check")
+        on_holdout = dict(zip(plans, res, strict=True))
+    return _Searched(outcome, final, on_search, on_holdout)
+
+
+def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evidence: SplitEvidence,
+                 config: TuneConfig, tables: _Tables, ranking: _Ranking, searched: _Searched,
+                 flops: dict[str, float], linear: Any, reused_stats: bool, reused_evals: int, seconds: float
+                 ) -> TuneResult:
+    """The typed result of the run (no NaN: what does not apply is None)."""
+    final, outcome = searched.final, searched.outcome
+    labels, ref_pred = evidence.labels, evidence.reference_predictions
+    search_idx, hold_idx = evidence.search.array, evidence.holdout.array
+    fp32_search = evidence.accuracy_of_reference(evidence.search)
+    hold_acc = {p: r.accuracy for p, r in searched.on_holdout.items()}
+    search_ev, agree_search = _plan_evidence(config, labels, ref_pred, search_idx, searched.on_search.get(final.plan))
+    hold_ev, agree_hold = _plan_evidence(config, labels, ref_pred, hold_idx, searched.on_holdout.get(final.plan))
+    reasons = _reasons(final.plan, ranking.harm, ranking.base, flops, ranking.own_sqnr, outcome.tried)
     # INT8 share over ALL linear FLOPs: work hidden in fused contrib ops (ORT Attention) stays FP32 in every plan
     share = linear.plain_share
+    warnings = list(evidence.warnings)
     if share < 1.0:
         warnings.append(f"{100 * (1 - share):.1f} % of the linear FLOPs are inside fused com.microsoft ops "
                         f"({', '.join(sorted({f.op_type for f in linear.fused}))}) that stay FP32: quantize the "
                         "unfused export to put them in INT8")
-    modules = node_names(proto, config.op_types)
+    modules = node_names(model.proto, config.op_types)
     method_counts: dict[str, int] = {}
-    for m in chosen_methods.values():
+    for m in tables.chosen_methods.values():
         method_counts[m] = method_counts.get(m, 0) + 1
-    result = TuneResult(
+    id2label = model.dir.id2label
+    base_key = tables.base_key
+    return TuneResult(
         calibkit_version=__version__,
         eval_set=TuneEvalSet(
             path=str(eval_set.path), count=len(eval_set), search=len(search_idx), holdout=len(hold_idx),
-            sensitivity_samples=len(sens_idx),
+            sensitivity_samples=len(evidence.sensitivity),
             labels="FP32 predictions (the eval set has none)" if config.fidelity_only else "given",
             evidence=Evidence(str(eval_set.path), len(eval_set), tuple(id2label[i] for i in sorted(id2label)),
                               RowSelection.of_subset(rows), labelled=not config.fidelity_only),
         ),
         target=TuneTarget(
-            relative=config.relative, fp32_accuracy=finite(fp32_search), fp32_accuracy_holdout=finite(fp32_hold),
-            threshold=finite(threshold), met=met, max_drop=None if config.fidelity_only else config.max_drop,
-            min_agreement=config.min_agreement, agreement_confidence=config.agreement_confidence,
+            relative=config.relative, fp32_accuracy=finite(fp32_search),
+            fp32_accuracy_holdout=finite(evidence.accuracy_of_reference(evidence.holdout)),
+            threshold=finite(config.threshold(fp32_search)), met=outcome.best is not None,
+            max_drop=None if config.fidelity_only else config.max_drop, min_agreement=config.min_agreement,
+            agreement_confidence=config.agreement_confidence,
         ),
         methods=MethodChoice(
             requested=config.method, chosen=base_key,
-            all_int8_accuracy_search={k: finite(v) for k, v in table_acc.items()},
-            all_int8_flip_rate_search={k: finite(v) for k, v in table_flips.items()},
-            all_int8_mean_kl_search={k: finite(v) for k, v in table_kl.items()},
+            all_int8_accuracy_search={k: finite(v) for k, v in tables.accuracy.items()},
+            all_int8_flip_rate_search={k: finite(v) for k, v in tables.flips.items()},
+            all_int8_mean_kl_search={k: finite(v) for k, v in tables.kl.items()},
             per_tensor_counts=method_counts,
         ),
         candidates=tuple(
@@ -594,25 +675,23 @@ def _run_tune(
             kept_nodes=tuple(final.plan), int8_flops_fraction=final.int8_flops_fraction * share, method=base_key,
             accuracy_search=finite(final.accuracy), accuracy_holdout=finite(hold_acc.get(final.plan)),
             all_int8_accuracy_holdout=finite(hold_acc.get(())),
-            all_int8_agreement_holdout=finite(1.0 - hold_res[()].flip_rate) if () in hold_res else None,
+            all_int8_agreement_holdout=finite(1.0 - searched.on_holdout[()].flip_rate)
+            if () in searched.on_holdout else None,
             agreement_search=agree_search, agreement_holdout=agree_hold, search_evidence=search_ev,
-            holdout_evidence=hold_ev, holdout_verdict=holdout_verdict(config, hold_ev, allowed),
+            holdout_evidence=hold_ev,
+            holdout_verdict=holdout_verdict(config, hold_ev, _allowed_change(config, ref_pred, labels, hold_idx)),
             reasons={n: tuple(r) for n, r in reasons.items()},
             kept_modules={n: modules[n].module for n in final.plan if n in modules and modules[n].module},
         ),
-        split=TuneSplit(*(RowSelection.of_subset(s) for s in (search_sub, hold_sub, sens_sub)),  # type: ignore[arg-type]
-                        seed=config.seed),
+        split=TuneSplit(*(RowSelection.of_subset(s)  # type: ignore[arg-type]
+                          for s in (evidence.search, evidence.holdout, evidence.sensitivity)), seed=config.seed),
         linear_flops=LinearFlops(share, tuple(f.node for f in linear.fused if not f.integer),
                                  tuple(linear.uncounted)),
         warnings=tuple(warnings),
         statistics_reused=reused_stats,
-        evaluations_reused=ev.reused,
-        seconds=round(time.perf_counter() - t0, 1),
+        evaluations_reused=reused_evals,
+        seconds=round(seconds, 1),
     )
-    run = _write_outputs(out, model_dir, proto, table, result, config, write_document)
-    if render is not None:
-        render(result, Path(report_dir) if report_dir else out / "report")
-    return replace(run, resumed_evaluations=ledger.loaded)
 
 
 def _rank_by_harm_per_flop(nodes: Sequence[str], harm: dict[str, tuple[float, float]], flops: dict[str, float]
