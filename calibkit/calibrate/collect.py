@@ -366,6 +366,8 @@ def collect_stats(
     went: ``session_seconds`` (tapping and ONNX Runtime's session), ``probe_seconds``, ``inference_seconds`` and
     ``statistics_seconds`` (wall, and ``statistics_cpu_seconds`` summed over the threads; inference and statistics
     run at the same time when ``overlapped``, so their seconds add up to more than the wall time).
+    Kept in one piece (over 80 lines) on purpose: one streaming loop whose producer thread, per-batch
+    buffers and statistics share state across batches; split, the hand-offs would be the hard part to read.
     """
     if not tensors:
         raise CalibrationError("no tensors to calibrate", hint="check --op-types and --exclude")

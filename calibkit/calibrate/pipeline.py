@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calibkit import __version__
 from calibkit._io import atomic_dir, sha256_file
@@ -34,6 +34,9 @@ from calibkit.quantize.placement import DEFAULT_OP_TYPES, Placement, plan_placem
 from calibkit.quantize.qdq import weightless_copy
 from calibkit.quantize.tablefile import write_calibration_json
 from calibkit.types import CalibrationTable, Method, MethodParams, TensorRange
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from calibkit.executors.base import Executor
 
 log = logging.getLogger("calibkit.calibrate")
 
@@ -247,10 +250,10 @@ def calibrate(
     trt_version: int = DEFAULT_TRT_VERSION,
     budget: TokenBudget | None = None,
     threads: int | None = None,
-    executor: Any = None,
+    executor: Executor | None = None,
 ) -> CalibrationResult:
-    """Calibrate ``model_dir`` on ``calibration_set`` and write OUT (see the module docstring). ``executor``
-    (calibkit.executors.Executor): collect statistics in shards on its workers."""
+    """Calibrate ``model_dir`` on ``calibration_set`` and write OUT (see the module docstring). ``executor``:
+    collect statistics in shards on its workers."""
     method = Method(method)
     t0 = time.perf_counter()
     cset = calibration_set if isinstance(calibration_set, CalibrationSet) else load_calibration_set(calibration_set)
@@ -307,7 +310,22 @@ def calibrate(
     warnings = [*structure, *_summary_warnings(store, table)]
     for w in warnings:
         log.info(w)
-    extras: dict[str, Any] = {
+    extras = _extras(cset, store, table, method, provenance, reused, trt_version, warnings, target=target,
+                     op_types=op_types, exclude=exclude, fused=fused)
+    result = _write_outputs(
+        Path(out_dir), model_dir, table, qres, store, extras, trt_version,
+        timings={"placement": t1 - t0, "statistics": t2 - t1, "method": t3 - t2, "quantize": t4 - t3},
+        reused=reused, warnings=warnings, t_start=t0,
+    )
+    return result
+
+
+def _extras(cset: CalibrationSet, store: Any, table: CalibrationTable, method: Method, provenance: dict[str, Any],
+            reused: bool, trt_version: int, warnings: list[str], *, target: str, op_types: Sequence[str],
+            exclude: Sequence[str], fused: list[str]) -> dict[str, Any]:
+    """calibration.json's fields beside the table: what was quantized, per-tensor statistics, the set, the
+    statistics' provenance and the TensorRT cache's algorithm."""
+    return {
         "target": target,
         "op_types": list(op_types),
         "exclude": list(exclude),
@@ -328,12 +346,6 @@ def calibrate(
         "trt_cache": {"algorithm": ALGORITHM_FOR_METHOD[method], "version": trt_version},
         "warnings": warnings,
     }
-    result = _write_outputs(
-        Path(out_dir), model_dir, table, qres, store, extras, trt_version,
-        timings={"placement": t1 - t0, "statistics": t2 - t1, "method": t3 - t2, "quantize": t4 - t3},
-        reused=reused, warnings=warnings, t_start=t0,
-    )
-    return result
 
 
 def _write_outputs(

@@ -69,7 +69,11 @@ def search_plan(
     parallel). ``threshold``: the lowest accuracy that meets the target; ``min_agreement`` (a fraction): the
     lowest agreement with FP32; with ``agreement_examples`` (the search split's size) and ``agreement_z`` > 0 it
     is the one-sided Wilson lower bound of the measured agreement that must reach it, so that a plan which
-    only just meets the target on the search split, by the luck of those examples, does not count as met."""
+    only just meets the target on the search split, by the luck of those examples, does not count as met.
+
+    Kept in one piece (over 80 lines) on purpose: the prefix, bisect and prune stages share the
+    evaluation budget and the set of measured plans, which one function keeps in view.
+    """
     from calibkit.evaluate.uncertainty import wilson_lower
 
     tried: dict[Plan, Measured] = {}
