@@ -252,3 +252,17 @@ def test_tune_on_an_unlabeled_eval_set_targets_agreement_with_fp32(tiny_setup):
         assert c["meets_target"] == (a >= 0.99 and (a >= 1.0 or wilson_lower(a, n, z) >= 0.99))
     assert res.met_target and "fc1" in res.kept_nodes  # the outlier layer flips predictions in INT8
     assert set(doc["final"]["holdout_verdict"]["by_constraint"]) == {"agreement"}
+
+
+def test_tune_json_dash_prints_the_document_and_piped_kept_layers_say_why(tiny_setup, tmp_path):
+    args = ["tune", str(tiny_setup["model"]), "-c", str(tiny_setup["cset"]), "-e", str(tiny_setup["eval"]),
+            "--method", "minmax", "--max-drop", "1", "--workers", "1", "--no-report", "--sensitivity-samples", "32"]
+    r = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "a"), "--json", "-"])
+    assert r.exit_code == 0, r.output
+    result = parse_result(json.loads(r.stdout))
+    assert result == parse_result(json.loads((tmp_path / "a" / "tune.json").read_text()))
+    r = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "b")])
+    kept = [line for line in r.stdout.splitlines() if line.startswith("  keep ")]
+    assert kept and all(": " in line for line in kept), r.stdout  # piped: each kept layer with a short reason
+    r = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "c"), "--json", "x.json"])
+    assert r.exit_code == 2 and "--json takes '-'" in r.output and not (tmp_path / "c").exists()

@@ -80,6 +80,9 @@ def tune(
     out_dir: Path | None = typer.Option(None, "--out", "-o", help="Output folder (default runs/tune-<model>/)."),
     report: Path | None = typer.Option(None, "--report", help="Report folder (default reports/<time>-tune/)."),
     no_report: bool = NO_REPORT,
+    json_out: str | None = typer.Option(
+        None, "--json", help="'-': print the calibkit-tune/1 document (OUT/tune.json) on stdout instead of the summary."
+    ),
     tokenizer: Path | None = TOKENIZER,
     target: str = typer.Option("tensorrt", "--target", help="Q/DQ layout: tensorrt | onnxruntime."),
     workers: int | None = typer.Option(None, "--workers", min=1, help="Evaluation processes (default min(2, cpus))."),
@@ -103,6 +106,11 @@ def tune(
         from calibkit.api import tune as run_tune
 
         check_tune_options(method=method, target=target)
+        if json_out not in (None, "-"):
+            from calibkit.errors import UsageError
+
+            raise UsageError(f"--json takes '-' (stdout), got {json_out!r}",
+                             hint="the document is written to OUT/tune.json anyway")
 
         dest = out_dir or Path("runs") / f"tune-{_model_name(model, tokenizer)}"
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -125,6 +133,14 @@ def tune(
                 percentile=percentile, workers=workers, executor=executor, memory_budget=memory_budget,
                 max_batch_tokens=max_batch_tokens, report=report_dir, progress=progress,
             )
+        if json_out is not None:
+            import sys
+
+            from calibkit._io import dumps_json
+            from calibkit.report.codec import to_document
+
+            sys.stdout.write(dumps_json(to_document(run.result)))
+            return
         _summary(run, report_dir)
 
 
