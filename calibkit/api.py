@@ -70,7 +70,7 @@ def _model_dir(model: PathLike | ModelDir, tokenizer: PathLike | None = None) ->
 def _calibration_set(cset: PathLike | CalibrationSet) -> CalibrationSet:
     from calibkit.data.calibset import CalibrationSet, load_calibration_set
 
-    return cset if isinstance(cset, CalibrationSet) else load_calibration_set(cset)
+    return cset if isinstance(cset, CalibrationSet) else load_calibration_set(Path(cset))
 
 
 def _artifact(engine: PathLike | EngineArtifact) -> EngineArtifact:
@@ -433,7 +433,7 @@ def load_report(path: PathLike) -> Comparison | TuneResult:
     """A compare or tune JSON document (report.json, tune.json, compare --json) as its typed result."""
     from calibkit.report.codec import load_result
 
-    return load_result(path)
+    return load_result(Path(path))
 
 
 def render_report(result: Comparison | TuneResult, out: PathLike) -> Any:

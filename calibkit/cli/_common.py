@@ -10,6 +10,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -246,16 +247,16 @@ MAX_BATCH_TOKENS_HELP = "Most padded tokens (batch x longest text) per batch [de
 # ---------------------------------------------------------------- option blocks shared by several commands
 # declared once; a command's signature names them (``tokenizer: Path | None = TOKENIZER``)
 
-TOKENIZER = typer.Option(None, "--tokenizer", help="Tokenizer folder when MODEL is an .onnx file.")
-MAX_BATCH_TOKENS = typer.Option(None, "--max-batch-tokens", help=MAX_BATCH_TOKENS_HELP)
-MEMORY_BUDGET = typer.Option("1G", "--memory-budget", help=MEMORY_BUDGET_HELP)
-MEMORY_BUDGET_TAPS = typer.Option("1G", "--memory-budget", help=MEMORY_BUDGET_HELP + " For the layer taps.")
-FORCE = typer.Option(False, "--force", help=FORCE_HELP)
-NO_REPORT = typer.Option(False, "--no-report", help="Write no report folder.")
-LIMIT = typer.Option(None, "--limit", min=1,
+TOKENIZER: Any = typer.Option(None, "--tokenizer", help="Tokenizer folder when MODEL is an .onnx file.")
+MAX_BATCH_TOKENS: Any = typer.Option(None, "--max-batch-tokens", help=MAX_BATCH_TOKENS_HELP)
+MEMORY_BUDGET: Any = typer.Option("1G", "--memory-budget", help=MEMORY_BUDGET_HELP)
+MEMORY_BUDGET_TAPS: Any = typer.Option("1G", "--memory-budget", help=MEMORY_BUDGET_HELP + " For the layer taps.")
+FORCE: Any = typer.Option(False, "--force", help=FORCE_HELP)
+NO_REPORT: Any = typer.Option(False, "--no-report", help="Write no report folder.")
+LIMIT: Any = typer.Option(None, "--limit", min=1,
                      help="Use N eval examples, drawn at random and stratified by label (--seed).")
 
 
-def force_option(applies_to: str) -> typer.models.OptionInfo:
+def force_option(applies_to: str) -> Any:
     """--force, saying which outputs it applies to."""
     return typer.Option(False, "--force", help=f"{FORCE_HELP} Applies to {applies_to}.")

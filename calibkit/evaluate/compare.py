@@ -526,7 +526,7 @@ def build_comparison(*, eval_set: EvalSet, rows: EvalSubset | None, labels: tupl
         recommendation=Recommendation(keep, "fp32" if any(v.flag is Flag.KEEP_FP32 for v in layered.verdicts)
                                       else "fp16"),
         agreement=agreement,
-        agreement_ci=Range.of(proportion(pa == pb)) if classes else None,
+        agreement_ci=Range.of(proportion(np.asarray(pa) == np.asarray(pb))) if classes else None,
         flip_rate=1.0 - agreement if agreement is not None and len(eval_set) else None,
         difference=Differences(Difference.of(score.accuracy_diff), Range.of(score.macro_f1_diff)),
         warnings=warnings,

@@ -26,7 +26,7 @@ NOT_IN_DOCUMENT = {"json": False}
 FLATTEN = {"flatten": True}
 
 
-def finite(value: float | None) -> float | None:
+def finite(value: Any) -> float | None:
     """``value`` as a float, or None when it is None or not a finite number (NaN never enters a result)."""
     if value is None:
         return None

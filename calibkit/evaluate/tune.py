@@ -538,10 +538,10 @@ def _measure_tables(store: Any, cset: CalibrationSet, model: _Model, config: Tun
     if config.method == "auto":
         # for every method and node, the output KL divergence to FP32 when only that node is INT8
         own_kl: dict[str, dict[str, float]] = {}
-        for m, (_, p, tsha) in tables.items():
+        for key, (_, p, tsha) in tables.items():
             res = ev.run([jobs(p, jobs.all_but(n), sens, ONLY_THIS, n) for n in model.nodes], tsha,
-                         f"per-layer fidelity ({m})")
-            own_kl[m] = {r.node: r.mean_kl for r in res if r.node}
+                         f"per-layer fidelity ({key})")
+            own_kl[key] = {r.node: r.mean_kl for r in res if r.node}
         chosen_methods = _auto_methods_by_fidelity(own_kl, model.placement)
         per_tensor = {t: Method(m) for t, m in chosen_methods.items()}
         t = compute_table(store, per_tensor, config.params, model.sha, cset.id, tensors=acts)
@@ -637,8 +637,8 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
                         "unfused export to put them in INT8")
     modules = node_names(model.proto, config.op_types)
     method_counts: dict[str, int] = {}
-    for m in tables.chosen_methods.values():
-        method_counts[m] = method_counts.get(m, 0) + 1
+    for name in tables.chosen_methods.values():
+        method_counts[name] = method_counts.get(name, 0) + 1
     id2label = model.dir.id2label
     base_key = tables.base_key
     return TuneResult(
@@ -683,8 +683,7 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
             reasons={n: tuple(r) for n, r in reasons.items()},
             kept_modules={n: modules[n].module for n in final.plan if n in modules and modules[n].module},
         ),
-        split=TuneSplit(*(RowSelection.of_subset(s)  # type: ignore[arg-type]
-                          for s in (evidence.search, evidence.holdout, evidence.sensitivity)), seed=config.seed),
+        split=_split(evidence, config.seed),
         linear_flops=LinearFlops(share, tuple(f.node for f in linear.fused if not f.integer),
                                  tuple(linear.uncounted)),
         warnings=tuple(warnings),
@@ -692,6 +691,13 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
         evaluations_reused=reused_evals,
         seconds=round(seconds, 1),
     )
+
+
+def _split(evidence: SplitEvidence, seed: int) -> TuneSplit:
+    search, holdout, sens = (RowSelection.of_subset(s) for s in (evidence.search, evidence.holdout,
+                                                                 evidence.sensitivity))
+    assert search is not None and holdout is not None and sens is not None  # subsets given: selections made
+    return TuneSplit(search, holdout, sens, seed)
 
 
 def _rank_by_harm_per_flop(nodes: Sequence[str], harm: dict[str, tuple[float, float]], flops: dict[str, float]
