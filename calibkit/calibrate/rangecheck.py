@@ -138,11 +138,7 @@ class ClipWarning:
 
     @property
     def suggestion(self) -> str:
-        if self.family == SOFTMAX:
-            return ("calibrate with --method minmax (a softmax output never exceeds 1, so its full range costs "
-                    "little resolution) or --method mse, or keep these MatMuls out of INT8 with --exclude")
-        return ("calibrate with --method minmax or --method mse, or run `calibkit smooth` first to move the "
-                "outlier channels into the weights")
+        return clipping_fix(self.family)
 
     @property
     def message(self) -> str:
@@ -157,6 +153,15 @@ class ClipWarning:
         return {"family": self.family, "method": self.method, "tensors": list(self.tensors), "amax": list(self.amax),
                 "observed_absmax": list(self.observed), "of": self.of, "threshold": HARMFUL_CLIP_RATIO[self.family],
                 "suggestion": self.suggestion, "message": self.message}
+
+
+def clipping_fix(family: str) -> str:
+    """What to do about a range that cuts a ``family`` of tensors far below their observed values."""
+    if family == SOFTMAX:
+        return ("calibrate with --method minmax (a softmax output never exceeds 1, so its full range costs "
+                "little resolution) or --method mse, or keep these MatMuls out of INT8 with --exclude")
+    return ("calibrate with --method minmax or --method mse, or run `calibkit smooth` first to move the "
+            "outlier channels into the weights")
 
 
 def tensor_families(model: Any) -> dict[str, str]:
