@@ -196,3 +196,17 @@ def test_twenty_thousand_lines_draw_four_thousand_in_seconds(tmp_path: Path) -> 
     took = time.perf_counter() - t
     assert len(ev) == 4000 and ev.excluded["calibration_set"] == 512
     assert took < 10.0, f"drawing took {took:.1f} s"
+
+
+def test_exact_lengths_with_a_tokenizer(tmp_path: Path) -> None:
+    from calib_helpers import write_model_dir
+
+    model = write_model_dir(tmp_path / "model", max_positions=16)
+    texts = [" ".join(["good movie"] * n) + f" {i}" for i, n in enumerate((1, 2, 3, 5, 8, 12) * 10)]
+    ev = draw_traffic(_write_log(tmp_path / "log.jsonl", texts), TrafficOptions(size=30, tokenizer=model))
+    assert ev.length_measure.startswith("tokenizer") and len(ev) == 30
+    from calibkit.data.tokenizer import TextTokenizer
+
+    tok = TextTokenizer(model)
+    assert list(ev.lengths) == [int(n) for n in tok.token_lengths(list(ev.texts))]
+    assert any("longer than 16 tokens" in w for w in ev.warnings)

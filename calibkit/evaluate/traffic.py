@@ -315,9 +315,11 @@ def draw_traffic(
             cb(ProgressEvent("tokenizing traffic candidates", min(i + step, len(texts)), len(texts)))
         lengths = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
         measure = f"tokenizer ({options.tokenizer})"
+        max_len = options.max_length or tok.max_length
     else:
         lengths = np.asarray([c.est_tokens for c in cands], dtype=np.int64)
         measure = "word-piece estimate"
+        max_len = options.max_length or DEFAULT_MAX_LENGTH
     buckets = [length_bucket(int(n)) for n in lengths]
     strata_pop: dict[int, float] = {}
     members_of: dict[int, list[int]] = {}
@@ -334,10 +336,9 @@ def draw_traffic(
     if len(chosen) < options.size:
         warnings.append(f"only {population:,} distinct texts outside the calibration set in {path}: drew "
                         f"{len(chosen):,} of the {options.size:,} asked for")
-    max_len = options.max_length or DEFAULT_MAX_LENGTH
-    over = int((lengths[chosen] > max_len).sum()) if options.tokenizer is None and chosen else 0
+    over = int((lengths[chosen] > max_len).sum()) if chosen else 0
     if over:
-        warnings.append(f"{over:,} drawn texts are estimated longer than {max_len} tokens: the model reads them "
+        warnings.append(f"{over:,} drawn texts are longer than {max_len} tokens ({measure}): the model reads them "
                         "truncated")
     excluded = {
         "calibration_set": len(excluded_groups),
