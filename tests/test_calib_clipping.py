@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import onnx
+import pytest
 from calib_helpers import texts, tiny_model, write_model_dir
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
@@ -78,3 +79,20 @@ def test_calibrate_reports_it_in_the_result_json_and_cli(tmp_path, monkeypatch) 
     assert r.exit_code == 0, r.output
     flat = " ".join(r.output.split())
     assert "attention Softmax outputs" in flat and "--method minmax" in flat
+
+
+@pytest.mark.slow
+def test_entropy_on_the_demo_model_warns_about_every_attention_softmax(demo_assets_fast, tmp_path, monkeypatch) -> None:
+    """The README's first example (--method entropy): all six attention Softmax outputs are cut to ~0.125-0.19
+    while they reach 1; mse keeps them."""
+    from calibkit.data.sample_pipeline import SampleOptions, sample_log
+
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+    md = ModelDir.resolve(demo_assets_fast / "model")
+    cset = sample_log(demo_assets_fast / "logs.jsonl", tmp_path / "cset", SampleOptions(size=128))
+    res = calibrate(md, cset, Method.ENTROPY, out_dir=tmp_path / "entropy")
+    soft = [w for w in res.clipping if w.family == SOFTMAX]
+    assert len(soft) == 1 and len(soft[0].tensors) == soft[0].of == 6
+    assert max(soft[0].amax) < 0.5 and max(soft[0].observed) > 0.9
+    mse = calibrate(md, cset, Method.MSE, out_dir=tmp_path / "mse")
+    assert not [w for w in mse.clipping if w.family == SOFTMAX]

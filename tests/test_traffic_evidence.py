@@ -210,3 +210,14 @@ def test_exact_lengths_with_a_tokenizer(tmp_path: Path) -> None:
     tok = TextTokenizer(model)
     assert list(ev.lengths) == [int(n) for n in tok.token_lengths(list(ev.texts))]
     assert any("longer than 16 tokens" in w for w in ev.warnings)
+
+
+def test_gzip_log_gives_the_same_draw(tmp_path: Path) -> None:
+    import gzip
+
+    plain = _write_log(tmp_path / "log.jsonl", _texts(500, seed=6))
+    gz = tmp_path / "log.jsonl.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    a = draw_traffic(plain, TrafficOptions(size=100))
+    b = draw_traffic(gz, TrafficOptions(size=100))
+    assert a.keys == b.keys and b.source.gzip and not a.source.gzip and a.source.sha256 != b.source.sha256
