@@ -7,13 +7,14 @@ import logging
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from calibkit import __version__
 from calibkit._io import atomic_dir, sha256_file
 from calibkit.calibrate.methods import compute_table
+from calibkit.calibrate.rangecheck import ClipWarning, harmful_clipping
 from calibkit.calibrate.stats import StatsStore
 from calibkit.calibrate.statscache import find_stats, save_stats, set_key
 from calibkit.calibrate.tablefile import write_calibration_json
@@ -63,6 +64,8 @@ class CalibrationResult:
     timings: dict[str, float] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     unmatched_cache_names: tuple[str, ...] = ()  # --from-cache: names in the cache that match no quantized input
+    # ranges that cut softmax / GELU outputs far below their observed values (also in ``warnings``)
+    clipping: tuple[ClipWarning, ...] = ()
 
 
 def versions() -> dict[str, str]:
@@ -302,9 +305,11 @@ def calibrate(
     qres = _quantize(proto, table, op_types, exclude, target)
     structure = structure_warnings(proto, placement, exclude)
     fused = [n.name for n in fused_fp32_linear(proto)]
+    clipping = harmful_clipping(proto, ((r.tensor, r.amax, r.method.value) for r in table.ranges),
+                                {r.tensor: float(store[r.tensor].absmax) for r in table.ranges})
     del proto
     t4 = time.perf_counter()
-    warnings = [*structure, *_summary_warnings(store, table)]
+    warnings = [*structure, *_summary_warnings(store, table), *(c.message for c in clipping)]
     for w in warnings:
         log.info(w)
     extras: dict[str, Any] = {
@@ -327,13 +332,14 @@ def calibrate(
         "statistics": {"reused": reused, "num_bins": store.num_bins, **dict(store.meta)},
         "trt_cache": {"algorithm": ALGORITHM_FOR_METHOD[method], "version": trt_version},
         "warnings": warnings,
+        "clipping": [c.to_dict() for c in clipping],
     }
     result = _write_outputs(
         Path(out_dir), model_dir, table, qres, store, extras, trt_version,
         timings={"placement": t1 - t0, "statistics": t2 - t1, "method": t3 - t2, "quantize": t4 - t3},
         reused=reused, warnings=warnings, t_start=t0,
     )
-    return result
+    return replace(result, clipping=clipping)
 
 
 def _write_outputs(
