@@ -126,6 +126,7 @@ def test_int8_exclude_and_qdq_copy(model_dir: Path, tmp_path: Path) -> None:
     second = tmp_path / "b.onnx"
     res = _run(["build", str(model_dir), "-p", "int8", "--qdq", str(first), "-o", str(second)])
     assert res.exit_code == 0, res.output
+    assert "(int8, onnxruntime Q/DQ layout, onnxruntime backend)" in " ".join(res.output.split())
     assert second.read_bytes() == first.read_bytes()
     art = EngineArtifact.load(second)
     assert Path(art.calibration_json).samefile(cal)  # carried over from the Q/DQ model's own sidecar
