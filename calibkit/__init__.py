@@ -1,5 +1,5 @@
 """calibkit: INT8 calibration and quantization-accuracy workbench for transformer models."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["__version__"]

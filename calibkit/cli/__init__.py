@@ -15,8 +15,30 @@ from calibkit.cli import smooth as _smooth
 from calibkit.cli import tune as _tune
 from calibkit.cli._common import setup_logging
 
+
+class _FlagsWithoutType:
+    """Flags take no value, so their help row shows no type: typer writes ``<bool>`` beside every flag
+    (``--verbose <bool>``, ``--help <bool>``), which reads as if the flag wanted an argument."""
+
+    def get_params(self, ctx):  # type: ignore[no-untyped-def]
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for p in params:
+            if getattr(p, "is_flag", False) and p.metavar is None:
+                p.metavar = ""
+        return params
+
+
+class _Command(_FlagsWithoutType, typer.core.TyperCommand):
+    pass
+
+
+class _Group(_FlagsWithoutType, typer.core.TyperGroup):
+    pass
+
+
 app = typer.Typer(
     name="calibkit",
+    cls=_Group,
     help=(
         "INT8 calibration and quantization-accuracy workbench for transformer models.\n\n"
         "Workflow: sample -> [smooth ->] calibrate -> build -> compare -> tune.  "
@@ -57,7 +79,9 @@ def _literal_help(t: typer.Typer, seen: set[int] | None = None) -> None:
         return text.replace("[", "\\[") if text else text
 
     t.info.help = esc(t.info.help)
+    t.info.cls = _Group if t.info.cls in (None, typer.core.TyperGroup) else t.info.cls
     for info in t.registered_commands:
+        info.cls = _Command if info.cls in (None, typer.core.TyperCommand) else info.cls
         info.help = esc(info.help or (inspect.getdoc(info.callback) if info.callback else None))
         info.epilog = esc(info.epilog)
         if info.callback is None:
@@ -69,6 +93,7 @@ def _literal_help(t: typer.Typer, seen: set[int] | None = None) -> None:
     for group in t.registered_groups:
         if group.typer_instance is not None:
             group.help = esc(group.help)
+            group.cls = _Group if group.cls in (None, typer.core.TyperGroup) else group.cls
             _literal_help(group.typer_instance, seen)
 
 

@@ -122,6 +122,11 @@ def warn(message: str) -> None:
     console.print(f"[yellow]warning:[/] {escape(printable(message))}", markup=True)
 
 
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 node``, ``2 nodes``: a number with its noun in the right number."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def say(message: str) -> None:
     """One plain line on stdout (no markup; paths are shown as they are)."""
     out.print(printable(message))

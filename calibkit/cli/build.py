@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import RichProgress, guard_out_file, handle_errors, say, warn
+from calibkit.cli._common import RichProgress, count, guard_out_file, handle_errors, say, warn
 
 HELP = """Build an engine from an FP32 ONNX model: FP32, FP16 or INT8, for ONNX Runtime or TensorRT.
 
@@ -49,7 +49,8 @@ Examples:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("build", help=HELP, no_args_is_help=True)(build)
+    app.command("build", help=HELP,
+                short_help="Build an FP32, FP16 or INT8 engine (ONNX Runtime, TensorRT).", no_args_is_help=True)(build)
 
 
 def _split(values: list[str] | None) -> tuple[str, ...]:
@@ -113,12 +114,14 @@ def build(
         with RichProgress() as progress:
             res = run_build(req, progress=progress)
         art = res.artifact
-        say(f"wrote {art.path} ({art.precision.value}, {art.backend.value})")
+        layout = art.extra.get("target")  # the Q/DQ layout of an INT8 build, which need not be the backend's own
+        say(f"wrote {art.path} ({art.precision.value}" + (f", {layout} Q/DQ layout" if layout else "")
+            + f", {art.backend.value} backend)")
         if res.quantized_nodes:
-            say(f"  {len(res.quantized_nodes)} nodes quantized, {len(art.kept_higher_precision)} kept in "
-                      f"higher precision, {len(res.missing_ranges)} tensors without a range")
+            say(f"  {count(len(res.quantized_nodes), 'node')} quantized, {len(art.kept_higher_precision)} kept in "
+                      f"higher precision, {count(len(res.missing_ranges), 'tensor')} without a range")
         elif art.kept_higher_precision:
-            say(f"  {len(art.kept_higher_precision)} nodes kept in higher precision")
+            say(f"  {count(len(art.kept_higher_precision), 'node')} kept in higher precision")
         zero = list(art.extra.get("zero_ranges") or [])
         if zero:
             warn(f"{len(zero)} tensors have amax 0 (all zero during calibration), so their nodes stay FP32: "

@@ -12,6 +12,7 @@ from calibkit.cli._common import (
     MAX_BATCH_TOKENS_HELP,
     MEMORY_BUDGET_HELP,
     RichProgress,
+    count,
     guard_out_dir,
     guard_out_file,
     handle_errors,
@@ -49,7 +50,7 @@ HELP = (
 
 
 def register(app: typer.Typer) -> None:
-    app.command("compare", help=HELP)(compare)
+    app.command("compare", help=HELP, short_help="Compare two engines, overall and layer by layer.")(compare)
 
 
 def compare(
@@ -287,12 +288,12 @@ def _print_summary(result, json_path: Path | None, report_dir: Path | None) -> N
         if keep:
             label = {r.measurement.spec.node: r.measurement.spec.label for r in result.layers}
             shown = [label.get(n, n) for n in keep[:12]]
-            say(f"recommendation: keep {len(keep)} nodes in {result.recommended_precision}: "
+            say(f"recommendation: keep {count(len(keep), 'node')} in {result.recommended_precision}: "
                       f"{', '.join(shown)}" + (" ..." if len(keep) > 12 else ""))
         else:
             say("recommendation: no layer needs higher precision on this evidence")
         if unsure:
-            say(f"{unsure} layers: insufficient evidence (effect within its 95 % interval; see the reasons)")
+            say(f"{count(unsure, 'layer')}: insufficient evidence (effect within its 95 % interval; see the reasons)")
     if json_path:
         say(f"JSON: {json_path}")
     if report_dir:

@@ -12,6 +12,7 @@ from calibkit.cli._common import (
     MAX_BATCH_TOKENS_HELP,
     MEMORY_BUDGET_HELP,
     RichProgress,
+    count,
     guard_out_dir,
     handle_errors,
     out,
@@ -53,7 +54,7 @@ HELP = (
 
 
 def register(app: typer.Typer) -> None:
-    app.command("tune", help=HELP)(tune)
+    app.command("tune", help=HELP, short_help="Find the mixed-precision plan that meets an accuracy target.")(tune)
 
 
 def tune(
@@ -176,8 +177,8 @@ def _summary(res, report_dir: Path | None) -> None:  # noqa: ANN001
     t.add_row("all INT8", pct(allint8["accuracy_search"] if allint8 else None),
               pct(f["all_int8_accuracy_holdout"]), pct(allint8.get("agreement_search") if allint8 else None),
               pct(f.get("all_int8_agreement_holdout")))
-    t.add_row(f"plan ({len(res.kept_nodes)} layers kept)", pct(f["accuracy_search"]), pct(f["accuracy_holdout"]),
-              pct(f.get("agreement_search")), pct(f.get("agreement_holdout")))
+    t.add_row(f"plan ({count(len(res.kept_nodes), 'layer')} kept)", pct(f["accuracy_search"]),
+              pct(f["accuracy_holdout"]), pct(f.get("agreement_search")), pct(f.get("agreement_holdout")))
     out.print(t)
     m = d["methods"]
     out.print(f"calibration: {m['chosen']} (fewest flips of FP32 on the search split: "
@@ -199,6 +200,6 @@ def _summary(res, report_dir: Path | None) -> None:  # noqa: ANN001
     modules = f.get("kept_modules") or {}
     for n in res.kept_nodes:
         say(f"  keep {modules[n]} ({n})" if modules.get(n) and modules[n] not in n else f"  keep {n}")
-    say(f"wrote {res.out_dir}/ (model.int8.onnx, calibration.cache, calibration.json, plan.json)")
+    say(f"wrote {res.out_dir}/ ({', '.join(_OUT_NAMES)})")
     if report_dir:
         say(f"report: {report_dir}/report.html")

@@ -209,6 +209,11 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
             calibration_json = qdq.parent / "calibration.json"
             calibration_sha = sha256_file(calibration_json)
         extra["qdq_source"] = _rel(qdq, engine_dir)
+        from calibkit.graph import qdq_layout
+
+        layout = qdq_layout(qm)
+        if layout:  # recorded as the registry would read it from the file, so build can say which it copied
+            extra["target"] = layout
         if backend is Backend.TENSORRT:
             zps = [i for i in qm.graph.initializer if i.name.endswith("zero_point")]
             if any(z.data_type == onnx.TensorProto.UINT8 for z in zps):
