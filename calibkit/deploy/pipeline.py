@@ -140,9 +140,13 @@ def deploy(source: str | Path, out_dir: str | Path, options: DeployOptions = Dep
 
     _emit(cb, 2, "choosing profiles and batch sizes")
     top = profiles.largest_max(lengths, md.max_length, options.max_seq, options.round_to)
-    choices = tuple(profiles.choose_buckets(lengths, k, max_seq=top, round_to=options.round_to)
-                    for k in range(1, MAX_PROFILES + 1))
-    choice = choices[options.profiles - 1] if options.profiles else profiles.auto_k(choices)
+    # k beyond the distinct padded lengths the traffic has adds nothing: those choices are left out
+    choices = tuple(c for k in range(1, MAX_PROFILES + 1)
+                    if (c := profiles.choose_buckets(lengths, k, max_seq=top, round_to=options.round_to)).k == k)
+    if options.profiles:
+        choice = choices[min(options.profiles, len(choices)) - 1]
+    else:
+        choice = profiles.auto_k(choices)
     plan = batching.plan_batching([b.hi for b in choice.buckets], batch_tokens=options.batch_tokens,
                                   max_batch=options.max_batch, queue_delay_us=options.queue_delay_us)
     baseline = _baseline(lengths, md.max_length, options)
@@ -183,7 +187,8 @@ def deploy(source: str | Path, out_dir: str | Path, options: DeployOptions = Dep
                               for t in io.outputs],
                   "max_length": md.max_length, "max_length_source": md.max_length_source, "label_output": label},
         "lengths": _length_summary(lengths),
-        "profiles": {"chosen_k": choice.k, "auto": options.profiles is None, "round_to": options.round_to,
+        "profiles": {"chosen_k": choice.k, "requested_k": options.profiles, "auto": options.profiles is None,
+                     "round_to": options.round_to,
                      "choices": [c.to_dict() for c in choices], "baseline": baseline},
         "batching": plan.to_dict(),
         "perf_analyzer": {"requests": perf.requests, "per_bucket": list(perf.per_bucket), "command": perf_cmd},
@@ -199,7 +204,8 @@ def deploy(source: str | Path, out_dir: str | Path, options: DeployOptions = Dep
     from calibkit.deploy.engine import PROFILES_FILE, PlanSpec
     from calibkit.deploy.repository import RepositoryFiles, write_repository
 
-    json_docs: dict[str, object] = {"deploy.json": doc, "perf_data.json": perf.doc}
+    json_docs: dict[str, object] = {"deploy.json": doc}
+    compact_docs: dict[str, object] = {"perf_data.json": perf.doc}
     executables: tuple[str, ...] = ("perf_analyzer.sh",)
     if backend is Backend.TENSORRT:
         json_docs[f"{name}/{PROFILES_FILE}"] = PlanSpec(
@@ -215,7 +221,7 @@ def deploy(source: str | Path, out_dir: str | Path, options: DeployOptions = Dep
         target = model_dir / "1" / "model.onnx" if backend is Backend.ONNXRUNTIME else model_dir / engine_onnx
         build(_build_request(src, target, backend, options))
 
-    write_repository(out, name, RepositoryFiles(files, executables, json_docs), build_models=build_models,
+    write_repository(out, name, RepositoryFiles(files, executables, json_docs, compact_docs), build_models=build_models,
                      inputs=[src.path, src.model.parent, src.tokenizer, tr.path, cset])
     _emit(cb, 5, "done")
     mdir = out / name
@@ -338,7 +344,7 @@ def _readme(doc: dict[str, Any], choice: BucketChoice, plan: BatchingPlan, basel
                  f"`{name}/build_engine.sh --calibkit` makes the same build through calibkit's TensorRT backend "
                  f"(`python -m calibkit.deploy.engine {name}`, reading `{name}/trt_profiles.json`).")
         trt_note = ("\n\n**TensorRT is not installed where this repository was written**: the engine was not built "
-                    "and the command above was not run here. It is checked against trtexec's documented flags "
+                    "and the trtexec command below was not run here. It is checked against trtexec's documented flags "
                     "only." if not has_trt else "")
     return f"""# Triton model repository: {name}
 
@@ -380,8 +386,9 @@ One profile 1–{baseline['max_seq']}, every request padded to {baseline['max_se
 {_pct(baseline['waste_padded_to_max'])}; the same profile with arrival-order batches of
 {baseline['arrival_batch']} each padded to its longest request: {_pct(baseline['waste_arrival_batches'])}.
 Chosen: **k = {choice.k}** ({'auto: the fewest profiles within 5 % of the best' if doc['profiles']['auto'] else
-'--profiles'}), waste {_pct(choice.waste)}. {choice.over_max:,} requests ({_pct(choice.over_max_share)}) are
-longer than the largest max {choice.max_seq} and are truncated to it (or must be refused).
+f"--profiles {doc['profiles']['requested_k']}"}), waste {_pct(choice.waste)}.
+{choice.over_max:,} requests ({_pct(choice.over_max_share)}) are longer than the largest max {choice.max_seq}
+and are truncated to it (or must be refused).
 
 | bucket (tokens) | requests | median length | preferred batch |
 |---|---|---|---|

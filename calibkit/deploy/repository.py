@@ -21,6 +21,7 @@ aside first), one writer at a time.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
@@ -39,7 +40,8 @@ class RepositoryFiles:
 
     texts: Mapping[str, str]
     executables: tuple[str, ...] = ()
-    json_docs: Mapping[str, object] | None = None
+    json_docs: Mapping[str, object] | None = None  # stable, indented JSON
+    compact_docs: Mapping[str, object] | None = None  # one-line JSON (large data files)
 
 
 def write_repository(out: Path, name: str, files: RepositoryFiles, *, build_models: Callable[[Path], None],
@@ -54,6 +56,9 @@ def write_repository(out: Path, name: str, files: RepositoryFiles, *, build_mode
         build_models(model_dir)
         for rel, obj in (files.json_docs or {}).items():
             (tmp / rel).write_text(dumps_json(obj), encoding="utf-8")
+        for rel, obj in (files.compact_docs or {}).items():
+            (tmp / rel).write_text(json.dumps(obj, separators=(",", ":"), ensure_ascii=False) + "\n",
+                                   encoding="utf-8")
         for rel, text in files.texts.items():
             p = tmp / rel
             p.parent.mkdir(parents=True, exist_ok=True)
