@@ -117,3 +117,64 @@ def check_command(argv: Sequence[str]) -> None:
 def render(argv: Sequence[str]) -> str:
     """The command as one shell line, each flag on its own continued line."""
     return " \\\n    ".join(shlex.quote(a) for a in argv)
+
+
+def build_equivalent(req: object) -> list[str]:
+    """The shell lines that make what ``calibkit build --backend tensorrt`` (``req``: a BuildRequest) would:
+    the Q/DQ or FP16 ONNX first when it is not a file yet, then trtexec with the same profile (from the
+    calibration set's token lengths, as build computes it), timing cache and layer JSON paths. For a machine
+    without TensorRT: the build is run where TensorRT is."""
+    from pathlib import Path
+
+    from calibkit.calibrate.tablefile import load_calibration_json
+    from calibkit.data.modeldir import ModelDir
+    from calibkit.engines.build import BuildRequest
+    from calibkit.engines.tensorrt.builder import layers_json_path, timing_cache_path
+    from calibkit.engines.tensorrt.profile import profile_from_lengths
+    from calibkit.graph import load_model
+    from calibkit.types import Precision
+
+    assert isinstance(req, BuildRequest)
+    md = ModelDir.resolve(req.model, req.tokenizer)
+    lines: list[str] = []
+    engine = Path(req.output)
+    onnx: Path
+    calib_set = req.calibration_set
+    prefix = ["calibkit", "build", str(req.model)] + (["--tokenizer", str(req.tokenizer)] if req.tokenizer else [])
+    excl = [a for p in req.exclude for a in ("--exclude", p)]
+    if req.precision is Precision.INT8 and req.qdq_model is not None:
+        onnx = Path(req.qdq_model)
+    elif req.precision is Precision.INT8:
+        cf = load_calibration_json(req.calibration)  # type: ignore[arg-type]
+        ready = cf.file("model")
+        if ready is not None and ready.is_file() and cf.target == "tensorrt" and not req.exclude and not req.keep_nodes:
+            onnx = ready
+        else:
+            onnx = engine.with_suffix(".int8.onnx")
+            lines.append(shlex.join([*prefix, "--precision", "int8", "--calibration", str(cf.path), "--target",
+                                     "tensorrt", *excl, "-o", str(onnx)]))
+        cs = cf.raw.get("calibration_set")
+        if calib_set is None and isinstance(cs, dict) and cs.get("path") and Path(cs["path"]).exists():
+            calib_set = Path(cs["path"])
+    elif req.precision is Precision.FP16:
+        onnx = engine.with_suffix(".fp16.onnx")
+        lines.append(shlex.join([*prefix, "--precision", "fp16", *excl, "-o", str(onnx)]))
+    else:
+        onnx = md.onnx_path
+    lengths = None
+    if calib_set is not None:
+        from calibkit.data.calibset import load_calibration_set
+        from calibkit.data.tokenizer import TextTokenizer
+
+        lengths = TextTokenizer(md.tokenizer_path).token_lengths(load_calibration_set(calib_set).texts)
+    prof = profile_from_lengths(lengths, model_max=md.max_length, min_seq=req.min_seq, opt_seq=req.opt_seq,
+                                max_seq=req.max_seq)
+    model = load_model(md.onnx_path, load_external_data=False)
+    inits = {i.name for i in model.graph.initializer}
+    names = [i.name for i in model.graph.input if i.name not in inits]
+    mn, op, mx = prof.shapes()
+    argv = trtexec_command(str(onnx), str(engine), names, [ShapeProfile(mn, op, mx)],
+                           timing_cache=str(timing_cache_path(engine)), workspace_mib=req.workspace_mib,
+                           layer_info=str(layers_json_path(engine)))
+    lines.append(render(argv))
+    return lines
