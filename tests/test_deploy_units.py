@@ -267,3 +267,77 @@ def test_traffic_reader_redacts_and_keeps_duplicates(tmp_path: Path) -> None:
     assert read_traffic(log, redact=False).texts[0] == "mail me at a.b@example.com"
     s = read_traffic(log, max_texts=2, seed=1)
     assert len(s.texts) == 2 and s.sampled and s.usable == 4
+
+
+# ---------------------------------------------------------------- calibkit's TensorRT builder, several profiles
+
+
+def test_tensorrt_builder_adds_one_optimization_profile_per_bucket(tmp_path: Path, monkeypatch) -> None:
+    """A fake `tensorrt` module records the builder's calls: each SeqProfile becomes one optimization profile
+    with its min/opt/max on every input, in order (the real build needs a GPU; see test_engine_tensorrt.py)."""
+    import sys
+    import types
+
+    import calibkit.engines.tensorrt.builder as builder
+    from calibkit.engines.tensorrt.profile import SeqProfile
+
+    calls: list = []
+
+    class Obj:
+        def __init__(self, **kw: object) -> None:
+            self.__dict__.update(kw)
+
+    class Logger:
+        WARNING = 0
+
+        def __init__(self, *a: object) -> None:
+            pass
+
+    class Profile:
+        def __init__(self) -> None:
+            self.shapes: dict = {}
+            calls.append(self)
+
+        def set_shape(self, name, mn, op, mx):  # noqa: ANN001, ANN201
+            self.shapes[name] = (tuple(mn), tuple(op), tuple(mx))
+
+    class Config:
+        profiles: list = []
+
+        def set_memory_pool_limit(self, *a):  # noqa: ANN002, ANN201
+            pass
+
+        def add_optimization_profile(self, p):  # noqa: ANN001, ANN201
+            self.profiles.append(p)
+
+        def create_timing_cache(self, data):  # noqa: ANN001, ANN201
+            return Obj(serialize=lambda: b"cache")
+
+        def set_timing_cache(self, *a):  # noqa: ANN002, ANN201
+            pass
+
+        def get_timing_cache(self):  # noqa: ANN201
+            return Obj(serialize=lambda: b"cache")
+
+    inputs = [Obj(name="input_ids", shape=(-1, -1)), Obj(name="attention_mask", shape=(-1, -1))]
+    network = Obj(num_inputs=2, get_input=lambda i: inputs[i])
+    config = Config()
+    engine = Obj(create_engine_inspector=lambda: Obj(get_engine_information=lambda fmt: "{}"))
+    fake = types.SimpleNamespace(
+        __version__="11.0-fake", Logger=Logger, Dims=lambda v: tuple(v),
+        NetworkDefinitionCreationFlag=Obj(STRONGLY_TYPED=0), MemoryPoolType=Obj(WORKSPACE=0),
+        ProfilingVerbosity=Obj(DETAILED=0), LayerInformationFormat=Obj(JSON=0),
+        Builder=lambda logger: Obj(create_network=lambda flags: network, create_builder_config=lambda: config,
+                                   create_optimization_profile=Profile,
+                                   build_serialized_network=lambda n, c: b"plan"),
+        OnnxParser=lambda n, logger: Obj(parse=lambda data: True, num_errors=0),
+        Runtime=lambda logger: Obj(deserialize_cuda_engine=lambda data: engine),
+    )
+    monkeypatch.setitem(sys.modules, "tensorrt", fake)
+    monkeypatch.setattr(builder, "load_tensorrt", lambda: fake)
+    profs = [SeqProfile(1, 16, 16, 1, 128, 128), SeqProfile(17, 64, 64, 1, 64, 128)]
+    res = builder.build_engine(b"onnx", tmp_path / "model.plan", profs)
+    assert res.engine.read_bytes() == b"plan" and res.tensorrt_version == "11.0-fake"
+    assert config.profiles == calls and len(calls) == 2
+    assert calls[0].shapes["input_ids"] == ((1, 1), (128, 16), (128, 16))
+    assert calls[1].shapes["attention_mask"] == ((1, 17), (64, 64), (128, 64))
