@@ -300,3 +300,26 @@ def test_build_tensorrt_without_tensorrt_prints_trtexec(work: dict[str, Path], t
     assert f"--onnx={work['cal'] / 'model.int8.onnx'}" in argv and f"--saveEngine={tmp_path / 'x.engine'}" in argv
     assert "--stronglyTyped" in argv and any(a.startswith("--timingCacheFile=") for a in argv)
     assert any(a.startswith("--minShapes=input_ids:1x1,attention_mask:1x1") for a in argv)
+
+
+def test_engine_without_calibration_table(work: dict[str, Path], tmp_path: Path) -> None:
+    """An INT8 engine built from a bare Q/DQ model (no calibration.json anywhere): TensorRT gets it as it is;
+    ONNX Runtime gets it too, with a warning that it is not the CPU-fast layout."""
+    from calibkit.engines.build import BuildRequest, build
+
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(work["cal"] / "model.int8.onnx", alone / "q.onnx")
+    eng = build(BuildRequest(model=work["model"], output=tmp_path / "eng" / "int8.onnx", precision=Precision.INT8,
+                             qdq_model=alone / "q.onnx")).artifact
+    assert eng.calibration_json is None
+    trt = deploy(eng.path, tmp_path / "trt", DeployOptions(backend=Backend.TENSORRT, traffic=work["log"]))
+    assert trt.engine_onnx.read_bytes() == (alone / "q.onnx").read_bytes() and not trt.doc["warnings"]
+    ort_res = deploy(eng.path, tmp_path / "ort", DeployOptions(traffic=work["log"]))
+    assert ort_res.model_path.read_bytes() == (alone / "q.onnx").read_bytes()
+    assert "served as it is" in ort_res.doc["warnings"][0]
+    from calibkit.errors import UsageError
+
+    with pytest.raises(UsageError, match="calibration set behind") as exc:  # no --traffic, no set to find a log in
+        deploy(eng.path, tmp_path / "none", DeployOptions())
+    assert "--traffic" in (exc.value.hint or "") and not (tmp_path / "none").exists()

@@ -341,3 +341,21 @@ def test_tensorrt_builder_adds_one_optimization_profile_per_bucket(tmp_path: Pat
     assert config.profiles == calls and len(calls) == 2
     assert calls[0].shapes["input_ids"] == ((1, 1), (128, 16), (128, 16))
     assert calls[1].shapes["attention_mask"] == ((1, 17), (64, 64), (128, 64))
+
+
+# ---------------------------------------------------------------- the documented examples are valid configs
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/deploying.md"])
+def test_documented_config_examples_parse(doc: str) -> None:
+    """Every config.pbtxt example in the docs parses with Triton's schema."""
+    import re
+
+    from google.protobuf import text_format
+
+    text = (Path(__file__).resolve().parents[1] / doc).read_text(encoding="utf-8")
+    blocks = re.findall(r"^```\n(name: .*?)^```", text, flags=re.S | re.M)
+    assert blocks, f"no config.pbtxt example in {doc}"
+    for b in blocks:
+        c = text_format.Parse(b, model_config_pb2().ModelConfig())
+        assert c.max_batch_size > 0 and list(c.input[0].dims) == [-1] and c.dynamic_batching.preferred_batch_size

@@ -110,9 +110,7 @@ def deploy(
             instances=instances, threads=threads, perf_requests=perf_requests, max_texts=max_texts, seed=seed,
             reduce_range=reduce_range, workspace_mib=workspace_mib,
         )
-        from calibkit.deploy.repository import ROOT_FILES
-
-        guard_out_dir(out_dir, inputs=[source, traffic], force=force, legacy_names=ROOT_FILES)
+        guard_out_dir(out_dir, inputs=[source, traffic], force=force)
         with RichProgress() as progress:
             res = run_deploy(source, out_dir, options, progress=progress)
         _summary(res)
@@ -150,8 +148,9 @@ def _summary(res) -> None:  # noqa: ANN001
 
 
 def _warnings(res) -> list[str]:  # noqa: ANN001
+    out = list(res.doc.get("warnings", []))
     req = res.doc["profiles"]["requested_k"]
     if req is not None and req > res.choice.k:
-        return [f"--profiles {req}: the traffic has only {res.choice.k} distinct padded lengths, so {res.choice.k} "
-                "profiles were written"]
-    return []
+        out.append(f"--profiles {req}: the traffic has only {res.choice.k} distinct padded lengths, so "
+                   f"{res.choice.k} profiles were written")
+    return out

@@ -128,6 +128,7 @@ def deploy(source: str | Path, out_dir: str | Path, options: DeployOptions = Dep
                          "calibration table; TensorRT needs the int8 (tensorrt) layout",
                          hint="deploy the calibrate or tune folder it came from with --backend tensorrt")
     name = options.name or default_name(src.model, src.precision)
+    warnings = _source_warnings(src, backend)
 
     _emit(cb, 1, "reading the traffic")
     cset = src.calibration_set or traffic.find_calibration_set(
@@ -190,7 +191,7 @@ def deploy(source: str | Path, out_dir: str | Path, options: DeployOptions = Dep
         "profiles": {"chosen_k": choice.k, "requested_k": options.profiles, "auto": options.profiles is None,
                      "round_to": options.round_to,
                      "choices": [c.to_dict() for c in choices], "baseline": baseline},
-        "batching": plan.to_dict(),
+        "batching": plan.to_dict(), "warnings": warnings,
         "perf_analyzer": {"requests": perf.requests, "per_bucket": list(perf.per_bucket), "command": perf_cmd},
         "tensorrt": {"available_here": has_trt, "trtexec": argv,
                      "profiles": [{"min": list(p.min_shape), "opt": list(p.opt_shape), "max": list(p.max_shape)}
@@ -232,6 +233,16 @@ def deploy(source: str | Path, out_dir: str | Path, options: DeployOptions = Dep
         build_script=mdir / "build_engine.sh" if backend is Backend.TENSORRT else None,
         perf_data=out / "perf_data.json", perf_command=tuple(perf_cmd), trtexec=tuple(argv),
         readme=out / "README.md", choice=choice, choices=choices, batching=plan, tensorrt_available=has_trt, doc=doc)
+
+
+def _source_warnings(src: Any, backend: Backend) -> list[str]:
+    """What the chosen backend gets that is not its own layout (the model is served as it is)."""
+    if (backend is Backend.ONNXRUNTIME and src.precision is Precision.INT8 and src.calibration_json is None
+            and src.qdq_target == "tensorrt"):
+        return [f"{src.path} has no calibration table, so its TensorRT-layout Q/DQ model is served as it is: ONNX "
+                "Runtime runs that layout slower than FP32 on CPUs; deploy the calibrate or tune folder for the "
+                "CPU-fast layout"]
+    return []
 
 
 def _build_request(src: Any, target: Path, backend: Backend, options: DeployOptions) -> Any:

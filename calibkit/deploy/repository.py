@@ -31,8 +31,6 @@ from pathlib import Path
 from calibkit._io import atomic_dir, dumps_json
 from calibkit.outdirs import check_not_input
 
-ROOT_FILES = ("README.md", "deploy.json", "perf_data.json", "perf_analyzer.sh")
-
 
 @dataclass(frozen=True)
 class RepositoryFiles:
@@ -49,8 +47,8 @@ def write_repository(out: Path, name: str, files: RepositoryFiles, *, build_mode
     """Write OUT atomically: ``build_models(model_folder)`` writes the model files into ``NAME/`` of the
     temporary folder, then the text files are added. Returns OUT."""
     check_not_input(out, inputs)
-    legacy = (*ROOT_FILES, name)
-    with atomic_dir(out, what="deploy", legacy_names=legacy) as tmp:
+    # no legacy names: deploy is younger than the marker file, so an unmarked folder is never one it wrote
+    with atomic_dir(out, what="deploy") as tmp:
         model_dir = tmp / name
         (model_dir / "1").mkdir(parents=True)
         build_models(model_dir)
