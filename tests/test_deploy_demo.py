@@ -83,7 +83,8 @@ def test_outputs_equal_calibkits_engine(repo: dict, tmp_path: Path) -> None:
             feeds = [padded_feeds(tok, texts[i], width, res.choice.max_seq, names) for i in idx]
             got.append(sess.run(["logits"], {n: np.concatenate([f[n] for f in feeds]) for n in names})[0])
         out = np.concatenate(got)
-        np.testing.assert_allclose(out, want, atol=2e-3 * float(np.abs(want).max()), rtol=0)
+        # measured: at most 1.9e-6 apart (batch 1) and bit-equal at batch 4 and 16, 200 texts of the demo log
+        np.testing.assert_allclose(out, want, atol=1e-4 * float(np.abs(want).max()), rtol=0)
         assert (out.argmax(1) == want.argmax(1)).all(), bs
     # perf_analyzer's requests are real traffic texts, tokenized by the model's tokenizer
     entry = json.loads(res.perf_data.read_text())["data"][0]
