@@ -323,3 +323,17 @@ def test_engine_without_calibration_table(work: dict[str, Path], tmp_path: Path)
     with pytest.raises(UsageError, match="calibration set behind") as exc:  # no --traffic, no set to find a log in
         deploy(eng.path, tmp_path / "none", DeployOptions())
     assert "--traffic" in (exc.value.hint or "") and not (tmp_path / "none").exists()
+
+
+def test_build_tensorrt_fallback_refuses_an_onnxruntime_layout_qdq(work: dict[str, Path], tmp_path: Path) -> None:
+    from calibkit.engines import tensorrt as trt_backend
+    from calibkit.engines.build import BuildRequest, build
+
+    if trt_backend.available():
+        pytest.skip("a real TensorRT is installed here")
+    ort_layout = build(BuildRequest(model=work["model"], output=tmp_path / "ort.onnx", precision=Precision.INT8,
+                                    calibration=work["cal"], target="onnxruntime")).artifact.path
+    r = CliRunner().invoke(app, ["build", str(work["model"]), "--precision", "int8", "--qdq", str(ort_layout),
+                                 "--backend", "tensorrt", "-o", str(tmp_path / "x.engine")], env={"COLUMNS": "400"})
+    assert r.exit_code == 7 and "--stronglyTyped" not in r.output
+    assert "uint8 activations" in " ".join(r.output.split())

@@ -116,6 +116,7 @@ def _from_engine(engine: Path) -> DeploySource:
 
 
 def _uint8_activations(path: Path) -> bool:
+    """Whether a Q/DQ model is in the onnxruntime layout (uint8 activation zero points)."""
     import onnx
 
     from calibkit.graph import load_model
