@@ -233,6 +233,9 @@ def test_cli_writes_and_summarises(work: dict[str, Path], tmp_path: Path) -> Non
     ("backend", 2, "unknown --backend"),
     ("fixed-axes", 4, "fixed batch"),
     ("foreign-out", 2, "holds files calibkit did not write"),
+    ("threads-trt", 2, "does not apply to --backend tensorrt"),
+    ("bad-name", 2, "is not a Triton model name"),
+    ("max-seq", 2, "--max-seq 999 is outside 1..16"),
 ])
 def test_cli_bad_inputs(work: dict[str, Path], tmp_path: Path, case: str, code: int, text: str) -> None:
     out = tmp_path / "repo"
@@ -266,6 +269,13 @@ def test_cli_bad_inputs(work: dict[str, Path], tmp_path: Path, case: str, code: 
         doc["source_model"] = str(src / "model.onnx")
         (cal / "calibration.json").write_text(json.dumps(doc))
         args[0] = str(cal)
+    elif case == "threads-trt":
+        args[2] = "tensorrt"
+        args += ["--threads", "2"]
+    elif case == "bad-name":
+        args += ["--name", "a/b"]
+    elif case == "max-seq":
+        args += ["--max-seq", "999"]
     elif case == "foreign-out":
         out.mkdir()
         (out / "mine.txt").write_text("x")

@@ -120,6 +120,9 @@ def _summary(res) -> None:  # noqa: ANN001
     from rich.table import Table
 
     doc = res.doc
+    tr = doc["traffic"]
+    say(f"traffic: {tr['path']}{' (the calibration set log)' if tr['default'] else ''}: {tr['usable']:,} usable "
+        f"requests of {tr['lines']:,} lines" + (f", {tr['texts']:,} sampled" if tr["sampled"] else ""))
     base = doc["profiles"]["baseline"]
     t = Table(title=f"length buckets (padding waste = padded / real tokens - 1; one 1-{base['max_seq']} profile: "
                     f"{100 * base['waste_padded_to_max']:.1f} % padded to {base['max_seq']}, "

@@ -89,6 +89,9 @@ def _check(options: DeployOptions) -> None:
                         ("--threads", options.threads if options.threads is not None else 1, 1)):
         if v < lo:
             raise UsageError(f"{flag} must be at least {lo} (got {v})")
+    if options.backend is Backend.TENSORRT and options.threads is not None:
+        raise UsageError("--threads sets ONNX Runtime's intra-op threads; it does not apply to --backend tensorrt",
+                         hint="drop --threads (use --instances for more TensorRT execution contexts)")
     if options.backend is Backend.TENSORRT and options.reduce_range is not None:
         raise UsageError("--reduce-range applies to the ONNX Runtime layout only",
                          hint="drop it with --backend tensorrt (TensorRT's INT8 GEMMs accumulate in int32)")
@@ -182,7 +185,8 @@ def deploy(source: str | Path, out_dir: str | Path, options: DeployOptions = Dep
                                label_output=label)
     doc = {
         "format": DEPLOY_FORMAT, "calibkit_version": __version__, "name": name, "backend": backend.value,
-        "precision": src.precision.value, "source": src.to_dict(), "traffic": tr.to_dict(),
+        "precision": src.precision.value, "source": src.to_dict(),
+        "traffic": {**tr.to_dict(), "default": options.traffic is None},
         "model": {"inputs": [{"name": t.name, "data_type": t.triton_type, "dims": list(t.dims)} for t in io.inputs],
                   "outputs": [{"name": t.name, "data_type": t.triton_type, "dims": list(t.dims)}
                               for t in io.outputs],
