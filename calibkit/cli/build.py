@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import RichProgress, count, guard_out_file, handle_errors, say, warn
+from calibkit.cli._common import RichProgress, count, guard_out_file, handle_errors, out, say, warn
 
 HELP = """Build an engine from an FP32 ONNX model: FP32, FP16 or INT8, for ONNX Runtime or TensorRT.
 
@@ -111,8 +111,15 @@ def build(
 
         guard_out_file(output, inputs=[model, calibration, qdq, tokenizer, calibration_set], option="--output",
                        owned=lambda p: sidecar_path(p).is_file())
-        with RichProgress() as progress:
-            res = run_build(req, progress=progress)
+        from calibkit.errors import MissingDependencyError
+
+        try:
+            with RichProgress() as progress:
+                res = run_build(req, progress=progress)
+        except MissingDependencyError:
+            if back is Backend.TENSORRT:
+                _print_trtexec(req)
+            raise
         art = res.artifact
         layout = art.extra.get("target")  # the Q/DQ layout of an INT8 build, which need not be the backend's own
         say(f"wrote {art.path} ({art.precision.value}" + (f", {layout} Q/DQ layout" if layout else "")
@@ -128,3 +135,20 @@ def build(
                  f"{', '.join(map(str, zero[:5]))}")
         for extra in res.files[1:]:
             say(f"  + {extra}")
+
+
+def _print_trtexec(req) -> None:  # noqa: ANN001
+    """Without TensorRT here: the same build as commands to run where TensorRT is (stdout), before the error."""
+    from calibkit.errors import CalibkitError
+
+    try:
+        from calibkit.deploy.trtexec import build_equivalent
+
+        lines = build_equivalent(req)
+    except CalibkitError as exc:
+        warn(f"the equivalent trtexec command could not be written: {exc.message}")
+        return
+    out.print("TensorRT is not installed here. The same build, to run on the serving GPU (TensorRT 10/11's trtexec):",
+              soft_wrap=True)
+    for line in lines:
+        out.print(line, soft_wrap=True)  # commands stay copyable: no wrapping at the terminal's width
