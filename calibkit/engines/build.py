@@ -25,6 +25,7 @@ from pathlib import Path
 
 from calibkit import __version__
 from calibkit._io import sha256_file
+from calibkit.consistency import check_table_model, labels_sha256, tokenizer_sha256
 from calibkit.engines.artifact import EngineArtifact, sidecar_path
 from calibkit.errors import CalibrationError, ModelError, UsageError
 from calibkit.outdirs import umask
@@ -208,6 +209,8 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
         if calibration_json is None and (qdq.parent / "calibration.json").is_file():
             calibration_json = qdq.parent / "calibration.json"
             calibration_sha = sha256_file(calibration_json)
+        if calibration_json is not None and calibration_json.is_file():  # the Q/DQ model's table: this model's?
+            check_table_model(calibration_json, src_sha, model_label=str(src))
         extra["qdq_source"] = _rel(qdq, engine_dir)
         if backend is Backend.TENSORRT:
             zps = [i for i in qm.graph.initializer if i.name.endswith("zero_point")]
@@ -223,12 +226,7 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
 
         assert req.calibration is not None  # checked by validate()
         cf = load_calibration_json(req.calibration)
-        if cf.table.model_sha256 and cf.table.model_sha256 != src_sha:
-            raise CalibrationError(
-                f"{cf.path} was computed for another model (sha256 {cf.table.model_sha256[:12]}…, "
-                f"{src.name} is {src_sha[:12]}…)",
-                hint="re-run `calibkit calibrate` on this model, or pass the model it was calibrated on",
-            )
+        check_table_model(cf.path, src_sha, model_label=str(src), table_sha256=cf.table.model_sha256)
         default = Target.TENSORRT if backend is Backend.TENSORRT else Target.ONNXRUNTIME
         target = Target(req.target) if req.target else default
         reduce = _reduce_range(req, target)
@@ -314,6 +312,8 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
             kept_higher_precision=tuple(kept),
             source_model=_rel(src, engine_dir),
             calibration_json=_rel(calibration_json, engine_dir) if calibration_json else None,
+            tokenizer_sha256=tokenizer_sha256(md.tokenizer_path),
+            labels_sha256=labels_sha256(md.tokenizer_path),
             versions=_versions() | ({"tensorrt": str(extra.get("tensorrt_version"))} if "profile" in extra else {}),
             extra=extra,
         )

@@ -20,6 +20,7 @@ import onnx
 
 from calibkit import __version__
 from calibkit.data.evalset import EvalSet, label_ids
+from calibkit.consistency import check_engines
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.engines.artifact import EngineArtifact
 from calibkit.engines.base import BaseRunner
@@ -611,6 +612,9 @@ def compare_engines(
         raise UsageError(f"--batch-size must be positive, got {options.batch_size}")
     engines = [a, b] + ([reference] if reference is not None else [])
     check_same_model(engines)
+    # inputs agree by content before any work: one tokenizer and label map; the source models and tables
+    # that per-layer ranges and sensitivity rebuild from are the ones the engines were built from
+    check_engines(dict(zip(["A", "B", "reference"], engines)), sources=options.layers or options.sensitivity)
     tok_dir = next((e.tokenizer for e in engines if e.tokenizer), None)
     if tok_dir is None:
         raise ModelError(
@@ -860,6 +864,8 @@ def _sensitivity(
         progress=progress,
         executor=options.executor,
         output_name=output_name,
+        source_model_sha256=int8_art.source_model_sha256,
+        calibration_sha256=int8_art.calibration_sha256,
     )
 
 

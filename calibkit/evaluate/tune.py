@@ -402,7 +402,7 @@ def _run_tune(
             reference_logits=tuple(tuple(float(v) for v in row) for row in ref_logits[idx]),
             keep_nodes=tuple(keep), mode=mode, node=node, target=config.target,
             batch_size=config.batch_size, threads=threads, max_length=model_dir.max_length,
-            output_name=task.output_name,
+            output_name=task.output_name, source_model_sha256=sha,
         )
 
     methods = [Method(config.method)] if config.method != "auto" else list(Method)
