@@ -274,4 +274,63 @@ def test_two_runs_into_one_out_folder(tmp_path: Path) -> None:
             first.wait()
         if first.stdout is not None:
             first.stdout.close()
+    from calibkit.outdirs import release_claims
+
+    release_claims()  # the end of a command: its lock file is removed while still held
     assert not (tmp_path / "runs").exists() or [p.name for p in (tmp_path / "runs").iterdir()] == []
+
+
+def test_one_writer_per_out_does_not_depend_on_tmpdir(tmp_path: Path) -> None:
+    """Issue #20: two runs with different TMPDIRs (and another spelling of the same folder) still collide."""
+    from calibkit.errors import UsageError
+    from calibkit.outdirs import guard_output_dir, lock_path, release_claims
+
+    (tmp_path / "tmp-a").mkdir()
+    (tmp_path / "tmp-b").mkdir()
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path / "runs")
+    out = tmp_path / "runs" / "cal"
+    script = ("import time; from pathlib import Path; from calibkit.outdirs import claim_output\n"
+              f"claim_output(Path({str(out)!r})); print('claimed', flush=True); time.sleep(60)\n")
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp-a")}
+    first = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert first.stdout is not None and first.stdout.readline().strip() == "claimed"
+        assert lock_path(out).is_file() and lock_path(out).parent == tmp_path / "runs"
+        other = {**os.environ, "TMPDIR": str(tmp_path / "tmp-b")}
+        probe = subprocess.run(
+            [sys.executable, "-c", "from pathlib import Path; from calibkit.outdirs import claim_output\n"
+                                   f"claim_output(Path({str(tmp_path / 'alias' / 'cal')!r}))"],
+            capture_output=True, text=True, env=other)
+        assert probe.returncode != 0 and f"pid {first.pid}" in probe.stderr, probe.stderr
+        with pytest.raises(UsageError, match="being written by another calibkit run"):
+            guard_output_dir(out)
+    finally:
+        first.kill()
+        first.wait()
+        if first.stdout is not None:
+            first.stdout.close()
+    guard_output_dir(tmp_path / "alias" / "cal")
+    release_claims()
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == []
+    assert list((tmp_path / "tmp-a").iterdir()) == [] and list((tmp_path / "tmp-b").iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["loop", "to-empty-folder", "dangling"])
+def test_a_symlink_out_is_refused_before_any_work(env: Path, kind: str) -> None:
+    link = env / "outlink"
+    if kind == "loop":
+        link.symlink_to(link.name)
+    elif kind == "to-empty-folder":
+        (env / "empty").mkdir()
+        link.symlink_to(env / "empty")
+    else:
+        link.symlink_to(env / "nowhere")
+    before = snapshot(env)
+    r = run(*_commands(env, link)["calibrate"])
+    assert r.exit_code == 2, r.output
+    assert "symbolic link" in flat(r) and "hint:" in r.output and "Traceback" not in r.output
+    assert snapshot(env) == before  # no .outlink.*.old / .tmp left, nothing written
+    assert not list(env.glob(".outlink*"))
+    if kind == "to-empty-folder":
+        assert f"--out {env / 'empty'}" in flat(r)

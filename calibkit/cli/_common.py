@@ -23,7 +23,7 @@ from calibkit.progress import ProgressEvent
 # parse as markup (or fail on); styled lines opt in with markup=True and escape() every value they show
 console = Console(stderr=True, markup=False, highlight=False)
 out = Console(markup=False, highlight=False)
-_state = {"verbose": False}
+_state: dict[str, object] = {"verbose": False, "depth": 0}
 TRACEBACK_ENV = "CALIBKIT_TRACEBACK"
 
 
@@ -41,6 +41,9 @@ def handle_errors() -> Iterator[None]:
     """
     import click
 
+    from calibkit.outdirs import release_claims
+
+    _state["depth"] = int(_state.get("depth", 0)) + 1
     try:
         yield
     except CalibkitError as exc:
@@ -68,16 +71,31 @@ def handle_errors() -> Iterator[None]:
                "check that the path exists, is the kind expected (file or folder) and that you may write it; "
                "free disk space if it is full")
         raise typer.Exit(2) from None
+    except RuntimeError as exc:
+        if not str(exc).startswith("Symlink loop"):  # pathlib's resolve() before Python 3.13 (then: OSError ELOOP)
+            _unexpected(exc)
+        _traceback()
+        _error(f"{str(exc).removeprefix('Symlink loop from ').strip(chr(39))}: a symbolic link loop",
+               "remove or fix the symbolic link (it points, directly or not, to itself), or pass another path")
+        raise typer.Exit(2) from None
     except MemoryError:
         _traceback()
         _error("out of memory", "use a smaller input (--limit, --size) or a machine with more memory")
         raise typer.Exit(1) from None
     except Exception as exc:  # noqa: BLE001 - the last net: one message instead of a traceback
-        _traceback()
-        _error(f"unexpected {type(exc).__name__}: {exc}",
-               f"this is a bug in calibkit; please report it with the command line (run with --verbose or "
-               f"{TRACEBACK_ENV}=1 for the traceback)")
-        raise typer.Exit(1) from None
+        _unexpected(exc)
+    finally:
+        _state["depth"] = int(_state["depth"]) - 1
+        if not _state["depth"]:  # the command is over: its --out folders are free for the next run
+            release_claims()
+
+
+def _unexpected(exc: BaseException) -> None:
+    _traceback()
+    _error(f"unexpected {type(exc).__name__}: {exc}",
+           f"this is a bug in calibkit; please report it with the command line (run with --verbose or "
+           f"{TRACEBACK_ENV}=1 for the traceback)")
+    raise typer.Exit(1) from None
 
 
 def _default_hint(exc: CalibkitError) -> str:
