@@ -244,3 +244,17 @@ def test_deeply_nested_report_json_is_a_data_error(tmp_path: Path) -> None:
     (tmp_path / "x.json").write_text(DEEP)
     r = run("report", tmp_path / "x.json", "--out", tmp_path / "out")
     assert r.exit_code == 3 and "nested too deeply" in flat(r) and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("blank", ["", "   ", "\u200b\u200b", "\t\n", "\ufeff"])
+def test_a_calibration_set_of_blank_texts_is_refused(tmp_path: Path, blank: str) -> None:
+    """Issue #20: eval sets refused blank texts, calibration sets calibrated on them with exit 0."""
+    write_model_dir(tmp_path / "model")
+    cset = tmp_path / "set"
+    cset.mkdir()
+    (cset / "texts.jsonl").write_text(json.dumps({"text": "good movie"}) + "\n" + json.dumps({"text": blank}) + "\n")
+    out = tmp_path / "cal"
+    r = run("calibrate", tmp_path / "model", "-c", cset, "--out", out)
+    assert r.exit_code == 3, r.output
+    assert "texts.jsonl:2" in flat(r) and "blank" in flat(r) and "hint:" in r.output
+    assert not out.exists()
