@@ -3,16 +3,64 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from calibkit.outdirs import check_replaceable, clean_stale_tmp, hold_lock, umask, write_marker
+
+
+class _Staged:
+    """Outputs of one run written in full under temporary names, swapped in together by :func:`commit_together`."""
+
+    def __init__(self) -> None:
+        self.swaps: list[Callable[[], None]] = []  # renames only: nothing left that can fill a disk
+        self.discards: list[Callable[[], None]] = []
+
+
+_staged: contextvars.ContextVar[_Staged | None] = contextvars.ContextVar("calibkit_staged", default=None)
+
+
+@contextlib.contextmanager
+def commit_together() -> Iterator[None]:
+    """The outputs of one run are committed together or not at all.
+
+    Inside the block, :func:`atomic_open` (every file write here) and :func:`atomic_dir` write their outputs in
+    full under temporary names beside their targets but do not swap them in; when the block ends without error
+    all are renamed into place, one after the other (renames only: a full disk, a file-size limit or Ctrl-C
+    while writing leaves every target as it was). On error every staged output is removed. ``compare --json
+    X --report D`` used to replace X and then fail on D, leaving two outputs of two different runs."""
+    if _staged.get() is not None:  # already inside one: its commit covers these outputs
+        yield
+        return
+    staged = _Staged()
+    token = _staged.set(staged)
+    try:
+        yield
+    except BaseException:
+        _staged.reset(token)
+        for discard in reversed(staged.discards):
+            discard()
+        raise
+    _staged.reset(token)
+    try:
+        for swap in staged.swaps:
+            swap()
+    finally:
+        for discard in staged.discards:  # what was swapped in is gone from its temporary name: a no-op for it
+            discard()
+
+
+def _unlink_quietly(path: str | os.PathLike[str]) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 @contextlib.contextmanager
@@ -27,7 +75,12 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w", encoding: str | N
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, target)
+        staged = _staged.get()
+        if staged is None:
+            os.replace(tmp, target)
+        else:  # swapped in with the run's other outputs (commit_together)
+            staged.swaps.append(functools.partial(os.replace, tmp, target))
+            staged.discards.append(functools.partial(_unlink_quietly, tmp))
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -99,19 +152,32 @@ def atomic_dir(path: str | os.PathLike[str], *, what: str = "", legacy_names: It
     try:
         os.chmod(tmp, 0o777 & ~umask())  # mkdtemp makes 0700
         write_marker(tmp, what)
-        yield tmp
+        staged = _staged.get()
+        inside = _staged.set(None)  # files inside the new folder are written in place: the folder is the unit
+        try:
+            yield tmp
+        finally:
+            _staged.reset(inside)
         write_marker(tmp, what, entries=(p.name for p in tmp.iterdir()))
-        check_replaceable(target, legacy_names=legacy_names)  # again: it may have changed while we worked
-        if target.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
-            os.replace(target, old)  # onto the empty placeholder; the old folder is ours (checked above)
-            os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, target)
+        if staged is None:
+            _swap_dir(tmp, target, legacy_names)
+        else:  # swapped in with the run's other outputs (commit_together)
+            staged.swaps.append(functools.partial(_swap_dir, tmp, target, tuple(legacy_names)))
+            staged.discards.append(functools.partial(shutil.rmtree, tmp, ignore_errors=True))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _swap_dir(tmp: Path, target: Path, legacy_names: Iterable[str]) -> None:
+    check_replaceable(target, legacy_names=legacy_names)  # again: it may have changed while we worked
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+        os.replace(target, old)  # onto the empty placeholder; the old folder is ours (checked above)
+        os.replace(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, target)
 
 
 _ALIVE = ".calibkit-alive"

@@ -334,3 +334,58 @@ def test_a_symlink_out_is_refused_before_any_work(env: Path, kind: str) -> None:
     assert not list(env.glob(".outlink*"))
     if kind == "to-empty-folder":
         assert f"--out {env / 'empty'}" in flat(r)
+
+
+def test_commit_together_swaps_all_outputs_or_none(tmp_path: Path) -> None:
+    from calibkit._io import atomic_dir, commit_together, write_json
+
+    (tmp_path / "doc.json").write_text("old json")
+    with atomic_dir(tmp_path / "rep") as d:
+        (d / "report.md").write_text("old report")
+    before = snapshot(tmp_path)
+    with pytest.raises(OSError), commit_together():
+        write_json(tmp_path / "doc.json", {"new": 1})
+        assert (tmp_path / "doc.json").read_text() == "old json"  # staged, not yet swapped in
+        with atomic_dir(tmp_path / "rep") as d:
+            write_text(d / "report.md", "new report")  # a file inside a staged folder is written in place
+            raise OSError(28, "No space left on device")
+    assert snapshot(tmp_path) == before  # nothing replaced, nothing staged left behind
+    with commit_together():
+        write_json(tmp_path / "doc.json", {"new": 1})
+        with atomic_dir(tmp_path / "rep") as d:
+            write_text(d / "report.md", "new report")
+    assert json.loads((tmp_path / "doc.json").read_text()) == {"new": 1}
+    assert (tmp_path / "rep" / "report.md").read_text() == "new report"
+    assert json.loads((tmp_path / "rep" / MARKER).read_text())["entries"] == ["report.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["doc.json", "rep"]
+
+
+def test_compare_failing_on_a_full_disk_keeps_json_and_report_of_one_run(env: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #20: --json was already replaced by the new run while the report folder kept the old one."""
+    import errno
+
+    import calibkit.report.render as render
+
+    engine = env / "e" / "fp32.onnx"
+    assert run("build", env / "model", "-p", "fp32", "-o", engine).exit_code == 0
+    args = ["compare", engine, engine, "-e", env / "eval.jsonl", "--json", env / "out.json", "--report", env / "rep",
+            "--no-layers"]
+    assert run(*args).exit_code == 0
+    doc = json.loads((env / "out.json").read_text())
+    doc["marker-of-the-first-run"] = True
+    (env / "out.json").write_text(json.dumps(doc))
+    (env / "rep" / "report.json").write_text(json.dumps(doc))
+    before = snapshot(env)
+
+    real = render.write_text
+
+    def full(path: object, text: str) -> None:
+        if str(path).endswith(".html"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path, text)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(render, "write_text", full)
+    r = run(*args)
+    assert r.exit_code == 2 and "No space left" in r.output and "hint:" in r.output, r.output
+    assert snapshot(env) == before  # both outputs of the first run, nothing staged left

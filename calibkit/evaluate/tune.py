@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from calibkit import __version__
-from calibkit._io import atomic_dir, dumps_json, read_json, sha256_bytes, write_json
+from calibkit._io import atomic_dir, commit_together, dumps_json, read_json, sha256_bytes, write_json
 from calibkit.calibrate.methods import compute_table
 from calibkit.calibrate.pipeline import gather_stats
 from calibkit.calibrate.tablefile import write_calibration_json
@@ -529,9 +529,14 @@ def _run_tune(
         doc["warnings"] = [*warnings, f"{100 * (1 - share):.1f} % of the linear FLOPs are inside fused "
                            f"com.microsoft ops ({', '.join(sorted({f.op_type for f in linear.fused}))}) that stay "
                            "FP32: quantize the unfused export to put them in INT8"]
-    result = _write_outputs(out, model_dir, proto, table, final.plan, config, doc, reasons)
-    if render is not None:
-        render(doc, Path(report_dir) if report_dir else out / "report")
+    if render is not None and report_dir:  # OUT and --report are replaced together or not at all
+        with commit_together():
+            result = _write_outputs(out, model_dir, proto, table, final.plan, config, doc, reasons)
+            render(doc, Path(report_dir))
+    else:
+        result = _write_outputs(out, model_dir, proto, table, final.plan, config, doc, reasons)
+        if render is not None:
+            render(doc, out / "report")
     return replace(result, resumed_evaluations=ledger.loaded)
 
 
