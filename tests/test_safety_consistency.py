@@ -108,7 +108,8 @@ def test_the_library_refuses_them_too(built: Path, tmp_path: Path) -> None:
 def test_a_tokenizer_edited_after_build_is_refused(built: Path, tmp_path: Path) -> None:
     w = _copy(built, tmp_path)
     tj = json.loads((w / "model" / "tokenizer.json").read_text())
-    tj["model"]["vocab"]["good"], tj["model"]["vocab"]["bad"] = tj["model"]["vocab"]["bad"], tj["model"]["vocab"]["good"]
+    vocab = tj["model"]["vocab"]
+    vocab["good"], vocab["bad"] = vocab["bad"], vocab["good"]
     (w / "model" / "tokenizer.json").write_text(json.dumps(tj))
     r = run("compare", w / "e" / "fp32.onnx", w / "e" / "int8.onnx", "-e", built / "eval.jsonl", "--no-report",
             "--no-sensitivity")

@@ -19,8 +19,8 @@ import numpy as np
 import onnx
 
 from calibkit import __version__
-from calibkit.data.evalset import EvalSet, label_ids
 from calibkit.consistency import check_engines
+from calibkit.data.evalset import EvalSet, label_ids
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.engines.artifact import EngineArtifact
 from calibkit.engines.base import BaseRunner
