@@ -258,3 +258,76 @@ def test_a_calibration_set_of_blank_texts_is_refused(tmp_path: Path, blank: str)
     assert r.exit_code == 3, r.output
     assert "texts.jsonl:2" in flat(r) and "blank" in flat(r) and "hint:" in r.output
     assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def fp32_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("labels")
+    write_model_dir(tmp / "model")
+    assert run("build", tmp / "model", "-p", "fp32", "-o", tmp / "e" / "fp32.onnx").exit_code == 0
+    return tmp / "e" / "fp32.onnx"
+
+
+_NON_FINITE = {
+    "json-NaN": ("eval.jsonl", '{"text": "good movie", "label": NaN}\n{"text": "bad", "label": "negative"}\n'),
+    "json-Infinity": ("eval.jsonl", '{"text": "good movie", "label": -Infinity}\n{"text": "bad", "label": 1}\n'),
+    "json-string-NaN": ("eval.jsonl", '{"text": "good movie", "label": "NaN"}\n{"text": "bad", "label": 0}\n'),
+    "csv-nan": ("eval.csv", "text,label\ngood movie,nan\nbad,1\n"),
+    "csv-inf": ("eval.csv", "text,label\ngood movie,inf\nbad,1.0\n"),
+    "csv-1e999": ("eval.csv", "text,label\ngood movie,1e999\nbad,1.0\n"),
+}
+
+
+@pytest.mark.parametrize("case", [*_NON_FINITE, "parquet-inf", "parquet-nan"])
+def test_non_finite_labels_are_data_errors(fp32_engine: Path, tmp_path: Path, case: str) -> None:
+    """Issue #20: NaN / Infinity labels ended as exit 1 (int(nan))."""
+    if case.startswith("parquet"):
+        pd = pytest.importorskip("pandas")
+        pytest.importorskip("pyarrow")
+        ev = tmp_path / "eval.parquet"
+        pd.DataFrame({"text": ["good movie", "bad"],
+                      "label": [float(case.removeprefix("parquet-")), 1.0]}).to_parquet(ev)
+    else:
+        name, content = _NON_FINITE[case]
+        ev = tmp_path / name
+        ev.write_text(content)
+    r = run("compare", fp32_engine, fp32_engine, "-e", ev, "--no-report")
+    assert r.exit_code == 3, r.output
+    assert r.output.count("error:") == 1 and "hint:" in r.output
+    assert "example 1" in flat(r) or "(1x)" in flat(r)  # the example, or the label the model does not know
+
+
+@pytest.mark.parametrize(("id2label", "says"), [
+    (["negative", "positive"], "id2label is a list"),
+    ({"a": "negative", "b": "positive"}, "key 'a' is not a class id"),
+    ({"0.5": "negative", "1": "positive"}, "key '0.5' is not a class id"),
+    ({"-1": "negative", "1": "positive"}, "key '-1'"),
+    ({"0": ["negative"], "1": "positive"}, "is ['negative'], not a label name"),
+    ({"1": "negative", "2": "positive"}, "but not class 0"),
+])
+def test_an_unusable_id2label_is_a_model_error_in_every_command(tmp_path: Path, id2label: object, says: str) -> None:
+    """Issue #20: id2label as a list or with non-integer keys was exit 1 or 'cannot read config.json:
+    AttributeError'; one parser (data.modeldir.parse_id2label) now serves every command."""
+    model = write_model_dir(tmp_path / "model")
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["id2label"] = id2label
+    (model / "config.json").write_text(json.dumps(cfg))
+    write_calibration_set(tmp_path / "set", texts(12, seed=3), None, {})
+    (tmp_path / "eval.jsonl").write_text(json.dumps({"text": "good movie", "label": "positive"}) + "\n")
+    for args in (["build", model, "-p", "fp32", "-o", tmp_path / "e.onnx"],
+                 ["calibrate", model, "-c", tmp_path / "set", "--out", tmp_path / "cal"],
+                 ["tune", model, "-c", tmp_path / "set", "-e", tmp_path / "eval.jsonl", "--out", tmp_path / "t"]):
+        r = run(*args)
+        assert r.exit_code == 4, (args, r.output)
+        assert says in flat(r) and "hint:" in r.output and "Traceback" not in r.output
+
+
+def test_a_huge_id2label_is_listed_briefly_in_hints(tmp_path: Path) -> None:
+    """Issue #20: a million labels made a 16 MB hint; messages list a few and say how many."""
+    from calibkit.data.evalset import EvalSet, label_ids
+
+    id2label = {i: f"label{i}" for i in range(1_000_000)}
+    ev = EvalSet(path=tmp_path / "e.jsonl", texts=("a",), labels=("nope",))
+    with pytest.raises(DataError) as info:
+        label_ids(ev, id2label, len(id2label))
+    assert len(str(info.value)) < 600 and "1000000 labels in all" in str(info.value.hint)

@@ -315,7 +315,9 @@ def read_id2label(tokenizer_dir: str | Path | None) -> dict[int, str]:
 
 
 def _id2label(cfg: Mapping[str, Any]) -> dict[int, str]:
-    return {int(k): str(v) for k, v in (cfg.get("id2label") or {}).items()}
+    from calibkit.data.modeldir import parse_id2label
+
+    return parse_id2label(cfg.get("id2label"), "config.json")
 
 
 def evaluate_runner(
@@ -501,7 +503,7 @@ def expects_label_sets(tokenizer_dir: str | Path | None) -> bool:
 
 def multi_hot(eval_set: EvalSet, id2label: Mapping[int, str]) -> np.ndarray:
     """[examples, labels] bool from label sets (names or ids, joined by SET_SEPARATOR); unknown names refused."""
-    from calibkit.data.evalset import SET_SEPARATOR
+    from calibkit.data.evalset import SET_SEPARATOR, describe_labels
 
     by_name = {v: k for k, v in id2label.items()} | {str(k): k for k in id2label}
     y = np.zeros((len(eval_set), len(id2label)), dtype=bool)
@@ -510,8 +512,7 @@ def multi_hot(eval_set: EvalSet, id2label: Mapping[int, str]) -> np.ndarray:
             if name not in by_name:
                 raise DataError(f"eval set {eval_set.path.name}: example {i + 1} has the label {name!r}, which the "
                                 "model does not know",
-                                hint="the model's labels (config.json id2label) are: "
-                                     + ", ".join(f"{k}={v}" for k, v in sorted(id2label.items())))
+                                hint=f"the model's labels (config.json id2label) are: {describe_labels(id2label)}")
             y[i, by_name[name]] = True
     return y
 
