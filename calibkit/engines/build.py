@@ -377,26 +377,13 @@ def _atomic_copy(src: Path, dst: Path) -> None:
         raise
 
 
-def _external_locations(model: object) -> list[str]:
-    import onnx
-
-    assert isinstance(model, onnx.ModelProto)
-    locs: list[str] = []
-    for init in model.graph.initializer:
-        if init.data_location == onnx.TensorProto.EXTERNAL:
-            loc = next((e.value for e in init.external_data if e.key == "location"), None)
-            if loc and loc not in locs:
-                locs.append(loc)
-    return locs
-
-
 def check_onnx_file(path: Path, float_source: bool = False) -> list[str]:
     """Refuse a file that is not a usable ONNX model (a text file named model.onnx, a truncated download,
     a graph without outputs or with external-data files missing), and with ``float_source`` one that is not an
     FP32 model; return its external-data locations."""
     import onnx
 
-    from calibkit.graph import check_float_source, load_model
+    from calibkit.graph import check_external_data, check_float_source, load_model
 
     hint = "pass a valid ONNX model file (e.g. exported with torch.onnx.export or optimum-cli export onnx)"
     try:
@@ -409,19 +396,12 @@ def check_onnx_file(path: Path, float_source: bool = False) -> list[str]:
         raise ModelError(f"{path} is not an ONNX model (no operator set)", hint=hint)
     if float_source:
         check_float_source(model, path)
+    locs = check_external_data(model, path)
     try:
         onnx.checker.check_model(str(path))  # by path: external data is checked beside the model
     except Exception as exc:  # noqa: BLE001 - onnx raises ValidationError and plain errors alike
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"{path} is not a valid ONNX model: {first}", hint=hint) from None
-    locs = _external_locations(model)
-    for loc in locs:
-        data = (path.parent / loc).resolve()
-        if path.parent.resolve() not in data.parents or not data.is_file():
-            raise ModelError(
-                f"{path} keeps its weights in {loc}, which is missing beside it",
-                hint=f"copy {loc} next to {path.name} (external-data files travel with the model)",
-            )
     return locs
 
 
