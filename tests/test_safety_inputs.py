@@ -331,3 +331,36 @@ def test_a_huge_id2label_is_listed_briefly_in_hints(tmp_path: Path) -> None:
     with pytest.raises(DataError) as info:
         label_ids(ev, id2label, len(id2label))
     assert len(str(info.value)) < 600 and "1000000 labels in all" in str(info.value.hint)
+
+
+@pytest.mark.parametrize("seed", ["-1", "4294967296", str(10 ** 30)])
+@pytest.mark.parametrize("command", ["sample", "compare", "tune", "demo prepare"])
+def test_a_seed_out_of_range_is_a_usage_error_in_every_command(fp32_engine: Path, tmp_path: Path, seed: str,
+                                                               command: str) -> None:
+    """Issue #20: a negative seed or one >= 2**32 ended in exit 1 (numpy / scikit-learn refuse it)."""
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(30)))
+    write_calibration_set(tmp_path / "set", texts(12, seed=3), None, {})
+    ev = tmp_path / "eval.jsonl"
+    ev.write_text("".join(json.dumps({"text": t, "label": "positive"}) + "\n" for t in texts(20)))
+    out = tmp_path / "out"
+    args: list[object] = {
+        "sample": ["sample", log, "--size", "4", "--out", out],
+        "compare": ["compare", fp32_engine, fp32_engine, "-e", ev, "--report", out],
+        "tune": ["tune", fp32_engine.parents[1] / "model", "-c", tmp_path / "set", "-e", ev, "--out", out],
+        "demo prepare": ["demo", "prepare", "--fast", "--out", out],
+    }[command]
+    command_line = [*str(args[0]).split(), *args[1:], "--seed", seed]
+    r = run(*command_line)
+    assert r.exit_code == 2, r.output
+    assert "--seed must be a whole number from 0 to 4294967295" in flat(r) and "hint:" in r.output
+    assert not out.exists()
+
+
+def test_a_sample_of_size_0_is_a_usage_error(tmp_path: Path) -> None:
+    """Issue #20: --size 0 answered with exit 3 and a hint about the input file."""
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps({"text": "good movie"}) + "\n")
+    r = run("sample", log, "--size", "0", "--out", tmp_path / "out")
+    assert r.exit_code == 2 and "--size must be at least 1" in flat(r), r.output
+    assert "--size 512" in flat(r) and "input file" not in flat(r)

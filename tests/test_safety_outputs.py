@@ -389,3 +389,29 @@ def test_compare_failing_on_a_full_disk_keeps_json_and_report_of_one_run(env: Pa
     r = run(*args)
     assert r.exit_code == 2 and "No space left" in r.output and "hint:" in r.output, r.output
     assert snapshot(env) == before  # both outputs of the first run, nothing staged left
+
+
+def test_emoji_codes_in_paths_and_texts_are_printed_as_they_are(env: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #20: rich expanded ":x:" in printed paths (and table cells) into an emoji."""
+    monkeypatch.chdir(env)
+    folder = env / ":x:"
+    folder.mkdir()
+    log = Path(":x:") / ":smile:.jsonl"
+    log.write_text("".join(json.dumps({"text": f"{t} :thumbs_up:"}) + "\n" for t in texts(30, seed=4)))
+    out = Path(":warning:out")
+    r = run("sample", log, "--size", "8", "--clusters", "1", "--out", out)
+    assert r.exit_code == 0, r.output
+    squash = "".join(ch for ch in r.output if not ch.isspace() and ch not in "│┃")  # table cells wrap
+    assert ":x:/:smile:.jsonl" in squash and ":warning:out" in squash, r.output
+    assert not any(ch in r.output for ch in "\u274c\U0001f604\u26a0\U0001f44d"), r.output
+    engine = env / ":x:" / "fp32.onnx"
+    assert run("build", env / "model", "-p", "fp32", "-o", engine).exit_code == 0
+    ev = folder / ":smile:eval.jsonl"
+    ev.write_text((env / "eval.jsonl").read_text())
+    r = run("compare", engine, engine, "-e", ev, "--no-report", "--no-layers")
+    assert r.exit_code == 0, r.output
+    assert ":smile:eval.jsonl" in r.output.replace("\n", ""), r.output
+    assert not any(ch in r.output for ch in "\u274c\U0001f604"), r.output
+    r = run("calibrate", env / "model", "-c", env / "set", "--out", env / ":x:" / "[/x]:x:")
+    assert r.exit_code == 0 and ":x:" in r.output and "\u274c" not in r.output, r.output

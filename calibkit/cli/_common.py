@@ -20,9 +20,11 @@ from calibkit.errors import CalibkitError
 from calibkit.progress import ProgressEvent
 
 # markup off: paths, node names and texts hold brackets ("runs/[/x]", "calibkit[tensorrt]") that rich would
-# parse as markup (or fail on); styled lines opt in with markup=True and escape() every value they show
-console = Console(stderr=True, markup=False, highlight=False)
-out = Console(markup=False, highlight=False)
+# parse as markup (or fail on); styled lines opt in with markup=True and escape() every value they show.
+# emoji off: rich expands ":x:" or ":smile:" in any string it renders (markup or not, tables included), so a
+# path or text holding such a code was shown as another one. Every line calibkit prints goes through these two.
+console = Console(stderr=True, markup=False, highlight=False, emoji=False)
+out = Console(markup=False, highlight=False, emoji=False)
 _state: dict[str, object] = {"verbose": False, "depth": 0}
 TRACEBACK_ENV = "CALIBKIT_TRACEBACK"
 

@@ -68,7 +68,7 @@ from calibkit.evaluate.uncertainty import (
 )
 from calibkit.graph import load_model, qdq_layout
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
-from calibkit.types import Backend, Method, MethodParams, Precision
+from calibkit.types import Backend, Method, MethodParams, Precision, check_seed
 
 log = logging.getLogger("calibkit.evaluate.compare")
 
@@ -91,6 +91,9 @@ class CompareOptions:
     seed: int = 0  # draws the layer-statistics and sensitivity subsets (stratified by label)
     task: str | None = None  # --task: classification | embedding | token-classification (default: from outputs)
     budget: Any = None  # calibkit.data.encode.TokenBudget of the layer taps (None: the default memory budget)
+
+    def __post_init__(self) -> None:
+        check_seed(self.seed)
 
 
 @dataclass(frozen=True, eq=False)
