@@ -98,6 +98,18 @@ def test_unusable_scales_in_a_tensorrt_cache_are_refused(calibrated: Path, tmp_p
     assert name in flat(r) and not out.exists()
 
 
+@pytest.mark.parametrize(("scale", "says"), [(float("inf"), "amax is infinite"), (-float("inf"), "amax is infinite"),
+                                             (float("nan"), "amax is NaN")])
+def test_a_non_finite_scale_is_reported_as_what_it_is(calibrated: Path, tmp_path: Path, scale: float,
+                                                      says: str) -> None:
+    """Issue #20: an inf scale in a TensorRT cache was reported as NaN."""
+    cache, name = _cache_with(calibrated, tmp_path, float_to_hex(scale))
+    r = run("calibrate", calibrated / "model", "--from-cache", cache, "--out", tmp_path / "fc")
+    assert r.exit_code == 5 and says in flat(r) and name in flat(r), r.output
+    if says != "amax is NaN":
+        assert "NaN" not in flat(r)
+
+
 def test_a_zero_scale_in_a_cache_is_reported_by_name(calibrated: Path, tmp_path: Path) -> None:
     cache, name = _cache_with(calibrated, tmp_path, "0")
     r = run("calibrate", calibrated / "model", "--from-cache", cache, "--out", tmp_path / "fc")
