@@ -8,6 +8,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -71,7 +72,10 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w", encoding: str | N
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         os.fchmod(fd, 0o666 & ~umask())  # mkstemp makes 0600; outputs get the umask's permissions
-        with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as fh:
+        # text: a lone surrogate (from a file name that is not UTF-8) is written escaped, never a crash
+        binary = "b" in mode
+        with os.fdopen(fd, mode, encoding=None if binary else encoding,
+                       errors=None if binary else "backslashreplace") as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
@@ -97,9 +101,36 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
         fh.write(text)
 
 
+def utf8_path(path: str | os.PathLike[str]) -> bool:
+    """Whether a path's name is valid UTF-8 (a name of other bytes reads as lone surrogates, ``\\udcff``)."""
+    return not _SURROGATE.search(os.fspath(path))
+
+
+def native_path(path: str | os.PathLike[str]) -> str:
+    """``path`` as a string a native library (onnx, ONNX Runtime, tokenizers) can open: those take UTF-8 only,
+    so a name whose bytes are not UTF-8 is a ModelError saying so (Python-side readers open such names fine;
+    callers read the bytes themselves where they can)."""
+    from calibkit.errors import ModelError
+
+    text = os.fspath(path)
+    if utf8_path(text):
+        return text
+    shown = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    raise ModelError(f"{shown}: the path holds bytes that are not UTF-8, which ONNX Runtime, onnx and tokenizers "
+                     "cannot open", hint="rename the file or folder to a UTF-8 name, or pass a symbolic link with a "
+                                         "UTF-8 name that points to it")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def dumps_json(obj: Any) -> str:
-    """Stable JSON: sorted keys, two-space indent, trailing newline, no NaN (written as null)."""
-    return json.dumps(_finite(obj), indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
+    """Stable JSON: sorted keys, two-space indent, trailing newline, no NaN (written as null).
+
+    A lone surrogate (a file name whose bytes are not UTF-8, read by Python as ``\\udcff``) is written as its
+    JSON escape, so the file is valid UTF-8 and reads back to the same string (and the same path)."""
+    text = json.dumps(_finite(obj), indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
+    return text if text.isascii() else _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:

@@ -10,7 +10,7 @@ from typing import BinaryIO
 import onnx
 from google.protobuf.message import DecodeError
 
-from calibkit._io import sha256_file
+from calibkit._io import sha256_file, utf8_path
 from calibkit.errors import ModelError
 
 
@@ -19,7 +19,8 @@ def load_model(path: str | os.PathLike[str], load_external_data: bool = True) ->
     if not p.is_file():
         raise ModelError(f"ONNX model not found: {p}")
     try:
-        model = onnx.load(str(p), load_external_data=False)
+        with open(p, "rb") as fh:  # opened here: a name that is not UTF-8 is fine for Python's open
+            model = onnx.load(fh, load_external_data=False)
     except Exception as exc:
         raise ModelError(f"cannot read ONNX model {p}: {exc}") from exc
     check_not_empty(model, p)
@@ -66,6 +67,18 @@ def check_external_data(model: onnx.ModelProto, path: Path) -> list[str]:
     return locs
 
 
+def _read_external_data(model: onnx.ModelProto, folder: Path) -> None:
+    for t in model.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        with open(folder / info["location"], "rb") as fh:
+            fh.seek(int(info.get("offset", 0)))
+            t.raw_data = fh.read(int(info["length"])) if "length" in info else fh.read()
+        del t.external_data[:]
+        t.data_location = onnx.TensorProto.DEFAULT
+
+
 def _within(p: Path, folder: Path) -> bool:
     return p == folder or folder in p.parents
 
@@ -77,7 +90,10 @@ def load_external_weights(model: onnx.ModelProto, path: Path) -> None:
     if not check_external_data(model, path):
         return
     try:
-        load_external_data_for_model(model, str(path.parent))
+        if utf8_path(path):
+            load_external_data_for_model(model, str(path.parent))
+        else:  # onnx's loader takes UTF-8 paths only: read the (already checked) files here
+            _read_external_data(model, path.parent)
     except Exception as exc:  # noqa: BLE001 - onnx raises ValidationError, OSError and plain errors alike
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"cannot read the external-data weights of {path}: {first}",

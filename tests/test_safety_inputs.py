@@ -364,3 +364,39 @@ def test_a_sample_of_size_0_is_a_usage_error(tmp_path: Path) -> None:
     r = run("sample", log, "--size", "0", "--out", tmp_path / "out")
     assert r.exit_code == 2 and "--size must be at least 1" in flat(r), r.output
     assert "--size 512" in flat(r) and "input file" not in flat(r)
+
+
+def test_file_names_that_are_not_utf8_work_through_every_command(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #20: names whose bytes are not UTF-8 (read by Python as lone surrogates) crashed JSON writers
+    (exit 1) and the native libraries (onnx, ONNX Runtime, tokenizers: unhelpful exit 4/6)."""
+    import os
+
+    bad = os.fsdecode(b"x\xff")
+    try:
+        (tmp_path / bad).mkdir()
+    except (OSError, UnicodeError):
+        pytest.skip("this file system refuses names that are not UTF-8")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+    model = Path(bad) / os.fsdecode(b"m\xfe")
+    write_model_dir(tmp_path / "m").rename(model)
+    log = Path(bad) / os.fsdecode(b"l\xfe.jsonl")
+    log.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(40, seed=1)))
+    ev = Path(bad) / os.fsdecode(b"e\xfe.jsonl")
+    ev.write_text("".join(json.dumps({"text": t, "label": ["negative", "positive"][i % 2]}) + "\n"
+                          for i, t in enumerate(texts(30, seed=2))))
+    cset, cal, eng = Path(os.fsdecode(b"s\xff")), Path(os.fsdecode(b"c\xff")), Path(os.fsdecode(b"e\xff"))
+    for args in (["sample", log, "--size", "12", "--clusters", "1", "--out", cset],
+                 ["calibrate", model, "-c", cset, "--out", cal],
+                 ["smooth", model, "-c", cset, "--out", Path(os.fsdecode(b"sm\xff"))],
+                 ["build", model, "-p", "fp32", "-o", eng / "fp32.onnx"],
+                 ["build", model, "-p", "int8", "--calibration", cal, "-o", eng / "int8.onnx"],
+                 ["compare", eng / "fp32.onnx", eng / "int8.onnx", "-e", ev, "--json", Path(os.fsdecode(b"j\xff.json")),
+                  "--report", Path(os.fsdecode(b"r\xff")), "--no-sensitivity"],
+                 ["report", Path(os.fsdecode(b"r\xff")) / "report.json", "--out", Path(os.fsdecode(b"rr\xff"))]):
+        r = run(*args)
+        assert r.exit_code == 0, (args[0], r.output)
+        assert "\\udcff" in r.output or "\\udcfe" in r.output  # shown escaped, never a crash
+    text = Path(os.fsdecode(b"j\xff.json")).read_text(encoding="utf-8")  # valid UTF-8
+    assert os.fsdecode(b"e\xfe.jsonl") in json.dumps(json.loads(text), ensure_ascii=False)  # the name read back

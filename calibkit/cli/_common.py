@@ -15,16 +15,26 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.segment import Segment
 
 from calibkit.errors import CalibkitError
 from calibkit.progress import ProgressEvent
+
 
 # markup off: paths, node names and texts hold brackets ("runs/[/x]", "calibkit[tensorrt]") that rich would
 # parse as markup (or fail on); styled lines opt in with markup=True and escape() every value they show.
 # emoji off: rich expands ":x:" or ":smile:" in any string it renders (markup or not, tables included), so a
 # path or text holding such a code was shown as another one. Every line calibkit prints goes through these two.
-console = Console(stderr=True, markup=False, highlight=False, emoji=False)
-out = Console(markup=False, highlight=False, emoji=False)
+class _Console(Console):
+    """A rich Console whose output is always encodable: a lone surrogate (a file name whose bytes are not UTF-8,
+    in a path, a table cell or a progress line) is written as ``\\udcff`` instead of failing the write."""
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return printable(super()._render_buffer(buffer))
+
+
+console = _Console(stderr=True, markup=False, highlight=False, emoji=False)
+out = _Console(markup=False, highlight=False, emoji=False)
 _state: dict[str, object] = {"verbose": False, "depth": 0}
 TRACEBACK_ENV = "CALIBKIT_TRACEBACK"
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calibkit import __version__
-from calibkit._io import sha256_file
+from calibkit._io import native_path, sha256_file, utf8_path
 from calibkit.consistency import check_table_model, labels_sha256, tokenizer_sha256
 from calibkit.engines.artifact import EngineArtifact, sidecar_path
 from calibkit.errors import CalibrationError, ModelError, UsageError
@@ -398,7 +398,8 @@ def check_onnx_file(path: Path, float_source: bool = False) -> list[str]:
         check_float_source(model, path)
     locs = check_external_data(model, path)
     try:
-        onnx.checker.check_model(str(path))  # by path: external data is checked beside the model
+        # by path: external data is checked beside the model (a name that is not UTF-8: in memory)
+        onnx.checker.check_model(str(path) if utf8_path(path) else load_model(path))
     except Exception as exc:  # noqa: BLE001 - onnx raises ValidationError and plain errors alike
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"{path} is not a valid ONNX model: {first}", hint=hint) from None
@@ -418,7 +419,7 @@ def _copy_onnx(src: Path, dst: Path) -> list[Path]:
     dst.parent.mkdir(parents=True, exist_ok=True)
     data_name = f"{dst.name}.data"
     with tempfile.TemporaryDirectory(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent) as tmp:
-        onnx.save_model(model, str(Path(tmp) / dst.name), save_as_external_data=True,
+        onnx.save_model(model, native_path(Path(tmp) / dst.name), save_as_external_data=True,
                         all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
         written = [dst]
         if (Path(tmp) / data_name).is_file():
