@@ -154,6 +154,17 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
+def text_lines(text: str) -> list[str]:
+    """The lines of a JSON Lines (or other line-based) text, split at ``\\n`` only (a ``\\r`` before it dropped).
+
+    ``str.splitlines`` also splits at U+0085, U+2028, U+2029, ``\\x1c``-``\\x1e`` and form feeds, which JSON
+    writers (``ensure_ascii=False``) leave raw inside strings: a text holding one was cut in two lines."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+
+
 def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:

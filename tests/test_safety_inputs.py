@@ -400,3 +400,19 @@ def test_file_names_that_are_not_utf8_work_through_every_command(tmp_path: Path,
         assert "\\udcff" in r.output or "\\udcfe" in r.output  # shown escaped, never a crash
     text = Path(os.fsdecode(b"j\xff.json")).read_text(encoding="utf-8")  # valid UTF-8
     assert os.fsdecode(b"e\xfe.jsonl") in json.dumps(json.loads(text), ensure_ascii=False)  # the name read back
+
+
+@pytest.mark.parametrize("sep", ["\u0085", "\u2028", "\u2029", "\x1c", "\x0c"])
+def test_texts_holding_unicode_line_separators_survive_sample_and_load(tmp_path: Path, sep: str) -> None:
+    """Found by the property test (issue #20): str.splitlines() cut a JSON line at U+0085 and kin, which JSON
+    writers leave raw inside strings, so a set `sample` wrote could not be read back."""
+    from calibkit.data.calibset import load_calibration_set
+
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps({"text": f"good{sep}movie"}) + "\n" + json.dumps({"text": "bad film"}) + "\n")
+    r = run("sample", log, "--size", "2", "--clusters", "1", "--out", tmp_path / "set")
+    assert r.exit_code == 0, r.output
+    assert sorted(load_calibration_set(tmp_path / "set").texts) == ["bad film", f"good{sep}movie"]
+    ev = tmp_path / "eval.jsonl"
+    ev.write_text(json.dumps({"text": f"a{sep}b", "label": 1}, ensure_ascii=False) + "\n")
+    assert load_eval_set(ev).texts == (f"a{sep}b",)

@@ -23,7 +23,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from calibkit._io import write_text
+from calibkit._io import text_lines, write_text
 from calibkit.errors import CalibrationError
 from calibkit.types import INT8_MAX, CalibrationTable, Method
 
@@ -109,7 +109,7 @@ def write_cache(
 
 
 def parse_cache(text: str, source: str = "<cache>") -> TrtCache:
-    lines = text.splitlines()
+    lines = text_lines(text)
     m = _HEADER.match(lines[0].strip()) if lines else None
     if m is None:
         first = lines[0][:60] if lines else ""

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from calibkit._io import atomic_dir, dumps_json, sha256_bytes
+from calibkit._io import atomic_dir, dumps_json, sha256_bytes, text_lines
 from calibkit.data.textcheck import has_lone_surrogate, is_usable
 from calibkit.errors import DataError
 
@@ -70,7 +70,7 @@ def load_calibration_set(path: str | Path) -> CalibrationSet:
     raw = texts_path.read_bytes()
     texts: list[str] = []
     labels: list[str | None] = []
-    for n, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
+    for n, line in enumerate(text_lines(raw.decode("utf-8", errors="replace")), 1):
         if not line.strip():
             continue
         try:

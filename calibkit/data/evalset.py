@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from calibkit._deps import require
+from calibkit._io import text_lines
 from calibkit.data.textcheck import has_lone_surrogate, is_usable
 from calibkit.errors import DataError
 
@@ -222,7 +223,7 @@ def _read_jsonl(p: Path) -> list[dict[str, Any]]:
             raise DataError(f"{p}: expected a list of objects")
         return data
     rows = []
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(text_lines(text), 1):
         if not line.strip():
             continue
         try:

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from calibkit import __version__
-from calibkit._io import atomic_dir, commit_together, dumps_json, read_json, sha256_bytes, write_json
+from calibkit._io import atomic_dir, commit_together, dumps_json, read_json, sha256_bytes, text_lines, write_json
 from calibkit.calibrate.methods import compute_table
 from calibkit.calibrate.pipeline import gather_stats
 from calibkit.calibrate.tablefile import write_calibration_json
@@ -152,7 +152,7 @@ class Ledger:
         self._done: dict[str, dict[str, Any]] = {}
         self.skipped = 0
         if path.is_file():
-            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            for line in text_lines(path.read_text(encoding="utf-8", errors="replace")):
                 if not line.strip():
                     continue
                 try:
