@@ -51,9 +51,21 @@ def labels_sha256(path: str | os.PathLike[str]) -> str | None:
     the folder has no readable config.json with an id2label object."""
     cfg = tokenizer_folder(path) / "config.json"
     try:
+        st = cfg.stat()
+        key = (str(cfg.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+        if key in _LABELS:
+            return _LABELS[key]
         doc = json.loads(cfg.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
         return None
+    _LABELS[key] = _labels_digest(doc)
+    return _LABELS[key]
+
+
+_LABELS: dict[tuple[str, int, int, int], str | None] = {}
+
+
+def _labels_digest(doc: object) -> str | None:
     raw = doc.get("id2label") if isinstance(doc, dict) else None
     if not isinstance(raw, dict):
         return None

@@ -88,8 +88,9 @@ def test_engines_with_different_tokenizers_are_refused_in_either_order(built: Pa
     r = run("compare", *pair, "-e", built / "eval.jsonl", "--report", out, "--no-sensitivity")
     assert r.exit_code == 4, r.output
     text = flat(r)
-    assert "different tokenizers" in text and str(w / "model-permuted") in text and "hint:" in text
-    assert str(w / "model") + " " in text or str(w / "model") + " (" in text  # both sides named
+    assert "different tokenizers" in text and "hint:" in text
+    squashed = "".join(r.output.split())  # long paths wrap
+    assert str(w / "model-permuted") in squashed and f"{w / 'model'}(" in squashed  # both sides named
     assert not out.exists()
 
 
@@ -140,7 +141,8 @@ def test_a_source_model_replaced_after_build_is_refused_before_sensitivity(built
     r = run("compare", w / "e" / "fp32.onnx", w / "e" / "int8.onnx", "-e", built / "eval.jsonl", "--report", out)
     assert r.exit_code == 4, r.output
     text = flat(r)
-    assert "was replaced since it was recorded" in text and "model.onnx" in text and "hint:" in text
+    assert "was replaced since it was recorded" in text and "hint:" in text
+    assert str(w / "model" / "model.onnx") in "".join(r.output.split())  # long paths wrap
     assert not out.exists()
     # without layers and sensitivity nothing is rebuilt from it: the comparison of the two engines stands
     r = run("compare", w / "e" / "fp32.onnx", w / "e" / "int8.onnx", "-e", built / "eval.jsonl", "--no-report",

@@ -296,21 +296,11 @@ def _layer_dict(r: LayerReport) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ evaluation
 
 
-def _config(tokenizer_dir: str | Path | None) -> dict[str, Any]:
-    """The model folder's config.json ({} when there is none)."""
-    if not tokenizer_dir:
-        return {}
-    p = Path(tokenizer_dir)
-    cfg = (p if p.is_dir() else p.parent) / "config.json"
-    if not cfg.is_file():
-        return {}
-    import json
+def _config(tokenizer_dir: str | Path | None) -> Mapping[str, Any]:
+    """The model folder's config.json ({} when there is none; read once per file version)."""
+    from calibkit.data.modeldir import read_config
 
-    try:
-        data = json.loads(cfg.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelError(f"cannot read {cfg}: {exc}") from exc
-    return data if isinstance(data, dict) else {}
+    return read_config(tokenizer_dir)
 
 
 def read_id2label(tokenizer_dir: str | Path | None) -> dict[int, str]:
