@@ -94,15 +94,22 @@ def _short(sha: str | None) -> str:
 
 
 class EngineLike(Protocol):
-    """What the checks read of an engine (``engines.artifact.EngineArtifact``)."""
+    """What the checks read of an engine (``engines.artifact.EngineArtifact``, a frozen dataclass)."""
 
-    path: Path
-    source_model_sha256: str
-    calibration_sha256: str | None
-    tokenizer: str | None
-    source_model: str | None
-    calibration_json: str | None
-    extra: dict[str, Any]
+    @property
+    def path(self) -> Path: ...
+    @property
+    def source_model_sha256(self) -> str: ...
+    @property
+    def calibration_sha256(self) -> str | None: ...
+    @property
+    def tokenizer(self) -> str | None: ...
+    @property
+    def source_model(self) -> str | None: ...
+    @property
+    def calibration_json(self) -> str | None: ...
+    @property
+    def extra(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,8 @@ class _Console(Console):
 
 console = _Console(stderr=True, markup=False, highlight=False, emoji=False)
 out = _Console(markup=False, highlight=False, emoji=False)
-_state: dict[str, object] = {"verbose": False, "depth": 0}
+_state = {"verbose": False}
+_depth = [0]  # handle_errors blocks open: the outermost one ends the command
 TRACEBACK_ENV = "CALIBKIT_TRACEBACK"
 
 
@@ -55,7 +56,7 @@ def handle_errors() -> Iterator[None]:
 
     from calibkit.outdirs import release_claims
 
-    _state["depth"] = int(_state.get("depth", 0)) + 1
+    _depth[0] += 1
     try:
         yield
     except CalibkitError as exc:
@@ -97,8 +98,8 @@ def handle_errors() -> Iterator[None]:
     except Exception as exc:  # noqa: BLE001 - the last net: one message instead of a traceback
         _unexpected(exc)
     finally:
-        _state["depth"] = int(_state["depth"]) - 1
-        if not _state["depth"]:  # the command is over: its --out folders are free for the next run
+        _depth[0] -= 1
+        if not _depth[0]:  # the command is over: its --out folders are free for the next run
             release_claims()
 
 
