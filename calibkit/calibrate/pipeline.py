@@ -203,10 +203,10 @@ def load_hashed(path: Path) -> tuple[Any, str, list[bytes]]:
     from concurrent.futures import ThreadPoolExecutor
 
     import onnx
-    from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+    from onnx.external_data_helper import uses_external_data
 
     from calibkit.errors import ModelError
-    from calibkit.graph import check_float_source, check_not_empty
+    from calibkit.graph import check_float_source, check_not_empty, load_external_weights
 
     if not path.is_file():
         raise ModelError(f"ONNX model not found: {path}")
@@ -220,7 +220,7 @@ def load_hashed(path: Path) -> tuple[Any, str, list[bytes]]:
         sha = digest.result()
     check_float_source(check_not_empty(proto, path), path)
     if any(uses_external_data(t) for t in proto.graph.initializer):
-        load_external_data_for_model(proto, str(path.parent))
+        load_external_weights(proto, path)
         return proto, sha, []  # the file alone is not the model: taps fall back to serializing it
     return proto, sha, [data]
 

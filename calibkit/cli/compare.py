@@ -118,7 +118,8 @@ def compare(
     ),
 ) -> None:
     with handle_errors():
-        from calibkit._io import write_json
+        from calibkit._io import commit_together, write_json
+        from calibkit.consistency import check_engines
         from calibkit.data.evalset import load_eval_set
         from calibkit.engines.artifact import EngineArtifact
         from calibkit.evaluate.compare import (
@@ -149,6 +150,7 @@ def compare(
         b = EngineArtifact.load(engine_b)
         ref = EngineArtifact.load(reference) if reference else None
         check_same_model([a, b] + ([ref] if ref else []))
+        check_engines({"A": a, "B": b, **({"reference": ref} if ref else {})}, sources=layers or sensitivity)
         tok_dir = next((e.tokenizer for e in (a, b, ref) if e and e.tokenizer), None)
         full = load_eval_set(eval_set, text_column=text_column, label_column=label_column, split=split,
                              label_sets=expects_label_sets(tok_dir))
@@ -183,10 +185,11 @@ def compare(
             result = compare_engines(a, b, ev, reference=ref, options=replace(opts, executor=ex), progress=progress,
                                      rows=rows)
         doc = result.to_dict()
-        if json_path:
-            write_json(json_path, doc)
-        if report_dir is not None:
-            _render(doc, report_dir)
+        with commit_together():  # --json and the report folder are replaced together or not at all
+            if json_path:
+                write_json(json_path, doc)
+            if report_dir is not None:
+                _render(doc, report_dir)
         _print_summary(result, json_path, report_dir)
 
 

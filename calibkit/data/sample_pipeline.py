@@ -51,8 +51,9 @@ from calibkit.data.sampling import (
     verdict,
     weighted_ks,
 )
-from calibkit.errors import DataError
+from calibkit.errors import DataError, UsageError
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+from calibkit.types import check_seed
 
 log = logging.getLogger("calibkit.data.sample")
 
@@ -82,6 +83,12 @@ class SampleOptions:
     clusters: int = 12
     max_length: int | None = None  # None: the tokenizer's maximum, else 512
     min_per_stratum: int = 1
+
+    def __post_init__(self) -> None:
+        check_seed(self.seed)
+        if self.size < 1:
+            raise UsageError(f"--size must be at least 1 (got {self.size})",
+                             hint="pass the number of texts to draw, e.g. --size 512")
 
 
 @dataclass(frozen=True)
@@ -187,8 +194,6 @@ def draw_sample(
     """Read the log and choose the calibration texts; writes nothing."""
     path = Path(log_path)
     cb = progress or no_progress
-    if options.size < 1:
-        raise DataError(f"--size must be at least 1 (got {options.size})")
     fields, auto = resolve_text_fields(path, options.text_field)
 
     stats = ReadStats()

@@ -23,6 +23,7 @@ from calibkit.demo import archive
 from calibkit.errors import CalibkitError, DataError, ModelError, UsageError
 from calibkit.outdirs import foreign_entries, is_replaceable, read_marker, write_marker
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+from calibkit.types import check_seed
 
 log = logging.getLogger("calibkit.demo.prepare")
 
@@ -46,6 +47,10 @@ class PrepareOptions:
     fast: bool = False
     log_lines: int = 20000
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_seed(self.seed)
+
 
     @property
     def variant(self) -> str:

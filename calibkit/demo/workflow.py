@@ -310,8 +310,8 @@ def run_workflow(
     with atomic_dir(reports / "index", what="demo index",
                     legacy_names=("summary.json", "index.md", "index.html")) as tmp:
         (tmp / "summary.json").write_text(dumps_json(summary), encoding="utf-8")
-        (tmp / "index.md").write_text(md_text, encoding="utf-8")
-        (tmp / "index.html").write_text(html_text, encoding="utf-8")
+        (tmp / "index.md").write_text(md_text, encoding="utf-8", errors="backslashreplace")
+        (tmp / "index.html").write_text(html_text, encoding="utf-8", errors="backslashreplace")
     step(10, "done")
     return WorkflowResult(reports / "index" / "index.html", reports / "index" / "index.md", summary)
 

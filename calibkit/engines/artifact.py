@@ -72,6 +72,8 @@ class EngineArtifact:
     kept_higher_precision: tuple[str, ...] = ()  # node names left out of INT8/FP16
     source_model: str | None = None  # the FP32 ONNX this engine was built from (for sensitivity re-builds)
     calibration_json: str | None = None  # the calibration.json whose table built an INT8 engine
+    tokenizer_sha256: str | None = None  # consistency.tokenizer_sha256 of the tokenizer folder at build time
+    labels_sha256: str | None = None  # consistency.labels_sha256 of its config.json id2label at build time
     versions: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -87,6 +89,8 @@ class EngineArtifact:
             "kept_higher_precision": list(self.kept_higher_precision),
             "source_model": self.source_model,
             "calibration_json": self.calibration_json,
+            "tokenizer_sha256": self.tokenizer_sha256,
+            "labels_sha256": self.labels_sha256,
             "versions": dict(self.versions),
             "extra": dict(self.extra),
         }
@@ -142,6 +146,16 @@ class EngineArtifact:
             kept_higher_precision=tuple(d.get("kept_higher_precision", ())),
             source_model=_abs(d.get("source_model")),
             calibration_json=_abs(d.get("calibration_json")),
+            tokenizer_sha256=_opt_str(d.get("tokenizer_sha256")),
+            labels_sha256=_opt_str(d.get("labels_sha256")),
             versions={str(k): str(v) for k, v in d.get("versions", {}).items()},
             extra=dict(d.get("extra", {})),
         )
+
+
+def _opt_str(v: object) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise TypeError(f"expected a string, got {type(v).__name__}")
+    return v

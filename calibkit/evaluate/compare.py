@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 
 from calibkit import __version__
+from calibkit.consistency import check_engines
 from calibkit.data.evalset import EvalSet, label_ids
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.engines.artifact import EngineArtifact
@@ -67,7 +68,7 @@ from calibkit.evaluate.uncertainty import (
 )
 from calibkit.graph import load_model, qdq_layout
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
-from calibkit.types import Backend, Method, MethodParams, Precision
+from calibkit.types import Backend, Method, MethodParams, Precision, check_seed
 
 log = logging.getLogger("calibkit.evaluate.compare")
 
@@ -90,6 +91,9 @@ class CompareOptions:
     seed: int = 0  # draws the layer-statistics and sensitivity subsets (stratified by label)
     task: str | None = None  # --task: classification | embedding | token-classification (default: from outputs)
     budget: Any = None  # calibkit.data.encode.TokenBudget of the layer taps (None: the default memory budget)
+
+    def __post_init__(self) -> None:
+        check_seed(self.seed)
 
 
 @dataclass(frozen=True, eq=False)
@@ -292,21 +296,11 @@ def _layer_dict(r: LayerReport) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ evaluation
 
 
-def _config(tokenizer_dir: str | Path | None) -> dict[str, Any]:
-    """The model folder's config.json ({} when there is none)."""
-    if not tokenizer_dir:
-        return {}
-    p = Path(tokenizer_dir)
-    cfg = (p if p.is_dir() else p.parent) / "config.json"
-    if not cfg.is_file():
-        return {}
-    import json
+def _config(tokenizer_dir: str | Path | None) -> Mapping[str, Any]:
+    """The model folder's config.json ({} when there is none; read once per file version)."""
+    from calibkit.data.modeldir import read_config
 
-    try:
-        data = json.loads(cfg.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelError(f"cannot read {cfg}: {exc}") from exc
-    return data if isinstance(data, dict) else {}
+    return read_config(tokenizer_dir)
 
 
 def read_id2label(tokenizer_dir: str | Path | None) -> dict[int, str]:
@@ -314,7 +308,9 @@ def read_id2label(tokenizer_dir: str | Path | None) -> dict[int, str]:
 
 
 def _id2label(cfg: Mapping[str, Any]) -> dict[int, str]:
-    return {int(k): str(v) for k, v in (cfg.get("id2label") or {}).items()}
+    from calibkit.data.modeldir import parse_id2label
+
+    return parse_id2label(cfg.get("id2label"), "config.json")
 
 
 def evaluate_runner(
@@ -500,7 +496,7 @@ def expects_label_sets(tokenizer_dir: str | Path | None) -> bool:
 
 def multi_hot(eval_set: EvalSet, id2label: Mapping[int, str]) -> np.ndarray:
     """[examples, labels] bool from label sets (names or ids, joined by SET_SEPARATOR); unknown names refused."""
-    from calibkit.data.evalset import SET_SEPARATOR
+    from calibkit.data.evalset import SET_SEPARATOR, describe_labels
 
     by_name = {v: k for k, v in id2label.items()} | {str(k): k for k in id2label}
     y = np.zeros((len(eval_set), len(id2label)), dtype=bool)
@@ -509,8 +505,7 @@ def multi_hot(eval_set: EvalSet, id2label: Mapping[int, str]) -> np.ndarray:
             if name not in by_name:
                 raise DataError(f"eval set {eval_set.path.name}: example {i + 1} has the label {name!r}, which the "
                                 "model does not know",
-                                hint="the model's labels (config.json id2label) are: "
-                                     + ", ".join(f"{k}={v}" for k, v in sorted(id2label.items())))
+                                hint=f"the model's labels (config.json id2label) are: {describe_labels(id2label)}")
             y[i, by_name[name]] = True
     return y
 
@@ -611,6 +606,9 @@ def compare_engines(
         raise UsageError(f"--batch-size must be positive, got {options.batch_size}")
     engines = [a, b] + ([reference] if reference is not None else [])
     check_same_model(engines)
+    # inputs agree by content before any work: one tokenizer and label map; the source models and tables
+    # that per-layer ranges and sensitivity rebuild from are the ones the engines were built from
+    check_engines(dict(zip(["A", "B", "reference"], engines)), sources=options.layers or options.sensitivity)
     tok_dir = next((e.tokenizer for e in engines if e.tokenizer), None)
     if tok_dir is None:
         raise ModelError(
@@ -860,6 +858,8 @@ def _sensitivity(
         progress=progress,
         executor=options.executor,
         output_name=output_name,
+        source_model_sha256=int8_art.source_model_sha256,
+        calibration_sha256=int8_art.calibration_sha256,
     )
 
 

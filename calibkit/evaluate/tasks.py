@@ -558,8 +558,9 @@ def choose_task(
     output, or ``last_hidden_state`` mean-pooled, is an embedding model.
     """
     cfg = dict(config or {})
-    raw = cfg.get("id2label") or {}
-    id2label = {int(k): str(v) for k, v in raw.items()} if isinstance(raw, Mapping) else {}
+    from calibkit.data.modeldir import parse_id2label
+
+    id2label = parse_id2label(cfg.get("id2label"), "config.json")
     labels = tuple(id2label[i] for i in sorted(id2label))
     archs = " ".join(str(a) for a in cfg.get("architectures") or [] if isinstance(a, str))  # type: ignore[union-attr]
     names = list(outputs)
