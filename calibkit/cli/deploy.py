@@ -50,7 +50,8 @@ Examples:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("deploy", help=HELP, no_args_is_help=True)(deploy)
+    app.command("deploy", help=HELP, short_help="Write a Triton model repository sized by the traffic.",
+                no_args_is_help=True)(deploy)
 
 
 def deploy(
