@@ -95,7 +95,6 @@ def main() -> None:
     from calibkit.calibrate.collect import collect_stats
     from calibkit.calibrate.methods import compute_table
     from calibkit.calibrate.sharded import collect_stats_sharded
-    from calibkit.calibrate.tablefile import write_calibration_json
     from calibkit.data.encode import bucketed_batches
     from calibkit.data.tokenizer import TextTokenizer
     from calibkit.engines.onnxruntime import OnnxRuntimeRunner
@@ -104,6 +103,7 @@ def main() -> None:
     from calibkit.executors.dask import DaskExecutor
     from calibkit.graph import load_model
     from calibkit.quantize.placement import plan_placement
+    from calibkit.quantize.tablefile import write_calibration_json
     from calibkit.types import Method
 
     res: dict = {"cpus": os.cpu_count(), "workers": args.workers}

@@ -20,7 +20,7 @@ import sys as _sys
 import types as _types  # aliased: the subpackage calibkit.types, once imported, is bound as calibkit.types
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _API = ("sample", "smooth", "calibrate", "build", "compare", "tune", "load_report", "render_report")
 _RESULTS = ("Comparison", "EngineEvaluation", "LayerVerdict", "Evidence", "TuneResult", "TunePlan", "Candidate",

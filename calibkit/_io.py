@@ -3,16 +3,65 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from calibkit.outdirs import check_replaceable, clean_stale_tmp, hold_lock, umask, write_marker
+
+
+class _Staged:
+    """Outputs of one run written in full under temporary names, swapped in together by :func:`commit_together`."""
+
+    def __init__(self) -> None:
+        self.swaps: list[Callable[[], None]] = []  # renames only: nothing left that can fill a disk
+        self.discards: list[Callable[[], None]] = []
+
+
+_staged: contextvars.ContextVar[_Staged | None] = contextvars.ContextVar("calibkit_staged", default=None)
+
+
+@contextlib.contextmanager
+def commit_together() -> Iterator[None]:
+    """The outputs of one run are committed together or not at all.
+
+    Inside the block, :func:`atomic_open` (every file write here) and :func:`atomic_dir` write their outputs in
+    full under temporary names beside their targets but do not swap them in; when the block ends without error
+    all are renamed into place, one after the other (renames only: a full disk, a file-size limit or Ctrl-C
+    while writing leaves every target as it was). On error every staged output is removed. ``compare --json
+    X --report D`` used to replace X and then fail on D, leaving two outputs of two different runs."""
+    if _staged.get() is not None:  # already inside one: its commit covers these outputs
+        yield
+        return
+    staged = _Staged()
+    token = _staged.set(staged)
+    try:
+        yield
+    except BaseException:
+        _staged.reset(token)
+        for discard in reversed(staged.discards):
+            discard()
+        raise
+    _staged.reset(token)
+    try:
+        for swap in staged.swaps:
+            swap()
+    finally:
+        for discard in staged.discards:  # what was swapped in is gone from its temporary name: a no-op for it
+            discard()
+
+
+def _unlink_quietly(path: str | os.PathLike[str]) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 @contextlib.contextmanager
@@ -23,11 +72,19 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w", encoding: str | N
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         os.fchmod(fd, 0o666 & ~umask())  # mkstemp makes 0600; outputs get the umask's permissions
-        with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as fh:
+        # text: a lone surrogate (from a file name that is not UTF-8) is written escaped, never a crash
+        binary = "b" in mode
+        with os.fdopen(fd, mode, encoding=None if binary else encoding,
+                       errors=None if binary else "backslashreplace") as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, target)
+        staged = _staged.get()
+        if staged is None:
+            os.replace(tmp, target)
+        else:  # swapped in with the run's other outputs (commit_together)
+            staged.swaps.append(functools.partial(os.replace, tmp, target))
+            staged.discards.append(functools.partial(_unlink_quietly, tmp))
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -44,9 +101,36 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
         fh.write(text)
 
 
+def utf8_path(path: str | os.PathLike[str]) -> bool:
+    """Whether a path's name is valid UTF-8 (a name of other bytes reads as lone surrogates, ``\\udcff``)."""
+    return not _SURROGATE.search(os.fspath(path))
+
+
+def native_path(path: str | os.PathLike[str]) -> str:
+    """``path`` as a string a native library (onnx, ONNX Runtime, tokenizers) can open: those take UTF-8 only,
+    so a name whose bytes are not UTF-8 is a ModelError saying so (Python-side readers open such names fine;
+    callers read the bytes themselves where they can)."""
+    from calibkit.errors import ModelError
+
+    text = os.fspath(path)
+    if utf8_path(text):
+        return text
+    shown = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    raise ModelError(f"{shown}: the path holds bytes that are not UTF-8, which ONNX Runtime, onnx and tokenizers "
+                     "cannot open", hint="rename the file or folder to a UTF-8 name, or pass a symbolic link with a "
+                                         "UTF-8 name that points to it")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def dumps_json(obj: Any) -> str:
-    """Stable JSON: sorted keys, two-space indent, trailing newline, no NaN (written as null)."""
-    return json.dumps(_finite(obj), indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
+    """Stable JSON: sorted keys, two-space indent, trailing newline, no NaN (written as null).
+
+    A lone surrogate (a file name whose bytes are not UTF-8, read by Python as ``\\udcff``) is written as its
+    JSON escape, so the file is valid UTF-8 and reads back to the same string (and the same path)."""
+    text = json.dumps(_finite(obj), indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
+    return text if text.isascii() else _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
@@ -68,6 +152,17 @@ def _finite(obj: Any) -> Any:
     if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
         return _finite(obj.item())
     return obj
+
+
+def text_lines(text: str) -> list[str]:
+    """The lines of a JSON Lines (or other line-based) text, split at ``\\n`` only (a ``\\r`` before it dropped).
+
+    ``str.splitlines`` also splits at U+0085, U+2028, U+2029, ``\\x1c``-``\\x1e`` and form feeds, which JSON
+    writers (``ensure_ascii=False``) leave raw inside strings: a text holding one was cut in two lines."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
 
 
 def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
@@ -99,19 +194,32 @@ def atomic_dir(path: str | os.PathLike[str], *, what: str = "", legacy_names: It
     try:
         os.chmod(tmp, 0o777 & ~umask())  # mkdtemp makes 0700
         write_marker(tmp, what)
-        yield tmp
+        staged = _staged.get()
+        inside = _staged.set(None)  # files inside the new folder are written in place: the folder is the unit
+        try:
+            yield tmp
+        finally:
+            _staged.reset(inside)
         write_marker(tmp, what, entries=(p.name for p in tmp.iterdir()))
-        check_replaceable(target, legacy_names=legacy_names)  # again: it may have changed while we worked
-        if target.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
-            os.replace(target, old)  # onto the empty placeholder; the old folder is ours (checked above)
-            os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, target)
+        if staged is None:
+            _swap_dir(tmp, target, legacy_names)
+        else:  # swapped in with the run's other outputs (commit_together)
+            staged.swaps.append(functools.partial(_swap_dir, tmp, target, tuple(legacy_names)))
+            staged.discards.append(functools.partial(shutil.rmtree, tmp, ignore_errors=True))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _swap_dir(tmp: Path, target: Path, legacy_names: Iterable[str]) -> None:
+    check_replaceable(target, legacy_names=legacy_names)  # again: it may have changed while we worked
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+        os.replace(target, old)  # onto the empty placeholder; the old folder is ours (checked above)
+        os.replace(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, target)
 
 
 _ALIVE = ".calibkit-alive"

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from calibkit.errors import UsageError
+from calibkit.errors import MissingDependencyError, UsageError
 from calibkit.progress import ProgressCallback, no_progress
 from calibkit.resources import Resources
 
@@ -224,10 +224,12 @@ def build(
     workspace_mib: int = 4096,
     reduce_range: bool | None = None,
     progress: ProgressCallback | None = None,
+    on_missing_tensorrt: Callable[[Any], None] | None = None,
 ) -> BuildResult:
     """Build an engine (``output`` with its .calibkit.json sidecar) at ``precision`` on ``backend``: FP32/FP16
     from the ONNX model, INT8 from a calibration.json or a Q/DQ model (``qdq``: e.g. calibrate's
-    model.int8.onnx)."""
+    model.int8.onnx). ``on_missing_tensorrt(request)`` is called before the MissingDependencyError of a TensorRT
+    build where TensorRT is absent (the CLI prints the equivalent trtexec command there)."""
     from calibkit.engines.build import BuildRequest
     from calibkit.engines.build import build as run_build
     from calibkit.types import Backend, Precision
@@ -250,7 +252,12 @@ def build(
         calibration_set=p(calibration_set), min_seq=min_seq, opt_seq=opt_seq, max_seq=max_seq,
         workspace_mib=workspace_mib, reduce_range=reduce_range,
     )
-    return run_build(req, progress=progress)
+    try:
+        return run_build(req, progress=progress)
+    except MissingDependencyError:
+        if back is Backend.TENSORRT and on_missing_tensorrt is not None:
+            on_missing_tensorrt(req)
+        raise
 
 
 # ---------------------------------------------------------------- compare

@@ -10,7 +10,7 @@ from typing import BinaryIO
 import onnx
 from google.protobuf.message import DecodeError
 
-from calibkit._io import sha256_file
+from calibkit._io import sha256_file, utf8_path
 from calibkit.errors import ModelError
 
 
@@ -19,10 +19,85 @@ def load_model(path: str | os.PathLike[str], load_external_data: bool = True) ->
     if not p.is_file():
         raise ModelError(f"ONNX model not found: {p}")
     try:
-        model = onnx.load(str(p), load_external_data=load_external_data)
+        with open(p, "rb") as fh:  # opened here: a name that is not UTF-8 is fine for Python's open
+            model = onnx.load(fh, load_external_data=False)
     except Exception as exc:
         raise ModelError(f"cannot read ONNX model {p}: {exc}") from exc
-    return check_not_empty(model, p)
+    check_not_empty(model, p)
+    if load_external_data:
+        load_external_weights(model, p)
+    return model
+
+
+def external_locations(model: onnx.ModelProto) -> list[str]:
+    """The external-data files an ONNX model's initializers name (each once, in order)."""
+    locs: list[str] = []
+    for init in model.graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            loc = next((e.value for e in init.external_data if e.key == "location"), None)
+            if loc is not None and loc not in locs:
+                locs.append(loc)
+    return locs
+
+
+def check_external_data(model: onnx.ModelProto, path: Path) -> list[str]:
+    """Every external-data file a model names must be a regular file inside the model's folder, named by a
+    relative path and not through a symbolic link (what onnx itself requires, said as one error with a hint
+    instead of onnx's ValidationError). Returns the locations."""
+    locs = external_locations(model)
+    folder = path.parent.resolve()
+    for loc in locs:
+        data = path.parent / loc
+        if not loc or Path(loc).is_absolute():
+            problem = f"names its weights file by an absolute path ({loc})" if loc else "names no weights file"
+        elif ".." in Path(loc).parts or not _within(Path(os.path.realpath(data.parent)), folder):
+            problem = f"keeps its weights in {loc}, outside the model's folder"
+        elif data.is_symlink():
+            problem = f"keeps its weights in {loc}, a symbolic link (onnx reads only regular files there)"
+        elif not data.is_file():
+            problem = f"keeps its weights in {loc}, which is missing beside it"
+        else:
+            continue
+        raise ModelError(
+            f"{path} {problem}",
+            hint=f"put the external-data file as a regular file next to {path.name} under the relative name the "
+                 "model records (external-data files travel with the model), or re-export the model with its "
+                 "weights inline",
+        )
+    return locs
+
+
+def _read_external_data(model: onnx.ModelProto, folder: Path) -> None:
+    for t in model.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        with open(folder / info["location"], "rb") as fh:
+            fh.seek(int(info.get("offset", 0)))
+            t.raw_data = fh.read(int(info["length"])) if "length" in info else fh.read()
+        del t.external_data[:]
+        t.data_location = onnx.TensorProto.DEFAULT
+
+
+def _within(p: Path, folder: Path) -> bool:
+    return p == folder or folder in p.parents
+
+
+def load_external_weights(model: onnx.ModelProto, path: Path) -> None:
+    """Load a model's external-data weights in place (checked first: :func:`check_external_data`)."""
+    from onnx.external_data_helper import load_external_data_for_model
+
+    if not check_external_data(model, path):
+        return
+    try:
+        if utf8_path(path):
+            load_external_data_for_model(model, str(path.parent))
+        else:  # onnx's loader takes UTF-8 paths only: read the (already checked) files here
+            _read_external_data(model, path.parent)
+    except Exception as exc:  # noqa: BLE001 - onnx raises ValidationError, OSError and plain errors alike
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"cannot read the external-data weights of {path}: {first}",
+                         hint=f"copy the weights files that came with {path.name} next to it, whole") from None
 
 
 # ops that only appear in models that are already quantized (ONNX Q/DQ and QLinear*, ORT's integer contrib ops)

@@ -70,8 +70,7 @@ def check_replaceable(path: str | os.PathLike[str], *, option: str = "--out", le
                       force: bool = False) -> None:
     """Refuse an output path that is a file, or a folder calibkit did not write (unless ``force``)."""
     p = Path(path)
-    if p.is_symlink() and not p.exists():
-        raise UsageError(f"{option} {p} is a dangling symbolic link", hint=f"pass a new folder to {option}")
+    check_not_symlink(p, option=option)
     if not p.exists():
         return
     if not p.is_dir():
@@ -86,8 +85,36 @@ def check_replaceable(path: str | os.PathLike[str], *, option: str = "--out", le
         )
 
 
+def check_not_symlink(p: Path, *, option: str = "--out") -> None:
+    """Refuse an output folder that is a symbolic link (dangling, a loop, or to a folder): calibkit swaps a new
+    folder in for the target as a whole, which would replace the link itself, so the run would be done and then
+    refused at the swap (or would leave the folder it points to untouched)."""
+    if not p.is_symlink():
+        return
+    real = Path(os.path.realpath(p))
+    if _is_loop(p):
+        what, hint = "a symbolic link loop", f"remove the link, or pass a real folder to {option}"
+    elif not real.exists():
+        what, hint = f"a dangling symbolic link (to {real})", f"pass a new folder to {option}"
+    else:
+        what, hint = f"a symbolic link to {real}", f"pass the folder itself: {option} {real}"
+    raise UsageError(f"{option} {p} is {what}; calibkit replaces an output folder as a whole and would replace "
+                     "the link, not write where it points", hint=hint)
+
+
+def _is_loop(p: Path) -> bool:
+    try:
+        os.stat(p)
+    except OSError as exc:
+        import errno
+
+        return exc.errno == errno.ELOOP
+    return False
+
+
 def _resolved(p: str | os.PathLike[str]) -> Path:
-    return Path(os.path.abspath(os.path.expanduser(os.fspath(p)))).resolve()
+    """The absolute path with every symbolic link followed; a link loop stays as it is (never raises)."""
+    return Path(os.path.realpath(os.path.abspath(os.path.expanduser(os.fspath(p)))))
 
 
 def check_not_input(path: str | os.PathLike[str], inputs: Sequence[str | os.PathLike[str] | None], *,
@@ -188,34 +215,89 @@ def hold_lock(path: Path, mode: int = 0o644) -> int | None:
     return fd
 
 
-_claims: set[Path] = set()  # outputs this process holds the lock of
+LOCK_SUFFIX = ".calibkit-lock"
+_claims: dict[Path, tuple[Path, int]] = {}  # outputs this process holds the lock of -> (lock file, descriptor)
+
+
+def lock_path(path: str | os.PathLike[str]) -> Path:
+    """Where the one-writer lock of an output lives: beside the output, in its (resolved) parent folder, as
+    ``.NAME.calibkit-lock``. Keyed by the output's own location, not by anything of the environment (``TMPDIR``,
+    the user, the container): every process that can write the output sees the same lock file."""
+    target = _resolved(path)
+    return target.parent / f".{target.name}{LOCK_SUFFIX}"
 
 
 def claim_output(path: Path, *, option: str = "--out") -> None:
-    """One writer per output: hold an exclusive lock named after the output's absolute path (in the system's
-    temporary folder, so nothing is added beside the user's files) until this process ends (the kernel releases
-    it however the process ends), and refuse when another live run holds it; two runs into one --out used to
-    both report success while one silently replaced the other. The lock files stay (a few bytes each):
-    removing one while another run opens it would let two runs hold "the" lock."""
-    import hashlib
+    """One writer per output: hold an exclusive lock on :func:`lock_path` until the run ends and refuse when
+    another live run holds it; two runs into one --out used to both report success while one silently replaced
+    the other.
 
+    The lock file lies beside the output because that is the one place every writer of the output shares: a
+    lock in the temporary folder was missed by a second run with another ``TMPDIR``. The parent has already
+    been checked writable (:func:`check_writable`; a read-only parent is refused before this, and an output
+    that cannot be written needs no lock). The kernel releases the lock however the process ends; the file is
+    removed by :func:`release_claims` (end of the command, or exit) while still locked, and a lock taken on a
+    file that was removed meanwhile is retried, so a removal never lets two runs hold "the" lock. A run killed
+    with SIGKILL leaves the few-byte file; the next run reuses and removes it."""
     target = _resolved(path)
-    if target in _claims or not hasattr(os, "getuid"):  # already ours, or not POSIX: no claim
+    if target in _claims:  # already ours
         return
-    locks = Path(tempfile.gettempdir()) / f"calibkit-locks-{os.getuid()}"
-    lock = locks / f"{hashlib.sha256(str(target).encode()).hexdigest()[:32]}.lock"
+    lock = lock_path(target)
     try:
-        locks.mkdir(parents=True, exist_ok=True)
-        fd = hold_lock(lock)
-    except OSError:  # no writable temporary folder: the output is not claimed (the atomic write still protects it)
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = _lock_linked(lock)
+    except OSError:  # a parent that cannot take the lock cannot take the output either (checked before)
         return
     if fd is None:
-        holder = lock.read_text(encoding="ascii", errors="replace").strip() or "?"
+        try:
+            holder = lock.read_text(encoding="ascii", errors="replace").strip() or "?"
+        except OSError:
+            holder = "?"
         raise UsageError(f"{option} {path} is being written by another calibkit run (pid {holder})",
                          hint=f"wait for it to finish, or pass another {option}")
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
-    _claims.add(target)
+    _claims[target] = (lock, fd)
+    if len(_claims) == 1:
+        import atexit
+
+        atexit.register(release_claims)
+
+
+def _lock_linked(lock: Path) -> int | None:
+    """An exclusive lock on the file now at ``lock`` (a file another run removed between our open and our lock
+    is not it: retried); the descriptor, or None when another process holds it."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no claim (the atomic swap still protects the output)
+        raise OSError("no flock") from None
+    for _ in range(100):
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o666 & ~umask())
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return None
+        try:
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+    raise OSError("the lock file keeps being replaced")
+
+
+def release_claims() -> None:
+    """Give up every output this process claimed: remove each lock file while still holding its lock, then
+    close it (called at the end of each command and at exit)."""
+    while _claims:
+        _target, (lock, fd) = _claims.popitem()
+        with contextlib.suppress(OSError):
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                os.unlink(lock)
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def guard_output_file(path: str | os.PathLike[str], *, inputs: Sequence[str | os.PathLike[str] | None] = (),

@@ -7,6 +7,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 INT8_MAX = 127
+SEED_MAX = (1 << 32) - 1  # numpy, scikit-learn and torch seeds are unsigned 32-bit
+
+
+def check_seed(seed: object, option: str = "--seed") -> None:
+    """A seed every random generator calibkit seeds accepts (0 .. 2**32-1), else a UsageError with a hint."""
+    from calibkit.errors import UsageError
+
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= SEED_MAX:
+        raise UsageError(f"{option} must be a whole number from 0 to {SEED_MAX} (got {str(seed)[:40]})",
+                         hint=f"pass e.g. {option} 0; the same seed draws the same subsets")
 
 
 class Precision(str, enum.Enum):

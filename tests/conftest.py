@@ -7,6 +7,28 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _hypothesis_profiles() -> None:
+    """Budgets of the property-based tests (tests/test_safety_property.py), chosen with HYPOTHESIS_PROFILE:
+    ``default`` (a few derandomized examples per test: the whole file well under a minute on 2 cores),
+    ``ci`` (more, still derandomized) and ``slow`` (many, random, for a nightly or a hostile sweep)."""
+    import os
+
+    try:
+        from hypothesis import HealthCheck, settings
+    except ImportError:  # the dev extra is not installed: those tests are skipped by importorskip
+        return
+    common = dict(deadline=None, database=None, print_blob=True,
+                  suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                         HealthCheck.data_too_large, HealthCheck.filter_too_much])
+    settings.register_profile("default", max_examples=6, derandomize=True, **common)
+    settings.register_profile("ci", max_examples=40, derandomize=True, **common)
+    settings.register_profile("slow", max_examples=300, **common)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+_hypothesis_profiles()
 FAST_ASSETS = REPO_ROOT / ".cache" / "test-assets" / "fast"
 
 

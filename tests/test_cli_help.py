@@ -38,3 +38,48 @@ def test_brackets_in_help_texts_are_shown() -> None:
     assert missing == []
     assert "[smooth ->]" in _help([])
     assert "[default: no limit]" in _help(["calibrate"])
+
+
+def _panel_rows(text: str, panel: str) -> list[str]:
+    """The rows of one help panel ("Commands", "Options"), borders stripped."""
+    rows, inside = [], False
+    for line in text.splitlines():
+        if line.startswith("╭─ ") and panel in line:
+            inside = True
+        elif line.startswith("╰"):
+            inside = False
+        elif inside:
+            rows.append(line.strip("│ \n"))
+    return rows
+
+
+def test_every_command_has_a_one_line_summary_at_80_columns() -> None:
+    for group in ([], ["demo"]):
+        out = CliRunner().invoke(app, [*group, "--help"], env={"COLUMNS": "80"}).output
+        rows = _panel_rows(out, "Commands")
+        group_cmd = typer.main.get_command(app)
+        for name in group:
+            group_cmd = group_cmd.commands[name]  # type: ignore[attr-defined]
+        names = list(group_cmd.commands)  # type: ignore[attr-defined]
+        # one row per command: a summary that wrapped would add a row that starts with no command name
+        assert [r.split()[0] for r in rows] == names, out
+        for name in names:
+            sub = group_cmd.commands[name]  # type: ignore[attr-defined]
+            assert sub.short_help and len(sub.short_help) <= 66, (name, sub.short_help)
+
+
+def test_flags_show_no_value_type() -> None:
+    shown = []
+    for path, _cmd in [([], None), *_leaf_commands(typer.main.get_command(app), [])]:
+        out = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "200"}).output
+        shown += [(" ".join(path), r) for r in _panel_rows(out, "Options") if "<bool>" in r]
+    assert shown == []
+    out = CliRunner().invoke(app, ["sample", "--help"], env={"COLUMNS": "200"}).output
+    assert "<int>" in out and "<path>" in out  # options that take a value still say which kind
+
+
+def test_counts_agree_with_their_nouns() -> None:
+    from calibkit.cli._common import count
+
+    assert count(1, "node") == "1 node" and count(0, "node") == "0 nodes" and count(2, "layer") == "2 layers"
+    assert count(1, "activation range") == "1 activation range" and count(3, "index", "indices") == "3 indices"

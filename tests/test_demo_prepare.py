@@ -26,7 +26,7 @@ def _corpora() -> dict[str, archive.Corpus]:
 
 @pytest.fixture()
 def faked(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    calls = {"model": 0}
+    calls = {"model": 0, "embedder": 0}
     monkeypatch.setattr(archive, "fetch_archive", lambda cache=None, progress=None: Path("unused.tar.gz"))
     monkeypatch.setattr(archive, "read_corpora", lambda path: _corpora())
 
@@ -37,7 +37,14 @@ def faked(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         (out / "model" / "metrics.json").write_text(json.dumps({"accuracy": 0.5}))
         return ["model/metrics.json", "model/model.onnx"]
 
+    def fake_embedder(out: Path, probe_texts: object, cb: object) -> list[str]:
+        calls["embedder"] += 1
+        (out / "embedder").mkdir(parents=True, exist_ok=True)
+        (out / "embedder" / "model.onnx").write_bytes(b"embedder" * calls["embedder"])
+        return ["embedder/model.onnx"]
+
     monkeypatch.setattr(prepare, "_build_model_dir", fake_model)
+    monkeypatch.setattr(prepare, "_build_embedder_dir", fake_embedder)
     return calls
 
 
@@ -45,13 +52,13 @@ def test_rerun_reuses_complete_steps(tmp_path: Path, faked: dict[str, int]) -> N
     opts = PrepareOptions(fast=True, log_lines=40, seed=0)
     assert not is_complete(tmp_path, opts)
     first = prepare_demo(tmp_path, opts)
-    assert first.made == ("data", "model", "logs") and first.complete
+    assert first.made == ("data", "model", "logs", "embedder") and first.complete
     assert is_complete(tmp_path, opts)
     assert not is_complete(tmp_path, PrepareOptions(fast=False, log_lines=40, seed=0))
 
     second = prepare_demo(tmp_path, opts)
-    assert second.made == () and second.reused == ("data", "model", "logs")
-    assert faked["model"] == 1
+    assert second.made == () and second.reused == ("data", "model", "logs", "embedder")
+    assert faked["model"] == 1 and faked["embedder"] == 1
 
     # a changed log size redoes only the log; a damaged model file redoes only the model
     third = prepare_demo(tmp_path, PrepareOptions(fast=True, log_lines=60, seed=0))
@@ -60,6 +67,11 @@ def test_rerun_reuses_complete_steps(tmp_path: Path, faked: dict[str, int]) -> N
     assert not is_complete(tmp_path, PrepareOptions(fast=True, log_lines=60, seed=0))
     fourth = prepare_demo(tmp_path, PrepareOptions(fast=True, log_lines=60, seed=0))
     assert fourth.made == ("model",) and faked["model"] == 2
+    # the embedder is its own step: a damaged embedder redoes only it
+    (tmp_path / "embedder" / "model.onnx").write_bytes(b"damaged")
+    assert not is_complete(tmp_path, PrepareOptions(fast=True, log_lines=60, seed=0))
+    fifth = prepare_demo(tmp_path, PrepareOptions(fast=True, log_lines=60, seed=0))
+    assert fifth.made == ("embedder",) and faked["embedder"] == 2
 
     manifest = json.loads((tmp_path / "prepare.json").read_text())
     assert manifest["complete"] is True

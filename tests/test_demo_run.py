@@ -38,6 +38,9 @@ def test_demo_workflow_fast(demo_assets_fast: Path, tmp_path: Path, monkeypatch:
     html = res.index_html.read_text()
     for href in re.findall(r'href="([^"]+)"', html):
         assert (res.index_html.parent / href).resolve().is_file(), href
+    # the last step deploys the tuned plan; the index links the repository's README
+    assert "Triton model repository" in html and (res.index_html.parent / s["deploy"]["link"]).name == "README.md"
+    assert (Path(s["deploy"]["repository"]) / s["deploy"]["name"] / "config.pbtxt").is_file()
     # the reported INT8 accuracy of the best method is what ONNX Runtime measures on that model
     md = ModelDir.resolve(demo_assets_fast / "model")
     from calibkit.evaluate.subsets import limit_eval_set

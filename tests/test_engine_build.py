@@ -103,6 +103,8 @@ def test_int8_from_calibration(model_dir: Path, tmp_path: Path, target: str | No
     args = ["build", str(model_dir), "-p", "int8", "--calibration", str(cal), "-o", str(out)]
     res = _run(args + (["--target", target] if target else []))
     assert res.exit_code == 0, res.output
+    # the layout is said as built, beside the backend that runs it (it said "(int8, onnxruntime)" for both)
+    assert f"(int8, {target or 'onnxruntime'} Q/DQ layout, onnxruntime backend)" in " ".join(res.output.split())
     art = EngineArtifact.load(out)
     assert art.precision is Precision.INT8
     assert Path(art.calibration_json).samefile(cal) and art.calibration_sha256 == sha256_file(cal)
@@ -124,6 +126,7 @@ def test_int8_exclude_and_qdq_copy(model_dir: Path, tmp_path: Path) -> None:
     second = tmp_path / "b.onnx"
     res = _run(["build", str(model_dir), "-p", "int8", "--qdq", str(first), "-o", str(second)])
     assert res.exit_code == 0, res.output
+    assert "(int8, onnxruntime Q/DQ layout, onnxruntime backend)" in " ".join(res.output.split())
     assert second.read_bytes() == first.read_bytes()
     art = EngineArtifact.load(second)
     assert Path(art.calibration_json).samefile(cal)  # carried over from the Q/DQ model's own sidecar
@@ -259,3 +262,24 @@ def test_a_full_disk_names_the_output_not_the_source(model_dir: Path, tmp_path: 
     assert res.exit_code == 2 and "No space left on device while writing" in text and str(tmp_path / "e") in text
     assert "model/model.onnx" not in text.split("while writing")[1]
     assert not out.exists() and list(out.parent.iterdir()) == []
+
+
+def test_calibrates_qdq_model_without_a_sidecar_says_what_to_build(model_dir: Path, tmp_path: Path) -> None:
+    """compare given calibrate's model.int8.onnx: the hint is the build --qdq command that makes it an engine."""
+    run = tmp_path / "runs" / "entropy"
+    run.mkdir(parents=True)
+    (run / "model.int8.onnx").write_bytes((model_dir / "model.onnx").read_bytes())
+    table = CalibrationTable("0" * 64, "set", Method.MINMAX, MethodParams(), ())
+    write_calibration_json(run / "calibration.json", table,
+                           {"files": {"model": "model.int8.onnx"}, "source_model": str(model_dir / "model.onnx"),
+                            "tokenizer": str(model_dir)})
+    with pytest.raises(ModelError) as info:
+        EngineArtifact.load(run / "model.int8.onnx")
+    assert "has no calibkit sidecar" in info.value.message
+    assert (f"calibkit build {model_dir} --precision int8 --qdq {run / 'model.int8.onnx'} -o engines/entropy.int8.onnx"
+            in (info.value.hint or ""))
+    other = tmp_path / "other.onnx"  # an .onnx file no calibration.json names keeps the general hint
+    other.write_bytes(b"x")
+    with pytest.raises(ModelError) as info:
+        EngineArtifact.load(other)
+    assert "--qdq" not in (info.value.hint or "") and "calibkit build" in (info.value.hint or "")

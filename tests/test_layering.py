@@ -1,5 +1,5 @@
-"""Every import inside calibkit follows the README's layering table (import graph read with ast, lazy imports in
-function bodies included): no import against the layers, and no import circle between modules."""
+"""Every import inside calibkit follows the layering table of docs/architecture.md (import graph read with ast,
+lazy imports in function bodies included): no import against the layers, and no import circle between modules."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ FOUNDATION = ("calibkit.types", "calibkit.errors", "calibkit._deps", "calibkit._
               "calibkit.progress", "calibkit")  # "calibkit": __version__ only
 RUNNERS = ("calibkit.engines.base", "calibkit.engines.onnxruntime", "calibkit.engines.cpu",
            "calibkit.engines.tensorrt", "calibkit.engines")
-# layer -> (its modules, the layers it may import); the README's "Architecture" table, top to bottom
+# layer -> (its modules, the layers it may import); docs/architecture.md's table, top to bottom
 LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "cli": (("calibkit.cli", "calibkit.__main__"), ("*",)),
     "demo": (("calibkit.demo",), ("*",)),

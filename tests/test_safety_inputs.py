@@ -244,3 +244,175 @@ def test_deeply_nested_report_json_is_a_data_error(tmp_path: Path) -> None:
     (tmp_path / "x.json").write_text(DEEP)
     r = run("report", tmp_path / "x.json", "--out", tmp_path / "out")
     assert r.exit_code == 3 and "nested too deeply" in flat(r) and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("blank", ["", "   ", "\u200b\u200b", "\t\n", "\ufeff"])
+def test_a_calibration_set_of_blank_texts_is_refused(tmp_path: Path, blank: str) -> None:
+    """Issue #20: eval sets refused blank texts, calibration sets calibrated on them with exit 0."""
+    write_model_dir(tmp_path / "model")
+    cset = tmp_path / "set"
+    cset.mkdir()
+    (cset / "texts.jsonl").write_text(json.dumps({"text": "good movie"}) + "\n" + json.dumps({"text": blank}) + "\n")
+    out = tmp_path / "cal"
+    r = run("calibrate", tmp_path / "model", "-c", cset, "--out", out)
+    assert r.exit_code == 3, r.output
+    assert "texts.jsonl:2" in flat(r) and "blank" in flat(r) and "hint:" in r.output
+    assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def fp32_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("labels")
+    write_model_dir(tmp / "model")
+    assert run("build", tmp / "model", "-p", "fp32", "-o", tmp / "e" / "fp32.onnx").exit_code == 0
+    return tmp / "e" / "fp32.onnx"
+
+
+_NON_FINITE = {
+    "json-NaN": ("eval.jsonl", '{"text": "good movie", "label": NaN}\n{"text": "bad", "label": "negative"}\n'),
+    "json-Infinity": ("eval.jsonl", '{"text": "good movie", "label": -Infinity}\n{"text": "bad", "label": 1}\n'),
+    "json-string-NaN": ("eval.jsonl", '{"text": "good movie", "label": "NaN"}\n{"text": "bad", "label": 0}\n'),
+    "csv-nan": ("eval.csv", "text,label\ngood movie,nan\nbad,1\n"),
+    "csv-inf": ("eval.csv", "text,label\ngood movie,inf\nbad,1.0\n"),
+    "csv-1e999": ("eval.csv", "text,label\ngood movie,1e999\nbad,1.0\n"),
+}
+
+
+@pytest.mark.parametrize("case", [*_NON_FINITE, "parquet-inf", "parquet-nan"])
+def test_non_finite_labels_are_data_errors(fp32_engine: Path, tmp_path: Path, case: str) -> None:
+    """Issue #20: NaN / Infinity labels ended as exit 1 (int(nan))."""
+    if case.startswith("parquet"):
+        pd = pytest.importorskip("pandas")
+        pytest.importorskip("pyarrow")
+        ev = tmp_path / "eval.parquet"
+        pd.DataFrame({"text": ["good movie", "bad"],
+                      "label": [float(case.removeprefix("parquet-")), 1.0]}).to_parquet(ev)
+    else:
+        name, content = _NON_FINITE[case]
+        ev = tmp_path / name
+        ev.write_text(content)
+    r = run("compare", fp32_engine, fp32_engine, "-e", ev, "--no-report")
+    assert r.exit_code == 3, r.output
+    assert r.output.count("error:") == 1 and "hint:" in r.output
+    assert "example 1" in flat(r) or "(1x)" in flat(r)  # the example, or the label the model does not know
+
+
+@pytest.mark.parametrize(("id2label", "says"), [
+    (["negative", "positive"], "id2label is a list"),
+    ({"a": "negative", "b": "positive"}, "key 'a' is not a class id"),
+    ({"0.5": "negative", "1": "positive"}, "key '0.5' is not a class id"),
+    ({"-1": "negative", "1": "positive"}, "key '-1'"),
+    ({"0": ["negative"], "1": "positive"}, "is ['negative'], not a label name"),
+    ({"1": "negative", "2": "positive"}, "but not class 0"),
+])
+def test_an_unusable_id2label_is_a_model_error_in_every_command(tmp_path: Path, id2label: object, says: str) -> None:
+    """Issue #20: id2label as a list or with non-integer keys was exit 1 or 'cannot read config.json:
+    AttributeError'; one parser (data.modeldir.parse_id2label) now serves every command."""
+    model = write_model_dir(tmp_path / "model")
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["id2label"] = id2label
+    (model / "config.json").write_text(json.dumps(cfg))
+    write_calibration_set(tmp_path / "set", texts(12, seed=3), None, {})
+    (tmp_path / "eval.jsonl").write_text(json.dumps({"text": "good movie", "label": "positive"}) + "\n")
+    for args in (["build", model, "-p", "fp32", "-o", tmp_path / "e.onnx"],
+                 ["calibrate", model, "-c", tmp_path / "set", "--out", tmp_path / "cal"],
+                 ["tune", model, "-c", tmp_path / "set", "-e", tmp_path / "eval.jsonl", "--out", tmp_path / "t"]):
+        r = run(*args)
+        assert r.exit_code == 4, (args, r.output)
+        assert says in flat(r) and "hint:" in r.output and "Traceback" not in r.output
+
+
+def test_a_huge_id2label_is_listed_briefly_in_hints(tmp_path: Path) -> None:
+    """Issue #20: a million labels made a 16 MB hint; messages list a few and say how many."""
+    from calibkit.data.evalset import EvalSet, label_ids
+
+    id2label = {i: f"label{i}" for i in range(1_000_000)}
+    ev = EvalSet(path=tmp_path / "e.jsonl", texts=("a",), labels=("nope",))
+    with pytest.raises(DataError) as info:
+        label_ids(ev, id2label, len(id2label))
+    assert len(str(info.value)) < 600 and "1000000 labels in all" in str(info.value.hint)
+
+
+@pytest.mark.parametrize("seed", ["-1", "4294967296", str(10 ** 30)])
+@pytest.mark.parametrize("command", ["sample", "compare", "tune", "demo prepare"])
+def test_a_seed_out_of_range_is_a_usage_error_in_every_command(fp32_engine: Path, tmp_path: Path, seed: str,
+                                                               command: str) -> None:
+    """Issue #20: a negative seed or one >= 2**32 ended in exit 1 (numpy / scikit-learn refuse it)."""
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(30)))
+    write_calibration_set(tmp_path / "set", texts(12, seed=3), None, {})
+    ev = tmp_path / "eval.jsonl"
+    ev.write_text("".join(json.dumps({"text": t, "label": "positive"}) + "\n" for t in texts(20)))
+    out = tmp_path / "out"
+    args: list[object] = {
+        "sample": ["sample", log, "--size", "4", "--out", out],
+        "compare": ["compare", fp32_engine, fp32_engine, "-e", ev, "--report", out],
+        "tune": ["tune", fp32_engine.parents[1] / "model", "-c", tmp_path / "set", "-e", ev, "--out", out],
+        "demo prepare": ["demo", "prepare", "--fast", "--out", out],
+    }[command]
+    command_line = [*str(args[0]).split(), *args[1:], "--seed", seed]
+    r = run(*command_line)
+    assert r.exit_code == 2, r.output
+    assert "--seed must be a whole number from 0 to 4294967295" in flat(r) and "hint:" in r.output
+    assert not out.exists()
+
+
+def test_a_sample_of_size_0_is_a_usage_error(tmp_path: Path) -> None:
+    """Issue #20: --size 0 answered with exit 3 and a hint about the input file."""
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps({"text": "good movie"}) + "\n")
+    r = run("sample", log, "--size", "0", "--out", tmp_path / "out")
+    assert r.exit_code == 2 and "--size must be at least 1" in flat(r), r.output
+    assert "--size 512" in flat(r) and "input file" not in flat(r)
+
+
+def test_file_names_that_are_not_utf8_work_through_every_command(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #20: names whose bytes are not UTF-8 (read by Python as lone surrogates) crashed JSON writers
+    (exit 1) and the native libraries (onnx, ONNX Runtime, tokenizers: unhelpful exit 4/6)."""
+    import os
+
+    bad = os.fsdecode(b"x\xff")
+    try:
+        (tmp_path / bad).mkdir()
+    except (OSError, UnicodeError):
+        pytest.skip("this file system refuses names that are not UTF-8")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+    model = Path(bad) / os.fsdecode(b"m\xfe")
+    write_model_dir(tmp_path / "m").rename(model)
+    log = Path(bad) / os.fsdecode(b"l\xfe.jsonl")
+    log.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(40, seed=1)))
+    ev = Path(bad) / os.fsdecode(b"e\xfe.jsonl")
+    ev.write_text("".join(json.dumps({"text": t, "label": ["negative", "positive"][i % 2]}) + "\n"
+                          for i, t in enumerate(texts(30, seed=2))))
+    cset, cal, eng = Path(os.fsdecode(b"s\xff")), Path(os.fsdecode(b"c\xff")), Path(os.fsdecode(b"e\xff"))
+    for args in (["sample", log, "--size", "12", "--clusters", "1", "--out", cset],
+                 ["calibrate", model, "-c", cset, "--out", cal],
+                 ["smooth", model, "-c", cset, "--out", Path(os.fsdecode(b"sm\xff"))],
+                 ["build", model, "-p", "fp32", "-o", eng / "fp32.onnx"],
+                 ["build", model, "-p", "int8", "--calibration", cal, "-o", eng / "int8.onnx"],
+                 ["compare", eng / "fp32.onnx", eng / "int8.onnx", "-e", ev, "--json", Path(os.fsdecode(b"j\xff.json")),
+                  "--report", Path(os.fsdecode(b"r\xff")), "--no-sensitivity"],
+                 ["report", Path(os.fsdecode(b"r\xff")) / "report.json", "--out", Path(os.fsdecode(b"rr\xff"))]):
+        r = run(*args)
+        assert r.exit_code == 0, (args[0], r.output)
+        assert "\\udcff" in r.output or "\\udcfe" in r.output  # shown escaped, never a crash
+    text = Path(os.fsdecode(b"j\xff.json")).read_text(encoding="utf-8")  # valid UTF-8
+    assert os.fsdecode(b"e\xfe.jsonl") in json.dumps(json.loads(text), ensure_ascii=False)  # the name read back
+
+
+@pytest.mark.parametrize("sep", ["\u0085", "\u2028", "\u2029", "\x1c", "\x0c"])
+def test_texts_holding_unicode_line_separators_survive_sample_and_load(tmp_path: Path, sep: str) -> None:
+    """Found by the property test (issue #20): str.splitlines() cut a JSON line at U+0085 and kin, which JSON
+    writers leave raw inside strings, so a set `sample` wrote could not be read back."""
+    from calibkit.data.calibset import load_calibration_set
+
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps({"text": f"good{sep}movie"}) + "\n" + json.dumps({"text": "bad film"}) + "\n")
+    r = run("sample", log, "--size", "2", "--clusters", "1", "--out", tmp_path / "set")
+    assert r.exit_code == 0, r.output
+    assert sorted(load_calibration_set(tmp_path / "set").texts) == ["bad film", f"good{sep}movie"]
+    ev = tmp_path / "eval.jsonl"
+    ev.write_text(json.dumps({"text": f"a{sep}b", "label": 1}, ensure_ascii=False) + "\n")
+    assert load_eval_set(ev).texts == (f"a{sep}b",)

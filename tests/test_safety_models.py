@@ -98,6 +98,18 @@ def test_unusable_scales_in_a_tensorrt_cache_are_refused(calibrated: Path, tmp_p
     assert name in flat(r) and not out.exists()
 
 
+@pytest.mark.parametrize(("scale", "says"), [(float("inf"), "amax is infinite"), (-float("inf"), "amax is infinite"),
+                                             (float("nan"), "amax is NaN")])
+def test_a_non_finite_scale_is_reported_as_what_it_is(calibrated: Path, tmp_path: Path, scale: float,
+                                                      says: str) -> None:
+    """Issue #20: an inf scale in a TensorRT cache was reported as NaN."""
+    cache, name = _cache_with(calibrated, tmp_path, float_to_hex(scale))
+    r = run("calibrate", calibrated / "model", "--from-cache", cache, "--out", tmp_path / "fc")
+    assert r.exit_code == 5 and says in flat(r) and name in flat(r), r.output
+    if says != "amax is NaN":
+        assert "NaN" not in flat(r)
+
+
 def test_a_zero_scale_in_a_cache_is_reported_by_name(calibrated: Path, tmp_path: Path) -> None:
     cache, name = _cache_with(calibrated, tmp_path, "0")
     r = run("calibrate", calibrated / "model", "--from-cache", cache, "--out", tmp_path / "fc")
@@ -138,3 +150,54 @@ def test_build_fp32_with_missing_external_data_is_a_model_error(tmp_path: Path) 
     (folder / "model.onnx.data").unlink()
     r = run("build", folder, "--precision", "fp32", "-o", tmp_path / "e.onnx")
     assert r.exit_code == 4 and "model.onnx.data" in flat(r)
+
+
+def _relocate(folder: Path, location: str) -> None:
+    m = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    for t in m.graph.initializer:
+        for e in t.external_data:
+            if e.key == "location":
+                e.value = location
+    onnx.save(m, str(folder / "model.onnx"))
+
+
+def _broken_external(tmp_path: Path, kind: str) -> tuple[Path, str]:
+    """A model folder whose external-data weights are missing, named absolutely, outside it, or a symlink."""
+    import shutil
+
+    folder = _external(write_model_dir(tmp_path / "m"))
+    data = folder / "model.onnx.data"
+    if kind == "missing":
+        data.unlink()
+        return folder, "missing beside it"
+    if kind == "absolute":
+        shutil.move(data, tmp_path / "abs.data")
+        _relocate(folder, str(tmp_path / "abs.data"))
+        return folder, "absolute path"
+    if kind == "outside":
+        shutil.move(data, tmp_path / "out.data")
+        _relocate(folder, "../out.data")
+        return folder, "outside the model's folder"
+    shutil.move(data, tmp_path / "real.data")
+    data.symlink_to(tmp_path / "real.data")
+    return folder, "symbolic link"
+
+
+@pytest.mark.parametrize("kind", ["missing", "absolute", "outside", "symlink"])
+@pytest.mark.parametrize("command", ["calibrate", "smooth", "build", "tune"])
+def test_unusable_external_data_is_a_model_error_in_every_command(tmp_path: Path, kind: str, command: str) -> None:
+    """Issue #20: calibrate and smooth ended these with exit 1 (onnx's ValidationError); one check in
+    graph.load_model / check_external_data now serves every command."""
+    folder, says = _broken_external(tmp_path, kind)
+    write_calibration_set(tmp_path / "set", texts(12, seed=3), None, {})
+    (tmp_path / "eval.jsonl").write_text(json.dumps({"text": "good movie", "label": "positive"}) + "\n")
+    out = tmp_path / "out"
+    args: list[object] = {
+        "calibrate": ["calibrate", folder, "-c", tmp_path / "set", "--out", out],
+        "smooth": ["smooth", folder, "-c", tmp_path / "set", "--out", out],
+        "build": ["build", folder, "-p", "fp32", "-o", out / "e.onnx"],
+        "tune": ["tune", folder, "-c", tmp_path / "set", "-e", tmp_path / "eval.jsonl", "--out", out],
+    }[command]
+    r = run(*args)
+    assert r.exit_code == 4, r.output
+    assert says in flat(r) and "hint:" in r.output and "Traceback" not in r.output and not out.exists()

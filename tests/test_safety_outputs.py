@@ -274,4 +274,144 @@ def test_two_runs_into_one_out_folder(tmp_path: Path) -> None:
             first.wait()
         if first.stdout is not None:
             first.stdout.close()
+    from calibkit.outdirs import release_claims
+
+    release_claims()  # the end of a command: its lock file is removed while still held
     assert not (tmp_path / "runs").exists() or [p.name for p in (tmp_path / "runs").iterdir()] == []
+
+
+def test_one_writer_per_out_does_not_depend_on_tmpdir(tmp_path: Path) -> None:
+    """Issue #20: two runs with different TMPDIRs (and another spelling of the same folder) still collide."""
+    from calibkit.errors import UsageError
+    from calibkit.outdirs import guard_output_dir, lock_path, release_claims
+
+    (tmp_path / "tmp-a").mkdir()
+    (tmp_path / "tmp-b").mkdir()
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path / "runs")
+    out = tmp_path / "runs" / "cal"
+    script = ("import time; from pathlib import Path; from calibkit.outdirs import claim_output\n"
+              f"claim_output(Path({str(out)!r})); print('claimed', flush=True); time.sleep(60)\n")
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp-a")}
+    first = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert first.stdout is not None and first.stdout.readline().strip() == "claimed"
+        assert lock_path(out).is_file() and lock_path(out).parent == tmp_path / "runs"
+        other = {**os.environ, "TMPDIR": str(tmp_path / "tmp-b")}
+        probe = subprocess.run(
+            [sys.executable, "-c", "from pathlib import Path; from calibkit.outdirs import claim_output\n"
+                                   f"claim_output(Path({str(tmp_path / 'alias' / 'cal')!r}))"],
+            capture_output=True, text=True, env=other)
+        assert probe.returncode != 0 and f"pid {first.pid}" in probe.stderr, probe.stderr
+        with pytest.raises(UsageError, match="being written by another calibkit run"):
+            guard_output_dir(out)
+    finally:
+        first.kill()
+        first.wait()
+        if first.stdout is not None:
+            first.stdout.close()
+    guard_output_dir(tmp_path / "alias" / "cal")
+    release_claims()
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == []
+    assert list((tmp_path / "tmp-a").iterdir()) == [] and list((tmp_path / "tmp-b").iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["loop", "to-empty-folder", "dangling"])
+def test_a_symlink_out_is_refused_before_any_work(env: Path, kind: str) -> None:
+    link = env / "outlink"
+    if kind == "loop":
+        link.symlink_to(link.name)
+    elif kind == "to-empty-folder":
+        (env / "empty").mkdir()
+        link.symlink_to(env / "empty")
+    else:
+        link.symlink_to(env / "nowhere")
+    before = snapshot(env)
+    r = run(*_commands(env, link)["calibrate"])
+    assert r.exit_code == 2, r.output
+    assert "symbolic link" in flat(r) and "hint:" in r.output and "Traceback" not in r.output
+    assert snapshot(env) == before  # no .outlink.*.old / .tmp left, nothing written
+    assert not list(env.glob(".outlink*"))
+    if kind == "to-empty-folder":
+        assert f"--out {env / 'empty'}" in flat(r)
+
+
+def test_commit_together_swaps_all_outputs_or_none(tmp_path: Path) -> None:
+    from calibkit._io import atomic_dir, commit_together, write_json
+
+    (tmp_path / "doc.json").write_text("old json")
+    with atomic_dir(tmp_path / "rep") as d:
+        (d / "report.md").write_text("old report")
+    before = snapshot(tmp_path)
+    with pytest.raises(OSError), commit_together():
+        write_json(tmp_path / "doc.json", {"new": 1})
+        assert (tmp_path / "doc.json").read_text() == "old json"  # staged, not yet swapped in
+        with atomic_dir(tmp_path / "rep") as d:
+            write_text(d / "report.md", "new report")  # a file inside a staged folder is written in place
+            raise OSError(28, "No space left on device")
+    assert snapshot(tmp_path) == before  # nothing replaced, nothing staged left behind
+    with commit_together():
+        write_json(tmp_path / "doc.json", {"new": 1})
+        with atomic_dir(tmp_path / "rep") as d:
+            write_text(d / "report.md", "new report")
+    assert json.loads((tmp_path / "doc.json").read_text()) == {"new": 1}
+    assert (tmp_path / "rep" / "report.md").read_text() == "new report"
+    assert json.loads((tmp_path / "rep" / MARKER).read_text())["entries"] == ["report.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["doc.json", "rep"]
+
+
+def test_compare_failing_on_a_full_disk_keeps_json_and_report_of_one_run(env: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #20: --json was already replaced by the new run while the report folder kept the old one."""
+    import errno
+
+    import calibkit.report.render as render
+
+    engine = env / "e" / "fp32.onnx"
+    assert run("build", env / "model", "-p", "fp32", "-o", engine).exit_code == 0
+    args = ["compare", engine, engine, "-e", env / "eval.jsonl", "--json", env / "out.json", "--report", env / "rep",
+            "--no-layers"]
+    assert run(*args).exit_code == 0
+    doc = json.loads((env / "out.json").read_text())
+    doc["marker-of-the-first-run"] = True
+    (env / "out.json").write_text(json.dumps(doc))
+    (env / "rep" / "report.json").write_text(json.dumps(doc))
+    before = snapshot(env)
+
+    real = render.write_text
+
+    def full(path: object, text: str) -> None:
+        if str(path).endswith(".html"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path, text)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(render, "write_text", full)
+    r = run(*args)
+    assert r.exit_code == 2 and "No space left" in r.output and "hint:" in r.output, r.output
+    assert snapshot(env) == before  # both outputs of the first run, nothing staged left
+
+
+def test_emoji_codes_in_paths_and_texts_are_printed_as_they_are(env: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #20: rich expanded ":x:" in printed paths (and table cells) into an emoji."""
+    monkeypatch.chdir(env)
+    folder = env / ":x:"
+    folder.mkdir()
+    log = Path(":x:") / ":smile:.jsonl"
+    log.write_text("".join(json.dumps({"text": f"{t} :thumbs_up:"}) + "\n" for t in texts(30, seed=4)))
+    out = Path(":warning:out")
+    r = run("sample", log, "--size", "8", "--clusters", "1", "--out", out)
+    assert r.exit_code == 0, r.output
+    squash = "".join(ch for ch in r.output if not ch.isspace() and ch not in "│┃")  # table cells wrap
+    assert ":x:/:smile:.jsonl" in squash and ":warning:out" in squash, r.output
+    assert not any(ch in r.output for ch in "\u274c\U0001f604\u26a0\U0001f44d"), r.output
+    engine = env / ":x:" / "fp32.onnx"
+    assert run("build", env / "model", "-p", "fp32", "-o", engine).exit_code == 0
+    ev = folder / ":smile:eval.jsonl"
+    ev.write_text((env / "eval.jsonl").read_text())
+    r = run("compare", engine, engine, "-e", ev, "--no-report", "--no-layers")
+    assert r.exit_code == 0, r.output
+    assert ":smile:eval.jsonl" in r.output.replace("\n", ""), r.output
+    assert not any(ch in r.output for ch in "\u274c\U0001f604"), r.output
+    r = run("calibrate", env / "model", "-c", env / "set", "--out", env / ":x:" / "[/x]:x:")
+    assert r.exit_code == 0 and ":x:" in r.output and "\u274c" not in r.output, r.output

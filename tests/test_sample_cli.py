@@ -173,7 +173,7 @@ def test_tokenizer_option(tmp_path):
         ("good", ["--text-field", "request.body"], "no usable text", 3),
         ("good", ["--size", "500"], "larger than the 20 distinct", 3),
         ("good", ["--strict"], ":4: invalid or truncated JSON", 3),
-        ("good", ["--size", "0"], "at least 1", 3),
+        ("good", ["--size", "0"], "at least 1", 2),  # a usage error (issue #20), not a data one
     ],
 )
 def test_errors_exit_nonzero_and_write_nothing(tmp_path, setup, args, message, code):
@@ -205,3 +205,13 @@ def test_default_out_dir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert _run(p, "--size", 5, "--seed", 3).exit_code == 0
     assert (tmp_path / "calibration_sets" / "prod-n5-s3" / "texts.jsonl").is_file()
+
+
+def test_a_small_unrepresentative_sample_says_what_psi_means_and_what_to_do(log_file, tmp_path):
+    r = _run(log_file[0], "--size", "32", "--out", tmp_path / "small")
+    assert r.exit_code == 0, r.output
+    flat = " ".join(r.output.split())
+    assert "not representative (PSI" in flat
+    assert "population stability index" in flat and "--size 512" in flat and "--clusters" in flat
+    r = _run(log_file[0], "--size", "512", "--out", tmp_path / "large")
+    assert r.exit_code == 0 and "representative (PSI" in r.output and "population stability" not in r.output

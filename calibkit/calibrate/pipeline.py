@@ -7,7 +7,7 @@ import logging
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,7 @@ from calibkit.progress import ProgressCallback
 from calibkit.quantize.fused import fused_fp32_linear, fused_warning
 from calibkit.quantize.placement import DEFAULT_OP_TYPES, Placement, plan_placement
 from calibkit.quantize.qdq import weightless_copy
+from calibkit.quantize.rangecheck import ClipWarning, harmful_clipping
 from calibkit.quantize.tablefile import write_calibration_json
 from calibkit.types import CalibrationTable, Method, MethodParams, TensorRange
 
@@ -66,6 +67,8 @@ class CalibrationResult:
     timings: dict[str, float] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     unmatched_cache_names: tuple[str, ...] = ()  # --from-cache: names in the cache that match no quantized input
+    # ranges that cut softmax / GELU outputs far below their observed values (also in ``warnings``)
+    clipping: tuple[ClipWarning, ...] = ()
 
 
 def versions() -> dict[str, str]:
@@ -203,10 +206,10 @@ def load_hashed(path: Path) -> tuple[Any, str, list[bytes]]:
     from concurrent.futures import ThreadPoolExecutor
 
     import onnx
-    from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+    from onnx.external_data_helper import uses_external_data
 
     from calibkit.errors import ModelError
-    from calibkit.graph import check_float_source, check_not_empty
+    from calibkit.graph import check_float_source, check_not_empty, load_external_weights
 
     if not path.is_file():
         raise ModelError(f"ONNX model not found: {path}")
@@ -220,7 +223,7 @@ def load_hashed(path: Path) -> tuple[Any, str, list[bytes]]:
         sha = digest.result()
     check_float_source(check_not_empty(proto, path), path)
     if any(uses_external_data(t) for t in proto.graph.initializer):
-        load_external_data_for_model(proto, str(path.parent))
+        load_external_weights(proto, path)
         return proto, sha, []  # the file alone is not the model: taps fall back to serializing it
     return proto, sha, [data]
 
@@ -305,24 +308,26 @@ def calibrate(
     qres = _quantize(proto, table, op_types, exclude, target)
     structure = structure_warnings(proto, placement, exclude)
     fused = [n.name for n in fused_fp32_linear(proto)]
+    clipping = harmful_clipping(proto, ((r.tensor, r.amax, r.method.value) for r in table.ranges),
+                                {r.tensor: float(store[r.tensor].absmax) for r in table.ranges})
     del proto
     t4 = time.perf_counter()
-    warnings = [*structure, *_summary_warnings(store, table)]
+    warnings = [*structure, *_summary_warnings(store, table), *(c.message for c in clipping)]
     for w in warnings:
         log.info(w)
     extras = _extras(cset, store, table, method, provenance, reused, trt_version, warnings, target=target,
-                     op_types=op_types, exclude=exclude, fused=fused)
+                     op_types=op_types, exclude=exclude, fused=fused, clipping=clipping)
     result = _write_outputs(
         Path(out_dir), model_dir, table, qres, store, extras, trt_version,
         timings={"placement": t1 - t0, "statistics": t2 - t1, "method": t3 - t2, "quantize": t4 - t3},
         reused=reused, warnings=warnings, t_start=t0,
     )
-    return result
+    return replace(result, clipping=clipping)
 
 
 def _extras(cset: CalibrationSet, store: Any, table: CalibrationTable, method: Method, provenance: dict[str, Any],
             reused: bool, trt_version: int, warnings: list[str], *, target: str, op_types: Sequence[str],
-            exclude: Sequence[str], fused: list[str]) -> dict[str, Any]:
+            exclude: Sequence[str], fused: list[str], clipping: Sequence[ClipWarning] = ()) -> dict[str, Any]:
     """calibration.json's fields beside the table: what was quantized, per-tensor statistics, the set, the
     statistics' provenance and the TensorRT cache's algorithm."""
     return {
@@ -345,6 +350,7 @@ def _extras(cset: CalibrationSet, store: Any, table: CalibrationTable, method: M
         "statistics": {"reused": reused, "num_bins": store.num_bins, **dict(store.meta)},
         "trt_cache": {"algorithm": ALGORITHM_FOR_METHOD[method], "version": trt_version},
         "warnings": warnings,
+        "clipping": [c.to_dict() for c in clipping],
     }
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from calibkit.calibrate.stats import StatsStore
+from calibkit.consistency import TOKENIZER_FILES
 from calibkit.errors import CalibrationError
 
 log = logging.getLogger("calibkit.calibrate")
@@ -39,17 +40,12 @@ def _digest(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()[:24]
 
 
-# files of a tokenizer folder that decide how texts become ids (others: the model, its config, readmes)
-_TOKENIZER_FILES = re.compile(r"(tokenizer.*|vocab.*|merges\.txt|special_tokens_map\.json|added_tokens\.json|"
-                              r"spiece\.model|sentencepiece.*\.model|.*\.bpe\.model)")
-
-
 def encoding_digest(tokenizer_path: Path, max_length: int) -> str:
     """Digest of how texts are encoded: the truncation length and every tokenizer file's bytes."""
     h = hashlib.sha256(f"max_length={max_length}\n".encode())
     folder = tokenizer_path if tokenizer_path.is_dir() else tokenizer_path.parent
     for f in sorted(folder.iterdir()) if folder.is_dir() else ():
-        if f.is_file() and _TOKENIZER_FILES.fullmatch(f.name):
+        if f.is_file() and TOKENIZER_FILES.fullmatch(f.name):
             h.update(f.name.encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
     return h.hexdigest()[:16]
 

@@ -23,7 +23,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from calibkit._io import write_text
+from calibkit._io import text_lines, write_text
 from calibkit.errors import CalibrationError
 from calibkit.types import INT8_MAX, CalibrationTable, Method
 
@@ -55,6 +55,7 @@ class TrtCache:
     scales: dict[str, float] = field(default_factory=dict)
     zero: list[str] = field(default_factory=list)
     non_finite: list[str] = field(default_factory=list)
+    non_finite_scales: dict[str, float] = field(default_factory=dict)  # their values as read (inf, -inf or NaN)
 
     @property
     def amax(self) -> dict[str, float]:
@@ -108,7 +109,7 @@ def write_cache(
 
 
 def parse_cache(text: str, source: str = "<cache>") -> TrtCache:
-    lines = text.splitlines()
+    lines = text_lines(text)
     m = _HEADER.match(lines[0].strip()) if lines else None
     if m is None:
         first = lines[0][:60] if lines else ""
@@ -120,6 +121,7 @@ def parse_cache(text: str, source: str = "<cache>") -> TrtCache:
     scales: dict[str, float] = {}
     zero: list[str] = []
     non_finite: list[str] = []
+    non_finite_scales: dict[str, float] = {}
     for n, raw in enumerate(lines[1:], 2):
         line = raw.rstrip("\r")
         if not line.strip():
@@ -133,11 +135,13 @@ def parse_cache(text: str, source: str = "<cache>") -> TrtCache:
             raise CalibrationError(f"{source}:{n}: {value.strip()!r} is not a hex float32 bit pattern") from None
         if scale != scale or scale in (float("inf"), float("-inf")):
             non_finite.append(name)
+            non_finite_scales[name] = scale
             continue
         if scale == 0.0:
             zero.append(name)
         scales[name] = scale
-    return TrtCache(algorithm=m.group(2), version=int(m.group(1)), scales=scales, zero=zero, non_finite=non_finite)
+    return TrtCache(algorithm=m.group(2), version=int(m.group(1)), scales=scales, zero=zero, non_finite=non_finite,
+                    non_finite_scales=non_finite_scales)
 
 
 def read_cache(path: str | os.PathLike[str]) -> TrtCache:
@@ -170,5 +174,7 @@ def matched_amax(cache: TrtCache, wanted: Collection[str], source: str) -> dict[
             f"quantizes (e.g. {some})",
             hint=hint,
         )
-    check_ranges([*((t, float("nan")) for t in bad_nf), *matched.items()], source=source, hint=hint)
+    # the value as read: an inf scale is reported as infinite, not as NaN
+    bad = [(t, cache.non_finite_scales.get(t, float("nan")) * INT8_MAX) for t in bad_nf]
+    check_ranges([*bad, *matched.items()], source=source, hint=hint)
     return matched

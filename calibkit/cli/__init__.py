@@ -9,17 +9,40 @@ from calibkit.cli import build as _build
 from calibkit.cli import calibrate as _calibrate
 from calibkit.cli import compare as _compare
 from calibkit.cli import demo as _demo
+from calibkit.cli import deploy as _deploy
 from calibkit.cli import report as _report
 from calibkit.cli import sample as _sample
 from calibkit.cli import smooth as _smooth
 from calibkit.cli import tune as _tune
 from calibkit.cli._common import setup_logging
 
+
+class _FlagsWithoutType:
+    """Flags take no value, so their help row shows no type: typer writes ``<bool>`` beside every flag
+    (``--verbose <bool>``, ``--help <bool>``), which reads as if the flag wanted an argument."""
+
+    def get_params(self, ctx):  # type: ignore[no-untyped-def]
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for p in params:
+            if getattr(p, "is_flag", False) and p.metavar is None:
+                p.metavar = ""
+        return params
+
+
+class _Command(_FlagsWithoutType, typer.core.TyperCommand):
+    pass
+
+
+class _Group(_FlagsWithoutType, typer.core.TyperGroup):
+    pass
+
+
 app = typer.Typer(
     name="calibkit",
+    cls=_Group,
     help=(
         "INT8 calibration and quantization-accuracy workbench for transformer models.\n\n"
-        "Workflow: sample -> [smooth ->] calibrate -> build -> compare -> tune.  "
+        "Workflow: sample -> [smooth ->] calibrate -> build -> compare -> tune -> deploy.  "
         "Start with `calibkit demo run` to see every step on a real model."
     ),
     no_args_is_help=True,
@@ -42,7 +65,7 @@ def _root(
     setup_logging(verbose)
 
 
-for _module in (_demo, _sample, _smooth, _calibrate, _build, _compare, _tune, _report):
+for _module in (_demo, _sample, _smooth, _calibrate, _build, _compare, _tune, _deploy, _report):
     _module.register(app)
 
 
@@ -57,7 +80,9 @@ def _literal_help(t: typer.Typer, seen: set[int] | None = None) -> None:
         return text.replace("[", "\\[") if text else text
 
     t.info.help = esc(t.info.help)
+    t.info.cls = _Group if t.info.cls in (None, typer.core.TyperGroup) else t.info.cls
     for info in t.registered_commands:
+        info.cls = _Command if info.cls in (None, typer.core.TyperCommand) else info.cls
         info.help = esc(info.help or (inspect.getdoc(info.callback) if info.callback else None))
         info.epilog = esc(info.epilog)
         if info.callback is None:
@@ -69,6 +94,7 @@ def _literal_help(t: typer.Typer, seen: set[int] | None = None) -> None:
     for group in t.registered_groups:
         if group.typer_instance is not None:
             group.help = esc(group.help)
+            group.cls = _Group if group.cls in (None, typer.core.TyperGroup) else group.cls
             _literal_help(group.typer_instance, seen)
 
 

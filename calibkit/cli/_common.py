@@ -16,15 +16,28 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.segment import Segment
 
 from calibkit.errors import CalibkitError
 from calibkit.progress import ProgressEvent
 
+
 # markup off: paths, node names and texts hold brackets ("runs/[/x]", "calibkit[tensorrt]") that rich would
-# parse as markup (or fail on); styled lines opt in with markup=True and escape() every value they show
-console = Console(stderr=True, markup=False, highlight=False)
-out = Console(markup=False, highlight=False)
+# parse as markup (or fail on); styled lines opt in with markup=True and escape() every value they show.
+# emoji off: rich expands ":x:" or ":smile:" in any string it renders (markup or not, tables included), so a
+# path or text holding such a code was shown as another one. Every line calibkit prints goes through these two.
+class _Console(Console):
+    """A rich Console whose output is always encodable: a lone surrogate (a file name whose bytes are not UTF-8,
+    in a path, a table cell or a progress line) is written as ``\\udcff`` instead of failing the write."""
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return printable(super()._render_buffer(buffer))
+
+
+console = _Console(stderr=True, markup=False, highlight=False, emoji=False)
+out = _Console(markup=False, highlight=False, emoji=False)
 _state = {"verbose": False}
+_depth = [0]  # handle_errors blocks open: the outermost one ends the command
 TRACEBACK_ENV = "CALIBKIT_TRACEBACK"
 
 
@@ -42,6 +55,9 @@ def handle_errors() -> Iterator[None]:
     """
     import click
 
+    from calibkit.outdirs import release_claims
+
+    _depth[0] += 1
     try:
         yield
     except CalibkitError as exc:
@@ -69,16 +85,31 @@ def handle_errors() -> Iterator[None]:
                "check that the path exists, is the kind expected (file or folder) and that you may write it; "
                "free disk space if it is full")
         raise typer.Exit(2) from None
+    except RuntimeError as exc:
+        if not str(exc).startswith("Symlink loop"):  # pathlib's resolve() before Python 3.13 (then: OSError ELOOP)
+            _unexpected(exc)
+        _traceback()
+        _error(f"{str(exc).removeprefix('Symlink loop from ').strip(chr(39))}: a symbolic link loop",
+               "remove or fix the symbolic link (it points, directly or not, to itself), or pass another path")
+        raise typer.Exit(2) from None
     except MemoryError:
         _traceback()
         _error("out of memory", "use a smaller input (--limit, --size) or a machine with more memory")
         raise typer.Exit(1) from None
     except Exception as exc:  # noqa: BLE001 - the last net: one message instead of a traceback
-        _traceback()
-        _error(f"unexpected {type(exc).__name__}: {exc}",
-               f"this is a bug in calibkit; please report it with the command line (run with --verbose or "
-               f"{TRACEBACK_ENV}=1 for the traceback)")
-        raise typer.Exit(1) from None
+        _unexpected(exc)
+    finally:
+        _depth[0] -= 1
+        if not _depth[0]:  # the command is over: its --out folders are free for the next run
+            release_claims()
+
+
+def _unexpected(exc: BaseException) -> None:
+    _traceback()
+    _error(f"unexpected {type(exc).__name__}: {exc}",
+           f"this is a bug in calibkit; please report it with the command line (run with --verbose or "
+           f"{TRACEBACK_ENV}=1 for the traceback)")
+    raise typer.Exit(1) from None
 
 
 def _default_hint(exc: CalibkitError) -> str:
@@ -121,6 +152,11 @@ def _traceback() -> None:
 def warn(message: str) -> None:
     """One warning line on stderr."""
     console.print(f"[yellow]warning:[/] {escape(printable(message))}", markup=True)
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 node``, ``2 nodes``: a number with its noun in the right number."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 def say(message: str) -> None:

@@ -6,14 +6,7 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import (
-    TOKENIZER,
-    RichProgress,
-    guard_out_file,
-    handle_errors,
-    say,
-    warn,
-)
+from calibkit.cli._common import TOKENIZER, RichProgress, count, guard_out_file, handle_errors, out, say, warn
 
 HELP = """Build an engine from an FP32 ONNX model: FP32, FP16 or INT8, for ONNX Runtime or TensorRT.
 
@@ -56,7 +49,8 @@ Examples:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("build", help=HELP, no_args_is_help=True)(build)
+    app.command("build", help=HELP,
+                short_help="Build an FP32, FP16 or INT8 engine (ONNX Runtime, TensorRT).", no_args_is_help=True)(build)
 
 
 def _split(values: list[str] | None) -> tuple[str, ...]:
@@ -104,18 +98,37 @@ def build(
                 model, output, precision=precision, backend=backend, calibration=calibration, qdq=qdq, target=target,
                 exclude=_split(exclude), tokenizer=tokenizer, calibration_set=calibration_set, min_seq=min_seq,
                 opt_seq=opt_seq, max_seq=max_seq, workspace_mib=workspace_mib, reduce_range=reduce_range,
-                progress=progress,
+                progress=progress, on_missing_tensorrt=_print_trtexec,
             )
         art = res.artifact
-        say(f"wrote {art.path} ({art.precision.value}, {art.backend.value})")
+        layout = art.extra.get("target")  # the Q/DQ layout of an INT8 build, which need not be the backend's own
+        say(f"wrote {art.path} ({art.precision.value}" + (f", {layout} Q/DQ layout" if layout else "")
+            + f", {art.backend.value} backend)")
         if res.quantized_nodes:
-            say(f"  {len(res.quantized_nodes)} nodes quantized, {len(art.kept_higher_precision)} kept in "
-                      f"higher precision, {len(res.missing_ranges)} tensors without a range")
+            say(f"  {count(len(res.quantized_nodes), 'node')} quantized, {len(art.kept_higher_precision)} kept in "
+                      f"higher precision, {count(len(res.missing_ranges), 'tensor')} without a range")
         elif art.kept_higher_precision:
-            say(f"  {len(art.kept_higher_precision)} nodes kept in higher precision")
+            say(f"  {count(len(art.kept_higher_precision), 'node')} kept in higher precision")
         zero = list(art.extra.get("zero_ranges") or [])
         if zero:
             warn(f"{len(zero)} tensors have amax 0 (all zero during calibration), so their nodes stay FP32: "
                  f"{', '.join(map(str, zero[:5]))}")
         for extra in res.files[1:]:
             say(f"  + {extra}")
+
+
+def _print_trtexec(req) -> None:  # noqa: ANN001
+    """Without TensorRT here: the same build as commands to run where TensorRT is (stdout), before the error."""
+    from calibkit.errors import CalibkitError
+
+    try:
+        from calibkit.deploy.trtexec import build_equivalent
+
+        lines = build_equivalent(req)
+    except CalibkitError as exc:
+        warn(f"the equivalent trtexec command could not be written: {exc.message}")
+        return
+    out.print("TensorRT is not installed here. The same build, to run on the serving GPU (TensorRT 10/11's trtexec):",
+              soft_wrap=True)
+    for line in lines:
+        out.print(line, soft_wrap=True)  # commands stay copyable: no wrapping at the terminal's width

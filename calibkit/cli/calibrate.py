@@ -12,6 +12,7 @@ from calibkit.cli._common import (
     MEMORY_BUDGET,
     TOKENIZER,
     RichProgress,
+    count,
     guard_out_dir,
     handle_errors,
     say,
@@ -73,7 +74,8 @@ Examples:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("calibrate", help=HELP, no_args_is_help=True)(calibrate)
+    app.command("calibrate", help=HELP,
+                short_help="Compute INT8 ranges and write a Q/DQ ONNX model.", no_args_is_help=True)(calibrate)
 
 
 def _split(values: list[str] | None) -> list[str]:
@@ -179,7 +181,7 @@ def _from_cache(model: Path, tokenizer: Path | None, cache: Path, out_dir: Path,
             raise
         md = ModelDir(onnx_path=model, tokenizer_path=model.parent)  # a tokenizer is not needed to apply a cache
     result = calibrate_from_cache(md, cache, out_dir=out_dir, op_types=ops, exclude=exclude, target=target)
-    say(f"built {result.model_path} from {cache}: {len(result.quantized_nodes)} nodes quantized, "
+    say(f"built {result.model_path} from {cache}: {count(len(result.quantized_nodes), 'node')} quantized, "
               f"{len(result.table.ranges)} ranges taken from the cache")
     if result.unmatched_cache_names:
         names = ", ".join(result.unmatched_cache_names[:5])
@@ -198,8 +200,8 @@ def _summary(result, method: str, texts: int) -> None:  # type: ignore[no-untype
     stats = "reused cached statistics (the model was not run)" if result.reused_stats else (
         f"statistics from {texts} texts in {result.timings.get('statistics', 0):.1f} s")
     say(f"calibrated with {method}: {stats}")
-    say(f"{len(result.table.ranges)} activation ranges, {len(result.quantized_nodes)} nodes quantized, "
-              f"{len(result.kept_nodes)} kept in higher precision")
+    say(f"{count(len(result.table.ranges), 'activation range')}, {count(len(result.quantized_nodes), 'node')} "
+        f"quantized, {len(result.kept_nodes)} kept in higher precision")
     for w in result.warnings:
         warn(w)
     say(f"wrote {result.out_dir}/ (model.int8.onnx, calibration.cache, calibration.json, stats.npz) "

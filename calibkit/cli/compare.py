@@ -15,6 +15,7 @@ from calibkit.cli._common import (
     MEMORY_BUDGET_TAPS,
     NO_REPORT,
     RichProgress,
+    count,
     force_option,
     guard_out_dir,
     guard_out_file,
@@ -55,7 +56,7 @@ HELP = (
 
 
 def register(app: typer.Typer) -> None:
-    app.command("compare", help=HELP)(compare)
+    app.command("compare", help=HELP, short_help="Compare two engines, overall and layer by layer.")(compare)
 
 
 def compare(
@@ -158,12 +159,13 @@ def compare(
         from calibkit.report.codec import to_document
 
         doc = to_document(result)
-        if json_path and not to_stdout:
-            from calibkit._io import write_json
+        from calibkit._io import commit_together, write_json
 
-            write_json(json_path, doc)
-        if report_dir is not None:
-            _render(doc, report_dir)
+        with commit_together():  # --json and the report folder are replaced together or not at all
+            if json_path and not to_stdout:
+                write_json(json_path, doc)
+            if report_dir is not None:
+                _render(doc, report_dir)
         if to_stdout:
             from calibkit._io import dumps_json
 
@@ -291,13 +293,12 @@ def _print_layers(result: Comparison) -> None:
     if keep:
         label = {v.node: v.label for v in result.layers}
         shown = [label.get(n, n) for n in keep[:12]]
-        nodes = "node" if len(keep) == 1 else "nodes"
-        say(f"recommendation: keep {len(keep)} {nodes} in {result.recommendation.precision}: "
+        say(f"recommendation: keep {count(len(keep), 'node')} in {result.recommendation.precision}: "
             f"{', '.join(shown)}" + (" ..." if len(keep) > 12 else ""))
     else:
         say("recommendation: no layer needs higher precision on this evidence")
     if unsure:
-        say(f"{unsure} layers: insufficient evidence (effect within its 95 % interval; see the reasons)")
+        say(f"{count(unsure, 'layer')}: insufficient evidence (effect within its 95 % interval; see the reasons)")
 
 
 def layer_line(v: LayerVerdict) -> str:

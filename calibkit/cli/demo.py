@@ -21,6 +21,7 @@ demo_app = typer.Typer(
 
 @demo_app.command(
     "prepare",
+    short_help="Build the demo model, its data split and a production log.",
     help=(
         "Download the data and build the demo model folder, data split and production log.\n\n"
         "Writes OUT/model/ (model.onnx, tokenizer, config.json, metrics.json), OUT/data/train.jsonl and "
@@ -66,7 +67,7 @@ def prepare(
 
 
 def register(app: typer.Typer) -> None:
-    app.add_typer(demo_app, name="demo")
+    app.add_typer(demo_app, name="demo", short_help="A ready-made sentiment model and data to try calibkit on.")
     from calibkit.cli import demo_run
 
     demo_run.register(demo_app)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import RichProgress, handle_errors, out
+from calibkit.cli._common import RichProgress, count, handle_errors, out
 
 HELP = (
     "Run the whole workflow on the demo: prepare the assets (if not done), sample the production log, "
@@ -19,7 +19,7 @@ HELP = (
 
 
 def register(demo_app: typer.Typer) -> None:
-    demo_app.command("run", help=HELP)(run)
+    demo_app.command("run", help=HELP, short_help="Run every workflow step on the demo assets.")(run)
 
 
 def run(
@@ -53,7 +53,7 @@ def run(
         holdout = {True: "supports the plan", False: "does NOT support the plan"}.get(verdict.get("supported"),
                                                                                    "gives no verdict")
         agreement = t.get("agreement_holdout")
-        out.print(f"tuned plan: {len(t['kept_nodes'])} layers kept, {100 * t['int8_flops_fraction']:.1f} % of "
+        out.print(f"tuned plan: {count(len(t['kept_nodes']), 'layer')} kept, {100 * t['int8_flops_fraction']:.1f} % of "
                   f"MatMul/Gemm FLOPs in INT8; target {'met' if t['met_target'] else 'NOT met'} on the search "
                   f"split; holdout {100 * t['accuracy_holdout']:.2f} % vs FP32 {100 * t['fp32_accuracy_holdout']:.2f} %"
                   + (f", agreement {100 * agreement:.2f} %" if agreement is not None else "")

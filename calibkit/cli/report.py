@@ -25,7 +25,8 @@ _HELP = (
 
 
 def register(app: typer.Typer) -> None:
-    app.command("report", help=_HELP, no_args_is_help=True)(report)
+    app.command("report", help=_HELP,
+                short_help="Re-render a compare or tune report from its JSON.", no_args_is_help=True)(report)
 
 
 def report(

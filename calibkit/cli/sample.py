@@ -45,7 +45,8 @@ Examples:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("sample", help=HELP, no_args_is_help=True)(sample)
+    app.command("sample", help=HELP,
+                short_help="Draw a representative calibration set from a request log.", no_args_is_help=True)(sample)
 
 
 def sample(
@@ -134,3 +135,15 @@ def _summary(m: dict[str, Any], target: Path) -> None:
     )
     t.add_row("representative?", f"{rep['verdict']} (PSI {rep['psi']:.3f}, KS {rep['ks']:.3f})")
     out.print(t)
+    if rep["verdict"] != "representative":
+        warn(representativeness_hint(rep["psi"], m["count"], len(m["strata"]["table"])))
+
+
+def representativeness_hint(psi: float, size: int, strata: int) -> str:
+    """What a PSI over the threshold means and what to do about it: a small sample over many strata gives each
+    stratum at least one text, which over-represents rare (often long) texts."""
+    return (f"PSI {psi:.3f}: the population stability index compares the share of texts in each token-length "
+            f"bin of the sample with the whole log's (under 0.1 representative, 0.1-0.25 slightly shifted). "
+            f"{size:,} texts over {strata:,} strata give rare strata more than their share and leave rare lengths "
+            f"to chance: draw a larger sample (--size {max(512, 4 * size):,}), or fewer topic strata (--clusters), "
+            f"and compare the bins in manifest.json (representativeness.population_fraction / sample_fraction)")

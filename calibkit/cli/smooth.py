@@ -43,7 +43,8 @@ Examples:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("smooth", help=HELP, no_args_is_help=True)(smooth)
+    app.command("smooth", help=HELP,
+                short_help="Move activation outliers into the weights (SmoothQuant).", no_args_is_help=True)(smooth)
 
 
 def smooth(

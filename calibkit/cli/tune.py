@@ -15,6 +15,7 @@ from calibkit.cli._common import (
     NO_REPORT,
     TOKENIZER,
     RichProgress,
+    count,
     force_option,
     guard_out_dir,
     handle_errors,
@@ -59,7 +60,7 @@ HELP = (
 
 
 def register(app: typer.Typer) -> None:
-    app.command("tune", help=HELP)(tune)
+    app.command("tune", help=HELP, short_help="Find the mixed-precision plan that meets an accuracy target.")(tune)
 
 
 def tune(
@@ -183,7 +184,7 @@ def _summary(run: TuneRun, report_dir: Path | None) -> None:
     allint8 = r.all_int8
     t.add_row("all INT8", pct(allint8.accuracy_search if allint8 else None), pct(f.all_int8_accuracy_holdout),
               pct(allint8.agreement_search if allint8 else None), pct(f.all_int8_agreement_holdout))
-    t.add_row(f"plan ({len(f.kept_nodes)} layers kept)", pct(f.accuracy_search), pct(f.accuracy_holdout),
+    t.add_row(f"plan ({count(len(f.kept_nodes), 'layer')} kept)", pct(f.accuracy_search), pct(f.accuracy_holdout),
               pct(f.agreement_search), pct(f.agreement_holdout))
     out.print(t)
     m = r.methods
@@ -208,6 +209,6 @@ def _summary(run: TuneRun, report_dir: Path | None) -> None:
         why = f.reasons_for(n)
         short = f": {why[0].split(' (')[0]}" if why and not out.is_terminal else ""
         say((f"  keep {modules[n]} ({n})" if modules.get(n) and modules[n] not in n else f"  keep {n}") + short)
-    say(f"wrote {run.out_dir}/ (model.int8.onnx, calibration.cache, calibration.json, plan.json, tune.json)")
+    say(f"wrote {run.out_dir}/ ({', '.join(_OUT_NAMES)})")
     if report_dir:
         say(f"report: {report_dir}/report.html")

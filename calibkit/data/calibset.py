@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from calibkit._io import atomic_dir, dumps_json, sha256_bytes
-from calibkit.data.textcheck import has_lone_surrogate
+from calibkit._io import atomic_dir, dumps_json, sha256_bytes, text_lines
+from calibkit.data.textcheck import has_lone_surrogate, is_usable
 from calibkit.errors import DataError
 
 TEXTS = "texts.jsonl"
@@ -70,7 +70,7 @@ def load_calibration_set(path: str | Path) -> CalibrationSet:
     raw = texts_path.read_bytes()
     texts: list[str] = []
     labels: list[str | None] = []
-    for n, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
+    for n, line in enumerate(text_lines(raw.decode("utf-8", errors="replace")), 1):
         if not line.strip():
             continue
         try:
@@ -84,6 +84,10 @@ def load_calibration_set(path: str | Path) -> CalibrationSet:
         if has_lone_surrogate(rec["text"]):
             raise DataError(f"{texts_path}:{n}: the text holds a lone UTF-16 surrogate (e.g. \\udc00)",
                             hint="re-create the set with `calibkit sample`, which counts such lines as broken")
+        if not is_usable(rec["text"]):  # as eval sets: a blank text calibrates on padding and special tokens only
+            raise DataError(f"{texts_path}:{n}: the text is blank (only whitespace, control or zero-width "
+                            "characters)", hint="remove the line, or re-create the set with `calibkit sample`, "
+                                                "which counts such lines as broken")
         texts.append(rec["text"])
         lab = rec.get("label")
         labels.append(None if lab is None else str(lab))

@@ -33,7 +33,10 @@ def parse_size(text: str | int) -> int:
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(?:I?B)?\s*", str(text).upper())
         if not m:
             raise UsageError(f"cannot read the size {text!r}", hint="write e.g. 4G, 512M or 1.5G")
-        value = int(float(m.group(1)) * _UNITS[m.group(2)])
+        number = float(m.group(1)) * _UNITS[m.group(2)]
+        if not number < 1 << 62:  # 400 digits is an infinity as a float
+            raise UsageError(f"the size {text!r} is too large", hint="write e.g. 4G, 512M or 1.5G")
+        value = int(number)
     if value < 1:
         raise UsageError(f"a size must be positive, got {text!r}", hint="e.g. --memory-budget 4G")
     return value

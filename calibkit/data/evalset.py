@@ -14,6 +14,7 @@ tag count differs from its word count is refused with its row number.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from calibkit._deps import require
+from calibkit._io import text_lines
 from calibkit.data.textcheck import has_lone_surrogate, is_usable
 from calibkit.errors import DataError
 
@@ -176,10 +178,10 @@ def map_labels(values: Sequence[str], id2label: Mapping[int, str], num_classes: 
             continue
         unknown[lab] = unknown.get(lab, 0) + 1
     if unknown:
-        shown = ", ".join(f"{k!r} ({v}x)" for k, v in list(unknown.items())[:8])
+        shown = ", ".join(f"{_clip(k)} ({v}x)" for k, v in list(unknown.items())[:8])
         if id2label:
-            known = ", ".join(f"{k}={v}" for k, v in sorted(id2label.items()))
-            hint = f"the model's labels (config.json id2label) are: {known}; use those names or ids"
+            hint = (f"the model's labels (config.json id2label) are: {describe_labels(id2label)}; use those names "
+                    "or ids")
         else:  # nothing names the classes: only their positions in the output are known
             hint = (f"the model folder's config.json names no labels (no id2label), so labels must be class ids "
                     f"0..{num_classes - 1}; or add id2label to config.json")
@@ -187,12 +189,24 @@ def map_labels(values: Sequence[str], id2label: Mapping[int, str], num_classes: 
     return out
 
 
+def _clip(v: str, quote: bool = True, n: int = 40) -> str:
+    r = repr(v) if quote else v
+    return r if len(r) <= n else r[: n - 1] + "…"
+
+
+def describe_labels(id2label: Mapping[int, str], limit: int = 12) -> str:
+    """``0=negative, 1=positive`` for a message: at most ``limit`` labels, each clipped, then how many more (a
+    config of a million labels made a 16 MB hint)."""
+    shown = ", ".join(f"{k}={_clip(str(id2label[k]), quote=False)}" for k in sorted(id2label)[:limit])
+    return shown + (f", … ({len(id2label)} labels in all)" if len(id2label) > limit else "")
+
+
 def _as_int(s: str) -> int | None:
     try:
         f = float(s)
     except ValueError:
         return None
-    return int(f) if f == int(f) else None
+    return _whole(f)  # "NaN", "inf", "1e999": no class id
 
 
 def _read_jsonl(p: Path) -> list[dict[str, Any]]:
@@ -209,7 +223,7 @@ def _read_jsonl(p: Path) -> list[dict[str, Any]]:
             raise DataError(f"{p}: expected a list of objects")
         return data
     rows = []
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(text_lines(text), 1):
         if not line.strip():
             continue
         try:
@@ -293,11 +307,17 @@ def _list_column(row: dict[str, Any], wanted: str | None, defaults: Sequence[str
     return next((c for c in defaults if isinstance(row.get(c), list)), None)
 
 
+def _whole(value: float) -> int | None:
+    """The integer a float stands for (2.0 -> 2); None for a fraction, NaN or an infinity (no class id)."""
+    return int(value) if math.isfinite(value) and value == int(value) else None
+
+
 def _tag_text(value: Any) -> str | None:
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, float):
-        return str(int(value)) if value == int(value) else None
+        whole = _whole(value)
+        return None if whole is None else str(whole)
     if isinstance(value, (str, int)):
         s = str(value).strip()
         return s or None
@@ -391,6 +411,10 @@ def _to_eval_set(p: Path, rows: list[dict[str, Any]], text_col: str | None, labe
             raise DataError(f"eval set {p.name}: example {n} has no label in column {lc!r}")
         if isinstance(lab, bool) or isinstance(lab, (list, dict)):
             raise DataError(f"eval set {p.name}: example {n}: label {lab!r} is neither a class name nor an id")
+        if isinstance(lab, float) and not math.isfinite(lab):  # NaN / Infinity in JSON, a float column
+            raise DataError(f"eval set {p.name}: example {n}: label {lab} is not a finite number (neither a class "
+                            "name, a class id nor a score)", hint="fix or remove that example's label")
         texts.append(t)
-        labels.append(str(int(lab)) if isinstance(lab, float) and lab == int(lab) else str(lab))
+        whole = _whole(lab) if isinstance(lab, float) else None
+        labels.append(str(whole) if whole is not None else str(lab))
     return EvalSet(path=p, texts=tuple(texts), labels=tuple(labels))

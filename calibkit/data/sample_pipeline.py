@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +26,15 @@ import numpy as np
 
 from calibkit import __version__
 from calibkit.data.calibset import CalibrationSet, write_calibration_set
-from calibkit.data.dedup import DedupIndex
-from calibkit.data.logs import MAX_TEXT_CHARS, ReadStats, detect_text_fields, parse_field_paths, read_log
+from calibkit.data.dedup import DedupIndex, Seen
+from calibkit.data.logs import (
+    MAX_TEXT_CHARS,
+    LogRecord,
+    ReadStats,
+    detect_text_fields,
+    parse_field_paths,
+    read_log,
+)
 from calibkit.data.redact import REDACTION_KINDS, redact, strip_scripts
 from calibkit.data.sampling import (
     PSI_EDGES,
@@ -44,8 +51,9 @@ from calibkit.data.sampling import (
     verdict,
     weighted_ks,
 )
-from calibkit.errors import DataError
+from calibkit.errors import DataError, UsageError
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+from calibkit.types import check_seed
 
 log = logging.getLogger("calibkit.data.sample")
 
@@ -76,6 +84,12 @@ class SampleOptions:
     max_length: int | None = None  # None: the tokenizer's maximum, else 512
     min_per_stratum: int = 1
 
+    def __post_init__(self) -> None:
+        check_seed(self.seed)
+        if self.size < 1:
+            raise UsageError(f"--size must be at least 1 (got {self.size})",
+                             hint="pass the number of texts to draw, e.g. --size 512")
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -93,7 +107,8 @@ def default_out_dir(log_path: str | os.PathLike[str], size: int, seed: int) -> P
     return Path("calibration_sets") / f"{name}-n{size}-s{seed}"
 
 
-def _check_log(path: Path) -> None:
+def check_log(path: Path) -> None:
+    """Refuse a log that is missing, not a file, unreadable or empty (with a hint)."""
     if not path.exists():
         raise DataError(f"log not found: {path}", hint="pass the path of a JSON Lines log (.jsonl or .jsonl.gz)")
     if not path.is_file():
@@ -107,26 +122,83 @@ def _check_log(path: Path) -> None:
         raise DataError(f"log is empty: {path}", hint="point calibkit sample at a log with requests in it")
 
 
+def resolve_text_fields(path: Path, text_field: str | None) -> tuple[tuple[str, ...], bool]:
+    """The checked log's text field paths: ``text_field`` parsed (comma-separated fallbacks), or auto-detected
+    from the first lines when None. Returns (paths, auto_detected)."""
+    check_log(path)
+    if text_field:
+        return parse_field_paths(text_field), False
+    fields = detect_text_fields(path)
+    log.info("text field auto-detected: %s", ", ".join(fields))
+    return fields, True
+
+
+@dataclass
+class CleanupTally:
+    """What cleanup did while a log was read (mutable on purpose: the running tally, like ReadStats)."""
+
+    scripts_removed: int = 0
+    emptied: int = 0  # texts that held only <script>/<style> blocks
+    redactions: Counter[str] = field(default_factory=Counter)
+    redacted_texts: int = 0
+
+
+@dataclass(frozen=True)
+class CleanText:
+    """One usable log record after cleanup. ``seen`` is None when cleanup emptied the text (it is counted in
+    the tally, not deduplicated); ``raw_text`` is the text before redaction (the same object when nothing was
+    redacted)."""
+
+    record: LogRecord
+    text: str
+    raw_text: str
+    seen: Seen | None
+
+
+def clean_log(
+    path: Path,
+    fields: Sequence[str],
+    label_field: str | None = None,
+    *,
+    strict: bool,
+    redact_pii: bool,
+    stats: ReadStats,
+    dedup: DedupIndex,
+    tally: CleanupTally,
+) -> Iterator[CleanText]:
+    """``sample``'s one code path from log lines to clean texts: the streaming reader (broken lines counted
+    by kind in ``stats``), ``<script>``/``<style>`` blocks removed, personal data redacted (``redact_pii``),
+    each text offered to ``dedup`` (normalised digest). Used by ``sample`` and by the traffic evidence of
+    compare and tune, so both see the same texts for the same log and options."""
+    for rec in read_log(path, fields, label_field, strict=strict, stats=stats):
+        text, n_scripts = strip_scripts(rec.text)
+        if n_scripts:
+            tally.scripts_removed += n_scripts
+            if not text.strip():
+                tally.emptied += 1
+                yield CleanText(rec, text, text, None)
+                continue
+        raw = text
+        if redact_pii:
+            r = redact(text)
+            if r.counts:
+                text = r.text
+                tally.redactions.update(r.counts)
+                tally.redacted_texts += 1
+        yield CleanText(rec, text, raw, dedup.add(text))
+
+
 def draw_sample(
     log_path: str | os.PathLike[str], options: SampleOptions, progress: ProgressCallback | None = None
 ) -> Sample:
     """Read the log and choose the calibration texts; writes nothing."""
     path = Path(log_path)
     cb = progress or no_progress
-    if options.size < 1:
-        raise DataError(f"--size must be at least 1 (got {options.size})")
-    _check_log(path)
-    if options.text_field:
-        fields, auto = parse_field_paths(options.text_field), False
-    else:
-        fields, auto = detect_text_fields(path), True
-        log.info("text field auto-detected: %s", ", ".join(fields))
+    fields, auto = resolve_text_fields(path, options.text_field)
 
     stats = ReadStats()
     dedup = DedupIndex()
-    redactions: Counter[str] = Counter()
-    scripts_removed = 0
-    emptied = 0
+    tally = CleanupTally()
     max_len_cap = options.max_length or DEFAULT_MAX_LENGTH
     est_hist = np.zeros(len(PSI_EDGES), dtype=np.int64)
     over_max_est = 0
@@ -137,21 +209,13 @@ def draw_sample(
     by_label = options.label_field is not None
     file_size = path.stat().st_size
     cb(ProgressEvent("reading log", 0, file_size))
-    for rec in read_log(path, fields, options.label_field, strict=options.strict, stats=stats):
+    for item in clean_log(path, fields, options.label_field, strict=options.strict, redact_pii=options.redact,
+                          stats=stats, dedup=dedup, tally=tally):
         if stats.records % _PROGRESS_EVERY == 0:
             cb(ProgressEvent("reading log", stats.bytes_read, file_size, f"{stats.lines:,} lines"))
-        text, n_scripts = strip_scripts(rec.text)
-        if n_scripts:
-            scripts_removed += n_scripts
-            if not text.strip():
-                emptied += 1
-                continue
-        if options.redact:
-            r = redact(text)
-            if r.counts:
-                text = r.text
-                redactions.update(r.counts)
-        seen = dedup.add(text)
+        if item.seen is None:
+            continue
+        rec, text, seen = item.record, item.text, item.seen
         if not seen.first:
             if seen.key not in dup_texts and len(dup_texts) < _DUP_TEXTS_KEPT:
                 dup_texts[seen.key] = text
@@ -272,12 +336,12 @@ def draw_sample(
         "warnings": warnings,
         "cleanup": {
             "policy": "markup kept as production sends it; <script> and <style> blocks removed",
-            "script_blocks_removed": scripts_removed,
-            "texts_emptied_by_cleanup": emptied,
+            "script_blocks_removed": tally.scripts_removed,
+            "texts_emptied_by_cleanup": tally.emptied,
         },
         "redaction": {
             "enabled": options.redact,
-            "counts": {k: int(redactions.get(k, 0)) for k in REDACTION_KINDS},
+            "counts": {k: int(tally.redactions.get(k, 0)) for k in REDACTION_KINDS},
         },
         "dedup": {
             "normalization": "NFKC, case-folded, whitespace collapsed",
@@ -379,4 +443,5 @@ def _gz(path: Path) -> bool:
     return is_gzip(path)
 
 
-__all__: Sequence[str] = ("SampleOptions", "Sample", "draw_sample", "sample_log", "default_out_dir")
+__all__: Sequence[str] = ("SampleOptions", "Sample", "draw_sample", "sample_log", "default_out_dir", "clean_log",
+                          "CleanText", "CleanupTally", "resolve_text_fields", "check_log")

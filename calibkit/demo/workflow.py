@@ -2,7 +2,8 @@
 
 prepare -> sample the log -> calibrate with every method (statistics collected once) -> measure each method's
 INT8 accuracy and fidelity to FP32 -> build FP32 / FP16 / INT8 engines -> compare FP32 vs INT8 (per layer, with
-sensitivity) and FP16 vs INT8 -> tune to the accuracy and agreement targets -> an index page under reports/ that
+sensitivity) and FP16 vs INT8 -> tune to the accuracy and agreement targets -> deploy the tuned plan (a Triton
+model repository shaped by the log's traffic, under runs/serving) -> an index page under reports/ that
 a person opens first, and ``summary.json`` beside it (``tools/readme_measured.py`` turns it into the README's
 measured rows).
 
@@ -15,6 +16,7 @@ same model.
 from __future__ import annotations
 
 import html
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,7 +113,7 @@ def run_workflow(
     cb = progress or no_progress
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
-    steps = 9
+    steps = 10
 
     def step(i: int, msg: str) -> None:
         cb(ProgressEvent("demo workflow", i, steps, message=msg))
@@ -220,9 +222,15 @@ def run_workflow(
                                  max_evaluations=options.max_evaluations, workers=options.workers,
                                  seed=options.seed, report=reports / f"tune-{m}", progress=cb)
         timings[f"tune ({m})"] = time.perf_counter() - t
+    step(8, "deploy the tuned plan: a Triton model repository shaped by the log's traffic")
+    t = time.perf_counter()
+    from calibkit.deploy import DeployOptions, deploy
+
+    dres = deploy(tres.out_dir, runs / "serving", DeployOptions(traffic=work / "logs.jsonl", name=f"demo-{variant}"))
+    timings["deploy"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
 
-    step(8, "write the index page")
+    step(9, "write the index page")
     summary = {
         "format": "calibkit-demo/1",
         "calibkit_version": __version__,
@@ -280,15 +288,20 @@ def run_workflow(
             for m, r in extra_tunes.items()
         },
         "int8_engine": {"layout": "tensorrt", "path": str(engines["int8"].artifact.path)},
+        "deploy": {"repository": str(dres.out_dir), "name": dres.name,
+                   "bucket_maxes": [b.hi for b in dres.choice.buckets], "waste": dres.choice.waste,
+                   "waste_one_profile": dres.doc["profiles"]["baseline"]["waste_padded_to_max"],
+                   "preferred_batch_size": list(dres.batching.preferred),
+                   "link": os.path.relpath(dres.readme, reports / "index")},
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
     }
     md_text, html_text = _index(summary)
     with atomic_dir(reports / "index", what="demo index",
                     legacy_names=("summary.json", "index.md", "index.html")) as tmp:
         (tmp / "summary.json").write_text(dumps_json(summary), encoding="utf-8")
-        (tmp / "index.md").write_text(md_text, encoding="utf-8")
-        (tmp / "index.html").write_text(html_text, encoding="utf-8")
-    step(9, "done")
+        (tmp / "index.md").write_text(md_text, encoding="utf-8", errors="backslashreplace")
+        (tmp / "index.html").write_text(html_text, encoding="utf-8", errors="backslashreplace")
+    step(10, "done")
     return WorkflowResult(reports / "index" / "index.html", reports / "index" / "index.md", summary)
 
 
@@ -436,6 +449,8 @@ def _index(s: dict[str, Any]) -> tuple[str, str]:
         "- [FP16 vs INT8](../compare-fp16-vs-int8/report.html)",
         "- [Tuning: accuracy vs INT8 coverage](../tune/report.html)",
         *[f"- [Tuning with {m} only](../tune-{m}/report.html)" for m in s.get("tune_by_method", {})],
+        *([f"- [Serving: Triton model repository of the tuned plan]({s['deploy']['link']})"]
+          if s.get("deploy") else []),
         "",
         "## Time (seconds)",
         "",
@@ -468,7 +483,10 @@ def _index(s: dict[str, Any]) -> tuple[str, str]:
           for m in s.get("tune_by_method", {})],
         '<li><a href="../compare-fp32-vs-int8/report.html">FP32 vs INT8, layer by layer</a></li>',
         '<li><a href="../compare-fp16-vs-int8/report.html">FP16 vs INT8</a></li>',
-        '<li><a href="../tune/report.html">Tuning: accuracy vs INT8 coverage</a></li></ul>',
+        '<li><a href="../tune/report.html">Tuning: accuracy vs INT8 coverage</a></li>',
+        *([f'<li><a href="{e(s["deploy"]["link"])}">Serving: Triton model repository of the tuned plan</a></li>']
+          if s.get("deploy") else []),
+        "</ul>",
         "<h2>Time (seconds)</h2><table>",
         *[f"<tr><td>{e(k)}</td><td>{v}</td></tr>" for k, v in s["timings_s"].items()],
         "</table>",

@@ -26,6 +26,28 @@ def sidecar_path(engine: str | Path) -> Path:
 _EDGE = 1 << 20
 
 
+def _no_sidecar_hint(p: Path) -> str:
+    """What to run for an engine file without a sidecar; for the Q/DQ model `calibrate` or `tune` wrote (named
+    in the calibration.json beside it), the exact `calibkit build --qdq` command that makes an engine of it."""
+    generic = "build engines with `calibkit build`, which writes the sidecar beside the engine"
+    try:
+        doc = read_json(p.parent / "calibration.json")
+    except (OSError, ValueError, RecursionError):
+        return generic
+    if not isinstance(doc, dict):
+        return generic
+    files, source, tok = doc.get("files"), doc.get("source_model"), doc.get("tokenizer")
+    if not isinstance(files, dict) or files.get("model") != p.name or not isinstance(source, str):
+        return generic
+    model = Path(source)
+    # a model folder carries its tokenizer; an .onnx file elsewhere needs --tokenizer
+    args = str(model.parent) if isinstance(tok, str) and Path(tok) == model.parent else (
+        f"{model}" + (f" --tokenizer {tok}" if isinstance(tok, str) else ""))
+    engine = Path("engines") / f"{p.parent.name or 'int8'}.int8.onnx"
+    return (f"{p} is the Q/DQ model `calibkit calibrate` (or `tune`) writes, not an engine: build one from it, "
+            f"then compare that: calibkit build {args} --precision int8 --qdq {p} -o {engine}")
+
+
 def fingerprint(engine: Path) -> str:
     """Size and the sha256 of the first and last MiB: cheap on a 1.3 GB engine, and it tells one build from
     another (an FP32 file from the INT8 one an interrupted rebuild left under its sidecar), copies alike."""
@@ -50,6 +72,8 @@ class EngineArtifact:
     kept_higher_precision: tuple[str, ...] = ()  # node names left out of INT8/FP16
     source_model: str | None = None  # the FP32 ONNX this engine was built from (for sensitivity re-builds)
     calibration_json: str | None = None  # the calibration.json whose table built an INT8 engine
+    tokenizer_sha256: str | None = None  # consistency.tokenizer_sha256 of the tokenizer folder at build time
+    labels_sha256: str | None = None  # consistency.labels_sha256 of its config.json id2label at build time
     versions: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -65,6 +89,8 @@ class EngineArtifact:
             "kept_higher_precision": list(self.kept_higher_precision),
             "source_model": self.source_model,
             "calibration_json": self.calibration_json,
+            "tokenizer_sha256": self.tokenizer_sha256,
+            "labels_sha256": self.labels_sha256,
             "versions": dict(self.versions),
             "extra": dict(self.extra),
         }
@@ -82,10 +108,7 @@ class EngineArtifact:
             raise ModelError(f"engine not found: {p}")
         sc = sidecar_path(p)
         if not sc.is_file():
-            raise ModelError(
-                f"{p} has no calibkit sidecar ({sc.name})",
-                hint="build engines with `calibkit build`, which writes the sidecar beside the engine",
-            )
+            raise ModelError(f"{p} has no calibkit sidecar ({sc.name})", hint=_no_sidecar_hint(p))
         hint = "rebuild the engine with `calibkit build`, which writes the sidecar again"
         try:
             d = read_json(sc)
@@ -123,6 +146,16 @@ class EngineArtifact:
             kept_higher_precision=tuple(d.get("kept_higher_precision", ())),
             source_model=_abs(d.get("source_model")),
             calibration_json=_abs(d.get("calibration_json")),
+            tokenizer_sha256=_opt_str(d.get("tokenizer_sha256")),
+            labels_sha256=_opt_str(d.get("labels_sha256")),
             versions={str(k): str(v) for k, v in d.get("versions", {}).items()},
             extra=dict(d.get("extra", {})),
         )
+
+
+def _opt_str(v: object) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise TypeError(f"expected a string, got {type(v).__name__}")
+    return v

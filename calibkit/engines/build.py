@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calibkit import __version__
-from calibkit._io import sha256_file
+from calibkit._io import native_path, sha256_file, utf8_path
+from calibkit.consistency import check_table_model, labels_sha256, tokenizer_sha256
 from calibkit.engines.artifact import EngineArtifact, sidecar_path
 from calibkit.errors import CalibrationError, ModelError, UsageError
 from calibkit.outdirs import umask
@@ -208,7 +209,14 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
         if calibration_json is None and (qdq.parent / "calibration.json").is_file():
             calibration_json = qdq.parent / "calibration.json"
             calibration_sha = sha256_file(calibration_json)
+        if calibration_json is not None and calibration_json.is_file():  # the Q/DQ model's table: this model's?
+            check_table_model(calibration_json, src_sha, model_label=str(src))
         extra["qdq_source"] = _rel(qdq, engine_dir)
+        from calibkit.graph import qdq_layout
+
+        layout = qdq_layout(qm)
+        if layout:  # recorded as the registry would read it from the file, so build can say which it copied
+            extra["target"] = layout
         if backend is Backend.TENSORRT:
             zps = [i for i in qm.graph.initializer if i.name.endswith("zero_point")]
             if any(z.data_type == onnx.TensorProto.UINT8 for z in zps):
@@ -223,12 +231,7 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
 
         assert req.calibration is not None  # checked by validate()
         cf = load_calibration_json(req.calibration)
-        if cf.table.model_sha256 and cf.table.model_sha256 != src_sha:
-            raise CalibrationError(
-                f"{cf.path} was computed for another model (sha256 {cf.table.model_sha256[:12]}…, "
-                f"{src.name} is {src_sha[:12]}…)",
-                hint="re-run `calibkit calibrate` on this model, or pass the model it was calibrated on",
-            )
+        check_table_model(cf.path, src_sha, model_label=str(src), table_sha256=cf.table.model_sha256)
         default = Target.TENSORRT if backend is Backend.TENSORRT else Target.ONNXRUNTIME
         target = Target(req.target) if req.target else default
         reduce = _reduce_range(req, target)
@@ -314,6 +317,8 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
             kept_higher_precision=tuple(kept),
             source_model=_rel(src, engine_dir),
             calibration_json=_rel(calibration_json, engine_dir) if calibration_json else None,
+            tokenizer_sha256=tokenizer_sha256(md.tokenizer_path),
+            labels_sha256=labels_sha256(md.tokenizer_path),
             versions=_versions() | ({"tensorrt": str(extra.get("tensorrt_version"))} if "profile" in extra else {}),
             extra=extra,
         )
@@ -377,26 +382,13 @@ def _atomic_copy(src: Path, dst: Path) -> None:
         raise
 
 
-def _external_locations(model: object) -> list[str]:
-    import onnx
-
-    assert isinstance(model, onnx.ModelProto)
-    locs: list[str] = []
-    for init in model.graph.initializer:
-        if init.data_location == onnx.TensorProto.EXTERNAL:
-            loc = next((e.value for e in init.external_data if e.key == "location"), None)
-            if loc and loc not in locs:
-                locs.append(loc)
-    return locs
-
-
 def check_onnx_file(path: Path, float_source: bool = False) -> list[str]:
     """Refuse a file that is not a usable ONNX model (a text file named model.onnx, a truncated download,
     a graph without outputs or with external-data files missing), and with ``float_source`` one that is not an
     FP32 model; return its external-data locations."""
     import onnx
 
-    from calibkit.graph import check_float_source, load_model
+    from calibkit.graph import check_external_data, check_float_source, load_model
 
     hint = "pass a valid ONNX model file (e.g. exported with torch.onnx.export or optimum-cli export onnx)"
     try:
@@ -409,19 +401,13 @@ def check_onnx_file(path: Path, float_source: bool = False) -> list[str]:
         raise ModelError(f"{path} is not an ONNX model (no operator set)", hint=hint)
     if float_source:
         check_float_source(model, path)
+    locs = check_external_data(model, path)
     try:
-        onnx.checker.check_model(str(path))  # by path: external data is checked beside the model
+        # by path: external data is checked beside the model (a name that is not UTF-8: in memory)
+        onnx.checker.check_model(str(path) if utf8_path(path) else load_model(path))
     except Exception as exc:  # noqa: BLE001 - onnx raises ValidationError and plain errors alike
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"{path} is not a valid ONNX model: {first}", hint=hint) from None
-    locs = _external_locations(model)
-    for loc in locs:
-        data = (path.parent / loc).resolve()
-        if path.parent.resolve() not in data.parents or not data.is_file():
-            raise ModelError(
-                f"{path} keeps its weights in {loc}, which is missing beside it",
-                hint=f"copy {loc} next to {path.name} (external-data files travel with the model)",
-            )
     return locs
 
 
@@ -438,7 +424,7 @@ def _copy_onnx(src: Path, dst: Path) -> list[Path]:
     dst.parent.mkdir(parents=True, exist_ok=True)
     data_name = f"{dst.name}.data"
     with tempfile.TemporaryDirectory(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent) as tmp:
-        onnx.save_model(model, str(Path(tmp) / dst.name), save_as_external_data=True,
+        onnx.save_model(model, native_path(Path(tmp) / dst.name), save_as_external_data=True,
                         all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
         written = [dst]
         if (Path(tmp) / data_name).is_file():

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from calibkit._io import native_path, utf8_path
 from calibkit.engines.base import BaseRunner, Feeds, Outputs
 from calibkit.errors import BackendError, ModelError
 from calibkit.types import TensorSpec
@@ -97,6 +99,15 @@ class OnnxRuntimeRunner(BaseRunner):
         model = self._model if isinstance(self._model, bytes) else os.fspath(self._model)
         if not isinstance(model, bytes) and not Path(model).is_file():
             raise ModelError(f"model file not found: {model}")
+        if not isinstance(model, bytes) and not utf8_path(model):  # ORT opens UTF-8 names only
+            import onnx
+
+            data = Path(model).read_bytes()
+            with contextlib.suppress(Exception):  # not parsable: ONNX Runtime says what is wrong below
+                if any(t.data_location == onnx.TensorProto.EXTERNAL
+                       for t in onnx.load_model_from_string(data).graph.initializer):
+                    native_path(model)  # weights beside it, where ORT would look by that name: the error
+            model = data
         try:
             self._session = ort.InferenceSession(model, opts, providers=self._providers or default_providers())
         except Exception as exc:  # onnxruntime raises its own untyped exceptions

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 
 from calibkit import __version__
+from calibkit.consistency import check_engines
 from calibkit.data.evalset import EvalSet
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.engines.artifact import EngineArtifact
@@ -61,7 +62,7 @@ from calibkit.evaluate.uncertainty import proportion
 from calibkit.graph import load_model, qdq_layout
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.resources import Resources
-from calibkit.types import Backend, Method, MethodParams, Precision
+from calibkit.types import Backend, Method, MethodParams, Precision, check_seed
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.data.encode import TokenBudget
@@ -87,25 +88,18 @@ class CompareOptions:
     seed: int = 0  # draws the layer-statistics and sensitivity subsets (stratified by label)
     task: str | None = None  # --task: classification | embedding | token-classification (default: from outputs)
 
+    def __post_init__(self) -> None:
+        check_seed(self.seed)
+
 
 # ------------------------------------------------------------------------------------------ evaluation
 
 
-def _config(tokenizer_dir: str | Path | None) -> dict[str, Any]:
-    """The model folder's config.json ({} when there is none)."""
-    if not tokenizer_dir:
-        return {}
-    p = Path(tokenizer_dir)
-    cfg = (p if p.is_dir() else p.parent) / "config.json"
-    if not cfg.is_file():
-        return {}
-    import json
+def _config(tokenizer_dir: str | Path | None) -> Mapping[str, Any]:
+    """The model folder's config.json ({} when there is none; read once per file version)."""
+    from calibkit.data.modeldir import read_config
 
-    try:
-        data = json.loads(cfg.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelError(f"cannot read {cfg}: {exc}") from exc
-    return data if isinstance(data, dict) else {}
+    return read_config(tokenizer_dir)
 
 
 def select_task(artifact: EngineArtifact, tokenizer_dir: str | Path | None, kind: str | None = None) -> Task:
@@ -214,6 +208,9 @@ def compare_engines(
         raise UsageError(f"--batch-size must be positive, got {options.batch_size}")
     engines = [a, b] + ([reference] if reference is not None else [])
     check_same_model(engines)
+    # inputs agree by content before any work: one tokenizer and label map; the source models and tables
+    # that per-layer ranges and sensitivity rebuild from are the ones the engines were built from
+    check_engines(dict(zip(["A", "B", "reference"], engines)), sources=options.layers or options.sensitivity)
     tok_dir = tokenizer_dir(engines)
     tokenizer = TextTokenizer(tok_dir)
     task = task or select_task(a, tok_dir, options.task)
@@ -449,6 +446,8 @@ def _sensitivity(
         progress=progress,
         executor=executor,
         output_name=output_name,
+        source_model_sha256=int8_art.source_model_sha256,
+        calibration_sha256=int8_art.calibration_sha256,
     )
 
 

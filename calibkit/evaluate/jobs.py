@@ -42,6 +42,9 @@ class SensitivityJob:
     threads: int = 1
     max_length: int | None = None
     output_name: str | None = None  # the model output holding the logits (None: the first)
+    # what source_model must hold (the sha256 the engine under study or the tune run recorded); run_jobs
+    # refuses a file replaced since, before any variant is built from it
+    source_model_sha256: str | None = None
 
 
 @dataclass(frozen=True)

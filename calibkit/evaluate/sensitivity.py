@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from calibkit.consistency import check_file
 from calibkit.errors import CalibrationError
 from calibkit.evaluate.jobs import (
     ALL_BUT_THIS,
@@ -53,6 +54,11 @@ def run_jobs(
     in the order of ``jobs``. Model, table, tokenizer and eval rows are shared once per worker
     (:mod:`calibkit.evaluate.shipping`); ``on_result(i, result)`` is called as each job finishes."""
     cb = progress or no_progress
+    for src, sha in dict.fromkeys((j.source_model, j.source_model_sha256) for j in jobs):
+        check_file(src, sha, what="the source model the variants are rebuilt from",
+                   hint=f"restore {src} as it was when it was recorded (the engine's build, or the start of "
+                        "this tune run), or rebuild the engine from the current model (`calibkit calibrate` then "
+                        "`calibkit build`)")
 
     def finished(i: int, r: SensitivityResult) -> None:
         log.info("%s %s %s: accuracy %.4f (%.1f s)", task, r.mode, r.node or "", r.accuracy, r.seconds)
@@ -119,11 +125,18 @@ def analyse_sensitivity(
     progress: ProgressCallback | None = None,
     executor: Executor | None = None,
     output_name: str | None = None,
+    source_model_sha256: str | None = None,
+    calibration_sha256: str | None = None,
 ) -> SensitivityAnalysis:
     """Two variants per node plus one all-INT8 variant, on ``texts`` (already the subset to use).
 
     ``base_keep``: nodes the engine under study already keeps in higher precision (kept in every variant).
+    ``source_model_sha256`` / ``calibration_sha256``: what the engine under study was built from (its
+    sidecar); the files are refused before any variant is built when their bytes differ.
     """
+    check_file(calibration_json, calibration_sha256, what="the calibration table the variants are rebuilt from",
+               error=CalibrationError, hint="restore that calibration.json, or rebuild the engine with "
+                                            "`calibkit build`")
     nodes = list(dict.fromkeys(nodes))
     n = workers if workers is not None else default_workers()
     threads = executor.threads_per_task if executor is not None else max(1, (os.cpu_count() or 1) // max(1, n))
@@ -139,6 +152,7 @@ def analyse_sensitivity(
         max_length=max_length,
         target=target,
         output_name=output_name,
+        source_model_sha256=source_model_sha256,
     )
     kept = tuple(base_keep)
     jobs = [SensitivityJob(keep_nodes=kept, mode=ALL_INT8, **base)]  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ from typing import Protocol
 
 import numpy as np
 
-from calibkit.data.evalset import SET_SEPARATOR, EvalSet, label_ids, word_label_ids
+from calibkit.data.evalset import SET_SEPARATOR, EvalSet, describe_labels, label_ids, word_label_ids
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.engines.base import BaseRunner
 from calibkit.errors import DataError, ModelError
@@ -380,33 +380,84 @@ def is_regression(config: Mapping[str, object] | None) -> bool:
     return cfg.get("problem_type") == "regression" or (isinstance(raw, Mapping) and len(raw) == 1)
 
 
-def retrieval_agreement(reference: np.ndarray, candidate: np.ndarray, k: int = RETRIEVAL_K) -> tuple[float, float, int]:
-    """(top-1 agreement, mean top-k overlap, k): each text queries the others by cosine, under both models."""
+NEIGHBOUR_MEMORY_BYTES = 64 << 20  # similarity rows held at once by nearest_neighbour_agreement
+
+
+@dataclass(frozen=True)
+class NeighbourAgreement:
+    """Nearest-neighbour agreement among ``n`` evidence texts: each text queries the others by cosine under both
+    models. ``same_top1``: per text, whether its nearest neighbour is the same (a text whose candidate vector is
+    not finite counts as changed, and is nobody's neighbour there); ``top1``: their mean; ``overlap_at_k``: the
+    mean share of the ``k`` nearest neighbours both models name. Per-text values depend on the whole set of
+    texts (the neighbours are among them), so they are not independent draws: judge them on a fixed set."""
+
+    top1: float
+    overlap_at_k: float
+    k: int
+    n: int
+    same_top1: np.ndarray
+    nonfinite: int = 0
+
+
+def _unit_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows scaled to length 1 (zero rows stay zero) and which rows were finite (non-finite rows become zero)."""
+    x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
+    finite = np.isfinite(x).all(axis=1)
+    if not finite.all():
+        x = np.where(finite[:, None], x, 0.0)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12), finite
+
+
+def _top_k(sims: np.ndarray, k: int) -> np.ndarray:
+    part = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+    # ties broken by index, so the result does not depend on the block size
+    vals = np.take_along_axis(sims, part, axis=1)
+    order = np.lexsort((part, -vals), axis=1)
+    return np.take_along_axis(part, order, axis=1)
+
+
+def nearest_neighbour_agreement(reference: np.ndarray, candidate: np.ndarray, k: int = RETRIEVAL_K, *,
+                                memory_bytes: int = NEIGHBOUR_MEMORY_BYTES) -> NeighbourAgreement | None:
+    """Top-1 agreement and top-``k`` overlap of each text's neighbours among the others (cosine), computed in
+    blocks of rows so memory stays about ``memory_bytes`` whatever the number of texts (a few thousand texts
+    take a few hundred milliseconds). None when it does not apply (fewer than two texts). Never NaN."""
     n = len(reference)
+    if len(candidate) != n:
+        raise ValueError(f"{n} reference vectors against {len(candidate)} candidate ones")
     k = min(k, n - 1)
     if k < 1:
-        return 1.0, 1.0, 0
-
-    def normed(x: np.ndarray) -> np.ndarray:
-        x = np.asarray(x, dtype=np.float64)
-        return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-
-    ra, cb = normed(reference), normed(candidate)
-    top1 = 0
+        return None
+    ra, ok_a = _unit_rows(reference)
+    cb, ok_b = _unit_rows(candidate)
+    # two similarity blocks, their top-k and the argpartition copies: about 4 arrays of block x n float64
+    block = int(max(1, min(4096, memory_bytes // max(1, 4 * 8 * n))))
+    same = np.zeros(n, dtype=bool)
     overlap = 0.0
-    block = 1024  # rows at a time: memory stays O(block x n)
     for start in range(0, n, block):
         rows = np.arange(start, min(n, start + block))
-        sims = [x[rows] @ x.T for x in (ra, cb)]
         tops = []
-        for s in sims:
+        for x, ok in ((ra, ok_a), (cb, ok_b)):
+            s = x[rows] @ x.T
+            s[:, ~ok] = -np.inf  # a text without a finite vector is nobody's neighbour
             s[np.arange(len(rows)), rows] = -np.inf  # a text is not its own neighbour
-            part = np.argpartition(-s, k - 1, axis=1)[:, :k]
-            order = np.take_along_axis(s, part, axis=1).argsort(axis=1)[:, ::-1]
-            tops.append(np.take_along_axis(part, order, axis=1))
-        top1 += int((tops[0][:, 0] == tops[1][:, 0]).sum())
-        overlap += sum(len(set(a) & set(b)) / k for a, b in zip(tops[0].tolist(), tops[1].tolist()))
-    return top1 / n, overlap / n, k
+            tops.append(_top_k(s, k))
+        a, b = tops
+        same[rows] = a[:, 0] == b[:, 0]
+        shared = (a[:, :, None] == b[:, None, :]).any(axis=2).sum(axis=1) / k
+        bad = ~(ok_a[rows] & ok_b[rows])
+        same[rows[bad]] = False
+        overlap += float(np.where(bad, 0.0, shared).sum())
+    nonfinite = int((~(ok_a & ok_b)).sum())
+    return NeighbourAgreement(float(same.mean()), overlap / n, k, n, same, nonfinite)
+
+
+def retrieval_agreement(reference: np.ndarray, candidate: np.ndarray, k: int = RETRIEVAL_K) -> tuple[float, float, int]:
+    """(top-1 agreement, mean top-k overlap, k): each text queries the others by cosine, under both models
+    (:func:`nearest_neighbour_agreement`; (1.0, 1.0, 0) for fewer than two texts, where nothing can change)."""
+    nn = nearest_neighbour_agreement(reference, candidate, k)
+    if nn is None:
+        return 1.0, 1.0, 0
+    return nn.top1, nn.overlap_at_k, nn.k
 
 
 @dataclass(frozen=True)
@@ -428,10 +479,20 @@ class EmbeddingTask:
         _check_same(reference, candidate)
         if not len(reference.values):
             return Fidelity(0.0, 0.0, 0.0)
-        cos = _row_cosine(reference.values, candidate.values)
-        top1, overlap, k = retrieval_agreement(reference.values, candidate.values, self.k)
-        return Fidelity(top1, float(cos.mean()), float(cos.min()),
-                        {"retrieval_top1_agreement": top1, "retrieval_overlap_at_k": overlap, "k": float(k)})
+        with np.errstate(invalid="ignore", over="ignore"):  # non-finite vectors: handled just below
+            cos = _row_cosine(reference.values, candidate.values)
+        finite = (np.isfinite(cos) & np.isfinite(reference.values.reshape(len(cos), -1)).all(axis=1)
+                  & np.isfinite(candidate.values.reshape(len(cos), -1)).all(axis=1))
+        cos = np.where(finite, cos, -1.0)  # a non-finite candidate vector is as far from the reference as can be
+        nn = nearest_neighbour_agreement(reference.values, candidate.values, self.k)
+        extra: dict[str, float] = {}
+        if not finite.all():
+            extra["nonfinite_texts"] = float((~finite).sum())
+        if nn is None:  # one text: no neighbours to compare; agreement stands for the vector being finite
+            return Fidelity(float(finite.mean()), float(cos.mean()), float(cos.min()), extra)
+        extra.update({"retrieval_top1_agreement": nn.top1, "retrieval_overlap_at_k": nn.overlap_at_k,
+                      "k": float(nn.k)})
+        return Fidelity(nn.top1, float(cos.mean()), float(cos.min()), extra)
 
     def predictions(self, out: Predicted) -> np.ndarray | None:
         return None
@@ -683,8 +744,9 @@ def choose_task(
     output, or ``last_hidden_state`` mean-pooled, is an embedding model.
     """
     cfg = dict(config or {})
-    raw = cfg.get("id2label") or {}
-    id2label = {int(k): str(v) for k, v in raw.items()} if isinstance(raw, Mapping) else {}
+    from calibkit.data.modeldir import parse_id2label
+
+    id2label = parse_id2label(cfg.get("id2label"), "config.json")
     labels = tuple(id2label[i] for i in sorted(id2label))
     archs = " ".join(str(a) for a in cfg.get("architectures") or [] if isinstance(a, str))  # type: ignore[union-attr]
     names = list(outputs)
@@ -762,7 +824,6 @@ def multi_hot(eval_set: EvalSet, id2label: Mapping[int, str]) -> np.ndarray:
             if name not in by_name:
                 raise DataError(f"eval set {eval_set.path.name}: example {i + 1} has the label {name!r}, which the "
                                 "model does not know",
-                                hint="the model's labels (config.json id2label) are: "
-                                     + ", ".join(f"{k}={v}" for k, v in sorted(id2label.items())))
+                                hint=f"the model's labels (config.json id2label) are: {describe_labels(id2label)}")
             y[i, by_name[name]] = True
     return y

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from calibkit import __version__
-from calibkit._io import atomic_dir, dumps_json, sha256_bytes, write_json
+from calibkit._io import atomic_dir, commit_together, dumps_json, sha256_bytes, text_lines, write_json
 from calibkit.calibrate.methods import compute_table
 from calibkit.calibrate.pipeline import gather_stats
 from calibkit.calibrate.trtcache import write_cache
@@ -80,7 +80,7 @@ from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.quantize.placement import DEFAULT_OP_TYPES, plan_placement
 from calibkit.quantize.tablefile import write_calibration_json
 from calibkit.resources import Resources
-from calibkit.types import CalibrationTable, Method, MethodParams
+from calibkit.types import CalibrationTable, Method, MethodParams, check_seed
 
 log = logging.getLogger("calibkit.evaluate.tune")
 
@@ -109,6 +109,9 @@ class TuneConfig:
     # confidence reaches it (0.5: the point estimate); measured on the demo: at the point estimate all-INT8 met
     # 99 % on the search split (99.19 %, 1,480 texts) and kept 98.74 % on the holdout
     agreement_confidence: float = 0.9
+
+    def __post_init__(self) -> None:
+        check_seed(self.seed)
 
     def threshold(self, fp32_accuracy: float) -> float:
         if self.fidelity_only:
@@ -180,7 +183,7 @@ class Ledger:
         self._done: dict[str, dict[str, Any]] = {}
         self.skipped = 0
         if path.is_file():
-            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            for line in text_lines(path.read_text(encoding="utf-8", errors="replace")):
                 if not line.strip():
                     continue
                 try:
@@ -372,7 +375,7 @@ class _Jobs:
             reference_logits=tuple(tuple(float(v) for v in row) for row in self.evidence.reference[idx]),
             keep_nodes=tuple(keep), mode=mode, node=node, target=self.config.target,
             batch_size=self.config.batch_size, threads=self.threads, max_length=md.max_length,
-            output_name=self.model.task.output_name,
+            output_name=self.model.task.output_name, source_model_sha256=self.model.sha,
         )
 
     def all_but(self, node: str) -> Plan:
@@ -452,9 +455,14 @@ def _run_tune(
     searched = _search(evidence, config, jobs, ev, tables, ranking, flops)
     result = _tune_result(eval_set, rows, model, evidence, config, tables, ranking, searched, flops, linear,
                           reused_stats, ev.reused, time.perf_counter() - t0)
-    run = _write_outputs(out, model_dir, model.proto, tables.base[0], result, config, write_document)
-    if render is not None:
-        render(result, Path(report_dir) if report_dir else out / "report")
+    if render is not None and report_dir:  # OUT and --report are replaced together or not at all
+        with commit_together():
+            run = _write_outputs(out, model_dir, model.proto, tables.base[0], result, config, write_document)
+            render(result, Path(report_dir))
+    else:
+        run = _write_outputs(out, model_dir, model.proto, tables.base[0], result, config, write_document)
+        if render is not None:
+            render(result, out / "report")
     return replace(run, resumed_evaluations=ledger.loaded)
 
 

@@ -108,3 +108,105 @@ def check_ranges(amax: Iterable[tuple[str, Any]], *, source: str, stats: Mapping
 def zero_ranges(amax: Iterable[tuple[str, Any]]) -> list[str]:
     """Tensors whose amax is exactly 0 (all-zero during calibration): their nodes stay in FP32."""
     return [t for t, a in amax if isinstance(a, (int, float)) and not isinstance(a, bool) and a == 0]
+
+
+# -- ranges that are usable but known to hurt --------------------------------------------------------------------
+# A calibration method may legitimately clip a long-tailed tensor. Two families are different: the largest values
+# of a softmax output are the attention peaks every head depends on (entropy once clipped all six attention
+# softmax outputs of the demo model at 0.125 while they reach 0.998: -5.25 accuracy points), and the largest GELU
+# outputs are the outlier channels a transformer's MLP carries its signal in. A range that cuts them far below
+# what calibration observed is reported with the fix, not refused: the model is still valid.
+SOFTMAX = "attention Softmax outputs"
+GELU = "GELU outputs"
+# warn when amax is below this share of the largest |x| recorded
+HARMFUL_CLIP_RATIO: dict[str, float] = {SOFTMAX: 0.5, GELU: 0.25}
+_GELU_OPS = frozenset({"Gelu", "FastGelu", "BiasGelu", "QuickGelu"})
+_GELU_MARKERS = frozenset({"Erf", "Tanh"})  # decomposed GELU: x * 0.5 * (1 + erf(x / sqrt 2)), or the tanh form
+_GELU_DEPTH = 3
+
+
+@dataclass(frozen=True)
+class ClipWarning:
+    """Tensors of one ``family`` whose ``method`` range cuts them far below the largest |x| observed."""
+
+    family: str
+    method: str
+    tensors: tuple[str, ...]
+    amax: tuple[float, ...]
+    observed: tuple[float, ...]  # largest |x| recorded, per tensor
+    of: int  # tensors of the family that were calibrated
+
+    @property
+    def suggestion(self) -> str:
+        return clipping_fix(self.family)
+
+    @property
+    def message(self) -> str:
+        lo, hi = min(self.amax), max(self.amax)
+        amax = f"amax {lo:.3g}" if lo == hi else f"amax {lo:.3g}-{hi:.3g}"
+        share = min(a / o for a, o in zip(self.amax, self.observed))
+        return (f"{self.method} clips {len(self.tensors)} of {self.of} {self.family} far below their observed "
+                f"values ({amax} while they reach {max(self.observed):.3g}; as low as {share:.0%} of the range, "
+                f"e.g. {self.tensors[0]}): clipping these is known to cost accuracy; {self.suggestion}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"family": self.family, "method": self.method, "tensors": list(self.tensors), "amax": list(self.amax),
+                "observed_absmax": list(self.observed), "of": self.of, "threshold": HARMFUL_CLIP_RATIO[self.family],
+                "suggestion": self.suggestion, "message": self.message}
+
+
+def clipping_fix(family: str) -> str:
+    """What to do about a range that cuts a ``family`` of tensors far below their observed values."""
+    if family == SOFTMAX:
+        return ("calibrate with --method minmax (a softmax output never exceeds 1, so its full range costs "
+                "little resolution) or --method mse, or keep these MatMuls out of INT8 with --exclude")
+    return ("calibrate with --method minmax or --method mse, or run `calibkit smooth` first to move the "
+            "outlier channels into the weights")
+
+
+def tensor_families(model: Any) -> dict[str, str]:
+    """Tensor -> family (:data:`SOFTMAX`, :data:`GELU`) for tensors produced by a Softmax, a fused GELU op, or the
+    last node of a decomposed GELU (a Mul with an Erf or Tanh among its last few ancestors)."""
+    producer: dict[str, Any] = {}
+    for node in model.graph.node:
+        for out in node.output:
+            producer[out] = node
+
+    def has_marker(node: Any, depth: int) -> bool:
+        if node.op_type in _GELU_MARKERS:
+            return True
+        if depth == 0:
+            return False
+        return any(has_marker(producer[i], depth - 1) for i in node.input if i in producer)
+
+    fam: dict[str, str] = {}
+    for node in model.graph.node:
+        if node.op_type == "Softmax":
+            fam.update({o: SOFTMAX for o in node.output})
+        elif node.op_type in _GELU_OPS:
+            fam.update({o: GELU for o in node.output})
+        elif node.op_type == "Mul" and any(i in producer and has_marker(producer[i], _GELU_DEPTH - 1)
+                                           for i in node.input):
+            fam.update({o: GELU for o in node.output})
+    return fam
+
+
+def harmful_clipping(model: Any, ranges: Iterable[tuple[str, float, str]],
+                     absmax: Mapping[str, float]) -> tuple[ClipWarning, ...]:
+    """One :class:`ClipWarning` per (family, method) whose ranges cut its tensors below
+    :data:`HARMFUL_CLIP_RATIO` of the largest |x| recorded. ``ranges``: (tensor, amax, method) of the table;
+    ``absmax``: the recorded largest |x| per tensor (tensors without one are not judged)."""
+    families = tensor_families(model)
+    calibrated: dict[str, int] = {}
+    cut: dict[tuple[str, str], list[tuple[str, float, float]]] = {}
+    for tensor, amax, method in ranges:
+        fam = families.get(tensor)
+        seen = absmax.get(tensor)
+        if fam is None or seen is None or not math.isfinite(seen) or seen <= 0:
+            continue
+        calibrated[fam] = calibrated.get(fam, 0) + 1
+        if 0 < amax < HARMFUL_CLIP_RATIO[fam] * seen:
+            cut.setdefault((fam, method), []).append((tensor, float(amax), float(seen)))
+    return tuple(ClipWarning(fam, method, tuple(t for t, _, _ in rows), tuple(a for _, a, _ in rows),
+                             tuple(o for _, _, o in rows), calibrated[fam])
+                 for (fam, method), rows in sorted(cut.items()))

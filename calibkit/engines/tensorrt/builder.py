@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,12 +46,17 @@ def _emit(progress: ProgressCallback | None, done: int, message: str) -> None:
 def build_engine(
     onnx_bytes: bytes,
     engine_path: Path,
-    profile: SeqProfile,
+    profile: SeqProfile | Sequence[SeqProfile],
     *,
     workspace_bytes: int = 4 << 30,
     progress: ProgressCallback | None = None,
 ) -> TrtBuildResult:
-    """Parse ``onnx_bytes`` into a strongly typed network, build it with ``profile`` on every 2-D input."""
+    """Parse ``onnx_bytes`` into a strongly typed network, build it with ``profile`` on every 2-D input.
+
+    Several profiles (``calibkit deploy``'s length buckets) become one optimization profile each, in order."""
+    profiles = [profile] if isinstance(profile, SeqProfile) else list(profile)
+    if not profiles:
+        raise BackendError("at least one optimization profile is needed")
     load_tensorrt()  # a clear MissingDependencyError instead of an ImportError
     import tensorrt as trt
 
@@ -68,23 +74,26 @@ def build_engine(
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
     config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
-    opt_profile = builder.create_optimization_profile()
-    mn, op, mx = profile.shapes()
-    for i in range(network.num_inputs):
-        tensor = network.get_input(i)
-        if len(tensor.shape) != 2:
-            raise BackendError(
-                f"input {tensor.name!r} has rank {len(tensor.shape)}; calibkit builds [batch, sequence] token inputs"
-            )
-        opt_profile.set_shape(tensor.name, trt.Dims(list(mn)), trt.Dims(list(op)), trt.Dims(list(mx)))
-    config.add_optimization_profile(opt_profile)
+    for prof in profiles:
+        opt_profile = builder.create_optimization_profile()
+        mn, op, mx = prof.shapes()
+        for i in range(network.num_inputs):
+            tensor = network.get_input(i)
+            if len(tensor.shape) != 2:
+                raise BackendError(
+                    f"input {tensor.name!r} has rank {len(tensor.shape)}; calibkit builds [batch, sequence] token "
+                    "inputs"
+                )
+            opt_profile.set_shape(tensor.name, trt.Dims(list(mn)), trt.Dims(list(op)), trt.Dims(list(mx)))
+        config.add_optimization_profile(opt_profile)
 
     cache_file = timing_cache_path(engine_path)
     old = cache_file.read_bytes() if cache_file.is_file() else b""
     cache = config.create_timing_cache(old)
     config.set_timing_cache(cache, False)
 
-    _emit(progress, 1, f"building (seq {profile.min_seq}/{profile.opt_seq}/{profile.max_seq})")
+    seqs = ", ".join(f"{p.min_seq}/{p.opt_seq}/{p.max_seq}" for p in profiles)
+    _emit(progress, 1, f"building (seq {seqs})")
     plan = builder.build_serialized_network(network, config)
     if plan is None:
         raise BackendError("TensorRT failed to build the engine (see the TensorRT log above)")

@@ -1,0 +1,160 @@
+"""`calibkit deploy`: a tuned plan (or a calibration, or an engine) -> a Triton model repository."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from calibkit.cli._common import FORCE_HELP, RichProgress, guard_out_dir, handle_errors, out, say, warn
+
+HELP = """Write a Triton Inference Server model repository for SOURCE, shaped by the traffic it will serve.
+
+SOURCE is a folder written by `calibkit tune` (the tuned plan) or `calibkit calibrate`, or an engine written by
+`calibkit build` (with its .calibkit.json sidecar). Deploy evaluates nothing: it rebuilds what was measured in the
+serving layout of --backend and sizes the server from the traffic's token lengths.
+
+Traffic: --traffic LOG is read like `calibkit sample` reads logs (JSON Lines, plain or .gz; --text-field, broken
+lines skipped and counted, personal data redacted unless --no-redact) and tokenized with the model's tokenizer.
+Default: the log the calibration set was drawn from (its manifest.json), when it still exists.
+
+What is chosen, and why:
+  length buckets   Triton batches only requests of equal shape, so clients pad each request to its bucket's
+                   length. --profiles K (1-4, default auto: the fewest within 5 % of the best) buckets are chosen
+                   by dynamic programming to minimise padded tokens; each is one TensorRT optimization profile
+                   (min = its shortest length, opt = max = its padded length). The padding waste of every k is
+                   reported against one 1-512 profile, with the share of requests longer than the largest max.
+  batch sizes      from a budget of --batch-tokens padded tokens per batch (the largest power of two within it,
+                   per bucket): preferred_batch_size and max_batch_size, plus --queue-delay-us.
+
+OUT (a new folder, or one calibkit wrote; --force moves anything else aside) receives:
+  NAME/config.pbtxt        onnxruntime_onnx | tensorrt_plan, dynamic dims, dynamic_batching, instance_group,
+                           label_filename (NAME/labels.txt) when the model has label names
+  NAME/1/model.onnx        ONNX Runtime: the CPU-fast INT8 layout (`calibkit build --target onnxruntime`)
+  NAME/build_engine.sh     TensorRT: the exact trtexec command (strongly typed, min/opt/max shapes per input and
+                           profile, timing cache) and, with --calibkit, the same build through calibkit's TensorRT
+                           backend; run it on the serving GPU. TensorRT is not needed (and often absent) here.
+  perf_data.json, perf_analyzer.sh   real traffic texts, tokenized and bucket-padded, for perf_analyzer
+  README.md, deploy.json   how to start the server; every choice and the numbers behind it
+
+Examples:
+
+  calibkit deploy runs/tune-model --backend onnxruntime --out serving/
+
+  calibkit deploy runs/tune-model --backend tensorrt --out serving-trt/ --traffic logs/prod.jsonl.gz --profiles 3
+
+  calibkit deploy runs/entropy --backend onnxruntime --out serving/ --traffic prod.jsonl --text-field request.text
+
+  calibkit deploy engines/int8.onnx --backend onnxruntime --out serving/ --name sentiment --batch-tokens 4096
+"""
+
+
+def register(app: typer.Typer) -> None:
+    app.command("deploy", help=HELP, short_help="Write a Triton model repository sized by the traffic.",
+                no_args_is_help=True)(deploy)
+
+
+def deploy(
+    source: Path = typer.Argument(..., help="A tune or calibrate output folder, or an engine calibkit built."),
+    backend: str = typer.Option(..., "--backend", "-b", help="onnxruntime | tensorrt (as in `calibkit build`)."),
+    out_dir: Path = typer.Option(..., "--out", "-o", help="Folder of the Triton model repository to write."),
+    traffic: Path | None = typer.Option(
+        None, "--traffic", help="JSON Lines request log whose lengths shape the server [default: the calibration "
+        "set's log]."),
+    text_field: str | None = typer.Option(
+        None, "--text-field", help="Dotted path of the text in --traffic, e.g. request.text [default: auto-detect]."),
+    strict: bool = typer.Option(False, "--strict", help="Fail at the first broken line of --traffic."),
+    no_redact: bool = typer.Option(False, "--no-redact", help="Keep e-mails, phone/card numbers and IPs in "
+                                   "perf_data.json as they are in the log."),
+    profiles: str = typer.Option("auto", "--profiles", "-k", help="Length buckets / TensorRT profiles: 1-4 or auto."),
+    name: str | None = typer.Option(None, "--name", help="Triton model name [default: MODELFOLDER-PRECISION]."),
+    max_seq: int | None = typer.Option(
+        None, "--max-seq", help="Largest profile max; longer requests are truncated [default: the longest request, "
+        "rounded up to 8, at most the model's maximum]."),
+    batch_tokens: int = typer.Option(8192, "--batch-tokens", help="Padded tokens per batch that set batch sizes."),
+    max_batch: int = typer.Option(128, "--max-batch", help="Upper bound of any batch size."),
+    queue_delay_us: int = typer.Option(1000, "--queue-delay-us", help="max_queue_delay_microseconds."),
+    instances: int = typer.Option(1, "--instances", help="Model instances (instance_group count)."),
+    threads: int | None = typer.Option(
+        None, "--threads", help="ONNX Runtime intra-op threads per instance [default: the backend's]."),
+    perf_requests: int = typer.Option(512, "--perf-requests", help="Requests in perf_data.json."),
+    max_texts: int = typer.Option(50_000, "--max-texts", help="Traffic texts kept (a seeded uniform sample past it)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the traffic sample and the perf_analyzer requests."),
+    reduce_range: bool | None = typer.Option(
+        None, "--reduce-range/--no-reduce-range",
+        help="7-bit weights for the ONNX Runtime layout (x86 CPUs without VNNI) [default: as `calibkit build`].",
+    ),
+    workspace_mib: int = typer.Option(4096, "--workspace-mib", help="TensorRT builder workspace (MiB)."),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
+) -> None:
+    with handle_errors():
+        from calibkit.deploy import DeployOptions
+        from calibkit.deploy import deploy as run_deploy
+        from calibkit.deploy.profiles import check_k
+        from calibkit.errors import UsageError
+        from calibkit.types import Backend
+
+        try:
+            back = Backend(backend.lower())
+        except ValueError:
+            raise UsageError(f"unknown --backend {backend!r}", hint="choose onnxruntime or tensorrt") from None
+        k: int | None = None
+        if profiles.lower() != "auto":
+            try:
+                k = int(profiles)
+            except ValueError:
+                raise UsageError(f"--profiles {profiles!r} is not a number", hint="pass 1, 2, 3, 4 or auto") from None
+            check_k(k)
+        options = DeployOptions(
+            backend=back, traffic=traffic, text_field=text_field, strict=strict, redact=not no_redact, profiles=k,
+            name=name, max_seq=max_seq, batch_tokens=batch_tokens, max_batch=max_batch, queue_delay_us=queue_delay_us,
+            instances=instances, threads=threads, perf_requests=perf_requests, max_texts=max_texts, seed=seed,
+            reduce_range=reduce_range, workspace_mib=workspace_mib,
+        )
+        guard_out_dir(out_dir, inputs=[source, traffic], force=force)
+        with RichProgress() as progress:
+            res = run_deploy(source, out_dir, options, progress=progress)
+        _summary(res)
+
+
+def _summary(res) -> None:  # noqa: ANN001
+    from rich.table import Table
+
+    doc = res.doc
+    tr = doc["traffic"]
+    say(f"traffic: {tr['path']}{' (the calibration set log)' if tr['default'] else ''}: {tr['usable']:,} usable "
+        f"requests of {tr['lines']:,} lines" + (f", {tr['texts']:,} sampled" if tr["sampled"] else ""))
+    base = doc["profiles"]["baseline"]
+    t = Table(title=f"length buckets (padding waste = padded / real tokens - 1; one 1-{base['max_seq']} profile: "
+                    f"{100 * base['waste_padded_to_max']:.1f} % padded to {base['max_seq']}, "
+                    f"{100 * base['waste_arrival_batches']:.1f} % in arrival batches)")
+    for col in ("k", "bucket maxes", "padded tokens", "waste", ""):
+        t.add_column(col, justify="left" if col in ("bucket maxes", "") else "right")
+    for c in res.choices:
+        t.add_row(str(c.k), ", ".join(str(b.hi) for b in c.buckets), f"{c.padded_tokens:,}", f"{100 * c.waste:.1f} %",
+                  "chosen" if c.k == res.choice.k else "")
+    out.print(t)
+    ch = res.choice
+    say(f"{ch.over_max:,} of {ch.requests:,} requests ({100 * ch.over_max_share:.2f} %) are longer than the largest "
+        f"max {ch.max_seq} (truncated to it, or to be refused)")
+    b = res.batching
+    say(f"batching: preferred_batch_size {list(b.preferred)}, max_batch_size {b.max_batch_size} "
+        f"(budget {b.batch_tokens:,} padded tokens per batch), max_queue_delay_microseconds {b.queue_delay_us}")
+    for w in _warnings(res):
+        warn(w)
+    say(f"wrote {res.out_dir}/ ({res.name}/config.pbtxt, README.md, deploy.json, perf_data.json)")
+    if res.model_path is not None:
+        say(f"  model: {res.model_path}")
+    if res.build_script is not None:
+        state = "installed here" if res.tensorrt_available else "NOT installed here: nothing was built"
+        say(f"  TensorRT is {state}; build {res.name}/1/model.plan on the serving GPU with {res.build_script}")
+    say(f"  start: tritonserver --model-repository={res.out_dir}   load test: {res.out_dir}/perf_analyzer.sh")
+
+
+def _warnings(res) -> list[str]:  # noqa: ANN001
+    out = list(res.doc.get("warnings", []))
+    req = res.doc["profiles"]["requested_k"]
+    if req is not None and req > res.choice.k:
+        out.append(f"--profiles {req}: the traffic has only {res.choice.k} distinct padded lengths, so "
+                   f"{res.choice.k} profiles were written")
+    return out

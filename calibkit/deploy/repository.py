@@ -1,0 +1,74 @@
+"""Writing the Triton model repository as a whole: built under a temporary name, swapped in when complete.
+
+Layout::
+
+    OUT/
+      README.md             how to start the server, what was chosen and why
+      deploy.json           every choice and the numbers behind it (calibkit-deploy/1)
+      perf_data.json        perf_analyzer --input-data: real traffic texts, tokenized and bucket-padded
+      perf_analyzer.sh      the load test that replays them
+      NAME/
+        config.pbtxt
+        labels.txt          when the model has label names
+        1/model.onnx        ONNX Runtime (+ its calibkit sidecar)
+        1/                  TensorRT: model.plan is built on the serving GPU by build_engine.sh
+        model.<precision>.onnx, build_engine.sh, trt_profiles.json   (TensorRT)
+
+OUT follows the rules of every folder calibkit writes (:mod:`calibkit.outdirs`): the marker file, never an
+input, an existing folder replaced only when calibkit wrote it (the CLI's ``--force`` moves a foreign one
+aside first), one writer at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from calibkit._io import atomic_dir, dumps_json
+from calibkit.outdirs import check_not_input
+
+
+@dataclass(frozen=True)
+class RepositoryFiles:
+    """Text files to write, by path relative to OUT; executables by path."""
+
+    texts: Mapping[str, str]
+    executables: tuple[str, ...] = ()
+    json_docs: Mapping[str, object] | None = None  # stable, indented JSON
+    compact_docs: Mapping[str, object] | None = None  # one-line JSON (large data files)
+
+
+def write_repository(out: Path, name: str, files: RepositoryFiles, *, build_models: Callable[[Path], None],
+                     inputs: Sequence[Path | None] = ()) -> Path:
+    """Write OUT atomically: ``build_models(model_folder)`` writes the model files into ``NAME/`` of the
+    temporary folder, then the text files are added. Returns OUT."""
+    check_not_input(out, inputs)
+    # no legacy names: deploy is younger than the marker file, so an unmarked folder is never one it wrote
+    with atomic_dir(out, what="deploy") as tmp:
+        model_dir = tmp / name
+        (model_dir / "1").mkdir(parents=True)
+        build_models(model_dir)
+        for rel, obj in (files.json_docs or {}).items():
+            (tmp / rel).write_text(dumps_json(obj), encoding="utf-8")
+        for rel, obj in (files.compact_docs or {}).items():
+            (tmp / rel).write_text(json.dumps(obj, separators=(",", ":"), ensure_ascii=False) + "\n",
+                                   encoding="utf-8")
+        for rel, text in files.texts.items():
+            p = tmp / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(text, encoding="utf-8")
+        for rel in files.executables:
+            p = tmp / rel
+            mode = p.stat().st_mode
+            os.chmod(p, mode | ((stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH) & ~_umask() & 0o777))
+    return out
+
+
+def _umask() -> int:
+    from calibkit.outdirs import umask
+
+    return umask()

@@ -1,0 +1,140 @@
+"""What ``deploy`` is given: a tune output folder, a calibrate output folder or an engine calibkit built.
+
+Each is turned into a recipe that :func:`calibkit.engines.build.build` can follow for either serving layout:
+the FP32 model folder (tokenizer and labels with it), the precision, the calibration table and the nodes kept
+in higher precision, and a ready Q/DQ model where one exists. Deploy evaluates nothing: it rebuilds what was
+measured, in the layout of the chosen backend.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from calibkit.errors import ModelError, UsageError
+from calibkit.types import Precision
+
+NOT_OUTPUT_HINT = ("pass a folder written by `calibkit tune` or `calibkit calibrate` (it holds calibration.json), "
+                   "or an engine written by `calibkit build` (with its ENGINE.calibkit.json sidecar)")
+
+
+@dataclass(frozen=True)
+class DeploySource:
+    path: Path
+    kind: str  # "tune" | "calibrate" | "engine"
+    model: Path  # the FP32 ONNX model
+    tokenizer: Path
+    precision: Precision
+    calibration_json: Path | None = None
+    keep_nodes: tuple[str, ...] = ()
+    qdq_model: Path | None = None  # a ready Q/DQ ONNX
+    qdq_target: str | None = None  # its layout: "tensorrt" | "onnxruntime"
+    weight_bits: int | None = None  # of an onnxruntime-layout engine (7: reduce-range)
+    calibration_set: Path | None = None  # the folder its calibration texts came from, when known
+    calibration_set_id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path), "kind": self.kind, "model": str(self.model), "tokenizer": str(self.tokenizer),
+                "precision": self.precision.value,
+                "calibration_json": str(self.calibration_json) if self.calibration_json else None,
+                "kept_nodes": list(self.keep_nodes), "qdq_model": str(self.qdq_model) if self.qdq_model else None,
+                "qdq_target": self.qdq_target,
+                "calibration_set": str(self.calibration_set) if self.calibration_set else None}
+
+
+def _existing(path: str | None, what: str, source: Path) -> Path:
+    if not path or not Path(path).exists():
+        raise ModelError(f"{source}: the {what} it was made from is gone ({path or 'not recorded'})",
+                         hint="deploy needs the FP32 model folder next to the results: restore it, or re-run the "
+                              "command that wrote SOURCE")
+    return Path(path)
+
+
+def _from_folder(folder: Path) -> DeploySource:
+    from calibkit.quantize.tablefile import load_calibration_json
+
+    cal = folder / "calibration.json"
+    if not cal.is_file():
+        raise UsageError(f"{folder} is not a calibkit output (no calibration.json, tune.json or engine sidecar in it)",
+                         hint=NOT_OUTPUT_HINT)
+    cf = load_calibration_json(cal)
+    kind = "calibrate"
+    tune = folder / "tune.json"
+    if tune.is_file():
+        try:
+            doc = json.loads(tune.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):
+            doc = None
+        if not isinstance(doc, dict) or not str(doc.get("format", "")).startswith("calibkit-tune/"):
+            raise UsageError(f"{tune} is not a calibkit tune document", hint=NOT_OUTPUT_HINT)
+        kind = "tune"
+    model = _existing(cf.raw.get("source_model"), "FP32 model", folder)
+    tokenizer = _existing(cf.raw.get("tokenizer"), "tokenizer folder", folder)
+    qdq = cf.file("model")
+    cs = cf.raw.get("calibration_set")
+    cset = Path(cs["path"]) if isinstance(cs, dict) and isinstance(cs.get("path"), str) else None
+    return DeploySource(
+        path=folder, kind=kind, model=model, tokenizer=tokenizer, precision=Precision.INT8, calibration_json=cal,
+        keep_nodes=tuple(cf.kept_nodes) if kind == "tune" else (),
+        qdq_model=qdq if qdq is not None and qdq.is_file() else None, qdq_target=cf.target,
+        calibration_set=cset if cset is not None and cset.is_dir() else None,
+        calibration_set_id=cf.table.calibration_set_id)
+
+
+def _from_engine(engine: Path) -> DeploySource:
+    from calibkit.engines.artifact import EngineArtifact
+
+    art = EngineArtifact.load(engine)
+    model = _existing(art.source_model, "FP32 model", engine)
+    tokenizer = _existing(art.tokenizer, "tokenizer folder", engine)
+    cal = Path(art.calibration_json) if art.calibration_json and Path(art.calibration_json).is_file() else None
+    qdq: Path | None = None
+    target = art.extra.get("target")
+    if art.precision is Precision.INT8 and engine.suffix == ".onnx":
+        qdq = engine
+        if target is None:  # built from --qdq: the layout of that model
+            target = "onnxruntime" if _uint8_activations(engine) else "tensorrt"
+    cset, set_id = None, ""
+    if cal is not None:
+        from calibkit.quantize.tablefile import load_calibration_json
+
+        cf = load_calibration_json(cal)
+        set_id = cf.table.calibration_set_id
+        cs = cf.raw.get("calibration_set")
+        if isinstance(cs, dict) and isinstance(cs.get("path"), str) and Path(cs["path"]).is_dir():
+            cset = Path(cs["path"])
+    if art.precision is Precision.INT8 and cal is None and qdq is None:
+        raise ModelError(f"{engine} is a TensorRT engine without its calibration table: deploy cannot rebuild it",
+                         hint="deploy the calibrate or tune folder it was built from instead")
+    bits = art.extra.get("weight_bits")
+    return DeploySource(
+        path=engine, kind="engine", model=model, tokenizer=tokenizer, precision=art.precision, calibration_json=cal,
+        keep_nodes=tuple(art.kept_higher_precision), qdq_model=qdq, qdq_target=str(target) if target else None,
+        weight_bits=int(bits) if isinstance(bits, int) else None, calibration_set=cset, calibration_set_id=set_id)
+
+
+def _uint8_activations(path: Path) -> bool:
+    """Whether a Q/DQ model is in the onnxruntime layout (uint8 activation zero points)."""
+    import onnx
+
+    from calibkit.graph import load_model
+
+    m = load_model(path, load_external_data=False)
+    return any(i.name.endswith("zero_point") and i.data_type == onnx.TensorProto.UINT8 for i in m.graph.initializer)
+
+
+def resolve_source(path: str | Path) -> DeploySource:
+    """Read SOURCE; a path that is none of the three is one UsageError saying what SOURCE may be."""
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"SOURCE {p} does not exist", hint=NOT_OUTPUT_HINT)
+    if p.is_dir():
+        return _from_folder(p)
+    from calibkit.engines.artifact import sidecar_path
+
+    if not sidecar_path(p).is_file():
+        raise UsageError(f"{p} is not a calibkit output (an engine would have {sidecar_path(p).name} beside it)",
+                         hint=NOT_OUTPUT_HINT)
+    return _from_engine(p)

@@ -1,0 +1,128 @@
+"""The traffic a deployment will serve: request texts from a log, and their token lengths.
+
+The log is read by the reader ``calibkit sample`` uses (:mod:`calibkit.data.logs`: the same text-field
+auto-detection and dotted ``--text-field`` paths, broken lines counted by kind, oversized texts cut), and each
+text goes through the same cleanup (``<script>``/``<style>`` blocks removed, personal data redacted unless
+``redact=False``: the texts end up in the perf_analyzer file). Unlike sampling, duplicates are kept: a hot
+query is real load. Past ``max_texts`` usable lines a seeded reservoir keeps a uniform sample, so memory stays
+bounded on any log.
+
+Default log: the one the calibration set was drawn from (``source.path`` in its ``manifest.json``), when it
+still exists.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from calibkit.errors import DataError, UsageError
+
+DEFAULT_MAX_TEXTS = 50_000
+
+
+@dataclass(frozen=True)
+class Traffic:
+    path: Path
+    texts: tuple[str, ...]  # in log order (a uniform sample of them past max_texts)
+    lines: int
+    usable: int  # usable lines in the whole log
+    broken: dict[str, int]
+    text_fields: tuple[str, ...]
+    sampled: bool
+    redacted: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path), "lines": self.lines, "usable": self.usable, "texts": len(self.texts),
+                "sampled": self.sampled, "broken": dict(self.broken), "text_fields": list(self.text_fields),
+                "redacted": self.redacted}
+
+
+def read_traffic(path: str | Path, *, text_field: str | None = None, strict: bool = False, redact: bool = True,
+                 max_texts: int = DEFAULT_MAX_TEXTS, seed: int = 0) -> Traffic:
+    from calibkit.data.logs import ReadStats, detect_text_fields, parse_field_paths, read_log
+    from calibkit.data.redact import redact as redact_text
+    from calibkit.data.redact import strip_scripts
+
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"traffic log not found: {p}", hint="pass --traffic with a JSON Lines log (.jsonl, .jsonl.gz)")
+    if max_texts < 1:
+        raise UsageError(f"--max-texts must be at least 1 (got {max_texts})")
+    if p.stat().st_size == 0:
+        raise DataError(f"traffic log {p} is empty", hint="pass --traffic with a log that holds requests")
+    fields = parse_field_paths(text_field) if text_field else detect_text_fields(p)
+    stats = ReadStats()
+    rng = random.Random(seed)
+    kept: list[tuple[int, str]] = []
+    seen = 0
+    for rec in read_log(p, fields, strict=strict, stats=stats):
+        text, _ = strip_scripts(rec.text)
+        if not text.strip():
+            continue
+        if redact:
+            text = redact_text(text).text
+        seen += 1
+        if len(kept) < max_texts:
+            kept.append((rec.line_no, text))
+        else:
+            j = rng.randrange(seen)
+            if j < max_texts:
+                kept[j] = (rec.line_no, text)
+    if not kept:
+        kinds = ", ".join(f"{k} {v}" for k, v in stats.broken.items() if v) or "none"
+        raise DataError(f"traffic log {p} has no usable text in {stats.lines:,} lines (broken lines by kind: {kinds}; "
+                        f"text field: {', '.join(fields)})",
+                        hint="check --text-field (a dotted path such as request.text) and that lines are JSON objects")
+    kept.sort()
+    return Traffic(path=p, texts=tuple(t for _, t in kept), lines=stats.lines, usable=seen,
+                   broken={k: v for k, v in stats.broken.items() if v}, text_fields=tuple(fields),
+                   sampled=seen > max_texts, redacted=redact)
+
+
+def log_of_calibration_set(cset: Path) -> Path | None:
+    """The log a calibration set was drawn from, when its manifest names one."""
+    try:
+        manifest = json.loads((cset / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    src = manifest.get("source") if isinstance(manifest, dict) else None
+    path = src.get("path") if isinstance(src, dict) else None
+    return Path(path) if isinstance(path, str) and path else None
+
+
+def find_calibration_set(set_id: str, roots: Sequence[Path]) -> Path | None:
+    """A calibration-set folder under ``roots`` whose manifest records ``texts_sha256 == set_id``."""
+    if not set_id:
+        return None
+    for root in roots:
+        if not root.is_dir():
+            continue
+        for manifest in sorted(root.glob("*/manifest.json")):
+            try:
+                doc = json.loads(manifest.read_text(encoding="utf-8"))
+            except (OSError, ValueError, RecursionError):
+                continue
+            if isinstance(doc, dict) and doc.get("texts_sha256") == set_id:
+                return manifest.parent
+    return None
+
+
+def default_traffic_log(calibration_set: Path | None, source: Path) -> Path:
+    """The calibration set's log, or a UsageError saying why there is none and what to pass."""
+    hint = "pass --traffic LOG.jsonl (the requests the model will serve; the format `calibkit sample` reads)"
+    if calibration_set is None:
+        raise UsageError(f"no --traffic given, and the calibration set behind {source} is not known or not found",
+                         hint=hint)
+    log = log_of_calibration_set(calibration_set)
+    if log is None:
+        raise UsageError(f"no --traffic given, and the calibration set {calibration_set} names no source log",
+                         hint=hint)
+    if not log.is_file():
+        raise UsageError(f"no --traffic given, and the log {log} named by {calibration_set}/manifest.json no "
+                         "longer exists", hint=hint)
+    return log

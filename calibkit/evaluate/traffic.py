@@ -1,0 +1,387 @@
+"""Traffic as evidence: unlabeled production texts drawn from a log, for measuring fidelity to FP32.
+
+Agreement with FP32 needs no labels, so the best evidence of what production will see is the log the
+calibration set was sampled from. :func:`draw_traffic` reads a log through ``sample``'s own code path
+(:func:`calibkit.data.sample_pipeline.clean_log`: the same reader, field options, broken-line counting,
+``<script>`` stripping and personal-data redaction), then
+
+- excludes every text that is in the calibration set (by the normalised content digest ``sample`` dedups with:
+  NFKC, case-folded, whitespace collapsed; a log text matches before or after redaction, so a set sampled
+  with ``--no-redact`` is excluded as well) and counts how many;
+- keeps one text per normalised group (the population is the set of distinct texts, as in ``sample``);
+- draws up to ``size`` texts stratified by token length with ``sample``'s strata code (the per-stratum
+  priority pools of :mod:`calibkit.data.sampling`, the same length buckets, proportional allocation with at
+  least one text per non-empty bucket), seeded: the same log, options and seed give the same texts in the
+  same (canonical, seeded) order, whatever the order of the log's lines.
+
+The result is a frozen :class:`TrafficEvidence` that records where its rows came from. :func:`split_traffic`
+cuts it into a search part and a holdout part the way tune splits a labelled set (seeded, by content,
+stratified — here by length bucket). :func:`default_traffic_log` finds the log named in a calibration set's
+manifest, refusing one that is gone or changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from calibkit.data.calibset import CalibrationSet
+from calibkit.data.dedup import DedupIndex, digest, normalize
+from calibkit.data.logs import BROKEN_KINDS, ReadStats, is_gzip
+from calibkit.data.sample_pipeline import DEFAULT_MAX_LENGTH, CleanupTally, clean_log, resolve_text_fields
+from calibkit.data.sampling import (
+    Candidate,
+    PriorityPool,
+    allocate,
+    bucket_names,
+    estimate_tokens,
+    length_bucket,
+    priority,
+)
+from calibkit.errors import DataError
+from calibkit.evaluate.subsets import EvalSubset, stratified_split
+from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+
+log = logging.getLogger("calibkit.evaluate.traffic")
+
+DEFAULT_TRAFFIC_SIZE = 4000
+_PROGRESS_EVERY = 5000
+TRAFFIC_HINT = "pass the log to draw traffic texts from with --traffic LOG (JSON Lines, plain or .gz)"
+
+
+@dataclass(frozen=True)
+class TrafficOptions:
+    """How traffic texts are drawn. ``text_field``/``strict``/``redact`` mean what they mean for ``sample``;
+    ``tokenizer`` (tokenizer.json or a model folder): exact token lengths for the strata (else the word-piece
+    estimate ``sample`` uses)."""
+
+    size: int = DEFAULT_TRAFFIC_SIZE
+    seed: int = 0
+    text_field: str | None = None
+    strict: bool = False
+    redact: bool = True
+    tokenizer: Path | None = None
+    max_length: int | None = None
+
+
+@dataclass(frozen=True)
+class TrafficSource:
+    """The log the rows came from: its path, SHA-256 and size as read, and the text field(s) used."""
+
+    path: str
+    sha256: str
+    size_bytes: int
+    gzip: bool
+    text_fields: tuple[str, ...]
+    text_field_auto_detected: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "sha256": self.sha256, "size_bytes": self.size_bytes, "gzip": self.gzip,
+                "text_fields": list(self.text_fields), "text_field_auto_detected": self.text_field_auto_detected}
+
+
+@dataclass(frozen=True)
+class TrafficStratum:
+    """One token-length bucket: distinct texts of the log in it (``population``, estimated from the pool
+    when lengths are measured exactly) and how many were drawn."""
+
+    length_bucket: str
+    population: float
+    drawn: int
+
+
+@dataclass(frozen=True)
+class TrafficEvidence:
+    """Unlabeled texts drawn from a log, with the record of where each row came from.
+
+    Row ``i`` is ``texts[i]``; ``keys[i]`` is its normalised content digest (16 hex digits, ``sample``'s dedup
+    key), ``line_numbers[i]`` the (1-based) log line it was first seen on, ``seen_counts[i]`` how often the log
+    holds it, ``lengths[i]`` its token length (``length_measure``). ``excluded`` counts what was left out, by
+    reason: ``calibration_set`` (distinct texts that are in the calibration set), ``calibration_set_lines``
+    (the log lines holding them), ``duplicate_lines`` (repeats of a text already seen), ``emptied_by_cleanup``
+    (texts that held only ``<script>``/``<style>``), ``broken_lines`` (unusable lines; by kind in ``lines``).
+    ``population``: distinct usable texts outside the calibration set (``size_drawn`` of them were drawn).
+    ``part``: "all", or "search"/"holdout" for the parts :func:`split_traffic` makes.
+    """
+
+    source: TrafficSource
+    texts: tuple[str, ...]
+    keys: tuple[str, ...]
+    line_numbers: tuple[int, ...]
+    seen_counts: tuple[int, ...]
+    lengths: tuple[int, ...]
+    size_requested: int
+    seed: int
+    population: int
+    excluded: dict[str, int] = field(default_factory=dict)
+    calibration_set_id: str | None = None
+    length_measure: str = "word-piece estimate"
+    strata: tuple[TrafficStratum, ...] = ()
+    redaction: dict[str, int] = field(default_factory=dict)
+    lines: dict[str, Any] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+    part: str = "all"
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    @property
+    def size_drawn(self) -> int:
+        return len(self.texts)
+
+    @property
+    def content_sha256(self) -> str:
+        """SHA-256 over the rows' keys in order: equal for the same rows drawn from any copy of the log."""
+        return hashlib.sha256("\n".join(self.keys).encode()).hexdigest()
+
+    def take(self, subset: EvalSubset, part: str) -> TrafficEvidence:
+        """The rows of ``subset`` (indices into this evidence), as evidence of its own labelled ``part``."""
+        idx = subset.indices
+
+        def pick(values: Sequence[Any]) -> tuple[Any, ...]:
+            return tuple(values[i] for i in idx)
+
+        return replace(self, texts=pick(self.texts), keys=pick(self.keys), line_numbers=pick(self.line_numbers),
+                       seen_counts=pick(self.seen_counts), lengths=pick(self.lengths), part=part)
+
+    def to_dict(self, *, max_rows: int = 5000) -> dict[str, Any]:
+        """Provenance for reports and ledgers (no texts; the row keys when there are at most ``max_rows``)."""
+        d: dict[str, Any] = {
+            "kind": "traffic", "part": self.part, "source": self.source.to_dict(),
+            "size_requested": self.size_requested, "size_drawn": self.size_drawn, "seed": self.seed,
+            "population": self.population, "excluded": dict(self.excluded),
+            "calibration_set_id": self.calibration_set_id, "length_measure": self.length_measure,
+            "strata": [{"length_bucket": s.length_bucket, "population": round(s.population, 1), "drawn": s.drawn}
+                       for s in self.strata],
+            "redaction": dict(self.redaction), "lines": dict(self.lines), "warnings": list(self.warnings),
+            "content_sha256": self.content_sha256,
+        }
+        if self.size_drawn <= max_rows:
+            d["keys"] = list(self.keys)
+            d["line_numbers"] = list(self.line_numbers)
+        return d
+
+
+@dataclass(frozen=True)
+class TrafficSplit:
+    """tune's two parts of the traffic: ``search`` (candidates are judged on it) and ``holdout`` (the verdict
+    on texts the search never saw). ``*_subset``: the same parts as indices into the whole evidence."""
+
+    search: TrafficEvidence
+    holdout: TrafficEvidence
+    search_subset: EvalSubset
+    holdout_subset: EvalSubset
+
+
+@dataclass(frozen=True)
+class DefaultTrafficLog:
+    """The log a calibration set's manifest names, with what ``sample`` read it with."""
+
+    path: Path
+    sha256: str
+    size_bytes: int | None
+    text_field: str | None  # comma-separated paths, as --text-field takes them
+    redact: bool
+
+
+def key_hex(key: int) -> str:
+    return f"{key:016x}"
+
+
+def calibration_keys(calibration_set: CalibrationSet | Sequence[str]) -> set[int]:
+    """Normalised digests of a calibration set's texts (``sample``'s dedup key)."""
+    texts = calibration_set.texts if isinstance(calibration_set, CalibrationSet) else calibration_set
+    return {digest(normalize(t)) for t in texts}
+
+
+def default_traffic_log(calibration_set: CalibrationSet) -> DefaultTrafficLog:
+    """The log named in ``calibration_set``'s manifest, when it is still there with the size it had; its
+    SHA-256 is checked by :func:`draw_traffic` in the same pass that reads it (``expected_sha256``).
+
+    Raises DataError (the hint says to pass --traffic) when the set has no manifest naming a log, or the log
+    is gone or has another size."""
+    m = calibration_set.manifest or {}
+    src = m.get("source") if isinstance(m, dict) else None
+    where = f"calibration set {calibration_set.path}"
+    if not isinstance(src, dict) or not isinstance(src.get("path"), str) or not isinstance(src.get("sha256"), str):
+        raise DataError(f"{where} names no source log in its manifest, so there is no default traffic",
+                        hint=TRAFFIC_HINT)
+    path = Path(src["path"])
+    if not path.is_file() and not path.is_absolute():
+        beside = calibration_set.path.parent / path  # a relative path written from another working directory
+        path = beside if beside.is_file() else path
+    if not path.is_file():
+        raise DataError(f"the log {src['path']} that {where} was sampled from is no longer there",
+                        hint=TRAFFIC_HINT)
+    size = src.get("size_bytes")
+    if isinstance(size, int) and path.stat().st_size != size:
+        raise DataError(f"the log {path} changed since {where} was sampled from it ({path.stat().st_size:,} bytes, "
+                        f"then {size:,})", hint=TRAFFIC_HINT)
+    tf = m.get("text_field")
+    paths = tf.get("paths") if isinstance(tf, dict) else None
+    text_field = ",".join(str(p) for p in paths) if isinstance(paths, list) and paths else None
+    red = m.get("redaction")
+    redact = bool(red.get("enabled", True)) if isinstance(red, dict) else True
+    return DefaultTrafficLog(path, src["sha256"], size if isinstance(size, int) else None, text_field, redact)
+
+
+def draw_default_traffic(calibration_set: CalibrationSet, options: TrafficOptions = TrafficOptions(),
+                         progress: ProgressCallback | None = None) -> TrafficEvidence:
+    """:func:`draw_traffic` from the calibration set's own log (:func:`default_traffic_log`), with the text
+    field and redaction ``sample`` used unless ``options`` names a text field."""
+    d = default_traffic_log(calibration_set)
+    opts = replace(options, text_field=options.text_field or d.text_field, redact=d.redact)
+    return draw_traffic(d.path, opts, calibration_set=calibration_set, expected_sha256=d.sha256, progress=progress)
+
+
+def draw_traffic(
+    log_path: str | os.PathLike[str],
+    options: TrafficOptions = TrafficOptions(),
+    *,
+    calibration_set: CalibrationSet | None = None,
+    expected_sha256: str | None = None,
+    progress: ProgressCallback | None = None,
+) -> TrafficEvidence:
+    """Draw up to ``options.size`` distinct texts of the log that are not in ``calibration_set``, stratified by
+    token length, seeded (see the module docstring). One streaming pass over the log; memory is bounded by
+    the pools (``size`` candidates per length bucket) and the dedup digests.
+
+    ``expected_sha256``: the log must have this SHA-256 (checked on the pass that reads it): a changed log is
+    refused with a hint to pass --traffic. Raises DataError when no usable text is left."""
+    path = Path(log_path)
+    cb = progress or no_progress
+    if options.size < 1:
+        raise DataError(f"--traffic-size must be at least 1 (got {options.size})")
+    fields, auto = resolve_text_fields(path, options.text_field)
+    exclude = calibration_keys(calibration_set) if calibration_set is not None else set()
+    stats, dedup, tally = ReadStats(), DedupIndex(), CleanupTally()
+    pool = PriorityPool(capacity=options.size)  # a bucket never gets more than ``size`` texts
+    excluded_groups: set[int] = set()
+    excluded_lines = 0
+    file_size = path.stat().st_size
+    task = "reading traffic log"
+    cb(ProgressEvent(task, 0, file_size))
+    for item in clean_log(path, fields, None, strict=options.strict, redact_pii=options.redact, stats=stats,
+                          dedup=dedup, tally=tally):
+        if stats.records % _PROGRESS_EVERY == 0:
+            cb(ProgressEvent(task, stats.bytes_read, file_size, f"{stats.lines:,} lines"))
+        seen = item.seen
+        if seen is None:
+            continue
+        if exclude and (seen.key in exclude or (item.raw_text is not item.text
+                                                and digest(normalize(item.raw_text)) in exclude)):
+            excluded_lines += 1
+            excluded_groups.add(seen.key)
+            continue
+        if not seen.first:
+            continue
+        est = estimate_tokens(item.text)
+        pool.offer(length_bucket(est), Candidate(priority(seen.key, options.seed), seen.key, item.text, None, est,
+                                                 item.record.line_no))
+    cb(ProgressEvent(task, file_size, file_size, f"{stats.lines:,} lines"))
+    if expected_sha256 is not None and stats.sha256 != expected_sha256:
+        raise DataError(f"the log {path} changed since the calibration set was sampled from it (SHA-256 "
+                        f"{stats.sha256[:12]}…, then {expected_sha256[:12]}…)", hint=TRAFFIC_HINT)
+    population = dedup.unique - len(excluded_groups)
+    if population <= 0:
+        why = (f"all {dedup.unique:,} distinct texts are in the calibration set" if dedup.unique else
+               f"no usable text in {stats.lines:,} lines (text field: {', '.join(fields)})")
+        raise DataError(f"{path}: no traffic texts to draw: {why}",
+                        hint="pass a log with requests the calibration set does not hold (--traffic LOG), and "
+                             "check --text-field")
+
+    cands: list[Candidate] = []
+    weights: list[float] = []
+    for s in pool.strata():
+        members = pool.members(s)
+        cands.extend(members)
+        weights.extend([pool.weight(s)] * len(members))
+    if options.tokenizer is not None:
+        from calibkit.data.tokenizer import TextTokenizer
+
+        tok = TextTokenizer(options.tokenizer)
+        texts = [c.text for c in cands]
+        step = 2048
+        parts = []
+        for i in range(0, len(texts), step):
+            parts.append(tok.token_lengths(texts[i: i + step]))
+            cb(ProgressEvent("tokenizing traffic candidates", min(i + step, len(texts)), len(texts)))
+        lengths = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        measure = f"tokenizer ({options.tokenizer})"
+        max_len = options.max_length or tok.max_length
+    else:
+        lengths = np.asarray([c.est_tokens for c in cands], dtype=np.int64)
+        measure = "word-piece estimate"
+        max_len = options.max_length or DEFAULT_MAX_LENGTH
+    buckets = [length_bucket(int(n)) for n in lengths]
+    strata_pop: dict[int, float] = {}
+    members_of: dict[int, list[int]] = {}
+    for i, b in enumerate(buckets):
+        strata_pop[b] = strata_pop.get(b, 0.0) + weights[i]
+        members_of.setdefault(b, []).append(i)
+    for b in members_of:
+        members_of[b].sort(key=lambda i: (cands[i].priority, cands[i].key))
+    alloc = allocate(strata_pop, {b: len(v) for b, v in members_of.items()}, options.size, 1)
+    chosen = sorted((i for b, n in alloc.items() for i in members_of[b][:n]),
+                    key=lambda i: (cands[i].priority, cands[i].key))
+    names = bucket_names()
+    warnings: list[str] = []
+    if len(chosen) < options.size:
+        warnings.append(f"only {population:,} distinct texts outside the calibration set in {path}: drew "
+                        f"{len(chosen):,} of the {options.size:,} asked for")
+    over = int((lengths[chosen] > max_len).sum()) if chosen else 0
+    if over:
+        warnings.append(f"{over:,} drawn texts are longer than {max_len} tokens ({measure}): the model reads them "
+                        "truncated")
+    excluded = {
+        "calibration_set": len(excluded_groups),
+        "calibration_set_lines": excluded_lines,
+        "duplicate_lines": dedup.duplicates - max(0, excluded_lines - len(excluded_groups)),
+        "emptied_by_cleanup": tally.emptied,
+        "broken_lines": stats.broken_total,
+    }
+    if calibration_set is not None and not excluded_groups:
+        log.info("none of the %d calibration texts occurs in %s", len(calibration_set), path)
+    return TrafficEvidence(
+        source=TrafficSource(str(path), stats.sha256, file_size, is_gzip(path), tuple(fields), auto),
+        texts=tuple(cands[i].text for i in chosen),
+        keys=tuple(key_hex(cands[i].key) for i in chosen),
+        line_numbers=tuple(int(cands[i].line_no) for i in chosen),
+        seen_counts=tuple(int(dedup.counts[cands[i].key]) for i in chosen),
+        lengths=tuple(int(lengths[i]) for i in chosen),
+        size_requested=options.size,
+        seed=options.seed,
+        population=population,
+        excluded=excluded,
+        calibration_set_id=calibration_set.id if calibration_set is not None else None,
+        length_measure=measure,
+        strata=tuple(TrafficStratum(names[b], round(strata_pop[b], 3), alloc.get(b, 0)) for b in sorted(members_of)),
+        redaction={k: int(v) for k, v in sorted(tally.redactions.items())} if options.redact else {},
+        lines={"read": stats.lines, "usable": stats.records,
+               "broken": {k: stats.broken[k] for k in BROKEN_KINDS if stats.broken[k]},
+               "gzip_truncated": stats.gzip_truncated},
+        warnings=tuple(warnings),
+    )
+
+
+def split_traffic(evidence: TrafficEvidence, holdout_fraction: float, seed: int = 0) -> TrafficSplit:
+    """Search and holdout parts, as tune splits a labelled set (:func:`calibkit.evaluate.subsets.stratified_split`:
+    seeded, by row content, so the same texts split the same way in any order), stratified by length bucket
+    instead of label."""
+    strata = [length_bucket(n) for n in evidence.lengths]
+    search, hold = stratified_split(evidence.keys, strata, holdout_fraction, seed)
+    return TrafficSplit(evidence.take(search, "search"), evidence.take(hold, "holdout"), search, hold)
+
+
+__all__: Sequence[str] = (
+    "DEFAULT_TRAFFIC_SIZE", "TrafficOptions", "TrafficSource", "TrafficStratum", "TrafficEvidence", "TrafficSplit",
+    "DefaultTrafficLog", "draw_traffic", "draw_default_traffic", "default_traffic_log", "split_traffic",
+    "calibration_keys",
+)

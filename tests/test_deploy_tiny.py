@@ -1,0 +1,349 @@
+"""calibkit deploy end to end on a tiny calibrated model (onnx.helper graph, word-level tokenizer): the repository
+is checked by Triton's own schema and by ONNX Runtime, against calibkit's engine, and bad inputs fail clearly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from calib_helpers import texts, write_model_dir
+from deploy_helpers import model_config_pb2, parse_config, write_log
+from typer.testing import CliRunner
+
+from calibkit.cli import app
+from calibkit.deploy import DeployOptions, deploy
+from calibkit.deploy.perfdata import padded_feeds
+from calibkit.types import Backend, Precision
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """model/, logs.jsonl (request.text; one broken line), calibration_sets/logs-n48-s0, cal/ (minmax)."""
+    from calibkit.calibrate.pipeline import calibrate
+    from calibkit.data.modeldir import ModelDir
+    from calibkit.data.sample_pipeline import SampleOptions, sample_log
+    from calibkit.types import Method
+
+    root = tmp_path_factory.mktemp("deploy")
+    model = write_model_dir(root / "model", max_positions=16)
+    log = write_log(root / "logs.jsonl", texts(300, seed=3, max_words=13), field="request.text")
+    with open(log, "a", encoding="utf-8") as fh:
+        fh.write("not json\n")
+    cset = sample_log(log, root / "calibration_sets" / "logs-n48-s0", SampleOptions(size=48, tokenizer=model))
+    cal = calibrate(ModelDir.resolve(model), cset, Method.MINMAX, out_dir=root / "cal").out_dir
+    return {"root": root, "model": model, "log": log, "cset": cset.path, "cal": cal}
+
+
+def _session(path: Path):  # type: ignore[no-untyped-def]
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def test_onnxruntime_repository(work: dict[str, Path], tmp_path: Path) -> None:
+    pb = model_config_pb2()
+    res = deploy(work["cal"], tmp_path / "repo", DeployOptions(name="sentiment"))
+    name = tmp_path / "repo" / "sentiment"
+    assert res.model_path == name / "1" / "model.onnx" and res.model_path.is_file()
+    c = parse_config(name / "config.pbtxt")
+    assert c.name == "sentiment" and c.platform == "onnxruntime_onnx"
+    assert c.max_batch_size == res.batching.max_batch_size > 0
+    assert list(c.dynamic_batching.preferred_batch_size) == list(res.batching.preferred)
+    assert c.dynamic_batching.max_queue_delay_microseconds == 1000
+    assert [(g.kind, g.count) for g in c.instance_group] == [(pb.ModelInstanceGroup.KIND_CPU, 1)]
+    assert [o.label_filename for o in c.output] == ["labels.txt"]
+    assert (name / "labels.txt").read_text() == "negative\npositive\n"
+    # ONNX Runtime loads the repository's model with exactly the declared inputs, outputs and dims
+    sess = _session(res.model_path)
+    assert [(i.name, i.type) for i in sess.get_inputs()] == [(i.name, "tensor(int64)") for i in c.input]
+    assert all(i.data_type == pb.TYPE_INT64 for i in c.input)
+    for decl, real in zip(c.input, sess.get_inputs()):
+        assert len(real.shape) == 1 + len(decl.dims) and all(isinstance(d, str) for d in real.shape)
+        assert list(decl.dims) == [-1]
+    assert [o.name for o in sess.get_outputs()] == [o.name for o in c.output]
+    for decl, real in zip(c.output, sess.get_outputs()):
+        assert isinstance(real.shape[0], str) and list(decl.dims) == [d if isinstance(d, int) else -1
+                                                                       for d in real.shape[1:]]
+        assert decl.data_type == pb.TYPE_FP32 and real.type == "tensor(float)"
+    # the CPU-fast layout: uint8 activations (zero point 128), built by calibkit build --target onnxruntime
+    m = onnx.load(str(res.model_path))
+    assert any(i.name.endswith("zero_point") and i.data_type == onnx.TensorProto.UINT8 for i in m.graph.initializer)
+    # the repository's own files
+    doc = json.loads((tmp_path / "repo" / "deploy.json").read_text())
+    assert doc["format"] == "calibkit-deploy/1" and doc["traffic"]["path"] == str(work["log"])  # the set's log
+    assert doc["traffic"]["broken"] == {"invalid_json": 1} and doc["traffic"]["usable"] == 300
+    assert "tritonserver --model-repository" in res.readme.read_text()
+    assert (tmp_path / "repo" / "perf_analyzer.sh").stat().st_mode & 0o100
+    assert not res.build_script
+
+
+def test_repository_model_equals_calibkit_engine(work: dict[str, Path], tmp_path: Path) -> None:
+    """Bucket-padded requests (as perf_analyzer and clients send them) through the repository's model, at several
+    batch sizes, give the outputs of calibkit's own engine (`calibkit build --target onnxruntime`) for the same
+    batches. (This tiny model mean-pools over padding, so padding changes its outputs: the padding-invariance
+    of a real model is checked in test_deploy_demo.py.)"""
+    from calibkit.data.tokenizer import TextTokenizer
+    from calibkit.engines.build import BuildRequest, build
+    from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+
+    res = deploy(work["cal"], tmp_path / "repo", DeployOptions(profiles=3, perf_requests=40))
+    eng = build(BuildRequest(model=work["model"], output=tmp_path / "int8.onnx", precision=Precision.INT8,
+                             calibration=work["cal"], target="onnxruntime")).artifact
+    tok = TextTokenizer(work["model"])
+    data = json.loads(res.perf_data.read_text())["data"]
+    assert len(data) == 40
+    sess = _session(res.model_path)
+    names = [i.name for i in sess.get_inputs()]
+    corpus = texts(24, seed=9, max_words=13)
+    with OnnxRuntimeRunner(eng.path, intra_op_threads=1) as r:
+        for bs in (1, 3, 8):
+            for s in range(0, len(corpus), bs):
+                chunk = corpus[s : s + bs]
+                lens = tok.token_lengths(chunk)
+                width = int(max(res.choice.bucket_of(int(n)).hi for n in lens))
+                feeds = [padded_feeds(tok, t, width, res.choice.max_seq, names) for t in chunk]
+                batch = {n: np.concatenate([f[n] for f in feeds]) for n in names}
+                got = sess.run(None, batch)[0]
+                want = r.infer(batch)[r.output_names[0]]
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # the perf_analyzer entries are what a client sends: shapes per entry, bucket lengths, masked padding
+    his = {b.hi for b in res.choice.buckets}
+    for entry in data:
+        assert set(entry) == set(names)
+        width = entry["input_ids"]["shape"][0]
+        assert width in his and len(entry["input_ids"]["content"]) == width
+        assert entry["attention_mask"]["shape"] == [width]
+        mask = entry["attention_mask"]["content"]
+        assert mask[0] == 1 and sorted(mask, reverse=True) == mask
+        real = sum(mask)
+        assert all(v == 0 for v in entry["input_ids"]["content"][real:])  # the pad id of this tokenizer
+
+
+def test_tensorrt_repository(work: dict[str, Path], tmp_path: Path) -> None:
+    from calibkit.deploy import trtexec
+    from calibkit.deploy.engine import read_spec
+
+    pb = model_config_pb2()
+    res = deploy(work["cal"], tmp_path / "repo", DeployOptions(backend=Backend.TENSORRT, profiles=2,
+                                                                batch_tokens=64, max_batch=32))
+    name = res.out_dir / res.name
+    c = parse_config(name / "config.pbtxt")
+    assert c.platform == "tensorrt_plan" and c.default_model_filename == "model.plan"
+    assert [(g.kind, list(g.profile)) for g in c.instance_group] == [(pb.ModelInstanceGroup.KIND_GPU, ["0", "1"])]
+    assert res.model_path is None and not (name / "1" / "model.plan").exists() and (name / "1").is_dir()
+    # the ONNX the engine is built from: the TensorRT layout (int8 activations), calibrate's own Q/DQ model
+    m = onnx.load(str(res.engine_onnx))
+    zps = [i for i in m.graph.initializer if i.name.endswith("zero_point")]
+    assert zps and all(z.data_type == onnx.TensorProto.INT8 for z in zps)
+    script = res.build_script.read_text()
+    assert trtexec.render(res.trtexec[1:]) in script and "--calibkit" in script
+    trtexec.check_command(list(res.trtexec))
+    b0, b1 = res.choice.buckets
+    bs = res.batching.per_bucket
+    assert bs == tuple(max(1, min(32, 1 << ((64 // b.hi).bit_length() - 1))) for b in res.choice.buckets)
+    ins = [i.name for i in c.input]
+    assert f"--minShapes={','.join(f'{n}:1x{b1.lo}' for n in ins)}" in res.trtexec
+    assert f"--optShapes={','.join(f'{n}:{bs[1]}x{b1.hi}' for n in ins)}" in res.trtexec
+    assert f"--maxShapes={','.join(f'{n}:{res.batching.max_batch_size}x{b0.hi}' for n in ins)}" in res.trtexec
+    spec = read_spec(name)
+    assert spec.onnx == res.engine_onnx.name and len(spec.profiles) == 2
+    assert spec.profiles[1] == {"min_seq": b1.lo, "opt_seq": b1.hi, "max_seq": b1.hi, "min_batch": 1,
+                                "opt_batch": bs[1], "max_batch": res.batching.max_batch_size}
+    readme = res.readme.read_text()
+    assert "TensorRT is not installed where this repository was written" in readme
+    assert "build_engine.sh" in readme and "--stronglyTyped" in readme
+
+
+def test_calibkit_trt_build_uses_every_profile(work: dict[str, Path], tmp_path: Path, monkeypatch) -> None:
+    """The `--calibkit` path of build_engine.sh hands every profile to calibkit's TensorRT builder."""
+    import calibkit.engines.tensorrt.builder as builder
+    from calibkit.deploy.engine import build_plan
+
+    res = deploy(work["cal"], tmp_path / "repo", DeployOptions(backend=Backend.TENSORRT, profiles=2))
+    seen = {}
+
+    def fake(data, path, profiles, *, workspace_bytes, progress=None):  # noqa: ANN001, ANN202
+        seen.update(data=data, path=path, profiles=profiles, ws=workspace_bytes)
+        return builder.TrtBuildResult(path, path, path, "fake")
+
+    monkeypatch.setattr(builder, "build_engine", fake)
+    build_plan(res.out_dir / res.name)
+    assert seen["data"] == res.engine_onnx.read_bytes() and seen["path"] == res.out_dir / res.name / "1/model.plan"
+    assert [(p.min_seq, p.opt_seq, p.max_seq) for p in seen["profiles"]] == [(b.lo, b.hi, b.hi)
+                                                                             for b in res.choice.buckets]
+    assert seen["ws"] == 4096 << 20
+
+
+def test_tune_folder_keeps_the_plan_and_finds_the_set(work: dict[str, Path], tmp_path: Path, monkeypatch) -> None:
+    """A tune output: kept nodes stay FP32 in the served model; the calibration set (recorded only by its id)
+    is found under ./calibration_sets and its log is the default traffic."""
+    tune = tmp_path / "tune"
+    shutil.copytree(work["cal"], tune)
+    cal = json.loads((tune / "calibration.json").read_text())
+    cal.pop("calibration_set")
+    cal["kept_nodes"] = ["out_proj"]
+    (tune / "calibration.json").write_text(json.dumps(cal))
+    (tune / "tune.json").write_text(json.dumps({"format": "calibkit-tune/1"}))
+    monkeypatch.chdir(work["root"])
+    res = deploy(tune, tmp_path / "repo", DeployOptions())
+    assert res.doc["source"]["kind"] == "tune" and res.doc["traffic"]["path"] == str(work["log"])
+    m = onnx.load(str(res.model_path))
+    node = next(n for n in m.graph.node if n.name == "out_proj")
+    assert node.op_type == "MatMul" and not any("DequantizeLinear" in i for i in node.input)
+    assert any(n.name == "proj" for n in m.graph.node)
+
+
+def test_engine_source(work: dict[str, Path], tmp_path: Path) -> None:
+    from calibkit.engines.build import BuildRequest, build
+
+    eng = build(BuildRequest(model=work["model"], output=tmp_path / "fp16.onnx", precision=Precision.FP16)).artifact
+    res = deploy(eng.path, tmp_path / "repo", DeployOptions(traffic=work["log"], profiles=1))
+    assert res.precision is Precision.FP16 and res.name == "model-fp16" and res.choice.k == 1
+    assert onnx.load(str(res.model_path)).graph.node  # an ONNX model, converted like the engine
+    c = parse_config(res.config_path)
+    assert c.output[0].data_type == model_config_pb2().TYPE_FP32  # logits stay float32 in calibkit's FP16 layout
+
+
+# ---------------------------------------------------------------- CLI and bad inputs
+
+
+def _cli(*args: str):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(app, ["deploy", *args], catch_exceptions=False, env={"COLUMNS": "400"})
+
+
+def test_cli_writes_and_summarises(work: dict[str, Path], tmp_path: Path) -> None:
+    r = _cli(str(work["cal"]), "--backend", "tensorrt", "--out", str(tmp_path / "repo"), "--profiles", "2")
+    assert r.exit_code == 0, r.output
+    assert "chosen" in r.output and "TensorRT is NOT installed here" in r.output
+    again = _cli(str(work["cal"]), "--backend", "onnxruntime", "--out", str(tmp_path / "repo"))
+    assert again.exit_code == 0, again.output  # a repository calibkit wrote is replaced
+
+
+@pytest.mark.parametrize("case,code,text", [
+    ("not-output", 2, "is not a calibkit output"),
+    ("no-text", 3, "no usable text"),
+    ("k5", 2, "out of range"),
+    ("k-word", 2, "is not a number"),
+    ("backend", 2, "unknown --backend"),
+    ("fixed-axes", 4, "fixed batch"),
+    ("foreign-out", 2, "holds files calibkit did not write"),
+    ("threads-trt", 2, "does not apply to --backend tensorrt"),
+    ("bad-name", 2, "is not a Triton model name"),
+    ("max-seq", 2, "--max-seq 999 is outside 1..16"),
+])
+def test_cli_bad_inputs(work: dict[str, Path], tmp_path: Path, case: str, code: int, text: str) -> None:
+    out = tmp_path / "repo"
+    args = [str(work["cal"]), "--backend", "onnxruntime", "--out", str(out)]
+    if case == "not-output":
+        (tmp_path / "folder").mkdir()
+        (tmp_path / "folder" / "notes.txt").write_text("x")
+        args[0] = str(tmp_path / "folder")
+    elif case == "no-text":
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text('{"text": ""}\n{"text": null}\n')
+        args += ["--traffic", str(bad), "--text-field", "text"]
+    elif case == "k5":
+        args += ["--profiles", "5"]
+    elif case == "k-word":
+        args += ["--profiles", "many"]
+    elif case == "backend":
+        args[2] = "tvm"
+    elif case == "fixed-axes":
+        from calib_helpers import tiny_model
+
+        src = tmp_path / "fixed"
+        shutil.copytree(work["model"], src)
+        m = tiny_model()
+        for vi in m.graph.input:
+            vi.type.tensor_type.shape.dim[0].dim_value = 1
+        onnx.save(m, str(src / "model.onnx"))
+        cal = tmp_path / "cal"
+        shutil.copytree(work["cal"], cal)
+        doc = json.loads((cal / "calibration.json").read_text())
+        doc["source_model"] = str(src / "model.onnx")
+        (cal / "calibration.json").write_text(json.dumps(doc))
+        args[0] = str(cal)
+    elif case == "threads-trt":
+        args[2] = "tensorrt"
+        args += ["--threads", "2"]
+    elif case == "bad-name":
+        args += ["--name", "a/b"]
+    elif case == "max-seq":
+        args += ["--max-seq", "999"]
+    elif case == "foreign-out":
+        out.mkdir()
+        (out / "mine.txt").write_text("x")
+    r = _cli(*args)
+    assert r.exit_code == code, r.output
+    assert text in r.output and "hint:" in r.output and "Traceback" not in r.output
+    assert case == "foreign-out" or not out.exists()
+
+
+def test_cli_help_teaches() -> None:
+    r = CliRunner().invoke(app, ["deploy", "--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0
+    for s in ("Examples:", "calibkit deploy runs/tune-model", "--traffic", "--profiles", "perf_analyzer",
+              "build_engine.sh", "trtexec"):
+        assert s in r.output
+
+
+def test_build_tensorrt_without_tensorrt_prints_trtexec(work: dict[str, Path], tmp_path: Path) -> None:
+    from calibkit.deploy import trtexec
+    from calibkit.engines import tensorrt as trt_backend
+
+    if trt_backend.available():
+        pytest.skip("a real TensorRT is installed here")
+    r = CliRunner().invoke(app, ["build", str(work["model"]), "--precision", "int8", "--calibration",
+                                 str(work["cal"]), "--backend", "tensorrt", "-o", str(tmp_path / "x.engine")],
+                           env={"COLUMNS": "400"})
+    assert r.exit_code == 7, r.output
+    assert "calibkit[tensorrt]" in r.output and not (tmp_path / "x.engine").exists()
+    flags = [ln.strip().rstrip(" \\") for ln in r.output.splitlines() if ln.strip().startswith("--")]
+    argv = ["trtexec", *flags]
+    trtexec.check_command(argv)
+    assert f"--onnx={work['cal'] / 'model.int8.onnx'}" in argv and f"--saveEngine={tmp_path / 'x.engine'}" in argv
+    assert "--stronglyTyped" in argv and any(a.startswith("--timingCacheFile=") for a in argv)
+    assert any(a.startswith("--minShapes=input_ids:1x1,attention_mask:1x1") for a in argv)
+
+
+def test_engine_without_calibration_table(work: dict[str, Path], tmp_path: Path) -> None:
+    """An INT8 engine built from a bare Q/DQ model (no calibration.json anywhere): TensorRT gets it as it is;
+    ONNX Runtime gets it too, with a warning that it is not the CPU-fast layout."""
+    from calibkit.engines.build import BuildRequest, build
+
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(work["cal"] / "model.int8.onnx", alone / "q.onnx")
+    eng = build(BuildRequest(model=work["model"], output=tmp_path / "eng" / "int8.onnx", precision=Precision.INT8,
+                             qdq_model=alone / "q.onnx")).artifact
+    assert eng.calibration_json is None
+    trt = deploy(eng.path, tmp_path / "trt", DeployOptions(backend=Backend.TENSORRT, traffic=work["log"]))
+    assert trt.engine_onnx.read_bytes() == (alone / "q.onnx").read_bytes() and not trt.doc["warnings"]
+    ort_res = deploy(eng.path, tmp_path / "ort", DeployOptions(traffic=work["log"]))
+    assert ort_res.model_path.read_bytes() == (alone / "q.onnx").read_bytes()
+    assert "served as it is" in ort_res.doc["warnings"][0]
+    from calibkit.errors import UsageError
+
+    with pytest.raises(UsageError, match="calibration set behind") as exc:  # no --traffic, no set to find a log in
+        deploy(eng.path, tmp_path / "none", DeployOptions())
+    assert "--traffic" in (exc.value.hint or "") and not (tmp_path / "none").exists()
+
+
+def test_build_tensorrt_fallback_refuses_an_onnxruntime_layout_qdq(work: dict[str, Path], tmp_path: Path) -> None:
+    from calibkit.engines import tensorrt as trt_backend
+    from calibkit.engines.build import BuildRequest, build
+
+    if trt_backend.available():
+        pytest.skip("a real TensorRT is installed here")
+    ort_layout = build(BuildRequest(model=work["model"], output=tmp_path / "ort.onnx", precision=Precision.INT8,
+                                    calibration=work["cal"], target="onnxruntime")).artifact.path
+    r = CliRunner().invoke(app, ["build", str(work["model"]), "--precision", "int8", "--qdq", str(ort_layout),
+                                 "--backend", "tensorrt", "-o", str(tmp_path / "x.engine")], env={"COLUMNS": "400"})
+    assert r.exit_code == 7 and "--stronglyTyped" not in r.output
+    assert "uint8 activations" in " ".join(r.output.split())
