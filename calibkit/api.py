@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.engines.build import BuildResult
     from calibkit.evaluate.flags import Thresholds
     from calibkit.evaluate.results import Comparison, TuneResult
+    from calibkit.evaluate.traffic import TrafficEvidence
     from calibkit.evaluate.tune import TuneRun
     from calibkit.executors import Executor
 
@@ -384,11 +385,19 @@ def tune(
     max_batch_tokens: int | None = None,
     report: PathLike | None = None,
     progress: ProgressCallback | None = None,
+    traffic: PathLike | TrafficEvidence | None = None,
+    traffic_size: int = 4000,
+    traffic_text_field: str | None = None,
 ) -> TuneRun:
     """The mixed-precision plan with the most INT8 work that keeps accuracy within ``max_drop`` points of FP32
     (and, with ``min_agreement``, that percentage of FP32's predictions). Writes ``out`` (model.int8.onnx,
     calibration.cache, calibration.json, plan.json, tune.json) and, with ``report``, a report folder. Returns
-    the files written and the typed :class:`TuneResult` (``.result``)."""
+    the files written and the typed :class:`TuneResult` (``.result``).
+
+    ``traffic``: a request log (the formats and ``traffic_text_field`` option of ``sample``), ``"auto"`` for the
+    log named in the calibration set's manifest, or drawn :class:`TrafficEvidence`: up to ``traffic_size``
+    texts not in the calibration set, split into search and holdout parts like the eval set; agreement with
+    FP32 is then judged on them and the eval set carries accuracy alone."""
     import contextlib
 
     from calibkit._io import write_json
@@ -406,6 +415,9 @@ def tune(
     task = choose_task(model_outputs(load_model(md.onnx_path, load_external_data=False)),
                        {"id2label": {str(k): v for k, v in cfg.items()}}) if cfg else None
     ev, rows = load_evidence(eval_set, task=task, limit=limit, seed=seed)
+    cset = _calibration_set(calibration_set)
+    drawn = load_traffic(traffic, cset, size=traffic_size, text_field=traffic_text_field, seed=seed, model=md,
+                         progress=progress)
     config = TuneConfig(
         max_drop=max_drop, relative=relative, min_agreement=min_agreement, agreement_confidence=agreement_confidence,
         method=method, holdout_fraction=holdout, sensitivity_samples=sensitivity_samples,
@@ -428,9 +440,31 @@ def tune(
             ex = stack.enter_context(from_spec(ex, workers))
         resources = Resources(executor=ex, budget=budget(memory_budget, max_batch_tokens), workers=workers,
                               progress=progress or no_progress)
-        return run_tune(md, _calibration_set(calibration_set), ev, dest, config, render=render,
+        return run_tune(md, cset, ev, dest, config, render=render,
                         report_dir=Path(report) if report is not None else None, resources=resources,
-                        write_document=write_document, rows=rows)
+                        write_document=write_document, rows=rows, traffic=drawn)
+
+
+def load_traffic(traffic: PathLike | TrafficEvidence | None, calibration_set: CalibrationSet | None, *,
+                 size: int = 4000, text_field: str | None = None, seed: int = 0, model: ModelDir | None = None,
+                 progress: ProgressCallback | None = None) -> TrafficEvidence | None:
+    """Traffic evidence from ``traffic``: None (none), drawn evidence (as it is), ``"auto"`` (the calibration
+    set's own log, named in its manifest) or a log path; calibration texts are excluded."""
+    from calibkit.evaluate.traffic import TrafficEvidence, TrafficOptions, draw_default_traffic, draw_traffic
+
+    if traffic is None or isinstance(traffic, TrafficEvidence):
+        return traffic
+    if size < 1:
+        raise UsageError(f"--traffic-size must be at least 1, got {size}", hint="e.g. --traffic-size 4000")
+    opts = TrafficOptions(size=size, seed=seed, text_field=text_field,
+                          tokenizer=model.tokenizer_path if model is not None else None,
+                          max_length=model.max_length if model is not None else None)
+    if str(traffic) == "auto":
+        if calibration_set is None:
+            raise UsageError("--traffic auto needs a calibration set whose manifest names its log",
+                             hint="pass the log itself: --traffic requests.jsonl")
+        return draw_default_traffic(calibration_set, opts, progress)
+    return draw_traffic(traffic, opts, calibration_set=calibration_set, progress=progress)
 
 
 # ---------------------------------------------------------------- reports

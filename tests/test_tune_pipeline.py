@@ -267,3 +267,50 @@ def test_tune_json_dash_prints_the_document_and_piped_kept_layers_say_why(tiny_s
     assert kept and all(": " in line for line in kept), r.stdout  # piped: each kept layer with a short reason
     r = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "c"), "--json", "x.json"])
     assert r.exit_code == 2 and "--json takes '-'" in r.output and not (tmp_path / "c").exists()
+
+
+def test_tune_with_traffic_judges_agreement_on_traffic_and_accuracy_on_labels(tiny_setup):
+    """--traffic: unlabeled log texts (calibration texts excluded) join the evidence; candidates' agreement is
+    measured on the traffic rows of the search split, accuracy on the labelled rows, and the holdout evidence
+    says how many of each it holds."""
+    from calibkit.api import load_traffic
+    from calibkit.data.calibset import load_calibration_set
+
+    cset = load_calibration_set(tiny_setup["cset"])
+    texts, _ = make_texts(500, seed=11)
+    log = tiny_setup["root"] / "traffic.jsonl"
+    log.write_text("".join(json.dumps({"request": {"text": t}}) + "\n" for t in [*cset.texts[:12], *texts]))
+    md = ModelDir.resolve(tiny_setup["model"])
+    traffic = load_traffic(log, cset, size=300, text_field="request.text", seed=0, model=md)
+    assert traffic is not None and 0 < len(traffic) <= 300
+    assert traffic.excluded.get("calibration_set", 0) >= 1
+    assert not set(traffic.texts) & set(cset.texts)
+
+    ev = load_eval_set(tiny_setup["eval"])
+    cfg = TuneConfig(max_drop=1.0, min_agreement=95.0, workers=1, sensitivity_samples=64, method="minmax")
+    res = run_tune(md, tiny_setup["cset"], ev, tiny_setup["root"] / "traffic-out", cfg, traffic=traffic)
+    doc, r = res.doc, res.result
+    es = r.eval_set
+    assert es.traffic is not None and es.traffic.count == len(traffic) and not es.traffic.labelled
+    assert es.traffic_search + es.traffic_holdout == len(traffic)
+    assert es.search + es.holdout == len(ev) + len(traffic)
+    assert any(x.startswith("calibration set:") for x in es.traffic.exclusions)
+    # accuracy counts the labelled rows only: FP32's accuracy is the eval set's, not inflated by traffic rows
+    # whose "labels" are FP32's own predictions
+    fp32_alone = TuneConfig(max_drop=1.0, workers=1, sensitivity_samples=64, method="minmax")
+    plain = run_tune(md, tiny_setup["cset"], ev, tiny_setup["root"] / "traffic-plain", fp32_alone)
+    assert r.target.fp32_accuracy < 1.0
+    assert r.target.fp32_accuracy == pytest.approx(plain.result.target.fp32_accuracy, abs=0.05)
+    assert res.met_target and "fc1" in res.kept_nodes
+    hold = r.final.holdout_evidence
+    assert hold is not None and hold.agreement_n == es.traffic_holdout and hold.n == es.holdout - es.traffic_holdout
+    assert "traffic texts never used by the search" in r.final.holdout_verdict.text
+    assert doc["eval_set"]["traffic"]["count"] == len(traffic)
+
+
+def test_tune_cli_traffic_auto_needs_a_log_in_the_manifest(tiny_setup, tmp_path):
+    r = CliRunner().invoke(app, ["tune", str(tiny_setup["model"]), "-c", str(tiny_setup["cset"]), "-e",
+                                 str(tiny_setup["eval"]), "--traffic", "auto", "--workers", "1", "--out",
+                                 str(tmp_path / "o"), "--no-report"])
+    assert r.exit_code == 3, r.output
+    assert "--traffic" in r.output and "Traceback" not in r.output

@@ -52,6 +52,9 @@ HELP = (
     "--eval-set demo_assets/data/test.jsonl --max-drop 0.5\n\n"
     "  calibkit tune model/ -c calib/ -e test.parquet --max-drop 1 --relative --method entropy --workers 4\n\n"
     "  calibkit tune model/ -c calib/ -e test.jsonl --max-drop 0.5 --min-agreement 99\n"
+    "  calibkit tune model/ -c calib/ -e test.jsonl --min-agreement 99 --traffic auto   (agreement judged on "
+    "4,000 unlabeled texts of the calibration set's own log, calibration texts excluded; the eval set's labels "
+    "carry accuracy alone)\n"
     "  calibkit tune runs/minilm-smoothed -c calib/ -e test.jsonl --min-agreement 99   (a folder written by "
     "`calibkit smooth`: fewer layers to keep, measured against the same FP32 function)\n"
     "  calibkit tune model/ -c calib/ -e test.parquet --executor dask://10.0.0.5:8786   (a Dask cluster: "
@@ -101,6 +104,18 @@ def tune(
     percentile: float = typer.Option(99.99, "--percentile", help="Percentile for the percentile method."),
     seed: int = typer.Option(0, "--seed", help="Seed of the --limit subset and the search/holdout split."),
     force: bool = force_option("--out and --report"),
+    traffic: str | None = typer.Option(
+        None, "--traffic",
+        help="Unlabeled request log whose texts judge agreement with FP32 (the formats of `calibkit sample`), or "
+             "'auto' for the log named in the calibration set's manifest. Texts in the calibration set are "
+             "excluded; the rest are split into search and holdout parts like the eval set, whose labels then "
+             "carry accuracy alone. A labelled set of a thousand texts cannot show 99 % agreement; a few "
+             "thousand traffic texts can.",
+    ),
+    traffic_size: int = typer.Option(4000, "--traffic-size", min=1, help="Traffic texts drawn (by token length)."),
+    traffic_text_field: str | None = typer.Option(
+        None, "--traffic-text-field", help="Text field of the traffic log, as `sample --text-field` (default: found)."
+    ),
 ) -> None:
     with handle_errors():
         from calibkit.api import check_tune_options
@@ -116,7 +131,8 @@ def tune(
         dest = out_dir or Path("runs") / f"tune-{_model_name(model, tokenizer)}"
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         report_dir = None if no_report else report or Path("reports") / f"{stamp}-tune"
-        inputs = [model, calibration_set, eval_set, tokenizer]
+        inputs = [model, calibration_set, eval_set, tokenizer,
+                  Path(traffic) if traffic not in (None, "auto") else None]
         guard_out_dir(dest, inputs=inputs, force=force, legacy_names=_OUT_NAMES)
         if report_dir is not None:
             _check_apart(dest, report_dir)
@@ -133,6 +149,7 @@ def tune(
                 sensitivity_layers=sensitivity_layers, max_evaluations=max_evaluations, limit=limit, seed=seed,
                 percentile=percentile, workers=workers, executor=executor, memory_budget=memory_budget,
                 max_batch_tokens=max_batch_tokens, report=report_dir, progress=progress,
+                traffic=traffic, traffic_size=traffic_size, traffic_text_field=traffic_text_field,
             )
         if json_out is not None:
             import sys
@@ -179,6 +196,12 @@ def _summary(run: TuneRun, report_dir: Path | None) -> None:
     def pct(v: float | None) -> str:
         return "—" if v is None else f"{100 * v:.2f} %"
 
+    es = r.eval_set
+    if es.traffic is not None:
+        excluded = "; ".join(x for x in es.traffic.exclusions if not x.startswith("log sha256"))
+        say(f"evidence: accuracy on {es.count - es.traffic.count} labelled texts of {Path(es.path).name}; agreement "
+            f"on {es.traffic.count} traffic texts of {Path(es.traffic.path).name} (search {es.traffic_search}, "
+            f"holdout {es.traffic_holdout}; excluded {excluded or 'nothing'})")
     f = r.final
     t.add_row("FP32", pct(r.target.fp32_accuracy), pct(r.target.fp32_accuracy_holdout), "", "")
     allint8 = r.all_int8

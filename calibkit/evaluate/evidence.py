@@ -1,7 +1,10 @@
-"""Which rows a decision rests on: the search / holdout / sensitivity subsets tune draws from its eval set.
+"""Which rows a decision rests on: the search / holdout / sensitivity subsets tune draws from its evidence.
 
-Every subset is seeded, stratified by label and keyed by row content (``evaluate.subsets``). This module only
-chooses rows and says what the choice cannot support (warnings); measuring and deciding happen elsewhere.
+The evidence is the labelled eval set and, with ``--traffic``, unlabeled texts drawn from the log
+(``evaluate.traffic``): labelled rows carry what needs labels (accuracy), traffic rows carry agreement with FP32
+(which needs no labels, and of which the log holds thousands). Every subset is seeded, stratified by label (and by
+where a row came from) and keyed by row content (``evaluate.subsets``). This module only chooses rows and says
+what the choice cannot support (warnings); measuring and deciding happen elsewhere.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ MIN_SEARCH_ROWS = 10
 SMALL_HOLDOUT = 200
 
 
-def split_subsets(labels: np.ndarray, holdout_fraction: float, seed: int, texts: Sequence[str] | None = None
-                  ) -> tuple[EvalSubset, EvalSubset]:
-    """Stratified (by label) seeded search/holdout split, by row content when ``texts`` are given."""
+def split_subsets(labels: np.ndarray, holdout_fraction: float, seed: int, texts: Sequence[str] | None = None,
+                  strata: Sequence[str] | None = None) -> tuple[EvalSubset, EvalSubset]:
+    """Stratified (by label, or by ``strata``) seeded search/holdout split, by row content when ``texts`` are
+    given."""
     keys = list(texts) if texts is not None else [str(i) for i in range(len(labels))]
-    return stratified_split(keys, [int(v) for v in labels], holdout_fraction, seed)
+    return stratified_split(keys, list(strata) if strata is not None else [int(v) for v in labels],
+                            holdout_fraction, seed)
 
 
 @dataclass(frozen=True, eq=False)
@@ -40,30 +45,66 @@ class SplitEvidence:
     holdout: EvalSubset
     sensitivity: EvalSubset
     warnings: tuple[str, ...] = ()
+    # per row: drawn from traffic (its label is FP32's prediction); None when there is no traffic evidence
+    traffic: np.ndarray | None = None
 
     @property
     def reference_predictions(self) -> np.ndarray:
         return self.reference.argmax(axis=1)
 
-    def accuracy_of_reference(self, subset: EvalSubset) -> float:
+    def accuracy_positions(self, subset: EvalSubset) -> np.ndarray:
+        """Positions in ``subset``'s row order whose accuracy counts: the labelled eval rows when there is
+        traffic beside them, else every row."""
         idx = subset.array
+        if self.traffic is None or not self.labelled:
+            return np.arange(len(idx))
+        return np.flatnonzero(~self.traffic[idx])
+
+    def agreement_positions(self, subset: EvalSubset) -> np.ndarray:
+        """Positions in ``subset``'s row order whose agreement with FP32 counts: the traffic rows when there are
+        any, else every row."""
+        idx = subset.array
+        if self.traffic is None:
+            return np.arange(len(idx))
+        return np.flatnonzero(self.traffic[idx])
+
+    def accuracy_of_reference(self, subset: EvalSubset) -> float:
+        idx = subset.array[self.accuracy_positions(subset)]
         if not len(idx):
             return float("nan")
         return float(np.mean(self.reference[idx].argmax(axis=1) == self.labels[idx]))
 
+    def scores(self, subset: EvalSubset, predictions: Sequence[int]) -> tuple[float, float]:
+        """(accuracy on the rows whose accuracy counts, agreement with FP32 on the rows whose agreement counts)
+        of a variant's ``predictions`` on ``subset`` (in its row order); NaN where no row counts."""
+        pred = np.asarray(predictions, dtype=np.int64)
+        idx = subset.array
+        if len(pred) != len(idx):
+            return float("nan"), float("nan")
+        acc_p, agr_p = self.accuracy_positions(subset), self.agreement_positions(subset)
+        acc = float(np.mean(pred[acc_p] == self.labels[idx[acc_p]])) if len(acc_p) else float("nan")
+        agr = float(np.mean(pred[agr_p] == self.reference_predictions[idx[agr_p]])) if len(agr_p) else float("nan")
+        return acc, agr
+
 
 def split_evidence(texts: Sequence[str], labels: np.ndarray, reference: np.ndarray, *, labelled: bool,
-                   class_names: Sequence[str], holdout_fraction: float, sensitivity_samples: int, seed: int
-                   ) -> SplitEvidence:
-    """Draw the search, holdout and sensitivity subsets (DataError when the search split would be too small)."""
-    search, holdout = split_subsets(labels, holdout_fraction, seed, texts)
+                   class_names: Sequence[str], holdout_fraction: float, sensitivity_samples: int, seed: int,
+                   traffic: np.ndarray | None = None) -> SplitEvidence:
+    """Draw the search, holdout and sensitivity subsets (DataError when the search split would be too small).
+    ``traffic``: per row, whether it was drawn from traffic; each part keeps its share of both kinds of row."""
+    strata = None
+    if traffic is not None:
+        strata = [("t" if t else "e") + str(int(v)) for v, t in zip(labels, traffic)]
+    search, holdout = split_subsets(labels, holdout_fraction, seed, texts, strata)
     if len(search) < MIN_SEARCH_ROWS:
         raise DataError(f"the eval set is too small to tune on ({len(texts)} examples)",
                         hint="use at least a few hundred examples")
-    warnings = list(evidence_warnings(labels, list(class_names))) if labelled else []
+    own = np.ones(len(labels), dtype=bool) if traffic is None else ~traffic
+    warnings = list(evidence_warnings(labels[own], list(class_names))) if labelled else []
     if len(holdout) < SMALL_HOLDOUT:
         warnings.append(f"the holdout split has {len(holdout)} examples: its verdict has wide intervals")
     search_texts = search.take(texts)
-    sens = nested(search, stratified_subset(search_texts, [int(v) for v in labels[search.array]],
+    sens_strata: Sequence[object] = strata if strata is not None else [int(v) for v in labels]
+    sens = nested(search, stratified_subset(search_texts, [sens_strata[i] for i in search.array],
                                             sensitivity_samples, seed + 1))
-    return SplitEvidence(tuple(texts), labels, reference, labelled, search, holdout, sens, tuple(warnings))
+    return SplitEvidence(tuple(texts), labels, reference, labelled, search, holdout, sens, tuple(warnings), traffic)

@@ -409,6 +409,10 @@ class TuneEvalSet:
     sensitivity_samples: int
     labels: str  # "given" | "FP32 predictions (the eval set has none)"
     evidence: Evidence | None = None
+    # unlabeled traffic texts judged for agreement with FP32 (--traffic), and how many fell in each split
+    traffic: Evidence | None = None
+    traffic_search: int = 0
+    traffic_holdout: int = 0
 
 
 @dataclass(frozen=True)
@@ -466,7 +470,8 @@ class PlanEvidence:
     accuracy_minus_fp32: Difference
     agreement: Range
     flips: int
-    n: int
+    n: int  # rows whose accuracy counts
+    agreement_n: int | None = None  # rows whose agreement counts (the traffic's), when they are others
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,7 @@ from calibkit.evaluate.sensitivity import (
     run_jobs,
 )
 from calibkit.evaluate.subsets import EvalSubset
+from calibkit.evaluate.traffic import TrafficEvidence
 from calibkit.evaluate.uncertainty import paired_difference, proportion
 from calibkit.executors import Executor, from_spec
 from calibkit.graph import check_float_source, load_model, model_sha256
@@ -323,8 +324,12 @@ def run_tune(
     write_document: DocumentWriter | None = None,
     rows: EvalSubset | None = None,
     resources: Resources | None = None,
+    traffic: TrafficEvidence | None = None,
 ) -> TuneRun:
     """Search the plan, write OUT/ and return what was written with the typed result.
+
+    ``traffic``: unlabeled texts from the log (``evaluate.traffic``), split like the eval set; agreement with
+    FP32 is then judged on them (search and holdout parts) and the eval set's labels carry accuracy alone.
 
     ``resources``: where evaluations run (``executor``; default: a process pool of ``config.workers``, closed at
     the end; a given executor also shards the statistics), the memory budget of statistics and layer taps, and
@@ -339,7 +344,8 @@ def run_tune(
             resources = replace(resources, executor=stack.enter_context(from_spec("local", config.workers)))
         return _run_tune(model_dir, calibration_set, eval_set, out_dir, config,
                          progress=progress or resources.progress, render=render, report_dir=report_dir,
-                         resources=resources, shard_stats=given, write_document=write_document, rows=rows)
+                         resources=resources, shard_stats=given, write_document=write_document, rows=rows,
+                         traffic=traffic)
 
 
 @dataclass(frozen=True, eq=False)
@@ -428,6 +434,7 @@ def _run_tune(
     shard_stats: bool,
     write_document: DocumentWriter | None,
     rows: EvalSubset | None,
+    traffic: TrafficEvidence | None = None,
 ) -> TuneRun:
     """The search, step by step (see the module docstring)."""
     cb = progress or no_progress
@@ -439,7 +446,7 @@ def _run_tune(
     t0 = time.perf_counter()
     cset = calibration_set if isinstance(calibration_set, CalibrationSet) else load_calibration_set(calibration_set)
     model = _load_model(model_dir, config)
-    config, evidence = _draw_evidence(model, eval_set, config, resources, cb)
+    config, evidence = _draw_evidence(model, eval_set, config, resources, cb, traffic)
     store, reused_stats = gather_stats(model_dir, cset, model.placement.activations, model_sha256=model.sha,
                                        num_bins=config.params.num_bins, batch_size=config.batch_size, progress=cb,
                                        model=model.proto, executor=executor if shard_stats else None,
@@ -454,7 +461,7 @@ def _run_tune(
     ranking = _rank(model, evidence, config, jobs, ev, tables, flops, resources, cb)
     searched = _search(evidence, config, jobs, ev, tables, ranking, flops)
     result = _tune_result(eval_set, rows, model, evidence, config, tables, ranking, searched, flops, linear,
-                          reused_stats, ev.reused, time.perf_counter() - t0)
+                          reused_stats, ev.reused, time.perf_counter() - t0, traffic)
     if render is not None and report_dir:  # OUT and --report are replaced together or not at all
         with commit_together():
             run = _write_outputs(out, model_dir, model.proto, tables.base[0], result, config, write_document)
@@ -497,9 +504,11 @@ def _load_model(model_dir: ModelDir, config: TuneConfig) -> _Model:
 
 
 def _draw_evidence(model: _Model, eval_set: EvalSet, config: TuneConfig, resources: Resources,
-                   cb: ProgressCallback) -> tuple[TuneConfig, SplitEvidence]:
+                   cb: ProgressCallback, traffic: TrafficEvidence | None = None) -> tuple[TuneConfig, SplitEvidence]:
     """Labels (or, unlabeled, FP32's own predictions: the target becomes agreement alone), the FP32 reference
-    on every row (once), and the search / holdout / sensitivity split."""
+    on every row (once), and the search / holdout / sensitivity split. Traffic texts join the rows with FP32's
+    predictions as their labels and are marked, so accuracy is scored on the eval set's rows and agreement on
+    the traffic's."""
     from calibkit.evaluate.predict import predict_logits
 
     texts = eval_set.texts
@@ -515,15 +524,22 @@ def _draw_evidence(model: _Model, eval_set: EvalSet, config: TuneConfig, resourc
         log.warning("%s has no labels: tuning for agreement with FP32 alone (--min-agreement %g; --max-drop does "
                     "not apply)", eval_set.path.name, config.min_agreement)
         config = replace(config, fidelity_only=True)
+    mask = None
+    if traffic is not None and len(traffic):
+        texts = (*texts, *traffic.texts)
+        mask = np.zeros(len(texts), dtype=bool)
+        mask[len(eval_set):] = True
+        if not labelled and config.min_agreement is None:
+            config = replace(config, min_agreement=DEFAULT_UNLABELED_AGREEMENT)
     with resources.runner_factory(model.dir.onnx_path, name="fp32") as fp32:
         ref_logits = predict_logits(fp32, model.tokenizer, texts, batch_size=config.batch_size, progress=cb,
                                     task="FP32 reference", output_name=model.task.output_name)
-    if labels is None:
-        labels = ref_logits.argmax(axis=1).astype(np.int64)
+    fp32_pred = ref_logits.argmax(axis=1).astype(np.int64)
+    labels = fp32_pred if labels is None else np.concatenate([labels, fp32_pred[len(eval_set):]])
     evidence = split_evidence(texts, labels, ref_logits, labelled=labelled,
                               class_names=[id2label[i] for i in sorted(id2label)],
                               holdout_fraction=config.holdout_fraction,
-                              sensitivity_samples=config.sensitivity_samples, seed=config.seed)
+                              sensitivity_samples=config.sensitivity_samples, seed=config.seed, traffic=mask)
     for w in evidence.warnings:  # returned with the result, whose caller shows them (the CLI as "warning:")
         log.info("%s", w)
     return config, evidence
@@ -560,7 +576,8 @@ def _measure_tables(store: Any, cset: CalibrationSet, model: _Model, config: Tun
     kl: dict[str, float] = {}
     for k, (_, p, tsha) in tables.items():
         (r,) = ev.run([jobs(p, (), jobs.evidence.search, ALL_INT8)], tsha, f"all-INT8 ({k})")
-        acc[k], flips[k], kl[k] = r.accuracy, r.flip_rate, r.mean_kl
+        acc[k], agree = jobs.evidence.scores(jobs.evidence.search, r.predictions)
+        flips[k], kl[k] = 1.0 - agree, r.mean_kl
     base_key = min(flips, key=lambda k: (flips[k], kl[k], k != "auto"))
     return _Tables(tables, chosen_methods, acc, flips, kl, base_key)
 
@@ -604,13 +621,13 @@ def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: _Evalu
     def evaluate(plans: Sequence[Plan]) -> list[tuple[float, float]]:
         res = ev.run([jobs(table_path, p, evidence.search, PLAN_MODE) for p in plans], table_sha, "candidate plans")
         on_search.update(zip(plans, res))
-        return [(r.accuracy, 1.0 - r.flip_rate) for r in res]
+        return [evidence.scores(evidence.search, r.predictions) for r in res]
 
     fp32_search = evidence.accuracy_of_reference(evidence.search)
     outcome = search_plan(ranking.order, flops, evaluate, config.threshold(fp32_search),
                           max_evaluations=config.max_evaluations,
                           min_agreement=None if config.min_agreement is None else config.min_agreement / 100.0,
-                          agreement_examples=len(evidence.search),
+                          agreement_examples=len(evidence.agreement_positions(evidence.search)),
                           agreement_z=NormalDist().inv_cdf(config.agreement_confidence))
     final: Measured | None = outcome.best
     if final is None:  # nothing met the target: report the most faithful plan measured
@@ -625,16 +642,18 @@ def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: _Evalu
 
 def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evidence: SplitEvidence,
                  config: TuneConfig, tables: _Tables, ranking: _Ranking, searched: _Searched,
-                 flops: dict[str, float], linear: Any, reused_stats: bool, reused_evals: int, seconds: float
-                 ) -> TuneResult:
+                 flops: dict[str, float], linear: Any, reused_stats: bool, reused_evals: int, seconds: float,
+                 traffic: TrafficEvidence | None = None) -> TuneResult:
     """The typed result of the run (no NaN: what does not apply is None)."""
     final, outcome = searched.final, searched.outcome
-    labels, ref_pred = evidence.labels, evidence.reference_predictions
     search_idx, hold_idx = evidence.search.array, evidence.holdout.array
     fp32_search = evidence.accuracy_of_reference(evidence.search)
-    hold_acc = {p: r.accuracy for p, r in searched.on_holdout.items()}
-    search_ev, agree_search = _plan_evidence(config, labels, ref_pred, search_idx, searched.on_search.get(final.plan))
-    hold_ev, agree_hold = _plan_evidence(config, labels, ref_pred, hold_idx, searched.on_holdout.get(final.plan))
+    search_ev, agree_search = _plan_evidence(config, evidence, evidence.search, searched.on_search.get(final.plan))
+    hold_ev, agree_hold = _plan_evidence(config, evidence, evidence.holdout, searched.on_holdout.get(final.plan))
+    all_int8_hold = searched.on_holdout.get(())
+    all_int8_agree_hold = (evidence.scores(evidence.holdout, all_int8_hold.predictions)[1]
+                           if all_int8_hold is not None else None)
+    hold_acc = {p: evidence.scores(evidence.holdout, r.predictions)[0] for p, r in searched.on_holdout.items()}
     reasons = _reasons(final.plan, ranking.harm, ranking.base, flops, ranking.own_sqnr, outcome.tried)
     # INT8 share over ALL linear FLOPs: work hidden in fused contrib ops (ORT Attention) stays FP32 in every plan
     share = linear.plain_share
@@ -657,6 +676,9 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
             labels="FP32 predictions (the eval set has none)" if config.fidelity_only else "given",
             evidence=Evidence(str(eval_set.path), len(eval_set), tuple(id2label[i] for i in sorted(id2label)),
                               RowSelection.of_subset(rows), labelled=not config.fidelity_only),
+            traffic=traffic_evidence(traffic),
+            traffic_search=len(evidence.agreement_positions(evidence.search)) if traffic is not None else 0,
+            traffic_holdout=len(evidence.agreement_positions(evidence.holdout)) if traffic is not None else 0,
         ),
         target=TuneTarget(
             relative=config.relative, fp32_accuracy=finite(fp32_search),
@@ -683,11 +705,10 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
             kept_nodes=tuple(final.plan), int8_flops_fraction=final.int8_flops_fraction * share, method=base_key,
             accuracy_search=finite(final.accuracy), accuracy_holdout=finite(hold_acc.get(final.plan)),
             all_int8_accuracy_holdout=finite(hold_acc.get(())),
-            all_int8_agreement_holdout=finite(1.0 - searched.on_holdout[()].flip_rate)
-            if () in searched.on_holdout else None,
+            all_int8_agreement_holdout=finite(all_int8_agree_hold),
             agreement_search=agree_search, agreement_holdout=agree_hold, search_evidence=search_ev,
             holdout_evidence=hold_ev,
-            holdout_verdict=holdout_verdict(config, hold_ev, _allowed_change(config, ref_pred, labels, hold_idx)),
+            holdout_verdict=holdout_verdict(config, hold_ev, _allowed_change(config, evidence)),
             reasons={n: tuple(r) for n, r in reasons.items()},
             kept_modules={n: modules[n].module for n in final.plan if n in modules and modules[n].module},
         ),
@@ -699,6 +720,18 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
         evaluations_reused=reused_evals,
         seconds=round(seconds, 1),
     )
+
+
+def traffic_evidence(traffic: TrafficEvidence | None) -> Evidence | None:
+    """Where the traffic rows came from, as result evidence: the log, its sha256, the rows drawn (content hash
+    of their normalised texts) and what was excluded (calibration texts, duplicates, broken lines)."""
+    if traffic is None:
+        return None
+    excluded = tuple(f"{k.replace('_', ' ')}: {v}" for k, v in sorted(traffic.excluded.items()) if v)
+    rows = RowSelection(len(traffic), traffic.population, traffic.seed, "stratified by token length",
+                        traffic.content_sha256)
+    return Evidence(str(traffic.source.path), len(traffic), (), rows, labelled=False,
+                    exclusions=(f"log sha256: {traffic.source.sha256}", *excluded))
 
 
 def _split(evidence: SplitEvidence, seed: int) -> TuneSplit:
@@ -721,25 +754,29 @@ def _rank_by_harm_per_flop(nodes: Sequence[str], harm: dict[str, tuple[float, fl
     return sorted(nodes, key=lambda n: (-density(n), -harm[n][1], flops.get(n, 0.0)))
 
 
-def _plan_evidence(config: TuneConfig, labels: np.ndarray, ref_pred: np.ndarray, idx: np.ndarray,
+def _plan_evidence(config: TuneConfig, evidence: SplitEvidence, subset: EvalSubset,
                    r: SensitivityResult | None) -> tuple[PlanEvidence | None, float | None]:
-    """The final plan against FP32 on one split, with paired 95 % intervals, and its agreement with FP32."""
+    """The final plan against FP32 on one split, with paired 95 % intervals, and its agreement with FP32:
+    accuracy on the rows whose accuracy counts, agreement on those whose agreement counts (the traffic's)."""
+    idx = subset.array
     if r is None or len(r.predictions) != len(idx) or not len(idx):
         return None, None
+    labels, ref_pred = evidence.labels, evidence.reference_predictions
     pred = np.asarray(r.predictions, dtype=np.int64)
-    diff = paired_difference(ref_pred[idx] == labels[idx], pred == labels[idx], seed=config.seed)
-    agree = proportion(pred == ref_pred[idx])
-    ev = PlanEvidence(Difference.of(diff), Range.of(agree), int((pred != ref_pred[idx]).sum()),  # type: ignore[arg-type]
-                      int(len(idx)))
+    acc_p, agr_p = evidence.accuracy_positions(subset), evidence.agreement_positions(subset)
+    ia, ig = idx[acc_p], idx[agr_p]
+    diff = paired_difference(ref_pred[ia] == labels[ia], pred[acc_p] == labels[ia], seed=config.seed)
+    agree = proportion(pred[agr_p] == ref_pred[ig])
+    ev = PlanEvidence(Difference.of(diff), Range.of(agree), int((pred[agr_p] != ref_pred[ig]).sum()),  # type: ignore[arg-type]
+                      int(len(ia)), agreement_n=int(len(ig)) if evidence.traffic is not None else None)
     return ev, finite(agree.estimate)
 
 
-def _allowed_change(config: TuneConfig, ref_pred: np.ndarray, labels: np.ndarray, hold_idx: np.ndarray
-                    ) -> float | None:
+def _allowed_change(config: TuneConfig, evidence: SplitEvidence) -> float | None:
     """The accuracy change against FP32 the target allows on the holdout (None: no accuracy constraint)."""
     if config.fidelity_only:
         return None
-    fp32_hold = float(np.mean(ref_pred[hold_idx] == labels[hold_idx])) if len(hold_idx) else float("nan")
+    fp32_hold = evidence.accuracy_of_reference(evidence.holdout)
     return -(fp32_hold * config.max_drop / 100.0 if config.relative else config.max_drop / 100.0)
 
 
@@ -766,7 +803,9 @@ def holdout_verdict(config: TuneConfig, ev: PlanEvidence | None, allowed: float 
     def pts(v: float | None, fmt: str) -> str:
         return "n/a" if v is None else format(100 * v, fmt)
 
-    words = [f"on the holdout split ({ev.n} examples never used by the search) the plan's accuracy is "
+    where = (f"{ev.n} examples" if ev.agreement_n is None
+             else f"{ev.n} labelled examples and {ev.agreement_n} traffic texts")
+    words = [f"on the holdout split ({where} never used by the search) the plan's accuracy is "
              f"{pts(d.estimate, '+.2f')} points from FP32 (95 % CI {pts(d.low, '+.2f')} to {pts(d.high, '+.2f')},"
              f" {d.verdict}) and it keeps {pts(a.estimate, '.2f')} % of FP32's predictions (95 % CI "
              f"{pts(a.low, '.2f')} to {pts(a.high, '.2f')})"]
