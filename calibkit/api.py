@@ -310,12 +310,17 @@ def compare(
     memory_budget: str | int = DEFAULT_MEMORY_BUDGET,
     max_batch_tokens: int | None = None,
     progress: ProgressCallback | None = None,
+    traffic: PathLike | TrafficEvidence | None = None,
+    traffic_size: int = 4000,
+    traffic_text_field: str | None = None,
 ) -> Comparison:
     """Engine A (baseline) against engine B on an eval set: each engine's metrics, B's fidelity to A in the
     task's terms, per-layer measurements, sensitivity and flags. Engines are paths (with their .calibkit.json
     sidecars) or loaded :class:`EngineArtifact` values and must come from the same FP32 model; ``task`` forces
     classification | embedding | token-classification | regression | multi-label. ``executor``: an Executor or
-    a spec ("local", "dask://host:port") for the sensitivity variants."""
+    a spec ("local", "dask://host:port") for the sensitivity variants. ``traffic``: a request log (or
+    ``"auto"``: the log of the calibration set B was calibrated on, named in its manifest) whose texts — those
+    not in that calibration set — measure B's fidelity to A without labels (``Comparison.traffic``)."""
     import contextlib
 
     from calibkit.evaluate.compare import CompareOptions, check_same_model, compare_engines, select_task, tokenizer_dir
@@ -343,7 +348,31 @@ def compare(
             ex = stack.enter_context(from_spec(ex, workers))
         resources = Resources(executor=ex, budget=budget(memory_budget, max_batch_tokens), workers=workers,
                               progress=progress or no_progress)
-        return compare_engines(a, b, ev, reference=ref, options=opts, rows=rows, task=chosen, resources=resources)
+        drawn = load_traffic(traffic, _engine_calibration_set(b, a), size=traffic_size, text_field=traffic_text_field,
+                             seed=seed, progress=progress)
+        return compare_engines(a, b, ev, reference=ref, options=opts, rows=rows, task=chosen, resources=resources,
+                               traffic=drawn)
+
+
+def _engine_calibration_set(*engines: EngineArtifact) -> CalibrationSet | None:
+    """The calibration set an INT8 engine was calibrated on (its sidecar's calibration.json names it), when it
+    is still there: its texts are excluded from traffic evidence, and its manifest names the default log."""
+    from calibkit._io import read_json
+    from calibkit.data.calibset import load_calibration_set
+    from calibkit.errors import CalibkitError
+
+    for e in engines:
+        if not e.calibration_json or not Path(e.calibration_json).is_file():
+            continue
+        try:
+            doc = read_json(Path(e.calibration_json))
+            cs = doc.get("calibration_set") if isinstance(doc, dict) else None
+            path = cs.get("path") if isinstance(cs, dict) else cs
+            if isinstance(path, str) and Path(path).is_dir():
+                return load_calibration_set(Path(path))
+        except (CalibkitError, OSError, ValueError):
+            continue
+    return None
 
 
 # ---------------------------------------------------------------- tune

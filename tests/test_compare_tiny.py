@@ -419,3 +419,42 @@ def test_a_recovery_within_its_uncertainty_is_insufficient_evidence() -> None:
     real = paired_difference(base, kept)
     f = flag_layer(Thresholds(), **common, all_but_this_delta=40 / n, all_but_this_diff=real)
     assert f.flag is Flag.KEEP_FP16
+
+
+def test_traffic_measures_fidelity_without_labels(tiny, tmp_path: Path) -> None:
+    """compare --traffic: B's fidelity to A on unlabeled log texts, with where they came from; agreement and its
+    interval equal a direct count over the same texts; the document round-trips."""
+    import calibkit as ck
+    from calibkit.report.codec import parse_result, to_document
+
+    texts, _ = make_texts(300, seed=23)
+    log = tmp_path / "traffic.jsonl"
+    log.write_text("".join(json.dumps({"text": t, "status": 200}) + "\n" for t in texts) + "{broken\n")
+    res = ck.compare(tiny["fp"], tiny["int8"], tiny["eval"], layers=False, batch_size=16, traffic=log,
+                     traffic_size=200)
+    tr = res.traffic
+    assert tr is not None and 0 < tr.evidence.count <= 200 and not tr.evidence.labelled
+    assert tr.evidence.path == str(log) and any("broken" in x for x in tr.evidence.exclusions)
+    assert tr.agreement_ci is not None and tr.flips is not None and tr.fidelity.agreement is not None
+    # the same texts, run directly: the flips are B's argmax against A's
+    from calibkit.evaluate.traffic import TrafficOptions, draw_traffic
+
+    drawn = draw_traffic(log, TrafficOptions(size=200, seed=0))
+    tok = TextTokenizer(tiny["tok"])
+    a, b = _brute_logits(tiny["fp"], list(drawn.texts), tok), _brute_logits(tiny["int8"], list(drawn.texts), tok)
+    assert tr.flips == int((a.argmax(1) != b.argmax(1)).sum())
+    assert tr.fidelity.agreement == pytest.approx(1 - tr.flips / len(drawn))
+    assert parse_result(to_document(res)) == res
+
+
+def test_no_layer_advice_without_sensitivity_says_not_measured(tiny) -> None:
+    from typer.testing import CliRunner
+
+    from calibkit.cli import app
+
+    r = CliRunner().invoke(app, ["compare", str(tiny["fp"]), str(tiny["int8"]), "-e", str(tiny["eval"]),
+                                 "--no-sensitivity", "--no-report", "--batch-size", "16"])
+    assert r.exit_code == 0, r.output
+    flat = " ".join(r.output.split())
+    assert "no layer needs higher precision" not in flat
+    assert "recommendation" not in flat or "not measured" in flat or "keep" in flat

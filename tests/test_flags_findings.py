@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from calibkit.evaluate.flags import Flag, FlaggedInput, LayerFlag, Thresholds, group_flags, strongest
+from calibkit.evaluate.findings import FlaggedInput, group_flags, strongest
+from calibkit.evaluate.flags import Flag, LayerFlag, Thresholds
 from calibkit.quantize.rangecheck import GELU, SOFTMAX
 
 INSUFF = LayerFlag(Flag.INSUFFICIENT, ("quantizing only this layer costs 0.9 points: insufficient evidence",))

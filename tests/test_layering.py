@@ -19,6 +19,7 @@ RUNNERS = ("calibkit.engines.base", "calibkit.engines.onnxruntime", "calibkit.en
 LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "cli": (("calibkit.cli", "calibkit.__main__"), ("*",)),
     "demo": (("calibkit.demo",), ("*",)),
+    "serving": (("calibkit.deploy",), ("build", "quantize", "data", "engines.files", "runners", "foundation")),
     "api": (("calibkit.api",), ("report", "results", "evaluate", "resources", "build", "calibrate", "quantize",
                                  "executors", "data", "engines.files", "runners", "foundation")),
     "report": (("calibkit.report",), ("results", "foundation")),

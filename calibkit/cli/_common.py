@@ -291,6 +291,18 @@ FORCE: Any = typer.Option(False, "--force", help=FORCE_HELP)
 NO_REPORT: Any = typer.Option(False, "--no-report", help="Write no report folder.")
 LIMIT: Any = typer.Option(None, "--limit", min=1,
                      help="Use N eval examples, drawn at random and stratified by label (--seed).")
+TRAFFIC: Any = typer.Option(
+    None, "--traffic",
+    help="Unlabeled request log whose texts judge agreement with FP32 (the formats of `calibkit sample`), or "
+         "'auto' for the log named in the calibration set's manifest. Texts in the calibration set are excluded. "
+         "Agreement needs no labels: a labelled set of a thousand texts cannot show 99 % agreement, a few thousand "
+         "traffic texts can.",
+)
+TRAFFIC_SIZE: Any = typer.Option(4000, "--traffic-size", min=1,
+                                 help="Traffic texts drawn (stratified by token length, --seed).")
+TRAFFIC_TEXT_FIELD: Any = typer.Option(
+    None, "--traffic-text-field", help="Text field of the traffic log, as `sample --text-field` (default: found)."
+)
 
 
 def force_option(applies_to: str) -> Any:

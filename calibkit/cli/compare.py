@@ -14,6 +14,9 @@ from calibkit.cli._common import (
     MAX_BATCH_TOKENS,
     MEMORY_BUDGET_TAPS,
     NO_REPORT,
+    TRAFFIC,
+    TRAFFIC_SIZE,
+    TRAFFIC_TEXT_FIELD,
     RichProgress,
     count,
     force_option,
@@ -123,13 +126,16 @@ def compare(
         "embedding, logits [batch, seq, labels], a single score or problem_type regression, problem_type "
         "multi_label_classification]."
     ),
+    traffic: str | None = TRAFFIC,
+    traffic_size: int = TRAFFIC_SIZE,
+    traffic_text_field: str | None = TRAFFIC_TEXT_FIELD,
 ) -> None:
     with handle_errors():
         from calibkit.api import compare as run_compare
         from calibkit.evaluate.flags import Thresholds
 
         to_stdout = json_path is not None and str(json_path) == "-"
-        inputs = [engine_a, engine_b, reference, eval_set]
+        inputs = [engine_a, engine_b, reference, eval_set, Path(traffic) if traffic not in (None, "auto") else None]
         if json_path and not to_stdout:
             guard_out_file(json_path, inputs=inputs, option="--json", owned=_is_compare_json)
         report_dir = None if no_report else report or _default_report_dir(engine_a, engine_b)
@@ -155,6 +161,7 @@ def compare(
                                       max_cost_points=threshold_cost),
                 max_disagreements=max_disagreements, workers=workers, executor=executor,
                 memory_budget=memory_budget, max_batch_tokens=max_batch_tokens, progress=progress,
+                traffic=traffic, traffic_size=traffic_size, traffic_text_field=traffic_text_field,
             )
         from calibkit.report.codec import to_document
 
@@ -255,6 +262,8 @@ def _print_summary(result: Comparison, json_path: Path | None, report_dir: Path 
         out.print("flips by A's top-2 probability gap: " + ", ".join(
             f"{b.flips} of {b.texts} texts at {b.low:g}-{b.high:g}" for b in bands)
             + f" ({bands[0].flips} where A itself was nearly undecided)")
+    if result.traffic is not None:
+        _print_traffic(result)
     for w in result.warnings:
         warn(w)
     if result.layers:
@@ -263,6 +272,25 @@ def _print_summary(result: Comparison, json_path: Path | None, report_dir: Path 
         say(f"JSON: {json_path}")
     if report_dir:
         say(f"report: {report_dir}")
+
+
+def _print_traffic(result: Comparison) -> None:
+    """B's fidelity to A on the traffic texts, with where they came from."""
+    tr = result.traffic
+    assert tr is not None
+    ev, fid = tr.evidence, tr.fidelity
+    excluded = "; ".join(x for x in ev.exclusions if not x.startswith("log sha256"))
+    say(f"traffic: {ev.count} texts of {Path(ev.path).name} (no labels; excluded {excluded or 'nothing'})")
+    kind = result.task.kind
+    if kind == "embedding":
+        what = (f"nearest-neighbour agreement {_pct(fid.agreement)} % (top-1 among the traffic texts), top-10 "
+                f"overlap {_pct(fid.extra.get('retrieval_overlap_at_k'))} %")
+    elif tr.agreement_ci is not None:
+        what = (f"agreement {_pct(fid.agreement)} %{_ci(tr.agreement_ci, 100, 2)}, {tr.flips} flips, "
+                f"mean KL {_n(tr.mean_kl, '.3g')}")
+    else:
+        what = f"agreement {_pct(fid.agreement)} %"
+    say(f"  B against A on traffic: {what}; cosine mean {_n(fid.cosine_mean, '.5f')} min {_n(fid.cosine_min, '.5f')}")
 
 
 def _print_layers(result: Comparison) -> None:
@@ -296,7 +324,11 @@ def _print_layers(result: Comparison) -> None:
         say(f"recommendation: keep {count(len(keep), 'node')} in {result.recommendation.precision}: "
             f"{', '.join(shown)}" + (" ..." if len(keep) > 12 else ""))
     else:
-        say("recommendation: no layer needs higher precision on this evidence")
+        if result.sensitivity_samples:
+            say("recommendation: no layer needs higher precision on this evidence")
+        else:  # flags from ranges and SQNR alone: nothing measured what keeping a layer would change
+            say("recommendation: not measured — per-layer sensitivity did not run, so no layer's effect on the "
+                "outputs was measured (the flags above come from ranges and SQNR alone)")
     if unsure:
         say(f"{count(unsure, 'layer')}: insufficient evidence (effect within its 95 % interval; see the reasons)")
 

@@ -14,6 +14,9 @@ from calibkit.cli._common import (
     MEMORY_BUDGET_TAPS,
     NO_REPORT,
     TOKENIZER,
+    TRAFFIC,
+    TRAFFIC_SIZE,
+    TRAFFIC_TEXT_FIELD,
     RichProgress,
     count,
     force_option,
@@ -104,18 +107,9 @@ def tune(
     percentile: float = typer.Option(99.99, "--percentile", help="Percentile for the percentile method."),
     seed: int = typer.Option(0, "--seed", help="Seed of the --limit subset and the search/holdout split."),
     force: bool = force_option("--out and --report"),
-    traffic: str | None = typer.Option(
-        None, "--traffic",
-        help="Unlabeled request log whose texts judge agreement with FP32 (the formats of `calibkit sample`), or "
-             "'auto' for the log named in the calibration set's manifest. Texts in the calibration set are "
-             "excluded; the rest are split into search and holdout parts like the eval set, whose labels then "
-             "carry accuracy alone. A labelled set of a thousand texts cannot show 99 % agreement; a few "
-             "thousand traffic texts can.",
-    ),
-    traffic_size: int = typer.Option(4000, "--traffic-size", min=1, help="Traffic texts drawn (by token length)."),
-    traffic_text_field: str | None = typer.Option(
-        None, "--traffic-text-field", help="Text field of the traffic log, as `sample --text-field` (default: found)."
-    ),
+    traffic: str | None = TRAFFIC,
+    traffic_size: int = TRAFFIC_SIZE,
+    traffic_text_field: str | None = TRAFFIC_TEXT_FIELD,
 ) -> None:
     with handle_errors():
         from calibkit.api import check_tune_options

@@ -111,9 +111,11 @@ def deploy(source: str | Path, out_dir: str | Path, options: DeployOptions = Dep
            progress: ProgressCallback | None = None) -> DeployResult:
     """Write a Triton model repository for SOURCE to ``out_dir``; raises a CalibkitError (nothing written)
     when it cannot."""
+    import calibkit.deploy.batching as batching
+    import calibkit.deploy.profiles as profiles
+    import calibkit.deploy.traffic as traffic
     from calibkit.data.modeldir import ModelDir
     from calibkit.data.tokenizer import TextTokenizer
-    from calibkit.deploy import batching, profiles, traffic
     from calibkit.deploy.modelio import read_model_io
     from calibkit.deploy.source import resolve_source
 
@@ -165,7 +167,7 @@ def deploy(source: str | Path, out_dir: str | Path, options: DeployOptions = Dep
                            io.input_names)
     perf_cmd = perf_analyzer_command(name, "perf_data.json", max_batch=plan.max_batch_size)
 
-    from calibkit.deploy import trtexec as trt_cmd
+    import calibkit.deploy.trtexec as trt_cmd
     from calibkit.engines.tensorrt import available as trt_available
 
     shape_profiles = [trt_cmd.ShapeProfile((1, b.lo), (bs, b.hi), (plan.max_batch_size, b.hi))
@@ -295,7 +297,7 @@ def _pct(x: float) -> str:
 
 def _texts(doc: dict[str, Any], config: str, argv: list[str], perf_cmd: list[str], choice: BucketChoice,
            plan: BatchingPlan, baseline: dict[str, Any], has_trt: bool) -> dict[str, str]:
-    from calibkit.deploy import perfdata
+    import calibkit.deploy.perfdata as perfdata
 
     name, backend = doc["name"], Backend(doc["backend"])
     files: dict[str, str] = {f"{name}/config.pbtxt": config}

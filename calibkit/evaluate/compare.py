@@ -51,6 +51,7 @@ from calibkit.evaluate.results import (
     Subsets,
     TaskResult,
     TensorHistogram,
+    TrafficFidelity,
     finite,
 )
 from calibkit.evaluate.sensitivity import SensitivityAnalysis, analyse_sensitivity
@@ -58,6 +59,7 @@ from calibkit.evaluate.streaming import RangeAccumulator
 from calibkit.evaluate.subsets import EvalSubset, stratified_subset
 from calibkit.evaluate.taps import LayerMeasurement, RunnerFactory, measure_layers, ort_runner_factory
 from calibkit.evaluate.tasks import EngineScore, Task, TaskScore, choose_task, model_outputs, unscored_warnings
+from calibkit.evaluate.traffic import TrafficEvidence, evidence_of
 from calibkit.evaluate.uncertainty import proportion
 from calibkit.graph import load_model, qdq_layout
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
@@ -188,6 +190,7 @@ def compare_engines(
     rows: EvalSubset | None = None,
     task: Task | None = None,
     resources: Resources | None = None,
+    traffic: TrafficEvidence | None = None,
 ) -> Comparison:
     """Everything ``calibkit compare`` reports, for every task through one pipeline: evaluate each engine
     through the task, score the outputs against the task's gold labels (where the eval set has them), B's
@@ -196,7 +199,8 @@ def compare_engines(
     ``open_runner(artifact) -> BaseRunner`` defaults to the engine registry; ``runner_factory(model_bytes,
     outputs)`` builds runners for tapped ONNX copies (default ORT). ``rows``: where ``eval_set`` is a subset of
     a file (``--limit``), which rows of the file it holds. ``task``: the model's task (default: from the
-    engines' outputs and config.json, ``options.task`` forcing)."""
+    engines' outputs and config.json, ``options.task`` forcing). ``traffic``: unlabeled texts from the log
+    (``evaluate.traffic``) on which B's fidelity to A is measured too (``Comparison.traffic``)."""
     if open_runner is None:
         from calibkit.engines.registry import open_runner as _open
 
@@ -237,12 +241,41 @@ def compare_engines(
                         "eval set: skipped")
     for w in warnings:  # returned with the result, whose caller shows them (the CLI as "warning:")
         log.info("%s", w)
-    return build_comparison(
+    comparison = build_comparison(
         eval_set=eval_set, rows=rows, labels=labels, runs=runs, task=task, score=score, fidelity=fid,
         predictions=(pa, pb), disagreements=_disagreements(texts, labels, score, pa, pb, ea, task, rows,
                                                            options.max_disagreements),
         layered=layered, options=options, warnings=tuple(warnings),
     )
+    if traffic is not None and len(traffic):
+        comparison = replace(comparison, traffic=traffic_fidelity(a, b, traffic, task, tokenizer, options,
+                                                                   open_runner, progress))
+    return comparison
+
+
+def traffic_fidelity(a: EngineArtifact, b: EngineArtifact, traffic: TrafficEvidence, task: Task,
+                     tokenizer: TextTokenizer, options: CompareOptions, open_runner: Any,
+                     progress: ProgressCallback | None) -> TrafficFidelity:
+    """A and B on the traffic texts: B's fidelity to A in the task's terms, with the interval of the agreement
+    where the task has class decisions (each text is one independent draw from the log)."""
+    outs = []
+    for name, art in (("A", a), ("B", b)):
+        with open_runner(art) as runner:
+            outs.append(task.predict(runner, tokenizer, list(traffic.texts), batch_size=options.batch_size,
+                                     progress=progress, task=f"traffic {name} ({art.path.name})"))
+    fid = task.fidelity(outs[0], outs[1])
+    pa, pb = task.predictions(outs[0]), task.predictions(outs[1])
+    ci = flips = kl = None
+    if pa is not None and pb is not None and pa.ndim == 1:
+        same = np.asarray(pa) == np.asarray(pb)
+        ci, flips = Range.of(proportion(same)), int((~same).sum())
+    if task.logits_distribution and outs[0].values.ndim == 2 and outs[0].values.size:
+        kl = finite(output_error(outs[0].values, outs[1].values).mean_kl)
+    evidence = evidence_of(traffic)
+    assert evidence is not None
+    return TrafficFidelity(evidence, Fidelity(finite(fid.agreement), finite(fid.cosine_mean),
+                                              finite(fid.cosine_min), {k: finite(v) for k, v in fid.extra.items()}),
+                           ci, flips, kl)
 
 
 def tokenizer_dir(engines: Sequence[EngineArtifact]) -> str:

@@ -346,6 +346,19 @@ class PerTextOutputs:
 
 
 @dataclass(frozen=True)
+class TrafficFidelity:
+    """B's fidelity to A on unlabeled traffic texts (``--traffic``): what the production log says, with no
+    labels needed. ``agreement_ci``: 95 % interval of the share of texts whose decision is unchanged (tasks with
+    class decisions); ``flips``: texts whose decision changed; ``mean_kl``: KL divergence of the softmax."""
+
+    evidence: Evidence
+    fidelity: Fidelity
+    agreement_ci: Range | None = None
+    flips: int | None = None
+    mean_kl: float | None = None
+
+
+@dataclass(frozen=True)
 class Comparison:
     """Everything ``calibkit compare`` reports: engine A against engine B (and a reference) on evidence."""
 
@@ -369,6 +382,7 @@ class Comparison:
     layer_samples: int = 0
     sensitivity_samples: int = 0
     histograms: Mapping[str, TensorHistogram] = field(default_factory=dict)
+    traffic: TrafficFidelity | None = None
     per_text: PerTextOutputs | None = field(default=None, compare=False, repr=False, metadata=NOT_IN_DOCUMENT)
 
     @property

@@ -46,6 +46,7 @@ from calibkit.data.sampling import (
     priority,
 )
 from calibkit.errors import DataError
+from calibkit.evaluate.results import Evidence, RowSelection
 from calibkit.evaluate.subsets import EvalSubset, stratified_split
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 
@@ -383,5 +384,17 @@ def split_traffic(evidence: TrafficEvidence, holdout_fraction: float, seed: int 
 __all__: Sequence[str] = (
     "DEFAULT_TRAFFIC_SIZE", "TrafficOptions", "TrafficSource", "TrafficStratum", "TrafficEvidence", "TrafficSplit",
     "DefaultTrafficLog", "draw_traffic", "draw_default_traffic", "default_traffic_log", "split_traffic",
-    "calibration_keys",
+    "calibration_keys", "evidence_of",
 )
+
+
+def evidence_of(traffic: TrafficEvidence | None) -> Evidence | None:
+    """Where the traffic rows came from, as result evidence: the log, its sha256, the rows drawn (content hash
+    of their normalised texts) and what was excluded (calibration texts, duplicates, broken lines)."""
+    if traffic is None:
+        return None
+    excluded = tuple(f"{k.replace('_', ' ')}: {v}" for k, v in sorted(traffic.excluded.items()) if v)
+    rows = RowSelection(len(traffic), traffic.population, traffic.seed, "stratified by token length",
+                        traffic.content_sha256)
+    return Evidence(str(traffic.source.path), len(traffic), (), rows, labelled=False,
+                    exclusions=(f"log sha256: {traffic.source.sha256}", *excluded))

@@ -72,7 +72,7 @@ from calibkit.evaluate.sensitivity import (
     run_jobs,
 )
 from calibkit.evaluate.subsets import EvalSubset
-from calibkit.evaluate.traffic import TrafficEvidence
+from calibkit.evaluate.traffic import TrafficEvidence, evidence_of
 from calibkit.evaluate.uncertainty import paired_difference, proportion
 from calibkit.executors import Executor, from_spec
 from calibkit.graph import check_float_source, load_model, model_sha256
@@ -676,7 +676,7 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
             labels="FP32 predictions (the eval set has none)" if config.fidelity_only else "given",
             evidence=Evidence(str(eval_set.path), len(eval_set), tuple(id2label[i] for i in sorted(id2label)),
                               RowSelection.of_subset(rows), labelled=not config.fidelity_only),
-            traffic=traffic_evidence(traffic),
+            traffic=evidence_of(traffic),
             traffic_search=len(evidence.agreement_positions(evidence.search)) if traffic is not None else 0,
             traffic_holdout=len(evidence.agreement_positions(evidence.holdout)) if traffic is not None else 0,
         ),
@@ -720,18 +720,6 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
         evaluations_reused=reused_evals,
         seconds=round(seconds, 1),
     )
-
-
-def traffic_evidence(traffic: TrafficEvidence | None) -> Evidence | None:
-    """Where the traffic rows came from, as result evidence: the log, its sha256, the rows drawn (content hash
-    of their normalised texts) and what was excluded (calibration texts, duplicates, broken lines)."""
-    if traffic is None:
-        return None
-    excluded = tuple(f"{k.replace('_', ' ')}: {v}" for k, v in sorted(traffic.excluded.items()) if v)
-    rows = RowSelection(len(traffic), traffic.population, traffic.seed, "stratified by token length",
-                        traffic.content_sha256)
-    return Evidence(str(traffic.source.path), len(traffic), (), rows, labelled=False,
-                    exclusions=(f"log sha256: {traffic.source.sha256}", *excluded))
 
 
 def _split(evidence: SplitEvidence, seed: int) -> TuneSplit:
