@@ -417,6 +417,7 @@ def tune(
     traffic: PathLike | TrafficEvidence | None = None,
     traffic_size: int = 4000,
     traffic_text_field: str | None = None,
+    smooth: bool = True,
 ) -> TuneRun:
     """The mixed-precision plan with the most INT8 work that keeps accuracy within ``max_drop`` points of FP32
     (and, with ``min_agreement``, that percentage of FP32's predictions). Writes ``out`` (model.int8.onnx,
@@ -451,7 +452,7 @@ def tune(
         max_drop=max_drop, relative=relative, min_agreement=min_agreement, agreement_confidence=agreement_confidence,
         method=method, holdout_fraction=holdout, sensitivity_samples=sensitivity_samples,
         sensitivity_layers=sensitivity_layers, max_evaluations=max_evaluations, workers=workers, seed=seed,
-        target=target, params=MethodParams(percentile=percentile),
+        target=target, params=MethodParams(percentile=percentile), smooth=smooth,
     )
     render = None
     if report is not None:

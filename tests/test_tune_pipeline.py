@@ -113,7 +113,7 @@ def test_tune_writes_a_plan_whose_accuracy_is_measured(tiny_setup):
     md = ModelDir.resolve(tiny_setup["model"])
     ev = load_eval_set(tiny_setup["eval"])
     out = tiny_setup["root"] / "out"
-    cfg = TuneConfig(max_drop=1.0, workers=1, sensitivity_samples=64, method="auto")
+    cfg = TuneConfig(max_drop=1.0, workers=1, sensitivity_samples=64, method="auto", smooth=False)
     res = run_tune(md, tiny_setup["cset"], ev, out, cfg)
     doc = res.doc
     assert doc["target"]["fp32_accuracy"] > 0.75
@@ -314,3 +314,41 @@ def test_tune_cli_traffic_auto_needs_a_log_in_the_manifest(tiny_setup, tmp_path)
                                  str(tmp_path / "o"), "--no-report"])
     assert r.exit_code == 3, r.output
     assert "--traffic" in r.output and "Traceback" not in r.output
+
+
+def test_tune_finds_smoothing_itself_and_its_out_rebuilds(tiny_setup, tmp_path):
+    """Smoothing is a candidate of tune (no prior `calibkit smooth`): on the tiny model whose fc1 input carries a
+    huge outlier, the smoothed variant's all-INT8 model flips fewer predictions, so the plan is searched on it and
+    needs less in higher precision than on the model as given; OUT holds the smoothed model, and `calibkit
+    build` rebuilds the plan's engine from OUT unchanged."""
+    md = ModelDir.resolve(tiny_setup["model"])
+    ev = load_eval_set(tiny_setup["eval"])
+    cfg = TuneConfig(max_drop=1.0, workers=1, sensitivity_samples=64, method="minmax")
+    plain = run_tune(md, tiny_setup["cset"], ev, tmp_path / "plain", replace_smooth(cfg, False))
+    res = run_tune(md, tiny_setup["cset"], ev, tmp_path / "out", cfg)
+    r = res.result
+    assert plain.result.smoothing is None and "fc1" in plain.kept_nodes
+    assert r.smoothing is not None and r.smoothing.tried and r.smoothing.chosen
+    flips = r.methods.all_int8_flip_rate_search
+    assert set(flips) == {"minmax", "minmax+smooth"} and flips["minmax+smooth"] < flips["minmax"]
+    assert r.methods.chosen == "minmax+smooth" and res.met_target
+    assert res.int8_flops_fraction > plain.int8_flops_fraction
+    out = tmp_path / "out"
+    assert (out / "smoothed-model" / "model.onnx").is_file()
+    cal = json.loads((out / "calibration.json").read_text())
+    assert cal["source_model"] == str(out / "smoothed-model" / "model.onnx")
+    b = CliRunner().invoke(app, ["build", str(out / "smoothed-model"), "--precision", "int8", "--qdq",
+                                 str(out / "model.int8.onnx"), "-o", str(tmp_path / "plan.onnx")])
+    assert b.exit_code == 0, b.output
+    import onnx
+
+    g = onnx.load(str(tmp_path / "plan.onnx")).graph
+    dq = {o for n in g.node if n.op_type == "DequantizeLinear" for o in n.output}
+    fed = {n.name for n in g.node if n.op_type == "MatMul" and any(i in dq for i in n.input)}
+    assert fed and not fed & set(res.kept_nodes)  # the plan: kept nodes read no dequantized input
+
+
+def replace_smooth(cfg: TuneConfig, smooth: bool) -> TuneConfig:
+    from dataclasses import replace
+
+    return replace(cfg, smooth=smooth)

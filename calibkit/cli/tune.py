@@ -110,6 +110,12 @@ def tune(
     traffic: str | None = TRAFFIC,
     traffic_size: int = TRAFFIC_SIZE,
     traffic_text_field: str | None = TRAFFIC_TEXT_FIELD,
+    smooth: bool = typer.Option(
+        True, "--smooth/--no-smooth",
+        help="Also measure the model smoothed (SmoothQuant, alpha auto, same FP32 function, checked) and search "
+             "on it when its all-INT8 model flips fewer FP32 predictions; the plan's OUT then holds "
+             "smoothed-model/, its source. --no-smooth: the model as given only.",
+    ),
 ) -> None:
     with handle_errors():
         from calibkit.api import check_tune_options
@@ -143,7 +149,7 @@ def tune(
                 sensitivity_layers=sensitivity_layers, max_evaluations=max_evaluations, limit=limit, seed=seed,
                 percentile=percentile, workers=workers, executor=executor, memory_budget=memory_budget,
                 max_batch_tokens=max_batch_tokens, report=report_dir, progress=progress,
-                traffic=traffic, traffic_size=traffic_size, traffic_text_field=traffic_text_field,
+                traffic=traffic, traffic_size=traffic_size, traffic_text_field=traffic_text_field, smooth=smooth,
             )
         if json_out is not None:
             import sys
@@ -207,6 +213,15 @@ def _summary(run: TuneRun, report_dir: Path | None) -> None:
     m = r.methods
     out.print(f"calibration: {m.chosen} (fewest flips of FP32 on the search split: "
               + ", ".join(f"{k} {pct(v)}" for k, v in m.all_int8_flip_rate_search.items()) + ")")
+    sm = r.smoothing
+    if sm is not None and sm.chosen:
+        dev = "n/a" if sm.max_output_deviation is None else f"{sm.max_output_deviation:.1e}"
+        say(f"the plan is on the smoothed model ({sm.activations_smoothed} activations smoothed, FP32 outputs equal "
+            f"within {dev} of their range): {run.out_dir}/{sm.model}/ is its source; "
+            f"`calibkit build {run.out_dir}/{sm.model} --precision int8 --qdq {run.out_dir}/model.int8.onnx -o "
+            f"engines/plan.onnx` builds the plan's engine")
+    elif sm is not None and not sm.tried:
+        say(f"smoothing not tried: {sm.note}")
     verdict = "met" if r.met_target else "NOT met (the most accurate plan measured is written)"
     conf = r.target.agreement_confidence
     if r.target.min_agreement is not None and conf > 0.5:

@@ -547,6 +547,20 @@ class Peer:
 
 
 @dataclass(frozen=True)
+class SmoothingChoice:
+    """Whether tune also measured the model smoothed (SmoothQuant, alpha auto, its FP32 function checked) and
+    searched the plan on it: its tables carry the ``+smooth`` suffix in :class:`MethodChoice`. ``model``: the
+    smoothed model folder in OUT when the plan is built on it; ``note``: why it was not tried."""
+
+    tried: bool
+    chosen: bool = False
+    model: str | None = None
+    activations_smoothed: int | None = None
+    max_output_deviation: float | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True)
 class TuneResult:
     """Everything ``calibkit tune`` reports: the target, the tables, every candidate measured, the final plan
     and its verdict."""
@@ -564,6 +578,7 @@ class TuneResult:
     statistics_reused: bool = False
     evaluations_reused: int = 0
     seconds: float = 0.0
+    smoothing: SmoothingChoice | None = None
 
     @property
     def met_target(self) -> bool:

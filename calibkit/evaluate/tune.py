@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -35,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from calibkit import __version__
-from calibkit._io import atomic_dir, commit_together, dumps_json, sha256_bytes, text_lines, write_json
+from calibkit._io import atomic_dir, commit_together, dumps_json, read_json, sha256_bytes, text_lines, write_json
 from calibkit.calibrate.methods import compute_table
 from calibkit.calibrate.pipeline import gather_stats
 from calibkit.calibrate.trtcache import write_cache
@@ -56,6 +57,7 @@ from calibkit.evaluate.results import (
     PlanEvidence,
     Range,
     RowSelection,
+    SmoothingChoice,
     TuneEvalSet,
     TunePlan,
     TuneResult,
@@ -110,6 +112,9 @@ class TuneConfig:
     # confidence reaches it (0.5: the point estimate); measured on the demo: at the point estimate all-INT8 met
     # 99 % on the search split (99.19 %, 1,480 texts) and kept 98.74 % on the holdout
     agreement_confidence: float = 0.9
+    # also try the model smoothed (calibkit smooth, alpha auto): every method's table on both, the variant whose
+    # all-INT8 model flips the fewest FP32 predictions on the search split is the one the plan is searched on
+    smooth: bool = True
 
     def __post_init__(self) -> None:
         check_seed(self.seed)
@@ -388,6 +393,25 @@ class _Jobs:
         return tuple(x for x in self.model.nodes if x != node)
 
 
+SMOOTHED = "+smooth"  # suffix of the table keys of the smoothed variant
+SMOOTHED_FOLDER = "smoothed-model"  # in OUT when the plan is on the smoothed model
+
+
+@dataclass(frozen=True, eq=False)
+class _Variant:
+    """A model the tables are computed for: the FP32 model as given, or its smoothed copy (same function)."""
+
+    name: str  # "plain" | "smoothed"
+    model: _Model
+    store: Any  # calibrate.stats.StatsStore
+    jobs: _Jobs
+    smoothing: dict[str, Any] | None = None  # smoothing.json of the smoothed copy
+
+    @property
+    def suffix(self) -> str:
+        return "" if self.name == "plain" else SMOOTHED
+
+
 @dataclass(frozen=True, eq=False)
 class _Tables:
     """The calibration tables measured all-INT8 on the search split, and the one the search starts from."""
@@ -398,6 +422,8 @@ class _Tables:
     flips: dict[str, float]
     kl: dict[str, float]
     base_key: str
+    variant: _Variant | None = None  # the model the base table belongs to
+    smoothing_note: str | None = None  # why no smoothed variant was measured, when none was
 
     @property
     def base(self) -> tuple[CalibrationTable, Path, str]:
@@ -457,17 +483,27 @@ def _run_tune(
     ledger = Ledger(work / "ledger.jsonl")
     ev = _Evaluator(ledger, model.sha, executor, cb)
     jobs = _Jobs(model, evidence, config, executor.threads_per_task)
-    tables = _measure_tables(store, cset, model, config, jobs, ev, work)
+    variants = [_Variant("plain", model, store, jobs)]
+    note = None
+    if config.smooth:
+        smoothed, note = _smoothed_variant(model_dir, model, cset, config, evidence, resources, shard_stats, cb, work)
+        variants += [smoothed] if smoothed is not None else []
+    tables = _measure_tables(variants, cset, config, ev, work)
+    tables = replace(tables, smoothing_note=note)
+    assert tables.variant is not None
+    model, jobs = tables.variant.model, tables.variant.jobs
     ranking = _rank(model, evidence, config, jobs, ev, tables, flops, resources, cb)
     searched = _search(evidence, config, jobs, ev, tables, ranking, flops)
     result = _tune_result(eval_set, rows, model, evidence, config, tables, ranking, searched, flops, linear,
                           reused_stats, ev.reused, time.perf_counter() - t0, traffic)
     if render is not None and report_dir:  # OUT and --report are replaced together or not at all
         with commit_together():
-            run = _write_outputs(out, model_dir, model.proto, tables.base[0], result, config, write_document)
+            run = _write_outputs(out, model_dir, model.proto, tables.base[0], result, config, write_document,
+                                 tables.variant)
             render(result, Path(report_dir))
     else:
-        run = _write_outputs(out, model_dir, model.proto, tables.base[0], result, config, write_document)
+        run = _write_outputs(out, model_dir, model.proto, tables.base[0], result, config, write_document,
+                             tables.variant)
         if render is not None:
             render(result, out / "report")
     return replace(run, resumed_evaluations=ledger.loaded)
@@ -545,41 +581,91 @@ def _draw_evidence(model: _Model, eval_set: EvalSet, config: TuneConfig, resourc
     return config, evidence
 
 
-def _measure_tables(store: Any, cset: CalibrationSet, model: _Model, config: TuneConfig, jobs: _Jobs,
-                    ev: _Evaluator, work: Path) -> _Tables:
-    """One table per method (with method auto, also the per-tensor table: each tensor takes the method whose
-    range does the least damage where it is read) and each table's all-INT8 fidelity on the search split; the
-    table flipping the fewest FP32 predictions is the base of the search."""
-    acts = model.placement.activations
+def _smoothed_variant(model_dir: ModelDir, model: _Model, cset: CalibrationSet, config: TuneConfig,
+                      evidence: SplitEvidence, resources: Resources, shard_stats: bool, cb: ProgressCallback,
+                      work: Path) -> tuple[_Variant | None, str | None]:
+    """The model smoothed with alpha auto (calibrate.smoothing, its FP32 function checked), its statistics and
+    jobs; reused from an interrupted run of the same model and calibration set. (None, why) when the model has
+    nothing to smooth or is smoothed already."""
+    from calibkit.calibrate.smoothing import SMOOTHING_FILE, smooth
+    from calibkit.errors import ModelError
+
+    folder = work / SMOOTHED_FOLDER
+    record = read_json(folder / SMOOTHING_FILE) if (folder / SMOOTHING_FILE).is_file() else None
+    fresh = not (isinstance(record, dict) and record.get("source_sha256") == model.sha
+                 and record.get("calibration_set_id") == cset.id and (folder / "model.onnx").is_file())
+    if fresh:
+        try:
+            smooth(model_dir, cset, out_dir=folder, budget=resources.budget, batch_size=config.batch_size,
+                   progress=cb)
+        except ModelError as exc:
+            log.info("no smoothed variant: %s", exc.message)
+            return None, exc.message
+        record = read_json(folder / SMOOTHING_FILE)
+    md = ModelDir.resolve(folder)
+    sm = _load_model(md, config)
+    store, _ = gather_stats(md, cset, sm.placement.activations, model_sha256=sm.sha,
+                            num_bins=config.params.num_bins, batch_size=config.batch_size, progress=cb,
+                            model=sm.proto, executor=resources.executor if shard_stats else None,
+                            budget=resources.budget)
+    assert resources.executor is not None
+    return _Variant("smoothed", sm, store, _Jobs(sm, evidence, config, resources.executor.threads_per_task),
+                    record), None
+
+
+def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: TuneConfig, ev: _Evaluator,
+                    work: Path) -> _Tables:
+    """One table per method and variant (plain, and smoothed unless --no-smooth), each measured all-INT8 on the
+    search split; the variant whose best table flips the fewest FP32 predictions is the one searched on. With
+    method auto that variant also gets the per-tensor table: each tensor takes the method whose range does the
+    least damage where it is read. The table flipping the fewest FP32 predictions is the base of the search."""
     methods = [Method(config.method)] if config.method != "auto" else list(Method)
     tables: dict[str, tuple[CalibrationTable, Path, str]] = {}
-    for m in methods:
-        t = compute_table(store, m, config.params, model.sha, cset.id, tensors=acts)
-        p = work / f"table-{m.value}.json"
-        tables[m.value] = (t, p, _write_table(p, t, {"target": config.target}))
-    chosen_methods: dict[str, str] = {}
-    sens = jobs.evidence.sensitivity
-    if config.method == "auto":
-        # for every method and node, the output KL divergence to FP32 when only that node is INT8
-        own_kl: dict[str, dict[str, float]] = {}
-        for key, (_, p, tsha) in tables.items():
-            res = ev.run([jobs(p, jobs.all_but(n), sens, ONLY_THIS, n) for n in model.nodes], tsha,
-                         f"per-layer fidelity ({key})")
-            own_kl[key] = {r.node: r.mean_kl for r in res if r.node}
-        chosen_methods = _auto_methods_by_fidelity(own_kl, model.placement)
-        per_tensor = {t: Method(m) for t, m in chosen_methods.items()}
-        t = compute_table(store, per_tensor, config.params, model.sha, cset.id, tensors=acts)
-        p = work / "table-auto.json"
-        tables["auto"] = (t, p, _write_table(p, t, {"target": config.target}))
+    owner: dict[str, _Variant] = {}
+    search = variants[0].jobs.evidence.search
     acc: dict[str, float] = {}
     flips: dict[str, float] = {}
     kl: dict[str, float] = {}
-    for k, (_, p, tsha) in tables.items():
-        (r,) = ev.run([jobs(p, (), jobs.evidence.search, ALL_INT8)], tsha, f"all-INT8 ({k})")
-        acc[k], agree = jobs.evidence.scores(jobs.evidence.search, r.predictions)
-        flips[k], kl[k] = 1.0 - agree, r.mean_kl
-    base_key = min(flips, key=lambda k: (flips[k], kl[k], k != "auto"))
-    return _Tables(tables, chosen_methods, acc, flips, kl, base_key)
+
+    def measure(key: str, v: _Variant) -> None:
+        _, p, tsha = tables[key]
+        (r,) = ev.run([v.jobs(p, (), search, ALL_INT8)], tsha, f"all-INT8 ({key})")
+        acc[key], agree = v.jobs.evidence.scores(search, r.predictions)
+        flips[key], kl[key] = 1.0 - agree, r.mean_kl
+
+    def rank(keys: Sequence[str]) -> str:
+        return min(keys, key=lambda k: (flips[k], kl[k], SMOOTHED in k, "auto" not in k))
+
+    for v in variants:
+        for m in methods:
+            key = m.value + v.suffix
+            t = compute_table(v.store, m, config.params, v.model.sha, cset.id, tensors=v.model.placement.activations)
+            p = work / f"table-{key}.json"
+            tables[key], owner[key] = (t, p, _write_table(p, t, {"target": config.target})), v
+            measure(key, v)
+    chosen = owner[rank(list(tables))]
+    chosen_methods: dict[str, str] = {}
+    if config.method == "auto":
+        # for every method and node of the chosen variant, the output KL divergence to FP32 when only that node
+        # is INT8
+        jobs, model = chosen.jobs, chosen.model
+        sens = jobs.evidence.sensitivity
+        own_kl: dict[str, dict[str, float]] = {}
+        for m in methods:
+            _, p, tsha = tables[m.value + chosen.suffix]
+            res = ev.run([jobs(p, jobs.all_but(n), sens, ONLY_THIS, n) for n in model.nodes], tsha,
+                         f"per-layer fidelity ({m.value}{chosen.suffix})")
+            own_kl[m.value] = {r.node: r.mean_kl for r in res if r.node}
+        chosen_methods = _auto_methods_by_fidelity(own_kl, model.placement)
+        per_tensor = {t: Method(m) for t, m in chosen_methods.items()}
+        t = compute_table(chosen.store, per_tensor, config.params, model.sha, cset.id,
+                          tensors=model.placement.activations)
+        key = "auto" + chosen.suffix
+        p = work / f"table-{key}.json"
+        tables[key], owner[key] = (t, p, _write_table(p, t, {"target": config.target})), chosen
+        measure(key, chosen)
+    base_key = rank([k for k in tables if owner[k] is chosen])
+    return _Tables(tables, chosen_methods, acc, flips, kl, base_key, chosen)
 
 
 def _rank(model: _Model, evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: _Evaluator,
@@ -716,10 +802,23 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
         linear_flops=LinearFlops(share, tuple(f.node for f in linear.fused if not f.integer),
                                  tuple(linear.uncounted)),
         warnings=tuple(warnings),
+        smoothing=_smoothing_choice(config, tables),
         statistics_reused=reused_stats,
         evaluations_reused=reused_evals,
         seconds=round(seconds, 1),
     )
+
+
+def _smoothing_choice(config: TuneConfig, tables: _Tables) -> SmoothingChoice | None:
+    if not config.smooth:
+        return None
+    v = tables.variant
+    chosen = v is not None and v.name == "smoothed"
+    rec = v.smoothing if v is not None and chosen else None
+    tried = tables.smoothing_note is None
+    return SmoothingChoice(tried, chosen, SMOOTHED_FOLDER if chosen else None,
+                           int(rec["smoothed"]) if rec and "smoothed" in rec else None,
+                           finite(rec.get("max_output_deviation")) if rec else None, tables.smoothing_note)
 
 
 def _split(evidence: SplitEvidence, seed: int) -> TuneSplit:
@@ -860,11 +959,16 @@ def _reasons(
 
 
 def _write_outputs(out: Path, model_dir: ModelDir, fp: Any, table: CalibrationTable, result: TuneResult,
-                   config: TuneConfig, write_document: DocumentWriter | None) -> TuneRun:
+                   config: TuneConfig, write_document: DocumentWriter | None, variant: _Variant | None = None
+                   ) -> TuneRun:
     """OUT/ as a whole: the plan's INT8 model, its calibration cache and table, plan.json and, through
-    ``write_document`` (the report layer's serializer), tune.json."""
+    ``write_document`` (the report layer's serializer), tune.json. A plan on the smoothed model also gets that
+    model folder (OUT/smoothed-model/), which calibration.json names as its source: `calibkit build
+    OUT/smoothed-model --precision int8 --qdq OUT/model.int8.onnx` builds the plan's engine."""
     from calibkit.quantize.qdq import Target, quantize_model, save_model
 
+    smoothed = variant is not None and variant.name == "smoothed"
+    source = out / SMOOTHED_FOLDER / "model.onnx" if smoothed else model_dir.onnx_path
     final = result.final
     plan = final.kept_nodes
     q = quantize_model(fp, table, op_types=config.op_types, keep_nodes=plan,
@@ -874,11 +978,14 @@ def _write_outputs(out: Path, model_dir: ModelDir, fp: Any, table: CalibrationTa
         "quantized_nodes": list(q.quantized_nodes), "kept_nodes": list(q.kept_nodes),
         "missing_ranges": list(q.missing_ranges),
         "files": {"model": "model.int8.onnx", "cache": "calibration.cache", "plan": "plan.json"},
-        "source_model": str(model_dir.onnx_path), "tokenizer": str(model_dir.tokenizer_path),
+        "source_model": str(source), "tokenizer": str(model_dir.tokenizer_path),
         "tune": {"max_drop": config.max_drop, "relative": config.relative},
     }
     legacy = ("model.int8.onnx", "calibration.cache", "calibration.json", "plan.json", "tune.json")
     with atomic_dir(out, what="tune", legacy_names=legacy) as tmp:
+        if smoothed:
+            assert variant is not None
+            shutil.copytree(variant.model.dir.onnx_path.parent, tmp / SMOOTHED_FOLDER)
         save_model(q.model, tmp / "model.int8.onnx")
         write_cache(tmp / "calibration.cache", table)
         write_calibration_json(tmp / "calibration.json", table, extras)
