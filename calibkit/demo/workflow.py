@@ -54,13 +54,16 @@ class WorkflowOptions:
     extra_tune_methods: tuple[str, ...] = ("entropy",)
     # also calibrate every method on a smoothed copy of the model (calibkit smooth, alpha chosen per layer)
     smooth: bool = True
+    # tune judges agreement on this many texts of the log (not in the calibration set); 0: the eval set alone
+    traffic_size: int = 4000
 
     @classmethod
     def quick(cls, **kw: Any) -> WorkflowOptions:
         """The --fast variant: logistic-regression head, smaller log, sample and eval subsets."""
         base: dict[str, Any] = dict(fast=True, log_lines=3000, sample_size=128, eval_limit=400,
                                     sensitivity_samples=64, sensitivity_layers=6, layer_samples=128,
-                                    max_evaluations=12, max_drop=1.0, min_agreement=None, extra_tune_methods=())
+                                    max_evaluations=12, max_drop=1.0, min_agreement=None, extra_tune_methods=(),
+                                    traffic_size=300)
         base.update(kw)
         return cls(**base)
 
@@ -208,11 +211,13 @@ def run_workflow(
 
     step(7, "tune the mixed-precision plan")
     t = time.perf_counter()
-    # on the model of the most faithful variant: smoothed when smoothing won
-    tres = ck.tune(model_of[best], cset, ev, runs / "tune", max_drop=options.max_drop,
+    # on the model as the user has it: tune measures the smoothed variant itself, and judges agreement on the
+    # log's own texts (those not in the calibration set)
+    tres = ck.tune(md, cset, ev, runs / "tune", max_drop=options.max_drop,
                    min_agreement=options.min_agreement, sensitivity_samples=options.sensitivity_samples,
                    max_evaluations=options.max_evaluations, workers=options.workers, seed=options.seed,
-                   report=reports / "tune", progress=cb)
+                   report=reports / "tune", progress=cb, traffic="auto" if options.traffic_size else None,
+                   traffic_size=max(1, options.traffic_size))
     timings["tune"] = time.perf_counter() - t
     extra_tunes: dict[str, Any] = {}
     for m in options.extra_tune_methods:
@@ -276,7 +281,11 @@ def run_workflow(
             "holdout_examples": tres.result.eval_set.holdout,
             "evaluations_reused": tres.result.evaluations_reused,
             "out": str(tres.out_dir),
-            "model": str(model_of[best].onnx_path.parent),
+            "model": str(md.onnx_path.parent),
+            "smoothing": _plain(tres.result.smoothing),
+            "traffic": _plain(tres.result.eval_set.traffic),
+            "traffic_search": tres.result.eval_set.traffic_search,
+            "traffic_holdout": tres.result.eval_set.traffic_holdout,
         },
         "tune_by_method": {
             m: {"met_target": r.met_target, "kept_nodes": list(r.kept_nodes),
