@@ -152,7 +152,7 @@ def test_interrupted_distributed_tune_resumes_without_redoing_evaluations(tiny, 
     md = ModelDir.resolve(tiny / "model")
     ev = load_eval_set(tiny / "eval.jsonl")
     out = tmp_path / "tune"
-    cfg = TuneConfig(max_drop=1.0, sensitivity_samples=48, method="minmax")
+    cfg = TuneConfig(max_drop=1.0, sensitivity_samples=48, method="minmax", smooth=False)
     real_map = dask_ex.map
     seen = {"n": 0}
 
@@ -180,7 +180,7 @@ def test_interrupted_distributed_tune_resumes_without_redoing_evaluations(tiny, 
     keys = [json.loads(line)["key"] for line in ledger.read_text().splitlines()]
     assert keys[:4] == first and len(keys) == len(set(keys))  # no finished evaluation was run (appended) again
     local = run_tune(md, tiny / "cset", ev, tmp_path / "tune-local", TuneConfig(max_drop=1.0, workers=1,
-                     sensitivity_samples=48, method="minmax"))
+                     sensitivity_samples=48, method="minmax", smooth=False))
     assert local.kept_nodes == res.kept_nodes
     assert local.result.final.accuracy_search == res.result.final.accuracy_search
 
@@ -188,7 +188,7 @@ def test_interrupted_distributed_tune_resumes_without_redoing_evaluations(tiny, 
 def test_tune_cli_executor_option(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     args = ["tune", str(tiny / "model"), "-c", str(tiny / "cset"), "-e", str(tiny / "eval.jsonl"), "--method",
-            "minmax", "--max-drop", "1", "--sensitivity-samples", "48", "--no-report"]
+            "minmax", "--max-drop", "1", "--sensitivity-samples", "48", "--no-report", "--no-smooth"]
     r = CliRunner().invoke(app, [*args, "--executor", "inline", "-o", str(tmp_path / "t")])
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "t" / "plan.json").read_text())["kept_nodes"] == ["fc1"]
