@@ -352,3 +352,26 @@ def replace_smooth(cfg: TuneConfig, smooth: bool) -> TuneConfig:
     from dataclasses import replace
 
     return replace(cfg, smooth=smooth)
+
+
+def test_tune_says_when_its_search_split_cannot_certify_a_better_candidate():
+    """A candidate with more INT8 whose agreement reached --min-agreement but whose lower bound did not: the
+    warning names the texts the split had and how many would settle it."""
+    from calibkit.evaluate.evidence import split_evidence
+    from calibkit.evaluate.search import Measured
+    from calibkit.evaluate.sequential import texts_needed
+    from calibkit.evaluate.tune import _uncertified
+
+    n = 400
+    labels = np.array([0, 1] * (n // 2))
+    ref = np.eye(2)[labels].astype(np.float32)
+    ev = split_evidence([f"t{i}" for i in range(n)], labels, ref, labelled=True, class_names=["a", "b"],
+                        holdout_fraction=0.3, sensitivity_samples=32, seed=0)
+    cfg = TuneConfig(max_drop=1.0, min_agreement=99.0, agreement_confidence=0.9)
+    final = Measured(("x", "y"), 1.0, 0.5, "prefix", True, 1.0)
+    close = Measured(("x",), 1.0, 0.9, "prefix", False, 0.9929)
+    msg = _uncertified(cfg, ev, [final, close], final)
+    assert msg is not None and "90.0 %" in msg and f"{len(ev.search)} agreement texts" in msg
+    assert f"about {texts_needed(0.9929, 0.99, 0.9):,} would settle it" in msg
+    assert _uncertified(cfg, ev, [final], final) is None
+    assert _uncertified(TuneConfig(max_drop=1.0), ev, [final, close], final) is None

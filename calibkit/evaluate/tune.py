@@ -744,6 +744,9 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
     # INT8 share over ALL linear FLOPs: work hidden in fused contrib ops (ORT Attention) stays FP32 in every plan
     share = linear.plain_share
     warnings = list(evidence.warnings)
+    unproven = _uncertified(config, evidence, outcome.tried, final)
+    if unproven:
+        warnings.append(unproven)
     if share < 1.0:
         warnings.append(f"{100 * (1 - share):.1f} % of the linear FLOPs are inside fused com.microsoft ops "
                         f"({', '.join(sorted({f.op_type for f in linear.fused}))}) that stay FP32: quantize the "
@@ -807,6 +810,31 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
         evaluations_reused=reused_evals,
         seconds=round(seconds, 1),
     )
+
+
+def _uncertified(config: TuneConfig, evidence: SplitEvidence, tried: Sequence[Measured], final: Measured
+                 ) -> str | None:
+    """When the search split was too small to certify --min-agreement for a candidate with more INT8 than the
+    plan — its agreement reached the target, its lower bound did not — how many texts would have settled it."""
+    from calibkit.evaluate.sequential import texts_needed
+
+    if config.min_agreement is None or config.agreement_confidence <= 0.5:
+        return None
+    need = config.min_agreement / 100.0
+    better = [m for m in tried if not m.meets and m.agreement == m.agreement and m.agreement >= need
+              and m.int8_flops_fraction > final.int8_flops_fraction and m.accuracy >= config.threshold(
+                  evidence.accuracy_of_reference(evidence.search)) - 1e-12]
+    if not better:
+        return None
+    m = max(better, key=lambda c: c.int8_flops_fraction)
+    n = len(evidence.agreement_positions(evidence.search))
+    more = texts_needed(m.agreement, need, config.agreement_confidence)
+    what = (f"about {more:,} would settle it" if more else "no number of texts settles a rate this close")
+    hint = " (tune --traffic LOG --traffic-size N draws them from the log)" if more else ""
+    return (f"a candidate with {100 * m.int8_flops_fraction:.1f} % of the linear FLOPs in INT8 kept "
+            f"{100 * m.agreement:.2f} % of FP32's predictions on the search split's {n} agreement texts: at or above "
+            f"--min-agreement {config.min_agreement:g}, but its one-sided {100 * config.agreement_confidence:g} % "
+            f"lower bound is not, so it was not accepted; {n} texts cannot certify it, {what}{hint}")
 
 
 def _smoothing_choice(config: TuneConfig, tables: _Tables) -> SmoothingChoice | None:
