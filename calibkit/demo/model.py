@@ -91,11 +91,7 @@ def build_classifier(head: LinearHead | None = None, *, seed: int = 0) -> Any:
             self.classifier = torch.nn.Linear(bert.config.hidden_size, 2)
 
         def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
-            hidden = self.bert(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-            ).last_hidden_state
-            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+            pooled = _mean_pooled(self.bert, input_ids, attention_mask, token_type_ids)
             return self.classifier(self.dropout(pooled))
 
     _seed(seed)
@@ -107,6 +103,13 @@ def build_classifier(head: LinearHead | None = None, *, seed: int = 0) -> Any:
             module.classifier.bias.copy_(torch.from_numpy(np.asarray(head.bias, dtype=np.float32)))
     module.eval()
     return module
+
+
+def _mean_pooled(bert: Any, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+    """The encoder's last hidden state averaged over each text's real tokens (the attention mask)."""
+    hidden = bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
 
 
 def _pretrained_bert() -> Any:
@@ -143,11 +146,7 @@ def build_embedder() -> Any:
             self.bert = bert
 
         def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
-            hidden = self.bert(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-            ).last_hidden_state
-            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+            pooled = _mean_pooled(self.bert, input_ids, attention_mask, token_type_ids)
             return torch.nn.functional.normalize(pooled, p=2.0, dim=1)
 
     module = SentenceEmbedder(_pretrained_bert())
