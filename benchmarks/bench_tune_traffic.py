@@ -1,0 +1,89 @@
+"""tune with and without traffic evidence and smoothing, side by side on the same inputs (issue 19).
+
+    python benchmarks/bench_tune_traffic.py --assets .cache/test-assets/fast [--limit 600] [--traffic-size 1000]
+        [--method minmax] [--sensitivity-layers 6] [--max-evaluations 12] [--workers 2] [--out DIR]
+
+Both runs use the same model folder (as `demo prepare` writes it, not smoothed), calibration set (sampled from
+the assets' log) and labelled eval rows (``--limit`` of data/test.jsonl):
+
+- ``old``: the eval set alone, the model as given (``--no-smooth``): today's strategy before traffic evidence;
+- ``new``: ``--traffic auto`` (log texts not in the calibration set) and smoothing tried by tune itself.
+
+For each it prints the INT8 share of the linear FLOPs, the holdout agreement with FP32 with its 95 % interval and
+the number of texts it rests on, the labelled holdout accuracy change, whether the target was met, the wall time,
+and the texts evaluated per candidate plan (every candidate runs on the whole search split: the median is that
+number) and in total. ``--json PATH`` keeps them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import calibkit as ck  # noqa: E402
+
+
+def run(name: str, assets: Path, cset, out: Path, args: argparse.Namespace, **kw) -> dict:  # noqa: ANN001
+    t0 = time.perf_counter()
+    res = ck.tune(assets / "model", cset, assets / "data" / "test.jsonl", out / f"tune-{name}", max_drop=0.5,
+                  min_agreement=99.0, method=args.method, limit=args.limit, seed=0, workers=args.workers,
+                  sensitivity_layers=args.sensitivity_layers, max_evaluations=args.max_evaluations, **kw).result
+    seconds = time.perf_counter() - t0
+    f = res.final
+    hold = f.holdout_evidence
+    per_candidate = res.eval_set.search  # every candidate runs on the whole search split
+    return {
+        "strategy": name, "seconds": round(seconds, 1), "met_target": res.met_target,
+        "int8_flops_fraction": f.int8_flops_fraction, "kept": len(f.kept_nodes), "method": res.methods.chosen,
+        "smoothed": bool(res.smoothing and res.smoothing.chosen),
+        "agreement_holdout": f.agreement_holdout,
+        "agreement_holdout_low": hold.agreement.low if hold else None,
+        "agreement_holdout_high": hold.agreement.high if hold else None,
+        "agreement_texts_holdout": (hold.agreement_n or hold.n) if hold else 0,
+        "accuracy_change_holdout": hold.accuracy_minus_fp32.estimate if hold else None,
+        "labelled_holdout": hold.n if hold else 0,
+        "candidates": len(res.candidates),
+        "texts_per_candidate": per_candidate,
+        "texts_over_candidates": per_candidate * len(res.candidates),
+        "verdict": f.holdout_verdict.text if f.holdout_verdict else None,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--assets", type=Path, default=Path(".cache/test-assets/fast"))
+    ap.add_argument("--limit", type=int, default=600)
+    ap.add_argument("--traffic-size", type=int, default=1000)
+    ap.add_argument("--calibration-size", type=int, default=512)
+    ap.add_argument("--method", default="minmax")
+    ap.add_argument("--sensitivity-layers", type=int, default=6)
+    ap.add_argument("--max-evaluations", type=int, default=12)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=Path("runs/bench-tune-traffic"))
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    cset = ck.sample(args.assets / "logs.jsonl", args.out / "cset", size=args.calibration_size,
+                     tokenizer=args.assets / "model")
+    rows = [run("old", args.assets, cset, args.out, args, smooth=False),
+            run("new", args.assets, cset, args.out, args, smooth=True, traffic="auto",
+                traffic_size=args.traffic_size)]
+    for r in rows:
+        low, high = r["agreement_holdout_low"], r["agreement_holdout_high"]
+        print(f"{r['strategy']}: {100 * r['int8_flops_fraction']:.1f} % INT8 ({r['kept']} kept, {r['method']}), "
+              f"holdout agreement {100 * (r['agreement_holdout'] or 0):.2f} % "
+              f"[{100 * (low or 0):.2f}, {100 * (high or 0):.2f}] on {r['agreement_texts_holdout']} texts, "
+              f"accuracy {100 * (r['accuracy_change_holdout'] or 0):+.2f} points on {r['labelled_holdout']} labelled, "
+              f"met {r['met_target']}, {r['seconds']} s, {r['candidates']} candidates x "
+              f"{r['texts_per_candidate']} texts", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
