@@ -56,6 +56,7 @@ class WorkflowOptions:
     smooth: bool = True
     # tune judges agreement on this many texts of the log (not in the calibration set); 0: the eval set alone
     traffic_size: int = 4000
+    tune_method: str = "auto"  # --fast: minmax alone (auto measures every node under every method: minutes)
 
     @classmethod
     def quick(cls, **kw: Any) -> WorkflowOptions:
@@ -63,7 +64,7 @@ class WorkflowOptions:
         base: dict[str, Any] = dict(fast=True, log_lines=3000, sample_size=128, eval_limit=400,
                                     sensitivity_samples=64, sensitivity_layers=6, layer_samples=128,
                                     max_evaluations=12, max_drop=1.0, min_agreement=None, extra_tune_methods=(),
-                                    traffic_size=300)
+                                    traffic_size=200, tune_method="minmax")
         base.update(kw)
         return cls(**base)
 
@@ -213,7 +214,7 @@ def run_workflow(
     t = time.perf_counter()
     # on the model as the user has it: tune measures the smoothed variant itself, and judges agreement on the
     # log's own texts (those not in the calibration set)
-    tres = ck.tune(md, cset, ev, runs / "tune", max_drop=options.max_drop,
+    tres = ck.tune(md, cset, ev, runs / "tune", max_drop=options.max_drop, method=options.tune_method,
                    min_agreement=options.min_agreement, sensitivity_samples=options.sensitivity_samples,
                    max_evaluations=options.max_evaluations, workers=options.workers, seed=options.seed,
                    report=reports / "tune", progress=cb, traffic="auto" if options.traffic_size else None,
