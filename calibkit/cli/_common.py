@@ -36,6 +36,10 @@ class _Console(Console):
 
 console = _Console(stderr=True, markup=False, highlight=False, emoji=False)
 out = _Console(markup=False, highlight=False, emoji=False)
+# piped to a file or a pipe, a printed line stays one line whatever its length (wrapped at 80 columns, node names
+# and paths were cut across lines and could not be grepped); tables still fit their width
+console.soft_wrap = not console.is_terminal
+out.soft_wrap = not out.is_terminal
 _state = {"verbose": False}
 _depth = [0]  # handle_errors blocks open: the outermost one ends the command
 TRACEBACK_ENV = "CALIBKIT_TRACEBACK"
@@ -150,7 +154,7 @@ def _traceback() -> None:
 
 
 def warn(message: str) -> None:
-    """One warning line on stderr."""
+    """One warning line on stderr (piped: one line whatever its length, so a log can be grepped)."""
     console.print(f"[yellow]warning:[/] {escape(printable(message))}", markup=True)
 
 
@@ -160,7 +164,8 @@ def count(n: int, noun: str, plural: str | None = None) -> str:
 
 
 def say(message: str) -> None:
-    """One plain line on stdout (no markup; paths are shown as they are)."""
+    """One plain line on stdout (no markup; paths are shown as they are). Piped to a file it stays one line,
+    whatever its length: a node name cut across two lines cannot be grepped."""
     out.print(printable(message))
 
 
