@@ -283,3 +283,18 @@ def test_calibrates_qdq_model_without_a_sidecar_says_what_to_build(model_dir: Pa
     with pytest.raises(ModelError) as info:
         EngineArtifact.load(other)
     assert "--qdq" not in (info.value.hint or "") and "calibkit build" in (info.value.hint or "")
+
+
+def test_build_tensorrt_without_tensorrt_prints_the_trtexec_command(model_dir: Path, tmp_path: Path) -> None:
+    """Without TensorRT, `build --backend tensorrt` still fails with the missing-dependency code, but first prints
+    the same build as commands to run where TensorRT is (strongly typed, one shape range per input)."""
+    from calibkit._deps import available
+
+    if available("tensorrt"):
+        pytest.skip("TensorRT is installed here: the build runs instead")
+    r = _run(["build", str(model_dir), "--precision", "fp16", "--backend", "tensorrt", "-o",
+              str(tmp_path / "m.engine")])
+    assert r.exit_code == 7, r.output
+    assert "TensorRT is not installed here" in r.output and "trtexec" in r.output
+    assert "--stronglyTyped" in r.output and "--minShapes=" in r.output and "--saveEngine=" in r.output
+    assert not (tmp_path / "m.engine").exists()
