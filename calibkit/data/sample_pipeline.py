@@ -146,13 +146,14 @@ class CleanupTally:
 @dataclass(frozen=True)
 class CleanText:
     """One usable log record after cleanup. ``seen`` is None when cleanup emptied the text (it is counted in
-    the tally, not deduplicated); ``raw_text`` is the text before redaction (the same object when nothing was
-    redacted)."""
+    the tally, not deduplicated; ``emptied`` says so) or when no dedup index was given; ``raw_text`` is the text
+    before redaction (the same object when nothing was redacted)."""
 
     record: LogRecord
     text: str
     raw_text: str
     seen: Seen | None
+    emptied: bool = False
 
 
 def clean_log(
@@ -163,20 +164,21 @@ def clean_log(
     strict: bool,
     redact_pii: bool,
     stats: ReadStats,
-    dedup: DedupIndex,
+    dedup: DedupIndex | None,
     tally: CleanupTally,
 ) -> Iterator[CleanText]:
     """``sample``'s one code path from log lines to clean texts: the streaming reader (broken lines counted
     by kind in ``stats``), ``<script>``/``<style>`` blocks removed, personal data redacted (``redact_pii``),
-    each text offered to ``dedup`` (normalised digest). Used by ``sample`` and by the traffic evidence of
-    compare and tune, so both see the same texts for the same log and options."""
+    each text offered to ``dedup`` (normalised digest; None: duplicates are not tracked, so memory does not grow
+    with the log). Used by ``sample``, the traffic evidence of compare and tune and deploy's traffic, so all see
+    the same texts for the same log and options."""
     for rec in read_log(path, fields, label_field, strict=strict, stats=stats):
         text, n_scripts = strip_scripts(rec.text)
         if n_scripts:
             tally.scripts_removed += n_scripts
             if not text.strip():
                 tally.emptied += 1
-                yield CleanText(rec, text, text, None)
+                yield CleanText(rec, text, text, None, emptied=True)
                 continue
         raw = text
         if redact_pii:
@@ -185,7 +187,7 @@ def clean_log(
                 text = r.text
                 tally.redactions.update(r.counts)
                 tally.redacted_texts += 1
-        yield CleanText(rec, text, raw, dedup.add(text))
+        yield CleanText(rec, text, raw, dedup.add(text) if dedup is not None else None)
 
 
 def draw_sample(

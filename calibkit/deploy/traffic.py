@@ -1,11 +1,11 @@
 """The traffic a deployment will serve: request texts from a log, and their token lengths.
 
-The log is read by the reader ``calibkit sample`` uses (:mod:`calibkit.data.logs`: the same text-field
-auto-detection and dotted ``--text-field`` paths, broken lines counted by kind, oversized texts cut), and each
-text goes through the same cleanup (``<script>``/``<style>`` blocks removed, personal data redacted unless
-``redact=False``: the texts end up in the perf_analyzer file). Unlike sampling, duplicates are kept: a hot
-query is real load. Past ``max_texts`` usable lines a seeded reservoir keeps a uniform sample, so memory stays
-bounded on any log.
+The log is read through ``calibkit sample``'s own code path (:func:`calibkit.data.sample_pipeline.clean_log`:
+the same text-field auto-detection and dotted ``--text-field`` paths, broken lines counted by kind, oversized
+texts cut), and each text goes through the same cleanup (``<script>``/``<style>`` blocks removed, personal
+data redacted unless ``redact=False``: the texts end up in the perf_analyzer file). Unlike sampling, duplicates
+are kept: a hot query is real load. Past ``max_texts`` usable lines a seeded reservoir keeps a uniform sample,
+so memory stays bounded on any log.
 
 Default log: the one the calibration set was drawn from (``source.path`` in its ``manifest.json``), when it
 still exists.
@@ -44,9 +44,8 @@ class Traffic:
 
 def read_traffic(path: str | Path, *, text_field: str | None = None, strict: bool = False, redact: bool = True,
                  max_texts: int = DEFAULT_MAX_TEXTS, seed: int = 0) -> Traffic:
-    from calibkit.data.logs import ReadStats, detect_text_fields, parse_field_paths, read_log
-    from calibkit.data.redact import redact as redact_text
-    from calibkit.data.redact import strip_scripts
+    from calibkit.data.logs import ReadStats, detect_text_fields, parse_field_paths
+    from calibkit.data.sample_pipeline import CleanupTally, clean_log
 
     p = Path(path)
     if not p.is_file():
@@ -60,19 +59,18 @@ def read_traffic(path: str | Path, *, text_field: str | None = None, strict: boo
     rng = random.Random(seed)
     kept: list[tuple[int, str]] = []
     seen = 0
-    for rec in read_log(p, fields, strict=strict, stats=stats):
-        text, _ = strip_scripts(rec.text)
-        if not text.strip():
+    # sample's own cleanup path, without dedup: duplicates are kept (a hot query is real load) and memory stays
+    # bounded by the reservoir
+    for c in clean_log(p, fields, strict=strict, redact_pii=redact, stats=stats, dedup=None, tally=CleanupTally()):
+        if c.emptied:
             continue
-        if redact:
-            text = redact_text(text).text
         seen += 1
         if len(kept) < max_texts:
-            kept.append((rec.line_no, text))
+            kept.append((c.record.line_no, c.text))
         else:
             j = rng.randrange(seen)
             if j < max_texts:
-                kept[j] = (rec.line_no, text)
+                kept[j] = (c.record.line_no, c.text)
     if not kept:
         kinds = ", ".join(f"{k} {v}" for k, v in stats.broken.items() if v) or "none"
         raise DataError(f"traffic log {p} has no usable text in {stats.lines:,} lines (broken lines by kind: {kinds}; "
