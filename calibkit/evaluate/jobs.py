@@ -10,12 +10,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from calibkit._io import read_json
 from calibkit.errors import CalibkitError, CalibrationError
 from calibkit.evaluate.metrics import output_error
+from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING, row_fidelity
 from calibkit.types import CalibrationTable
 
 ONLY_THIS = "only_this_int8"
@@ -26,14 +28,20 @@ ALL_INT8 = "all_int8"
 @dataclass(frozen=True)
 class SensitivityJob:
     """Build one variant (``keep_nodes`` stay in higher precision, every other placed node is INT8), run it
-    on ``texts`` and score it against ``labels`` and ``reference_logits``."""
+    on ``texts`` and score it against ``labels`` and the reference, per text (``evaluate.rowfidelity``).
+
+    ``reference_logits``: what the reference gave for ``texts`` in ``task``'s terms: logits per text
+    (classification), the vector per text (embedding, ``pooling`` as the task pools), or the tag id per token
+    position with ``rowfidelity.NO_TAG`` past the text (token classification); a nested tuple or an array.
+    ``neighbour_index`` / ``index_rows`` (embedding): the FP32 vectors neighbours are looked up among, and each
+    text's own row there (-1: not in it); without them the job's own reference vectors are the index."""
 
     source_model: str
     calibration_json: str
     tokenizer: str
     texts: tuple[str, ...]
     labels: tuple[int, ...]
-    reference_logits: tuple[tuple[float, ...], ...]
+    reference_logits: Any
     keep_nodes: tuple[str, ...]
     mode: str  # ONLY_THIS | ALL_BUT_THIS | ALL_INT8
     node: str | None = None
@@ -45,6 +53,10 @@ class SensitivityJob:
     # what source_model must hold (the sha256 the engine under study or the tune run recorded); run_jobs
     # refuses a file replaced since, before any variant is built from it
     source_model_sha256: str | None = None
+    task: str = "classification"  # evaluate.rowfidelity.ROW_TASKS
+    pooling: str | None = None
+    neighbour_index: Any = None
+    index_rows: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -57,8 +69,16 @@ class SensitivityResult:
     seconds: float
     error: str | None = None  # set when the variant could not be built or run
     error_hint: str | None = None  # what to do about ``error``, when the failure said
-    flip_rate: float = float("nan")  # share of examples whose prediction differs from the reference's
-    predictions: tuple[int, ...] = ()  # argmax per example, in the order of the job's texts
+    flip_rate: float = float("nan")  # 1 - mean agreement: the share of examples whose output changed
+    predictions: tuple[int, ...] = ()  # argmax per example, in the order of the job's texts (classification)
+    # per example, in the order of the job's texts (evaluate.rowfidelity): agreement with the reference in
+    # [0, 1] for every task, cosine to the reference for embeddings
+    agreement_values: tuple[float, ...] = ()
+    cosine_values: tuple[float, ...] = ()
+
+    @property
+    def mean_cosine(self) -> float:
+        return float(np.mean(self.cosine_values)) if self.cosine_values else float("nan")
 
     def correct(self, labels: np.ndarray) -> np.ndarray:
         return np.asarray(self.predictions, dtype=np.int64) == np.asarray(labels, dtype=np.int64)
@@ -98,21 +118,44 @@ def run_sensitivity_job(job: SensitivityJob) -> SensitivityResult:
     """Pure work unit: everything it needs is in ``job``; failures come back in ``error``, never raised."""
     from calibkit.data.tokenizer import TextTokenizer
     from calibkit.engines.registry import model_runner
-    from calibkit.evaluate.predict import predict_logits
+    from calibkit.evaluate.predict import predict_outputs
 
     start = time.perf_counter()
     try:
         model = build_variant(job.source_model, job.calibration_json, job.keep_nodes, job.target)
         tok = TextTokenizer(job.tokenizer, max_length=job.max_length)
         with model_runner(model, threads=job.threads, name=f"{job.mode}:{job.node}", layout=job.target) as runner:
-            logits = predict_logits(runner, tok, job.texts, batch_size=job.batch_size, output_name=job.output_name)
+            out = predict_outputs(runner, tok, job.texts, batch_size=job.batch_size, output_name=job.output_name,
+                                  pooling=job.pooling if job.task == EMBEDDING else None).values
     except CalibkitError as exc:
         return SensitivityResult(job.mode, job.node, float("nan"), float("nan"), float("nan"),
                                  time.perf_counter() - start, error=exc.message, error_hint=exc.hint)
+    return score_outputs(job, out, time.perf_counter() - start)
+
+
+def score_outputs(job: SensitivityJob, outputs: np.ndarray, seconds: float) -> SensitivityResult:
+    """A variant's ``outputs`` for ``job.texts`` against the job's reference and labels."""
     ref = np.asarray(job.reference_logits, dtype=np.float64)
-    pred = logits.argmax(axis=1)
-    acc = float(np.mean(pred == np.asarray(job.labels)))
-    flip = float(np.mean(pred != ref.argmax(axis=1))) if len(ref) else float("nan")
-    oe = output_error(ref, logits)
-    return SensitivityResult(job.mode, job.node, acc, oe.logit_mse, oe.mean_kl, time.perf_counter() - start,
-                             flip_rate=flip, predictions=tuple(int(v) for v in pred))
+    index = None if job.neighbour_index is None else np.asarray(job.neighbour_index, dtype=np.float64)
+    rows = None if job.index_rows is None else np.asarray(job.index_rows, dtype=np.int64)
+    if job.task == EMBEDDING:
+        outputs = outputs.reshape(len(outputs), -1)
+    fid = row_fidelity(job.task, ref, outputs, index=index, index_rows=rows)
+    agree = fid.agreement
+    flip = float(1.0 - agree.mean()) if len(agree) else float("nan")
+    acc, mse, kl = float("nan"), float("nan"), float("nan")
+    if job.task == CLASSIFICATION:
+        pred = fid.predictions if fid.predictions is not None else np.zeros(0, dtype=np.int64)
+        if len(job.labels) == len(pred):
+            acc = float(np.mean(pred == np.asarray(job.labels))) if len(pred) else float("nan")
+        oe = output_error(ref, outputs)
+        mse, kl = oe.logit_mse, oe.mean_kl
+    elif job.task == EMBEDDING and len(ref):
+        with np.errstate(over="ignore", invalid="ignore"):
+            mse = float(np.mean((ref.reshape(len(ref), -1) - outputs) ** 2))
+    return SensitivityResult(
+        job.mode, job.node, acc, mse, kl, seconds, flip_rate=flip,
+        predictions=tuple(int(v) for v in fid.predictions) if fid.predictions is not None else (),
+        agreement_values=tuple(float(v) for v in agree),
+        cosine_values=tuple(float(v) for v in fid.cosine) if fid.cosine is not None else (),
+    )

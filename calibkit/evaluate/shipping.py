@@ -36,7 +36,7 @@ class ShippedJob:
     table: Shared  # bytes of the calibration JSON
     tokenizer: Shared  # {file name: bytes} of the tokenizer folder
     tokenizer_file: str | None  # the tokenizer was this file of the folder (None: the folder itself)
-    data: Shared  # (texts, labels, reference_logits)
+    data: Shared  # (texts, labels, reference_logits, neighbour_index, index_rows)
     keep_nodes: tuple[str, ...]
     mode: str
     node: str | None
@@ -45,6 +45,8 @@ class ShippedJob:
     threads: int
     max_length: int | None
     output_name: str | None = None
+    task: str = "classification"
+    pooling: str | None = None
 
 
 def _tokenizer_files(path: Path) -> tuple[dict[str, bytes], str | None]:
@@ -87,7 +89,7 @@ def pack_jobs(jobs: Sequence[SensitivityJob], executor: Executor, threads: int |
 
     ``threads``: intra-op threads per job (default: each job's own)."""
     tokenizers: dict[str, tuple[Shared, str | None]] = {}
-    blocks: dict[tuple[int, int, int], Shared] = {}
+    blocks: dict[tuple[int, ...], Shared] = {}
     models: dict[str, Shared] = {}
     out = []
     for j in jobs:
@@ -97,17 +99,18 @@ def pack_jobs(jobs: Sequence[SensitivityJob], executor: Executor, threads: int |
         if tok is None:
             files, single = _tokenizer_files(Path(j.tokenizer))
             tok = tokenizers[j.tokenizer] = (executor.share(files), single)
-        ident = (id(j.texts), id(j.labels), id(j.reference_logits))
+        ident = (id(j.texts), id(j.labels), id(j.reference_logits), id(j.neighbour_index), id(j.index_rows))
         data = blocks.get(ident)
         if data is None:
-            data = blocks[ident] = executor.share((j.texts, j.labels, j.reference_logits))
+            data = blocks[ident] = executor.share((j.texts, j.labels, j.reference_logits, j.neighbour_index,
+                                                   j.index_rows))
         table = Path(j.calibration_json)
         out.append(ShippedJob(
             model=models[j.source_model],
             table=executor.share_file(table / "calibration.json" if table.is_dir() else table),
             tokenizer=tok[0], tokenizer_file=tok[1], data=data, keep_nodes=tuple(j.keep_nodes), mode=j.mode,
             node=j.node, target=j.target, batch_size=j.batch_size, threads=threads or j.threads,
-            max_length=j.max_length, output_name=j.output_name,
+            max_length=j.max_length, output_name=j.output_name, task=j.task, pooling=j.pooling,
         ))
     return out
 
@@ -116,13 +119,14 @@ def unpack_job(s: ShippedJob) -> SensitivityJob:
     """The SensitivityJob ``s`` stands for, with local paths (on the worker)."""
     from calibkit.evaluate.jobs import SensitivityJob
 
-    texts, labels, ref = fetch(s.data)
+    texts, labels, ref, index, index_rows = fetch(s.data)
     tok = materialize(s.tokenizer)
     return SensitivityJob(
         source_model=str(materialize(s.model)), calibration_json=str(materialize(s.table)),
         tokenizer=str(tok / s.tokenizer_file if s.tokenizer_file else tok), texts=texts, labels=labels,
         reference_logits=ref, keep_nodes=s.keep_nodes, mode=s.mode, node=s.node, target=s.target,
         batch_size=s.batch_size, threads=s.threads, max_length=s.max_length, output_name=s.output_name,
+        task=s.task, pooling=s.pooling, neighbour_index=index, index_rows=index_rows,
     )
 
 

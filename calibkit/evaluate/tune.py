@@ -236,6 +236,13 @@ def _job_key(job: SensitivityJob, table_sha: str, model_sha: str) -> str:
         "texts": sha256_bytes("\n".join(job.texts).encode("utf-8")),
         "target": job.target,
         "mode": job.mode,
+        # per-text values (evaluate.rowfidelity) since 0.3: records from before lack them and run again
+        "values": 2,
+        "task": job.task,
+        "pooling": job.pooling,
+        "index": None if job.neighbour_index is None else sha256_bytes(
+            np.ascontiguousarray(job.neighbour_index, dtype=np.float64).tobytes()
+            + np.asarray(job.index_rows if job.index_rows is not None else (), dtype=np.int64).tobytes()),
     }
     return sha256_bytes(json.dumps(payload, sort_keys=True).encode("utf-8"))[:32]
 
@@ -244,7 +251,8 @@ def _result_record(r: SensitivityResult) -> dict[str, Any]:
     return {
         "mode": r.mode, "node": r.node, "accuracy": r.accuracy, "logit_mse": r.logit_mse,
         "mean_kl": r.mean_kl, "seconds": r.seconds, "error": r.error, "flip_rate": r.flip_rate,
-        "predictions": list(r.predictions),
+        "predictions": list(r.predictions), "agreement_values": list(r.agreement_values),
+        "cosine_values": list(r.cosine_values),
     }
 
 
@@ -252,7 +260,9 @@ def _from_record(rec: dict[str, Any]) -> SensitivityResult:
     return SensitivityResult(rec["mode"], rec.get("node"), float(rec["accuracy"]), float(rec["logit_mse"]),
                              float(rec["mean_kl"]), float(rec["seconds"]), rec.get("error"),
                              flip_rate=float(rec.get("flip_rate", float("nan"))),
-                             predictions=tuple(int(v) for v in rec.get("predictions", ())))
+                             predictions=tuple(int(v) for v in rec.get("predictions", ())),
+                             agreement_values=tuple(float(v) for v in rec.get("agreement_values", ())),
+                             cosine_values=tuple(float(v) for v in rec.get("cosine_values", ())))
 
 
 class _Evaluator:
