@@ -96,6 +96,9 @@ class TuneConfig:
     max_drop: float = 0.5  # accuracy points (or percent of FP32 accuracy with relative=True)
     relative: bool = False
     min_agreement: float | None = None  # percent of FP32's predictions the plan must keep (e.g. 99)
+    # embeddings: the mean cosine to FP32's vectors the plan must keep (e.g. 0.995), beside min_agreement
+    # (for embeddings: the share of texts whose nearest neighbour in the FP32 index stays, evaluate.rowfidelity)
+    min_cosine: float | None = None
     method: str = "auto"  # "auto" or a Method value
     holdout_fraction: float = 0.3
     sensitivity_samples: int = 256
