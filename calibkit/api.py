@@ -391,13 +391,15 @@ def check_tune_options(*, method: str, target: str) -> None:
 def tune(
     model: PathLike | ModelDir,
     calibration_set: PathLike | CalibrationSet,
-    eval_set: PathLike | EvalSet,
+    eval_set: PathLike | EvalSet | None = None,
     out: PathLike | None = None,
     *,
     tokenizer: PathLike | None = None,
     max_drop: float = 0.5,
     relative: bool = False,
     min_agreement: float | None = None,
+    min_cosine: float | None = None,
+    task: str | None = None,
     agreement_confidence: float = 0.9,
     method: str = "auto",
     target: str = "tensorrt",
@@ -427,10 +429,15 @@ def tune(
     ``traffic``: a request log (the formats and ``traffic_text_field`` option of ``sample``), ``"auto"`` for the
     log named in the calibration set's manifest, or drawn :class:`TrafficEvidence`: up to ``traffic_size``
     texts not in the calibration set, split into search and holdout parts like the eval set; agreement with
-    FP32 is then judged on them and the eval set carries accuracy alone."""
+    FP32 is then judged on them and the eval set carries accuracy alone.
+
+    Embedding and token-classification models are tuned on fidelity alone (``min_agreement``: the share of
+    texts whose nearest neighbour in the FP32 index stays, or of tokens whose tag stays; ``min_cosine``: the
+    mean cosine to FP32's vectors); ``eval_set`` may then be None when ``traffic`` gives the texts."""
     import contextlib
 
     from calibkit._io import write_json
+    from calibkit.data.evalset import EvalSet
     from calibkit.evaluate.tasks import choose_task, model_outputs
     from calibkit.evaluate.tune import TuneConfig, run_tune
     from calibkit.executors import from_spec
@@ -442,17 +449,25 @@ def tune(
     md = _model_dir(model, tokenizer)
     dest = Path(out) if out is not None else Path("runs") / f"tune-{md.onnx_path.parent.name or md.onnx_path.stem}"
     cfg = md.id2label
-    task = choose_task(model_outputs(load_model(md.onnx_path, load_external_data=False)),
-                       {"id2label": {str(k): v for k, v in cfg.items()}}) if cfg else None
-    ev, rows = load_evidence(eval_set, task=task, limit=limit, seed=seed)
+    kind = choose_task(model_outputs(load_model(md.onnx_path, load_external_data=False)),
+                       {"id2label": {str(k): v for k, v in cfg.items()}}, task)
     cset = _calibration_set(calibration_set)
     drawn = load_traffic(traffic, cset, size=traffic_size, text_field=traffic_text_field, seed=seed, model=md,
                          progress=progress)
+    if eval_set is None:
+        if drawn is None or not len(drawn):
+            raise UsageError("tune needs texts to judge plans on: an eval set, or traffic",
+                             hint="pass --eval-set test.jsonl, or --traffic LOG (or 'auto': the calibration set's "
+                                  "own log)")
+        ev, rows = EvalSet(Path(drawn.source.path), (), ()), None
+    else:
+        ev, rows = load_evidence(eval_set, task=kind if cfg or task else None, limit=limit, seed=seed)
     config = TuneConfig(
         max_drop=max_drop, relative=relative, min_agreement=min_agreement, agreement_confidence=agreement_confidence,
         method=method, holdout_fraction=holdout, sensitivity_samples=sensitivity_samples,
         sensitivity_layers=sensitivity_layers, max_evaluations=max_evaluations, workers=workers, seed=seed,
-        target=target, params=MethodParams(percentile=percentile), smooth=smooth,
+        target=target, params=MethodParams(percentile=percentile), smooth=smooth, min_cosine=min_cosine,
+        task=task,
     )
     render = None
     if report is not None:

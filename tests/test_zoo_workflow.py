@@ -154,3 +154,32 @@ def test_exclude_by_module_path_on_both_exports(zoo: dict, work: Path, tmp_path:
     assert len(kept[0]) == len(kept[1]) == 1
     assert kept[0] == [f"/{family.split('-')[0]}/encoder/layer.1/output/dense/MatMul"]
     assert kept[1][0].startswith("node_")
+
+
+@pytest.mark.parametrize("name", ["bert-encoder-legacy", "bert-token-legacy"])
+def test_tune_judges_embedders_and_token_taggers_on_traffic_alone(zoo: dict, work: Path, tmp_path: Path,
+                                                                    name: str) -> None:
+    """No labels, no eval set: the log's own texts (calibration texts excluded) judge the plan on the task's
+    per-text fidelity (neighbours in the FP32 index and cosine; tokens' tags), with a holdout verdict."""
+    z = zoo[name]
+    cli("sample", work / "logs.jsonl", "--size", 60, "--tokenizer", z.folder, "--out", tmp_path / "calib")
+    args = ("tune", z.folder, "-c", tmp_path / "calib", "--traffic", "auto", "--traffic-size", 200,
+            "--out", tmp_path / "tune", "--no-report", "--workers", 1, "--sensitivity-samples", 48,
+            "--sensitivity-layers", 3, "--max-evaluations", 6, "--method", "minmax", "--no-smooth")
+    out = cli(*args)
+    doc = json.loads((tmp_path / "tune" / "tune.json").read_text())
+    assert doc["target"]["task"] == z.task and doc["target"]["max_drop"] is None
+    final = doc["final"]
+    assert final["accuracy_search"] is None and final["agreement_search"] is not None
+    hold = final["holdout_evidence"]
+    assert hold["n"] == 0 and hold["agreement_n"] == doc["eval_set"]["traffic_holdout"] > 0
+    if z.task == "embedding":
+        assert doc["target"]["min_agreement"] == 95.0 and doc["target"]["min_cosine"] == 0.995
+        assert 0.9 < final["cosine_search"] <= 1.0 and hold["cosine"]["estimate"] is not None
+        assert "cosine search" in out and "nearest neighbours in the FP32 index" in out
+    else:
+        assert doc["target"]["min_agreement"] == 99.0 and doc["target"]["min_cosine"] is None
+        assert final["cosine_search"] is None and "token" in out
+    assert "nan" not in out.lower().replace("nanos", "")
+    again = cli(*args, "--force")
+    assert f"{len(doc['candidates'])} candidates measured" in again and "0 evaluations reused" not in again

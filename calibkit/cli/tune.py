@@ -55,6 +55,9 @@ HELP = (
     "--eval-set demo_assets/data/test.jsonl --max-drop 0.5\n\n"
     "  calibkit tune model/ -c calib/ -e test.parquet --max-drop 1 --relative --method entropy --workers 4\n\n"
     "  calibkit tune model/ -c calib/ -e test.jsonl --max-drop 0.5 --min-agreement 99\n"
+    "  calibkit tune embedder/ -c calib/ --traffic auto   (a sentence embedder, from the log alone: the plan keeps "
+    "95 % of nearest neighbours in the FP32 index and a mean cosine of 0.995 unless --min-agreement / "
+    "--min-cosine say otherwise)\n"
     "  calibkit tune model/ -c calib/ -e test.jsonl --min-agreement 99 --traffic auto   (agreement judged on "
     "4,000 unlabeled texts of the calibration set's own log, calibration texts excluded; the eval set's labels "
     "carry accuracy alone)\n"
@@ -72,11 +75,24 @@ def register(app: typer.Typer) -> None:
 def tune(
     model: Path = typer.Argument(..., help="Model folder (model.onnx + tokenizer + config.json) or an .onnx file."),
     calibration_set: Path = typer.Option(..., "--calibration-set", "-c", help="Folder written by `calibkit sample`."),
-    eval_set: Path = typer.Option(..., "--eval-set", "-e", help="Labelled eval set (JSONL, CSV, Parquet, datasets)."),
+    eval_set: Path | None = typer.Option(
+        None, "--eval-set", "-e",
+        help="Labelled eval set (JSONL, CSV, Parquet, datasets). Optional with --traffic: embedders and token "
+             "taggers are judged on fidelity to FP32, which needs no labels.",
+    ),
     max_drop: float = typer.Option(0.5, "--max-drop", min=0.0, help="Allowed accuracy drop below FP32 (points)."),
     relative: bool = typer.Option(False, "--relative", help="Read --max-drop as percent of FP32 accuracy."),
     min_agreement: float | None = typer.Option(
         None, "--min-agreement", help="Also require this percentage of FP32's predictions unchanged (e.g. 99)."
+    ),
+    min_cosine: float | None = typer.Option(
+        None, "--min-cosine",
+        help="Embeddings: also require this mean cosine of the INT8 vectors to FP32's (e.g. 0.995). Without labels "
+             "and with neither target given, an embedder is tuned for --min-agreement 95 (nearest neighbours kept) "
+             "and --min-cosine 0.995.",
+    ),
+    task: str | None = typer.Option(
+        None, "--task", help="classification | embedding | token-classification (default: from the model's outputs)."
     ),
     agreement_confidence: float = typer.Option(
         0.9, "--agreement-confidence",
@@ -144,7 +160,8 @@ def tune(
         with RichProgress() as progress:
             run = run_tune(
                 model, calibration_set, eval_set, dest, tokenizer=tokenizer, max_drop=max_drop, relative=relative,
-                min_agreement=min_agreement, agreement_confidence=agreement_confidence, method=method,
+                min_agreement=min_agreement, min_cosine=min_cosine, task=task,
+                agreement_confidence=agreement_confidence, method=method,
                 target=target, holdout=holdout, sensitivity_samples=sensitivity_samples,
                 sensitivity_layers=sensitivity_layers, max_evaluations=max_evaluations, limit=limit, seed=seed,
                 percentile=percentile, workers=workers, executor=executor, memory_budget=memory_budget,
@@ -185,30 +202,46 @@ def _check_apart(out_dir: Path, report_dir: Path) -> None:
                          hint="pass two separate folders, e.g. --out runs/tune --report reports/tune")
 
 
+_AGREEMENT_NOUN = {"classification": "FP32's predictions", "embedding": "nearest neighbours in the FP32 index",
+                   "token-classification": "FP32's token tags"}
+
+
 def _summary(run: TuneRun, report_dir: Path | None) -> None:
     from rich.table import Table
 
     r = run.result
-    t = Table(title="tune (agreement: share of FP32's predictions kept)")
-    for col in ("", "accuracy search", "accuracy holdout", "agreement search", "agreement holdout"):
+    classifies = r.target.task == "classification"
+    cols = ["", "agreement search", "agreement holdout"]
+    cols[1:1] = ["accuracy search", "accuracy holdout"] if classifies else []
+    cols += [] if classifies else ["cosine search", "cosine holdout"]
+    t = Table(title=f"tune (agreement: share of {_AGREEMENT_NOUN.get(r.target.task, 'outputs')} kept)")
+    for col in cols:
         t.add_column(col, justify="right" if col else "left")
 
     def pct(v: float | None) -> str:
         return "—" if v is None else f"{100 * v:.2f} %"
 
+    def cos(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.5f}"
+
     es = r.eval_set
     if es.traffic is not None:
         excluded = "; ".join(x for x in es.traffic.exclusions if not x.startswith("log sha256"))
-        say(f"evidence: accuracy on {es.count - es.traffic.count} labelled texts of {Path(es.path).name}; agreement "
-            f"on {es.traffic.count} traffic texts of {Path(es.traffic.path).name} (search {es.traffic_search}, "
-            f"holdout {es.traffic_holdout}; excluded {excluded or 'nothing'})")
+        labelled = es.count - es.traffic.count
+        first = (f"accuracy on {labelled} labelled texts of {Path(es.path).name}; " if labelled > 0 and classifies
+                 else "")
+        say(f"evidence: {first}agreement on {es.traffic.count} traffic texts of {Path(es.traffic.path).name} "
+            f"(search {es.traffic_search}, holdout {es.traffic_holdout}; excluded {excluded or 'nothing'})")
     f = r.final
-    t.add_row("FP32", pct(r.target.fp32_accuracy), pct(r.target.fp32_accuracy_holdout), "", "")
     allint8 = r.all_int8
-    t.add_row("all INT8", pct(allint8.accuracy_search if allint8 else None), pct(f.all_int8_accuracy_holdout),
-              pct(allint8.agreement_search if allint8 else None), pct(f.all_int8_agreement_holdout))
-    t.add_row(f"plan ({count(len(f.kept_nodes), 'layer')} kept)", pct(f.accuracy_search), pct(f.accuracy_holdout),
-              pct(f.agreement_search), pct(f.agreement_holdout))
+    rows = [("FP32", [pct(r.target.fp32_accuracy), pct(r.target.fp32_accuracy_holdout)], ["", ""], ["", ""]),
+            ("all INT8", [pct(allint8.accuracy_search if allint8 else None), pct(f.all_int8_accuracy_holdout)],
+             [pct(allint8.agreement_search if allint8 else None), pct(f.all_int8_agreement_holdout)],
+             [cos(allint8.cosine_search if allint8 else None), cos(f.all_int8_cosine_holdout)]),
+            (f"plan ({count(len(f.kept_nodes), 'layer')} kept)", [pct(f.accuracy_search), pct(f.accuracy_holdout)],
+             [pct(f.agreement_search), pct(f.agreement_holdout)], [cos(f.cosine_search), cos(f.cosine_holdout)])]
+    for name, acc, agr, cs in rows:
+        t.add_row(name, *(acc + agr if classifies else agr + cs))
     out.print(t)
     m = r.methods
     out.print(f"calibration: {m.chosen} (fewest flips of FP32 on the search split: "

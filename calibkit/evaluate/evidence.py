@@ -11,14 +11,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from calibkit.errors import DataError
+from calibkit.evaluate.jobs import SensitivityResult
+from calibkit.evaluate.rowfidelity import CLASSIFICATION
 from calibkit.evaluate.subsets import EvalSubset, nested, stratified_split, stratified_subset
 from calibkit.evaluate.uncertainty import evidence_warnings
 
 MIN_SEARCH_ROWS = 10
+
+
+class Scores(NamedTuple):
+    """A variant on one subset: accuracy (labelled rows), agreement and mean cosine (agreement rows); NaN where
+    it does not apply."""
+
+    accuracy: float
+    agreement: float
+    cosine: float = float("nan")
 SMALL_HOLDOUT = 200
 
 
@@ -33,8 +45,9 @@ def split_subsets(labels: np.ndarray, holdout_fraction: float, seed: int, texts:
 
 @dataclass(frozen=True, eq=False)
 class SplitEvidence:
-    """The eval rows tune judges on: ``labels`` (class ids; FP32's own predictions when the set has none) and
-    ``reference`` (FP32 logits) per row, split into ``search`` (every decision), ``holdout`` (measured only
+    """The eval rows tune judges on: ``labels`` (class ids; FP32's own predictions when the set has none, zeros
+    for tasks without classes) and ``reference`` per row in ``task``'s terms (FP32 logits, vectors, or tag ids
+    per token: see ``evaluate.rowfidelity``), split into ``search`` (every decision), ``holdout`` (measured only
     at the end) and ``sensitivity`` (a subset of the search split for the per-layer ranking)."""
 
     texts: tuple[str, ...]
@@ -47,15 +60,23 @@ class SplitEvidence:
     warnings: tuple[str, ...] = ()
     # per row: drawn from traffic (its label is FP32's prediction); None when there is no traffic evidence
     traffic: np.ndarray | None = None
+    task: str = CLASSIFICATION
+
+    @property
+    def classifies(self) -> bool:
+        return self.task == CLASSIFICATION
 
     @property
     def reference_predictions(self) -> np.ndarray:
-        return self.reference.argmax(axis=1)
+        """FP32's class per row (classification; tasks without classes: the zero labels)."""
+        return self.reference.argmax(axis=1) if self.classifies else np.zeros(len(self.texts), dtype=np.int64)
 
     def accuracy_positions(self, subset: EvalSubset) -> np.ndarray:
         """Positions in ``subset``'s row order whose accuracy counts: the labelled eval rows when there is
-        traffic beside them, else every row."""
+        traffic beside them, else every row (none for tasks without classes)."""
         idx = subset.array
+        if not self.classifies:
+            return np.zeros(0, dtype=np.int64)
         if self.traffic is None or not self.labelled:
             return np.arange(len(idx))
         return np.flatnonzero(~self.traffic[idx])
@@ -74,22 +95,26 @@ class SplitEvidence:
             return float("nan")
         return float(np.mean(self.reference[idx].argmax(axis=1) == self.labels[idx]))
 
-    def scores(self, subset: EvalSubset, predictions: Sequence[int]) -> tuple[float, float]:
-        """(accuracy on the rows whose accuracy counts, agreement with FP32 on the rows whose agreement counts)
-        of a variant's ``predictions`` on ``subset`` (in its row order); NaN where no row counts."""
-        pred = np.asarray(predictions, dtype=np.int64)
+    def scores(self, subset: EvalSubset, result: SensitivityResult) -> Scores:
+        """A variant's result on ``subset`` (in its row order): accuracy on the rows whose accuracy counts,
+        agreement with FP32 and mean cosine (embeddings) on the rows whose agreement counts; NaN where no row
+        counts or the result does not cover the subset."""
         idx = subset.array
-        if len(pred) != len(idx):
-            return float("nan"), float("nan")
         acc_p, agr_p = self.accuracy_positions(subset), self.agreement_positions(subset)
-        acc = float(np.mean(pred[acc_p] == self.labels[idx[acc_p]])) if len(acc_p) else float("nan")
-        agr = float(np.mean(pred[agr_p] == self.reference_predictions[idx[agr_p]])) if len(agr_p) else float("nan")
-        return acc, agr
+        agree = np.asarray(result.agreement_values, dtype=np.float64)
+        cos = np.asarray(result.cosine_values, dtype=np.float64)
+        pred = np.asarray(result.predictions, dtype=np.int64)
+        nan = float("nan")
+        acc = (float(np.mean(pred[acc_p] == self.labels[idx[acc_p]]))
+               if len(acc_p) and len(pred) == len(idx) else nan)
+        agr = float(agree[agr_p].mean()) if len(agr_p) and len(agree) == len(idx) else nan
+        c = float(cos[agr_p].mean()) if len(agr_p) and len(cos) == len(idx) else nan
+        return Scores(acc, agr, c)
 
 
 def split_evidence(texts: Sequence[str], labels: np.ndarray, reference: np.ndarray, *, labelled: bool,
                    class_names: Sequence[str], holdout_fraction: float, sensitivity_samples: int, seed: int,
-                   traffic: np.ndarray | None = None) -> SplitEvidence:
+                   traffic: np.ndarray | None = None, task: str = CLASSIFICATION) -> SplitEvidence:
     """Draw the search, holdout and sensitivity subsets (DataError when the search split would be too small).
     ``traffic``: per row, whether it was drawn from traffic; each part keeps its share of both kinds of row."""
     strata = None
@@ -107,4 +132,5 @@ def split_evidence(texts: Sequence[str], labels: np.ndarray, reference: np.ndarr
     sens_strata: Sequence[object] = strata if strata is not None else [int(v) for v in labels]
     sens = nested(search, stratified_subset(search_texts, [sens_strata[i] for i in search.array],
                                             sensitivity_samples, seed + 1))
-    return SplitEvidence(tuple(texts), labels, reference, labelled, search, holdout, sens, tuple(warnings), traffic)
+    return SplitEvidence(tuple(texts), labels, reference, labelled, search, holdout, sens, tuple(warnings), traffic,
+                         task)

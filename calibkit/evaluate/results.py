@@ -442,6 +442,9 @@ class TuneTarget:
     max_drop: float | None = None
     min_agreement: float | None = None
     agreement_confidence: float = 0.9
+    # embeddings: the mean cosine to FP32 the plan must keep; task: what agreement means (evaluate.rowfidelity)
+    min_cosine: float | None = None
+    task: str = "classification"
 
     @property
     def target_accuracy(self) -> float | None:
@@ -457,6 +460,7 @@ class MethodChoice:
     all_int8_accuracy_search: Mapping[str, float | None] = field(default_factory=dict)
     all_int8_flip_rate_search: Mapping[str, float | None] = field(default_factory=dict)
     all_int8_mean_kl_search: Mapping[str, float | None] = field(default_factory=dict)
+    all_int8_cosine_search: Mapping[str, float | None] = field(default_factory=dict)
     per_tensor_counts: Mapping[str, int] = field(default_factory=dict)
     chosen_by: str = "fewest flips of FP32's predictions on the search split (then KL divergence)"
 
@@ -475,6 +479,7 @@ class Candidate:
     meets_target: bool
     accuracy_holdout: float | None = None
     agreement_search: float | None = None
+    cosine_search: float | None = None
 
 
 @dataclass(frozen=True)
@@ -486,6 +491,7 @@ class PlanEvidence:
     flips: int
     n: int  # rows whose accuracy counts
     agreement_n: int | None = None  # rows whose agreement counts (the traffic's), when they are others
+    cosine: Range | None = None  # embeddings: mean cosine to FP32's vectors, 95 % interval
 
 
 @dataclass(frozen=True)
@@ -512,6 +518,9 @@ class TunePlan:
     all_int8_agreement_holdout: float | None = None
     agreement_search: float | None = None
     agreement_holdout: float | None = None
+    cosine_search: float | None = None
+    cosine_holdout: float | None = None
+    all_int8_cosine_holdout: float | None = None
     search_evidence: PlanEvidence | None = None
     holdout_evidence: PlanEvidence | None = None
     holdout_verdict: HoldoutVerdict | None = None

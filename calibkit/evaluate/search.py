@@ -34,7 +34,8 @@ class Measured:
     int8_flops_fraction: float
     stage: str  # "all-int8" | "prefix" | "bisect" | "prune"
     meets: bool
-    agreement: float = float("nan")  # share of FP32's predictions kept
+    agreement: float = float("nan")  # share of FP32's predictions kept (the task's agreement)
+    cosine: float = float("nan")  # embeddings: mean cosine to FP32's vectors
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,8 @@ def int8_flops_fraction(plan: Plan, flops: Mapping[str, float]) -> float:
     return (total - kept) / total
 
 
-Score = float | tuple[float, float]  # accuracy, or (accuracy, agreement)
+# accuracy; (accuracy, agreement); or (accuracy, agreement, mean cosine, its lower bound)
+Score = float | tuple[float, float] | tuple[float, float, float, float]
 
 
 def search_plan(
@@ -64,12 +66,15 @@ def search_plan(
     min_agreement: float | None = None,
     agreement_examples: int = 0,
     agreement_z: float = 0.0,
+    min_cosine: float | None = None,
 ) -> SearchOutcome:
     """``ranking``: nodes, most harmful in INT8 first. ``evaluate`` measures several plans (it may run them in
     parallel). ``threshold``: the lowest accuracy that meets the target; ``min_agreement`` (a fraction): the
     lowest agreement with FP32; with ``agreement_examples`` (the search split's size) and ``agreement_z`` > 0 it
     is the one-sided Wilson lower bound of the measured agreement that must reach it, so that a plan which
     only just meets the target on the search split, by the luck of those examples, does not count as met.
+    ``min_cosine`` (embeddings): the lowest mean cosine to FP32; the lower bound ``evaluate`` returns with the
+    mean (the fourth value of its scores) must reach it.
 
     Kept in one piece (over 80 lines) on purpose: the prefix, bisect and prune stages share the
     evaluation budget and the set of measured plans, which one function keeps in view.
@@ -78,8 +83,10 @@ def search_plan(
 
     tried: dict[Plan, Measured] = {}
 
-    def meets(acc: float, agr: float) -> bool:
+    def meets(acc: float, agr: float, cos_low: float = math.nan) -> bool:
         if acc < threshold:
+            return False
+        if min_cosine is not None and not (cos_low >= min_cosine):
             return False
         # no flips at all is no evidence of any: the bound cannot reach a 100 % target, the estimate can
         return min_agreement is None or (not math.isnan(agr) and agr >= min_agreement and (
@@ -91,8 +98,8 @@ def search_plan(
         fresh = fresh[: max(budget, 0)]
         if fresh:
             for p, score in zip(fresh, evaluate(fresh), strict=True):
-                acc, agr = (float(score[0]), float(score[1])) if isinstance(score, tuple) else (float(score), math.nan)
-                tried[p] = Measured(p, acc, int8_flops_fraction(p, flops), stage, meets(acc, agr), agr)
+                acc, agr, cos, cos_low = _unpack(score)
+                tried[p] = Measured(p, acc, int8_flops_fraction(p, flops), stage, meets(acc, agr, cos_low), agr, cos)
         return [tried[p] for p in plans if p in tried]
 
     def best() -> Measured | None:
@@ -145,6 +152,13 @@ def search_plan(
                 kept.remove(node)
                 changed = True
     return SearchOutcome(best(), tuple(tried.values()))
+
+
+def _unpack(score: Score) -> tuple[float, float, float, float]:
+    if not isinstance(score, tuple):
+        return float(score), math.nan, math.nan, math.nan
+    vals = [float(v) for v in score] + [math.nan] * (4 - len(score))
+    return vals[0], vals[1], vals[2], vals[3]
 
 
 def _or0(v: float) -> float:

@@ -65,6 +65,7 @@ from calibkit.evaluate.results import (
     TuneTarget,
     finite,
 )
+from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING, TOKEN_CLASSIFICATION, reference_tags
 from calibkit.evaluate.search import Measured, Plan, search_plan
 from calibkit.evaluate.sensitivity import (
     ALL_INT8,
@@ -75,7 +76,7 @@ from calibkit.evaluate.sensitivity import (
 )
 from calibkit.evaluate.subsets import EvalSubset
 from calibkit.evaluate.traffic import TrafficEvidence, evidence_of
-from calibkit.evaluate.uncertainty import paired_difference, proportion
+from calibkit.evaluate.uncertainty import mean_interval, paired_difference, proportion
 from calibkit.executors import Executor, from_spec
 from calibkit.graph import check_float_source, load_model, model_sha256
 from calibkit.names import node_names
@@ -118,6 +119,7 @@ class TuneConfig:
     # also try the model smoothed (calibkit smooth, alpha auto): every method's table on both, the variant whose
     # all-INT8 model flips the fewest FP32 predictions on the search split is the one the plan is searched on
     smooth: bool = True
+    task: str | None = None  # --task: what the model's outputs mean (None: from its outputs and config.json)
 
     def __post_init__(self) -> None:
         check_seed(self.seed)
@@ -131,6 +133,8 @@ class TuneConfig:
 
 
 DEFAULT_UNLABELED_AGREEMENT = 99.0  # percent of FP32's predictions kept, when the eval set has no labels
+DEFAULT_EMBEDDING_AGREEMENT = 95.0  # percent of texts whose nearest neighbour in the FP32 index stays
+DEFAULT_EMBEDDING_COSINE = 0.995  # mean cosine of the INT8 vectors to FP32's
 
 
 DocumentWriter = Callable[[TuneResult, Path], None]  # writes tune.json (the report layer's serializer)
@@ -393,13 +397,19 @@ class _Jobs:
                  node: str | None = None) -> SensitivityJob:
         idx = subset.array
         md = self.model.dir
+        ev = self.evidence
+        embedding = ev.task == EMBEDDING
         return SensitivityJob(
             source_model=str(md.onnx_path), calibration_json=str(table_path), tokenizer=str(md.tokenizer_path),
-            texts=subset.take(self.evidence.texts), labels=tuple(int(v) for v in self.evidence.labels[idx]),
-            reference_logits=tuple(tuple(float(v) for v in row) for row in self.evidence.reference[idx]),
-            keep_nodes=tuple(keep), mode=mode, node=node, target=self.config.target,
-            batch_size=self.config.batch_size, threads=self.threads, max_length=md.max_length,
-            output_name=self.model.task.output_name, source_model_sha256=self.model.sha,
+            texts=subset.take(ev.texts), labels=tuple(int(v) for v in ev.labels[idx]),
+            reference_logits=ev.reference[idx], keep_nodes=tuple(keep), mode=mode, node=node,
+            target=self.config.target, batch_size=self.config.batch_size, threads=self.threads,
+            max_length=md.max_length, output_name=self.model.task.output_name, source_model_sha256=self.model.sha,
+            task=ev.task, pooling=getattr(self.model.task, "pooling", None),
+            # embeddings: every text's neighbours are looked up among the FP32 vectors of all evidence rows, so a
+            # text's value is the same in whichever subset or chunk it is evaluated
+            neighbour_index=ev.reference if embedding else None,
+            index_rows=tuple(int(i) for i in idx) if embedding else None,
         )
 
     def all_but(self, node: str) -> Plan:
@@ -433,10 +443,11 @@ class _Tables:
     chosen_methods: dict[str, str]  # per tensor, with method auto
     accuracy: dict[str, float]
     flips: dict[str, float]
-    kl: dict[str, float]
+    kl: dict[str, float]  # the output divergence of each table's all-INT8 model (see _damage)
     base_key: str
     variant: _Variant | None = None  # the model the base table belongs to
     smoothing_note: str | None = None  # why no smoothed variant was measured, when none was
+    cosine: dict[str, float] = field(default_factory=dict)  # embeddings: mean cosine to FP32, all-INT8
 
     @property
     def base(self) -> tuple[CalibrationTable, Path, str]:
@@ -446,7 +457,7 @@ class _Tables:
 @dataclass(frozen=True, eq=False)
 class _Ranking:
     order: list[str]  # the search keeps a prefix of this order in higher precision
-    harm: dict[str, tuple[float, float]]  # node -> (KL, flip rate) when only it is INT8
+    harm: dict[str, tuple[float, float]]  # node -> (damage, flip rate) when only it is INT8 (see _damage)
     base: SensitivityResult  # all INT8 on the sensitivity subset
     own_sqnr: dict[str, float]
 
@@ -543,11 +554,12 @@ def _load_model(model_dir: ModelDir, config: TuneConfig) -> _Model:
     if not nodes:
         raise CalibrationError(f"no {', '.join(config.op_types)} nodes to quantize in {model_dir.onnx_path.name}")
     id2label = model_dir.id2label
-    if not id2label:
-        raise DataError("the model folder's config.json has no id2label: tune cannot map eval labels to classes")
-    task = choose_task(model_outputs(proto), {"id2label": {str(k): v for k, v in id2label.items()}})
+    task = choose_task(model_outputs(proto), {"id2label": {str(k): v for k, v in id2label.items()}}, config.task)
     if task.tunable is not None:
         raise UsageError(task.tunable, hint="use `calibkit compare` for its fidelity, and --exclude to keep layers")
+    if task.kind.value == CLASSIFICATION and not id2label:
+        raise DataError("the model folder's config.json has no id2label: tune cannot map eval labels to classes",
+                        hint="add id2label to config.json, or pass --task embedding / token-classification")
     return _Model(model_dir, tok, model_sha256(model_dir.onnx_path), proto,
                   tuple(i.name for i in proto.graph.input if i.name not in inits), placement, nodes, task)
 
@@ -555,43 +567,67 @@ def _load_model(model_dir: ModelDir, config: TuneConfig) -> _Model:
 def _draw_evidence(model: _Model, eval_set: EvalSet, config: TuneConfig, resources: Resources,
                    cb: ProgressCallback, traffic: TrafficEvidence | None = None) -> tuple[TuneConfig, SplitEvidence]:
     """Labels (or, unlabeled, FP32's own predictions: the target becomes agreement alone), the FP32 reference
-    on every row (once), and the search / holdout / sensitivity split. Traffic texts join the rows with FP32's
-    predictions as their labels and are marked, so accuracy is scored on the eval set's rows and agreement on
-    the traffic's."""
-    from calibkit.evaluate.predict import predict_logits
-
+    on every row (once, in the task's terms: ``evaluate.rowfidelity``), and the search / holdout / sensitivity
+    split. Traffic texts join the rows with FP32's predictions as their labels and are marked, so accuracy is
+    scored on the eval set's rows and agreement on the traffic's. Tasks without classes are judged on fidelity
+    alone (agreement, and mean cosine for embeddings)."""
+    kind = model.task.kind.value
     texts = eval_set.texts
-    if len(texts) < 15:
-        raise DataError(f"the eval set is too small to tune on ({len(eval_set)} examples)",
-                        hint="use at least a few hundred examples")
-    id2label = model.dir.id2label
-    labelled = eval_set.has_labels
-    labels = label_ids(eval_set, id2label, len(id2label)) if labelled else None
-    if not labelled:  # the target is fidelity alone: FP32's predictions are the labels, accuracy = agreement
-        if config.min_agreement is None:
-            config = replace(config, min_agreement=DEFAULT_UNLABELED_AGREEMENT)
-        log.warning("%s has no labels: tuning for agreement with FP32 alone (--min-agreement %g; --max-drop does "
-                    "not apply)", eval_set.path.name, config.min_agreement)
-        config = replace(config, fidelity_only=True)
+    labelled = eval_set.has_labels and kind == CLASSIFICATION
     mask = None
     if traffic is not None and len(traffic):
         texts = (*texts, *traffic.texts)
         mask = np.zeros(len(texts), dtype=bool)
         mask[len(eval_set):] = True
-        if not labelled and config.min_agreement is None:
-            config = replace(config, min_agreement=DEFAULT_UNLABELED_AGREEMENT)
+    if len(texts) < 15:
+        raise DataError(f"too few texts to tune on ({len(texts)}: {len(eval_set)} in the eval set"
+                        + (f", {len(traffic)} from traffic)" if traffic is not None else ")"),
+                        hint="use at least a few hundred examples, or draw them from the log with --traffic")
+    config = _fidelity_targets(config, eval_set, kind, labelled)
     with resources.runner_factory(model.dir.onnx_path, name="fp32") as fp32:
-        ref_logits = predict_logits(fp32, model.tokenizer, texts, batch_size=config.batch_size, progress=cb,
-                                    task="FP32 reference", output_name=model.task.output_name)
-    fp32_pred = ref_logits.argmax(axis=1).astype(np.int64)
-    labels = fp32_pred if labels is None else np.concatenate([labels, fp32_pred[len(eval_set):]])
-    evidence = split_evidence(texts, labels, ref_logits, labelled=labelled,
+        out = model.task.predict(fp32, model.tokenizer, texts, batch_size=config.batch_size, progress=cb,
+                                 task="FP32 reference")
+    if kind == EMBEDDING:
+        reference = out.values.reshape(len(texts), -1).astype(np.float32)
+    elif kind == TOKEN_CLASSIFICATION:
+        reference = reference_tags(out.values, out.mask)
+    else:
+        reference = out.values
+    id2label = model.dir.id2label
+    labels = np.zeros(len(texts), dtype=np.int64)
+    if kind == CLASSIFICATION:
+        fp32_pred = reference.argmax(axis=1).astype(np.int64)
+        labels = fp32_pred
+        if labelled:
+            labels = np.concatenate([label_ids(eval_set, id2label, len(id2label)), fp32_pred[len(eval_set):]])
+    evidence = split_evidence(texts, labels, reference, labelled=labelled,
                               class_names=[id2label[i] for i in sorted(id2label)],
                               holdout_fraction=config.holdout_fraction,
-                              sensitivity_samples=config.sensitivity_samples, seed=config.seed, traffic=mask)
+                              sensitivity_samples=config.sensitivity_samples, seed=config.seed, traffic=mask,
+                              task=kind)
     for w in evidence.warnings:  # returned with the result, whose caller shows them (the CLI as "warning:")
         log.info("%s", w)
     return config, evidence
+
+
+def _fidelity_targets(config: TuneConfig, eval_set: EvalSet, kind: str, labelled: bool) -> TuneConfig:
+    """Without labels (or classes) the target is fidelity alone: --min-agreement (default 99 % for classifiers
+    and token taggers; for embeddings, with neither target given, 95 % of nearest neighbours and a mean cosine
+    of 0.995, what the demo's embedder reaches with a few layers kept)."""
+    if labelled:
+        return config
+    if kind == EMBEDDING and config.min_agreement is None and config.min_cosine is None:
+        config = replace(config, min_agreement=DEFAULT_EMBEDDING_AGREEMENT, min_cosine=DEFAULT_EMBEDDING_COSINE)
+    elif config.min_agreement is None and config.min_cosine is None:
+        config = replace(config, min_agreement=DEFAULT_UNLABELED_AGREEMENT)
+    why = ("has no labels" if kind == CLASSIFICATION else f"is not scored against labels for a {kind} model")
+    targets = ", ".join(t for t in (
+        f"--min-agreement {config.min_agreement:g}" if config.min_agreement is not None else "",
+        f"--min-cosine {config.min_cosine:g}" if config.min_cosine is not None else "") if t)
+    if len(eval_set):
+        log.warning("%s %s: tuning for fidelity to FP32 alone (%s; --max-drop does not apply)",
+                    eval_set.path.name, why, targets)
+    return replace(config, fidelity_only=True)
 
 
 def _smoothed_variant(model_dir: ModelDir, model: _Model, cset: CalibrationSet, config: TuneConfig,
@@ -639,12 +675,13 @@ def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: 
     acc: dict[str, float] = {}
     flips: dict[str, float] = {}
     kl: dict[str, float] = {}
+    cos: dict[str, float] = {}
 
     def measure(key: str, v: _Variant) -> None:
         _, p, tsha = tables[key]
         (r,) = ev.run([v.jobs(p, (), search, ALL_INT8)], tsha, f"all-INT8 ({key})")
-        acc[key], agree = v.jobs.evidence.scores(search, r.predictions)
-        flips[key], kl[key] = 1.0 - agree, r.mean_kl
+        sc = v.jobs.evidence.scores(search, r)
+        acc[key], flips[key], kl[key], cos[key] = sc.accuracy, 1.0 - sc.agreement, _damage(r), sc.cosine
 
     def rank(keys: Sequence[str]) -> str:
         return min(keys, key=lambda k: (flips[k], kl[k], SMOOTHED in k, "auto" not in k))
@@ -668,7 +705,7 @@ def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: 
             _, p, tsha = tables[m.value + chosen.suffix]
             res = ev.run([jobs(p, jobs.all_but(n), sens, ONLY_THIS, n) for n in model.nodes], tsha,
                          f"per-layer fidelity ({m.value}{chosen.suffix})")
-            own_kl[m.value] = {r.node: r.mean_kl for r in res if r.node}
+            own_kl[m.value] = {r.node: _damage(r) for r in res if r.node}
         chosen_methods = _auto_methods_by_fidelity(own_kl, model.placement)
         per_tensor = {t: Method(m) for t, m in chosen_methods.items()}
         t = compute_table(chosen.store, per_tensor, config.params, model.sha, cset.id,
@@ -678,7 +715,7 @@ def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: 
         tables[key], owner[key] = (t, p, _write_table(p, t, {"target": config.target})), chosen
         measure(key, chosen)
     base_key = rank([k for k in tables if owner[k] is chosen])
-    return _Tables(tables, chosen_methods, acc, flips, kl, base_key, chosen)
+    return _Tables(tables, chosen_methods, acc, flips, kl, base_key, chosen, cosine=cos)
 
 
 def _rank(model: _Model, evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: _Evaluator,
@@ -702,7 +739,7 @@ def _rank(model: _Model, evidence: SplitEvidence, config: TuneConfig, jobs: _Job
     (base,) = ev.run([jobs(table_path, (), sens, ALL_INT8)], table_sha, "sensitivity base")
     measured = ev.run([jobs(table_path, jobs.all_but(n), sens, ONLY_THIS, n) for n in by_badness[:k]], table_sha,
                       "sensitivity (quantize one node)")
-    harm = {r.node: (r.mean_kl, r.flip_rate) for r in measured if r.node}
+    harm = {r.node: (_damage(r), r.flip_rate) for r in measured if r.node}
     own_sqnr: dict[str, float] = {}
     for lm in base_meas.layers:
         if lm.quant_sqnr_db is not None:
@@ -717,17 +754,18 @@ def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: _Evalu
     _, table_path, table_sha = tables.base
     on_search: dict[Plan, SensitivityResult] = {}
 
-    def evaluate(plans: Sequence[Plan]) -> list[tuple[float, float]]:
+    def evaluate(plans: Sequence[Plan]) -> list[tuple[float, float, float, float]]:
         res = ev.run([jobs(table_path, p, evidence.search, PLAN_MODE) for p in plans], table_sha, "candidate plans")
         on_search.update(zip(plans, res))
-        return [evidence.scores(evidence.search, r.predictions) for r in res]
+        return [_search_scores(evidence, r, config.agreement_confidence) for r in res]
 
     fp32_search = evidence.accuracy_of_reference(evidence.search)
     outcome = search_plan(ranking.order, flops, evaluate, config.threshold(fp32_search),
                           max_evaluations=config.max_evaluations,
                           min_agreement=None if config.min_agreement is None else config.min_agreement / 100.0,
                           agreement_examples=len(evidence.agreement_positions(evidence.search)),
-                          agreement_z=NormalDist().inv_cdf(config.agreement_confidence))
+                          agreement_z=NormalDist().inv_cdf(config.agreement_confidence),
+                          min_cosine=config.min_cosine)
     final: Measured | None = outcome.best
     if final is None:  # nothing met the target: report the most faithful plan measured
         final = max(outcome.tried, key=lambda m: (m.agreement, m.accuracy, m.int8_flops_fraction))
@@ -750,10 +788,13 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
     search_ev, agree_search = _plan_evidence(config, evidence, evidence.search, searched.on_search.get(final.plan))
     hold_ev, agree_hold = _plan_evidence(config, evidence, evidence.holdout, searched.on_holdout.get(final.plan))
     all_int8_hold = searched.on_holdout.get(())
-    all_int8_agree_hold = (evidence.scores(evidence.holdout, all_int8_hold.predictions)[1]
-                           if all_int8_hold is not None else None)
-    hold_acc = {p: evidence.scores(evidence.holdout, r.predictions)[0] for p, r in searched.on_holdout.items()}
-    reasons = _reasons(final.plan, ranking.harm, ranking.base, flops, ranking.own_sqnr, outcome.tried)
+    all_int8_hold_scores = evidence.scores(evidence.holdout, all_int8_hold) if all_int8_hold is not None else None
+    hold_scores = {p: evidence.scores(evidence.holdout, r) for p, r in searched.on_holdout.items()}
+    hold_acc = {p: sc.accuracy for p, sc in hold_scores.items()}
+    final_search = searched.on_search.get(final.plan)
+    final_hold = hold_scores.get(final.plan)
+    reasons = _reasons(final.plan, ranking.harm, ranking.base, flops, ranking.own_sqnr, outcome.tried,
+                       evidence.task)
     # INT8 share over ALL linear FLOPs: work hidden in fused contrib ops (ORT Attention) stays FP32 in every plan
     share = linear.plain_share
     warnings = list(evidence.warnings)
@@ -770,12 +811,14 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
         method_counts[name] = method_counts.get(name, 0) + 1
     id2label = model.dir.id2label
     base_key = tables.base_key
+    kind = evidence.task
     return TuneResult(
         calibkit_version=__version__,
         eval_set=TuneEvalSet(
             path=str(eval_set.path), count=len(eval_set), search=len(search_idx), holdout=len(hold_idx),
             sensitivity_samples=len(evidence.sensitivity),
-            labels="FP32 predictions (the eval set has none)" if config.fidelity_only else "given",
+            labels=("given" if not config.fidelity_only else "FP32 predictions (the eval set has none)"
+                    if kind == CLASSIFICATION else f"none used: a {kind} model is judged on fidelity to FP32"),
             evidence=Evidence(str(eval_set.path), len(eval_set), tuple(id2label[i] for i in sorted(id2label)),
                               RowSelection.of_subset(rows), labelled=not config.fidelity_only),
             traffic=evidence_of(traffic),
@@ -787,27 +830,31 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
             fp32_accuracy_holdout=finite(evidence.accuracy_of_reference(evidence.holdout)),
             threshold=finite(config.threshold(fp32_search)), met=outcome.best is not None,
             max_drop=None if config.fidelity_only else config.max_drop, min_agreement=config.min_agreement,
-            agreement_confidence=config.agreement_confidence,
+            agreement_confidence=config.agreement_confidence, min_cosine=config.min_cosine, task=kind,
         ),
         methods=MethodChoice(
             requested=config.method, chosen=base_key,
             all_int8_accuracy_search={k: finite(v) for k, v in tables.accuracy.items()},
             all_int8_flip_rate_search={k: finite(v) for k, v in tables.flips.items()},
             all_int8_mean_kl_search={k: finite(v) for k, v in tables.kl.items()},
+            all_int8_cosine_search={k: finite(v) for k, v in tables.cosine.items()},
             per_tensor_counts=method_counts,
         ),
         candidates=tuple(
             Candidate(id=i, stage=m.stage, kept_nodes=tuple(m.plan), int8_flops_fraction=m.int8_flops_fraction * share,
                       accuracy_search=finite(m.accuracy), method=base_key, accepted=m.plan == final.plan,
                       meets_target=m.meets, accuracy_holdout=finite(hold_acc.get(m.plan)),
-                      agreement_search=finite(m.agreement))
+                      agreement_search=finite(m.agreement), cosine_search=finite(m.cosine))
             for i, m in enumerate(outcome.tried)
         ),
         final=TunePlan(
             kept_nodes=tuple(final.plan), int8_flops_fraction=final.int8_flops_fraction * share, method=base_key,
             accuracy_search=finite(final.accuracy), accuracy_holdout=finite(hold_acc.get(final.plan)),
             all_int8_accuracy_holdout=finite(hold_acc.get(())),
-            all_int8_agreement_holdout=finite(all_int8_agree_hold),
+            all_int8_agreement_holdout=finite(all_int8_hold_scores.agreement) if all_int8_hold_scores else None,
+            all_int8_cosine_holdout=finite(all_int8_hold_scores.cosine) if all_int8_hold_scores else None,
+            cosine_search=finite(evidence.scores(evidence.search, final_search).cosine) if final_search else None,
+            cosine_holdout=finite(final_hold.cosine) if final_hold else None,
             agreement_search=agree_search, agreement_holdout=agree_hold, search_evidence=search_ev,
             holdout_evidence=hold_ev,
             holdout_verdict=holdout_verdict(config, hold_ev, _allowed_change(config, evidence)),
@@ -825,6 +872,30 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
     )
 
 
+def _damage(r: SensitivityResult) -> float:
+    """How far a variant's outputs are from FP32's beyond the agreement itself, for ranking layers and tables:
+    the output KL divergence where outputs are class logits, else 1 - the mean cosine (embeddings), else the
+    flip rate (token classification: the share of tokens changed)."""
+    if r.mean_kl == r.mean_kl:
+        return r.mean_kl
+    if r.cosine_values:
+        return 1.0 - r.mean_cosine
+    return r.flip_rate
+
+
+def _search_scores(evidence: SplitEvidence, r: SensitivityResult, confidence: float
+                   ) -> tuple[float, float, float, float]:
+    """(accuracy, agreement, mean cosine, the cosine's one-sided lower bound at ``confidence``) on the search
+    split; the bound is the normal approximation over the agreement rows' cosines (NaN without cosines)."""
+    sc = evidence.scores(evidence.search, r)
+    low = float("nan")
+    if r.cosine_values:
+        cos = np.asarray(r.cosine_values, dtype=np.float64)[evidence.agreement_positions(evidence.search)]
+        if len(cos) > 1:
+            low = float(cos.mean() - NormalDist().inv_cdf(confidence) * cos.std(ddof=1) / np.sqrt(len(cos)))
+    return sc.accuracy, sc.agreement, sc.cosine, low
+
+
 def _uncertified(config: TuneConfig, evidence: SplitEvidence, tried: Sequence[Measured], final: Measured
                  ) -> str | None:
     """When the search split was too small to certify --min-agreement for a candidate with more INT8 than the
@@ -834,9 +905,10 @@ def _uncertified(config: TuneConfig, evidence: SplitEvidence, tried: Sequence[Me
     if config.min_agreement is None or config.agreement_confidence <= 0.5:
         return None
     need = config.min_agreement / 100.0
+    floor = config.threshold(evidence.accuracy_of_reference(evidence.search)) - 1e-12
     better = [m for m in tried if not m.meets and m.agreement == m.agreement and m.agreement >= need
-              and m.int8_flops_fraction > final.int8_flops_fraction and m.accuracy >= config.threshold(
-                  evidence.accuracy_of_reference(evidence.search)) - 1e-12]
+              and m.int8_flops_fraction > final.int8_flops_fraction and not m.accuracy < floor
+              and (config.min_cosine is None or not m.cosine < config.min_cosine)]
     if not better:
         return None
     m = max(better, key=lambda c: c.int8_flops_fraction)
@@ -845,7 +917,8 @@ def _uncertified(config: TuneConfig, evidence: SplitEvidence, tried: Sequence[Me
     what = (f"about {more:,} would settle it" if more else "no number of texts settles a rate this close")
     hint = " (tune --traffic LOG --traffic-size N draws them from the log)" if more else ""
     return (f"a candidate with {100 * m.int8_flops_fraction:.1f} % of the linear FLOPs in INT8 kept "
-            f"{100 * m.agreement:.2f} % of FP32's predictions on the search split's {n} agreement texts: at or above "
+            f"{100 * m.agreement:.2f} % of {_agreement_noun(evidence.task)} on the search split's {n} agreement "
+            f"texts: at or above "
             f"--min-agreement {config.min_agreement:g}, but its one-sided {100 * config.agreement_confidence:g} % "
             f"lower bound is not, so it was not accepted; {n} texts cannot certify it, {what}{hint}")
 
@@ -884,19 +957,28 @@ def _rank_by_harm_per_flop(nodes: Sequence[str], harm: dict[str, tuple[float, fl
 
 def _plan_evidence(config: TuneConfig, evidence: SplitEvidence, subset: EvalSubset,
                    r: SensitivityResult | None) -> tuple[PlanEvidence | None, float | None]:
-    """The final plan against FP32 on one split, with paired 95 % intervals, and its agreement with FP32:
-    accuracy on the rows whose accuracy counts, agreement on those whose agreement counts (the traffic's)."""
+    """The final plan against FP32 on one split, with 95 % intervals, and its agreement with FP32: accuracy
+    (paired) on the rows whose accuracy counts, agreement (and mean cosine) on those whose agreement counts."""
     idx = subset.array
-    if r is None or len(r.predictions) != len(idx) or not len(idx):
+    if r is None or len(r.agreement_values) != len(idx) or not len(idx):
         return None, None
-    labels, ref_pred = evidence.labels, evidence.reference_predictions
-    pred = np.asarray(r.predictions, dtype=np.int64)
     acc_p, agr_p = evidence.accuracy_positions(subset), evidence.agreement_positions(subset)
     ia, ig = idx[acc_p], idx[agr_p]
-    diff = paired_difference(ref_pred[ia] == labels[ia], pred[acc_p] == labels[ia], seed=config.seed)
-    agree = proportion(pred[agr_p] == ref_pred[ig])
-    ev = PlanEvidence(Difference.of(diff), Range.of(agree), int((pred[agr_p] != ref_pred[ig]).sum()),  # type: ignore[arg-type]
-                      int(len(ia)), agreement_n=int(len(ig)) if evidence.traffic is not None else None)
+    diff = None
+    if len(acc_p) and len(r.predictions) == len(idx):
+        labels, ref_pred = evidence.labels, evidence.reference_predictions
+        pred = np.asarray(r.predictions, dtype=np.int64)
+        diff = paired_difference(ref_pred[ia] == labels[ia], pred[acc_p] == labels[ia], seed=config.seed)
+    values = np.asarray(r.agreement_values, dtype=np.float64)[agr_p]
+    agree = proportion(values >= 1.0) if evidence.task != TOKEN_CLASSIFICATION else mean_interval(values)
+    cosine = None
+    if r.cosine_values:
+        cosine = Range.of(mean_interval(np.asarray(r.cosine_values, dtype=np.float64)[agr_p]))
+    no_accuracy = Difference(None, None, None, 0, 0, 0, None, False, "n/a")
+    ev = PlanEvidence(Difference.of(diff) if diff is not None else no_accuracy,
+                      Range.of(agree), int((values < 1.0).sum()), int(len(ia)),  # type: ignore[arg-type]
+                      agreement_n=int(len(ig)) if evidence.traffic is not None or not len(acc_p) else None,
+                      cosine=cosine)
     return ev, finite(agree.estimate)
 
 
@@ -921,11 +1003,9 @@ def holdout_verdict(config: TuneConfig, ev: PlanEvidence | None, allowed: float 
         else:
             parts["accuracy"] = "not confirmed" if (d.high or 0.0) >= allowed else "contradicted"
     if config.min_agreement is not None and a.estimate is not None:
-        need = config.min_agreement / 100.0
-        if a.estimate >= need - 1e-12:
-            parts["agreement"] = "supported"
-        else:
-            parts["agreement"] = "not confirmed" if (a.high or 0.0) >= need else "contradicted"
+        parts["agreement"] = _judged(a, config.min_agreement / 100.0)
+    if config.min_cosine is not None and ev.cosine is not None and ev.cosine.estimate is not None:
+        parts["cosine"] = _judged(ev.cosine, config.min_cosine)
     supported = all(v == "supported" for v in parts.values()) if parts else None
 
     def pts(v: float | None, fmt: str) -> str:
@@ -933,13 +1013,37 @@ def holdout_verdict(config: TuneConfig, ev: PlanEvidence | None, allowed: float 
 
     where = (f"{ev.n} examples" if ev.agreement_n is None
              else f"{ev.n} labelled examples and {ev.agreement_n} traffic texts")
-    words = [f"on the holdout split ({where} never used by the search) the plan's accuracy is "
-             f"{pts(d.estimate, '+.2f')} points from FP32 (95 % CI {pts(d.low, '+.2f')} to {pts(d.high, '+.2f')},"
-             f" {d.verdict}) and it keeps {pts(a.estimate, '.2f')} % of FP32's predictions (95 % CI "
-             f"{pts(a.low, '.2f')} to {pts(a.high, '.2f')})"]
+    if ev.n == 0:
+        where = f"{ev.agreement_n} texts"
+    kept = f"it keeps {pts(a.estimate, '.2f')} % of {_agreement_noun(config.task)} (95 % CI {pts(a.low, '.2f')} to " \
+           f"{pts(a.high, '.2f')})"
+    if ev.n == 0:
+        words = [f"on the holdout split ({where} never used by the search) {kept}"]
+    else:
+        words = [f"on the holdout split ({where} never used by the search) the plan's accuracy is "
+                 f"{pts(d.estimate, '+.2f')} points from FP32 (95 % CI {pts(d.low, '+.2f')} to "
+                 f"{pts(d.high, '+.2f')}, {d.verdict}) and {kept}"]
+    c = ev.cosine
+    if c is not None and c.estimate is not None:
+        words.append(f"mean cosine to FP32 {c.estimate:.5f} (95 % CI {c.low:.5f} to {c.high:.5f})")
     for k, v in parts.items():
         words.append(f"{k} target: {v}")
     return HoldoutVerdict(supported, "; ".join(words), parts)
+
+
+def _judged(r: Range, need: float) -> str:
+    if r.estimate is not None and r.estimate >= need - 1e-12:
+        return "supported"
+    return "not confirmed" if (r.high or 0.0) >= need else "contradicted"
+
+
+def _agreement_noun(task: str | None) -> str:
+    """What agreement counts, in words, per task (evaluate.rowfidelity)."""
+    if task == EMBEDDING:
+        return "texts' nearest neighbours in the FP32 index"
+    if task == TOKEN_CLASSIFICATION:
+        return "FP32's token predictions"
+    return "FP32's predictions"
 
 
 def _layer_quality(
@@ -978,22 +1082,31 @@ def _auto_methods_by_fidelity(own_kl: dict[str, dict[str, float]], placement: An
 
 def _reasons(
     plan: Plan, harm: dict[str, tuple[float, float]], base: SensitivityResult, flops: dict[str, float],
-    own_sqnr: dict[str, float], tried: Sequence[Measured] = (),
+    own_sqnr: dict[str, float], tried: Sequence[Measured] = (), task: str | None = None,
 ) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
+    noun = _agreement_noun(task)
     total = sum(flops.values()) or 1.0
     for n in plan:
         r = []
         if n in harm:
-            r.append(f"quantizing only it gives an output KL divergence to FP32 of {harm[n][0]:.4g} and flips "
-                     f"{100 * harm[n][1]:.2f} % of FP32's predictions on the sensitivity subset (all INT8: "
-                     f"{base.mean_kl:.4g}, {100 * base.flip_rate:.2f} %)")
+            what = "output KL divergence" if base.mean_kl == base.mean_kl else (
+                "1 - mean cosine" if base.cosine_values else "changed share")
+            r.append(f"quantizing only it gives an {what} to FP32 of {harm[n][0]:.4g} and changes "
+                     f"{100 * harm[n][1]:.2f} % of {noun} on the sensitivity subset (all INT8: "
+                     f"{_damage(base):.4g}, {100 * base.flip_rate:.2f} %)")
         if n in own_sqnr:
             r.append(f"its own INT8 error: SQNR {own_sqnr[n]:.1f} dB (input against its fake-quantized copy)")
         without = tuple(x for x in plan if x != n)
         miss = next((m for m in tried if m.plan == without and not m.meets), None)
         if miss is not None:
-            r.append(f"the same plan with it in INT8 was measured at {100 * miss.accuracy:.2f} %, below the target")
+            if miss.accuracy == miss.accuracy:
+                r.append(f"the same plan with it in INT8 was measured at {100 * miss.accuracy:.2f} % accuracy, "
+                         f"agreement {100 * miss.agreement:.2f} %: short of the target")
+            else:
+                r.append(f"the same plan with it in INT8 kept {100 * miss.agreement:.2f} % of {noun}"
+                         + (f", mean cosine {miss.cosine:.5f}" if miss.cosine == miss.cosine else "")
+                         + ": short of the target")
         r.append(f"costs {100 * flops.get(n, 0.0) / total:.2f} % of the MatMul/Gemm FLOPs")
         out[n] = r
     return out

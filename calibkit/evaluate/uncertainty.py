@@ -95,6 +95,17 @@ def proportion(outcome: np.ndarray) -> Interval:
     return wilson(int(o.sum()), int(o.size))
 
 
+def mean_interval(values: np.ndarray) -> Interval:
+    """The mean of per-text values with its normal-approximation 95 % interval (sample standard deviation;
+    approximate for small n, as for cosines and token shares). NaN estimate for no values."""
+    v = np.asarray(values, dtype=np.float64)
+    if not v.size:
+        return Interval(float("nan"), float("nan"), float("nan"))
+    m = float(v.mean())
+    half = Z95 * float(v.std(ddof=1)) / math.sqrt(v.size) if v.size > 1 else 0.0
+    return Interval(m, m - half, m + half)
+
+
 def mcnemar_exact(b: int, c: int) -> float:
     """Two-sided exact McNemar p-value: ``b`` and ``c`` are the two kinds of discordant pairs."""
     m = b + c
