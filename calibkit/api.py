@@ -48,6 +48,8 @@ PathLike = str | os.PathLike[str]
 
 DEFAULT_MEMORY_BUDGET = "1G"
 
+DEFAULT_TRAFFIC = "default"  # the calibration set's own log when it is still there unchanged, else none
+
 
 def budget(memory_budget: str | int = DEFAULT_MEMORY_BUDGET, max_batch_tokens: int | None = None) -> TokenBudget:
     """The token budget of batches that tap activations: bytes held at once ("512M", "1G" or a number) and,
@@ -310,7 +312,7 @@ def compare(
     memory_budget: str | int = DEFAULT_MEMORY_BUDGET,
     max_batch_tokens: int | None = None,
     progress: ProgressCallback | None = None,
-    traffic: PathLike | TrafficEvidence | None = None,
+    traffic: PathLike | TrafficEvidence | None = DEFAULT_TRAFFIC,
     traffic_size: int = 4000,
     traffic_text_field: str | None = None,
 ) -> Comparison:
@@ -416,7 +418,7 @@ def tune(
     max_batch_tokens: int | None = None,
     report: PathLike | None = None,
     progress: ProgressCallback | None = None,
-    traffic: PathLike | TrafficEvidence | None = None,
+    traffic: PathLike | TrafficEvidence | None = DEFAULT_TRAFFIC,
     traffic_size: int = 4000,
     traffic_text_field: str | None = None,
     smooth: bool = True,
@@ -494,7 +496,9 @@ def load_traffic(traffic: PathLike | TrafficEvidence | None, calibration_set: Ca
                  size: int = 4000, text_field: str | None = None, seed: int = 0, model: ModelDir | None = None,
                  progress: ProgressCallback | None = None) -> TrafficEvidence | None:
     """Traffic evidence from ``traffic``: None (none), drawn evidence (as it is), ``"auto"`` (the calibration
-    set's own log, named in its manifest) or a log path; calibration texts are excluded."""
+    set's own log, named in its manifest; refused when it is gone or changed), ``"default"`` (that log when it
+    is still there unchanged, else none, with a warning when the manifest names one) or a log path;
+    calibration texts are excluded."""
     from calibkit.evaluate.traffic import TrafficEvidence, TrafficOptions, draw_default_traffic, draw_traffic
 
     if traffic is None or isinstance(traffic, TrafficEvidence):
@@ -504,12 +508,33 @@ def load_traffic(traffic: PathLike | TrafficEvidence | None, calibration_set: Ca
     opts = TrafficOptions(size=size, seed=seed, text_field=text_field,
                           tokenizer=model.tokenizer_path if model is not None else None,
                           max_length=model.max_length if model is not None else None)
+    if str(traffic) == DEFAULT_TRAFFIC:
+        return _default_traffic(calibration_set, opts, progress)
     if str(traffic) == "auto":
         if calibration_set is None:
             raise UsageError("--traffic auto needs a calibration set whose manifest names its log",
                              hint="pass the log itself: --traffic requests.jsonl")
         return draw_default_traffic(calibration_set, opts, progress)
     return draw_traffic(traffic, opts, calibration_set=calibration_set, progress=progress)
+
+
+def _default_traffic(calibration_set: CalibrationSet | None, opts: Any, progress: ProgressCallback | None
+                     ) -> TrafficEvidence | None:
+    import logging
+
+    from calibkit.errors import DataError
+    from calibkit.evaluate.traffic import default_traffic_log, draw_default_traffic
+
+    if calibration_set is None:
+        return None
+    try:
+        default_traffic_log(calibration_set)
+    except DataError as exc:
+        m = calibration_set.manifest
+        if isinstance(m, dict) and isinstance(m.get("source"), dict):  # it names a log that is gone or changed
+            logging.getLogger("calibkit").warning("no traffic evidence: %s (%s)", exc.message, exc.hint)
+        return None
+    return draw_default_traffic(calibration_set, opts, progress)
 
 
 # ---------------------------------------------------------------- reports

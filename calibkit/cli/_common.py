@@ -299,10 +299,25 @@ LIMIT: Any = typer.Option(None, "--limit", min=1,
 TRAFFIC: Any = typer.Option(
     None, "--traffic",
     help="Unlabeled request log whose texts judge agreement with FP32 (the formats of `calibkit sample`), or "
-         "'auto' for the log named in the calibration set's manifest. Texts in the calibration set are excluded. "
+         "'auto' for the log named in the calibration set's manifest (refused when it is gone or changed). "
+         "Default: that log when it is still there unchanged. Texts in the calibration set are excluded. "
          "Agreement needs no labels: a labelled set of a thousand texts cannot show 99 % agreement, a few thousand "
          "traffic texts can.",
 )
+NO_TRAFFIC: Any = typer.Option(False, "--no-traffic", help="Judge on the eval set alone, even when the calibration "
+                                                           "set's log is there.")
+
+
+def traffic_choice(traffic: str | None, no_traffic: bool) -> str | None:
+    """What --traffic / --no-traffic ask the API for: a log, 'auto', none, or the default (the calibration set's
+    log when it is still there)."""
+    from calibkit.api import DEFAULT_TRAFFIC
+
+    if no_traffic and traffic is not None:
+        from calibkit.errors import UsageError
+
+        raise UsageError("--traffic and --no-traffic contradict each other", hint="pass one of them")
+    return None if no_traffic else traffic if traffic is not None else DEFAULT_TRAFFIC
 TRAFFIC_SIZE: Any = typer.Option(4000, "--traffic-size", min=1,
                                  help="Traffic texts drawn (stratified by token length, --seed).")
 TRAFFIC_TEXT_FIELD: Any = typer.Option(

@@ -13,6 +13,7 @@ from calibkit.cli._common import (
     MAX_BATCH_TOKENS,
     MEMORY_BUDGET_TAPS,
     NO_REPORT,
+    NO_TRAFFIC,
     TOKENIZER,
     TRAFFIC,
     TRAFFIC_SIZE,
@@ -24,6 +25,7 @@ from calibkit.cli._common import (
     handle_errors,
     out,
     say,
+    traffic_choice,
     warn,
 )
 from calibkit.executors import EXECUTOR_HELP
@@ -124,6 +126,7 @@ def tune(
     seed: int = typer.Option(0, "--seed", help="Seed of the --limit subset and the search/holdout split."),
     force: bool = force_option("--out and --report"),
     traffic: str | None = TRAFFIC,
+    no_traffic: bool = NO_TRAFFIC,
     traffic_size: int = TRAFFIC_SIZE,
     traffic_text_field: str | None = TRAFFIC_TEXT_FIELD,
     smooth: bool = typer.Option(
@@ -166,7 +169,8 @@ def tune(
                 sensitivity_layers=sensitivity_layers, max_evaluations=max_evaluations, limit=limit, seed=seed,
                 percentile=percentile, workers=workers, executor=executor, memory_budget=memory_budget,
                 max_batch_tokens=max_batch_tokens, report=report_dir, progress=progress,
-                traffic=traffic, traffic_size=traffic_size, traffic_text_field=traffic_text_field, smooth=smooth,
+                traffic=traffic_choice(traffic, no_traffic), traffic_size=traffic_size,
+                traffic_text_field=traffic_text_field, smooth=smooth,
             )
         if json_out is not None:
             import sys
