@@ -64,6 +64,12 @@ def test_demo_workflow_fast(demo_assets_fast: Path, tmp_path: Path, monkeypatch:
     with OnnxRuntimeRunner(int8_path, optimization=EXACT_QDQ) as r:
         pred = predict_logits(r, TextTokenizer(md.tokenizer_path), ev.texts).argmax(1)
     assert fid[best]["flips"] == int((pred != ref).sum())
+    # the embedder row: tuned from the log alone, judged on traffic texts the search never saw
+    emb = summary["embedder"]
+    assert emb["traffic_holdout"] > 0 and emb["min_cosine"] == 0.995 and emb["min_agreement_percent"] == 95.0
+    assert 0.0 < emb["int8_flops_fraction"] <= 1.0 and emb["cosine_holdout"] > 0.9
+    assert emb["agreement_holdout"] >= emb["all_int8_agreement_holdout"] - 0.05
+    assert "sentence embedder" in res.index_md.read_text() and "compare-embedder/report.html" in html
     index = res.index_md.read_text()
     assert "agreement with FP32" in index and "flips" in index and "TensorRT Q/DQ layout" in index
     # the README generator accepts the summary the demo writes

@@ -82,6 +82,19 @@ def render_block(s: dict[str, Any]) -> str:
                      f"plan {_pct(r['accuracy_holdout'])} vs FP32 {_pct(r['fp32_accuracy_holdout'])} "
                      f"(all-INT8 {_pct(r['all_int8_accuracy_holdout'])}), {100 * r['int8_flops_fraction']:.1f} % "
                      f"of FLOPs in INT8, {len(r['kept_nodes'])} layers kept", "`calibkit demo run`"))
+    e = s.get("embedder")
+    if e:
+        def cos(x: float | None) -> str:
+            return "n/a" if x is None else f"{x:.4f}"
+
+        rows.append((f"the same weights as a sentence embedder, `tune --traffic auto` from the log alone (no labels),"
+                     f" holdout of {e['traffic_holdout']} traffic texts",
+                     f"nearest neighbour in the FP32 index kept: all-INT8 {_pct(e['all_int8_agreement_holdout'])} → "
+                     f"plan {_pct(e['agreement_holdout'])}; mean cosine {cos(e['all_int8_cosine_holdout'])} → "
+                     f"{cos(e['cosine_holdout'])}; {100 * e['int8_flops_fraction']:.1f} % of FLOPs in INT8 "
+                     f"({len(e['kept_nodes'])} layers kept, {e['method']}); target "
+                     f"{e['min_agreement_percent']:g} % / {e['min_cosine']:g} "
+                     f"{'met' if e['met_target'] else 'NOT met'} on the search split", "`calibkit demo run`"))
     # within one run the first method of each model collects the statistics and the others reuse them; a run
     # whose every method reused them found them cached by an earlier run, as tune's reused evaluations are
     stats = s.get("statistics_reused", {})

@@ -57,6 +57,9 @@ class WorkflowOptions:
     # tune judges agreement on this many texts of the log (not in the calibration set); 0: the eval set alone
     traffic_size: int = 4000
     tune_method: str = "auto"  # --fast: minmax alone (auto measures every node under every method: minutes)
+    # the same pretrained weights as a sentence embedder (prepare's embedder/), tuned from the log alone: this
+    # many traffic texts (0: skip)
+    embedder_traffic_size: int = 2000
 
     @classmethod
     def quick(cls, **kw: Any) -> WorkflowOptions:
@@ -64,7 +67,7 @@ class WorkflowOptions:
         base: dict[str, Any] = dict(fast=True, log_lines=3000, sample_size=128, eval_limit=400,
                                     sensitivity_samples=64, sensitivity_layers=6, layer_samples=128,
                                     max_evaluations=12, max_drop=1.0, min_agreement=None, extra_tune_methods=(),
-                                    traffic_size=200, tune_method="minmax")
+                                    traffic_size=200, tune_method="minmax", embedder_traffic_size=300)
         base.update(kw)
         return cls(**base)
 
@@ -117,7 +120,7 @@ def run_workflow(
     cb = progress or no_progress
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
-    steps = 10
+    steps = 11
 
     def step(i: int, msg: str) -> None:
         cb(ProgressEvent("demo workflow", i, steps, message=msg))
@@ -228,7 +231,13 @@ def run_workflow(
                                  max_evaluations=options.max_evaluations, workers=options.workers,
                                  seed=options.seed, report=reports / f"tune-{m}", progress=cb)
         timings[f"tune ({m})"] = time.perf_counter() - t
-    step(8, "deploy the tuned plan: a Triton model repository shaped by the log's traffic")
+    embedder = None
+    if options.embedder_traffic_size and prep.embedder_dir.is_dir():
+        step(8, "tune the sentence embedder from the log alone (no labels)")
+        t = time.perf_counter()
+        embedder = _embedder_row(ck, prep.embedder_dir, cset, ev, runs, reports, options, cb)
+        timings["embedder (tune + compare)"] = time.perf_counter() - t
+    step(9, "deploy the tuned plan: a Triton model repository shaped by the log's traffic")
     t = time.perf_counter()
     from calibkit.deploy import DeployOptions, deploy
 
@@ -236,7 +245,7 @@ def run_workflow(
     timings["deploy"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
 
-    step(9, "write the index page")
+    step(10, "write the index page")
     summary = {
         "format": "calibkit-demo/1",
         "calibkit_version": __version__,
@@ -297,6 +306,7 @@ def run_workflow(
                 "fp32_accuracy_holdout": r.fp32_accuracy_holdout}
             for m, r in extra_tunes.items()
         },
+        "embedder": embedder,
         "int8_engine": {"layout": "tensorrt", "path": str(engines["int8"].artifact.path)},
         "deploy": {"repository": str(dres.out_dir), "name": dres.name,
                    "bucket_maxes": [b.hi for b in dres.choice.buckets], "waste": dres.choice.waste,
@@ -311,11 +321,99 @@ def run_workflow(
         (tmp / "summary.json").write_text(dumps_json(summary), encoding="utf-8")
         (tmp / "index.md").write_text(md_text, encoding="utf-8", errors="backslashreplace")
         (tmp / "index.html").write_text(html_text, encoding="utf-8", errors="backslashreplace")
-    step(10, "done")
+    step(11, "done")
     return WorkflowResult(reports / "index" / "index.html", reports / "index" / "index.md", summary)
 
 
 SMOOTHED = " + smoothing"
+
+
+def _embedder_row(ck: Any, folder: Path, cset: Any, ev: Any, runs: Path, reports: Path, options: WorkflowOptions,
+                  cb: ProgressCallback) -> dict[str, Any]:
+    """The embedder through the user's path: tune from the log alone (neighbours in the FP32 index and mean
+    cosine, defaults 95 % and 0.995; smoothing found by tune), then compare FP32 against the plan's engine on
+    the eval texts (labels unused: both sides' neighbours among those texts)."""
+    res = ck.tune(folder, cset, None, runs / "tune-embedder", method=options.tune_method,
+                  sensitivity_samples=options.sensitivity_samples, max_evaluations=options.max_evaluations,
+                  workers=options.workers, seed=options.seed, report=reports / "tune-embedder", progress=cb,
+                  traffic="auto", traffic_size=options.embedder_traffic_size)
+    r = res.result
+    src = res.out_dir / r.smoothing.model if r.smoothing is not None and r.smoothing.model else folder
+    eng = runs / "engines"
+    fp32 = ck.build(folder, eng / "embedder-fp32.onnx", precision="fp32")
+    plan = ck.build(src, eng / "embedder-plan.onnx", precision="int8", qdq=res.model_path)
+    cmp = ck.compare(fp32.artifact, plan.artifact, ev, sensitivity=False, layer_samples=options.layer_samples,
+                     seed=options.seed, progress=cb, traffic=None)
+    ck.render_report(cmp, reports / "compare-embedder")
+    f, t = r.final, r.target
+    extra = dict(cmp.task.fidelity.extra) if cmp.task.fidelity is not None else {}
+    return {
+        "model": str(folder), "met_target": t.met, "min_agreement_percent": t.min_agreement,
+        "min_cosine": t.min_cosine, "int8_flops_fraction": f.int8_flops_fraction, "kept_nodes": list(f.kept_nodes),
+        "method": r.methods.chosen, "smoothed": bool(r.smoothing and r.smoothing.chosen),
+        "traffic_search": r.eval_set.traffic_search, "traffic_holdout": r.eval_set.traffic_holdout,
+        "agreement_holdout": f.agreement_holdout, "cosine_holdout": f.cosine_holdout,
+        "all_int8_agreement_holdout": f.all_int8_agreement_holdout,
+        "all_int8_cosine_holdout": f.all_int8_cosine_holdout,
+        "holdout_verdict": _plain(f.holdout_verdict),
+        "compare_texts": len(ev), "compare_top1": cmp.agreement,
+        "compare_overlap_at_k": extra.get("retrieval_overlap_at_k"),
+        "compare_cosine_mean": cmp.task.fidelity.cosine_mean if cmp.task.fidelity is not None else None,
+    }
+
+
+def _md_html(lines: list[str]) -> list[str]:
+    """HTML of simple Markdown lines: '## ' headings, '|' table rows (the separator row skipped), paragraphs;
+    backticks and ** dropped."""
+    e = html.escape
+    out: list[str] = []
+    table: list[str] = []
+    for line in [*lines, ""]:
+        if line.startswith("|"):
+            if not set(line) <= set("|-: "):
+                cells = [c.strip() for c in line.strip("|").split("|")]
+                tag = "th" if not table else "td"
+                table.append("<tr>" + "".join(f"<{tag}>{e(c)}</{tag}>" for c in cells) + "</tr>")
+            continue
+        if table:
+            out += ["<table>", *table, "</table>"]
+            table = []
+        text = line.replace("`", "").replace("**", "")
+        if line.startswith("## "):
+            out.append(f"<h2>{e(text[3:])}</h2>")
+        elif text:
+            out.append(f"<p>{e(text)}</p>")
+    return out
+
+
+def _embedder_lines(e: dict[str, Any] | None) -> list[str]:
+    if not e:
+        return []
+    v = (e.get("holdout_verdict") or {}).get("text") or ""
+
+    def cos(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.4f}"
+
+    return [
+        "## The same weights as a sentence embedder, tuned from the log alone",
+        "",
+        f"`calibkit tune embedder/ -c <set> --traffic auto` (no eval set, no labels): {e['traffic_search']} traffic "
+        f"texts to search on, {e['traffic_holdout']} held out; target: {e['min_agreement_percent']:g} % of texts "
+        f"keep their nearest neighbour in the FP32 index and mean cosine ≥ {e['min_cosine']:g} — "
+        f"{'met' if e['met_target'] else 'NOT met'} on the search split (calibration: {e['method']}).",
+        "",
+        "| | neighbours kept (holdout) | mean cosine (holdout) | INT8 share of FLOPs |",
+        "|---|---|---|---|",
+        f"| all INT8 | {_pct(e['all_int8_agreement_holdout'])} | {cos(e['all_int8_cosine_holdout'])} | 100.0 % |",
+        f"| plan ({len(e['kept_nodes'])} layers kept) | {_pct(e['agreement_holdout'])} | {cos(e['cosine_holdout'])}"
+        f" | {100 * e['int8_flops_fraction']:.1f} % |",
+        "",
+        f"Holdout: {v}." if v else "",
+        f"`calibkit compare` FP32 vs the plan's engine on {e['compare_texts']} eval texts (both sides' neighbours "
+        f"among them): top-1 {_pct(e['compare_top1'])}, top-10 overlap {_pct(e['compare_overlap_at_k'])}, mean "
+        f"cosine {cos(e['compare_cosine_mean'])}.",
+        "",
+    ]
 
 
 def variant_slug(key: str) -> str:
@@ -453,11 +551,14 @@ def _index(s: dict[str, Any]) -> tuple[str, str]:
         *[f"- `{n}`" for n in kept],
         "",
         *_extra_md(s),
+        *_embedder_lines(s.get("embedder")),
         "## Reports",
         "",
         "- [FP32 vs INT8, layer by layer](../compare-fp32-vs-int8/report.html)",
         "- [FP16 vs INT8](../compare-fp16-vs-int8/report.html)",
         "- [Tuning: accuracy vs INT8 coverage](../tune/report.html)",
+        *(["- [The embedder's tuning](../tune-embedder/report.html)",
+           "- [FP32 vs the embedder's plan](../compare-embedder/report.html)"] if s.get("embedder") else []),
         *[f"- [Tuning with {m} only](../tune-{m}/report.html)" for m in s.get("tune_by_method", {})],
         *([f"- [Serving: Triton model repository of the tuned plan]({s['deploy']['link']})"]
           if s.get("deploy") else []),
@@ -488,6 +589,7 @@ def _index(s: dict[str, Any]) -> tuple[str, str]:
         *[f"<p>{e(line.replace('**', ''))}</p>" for line in _tune_lines(tune)],
         "<ul>", *[f"<li><code>{e(n)}</code></li>" for n in kept], "</ul>",
         *[f"<p>{e(line)}</p>" for line in _extra_md(s) if line and not line.startswith("#")],
+        *_md_html(_embedder_lines(s.get("embedder"))),
         "<h2>Reports</h2><ul>",
         *[f'<li><a href="../tune-{e(m)}/report.html">Tuning with {e(m)} only</a></li>'
           for m in s.get("tune_by_method", {})],
