@@ -449,3 +449,58 @@ def test_flips_are_shown_by_how_sure_a_was(compare_report) -> None:
     assert "| 1641 | 10 | 0.61 % |" in band[4]
     listed = md[md.index("## Disagreements"):]
     assert "| 0.042 |" in listed, "each disagreement shows A's top-2 gap"
+
+
+TRAFFIC_EVIDENCE = {"path": "logs/prod.jsonl", "count": 2000, "labelled": False,
+                    "rows": {"count": 2000, "of": 48211, "seed": 0, "strategy": "stratified by token length",
+                             "content_sha256": "c4d016a089cec1b4" * 4},
+                    "exclusions": ["log sha256: 113a1b5e", "calibration set: 128", "duplicate lines: 6819"]}
+
+
+def test_compare_traffic_fidelity_is_rendered(tmp_path: Path) -> None:
+    doc = {"format": "calibkit-compare/1", "agreement": 0.93,
+           "traffic": {"evidence": TRAFFIC_EVIDENCE,
+                       "fidelity": {"agreement": 0.9865, "cosine_mean": 0.9987, "cosine_min": 0.912},
+                       "agreement_ci": {"estimate": 0.9865, "low": 0.9806, "high": 0.9907}, "flips": 27,
+                       "mean_kl": 0.0031}}
+    paths = render_report(doc, tmp_path / "r")
+    md, html = paths.markdown.read_text().replace("\\", ""), paths.html.read_text()
+    for out in (md, html):
+        assert "Traffic fidelity" in out and "logs/prod.jsonl" in out and "2000 of 48211 rows" in out
+        assert "98.65 % [98.06, 99.07]" in out and "flips: 27" in out and "mean KL 0.003" in out
+        assert "calibration set: 128" in out and "duplicate lines: 6819" in out
+    assert "Traffic fidelity" not in render_report({"format": "calibkit-compare/1"}, tmp_path / "b"
+                                                   ).markdown.read_text()
+
+
+@pytest.mark.parametrize(("smoothing", "expected"), [
+    ({"tried": True, "chosen": True, "model": "smoothed-model", "activations_smoothed": 25,
+      "max_output_deviation": 5.46e-07}, ["built on the **smoothed** model", "calibration table minmax+smooth",
+                                          "25 activations smoothed", "5.46e-07", "smoothed-model"]),
+    ({"tried": True, "chosen": False, "activations_smoothed": 25}, ["built on the **plain** model"]),
+    ({"tried": False, "note": "--no-smooth"}, ["Smoothing: **not tried** (--no-smooth)"]),
+])
+def test_tune_smoothing_choice_and_traffic_split_are_rendered(tmp_path: Path, smoothing: dict,
+                                                              expected: list[str]) -> None:
+    doc = {**fake_tune(), "smoothing": smoothing,
+           "methods": {"chosen": "minmax+smooth", "all_int8_flip_rate_search": {"minmax": 0.04, "minmax+smooth": 0.01}},
+           "eval_set": {"path": "eval.jsonl", "count": 300, "search": 180, "holdout": 120, "sensitivity_samples": 64,
+                        "labels": "given", "traffic": TRAFFIC_EVIDENCE, "traffic_search": 1400, "traffic_holdout": 600}}
+    paths = render_report(doc, tmp_path / "t")
+    md, html = paths.markdown.read_text().replace("\\", ""), paths.html.read_text()
+    for out in (md, html.replace("<b>", "**").replace("</b>", "**")):
+        for text in expected:
+            assert text in out
+        assert "judged on **2000** unlabeled texts" in out and "logs/prod.jsonl" in out
+        assert "1400 in the search split, 600 in the hold-out split" in out
+        assert "calibration set: 128" in out
+
+
+def test_a_typed_result_renders_as_its_document_does(tmp_path: Path) -> None:
+    from calibkit.report.codec import to_document
+
+    result = parse_result(fake_compare(n_layers=4), strict=False)
+    typed = render_report(result, tmp_path / "typed")
+    doc = render_report(to_document(result), tmp_path / "doc")
+    assert typed.markdown.read_text() == doc.markdown.read_text()
+    assert json.loads(typed.json.read_text()) == to_document(result)

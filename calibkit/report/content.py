@@ -449,8 +449,6 @@ def _target_blocks(report: TuneResult) -> list[Block]:
         blocks.append(Para.of(f"Calibration table: {text(report.methods.chosen)}, the one whose all-INT8 model flips "
                               "the fewest FP32 predictions on the search split ("
                               + ", ".join(f"{k} {100 * v:.2f} %" for k, v in flips.items()) + ")."))
-    blocks += _smoothing_blocks(report)
-    blocks += _tune_traffic_blocks(report)
     return blocks
 
 
@@ -536,6 +534,7 @@ def _tune_document(report: TuneResult, plots: set[str]) -> Document:
             headers=("kept node", "reasons"),
             rows=tuple((n, "; ".join(final.reasons_for(n)) or DASH) for n in final.kept_nodes),
         ))
+    blocks += _smoothing_blocks(report) + _tune_traffic_blocks(report)
     if report.peers:
         ref = final.accuracy_holdout
         blocks.append(Heading(2, "Peers"))
