@@ -1,4 +1,5 @@
-"""Reading report documents forgivingly, and formatting values for Markdown and HTML."""
+"""Reading report documents (``report.codec``): strictly, and leniently for hand-edited or older documents; and
+formatting values for Markdown and HTML."""
 
 from __future__ import annotations
 
@@ -9,35 +10,70 @@ from pathlib import Path
 import pytest
 
 from calibkit.errors import DataError
-from calibkit.report.document import CompareReport, TuneReport, load_document, parse_document
+from calibkit.evaluate.flags import Flag
+from calibkit.evaluate.results import Comparison, TuneResult
+from calibkit.report.codec import load_document, load_result, parse_result
 from calibkit.report.formatting import esc_html, esc_md, num, pct, points
+from calibkit.report.plots import target_accuracy
+
+TUNE = {"format": "calibkit-tune/1", "final": {"int8_flops_fraction": 1.0}}  # the least a tune document holds
 
 
-def test_dispatches_on_format_and_tolerates_other_versions(caplog: pytest.LogCaptureFixture) -> None:
-    assert isinstance(parse_document({"format": "calibkit-compare/1"}), CompareReport)
-    assert isinstance(parse_document({"format": "calibkit-tune/1"}), TuneReport)
-    report = parse_document({"format": "calibkit-compare/2", "agreement": 0.5})
-    assert isinstance(report, CompareReport) and report.agreement == 0.5
+def test_lenient_dispatches_on_format_and_tolerates_other_versions(caplog: pytest.LogCaptureFixture) -> None:
+    assert isinstance(parse_result({"format": "calibkit-compare/1"}, strict=False), Comparison)
+    assert isinstance(parse_result(TUNE, strict=False), TuneResult)
+    report = parse_result({"format": "calibkit-compare/2", "agreement": 0.5}, strict=False)
+    assert isinstance(report, Comparison) and report.agreement == 0.5
     assert "calibkit-compare/2" in caplog.text
 
 
-def test_mistyped_fields_become_none() -> None:
-    report = parse_document({
+def test_lenient_reads_missing_keys_as_absent() -> None:
+    report = parse_result({
         "format": "calibkit-compare/1",
-        "agreement": True,  # a bool is not a number
-        "engines": [{"accuracy": "0.9", "confusion_matrix": [[1, 2], [3]], "batch_size": 4.0}, "junk"],
-        "layers": [{"index": 1, "sqnr_db": float("inf"), "flag": "keep-fp16", "reasons": ["a", 3, None]}],
-        "histograms": {"t": {"counts": [1, -2]}, "u": {"counts": [1, 2], "thresholds": {"mse": "x", "amax": 1}}},
-    })
-    assert isinstance(report, CompareReport)
-    assert report.agreement is None
-    assert len(report.engines) == 1
+        "engines": [{"name": "A", "accuracy": 0.9}],
+        "layers": [{"node": "fc1", "flag": "keep-fp16", "sensitivity": {"all_but_this": {"delta": 0.01}}}],
+    }, strict=False)
+    assert isinstance(report, Comparison)
+    assert report.eval_set.path == "" and report.eval_set.count == 0 and report.task.fidelity is None
     engine = report.engines[0]
-    assert engine.accuracy is None and engine.confusion_matrix is None and engine.batch_size == 4
+    assert engine.accuracy == 0.9 and engine.macro_f1 is None and engine.latency_ms.p50 is None
+    assert engine.precision == "" and engine.confusion_matrix is None
     layer = report.layers[0]
-    assert layer.sqnr_db is None and layer.flagged and layer.reasons == ("a", "3")
-    assert [h.tensor for h in report.histograms] == ["u"]
-    assert [(t.method, t.amax) for t in report.histograms[0].thresholds] == [("amax", 1.0)]
+    assert layer.flag is Flag.KEEP_FP16 and layer.flagged and layer.sqnr_db is None and layer.reasons == ()
+    assert layer.sensitivity is not None and layer.sensitivity.all_but_this.delta == 0.01
+    assert layer.sensitivity.only_this_int8.delta is None
+    assert report.outputs.cosine_mean is None and report.recommendation.keep_in_higher_precision == ()
+
+
+def test_strict_parse_refuses_missing_keys() -> None:
+    with pytest.raises(DataError, match=r"lacks \$\.calibkit_version"):
+        parse_result({"format": "calibkit-compare/1"})
+
+
+@pytest.mark.parametrize(("doc", "message"), [
+    ({"agreement": True}, r"\$\.agreement should be a finite number, not true"),  # a bool is not a number
+    ({"engines": [{"accuracy": "0.9"}]}, r"\$\.engines\[0\]\.accuracy should be a finite number"),
+    ({"engines": ["junk"]}, r"\$\.engines\[0\] should be an object"),
+    ({"layers": [{"flag": "keep-fp16", "reasons": ["a", 3]}]}, r"\$\.layers\[0\]\.reasons\[1\] should be a string"),
+    ({"layers": [{"flag": "maybe"}]}, r"\$\.layers\[0\]\.flag should be one of 'ok'"),
+    ({"layers": [{"index": 1}]}, r"lacks \$\.layers\[0\]\.flag"),  # an enum has no empty value
+    ({"histograms": {"t": {"counts": [1, 2]}}}, r"lacks \$\.histograms\.t\.upper"),  # nor a number
+    ({"histograms": {"u": {"counts": [1], "upper": 1.0, "thresholds": {"mse": "x"}}}},
+     r"\$\.histograms\.u\.thresholds\.mse should be a finite number"),
+])
+def test_lenient_still_refuses_mistyped_values_naming_the_field(doc: dict, message: str) -> None:
+    with pytest.raises(DataError, match=message):
+        parse_result({"format": "calibkit-compare/1", **doc}, strict=False)
+
+
+def test_numbers_that_are_not_finite_are_absent_where_optional_and_refused_elsewhere() -> None:
+    nan, inf = float("nan"), float("inf")
+    report = parse_result({"format": "calibkit-compare/1", "agreement": nan,
+                           "layers": [{"flag": "ok", "sqnr_db": inf, "amax": -inf}]}, strict=False)
+    assert isinstance(report, Comparison)
+    assert report.agreement is None and report.layers[0].sqnr_db is None and report.layers[0].amax is None
+    with pytest.raises(DataError, match=r"\$\.final\.int8_flops_fraction should be a finite number, not NaN"):
+        parse_result({**TUNE, "final": {"int8_flops_fraction": nan}}, strict=False)
 
 
 @pytest.mark.parametrize(
@@ -47,12 +83,15 @@ def test_tune_target_accuracy(relative: bool | None, expected: float) -> None:
     target: dict[str, object] = {"max_drop": 2.0, "fp32_accuracy": 0.8444}  # points, as `tune --max-drop`
     if relative is not None:
         target["relative"] = relative
-    report = parse_document({"format": "calibkit-tune/1", "target": target})
-    assert isinstance(report, TuneReport)
-    assert report.target_accuracy is not None and math.isclose(report.target_accuracy, expected)
-    assert parse_document({"format": "calibkit-tune/1"}).target_accuracy is None  # type: ignore[union-attr]
-    stated = parse_document({"format": "calibkit-tune/1", "target": {**target, "threshold": 0.8}})
-    assert stated.target_accuracy == 0.8  # type: ignore[union-attr]  # the document's own threshold wins
+    report = parse_result({**TUNE, "target": target}, strict=False)
+    assert isinstance(report, TuneResult)
+    value = target_accuracy(report.target)
+    assert value is not None and math.isclose(value, expected)
+    bare = parse_result(TUNE, strict=False)
+    assert isinstance(bare, TuneResult) and target_accuracy(bare.target) is None
+    stated = parse_result({**TUNE, "target": {**target, "threshold": 0.8}}, strict=False)
+    assert isinstance(stated, TuneResult)
+    assert target_accuracy(stated.target) == 0.8  # the document's own threshold wins
 
 
 def test_load_document_errors(tmp_path: Path) -> None:
@@ -66,8 +105,20 @@ def test_load_document_errors(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="cannot read"):
         load_document(bad)
     good = tmp_path / "good.json"
-    good.write_text(json.dumps({"format": "calibkit-tune/1", "peers": []}))
+    good.write_text(json.dumps({**TUNE, "peers": []}))
     assert load_document(good)["peers"] == []
+
+
+def test_load_result_names_the_file_and_the_field(tmp_path: Path) -> None:
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps({**TUNE, "peers": [{"name": "ORT", "accuracy": "0.8"}]}))
+    with pytest.raises(DataError, match=r"edited\.json: \$\.peers\[0\]\.accuracy should be a finite number"):
+        load_result(edited, strict=False)
+    with pytest.raises(DataError, match=r"edited\.json: the document lacks \$\.calibkit_version"):
+        load_result(edited)
+    edited.write_text(json.dumps({**TUNE, "peers": [{"name": "ORT", "accuracy": 0.8}]}))
+    result = load_result(edited, strict=False)
+    assert isinstance(result, TuneResult) and result.peers[0].accuracy == 0.8
 
 
 def test_formatting() -> None:

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from calibkit.cli import app
 from calibkit.errors import DataError, UsageError
 from calibkit.report import plots as plots_module
-from calibkit.report.document import parse_document
+from calibkit.report.codec import parse_result
 from calibkit.report.render import render_report
 
 EVIL = "<script>alert(1)</script>"
@@ -190,7 +190,7 @@ def test_markdown_tables_keep_their_columns_with_pipes_and_newlines_in_names(com
 
 
 def test_histograms_show_the_worst_layers_first() -> None:
-    report = parse_document(fake_compare())
+    report = parse_result(fake_compare(), strict=False)
     chosen = plots_module._worst_histograms(report)
     assert len(chosen) == plots_module.MAX_HISTOGRAMS
     assert [layer.index for _, layer in chosen[:3]] == [7, 31, 52]  # flagged, equal SQNR: document order
@@ -198,21 +198,44 @@ def test_histograms_show_the_worst_layers_first() -> None:
     assert rest == sorted(rest)
 
 
-def test_missing_and_mistyped_fields_render_as_dashes(tmp_path: Path) -> None:
+def test_missing_fields_render_as_dashes_and_nan_as_absent(tmp_path: Path) -> None:
     bare = render_report({"format": "calibkit-compare/1"}, tmp_path / "bare")
     assert "—" in bare.markdown.read_text()
     assert bare.plots == ()
     doc = fake_compare(n_layers=6)
-    doc["engines"][0] = {"name": "A", "accuracy": "high", "confusion_matrix": [[1, 2], [3]], "latency_ms": 5}
-    doc["layers"][2] = {"index": "two", "sqnr_db": None, "reasons": "not a list", "sensitivity": {"only_this_int8": 1}}
-    doc["layers"][3]["amax"] = float("nan")
-    doc["histograms"] = {"t": {"counts": "x"}, "u": None}
+    doc["engines"][0] = {"name": "A"}  # a hand-trimmed engine: every number missing
+    doc["layers"][2] = {"index": 2, "flag": "ok"}
+    doc["layers"][3]["amax"] = float("nan")  # what Python's json writes for NaN
+    doc["histograms"] = {}
     doc["agreement"] = None
     del doc["outputs"]
     paths = render_report(doc, tmp_path / "odd")
-    md = paths.markdown.read_text()
+    md, html = paths.markdown.read_text(), paths.html.read_text()
     assert "| A | — | — | — |" in md
+    shown = re.sub(r"base64,[^\"]*", "", html)
+    assert not re.search(r"\bnan\b", md, re.IGNORECASE) and not re.search(r"\bnan\b", shown, re.IGNORECASE)
     assert json.loads(paths.json.read_text())["layers"][3]["amax"] is None  # NaN written as null
+
+
+@pytest.mark.parametrize(("edit", "field"), [
+    (lambda d: d["engines"][0].update(accuracy="high"), r"\$\.engines\[0\]\.accuracy should be a finite number"),
+    (lambda d: d["engines"][0].update(latency_ms=5), r"\$\.engines\[0\]\.latency_ms should be an object"),
+    (lambda d: d["layers"][2].update(index="two"), r"\$\.layers\[2\]\.index should be an integer"),
+    (lambda d: d["layers"][2].pop("flag"), r"lacks \$\.layers\[2\]\.flag"),
+])
+def test_mistyped_fields_are_refused_naming_the_file_and_the_field(tmp_path: Path, edit, field: str) -> None:
+    doc = fake_compare(n_layers=3)
+    edit(doc)
+    src = tmp_path / "edited.json"
+    src.write_text(json.dumps(doc))
+    with pytest.raises(DataError, match=field):
+        render_report(doc, tmp_path / "r")
+    result = CliRunner().invoke(app, ["report", str(src), "--out", str(tmp_path / "r")])
+    assert result.exit_code == DataError.exit_code
+    message = " ".join(result.output.split())
+    assert str(src) in message.replace(" ", "") or src.name in message
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "r").exists()
 
 
 def test_tune_report_plots_candidates_and_target(tmp_path: Path) -> None:
@@ -387,7 +410,7 @@ def test_embedding_fidelity_block_is_rendered(tmp_path: Path) -> None:
         assert "0.99963" in out and "0.99991" in out  # cosine min and mean
         assert "same nearest neighbour" in out and "88.33 %" in out
         assert "top-10 neighbour overlap" in out and "0.9463" in out
-    row = next(r for r in _tables(md)[-1] if "top-10" in r)
+    row = next(r for table in _tables(md) for r in table if "top-10" in r)
     assert _cells(row) == 3
 
 
@@ -426,3 +449,58 @@ def test_flips_are_shown_by_how_sure_a_was(compare_report) -> None:
     assert "| 1641 | 10 | 0.61 % |" in band[4]
     listed = md[md.index("## Disagreements"):]
     assert "| 0.042 |" in listed, "each disagreement shows A's top-2 gap"
+
+
+TRAFFIC_EVIDENCE = {"path": "logs/prod.jsonl", "count": 2000, "labelled": False,
+                    "rows": {"count": 2000, "of": 48211, "seed": 0, "strategy": "stratified by token length",
+                             "content_sha256": "c4d016a089cec1b4" * 4},
+                    "exclusions": ["log sha256: 113a1b5e", "calibration set: 128", "duplicate lines: 6819"]}
+
+
+def test_compare_traffic_fidelity_is_rendered(tmp_path: Path) -> None:
+    doc = {"format": "calibkit-compare/1", "agreement": 0.93,
+           "traffic": {"evidence": TRAFFIC_EVIDENCE,
+                       "fidelity": {"agreement": 0.9865, "cosine_mean": 0.9987, "cosine_min": 0.912},
+                       "agreement_ci": {"estimate": 0.9865, "low": 0.9806, "high": 0.9907}, "flips": 27,
+                       "mean_kl": 0.0031}}
+    paths = render_report(doc, tmp_path / "r")
+    md, html = paths.markdown.read_text().replace("\\", ""), paths.html.read_text()
+    for out in (md, html):
+        assert "Traffic fidelity" in out and "logs/prod.jsonl" in out and "2000 of 48211 rows" in out
+        assert "98.65 % [98.06, 99.07]" in out and "flips: 27" in out and "mean KL 0.003" in out
+        assert "calibration set: 128" in out and "duplicate lines: 6819" in out
+    assert "Traffic fidelity" not in render_report({"format": "calibkit-compare/1"}, tmp_path / "b"
+                                                   ).markdown.read_text()
+
+
+@pytest.mark.parametrize(("smoothing", "expected"), [
+    ({"tried": True, "chosen": True, "model": "smoothed-model", "activations_smoothed": 25,
+      "max_output_deviation": 5.46e-07}, ["built on the **smoothed** model", "calibration table minmax+smooth",
+                                          "25 activations smoothed", "5.46e-07", "smoothed-model"]),
+    ({"tried": True, "chosen": False, "activations_smoothed": 25}, ["built on the **plain** model"]),
+    ({"tried": False, "note": "--no-smooth"}, ["Smoothing: **not tried** (--no-smooth)"]),
+])
+def test_tune_smoothing_choice_and_traffic_split_are_rendered(tmp_path: Path, smoothing: dict,
+                                                              expected: list[str]) -> None:
+    doc = {**fake_tune(), "smoothing": smoothing,
+           "methods": {"chosen": "minmax+smooth", "all_int8_flip_rate_search": {"minmax": 0.04, "minmax+smooth": 0.01}},
+           "eval_set": {"path": "eval.jsonl", "count": 300, "search": 180, "holdout": 120, "sensitivity_samples": 64,
+                        "labels": "given", "traffic": TRAFFIC_EVIDENCE, "traffic_search": 1400, "traffic_holdout": 600}}
+    paths = render_report(doc, tmp_path / "t")
+    md, html = paths.markdown.read_text().replace("\\", ""), paths.html.read_text()
+    for out in (md, html.replace("<b>", "**").replace("</b>", "**")):
+        for text in expected:
+            assert text in out
+        assert "judged on **2000** unlabeled texts" in out and "logs/prod.jsonl" in out
+        assert "1400 in the search split, 600 in the hold-out split" in out
+        assert "calibration set: 128" in out
+
+
+def test_a_typed_result_renders_as_its_document_does(tmp_path: Path) -> None:
+    from calibkit.report.codec import to_document
+
+    result = parse_result(fake_compare(n_layers=4), strict=False)
+    typed = render_report(result, tmp_path / "typed")
+    doc = render_report(to_document(result), tmp_path / "doc")
+    assert typed.markdown.read_text() == doc.markdown.read_text()
+    assert json.loads(typed.json.read_text()) == to_document(result)

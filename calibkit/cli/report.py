@@ -38,7 +38,7 @@ def report(
     force: bool = FORCE,
 ) -> None:
     with handle_errors():
-        from calibkit.report.document import load_document
+        from calibkit.report.codec import load_document
         from calibkit.report.render import REPORT_NAMES, default_out_dir, render_report
 
         target = out_dir if out_dir is not None else default_out_dir(report_json)
@@ -47,6 +47,6 @@ def report(
         guard_out_dir(target, inputs=[] if in_place else [report_json], force=force, legacy_names=REPORT_NAMES)
         doc = load_document(report_json)
         with RichProgress() as progress:
-            paths = render_report(doc, target, progress=progress)
+            paths = render_report(doc, target, progress=progress, source=report_json)
         say(f"wrote {paths.html}")
         say(f"      {paths.markdown}  ({len(paths.plots)} plots in {paths.html.parent / 'plots'})")

@@ -7,7 +7,14 @@ field marked ``json=False`` is left out. So ``parse(to_document(r)) == r`` for e
 over random results), and a field added to ``evaluate.results`` needs no code here.
 
 Parsing is strict about types (a document names what is wrong, with its JSON path) and lenient about absence
-only where the result type has a default (older documents lack newer keys).
+only where the result type has a default (older documents lack newer keys). A number that is not finite (NaN,
+infinity: Python's ``json`` writes them) is None where the field is optional, and refused elsewhere.
+
+``strict=False`` reads what ``calibkit report`` renders: documents a user edited by hand or an older version
+wrote. A missing key then reads as absent where its type has an empty value (None, an empty list or mapping,
+``""``, 0, false, a nested object built the same way), and another version of a known format tag is read with
+a warning. A mistyped value, or a missing number or enum with no empty value, is still refused, naming the
+file (``source``) and the field.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ import dataclasses
 import enum
 import functools
 import json
+import logging
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -29,6 +38,8 @@ COMPARE_FORMAT = "calibkit-compare/1"
 TUNE_FORMAT = "calibkit-tune/1"
 FORMATS: dict[type, str] = {Comparison: COMPARE_FORMAT, TuneResult: TUNE_FORMAT}
 KINDS: dict[str, type] = {fmt.partition("/")[0]: cls for cls, fmt in FORMATS.items()}
+
+log = logging.getLogger("calibkit.report")
 
 
 def format_of(result: Result) -> str:
@@ -72,12 +83,23 @@ def to_json(value: Any) -> Any:
     return value
 
 
-def parse_result(doc: Any) -> Result:
+def parse_result(doc: Any, *, strict: bool = True, source: str | Path | None = None) -> Result:
     """A compare or tune document (a parsed JSON object) as its typed result. Raises :class:`DataError` for
-    anything else, naming what is wrong."""
-    cls = result_type(doc)
-    body = {k: v for k, v in doc.items() if k != "format"}
-    return from_json(cls, body)
+    anything else, naming what is wrong (and ``source``, the file it came from, when given).
+
+    ``strict=False`` reads hand-edited and older documents: missing keys read as absent and another version of
+    the format tag is accepted with a warning (see the module's docstring)."""
+    try:
+        cls = result_type(doc)
+        if not strict and doc["format"] != FORMATS[cls]:
+            log.warning("%sreport format %s is not %s; reading what this version knows",
+                        f"{source}: " if source else "", doc["format"], FORMATS[cls])
+        body = {k: v for k, v in doc.items() if k != "format"}
+        return from_json(cls, body, lenient=not strict)
+    except DataError as exc:
+        if source is None:
+            raise
+        raise DataError(f"{source}: {exc.message}", hint=exc.hint) from None
 
 
 def result_type(doc: Any) -> type:
@@ -96,22 +118,23 @@ def result_type(doc: Any) -> type:
     return cls
 
 
-def from_json(cls: Any, data: Any, path: str = "$") -> Any:
+def from_json(cls: Any, data: Any, path: str = "$", *, lenient: bool = False) -> Any:
     """``data`` (plain JSON values) as an instance of the type ``cls`` (a dataclass, tuple, Mapping, enum,
-    Optional or scalar annotation)."""
+    Optional or scalar annotation). ``lenient``: a missing key reads as absent where its type has an empty
+    value (see :func:`parse_result`)."""
     origin = typing.get_origin(cls)
     if cls is Any:
         return data
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(cls)
-        if data is None and type(None) in args:
+        if type(None) in args and (data is None or _non_finite(data)):
             return None
         errors = []
         for arg in args:
             if arg is type(None):
                 continue
             try:
-                return from_json(arg, data, path)
+                return from_json(arg, data, path, lenient=lenient)
             except DataError as exc:
                 errors.append(exc)
         raise errors[0] if errors else _bad(path, "a value", data)
@@ -120,15 +143,15 @@ def from_json(cls: Any, data: Any, path: str = "$") -> Any:
         if not isinstance(data, list):
             raise _bad(path, "a list", data)
         item = args[0] if args else Any
-        return tuple(from_json(item, v, f"{path}[{i}]") for i, v in enumerate(data))
+        return tuple(from_json(item, v, f"{path}[{i}]", lenient=lenient) for i, v in enumerate(data))
     if origin in (Mapping, dict, typing.Mapping) or cls in (dict, Mapping):
         args = typing.get_args(cls)
         if not isinstance(data, dict):
             raise _bad(path, "an object", data)
         item = args[1] if len(args) == 2 else Any
-        return {str(k): from_json(item, v, f"{path}.{k}") for k, v in data.items()}
+        return {str(k): from_json(item, v, f"{path}.{k}", lenient=lenient) for k, v in data.items()}
     if isinstance(cls, type) and dataclasses.is_dataclass(cls):
-        return _dataclass(cls, data, path)
+        return _dataclass(cls, data, path, lenient)
     if isinstance(cls, type) and issubclass(cls, enum.Enum):
         try:
             return cls(data)
@@ -139,12 +162,12 @@ def from_json(cls: Any, data: Any, path: str = "$") -> Any:
             raise _bad(path, "true or false", data)
         return data
     if cls is int:
-        if isinstance(data, bool) or not isinstance(data, (int, float)) or int(data) != data:
+        if isinstance(data, bool) or not isinstance(data, (int, float)) or _non_finite(data) or int(data) != data:
             raise _bad(path, "an integer", data)
         return int(data)
     if cls is float:
-        if isinstance(data, bool) or not isinstance(data, (int, float)):
-            raise _bad(path, "a number", data)
+        if isinstance(data, bool) or not isinstance(data, (int, float)) or _non_finite(data):
+            raise _bad(path, "a finite number", data)
         return float(data)
     if cls is str:
         if not isinstance(data, str):
@@ -158,7 +181,11 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _dataclass(cls: type, data: Any, path: str) -> Any:
+def _non_finite(data: Any) -> bool:
+    return isinstance(data, float) and not math.isfinite(data)
+
+
+def _dataclass(cls: type, data: Any, path: str, lenient: bool = False) -> Any:
     if not isinstance(data, dict):
         raise _bad(path, "an object", data)
     hints = _hints(cls)
@@ -169,15 +196,37 @@ def _dataclass(cls: type, data: Any, path: str) -> Any:
             continue
         if f.metadata.get("flatten"):
             rest = {k: v for k, v in data.items() if k not in named}
-            kwargs[f.name] = from_json(hints[f.name], rest, path)
+            kwargs[f.name] = from_json(hints[f.name], rest, path, lenient=lenient)
             continue
         if f.name not in data:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise DataError(f"the document lacks {path}.{f.name}",
-                                hint="pass a document written by this calibkit version's compare or tune")
+                kwargs[f.name] = _absent(hints[f.name], f"{path}.{f.name}", lenient)
             continue
-        kwargs[f.name] = from_json(hints[f.name], data[f.name], f"{path}.{f.name}")
+        kwargs[f.name] = from_json(hints[f.name], data[f.name], f"{path}.{f.name}", lenient=lenient)
     return cls(**kwargs)
+
+
+_EMPTY: dict[Any, Any] = {str: "", int: 0, bool: False}
+
+
+def _absent(cls: Any, path: str, lenient: bool) -> Any:
+    """The value of a required field a document lacks: its type's empty value when reading leniently, else
+    (and for a number or enum, which has none) a :class:`DataError` naming the field."""
+    origin = typing.get_origin(cls)
+    if lenient:
+        if origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(cls):
+            return None
+        if origin is tuple:
+            return ()
+        if origin in (Mapping, dict, typing.Mapping) or cls in (dict, Mapping):
+            return {}
+        if cls in _EMPTY:
+            return _EMPTY[cls]
+        if isinstance(cls, type) and dataclasses.is_dataclass(cls):
+            return _dataclass(cls, {}, path, lenient)
+    raise DataError(f"the document lacks {path}",
+                    hint="pass a document written by this calibkit version's compare or tune" if not lenient else
+                    "add the field, or re-run the compare or tune that wrote the document")
 
 
 def _bad(path: str, wanted: str, data: Any) -> DataError:
@@ -187,9 +236,10 @@ def _bad(path: str, wanted: str, data: Any) -> DataError:
                      hint="pass a document written by calibkit compare or tune, unedited")
 
 
-def load_result(path: str | Path) -> Result:
-    """Read a compare or tune JSON file into its typed result."""
-    return parse_result(load_document(path))
+def load_result(path: str | Path, *, strict: bool = True) -> Result:
+    """Read a compare or tune JSON file into its typed result (``strict=False``: see :func:`parse_result`);
+    what is wrong with it is named with the file."""
+    return parse_result(load_document(path), strict=strict, source=path)
 
 
 def load_document(path: str | Path) -> dict[str, Any]:

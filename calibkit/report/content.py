@@ -1,30 +1,42 @@
-"""What a report says, in which order: a summary first, then plots, then the detailed tables."""
+"""What a report says, in which order: a summary first, then plots, then the detailed tables.
+
+It reads the typed results (``evaluate.results``); a number that does not apply is None there and shows as "—".
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Sequence
 
-from calibkit.report.blocks import Block, Bullets, Details, Document, Figure, Heading, Para, Span, Table
-from calibkit.report.document import (
-    CompareReport,
+from calibkit.evaluate.flags import Flag
+from calibkit.evaluate.results import (
+    Comparison,
     ConfidenceBand,
-    EngineResult,
-    LayerResult,
+    EngineEvaluation,
+    Evidence,
+    Fidelity,
+    GoldScores,
+    LayerVerdict,
     Range,
-    Report,
-    TaskFidelity,
-    TuneReport,
+    Result,
+    RowSelection,
+    TaskResult,
+    TrafficFidelity,
+    TuneResult,
 )
+from calibkit.report.blocks import Block, Bullets, Details, Document, Figure, Heading, Para, Span, Table
+from calibkit.report.codec import format_of
 from calibkit.report.formatting import DASH, num, pct, points, shorten, text
-from calibkit.report.plots import Plot
+from calibkit.report.plots import Plot, layer_name, target_accuracy
 
 MAX_DISAGREEMENTS = 200
 MAX_TEXT = 300
 
 
-def build_document(report: Report, plots: Sequence[Plot]) -> Document:
+def build_document(report: Result, plots: Sequence[Plot]) -> Document:
     names = {p.name for p in plots}
-    if isinstance(report, TuneReport):
+    if isinstance(report, TuneResult):
         return _tune_document(report, names)
     return _compare_document(report, names)
 
@@ -33,10 +45,14 @@ def _figures(names: set[str], order: Sequence[str]) -> tuple[Block, ...]:
     return tuple(Figure(n) for n in order if n in names)
 
 
+def _subtitle(report: Result) -> str:
+    return f"calibkit {text(report.calibkit_version)} · {format_of(report)}"
+
+
 # ---------------------------------------------------------------- compare
 
 
-def _baseline(engines: Sequence[EngineResult]) -> EngineResult | None:
+def _baseline(engines: Sequence[EngineEvaluation]) -> EngineEvaluation | None:
     for wanted in ("reference", "A"):
         for e in engines:
             if e.name == wanted and e.accuracy is not None:
@@ -52,7 +68,7 @@ def _ci(r: Range | None, pts: bool = False) -> str:
     return f" [{100 * r.low:.2f}, {100 * r.high:.2f}]"
 
 
-def _engine_table(engines: Sequence[EngineResult]) -> Table:
+def _engine_table(engines: Sequence[EngineEvaluation]) -> Table:
     base = _baseline(engines)
     rows = []
     for e in engines:
@@ -76,19 +92,19 @@ def _engine_table(engines: Sequence[EngineResult]) -> Table:
     )
 
 
-def _keep_layers(report: CompareReport) -> tuple[tuple[str, LayerResult | None], ...]:
-    if report.keep_nodes:
-        return tuple((node, report.layer_for_node(node)) for node in report.keep_nodes)
-    return tuple((x.label, x) for x in report.layers if x.flagged)
+def _keep_layers(report: Comparison) -> tuple[tuple[str, LayerVerdict | None], ...]:
+    if report.keep_in_higher_precision:
+        return tuple((node, report.layer(node)) for node in report.keep_in_higher_precision)
+    return tuple((layer_name(x), x) for x in report.layers if x.flagged)
 
 
-def _keep_table(keep: Sequence[tuple[str, LayerResult | None]]) -> Table:
+def _keep_table(keep: Sequence[tuple[str, LayerVerdict | None]]) -> Table:
     rows = []
     for node, layer in keep:
         rows.append((
             node,
             text(layer.op_type) if layer else DASH,
-            text(layer.flag) if layer else DASH,
+            layer.flag.value if layer else DASH,
             num(layer.quant_sqnr_db, 1) if layer else DASH,
             num(layer.sqnr_db, 1) if layer else DASH,
             "; ".join(layer.reasons) if layer and layer.reasons else DASH,
@@ -97,8 +113,10 @@ def _keep_table(keep: Sequence[tuple[str, LayerResult | None]]) -> Table:
                  numeric=(False, False, False, True, True, False))
 
 
-def _delta(layer: LayerResult, which: str) -> str:
-    sens = layer.only_this_int8 if which == "only" else layer.all_but_this
+def _delta(layer: LayerVerdict, which: str) -> str:
+    if layer.sensitivity is None:
+        return DASH
+    sens = layer.sensitivity.only_this_int8 if which == "only" else layer.sensitivity.all_but_this
     if sens is None:
         return DASH
     if sens.delta_low is None or sens.delta_high is None:
@@ -106,13 +124,13 @@ def _delta(layer: LayerResult, which: str) -> str:
     return points(sens.delta) + f" [{100 * sens.delta_low:+.2f}, {100 * sens.delta_high:+.2f}]"
 
 
-def _layer_table(layers: Sequence[LayerResult]) -> Table:
+def _layer_table(layers: Sequence[LayerVerdict]) -> Table:
     rows = tuple(
         (
             num(x.index), text(x.node), text(x.op_type), text(x.tensor), num(x.amax), num(x.fp_absmax),
             num(x.p9999), pct(x.clipped_fraction, 3), num(x.outlier_ratio, 1), num(x.nonfinite),
             num(x.quant_sqnr_db, 1), num(x.sqnr_db, 1), num(x.cosine, 4), _delta(x, "only"), _delta(x, "all_but"),
-            text(x.flag),
+            x.flag.value,
             "; ".join(x.reasons) or DASH,
         )
         for x in layers
@@ -133,58 +151,60 @@ _TASK_NAMES = {"classification": "classification", "embedding": "embedding",
                "multi-label": "multi-label classification"}
 
 
-def _fidelity_rows(t: TaskFidelity) -> list[tuple[str, str, str]]:
+def _fidelity_rows(kind: str, t: Fidelity) -> list[tuple[str, str, str]]:
     """(metric, value, what it measures) of B against A, in the task's own terms."""
-    k = t.metric("k")
+    extra = {name: v for name, v in t.extra.items() if v is not None}
+    metric = extra.get
+    k = metric("k")
     kk = f"top-{int(k)}" if k is not None else "top-k"
-    if t.kind == "embedding":
+    if kind == "embedding":
         rows = [
             ("cosine to A, mean", num(t.cosine_mean, 5), "per text, between B's and A's embedding"),
             ("cosine to A, min", num(t.cosine_min, 5), "the least faithful text"),
-            ("same nearest neighbour", pct(t.metric("retrieval_top1_agreement") or t.agreement),
+            ("same nearest neighbour", pct(metric("retrieval_top1_agreement") or t.agreement),
              "each eval text queries the others by cosine: B's top-1 is A's"),
-            (f"{kk} neighbour overlap", num(t.metric("retrieval_overlap_at_k"), 4),
+            (f"{kk} neighbour overlap", num(metric("retrieval_overlap_at_k"), 4),
              f"mean share of A's {kk} neighbours that B also ranks in its {kk}"),
         ]
         shown = {"retrieval_top1_agreement", "retrieval_overlap_at_k", "k"}
-    elif t.kind == "token-classification":
+    elif kind == "token-classification":
         rows = [
             ("same label per token", pct(t.agreement), "argmax of B equals A's, over real (non-padding) tokens"),
-            ("entity F1 against A", num(t.metric("entity_f1"), 4),
+            ("entity F1 against A", num(metric("entity_f1"), 4),
              "B's BIO entities (exact span and type) scored against A's"),
             ("cosine to A, mean", num(t.cosine_mean, 5), "per text, over its real tokens' logits"),
             ("cosine to A, min", num(t.cosine_min, 5), "the least faithful text"),
         ]
         shown = {"entity_f1"}
-    elif t.kind == "multi-label":
+    elif kind == "multi-label":
         rows = [
             ("same label set", pct(t.agreement), "every label's yes/no (logit above 0) of B equals A's"),
-            ("same decision per label", pct(t.metric("label_decision_agreement")), "over every (text, label)"),
+            ("same decision per label", pct(metric("label_decision_agreement")), "over every (text, label)"),
             ("logit cosine, mean", num(t.cosine_mean, 5), "per text, between B's and A's logits"),
             ("logit cosine, min", num(t.cosine_min, 5), "the least faithful text"),
         ]
         for who in ("A", "B"):
-            if t.metric(f"{who}_exact_set_accuracy") is not None:
-                rows += [(f"{who}: exact label set", pct(t.metric(f"{who}_exact_set_accuracy")),
+            if metric(f"{who}_exact_set_accuracy") is not None:
+                rows += [(f"{who}: exact label set", pct(metric(f"{who}_exact_set_accuracy")),
                           "against the eval set's label sets"),
-                         (f"{who}: micro / macro F1", f"{num(t.metric(f'{who}_micro_f1'), 4)} / "
-                          f"{num(t.metric(f'{who}_macro_f1'), 4)}", "over every (text, label) / per label, averaged")]
+                         (f"{who}: micro / macro F1", f"{num(metric(f'{who}_micro_f1'), 4)} / "
+                          f"{num(metric(f'{who}_macro_f1'), 4)}", "over every (text, label) / per label, averaged")]
         shown = {"label_decision_agreement"} | {f"{w}_{m}" for w in "AB"
                                                 for m in ("exact_set_accuracy", "micro_f1", "macro_f1")}
-    elif t.kind == "regression":
+    elif kind == "regression":
         rows = [
             ("scores within tolerance", pct(t.agreement),
-             f"|B - A| at most {num(t.metric('tolerance'), 4)} (1 % of A's spread over the eval texts)"),
-            ("mean |B - A|", num(t.metric("mean_abs_error"), 5), "over texts"),
-            ("max |B - A|", num(t.metric("max_abs_error"), 5), "the least faithful text"),
+             f"|B - A| at most {num(metric('tolerance'), 4)} (1 % of A's spread over the eval texts)"),
+            ("mean |B - A|", num(metric("mean_abs_error"), 5), "over texts"),
+            ("max |B - A|", num(metric("max_abs_error"), 5), "the least faithful text"),
             ("correlation with A", num(t.cosine_mean, 5), "Pearson, over the eval texts"),
-            ("rank correlation with A", num(t.metric("spearman"), 5), "Spearman: does B order the texts as A does"),
+            ("rank correlation with A", num(metric("spearman"), 5), "Spearman: does B order the texts as A does"),
         ]
         for who in ("A", "B"):
-            if t.metric(f"{who}_mae_vs_labels") is not None:
-                rows += [(f"{who}: mean |score - label|", num(t.metric(f"{who}_mae_vs_labels"), 5),
+            if metric(f"{who}_mae_vs_labels") is not None:
+                rows += [(f"{who}: mean |score - label|", num(metric(f"{who}_mae_vs_labels"), 5),
                           "against the eval set's target scores"),
-                         (f"{who}: RMSE against the labels", num(t.metric(f"{who}_rmse_vs_labels"), 5), DASH)]
+                         (f"{who}: RMSE against the labels", num(metric(f"{who}_rmse_vs_labels"), 5), DASH)]
         shown = {"tolerance", "mean_abs_error", "max_abs_error", "spearman", "A_mae_vs_labels", "A_rmse_vs_labels",
                  "B_mae_vs_labels", "B_rmse_vs_labels"}
     else:
@@ -194,7 +214,7 @@ def _fidelity_rows(t: TaskFidelity) -> list[tuple[str, str, str]]:
             ("logit cosine, min", num(t.cosine_min, 5), "the least faithful text"),
         ]
         shown = set()
-    rows += [(m.name.replace("_", " "), num(m.value, 4), DASH) for m in t.extra if m.name not in shown]
+    rows += [(name.replace("_", " "), num(v, 4), DASH) for name, v in extra.items() if name not in shown]
     return rows
 
 
@@ -215,46 +235,88 @@ def _confidence_blocks(bands: Sequence[ConfidenceBand]) -> list[Block]:
     ]
 
 
-def _task_blocks(t: TaskFidelity | None) -> list[Block]:
-    if t is None or (t.agreement is None and t.cosine_mean is None and not t.extra and not t.gold):
+def _task_blocks(t: TaskResult) -> list[Block]:
+    fid = t.fidelity if t.fidelity is not None else Fidelity(None, None, None)
+    measured = any(v is not None for v in (fid.agreement, fid.cosine_mean, *fid.extra.values()))
+    if not measured and (t.gold is None or not t.gold.engines):
         return []
-    kind = _TASK_NAMES.get(t.kind or "", text(t.kind))
+    kind = _TASK_NAMES.get(t.kind, text(t.kind))
     blocks: list[Block] = [Heading(2, f"Task fidelity: {kind}")]
     blocks.append(Para.of("B against A in the terms of the task calibkit chose for output ",
                           Span(text(t.output), code=True), " (", Span(kind, bold=True), "; ",
                           "labelled eval set" if t.labelled else "no labels needed", ")."))
-    blocks.append(Table(headers=("B against A", "value", "what it measures"), rows=tuple(_fidelity_rows(t)),
+    blocks.append(Table(headers=("B against A", "value", "what it measures"), rows=tuple(_fidelity_rows(t.kind, fid)),
                         numeric=(False, True, False)))
-    if t.gold:
-        blocks.append(Heading(3, "Against the gold labels"))
-        unscored = (f"; {num(t.gold_unscored_words)} words past the token limit or without tokens are not scored"
-                    if t.gold_unscored_words else "")
-        blocks.append(Para.of(f"Word-level BIO tags of the eval set: {num(t.gold_words)} words scored, "
-                              f"{num(t.gold_entities)} gold entities{unscored}. A word's prediction is its first "
-                              "token's."))
-        blocks.append(Table(
-            headers=("engine", "token accuracy [95 % CI]", "entity F1", "entity precision", "entity recall"),
-            rows=tuple((text(g.engine), pct(g.token_accuracy) + _ci(g.token_accuracy_ci), num(g.entity_f1, 4),
-                        num(g.entity_precision, 4), num(g.entity_recall, 4)) for g in t.gold),
-            numeric=(False, True, True, True, True),
-        ))
+    if t.gold is not None and t.gold.engines:
+        blocks += _gold_blocks(t.gold)
     return blocks
 
 
-def _compare_document(report: CompareReport, plots: set[str]) -> Document:
-    blocks: list[Block] = [Heading(2, "Summary")]
-    labels = ", ".join(report.eval_labels) if report.eval_labels else DASH
-    blocks.append(Para.of("Evaluated on ", Span(num(report.eval_count), bold=True), " texts from ",
-                          Span(text(report.eval_path), code=True), f" (labels: {labels})."))
+def _gold_blocks(gold: GoldScores) -> list[Block]:
+    unscored = (f"; {num(gold.unscored_words)} words past the token limit or without tokens are not scored"
+                if gold.unscored_words else "")
+    return [
+        Heading(3, "Against the gold labels"),
+        Para.of(f"Word-level BIO tags of the eval set: {num(gold.words)} words scored, {num(gold.entities)} gold "
+                f"entities{unscored}. A word's prediction is its first token's."),
+        Table(
+            headers=("engine", "token accuracy [95 % CI]", "entity F1", "entity precision", "entity recall"),
+            rows=tuple((text(name), pct(g.token_accuracy) + _ci(g.token_accuracy_ci), num(g.entity_f1, 4),
+                        num(g.entity_precision, 4), num(g.entity_recall, 4)) for name, g in gold.engines.items()),
+            numeric=(False, True, True, True, True),
+        ),
+    ]
+
+
+def _traffic_blocks(t: TrafficFidelity | None) -> list[Block]:
+    """B against A on unlabeled production traffic (``--traffic``): where it came from and what it says."""
+    if t is None:
+        return []
+    ev, fid = t.evidence, t.fidelity
+    agreement = fid.agreement if t.agreement_ci is None or t.agreement_ci.estimate is None else t.agreement_ci.estimate
+    items = [
+        Para.of("Decisions unchanged: ", Span(pct(agreement) + _ci(t.agreement_ci), bold=True),
+                f" (flips: {num(t.flips)})"),
+        Para.of(f"Cosine similarity of the outputs: mean {num(fid.cosine_mean, 4)}, min {num(fid.cosine_min, 4)}"
+                + (f"; mean KL {num(t.mean_kl)}" if t.mean_kl is not None else "")),
+    ]
+    items += [Para.of(f"{name.replace('_', ' ')}: {num(v, 4)}") for name, v in fid.extra.items() if v is not None]
+    return [
+        Heading(2, "Traffic fidelity"),
+        Para.of("B against A on ", Span(num(ev.count), bold=True), " unlabeled texts from ",
+                Span(text(ev.path), code=True), _rows_text(ev.rows) + " (no labels needed)."),
+        Bullets(tuple(items)),
+        *_exclusions(ev),
+    ]
+
+
+def _rows_text(rows: RowSelection | None) -> str:
+    return "" if rows is None else (f", {rows.count} of {rows.of} rows, {rows.strategy}, seed {rows.seed}, content "
+                                    f"sha256 {rows.content_sha256[:16]}")
+
+
+def _exclusions(ev: Evidence) -> list[Block]:
+    """What was left out of the evidence, and why (calibration texts, duplicates; the source's hash)."""
+    if not ev.exclusions:
+        return []
+    return [Para.of("Left out and provenance: " + "; ".join(ev.exclusions) + ".")]
+
+
+def _compare_summary(report: Comparison) -> list[Block]:
+    ev = report.eval_set
+    labels = ", ".join(ev.labels) if ev.labels else DASH
+    blocks: list[Block] = [Heading(2, "Summary"), Para.of(
+        "Evaluated on ", Span(num(ev.count), bold=True), " texts from ", Span(text(ev.path), code=True),
+        f" (labels: {labels}).")]
     if report.engines:
         blocks.append(_engine_table(report.engines))
     o = report.outputs
     d = report.accuracy_diff
-    if d is not None and d.range.estimate is not None:
+    if d is not None and d.estimate is not None:
         settle = (f"; about {d.examples_to_settle:,} examples would settle it"
                   if d.verdict == "not significant" and d.examples_to_settle else "")
         blocks.append(Para.of(
-            "Accuracy of B minus A: ", Span(f"{points(d.range.estimate)}{_ci(d.range, pts=True)}", bold=True),
+            "Accuracy of B minus A: ", Span(f"{points(d.estimate)}{_ci(d.interval, pts=True)}", bold=True),
             f" (95 % paired interval; exact McNemar p {num(d.mcnemar_p)}): ", Span(text(d.verdict), bold=True),
             f"{settle}."))
     for w in report.warnings:
@@ -272,41 +334,81 @@ def _compare_document(report: CompareReport, plots: set[str]) -> Document:
     )))
     blocks += _confidence_blocks(report.flips_by_confidence)
     blocks += _task_blocks(report.task)
+    blocks += _traffic_blocks(report.traffic)
     if report.layer_samples or report.sensitivity_samples:
         sens = num(report.sensitivity_samples) if report.sensitivity_samples else "no"
         blocks.append(Para.of(f"Per-layer statistics from {num(report.layer_samples)} texts; per-layer "
                               f"sensitivity from {sens} texts (random subsets stratified by label, seed "
                               f"{text(report.seed)})."))
+    return blocks
+
+
+def _keep_blocks(report: Comparison) -> list[Block]:
+    layers = report.layers
     keep = _keep_layers(report)
-    precision = (report.keep_precision or "higher precision").upper()
-    blocks.append(Heading(2, "Layers to keep in higher precision"))
+    precision = (report.recommendation.precision or "higher precision").upper()
+    blocks: list[Block] = [Heading(2, "Layers to keep in higher precision")]
     if keep:
-        blocks.append(Para.of("Keep ", Span(f"{len(keep)} of {len(report.layers)}", bold=True),
+        blocks.append(Para.of("Keep ", Span(f"{len(keep)} of {len(layers)}", bold=True),
                               f" quantized layers in {precision}; the rest can run in INT8."))
         blocks.append(_keep_table(keep))
-    elif report.layers and any(x.flag == "watch" for x in report.layers):
-        blocks.append(Para.of(f"None: all {len(report.layers)} quantized layers can run in INT8."))
-    elif report.layers and any(x.flag == "insufficient-evidence" for x in report.layers):
+    elif layers and any(x.flag is Flag.WATCH for x in layers):
+        blocks.append(Para.of(f"None: all {len(layers)} quantized layers can run in INT8."))
+    elif layers and any(x.flag is Flag.INSUFFICIENT for x in layers):
         blocks.append(Para.of("None on this evidence: no measured effect is larger than its own uncertainty."))
-    elif report.layers:
-        blocks.append(Para.of(f"None: all {len(report.layers)} quantized layers passed the thresholds."))
+    elif layers:
+        blocks.append(Para.of(f"None: all {len(layers)} quantized layers passed the thresholds."))
     else:
         blocks.append(Para.of("No per-layer analysis in this report."))
-    watched = [x for x in report.layers if x.flag == "watch"]
+    watched = [x for x in layers if x.flag is Flag.WATCH]
     if watched:
         blocks.append(Para.of(
             Span(f"{len(watched)} layers to watch", bold=True),
             ": a heuristic threshold fired, but the measured sensitivity says INT8 costs nothing there.",
         ))
-        blocks.append(_keep_table(tuple((x.label, x) for x in watched)))
-    unsure = [x for x in report.layers if x.flag == "insufficient-evidence"]
+        blocks.append(_keep_table(tuple((layer_name(x), x) for x in watched)))
+    unsure = [x for x in layers if x.flag is Flag.INSUFFICIENT]
     if unsure:
         blocks.append(Para.of(
             Span(f"{len(unsure)} layers with insufficient evidence", bold=True),
             ": a measured effect passed a threshold but lies within its own 95 % interval; the reasons say how "
             "many examples would settle it.",
         ))
-        blocks.append(_keep_table(tuple((x.label, x) for x in unsure)))
+        blocks.append(_keep_table(tuple((layer_name(x), x) for x in unsure)))
+    return blocks
+
+
+def _disagreement_blocks(report: Comparison) -> list[Block]:
+    blocks: list[Block] = [Heading(2, f"Disagreements ({len(report.disagreements)})")]
+    if not report.disagreements:
+        return [*blocks, Para.of("A and B agree on every text.")]
+    shown = report.disagreements[:MAX_DISAGREEMENTS]
+    note = (f"First {MAX_DISAGREEMENTS} of {len(report.disagreements)}; all are in report.json."
+            if len(report.disagreements) > MAX_DISAGREEMENTS else "")
+    blocks.append(Table(
+        headers=("#", "label", "A", "B", "A's top-2 gap", "text"),
+        rows=tuple((num(d.index), text(d.label), text(d.pred_a), text(d.pred_b), num(d.confidence_a, 3),
+                    shorten(text(d.text), MAX_TEXT)) for d in shown),
+        numeric=(True, False, False, False, True, False),
+        note=note,
+    ))
+    return blocks
+
+
+def _subset_rows(report: Comparison) -> tuple[tuple[str, str], ...]:
+    named = [("eval rows (--limit)", report.eval_set.rows), ("layers subset", report.subsets.layers),
+             ("sensitivity subset", report.subsets.sensitivity)]
+    return tuple((name, _rows_text(rows)[2:]) for name, rows in named if rows is not None)
+
+
+def _setting_text(value: object) -> str:
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return DASH if value is None else str(value)
+
+
+def _compare_document(report: Comparison, plots: set[str]) -> Document:
+    blocks = _compare_summary(report) + _keep_blocks(report)
     figures = _figures(plots, ("sqnr", "ranges", "histograms", "confusion"))
     if figures:
         blocks += [Heading(2, "Plots"), *figures]
@@ -315,87 +417,126 @@ def _compare_document(report: CompareReport, plots: set[str]) -> Document:
         blocks += [Heading(2, f"Flagged layers ({len(flagged)})"), _layer_table(flagged)]
     if report.layers:
         blocks.append(Details(f"All {len(report.layers)} layers", (_layer_table(report.layers),)))
-    blocks.append(Heading(2, f"Disagreements ({len(report.disagreements)})"))
-    if report.disagreements:
-        shown = report.disagreements[:MAX_DISAGREEMENTS]
-        note = (f"First {MAX_DISAGREEMENTS} of {len(report.disagreements)}; all are in report.json."
-                if len(report.disagreements) > MAX_DISAGREEMENTS else "")
-        blocks.append(Table(
-            headers=("#", "label", "A", "B", "A's top-2 gap", "text"),
-            rows=tuple((num(d.index), text(d.label), text(d.pred_a), text(d.pred_b), num(d.confidence_a, 3),
-                        shorten(text(d.text), MAX_TEXT)) for d in shown),
-            numeric=(True, False, False, False, True, False),
-            note=note,
-        ))
-    else:
-        blocks.append(Para.of("A and B agree on every text."))
-    if report.subsets:
-        blocks.append(Details("Rows used by each measurement", (Table(
-            headers=("subset", "rows"), rows=tuple((s.name, s.value) for s in report.subsets)),)))
-    if report.thresholds:
-        blocks.append(Details("Thresholds used to flag layers", (Table(
-            headers=("threshold", "value"), rows=tuple((s.name, s.value) for s in report.thresholds)),)))
-    subtitle = f"calibkit {text(report.calibkit_version)} · {report.format}"
-    return Document("Quantization comparison", subtitle, tuple(blocks))
+    blocks += _disagreement_blocks(report)
+    subsets = _subset_rows(report)
+    if subsets:
+        blocks.append(Details("Rows used by each measurement", (Table(headers=("subset", "rows"), rows=subsets),)))
+    thresholds = sorted(dataclasses.asdict(report.thresholds).items())
+    blocks.append(Details("Thresholds used to flag layers", (Table(
+        headers=("threshold", "value"), rows=tuple((k, _setting_text(v)) for k, v in thresholds)),)))
+    return Document("Quantization comparison", _subtitle(report), tuple(blocks))
 
 
 # ---------------------------------------------------------------- tune
 
 
-def _tune_document(report: TuneReport, plots: set[str]) -> Document:
-    blocks: list[Block] = [Heading(2, "Summary")]
-    if report.max_drop is None:
+def _target_blocks(report: TuneResult) -> list[Block]:
+    t = report.target
+    if t.max_drop is None:
         drop = DASH
-    elif report.relative:
-        drop = f"{report.max_drop:g} % of it (relative)"
+    elif t.relative:
+        drop = f"{t.max_drop:g} % of it (relative)"
     else:
-        drop = f"{report.max_drop:g} pt"
-    agree = (f" and at least {report.min_agreement:g} % of FP32's predictions unchanged"
-             if report.min_agreement is not None else "")
-    blocks.append(Para.of("Target: accuracy at least ", Span(pct(report.target_accuracy), bold=True),
-                          f" (FP32 {pct(report.fp32_accuracy)} minus {drop}){agree}, on the search split."))
+        drop = f"{t.max_drop:g} pt"
+    agree = (f" and at least {t.min_agreement:g} % of FP32's predictions unchanged"
+             if t.min_agreement is not None else "")
+    blocks: list[Block] = [Para.of("Target: accuracy at least ", Span(pct(target_accuracy(t)), bold=True),
+                                   f" (FP32 {pct(t.fp32_accuracy)} minus {drop}){agree}, on the search split.")]
     for w in report.warnings:
         blocks.append(Para.of(Span("Warning:", bold=True), " " + w))
-    if report.method_flips:
-        blocks.append(Para.of(f"Calibration table: {text(report.chosen_method)}, the one whose all-INT8 model flips "
+    flips = {k: v for k, v in report.methods.all_int8_flip_rate_search.items() if v is not None}
+    if flips:
+        blocks.append(Para.of(f"Calibration table: {text(report.methods.chosen)}, the one whose all-INT8 model flips "
                               "the fewest FP32 predictions on the search split ("
-                              + ", ".join(f"{x.name} {x.value}" for x in report.method_flips) + ")."))
+                              + ", ".join(f"{k} {100 * v:.2f} %" for k, v in flips.items()) + ")."))
+    return blocks
+
+
+def _smoothing_blocks(report: TuneResult) -> list[Block]:
+    """Whether tune also searched the smoothed (SmoothQuant) model, which variant the plan is built on, and why."""
+    sm = report.smoothing
+    if sm is None:
+        return []
+    if not sm.tried:
+        return [Para.of("Smoothing: ", Span("not tried", bold=True), f" ({text(sm.note)}).")]
+    chosen = "smoothed" if sm.chosen else "plain"
+    why = f"calibration table {text(report.methods.chosen)}, chosen by {report.methods.chosen_by}"
+    details = [f"{num(sm.activations_smoothed)} activations smoothed"] if sm.activations_smoothed is not None else []
+    if sm.max_output_deviation is not None:
+        details.append(f"largest FP32 output deviation {num(sm.max_output_deviation)}")
+    if sm.model:
+        details.append(f"model {sm.model}")
+    if sm.note:
+        details.append(sm.note)
+    return [Para.of("Smoothing (SmoothQuant, alpha auto): tried; the plan is built on the ", Span(chosen, bold=True),
+                    f" model ({why})" + (f": {'; '.join(details)}" if details else "") + ".")]
+
+
+def _tune_traffic_blocks(report: TuneResult) -> list[Block]:
+    ev = report.eval_set
+    if ev.traffic is None:
+        return []
+    return [Para.of("Traffic: agreement with FP32 is also judged on ", Span(num(ev.traffic.count), bold=True),
+                    " unlabeled texts from ", Span(text(ev.traffic.path), code=True),
+                    f"{_rows_text(ev.traffic.rows)}: {num(ev.traffic_search)} in the search split, "
+                    f"{num(ev.traffic_holdout)} in the hold-out split."), *_exclusions(ev.traffic)]
+
+
+def _plan_bullets(report: TuneResult) -> Bullets:
     final = report.final
-    if final is None:
-        blocks.append(Para.of("No plan was chosen."))
-    else:
-        target = report.target_accuracy
-        judged = final.accuracy_holdout if final.accuracy_holdout is not None else final.accuracy_search
-        verdict = DASH if target is None or judged is None else ("yes" if judged >= target - 1e-12 else "no")
-        items = [
-            Para.of("Share of FLOPs in INT8: ", Span(pct(final.int8_flops_fraction, 1), bold=True)),
-            Para.of(f"Accuracy on the search set: {pct(final.accuracy_search)}; on the hold-out set: ",
-                    Span(pct(final.accuracy_holdout), bold=True)),
-        ]
-        if final.agreement_search is not None or final.agreement_holdout is not None:
-            items.append(Para.of(f"Agreement with FP32 on the search set: {pct(final.agreement_search)}; on the "
-                                 "hold-out set: ", Span(pct(final.agreement_holdout) + _ci(final.holdout_agreement),
-                                                        bold=True)))
-        d = final.holdout_accuracy_diff
-        if d is not None and d.range.estimate is not None:
-            items.append(Para.of("Hold-out accuracy minus FP32: ",
-                                 Span(points(d.range.estimate) + _ci(d.range, pts=True), bold=True),
-                                 f" ({text(d.verdict)})"))
-        items.append(Para.of(f"Meets the target on the search set: {verdict}"
-                             if final.holdout_supported is not None else f"Meets the target: {verdict}"))
-        if final.holdout_supported is not None:
-            items.append(Para.of("The hold-out split ", Span("supports" if final.holdout_supported else
-                                                              "does not support", bold=True),
-                                 f" the claim: {text(final.holdout_verdict)}."))
-        items.append(Para.of(f"Layers kept in higher precision: {len(final.kept_nodes)}"))
-        blocks.append(Bullets(tuple(items)))
-        if final.kept_nodes:
-            blocks.append(Table(
-                headers=("kept node", "reasons"),
-                rows=tuple((n, "; ".join(final.reasons_for(n)) or DASH) for n in final.kept_nodes),
-            ))
+    target = target_accuracy(report.target)
+    judged = final.accuracy_holdout if final.accuracy_holdout is not None else final.accuracy_search
+    verdict = DASH if target is None or judged is None else ("yes" if judged >= target - 1e-12 else "no")
+    hold = final.holdout_evidence
+    supported = final.holdout_verdict.supported if final.holdout_verdict is not None else None
+    items = [
+        Para.of("Share of FLOPs in INT8: ", Span(pct(final.int8_flops_fraction, 1), bold=True)),
+        Para.of(f"Accuracy on the search set: {pct(final.accuracy_search)}; on the hold-out set: ",
+                Span(pct(final.accuracy_holdout), bold=True)),
+    ]
+    if final.agreement_search is not None or final.agreement_holdout is not None:
+        items.append(Para.of(f"Agreement with FP32 on the search set: {pct(final.agreement_search)}; on the "
+                             "hold-out set: ", Span(pct(final.agreement_holdout)
+                                                    + _ci(hold.agreement if hold else None), bold=True)))
+    d = hold.accuracy_minus_fp32 if hold is not None else None
+    if d is not None and d.estimate is not None:
+        items.append(Para.of("Hold-out accuracy minus FP32: ",
+                             Span(points(d.estimate) + _ci(d.interval, pts=True), bold=True), f" ({text(d.verdict)})"))
+    items.append(Para.of(f"Meets the target on the search set: {verdict}"
+                         if supported is not None else f"Meets the target: {verdict}"))
+    if supported is not None and final.holdout_verdict is not None:
+        items.append(Para.of("The hold-out split ", Span("supports" if supported else "does not support", bold=True),
+                             f" the claim: {text(final.holdout_verdict.text)}."))
+    items.append(Para.of(f"Layers kept in higher precision: {len(final.kept_nodes)}"))
+    return Bullets(tuple(items))
+
+
+def _candidate_table(report: TuneResult) -> Table:
+    chosen = set(report.final.kept_nodes)
+    return Table(
+        headers=("id", "method", "INT8 FLOPs", "accuracy search", "agreement search", "accuracy hold-out",
+                 "kept", "accepted", "kept nodes"),
+        rows=tuple((num(c.id), text(c.method), pct(c.int8_flops_fraction, 1), pct(c.accuracy_search),
+                    pct(c.agreement_search), pct(c.accuracy_holdout), str(len(c.kept_nodes)),
+                    "yes" if c.accepted else "no",
+                    shorten(", ".join(c.kept_nodes), 160) or DASH) for c in report.candidates),
+        numeric=(True, False, True, True, True, True, True, False, False),
+        highlight=tuple(set(c.kept_nodes) == chosen for c in report.candidates),
+        note="Highlighted: the chosen plan.",
+    )
+
+
+def _tune_document(report: TuneResult, plots: set[str]) -> Document:
+    blocks: list[Block] = [Heading(2, "Summary"), *_target_blocks(report), _plan_bullets(report)]
+    final = report.final
+    if final.kept_nodes:
+        blocks.append(Table(
+            headers=("kept node", "reasons"),
+            rows=tuple((n, "; ".join(final.reasons_for(n)) or DASH) for n in final.kept_nodes),
+        ))
+    blocks += _smoothing_blocks(report) + _tune_traffic_blocks(report)
     if report.peers:
-        ref = final.accuracy_holdout if final else None
+        ref = final.accuracy_holdout
         blocks.append(Heading(2, "Peers"))
         blocks.append(Table(
             headers=("tool", "accuracy", "calibkit plan vs it"),
@@ -408,18 +549,5 @@ def _tune_document(report: TuneReport, plots: set[str]) -> Document:
     if figures:
         blocks += [Heading(2, "Plots"), *figures]
     if report.candidates:
-        chosen = set(final.kept_nodes) if final else None
-        blocks.append(Heading(2, f"Candidates ({len(report.candidates)})"))
-        blocks.append(Table(
-            headers=("id", "method", "INT8 FLOPs", "accuracy search", "agreement search", "accuracy hold-out",
-                     "kept", "accepted", "kept nodes"),
-            rows=tuple((num(c.id), text(c.method), pct(c.int8_flops_fraction, 1), pct(c.accuracy_search),
-                        pct(c.agreement_search), pct(c.accuracy_holdout), str(len(c.kept_nodes)),
-                        DASH if c.accepted is None else ("yes" if c.accepted else "no"),
-                        shorten(", ".join(c.kept_nodes), 160) or DASH) for c in report.candidates),
-            numeric=(True, False, True, True, True, True, True, False, False),
-            highlight=tuple(chosen is not None and set(c.kept_nodes) == chosen for c in report.candidates),
-            note="Highlighted: the chosen plan." if final else "",
-        ))
-    subtitle = f"calibkit {text(report.calibkit_version)} · {report.format}"
-    return Document("Accuracy-driven tuning", subtitle, tuple(blocks))
+        blocks += [Heading(2, f"Candidates ({len(report.candidates)})"), _candidate_table(report)]
+    return Document("Accuracy-driven tuning", _subtitle(report), tuple(blocks))

@@ -9,7 +9,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from calibkit.report.document import CompareReport, EngineResult, HistogramData, LayerResult, Report, TuneReport
+from calibkit.evaluate.results import (
+    Comparison,
+    EngineEvaluation,
+    LayerVerdict,
+    Result,
+    TensorHistogram,
+    TuneResult,
+    TuneTarget,
+)
 from calibkit.report.formatting import pct, shorten
 
 if TYPE_CHECKING:
@@ -39,11 +47,36 @@ class Plot:
     png: bytes
 
 
-def make_plots(report: Report) -> tuple[Plot, ...]:
+@dataclass(frozen=True)
+class NamedHistogram:
+    """A layer input's histogram with the tensor it was taken of."""
+
+    tensor: str
+    histogram: TensorHistogram
+
+
+def target_accuracy(target: TuneTarget) -> float | None:
+    """The lowest accuracy the target accepts: the document's own threshold, else FP32's accuracy less
+    ``max_drop`` (accuracy points, or percent of the FP32 accuracy when relative, as `tune --max-drop` takes it)."""
+    if target.threshold is not None:
+        return target.threshold
+    if target.fp32_accuracy is None or target.max_drop is None:
+        return None
+    if target.relative:
+        return target.fp32_accuracy * (1.0 - target.max_drop / 100.0)
+    return target.fp32_accuracy - target.max_drop / 100.0
+
+
+def layer_name(layer: LayerVerdict) -> str:
+    """A layer as reports name it: its node, else its input tensor, else its index."""
+    return layer.node or layer.tensor or f"#{layer.index}"
+
+
+def make_plots(report: Result) -> tuple[Plot, ...]:
     with warnings.catch_warnings():
         # Names and labels in scripts the default font lacks draw as boxes; that is no reason to warn.
         warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from font", category=UserWarning)
-        if isinstance(report, TuneReport):
+        if isinstance(report, TuneResult):
             plot = _tune_scatter(report)
             return (plot,) if plot else ()
         plots = [_sqnr_bars(report), _range_chart(report), _histograms(report), _confusion(report)]
@@ -70,11 +103,11 @@ def _label(value: str, width: int = 60) -> str:
     return shorten(value, width).replace("$", r"\$")
 
 
-def _layer_colour(layer: LayerResult) -> str:
-    return _FLAG_COLOURS.get(layer.flag or "", "#e67e22") if layer.flagged else _OK_COLOUR
+def _layer_colour(layer: LayerVerdict) -> str:
+    return _FLAG_COLOURS.get(layer.flag.value, "#e67e22") if layer.flagged else _OK_COLOUR
 
 
-def _layer_ticks(ax: Any, layers: Sequence[LayerResult]) -> None:
+def _layer_ticks(ax: Any, layers: Sequence[LayerVerdict]) -> None:
     """One y tick per layer, flagged names in bold colour, first layer at the top."""
     ax.set_yticks(range(len(layers)))
     ax.set_yticklabels([_tick_text(x) for x in layers], fontsize=7)
@@ -93,10 +126,10 @@ def _legend_above(ax: Any, handles: Sequence[Any] | None = None) -> None:
               **kwargs)
 
 
-def _flag_handles(layers: Sequence[LayerResult]) -> list[Any]:
+def _flag_handles(layers: Sequence[LayerVerdict]) -> list[Any]:
     from matplotlib.patches import Patch
 
-    flags = sorted({x.flag for x in layers if x.flagged and x.flag})
+    flags = sorted({x.flag.value for x in layers if x.flagged})
     handles = [Patch(color=_OK_COLOUR, label="INT8 ok")]
     return handles + [Patch(color=_FLAG_COLOURS.get(f, "#e67e22"), label=_label(f)) for f in flags]
 
@@ -105,7 +138,7 @@ def _layer_height(n: int) -> float:
     return max(3.0, 0.17 * n + 1.3)
 
 
-def _layer_figure(layers: Sequence[LayerResult], width: float = 9.0) -> Figure:
+def _layer_figure(layers: Sequence[LayerVerdict], width: float = 9.0) -> Figure:
     """A figure with one row per layer. Margins come from the label length: constrained layout would take
     longer than the drawing on a 60-layer chart."""
     height = _layer_height(len(layers))
@@ -116,14 +149,14 @@ def _layer_figure(layers: Sequence[LayerResult], width: float = 9.0) -> Figure:
     return fig
 
 
-def _tick_text(layer: LayerResult) -> str:
-    return _label(f"{layer.index if layer.index is not None else '?'}  {layer.label}", 56)
+def _tick_text(layer: LayerVerdict) -> str:
+    return _label(f"{layer.index}  {layer_name(layer)}", 56)
 
 
 # ---------------------------------------------------------------- compare plots
 
 
-def _sqnr_bars(report: CompareReport) -> Plot | None:
+def _sqnr_bars(report: Comparison) -> Plot | None:
     layers = report.layers
     if not any(x.sqnr_db is not None or x.quant_sqnr_db is not None for x in layers):
         return None
@@ -142,7 +175,7 @@ def _sqnr_bars(report: CompareReport) -> Plot | None:
     if out_pts:
         handles.append(ax.scatter([p[0] for p in out_pts], [p[1] for p in out_pts], s=10, color="#222222",
                                   zorder=3, label="output SQNR (accumulated)"))
-    threshold = _threshold(report, ("min_sqnr_db", "sqnr_db_min", "sqnr_db", "sqnr_min_db"))
+    threshold = report.thresholds.min_sqnr_db
     if threshold is not None:
         handles.append(ax.axvline(threshold, color="#c0392b", linestyle="--", linewidth=1,
                                   label=f"flag below {threshold:g} dB"))
@@ -151,7 +184,7 @@ def _sqnr_bars(report: CompareReport) -> Plot | None:
     ax.grid(axis="x", alpha=0.3)
     _legend_above(ax, handles)
     scored = [(v, x) for v, x in zip(own, layers) if v is not None]
-    worst_text = min(scored, key=lambda vx: vx[0])[1].label if scored else "—"
+    worst_text = layer_name(min(scored, key=lambda vx: vx[0])[1]) if scored else "—"
     n_flagged = sum(x.flagged for x in layers)
     return Plot(
         name="sqnr",
@@ -164,19 +197,7 @@ def _sqnr_bars(report: CompareReport) -> Plot | None:
     )
 
 
-def _threshold(report: CompareReport, names: Sequence[str]) -> float | None:
-    for setting in report.thresholds:
-        if setting.name in names:
-            try:
-                value = float(setting.value)
-            except ValueError:
-                continue
-            if math.isfinite(value):
-                return value
-    return None
-
-
-def _range_chart(report: CompareReport) -> Plot | None:
+def _range_chart(report: Comparison) -> Plot | None:
     layers = report.layers
     if not any(x.amax or x.fp_absmax or x.p9999 for x in layers):
         return None
@@ -224,13 +245,14 @@ def _range_chart(report: CompareReport) -> Plot | None:
     )
 
 
-def _worst_histograms(report: CompareReport) -> list[tuple[HistogramData, LayerResult | None]]:
+def _worst_histograms(report: Comparison) -> list[tuple[NamedHistogram, LayerVerdict | None]]:
     by_tensor = {x.tensor: x for x in report.layers if x.tensor}
-    chosen: list[tuple[HistogramData, LayerResult | None]] = [
-        (h, by_tensor.get(h.tensor)) for h in report.histograms if len(h.counts) > 0
+    chosen: list[tuple[NamedHistogram, LayerVerdict | None]] = [
+        (NamedHistogram(tensor, h), by_tensor.get(tensor)) for tensor, h in report.histograms.items()
+        if len(h.counts) > 0
     ]
 
-    def badness(item: tuple[HistogramData, LayerResult | None]) -> tuple[int, float]:
+    def badness(item: tuple[NamedHistogram, LayerVerdict | None]) -> tuple[int, float]:
         layer = item[1]
         if layer is None:
             return (2, 0.0)
@@ -240,7 +262,7 @@ def _worst_histograms(report: CompareReport) -> list[tuple[HistogramData, LayerR
     return chosen[:MAX_HISTOGRAMS]
 
 
-def _histograms(report: CompareReport) -> Plot | None:
+def _histograms(report: Comparison) -> Plot | None:
     chosen = _worst_histograms(report)
     if not chosen:
         return None
@@ -257,26 +279,27 @@ def _histograms(report: CompareReport) -> Plot | None:
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat[len(chosen):]:
         ax.set_visible(False)
-    for ax, (hist, layer) in zip(axes.flat, chosen):
+    for ax, (named, layer) in zip(axes.flat, chosen):
+        hist = named.histogram
         upper = hist.upper if hist.upper and hist.upper > 0 else float(len(hist.counts))
         edges = [upper * i / len(hist.counts) for i in range(len(hist.counts) + 1)]
         ax.stairs([max(c, 0.5) for c in hist.counts], edges, fill=True, color="#9bb7d4", baseline=0.5)
         ax.set_yscale("log")
         ax.yaxis.set_minor_locator(NullLocator())
         right = upper
-        for t in sorted(hist.thresholds, key=lambda t: t.method):
-            colour, style = _METHOD_STYLES.get(t.method, ("#333333", "--"))
-            ax.axvline(t.amax, color=colour, linestyle=style, linewidth=1.4,
-                       label=f"{_label(t.method, 16)} {t.amax:.3g}")
-            right = max(right, t.amax)
+        thresholds = sorted((m, a) for m, a in hist.thresholds.items() if a is not None)
+        for method, amax in thresholds:
+            colour, style = _METHOD_STYLES.get(method, ("#333333", "--"))
+            ax.axvline(amax, color=colour, linestyle=style, linewidth=1.4, label=f"{_label(method, 16)} {amax:.3g}")
+            right = max(right, amax)
         ax.set_xlim(0, right * 1.04)
-        title = layer.label if layer else hist.tensor
-        flag = f"  [{layer.flag}]" if layer and layer.flagged else ""
+        title = layer_name(layer) if layer else named.tensor
+        flag = f"  [{layer.flag.value}]" if layer and layer.flagged else ""
         ax.set_title(_label(title, 52) + flag, fontsize=8.5, color=_layer_colour(layer) if layer else "black")
         ax.set_xlabel("|x|", fontsize=8)
         ax.set_ylabel("count", fontsize=8)
         ax.tick_params(labelsize=7)
-        if hist.thresholds:
+        if thresholds:
             ax.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return Plot(
         name="histograms",
@@ -288,7 +311,7 @@ def _histograms(report: CompareReport) -> Plot | None:
     )
 
 
-def _confusion(report: CompareReport) -> Plot | None:
+def _confusion(report: Comparison) -> Plot | None:
     engines = [e for e in report.engines if e.confusion_matrix]
     if not engines:
         return None
@@ -298,7 +321,7 @@ def _confusion(report: CompareReport) -> Plot | None:
     fig = _figure(side * len(engines) + 0.4, side + 0.5)
     axes = fig.subplots(1, len(engines), squeeze=False)[0]
     for ax, engine in zip(axes, engines):
-        _draw_confusion(ax, engine, report.eval_labels)
+        _draw_confusion(ax, engine, report.eval_set.labels)
     return Plot(
         name="confusion",
         title="Confusion matrices",
@@ -308,7 +331,7 @@ def _confusion(report: CompareReport) -> Plot | None:
     )
 
 
-def _draw_confusion(ax: Any, engine: EngineResult, fallback_labels: Sequence[str]) -> None:
+def _draw_confusion(ax: Any, engine: EngineEvaluation, fallback_labels: Sequence[str]) -> None:
     matrix = engine.confusion_matrix or ()
     n = len(matrix)
     labels = list(engine.labels if len(engine.labels) == n else fallback_labels)
@@ -335,19 +358,13 @@ def _draw_confusion(ax: Any, engine: EngineResult, fallback_labels: Sequence[str
 # ---------------------------------------------------------------- tune plot
 
 
-def _tune_scatter(report: TuneReport) -> Plot | None:
+def _tune_scatter(report: TuneResult) -> Plot | None:
     points = [(c.int8_flops_fraction, c.accuracy_search, c) for c in report.candidates
-              if c.int8_flops_fraction is not None and c.accuracy_search is not None]
-    if not points and report.final is None:
-        return None
+              if c.accuracy_search is not None]
     fig = _figure(9.5, 5.0)
     ax = fig.add_subplot()
-    def verdict(c: Any) -> bool | None:  # meets the target, when the document says; else accepted
-        return c.meets_target if c.meets_target is not None else c.accepted
-
-    for ok, colour, label in ((True, "#2ca02c", "meets the target"), (False, "#c0392b", "misses the target"),
-                              (None, "#7f7f7f", "not judged")):
-        group = [(x, y) for x, y, c in points if verdict(c) is ok]
+    for ok, colour, label in ((True, "#2ca02c", "meets the target"), (False, "#c0392b", "misses the target")):
+        group = [(x, y) for x, y, c in points if c.meets_target is ok]
         if group:
             ax.scatter([x for x, _ in group], [y for _, y in group], s=28,
                        color=colour, alpha=0.8, label=f"candidate, {label}", zorder=3)
@@ -355,18 +372,18 @@ def _tune_scatter(report: TuneReport) -> Plot | None:
     if holdout:
         ax.scatter([x for x, _ in holdout], [y for _, y in holdout], s=30,
                    facecolors="none", edgecolors="#333333", linewidths=0.8, label="hold-out accuracy", zorder=3)
-    if report.fp32_accuracy is not None:
-        ax.axhline(report.fp32_accuracy, color="#333333", linewidth=1, label=f"FP32 {pct(report.fp32_accuracy)}")
-    if report.target_accuracy is not None:
-        ax.axhline(report.target_accuracy, color="#c0392b", linestyle="--", linewidth=1.2,
-                   label=f"target {pct(report.target_accuracy)}")
+    fp32, target = report.target.fp32_accuracy, target_accuracy(report.target)
+    if fp32 is not None:
+        ax.axhline(fp32, color="#333333", linewidth=1, label=f"FP32 {pct(fp32)}")
+    if target is not None:
+        ax.axhline(target, color="#c0392b", linestyle="--", linewidth=1.2, label=f"target {pct(target)}")
     peers = [(p.name, p.accuracy) for p in report.peers if p.accuracy is not None]
     for i, (name, accuracy) in enumerate(peers):
         ax.axhline(accuracy, color="#8c564b", linestyle=":", linewidth=1, alpha=0.8)
         ax.text(0.005, accuracy, _label(name or f"peer {i + 1}", 40), transform=ax.get_yaxis_transform(),
                 fontsize=7, color="#8c564b", va="bottom")
     final = report.final
-    if final and final.int8_flops_fraction is not None and final.accuracy_search is not None:
+    if final.accuracy_search is not None:
         ax.scatter([final.int8_flops_fraction], [final.accuracy_search], marker="*", s=260, color="#f1c40f",
                    edgecolors="black", linewidths=0.8, label="chosen plan", zorder=4)
     ax.set_xlabel("share of FLOPs running in INT8")

@@ -12,9 +12,8 @@ from calibkit.errors import UsageError
 from calibkit.evaluate.results import Result
 from calibkit.outdirs import MARKER
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
-from calibkit.report.codec import FORMATS, to_document
+from calibkit.report.codec import FORMATS, parse_result, to_document
 from calibkit.report.content import build_document
-from calibkit.report.document import parse_document
 from calibkit.report.html import render_html
 from calibkit.report.markdown import render_markdown
 from calibkit.report.plots import make_plots
@@ -38,23 +37,28 @@ class ReportPaths:
     plots: tuple[Path, ...]
 
 
-def render_report(doc: dict[str, Any] | Result, out_dir: Path, *, progress: ProgressCallback | None = None
-                  ) -> ReportPaths:
+def render_report(doc: dict[str, Any] | Result, out_dir: Path, *, progress: ProgressCallback | None = None,
+                  source: Path | None = None) -> ReportPaths:
     """Write ``doc`` (a typed result, or a calibkit-compare/1 or calibkit-tune/1 document) as a report folder
     ``out_dir``.
 
+    A document is read leniently (``report.codec.parse_result(strict=False)``: hand-edited and older documents
+    render, missing values as "—") and written to report.json as it is; ``source`` names its file in errors.
     The folder is built under a temporary name and swapped in whole, so a failed render leaves the previous
     report intact. ``out_dir`` is replaced as a unit: it must not exist, or hold only a previous report.
     Raises :class:`DataError` for a document that is not a report, :class:`UsageError` for an unusable folder.
     """
     out_dir = Path(out_dir).absolute()
-    if not isinstance(doc, dict) and type(doc) in FORMATS:
-        doc = to_document(doc)
     _check_out_dir(out_dir)
+    if isinstance(doc, dict):
+        report = parse_result(doc, strict=False, source=source)
+    elif type(doc) in FORMATS:
+        report, doc = doc, to_document(doc)
+    else:
+        report = parse_result(doc)  # refuses it, saying what it is
     cb = progress or no_progress
     total = 4
     cb(ProgressEvent(_TASK, 0, total, "reading"))
-    report = parse_document(doc)
     plots = make_plots(report)
     cb(ProgressEvent(_TASK, 1, total, f"{len(plots)} plots"))
     document = build_document(report, plots)
