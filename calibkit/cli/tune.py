@@ -206,19 +206,17 @@ def _check_apart(out_dir: Path, report_dir: Path) -> None:
                          hint="pass two separate folders, e.g. --out runs/tune --report reports/tune")
 
 
-_AGREEMENT_NOUN = {"classification": "FP32's predictions", "embedding": "nearest neighbours in the FP32 index",
-                   "token-classification": "FP32's token tags"}
-
-
 def _summary(run: TuneRun, report_dir: Path | None) -> None:
     from rich.table import Table
+
+    from calibkit.evaluate.results import AGREEMENT_NOUNS
 
     r = run.result
     classifies = r.target.task == "classification"
     cols = ["", "agreement search", "agreement holdout"]
     cols[1:1] = ["accuracy search", "accuracy holdout"] if classifies else []
     cols += [] if classifies else ["cosine search", "cosine holdout"]
-    t = Table(title=f"tune (agreement: share of {_AGREEMENT_NOUN.get(r.target.task, 'outputs')} kept)")
+    t = Table(title=f"tune (agreement: share of {AGREEMENT_NOUNS.get(r.target.task, 'outputs')} kept)")
     for col in cols:
         t.add_column(col, justify="right" if col else "left")
 

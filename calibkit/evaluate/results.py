@@ -429,6 +429,12 @@ class TuneEvalSet:
     traffic_holdout: int = 0
 
 
+# what a result's agreement counts, per task (evaluate.rowfidelity): words for documents and the terminal
+AGREEMENT_NOUNS: Mapping[str, str] = {"classification": "FP32's predictions",
+                                      "embedding": "texts' nearest neighbours in the FP32 index",
+                                      "token-classification": "FP32's token tags"}
+
+
 @dataclass(frozen=True)
 class TuneTarget:
     """What the plan must keep: accuracy within ``max_drop`` points of FP32 (None: fidelity alone) and, with

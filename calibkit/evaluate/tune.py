@@ -48,6 +48,7 @@ from calibkit.errors import CalibrationError, DataError, UsageError
 from calibkit.evaluate.evidence import SplitEvidence, split_evidence, split_subsets
 from calibkit.evaluate.flops import linear_work
 from calibkit.evaluate.results import (
+    AGREEMENT_NOUNS,
     Candidate,
     Difference,
     Evidence,
@@ -1038,12 +1039,7 @@ def _judged(r: Range, need: float) -> str:
 
 
 def _agreement_noun(task: str | None) -> str:
-    """What agreement counts, in words, per task (evaluate.rowfidelity)."""
-    if task == EMBEDDING:
-        return "texts' nearest neighbours in the FP32 index"
-    if task == TOKEN_CLASSIFICATION:
-        return "FP32's token predictions"
-    return "FP32's predictions"
+    return AGREEMENT_NOUNS.get(task or CLASSIFICATION, "FP32's outputs")
 
 
 def _layer_quality(

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from calibkit.evaluate.flags import Flag
 from calibkit.evaluate.results import (
+    AGREEMENT_NOUNS,
     Comparison,
     ConfidenceBand,
     EngineEvaluation,
@@ -438,10 +439,17 @@ def _target_blocks(report: TuneResult) -> list[Block]:
         drop = f"{t.max_drop:g} % of it (relative)"
     else:
         drop = f"{t.max_drop:g} pt"
-    agree = (f" and at least {t.min_agreement:g} % of FP32's predictions unchanged"
-             if t.min_agreement is not None else "")
-    blocks: list[Block] = [Para.of("Target: accuracy at least ", Span(pct(target_accuracy(t)), bold=True),
-                                   f" (FP32 {pct(t.fp32_accuracy)} minus {drop}){agree}, on the search split.")]
+    noun = AGREEMENT_NOUNS.get(t.task, "FP32's predictions")
+    agree = f"at least {t.min_agreement:g} % of {noun} unchanged" if t.min_agreement is not None else ""
+    cosine = f"a mean cosine to FP32 of at least {t.min_cosine:g}" if t.min_cosine is not None else ""
+    if t.max_drop is None and (agree or cosine):
+        blocks: list[Block] = [Para.of("Target (fidelity to FP32, no labels): ",
+                                       Span(" and ".join(x for x in (agree, cosine) if x), bold=True),
+                                       ", on the search split.")]
+    else:
+        blocks = [Para.of("Target: accuracy at least ", Span(pct(target_accuracy(t)), bold=True),
+                          f" (FP32 {pct(t.fp32_accuracy)} minus {drop})" + (f" and {agree}" if agree else "")
+                          + ", on the search split.")]
     for w in report.warnings:
         blocks.append(Para.of(Span("Warning:", bold=True), " " + w))
     flips = {k: v for k, v in report.methods.all_int8_flip_rate_search.items() if v is not None}
@@ -489,15 +497,19 @@ def _plan_bullets(report: TuneResult) -> Bullets:
     verdict = DASH if target is None or judged is None else ("yes" if judged >= target - 1e-12 else "no")
     hold = final.holdout_evidence
     supported = final.holdout_verdict.supported if final.holdout_verdict is not None else None
-    items = [
-        Para.of("Share of FLOPs in INT8: ", Span(pct(final.int8_flops_fraction, 1), bold=True)),
-        Para.of(f"Accuracy on the search set: {pct(final.accuracy_search)}; on the hold-out set: ",
-                Span(pct(final.accuracy_holdout), bold=True)),
-    ]
+    items = [Para.of("Share of FLOPs in INT8: ", Span(pct(final.int8_flops_fraction, 1), bold=True))]
+    if report.target.task == "classification":
+        items.append(Para.of(f"Accuracy on the search set: {pct(final.accuracy_search)}; on the hold-out set: ",
+                             Span(pct(final.accuracy_holdout), bold=True)))
     if final.agreement_search is not None or final.agreement_holdout is not None:
         items.append(Para.of(f"Agreement with FP32 on the search set: {pct(final.agreement_search)}; on the "
                              "hold-out set: ", Span(pct(final.agreement_holdout)
                                                     + _ci(hold.agreement if hold else None), bold=True)))
+    if final.cosine_search is not None or final.cosine_holdout is not None:
+        c = hold.cosine if hold is not None else None
+        ci = "" if c is None or c.low is None else f" (95 % CI {num(c.low, 5)} to {num(c.high, 5)})"
+        items.append(Para.of(f"Mean cosine to FP32 on the search set: {num(final.cosine_search, 5)}; on the "
+                             "hold-out set: ", Span(num(final.cosine_holdout, 5) + ci, bold=True)))
     d = hold.accuracy_minus_fp32 if hold is not None else None
     if d is not None and d.estimate is not None:
         items.append(Para.of("Hold-out accuracy minus FP32: ",
@@ -513,6 +525,17 @@ def _plan_bullets(report: TuneResult) -> Bullets:
 
 def _candidate_table(report: TuneResult) -> Table:
     chosen = set(report.final.kept_nodes)
+    if report.target.task != "classification":
+        return Table(
+            headers=("id", "method", "INT8 FLOPs", "agreement search", "cosine search", "kept", "accepted",
+                     "kept nodes"),
+            rows=tuple((num(c.id), text(c.method), pct(c.int8_flops_fraction, 1), pct(c.agreement_search),
+                        num(c.cosine_search, 5), str(len(c.kept_nodes)), "yes" if c.accepted else "no",
+                        shorten(", ".join(c.kept_nodes), 160) or DASH) for c in report.candidates),
+            numeric=(True, False, True, True, True, True, False, False),
+            highlight=tuple(set(c.kept_nodes) == chosen for c in report.candidates),
+            note="Highlighted: the chosen plan.",
+        )
     return Table(
         headers=("id", "method", "INT8 FLOPs", "accuracy search", "agreement search", "accuracy hold-out",
                  "kept", "accepted", "kept nodes"),

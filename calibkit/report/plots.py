@@ -359,8 +359,12 @@ def _draw_confusion(ax: Any, engine: EngineEvaluation, fallback_labels: Sequence
 
 
 def _tune_scatter(report: TuneResult) -> Plot | None:
-    points = [(c.int8_flops_fraction, c.accuracy_search, c) for c in report.candidates
-              if c.accuracy_search is not None]
+    # accuracy where the plan was judged on labels; else the task's agreement with FP32 (fidelity-only tunes)
+    by_accuracy = any(c.accuracy_search is not None for c in report.candidates)
+    what = "accuracy" if by_accuracy else "agreement with FP32"
+    points = [(c.int8_flops_fraction, c.accuracy_search if by_accuracy else c.agreement_search, c)
+              for c in report.candidates]
+    points = [(x, y, c) for x, y, c in points if y is not None]
     fig = _figure(9.5, 5.0)
     ax = fig.add_subplot()
     for ok, colour, label in ((True, "#2ca02c", "meets the target"), (False, "#c0392b", "misses the target")):
@@ -373,6 +377,9 @@ def _tune_scatter(report: TuneResult) -> Plot | None:
         ax.scatter([x for x, _ in holdout], [y for _, y in holdout], s=30,
                    facecolors="none", edgecolors="#333333", linewidths=0.8, label="hold-out accuracy", zorder=3)
     fp32, target = report.target.fp32_accuracy, target_accuracy(report.target)
+    if not by_accuracy:
+        fp32 = None
+        target = None if report.target.min_agreement is None else report.target.min_agreement / 100.0
     if fp32 is not None:
         ax.axhline(fp32, color="#333333", linewidth=1, label=f"FP32 {pct(fp32)}")
     if target is not None:
@@ -383,18 +390,19 @@ def _tune_scatter(report: TuneResult) -> Plot | None:
         ax.text(0.005, accuracy, _label(name or f"peer {i + 1}", 40), transform=ax.get_yaxis_transform(),
                 fontsize=7, color="#8c564b", va="bottom")
     final = report.final
-    if final.accuracy_search is not None:
-        ax.scatter([final.int8_flops_fraction], [final.accuracy_search], marker="*", s=260, color="#f1c40f",
+    star = final.accuracy_search if by_accuracy else final.agreement_search
+    if star is not None:
+        ax.scatter([final.int8_flops_fraction], [star], marker="*", s=260, color="#f1c40f",
                    edgecolors="black", linewidths=0.8, label="chosen plan", zorder=4)
     ax.set_xlabel("share of FLOPs running in INT8")
-    ax.set_ylabel("accuracy (search set)")
+    ax.set_ylabel(f"{what} (search set)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return Plot(
         name="tune",
-        title="Accuracy vs INT8 coverage",
+        title=f"{what[0].upper()}{what[1:]} vs INT8 coverage",
         caption="Every candidate plan the search tried: further right means more of the model runs in INT8. The "
-        "dashed line is the accuracy target; the star is the chosen plan.",
+        f"dashed line is the {what} target; the star is the chosen plan.",
         alt=f"Scatter of {len(points)} candidate plans.",
         png=_png(fig),
     )
