@@ -858,7 +858,7 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
             cosine_holdout=finite(final_hold.cosine) if final_hold else None,
             agreement_search=agree_search, agreement_holdout=agree_hold, search_evidence=search_ev,
             holdout_evidence=hold_ev,
-            holdout_verdict=holdout_verdict(config, hold_ev, _allowed_change(config, evidence)),
+            holdout_verdict=holdout_verdict(config, hold_ev, _allowed_change(config, evidence), evidence.task),
             reasons={n: tuple(r) for n, r in reasons.items()},
             kept_modules={n: modules[n].module for n in final.plan if n in modules and modules[n].module},
         ),
@@ -991,7 +991,8 @@ def _allowed_change(config: TuneConfig, evidence: SplitEvidence) -> float | None
     return -(fp32_hold * config.max_drop / 100.0 if config.relative else config.max_drop / 100.0)
 
 
-def holdout_verdict(config: TuneConfig, ev: PlanEvidence | None, allowed: float | None) -> HoldoutVerdict:
+def holdout_verdict(config: TuneConfig, ev: PlanEvidence | None, allowed: float | None,
+                    task: str = CLASSIFICATION) -> HoldoutVerdict:
     """Whether the holdout split supports the claim, per constraint: 'supported' (met on the holdout),
     'not confirmed' (missed, but within the holdout's 95 % interval) or 'contradicted' (missed beyond it)."""
     if ev is None:
@@ -1016,7 +1017,7 @@ def holdout_verdict(config: TuneConfig, ev: PlanEvidence | None, allowed: float 
              else f"{ev.n} labelled examples and {ev.agreement_n} traffic texts")
     if ev.n == 0:
         where = f"{ev.agreement_n} texts"
-    kept = f"it keeps {pts(a.estimate, '.2f')} % of {_agreement_noun(config.task)} (95 % CI {pts(a.low, '.2f')} to " \
+    kept = f"it keeps {pts(a.estimate, '.2f')} % of {_agreement_noun(task)} (95 % CI {pts(a.low, '.2f')} to " \
            f"{pts(a.high, '.2f')})"
     if ev.n == 0:
         words = [f"on the holdout split ({where} never used by the search) {kept}"]

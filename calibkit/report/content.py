@@ -454,8 +454,8 @@ def _target_blocks(report: TuneResult) -> list[Block]:
         blocks.append(Para.of(Span("Warning:", bold=True), " " + w))
     flips = {k: v for k, v in report.methods.all_int8_flip_rate_search.items() if v is not None}
     if flips:
-        blocks.append(Para.of(f"Calibration table: {text(report.methods.chosen)}, the one whose all-INT8 model flips "
-                              "the fewest FP32 predictions on the search split ("
+        blocks.append(Para.of(f"Calibration table: {text(report.methods.chosen)}, the one whose all-INT8 model changes "
+                              f"the fewest of {noun} on the search split ("
                               + ", ".join(f"{k} {100 * v:.2f} %" for k, v in flips.items()) + ")."))
     return blocks
 
@@ -495,6 +495,9 @@ def _plan_bullets(report: TuneResult) -> Bullets:
     target = target_accuracy(report.target)
     judged = final.accuracy_holdout if final.accuracy_holdout is not None else final.accuracy_search
     verdict = DASH if target is None or judged is None else ("yes" if judged >= target - 1e-12 else "no")
+    if report.target.max_drop is None and (report.target.min_agreement is not None
+                                           or report.target.min_cosine is not None):
+        verdict = "yes" if report.target.met else "no"  # fidelity alone: the search's own decision
     hold = final.holdout_evidence
     supported = final.holdout_verdict.supported if final.holdout_verdict is not None else None
     items = [Para.of("Share of FLOPs in INT8: ", Span(pct(final.int8_flops_fraction, 1), bold=True))]
