@@ -268,6 +268,8 @@ def _print_summary(result: Comparison, json_path: Path | None, report_dir: Path 
         warn(w)
     if result.layers:
         _print_layers(result)
+    _print_findings(result)
+    _print_verdict(result)
     if json_path:
         say(f"JSON: {json_path}")
     if report_dir:
@@ -316,19 +318,42 @@ def _print_layers(result: Comparison) -> None:
             )
         if flagged:
             out.print(lt)
+
+
+def _print_findings(result: Comparison) -> None:
+    """Flags that share one cause, one finding each with its fix (one line each when piped)."""
+    for f in result.findings:
+        if out.is_terminal:
+            out.print(f"[bold]finding[/bold]: {f.message}", markup=True, highlight=False)
+        else:
+            say(f"finding: {f.message}")
+
+
+def _print_verdict(result: Comparison) -> None:
+    """What per-layer sensitivity measured, and the recommendation in words (never "no layer needs higher
+    precision" without per-layer evidence)."""
+    rec, ev = result.recommendation, result.sensitivity
+    if ev is not None and ev.measured:
+        fid = f"all-INT8 agreement {_pct(ev.all_int8_agreement)} %"
+        if ev.all_int8_cosine is not None:
+            fid += f", mean cosine {_n(ev.all_int8_cosine, '.4f')}"
+        if ev.all_int8_accuracy is not None:
+            fid += f", accuracy {_pct(ev.all_int8_accuracy)} % (reference {_pct(ev.reference_accuracy)} %)"
+        say(f"per-layer sensitivity: {count(ev.layers, 'node')} on {ev.samples} {ev.source} texts, judged by "
+            f"{ev.basis}; {fid}")
     keep = result.keep_in_higher_precision
     unsure = sum(v.flag.value == "insufficient-evidence" for v in result.layers)
     if keep:
         label = {v.node: v.label for v in result.layers}
         shown = [label.get(n, n) for n in keep[:12]]
-        say(f"recommendation: keep {count(len(keep), 'node')} in {result.recommendation.precision}: "
+        say(f"recommendation: keep {count(len(keep), 'node')} in {rec.precision}: "
             f"{', '.join(shown)}" + (" ..." if len(keep) > 12 else ""))
-    else:
-        if result.sensitivity_samples:
-            say("recommendation: no layer needs higher precision on this evidence")
-        else:  # flags from ranges and SQNR alone: nothing measured what keeping a layer would change
-            say("recommendation: not measured — per-layer sensitivity did not run, so no layer's effect on the "
-                "outputs was measured (the flags above come from ranges and SQNR alone)")
+        if rec.verdict:
+            say(f"  ({rec.verdict})")
+    elif rec.verdict:
+        say(f"recommendation: {rec.verdict}")
+    else:  # a document written before verdicts were recorded
+        say("recommendation: not measured — this result records no per-layer verdict")
     if unsure:
         say(f"{count(unsure, 'layer')}: insufficient evidence (effect within its 95 % interval; see the reasons)")
 
