@@ -37,8 +37,11 @@ HELP = (
     "Reports accuracy, macro-F1, confusion matrix and latency of each engine; agreement and logit error between "
     "them; and, for every quantized layer of the INT8 model (in graph order): the FP range and percentiles "
     "against the INT8 clipping range, the clipped fraction, the outlier ratio, SQNR and cosine of the layer's "
-    "output, the accuracy effect of quantizing only this layer / keeping only this layer in higher precision, "
-    "and a keep-in-FP16 flag with the reasons that triggered it.\n\n"
+    "output, the effect of quantizing only this layer / keeping only this layer in higher precision (on accuracy "
+    "where the eval set has class labels; else on fidelity to A in the task's terms: flips, nearest-neighbour "
+    "agreement and cosine for embedders, per-token agreement; on the --traffic texts when given), and a "
+    "keep-in-FP16 flag with the reasons that triggered it. Flags that one clipped tensor family explains are "
+    "reported as one finding with its fix. Without per-layer sensitivity the verdict says it was not measured.\n\n"
     "Every accuracy, macro-F1, agreement and B-A difference carries a 95 % interval for paired predictions on "
     "the same examples (Wilson, paired bootstrap, exact McNemar). A difference whose interval covers zero is "
     "'not significant'; a per-layer effect within its own uncertainty is 'insufficient-evidence' (with the "
@@ -88,7 +91,8 @@ def compare(
         512, "--layer-samples", min=1, help="Examples streamed for layer statistics (stratified subset)."
     ),
     sensitivity: bool = typer.Option(
-        True, "--sensitivity/--no-sensitivity", help="Per-layer accuracy effect (rebuilds a variant per layer)."
+        True, "--sensitivity/--no-sensitivity", help="Per-layer effect on accuracy (labels) or fidelity to A "
+        "(rebuilds a variant per layer; not measured for regression and multi-label models)."
     ),
     sensitivity_samples: int = typer.Option(
         256, "--sensitivity-samples", min=1, help="Examples per variant (stratified subset)."
@@ -113,6 +117,10 @@ def compare(
     ),
     threshold_cost: float = typer.Option(
         0.5, "--threshold-cost", help="Flag when quantizing only this layer costs more points than this."
+    ),
+    threshold_cosine: float = typer.Option(
+        0.002, "--threshold-cosine", help="Embedders: flag when keeping only this layer recovers (or quantizing "
+        "only it costs) more mean cosine to A than this."
     ),
     text_column: str | None = typer.Option(None, "--text-column", help="Text column (default: text, sentence, ...)."),
     label_column: str | None = typer.Option(None, "--label-column", help="Label column (default: label, ...)."),
@@ -158,7 +166,7 @@ def compare(
                 sensitivity_samples=sensitivity_samples, sensitivity_layers=sensitivity_layers,
                 thresholds=Thresholds(min_sqnr_db=threshold_sqnr, max_clipped_fraction=threshold_clipped,
                                       max_outlier_ratio=threshold_outlier, min_recovery_points=threshold_recovery,
-                                      max_cost_points=threshold_cost),
+                                      max_cost_points=threshold_cost, cosine_effect=threshold_cosine),
                 max_disagreements=max_disagreements, workers=workers, executor=executor,
                 memory_budget=memory_budget, max_batch_tokens=max_batch_tokens, progress=progress,
                 traffic=traffic, traffic_size=traffic_size, traffic_text_field=traffic_text_field,

@@ -645,7 +645,7 @@ def build_comparison(*, eval_set: EvalSet, rows: EvalSubset | None, labels: tupl
                             finite(err.max()) if err.size else None, finite(err.mean()) if err.size else None,
                             kl, mse),
         thresholds=options.thresholds,
-        recommendation=recommend(layered.verdicts, layered.evidence),
+        recommendation=recommend(layered.verdicts, layered.evidence, options.thresholds),
         agreement=agreement,
         agreement_ci=Range.of(proportion(np.asarray(pa) == np.asarray(pb))) if classes else None,
         flip_rate=1.0 - agreement if agreement is not None and len(eval_set) else None,

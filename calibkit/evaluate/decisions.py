@@ -106,12 +106,14 @@ def _sensitivity(ls: MeasuredSensitivity) -> LayerSensitivity:
     )
 
 
-def recommend(verdicts: Sequence[LayerVerdict], evidence: SensitivityEvidence) -> Recommendation:
+def recommend(verdicts: Sequence[LayerVerdict], evidence: SensitivityEvidence,
+              thresholds: Thresholds = Thresholds()) -> Recommendation:
     """The nodes to keep and the verdict in words. "No layer needs higher precision" only on per-layer evidence
-    that settled every layer; otherwise the verdict says what was not measured or not settled, and why."""
+    that settled every layer (no effect past its threshold, and no 95 % upper bound of a recovery past it
+    either); otherwise the verdict says what was not measured or not settled, and why."""
     keep = tuple(dict.fromkeys(v.node for v in verdicts if v.flag in (Flag.KEEP_FP16, Flag.KEEP_FP32)))
     precision = "fp32" if any(v.flag is Flag.KEEP_FP32 for v in verdicts) else "fp16"
-    unsure = sorted({v.node for v in verdicts if v.flag is Flag.INSUFFICIENT})
+    unsure = sorted({v.node for v in verdicts if v.flag is Flag.INSUFFICIENT or _open(v, thresholds)})
     on = (f"per-layer sensitivity on {evidence.samples} {evidence.source} texts, judged by {evidence.basis}"
           if evidence.measured else "")
     if keep:
@@ -121,8 +123,9 @@ def recommend(verdicts: Sequence[LayerVerdict], evidence: SensitivityEvidence) -
         verdict = (f"not measured: {evidence.why_not}; the flags come from ranges and SQNR alone, so whether "
                    "any layer needs higher precision is not known")
     elif unsure:
-        verdict = (f"not settled: {len(unsure)} node{'s' * (len(unsure) != 1)}' effects lie within their 95 % "
-                   f"intervals ({on}); more texts would settle them (see the reasons)")
+        verdict = (f"not settled: no layer is shown to need higher precision, but the 95 % intervals of "
+                   f"{len(unsure)} node{'s' * (len(unsure) != 1)}' effects reach past the thresholds ({on}); more "
+                   "texts (--sensitivity-samples, --traffic-size) would settle them")
     elif evidence.all_int8_agreement is not None and evidence.all_int8_agreement < 0.99:
         verdict = (f"no single layer recovers more than the thresholds, yet all-INT8 keeps only "
                    f"{evidence.all_int8_agreement * 100:.1f} % {FIDELITY_NAMES.get(evidence.task, 'agreement')}"
@@ -132,3 +135,15 @@ def recommend(verdicts: Sequence[LayerVerdict], evidence: SensitivityEvidence) -
         verdict = f"no layer needs higher precision on this evidence ({on})"
     return Recommendation(keep, precision, evidence.measured, verdict)
 
+
+
+def _open(v: LayerVerdict, t: Thresholds) -> bool:
+    """Whether keeping ``v``'s node in higher precision could still recover more than the thresholds: the 95 %
+    upper bound of its measured recovery (accuracy where measured, else agreement; cosine for embeddings)."""
+    s = v.sensitivity
+    if s is None:
+        return False
+    high = s.all_but_this.delta_high if s.all_but_this.delta is not None else \
+        (s.flips_removed.high if s.flips_removed is not None else None)
+    cos = s.cosine_recovered.high if s.cosine_recovered is not None else None
+    return (high is not None and high * 100 > t.min_recovery_points) or (cos is not None and cos > t.cosine_effect)
