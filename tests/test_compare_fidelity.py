@@ -287,3 +287,44 @@ def test_flags_sharing_a_clipped_family_are_one_finding(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     lines = [x for x in r.output.splitlines() if x.startswith("finding: ")]
     assert len(lines) == 1 and "attention Softmax outputs are clipped by entropy" in lines[0]
+
+
+def test_paired_values_uses_mcnemar_for_0_1_and_a_bootstrap_for_the_rest() -> None:
+    from calibkit.evaluate.sensitivity import PairedMeanDifference, paired_values
+
+    a = np.r_[np.zeros(40), np.ones(160)]
+    b = np.ones(200)
+    d = paired_values(a, b)
+    assert not isinstance(d, PairedMeanDifference) and d.b_only == 40 and d.significant
+    cos = paired_values(np.ones(200), np.linspace(0.95, 1.0, 200))
+    assert isinstance(cos, PairedMeanDifference)
+    assert cos.interval.estimate == pytest.approx(-0.025) and cos.interval.high < 0 and cos.significant
+    noisy = paired_values(np.full(20, 0.5), np.r_[np.full(10, 0.45), np.full(10, 0.56)])
+    assert not noisy.significant and noisy.examples_to_settle() is not None
+
+
+def test_recommend_says_no_layer_only_when_every_layer_is_settled() -> None:
+    from calibkit.evaluate.decisions import recommend
+    from calibkit.evaluate.results import (
+        Difference,
+        LayerSensitivity,
+        LayerVerdict,
+        SensitivityEvidence,
+        SensitivityRun,
+    )
+
+    run = SensitivityRun(None, None, None, None)
+    ev = SensitivityEvidence(True, task="classification", source="traffic", samples=400, basis="agreement",
+                             all_int8_agreement=0.995)
+
+    def verdict(low: float, high: float) -> LayerVerdict:
+        d = Difference(0.001, low, high, 0, 1, 400, None, False, "not significant")
+        return LayerVerdict(0, "n", "MatMul", "t", Flag.OK, sensitivity=LayerSensitivity(run, run, d))
+
+    assert recommend([verdict(0.0, 0.002)], ev).verdict.startswith("no layer needs higher precision")
+    assert recommend([verdict(0.0, 0.02)], ev).verdict.startswith("not settled")
+    spread = recommend([verdict(0.0, 0.002)], SensitivityEvidence(True, task="embedding", source="traffic",
+                                                                   samples=400, basis="b", all_int8_agreement=0.7))
+    assert "70.0 % nearest-neighbour agreement" in spread.verdict and "spread" in spread.verdict
+    off = recommend([verdict(0.0, 0.002)], SensitivityEvidence(False, "it was turned off (--no-sensitivity)"))
+    assert off.verdict.startswith("not measured: it was turned off") and not off.measured
