@@ -354,10 +354,8 @@ def _print_verdict(result: Comparison) -> None:
     if keep:
         label = {v.node: v.label for v in result.layers}
         shown = [label.get(n, n) for n in keep[:12]]
-        say(f"recommendation: keep {count(len(keep), 'node')} in {rec.precision}: "
-            f"{', '.join(shown)}" + (" ..." if len(keep) > 12 else ""))
-        if rec.verdict:
-            say(f"  ({rec.verdict})")
+        head = rec.verdict or f"keep {count(len(keep), 'node')} in {rec.precision}"
+        say(f"recommendation: {head}: {', '.join(shown)}" + (" ..." if len(keep) > 12 else ""))
     elif rec.verdict:
         say(f"recommendation: {rec.verdict}")
     else:  # a document written before verdicts were recorded
