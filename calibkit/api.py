@@ -322,7 +322,10 @@ def compare(
     classification | embedding | token-classification | regression | multi-label. ``executor``: an Executor or
     a spec ("local", "dask://host:port") for the sensitivity variants. ``traffic``: a request log (or
     ``"auto"``: the log of the calibration set B was calibrated on, named in its manifest) whose texts — those
-    not in that calibration set — measure B's fidelity to A without labels (``Comparison.traffic``)."""
+    not in that calibration set — measure B's fidelity to A without labels (``Comparison.traffic``), and are
+    the texts per-layer sensitivity runs on unless the eval set has class labels (``Comparison.sensitivity``
+    says what it ran on and judged by, or why it was not measured; ``recommendation.verdict`` says it in
+    words)."""
     import contextlib
 
     from calibkit.evaluate.compare import CompareOptions, check_same_model, compare_engines, select_task, tokenizer_dir

@@ -37,8 +37,11 @@ HELP = (
     "Reports accuracy, macro-F1, confusion matrix and latency of each engine; agreement and logit error between "
     "them; and, for every quantized layer of the INT8 model (in graph order): the FP range and percentiles "
     "against the INT8 clipping range, the clipped fraction, the outlier ratio, SQNR and cosine of the layer's "
-    "output, the accuracy effect of quantizing only this layer / keeping only this layer in higher precision, "
-    "and a keep-in-FP16 flag with the reasons that triggered it.\n\n"
+    "output, the effect of quantizing only this layer / keeping only this layer in higher precision (on accuracy "
+    "where the eval set has class labels; else on fidelity to A in the task's terms: flips, nearest-neighbour "
+    "agreement and cosine for embedders, per-token agreement; on the --traffic texts when given), and a "
+    "keep-in-FP16 flag with the reasons that triggered it. Flags that one clipped tensor family explains are "
+    "reported as one finding with its fix. Without per-layer sensitivity the verdict says it was not measured.\n\n"
     "Every accuracy, macro-F1, agreement and B-A difference carries a 95 % interval for paired predictions on "
     "the same examples (Wilson, paired bootstrap, exact McNemar). A difference whose interval covers zero is "
     "'not significant'; a per-layer effect within its own uncertainty is 'insufficient-evidence' (with the "
@@ -88,7 +91,8 @@ def compare(
         512, "--layer-samples", min=1, help="Examples streamed for layer statistics (stratified subset)."
     ),
     sensitivity: bool = typer.Option(
-        True, "--sensitivity/--no-sensitivity", help="Per-layer accuracy effect (rebuilds a variant per layer)."
+        True, "--sensitivity/--no-sensitivity", help="Per-layer effect on accuracy (labels) or fidelity to A "
+        "(rebuilds a variant per layer; not measured for regression and multi-label models)."
     ),
     sensitivity_samples: int = typer.Option(
         256, "--sensitivity-samples", min=1, help="Examples per variant (stratified subset)."
@@ -113,6 +117,10 @@ def compare(
     ),
     threshold_cost: float = typer.Option(
         0.5, "--threshold-cost", help="Flag when quantizing only this layer costs more points than this."
+    ),
+    threshold_cosine: float = typer.Option(
+        0.002, "--threshold-cosine", help="Embedders: flag when keeping only this layer recovers (or quantizing "
+        "only it costs) more mean cosine to A than this."
     ),
     text_column: str | None = typer.Option(None, "--text-column", help="Text column (default: text, sentence, ...)."),
     label_column: str | None = typer.Option(None, "--label-column", help="Label column (default: label, ...)."),
@@ -158,7 +166,7 @@ def compare(
                 sensitivity_samples=sensitivity_samples, sensitivity_layers=sensitivity_layers,
                 thresholds=Thresholds(min_sqnr_db=threshold_sqnr, max_clipped_fraction=threshold_clipped,
                                       max_outlier_ratio=threshold_outlier, min_recovery_points=threshold_recovery,
-                                      max_cost_points=threshold_cost),
+                                      max_cost_points=threshold_cost, cosine_effect=threshold_cosine),
                 max_disagreements=max_disagreements, workers=workers, executor=executor,
                 memory_budget=memory_budget, max_batch_tokens=max_batch_tokens, progress=progress,
                 traffic=traffic, traffic_size=traffic_size, traffic_text_field=traffic_text_field,
@@ -268,6 +276,8 @@ def _print_summary(result: Comparison, json_path: Path | None, report_dir: Path 
         warn(w)
     if result.layers:
         _print_layers(result)
+    _print_findings(result)
+    _print_verdict(result)
     if json_path:
         say(f"JSON: {json_path}")
     if report_dir:
@@ -316,19 +326,40 @@ def _print_layers(result: Comparison) -> None:
             )
         if flagged:
             out.print(lt)
+
+
+def _print_findings(result: Comparison) -> None:
+    """Flags that share one cause, one finding each with its fix (one line each when piped)."""
+    for f in result.findings:
+        if out.is_terminal:
+            out.print(f"[bold]finding[/bold]: {f.message}", markup=True, highlight=False)
+        else:
+            say(f"finding: {f.message}")
+
+
+def _print_verdict(result: Comparison) -> None:
+    """What per-layer sensitivity measured, and the recommendation in words (never "no layer needs higher
+    precision" without per-layer evidence)."""
+    rec, ev = result.recommendation, result.sensitivity
+    if ev is not None and ev.measured:
+        fid = f"all-INT8 agreement {_pct(ev.all_int8_agreement)} %"
+        if ev.all_int8_cosine is not None:
+            fid += f", mean cosine {_n(ev.all_int8_cosine, '.4f')}"
+        if ev.all_int8_accuracy is not None:
+            fid += f", accuracy {_pct(ev.all_int8_accuracy)} % (reference {_pct(ev.reference_accuracy)} %)"
+        say(f"per-layer sensitivity: {count(ev.layers, 'node')} on {ev.samples} {ev.source} texts, judged by "
+            f"{ev.basis}; {fid}")
     keep = result.keep_in_higher_precision
     unsure = sum(v.flag.value == "insufficient-evidence" for v in result.layers)
     if keep:
         label = {v.node: v.label for v in result.layers}
         shown = [label.get(n, n) for n in keep[:12]]
-        say(f"recommendation: keep {count(len(keep), 'node')} in {result.recommendation.precision}: "
-            f"{', '.join(shown)}" + (" ..." if len(keep) > 12 else ""))
-    else:
-        if result.sensitivity_samples:
-            say("recommendation: no layer needs higher precision on this evidence")
-        else:  # flags from ranges and SQNR alone: nothing measured what keeping a layer would change
-            say("recommendation: not measured — per-layer sensitivity did not run, so no layer's effect on the "
-                "outputs was measured (the flags above come from ranges and SQNR alone)")
+        head = rec.verdict or f"keep {count(len(keep), 'node')} in {rec.precision}"
+        say(f"recommendation: {head}: {', '.join(shown)}" + (" ..." if len(keep) > 12 else ""))
+    elif rec.verdict:
+        say(f"recommendation: {rec.verdict}")
+    else:  # a document written before verdicts were recorded
+        say("recommendation: not measured — this result records no per-layer verdict")
     if unsure:
         say(f"{count(unsure, 'layer')}: insufficient evidence (effect within its 95 % interval; see the reasons)")
 

@@ -26,9 +26,11 @@ from calibkit.data.evalset import EvalSet
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.engines.artifact import EngineArtifact
 from calibkit.engines.base import BaseRunner
-from calibkit.errors import ModelError, UsageError
-from calibkit.evaluate.decisions import layer_verdicts
-from calibkit.evaluate.flags import Flag, Thresholds
+from calibkit.errors import CalibkitError, ModelError, UsageError
+from calibkit.evaluate.decisions import fidelity_basis, layer_verdicts, recommend
+from calibkit.evaluate.findings import FlaggedInput, group_flags
+from calibkit.evaluate.flags import Flag, LayerFlag, Thresholds
+from calibkit.evaluate.jobs import load_calibration_table
 from calibkit.evaluate.layers import LayerSpec, find_layers, weight_errors
 from calibkit.evaluate.metrics import LatencyStats, flips_by_confidence, latency_stats, output_error, top2_gap
 from calibkit.evaluate.predict import Predicted
@@ -41,19 +43,21 @@ from calibkit.evaluate.results import (
     EngineEvaluation,
     Evidence,
     Fidelity,
+    FindingResult,
     Latency,
     LayerVerdict,
     OutputStats,
     PerTextOutputs,
     Range,
-    Recommendation,
     RowSelection,
+    SensitivityEvidence,
     Subsets,
     TaskResult,
     TensorHistogram,
     TrafficFidelity,
     finite,
 )
+from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING, ROW_TASKS, TOKEN_CLASSIFICATION, reference_tags
 from calibkit.evaluate.sensitivity import SensitivityAnalysis, analyse_sensitivity
 from calibkit.evaluate.streaming import RangeAccumulator
 from calibkit.evaluate.subsets import EvalSubset, stratified_subset
@@ -63,6 +67,7 @@ from calibkit.evaluate.traffic import TrafficEvidence, evidence_of
 from calibkit.evaluate.uncertainty import proportion
 from calibkit.graph import load_model, qdq_layout
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+from calibkit.quantize.rangecheck import tensor_families
 from calibkit.resources import Resources
 from calibkit.types import Backend, Method, MethodParams, Precision, check_seed
 
@@ -234,11 +239,13 @@ def compare_engines(
         fid = replace(fid, extra={**fid.extra, **score.extra})
     labels = task.labels or (tuple(str(i) for i in range(width)) if score.engines else ())
     warnings = list(score.warnings) if score.labelled else list(unscored_warnings(task, eval_set))
-    layered = _layers(a, b, reference, texts, runs, eval_set, score, pa, task, options, factory, tokenizer,
-                      tok_dir, progress, resources)
-    if options.sensitivity and options.layers and score.class_ids is None:
-        warnings.append("per-layer sensitivity (accuracy of one-layer variants) needs a labelled classification "
-                        "eval set: skipped")
+    traffic_outs = (_traffic_outputs(a, b, traffic, task, tokenizer, options, open_runner, progress)
+                    if traffic is not None and len(traffic) else None)
+    evidence, why_not = sensitivity_texts(task, runs, texts, score, traffic, traffic_outs, options)
+    layered = _layers(a, b, reference, texts, runs, score, pa, task, options, factory, tokenizer, tok_dir,
+                      progress, resources, evidence, why_not)
+    if options.layers and not layered.evidence.measured:
+        warnings.append(f"per-layer sensitivity not measured: {layered.evidence.why_not}")
     for w in warnings:  # returned with the result, whose caller shows them (the CLI as "warning:")
         log.info("%s", w)
     comparison = build_comparison(
@@ -247,10 +254,21 @@ def compare_engines(
                                                            options.max_disagreements),
         layered=layered, options=options, warnings=tuple(warnings),
     )
-    if traffic is not None and len(traffic):
-        comparison = replace(comparison, traffic=traffic_fidelity(a, b, traffic, task, tokenizer, options,
-                                                                   open_runner, progress))
+    if traffic is not None and traffic_outs is not None:
+        comparison = replace(comparison, traffic=_traffic_result(traffic, task, traffic_outs))
     return comparison
+
+
+def _traffic_outputs(a: EngineArtifact, b: EngineArtifact, traffic: TrafficEvidence, task: Task,
+                     tokenizer: TextTokenizer, options: CompareOptions, open_runner: Any,
+                     progress: ProgressCallback | None) -> tuple[Predicted, Predicted]:
+    """A's and B's outputs on the traffic texts."""
+    outs = []
+    for name, art in (("A", a), ("B", b)):
+        with open_runner(art) as runner:
+            outs.append(task.predict(runner, tokenizer, list(traffic.texts), batch_size=options.batch_size,
+                                     progress=progress, task=f"traffic {name} ({art.path.name})"))
+    return outs[0], outs[1]
 
 
 def traffic_fidelity(a: EngineArtifact, b: EngineArtifact, traffic: TrafficEvidence, task: Task,
@@ -258,11 +276,11 @@ def traffic_fidelity(a: EngineArtifact, b: EngineArtifact, traffic: TrafficEvide
                      progress: ProgressCallback | None) -> TrafficFidelity:
     """A and B on the traffic texts: B's fidelity to A in the task's terms, with the interval of the agreement
     where the task has class decisions (each text is one independent draw from the log)."""
-    outs = []
-    for name, art in (("A", a), ("B", b)):
-        with open_runner(art) as runner:
-            outs.append(task.predict(runner, tokenizer, list(traffic.texts), batch_size=options.batch_size,
-                                     progress=progress, task=f"traffic {name} ({art.path.name})"))
+    outs = _traffic_outputs(a, b, traffic, task, tokenizer, options, open_runner, progress)
+    return _traffic_result(traffic, task, outs)
+
+
+def _traffic_result(traffic: TrafficEvidence, task: Task, outs: tuple[Predicted, Predicted]) -> TrafficFidelity:
     fid = task.fidelity(outs[0], outs[1])
     pa, pb = task.predictions(outs[0]), task.predictions(outs[1])
     ci = flips = kl = None
@@ -276,6 +294,50 @@ def traffic_fidelity(a: EngineArtifact, b: EngineArtifact, traffic: TrafficEvide
     return TrafficFidelity(evidence, Fidelity(finite(fid.agreement), finite(fid.cosine_mean),
                                               finite(fid.cosine_min), {k: finite(v) for k, v in fid.extra.items()}),
                            ci, flips, kl)
+
+
+@dataclass(frozen=True, eq=False)
+class SensitivityTexts:
+    """The texts per-layer sensitivity draws its subset from, and the higher-precision engine's outputs on them
+    (the reference every variant is judged against): the labelled eval set of a classifier (accuracy and
+    flips), else the traffic when there is some (more texts, the real distribution), else the eval set —
+    judged on fidelity alone."""
+
+    source: str  # "eval set" | "traffic"
+    texts: Sequence[str]
+    reference: Predicted
+    strata: Sequence[str]
+    labels: np.ndarray | None = None  # class ids (labelled classification only)
+
+
+def sensitivity_texts(task: Task, runs: Sequence[_EngineRun], texts: Sequence[str], score: TaskScore,
+                      traffic: TrafficEvidence | None, traffic_outs: tuple[Predicted, Predicted] | None,
+                      options: CompareOptions) -> tuple[SensitivityTexts | None, str]:
+    """(the evidence for per-layer sensitivity, "") or (None, why it is not measured)."""
+    if not options.layers:
+        return None, "per-layer analysis is off (--no-layers)"
+    if not options.sensitivity:
+        return None, "it was turned off (--no-sensitivity)"
+    if task.kind.value not in ROW_TASKS:
+        return None, (f"per-layer sensitivity is not measured for {task.kind.value} models (it needs a per-text "
+                      f"fidelity, which exists for {', '.join(ROW_TASKS)})")
+    ordered = sorted(runs, key=lambda e: e.name != "reference")
+    fp = next((e for e in ordered if e.artifact.precision is not Precision.INT8), None)
+    if fp is None:
+        return None, "no higher-precision engine gives the reference outputs (pass --reference FP32.onnx)"
+    y = score.class_ids if task.kind.value == CLASSIFICATION else None
+    classes = task.predictions(fp.outputs)
+    if y is not None:
+        return SensitivityTexts("eval set", texts, fp.outputs, [str(int(v)) for v in y], y), ""
+    if traffic is not None and traffic_outs is not None and fp.name in ("A", "B"):
+        ref = traffic_outs[0] if fp.name == "A" else traffic_outs[1]
+        pred = task.predictions(ref)
+        strata = [str(int(v)) for v in pred] if pred is not None and pred.ndim == 1 else [""] * len(traffic)
+        return SensitivityTexts("traffic", list(traffic.texts), ref, strata), ""
+    if not len(texts):
+        return None, "the eval set has no texts"
+    strata = [str(int(v)) for v in classes] if classes is not None and classes.ndim == 1 else [""] * len(texts)
+    return SensitivityTexts("eval set", texts, fp.outputs, strata), ""
 
 
 def tokenizer_dir(engines: Sequence[EngineArtifact]) -> str:
@@ -326,16 +388,19 @@ class _Layered:
     verdicts: tuple[LayerVerdict, ...] = ()
     histograms: dict[str, TensorHistogram] = field(default_factory=dict)
     subset: EvalSubset | None = None
-    sensitivity_subset: EvalSubset | None = None
+    sensitivity_subset: EvalSubset | None = None  # rows of the eval set (None when the traffic was used)
     sensitivity_samples: int = 0
+    evidence: SensitivityEvidence = SensitivityEvidence(False, "per-layer analysis is off (--no-layers)")
+    findings: tuple[FindingResult, ...] = ()
 
 
 def _layers(a: EngineArtifact, b: EngineArtifact, reference: EngineArtifact | None, texts: Sequence[str],
-            runs: Sequence[_EngineRun], eval_set: EvalSet, score: TaskScore, pa: np.ndarray | None, task: Task,
+            runs: Sequence[_EngineRun], score: TaskScore, pa: np.ndarray | None, task: Task,
             options: CompareOptions, factory: RunnerFactory, tokenizer: TextTokenizer, tok_dir: str,
-            progress: ProgressCallback | None, resources: Resources) -> _Layered:
-    """Per-layer measurements on a stratified subset (by label, else by A's prediction), sensitivity where the
-    labels are classes, and each layer's flag."""
+            progress: ProgressCallback | None, resources: Resources, evidence: SensitivityTexts | None,
+            why_not: str) -> _Layered:
+    """Per-layer measurements on a stratified subset (by label, else by A's prediction), sensitivity on
+    ``evidence`` (every task with per-text fidelity), each layer's flag, and the findings that group them."""
     if not options.layers:
         return _Layered()
     y = score.class_ids
@@ -348,15 +413,55 @@ def _layers(a: EngineArtifact, b: EngineArtifact, reference: EngineArtifact | No
     lr = _layer_run(a, b, reference, texts, strata, options, factory, tokenizer, progress, resources.budget)
     sens: SensitivityAnalysis | None = None
     sens_subset: EvalSubset | None = None
-    if (options.sensitivity and y is not None and lr.int8_art is not None and lr.int8_model is not None
-            and texts):
-        sens_specs = worst_layers(lr.measured.layers, lr.wsqnr, options.sensitivity_layers)
-        sens_subset = stratified_subset(texts, strata, options.sensitivity_samples, options.seed)
-        sens = _sensitivity(lr.int8_art, lr.int8_model, sens_specs, runs, eval_set, y, tok_dir, options,
-                            progress, sens_subset, output_name=task.output_name, executor=resources.executor)
+    if evidence is not None:
+        if lr.int8_art is None or lr.int8_model is None:
+            why_not = ("neither engine is an INT8 ONNX model whose variants can be rebuilt"
+                       if lr.int8_art is None else f"{lr.int8_art.path.name} is not an ONNX model")
+        else:
+            sens_specs = worst_layers(lr.measured.layers, lr.wsqnr, options.sensitivity_layers)
+            sens_subset = stratified_subset(evidence.texts, list(evidence.strata), options.sensitivity_samples,
+                                            options.seed)
+            sens, why_not = _sensitivity(lr.int8_art, lr.int8_model, sens_specs, evidence, task, tok_dir, options,
+                                         progress, sens_subset, executor=resources.executor)
     verdicts = layer_verdicts(lr.measured.layers, lr.wsqnr, sens, options.thresholds, score.accuracy_diff)
+    sens_evidence = _sensitivity_evidence(sens, evidence, task, why_not)
     return _Layered(verdicts, _histograms(lr.measured.layers, lr.measured.ranges, options.histogram_layers),
-                    lr.subset, sens_subset, sens.samples if sens else 0)
+                    lr.subset, sens_subset if evidence is not None and evidence.source == "eval set" and sens
+                    else None, sens.samples if sens else 0, sens_evidence,
+                    _findings(verdicts, lr.int8_model, lr.int8_art, options.thresholds))
+
+
+def _sensitivity_evidence(sens: SensitivityAnalysis | None, evidence: SensitivityTexts | None, task: Task,
+                          why_not: str) -> SensitivityEvidence:
+    if sens is None or evidence is None:
+        return SensitivityEvidence(False, why_not or "it did not run", task=task.kind.value)
+    return SensitivityEvidence(
+        True, task=sens.task, source=evidence.source, samples=sens.samples,
+        basis=fidelity_basis(sens.task, sens.labelled), layers=len(sens.layers),
+        all_int8_agreement=finite(1.0 - sens.all_int8.flip_rate), all_int8_cosine=finite(sens.all_int8.mean_cosine),
+        all_int8_accuracy=finite(sens.all_int8.accuracy), reference_accuracy=finite(sens.reference_accuracy),
+    )
+
+
+def _findings(verdicts: Sequence[LayerVerdict], model: onnx.ModelProto | None, int8_art: EngineArtifact | None,
+              thresholds: Thresholds) -> tuple[FindingResult, ...]:
+    """Flags that one clipped tensor family explains (``evaluate.findings.group_flags``), one finding each."""
+    if model is None or not any(v.flag is not Flag.OK for v in verdicts):
+        return ()
+    families = tensor_families(model)
+    methods: dict[str, str] = {}
+    cal = int8_art.calibration_json if int8_art is not None else None
+    if cal and Path(cal).is_file():
+        try:
+            methods = {r.tensor: r.method.value for r in load_calibration_table(cal).ranges}
+        except CalibkitError as exc:  # the findings are extra: a table that cannot be read loses only the method
+            log.warning("findings: cannot read %s: %s", cal, exc)
+    items = [FlaggedInput(v.node, v.tensor, LayerFlag(v.flag, v.reasons), families.get(v.tensor),
+                          methods.get(v.tensor), v.amax, v.fp_absmax, v.clipped_fraction) for v in verdicts]
+    found, _ = group_flags(items, thresholds)
+    return tuple(FindingResult(f.cause, f.family, f.method, f.nodes, tuple(m.tensor for m in f.members),
+                               tuple(m.tensor for m in f.same_nodes), f.flag_counts, f.fix, f.message)
+                 for f in found)
 
 
 @dataclass(frozen=True, eq=False)
@@ -433,55 +538,41 @@ def worst_layers(measured: Sequence[Any], wsqnr: dict[str, Any], k: int | None) 
     return list(chosen.values())
 
 
-def _sensitivity(
-    int8_art: EngineArtifact,
-    int8_model: onnx.ModelProto,
-    specs: Sequence[LayerSpec],
-    evals: Sequence[_EngineRun],
-    eval_set: EvalSet,
-    y_true: np.ndarray,
-    tok_dir: str,
-    options: CompareOptions,
-    progress: ProgressCallback | None,
-    subset: EvalSubset,
-    output_name: str | None = None,
-    executor: Executor | None = None,
-) -> SensitivityAnalysis | None:
+def _sensitivity(int8_art: EngineArtifact, int8_model: onnx.ModelProto, specs: Sequence[LayerSpec],
+                 evidence: SensitivityTexts, task: Task, tok_dir: str, options: CompareOptions,
+                 progress: ProgressCallback | None, subset: EvalSubset, executor: Executor | None = None
+                 ) -> tuple[SensitivityAnalysis | None, str]:
+    """Per-layer sensitivity on ``subset`` of ``evidence``, judged against the reference outputs there in the
+    task's terms: logits, pooled vectors (with those vectors as the neighbour index) or token tags. (None, why)
+    when it cannot run."""
     src, cal = int8_art.source_model, int8_art.calibration_json
     if not (src and cal and Path(src).is_file() and Path(cal).is_file()):
-        log.warning(
-            "sensitivity skipped: %s's sidecar does not name an existing source_model and calibration_json",
-            int8_art.path.name,
-        )
-        return None
-    # reference logits: the --reference engine when given, else the higher-precision one of A and B
-    ordered = sorted(evals, key=lambda e: e.name != "reference")
-    fp = next((e for e in ordered if e.artifact.precision is not Precision.INT8), None)
-    if fp is None:
-        log.warning("sensitivity skipped: no higher-precision engine gives reference logits (pass --reference)")
-        return None
+        return None, (f"{int8_art.path.name}'s sidecar does not name an existing source_model and "
+                      "calibration_json to rebuild its variants from")
     if not len(subset):
-        return None
-    nodes = [s.node for s in specs]
+        return None, "no texts to run it on"
     idx = subset.array
-    return analyse_sensitivity(
-        nodes,
-        source_model=src,
-        calibration_json=cal,
-        tokenizer=tok_dir,
-        texts=subset.take(eval_set.texts),
-        labels=[int(v) for v in y_true[idx]],
-        reference_logits=fp.logits[idx],
-        base_keep=int8_art.kept_higher_precision,
-        target=qdq_layout(int8_model) or "tensorrt",
-        batch_size=options.batch_size,
-        workers=options.workers,
-        progress=progress,
-        executor=executor,
-        output_name=output_name,
-        source_model_sha256=int8_art.source_model_sha256,
-        calibration_sha256=int8_art.calibration_sha256,
+    kind = task.kind.value
+    values = np.asarray(evidence.reference.values)[idx]
+    index = rows = None
+    if kind == TOKEN_CLASSIFICATION:
+        mask = evidence.reference.mask
+        values = reference_tags(values, None if mask is None else np.asarray(mask)[idx])
+    elif kind == EMBEDDING:
+        values = index = values.reshape(len(idx), -1)
+        rows = range(len(idx))
+    labels = [int(v) for v in evidence.labels[idx]] if evidence.labels is not None else []
+    analysis = analyse_sensitivity(
+        [s.node for s in specs], source_model=src, calibration_json=cal, tokenizer=tok_dir,
+        texts=subset.take(evidence.texts), labels=labels, reference_logits=values,
+        base_keep=int8_art.kept_higher_precision, target=qdq_layout(int8_model) or "tensorrt",
+        batch_size=options.batch_size, workers=options.workers, progress=progress, executor=executor,
+        output_name=task.output_name, source_model_sha256=int8_art.source_model_sha256,
+        calibration_sha256=int8_art.calibration_sha256, task=kind,
+        pooling=getattr(task, "pooling", None) if kind == EMBEDDING else None, neighbour_index=index,
+        index_rows=rows,
     )
+    return analysis, ""
 
 
 def _histograms(
@@ -539,7 +630,6 @@ def build_comparison(*, eval_set: EvalSet, rows: EvalSubset | None, labels: tupl
     else:
         kl, mse = 0.0, 0.0
     agreement = finite(fidelity.agreement)
-    keep = tuple(dict.fromkeys(v.node for v in layered.verdicts if v.flag in (Flag.KEEP_FP16, Flag.KEEP_FP32)))
     classes = pa is not None and pb is not None
     return Comparison(
         calibkit_version=__version__,
@@ -555,8 +645,7 @@ def build_comparison(*, eval_set: EvalSet, rows: EvalSubset | None, labels: tupl
                             finite(err.max()) if err.size else None, finite(err.mean()) if err.size else None,
                             kl, mse),
         thresholds=options.thresholds,
-        recommendation=Recommendation(keep, "fp32" if any(v.flag is Flag.KEEP_FP32 for v in layered.verdicts)
-                                      else "fp16"),
+        recommendation=recommend(layered.verdicts, layered.evidence, options.thresholds),
         agreement=agreement,
         agreement_ci=Range.of(proportion(np.asarray(pa) == np.asarray(pb))) if classes else None,
         flip_rate=1.0 - agreement if agreement is not None and len(eval_set) else None,
@@ -572,6 +661,8 @@ def build_comparison(*, eval_set: EvalSet, rows: EvalSubset | None, labels: tupl
         layer_samples=len(layered.subset) if layered.subset is not None else 0,
         sensitivity_samples=layered.sensitivity_samples,
         histograms=layered.histograms,
+        sensitivity=layered.evidence,
+        findings=layered.findings,
         per_text=PerTextOutputs({r.name: r.logits for r in runs},
                                 {r.name: r.outputs.mask for r in runs if r.outputs.mask is not None}),
     )

@@ -9,19 +9,43 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from calibkit.evaluate.flags import Thresholds, flag_layer, gate_on_overall
-from calibkit.evaluate.results import Difference, LayerSensitivity, LayerVerdict, SensitivityRun, finite
+from calibkit.evaluate.flags import Flag, Thresholds, flag_layer, gate_on_overall
+from calibkit.evaluate.results import (
+    Difference,
+    LayerSensitivity,
+    LayerVerdict,
+    Recommendation,
+    SensitivityEvidence,
+    SensitivityRun,
+    finite,
+)
+from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING, TOKEN_CLASSIFICATION
 from calibkit.evaluate.sensitivity import LayerSensitivity as MeasuredSensitivity
 from calibkit.evaluate.sensitivity import SensitivityAnalysis, SensitivityResult
 from calibkit.evaluate.uncertainty import PairedDifference
+
+FIDELITY_NAMES = {EMBEDDING: "nearest-neighbour agreement", TOKEN_CLASSIFICATION: "per-token agreement",
+                  CLASSIFICATION: "agreement"}
+
+
+def fidelity_basis(task: str, labelled: bool) -> str:
+    """What sensitivity judges layers by, in words."""
+    name = FIDELITY_NAMES.get(task, "agreement")
+    if task == EMBEDDING:
+        return f"{name} and cosine to the reference"
+    if task == CLASSIFICATION:
+        return "accuracy (labels) and flips" if labelled else f"{name} with the reference (flips)"
+    return name
 
 
 def layer_verdicts(measured: Sequence[Any], weight_errors: Mapping[str, Any], sensitivity: SensitivityAnalysis | None,
                    thresholds: Thresholds, overall: PairedDifference | None) -> tuple[LayerVerdict, ...]:
     """A verdict per measured layer input (``evaluate.taps.LayerMeasurement``): its flag from the heuristics,
-    the measured sensitivity where there is one, and no keep-in-FP16 advice while B is not significantly less
-    accurate than A (``overall``)."""
+    the measured sensitivity where there is one (accuracy where the texts have labels, else fidelity to the
+    reference in the task's terms), and no keep-in-FP16 advice while B is not significantly less accurate than
+    A (``overall``)."""
     by_node = {ls.node: ls for ls in sensitivity.layers} if sensitivity else {}
+    name = FIDELITY_NAMES.get(sensitivity.task, "agreement") if sensitivity else "agreement"
     out = []
     for m in measured:
         ls = by_node.get(m.spec.node)
@@ -41,6 +65,10 @@ def layer_verdicts(measured: Sequence[Any], weight_errors: Mapping[str, Any], se
             only_this_diff=ls.only_this_diff if ls else None,
             all_but_this_diff=ls.all_but_this_diff if ls else None,
             flips_removed=ls.flips_removed if ls else None,
+            agreement_cost=ls.agreement_cost if ls else None,
+            cosine_recovered=ls.cosine_recovered if ls else None,
+            cosine_cost=ls.cosine_cost if ls else None,
+            fidelity_name=name,
         )
         flag = gate_on_overall(flag, overall)
         s = m.spec
@@ -57,12 +85,13 @@ def layer_verdicts(measured: Sequence[Any], weight_errors: Mapping[str, Any], se
     return tuple(out)
 
 
-def _run(r: SensitivityResult, delta: float, diff: PairedDifference | None) -> SensitivityRun:
+def _run(r: SensitivityResult, delta: float | None, diff: PairedDifference | None) -> SensitivityRun:
     d = Difference.of(diff)
     return SensitivityRun(
         accuracy=finite(r.accuracy), delta=finite(delta), logit_mse=finite(r.logit_mse), mean_kl=finite(r.mean_kl),
         flip_rate=finite(r.flip_rate), delta_low=d.low if d else None, delta_high=d.high if d else None,
         significant=d.significant if d else None, examples_to_settle=d.examples_to_settle if d else None,
+        agreement=finite(1.0 - r.flip_rate), cosine=finite(r.mean_cosine),
     )
 
 
@@ -71,4 +100,50 @@ def _sensitivity(ls: MeasuredSensitivity) -> LayerSensitivity:
         only_this_int8=_run(ls.only_this, ls.only_this_delta, ls.only_this_diff),
         all_but_this=_run(ls.all_but_this, ls.all_but_this_delta, ls.all_but_this_diff),
         flips_removed=Difference.of(ls.flips_removed),
+        agreement_cost=Difference.of(ls.agreement_cost),
+        cosine_recovered=Difference.of(ls.cosine_recovered),
+        cosine_cost=Difference.of(ls.cosine_cost),
     )
+
+
+def recommend(verdicts: Sequence[LayerVerdict], evidence: SensitivityEvidence,
+              thresholds: Thresholds = Thresholds()) -> Recommendation:
+    """The nodes to keep and the verdict in words. "No layer needs higher precision" only on per-layer evidence
+    that settled every layer (no effect past its threshold, and no 95 % upper bound of a recovery past it
+    either); otherwise the verdict says what was not measured or not settled, and why."""
+    keep = tuple(dict.fromkeys(v.node for v in verdicts if v.flag in (Flag.KEEP_FP16, Flag.KEEP_FP32)))
+    precision = "fp32" if any(v.flag is Flag.KEEP_FP32 for v in verdicts) else "fp16"
+    unsure = sorted({v.node for v in verdicts if v.flag is Flag.INSUFFICIENT or _open(v, thresholds)})
+    on = (f"per-layer sensitivity on {evidence.samples} {evidence.source} texts, judged by {evidence.basis}"
+          if evidence.measured else "")
+    if keep:
+        how = on if evidence.measured else f"ranges and SQNR alone ({evidence.why_not})"
+        verdict = f"keep {len(keep)} node{'s' * (len(keep) != 1)} in {precision} (from {how})"
+    elif not evidence.measured:
+        verdict = (f"not measured: {evidence.why_not}; the flags come from ranges and SQNR alone, so whether "
+                   "any layer needs higher precision is not known")
+    elif unsure:
+        verdict = (f"not settled: no layer is shown to need higher precision, but the 95 % intervals of "
+                   f"{len(unsure)} node{'s' * (len(unsure) != 1)}' effects reach past the thresholds ({on}); more "
+                   "texts (--sensitivity-samples, --traffic-size) would settle them")
+    elif evidence.all_int8_agreement is not None and evidence.all_int8_agreement < 0.99:
+        verdict = (f"no single layer recovers more than the thresholds, yet all-INT8 keeps only "
+                   f"{evidence.all_int8_agreement * 100:.1f} % {FIDELITY_NAMES.get(evidence.task, 'agreement')}"
+                   f" ({on}): the loss is spread over many layers — try `calibkit smooth`, another method, or "
+                   "`calibkit tune`")
+    else:
+        verdict = f"no layer needs higher precision on this evidence ({on})"
+    return Recommendation(keep, precision, evidence.measured, verdict)
+
+
+
+def _open(v: LayerVerdict, t: Thresholds) -> bool:
+    """Whether keeping ``v``'s node in higher precision could still recover more than the thresholds: the 95 %
+    upper bound of its measured recovery (accuracy where measured, else agreement; cosine for embeddings)."""
+    s = v.sensitivity
+    if s is None:
+        return False
+    high = s.all_but_this.delta_high if s.all_but_this.delta is not None else \
+        (s.flips_removed.high if s.flips_removed is not None else None)
+    cos = s.cosine_recovered.high if s.cosine_recovered is not None else None
+    return (high is not None and high * 100 > t.min_recovery_points) or (cos is not None and cos > t.cosine_effect)

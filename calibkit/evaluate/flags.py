@@ -35,6 +35,8 @@ class Thresholds:
     min_recovery_points: float = 0.5  # keeping only this layer in higher precision recovers more than this
     max_cost_points: float = 0.5  # quantizing only this layer costs more than this
     max_zeroed_weights: float = 0.05  # fraction of non-zero FP weights that INT8 rounds to zero
+    # embeddings: keeping only this layer recovers, or quantizing only it costs, more mean cosine than this
+    cosine_effect: float = 0.002
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,11 +64,60 @@ def flag_layer(
     only_this_diff: PairedDifference | None = None,
     all_but_this_diff: PairedDifference | None = None,
     flips_removed: PairedDifference | None = None,
+    agreement_cost: PairedDifference | None = None,
+    cosine_recovered: PairedDifference | None = None,
+    cosine_cost: PairedDifference | None = None,
+    fidelity_name: str = "agreement",
 ) -> LayerFlag:
     """Deltas are accuracy differences as fractions (0.01 = one point). With their paired intervals
     (``*_diff``), a measured rule fires only when the interval excludes zero; otherwise the layer is marked
-    "insufficient evidence" with the number of examples that would settle it."""
+    "insufficient evidence" with the number of examples that would settle it.
+
+    Without accuracy deltas (no labels, or a task without classes) the layer is judged on fidelity to the
+    reference instead: ``flips_removed`` (agreement recovered by keeping only it in higher precision) and
+    ``agreement_cost`` (agreement lost by quantizing only it) against the same point thresholds, and for
+    embeddings ``cosine_recovered`` / ``cosine_cost`` against ``thresholds.cosine_effect``; ``fidelity_name``
+    names the agreement in the reasons ("nearest-neighbour agreement", "per-token agreement")."""
     t = thresholds
+    reasons, fp32 = _heuristics(t, sqnr_db=sqnr_db, clipped_fraction=clipped_fraction, outlier_ratio=outlier_ratio,
+                                nonfinite=nonfinite, fp_absmax=fp_absmax, quant_sqnr_db=quant_sqnr_db,
+                                weight_sqnr_db=weight_sqnr_db, zeroed_weights=zeroed_weights)
+    heuristic = len(reasons)
+    unsettled: list[str] = []
+    by_accuracy = only_this_delta is not None and all_but_this_delta is not None
+    if by_accuracy or only_this_delta is not None or all_but_this_delta is not None:
+        if all_but_this_delta is not None and all_but_this_delta * 100 > t.min_recovery_points:
+            what = (f"keeping only this layer in higher precision recovers {all_but_this_delta * 100:.2f} points"
+                    f"{_ci(all_but_this_diff)} > {t.min_recovery_points:g}")
+            (unsettled if _unsettled(all_but_this_diff) else reasons).append(what + _settle(all_but_this_diff))
+        if only_this_delta is not None and -only_this_delta * 100 > t.max_cost_points:
+            what = (f"quantizing only this layer costs {-only_this_delta * 100:.2f} points{_ci(only_this_diff)}"
+                    f" > {t.max_cost_points:g}")
+            (unsettled if _unsettled(only_this_diff) else reasons).append(what + _settle(only_this_diff))
+        extra = _fidelity(flips_removed)
+    else:
+        effects = _fidelity_effects(t, fidelity_name, flips_removed, agreement_cost, cosine_recovered, cosine_cost)
+        for d, what in effects:
+            (unsettled if _unsettled(d) else reasons).append(what + _settle(d))
+        extra = []
+    if not reasons and not unsettled:
+        return LayerFlag(Flag.OK, ())
+    if len(reasons) == heuristic and unsettled and not fp32:
+        return LayerFlag(Flag.INSUFFICIENT, tuple(reasons + unsettled + extra))
+    measured = _measured(by_accuracy, only_this_delta, all_but_this_delta, all_but_this_diff, only_this_diff,
+                         fidelity_name, flips_removed, agreement_cost, cosine_recovered, cosine_cost)
+    if measured and not fp32 and len(reasons) == heuristic:
+        # the measurement outranks the heuristics: keeping this layer in higher precision was tried and did not
+        # pay off, so the layer is only worth watching
+        reasons.append(measured)
+        return LayerFlag(Flag.WATCH, tuple(reasons + extra))
+    return LayerFlag(Flag.KEEP_FP32 if fp32 else Flag.KEEP_FP16, tuple(reasons + unsettled + extra))
+
+
+def _heuristics(t: Thresholds, *, sqnr_db: float | None, clipped_fraction: float | None,
+                outlier_ratio: float | None, nonfinite: int, fp_absmax: float | None, quant_sqnr_db: float | None,
+                weight_sqnr_db: float | None, zeroed_weights: float | None) -> tuple[list[str], bool]:
+    """The reasons the ranges, SQNR and weights give, and whether one of them asks for FP32."""
     reasons: list[str] = []
     fp32 = False
     if nonfinite > 0:
@@ -90,42 +141,60 @@ def flag_layer(
         reasons.append(f"clipped fraction {clipped_fraction:.2e} > {t.max_clipped_fraction:g}")
     if outlier_ratio is not None and outlier_ratio > t.max_outlier_ratio:
         reasons.append(f"outlier ratio max/p99.99 {outlier_ratio:.1f} > {t.max_outlier_ratio:g}")
-    heuristic = len(reasons)
-    unsettled: list[str] = []
-    if all_but_this_delta is not None and all_but_this_delta * 100 > t.min_recovery_points:
-        what = (f"keeping only this layer in higher precision recovers {all_but_this_delta * 100:.2f} points"
-                f"{_ci(all_but_this_diff)} > {t.min_recovery_points:g}")
-        (unsettled if _unsettled(all_but_this_diff) else reasons).append(what + _settle(all_but_this_diff))
-    if only_this_delta is not None and -only_this_delta * 100 > t.max_cost_points:
-        what = (f"quantizing only this layer costs {-only_this_delta * 100:.2f} points{_ci(only_this_diff)}"
-                f" > {t.max_cost_points:g}")
-        (unsettled if _unsettled(only_this_diff) else reasons).append(what + _settle(only_this_diff))
-    fidelity = _fidelity(flips_removed)
-    if not reasons and not unsettled:
-        return LayerFlag(Flag.OK, ())
-    if len(reasons) == heuristic and unsettled and not fp32:
-        return LayerFlag(Flag.INSUFFICIENT, tuple(reasons + unsettled + fidelity))
-    measured = only_this_delta is not None and all_but_this_delta is not None
-    if measured and not fp32 and len(reasons) == heuristic:
-        # the measurement outranks the heuristics: keeping this layer in higher precision was tried and did not
-        # pay off, so the layer is only worth watching
-        reasons.append(
-            f"but measured: keeping only it in higher precision changes accuracy by {all_but_this_delta * 100:+.2f}"
-            f" points{_ci(all_but_this_diff)} and quantizing only it by {only_this_delta * 100:+.2f}"
-            f"{_ci(only_this_diff)} (within the thresholds)"
-        )
-        return LayerFlag(Flag.WATCH, tuple(reasons + fidelity))
-    return LayerFlag(Flag.KEEP_FP32 if fp32 else Flag.KEEP_FP16, tuple(reasons + unsettled + fidelity))
+    return reasons, fp32
+
+
+def _fidelity_effects(t: Thresholds, name: str, recovered: PairedDifference | None, cost: PairedDifference | None,
+                      cos_recovered: PairedDifference | None, cos_cost: PairedDifference | None
+                      ) -> list[tuple[PairedDifference, str]]:
+    """The fidelity effects past their thresholds, each with its sentence (without the settle clause)."""
+    out = []
+    if recovered is not None and recovered.interval.estimate * 100 > t.min_recovery_points:
+        out.append((recovered, f"keeping only this layer in higher precision recovers "
+                               f"{recovered.interval.estimate * 100:.2f} points of {name}{_ci(recovered)} > "
+                               f"{t.min_recovery_points:g}"))
+    if cost is not None and -cost.interval.estimate * 100 > t.max_cost_points:
+        out.append((cost, f"quantizing only this layer costs {-cost.interval.estimate * 100:.2f} points of {name}"
+                          f"{_ci(cost)} > {t.max_cost_points:g}"))
+    if cos_recovered is not None and cos_recovered.interval.estimate > t.cosine_effect:
+        out.append((cos_recovered, f"keeping only this layer in higher precision recovers "
+                                   f"{cos_recovered.interval.estimate:.4f} of mean cosine to the reference"
+                                   f"{_ci(cos_recovered, 1, 4)} > {t.cosine_effect:g}"))
+    if cos_cost is not None and -cos_cost.interval.estimate > t.cosine_effect:
+        out.append((cos_cost, f"quantizing only this layer costs {-cos_cost.interval.estimate:.4f} of mean cosine "
+                              f"to the reference{_ci(cos_cost, 1, 4)} > {t.cosine_effect:g}"))
+    return out
+
+
+def _measured(by_accuracy: bool, only_this_delta: float | None, all_but_this_delta: float | None,
+              all_but_this_diff: PairedDifference | None, only_this_diff: PairedDifference | None, name: str,
+              recovered: PairedDifference | None, cost: PairedDifference | None,
+              cos_recovered: PairedDifference | None, cos_cost: PairedDifference | None) -> str:
+    """The "but measured" sentence that turns a heuristic flag into a watch ("" when nothing was measured)."""
+    if by_accuracy:
+        assert only_this_delta is not None and all_but_this_delta is not None
+        return (f"but measured: keeping only it in higher precision changes accuracy by "
+                f"{all_but_this_delta * 100:+.2f} points{_ci(all_but_this_diff)} and quantizing only it by "
+                f"{only_this_delta * 100:+.2f}{_ci(only_this_diff)} (within the thresholds)")
+    if recovered is None or cost is None:
+        return ""
+    cos = ""
+    if cos_recovered is not None and cos_cost is not None:
+        cos = (f"; mean cosine by {cos_recovered.interval.estimate:+.4f}{_ci(cos_recovered, 1, 4)} and "
+               f"{cos_cost.interval.estimate:+.4f}{_ci(cos_cost, 1, 4)}")
+    return (f"but measured: keeping only it in higher precision changes {name} by "
+            f"{recovered.interval.estimate * 100:+.2f} points{_ci(recovered)} and quantizing only it by "
+            f"{cost.interval.estimate * 100:+.2f}{_ci(cost)}{cos} (within the thresholds)")
 
 
 def _unsettled(d: PairedDifference | None) -> bool:
     return d is not None and not d.significant
 
 
-def _ci(d: PairedDifference | None) -> str:
+def _ci(d: PairedDifference | None, scale: float = 100, digits: int = 2) -> str:
     if d is None:
         return ""
-    return f" (95 % CI {d.interval.low * 100:+.2f} to {d.interval.high * 100:+.2f})"
+    return f" (95 % CI {d.interval.low * scale:+.{digits}f} to {d.interval.high * scale:+.{digits}f})"
 
 
 def _settle(d: PairedDifference | None) -> str:

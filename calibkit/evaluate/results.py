@@ -203,15 +203,24 @@ class SensitivityRun:
     delta_high: float | None = None
     significant: bool | None = None
     examples_to_settle: int | None = None
+    agreement: float | None = None  # mean per-text agreement with the reference (evaluate.rowfidelity)
+    cosine: float | None = None  # embeddings: mean cosine to the reference
 
 
 @dataclass(frozen=True)
 class LayerSensitivity:
-    """A layer's measured effect: quantizing only it, and keeping only it in higher precision."""
+    """A layer's measured effect: quantizing only it, and keeping only it in higher precision. The ``delta``
+    of each run is accuracy (only with labels); fidelity is always measured: ``flips_removed`` is the agreement
+    with the reference that keeping only this layer in higher precision recovers, ``agreement_cost`` what
+    quantizing only it loses (negative), and for embeddings ``cosine_recovered`` / ``cosine_cost`` the same in
+    mean cosine (paired over the per-text values; McNemar only for 0/1 values)."""
 
     only_this_int8: SensitivityRun
     all_but_this: SensitivityRun
     flips_removed: Difference | None = None
+    agreement_cost: Difference | None = None
+    cosine_recovered: Difference | None = None
+    cosine_cost: Difference | None = None
 
 
 @dataclass(frozen=True)
@@ -255,8 +264,47 @@ class LayerVerdict:
 
 @dataclass(frozen=True)
 class Recommendation:
+    """Which nodes to keep in higher precision, whether per-layer sensitivity measured it (``measured``), and
+    the ``verdict`` in words: never "no layer needs higher precision" without per-layer evidence."""
+
     keep_in_higher_precision: tuple[str, ...]
     precision: str  # "fp16" | "fp32"
+    measured: bool = False
+    verdict: str = ""
+
+
+@dataclass(frozen=True)
+class SensitivityEvidence:
+    """What per-layer sensitivity ran on and judged by: ``source`` ("eval set" | "traffic"), ``samples``
+    texts, ``basis`` (e.g. "accuracy and agreement", "nearest-neighbour agreement and cosine"), the all-INT8
+    variant's fidelity on them; or, when it did not run, ``measured`` False and ``why_not``."""
+
+    measured: bool
+    why_not: str = ""
+    task: str = ""  # evaluate.rowfidelity task the fidelity is measured in
+    source: str = ""
+    samples: int = 0
+    basis: str = ""
+    layers: int = 0
+    all_int8_agreement: float | None = None
+    all_int8_cosine: float | None = None
+    all_int8_accuracy: float | None = None
+    reference_accuracy: float | None = None
+
+
+@dataclass(frozen=True)
+class FindingResult:
+    """Flagged layer inputs that one cause explains (``evaluate.findings.Finding``), with the one fix."""
+
+    cause: str
+    family: str
+    method: str | None
+    nodes: tuple[str, ...]
+    tensors: tuple[str, ...]
+    same_node_tensors: tuple[str, ...]
+    flags: Mapping[str, int]
+    fix: str
+    message: str
 
 
 @dataclass(frozen=True)
@@ -383,6 +431,8 @@ class Comparison:
     sensitivity_samples: int = 0
     histograms: Mapping[str, TensorHistogram] = field(default_factory=dict)
     traffic: TrafficFidelity | None = None
+    sensitivity: SensitivityEvidence | None = None
+    findings: tuple[FindingResult, ...] = ()
     per_text: PerTextOutputs | None = field(default=None, compare=False, repr=False, metadata=NOT_IN_DOCUMENT)
 
     @property

@@ -10,6 +10,7 @@ Each job rebuilds its variant from the FP32 source model and the calibration tab
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,8 @@ from calibkit.evaluate.jobs import (
     load_calibration_table,
     run_sensitivity_job,
 )
-from calibkit.evaluate.uncertainty import PairedDifference, paired_difference
+from calibkit.evaluate.rowfidelity import CLASSIFICATION
+from calibkit.evaluate.uncertainty import Z95, Interval, PairedDifference, paired_difference
 from calibkit.executors import default_workers
 from calibkit.executors.base import Executor
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
@@ -37,8 +39,8 @@ log = logging.getLogger("calibkit.evaluate.sensitivity")
 
 # the work units live in evaluate.jobs (shipping imports them too); their names are part of this module's API
 __all__ = ["ALL_BUT_THIS", "ALL_INT8", "ONLY_THIS", "LayerSensitivity", "SensitivityAnalysis", "SensitivityJob",
-           "SensitivityResult", "analyse_sensitivity", "build_variant", "load_calibration_table", "run_jobs",
-           "run_sensitivity_job"]
+           "SensitivityResult", "analyse_sensitivity", "build_variant", "load_calibration_table", "paired_values",
+           "run_jobs", "run_sensitivity_job"]
 
 
 def run_jobs(
@@ -61,7 +63,9 @@ def run_jobs(
                         "`calibkit build`)")
 
     def finished(i: int, r: SensitivityResult) -> None:
-        log.info("%s %s %s: accuracy %.4f (%.1f s)", task, r.mode, r.node or "", r.accuracy, r.seconds)
+        acc = f"accuracy {r.accuracy:.4f}, " if np.isfinite(r.accuracy) else ""
+        log.info("%s %s %s: %sagreement %s (%.1f s)", task, r.mode, r.node or "", acc,
+                 f"{1 - r.flip_rate:.4f}" if np.isfinite(r.flip_rate) else "n/a", r.seconds)
         if on_result is not None:
             on_result(i, r)
 
@@ -85,27 +89,79 @@ def run_jobs(
     return executor.map(run_shipped_job, shipped, task=task, progress=cb, on_result=finished)
 
 
+class PairedMeanDifference(PairedDifference):
+    """``b - a`` of a per-text value in [0, 1] that is not 0/1 (cosine, the share of a text's tokens kept):
+    a paired bootstrap of the mean difference; ``a_only`` / ``b_only`` count the texts where a / b is higher,
+    and the examples that would settle it come from the spread of the per-text differences."""
+
+    def __init__(self, interval: Interval, a_only: int, b_only: int, n: int, sd: float) -> None:
+        super().__init__(interval, a_only, b_only, n, float("nan"))
+        object.__setattr__(self, "sd", sd)
+
+    def examples_to_settle(self) -> int | None:
+        effect = self.interval.estimate
+        if self.n <= 0 or not effect or not self.sd:  # type: ignore[attr-defined]
+            return None
+        return int(math.ceil((Z95 * self.sd / effect) ** 2))  # type: ignore[attr-defined]
+
+
+def paired_values(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray, *, seed: int = 0,
+                  resamples: int = 2000) -> PairedDifference:
+    """95 % paired interval of mean(b) - mean(a) over the same texts: ``uncertainty.paired_difference`` when
+    every value is 0 or 1 (agreement of classification and embeddings), else a paired bootstrap of the mean
+    per-text difference (:class:`PairedMeanDifference`)."""
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if x.shape != y.shape:
+        raise ValueError(f"paired values differ in shape: {x.shape} vs {y.shape}")
+    if np.isin(x, (0.0, 1.0)).all() and np.isin(y, (0.0, 1.0)).all():
+        return paired_difference(x.astype(bool), y.astype(bool), seed=seed, resamples=resamples)
+    d = y - x
+    n = int(d.size)
+    est = float(d.mean()) if n else float("nan")
+    if n == 0 or not np.any(d):
+        iv = Interval(est, est, est) if n else Interval(est, float("-inf"), float("inf"))
+    else:
+        rows = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+        lo, hi = np.quantile(d[rows].mean(axis=1), [0.025, 0.975])
+        iv = Interval(est, float(lo), float(hi))
+    return PairedMeanDifference(iv, int((d < 0).sum()), int((d > 0).sum()), n, float(d.std(ddof=1)) if n > 1 else 0.0)
+
+
 @dataclass(frozen=True)
 class LayerSensitivity:
+    """A layer's two variants against the reference and the all-INT8 variant. Accuracy deltas (fractions) only
+    where the texts have class labels; fidelity (``evaluate.rowfidelity``: agreement for every task, cosine for
+    embeddings) always, as paired differences over the per-text values."""
+
     node: str
     only_this: SensitivityResult  # every other node kept in higher precision
     all_but_this: SensitivityResult  # this node kept in higher precision
-    only_this_delta: float  # accuracy(only this INT8) - accuracy(reference)
-    all_but_this_delta: float  # accuracy(all but this) - accuracy(all INT8)
-    # paired 95 % intervals of the two deltas (same examples); None when a variant failed
+    only_this_delta: float | None = None  # accuracy(only this INT8) - accuracy(reference); None without labels
+    all_but_this_delta: float | None = None  # accuracy(all but this) - accuracy(all INT8); None without labels
+    # paired 95 % intervals of the two deltas (same examples); None when a variant failed or without labels
     only_this_diff: PairedDifference | None = None
     all_but_this_diff: PairedDifference | None = None
-    # flips to the reference removed by keeping only this layer in higher precision (all INT8 minus all but
-    # this, as a paired difference of per-example flip indicators: positive = fewer flips)
+    # agreement with the reference recovered by keeping only this layer in higher precision (all but this
+    # minus all INT8, per text; for classification: the flips it removes; positive = recovered)
     flips_removed: PairedDifference | None = None
+    # agreement lost by quantizing only this layer (only this minus the reference's 1.0; negative = lost)
+    agreement_cost: PairedDifference | None = None
+    # embeddings: cosine to the reference recovered / lost the same ways
+    cosine_recovered: PairedDifference | None = None
+    cosine_cost: PairedDifference | None = None
 
 
 @dataclass(frozen=True)
 class SensitivityAnalysis:
     samples: int
-    reference_accuracy: float
+    reference_accuracy: float | None  # None without labels
     all_int8: SensitivityResult
     layers: tuple[LayerSensitivity, ...]
+    task: str = CLASSIFICATION
+
+    @property
+    def labelled(self) -> bool:
+        return self.reference_accuracy is not None
 
 
 def analyse_sensitivity(
@@ -115,7 +171,7 @@ def analyse_sensitivity(
     calibration_json: str,
     tokenizer: str,
     texts: Sequence[str],
-    labels: Sequence[int],
+    labels: Sequence[int] = (),
     reference_logits: np.ndarray,
     base_keep: Sequence[str] = (),
     target: str = "tensorrt",
@@ -127,12 +183,20 @@ def analyse_sensitivity(
     output_name: str | None = None,
     source_model_sha256: str | None = None,
     calibration_sha256: str | None = None,
+    task: str = CLASSIFICATION,
+    pooling: str | None = None,
+    neighbour_index: np.ndarray | None = None,
+    index_rows: Sequence[int] | None = None,
 ) -> SensitivityAnalysis:
     """Two variants per node plus one all-INT8 variant, on ``texts`` (already the subset to use).
 
-    ``base_keep``: nodes the engine under study already keeps in higher precision (kept in every variant).
-    ``source_model_sha256`` / ``calibration_sha256``: what the engine under study was built from (its
-    sidecar); the files are refused before any variant is built when their bytes differ.
+    ``reference_logits``: the reference's outputs on ``texts`` in ``task``'s terms (``evaluate.jobs``:
+    logits, vectors, or token tag ids); ``labels``: class ids of ``texts`` (classification; empty: judged on
+    fidelity alone). ``neighbour_index`` / ``index_rows`` (embeddings): the FP32 vectors nearest neighbours are
+    looked up among, and each text's own row there. ``base_keep``: nodes the engine under study already keeps
+    in higher precision (kept in every variant). ``source_model_sha256`` / ``calibration_sha256``: what the
+    engine under study was built from (its sidecar); the files are refused before any variant is built when
+    their bytes differ.
     """
     check_file(calibration_json, calibration_sha256, what="the calibration table the variants are rebuilt from",
                error=CalibrationError, hint="restore that calibration.json, or rebuild the engine with "
@@ -140,19 +204,14 @@ def analyse_sensitivity(
     nodes = list(dict.fromkeys(nodes))
     n = workers if workers is not None else default_workers()
     threads = executor.threads_per_task if executor is not None else max(1, (os.cpu_count() or 1) // max(1, n))
+    labelled = task == CLASSIFICATION and len(labels) == len(texts) and len(texts) > 0
     base = dict(
-        source_model=str(source_model),
-        calibration_json=str(calibration_json),
-        tokenizer=str(tokenizer),
-        texts=tuple(texts),
-        labels=tuple(int(v) for v in labels),
-        reference_logits=tuple(tuple(float(v) for v in row) for row in np.asarray(reference_logits)),
-        batch_size=batch_size,
-        threads=threads,
-        max_length=max_length,
-        target=target,
-        output_name=output_name,
-        source_model_sha256=source_model_sha256,
+        source_model=str(source_model), calibration_json=str(calibration_json), tokenizer=str(tokenizer),
+        texts=tuple(texts), labels=tuple(int(v) for v in labels) if labelled else (),
+        reference_logits=_nested(reference_logits), batch_size=batch_size, threads=threads, max_length=max_length,
+        target=target, output_name=output_name, source_model_sha256=source_model_sha256, task=task,
+        pooling=pooling, neighbour_index=None if neighbour_index is None else _nested(neighbour_index),
+        index_rows=None if index_rows is None else tuple(int(v) for v in index_rows),
     )
     kept = tuple(base_keep)
     jobs = [SensitivityJob(keep_nodes=kept, mode=ALL_INT8, **base)]  # type: ignore[arg-type]
@@ -161,33 +220,49 @@ def analyse_sensitivity(
         jobs.append(SensitivityJob(keep_nodes=others, mode=ONLY_THIS, node=node, **base))  # type: ignore[arg-type]
         jobs.append(SensitivityJob(keep_nodes=(node, *kept), mode=ALL_BUT_THIS, node=node, **base))  # type: ignore[arg-type]
     results = run_jobs(jobs, workers=n, progress=progress, executor=executor)
-    y = np.asarray(labels, dtype=np.int64)
-    ref_pred = np.asarray(reference_logits).argmax(axis=1)
-    ref_correct = ref_pred == y
-    ref_acc = float(np.mean(ref_correct))
     all_int8 = results[0]
     if all_int8.error:
         raise CalibrationError(f"sensitivity: the all-INT8 variant could not be built: {all_int8.error}",
                                hint=all_int8.error_hint or "run with --no-sensitivity to compare without it")
-    per_node = []
-    for k, node in enumerate(nodes):
-        only, abt = results[1 + 2 * k], results[2 + 2 * k]
-        for r in (only, abt):
-            if r.error:
-                log.warning("sensitivity variant %s for %s failed: %s", r.mode, node, r.error)
-        ok = len(all_int8.predictions) == len(y)
-        only_ok = ok and not only.error and len(only.predictions) == len(y)
-        abt_ok = ok and not abt.error and len(abt.predictions) == len(y)
-        per_node.append(
-            LayerSensitivity(
-                node=node,
-                only_this=only,
-                all_but_this=abt,
-                only_this_delta=only.accuracy - ref_acc,
-                all_but_this_delta=abt.accuracy - all_int8.accuracy,
-                only_this_diff=paired_difference(ref_correct, only.correct(y)) if only_ok else None,
-                all_but_this_diff=paired_difference(all_int8.correct(y), abt.correct(y)) if abt_ok else None,
-                flips_removed=paired_difference(abt.flips(ref_pred), all_int8.flips(ref_pred)) if abt_ok else None,
-            )
+    y = np.asarray(labels, dtype=np.int64) if labelled else None
+    ref_correct = None
+    if y is not None:
+        ref_correct = np.asarray(reference_logits).argmax(axis=1) == y
+    per_node = [_layer(node, results[1 + 2 * k], results[2 + 2 * k], all_int8, y, ref_correct, len(texts))
+                for k, node in enumerate(nodes)]
+    ref_acc = float(np.mean(ref_correct)) if ref_correct is not None else None
+    return SensitivityAnalysis(len(texts), ref_acc, all_int8, tuple(per_node), task)
+
+
+def _nested(a: np.ndarray) -> tuple:
+    return tuple(tuple(float(v) for v in np.ravel(row)) for row in np.asarray(a))
+
+
+def _layer(node: str, only: SensitivityResult, abt: SensitivityResult, all_int8: SensitivityResult,
+           y: np.ndarray | None, ref_correct: np.ndarray | None, n: int) -> LayerSensitivity:
+    """One node's effects: accuracy deltas where ``y`` (labels) exist, fidelity always."""
+    for r in (only, abt):
+        if r.error:
+            log.warning("sensitivity variant %s for %s failed: %s", r.mode, node, r.error)
+    ok = len(all_int8.agreement_values) == n
+    only_ok = ok and not only.error and len(only.agreement_values) == n
+    abt_ok = ok and not abt.error and len(abt.agreement_values) == n
+    ones = np.ones(n)
+    acc: dict = {}
+    if y is not None and ref_correct is not None:
+        acc = dict(
+            only_this_delta=only.accuracy - float(np.mean(ref_correct)) if not only.error else None,
+            all_but_this_delta=abt.accuracy - all_int8.accuracy if not abt.error else None,
+            only_this_diff=paired_difference(ref_correct, only.correct(y)) if only_ok else None,
+            all_but_this_diff=paired_difference(all_int8.correct(y), abt.correct(y)) if abt_ok else None,
         )
-    return SensitivityAnalysis(len(texts), ref_acc, all_int8, tuple(per_node))
+    cos = ok and len(all_int8.cosine_values) == n
+    return LayerSensitivity(
+        node, only, abt, **acc,
+        flips_removed=paired_values(all_int8.agreement_values, abt.agreement_values) if abt_ok else None,
+        agreement_cost=paired_values(ones, only.agreement_values) if only_ok else None,
+        cosine_recovered=paired_values(all_int8.cosine_values, abt.cosine_values)
+        if abt_ok and cos and len(abt.cosine_values) == n else None,
+        cosine_cost=paired_values(ones, only.cosine_values) if only_ok and cos and len(only.cosine_values) == n
+        else None,
+    )
