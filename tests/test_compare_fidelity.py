@@ -177,7 +177,7 @@ def test_a_classifier_with_traffic_runs_sensitivity_on_the_traffic(classifier: d
     assert any(v.sensitivity is not None and v.sensitivity.flips_removed is not None for v in res.layers)
 
 
-def test_without_sensitivity_the_verdict_says_not_measured(embedder: dict[str, Path]) -> None:
+def test_without_sensitivity_the_verdict_says_not_measured(embedder: dict[str, Path], tmp_path: Path) -> None:
     from dataclasses import replace
 
     res = _compare(embedder, options=replace(OPTS, sensitivity=False))
@@ -188,6 +188,12 @@ def test_without_sensitivity_the_verdict_says_not_measured(embedder: dict[str, P
     assert any("not measured" in w for w in res.warnings)
     doc = to_document(res)
     assert doc["recommendation"]["measured"] is False and "--no-sensitivity" in doc["sensitivity"]["why_not"]
+    from calibkit.report.render import render_report
+
+    out = render_report(res, tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "Per-layer sensitivity: **not measured**" in md and "Verdict:" in md and out is not None
+    assert "passed the thresholds" not in md
 
 
 def test_the_cli_prints_the_verdict_and_na_never_nan(embedder: dict[str, Path]) -> None:
@@ -277,6 +283,11 @@ def test_flags_sharing_a_clipped_family_are_one_finding(tmp_path: Path) -> None:
     assert set(f.tensors) == {"p1", "p2"} and set(f.nodes) >= {"ctx1", "ctx2"} and f.fix
     assert parse_result(to_document(res)) == res
     assert to_document(res)["findings"][0]["message"] == f.message
+    from calibkit.report.render import render_report
+
+    render_report(res, tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "## Findings (1)" in md and f.fix in md
 
     from typer.testing import CliRunner
 

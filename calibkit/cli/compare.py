@@ -14,6 +14,7 @@ from calibkit.cli._common import (
     MAX_BATCH_TOKENS,
     MEMORY_BUDGET_TAPS,
     NO_REPORT,
+    NO_TRAFFIC,
     TRAFFIC,
     TRAFFIC_SIZE,
     TRAFFIC_TEXT_FIELD,
@@ -25,6 +26,7 @@ from calibkit.cli._common import (
     handle_errors,
     out,
     say,
+    traffic_choice,
     warn,
 )
 from calibkit.executors import EXECUTOR_HELP
@@ -135,6 +137,7 @@ def compare(
         "multi_label_classification]."
     ),
     traffic: str | None = TRAFFIC,
+    no_traffic: bool = NO_TRAFFIC,
     traffic_size: int = TRAFFIC_SIZE,
     traffic_text_field: str | None = TRAFFIC_TEXT_FIELD,
 ) -> None:
@@ -169,7 +172,8 @@ def compare(
                                       max_cost_points=threshold_cost, cosine_effect=threshold_cosine),
                 max_disagreements=max_disagreements, workers=workers, executor=executor,
                 memory_budget=memory_budget, max_batch_tokens=max_batch_tokens, progress=progress,
-                traffic=traffic, traffic_size=traffic_size, traffic_text_field=traffic_text_field,
+                traffic=traffic_choice(traffic, no_traffic), traffic_size=traffic_size,
+                traffic_text_field=traffic_text_field,
             )
         from calibkit.report.codec import to_document
 

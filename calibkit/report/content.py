@@ -349,6 +349,12 @@ def _keep_blocks(report: Comparison) -> list[Block]:
     keep = _keep_layers(report)
     precision = (report.recommendation.precision or "higher precision").upper()
     blocks: list[Block] = [Heading(2, "Layers to keep in higher precision")]
+    rec = report.recommendation
+    if rec.verdict:
+        blocks.append(Para.of(Span("Verdict: ", bold=True), text(rec.verdict)))
+    blocks += _sensitivity_blocks(report)
+    if rec.verdict and not keep and not rec.measured:
+        return blocks + _finding_blocks(report)
     if keep:
         blocks.append(Para.of("Keep ", Span(f"{len(keep)} of {len(layers)}", bold=True),
                               f" quantized layers in {precision}; the rest can run in INT8."))
@@ -376,6 +382,34 @@ def _keep_blocks(report: Comparison) -> list[Block]:
             "many examples would settle it.",
         ))
         blocks.append(_keep_table(tuple((layer_name(x), x) for x in unsure)))
+    return blocks + _finding_blocks(report)
+
+
+def _sensitivity_blocks(report: Comparison) -> list[Block]:
+    """What per-layer sensitivity ran on and judged by, or why it did not run."""
+    sv = report.sensitivity
+    if sv is None:
+        return []
+    if not sv.measured:
+        return [Para.of("Per-layer sensitivity: ", Span("not measured", bold=True),
+                        f" ({text(sv.why_not)})." if sv.why_not else ".")]
+    parts = [f"all INT8 there: agreement {pct(sv.all_int8_agreement)}"]
+    if sv.all_int8_cosine is not None:
+        parts.append(f"mean cosine {num(sv.all_int8_cosine, 5)}")
+    if sv.all_int8_accuracy is not None:
+        parts.append(f"accuracy {pct(sv.all_int8_accuracy)} (reference {pct(sv.reference_accuracy)})")
+    return [Para.of("Per-layer sensitivity: ", Span(f"{num(sv.layers)} layers", bold=True),
+                    f" measured on {num(sv.samples)} texts of the {text(sv.source)}, judged by {text(sv.basis)}; "
+                    + ", ".join(parts) + ".")]
+
+
+def _finding_blocks(report: Comparison) -> list[Block]:
+    """Flags that one cause explains, as one finding each with its fix."""
+    if not report.findings:
+        return []
+    blocks: list[Block] = [Heading(2, f"Findings ({len(report.findings)})")]
+    for f in report.findings:
+        blocks.append(Para.of(Span(text(f.cause), bold=True), f": {text(f.message)} Fix: {text(f.fix)}"))
     return blocks
 
 
