@@ -261,10 +261,32 @@ def draw_traffic(
     if options.size < 1:
         raise DataError(f"--traffic-size must be at least 1 (got {options.size})")
     fields, auto = resolve_text_fields(path, options.text_field)
-    scan = _scan(path, fields, options, calibration_keys(calibration_set) if calibration_set is not None else set(),
-                 cb)
-    stats, dedup, tally, pool = scan.stats, scan.dedup, scan.tally, scan.pool
-    excluded_groups, excluded_lines, file_size = scan.excluded_groups, scan.excluded_lines, scan.file_size
+    exclude = calibration_keys(calibration_set) if calibration_set is not None else set()
+    stats, dedup, tally = ReadStats(), DedupIndex(), CleanupTally()
+    pool = PriorityPool(capacity=options.size)  # a bucket never gets more than ``size`` texts
+    excluded_groups: set[int] = set()
+    excluded_lines = 0
+    file_size = path.stat().st_size
+    task = "reading traffic log"
+    cb(ProgressEvent(task, 0, file_size))
+    for item in clean_log(path, fields, None, strict=options.strict, redact_pii=options.redact, stats=stats,
+                          dedup=dedup, tally=tally):
+        if stats.records % _PROGRESS_EVERY == 0:
+            cb(ProgressEvent(task, stats.bytes_read, file_size, f"{stats.lines:,} lines"))
+        seen = item.seen
+        if seen is None:
+            continue
+        if exclude and (seen.key in exclude or (item.raw_text is not item.text
+                                                and digest(normalize(item.raw_text)) in exclude)):
+            excluded_lines += 1
+            excluded_groups.add(seen.key)
+            continue
+        if not seen.first:
+            continue
+        est = estimate_tokens(item.text)
+        pool.offer(length_bucket(est), Candidate(priority(seen.key, options.seed), seen.key, item.text, None, est,
+                                                 item.record.line_no))
+    cb(ProgressEvent(task, file_size, file_size, f"{stats.lines:,} lines"))
     if expected_sha256 is not None and stats.sha256 != expected_sha256:
         raise DataError(f"the log {path} changed since the calibration set was sampled from it (SHA-256 "
                         f"{stats.sha256[:12]}…, then {expected_sha256[:12]}…)", hint=TRAFFIC_HINT)
@@ -282,7 +304,23 @@ def draw_traffic(
         members = pool.members(s)
         cands.extend(members)
         weights.extend([pool.weight(s)] * len(members))
-    lengths, measure, max_len = _lengths(cands, options, cb)
+    if options.tokenizer is not None:
+        from calibkit.data.tokenizer import TextTokenizer
+
+        tok = TextTokenizer(options.tokenizer)
+        texts = [c.text for c in cands]
+        step = 2048
+        parts = []
+        for i in range(0, len(texts), step):
+            parts.append(tok.token_lengths(texts[i: i + step]))
+            cb(ProgressEvent("tokenizing traffic candidates", min(i + step, len(texts)), len(texts)))
+        lengths = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        measure = f"tokenizer ({options.tokenizer})"
+        max_len = options.max_length or tok.max_length
+    else:
+        lengths = np.asarray([c.est_tokens for c in cands], dtype=np.int64)
+        measure = "word-piece estimate"
+        max_len = options.max_length or DEFAULT_MAX_LENGTH
     buckets = [length_bucket(int(n)) for n in lengths]
     strata_pop: dict[int, float] = {}
     members_of: dict[int, list[int]] = {}
@@ -332,66 +370,6 @@ def draw_traffic(
                "gzip_truncated": stats.gzip_truncated},
         warnings=tuple(warnings),
     )
-
-
-@dataclass
-class _Scan:
-    """One pass over the log: the per-length-bucket pools of first occurrences outside the calibration set."""
-
-    stats: ReadStats
-    dedup: DedupIndex
-    tally: CleanupTally
-    pool: PriorityPool
-    file_size: int
-    excluded_groups: set[int] = field(default_factory=set)
-    excluded_lines: int = 0
-
-
-def _scan(path: Path, fields: Sequence[str], options: TrafficOptions, exclude: set[int],
-          cb: ProgressCallback) -> _Scan:
-    scan = _Scan(ReadStats(), DedupIndex(), CleanupTally(), PriorityPool(capacity=options.size),
-                 path.stat().st_size)  # a bucket never gets more than ``size`` texts
-    task = "reading traffic log"
-    cb(ProgressEvent(task, 0, scan.file_size))
-    for item in clean_log(path, fields, None, strict=options.strict, redact_pii=options.redact, stats=scan.stats,
-                          dedup=scan.dedup, tally=scan.tally):
-        if scan.stats.records % _PROGRESS_EVERY == 0:
-            cb(ProgressEvent(task, scan.stats.bytes_read, scan.file_size, f"{scan.stats.lines:,} lines"))
-        seen = item.seen
-        if seen is None:
-            continue
-        if exclude and (seen.key in exclude or (item.raw_text is not item.text
-                                                and digest(normalize(item.raw_text)) in exclude)):
-            scan.excluded_lines += 1
-            scan.excluded_groups.add(seen.key)
-            continue
-        if not seen.first:
-            continue
-        est = estimate_tokens(item.text)
-        scan.pool.offer(length_bucket(est), Candidate(priority(seen.key, options.seed), seen.key, item.text, None,
-                                                      est, item.record.line_no))
-    cb(ProgressEvent(task, scan.file_size, scan.file_size, f"{scan.stats.lines:,} lines"))
-    return scan
-
-
-def _lengths(cands: Sequence[Candidate], options: TrafficOptions, cb: ProgressCallback
-             ) -> tuple[np.ndarray, str, int]:
-    """Each candidate's token length (exact with ``options.tokenizer``, else the word-piece estimate), what
-    measured it, and the model's length limit."""
-    if options.tokenizer is None:
-        return (np.asarray([c.est_tokens for c in cands], dtype=np.int64), "word-piece estimate",
-                options.max_length or DEFAULT_MAX_LENGTH)
-    from calibkit.data.tokenizer import TextTokenizer
-
-    tok = TextTokenizer(options.tokenizer)
-    texts = [c.text for c in cands]
-    step = 2048
-    parts = []
-    for i in range(0, len(texts), step):
-        parts.append(tok.token_lengths(texts[i: i + step]))
-        cb(ProgressEvent("tokenizing traffic candidates", min(i + step, len(texts)), len(texts)))
-    lengths = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-    return lengths, f"tokenizer ({options.tokenizer})", options.max_length or tok.max_length
 
 
 def split_traffic(evidence: TrafficEvidence, holdout_fraction: float, seed: int = 0) -> TrafficSplit:
