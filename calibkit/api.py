@@ -167,7 +167,7 @@ def check_calibration_options(*, method: str, target: str, percentile: float, nu
 
 def calibrate(
     model: PathLike | ModelDir,
-    calibration_set: PathLike | CalibrationSet,
+    calibration_set: PathLike | CalibrationSet | None,
     out: PathLike | None = None,
     *,
     method: str = "mse",
@@ -182,26 +182,70 @@ def calibrate(
     cache_dir: PathLike | None = None,
     memory_budget: str | int = DEFAULT_MEMORY_BUDGET,
     max_batch_tokens: int | None = None,
-    executor: Executor | None = None,
+    executor: Executor | str | None = None,
     progress: ProgressCallback | None = None,
+    from_cache: PathLike | None = None,
 ) -> CalibrationResult:
     """Collect activation statistics (reused from the statistics cache), compute the ``method``'s table and
-    write ``out``/model.int8.onnx (Q/DQ), calibration.cache and calibration.json."""
+    write ``out``/model.int8.onnx (Q/DQ), calibration.cache and calibration.json. ``executor``: an Executor or a
+    spec ("local", "dask://host:port") whose workers collect the statistics in shards (None: this process).
+
+    ``from_cache``: a TensorRT calibration cache to build the Q/DQ model from instead (``calibration_set`` None;
+    the model runs not, and a bare .onnx file needs no tokenizer)."""
+    import contextlib
+
     from calibkit.calibrate.pipeline import calibrate as run_calibration
+    from calibkit.executors import from_spec
     from calibkit.types import Method, MethodParams
 
     check_calibration_options(method=method, target=target, percentile=percentile, num_bins=num_bins,
                               batch_size=batch_size, op_types=op_types, exclude=exclude)
-    dest = Path(out) if out is not None else Path("runs") / f"calibrate-{method}"
+    tokens = budget(memory_budget, max_batch_tokens)  # a bad --memory-budget is refused before any work
+    if from_cache is not None:
+        if calibration_set is not None:
+            raise UsageError("--from-cache and --calibration-set exclude each other")
+        return _calibrate_from_cache(model, tokenizer, Path(from_cache), _calibrate_out(out, "from-cache"),
+                                     op_types=op_types, exclude=exclude, target=target)
+    if calibration_set is None:
+        raise UsageError("--calibration-set is required (or --from-cache FILE)",
+                         hint="create one with `calibkit sample LOGS.jsonl --out DIR`")
+    dest = _calibrate_out(out, method)
+    md = _model_dir(model, tokenizer)
+    cset = _calibration_set(calibration_set)
+    with contextlib.ExitStack() as stack:
+        ex = stack.enter_context(from_spec(executor)) if isinstance(executor, str) else executor
+        resources = Resources(executor=ex, budget=tokens, progress=progress or no_progress)
+        return run_calibration(
+            md, cset, Method(method), MethodParams(num_bins=num_bins, percentile=percentile), out_dir=dest,
+            op_types=list(op_types), exclude=list(exclude), target=target, batch_size=batch_size,
+            use_cache=use_cache, cache_dir=Path(cache_dir) if cache_dir is not None else None, resources=resources,
+        )
+
+
+def _calibrate_out(out: PathLike | None, name: str) -> Path:
+    """calibrate's output folder: ``out``, by default runs/calibrate-<method> (or -from-cache); never the
+    current directory."""
+    dest = Path(out) if out is not None else Path("runs") / f"calibrate-{name}"
     if dest.resolve() == Path.cwd().resolve():
         raise UsageError("--out is the current directory", hint="calibkit writes into a folder: pass --out DIR")
-    cset = _calibration_set(calibration_set)
-    return run_calibration(
-        _model_dir(model, tokenizer), cset, Method(method), MethodParams(num_bins=num_bins, percentile=percentile),
-        out_dir=dest, op_types=list(op_types), exclude=list(exclude), target=target, batch_size=batch_size,
-        progress=progress, use_cache=use_cache, budget=budget(memory_budget, max_batch_tokens), executor=executor,
-        cache_dir=Path(cache_dir) if cache_dir is not None else None,
-    )
+    return dest
+
+
+def _calibrate_from_cache(model: PathLike | ModelDir, tokenizer: PathLike | None, cache: Path, dest: Path, *,
+                          op_types: Sequence[str], exclude: Sequence[str], target: str) -> CalibrationResult:
+    from calibkit.calibrate.pipeline import calibrate_from_cache
+    from calibkit.data.modeldir import ModelDir
+    from calibkit.errors import ModelError
+
+    try:
+        md = _model_dir(model, tokenizer)
+    except ModelError:
+        path = Path(model) if not isinstance(model, ModelDir) else model.onnx_path
+        if not (path.is_file() and path.suffix == ".onnx"):
+            raise
+        md = ModelDir(onnx_path=path, tokenizer_path=path.parent)  # a tokenizer is not needed to apply a cache
+    return calibrate_from_cache(md, cache, out_dir=dest, op_types=list(op_types), exclude=list(exclude),
+                                target=target)
 
 
 # ---------------------------------------------------------------- build

@@ -11,6 +11,7 @@ from calibkit.data.modeldir import ModelDir
 from calibkit.engines.base import BaseRunner
 from calibkit.errors import CalibrationError
 from calibkit.quantize.tablefile import load_calibration_json
+from calibkit.resources import Resources
 from calibkit.types import INT8_MAX, Method, MethodParams
 
 
@@ -228,7 +229,8 @@ def test_model_is_read_again_after_statistics_and_a_changed_file_is_refused(setu
             md.onnx_path.write_bytes(m.SerializeToString())
 
     with pytest.raises(ModelError, match="changed while it was being calibrated"):
-        calibrate(md, cset, Method.MSE, out_dir=tmp / "changed", use_cache=False, progress=rewrite)
+        calibrate(md, cset, Method.MSE, out_dir=tmp / "changed", use_cache=False,
+                  resources=Resources(progress=rewrite))
     assert not (tmp / "changed" / "model.int8.onnx").exists()
 
 
@@ -245,3 +247,21 @@ def test_texts_edited_after_the_manifest_are_flagged(tmp_path, caplog):
         edited = load_calibration_set(cset.path)
     assert len(edited.texts) == 5 and edited.manifest["stale"] is True
     assert "was changed after manifest.json was written (5 texts, the manifest describes 12)" in caplog.text
+
+
+def test_the_tapped_runner_comes_from_the_resources_factory(tmp_path, monkeypatch):
+    """calibrate makes its runner only through ``Resources.runner_factory`` (the engine registry by default)."""
+    from calibkit.engines.registry import model_runner
+
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+    md = ModelDir.resolve(write_model_dir(tmp_path / "model"))
+    cset = write_calibration_set(tmp_path / "set", texts(12), None, {"n": 12})
+    made = []
+
+    def factory(model, **kw):
+        made.append(kw.get("name"))
+        return model_runner(model, **kw)
+
+    res = calibrate(md, cset, Method.MINMAX, out_dir=tmp_path / "out", resources=Resources(runner_factory=factory))
+    assert made == ["calibration-taps"]
+    assert res.model_path.is_file() and not res.reused_stats
