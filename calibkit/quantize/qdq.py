@@ -13,11 +13,13 @@ Layout (both targets)
   and ONNX Runtime both accept it and the file is about a quarter of the FP32 weight bytes. Per-output-channel
   scales (MatMul B [K, N]: axis 1 / last; Gemm B: axis 1, or 0 with transB=1), zero point 0, values in
   [-127, 127]. The FP32 initializer is dropped unless a non-quantized node still reads it. Gemm biases stay FP32.
-- Names (stable, so other tools can find them): for an activation ``T``: nodes ``T_QuantizeLinear`` and
-  ``T_DequantizeLinear``, tensors ``T_quantized``, ``T_dequantized``, initializers ``T_scale`` and
-  ``T_zero_point``. For a weight ``W``: initializers ``W_quantized`` (int8), ``W_scale``, ``W_zero_point``, node
-  ``W_DequantizeLinear`` with output ``W_dequantized``. Original nodes keep their names and output tensor names:
-  only their inputs are rewired to DQ outputs.
+- Names (stable, so other tools can find them; ONNX Runtime's own Q/DQ convention, so
+  ``onnxruntime.quantization.qdq_loss_debug`` pairs activations and weights): for an activation ``T``: nodes
+  ``T_QuantizeLinear`` and ``T_DequantizeLinear``, tensors ``T_QuantizeLinear_Output`` and
+  ``T_DequantizeLinear_Output``, initializers ``T_scale`` and ``T_zero_point``. For a weight ``W``: initializers
+  ``W_quantized`` (int8), ``W_scale``, ``W_zero_point``, node ``W_DequantizeLinear`` with output
+  ``W_DequantizeLinear_Output``. Original nodes keep their names and output tensor names: only their inputs are
+  rewired to DQ outputs.
 
 What differs between the targets
 - ``Target.TENSORRT`` (explicit quantization for TensorRT 11 strongly typed networks): int8 activations with
@@ -60,6 +62,9 @@ from calibkit.quantize.weights import REDUCED_WEIGHT_MAX, QuantizedWeight, quant
 from calibkit.types import INT8_MAX, CalibrationTable
 
 MIN_OPSET = 13  # per-axis DequantizeLinear
+# tensor suffixes of ONNX Runtime's quantizer (onnxruntime.quantization.quant_utils), which qdq_loss_debug matches
+QUANT_OUTPUT = "_QuantizeLinear_Output"
+DEQUANT_OUTPUT = "_DequantizeLinear_Output"
 
 
 class Target(str, enum.Enum):
@@ -181,7 +186,7 @@ def quantize_model(
         zp = fresh(f"{t}_zero_point")
         new_inits.append(numpy_helper.from_array(np.asarray(amax[t] / INT8_MAX, dtype=np.float32), scale))
         new_inits.append(helper.make_tensor(zp, act_dtype, [], [act_zp]))
-        q_out, dq_out = fresh(f"{t}_quantized"), fresh(f"{t}_dequantized")
+        q_out, dq_out = fresh(f"{t}{QUANT_OUTPUT}"), fresh(f"{t}{DEQUANT_OUTPUT}")
         act_nodes[t] = [
             helper.make_node("QuantizeLinear", [t, scale, zp], [q_out], name=fresh(f"{t}_QuantizeLinear")),
             helper.make_node("DequantizeLinear", [q_out, scale, zp], [dq_out], name=fresh(f"{t}_DequantizeLinear")),
@@ -216,7 +221,7 @@ def quantize_model(
         new_inits.append(numpy_helper.from_array(qw.values, qname))
         new_inits.append(numpy_helper.from_array(qw.scale, sname))
         new_inits.append(numpy_helper.from_array(np.zeros(qw.scale.shape, dtype=np.int8), zname))
-        dq_out = fresh(f"{w}_dequantized")
+        dq_out = fresh(f"{w}{DEQUANT_OUTPUT}")
         dq_name = fresh(f"{w}_DequantizeLinear")
         node = helper.make_node("DequantizeLinear", [qname, sname, zname], [dq_out], name=dq_name)
         if axis is not None:
