@@ -30,6 +30,7 @@ from calibkit.progress import ProgressCallback, no_progress
 from calibkit.resources import Resources
 
 if TYPE_CHECKING:  # pragma: no cover - types only
+    from calibkit.calibrate.methods import ActivationHistogram
     from calibkit.calibrate.pipeline import CalibrationResult
     from calibkit.calibrate.smoothing import SmoothResult
     from calibkit.data.calibset import CalibrationSet
@@ -246,6 +247,37 @@ def _calibrate_from_cache(model: PathLike | ModelDir, tokenizer: PathLike | None
         md = ModelDir(onnx_path=path, tokenizer_path=path.parent)  # a tokenizer is not needed to apply a cache
     return calibrate_from_cache(md, cache, out_dir=dest, op_types=list(op_types), exclude=list(exclude),
                                 target=target)
+
+
+def histogram(calibration: CalibrationResult | PathLike, tensor: str | None = None) -> ActivationHistogram:
+    """One tensor's |x| histogram from a calibration's saved statistics, with the amax every method picks on
+    it. ``calibration``: a :class:`CalibrationResult`, its folder or its stats.npz; ``tensor``: a tensor name,
+    or text a name contains (the first such tensor, in the table's order); None: the first tensor."""
+    from calibkit.calibrate.methods import tensor_histogram
+    from calibkit.calibrate.pipeline import STATS_FILE, CalibrationResult
+    from calibkit.calibrate.stats import StatsStore
+    from calibkit.types import MethodParams
+
+    if isinstance(calibration, CalibrationResult):
+        if calibration.stats_path is None:
+            raise UsageError("this calibration has no statistics (it was built --from-cache)",
+                             hint="calibrate on a calibration set to see histograms")
+        path, params = calibration.stats_path, calibration.table.params
+    else:
+        path, params = Path(calibration), MethodParams()
+        path = path / STATS_FILE if path.is_dir() else path
+    if not path.is_file():
+        raise UsageError(f"no statistics at {path}", hint="pass calibrate's output folder or its stats.npz")
+    store = StatsStore.load(path)
+    names = list(store)
+    if not names:
+        raise UsageError(f"{path} holds no tensors")
+    chosen = names[0] if tensor is None else tensor if tensor in names else next(
+        (t for t in names if tensor in t), None)
+    if chosen is None:
+        raise UsageError(f"no tensor of {path.name} is or contains {tensor!r}",
+                         hint=f"names look like {names[0]!r}")
+    return tensor_histogram(store[chosen], params)
 
 
 # ---------------------------------------------------------------- build

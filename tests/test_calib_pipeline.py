@@ -265,3 +265,25 @@ def test_the_tapped_runner_comes_from_the_resources_factory(tmp_path, monkeypatc
     res = calibrate(md, cset, Method.MINMAX, out_dir=tmp_path / "out", resources=Resources(runner_factory=factory))
     assert made == ["calibration-taps"]
     assert res.model_path.is_file() and not res.reused_stats
+
+
+def test_histogram_of_a_calibration_through_the_public_api(tmp_path, monkeypatch):
+    import calibkit as ck
+    from calibkit.calibrate.methods import compute_amax
+    from calibkit.errors import UsageError
+
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+    md = ModelDir.resolve(write_model_dir(tmp_path / "model"))
+    cset = write_calibration_set(tmp_path / "set", texts(12), None, {"n": 12})
+    res = ck.calibrate(md, cset, tmp_path / "out", method="percentile", percentile=99.0)
+    first = res.table.ranges[0].tensor
+    h = ck.histogram(res)
+    assert h.tensor == first and h.counts.sum() == h.count > 0 and len(h.centres) == len(h.counts)
+    stats = StatsStore.load(res.stats_path)[first]
+    assert h.amax[Method.PERCENTILE] == compute_amax(stats, Method.PERCENTILE, MethodParams(percentile=99.0))
+    assert h.amax[Method.PERCENTILE] == res.table.amax()[first]
+    last = res.table.ranges[-1].tensor
+    assert ck.histogram(tmp_path / "out", last).tensor == last  # a folder, an exact name
+    assert ck.histogram(res.stats_path, last[-6:]).tensor in {r.tensor for r in res.table.ranges}
+    with pytest.raises(UsageError, match="is or contains"):
+        ck.histogram(res, "no-such-tensor")
