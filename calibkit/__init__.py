@@ -10,8 +10,9 @@ The public API (imported on first use, so ``import calibkit`` stays light)::
 
 Functions: :func:`sample`, :func:`smooth`, :func:`calibrate`, :func:`histogram`, :func:`build`, :func:`compare`,
 :func:`tune`, :func:`load_report`, :func:`render_report` (calibkit.api); :func:`prepare_demo` with
-:class:`PrepareOptions` (calibkit.demo.prepare: the demo's model, data and log). Results: :class:`Comparison`, :class:`TuneResult`
-and their parts (calibkit.evaluate.results). Errors: :class:`CalibkitError` and its subclasses (calibkit.errors).
+:class:`PrepareOptions` (calibkit.demo.prepare: the demo's model, data and log). Results: :class:`Comparison`,
+:class:`TuneResult` and their parts (calibkit.evaluate.results). Errors: :class:`CalibkitError` and its
+subclasses (calibkit.errors).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ _RESULTS = ("Comparison", "EngineEvaluation", "LayerVerdict", "Evidence", "TuneR
             "HoldoutVerdict")
 _ERRORS = ("CalibkitError", "UsageError", "DataError", "ModelError", "CalibrationError", "BackendError",
            "MissingDependencyError")
-_WHERE = {**dict.fromkeys(_API, "calibkit.api"), **dict.fromkeys(_DEMO, "calibkit.demo.prepare"), **dict.fromkeys(_RESULTS, "calibkit.evaluate.results"),
+_WHERE = {**dict.fromkeys(_API, "calibkit.api"), **dict.fromkeys(_DEMO, "calibkit.demo.prepare"),
+          **dict.fromkeys(_RESULTS, "calibkit.evaluate.results"),
           **dict.fromkeys(_ERRORS, "calibkit.errors")}
 
 __all__ = ["__version__", *_API, *_DEMO, *_RESULTS, *_ERRORS]
