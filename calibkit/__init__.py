@@ -29,7 +29,7 @@ _DEMO = ("prepare_demo", "PrepareOptions")  # the demo's model, data and log (no
 _RESULTS = ("Comparison", "EngineEvaluation", "LayerVerdict", "Evidence", "TuneResult", "TunePlan", "Candidate",
             "HoldoutVerdict")
 _ERRORS = ("CalibkitError", "UsageError", "DataError", "ModelError", "CalibrationError", "BackendError",
-           "MissingDependencyError")
+           "MissingDependencyError", "TargetMissedError")
 _WHERE = {**dict.fromkeys(_API, "calibkit.api"), **dict.fromkeys(_DEMO, "calibkit.demo.prepare"),
           **dict.fromkeys(_RESULTS, "calibkit.evaluate.results"),
           **dict.fromkeys(_ERRORS, "calibkit.errors")}

@@ -389,6 +389,7 @@ def compare(
     traffic: PathLike | TrafficEvidence | None = None,
     traffic_size: int = 4000,
     traffic_text_field: str | None = None,
+    save_outputs: PathLike | None = None,
 ) -> Comparison:
     """Engine A (baseline) against engine B on an eval set: each engine's metrics, B's fidelity to A in the
     task's terms, per-layer measurements, sensitivity and flags. Engines are paths (with their .calibkit.json
@@ -396,7 +397,9 @@ def compare(
     classification | embedding | token-classification | regression | multi-label. ``executor``: an Executor or
     a spec ("local", "dask://host:port") for the sensitivity variants. ``traffic``: a request log (or
     ``"auto"``: the log of the calibration set B was calibrated on, named in its manifest) whose texts — those
-    not in that calibration set — measure B's fidelity to A without labels (``Comparison.traffic``)."""
+    not in that calibration set — measure B's fidelity to A without labels (``Comparison.traffic``).
+    ``save_outputs``: a folder that receives every evaluated text's outputs from each engine
+    (:func:`save_per_text_outputs`), so a flip can be reproduced."""
     import contextlib
 
     from calibkit.evaluate.compare import CompareOptions, check_same_model, compare_engines, select_task, tokenizer_dir
@@ -426,8 +429,87 @@ def compare(
                               progress=progress or no_progress)
         drawn = load_traffic(traffic, _engine_calibration_set(b, a), size=traffic_size, text_field=traffic_text_field,
                              seed=seed, progress=progress)
-        return compare_engines(a, b, ev, reference=ref, options=opts, rows=rows, task=chosen, resources=resources,
-                               traffic=drawn)
+        result = compare_engines(a, b, ev, reference=ref, options=opts, rows=rows, task=chosen,
+                                 resources=resources, traffic=drawn)
+    if save_outputs is not None:
+        save_per_text_outputs(result, ev, Path(save_outputs),
+                              rows=[int(i) for i in rows.indices] if rows is not None else None)
+    return result
+
+
+#: the files of ``compare --save-outputs DIR``
+OUTPUTS_JSONL = "outputs.jsonl"
+OUTPUTS_NPZ = "outputs.npz"
+
+
+def save_per_text_outputs(result: Comparison, eval_set: EvalSet, out: Path, *,
+                          rows: Sequence[int] | None = None) -> Path:
+    """Write each evaluated text's outputs from every engine into the folder ``out`` (atomically):
+    outputs.npz holds the raw outputs (``A``, ``B``, ``reference``: one row per text in evaluation order;
+    ``<name>_mask``: token masks of token outputs), outputs.jsonl one line per text: ``row`` (its line in the
+    eval set), ``text``, ``label`` and, for per-text class scores, each engine's predicted class and whether B
+    flipped A's. Re-running one text through both engines reproduces a flip."""
+    import json
+
+    import numpy as np
+
+    from calibkit._io import atomic_dir
+
+    per_text = result.per_text
+    if per_text is None or not per_text.by_engine:
+        raise UsageError("this comparison kept no per-text outputs", hint="compare again with save_outputs=DIR")
+    arrays = {name: np.asarray(v) for name, v in per_text.by_engine.items()}
+    n = len(eval_set)
+    if any(len(v) != n for v in arrays.values()):
+        raise UsageError(f"per-text outputs cover {sorted({len(v) for v in arrays.values()})} texts, the eval set "
+                         f"{n}", hint="pass the eval set rows the comparison was run on")
+    row_of = list(rows) if rows is not None else list(range(n))
+    decide = {k: v.argmax(axis=-1) for k, v in arrays.items() if v.ndim == 2 and v.shape[-1] > 1}
+    lines = []
+    for i in range(n):
+        line: dict[str, Any] = {"row": row_of[i], "text": eval_set.texts[i]}
+        if eval_set.has_labels:
+            line["label"] = eval_set.labels[i]
+        for name, d in decide.items():
+            line[f"{name}_class"] = int(d[i])
+        if "A" in decide and "B" in decide:
+            line["flipped"] = bool(decide["A"][i] != decide["B"][i])
+        lines.append(json.dumps(line, ensure_ascii=True))  # escapes keep lone surrogates valid UTF-8
+    masks = {f"{k}_mask": np.asarray(v) for k, v in per_text.masks.items()}
+    with atomic_dir(out, what="compare --save-outputs", legacy_names=(OUTPUTS_JSONL, OUTPUTS_NPZ)) as tmp:
+        np.savez_compressed(tmp / OUTPUTS_NPZ, **arrays, **masks)
+        (tmp / OUTPUTS_JSONL).write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    return out
+
+
+def check_targets(*, min_agreement: float | None = None, max_drop: float | None = None) -> None:
+    """UsageError for a compare target that cannot be met or missed (checked before any work)."""
+    if min_agreement is not None and not 0.0 <= min_agreement <= 100.0:
+        raise UsageError(f"--min-agreement is a percentage in [0, 100], got {min_agreement}", hint="e.g. 99")
+    if max_drop is not None and max_drop < 0:
+        raise UsageError(f"--max-drop must be at least 0 points, got {max_drop}", hint="e.g. --max-drop 0.5")
+
+
+def missed_targets(result: Comparison, *, min_agreement: float | None = None,
+                   max_drop: float | None = None) -> tuple[str, ...]:
+    """What a comparison misses of the stated targets (empty: all met), one line each: ``min_agreement``, the
+    percentage of A's predictions B keeps (the point estimate, as printed); ``max_drop``, the most accuracy
+    points B may lose against A (needs labels). The CLI exits with
+    :class:`~calibkit.errors.TargetMissedError`'s code (8) when this is not empty."""
+    check_targets(min_agreement=min_agreement, max_drop=max_drop)
+    missed = []
+    if min_agreement is not None:
+        if result.agreement is None:
+            missed.append("agreement: the task has no per-text decision to agree on")
+        elif 100.0 * result.agreement < min_agreement:
+            missed.append(f"agreement {100.0 * result.agreement:.2f} % is below --min-agreement {min_agreement:g} %")
+    if max_drop is not None:
+        a, b = result.engine_a.accuracy, result.engine_b.accuracy
+        if a is None or b is None:
+            missed.append("accuracy drop: the eval set has no labels to score")
+        elif 100.0 * (a - b) > max_drop:
+            missed.append(f"accuracy drop {100.0 * (a - b):.2f} points is above --max-drop {max_drop:g}")
+    return tuple(missed)
 
 
 def _engine_calibration_set(*engines: EngineArtifact) -> CalibrationSet | None:
