@@ -588,21 +588,14 @@ def tune(
     FP32 is then judged on them and the eval set carries accuracy alone."""
     import contextlib
 
-    from calibkit._io import write_json
-    from calibkit.evaluate.tasks import choose_task, model_outputs
     from calibkit.evaluate.tune import TuneConfig, run_tune
     from calibkit.executors import from_spec
-    from calibkit.graph import load_model
-    from calibkit.report.codec import to_document
     from calibkit.types import MethodParams
 
     check_tune_options(method=method, target=target)
     md = _model_dir(model, tokenizer)
     dest = Path(out) if out is not None else Path("runs") / f"tune-{md.onnx_path.parent.name or md.onnx_path.stem}"
-    cfg = md.id2label
-    task = choose_task(model_outputs(load_model(md.onnx_path, load_external_data=False)),
-                       {"id2label": {str(k): v for k, v in cfg.items()}}) if cfg else None
-    ev, rows = load_evidence(eval_set, task=task, limit=limit, seed=seed)
+    ev, rows = load_evidence(eval_set, task=_model_task(md), limit=limit, seed=seed)
     cset = _calibration_set(calibration_set)
     drawn = load_traffic(traffic, cset, size=traffic_size, text_field=traffic_text_field, seed=seed, model=md,
                          progress=progress)
@@ -612,25 +605,41 @@ def tune(
         sensitivity_layers=sensitivity_layers, max_evaluations=max_evaluations, workers=workers, seed=seed,
         target=target, params=MethodParams(percentile=percentile), smooth=smooth,
     )
-    render = None
-    if report is not None:
-        from calibkit.report.render import render_report
-
-        def render(result: TuneResult, folder: Path) -> None:
-            render_report(result, folder)
-
-    def write_document(result: TuneResult, path: Path) -> None:
-        write_json(path, to_document(result))
-
     with contextlib.ExitStack() as stack:
         ex = executor
         if isinstance(ex, str):
             ex = stack.enter_context(from_spec(ex, workers))
         resources = Resources(executor=ex, budget=budget(memory_budget, max_batch_tokens), workers=workers,
                               progress=progress or no_progress)
-        return run_tune(md, cset, ev, dest, config, render=render,
+        return run_tune(md, cset, ev, dest, config, render=_render_tune if report is not None else None,
                         report_dir=Path(report) if report is not None else None, resources=resources,
-                        write_document=write_document, rows=rows, traffic=drawn)
+                        write_document=_write_tune_document, rows=rows, traffic=drawn)
+
+
+def _model_task(md: ModelDir) -> Any:
+    """The task of a model folder with class names (config.json's id2label), from its outputs; None without
+    them (tune then judges fidelity to FP32 alone)."""
+    from calibkit.evaluate.tasks import choose_task, model_outputs
+    from calibkit.graph import load_model
+
+    cfg = md.id2label
+    if not cfg:
+        return None
+    return choose_task(model_outputs(load_model(md.onnx_path, load_external_data=False)),
+                       {"id2label": {str(k): v for k, v in cfg.items()}})
+
+
+def _render_tune(result: TuneResult, folder: Path) -> None:
+    from calibkit.report.render import render_report
+
+    render_report(result, folder)
+
+
+def _write_tune_document(result: TuneResult, path: Path) -> None:
+    from calibkit._io import write_json
+    from calibkit.report.codec import to_document
+
+    write_json(path, to_document(result))
 
 
 def load_traffic(traffic: PathLike | TrafficEvidence | None, calibration_set: CalibrationSet | None, *,

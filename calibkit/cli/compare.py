@@ -147,6 +147,8 @@ def compare(
         "its row, text, label and each engine's class (outputs.jsonl), to reproduce a flip."
     ),
 ) -> None:
+    """Over 80 lines for a reason: the signature is the command's option table (typer reads it); the body
+    checks the outputs, makes one ``calibkit.api.compare`` call, delivers the result and applies the CI gate."""
     with handle_errors():
         from calibkit.api import check_targets, missed_targets
         from calibkit.api import compare as run_compare
@@ -171,31 +173,35 @@ def compare(
                 traffic=traffic, traffic_size=traffic_size, traffic_text_field=traffic_text_field,
                 save_outputs=save_outputs,
             )
-        from calibkit.report.codec import to_document
-
-        doc = to_document(result)
-        from calibkit._io import commit_together, write_json
-
-        with commit_together():  # --json and the report folder are replaced together or not at all
-            if json_path and not to_stdout:
-                write_json(json_path, doc)
-            if report_dir is not None:
-                _render(doc, report_dir)
-        if to_stdout:
-            from calibkit._io import dumps_json
-
-            sys.stdout.write(dumps_json(doc))
-            sys.stdout.flush()
-        else:
-            _print_summary(result, json_path, report_dir)
-            if save_outputs is not None:
-                say(f"wrote per-text outputs to {save_outputs}/ (outputs.jsonl, outputs.npz)")
+        _deliver(result, json_path, report_dir, to_stdout, save_outputs)
         missed = missed_targets(result, min_agreement=min_agreement, max_drop=max_drop)
         if missed:
             from calibkit.errors import TargetMissedError
 
             raise TargetMissedError("; ".join(missed), hint="every output was written; the exit code (8) is the "
                                     "CI gate of --min-agreement/--max-drop")
+
+
+def _deliver(result: Comparison, json_path: Path | None, report_dir: Path | None, to_stdout: bool,
+             save_outputs: Path | None) -> None:
+    """--json and the report folder (replaced together or not at all), then the document on stdout
+    (``--json -``) or the summary."""
+    from calibkit._io import commit_together, dumps_json, write_json
+    from calibkit.report.codec import to_document
+
+    doc = to_document(result)
+    with commit_together():
+        if json_path and not to_stdout:
+            write_json(json_path, doc)
+        if report_dir is not None:
+            _render(doc, report_dir)
+    if to_stdout:
+        sys.stdout.write(dumps_json(doc))
+        sys.stdout.flush()
+        return
+    _print_summary(result, json_path, report_dir)
+    if save_outputs is not None:
+        say(f"wrote per-text outputs to {save_outputs}/ (outputs.jsonl, outputs.npz)")
 
 
 def _guard_outputs(json_path: Path | None, report_dir: Path | None, save_outputs: Path | None,
