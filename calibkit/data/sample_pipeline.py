@@ -307,33 +307,34 @@ def _measure_pool(read: _LogPass, options: SampleOptions, cb: ProgressCallback) 
     """Every pooled candidate with its stratum's weight, its length (the tokenizer's when given, else the
     word-piece estimate) and its topic cluster."""
     pool = read.pool
-    cands: list[Candidate] = []
-    weights: list[float] = []
-    for s in pool.strata():
-        members = pool.members(s)
-        cands.extend(members)
-        weights.extend([pool.weight(s)] * len(members))
-    texts = [c.text for c in cands]
-    if options.tokenizer is not None:
-        from calibkit.data.tokenizer import TextTokenizer
-
-        tok = TextTokenizer(options.tokenizer)
-        max_len = options.max_length or tok.max_length
-        chunks = []
-        step = 2048
-        for i in range(0, len(texts), step):
-            chunks.append(tok.token_lengths(texts[i : i + step]))
-            cb(ProgressEvent("tokenizing candidates", min(i + step, len(texts)), len(texts)))
-        lengths = np.concatenate(chunks)
-        measure = f"tokenizer ({options.tokenizer})"
-    else:
-        max_len = options.max_length or DEFAULT_MAX_LENGTH
-        lengths = np.asarray([c.est_tokens for c in cands], dtype=np.int64)
-        measure = "word-piece estimate"
+    cands, weights = pool.weighted_members()
+    lengths, measure, max_len = candidate_lengths(cands, options.tokenizer, options.max_length, cb,
+                                                  "tokenizing candidates")
     cb(ProgressEvent("clustering topics", 0, 1))
-    topics = cluster_topics(texts, options.clusters, options.seed)
+    topics = cluster_topics([c.text for c in cands], options.clusters, options.seed)
     cb(ProgressEvent("clustering topics", 1, 1))
     return _Pool(cands, np.asarray(weights, dtype=np.float64), lengths, int(max_len), measure, topics, pool.capacity)
+
+
+def candidate_lengths(cands: Sequence[Candidate], tokenizer: Path | None, max_length: int | None,
+                      cb: ProgressCallback, task: str) -> tuple[np.ndarray, str, int]:
+    """(token length of each candidate, how it was measured, the maximum length): the tokenizer's lengths
+    when one is given (in chunks, progress under ``task``), else the word-piece estimate taken while reading.
+    Shared by ``sample`` and the traffic evidence of compare and tune."""
+    if tokenizer is None:
+        return (np.asarray([c.est_tokens for c in cands], dtype=np.int64), "word-piece estimate",
+                max_length or DEFAULT_MAX_LENGTH)
+    from calibkit.data.tokenizer import TextTokenizer
+
+    tok = TextTokenizer(tokenizer)
+    texts = [c.text for c in cands]
+    step = 2048
+    chunks = []
+    for i in range(0, len(texts), step):
+        chunks.append(tok.token_lengths(texts[i : i + step]))
+        cb(ProgressEvent(task, min(i + step, len(texts)), len(texts)))
+    lengths = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
+    return lengths, f"tokenizer ({tokenizer})", max_length or tok.max_length
 
 
 @dataclass(frozen=True)
