@@ -19,13 +19,15 @@ gets the same validation as a command line. Errors are the :class:`calibkit.erro
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from calibkit.errors import MissingDependencyError, UsageError
+from calibkit.executors import from_spec
 from calibkit.progress import ProgressCallback, no_progress
 from calibkit.resources import Resources
 
@@ -79,6 +81,22 @@ def _artifact(engine: PathLike | EngineArtifact) -> EngineArtifact:
     from calibkit.engines.artifact import EngineArtifact
 
     return engine if isinstance(engine, EngineArtifact) else EngineArtifact.load(Path(engine))
+
+
+@contextlib.contextmanager
+def resources(executor: Executor | str | None = None, *, workers: int | None = None,
+              memory_budget: str | int = DEFAULT_MEMORY_BUDGET, max_batch_tokens: int | None = None,
+              progress: ProgressCallback | None = None, pool_by_default: bool = False) -> Iterator[Resources]:
+    """The one :class:`Resources` value of a call, built here at the edge: ``executor`` as given, or opened
+    from its spec ("local", "local:N", "dask://host:port"; closed when the call ends); None stays None unless
+    ``pool_by_default`` (then a local pool of ``workers``); the token budget from ``memory_budget`` and
+    ``max_batch_tokens``; progress (default: none)."""
+    with contextlib.ExitStack() as stack:
+        ex = executor
+        if isinstance(ex, str) or (ex is None and pool_by_default):
+            ex = stack.enter_context(from_spec(ex, workers))
+        yield Resources(executor=ex, budget=budget(memory_budget, max_batch_tokens), workers=workers,
+                        progress=progress or no_progress)
 
 
 # ---------------------------------------------------------------- sample
@@ -193,15 +211,12 @@ def calibrate(
 
     ``from_cache``: a TensorRT calibration cache to build the Q/DQ model from instead (``calibration_set`` None;
     the model runs not, and a bare .onnx file needs no tokenizer)."""
-    import contextlib
-
     from calibkit.calibrate.pipeline import calibrate as run_calibration
-    from calibkit.executors import from_spec
     from calibkit.types import Method, MethodParams
 
     check_calibration_options(method=method, target=target, percentile=percentile, num_bins=num_bins,
                               batch_size=batch_size, op_types=op_types, exclude=exclude)
-    tokens = budget(memory_budget, max_batch_tokens)  # a bad --memory-budget is refused before any work
+    budget(memory_budget, max_batch_tokens)  # a bad --memory-budget is refused before any work
     if from_cache is not None:
         if calibration_set is not None:
             raise UsageError("--from-cache and --calibration-set exclude each other")
@@ -213,13 +228,12 @@ def calibrate(
     dest = _calibrate_out(out, method)
     md = _model_dir(model, tokenizer)
     cset = _calibration_set(calibration_set)
-    with contextlib.ExitStack() as stack:
-        ex = stack.enter_context(from_spec(executor)) if isinstance(executor, str) else executor
-        resources = Resources(executor=ex, budget=tokens, progress=progress or no_progress)
+    with resources(executor, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
+                   progress=progress) as res:
         return run_calibration(
             md, cset, Method(method), MethodParams(num_bins=num_bins, percentile=percentile), out_dir=dest,
             op_types=list(op_types), exclude=list(exclude), target=target, batch_size=batch_size,
-            use_cache=use_cache, cache_dir=Path(cache_dir) if cache_dir is not None else None, resources=resources,
+            use_cache=use_cache, cache_dir=Path(cache_dir) if cache_dir is not None else None, resources=res,
         )
 
 
@@ -400,11 +414,8 @@ def compare(
     not in that calibration set — measure B's fidelity to A without labels (``Comparison.traffic``).
     ``save_outputs``: a folder that receives every evaluated text's outputs from each engine
     (:func:`save_per_text_outputs`), so a flip can be reproduced."""
-    import contextlib
-
     from calibkit.evaluate.compare import CompareOptions, check_same_model, compare_engines, select_task, tokenizer_dir
     from calibkit.evaluate.flags import Thresholds
-    from calibkit.executors import from_spec
 
     if batch_size < 1:
         raise UsageError(f"--batch-size must be positive, got {batch_size}")
@@ -421,16 +432,12 @@ def compare(
         sensitivity_layers=sensitivity_layers, workers=workers, max_disagreements=max_disagreements, seed=seed,
         task=task, thresholds=thresholds or Thresholds(),
     )
-    with contextlib.ExitStack() as stack:
-        ex = executor
-        if ex is None or isinstance(ex, str):
-            ex = stack.enter_context(from_spec(ex, workers))
-        resources = Resources(executor=ex, budget=budget(memory_budget, max_batch_tokens), workers=workers,
-                              progress=progress or no_progress)
+    with resources(executor, workers=workers, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
+                   progress=progress, pool_by_default=True) as res:
         drawn = load_traffic(traffic, _engine_calibration_set(b, a), size=traffic_size, text_field=traffic_text_field,
                              seed=seed, progress=progress)
-        result = compare_engines(a, b, ev, reference=ref, options=opts, rows=rows, task=chosen,
-                                 resources=resources, traffic=drawn)
+        result = compare_engines(a, b, ev, reference=ref, options=opts, rows=rows, task=chosen, resources=res,
+                                 traffic=drawn)
     if save_outputs is not None:
         save_per_text_outputs(result, ev, Path(save_outputs),
                               rows=[int(i) for i in rows.indices] if rows is not None else None)
@@ -475,9 +482,9 @@ def save_per_text_outputs(result: Comparison, eval_set: EvalSet, out: Path, *,
         if "A" in decide and "B" in decide:
             line["flipped"] = bool(decide["A"][i] != decide["B"][i])
         lines.append(json.dumps(line, ensure_ascii=True))  # escapes keep lone surrogates valid UTF-8
-    masks = {f"{k}_mask": np.asarray(v) for k, v in per_text.masks.items()}
+    payload: dict[str, Any] = {**arrays, **{f"{k}_mask": np.asarray(v) for k, v in per_text.masks.items()}}
     with atomic_dir(out, what="compare --save-outputs", legacy_names=(OUTPUTS_JSONL, OUTPUTS_NPZ)) as tmp:
-        np.savez_compressed(tmp / OUTPUTS_NPZ, **arrays, **masks)
+        np.savez_compressed(tmp / OUTPUTS_NPZ, **payload)
         (tmp / OUTPUTS_JSONL).write_text("".join(x + "\n" for x in lines), encoding="utf-8")
     return out
 
@@ -586,10 +593,7 @@ def tune(
     log named in the calibration set's manifest, or drawn :class:`TrafficEvidence`: up to ``traffic_size``
     texts not in the calibration set, split into search and holdout parts like the eval set; agreement with
     FP32 is then judged on them and the eval set carries accuracy alone."""
-    import contextlib
-
     from calibkit.evaluate.tune import TuneConfig, run_tune
-    from calibkit.executors import from_spec
     from calibkit.types import MethodParams
 
     check_tune_options(method=method, target=target)
@@ -605,14 +609,10 @@ def tune(
         sensitivity_layers=sensitivity_layers, max_evaluations=max_evaluations, workers=workers, seed=seed,
         target=target, params=MethodParams(percentile=percentile), smooth=smooth,
     )
-    with contextlib.ExitStack() as stack:
-        ex = executor
-        if isinstance(ex, str):
-            ex = stack.enter_context(from_spec(ex, workers))
-        resources = Resources(executor=ex, budget=budget(memory_budget, max_batch_tokens), workers=workers,
-                              progress=progress or no_progress)
+    with resources(executor, workers=workers, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
+                   progress=progress) as res:
         return run_tune(md, cset, ev, dest, config, render=_render_tune if report is not None else None,
-                        report_dir=Path(report) if report is not None else None, resources=resources,
+                        report_dir=Path(report) if report is not None else None, resources=res,
                         write_document=_write_tune_document, rows=rows, traffic=drawn)
 
 
