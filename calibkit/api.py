@@ -214,18 +214,13 @@ def calibrate(
     from calibkit.calibrate.pipeline import calibrate as run_calibration
     from calibkit.types import Method, MethodParams
 
-    check_calibration_options(method=method, target=target, percentile=percentile, num_bins=num_bins,
-                              batch_size=batch_size, op_types=op_types, exclude=exclude)
-    budget(memory_budget, max_batch_tokens)  # a bad --memory-budget is refused before any work
+    dest = check_calibrate_request(
+        method=method, target=target, percentile=percentile, num_bins=num_bins, batch_size=batch_size,
+        op_types=op_types, exclude=exclude, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
+        has_calibration_set=calibration_set is not None, from_cache=from_cache, out=out)
     if from_cache is not None:
-        if calibration_set is not None:
-            raise UsageError("--from-cache and --calibration-set exclude each other")
-        return _calibrate_from_cache(model, tokenizer, Path(from_cache), _calibrate_out(out, "from-cache"),
-                                     op_types=op_types, exclude=exclude, target=target)
-    if calibration_set is None:
-        raise UsageError("--calibration-set is required (or --from-cache FILE)",
-                         hint="create one with `calibkit sample LOGS.jsonl --out DIR`")
-    dest = _calibrate_out(out, method)
+        return _calibrate_from_cache(model, tokenizer, Path(from_cache), dest, op_types=op_types, exclude=exclude,
+                                     target=target)
     md = _model_dir(model, tokenizer)
     cset = _calibration_set(calibration_set)
     with resources(executor, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
@@ -237,9 +232,22 @@ def calibrate(
         )
 
 
-def _calibrate_out(out: PathLike | None, name: str) -> Path:
-    """calibrate's output folder: ``out``, by default runs/calibrate-<method> (or -from-cache); never the
-    current directory."""
+def check_calibrate_request(*, method: str, target: str, percentile: float, num_bins: int, batch_size: int,
+                            op_types: Sequence[str], exclude: Sequence[str], memory_budget: str | int,
+                            max_batch_tokens: int | None, has_calibration_set: bool, from_cache: PathLike | None,
+                            out: PathLike | None) -> Path:
+    """Every check on a calibrate call that needs no file read (UsageError with what to pass instead), before
+    any work; returns the output folder: ``out``, by default runs/calibrate-<method> (or -from-cache), never
+    the current directory."""
+    check_calibration_options(method=method, target=target, percentile=percentile, num_bins=num_bins,
+                              batch_size=batch_size, op_types=op_types, exclude=exclude)
+    budget(memory_budget, max_batch_tokens)
+    if from_cache is not None and has_calibration_set:
+        raise UsageError("--from-cache and --calibration-set exclude each other")
+    if from_cache is None and not has_calibration_set:
+        raise UsageError("--calibration-set is required (or --from-cache FILE)",
+                         hint="create one with `calibkit sample LOGS.jsonl --out DIR`")
+    name = "from-cache" if from_cache is not None else method
     dest = Path(out) if out is not None else Path("runs") / f"calibrate-{name}"
     if dest.resolve() == Path.cwd().resolve():
         raise UsageError("--out is the current directory", hint="calibkit writes into a folder: pass --out DIR")

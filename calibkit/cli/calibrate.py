@@ -120,40 +120,30 @@ def calibrate(
     ),
 ) -> None:
     with handle_errors():
-        from calibkit.api import budget, check_calibration_options
         from calibkit.api import calibrate as run_calibration
-        from calibkit.errors import UsageError
+        from calibkit.api import check_calibrate_request
 
         ops = _split(op_types)
-        check_calibration_options(method=method, target=target, percentile=percentile, num_bins=num_bins,
-                                  batch_size=batch_size, op_types=ops, exclude=exclude)
-        budget(memory_budget, max_batch_tokens)  # a bad --memory-budget is refused before any work
+        dest = check_calibrate_request(
+            method=method, target=target, percentile=percentile, num_bins=num_bins, batch_size=batch_size,
+            op_types=ops, exclude=exclude, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
+            has_calibration_set=calibration_set is not None, from_cache=from_cache, out=out_dir)
         if from_cache is not None:
-            if calibration_set is not None:
-                raise UsageError("--from-cache and --calibration-set exclude each other")
-            dest = out_dir or Path("runs") / "calibrate-from-cache"
             _guard(dest, [model, tokenizer, from_cache], force)
             result = run_calibration(model, None, dest, tokenizer=tokenizer, from_cache=from_cache, op_types=ops,
                                      exclude=exclude, target=target)
             _from_cache_summary(result, from_cache)
             return
-        if calibration_set is None:
-            raise UsageError(
-                "--calibration-set is required (or --from-cache FILE)",
-                hint="create one with `calibkit sample LOGS.jsonl --out DIR`",
-            )
+        assert calibration_set is not None  # check_calibrate_request refused its absence
         from calibkit.data.calibset import load_calibration_set
         from calibkit.data.modeldir import ModelDir
 
-        target_dir = out_dir or Path("runs") / f"calibrate-{method}"
-        if target_dir.resolve() == Path.cwd().resolve():
-            raise UsageError("--out is the current directory", hint="calibkit writes into a folder: pass --out DIR")
         md = ModelDir.resolve(model, tokenizer)
         cset = load_calibration_set(calibration_set)
-        _guard(target_dir, [model, calibration_set, tokenizer], force)
+        _guard(dest, [model, calibration_set, tokenizer], force)
         with RichProgress() as progress:
             result = run_calibration(
-                md, cset, target_dir, method=method, op_types=ops, exclude=exclude,
+                md, cset, dest, method=method, op_types=ops, exclude=exclude,
                 target=target, percentile=percentile, num_bins=num_bins, batch_size=batch_size, use_cache=not fresh,
                 memory_budget=memory_budget, max_batch_tokens=max_batch_tokens, executor=executor or None,
                 progress=progress,
