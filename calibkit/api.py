@@ -24,7 +24,7 @@ import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from calibkit.errors import MissingDependencyError, UsageError
 from calibkit.executors import from_spec
@@ -222,7 +222,7 @@ def calibrate(
         return _calibrate_from_cache(model, tokenizer, Path(from_cache), dest, op_types=op_types, exclude=exclude,
                                      target=target)
     md = _model_dir(model, tokenizer)
-    cset = _calibration_set(calibration_set)
+    cset = _calibration_set(cast("PathLike | CalibrationSet", calibration_set))  # None was refused above
     with resources(executor, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
                    progress=progress) as res:
         return run_calibration(
