@@ -53,7 +53,7 @@ def weight_jobs(int8: onnx.ModelProto) -> list[tuple[str, str, bool]]:
         if n.op_type not in ("MatMul", "Gemm") or n.input[1] not in dq or dq[n.input[1]].input[0] not in inits:
             continue
         weight = dq[n.input[1]].input[0][: -len("_quantized")]
-        act = n.input[0][: -len("_dequantized")] if n.input[0].endswith("_dequantized") else n.input[0]
+        act = n.input[0].removesuffix("_DequantizeLinear_Output")
         trans = n.op_type == "Gemm" and any(a.name == "transB" and a.i for a in n.attribute)
         jobs.append((act, weight, trans))
     return jobs

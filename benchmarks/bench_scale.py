@@ -128,6 +128,7 @@ def worker_calibkit(args: argparse.Namespace) -> dict:
     from calibkit.calibrate.pipeline import calibrate
     from calibkit.data.calibset import load_calibration_set
     from calibkit.data.modeldir import ModelDir
+    from calibkit.resources import Resources
 
     if args.variant in ("views", "overwrite"):  # A/B of the statistics path: always views / always overwrite
         collect._VIEWS_FROM = 0 if args.variant == "views" else 1 << 62
@@ -137,7 +138,8 @@ def worker_calibkit(args: argparse.Namespace) -> dict:
         collect.OVERLAP = False
     t0 = time.perf_counter()
     res = calibrate(ModelDir.resolve(args.model), load_calibration_set(args.calib), out_dir=Path(args.out),
-                    cache_dir=Path(args.cache_dir), budget=_budget(args), threads=args.threads or None)
+                    cache_dir=Path(args.cache_dir), resources=Resources(budget=_budget(args)),
+                    threads=args.threads or None)
     meta = json.loads((Path(args.out) / "calibration.json").read_text())["statistics"] \
         if (Path(args.out) / "calibration.json").is_file() else {}
     keep = ("batches", "session_seconds", "probe_seconds", "inference_seconds", "statistics_seconds",

@@ -112,8 +112,8 @@ def only_tensors(int8: onnx.ModelProto, fp32: onnx.ModelProto, keep: set[str]) -
     rename: dict[str, str] = {}
     nodes = []
     for n in m.graph.node:
-        if n.op_type == "DequantizeLinear" and n.output[0].endswith("_dequantized"):
-            base = n.output[0][: -len("_dequantized")]
+        if n.op_type == "DequantizeLinear" and n.output[0].endswith("_DequantizeLinear_Output"):
+            base = n.output[0][: -len("_DequantizeLinear_Output")]
             if base not in keep:
                 rename[n.output[0]] = base
                 continue
@@ -133,8 +133,8 @@ def only_part(int8: onnx.ModelProto, fp32: onnx.ModelProto, keep: str) -> onnx.M
     """The Q/DQ model with only its weights (``keep="weights"``) or only its activations (``"activations"``)
     quantized: removed activation pairs feed the FP32 tensor on, removed weight DQs the FP32 initializer."""
     weights = {i.name[: -len("_quantized")] for i in int8.graph.initializer if i.name.endswith("_quantized")}
-    tensors = {n.output[0][: -len("_dequantized")] for n in int8.graph.node
-               if n.op_type == "DequantizeLinear" and n.output[0].endswith("_dequantized")}
+    tensors = {n.output[0][: -len("_DequantizeLinear_Output")] for n in int8.graph.node
+               if n.op_type == "DequantizeLinear" and n.output[0].endswith("_DequantizeLinear_Output")}
     return only_tensors(int8, fp32, tensors & weights if keep == "weights" else tensors - weights)
 
 
@@ -176,8 +176,8 @@ def floor(task, work: Path, tok, texts, ref) -> list[str]:  # type: ignore[no-un
 
     fp32, int8 = onnx.load(str(work / "fp32.onnx")), onnx.load(str(work / "int8.onnx"))
     weights = {i.name[: -len("_quantized")] for i in int8.graph.initializer if i.name.endswith("_quantized")}
-    tensors = [n.output[0][: -len("_dequantized")] for n in int8.graph.node
-               if n.op_type == "DequantizeLinear" and n.output[0].endswith("_dequantized")]
+    tensors = [n.output[0][: -len("_DequantizeLinear_Output")] for n in int8.graph.node
+               if n.op_type == "DequantizeLinear" and n.output[0].endswith("_DequantizeLinear_Output")]
     base = task.predictions(ref)
     path = work / "int8-one-tensor.onnx"
 

@@ -8,9 +8,11 @@ The public API (imported on first use, so ``import calibkit`` stays light)::
     c = ck.compare("engines/fp32.onnx", "engines/int8.onnx", "test.jsonl")
     c.agreement
 
-Functions: :func:`sample`, :func:`smooth`, :func:`calibrate`, :func:`build`, :func:`compare`, :func:`tune`,
-:func:`load_report`, :func:`render_report` (calibkit.api). Results: :class:`Comparison`, :class:`TuneResult`
-and their parts (calibkit.evaluate.results). Errors: :class:`CalibkitError` and its subclasses (calibkit.errors).
+Functions: :func:`sample`, :func:`smooth`, :func:`calibrate`, :func:`histogram`, :func:`build`, :func:`compare`,
+:func:`tune`, :func:`load_report`, :func:`render_report` (calibkit.api); :func:`prepare_demo` with
+:class:`PrepareOptions` (calibkit.demo.prepare: the demo's model, data and log). Results: :class:`Comparison`,
+:class:`TuneResult` and their parts (calibkit.evaluate.results). Errors: :class:`CalibkitError` and its
+subclasses (calibkit.errors).
 """
 
 from __future__ import annotations
@@ -22,15 +24,17 @@ from typing import Any
 
 __version__ = "0.2.0"
 
-_API = ("sample", "smooth", "calibrate", "build", "compare", "tune", "load_report", "render_report")
+_API = ("sample", "smooth", "calibrate", "histogram", "build", "compare", "tune", "load_report", "render_report")
+_DEMO = ("prepare_demo", "PrepareOptions")  # the demo's model, data and log (notebooks/walkthrough.ipynb)
 _RESULTS = ("Comparison", "EngineEvaluation", "LayerVerdict", "Evidence", "TuneResult", "TunePlan", "Candidate",
             "HoldoutVerdict")
 _ERRORS = ("CalibkitError", "UsageError", "DataError", "ModelError", "CalibrationError", "BackendError",
-           "MissingDependencyError")
-_WHERE = {**dict.fromkeys(_API, "calibkit.api"), **dict.fromkeys(_RESULTS, "calibkit.evaluate.results"),
+           "MissingDependencyError", "TargetMissedError")
+_WHERE = {**dict.fromkeys(_API, "calibkit.api"), **dict.fromkeys(_DEMO, "calibkit.demo.prepare"),
+          **dict.fromkeys(_RESULTS, "calibkit.evaluate.results"),
           **dict.fromkeys(_ERRORS, "calibkit.errors")}
 
-__all__ = ["__version__", *_API, *_RESULTS, *_ERRORS]
+__all__ = ["__version__", *_API, *_DEMO, *_RESULTS, *_ERRORS]
 
 
 class _Calibrate:

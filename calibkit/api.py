@@ -19,17 +19,20 @@ gets the same validation as a command line. Errors are the :class:`calibkit.erro
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from calibkit.errors import MissingDependencyError, UsageError
+from calibkit.executors import from_spec
 from calibkit.progress import ProgressCallback, no_progress
 from calibkit.resources import Resources
 
 if TYPE_CHECKING:  # pragma: no cover - types only
+    from calibkit.calibrate.methods import ActivationHistogram
     from calibkit.calibrate.pipeline import CalibrationResult
     from calibkit.calibrate.smoothing import SmoothResult
     from calibkit.data.calibset import CalibrationSet
@@ -80,6 +83,22 @@ def _artifact(engine: PathLike | EngineArtifact) -> EngineArtifact:
     from calibkit.engines.artifact import EngineArtifact
 
     return engine if isinstance(engine, EngineArtifact) else EngineArtifact.load(Path(engine))
+
+
+@contextlib.contextmanager
+def resources(executor: Executor | str | None = None, *, workers: int | None = None,
+              memory_budget: str | int = DEFAULT_MEMORY_BUDGET, max_batch_tokens: int | None = None,
+              progress: ProgressCallback | None = None, pool_by_default: bool = False) -> Iterator[Resources]:
+    """The one :class:`Resources` value of a call, built here at the edge: ``executor`` as given, or opened
+    from its spec ("local", "local:N", "dask://host:port"; closed when the call ends); None stays None unless
+    ``pool_by_default`` (then a local pool of ``workers``); the token budget from ``memory_budget`` and
+    ``max_batch_tokens``; progress (default: none)."""
+    with contextlib.ExitStack() as stack:
+        ex = executor
+        if isinstance(ex, str) or (ex is None and pool_by_default):
+            ex = stack.enter_context(from_spec(ex, workers))
+        yield Resources(executor=ex, budget=budget(memory_budget, max_batch_tokens), workers=workers,
+                        progress=progress or no_progress)
 
 
 # ---------------------------------------------------------------- sample
@@ -169,7 +188,7 @@ def check_calibration_options(*, method: str, target: str, percentile: float, nu
 
 def calibrate(
     model: PathLike | ModelDir,
-    calibration_set: PathLike | CalibrationSet,
+    calibration_set: PathLike | CalibrationSet | None,
     out: PathLike | None = None,
     *,
     method: str = "mse",
@@ -184,26 +203,105 @@ def calibrate(
     cache_dir: PathLike | None = None,
     memory_budget: str | int = DEFAULT_MEMORY_BUDGET,
     max_batch_tokens: int | None = None,
-    executor: Executor | None = None,
+    executor: Executor | str | None = None,
     progress: ProgressCallback | None = None,
+    from_cache: PathLike | None = None,
 ) -> CalibrationResult:
     """Collect activation statistics (reused from the statistics cache), compute the ``method``'s table and
-    write ``out``/model.int8.onnx (Q/DQ), calibration.cache and calibration.json."""
+    write ``out``/model.int8.onnx (Q/DQ), calibration.cache and calibration.json. ``executor``: an Executor or a
+    spec ("local", "dask://host:port") whose workers collect the statistics in shards (None: this process).
+
+    ``from_cache``: a TensorRT calibration cache to build the Q/DQ model from instead (``calibration_set`` None;
+    the model runs not, and a bare .onnx file needs no tokenizer)."""
     from calibkit.calibrate.pipeline import calibrate as run_calibration
     from calibkit.types import Method, MethodParams
 
+    dest = check_calibrate_request(
+        method=method, target=target, percentile=percentile, num_bins=num_bins, batch_size=batch_size,
+        op_types=op_types, exclude=exclude, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
+        has_calibration_set=calibration_set is not None, from_cache=from_cache, out=out)
+    if from_cache is not None:
+        return _calibrate_from_cache(model, tokenizer, Path(from_cache), dest, op_types=op_types, exclude=exclude,
+                                     target=target)
+    md = _model_dir(model, tokenizer)
+    cset = _calibration_set(cast("PathLike | CalibrationSet", calibration_set))  # None was refused above
+    with resources(executor, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
+                   progress=progress) as res:
+        return run_calibration(
+            md, cset, Method(method), MethodParams(num_bins=num_bins, percentile=percentile), out_dir=dest,
+            op_types=list(op_types), exclude=list(exclude), target=target, batch_size=batch_size,
+            use_cache=use_cache, cache_dir=Path(cache_dir) if cache_dir is not None else None, resources=res,
+        )
+
+
+def check_calibrate_request(*, method: str, target: str, percentile: float, num_bins: int, batch_size: int,
+                            op_types: Sequence[str], exclude: Sequence[str], memory_budget: str | int,
+                            max_batch_tokens: int | None, has_calibration_set: bool, from_cache: PathLike | None,
+                            out: PathLike | None) -> Path:
+    """Every check on a calibrate call that needs no file read (UsageError with what to pass instead), before
+    any work; returns the output folder: ``out``, by default runs/calibrate-<method> (or -from-cache), never
+    the current directory."""
     check_calibration_options(method=method, target=target, percentile=percentile, num_bins=num_bins,
                               batch_size=batch_size, op_types=op_types, exclude=exclude)
-    dest = Path(out) if out is not None else Path("runs") / f"calibrate-{method}"
+    budget(memory_budget, max_batch_tokens)
+    if from_cache is not None and has_calibration_set:
+        raise UsageError("--from-cache and --calibration-set exclude each other")
+    if from_cache is None and not has_calibration_set:
+        raise UsageError("--calibration-set is required (or --from-cache FILE)",
+                         hint="create one with `calibkit sample LOGS.jsonl --out DIR`")
+    name = "from-cache" if from_cache is not None else method
+    dest = Path(out) if out is not None else Path("runs") / f"calibrate-{name}"
     if dest.resolve() == Path.cwd().resolve():
         raise UsageError("--out is the current directory", hint="calibkit writes into a folder: pass --out DIR")
-    cset = _calibration_set(calibration_set)
-    return run_calibration(
-        _model_dir(model, tokenizer), cset, Method(method), MethodParams(num_bins=num_bins, percentile=percentile),
-        out_dir=dest, op_types=list(op_types), exclude=list(exclude), target=target, batch_size=batch_size,
-        progress=progress, use_cache=use_cache, budget=budget(memory_budget, max_batch_tokens), executor=executor,
-        cache_dir=Path(cache_dir) if cache_dir is not None else None,
-    )
+    return dest
+
+
+def _calibrate_from_cache(model: PathLike | ModelDir, tokenizer: PathLike | None, cache: Path, dest: Path, *,
+                          op_types: Sequence[str], exclude: Sequence[str], target: str) -> CalibrationResult:
+    from calibkit.calibrate.pipeline import calibrate_from_cache
+    from calibkit.data.modeldir import ModelDir
+    from calibkit.errors import ModelError
+
+    try:
+        md = _model_dir(model, tokenizer)
+    except ModelError:
+        path = Path(model) if not isinstance(model, ModelDir) else model.onnx_path
+        if not (path.is_file() and path.suffix == ".onnx"):
+            raise
+        md = ModelDir(onnx_path=path, tokenizer_path=path.parent)  # a tokenizer is not needed to apply a cache
+    return calibrate_from_cache(md, cache, out_dir=dest, op_types=list(op_types), exclude=list(exclude),
+                                target=target)
+
+
+def histogram(calibration: CalibrationResult | PathLike, tensor: str | None = None) -> ActivationHistogram:
+    """One tensor's |x| histogram from a calibration's saved statistics, with the amax every method picks on
+    it. ``calibration``: a :class:`CalibrationResult`, its folder or its stats.npz; ``tensor``: a tensor name,
+    or text a name contains (the first such tensor, in the table's order); None: the first tensor."""
+    from calibkit.calibrate.methods import tensor_histogram
+    from calibkit.calibrate.pipeline import STATS_FILE, CalibrationResult
+    from calibkit.calibrate.stats import StatsStore
+    from calibkit.types import MethodParams
+
+    if isinstance(calibration, CalibrationResult):
+        if calibration.stats_path is None:
+            raise UsageError("this calibration has no statistics (it was built --from-cache)",
+                             hint="calibrate on a calibration set to see histograms")
+        path, params = calibration.stats_path, calibration.table.params
+    else:
+        path, params = Path(calibration), MethodParams()
+        path = path / STATS_FILE if path.is_dir() else path
+    if not path.is_file():
+        raise UsageError(f"no statistics at {path}", hint="pass calibrate's output folder or its stats.npz")
+    store = StatsStore.load(path)
+    names = list(store)
+    if not names:
+        raise UsageError(f"{path} holds no tensors")
+    chosen = names[0] if tensor is None else tensor if tensor in names else next(
+        (t for t in names if tensor in t), None)
+    if chosen is None:
+        raise UsageError(f"no tensor of {path.name} is or contains {tensor!r}",
+                         hint=f"names look like {names[0]!r}")
+    return tensor_histogram(store[chosen], params)
 
 
 # ---------------------------------------------------------------- build
@@ -315,6 +413,7 @@ def compare(
     traffic: PathLike | TrafficEvidence | None = DEFAULT_TRAFFIC,
     traffic_size: int = 4000,
     traffic_text_field: str | None = None,
+    save_outputs: PathLike | None = None,
 ) -> Comparison:
     """Engine A (baseline) against engine B on an eval set: each engine's metrics, B's fidelity to A in the
     task's terms, per-layer measurements, sensitivity and flags. Engines are paths (with their .calibkit.json
@@ -325,12 +424,11 @@ def compare(
     not in that calibration set — measure B's fidelity to A without labels (``Comparison.traffic``), and are
     the texts per-layer sensitivity runs on unless the eval set has class labels (``Comparison.sensitivity``
     says what it ran on and judged by, or why it was not measured; ``recommendation.verdict`` says it in
-    words)."""
-    import contextlib
-
+    words); by default (``"default"``) that log when it is still there unchanged. ``save_outputs``: a folder
+    that receives every evaluated text's outputs from each engine (:func:`save_per_text_outputs`), so a flip
+    can be reproduced."""
     from calibkit.evaluate.compare import CompareOptions, check_same_model, compare_engines, select_task, tokenizer_dir
     from calibkit.evaluate.flags import Thresholds
-    from calibkit.executors import from_spec
 
     if batch_size < 1:
         raise UsageError(f"--batch-size must be positive, got {batch_size}")
@@ -347,16 +445,91 @@ def compare(
         sensitivity_layers=sensitivity_layers, workers=workers, max_disagreements=max_disagreements, seed=seed,
         task=task, thresholds=thresholds or Thresholds(),
     )
-    with contextlib.ExitStack() as stack:
-        ex = executor
-        if ex is None or isinstance(ex, str):
-            ex = stack.enter_context(from_spec(ex, workers))
-        resources = Resources(executor=ex, budget=budget(memory_budget, max_batch_tokens), workers=workers,
-                              progress=progress or no_progress)
+    with resources(executor, workers=workers, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
+                   progress=progress, pool_by_default=True) as res:
         drawn = load_traffic(traffic, _engine_calibration_set(b, a), size=traffic_size, text_field=traffic_text_field,
                              seed=seed, progress=progress)
-        return compare_engines(a, b, ev, reference=ref, options=opts, rows=rows, task=chosen, resources=resources,
-                               traffic=drawn)
+        result = compare_engines(a, b, ev, reference=ref, options=opts, rows=rows, task=chosen, resources=res,
+                                 traffic=drawn)
+    if save_outputs is not None:
+        save_per_text_outputs(result, ev, Path(save_outputs),
+                              rows=[int(i) for i in rows.indices] if rows is not None else None)
+    return result
+
+
+#: the files of ``compare --save-outputs DIR``
+OUTPUTS_JSONL = "outputs.jsonl"
+OUTPUTS_NPZ = "outputs.npz"
+
+
+def save_per_text_outputs(result: Comparison, eval_set: EvalSet, out: Path, *,
+                          rows: Sequence[int] | None = None) -> Path:
+    """Write each evaluated text's outputs from every engine into the folder ``out`` (atomically):
+    outputs.npz holds the raw outputs (``A``, ``B``, ``reference``: one row per text in evaluation order;
+    ``<name>_mask``: token masks of token outputs), outputs.jsonl one line per text: ``row`` (its line in the
+    eval set), ``text``, ``label`` and, for per-text class scores, each engine's predicted class and whether B
+    flipped A's. Re-running one text through both engines reproduces a flip."""
+    import json
+
+    import numpy as np
+
+    from calibkit._io import atomic_dir
+
+    per_text = result.per_text
+    if per_text is None or not per_text.by_engine:
+        raise UsageError("this comparison kept no per-text outputs", hint="compare again with save_outputs=DIR")
+    arrays = {name: np.asarray(v) for name, v in per_text.by_engine.items()}
+    n = len(eval_set)
+    if any(len(v) != n for v in arrays.values()):
+        raise UsageError(f"per-text outputs cover {sorted({len(v) for v in arrays.values()})} texts, the eval set "
+                         f"{n}", hint="pass the eval set rows the comparison was run on")
+    row_of = list(rows) if rows is not None else list(range(n))
+    decide = {k: v.argmax(axis=-1) for k, v in arrays.items() if v.ndim == 2 and v.shape[-1] > 1}
+    lines = []
+    for i in range(n):
+        line: dict[str, Any] = {"row": row_of[i], "text": eval_set.texts[i]}
+        if eval_set.has_labels:
+            line["label"] = eval_set.labels[i]
+        for name, d in decide.items():
+            line[f"{name}_class"] = int(d[i])
+        if "A" in decide and "B" in decide:
+            line["flipped"] = bool(decide["A"][i] != decide["B"][i])
+        lines.append(json.dumps(line, ensure_ascii=True))  # escapes keep lone surrogates valid UTF-8
+    payload: dict[str, Any] = {**arrays, **{f"{k}_mask": np.asarray(v) for k, v in per_text.masks.items()}}
+    with atomic_dir(out, what="compare --save-outputs", legacy_names=(OUTPUTS_JSONL, OUTPUTS_NPZ)) as tmp:
+        np.savez_compressed(tmp / OUTPUTS_NPZ, **payload)
+        (tmp / OUTPUTS_JSONL).write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    return out
+
+
+def check_targets(*, min_agreement: float | None = None, max_drop: float | None = None) -> None:
+    """UsageError for a compare target that cannot be met or missed (checked before any work)."""
+    if min_agreement is not None and not 0.0 <= min_agreement <= 100.0:
+        raise UsageError(f"--min-agreement is a percentage in [0, 100], got {min_agreement}", hint="e.g. 99")
+    if max_drop is not None and max_drop < 0:
+        raise UsageError(f"--max-drop must be at least 0 points, got {max_drop}", hint="e.g. --max-drop 0.5")
+
+
+def missed_targets(result: Comparison, *, min_agreement: float | None = None,
+                   max_drop: float | None = None) -> tuple[str, ...]:
+    """What a comparison misses of the stated targets (empty: all met), one line each: ``min_agreement``, the
+    percentage of A's predictions B keeps (the point estimate, as printed); ``max_drop``, the most accuracy
+    points B may lose against A (needs labels). The CLI exits with
+    :class:`~calibkit.errors.TargetMissedError`'s code (8) when this is not empty."""
+    check_targets(min_agreement=min_agreement, max_drop=max_drop)
+    missed = []
+    if min_agreement is not None:
+        if result.agreement is None:
+            missed.append("agreement: the task has no per-text decision to agree on")
+        elif 100.0 * result.agreement < min_agreement:
+            missed.append(f"agreement {100.0 * result.agreement:.2f} % is below --min-agreement {min_agreement:g} %")
+    if max_drop is not None:
+        a, b = result.engine_a.accuracy, result.engine_b.accuracy
+        if a is None or b is None:
+            missed.append("accuracy drop: the eval set has no labels to score")
+        elif 100.0 * (a - b) > max_drop:
+            missed.append(f"accuracy drop {100.0 * (a - b):.2f} points is above --max-drop {max_drop:g}")
+    return tuple(missed)
 
 
 def _engine_calibration_set(*engines: EngineArtifact) -> CalibrationSet | None:
@@ -434,28 +607,20 @@ def tune(
     ``traffic``: a request log (the formats and ``traffic_text_field`` option of ``sample``), ``"auto"`` for the
     log named in the calibration set's manifest, or drawn :class:`TrafficEvidence`: up to ``traffic_size``
     texts not in the calibration set, split into search and holdout parts like the eval set; agreement with
-    FP32 is then judged on them and the eval set carries accuracy alone.
+    FP32 is then judged on them and the eval set carries accuracy alone; by default (``"default"``) the
+    calibration set's log when it is still there unchanged.
 
     Embedding and token-classification models are tuned on fidelity alone (``min_agreement``: the share of
     texts whose nearest neighbour in the FP32 index stays, or of tokens whose tag stays; ``min_cosine``: the
     mean cosine to FP32's vectors); ``eval_set`` may then be None when ``traffic`` gives the texts."""
-    import contextlib
-
-    from calibkit._io import write_json
     from calibkit.data.evalset import EvalSet
-    from calibkit.evaluate.tasks import choose_task, model_outputs
     from calibkit.evaluate.tune import TuneConfig, run_tune
-    from calibkit.executors import from_spec
-    from calibkit.graph import load_model
-    from calibkit.report.codec import to_document
     from calibkit.types import MethodParams
 
     check_tune_options(method=method, target=target)
     md = _model_dir(model, tokenizer)
     dest = Path(out) if out is not None else Path("runs") / f"tune-{md.onnx_path.parent.name or md.onnx_path.stem}"
-    cfg = md.id2label
-    kind = choose_task(model_outputs(load_model(md.onnx_path, load_external_data=False)),
-                       {"id2label": {str(k): v for k, v in cfg.items()}}, task)
+    kind = _model_task(md, task)
     cset = _calibration_set(calibration_set)
     drawn = load_traffic(traffic, cset, size=traffic_size, text_field=traffic_text_field, seed=seed, model=md,
                          progress=progress)
@@ -466,7 +631,7 @@ def tune(
                                   "own log)")
         ev, rows = EvalSet(Path(drawn.source.path), (), ()), None
     else:
-        ev, rows = load_evidence(eval_set, task=kind if cfg or task else None, limit=limit, seed=seed)
+        ev, rows = load_evidence(eval_set, task=kind, limit=limit, seed=seed)
     config = TuneConfig(
         max_drop=max_drop, relative=relative, min_agreement=min_agreement, agreement_confidence=agreement_confidence,
         method=method, holdout_fraction=holdout, sensitivity_samples=sensitivity_samples,
@@ -474,25 +639,37 @@ def tune(
         target=target, params=MethodParams(percentile=percentile), smooth=smooth, min_cosine=min_cosine,
         task=task,
     )
-    render = None
-    if report is not None:
-        from calibkit.report.render import render_report
+    with resources(executor, workers=workers, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
+                   progress=progress) as res:
+        return run_tune(md, cset, ev, dest, config, render=_render_tune if report is not None else None,
+                        report_dir=Path(report) if report is not None else None, resources=res,
+                        write_document=_write_tune_document, rows=rows, traffic=drawn)
 
-        def render(result: TuneResult, folder: Path) -> None:
-            render_report(result, folder)
 
-    def write_document(result: TuneResult, path: Path) -> None:
-        write_json(path, to_document(result))
+def _model_task(md: ModelDir, task: str | None = None) -> Any:
+    """The task of a model folder (``task`` forces one), from its outputs and config.json's id2label; None for
+    a model without class names and no ``task`` (tune then finds it from the outputs and judges fidelity)."""
+    from calibkit.evaluate.tasks import choose_task, model_outputs
+    from calibkit.graph import load_model
 
-    with contextlib.ExitStack() as stack:
-        ex = executor
-        if isinstance(ex, str):
-            ex = stack.enter_context(from_spec(ex, workers))
-        resources = Resources(executor=ex, budget=budget(memory_budget, max_batch_tokens), workers=workers,
-                              progress=progress or no_progress)
-        return run_tune(md, cset, ev, dest, config, render=render,
-                        report_dir=Path(report) if report is not None else None, resources=resources,
-                        write_document=write_document, rows=rows, traffic=drawn)
+    cfg = md.id2label
+    if not cfg and task is None:
+        return None
+    return choose_task(model_outputs(load_model(md.onnx_path, load_external_data=False)),
+                       {"id2label": {str(k): v for k, v in cfg.items()}}, task)
+
+
+def _render_tune(result: TuneResult, folder: Path) -> None:
+    from calibkit.report.render import render_report
+
+    render_report(result, folder)
+
+
+def _write_tune_document(result: TuneResult, path: Path) -> None:
+    from calibkit._io import write_json
+    from calibkit.report.codec import to_document
+
+    write_json(path, to_document(result))
 
 
 def load_traffic(traffic: PathLike | TrafficEvidence | None, calibration_set: CalibrationSet | None, *,

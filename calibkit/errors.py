@@ -51,3 +51,9 @@ class MissingDependencyError(CalibkitError):
     """An optional dependency is not installed; the message names the extra to install."""
 
     exit_code = 7
+
+
+class TargetMissedError(CalibkitError):
+    """A stated target was missed (compare --min-agreement/--max-drop, tune --fail-if-missed): outputs written"""
+
+    exit_code = 8

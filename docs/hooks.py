@@ -224,7 +224,7 @@ def _exit_codes() -> list[tuple[int, str]]:
 
     seen: dict[int, str] = {0: "success", 1: "an unexpected error (a calibkit bug: please report it)"}
     for cls in (errors.UsageError, errors.DataError, errors.ModelError, errors.CalibrationError,
-                errors.BackendError, errors.MissingDependencyError):
+                errors.BackendError, errors.MissingDependencyError, errors.TargetMissedError):
         meaning = (cls.__doc__ or cls.__name__).strip().splitlines()[0].rstrip(".")
         seen.setdefault(int(cls.exit_code), f"`{cls.__name__}`: {md_text(meaning, table=True)}")
     seen[2] = seen.get(2, "") + "; also an operating-system error no check caught (a full disk, a permission)"

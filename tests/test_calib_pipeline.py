@@ -11,6 +11,7 @@ from calibkit.data.modeldir import ModelDir
 from calibkit.engines.base import BaseRunner
 from calibkit.errors import CalibrationError
 from calibkit.quantize.tablefile import load_calibration_json
+from calibkit.resources import Resources
 from calibkit.types import INT8_MAX, Method, MethodParams
 
 
@@ -228,7 +229,8 @@ def test_model_is_read_again_after_statistics_and_a_changed_file_is_refused(setu
             md.onnx_path.write_bytes(m.SerializeToString())
 
     with pytest.raises(ModelError, match="changed while it was being calibrated"):
-        calibrate(md, cset, Method.MSE, out_dir=tmp / "changed", use_cache=False, progress=rewrite)
+        calibrate(md, cset, Method.MSE, out_dir=tmp / "changed", use_cache=False,
+                  resources=Resources(progress=rewrite))
     assert not (tmp / "changed" / "model.int8.onnx").exists()
 
 
@@ -245,3 +247,43 @@ def test_texts_edited_after_the_manifest_are_flagged(tmp_path, caplog):
         edited = load_calibration_set(cset.path)
     assert len(edited.texts) == 5 and edited.manifest["stale"] is True
     assert "was changed after manifest.json was written (5 texts, the manifest describes 12)" in caplog.text
+
+
+def test_the_tapped_runner_comes_from_the_resources_factory(tmp_path, monkeypatch):
+    """calibrate makes its runner only through ``Resources.runner_factory`` (the engine registry by default)."""
+    from calibkit.engines.registry import model_runner
+
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+    md = ModelDir.resolve(write_model_dir(tmp_path / "model"))
+    cset = write_calibration_set(tmp_path / "set", texts(12), None, {"n": 12})
+    made = []
+
+    def factory(model, **kw):
+        made.append(kw.get("name"))
+        return model_runner(model, **kw)
+
+    res = calibrate(md, cset, Method.MINMAX, out_dir=tmp_path / "out", resources=Resources(runner_factory=factory))
+    assert made == ["calibration-taps"]
+    assert res.model_path.is_file() and not res.reused_stats
+
+
+def test_histogram_of_a_calibration_through_the_public_api(tmp_path, monkeypatch):
+    import calibkit as ck
+    from calibkit.calibrate.methods import compute_amax
+    from calibkit.errors import UsageError
+
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+    md = ModelDir.resolve(write_model_dir(tmp_path / "model"))
+    cset = write_calibration_set(tmp_path / "set", texts(12), None, {"n": 12})
+    res = ck.calibrate(md, cset, tmp_path / "out", method="percentile", percentile=99.0)
+    first = res.table.ranges[0].tensor
+    h = ck.histogram(res)
+    assert h.tensor == first and h.counts.sum() == h.count > 0 and len(h.centres) == len(h.counts)
+    stats = StatsStore.load(res.stats_path)[first]
+    assert h.amax[Method.PERCENTILE] == compute_amax(stats, Method.PERCENTILE, MethodParams(percentile=99.0))
+    assert h.amax[Method.PERCENTILE] == res.table.amax()[first]
+    last = res.table.ranges[-1].tensor
+    assert ck.histogram(tmp_path / "out", last).tensor == last  # a folder, an exact name
+    assert ck.histogram(res.stats_path, last[-6:]).tensor in {r.tensor for r in res.table.ranges}
+    with pytest.raises(UsageError, match="is or contains"):
+        ck.histogram(res, "no-such-tensor")

@@ -160,3 +160,55 @@ def test_a_bad_memory_budget_is_one_message(engines: dict[str, Path], tmp_path: 
     r = _run("compare", str(engines["fp"]), str(engines["int8"]), "--eval-set", str(engines["eval"]),
              "--no-report", "--memory-budget", "lots")
     assert r.exit_code == 2 and "cannot read the size" in r.output and "Traceback" not in r.output
+
+
+def test_ci_gate_exits_8_after_writing_when_a_target_is_missed(engines: dict[str, Path], tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    import calibkit as ck
+    import calibkit.api
+
+    common = ["compare", str(engines["fp"]), str(engines["int8"]), "--eval-set", str(engines["eval"]), "--no-report",
+              "--no-layers", "--batch-size", "8", "--limit", "40"]
+    out = tmp_path / "cmp.json"
+    r = _run(*common, "--json", str(out), "--min-agreement", "0", "--max-drop", "100")
+    assert r.exit_code == 0, r.output
+    c = ck.load_report(out)
+    assert ck.api.missed_targets(c, min_agreement=100 * c.agreement, max_drop=0.0) == () or \
+        c.engines[0].accuracy > c.engines[1].accuracy
+    worse = dataclasses.replace(c, agreement=0.95, engines=(c.engines[0], dataclasses.replace(
+        c.engines[1], accuracy=c.engines[0].accuracy - 0.02)))
+    missed = ck.api.missed_targets(worse, min_agreement=99, max_drop=1.0)
+    assert missed == ("agreement 95.00 % is below --min-agreement 99 %",
+                      "accuracy drop 2.00 points is above --max-drop 1")
+    assert ck.api.missed_targets(worse, min_agreement=95, max_drop=2.5) == ()
+    # the CLI: every output written, then exit code 8 with the misses as the message
+    monkeypatch.setattr(calibkit.api, "missed_targets", lambda result, **kw: missed)
+    r = _run(*common, "--json", str(tmp_path / "gate.json"), "--min-agreement", "99")
+    assert r.exit_code == 8, r.output
+    assert "below --min-agreement 99" in r.output and (tmp_path / "gate.json").is_file()
+    r = _run(*common, "--min-agreement", "101")
+    assert r.exit_code == 2 and "percentage" in r.output
+
+
+def test_save_outputs_keeps_each_texts_outputs_of_both_engines(engines: dict[str, Path], tmp_path: Path) -> None:
+    saved, out = tmp_path / "outputs", tmp_path / "cmp.json"
+    r = _run("compare", str(engines["fp"]), str(engines["int8"]), "--eval-set", str(engines["eval"]), "--no-report",
+             "--no-layers", "--batch-size", "8", "--limit", "30", "--seed", "3", "--json", str(out),
+             "--save-outputs", str(saved))
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(x) for x in (saved / "outputs.jsonl").read_text().splitlines()]
+    with np.load(saved / "outputs.npz") as arrays:
+        assert len(lines) == 30 and arrays["A"].shape[0] == arrays["B"].shape[0] == 30
+    doc = json.loads(out.read_text())
+    assert sum(x["flipped"] for x in lines) == round(doc["flip_rate"] * 30)
+    # a flip is reproduced from the saved row alone: the engine run on that text gives the saved class
+    rows = [json.loads(x) for x in engines["eval"].read_text().splitlines()]
+    tok = TextTokenizer(engines["tok"])
+    sess = ort.InferenceSession(str(engines["int8"]), providers=["CPUExecutionProvider"])
+    for x in lines[:5]:
+        assert rows[x["row"]]["text"] == x["text"]
+        enc = tok.encode([x["text"]])
+        logits = sess.run(["logits"], {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask})[0]
+        assert x["B_class"] == int(logits.argmax()) or abs(np.sort(logits[0])[-1] - np.sort(logits[0])[-2]) < 1e-3

@@ -32,6 +32,7 @@ from calibkit.evaluate.shipping import run_shipped_job
 from calibkit.evaluate.tune import TuneConfig, run_tune
 from calibkit.executors import InProcessExecutor
 from calibkit.quantize.qdq import save_model
+from calibkit.resources import Resources
 from calibkit.types import Method
 
 pytest.importorskip("distributed")
@@ -78,7 +79,7 @@ def test_calibrate_through_dask_writes_the_same_outputs(tmp_path, monkeypatch, d
     cset = write_calibration_set(tmp_path / "set", texts(60, seed=9), None, {"n": 60})
     local = calibrate(md, cset, Method.ENTROPY, out_dir=tmp_path / "local", batch_size=8, use_cache=False)
     dist = calibrate(md, cset, Method.ENTROPY, out_dir=tmp_path / "dist", batch_size=8, use_cache=False,
-                     executor=dask_ex)
+                     resources=Resources(executor=dask_ex))
     assert_same_stats(StatsStore.load(local.stats_path), StatsStore.load(dist.stats_path))
     assert local.table.amax() == dist.table.amax()
     cache = "calibration.cache"

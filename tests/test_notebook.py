@@ -30,3 +30,13 @@ def test_walkthrough_executes(demo_assets_fast: Path, tmp_path: Path, monkeypatc
     assert (tmp_path / "run" / "reports" / "compare" / "report.html").is_file()
     assert (tmp_path / "run" / "tune" / "plan.json").is_file()
     assert os.environ["CALIBKIT_NOTEBOOK_DIR"].endswith("run")
+
+
+def test_walkthrough_uses_only_the_public_api() -> None:
+    """The notebook imports calibkit as ``ck`` and nothing below it: what it needs is on the public API."""
+    import json
+
+    code = "\n".join("".join(c["source"]) for c in json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
+                     if c["cell_type"] == "code")
+    imports = [line.strip() for line in code.splitlines() if "calibkit" in line and "import" in line]
+    assert imports == ["import calibkit as ck"]

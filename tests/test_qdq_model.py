@@ -105,7 +105,7 @@ def test_layout_and_names_tensorrt() -> None:
     assert {"h", "r", "ht", "a", "y"} <= outs
     assert names.count("h_QuantizeLinear") == 1 and "ht_DequantizeLinear" in names
     attn = next(n for n in g.node if n.name == "attn")
-    assert attn.input[0] == "h_dequantized"
+    assert attn.input[0] == "h_DequantizeLinear_Output"
     assert next(n for n in g.node if n.name == "tr").input[0] == "h"  # FP32 consumer keeps the FP32 tensor
     inits = {i.name: i for i in g.initializer}
     assert "W1" not in inits and "W2" not in inits and "B2" in inits
@@ -193,7 +193,7 @@ def test_shared_tensor_gets_one_pair_unless_a_consumer_is_excluded() -> None:
     res = quantize_model(_fanout_model(), t)
     g = res.model.graph
     assert [n.op_type for n in g.node].count("QuantizeLinear") == 1
-    assert all(n.input[0] == "x_dequantized" for n in g.node if n.op_type == "MatMul")
+    assert all(n.input[0] == "x_DequantizeLinear_Output" for n in g.node if n.op_type == "MatMul")
     w3 = (W1 * 0.5 + 0.1).astype(np.float32)
     want = fq(X, t.amax()["x"]) @ (fake_quantize_weight(W1, 1) + fake_quantize_weight(w3, 1))
     np.testing.assert_allclose(run(res.model, X)["y"], want, rtol=1e-4, atol=1e-4)
@@ -214,3 +214,36 @@ def test_unusable_amax_is_refused_by_name(bad: float) -> None:
     t = CalibrationTable("sha", "set", Method.MINMAX, MethodParams(), ranges)
     with pytest.raises(CalibrationError, match="x: "):
         quantize_model(tiny_model(), t)
+
+
+def test_onnxruntime_qdq_loss_debug_matches_activations_and_weights(tmp_path) -> None:
+    """ONNX Runtime's qdq_loss_debug pairs a tensor with its Q/DQ copy by name (``T_DequantizeLinear_Output``,
+    weights ``W_quantized``): on a calibkit Q/DQ model every quantized activation and weight is matched."""
+    debug = pytest.importorskip("onnxruntime.quantization.qdq_loss_debug")
+    from onnxruntime.quantization import CalibrationDataReader
+
+    fp32, qdq = tmp_path / "fp32.onnx", tmp_path / "int8.onnx"
+    onnx.save(tiny_model(), fp32)
+    table = table_for(X)
+    res = quantize_model(tiny_model(), table, target=Target.TENSORRT)
+    save_model(res.model, qdq)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.rows = iter([{"x": X}])
+
+        def get_next(self):  # type: ignore[no-untyped-def]
+            return next(self.rows, None)
+
+    acts = {}
+    for name, path in (("float", fp32), ("qdq", qdq)):
+        aug = tmp_path / f"{name}.aug.onnx"
+        debug.modify_model_output_intermediate_tensors(str(path), str(aug))
+        acts[name] = debug.collect_activations(str(aug), Reader())
+    matched = debug.create_activation_matching(acts["qdq"], acts["float"])
+    assert set(matched) == {r.tensor for r in table.ranges}
+    for t, pair in matched.items():
+        assert {"pre_qdq", "post_qdq", "float"} <= set(pair)
+        np.testing.assert_allclose(pair["post_qdq"][0], fq(pair["pre_qdq"][0], table.amax()[t]), rtol=1e-6)
+    weights = debug.create_weight_matching(str(fp32), str(qdq))
+    assert set(weights) == {"W1", "W2"}

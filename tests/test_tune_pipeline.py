@@ -375,3 +375,27 @@ def test_tune_says_when_its_search_split_cannot_certify_a_better_candidate():
     assert f"about {texts_needed(0.9929, 0.99, 0.9):,} would settle it" in msg
     assert _uncertified(cfg, ev, [final], final) is None
     assert _uncertified(TuneConfig(max_drop=1.0), ev, [final, close], final) is None
+
+
+@pytest.mark.parametrize("gate", [False, True])
+def test_tune_fail_if_missed_is_a_ci_gate(tmp_path, monkeypatch, gate: bool) -> None:
+    """A missed target exits 0 and says so; with --fail-if-missed it exits 8 (TargetMissedError), after the
+    outputs are written (here: a stand-in run whose target was missed)."""
+    from types import SimpleNamespace
+
+    from typer.testing import CliRunner
+
+    import calibkit.api
+    import calibkit.cli.tune as cli_tune
+    from calibkit.cli import app
+
+    calls = []
+    monkeypatch.setattr(calibkit.api, "tune", lambda *a, **kw: calls.append(kw) or SimpleNamespace(
+        result=SimpleNamespace(met_target=False)))
+    monkeypatch.setattr(cli_tune, "_summary", lambda run, report_dir: None)
+    args = ["tune", str(tmp_path / "model"), "-c", str(tmp_path / "cset"), "-e", str(tmp_path / "eval.jsonl"),
+            "--out", str(tmp_path / "out"), "--no-report"]
+    r = CliRunner().invoke(app, args + (["--fail-if-missed"] if gate else []))
+    assert calls and r.exit_code == (8 if gate else 0), r.output
+    if gate:
+        assert "no plan meets the target" in r.output

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -39,6 +40,9 @@ from calibkit.data.encode import BatchCost
 from calibkit.engines.base import BaseRunner
 from calibkit.errors import BackendError, CalibrationError, UsageError
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from calibkit.engines.registry import ModelRunnerFactory
 
 log = logging.getLogger("calibkit.calibrate")
 
@@ -75,8 +79,10 @@ def tapped_runner(
     serialized: bytes | None = None,
     intra_op_threads: int | None = None,
     spinning: bool = True,
+    make_runner: ModelRunnerFactory | None = None,
 ) -> BaseRunner:
-    """An ONNX Runtime runner over ``model`` that also outputs ``tensors`` (by their tap names).
+    """A runner over ``model`` that also outputs ``tensors`` (by their tap names), made by ``make_runner``
+    (``Resources.runner_factory``; default: the engine registry's ``model_runner``, ONNX Runtime).
 
     ``serialized``: the bytes ``model`` (a ModelProto) was parsed from (its file), when the caller has them. Then
     nothing of the model is serialized again: the taps are encoded as a small ModelProto holding only the extra
@@ -88,6 +94,7 @@ def tapped_runner(
     from calibkit.engines.registry import model_runner
     from calibkit.graph import add_outputs, load_model
 
+    make_runner = make_runner or model_runner
     if isinstance(model, onnx.ModelProto):
         proto = model
     elif isinstance(model, bytes):
@@ -100,8 +107,8 @@ def tapped_runner(
     else:
         data = _serialized_with_outputs(proto, tensors, add_outputs)
     del serialized
-    return model_runner(data, output_names=names, name="calibration-taps", keep_model=False,
-                        threads=intra_op_threads, spinning=spinning)
+    return make_runner(data, output_names=names, name="calibration-taps", keep_model=False,
+                       threads=intra_op_threads, spinning=spinning)
 
 
 def tap_names(proto: onnx.ModelProto, tensors: Sequence[str]) -> list[str]:
@@ -353,6 +360,7 @@ def collect_stats(
     threads: int | None = None,
     serialized: bytes | None = None,
     overlap: bool | None = None,
+    make_runner: ModelRunnerFactory | None = None,
 ) -> StatsStore:
     """Statistics of ``tensors`` over ``batches``.
 
@@ -362,7 +370,8 @@ def collect_stats(
     whose outputs include the tensors (under their own or their tap names), or an ONNX model (path, bytes,
     ModelProto) to tap; ``serialized``: the bytes a ModelProto was parsed from (see :func:`tapped_runner`).
     ``threads`` compute statistics (default: the CPUs, or half of them while the next batch's inference overlaps;
-    ``overlap`` None: :data:`OVERLAP`). ``meta`` records where the time
+    ``overlap`` None: :data:`OVERLAP`). ``make_runner``: makes the tapped runner of a model (see
+    :func:`tapped_runner`). ``meta`` records where the time
     went: ``session_seconds`` (tapping and ONNX Runtime's session), ``probe_seconds``, ``inference_seconds`` and
     ``statistics_seconds`` (wall, and ``statistics_cpu_seconds`` summed over the threads; inference and statistics
     run at the same time when ``overlapped``, so their seconds add up to more than the wall time).
@@ -389,7 +398,7 @@ def collect_stats(
     else:
         runner = tapped_runner(runner_factory_or_model_path, tensors, serialized=serialized,  # type: ignore[arg-type]
                                intra_op_threads=max(1, cpus - cpus // 4) if may_overlap else None,
-                               spinning=not may_overlap)
+                               spinning=not may_overlap, make_runner=make_runner)
     del serialized
     cb = progress or no_progress
     kernel = KERNEL or ("sort" if workers >= _SORT_FROM else "bincount")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -56,6 +57,36 @@ def compute_amax(stats: ActivationStats, method: Method, params: MethodParams = 
     if method is Method.MSE:
         return min(mse_amax(counts, hist.width, start_bin=params.start_bin), float(stats.absmax))
     raise CalibrationError(f"unknown calibration method {method!r}")
+
+
+@dataclass(frozen=True)
+class ActivationHistogram:
+    """One tensor's |x| histogram as calibration saw it, with the amax every method picks on it (what
+    ``ck.histogram`` returns, e.g. to plot the thresholds over the counts).
+
+    ``centres``/``counts``: the occupied bins (up to the last non-empty one); ``width``: the bin width;
+    ``amax``: each method's amax; ``count``: finite values seen, ``absmax`` the largest |x| among them,
+    ``non_finite`` the NaN and inf values (left out of every range)."""
+
+    tensor: str
+    centres: np.ndarray
+    counts: np.ndarray
+    width: float
+    amax: Mapping[Method, float]
+    count: int
+    absmax: float
+    non_finite: int
+
+
+def tensor_histogram(stats: ActivationStats, params: MethodParams = MethodParams()) -> ActivationHistogram:
+    """:class:`ActivationHistogram` of one tensor's statistics, every method's amax computed with ``params``."""
+    hist = stats.histogram
+    counts = hist.occupied()
+    return ActivationHistogram(
+        tensor=stats.tensor, centres=(np.arange(len(counts)) + 0.5) * hist.width, counts=counts, width=hist.width,
+        amax={m: compute_amax(stats, m, params) for m in Method}, count=stats.count, absmax=float(stats.absmax),
+        non_finite=stats.non_finite,
+    )
 
 
 def compute_table(

@@ -34,6 +34,7 @@ from calibkit.quantize.placement import DEFAULT_OP_TYPES, Placement, plan_placem
 from calibkit.quantize.qdq import weightless_copy
 from calibkit.quantize.rangecheck import ClipWarning, harmful_clipping
 from calibkit.quantize.tablefile import write_calibration_json
+from calibkit.resources import Resources
 from calibkit.types import CalibrationTable, Method, MethodParams, TensorRange
 
 if TYPE_CHECKING:  # pragma: no cover - types only
@@ -97,17 +98,22 @@ def gather_stats(
     model_sha256: str,
     num_bins: int = 2048,
     batch_size: int = 32,
-    progress: ProgressCallback | None = None,
     use_cache: bool = True,
     cache_dir: Path | None = None,
     model: Any = None,
-    budget: TokenBudget | None = None,
     threads: int | None = None,
-    executor: Any = None,
     model_bytes: list[bytes] | None = None,
+    resources: Resources | None = None,
+    progress: ProgressCallback | None = None,
+    budget: TokenBudget | None = None,
+    executor: Executor | None = None,
 ) -> tuple[StatsStore, bool]:
     """Statistics of ``tensors`` over the set: from the cache when there, else by running the model (in shards
-    on ``executor``'s workers when it has more than one: calibkit.calibrate.sharded, bit-identical).
+    on ``resources.executor``'s workers when it has more than one: calibkit.calibrate.sharded, bit-identical;
+    else in this process, through ``resources.runner_factory``).
+
+    ``progress``, ``budget`` and ``executor``, when given, override ``resources``' own (evaluate/tune passes
+    them one by one; ``executor=None`` there means "the default", not "no executor").
 
     ``model_bytes``: a one-element list holding the bytes ``model`` was parsed from (its file); the taps are
     appended to them instead of serializing the model again, and the list is emptied as they are handed on, so
@@ -127,10 +133,13 @@ def gather_stats(
     from calibkit.data.tokenizer import TextTokenizer
     from calibkit.graph import load_model
 
+    res = resources or Resources()
+    executor = executor if executor is not None else res.executor
+    progress = progress or res.progress
     tok = TextTokenizer(model_dir.tokenizer_path, max_length=model_dir.max_length)
     proto = model if model is not None else load_model(model_dir.onnx_path)
     input_names = [i.name for i in proto.graph.input if i.name not in {x.name for x in proto.graph.initializer}]
-    budget = budget if budget is not None else TokenBudget(memory_bytes=DEFAULT_MEMORY_BUDGET)
+    budget = budget or res.budget or TokenBudget(memory_bytes=DEFAULT_MEMORY_BUDGET)
     batches = bucketed_batches(tok, cset.texts, input_names, batch_size=batch_size, budget=budget)
     if executor is not None and executor.workers > 1:
         from calibkit.calibrate.sharded import collect_stats_sharded
@@ -139,7 +148,7 @@ def gather_stats(
                                       progress=progress)
     else:
         store = collect_stats(proto, batches, tensors, num_bins=num_bins, progress=progress, threads=threads,
-                              serialized=model_bytes.pop() if model_bytes else None)
+                              serialized=model_bytes.pop() if model_bytes else None, make_runner=res.runner_factory)
     del proto
     meta = {
         **store.meta,
@@ -247,54 +256,26 @@ def calibrate(
     exclude: Sequence[str] = (),
     target: str = "tensorrt",
     batch_size: int = 32,
-    progress: ProgressCallback | None = None,
     use_cache: bool = True,
     cache_dir: Path | None = None,
     trt_version: int = DEFAULT_TRT_VERSION,
-    budget: TokenBudget | None = None,
     threads: int | None = None,
-    executor: Executor | None = None,
+    resources: Resources = Resources(),
 ) -> CalibrationResult:
-    """Calibrate ``model_dir`` on ``calibration_set`` and write OUT (see the module docstring). ``executor``:
-    collect statistics in shards on its workers."""
+    """Calibrate ``model_dir`` on ``calibration_set`` and write OUT (see the module docstring): placement ->
+    statistics -> the method's table -> Q/DQ model and its checks -> the files. ``resources``: the executor whose
+    workers collect statistics in shards (None: this process), the token budget of tapped batches, the runner
+    factory of the tapped model and where progress goes."""
     method = Method(method)
     t0 = time.perf_counter()
     cset = calibration_set if isinstance(calibration_set, CalibrationSet) else load_calibration_set(calibration_set)
     # loaded once: placement, taps and Q/DQ all read this copy; the file's bytes go to the tapped session
     proto, sha, model_bytes = load_hashed(model_dir.onnx_path)
-    placement = plan_placement(proto, op_types, exclude)
-    tensors = placement.activations
-    # statistics cover every quantizable input (exclusions ignored), so a later run with other --exclude reuses them
-    collected = plan_placement(proto, op_types).activations
-    if not tensors:
-        raise CalibrationError(
-            f"no activation inputs of {', '.join(op_types)} nodes to calibrate in {model_dir.onnx_path.name}",
-            hint="check --op-types (e.g. MatMul,Gemm) and --exclude",
-        )
+    placement, collected = _placement(proto, op_types, exclude, model_dir)
     t1 = time.perf_counter()
-    # While the model runs, ONNX Runtime holds its weights; a second copy here would only wait for the Q/DQ step
-    # (1.3 GB for BERT-large). So the taps are planned on a weightless copy and the model is read again after.
-    lean = bool(model_bytes) and (executor is None or executor.workers <= 1) and not (
-        use_cache and find_stats(sha, set_key(cset.id, model_dir.tokenizer_path, model_dir.max_length), collected,
-                                 params.num_bins, cache_dir) is not None)
-    stats_model = weightless_copy(proto) if lean else proto
-    if lean:
-        del proto
-    store, reused = gather_stats(
-        model_dir, cset, collected, model_sha256=sha, num_bins=params.num_bins, batch_size=batch_size,
-        progress=progress, use_cache=use_cache, cache_dir=cache_dir, model=stats_model, budget=budget,
-        threads=threads, executor=executor, model_bytes=model_bytes,
-    )
-    model_bytes.clear()  # statistics from the cache never needed them
-    del stats_model
-    if lean:
-        proto, again, reread = load_hashed(model_dir.onnx_path)
-        reread.clear()
-        if again != sha:
-            raise ModelError(
-                f"{model_dir.onnx_path} changed while it was being calibrated",
-                hint="calibrate again once the file is no longer being written",
-            )
+    stats = _Statistics(model_dir, cset, sha, collected, params.num_bins, batch_size, use_cache, cache_dir, threads,
+                        resources)
+    proto, store, reused = stats.gather(proto, model_bytes)
     t2 = time.perf_counter()
     provenance = {
         "model": str(model_dir.onnx_path),
@@ -302,7 +283,7 @@ def calibrate(
         "calibration_set_manifest_sha256": _manifest_sha(cset),
         **{f"{k}_version": v for k, v in versions().items()},
     }
-    table = compute_table(store, method, params, sha, cset.id, tensors=tensors, provenance=provenance,
+    table = compute_table(store, method, params, sha, cset.id, tensors=placement.activations, provenance=provenance,
                           threads=threads)
     t3 = time.perf_counter()
     qres = _quantize(proto, table, op_types, exclude, target)
@@ -323,6 +304,70 @@ def calibrate(
         reused=reused, warnings=warnings, t_start=t0,
     )
     return replace(result, clipping=clipping)
+
+
+def _placement(proto: Any, op_types: Sequence[str], exclude: Sequence[str],
+               model_dir: ModelDir) -> tuple[Placement, list[str]]:
+    """The placement (exclusions applied) and the tensors statistics are collected for: every quantizable
+    input, exclusions ignored, so a later run with other --exclude reuses them."""
+    placement = plan_placement(proto, op_types, exclude)
+    if not placement.activations:
+        raise CalibrationError(
+            f"no activation inputs of {', '.join(op_types)} nodes to calibrate in {model_dir.onnx_path.name}",
+            hint="check --op-types (e.g. MatMul,Gemm) and --exclude",
+        )
+    return placement, list(plan_placement(proto, op_types).activations)
+
+
+@dataclass(frozen=True)
+class _Statistics:
+    """The statistics step of :func:`calibrate`: what it collects, where from and with what."""
+
+    model_dir: ModelDir
+    cset: CalibrationSet
+    sha: str
+    tensors: Sequence[str]
+    num_bins: int
+    batch_size: int
+    use_cache: bool
+    cache_dir: Path | None
+    threads: int | None
+    resources: Resources
+
+    def gather(self, proto: Any, model_bytes: list[bytes]) -> tuple[Any, StatsStore, bool]:
+        """(the model, its statistics, whether they came from the cache). While the model runs, ONNX Runtime
+        holds its weights; a second copy here would only wait for the Q/DQ step (1.3 GB for BERT-large). So
+        when the model runs in this process the taps are planned on a weightless copy and the model is read
+        again after (and refused if its file changed meanwhile)."""
+        lean = bool(model_bytes) and not self._sharded() and not self._cached()
+        stats_model = weightless_copy(proto) if lean else proto
+        if lean:
+            del proto
+        store, reused = gather_stats(
+            self.model_dir, self.cset, self.tensors, model_sha256=self.sha, num_bins=self.num_bins,
+            batch_size=self.batch_size, use_cache=self.use_cache, cache_dir=self.cache_dir, model=stats_model,
+            threads=self.threads, model_bytes=model_bytes, resources=self.resources,
+        )
+        model_bytes.clear()  # statistics from the cache never needed them
+        del stats_model
+        if not lean:
+            return proto, store, reused
+        again, sha, reread = load_hashed(self.model_dir.onnx_path)
+        reread.clear()
+        if sha != self.sha:
+            raise ModelError(
+                f"{self.model_dir.onnx_path} changed while it was being calibrated",
+                hint="calibrate again once the file is no longer being written",
+            )
+        return again, store, reused
+
+    def _sharded(self) -> bool:
+        ex = self.resources.executor
+        return ex is not None and ex.workers > 1
+
+    def _cached(self) -> bool:
+        key = set_key(self.cset.id, self.model_dir.tokenizer_path, self.model_dir.max_length)
+        return self.use_cache and find_stats(self.sha, key, self.tensors, self.num_bins, self.cache_dir) is not None
 
 
 def _extras(cset: CalibrationSet, store: Any, table: CalibrationTable, method: Method, provenance: dict[str, Any],
@@ -461,19 +506,7 @@ def calibrate_from_cache(
         },
     )
     qres = _quantize(model_dir.onnx_path, table, op_types, exclude, target)
-    warnings = list(structure)
-    if unmatched:
-        warnings.append(
-            f"{len(unmatched)} cache entries match no quantized tensor of the model (TensorRT-internal names or "
-            f"other ops), e.g. {unmatched[0]}"
-        )
-    if cache.non_finite:
-        warnings.append(f"{len(cache.non_finite)} cache entries hold a non-finite scale, e.g. {cache.non_finite[0]}")
-    if qres.missing_ranges:
-        warnings.append(f"{len(qres.missing_ranges)} quantized inputs have no scale in the cache (kept in FP32)")
-    zeros = [t for t in cache.zero if t in wanted]
-    if zeros:
-        warnings.append(f"{len(zeros)} cache entries hold scale 0 (their nodes stay FP32): {', '.join(zeros[:5])}")
+    warnings = [*structure, *_cache_warnings(cache, unmatched, qres.missing_ranges, wanted)]
     for w in warnings:
         log.info(w)
     extras: dict[str, Any] = {
@@ -496,3 +529,22 @@ def calibrate_from_cache(
         timings={"read": time.perf_counter() - t0}, reused=False, warnings=warnings, t_start=t0,
         unmatched=unmatched, cache_source=Path(cache_path),
     )
+
+
+def _cache_warnings(cache: Any, unmatched: Sequence[str], missing: Sequence[str], wanted: set[str]) -> list[str]:
+    """What --from-cache should say about the cache against the model: names it does not know, non-finite and
+    zero scales, quantized inputs it lacks."""
+    out = []
+    if unmatched:
+        out.append(
+            f"{len(unmatched)} cache entries match no quantized tensor of the model (TensorRT-internal names or "
+            f"other ops), e.g. {unmatched[0]}"
+        )
+    if cache.non_finite:
+        out.append(f"{len(cache.non_finite)} cache entries hold a non-finite scale, e.g. {cache.non_finite[0]}")
+    if missing:
+        out.append(f"{len(missing)} quantized inputs have no scale in the cache (kept in FP32)")
+    zeros = [t for t in cache.zero if t in wanted]
+    if zeros:
+        out.append(f"{len(zeros)} cache entries hold scale 0 (their nodes stay FP32): {', '.join(zeros[:5])}")
+    return out

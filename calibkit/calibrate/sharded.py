@@ -9,7 +9,7 @@ statistics are bit-identical to a single-process run over the same batches, what
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,7 +78,7 @@ def merge_stores(stores: Sequence[StatsStore]) -> StatsStore:
 
 def collect_stats_sharded(
     model: bytes,
-    batches: Sequence[Any],
+    batches: Iterable[Any],
     tensors: Sequence[str],
     executor: Executor,
     *,

@@ -120,45 +120,33 @@ def calibrate(
     ),
 ) -> None:
     with handle_errors():
-        from calibkit.api import budget, check_calibration_options
-        from calibkit.errors import UsageError
+        from calibkit.api import calibrate as run_calibration
+        from calibkit.api import check_calibrate_request
 
         ops = _split(op_types)
-        check_calibration_options(method=method, target=target, percentile=percentile, num_bins=num_bins,
-                                  batch_size=batch_size, op_types=ops, exclude=exclude)
-        budget(memory_budget, max_batch_tokens)  # a bad --memory-budget is refused before any work
+        dest = check_calibrate_request(
+            method=method, target=target, percentile=percentile, num_bins=num_bins, batch_size=batch_size,
+            op_types=ops, exclude=exclude, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
+            has_calibration_set=calibration_set is not None, from_cache=from_cache, out=out_dir)
         if from_cache is not None:
-            if calibration_set is not None:
-                raise UsageError("--from-cache and --calibration-set exclude each other")
-            dest = out_dir or Path("runs") / "calibrate-from-cache"
             _guard(dest, [model, tokenizer, from_cache], force)
-            _from_cache(model, tokenizer, from_cache, dest, ops, exclude, target)
+            result = run_calibration(model, None, dest, tokenizer=tokenizer, from_cache=from_cache, op_types=ops,
+                                     exclude=exclude, target=target)
+            _from_cache_summary(result, from_cache)
             return
-        if calibration_set is None:
-            raise UsageError(
-                "--calibration-set is required (or --from-cache FILE)",
-                hint="create one with `calibkit sample LOGS.jsonl --out DIR`",
-            )
-        from calibkit.api import calibrate as run_calibration
+        assert calibration_set is not None  # check_calibrate_request refused its absence
         from calibkit.data.calibset import load_calibration_set
         from calibkit.data.modeldir import ModelDir
 
-        target_dir = out_dir or Path("runs") / f"calibrate-{method}"
-        if target_dir.resolve() == Path.cwd().resolve():
-            raise UsageError("--out is the current directory", hint="calibkit writes into a folder: pass --out DIR")
         md = ModelDir.resolve(model, tokenizer)
         cset = load_calibration_set(calibration_set)
-        _guard(target_dir, [model, calibration_set, tokenizer], force)
-        import contextlib
-
-        from calibkit.executors import from_spec
-
-        with contextlib.ExitStack() as stack, RichProgress() as progress:
-            ex = stack.enter_context(from_spec(executor)) if executor else None
+        _guard(dest, [model, calibration_set, tokenizer], force)
+        with RichProgress() as progress:
             result = run_calibration(
-                md, cset, target_dir, method=method, op_types=ops, exclude=exclude,
+                md, cset, dest, method=method, op_types=ops, exclude=exclude,
                 target=target, percentile=percentile, num_bins=num_bins, batch_size=batch_size, use_cache=not fresh,
-                memory_budget=memory_budget, max_batch_tokens=max_batch_tokens, executor=ex, progress=progress,
+                memory_budget=memory_budget, max_batch_tokens=max_batch_tokens, executor=executor or None,
+                progress=progress,
             )
         _summary(result, method, len(cset))
 
@@ -168,31 +156,19 @@ def _guard(dest: Path, inputs: list[Path | None], force: bool) -> None:
                   legacy_names=("model.int8.onnx", "calibration.cache", "calibration.json", "stats.npz"))
 
 
-def _from_cache(model: Path, tokenizer: Path | None, cache: Path, out_dir: Path, ops: list[str],
-                exclude: list[str], target: str) -> None:
-    from calibkit.calibrate.pipeline import calibrate_from_cache
-    from calibkit.data.modeldir import ModelDir
-    from calibkit.errors import ModelError
-
-    try:
-        md = ModelDir.resolve(model, tokenizer)
-    except ModelError:
-        if not (model.is_file() and model.suffix == ".onnx"):
-            raise
-        md = ModelDir(onnx_path=model, tokenizer_path=model.parent)  # a tokenizer is not needed to apply a cache
-    result = calibrate_from_cache(md, cache, out_dir=out_dir, op_types=ops, exclude=exclude, target=target)
+def _from_cache_summary(result, cache: Path) -> None:  # type: ignore[no-untyped-def]
     say(f"built {result.model_path} from {cache}: {count(len(result.quantized_nodes), 'node')} quantized, "
-              f"{len(result.table.ranges)} ranges taken from the cache")
+        f"{len(result.table.ranges)} ranges taken from the cache")
     if result.unmatched_cache_names:
         names = ", ".join(result.unmatched_cache_names[:5])
         say(f"{len(result.unmatched_cache_names)} cache names match no quantized tensor (TensorRT-internal "
-                  f"names or other ops), e.g. {names}")
+            f"names or other ops), e.g. {names}")
     if result.zero_ranges:
         warn(f"{len(result.zero_ranges)} tensors have scale 0 in the cache, so their nodes stay FP32: "
              f"{', '.join(result.zero_ranges[:5])}")
     if result.missing_ranges:
         say(f"{len(result.missing_ranges)} quantized inputs are not in the cache (their nodes stay FP32): "
-                  f"{', '.join(result.missing_ranges[:5])}")
+            f"{', '.join(result.missing_ranges[:5])}")
     say(f"wrote {result.out_dir}/ (model.int8.onnx, calibration.cache, calibration.json)")
 
 

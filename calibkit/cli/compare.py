@@ -56,10 +56,15 @@ HELP = (
     "Outputs are checked before any work: --json must be a writable file path (an existing file only if it is "
     "an earlier compare document); the report folder must be new, empty or written by calibkit (--force moves "
     "anything else aside, never deletes it).\n\n"
+    "CI gate: with --min-agreement and/or --max-drop, compare exits with code 8 (TargetMissedError) after "
+    "writing every output when B misses either; --save-outputs DIR keeps each text's outputs of both engines "
+    "(outputs.npz, outputs.jsonl with row, text, label, classes, flipped) to reproduce a flip.\n\n"
     "Examples:\n\n"
     "  calibkit compare fp32.onnx int8.onnx --eval-set data/test.jsonl\n\n"
     "  calibkit compare fp16.onnx int8.onnx --reference fp32.onnx --eval-set test.parquet --json cmp.json\n\n"
-    "  calibkit compare a.onnx b.onnx --eval-set test.csv --limit 500 --no-sensitivity --threshold-sqnr 25\n"
+    "  calibkit compare a.onnx b.onnx --eval-set test.csv --limit 500 --no-sensitivity --threshold-sqnr 25\n\n"
+    "  calibkit compare fp32.onnx int8.onnx -e test.jsonl --min-agreement 99 --max-drop 0.5 --save-outputs runs/out"
+    "   (CI: exit 8 when missed)\n"
 )
 
 
@@ -140,27 +145,31 @@ def compare(
     no_traffic: bool = NO_TRAFFIC,
     traffic_size: int = TRAFFIC_SIZE,
     traffic_text_field: str | None = TRAFFIC_TEXT_FIELD,
+    min_agreement: float | None = typer.Option(
+        None, "--min-agreement", help="CI gate: exit with code 8 (after writing every output) when B keeps fewer "
+        "than this percentage of A's predictions (the printed point estimate), e.g. 99."
+    ),
+    max_drop: float | None = typer.Option(
+        None, "--max-drop", help="CI gate: exit with code 8 (after writing every output) when B's accuracy is "
+        "more than this many points below A's (needs labels), e.g. 0.5."
+    ),
+    save_outputs: Path | None = typer.Option(
+        None, "--save-outputs", help="Folder for every evaluated text's outputs of each engine (outputs.npz) and "
+        "its row, text, label and each engine's class (outputs.jsonl), to reproduce a flip."
+    ),
 ) -> None:
+    """Over 80 lines for a reason: the signature is the command's option table (typer reads it); the body
+    checks the outputs, makes one ``calibkit.api.compare`` call, delivers the result and applies the CI gate."""
     with handle_errors():
+        from calibkit.api import check_targets, missed_targets
         from calibkit.api import compare as run_compare
         from calibkit.evaluate.flags import Thresholds
 
+        check_targets(min_agreement=min_agreement, max_drop=max_drop)
         to_stdout = json_path is not None and str(json_path) == "-"
         inputs = [engine_a, engine_b, reference, eval_set, Path(traffic) if traffic not in (None, "auto") else None]
-        if json_path and not to_stdout:
-            guard_out_file(json_path, inputs=inputs, option="--json", owned=_is_compare_json)
         report_dir = None if no_report else report or _default_report_dir(engine_a, engine_b)
-        if report_dir is not None:
-            from calibkit.report.render import REPORT_NAMES
-
-            guard_out_dir(report_dir, inputs=inputs, option="--report", force=force, legacy_names=REPORT_NAMES)
-            if json_path and not to_stdout and \
-                    report_dir.absolute().resolve() in json_path.absolute().resolve().parents:
-                from calibkit.errors import UsageError
-
-                raise UsageError(f"--json {json_path} lies inside --report {report_dir}, which is replaced as a "
-                                 "whole", hint="write --json outside the report folder (the report holds "
-                                 "report.json anyway)")
+        _guard_outputs(json_path if not to_stdout else None, report_dir, save_outputs, inputs, force)
         with RichProgress() as progress:
             result = run_compare(
                 engine_a, engine_b, eval_set, reference=reference, task=task, limit=limit, seed=seed,
@@ -173,25 +182,63 @@ def compare(
                 max_disagreements=max_disagreements, workers=workers, executor=executor,
                 memory_budget=memory_budget, max_batch_tokens=max_batch_tokens, progress=progress,
                 traffic=traffic_choice(traffic, no_traffic), traffic_size=traffic_size,
-                traffic_text_field=traffic_text_field,
+                traffic_text_field=traffic_text_field, save_outputs=save_outputs,
             )
-        from calibkit.report.codec import to_document
+        _deliver(result, json_path, report_dir, to_stdout, save_outputs)
+        missed = missed_targets(result, min_agreement=min_agreement, max_drop=max_drop)
+        if missed:
+            from calibkit.errors import TargetMissedError
 
-        doc = to_document(result)
-        from calibkit._io import commit_together, write_json
+            raise TargetMissedError("; ".join(missed), hint="every output was written; the exit code (8) is the "
+                                    "CI gate of --min-agreement/--max-drop")
 
-        with commit_together():  # --json and the report folder are replaced together or not at all
-            if json_path and not to_stdout:
-                write_json(json_path, doc)
-            if report_dir is not None:
-                _render(doc, report_dir)
-        if to_stdout:
-            from calibkit._io import dumps_json
 
-            sys.stdout.write(dumps_json(doc))
-            sys.stdout.flush()
-            return
-        _print_summary(result, json_path, report_dir)
+def _deliver(result: Comparison, json_path: Path | None, report_dir: Path | None, to_stdout: bool,
+             save_outputs: Path | None) -> None:
+    """--json and the report folder (replaced together or not at all), then the document on stdout
+    (``--json -``) or the summary."""
+    from calibkit._io import commit_together, dumps_json, write_json
+    from calibkit.report.codec import to_document
+
+    doc = to_document(result)
+    with commit_together():
+        if json_path and not to_stdout:
+            write_json(json_path, doc)
+        if report_dir is not None:
+            _render(doc, report_dir)
+    if to_stdout:
+        sys.stdout.write(dumps_json(doc))
+        sys.stdout.flush()
+        return
+    _print_summary(result, json_path, report_dir)
+    if save_outputs is not None:
+        say(f"wrote per-text outputs to {save_outputs}/ (outputs.jsonl, outputs.npz)")
+
+
+def _guard_outputs(json_path: Path | None, report_dir: Path | None, save_outputs: Path | None,
+                   inputs: list[Path | None], force: bool) -> None:
+    """--json, --report and --save-outputs are checked before any work: writable, not an input, apart."""
+    from calibkit.errors import UsageError
+
+    if json_path:
+        guard_out_file(json_path, inputs=inputs, option="--json", owned=_is_compare_json)
+    if report_dir is not None:
+        from calibkit.report.render import REPORT_NAMES
+
+        guard_out_dir(report_dir, inputs=inputs, option="--report", force=force, legacy_names=REPORT_NAMES)
+        if json_path and report_dir.absolute().resolve() in json_path.absolute().resolve().parents:
+            raise UsageError(f"--json {json_path} lies inside --report {report_dir}, which is replaced as a "
+                             "whole", hint="write --json outside the report folder (the report holds "
+                             "report.json anyway)")
+    if save_outputs is not None:
+        from calibkit.api import OUTPUTS_JSONL, OUTPUTS_NPZ
+
+        guard_out_dir(save_outputs, inputs=inputs, option="--save-outputs", force=force,
+                      legacy_names=(OUTPUTS_JSONL, OUTPUTS_NPZ))
+        if report_dir is not None and (save_outputs.absolute().resolve() == report_dir.absolute().resolve()
+                                       or report_dir.absolute().resolve() in save_outputs.absolute().resolve().parents):
+            raise UsageError(f"--save-outputs {save_outputs} lies inside --report {report_dir}",
+                             hint="pass a folder outside the report folder")
 
 
 def _is_compare_json(path: Path) -> bool:

@@ -52,6 +52,8 @@ HELP = (
     "tune.json, and a report with the accuracy vs INT8-coverage curve. OUT and the report folder must be new, "
     "empty or written by calibkit (--force moves anything else aside, never deletes it), and apart from the "
     "inputs.\n\n"
+    "CI gate: with --fail-if-missed, tune exits with code 8 (TargetMissedError) after writing every output when "
+    "no plan meets the target; without it a missed target exits 0 and says so.\n\n"
     "Examples:\n\n"
     "  calibkit tune demo_assets/model --calibration-set calibration_sets/logs-n512-s0 "
     "--eval-set demo_assets/data/test.jsonl --max-drop 0.5\n\n"
@@ -135,7 +137,13 @@ def tune(
              "on it when its all-INT8 model flips fewer FP32 predictions; the plan's OUT then holds "
              "smoothed-model/, its source. --no-smooth: the model as given only.",
     ),
+    fail_if_missed: bool = typer.Option(
+        False, "--fail-if-missed",
+        help="CI gate: exit with code 8 (after writing OUT and the report) when no plan meets the target.",
+    ),
 ) -> None:
+    """Over 80 lines for a reason: the signature is the command's option table (typer reads it); the body
+    checks the outputs, makes one ``calibkit.api.tune`` call, prints the result and applies the CI gate."""
     with handle_errors():
         from calibkit.api import check_tune_options
         from calibkit.api import tune as run_tune
@@ -179,8 +187,14 @@ def tune(
             from calibkit.report.codec import to_document
 
             sys.stdout.write(dumps_json(to_document(run.result)))
-            return
-        _summary(run, report_dir)
+        else:
+            _summary(run, report_dir)
+        if fail_if_missed and not run.result.met_target:
+            from calibkit.errors import TargetMissedError
+
+            raise TargetMissedError("no plan meets the target (--max-drop/--min-agreement) on the search split",
+                                    hint=f"every output was written ({dest}/plan.json holds the closest plan); "
+                                    "the exit code (8) is the CI gate of --fail-if-missed")
 
 
 def _model_name(model: Path, tokenizer: Path | None) -> str:

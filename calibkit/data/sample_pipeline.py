@@ -193,11 +193,43 @@ def clean_log(
 def draw_sample(
     log_path: str | os.PathLike[str], options: SampleOptions, progress: ProgressCallback | None = None
 ) -> Sample:
-    """Read the log and choose the calibration texts; writes nothing."""
+    """Read the log and choose the calibration texts; writes nothing. Steps: one streaming pass keeps a
+    bounded candidate pool per (length, label) stratum (:func:`_read_log`); the pool's texts get precise
+    lengths and topic clusters (:func:`_measure_pool`); the size is allocated over length x label x topic
+    strata (:func:`_allocate_sample`); the manifest says how (:func:`_manifest`)."""
     path = Path(log_path)
     cb = progress or no_progress
     fields, auto = resolve_text_fields(path, options.text_field)
+    read = _read_log(path, fields, options, cb)
+    _check_usable(path, fields, options, read)
+    pool = _measure_pool(read, options, cb)
+    drawn = _allocate_sample(pool, read.by_label, options)
+    s_labels = tuple(pool.cands[i].label for i in drawn.chosen) if options.label_field is not None else None
+    return Sample(tuple(pool.cands[i].text for i in drawn.chosen), s_labels,
+                  _manifest(path, fields, auto, options, read, pool, drawn))
 
+
+@dataclass(frozen=True)
+class _LogPass:
+    """What the streaming pass over the log keeps: counts, the bounded candidate pool and the estimated
+    length histogram of every distinct text."""
+
+    stats: ReadStats
+    dedup: DedupIndex
+    tally: CleanupTally
+    pool: PriorityPool
+    est_hist: np.ndarray
+    over_max_est: int
+    dup_texts: dict[int, str]
+    labels_distinct: set[str | None]
+    label_limit: int
+    by_label: bool
+    file_size: int
+
+
+def _read_log(path: Path, fields: Sequence[str], options: SampleOptions, cb: ProgressCallback) -> _LogPass:
+    """One pass through ``clean_log``: every distinct text is counted in the length histogram and offered to
+    the pool of its (length bucket, label) stratum; label strata are merged away once there are too many."""
     stats = ReadStats()
     dedup = DedupIndex()
     tally = CleanupTally()
@@ -234,7 +266,14 @@ def draw_sample(
                 pool = _merge_label_strata(pool)
         pool.offer((length_bucket(est), rec.label if by_label else None), cand)
     cb(ProgressEvent("reading log", file_size, file_size, f"{stats.lines:,} lines"))
+    return _LogPass(stats, dedup, tally, pool, est_hist, over_max_est, dup_texts, labels_distinct, label_limit,
+                    by_label, file_size)
 
+
+def _check_usable(path: Path, fields: Sequence[str], options: SampleOptions, read: _LogPass) -> None:
+    """DataError for a log that cannot give the sample: empty, no usable text, fewer distinct texts than
+    --size."""
+    stats, dedup = read.stats, read.dedup
     if stats.lines == 0:
         raise DataError(f"log is empty: {path}", hint="point calibkit sample at a log with requests in it")
     if dedup.unique == 0:
@@ -250,56 +289,75 @@ def draw_sample(
             hint=f"ask for --size {dedup.unique} or fewer, or sample a larger log",
         )
 
-    # ---- the pool: precise lengths, topics, final strata ----
-    pass_strata = pool.strata()
-    cands: list[Candidate] = []
-    weights: list[float] = []
-    for s in pass_strata:
-        members = pool.members(s)
-        cands.extend(members)
-        weights.extend([pool.weight(s)] * len(members))
-    w = np.asarray(weights, dtype=np.float64)
-    texts = [c.text for c in cands]
-    if options.tokenizer is not None:
-        from calibkit.data.tokenizer import TextTokenizer
 
-        tok = TextTokenizer(options.tokenizer)
-        max_len = options.max_length or tok.max_length
-        chunks = []
-        step = 2048
-        for i in range(0, len(texts), step):
-            chunks.append(tok.token_lengths(texts[i : i + step]))
-            cb(ProgressEvent("tokenizing candidates", min(i + step, len(texts)), len(texts)))
-        lengths = np.concatenate(chunks)
-        measure = f"tokenizer ({options.tokenizer})"
-    else:
-        max_len = max_len_cap
-        lengths = np.asarray([c.est_tokens for c in cands], dtype=np.int64)
-        measure = "word-piece estimate"
+@dataclass(frozen=True)
+class _Pool:
+    """The candidates with their population weights, precise lengths and topic clusters."""
+
+    cands: list[Candidate]
+    weights: np.ndarray
+    lengths: np.ndarray
+    max_len: int
+    measure: str
+    topics: np.ndarray
+    capacity: int
+
+
+def _measure_pool(read: _LogPass, options: SampleOptions, cb: ProgressCallback) -> _Pool:
+    """Every pooled candidate with its stratum's weight, its length (the tokenizer's when given, else the
+    word-piece estimate) and its topic cluster."""
+    pool = read.pool
+    cands, weights = pool.weighted_members()
+    lengths, measure, max_len = candidate_lengths(cands, options.tokenizer, options.max_length, cb,
+                                                  "tokenizing candidates")
     cb(ProgressEvent("clustering topics", 0, 1))
-    topics = cluster_topics(texts, options.clusters, options.seed)
+    topics = cluster_topics([c.text for c in cands], options.clusters, options.seed)
     cb(ProgressEvent("clustering topics", 1, 1))
+    return _Pool(cands, np.asarray(weights, dtype=np.float64), lengths, int(max_len), measure, topics, pool.capacity)
 
-    buckets = [length_bucket(int(n)) for n in lengths]
-    final_keys = [(b, c.label if by_label else None, int(t)) for b, c, t in zip(buckets, cands, topics)]
-    warnings: list[str] = []
-    label_info: dict[str, Any] | None = None
-    if options.label_field is not None:
-        n_labels = len(labels_distinct)
-        label_info = {"distinct": n_labels, "distinct_is_lower_bound": n_labels >= _LABELS_COUNTED,
-                      "limit": label_limit, "stratified": by_label}
-        if not by_label:
-            warnings.append(
-                f"--label-field {options.label_field} has {'at least ' if n_labels >= _LABELS_COUNTED else ''}"
-                f"{n_labels:,} distinct values (more than {label_limit}) for a sample of {options.size}: "
-                "the sample is not stratified by label (labels are still kept); is it a class label?")
-    if stats.oversized:
-        warnings.append(f"{stats.oversized:,} texts longer than {MAX_TEXT_CHARS:,} characters were cut to that "
-                        f"length before processing (first at line {stats.oversized_first_lines[0]})")
+
+def candidate_lengths(cands: Sequence[Candidate], tokenizer: Path | None, max_length: int | None,
+                      cb: ProgressCallback, task: str) -> tuple[np.ndarray, str, int]:
+    """(token length of each candidate, how it was measured, the maximum length): the tokenizer's lengths
+    when one is given (in chunks, progress under ``task``), else the word-piece estimate taken while reading.
+    Shared by ``sample`` and the traffic evidence of compare and tune."""
+    if tokenizer is None:
+        return (np.asarray([c.est_tokens for c in cands], dtype=np.int64), "word-piece estimate",
+                max_length or DEFAULT_MAX_LENGTH)
+    from calibkit.data.tokenizer import TextTokenizer
+
+    tok = TextTokenizer(tokenizer)
+    texts = [c.text for c in cands]
+    step = 2048
+    chunks = []
+    for i in range(0, len(texts), step):
+        chunks.append(tok.token_lengths(texts[i : i + step]))
+        cb(ProgressEvent(task, min(i + step, len(texts)), len(texts)))
+    lengths = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
+    return lengths, f"tokenizer ({tokenizer})", max_length or tok.max_length
+
+
+@dataclass(frozen=True)
+class _Drawn:
+    """The strata (length bucket, label, topic) with their population and members, the allocation and the
+    chosen candidates (indices into the pool, in priority order)."""
+
+    strata_pop: dict[tuple, float]
+    members_of: dict[tuple, list[int]]
+    alloc: dict[tuple, int]
+    chosen: list[int]
+
+
+def _allocate_sample(pool: _Pool, by_label: bool, options: SampleOptions) -> _Drawn:
+    """Proportional allocation of --size over the final strata (at least --min-per-stratum each), the
+    lowest-priority members of each stratum chosen."""
+    cands = pool.cands
+    final_keys = [(length_bucket(int(n)), c.label if by_label else None, int(t))
+                  for n, c, t in zip(pool.lengths, cands, pool.topics)]
     strata_pop: dict[tuple, float] = {}
     members_of: dict[tuple, list[int]] = {}
     for i, k in enumerate(final_keys):
-        strata_pop[k] = strata_pop.get(k, 0.0) + float(w[i])
+        strata_pop[k] = strata_pop.get(k, 0.0) + float(pool.weights[i])
         members_of.setdefault(k, []).append(i)
     for k in members_of:
         members_of[k].sort(key=lambda i: (cands[i].priority, cands[i].key))
@@ -307,29 +365,39 @@ def draw_sample(
     chosen = sorted(
         (i for k, n in alloc.items() for i in members_of[k][:n]), key=lambda i: (cands[i].priority, cands[i].key)
     )
-    s_texts = tuple(cands[i].text for i in chosen)
-    has_labels = options.label_field is not None
-    s_labels = tuple(cands[i].label for i in chosen) if has_labels else None
-    s_len = lengths[chosen]
+    return _Drawn(strata_pop, members_of, alloc, chosen)
 
-    pop_frac = histogram(lengths, w)
-    smp_frac = histogram(s_len)
-    psi = length_psi(pop_frac, smp_frac)
-    ks = weighted_ks(lengths.astype(np.float64), w, s_len.astype(np.float64))
-    pop_over = float(w[lengths > max_len].sum())
 
-    names = bucket_names()
-    labels_seen = sorted({c.label for c in cands}, key=lambda v: "" if v is None else v)
-    topic_examples: dict[int, str] = {}
-    for i in sorted(range(len(cands)), key=lambda i: (cands[i].priority, cands[i].key)):
-        topic_examples.setdefault(int(topics[i]), _preview(cands[i].text))
-    hottest = sorted(((c, k) for k, c in dedup.counts.items() if c > 1), key=lambda x: (-x[0], x[1]))[:_HOT_KEPT]
-    key_count = dedup.counts
+def _sample_warnings(options: SampleOptions, read: _LogPass) -> tuple[list[str], dict[str, Any] | None]:
+    """The manifest's warnings (a label field with too many values to stratify by, texts cut to
+    MAX_TEXT_CHARS) and its label-stratification record."""
+    warnings: list[str] = []
+    label_info: dict[str, Any] | None = None
+    if options.label_field is not None:
+        n_labels = len(read.labels_distinct)
+        label_info = {"distinct": n_labels, "distinct_is_lower_bound": n_labels >= _LABELS_COUNTED,
+                      "limit": read.label_limit, "stratified": read.by_label}
+        if not read.by_label:
+            warnings.append(
+                f"--label-field {options.label_field} has {'at least ' if n_labels >= _LABELS_COUNTED else ''}"
+                f"{n_labels:,} distinct values (more than {read.label_limit}) for a sample of {options.size}: "
+                "the sample is not stratified by label (labels are still kept); is it a class label?")
+    if read.stats.oversized:
+        warnings.append(f"{read.stats.oversized:,} texts longer than {MAX_TEXT_CHARS:,} characters were cut to "
+                        f"that length before processing (first at line {read.stats.oversized_first_lines[0]})")
+    return warnings, label_info
 
-    manifest: dict[str, Any] = {
+
+def _manifest(path: Path, fields: Sequence[str], auto: bool, options: SampleOptions, read: _LogPass, pool: _Pool,
+              drawn: _Drawn) -> dict[str, Any]:
+    """manifest.json: the source, the reading and cleanup counts, dedup, lengths, strata and how
+    representative the sample's lengths are of the log's."""
+    stats, tally, cands, chosen = read.stats, read.tally, pool.cands, drawn.chosen
+    warnings, label_info = _sample_warnings(options, read)
+    return {
         "calibkit_version": __version__,
         "kind": "calibration-set",
-        "source": {"path": str(path), "size_bytes": file_size, "sha256": stats.sha256, "gzip": _gz(path)},
+        "source": {"path": str(path), "size_bytes": read.file_size, "sha256": stats.sha256, "gzip": _gz(path)},
         "seed": options.seed,
         "size_requested": options.size,
         "text_field": {"paths": list(fields), "auto_detected": auto},
@@ -345,17 +413,41 @@ def draw_sample(
             "enabled": options.redact,
             "counts": {k: int(tally.redactions.get(k, 0)) for k in REDACTION_KINDS},
         },
-        "dedup": {
-            "normalization": "NFKC, case-folded, whitespace collapsed",
-            "distinct_texts": dedup.unique,
-            "duplicate_lines": dedup.duplicates,
-            "exact_duplicates": dedup.exact_duplicates,
-            "normalized_duplicates": dedup.normalized_duplicates,
-            "groups_seen_more_than_once": dedup.groups_repeated(),
-            "hottest": [{"seen": c, "text": _preview(dup_texts.get(k, ""))} for c, k in hottest],
-        },
+        "dedup": _dedup_section(read),
+        **_length_sections(read, pool, chosen),
+        "strata": _strata_section(options, read, pool, drawn, label_info),
+        "sample_seen_counts": [int(read.dedup.counts[cands[i].key]) for i in chosen],
+        "sample_line_numbers": [int(cands[i].line_no) for i in chosen],
+    }
+
+
+def _dedup_section(read: _LogPass) -> dict[str, Any]:
+    dedup = read.dedup
+    hottest = sorted(((c, k) for k, c in dedup.counts.items() if c > 1), key=lambda x: (-x[0], x[1]))[:_HOT_KEPT]
+    return {
+        "normalization": "NFKC, case-folded, whitespace collapsed",
+        "distinct_texts": dedup.unique,
+        "duplicate_lines": dedup.duplicates,
+        "exact_duplicates": dedup.exact_duplicates,
+        "normalized_duplicates": dedup.normalized_duplicates,
+        "groups_seen_more_than_once": dedup.groups_repeated(),
+        "hottest": [{"seen": c, "text": _preview(read.dup_texts.get(k, ""))} for c, k in hottest],
+    }
+
+
+def _length_sections(read: _LogPass, pool: _Pool, chosen: list[int]) -> dict[str, Any]:
+    """``length`` (texts over the maximum, the log's estimated histogram) and ``representativeness`` (PSI and
+    KS of the sample's lengths against the log's, weighted by stratum)."""
+    lengths, w, max_len = pool.lengths, pool.weights, pool.max_len
+    s_len = lengths[chosen]
+    pop_frac = histogram(lengths, w)
+    smp_frac = histogram(s_len)
+    psi = length_psi(pop_frac, smp_frac)
+    ks = weighted_ks(lengths.astype(np.float64), w, s_len.astype(np.float64))
+    pop_over = float(w[lengths > max_len].sum())
+    return {
         "length": {
-            "measure": measure,
+            "measure": pool.measure,
             "max_length": int(max_len),
             "over_max": {
                 "population_estimated": int(round(pop_over)),
@@ -364,37 +456,12 @@ def draw_sample(
             },
             "log_histogram_estimated": {
                 "edges": list(PSI_EDGES),
-                "counts": [int(x) for x in est_hist],
-                "over_max": over_max_est,
+                "counts": [int(x) for x in read.est_hist],
+                "over_max": read.over_max_est,
             },
-        },
-        "strata": {
-            "definition": "length bucket x label x topic cluster; proportional allocation, "
-            f"minimum {options.min_per_stratum} per non-empty stratum",
-            "length_buckets": names,
-            "labels": list(labels_seen) if has_labels and by_label else None,
-            "label_stratification": label_info,
-            "topics": {
-                "method": "HashingVectorizer(2^14, english stop words) + k-means fitted on up to 4,000 "
-                "candidates spread over the pool, then assigned to all",
-                "clusters": int(topics.max()) + 1 if len(topics) else 0,
-                "examples": {str(k): v for k, v in sorted(topic_examples.items())},
-            },
-            "candidate_pool": {"size": len(cands), "per_stratum_capacity": pool.capacity},
-            "table": [
-                {
-                    "length_bucket": names[k[0]],
-                    "label": k[1],
-                    "topic": k[2],
-                    "population": round(strata_pop[k], 1),
-                    "candidates": len(members_of[k]),
-                    "sample": alloc.get(k, 0),
-                }
-                for k in sorted(members_of, key=lambda k: (k[0], "" if k[1] is None else k[1], k[2]))
-            ],
         },
         "representativeness": {
-            "measure": measure,
+            "measure": pool.measure,
             "bin_edges": list(PSI_EDGES),
             "population_fraction": [round(float(x), 6) for x in pop_frac],
             "sample_fraction": [round(float(x), 6) for x in smp_frac],
@@ -403,10 +470,43 @@ def draw_sample(
             "verdict": verdict(psi),
             "thresholds": {"representative": "PSI < 0.1", "slightly shifted": "PSI < 0.25"},
         },
-        "sample_seen_counts": [int(key_count[cands[i].key]) for i in chosen],
-        "sample_line_numbers": [int(cands[i].line_no) for i in chosen],
     }
-    return Sample(s_texts, s_labels, manifest)
+
+
+def _strata_section(options: SampleOptions, read: _LogPass, pool: _Pool, drawn: _Drawn,
+                    label_info: dict[str, Any] | None) -> dict[str, Any]:
+    cands, topics = pool.cands, pool.topics
+    names = bucket_names()
+    labels_seen = sorted({c.label for c in cands}, key=lambda v: "" if v is None else v)
+    topic_examples: dict[int, str] = {}
+    for i in sorted(range(len(cands)), key=lambda i: (cands[i].priority, cands[i].key)):
+        topic_examples.setdefault(int(topics[i]), _preview(cands[i].text))
+    has_labels = options.label_field is not None
+    return {
+        "definition": "length bucket x label x topic cluster; proportional allocation, "
+        f"minimum {options.min_per_stratum} per non-empty stratum",
+        "length_buckets": names,
+        "labels": list(labels_seen) if has_labels and read.by_label else None,
+        "label_stratification": label_info,
+        "topics": {
+            "method": "HashingVectorizer(2^14, english stop words) + k-means fitted on up to 4,000 "
+            "candidates spread over the pool, then assigned to all",
+            "clusters": int(topics.max()) + 1 if len(topics) else 0,
+            "examples": {str(k): v for k, v in sorted(topic_examples.items())},
+        },
+        "candidate_pool": {"size": len(cands), "per_stratum_capacity": pool.capacity},
+        "table": [
+            {
+                "length_bucket": names[k[0]],
+                "label": k[1],
+                "topic": k[2],
+                "population": round(drawn.strata_pop[k], 1),
+                "candidates": len(drawn.members_of[k]),
+                "sample": drawn.alloc.get(k, 0),
+            }
+            for k in sorted(drawn.members_of, key=lambda k: (k[0], "" if k[1] is None else k[1], k[2]))
+        ],
+    }
 
 
 def _merge_label_strata(pool: PriorityPool) -> PriorityPool:

@@ -106,6 +106,17 @@ class PriorityPool:
         """How many texts of the whole stratum each pooled candidate stands for."""
         return self.population[stratum] / len(self._heaps[stratum])
 
+    def weighted_members(self) -> tuple[list[Candidate], list[float]]:
+        """Every pooled candidate, stratum by stratum (lowest priority first in each), with its stratum's
+        weight."""
+        cands: list[Candidate] = []
+        weights: list[float] = []
+        for s in self.strata():
+            members = self.members(s)
+            cands.extend(members)
+            weights.extend([self.weight(s)] * len(members))
+        return cands, weights
+
 
 def _sort_key(k: Hashable) -> tuple:
     if isinstance(k, tuple):

@@ -353,11 +353,11 @@ def evaluate_accuracy(
 ) -> float:
     """Accuracy of ``model_dir/model.onnx`` run with ONNX Runtime (not torch) on ``texts``."""
     from calibkit.data.tokenizer import TextTokenizer
-    from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+    from calibkit.engines.registry import model_runner
     from calibkit.evaluate.predict import predict_logits
 
     tokenizer = TextTokenizer(model_dir)
-    with OnnxRuntimeRunner(model_dir / "model.onnx", output_names=["logits"]) as runner:
+    with model_runner(model_dir / "model.onnx", output_names=["logits"]) as runner:
         logits = predict_logits(runner, tokenizer, texts, batch_size=64, progress=progress, task="held-out accuracy")
     return float(np.mean(logits.argmax(axis=1) == np.asarray(labels)))
 
@@ -366,11 +366,11 @@ def check_padding_invariance(model_dir: Path, texts: Sequence[str], atol: float 
                              ) -> None:
     """Each text must give the same ``output`` alone and padded inside a batch of longer texts."""
     from calibkit.data.tokenizer import TextTokenizer
-    from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+    from calibkit.engines.registry import model_runner
 
     tokenizer = TextTokenizer(model_dir)
     names = ["input_ids", "attention_mask", "token_type_ids"]
-    with OnnxRuntimeRunner(model_dir / "model.onnx", output_names=[output]) as runner:
+    with model_runner(model_dir / "model.onnx", output_names=[output]) as runner:
         batch = runner.infer(tokenizer.encode(texts).feeds(names))[output]
         for i, text in enumerate(texts):
             alone = runner.infer(tokenizer.encode([text]).feeds(names))[output][0]

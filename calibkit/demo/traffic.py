@@ -120,7 +120,10 @@ def generate_log(
     seed: int = 0,
     text_field: str = "text",
 ) -> LogSummary:
-    """Write ``n_lines`` lines of synthetic production traffic built from ``sources``; see the module doc."""
+    """Write ``n_lines`` lines of synthetic production traffic built from ``sources``; see the module doc.
+    Each line: a text (:func:`_pick_text`), personal data or markup injected (:func:`_inject`), the request
+    record around it (:func:`_request`), and sometimes broken on purpose (:func:`_encode`); one seeded
+    generator draws in that order, so the same seed writes the same bytes."""
     if not sources:
         raise DataError("generate_log needs at least one source text")
     if n_lines < 0:
@@ -130,15 +133,7 @@ def generate_log(
         raise DataError("every source text is empty")
     path_parts = tuple(text_field.split("."))
     rng = random.Random(seed)
-    kinds = sorted({s.source for s in usable})
-    by_kind = {k: [s for s in usable if s.source == k] for k in kinds}
-    # hourly source mix: each kind peaks at its own hour
-    hour_weights = []
-    for h in range(24):
-        ws = [1.0 + 0.9 * math.cos(2 * math.pi * (h / 24 - i / max(1, len(kinds)))) for i in range(len(kinds))]
-        hour_weights.append(ws)
-    short = sorted(usable, key=lambda s: (len(s.text), s.text))[: max(1, len(usable) // 10)]
-    hot = [short[rng.randrange(len(short))] for _ in range(5)]
+    mix = _SourceMix.of(usable, rng)
     counts = dict.fromkeys(
         ("records", "nested", "hot", "near", "batch", "email", "phone", "card", "ip", "html", "script"), 0
     )
@@ -150,90 +145,16 @@ def generate_log(
         buf: list[bytes] = []
         for i in range(n_lines):
             t = DAY_START + (i + rng.random()) * 86400.0 / max(1, n_lines)
-            hour = int((t - DAY_START) // 3600) % 24
-            r = rng.random()
             inj: list[str] = []  # properties injected into this line, counted only if the line is usable
-            endpoint = "/v1/classify"
-            if r < 0.04:
-                src = hot[min(4, int(rng.paretovariate(1.2)) - 1)]
-                text = src.text
-                inj.append("hot")
-            else:
-                kind = rng.choices(kinds, weights=hour_weights[hour])[0]
-                src = rng.choice(by_kind[kind])
-                text = src.text
-                if r < 0.07:
-                    text = _near_duplicate(text, rng)
-                    inj.append("near")
-                elif r < 0.09:
-                    parts = [rng.choice(by_kind[kind]).text for _ in range(rng.randint(8, 40))]
-                    text = " ".join(parts)
-                    endpoint = "/v1/batch-review"
-                    inj.append("batch")
-                elif r < 0.29:
-                    endpoint = "/v2/classify"
-            p = rng.random()
-            if p < 0.012:
-                name = f"{rng.choice(_FIRST)}.{rng.choice(_LAST)}{rng.randrange(100)}@{rng.choice(_DOMAINS)}"
-                text = f"{text} Contact me at {name}"
-                inj.append("email")
-            elif p < 0.022:
-                num = rng.choice(("+1 (555) {:03d}-{:04d}", "555-{:03d}-{:04d}", "+44 20 7{:03d} {:04d}"))
-                text = f"{text} Call me on {num.format(rng.randrange(1000), rng.randrange(10000))}."
-                inj.append("phone")
-            elif p < 0.03:
-                text = f"{text} My card {_luhn_card(rng)} was charged twice."
-                inj.append("card")
-            elif p < 0.035:
-                text = f"{text} (sent from 10.{rng.randrange(256)}.{rng.randrange(256)}.{rng.randrange(1, 255)})"
-                inj.append("ip")
-            elif p < 0.045:
-                if rng.random() < 0.5:
-                    text = f"<p>{text}</p><script>track('{rng.getrandbits(32):08x}');</script>"
-                    inj.append("script")
-                else:
-                    text = f'<div class="review"><b>{text}</b><br/></div>'
-                inj.append("html")
-            rec: dict[str, Any] = {
-                "request_id": f"{rng.getrandbits(64):016x}",
-                "ts": _iso(t),
-                "endpoint": endpoint,
-                "client": _CLIENTS[rng.randrange(len(_CLIENTS))],
-                "latency_ms": round(3.0 + len(text) / 60.0 * rng.lognormvariate(0.0, 0.4), 2),
-                "status": 200 if rng.random() > 0.01 else rng.choice((429, 500, 503)),
-            }
+            src, text, endpoint = _pick_text(rng, mix, int((t - DAY_START) // 3600) % 24, inj)
+            text = _inject(rng, text, inj)
+            rec = _request(rng, t, endpoint, text)
             nested = endpoint == "/v2/classify" or len(path_parts) > 1
             tpath = ("request", "text") if endpoint == "/v2/classify" and len(path_parts) == 1 else path_parts
-            b = rng.random()
-            line: bytes
-            if b < 0.0025:
-                line = json.dumps({**rec, "text": text}, ensure_ascii=False).encode()
-                line = line[: rng.randrange(1, max(2, len(line) - 1))]
-                broken["truncated_json"] += 1
-            elif b < 0.004:
-                _put(rec, tpath, "\u0000MARK")
-                line = json.dumps(rec, ensure_ascii=False).encode()
-                line = line.replace(b"\\u0000MARK", b"caf\xe9 \xff\xfe" + text[:40].encode().replace(b'"', b""))
-                broken["invalid_utf8"] += 1
-            elif b < 0.0055:
-                line = json.dumps(rec, ensure_ascii=False).encode()
-                broken["missing_text"] += 1
-            elif b < 0.007:
-                _put(rec, tpath, rng.choice(("", "   ")))
-                line = json.dumps(rec, ensure_ascii=False).encode()
-                broken["empty_text"] += 1
-            elif b < 0.0085:
-                _put(rec, tpath, rng.choice((42, None, ["a", "list"], {"nested": "object"})))
-                line = json.dumps(rec, ensure_ascii=False).encode()
-                broken["non_string_text"] += 1
-            elif b < 0.01:
-                line = b""
-                broken["blank"] += 1
+            line, kind = _encode(rng, rec, tpath, text, src)
+            if kind:
+                broken[kind] += 1
             else:
-                _put(rec, tpath, text)
-                if src.label is not None:
-                    rec["label"] = src.label
-                line = json.dumps(rec, ensure_ascii=False).encode()
                 counts["records"] += 1
                 counts["nested"] += nested
                 for k in inj:
@@ -262,6 +183,123 @@ def generate_log(
         script_blocks=counts["script"],
         broken=broken,
     )
+
+
+@dataclass(frozen=True)
+class _SourceMix:
+    """The source texts by kind, each kind's weight per hour (each peaks at its own hour) and five hot
+    queries drawn from the shortest tenth."""
+
+    kinds: list[str]
+    by_kind: dict[str, list[SourceText]]
+    hour_weights: list[list[float]]
+    hot: list[SourceText]
+
+    @classmethod
+    def of(cls, usable: Sequence[SourceText], rng: random.Random) -> _SourceMix:
+        kinds = sorted({s.source for s in usable})
+        by_kind = {k: [s for s in usable if s.source == k] for k in kinds}
+        hour_weights = []
+        for h in range(24):
+            ws = [1.0 + 0.9 * math.cos(2 * math.pi * (h / 24 - i / max(1, len(kinds)))) for i in range(len(kinds))]
+            hour_weights.append(ws)
+        short = sorted(usable, key=lambda s: (len(s.text), s.text))[: max(1, len(usable) // 10)]
+        hot = [short[rng.randrange(len(short))] for _ in range(5)]
+        return cls(kinds, by_kind, hour_weights, hot)
+
+
+def _pick_text(rng: random.Random, mix: _SourceMix, hour: int, inj: list[str]) -> tuple[SourceText, str, str]:
+    """(source, text, endpoint) of one request: a hot query (4 %), else a text of the hour's source mix, now
+    and then a near duplicate (3 %) or a batch of reviews joined (2 %); 20 % go to the v2 endpoint."""
+    r = rng.random()
+    endpoint = "/v1/classify"
+    if r < 0.04:
+        src = mix.hot[min(4, int(rng.paretovariate(1.2)) - 1)]
+        inj.append("hot")
+        return src, src.text, endpoint
+    kind = rng.choices(mix.kinds, weights=mix.hour_weights[hour])[0]
+    src = rng.choice(mix.by_kind[kind])
+    text = src.text
+    if r < 0.07:
+        text = _near_duplicate(text, rng)
+        inj.append("near")
+    elif r < 0.09:
+        parts = [rng.choice(mix.by_kind[kind]).text for _ in range(rng.randint(8, 40))]
+        text = " ".join(parts)
+        endpoint = "/v1/batch-review"
+        inj.append("batch")
+    elif r < 0.29:
+        endpoint = "/v2/classify"
+    return src, text, endpoint
+
+
+def _inject(rng: random.Random, text: str, inj: list[str]) -> str:
+    """Personal data (an email, a phone number, a Luhn-valid card, an IP) or markup (HTML, a script block)
+    appended to a few texts, each kind recorded in ``inj``."""
+    p = rng.random()
+    if p < 0.012:
+        name = f"{rng.choice(_FIRST)}.{rng.choice(_LAST)}{rng.randrange(100)}@{rng.choice(_DOMAINS)}"
+        text = f"{text} Contact me at {name}"
+        inj.append("email")
+    elif p < 0.022:
+        num = rng.choice(("+1 (555) {:03d}-{:04d}", "555-{:03d}-{:04d}", "+44 20 7{:03d} {:04d}"))
+        text = f"{text} Call me on {num.format(rng.randrange(1000), rng.randrange(10000))}."
+        inj.append("phone")
+    elif p < 0.03:
+        text = f"{text} My card {_luhn_card(rng)} was charged twice."
+        inj.append("card")
+    elif p < 0.035:
+        text = f"{text} (sent from 10.{rng.randrange(256)}.{rng.randrange(256)}.{rng.randrange(1, 255)})"
+        inj.append("ip")
+    elif p < 0.045:
+        if rng.random() < 0.5:
+            text = f"<p>{text}</p><script>track('{rng.getrandbits(32):08x}');</script>"
+            inj.append("script")
+        else:
+            text = f'<div class="review"><b>{text}</b><br/></div>'
+        inj.append("html")
+    return text
+
+
+def _request(rng: random.Random, t: float, endpoint: str, text: str) -> dict[str, Any]:
+    """The request record around a text (without the text)."""
+    return {
+        "request_id": f"{rng.getrandbits(64):016x}",
+        "ts": _iso(t),
+        "endpoint": endpoint,
+        "client": _CLIENTS[rng.randrange(len(_CLIENTS))],
+        "latency_ms": round(3.0 + len(text) / 60.0 * rng.lognormvariate(0.0, 0.4), 2),
+        "status": 200 if rng.random() > 0.01 else rng.choice((429, 500, 503)),
+    }
+
+
+def _encode(rng: random.Random, rec: dict[str, Any], tpath: Sequence[str], text: str,
+            src: SourceText) -> tuple[bytes, str | None]:
+    """The line's bytes and, for the 1 % broken on purpose, the kind of breakage (None: a usable line with
+    the text at ``tpath`` and the source's label)."""
+    b = rng.random()
+    if b < 0.0025:
+        line = json.dumps({**rec, "text": text}, ensure_ascii=False).encode()
+        return line[: rng.randrange(1, max(2, len(line) - 1))], "truncated_json"
+    if b < 0.004:
+        _put(rec, tpath, "\u0000MARK")
+        line = json.dumps(rec, ensure_ascii=False).encode()
+        return line.replace(b"\\u0000MARK", b"caf\xe9 \xff\xfe" + text[:40].encode().replace(b'"', b"")), \
+            "invalid_utf8"
+    if b < 0.0055:
+        return json.dumps(rec, ensure_ascii=False).encode(), "missing_text"
+    if b < 0.007:
+        _put(rec, tpath, rng.choice(("", "   ")))
+        return json.dumps(rec, ensure_ascii=False).encode(), "empty_text"
+    if b < 0.0085:
+        _put(rec, tpath, rng.choice((42, None, ["a", "list"], {"nested": "object"})))
+        return json.dumps(rec, ensure_ascii=False).encode(), "non_string_text"
+    if b < 0.01:
+        return b"", "blank"
+    _put(rec, tpath, text)
+    if src.label is not None:
+        rec["label"] = src.label
+    return json.dumps(rec, ensure_ascii=False).encode(), None
 
 
 def _iso(t: float) -> str:

@@ -15,9 +15,11 @@ same model.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,154 +108,77 @@ def _fidelity(logits: np.ndarray, fp32_logits: np.ndarray, labels: np.ndarray, s
     }
 
 
+class _Clock:
+    """Progress events of the workflow's steps and the seconds each one took (in the order they ran)."""
+
+    STEPS = 11
+
+    def __init__(self, cb: ProgressCallback) -> None:
+        self.cb = cb
+        self.t0 = time.perf_counter()
+        self.timings: dict[str, float] = {}
+
+    def step(self, i: int, msg: str) -> None:
+        self.cb(ProgressEvent("demo workflow", i, self.STEPS, message=msg))
+
+    @contextlib.contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        t = time.perf_counter()
+        yield
+        self.timings[name] = time.perf_counter() - t
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """The prepared assets, the calibration set and the eval rows every later step reads."""
+
+    variant: str
+    work: Path
+    runs: Path
+    reports: Path
+    prep: Any  # calibkit.demo.prepare.PrepareResult
+    md: Any  # calibkit.data.modeldir.ModelDir
+    cset: Any  # calibkit.data.calibset.CalibrationSet
+    ev: Any  # calibkit.data.evalset.EvalSet
+    labels: np.ndarray
+    tok: Any  # calibkit.data.tokenizer.TextTokenizer
+
+
 def run_workflow(
     options: WorkflowOptions = WorkflowOptions(), progress: ProgressCallback | None = None
 ) -> WorkflowResult:
-    import calibkit as ck
-    from calibkit.data.evalset import label_ids, load_eval_set
-    from calibkit.data.modeldir import ModelDir
-    from calibkit.data.tokenizer import TextTokenizer
-    from calibkit.demo.prepare import PrepareOptions, prepare_demo
-    from calibkit.engines.registry import model_runner
-    from calibkit.evaluate.predict import predict_logits
-
-    cb = progress or no_progress
-    t0 = time.perf_counter()
-    timings: dict[str, float] = {}
-    steps = 11
-
-    def step(i: int, msg: str) -> None:
-        cb(ProgressEvent("demo workflow", i, steps, message=msg))
-
-    variant = "fast" if options.fast else "fine-tuned"
-    work = Path(options.workdir)
-    runs = work / "runs"
-    reports = Path(options.reports_dir) / f"demo-{variant}"
-
-    step(0, "prepare the demo assets")
-    prep = prepare_demo(work, PrepareOptions(fast=options.fast, log_lines=options.log_lines, seed=options.seed),
-                        progress=cb)
-    timings["prepare"] = time.perf_counter() - t0
-    md = ModelDir.resolve(prep.model_dir)
-
-    step(1, "sample the production log")
-    t = time.perf_counter()
-    cset_dir = Path(options.calibration_sets_dir) / f"demo-{variant}-n{options.sample_size}-s{options.seed}"
-    cset = ck.sample(work / "logs.jsonl", cset_dir, size=options.sample_size, seed=options.seed,
-                     tokenizer=md.tokenizer_path, progress=cb)
-    timings["sample"] = time.perf_counter() - t
-
-    from calibkit.evaluate.subsets import limit_eval_set
-
-    # the test split is ordered by label: a limit draws a stratified random subset, never the first rows
-    ev, _rows = limit_eval_set(load_eval_set(work / "data" / "test.jsonl"), options.eval_limit, options.seed)
-    labels = label_ids(ev, md.id2label, len(md.id2label))
-    tok = TextTokenizer(md.tokenizer_path, max_length=md.max_length)
-
-    models = {"": md}  # variant suffix -> model folder
-    smoothing: dict[str, Any] | None = None
-    if options.smooth:
-        step(2, "smooth the model (activation outliers moved into the weights)")
-        t = time.perf_counter()
-        sres = ck.smooth(md, cset, runs / "smoothed-model", progress=cb)
-        models[SMOOTHED] = ModelDir.resolve(sres.out_dir)
-        smoothing = {"model": str(sres.out_dir), "alpha": "auto", "groups": sres.groups,
-                     "smoothed": len(sres.smoothed), "max_output_deviation": sres.max_deviation,
-                     "gain_db": [round(c.gain_db, 2) for c in sres.smoothed]}
-        timings["smooth"] = time.perf_counter() - t
-
-    step(3, "calibrate with every method" + (", on the model and on its smoothed copy" if options.smooth else ""))
-    t = time.perf_counter()
-    calib: dict[str, Any] = {}
-    model_of: dict[str, ModelDir] = {}
-    for suffix, mdir in models.items():
-        for m in options.methods:
-            key = m.value + suffix
-            model_of[key] = mdir
-            calib[key] = ck.calibrate(mdir, cset, runs / calibrate_dir(key), method=m.value, progress=cb)
-    timings["calibrate"] = time.perf_counter() - t
-
-    step(4, "measure every method's INT8 accuracy")
-    t = time.perf_counter()
-    with model_runner(md.onnx_path, name="fp32") as r:
-        fp32_logits = predict_logits(r, tok, ev.texts, progress=cb, task="FP32 accuracy")
-    fp32_acc = _acc(fp32_logits, labels)
-    method_acc: dict[str, float] = {}
-    method_fid: dict[str, dict[str, Any]] = {}
-    for m, res in calib.items():
-        with model_runner(res.model_path, name=f"int8-{m}", layout="tensorrt") as r:
-            lg = predict_logits(r, tok, ev.texts, progress=cb, task=f"INT8 ({m}) accuracy")
-        method_acc[m] = _acc(lg, labels)
-        method_fid[m] = _fidelity(lg, fp32_logits, labels, options.seed)
-    # fidelity, not accuracy, picks the method: accuracy differences between INT8 variants are mostly noise
-    best = min(method_fid, key=lambda k: (method_fid[k]["flips"], method_fid[k]["mean_kl"]))
-    timings["method accuracy"] = time.perf_counter() - t
-
-    step(5, "build FP32, FP16 and INT8 engines")
-    t = time.perf_counter()
-    eng = runs / "engines"
-    engines = {
-        "fp32": ck.build(prep.model_dir, eng / "fp32.onnx", precision="fp32"),
-        "fp16": ck.build(prep.model_dir, eng / "fp16.onnx", precision="fp16"),
-        "int8": ck.build(model_of[best].onnx_path.parent, eng / f"int8-{variant_slug(best)}.onnx", precision="int8",
-                         calibration=calib[best].json_path, target="tensorrt"),
-    }
-    timings["build"] = time.perf_counter() - t
-
-    step(6, "compare FP32 vs INT8 and FP16 vs INT8")
-    t = time.perf_counter()
-    cmp_fp32 = ck.compare(engines["fp32"].artifact, engines["int8"].artifact, ev,
-                          layer_samples=options.layer_samples, sensitivity_samples=options.sensitivity_samples,
-                          sensitivity_layers=options.sensitivity_layers, workers=options.workers, seed=options.seed,
-                          progress=cb)
-    ck.render_report(cmp_fp32, reports / "compare-fp32-vs-int8")
-    cmp_fp16 = ck.compare(engines["fp16"].artifact, engines["int8"].artifact, ev,
-                          reference=engines["fp32"].artifact, layer_samples=options.layer_samples, sensitivity=False,
-                          seed=options.seed, progress=cb)
-    ck.render_report(cmp_fp16, reports / "compare-fp16-vs-int8")
-    timings["compare"] = time.perf_counter() - t
-
-    step(7, "tune the mixed-precision plan")
-    t = time.perf_counter()
-    # on the model as the user has it: tune measures the smoothed variant itself, and judges agreement on the
-    # log's own texts (those not in the calibration set)
-    tres = ck.tune(md, cset, ev, runs / "tune", max_drop=options.max_drop, method=options.tune_method,
-                   min_agreement=options.min_agreement, sensitivity_samples=options.sensitivity_samples,
-                   max_evaluations=options.max_evaluations, workers=options.workers, seed=options.seed,
-                   report=reports / "tune", progress=cb, traffic="auto" if options.traffic_size else None,
-                   traffic_size=max(1, options.traffic_size))
-    timings["tune"] = time.perf_counter() - t
-    extra_tunes: dict[str, Any] = {}
-    for m in options.extra_tune_methods:
-        t = time.perf_counter()
-        extra_tunes[m] = ck.tune(md, cset, ev, runs / f"tune-{m}", max_drop=options.max_drop, method=m,
-                                 sensitivity_samples=options.sensitivity_samples,
-                                 max_evaluations=options.max_evaluations, workers=options.workers,
-                                 seed=options.seed, report=reports / f"tune-{m}", progress=cb)
-        timings[f"tune ({m})"] = time.perf_counter() - t
+    """The whole demo (see the module docstring), one named step after another; the summary and the index page
+    come from what the steps return."""
+    clock = _Clock(progress or no_progress)
+    setup = _setup(options, clock)
+    models, smoothing = _smooth(options, setup, clock)
+    calib, model_of = _calibrate_all(options, setup, models, clock)
+    fp32_acc, method_acc, method_fid, best = _method_accuracy(options, setup, calib, clock)
+    engines = _build_engines(setup, calib, model_of, best, clock)
+    cmp_fp32, cmp_fp16 = _compare(options, setup, engines, clock)
+    tres, extra_tunes = _tune(options, setup, clock)
     embedder = None
-    if options.embedder_traffic_size and prep.embedder_dir.is_dir():
-        step(8, "tune the sentence embedder from the log alone (no labels)")
-        t = time.perf_counter()
-        embedder = _embedder_row(ck, prep.embedder_dir, cset, ev, runs, reports, options, cb)
-        timings["embedder (tune + compare)"] = time.perf_counter() - t
-    step(9, "deploy the tuned plan: a Triton model repository shaped by the log's traffic")
-    t = time.perf_counter()
-    from calibkit.deploy import DeployOptions, deploy
+    if options.embedder_traffic_size and setup.prep.embedder_dir.is_dir():
+        clock.step(8, "tune the sentence embedder from the log alone (no labels)")
+        with clock.timed("embedder (tune + compare)"):
+            embedder = _embedder_row(setup.prep.embedder_dir, setup, options, clock.cb)
+    clock.step(9, "deploy the tuned plan: a Triton model repository shaped by the log's traffic")
+    with clock.timed("deploy"):
+        from calibkit.deploy import DeployOptions, deploy
 
-    dres = deploy(tres.out_dir, runs / "serving", DeployOptions(traffic=work / "logs.jsonl", name=f"demo-{variant}"))
-    timings["deploy"] = time.perf_counter() - t
-    timings["total"] = time.perf_counter() - t0
+        dres = deploy(tres.out_dir, setup.runs / "serving",
+                      DeployOptions(traffic=setup.work / "logs.jsonl", name=f"demo-{setup.variant}"))
+    clock.timings["total"] = time.perf_counter() - clock.t0
 
-    step(10, "write the index page")
+    clock.step(10, "write the index page")
     summary = {
         "format": "calibkit-demo/1",
         "calibkit_version": __version__,
-        "variant": variant,
-        "model_accuracy_recorded": prep.accuracy,
-        "eval_examples": len(ev),
-        "calibration_set": str(cset.path),
-        "calibration_texts": len(cset),
+        "variant": setup.variant,
+        "model_accuracy_recorded": setup.prep.accuracy,
+        "eval_examples": len(setup.ev),
+        "calibration_set": str(setup.cset.path),
+        "calibration_texts": len(setup.cset),
         "fp32_accuracy": fp32_acc,
         "method_accuracy": method_acc,
         "method_fidelity": method_fid,
@@ -261,6 +186,175 @@ def run_workflow(
         "best_method_by": "fewest flips of FP32's predictions (then KL divergence)",
         "statistics_reused": {m: r.reused_stats for m, r in calib.items()},
         "smoothing": smoothing,
+        **_compare_summary(cmp_fp32, cmp_fp16),
+        "tune": _tune_summary(tres, options, setup.md),
+        "tune_by_method": {m: _extra_tune_summary(r) for m, r in extra_tunes.items()},
+        "embedder": embedder,
+        "int8_engine": {"layout": "tensorrt", "path": str(engines["int8"].artifact.path)},
+        "deploy": {"repository": str(dres.out_dir), "name": dres.name,
+                   "bucket_maxes": [b.hi for b in dres.choice.buckets], "waste": dres.choice.waste,
+                   "waste_one_profile": dres.doc["profiles"]["baseline"]["waste_padded_to_max"],
+                   "preferred_batch_size": list(dres.batching.preferred),
+                   "link": os.path.relpath(dres.readme, setup.reports / "index")},
+        "timings_s": {k: round(v, 1) for k, v in clock.timings.items()},
+    }
+    _write_index(summary, setup.reports / "index")
+    clock.step(11, "done")
+    return WorkflowResult(setup.reports / "index" / "index.html", setup.reports / "index" / "index.md", summary)
+
+
+def _setup(options: WorkflowOptions, clock: _Clock) -> _Setup:
+    """Steps 0-1: the demo assets (made or reused), the calibration set sampled from the log, the eval rows."""
+    import calibkit as ck
+    from calibkit.data.evalset import label_ids, load_eval_set
+    from calibkit.data.modeldir import ModelDir
+    from calibkit.data.tokenizer import TextTokenizer
+    from calibkit.evaluate.subsets import limit_eval_set
+
+    variant = "fast" if options.fast else "fine-tuned"
+    work = Path(options.workdir)
+    clock.step(0, "prepare the demo assets")
+    with clock.timed("prepare"):
+        prep = ck.prepare_demo(work, ck.PrepareOptions(fast=options.fast, log_lines=options.log_lines,
+                                                       seed=options.seed), progress=clock.cb)
+    md = ModelDir.resolve(prep.model_dir)
+    clock.step(1, "sample the production log")
+    with clock.timed("sample"):
+        cset_dir = Path(options.calibration_sets_dir) / f"demo-{variant}-n{options.sample_size}-s{options.seed}"
+        cset = ck.sample(work / "logs.jsonl", cset_dir, size=options.sample_size, seed=options.seed,
+                         tokenizer=md.tokenizer_path, progress=clock.cb)
+    # the test split is ordered by label: a limit draws a stratified random subset, never the first rows
+    ev, _rows = limit_eval_set(load_eval_set(work / "data" / "test.jsonl"), options.eval_limit, options.seed)
+    return _Setup(variant, work, work / "runs", Path(options.reports_dir) / f"demo-{variant}", prep, md, cset, ev,
+                  label_ids(ev, md.id2label, len(md.id2label)),
+                  TextTokenizer(md.tokenizer_path, max_length=md.max_length))
+
+
+def _smooth(options: WorkflowOptions, setup: _Setup, clock: _Clock) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Step 2: the smoothed copy of the model (when asked). Returns the model folders by variant suffix and
+    the summary's smoothing record."""
+    import calibkit as ck
+    from calibkit.data.modeldir import ModelDir
+
+    models = {"": setup.md}  # variant suffix -> model folder
+    if not options.smooth:
+        return models, None
+    clock.step(2, "smooth the model (activation outliers moved into the weights)")
+    with clock.timed("smooth"):
+        sres = ck.smooth(setup.md, setup.cset, setup.runs / "smoothed-model", progress=clock.cb)
+    models[SMOOTHED] = ModelDir.resolve(sres.out_dir)
+    return models, {"model": str(sres.out_dir), "alpha": "auto", "groups": sres.groups,
+                    "smoothed": len(sres.smoothed), "max_output_deviation": sres.max_deviation,
+                    "gain_db": [round(c.gain_db, 2) for c in sres.smoothed]}
+
+
+def _calibrate_all(options: WorkflowOptions, setup: _Setup, models: dict[str, Any],
+                   clock: _Clock) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Step 3: every method on every model variant (statistics collected once per model). Returns the results
+    and the model folder of each, by variant key (``mse``, ``mse + smoothing``)."""
+    import calibkit as ck
+
+    clock.step(3, "calibrate with every method" + (", on the model and on its smoothed copy" if options.smooth
+                                                   else ""))
+    calib: dict[str, Any] = {}
+    model_of: dict[str, Any] = {}
+    with clock.timed("calibrate"):
+        for suffix, mdir in models.items():
+            for m in options.methods:
+                key = m.value + suffix
+                model_of[key] = mdir
+                calib[key] = ck.calibrate(mdir, setup.cset, setup.runs / calibrate_dir(key), method=m.value,
+                                          progress=clock.cb)
+    return calib, model_of
+
+
+def _method_accuracy(options: WorkflowOptions, setup: _Setup, calib: dict[str, Any],
+                     clock: _Clock) -> tuple[float, dict[str, float], dict[str, dict[str, Any]], str]:
+    """Step 4: FP32's accuracy, every variant's INT8 accuracy and fidelity to FP32, and the best variant:
+    fidelity, not accuracy, picks it (accuracy differences between INT8 variants are mostly noise)."""
+    from calibkit.engines.registry import model_runner
+    from calibkit.evaluate.predict import predict_logits
+
+    clock.step(4, "measure every method's INT8 accuracy")
+    tok, ev, cb = setup.tok, setup.ev, clock.cb
+    with clock.timed("method accuracy"):
+        with model_runner(setup.md.onnx_path, name="fp32") as r:
+            fp32_logits = predict_logits(r, tok, ev.texts, progress=cb, task="FP32 accuracy")
+        method_acc: dict[str, float] = {}
+        method_fid: dict[str, dict[str, Any]] = {}
+        for m, res in calib.items():
+            with model_runner(res.model_path, name=f"int8-{m}", layout="tensorrt") as r:
+                lg = predict_logits(r, tok, ev.texts, progress=cb, task=f"INT8 ({m}) accuracy")
+            method_acc[m] = _acc(lg, setup.labels)
+            method_fid[m] = _fidelity(lg, fp32_logits, setup.labels, options.seed)
+        best = min(method_fid, key=lambda k: (method_fid[k]["flips"], method_fid[k]["mean_kl"]))
+    return _acc(fp32_logits, setup.labels), method_acc, method_fid, best
+
+
+def _build_engines(setup: _Setup, calib: dict[str, Any], model_of: dict[str, Any], best: str,
+                   clock: _Clock) -> dict[str, Any]:
+    """Step 5: FP32 and FP16 engines, and the best variant's INT8 engine in the TensorRT layout."""
+    import calibkit as ck
+
+    clock.step(5, "build FP32, FP16 and INT8 engines")
+    eng = setup.runs / "engines"
+    model = setup.prep.model_dir
+    with clock.timed("build"):
+        return {
+            "fp32": ck.build(model, eng / "fp32.onnx", precision="fp32"),
+            "fp16": ck.build(model, eng / "fp16.onnx", precision="fp16"),
+            "int8": ck.build(model_of[best].onnx_path.parent, eng / f"int8-{variant_slug(best)}.onnx",
+                             precision="int8", calibration=calib[best].json_path, target="tensorrt"),
+        }
+
+
+def _compare(options: WorkflowOptions, setup: _Setup, engines: dict[str, Any], clock: _Clock) -> tuple[Any, Any]:
+    """Step 6: FP32 vs INT8 (per layer, with sensitivity) and FP16 vs INT8, each rendered as a report."""
+    import calibkit as ck
+
+    clock.step(6, "compare FP32 vs INT8 and FP16 vs INT8")
+    with clock.timed("compare"):
+        cmp_fp32 = ck.compare(engines["fp32"].artifact, engines["int8"].artifact, setup.ev,
+                              layer_samples=options.layer_samples, sensitivity_samples=options.sensitivity_samples,
+                              sensitivity_layers=options.sensitivity_layers, workers=options.workers,
+                              seed=options.seed, progress=clock.cb, traffic="auto" if options.traffic_size else None,
+                              traffic_size=max(1, options.traffic_size))
+        ck.render_report(cmp_fp32, setup.reports / "compare-fp32-vs-int8")
+        cmp_fp16 = ck.compare(engines["fp16"].artifact, engines["int8"].artifact, setup.ev,
+                              reference=engines["fp32"].artifact, layer_samples=options.layer_samples,
+                              sensitivity=False, seed=options.seed, progress=clock.cb, traffic=None)
+        ck.render_report(cmp_fp16, setup.reports / "compare-fp16-vs-int8")
+    return cmp_fp32, cmp_fp16
+
+
+def _tune(options: WorkflowOptions, setup: _Setup, clock: _Clock) -> tuple[Any, dict[str, Any]]:
+    """Step 7: the mixed-precision plan on the model as the user has it (tune measures the smoothed variant
+    itself, and judges agreement on the log's own texts not in the calibration set), then the same search
+    restricted to each of ``extra_tune_methods``."""
+    import calibkit as ck
+
+    clock.step(7, "tune the mixed-precision plan")
+    md, cset, ev, runs, reports = setup.md, setup.cset, setup.ev, setup.runs, setup.reports
+    with clock.timed("tune"):
+        tres = ck.tune(md, cset, ev, runs / "tune", max_drop=options.max_drop, method=options.tune_method,
+                       min_agreement=options.min_agreement, sensitivity_samples=options.sensitivity_samples,
+                       max_evaluations=options.max_evaluations, workers=options.workers, seed=options.seed,
+                       report=reports / "tune", progress=clock.cb, traffic="auto" if options.traffic_size else None,
+                       traffic_size=max(1, options.traffic_size))
+    extra: dict[str, Any] = {}
+    for m in options.extra_tune_methods:
+        with clock.timed(f"tune ({m})"):
+            extra[m] = ck.tune(md, cset, ev, runs / f"tune-{m}", max_drop=options.max_drop, method=m,
+                               sensitivity_samples=options.sensitivity_samples,
+                               max_evaluations=options.max_evaluations, workers=options.workers,
+                               seed=options.seed, report=reports / f"tune-{m}", progress=clock.cb,
+                               traffic="auto" if options.traffic_size else None,
+                               traffic_size=max(1, options.traffic_size))
+    return tres, extra
+
+
+def _compare_summary(cmp_fp32: Any, cmp_fp16: Any) -> dict[str, Any]:
+    return {
         "compare_fp32_vs_int8": {
             "agreement": cmp_fp32.agreement,
             "agreement_ci": _plain(cmp_fp32.agreement_ci),
@@ -273,66 +367,65 @@ def run_workflow(
         },
         "compare_fp16_vs_int8": {"agreement": cmp_fp16.agreement,
                                  "engines": {e.name: e.accuracy for e in cmp_fp16.engines}},
-        "tune": {
-            "met_target": tres.met_target,
-            "max_drop_points": options.max_drop,
-            "kept_nodes": list(tres.kept_nodes),
-            "int8_flops_fraction": tres.int8_flops_fraction,
-            "fp32_accuracy_holdout": tres.fp32_accuracy_holdout,
-            "accuracy_holdout": tres.accuracy_holdout,
-            "accuracy_search": tres.result.final.accuracy_search,
-            "fp32_accuracy_search": tres.result.target.fp32_accuracy,
-            "min_agreement_percent": options.min_agreement,
-            "method": tres.result.methods.chosen,
-            "agreement_search": tres.result.final.agreement_search,
-            "agreement_holdout": tres.result.final.agreement_holdout,
-            "holdout_evidence": _plain(tres.result.final.holdout_evidence),
-            "holdout_verdict": _plain(tres.result.final.holdout_verdict),
-            "holdout_examples": tres.result.eval_set.holdout,
-            "evaluations_reused": tres.result.evaluations_reused,
-            "out": str(tres.out_dir),
-            "model": str(md.onnx_path.parent),
-            "smoothing": _plain(tres.result.smoothing),
-            "traffic": _plain(tres.result.eval_set.traffic),
-            "traffic_search": tres.result.eval_set.traffic_search,
-            "traffic_holdout": tres.result.eval_set.traffic_holdout,
-        },
-        "tune_by_method": {
-            m: {"met_target": r.met_target, "kept_nodes": list(r.kept_nodes),
-                "int8_flops_fraction": r.int8_flops_fraction, "accuracy_holdout": r.accuracy_holdout,
-                "all_int8_accuracy_holdout": r.result.final.all_int8_accuracy_holdout,
-                "accuracy_search": r.result.final.accuracy_search, "candidates": len(r.result.candidates),
-                "fp32_accuracy_search": r.result.target.fp32_accuracy,
-                "fp32_accuracy_holdout": r.fp32_accuracy_holdout}
-            for m, r in extra_tunes.items()
-        },
-        "embedder": embedder,
-        "int8_engine": {"layout": "tensorrt", "path": str(engines["int8"].artifact.path)},
-        "deploy": {"repository": str(dres.out_dir), "name": dres.name,
-                   "bucket_maxes": [b.hi for b in dres.choice.buckets], "waste": dres.choice.waste,
-                   "waste_one_profile": dres.doc["profiles"]["baseline"]["waste_padded_to_max"],
-                   "preferred_batch_size": list(dres.batching.preferred),
-                   "link": os.path.relpath(dres.readme, reports / "index")},
-        "timings_s": {k: round(v, 1) for k, v in timings.items()},
     }
+
+
+def _tune_summary(tres: Any, options: WorkflowOptions, md: Any) -> dict[str, Any]:
+    r = tres.result
+    return {
+        "met_target": tres.met_target,
+        "max_drop_points": options.max_drop,
+        "kept_nodes": list(tres.kept_nodes),
+        "int8_flops_fraction": tres.int8_flops_fraction,
+        "fp32_accuracy_holdout": tres.fp32_accuracy_holdout,
+        "accuracy_holdout": tres.accuracy_holdout,
+        "accuracy_search": r.final.accuracy_search,
+        "fp32_accuracy_search": r.target.fp32_accuracy,
+        "min_agreement_percent": options.min_agreement,
+        "method": r.methods.chosen,
+        "agreement_search": r.final.agreement_search,
+        "agreement_holdout": r.final.agreement_holdout,
+        "holdout_evidence": _plain(r.final.holdout_evidence),
+        "holdout_verdict": _plain(r.final.holdout_verdict),
+        "holdout_examples": r.eval_set.holdout,
+        "evaluations_reused": r.evaluations_reused,
+        "out": str(tres.out_dir),
+        "model": str(md.onnx_path.parent),
+        "smoothing": _plain(r.smoothing),
+        "traffic": _plain(r.eval_set.traffic),
+        "traffic_search": r.eval_set.traffic_search,
+        "traffic_holdout": r.eval_set.traffic_holdout,
+    }
+
+
+def _extra_tune_summary(r: Any) -> dict[str, Any]:
+    return {"met_target": r.met_target, "kept_nodes": list(r.kept_nodes),
+            "int8_flops_fraction": r.int8_flops_fraction, "accuracy_holdout": r.accuracy_holdout,
+            "all_int8_accuracy_holdout": r.result.final.all_int8_accuracy_holdout,
+            "accuracy_search": r.result.final.accuracy_search, "candidates": len(r.result.candidates),
+            "fp32_accuracy_search": r.result.target.fp32_accuracy,
+            "fp32_accuracy_holdout": r.fp32_accuracy_holdout}
+
+
+def _write_index(summary: dict[str, Any], folder: Path) -> None:
+    """summary.json, index.md and index.html, swapped into ``folder`` together."""
     md_text, html_text = _index(summary)
-    with atomic_dir(reports / "index", what="demo index",
-                    legacy_names=("summary.json", "index.md", "index.html")) as tmp:
+    with atomic_dir(folder, what="demo index", legacy_names=("summary.json", "index.md", "index.html")) as tmp:
         (tmp / "summary.json").write_text(dumps_json(summary), encoding="utf-8")
         (tmp / "index.md").write_text(md_text, encoding="utf-8", errors="backslashreplace")
         (tmp / "index.html").write_text(html_text, encoding="utf-8", errors="backslashreplace")
-    step(11, "done")
-    return WorkflowResult(reports / "index" / "index.html", reports / "index" / "index.md", summary)
 
 
 SMOOTHED = " + smoothing"
 
 
-def _embedder_row(ck: Any, folder: Path, cset: Any, ev: Any, runs: Path, reports: Path, options: WorkflowOptions,
-                  cb: ProgressCallback) -> dict[str, Any]:
+def _embedder_row(folder: Path, setup: _Setup, options: WorkflowOptions, cb: ProgressCallback) -> dict[str, Any]:
     """The embedder through the user's path: tune from the log alone (neighbours in the FP32 index and mean
     cosine, defaults 95 % and 0.995; smoothing found by tune), then compare FP32 against the plan's engine on
     the eval texts (labels unused: both sides' neighbours among those texts)."""
+    import calibkit as ck
+
+    cset, ev, runs, reports = setup.cset, setup.ev, setup.runs, setup.reports
     res = ck.tune(folder, cset, None, runs / "tune-embedder", method=options.tune_method,
                   sensitivity_samples=options.sensitivity_samples, max_evaluations=options.max_evaluations,
                   workers=options.workers, seed=options.seed, report=reports / "tune-embedder", progress=cb,
@@ -522,6 +615,11 @@ def _extra_md(s: dict[str, Any]) -> list[str]:
 
 
 def _index(s: dict[str, Any]) -> tuple[str, str]:
+    """The index page as Markdown and as HTML (the same content)."""
+    return _index_md(s), _index_html(s)
+
+
+def _index_md(s: dict[str, Any]) -> str:
     tune = s["tune"]
     rows = _method_rows(s)
     kept = tune["kept_nodes"]
@@ -570,7 +668,13 @@ def _index(s: dict[str, Any]) -> tuple[str, str]:
         *[f"| {k} | {v} |" for k, v in s["timings_s"].items()],
         "",
     ]
-    md_text = "\n".join(lines)
+    return "\n".join(lines)
+
+
+def _index_html(s: dict[str, Any]) -> str:
+    tune = s["tune"]
+    rows = _method_rows(s)
+    kept = tune["kept_nodes"]
     e = html.escape
     body = [
         f"<h1>calibkit demo ({e(s['variant'])} model)</h1>",
@@ -596,6 +700,9 @@ def _index(s: dict[str, Any]) -> tuple[str, str]:
         '<li><a href="../compare-fp32-vs-int8/report.html">FP32 vs INT8, layer by layer</a></li>',
         '<li><a href="../compare-fp16-vs-int8/report.html">FP16 vs INT8</a></li>',
         '<li><a href="../tune/report.html">Tuning: accuracy vs INT8 coverage</a></li>',
+        *(['<li><a href="../tune-embedder/report.html">The embedder\'s tuning</a></li>',
+           '<li><a href="../compare-embedder/report.html">FP32 vs the embedder\'s plan</a></li>']
+          if s.get("embedder") else []),
         *([f'<li><a href="{e(s["deploy"]["link"])}">Serving: Triton model repository of the tuned plan</a></li>']
           if s.get("deploy") else []),
         "</ul>",
@@ -605,6 +712,5 @@ def _index(s: dict[str, Any]) -> tuple[str, str]:
     ]
     style = ("body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;line-height:1.5}"
              "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2rem .6rem}code{font-size:.9em}")
-    html_text = (f"<!doctype html><html><head><meta charset='utf-8'><title>calibkit demo</title>"
-                 f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
-    return md_text, html_text
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>calibkit demo</title>"
+            f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")

@@ -30,12 +30,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from calibkit.data.calibset import CalibrationSet
 from calibkit.data.dedup import DedupIndex, digest, normalize
 from calibkit.data.logs import BROKEN_KINDS, ReadStats, is_gzip
-from calibkit.data.sample_pipeline import DEFAULT_MAX_LENGTH, CleanupTally, clean_log, resolve_text_fields
+from calibkit.data.sample_pipeline import (
+    CleanupTally,
+    candidate_lengths,
+    clean_log,
+    resolve_text_fields,
+)
 from calibkit.data.sampling import (
     Candidate,
     PriorityPool,
@@ -298,29 +301,9 @@ def draw_traffic(
                         hint="pass a log with requests the calibration set does not hold (--traffic LOG), and "
                              "check --text-field")
 
-    cands: list[Candidate] = []
-    weights: list[float] = []
-    for s in pool.strata():
-        members = pool.members(s)
-        cands.extend(members)
-        weights.extend([pool.weight(s)] * len(members))
-    if options.tokenizer is not None:
-        from calibkit.data.tokenizer import TextTokenizer
-
-        tok = TextTokenizer(options.tokenizer)
-        texts = [c.text for c in cands]
-        step = 2048
-        parts = []
-        for i in range(0, len(texts), step):
-            parts.append(tok.token_lengths(texts[i: i + step]))
-            cb(ProgressEvent("tokenizing traffic candidates", min(i + step, len(texts)), len(texts)))
-        lengths = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-        measure = f"tokenizer ({options.tokenizer})"
-        max_len = options.max_length or tok.max_length
-    else:
-        lengths = np.asarray([c.est_tokens for c in cands], dtype=np.int64)
-        measure = "word-piece estimate"
-        max_len = options.max_length or DEFAULT_MAX_LENGTH
+    cands, weights = pool.weighted_members()
+    lengths, measure, max_len = candidate_lengths(cands, options.tokenizer, options.max_length, cb,
+                                                  "tokenizing traffic candidates")
     buckets = [length_bucket(int(n)) for n in lengths]
     strata_pop: dict[int, float] = {}
     members_of: dict[int, list[int]] = {}

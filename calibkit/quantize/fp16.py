@@ -129,141 +129,17 @@ def _tensor_types(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def convert_to_fp16(model: onnx.ModelProto, *, keep_nodes: Sequence[str] = ()) -> Fp16Result:
-    """An FP16 copy of ``model`` (see the module docstring for what stays FP32)."""
-    FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
-    types = _tensor_types(model)
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    g = out.graph
-    inits = {i.name: i for i in g.initializer}
-    consts = {n.output[0]: n for n in g.node if n.op_type == "Constant"}
-    float_outputs = {o.name for o in g.output if o.type.tensor_type.elem_type == FLOAT}
-    keep = set(keep_nodes)
-
-    fits_cache: dict[str, bool] = {}
-
-    def const_fits(t: str) -> bool | None:
-        """None: not a float32 constant."""
-        if t not in fits_cache:
-            v = const_value(t)
-            if v is None or v.dtype != np.float32:
-                return None
-            fits_cache[t] = _fits_fp16(v)
-        return fits_cache[t]
-
-    def const_value(t: str) -> np.ndarray | None:
-        if t in inits:
-            return numpy_helper.to_array(inits[t])
-        if t in consts:
-            for a in consts[t].attribute:
-                if a.name == "value":
-                    return numpy_helper.to_array(a.t)
-        return None
-
-    def is_float_node(n: onnx.NodeProto) -> bool:
-        if n.op_type == "Cast":
-            return any(a.name == "to" and a.i == FLOAT for a in n.attribute)
-        return any(types.get(x) == FLOAT for x in [*n.input, *n.output] if x)
-
-    fp32: set[int] = set()
-    range_kept: set[str] = set()  # outputs of rule-2 nodes (propagation seeds)
-    for i, n in enumerate(g.node):
-        if n.op_type == "Constant" or not is_float_node(n):
-            continue
-        name = n.name or f"{n.op_type}_{i}"
-        bad_const = any(const_fits(x) is False for x in n.input if x)
-        fed_by_island = n.op_type in _PROPAGATE and any(x in range_kept for x in n.input)
-        if (
-            n.op_type in FP32_OP_TYPES
-            or n.domain not in ("", "ai.onnx")
-            or bad_const
-            or fed_by_island
-            or name in keep
-            or any(o in float_outputs for o in n.output)
-        ):
-            fp32.add(i)
-            if (bad_const or fed_by_island) and n.op_type not in FP32_OP_TYPES:
-                range_kept.update(o for o in n.output if o)
-
-    # dtype of each float tensor in the new graph
-    new_type: dict[str, int] = {}
-    readers: dict[str, list[int]] = {}
-    for i, n in enumerate(g.node):
-        for x in n.input:
-            if x:
-                readers.setdefault(x, []).append(i)
-    half_nodes = [i for i, n in enumerate(g.node) if n.op_type != "Constant" and is_float_node(n) and i not in fp32]
+    """An FP16 copy of ``model`` (see the module docstring for what stays FP32). Steps on one copy
+    (:class:`_Fp16Pass`): which float nodes stay FP32, which constants become FP16, the Casts between the
+    two, stale value_info dropped."""
+    work = _Fp16Pass(model)
+    fp32 = work.fp32_nodes(set(keep_nodes))
+    half_nodes = [i for i, n in enumerate(work.g.node)
+                  if n.op_type != "Constant" and work.is_float_node(n) and i not in fp32]
     half_set = set(half_nodes)
-    for i in half_nodes:
-        for o in g.node[i].output:
-            if types.get(o) == FLOAT:
-                new_type[o] = HALF
-    # initializers / Constants read only by FP16 nodes become FP16
-    converted_consts: set[str] = set()
-    for t, rs in readers.items():
-        if t not in inits and t not in consts:
-            continue
-        if not all(r in half_set for r in rs) or t in float_outputs or not const_fits(t):
-            continue
-        v = const_value(t)
-        assert v is not None  # const_fits() saw it
-        if any(x == t and k in _FIXED_FLOAT_INPUTS.get(g.node[r].op_type, ()) for r in rs
-               for k, x in enumerate(g.node[r].input)):
-            continue
-        tensor = numpy_helper.from_array(v.astype(np.float16), t)
-        if t in inits:
-            inits[t].CopyFrom(tensor)
-        else:
-            for a in consts[t].attribute:
-                if a.name == "value":
-                    a.t.CopyFrom(tensor)
-        new_type[t] = HALF
-        converted_consts.add(t)
-
-    def current(t: str) -> int | None:
-        return new_type.get(t, types.get(t))
-
-    casts: dict[tuple[str, int], str] = {}
-    before: dict[int, list[onnx.NodeProto]] = {}
-    taken = {o for n in g.node for o in n.output} | set(inits) | {i.name for i in g.input}
-
-    def cast(t: str, to: int, at: int) -> str:
-        key = (t, to)
-        if key not in casts:
-            base = f"{t}_cast_{'fp16' if to == HALF else 'fp32'}"
-            name, k = base, 1
-            while name in taken:
-                name, k = f"{base}_{k}", k + 1
-            taken.add(name)
-            casts[key] = name
-            before.setdefault(at, []).append(helper.make_node("Cast", [t], [name], name=name, to=to))
-        return casts[key]
-
-    for i, n in enumerate(g.node):
-        if n.op_type == "Constant" or not is_float_node(n):
-            continue
-        want = HALF if i in half_set else FLOAT
-        fixed = _FIXED_FLOAT_INPUTS.get(n.op_type, set())
-        for k, x in enumerate(n.input):
-            if not x or current(x) not in (FLOAT, HALF):
-                continue
-            target = FLOAT if k in fixed else want
-            if current(x) != target:
-                n.input[k] = cast(x, target, i)
-        if want == HALF:
-            for a in n.attribute:
-                if n.op_type == "Cast" and a.name == "to" and a.i == FLOAT:
-                    a.i = HALF
-                if n.op_type == "ConstantOfShape" and a.name == "value" and a.t.data_type == FLOAT:
-                    a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float16), a.t.name))
-
-    if before:
-        nodes: list[onnx.NodeProto] = []
-        for i, n in enumerate(g.node):
-            nodes.extend(before.get(i, ()))
-            nodes.append(n)
-        del g.node[:]
-        g.node.extend(nodes)
+    new_type = work.convert_constants(half_set)
+    work.insert_casts(half_set, new_type)
+    g = work.g
     # stale float32 value_info would contradict the new types
     keep_vi = [vi for vi in g.value_info if vi.name not in new_type]
     del g.value_info[:]
@@ -274,7 +150,154 @@ def convert_to_fp16(model: onnx.ModelProto, *, keep_nodes: Sequence[str] = ()) -
         return n.name or f"{n.op_type}_{i}"
 
     return Fp16Result(
-        model=out,
+        model=work.out,
         fp16_nodes=tuple(label(i) for i in half_nodes),
         kept_fp32=tuple(label(i) for i in sorted(fp32)),
     )
+
+
+class _Fp16Pass:
+    """One copy of the model converted in place, with what every step reads: the float type of each tensor,
+    initializers and Constants by name, graph outputs that stay float32."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.types = _tensor_types(model)
+        self.out = onnx.ModelProto()
+        self.out.CopyFrom(model)
+        g = self.g = self.out.graph
+        self.inits = {i.name: i for i in g.initializer}
+        self.consts = {n.output[0]: n for n in g.node if n.op_type == "Constant"}
+        self.float_outputs = {o.name for o in g.output if o.type.tensor_type.elem_type == TensorProto.FLOAT}
+        self.fits_cache: dict[str, bool] = {}
+
+    def const_fits(self, t: str) -> bool | None:
+        """Whether a float32 constant's values fit FP16; None: not a float32 constant."""
+        if t not in self.fits_cache:
+            v = self.const_value(t)
+            if v is None or v.dtype != np.float32:
+                return None
+            self.fits_cache[t] = _fits_fp16(v)
+        return self.fits_cache[t]
+
+    def const_value(self, t: str) -> np.ndarray | None:
+        if t in self.inits:
+            return numpy_helper.to_array(self.inits[t])
+        if t in self.consts:
+            for a in self.consts[t].attribute:
+                if a.name == "value":
+                    return numpy_helper.to_array(a.t)
+        return None
+
+    def is_float_node(self, n: onnx.NodeProto) -> bool:
+        if n.op_type == "Cast":
+            return any(a.name == "to" and a.i == TensorProto.FLOAT for a in n.attribute)
+        return any(self.types.get(x) == TensorProto.FLOAT for x in [*n.input, *n.output] if x)
+
+    def fp32_nodes(self, keep: set[str]) -> set[int]:
+        """Indices of the float nodes that stay FP32: FP32 op types, other domains, nodes reading a constant
+        FP16 cannot hold (and the islands they feed), kept nodes, producers of float32 graph outputs."""
+        fp32: set[int] = set()
+        range_kept: set[str] = set()  # outputs of rule-2 nodes (propagation seeds)
+        for i, n in enumerate(self.g.node):
+            if n.op_type == "Constant" or not self.is_float_node(n):
+                continue
+            name = n.name or f"{n.op_type}_{i}"
+            bad_const = any(self.const_fits(x) is False for x in n.input if x)
+            fed_by_island = n.op_type in _PROPAGATE and any(x in range_kept for x in n.input)
+            if (
+                n.op_type in FP32_OP_TYPES
+                or n.domain not in ("", "ai.onnx")
+                or bad_const
+                or fed_by_island
+                or name in keep
+                or any(o in self.float_outputs for o in n.output)
+            ):
+                fp32.add(i)
+                if (bad_const or fed_by_island) and n.op_type not in FP32_OP_TYPES:
+                    range_kept.update(o for o in n.output if o)
+        return fp32
+
+    def convert_constants(self, half_set: set[int]) -> dict[str, int]:
+        """The FP16 nodes' float outputs, and the initializers / Constants read only by FP16 nodes (outside
+        their fixed-float inputs), become FP16. Returns the new type of each changed tensor."""
+        g, inits, consts = self.g, self.inits, self.consts
+        new_type: dict[str, int] = {}
+        readers: dict[str, list[int]] = {}
+        for i, n in enumerate(g.node):
+            for x in n.input:
+                if x:
+                    readers.setdefault(x, []).append(i)
+        for i in sorted(half_set):
+            for o in g.node[i].output:
+                if self.types.get(o) == TensorProto.FLOAT:
+                    new_type[o] = TensorProto.FLOAT16
+        for t, rs in readers.items():
+            if t not in inits and t not in consts:
+                continue
+            if not all(r in half_set for r in rs) or t in self.float_outputs or not self.const_fits(t):
+                continue
+            v = self.const_value(t)
+            assert v is not None  # const_fits() saw it
+            if any(x == t and k in _FIXED_FLOAT_INPUTS.get(g.node[r].op_type, ()) for r in rs
+                   for k, x in enumerate(g.node[r].input)):
+                continue
+            tensor = numpy_helper.from_array(v.astype(np.float16), t)
+            if t in inits:
+                inits[t].CopyFrom(tensor)
+            else:
+                for a in consts[t].attribute:
+                    if a.name == "value":
+                        a.t.CopyFrom(tensor)
+            new_type[t] = TensorProto.FLOAT16
+        return new_type
+
+    def insert_casts(self, half_set: set[int], new_type: dict[str, int]) -> None:
+        """Each float input read in the other precision goes through one shared Cast (inserted before its
+        first reader); FP16 nodes' Cast-to-float and ConstantOfShape values become FP16."""
+        FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
+        g = self.g
+
+        def current(t: str) -> int | None:
+            return new_type.get(t, self.types.get(t))
+
+        casts: dict[tuple[str, int], str] = {}
+        before: dict[int, list[onnx.NodeProto]] = {}
+        taken = {o for n in g.node for o in n.output} | set(self.inits) | {i.name for i in g.input}
+
+        def cast(t: str, to: int, at: int) -> str:
+            key = (t, to)
+            if key not in casts:
+                base = f"{t}_cast_{'fp16' if to == HALF else 'fp32'}"
+                name, k = base, 1
+                while name in taken:
+                    name, k = f"{base}_{k}", k + 1
+                taken.add(name)
+                casts[key] = name
+                before.setdefault(at, []).append(helper.make_node("Cast", [t], [name], name=name, to=to))
+            return casts[key]
+
+        for i, n in enumerate(g.node):
+            if n.op_type == "Constant" or not self.is_float_node(n):
+                continue
+            want = HALF if i in half_set else FLOAT
+            fixed = _FIXED_FLOAT_INPUTS.get(n.op_type, set())
+            for k, x in enumerate(n.input):
+                if not x or current(x) not in (FLOAT, HALF):
+                    continue
+                target = FLOAT if k in fixed else want
+                if current(x) != target:
+                    n.input[k] = cast(x, target, i)
+            if want == HALF:
+                for a in n.attribute:
+                    if n.op_type == "Cast" and a.name == "to" and a.i == FLOAT:
+                        a.i = HALF
+                    if n.op_type == "ConstantOfShape" and a.name == "value" and a.t.data_type == FLOAT:
+                        a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float16),
+                                                             a.t.name))
+        if before:
+            nodes: list[onnx.NodeProto] = []
+            for i, n in enumerate(g.node):
+                nodes.extend(before.get(i, ()))
+                nodes.append(n)
+            del g.node[:]
+            g.node.extend(nodes)

@@ -13,11 +13,13 @@ Layout (both targets)
   and ONNX Runtime both accept it and the file is about a quarter of the FP32 weight bytes. Per-output-channel
   scales (MatMul B [K, N]: axis 1 / last; Gemm B: axis 1, or 0 with transB=1), zero point 0, values in
   [-127, 127]. The FP32 initializer is dropped unless a non-quantized node still reads it. Gemm biases stay FP32.
-- Names (stable, so other tools can find them): for an activation ``T``: nodes ``T_QuantizeLinear`` and
-  ``T_DequantizeLinear``, tensors ``T_quantized``, ``T_dequantized``, initializers ``T_scale`` and
-  ``T_zero_point``. For a weight ``W``: initializers ``W_quantized`` (int8), ``W_scale``, ``W_zero_point``, node
-  ``W_DequantizeLinear`` with output ``W_dequantized``. Original nodes keep their names and output tensor names:
-  only their inputs are rewired to DQ outputs.
+- Names (stable, so other tools can find them; ONNX Runtime's own Q/DQ convention, so
+  ``onnxruntime.quantization.qdq_loss_debug`` pairs activations and weights): for an activation ``T``: nodes
+  ``T_QuantizeLinear`` and ``T_DequantizeLinear``, tensors ``T_QuantizeLinear_Output`` and
+  ``T_DequantizeLinear_Output``, initializers ``T_scale`` and ``T_zero_point``. For a weight ``W``: initializers
+  ``W_quantized`` (int8), ``W_scale``, ``W_zero_point``, node ``W_DequantizeLinear`` with output
+  ``W_DequantizeLinear_Output``. Original nodes keep their names and output tensor names: only their inputs are
+  rewired to DQ outputs.
 
 What differs between the targets
 - ``Target.TENSORRT`` (explicit quantization for TensorRT 11 strongly typed networks): int8 activations with
@@ -42,7 +44,7 @@ from __future__ import annotations
 import enum
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -54,12 +56,15 @@ from onnx import TensorProto, helper, numpy_helper
 
 from calibkit._io import atomic_open
 from calibkit.errors import ModelError, UsageError
-from calibkit.quantize.placement import DEFAULT_OP_TYPES, plan_placement
+from calibkit.quantize.placement import DEFAULT_OP_TYPES, Placement, plan_placement
 from calibkit.quantize.rangecheck import check_ranges
 from calibkit.quantize.weights import REDUCED_WEIGHT_MAX, QuantizedWeight, quantize_weight, weight_axis
 from calibkit.types import INT8_MAX, CalibrationTable
 
 MIN_OPSET = 13  # per-axis DequantizeLinear
+# tensor suffixes of ONNX Runtime's quantizer (onnxruntime.quantization.quant_utils), which qdq_loss_debug matches
+QUANT_OUTPUT = "_QuantizeLinear_Output"
+DEQUANT_OUTPUT = "_DequantizeLinear_Output"
 
 
 class Target(str, enum.Enum):
@@ -99,12 +104,36 @@ def quantize_model(
     reduce_range: bool = False,
 ) -> QuantizeResult:
     """A Q/DQ INT8 copy of ``model`` (the input model is not modified). See the module docstring for the layout.
-    ``reduce_range``: 7-bit weights for ONNX Runtime on CPUs without VNNI (calibkit.quantize.weights)"""
+    ``reduce_range``: 7-bit weights for ONNX Runtime on CPUs without VNNI (calibkit.quantize.weights)
+
+    Steps: check the inputs, plan placement and check the ranges, choose the nodes, then one
+    :class:`_QdqWriter` over a copy of the model adds their Q/DQ pairs, rewires and orders the graph."""
     target = Target(target)
+    _check_request(model, exclude, target, reduce_range)
+    placement = plan_placement(model, op_types, exclude)
+    amax = table.amax()
+    # scale guard: an inf, 0 or denormal float32 scale would write a model that runs and is silently wrong
+    check_ranges(((t, amax[t]) for t in placement.activations if t in amax), source="calibration table",
+                 hint="recalibrate (`calibkit calibrate`) or fix the table's ranges; calibkit never writes these",
+                 representable_only=True)
+    choice = _choose_nodes(placement, set(keep_nodes), amax, target)
+    writer = _QdqWriter(model, amax, target, REDUCED_WEIGHT_MAX if reduce_range else INT8_MAX)
+    quantized = writer.quantize(choice.chosen)
+    return QuantizeResult(
+        model=writer.finish(),
+        quantized_nodes=tuple(quantized),
+        kept_nodes=tuple(choice.kept),
+        missing_ranges=tuple(choice.missing),
+        zero_ranges=tuple(choice.zero),
+    )
+
+
+def _check_request(model: onnx.ModelProto, exclude: Sequence[str], target: Target, reduce_range: bool) -> None:
+    """UsageError/ModelError for what quantize_model cannot do: 7-bit weights outside the onnxruntime layout,
+    an opset without per-channel Q/DQ, an --exclude that is not a regular expression."""
     if reduce_range and target is not Target.ONNXRUNTIME:
         raise UsageError("--reduce-range applies to the onnxruntime layout only",
                          hint="TensorRT's int8 GEMMs accumulate in int32 and never saturate: drop --reduce-range")
-    weight_qmax = REDUCED_WEIGHT_MAX if reduce_range else INT8_MAX
     if _default_opset(model) < MIN_OPSET:
         raise ModelError(
             f"the model uses ONNX opset {_default_opset(model)}; per-channel Q/DQ needs opset >= {MIN_OPSET}",
@@ -116,26 +145,24 @@ def quantize_model(
         except re.error as exc:
             raise UsageError(f"--exclude {p!r} is not a valid regular expression ({exc})") from exc
 
-    placement = plan_placement(model, op_types, exclude)
-    keep = set(keep_nodes)
-    amax = table.amax()
-    # scale guard: an inf, 0 or denormal float32 scale would write a model that runs and is silently wrong
-    check_ranges(((t, amax[t]) for t in placement.activations if t in amax), source="calibration table",
-                 hint="recalibrate (`calibkit calibrate`) or fix the table's ranges; calibkit never writes these",
-                 representable_only=True)
-    act_dtype = TensorProto.UINT8 if target is Target.ONNXRUNTIME else TensorProto.INT8
-    act_zp = 128 if target is Target.ONNXRUNTIME else 0
 
-    # -- decide which nodes get quantized ------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Choice:
+    chosen: tuple[Any, ...]  # placement nodes to quantize, in graph order
+    kept: tuple[str, ...]
+    missing: tuple[str, ...]
+    zero: tuple[str, ...]
+
+
+def _choose_nodes(placement: Placement, keep: set[str], amax: Mapping[str, float], target: Target) -> _Choice:
+    """Which placed nodes get quantized: not kept, quantizable in the layout (onnxruntime: weight MatMuls
+    only), and every activation input with a non-zero range."""
     kept: list[str] = list(placement.excluded)
     missing: dict[str, None] = {}
     zero: dict[str, None] = {}
     chosen = []
     for qn in placement.nodes:
-        if qn.name in keep:
-            kept.append(qn.name)
-            continue
-        if target is Target.ONNXRUNTIME and not qn.weight_inputs:
+        if qn.name in keep or (target is Target.ONNXRUNTIME and not qn.weight_inputs):
             kept.append(qn.name)
             continue
         ok = True
@@ -151,145 +178,156 @@ def quantize_model(
             chosen.append(qn)
         else:
             kept.append(qn.name)
+    return _Choice(tuple(chosen), tuple(kept), tuple(missing), tuple(zero))
 
-    # -- one deep copy of the model, then edits in place ----------------------------------------------------
-    out = _copy_without_initializers(model)
-    g = out.graph
-    init_by_name = {i.name: i for i in model.graph.initializer}  # read from the source, copied once at the end
-    const_by_output = {o: n for n in g.node if n.op_type == "Constant" for o in n.output}
-    taken = set(init_by_name) | {o for n in g.node for o in n.output} | {i.name for i in g.input}
-    taken |= {n.name for n in g.node if n.name}
 
-    def fresh(name: str) -> str:
+class _QdqWriter:
+    """Edits one deep copy of the model (initializers copied once, at the end): Q/DQ pairs for activations
+    (one per tensor, shared by its quantized readers), int8 weights with a DequantizeLinear, the readers
+    rewired, the nodes ordered topologically, FP32 weights nothing reads any more dropped."""
+
+    def __init__(self, model: onnx.ModelProto, amax: Mapping[str, float], target: Target, weight_qmax: int) -> None:
+        self.source = model
+        self.amax = amax
+        self.weight_qmax = weight_qmax
+        self.act_dtype = TensorProto.UINT8 if target is Target.ONNXRUNTIME else TensorProto.INT8
+        self.act_zp = 128 if target is Target.ONNXRUNTIME else 0
+        self.out = _copy_without_initializers(model)
+        g = self.g = self.out.graph
+        self.init_by_name = {i.name: i for i in model.graph.initializer}  # read from the source
+        self.const_by_output = {o: n for n in g.node if n.op_type == "Constant" for o in n.output}
+        self.taken = set(self.init_by_name) | {o for n in g.node for o in n.output} | {i.name for i in g.input}
+        self.taken |= {n.name for n in g.node if n.name}
+        self.new_inits: list[onnx.TensorProto] = []
+        self.act_dq: dict[str, str] = {}  # activation tensor -> DQ output
+        self.act_nodes: dict[str, list[onnx.NodeProto]] = {}  # activation tensor -> [Q, DQ]
+        self.weight_dq: dict[tuple[str, int | None], str] = {}
+        self.weight_nodes: list[onnx.NodeProto] = []
+        self.rewire: dict[tuple[int, int], str] = {}  # (node index, input index) -> new input name
+        self.quantized_weights: dict[tuple[str, int | None], Any] = {}
+
+    def fresh(self, name: str) -> str:
         cand, k = name, 1
-        while cand in taken:
+        while cand in self.taken:
             cand, k = f"{name}_{k}", k + 1
-        taken.add(cand)
+        self.taken.add(cand)
         return cand
 
-    new_inits: list[onnx.TensorProto] = []
-    act_dq: dict[str, str] = {}  # activation tensor -> DQ output
-    act_nodes: dict[str, list[onnx.NodeProto]] = {}  # activation tensor -> [Q, DQ]
-    weight_dq: dict[tuple[str, int | None], str] = {}
-    weight_nodes: list[onnx.NodeProto] = []
-    rewire: dict[tuple[int, int], str] = {}  # (node index, input index) -> new input name
+    def quantize(self, chosen: Sequence[Any]) -> list[str]:
+        """Plan every chosen node's new inputs (names handed out in graph order, as ever); returns their names.
+        The weights to quantize are found first, then made int8 on all CPUs at once (quantize_weight is numpy
+        on whole matrices, which releases the GIL)."""
+        g = self.g
+        index_by_name = {_node_name(n, i): i for i, n in enumerate(g.node)}
+        weight_keys: dict[tuple[int, int], tuple[str, int | None] | None] = {}
+        for qn in chosen:
+            idx = index_by_name[qn.name]
+            node = g.node[idx]
+            trans_b = any(a.name == "transB" and a.i for a in node.attribute)
+            for k, t in enumerate(node.input[:2]):
+                if t and t not in qn.activation_inputs and t in qn.weight_inputs:
+                    weight_keys[(idx, k)] = self.weight_key(t, node.op_type, k, trans_b)
+        self.quantized_weights = _quantize_weights(
+            list(dict.fromkeys(key for key in weight_keys.values() if key is not None)), self.weight_value,
+            self.weight_qmax,
+        )
+        quantized: list[str] = []
+        for qn in chosen:
+            idx = index_by_name[qn.name]
+            for k, t in enumerate(g.node[idx].input[:2]):
+                if not t:
+                    continue
+                if t in qn.activation_inputs:
+                    self.rewire[(idx, k)] = self.activation_pair(t)
+                elif t in qn.weight_inputs:
+                    key = weight_keys[(idx, k)]
+                    if key is not None:
+                        self.rewire[(idx, k)] = self.weight_pair(key)
+            quantized.append(qn.name)
+        return quantized
 
-    def activation_pair(t: str) -> str:
-        if t in act_dq:
-            return act_dq[t]
+    def activation_pair(self, t: str) -> str:
+        if t in self.act_dq:
+            return self.act_dq[t]
+        fresh = self.fresh
         scale = fresh(f"{t}_scale")
         zp = fresh(f"{t}_zero_point")
-        new_inits.append(numpy_helper.from_array(np.asarray(amax[t] / INT8_MAX, dtype=np.float32), scale))
-        new_inits.append(helper.make_tensor(zp, act_dtype, [], [act_zp]))
-        q_out, dq_out = fresh(f"{t}_quantized"), fresh(f"{t}_dequantized")
-        act_nodes[t] = [
+        self.new_inits.append(numpy_helper.from_array(np.asarray(self.amax[t] / INT8_MAX, dtype=np.float32), scale))
+        self.new_inits.append(helper.make_tensor(zp, self.act_dtype, [], [self.act_zp]))
+        q_out, dq_out = fresh(f"{t}{QUANT_OUTPUT}"), fresh(f"{t}{DEQUANT_OUTPUT}")
+        self.act_nodes[t] = [
             helper.make_node("QuantizeLinear", [t, scale, zp], [q_out], name=fresh(f"{t}_QuantizeLinear")),
             helper.make_node("DequantizeLinear", [q_out, scale, zp], [dq_out], name=fresh(f"{t}_DequantizeLinear")),
         ]
-        act_dq[t] = dq_out
+        self.act_dq[t] = dq_out
         return dq_out
 
-    def weight_tensor(w: str) -> onnx.TensorProto:
-        if w in init_by_name:
-            return init_by_name[w]
-        node = const_by_output[w]
+    def weight_tensor(self, w: str) -> onnx.TensorProto:
+        if w in self.init_by_name:
+            return self.init_by_name[w]
+        node = self.const_by_output[w]
         for a in node.attribute:
             if a.name == "value":
                 return a.t
         raise ModelError(f"weight {w!r} is a Constant without a tensor value; cannot quantize it")
 
-    def weight_value(w: str) -> np.ndarray:
-        return numpy_helper.to_array(weight_tensor(w))
+    def weight_value(self, w: str) -> np.ndarray:
+        return numpy_helper.to_array(self.weight_tensor(w))
 
-    def weight_key(w: str, op_type: str, index: int, trans_b: bool) -> tuple[str, int | None] | None:
-        t = weight_tensor(w)  # dtype and rank from the proto: the values are converted once, when quantized
+    def weight_key(self, w: str, op_type: str, index: int, trans_b: bool) -> tuple[str, int | None] | None:
+        t = self.weight_tensor(w)  # dtype and rank from the proto: the values are converted once, when quantized
         if t.data_type != TensorProto.FLOAT:
             return None
         return w, weight_axis(op_type, index, len(t.dims), trans_b)
 
-    def weight_pair(key: tuple[str, int | None]) -> str:
+    def weight_pair(self, key: tuple[str, int | None]) -> str:
         w, axis = key
-        if key in weight_dq:
-            return weight_dq[key]
-        qw = quantized_weights.pop(key)
+        if key in self.weight_dq:
+            return self.weight_dq[key]
+        fresh = self.fresh
+        qw = self.quantized_weights.pop(key)
         qname, sname, zname = fresh(f"{w}_quantized"), fresh(f"{w}_scale"), fresh(f"{w}_zero_point")
-        new_inits.append(numpy_helper.from_array(qw.values, qname))
-        new_inits.append(numpy_helper.from_array(qw.scale, sname))
-        new_inits.append(numpy_helper.from_array(np.zeros(qw.scale.shape, dtype=np.int8), zname))
-        dq_out = fresh(f"{w}_dequantized")
+        self.new_inits.append(numpy_helper.from_array(qw.values, qname))
+        self.new_inits.append(numpy_helper.from_array(qw.scale, sname))
+        self.new_inits.append(numpy_helper.from_array(np.zeros(qw.scale.shape, dtype=np.int8), zname))
+        dq_out = fresh(f"{w}{DEQUANT_OUTPUT}")
         dq_name = fresh(f"{w}_DequantizeLinear")
         node = helper.make_node("DequantizeLinear", [qname, sname, zname], [dq_out], name=dq_name)
         if axis is not None:
             node.attribute.append(helper.make_attribute("axis", axis))
-        weight_nodes.append(node)
-        weight_dq[key] = dq_out
+        self.weight_nodes.append(node)
+        self.weight_dq[key] = dq_out
         return dq_out
 
-    index_by_name = {_node_name(n, i): i for i, n in enumerate(g.node)}
-    # which weights, first (names are handed out below in the same order as ever), then their int8 values on
-    # all CPUs at once: quantize_weight is numpy on whole matrices, which releases the GIL
-    weight_keys: dict[tuple[int, int], tuple[str, int | None] | None] = {}
-    for qn in chosen:
-        idx = index_by_name[qn.name]
-        node = g.node[idx]
-        trans_b = any(a.name == "transB" and a.i for a in node.attribute)
-        for k, t in enumerate(node.input[:2]):
-            if t and t not in qn.activation_inputs and t in qn.weight_inputs:
-                weight_keys[(idx, k)] = weight_key(t, node.op_type, k, trans_b)
-    quantized_weights = _quantize_weights(
-        list(dict.fromkeys(key for key in weight_keys.values() if key is not None)), weight_value, weight_qmax
-    )
-    quantized: list[str] = []
-    for qn in chosen:
-        idx = index_by_name[qn.name]
-        node = g.node[idx]
-        for k, t in enumerate(node.input[:2]):
-            if not t:
-                continue
-            if t in qn.activation_inputs:
-                rewire[(idx, k)] = activation_pair(t)
-            elif t in qn.weight_inputs:
-                key = weight_keys[(idx, k)]
-                if key is not None:
-                    rewire[(idx, k)] = weight_pair(key)
-        quantized.append(qn.name)
-
-    # -- rewire inputs and rebuild the node list in topological order -----------------------------------------
-    for (idx, k), new in rewire.items():
-        g.node[idx].input[k] = new
-    graph_inputs = {i.name for i in g.input} | set(init_by_name)
-    head: list[onnx.NodeProto] = list(weight_nodes)
-    for t, pair in act_nodes.items():
-        if t in graph_inputs:
-            head.extend(pair)
-    if rewire:
-        nodes: list[onnx.NodeProto] = list(head)
-        for node in g.node:
-            nodes.append(node)
-            for o in node.output:
-                if o in act_nodes and o not in graph_inputs:
-                    nodes.extend(act_nodes[o])
-        del g.node[:]
-        g.node.extend(nodes)
-
-    # -- drop FP32 weights nothing reads any more ------------------------------------------------------------
-    still_read = {x for n in g.node for x in n.input} | {o.name for o in g.output}
-    replaced = {w for (w, _axis) in weight_dq}
-    unused = [w for w in replaced if w not in still_read]
-    drop = set(unused)
-    if drop:
-        dead_consts = [n for n in g.node if n.op_type == "Constant" and n.output[0] in drop]
-        for n in dead_consts:
-            g.node.remove(n)
-    g.initializer.extend(i for i in model.graph.initializer if i.name not in drop)
-    g.initializer.extend(new_inits)
-    return QuantizeResult(
-        model=out,
-        quantized_nodes=tuple(quantized),
-        kept_nodes=tuple(kept),
-        missing_ranges=tuple(missing),
-        zero_ranges=tuple(zero),
-    )
+    def finish(self) -> onnx.ModelProto:
+        """Rewire the inputs, rebuild the node list in topological order (weight DQs and pairs of graph inputs
+        first, every other pair right after its producer), drop FP32 weights nothing reads any more and copy
+        the initializers."""
+        g = self.g
+        for (idx, k), new in self.rewire.items():
+            g.node[idx].input[k] = new
+        graph_inputs = {i.name for i in g.input} | set(self.init_by_name)
+        head: list[onnx.NodeProto] = list(self.weight_nodes)
+        for t, pair in self.act_nodes.items():
+            if t in graph_inputs:
+                head.extend(pair)
+        if self.rewire:
+            nodes: list[onnx.NodeProto] = list(head)
+            for node in g.node:
+                nodes.append(node)
+                for o in node.output:
+                    if o in self.act_nodes and o not in graph_inputs:
+                        nodes.extend(self.act_nodes[o])
+            del g.node[:]
+            g.node.extend(nodes)
+        still_read = {x for n in g.node for x in n.input} | {o.name for o in g.output}
+        drop = {w for (w, _axis) in self.weight_dq if w not in still_read}
+        if drop:
+            for n in [n for n in g.node if n.op_type == "Constant" and n.output[0] in drop]:
+                g.node.remove(n)
+        g.initializer.extend(i for i in self.source.graph.initializer if i.name not in drop)
+        g.initializer.extend(self.new_inits)
+        return self.out
 
 
 def _quantize_weights(keys: list, value_of: Any, qmax: int = INT8_MAX) -> dict:
