@@ -378,14 +378,16 @@ def _engine_calibration_set(*engines: EngineArtifact) -> CalibrationSet | None:
 # ---------------------------------------------------------------- tune
 
 
-def check_tune_options(*, method: str, target: str) -> None:
-    """UsageError for a --method or --target tune does not know."""
+def check_tune_options(*, method: str, target: str, decision_rule: str = "sequential") -> None:
+    """UsageError for a --method, --target or --decision-rule tune does not know."""
     from calibkit.types import Method
 
     if method != "auto" and method not in {m.value for m in Method}:
         raise UsageError(f"unknown --method {method!r}", hint="use auto, entropy, minmax, percentile or mse")
     if target not in ("tensorrt", "onnxruntime"):
         raise UsageError(f"unknown --target {target!r}", hint="use tensorrt or onnxruntime")
+    if decision_rule not in ("sequential", "whole-split"):
+        raise UsageError(f"unknown --decision-rule {decision_rule!r}", hint="use sequential or whole-split")
 
 
 def tune(
@@ -418,6 +420,7 @@ def tune(
     traffic_size: int = 4000,
     traffic_text_field: str | None = None,
     smooth: bool = True,
+    decision_rule: str = "sequential",
 ) -> TuneRun:
     """The mixed-precision plan with the most INT8 work that keeps accuracy within ``max_drop`` points of FP32
     (and, with ``min_agreement``, that percentage of FP32's predictions). Writes ``out`` (model.int8.onnx,
@@ -427,7 +430,11 @@ def tune(
     ``traffic``: a request log (the formats and ``traffic_text_field`` option of ``sample``), ``"auto"`` for the
     log named in the calibration set's manifest, or drawn :class:`TrafficEvidence`: up to ``traffic_size``
     texts not in the calibration set, split into search and holdout parts like the eval set; agreement with
-    FP32 is then judged on them and the eval set carries accuracy alone."""
+    FP32 is then judged on them and the eval set carries accuracy alone.
+
+    ``decision_rule``: ``"sequential"`` judges each candidate on growing chunks of the search split and stops
+    once its decision is settled at ``agreement_confidence`` (a betting confidence sequence, valid however
+    often it looks: evaluate.sequential); ``"whole-split"`` evaluates every candidate on the whole split."""
     import contextlib
 
     from calibkit._io import write_json
@@ -438,7 +445,7 @@ def tune(
     from calibkit.report.codec import to_document
     from calibkit.types import MethodParams
 
-    check_tune_options(method=method, target=target)
+    check_tune_options(method=method, target=target, decision_rule=decision_rule)
     md = _model_dir(model, tokenizer)
     dest = Path(out) if out is not None else Path("runs") / f"tune-{md.onnx_path.parent.name or md.onnx_path.stem}"
     cfg = md.id2label
@@ -452,7 +459,7 @@ def tune(
         max_drop=max_drop, relative=relative, min_agreement=min_agreement, agreement_confidence=agreement_confidence,
         method=method, holdout_fraction=holdout, sensitivity_samples=sensitivity_samples,
         sensitivity_layers=sensitivity_layers, max_evaluations=max_evaluations, workers=workers, seed=seed,
-        target=target, params=MethodParams(percentile=percentile), smooth=smooth,
+        target=target, params=MethodParams(percentile=percentile), smooth=smooth, decision_rule=decision_rule,
     )
     render = None
     if report is not None:

@@ -47,7 +47,14 @@ from calibkit.data.tokenizer import TextTokenizer
 from calibkit.errors import CalibrationError, DataError, UsageError
 from calibkit.evaluate.evidence import SplitEvidence, split_evidence, split_subsets
 from calibkit.evaluate.flops import linear_work
-from calibkit.evaluate.plan_decisions import ESTIMATED, WHOLE_SPLIT, PlanJudge, constraints_for, make_rule
+from calibkit.evaluate.plan_decisions import (
+    DECISION_RULES,
+    ESTIMATED,
+    WHOLE_SPLIT,
+    PlanJudge,
+    constraints_for,
+    make_rule,
+)
 from calibkit.evaluate.results import (
     Candidate,
     Difference,
@@ -531,6 +538,9 @@ def _run_tune(
 
 
 def _check_config(config: TuneConfig) -> None:
+    if config.decision_rule not in DECISION_RULES or config.first_chunk < 1:
+        raise UsageError(f"unknown decision rule {config.decision_rule!r} (first chunk {config.first_chunk})",
+                         hint="use sequential or whole-split, and a first chunk of at least 1 text")
     if not 0.5 <= config.agreement_confidence < 1.0:
         raise UsageError(f"--agreement-confidence must be in [0.5, 1), got {config.agreement_confidence}",
                          hint="e.g. 0.9 (the default); 0.5 compares the point estimate")
