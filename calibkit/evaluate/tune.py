@@ -12,9 +12,12 @@ Flow (every number below is measured, none estimated):
    end, for all-INT8 and the final plan, and the verdict says with 95 % intervals whether it supports the claim;
 4. sensitivity ranking: for every quantized node (or the worst K by own INT8 error), the KL divergence to FP32
    when only that node is quantized (on a stratified subset of the search part); most damage per FLOP first;
-5. calibkit.evaluate.search.search_plan: prefix / bisect / prune over the ranking, each candidate evaluated
-   on the whole search part against the constraints (accuracy within ``max_drop`` of FP32 and, when given,
-   at least ``min_agreement`` % of FP32's predictions kept).
+5. calibkit.evaluate.search.search_plan: prefix / bisect / prune over the ranking, each candidate judged on
+   the search part against the constraints (accuracy within ``max_drop`` of FP32 and, when given, at least
+   ``min_agreement`` % of FP32's predictions kept, mean cosine at least ``min_cosine``) by
+   evaluate.plan_decisions: in growing chunks until its decision is settled (``decision_rule`` "sequential",
+   a betting confidence sequence) or on the whole part ("whole-split"); the final plan is then evaluated on
+   the rest of the search part, so its numbers are whole-split ones.
 Each finished evaluation is appended to ``OUT/.tune/ledger.jsonl`` (keyed by what determines its result), so
 an interrupted run resumes without redoing it.
 """
