@@ -169,3 +169,13 @@ def test_combined_decision_wrongly_certifies_at_most_alpha():
         (j,) = judge.judge([()])
         wrong += j.meets
     assert wrong / reps <= 0.1 + 2 * (0.1 * 0.9 / reps) ** 0.5
+
+
+def test_a_seeded_whole_split_result_is_judged_without_evaluating_again():
+    ev = _evidence(1000)
+    calls: list = []
+    judge = _judge(ev, "sequential", calls)
+    (whole,) = _fake_runner(ev, _rate, [])([((), ev.search)])
+    judge.seed((), whole)
+    (j,) = judge.judge([()])
+    assert calls == [] and not j.meets and j.texts == 1000

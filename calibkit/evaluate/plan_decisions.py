@@ -218,6 +218,13 @@ class PlanJudge:
         return len(self.evidence.accuracy_positions(ch) if c.name == ACCURACY_DROP
                    else self.evidence.agreement_positions(ch))
 
+    def seed(self, plan: Plan, whole: ChunkResult) -> None:
+        """``plan`` already evaluated on the whole split (``whole``, texts in the split's order; tune measured
+        all-INT8 there to choose the table): its decision reads it instead of evaluating chunks again."""
+        pr = self.progress.setdefault(plan, _Progress())
+        if not pr.chunks:
+            self._add(pr, np.arange(len(self.subset), dtype=np.int64), whole)
+
     def judge(self, plans: Sequence[Plan]) -> list[Judged]:
         """Each plan decided: the first chunk of all of them, then the next chunk of the undecided ones."""
         n = len(self.subset)

@@ -788,7 +788,13 @@ def _judge(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: _Evalua
 
     rule = make_rule(config.decision_rule, config.agreement_confidence, config.first_chunk)
     every = tuple(c.name for c in constraints) if config.agreement_confidence <= 0.5 else ESTIMATED
-    return PlanJudge(evidence, evidence.search, rule, constraints, run_chunks, estimated=every)
+    judge = PlanJudge(evidence, evidence.search, rule, constraints, run_chunks, estimated=every)
+    # all-INT8 of the base table ran on the whole search split when the table was chosen (the same model): the
+    # ledger has it, so the search's first candidate costs nothing
+    rec = ev.ledger.get(_job_key(jobs(table_path, (), evidence.search, ALL_INT8), table_sha, ev.model_sha))
+    if rec is not None and not rec.get("error"):
+        judge.seed((), _from_record(rec))
+    return judge
 
 
 def _whole_split_numbers(outcome: Any, final: Measured, whole: SensitivityResult, evidence: SplitEvidence
