@@ -179,3 +179,12 @@ def test_a_seeded_whole_split_result_is_judged_without_evaluating_again():
     judge.seed((), whole)
     (j,) = judge.judge([()])
     assert calls == [] and not j.meets and j.texts == 1000
+
+
+def test_a_candidate_near_the_threshold_skips_looks_that_cannot_settle_it():
+    """1.5 % flips against a 99 % target: no look before the end could settle it, so it costs the first chunk
+    and then the rest of the split (two evaluations), not one evaluation per doubling."""
+    ev = _evidence()
+    calls: list = []
+    (j,) = _judge(ev, "sequential", calls, rate=lambda p: 0.015).judge([()])
+    assert j.texts == N and len(calls) == 2 and len(calls[0][1]) == 256

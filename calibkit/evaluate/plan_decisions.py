@@ -16,7 +16,10 @@ The chunks are prefixes of one seeded order of the split (:func:`chunk_order`: t
 interleaved so that every prefix keeps each stratum's share — labelled and traffic rows, each label). Every
 chunk is its own evaluation job, so tune's ledger records it under its own key (the key hashes the texts): a
 resumed run reads finished chunks back and redoes none. Candidates of one search step run together: the first
-chunk of all of them, then the next chunk of those still undecided.
+chunk of all of them, then the next chunk of those still undecided. Every chunk pays a fixed cost (building
+the variant, starting a session), so a look that the candidate's values so far project not to settle is skipped
+(:meth:`PlanJudge._worth_looking`): a candidate in the band near the threshold costs two evaluations (the first
+chunk, then the rest of the split), not one per doubling.
 
 Constraints (each the mean of per-text values, see evaluate.rowfidelity):
 - ``agreement``: share of FP32's outputs kept on the agreement rows (traffic rows when there are any), at least
@@ -34,6 +37,7 @@ estimated: the rule still stops a candidate early once it is settled either way 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -138,6 +142,17 @@ class _Progress:
         return sum(len(p) for p in self.positions)
 
 
+LOOK_SLACK = 1.0  # log-wealth: a look is taken when the projection comes within a factor e of the bar
+
+
+def _log_mixture(log_wealth: Sequence[float]) -> float:
+    a = np.asarray(log_wealth, dtype=np.float64)
+    if not a.size:
+        return 0.0
+    top = float(a.max())
+    return top + math.log(float(np.exp(a - top).mean()))
+
+
 def chunk_values(evidence: SplitEvidence, chunk: EvalSubset, result: ChunkResult,
                  constraints: Sequence[Constraint]) -> dict[str, np.ndarray]:
     """Per constraint, one value per text of ``chunk`` that counts for it (see the module docstring)."""
@@ -230,7 +245,8 @@ class PlanJudge:
         n = len(self.subset)
         prog = {p: self.progress.setdefault(p, _Progress()) for p in plans}
         for look in self.rule.looks(n):
-            todo = [p for p in dict.fromkeys(plans) if not prog[p].done and prog[p].evaluated < look]
+            todo = [p for p in dict.fromkeys(plans) if not prog[p].done and prog[p].evaluated < look
+                    and (look == n or self._worth_looking(prog[p], look))]
             if not todo:
                 continue
             batch = [(p, self._positions(prog[p].evaluated, look)) for p in todo]
@@ -238,6 +254,28 @@ class PlanJudge:
             for (p, pos), r in zip(batch, results, strict=True):
                 self._add(prog[p], pos, r)
         return [self._judged(prog[p]) for p in plans]
+
+    def _worth_looking(self, pr: _Progress, look: int) -> bool:
+        """Whether a look after ``look`` texts could settle the candidate, were its per-text values to go on as
+        observed so far: a betting wealth grows about linearly in log with n, so each side's log-wealth is
+        projected to ``look`` and compared with the bar (with slack ``LOOK_SLACK``). A look that cannot settle
+        anything only pays another evaluation's fixed cost (building the variant): it is skipped, and the
+        candidate goes on to the next look that might settle it, or to the end of the split. Skipping looks on
+        what was seen keeps the sequence valid (its guarantee holds at any data-dependent look time)."""
+        rule = self.rule
+        if not pr.positions or not isinstance(rule, ConfidenceSequenceRule):
+            return True
+        bar = math.log(1.0 / rule.alpha_sequence) - LOOK_SLACK
+        scale = look / max(pr.evaluated, 1)
+        for c, d in zip(self.constraints, pr.decisions, strict=True):
+            if d.verdict is not Verdict.UNDECIDED:
+                continue
+            sm = pr.summaries.get(c.name, Summary())
+            best = max(_log_mixture([v * scale for v in sm.log_wealth_meets]),
+                       _log_mixture([v * scale for v in sm.log_wealth_misses]))
+            if best >= bar:
+                return True
+        return False
 
     def _positions(self, start: int, stop: int) -> np.ndarray:
         if start == 0 and stop == len(self.subset):  # the whole split: in its own order, the job a
