@@ -188,3 +188,17 @@ def test_a_candidate_near_the_threshold_skips_looks_that_cannot_settle_it():
     calls: list = []
     (j,) = _judge(ev, "sequential", calls, rate=lambda p: 0.015).judge([()])
     assert j.texts == N and len(calls) == 2 and len(calls[0][1]) == 256
+
+
+def test_in_the_band_the_next_candidates_go_whole_split_at_once():
+    ev = _evidence()
+    calls: list = []
+    judge = _judge(ev, "sequential", calls, rate=lambda p: 0.015 if len(p) < 3 else 0.2)
+    for plan in [("a",), ("a", "b")]:  # two band candidates: first chunk, then the rest (two jobs each)
+        judge.judge([plan])
+    assert len(calls) == 4 and judge.early == [False, False]
+    judge.judge([("a", "b", "c")])  # in the band: one whole-split job, though this one was far (20 % flips)
+    assert len(calls) == 5 and len(calls[-1][1]) == N
+    assert judge.early[-1] is True  # its first look would have settled it (replayed): chunks again next
+    judge.judge([("a", "b", "c", "d")])
+    assert len(calls[-1][1]) == 256

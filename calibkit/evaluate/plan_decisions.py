@@ -17,9 +17,13 @@ interleaved so that every prefix keeps each stratum's share — labelled and tra
 chunk is its own evaluation job, so tune's ledger records it under its own key (the key hashes the texts): a
 resumed run reads finished chunks back and redoes none. Candidates of one search step run together: the first
 chunk of all of them, then the next chunk of those still undecided. Every chunk pays a fixed cost (building
-the variant, starting a session), so a look that the candidate's values so far project not to settle is skipped
-(:meth:`PlanJudge._worth_looking`): a candidate in the band near the threshold costs two evaluations (the first
-chunk, then the rest of the split), not one per doubling.
+the variant, starting a session: measured on the demo at 2 loaded cores, about what 1,500 texts cost), so a look
+that the candidate's values so far project not to settle is skipped (:meth:`PlanJudge._worth_looking`): a
+candidate in the band near the threshold costs two evaluations (the first chunk, then the rest of the split),
+not one per doubling. And when the first look would not have settled the last ``BAND_STREAK`` candidates
+(replayed at no cost for those evaluated whole), the search is in the band and the next candidate is evaluated
+on the whole split at once, in one evaluation, until a candidate's first look would have settled it again. Look
+times chosen from what was already seen keep the confidence sequence valid.
 
 Constraints (each the mean of per-text values, see evaluate.rowfidelity):
 - ``agreement``: share of FP32's outputs kept on the agreement rows (traffic rows when there are any), at least
@@ -142,6 +146,7 @@ class _Progress:
         return sum(len(p) for p in self.positions)
 
 
+BAND_STREAK = 2  # after this many candidates in a row that the first look could not settle, go whole-split
 LOOK_SLACK = 1.0  # log-wealth: a look is taken when the projection comes within a factor e of the bar
 
 
@@ -151,6 +156,16 @@ def _log_mixture(log_wealth: Sequence[float]) -> float:
         return 0.0
     top = float(a.max())
     return top + math.log(float(np.exp(a - top).mean()))
+
+
+def _restrict(result: ChunkResult, positions: np.ndarray) -> ChunkResult:
+    """A whole-split result's per-text values at ``positions`` only."""
+    def take(name: str) -> tuple:
+        v = tuple(getattr(result, name, ()))
+        return tuple(v[i] for i in positions) if len(v) else ()
+
+    return replace(result, predictions=take("predictions"), agreement_values=take("agreement_values"),
+                   cosine_values=take("cosine_values"))
 
 
 def chunk_values(evidence: SplitEvidence, chunk: EvalSubset, result: ChunkResult,
@@ -226,6 +241,7 @@ class PlanJudge:
         self.order = chunk_order(evidence, subset)
         self.totals = {c.name: self._count(c, np.arange(len(subset))) for c in self.constraints}
         self.progress: dict[Plan, _Progress] = {}
+        self.early: list[bool] = []  # per judged candidate: would its first look have settled it
         self.completed_texts = 0  # texts evaluated after the decision, to give the final plan whole-split numbers
 
     def _count(self, c: Constraint, positions: np.ndarray) -> int:
@@ -244,9 +260,10 @@ class PlanJudge:
         """Each plan decided: the first chunk of all of them, then the next chunk of the undecided ones."""
         n = len(self.subset)
         prog = {p: self.progress.setdefault(p, _Progress()) for p in plans}
+        direct = len(self.early) >= BAND_STREAK and not any(self.early[-BAND_STREAK:])
         for look in self.rule.looks(n):
             todo = [p for p in dict.fromkeys(plans) if not prog[p].done and prog[p].evaluated < look
-                    and (look == n or self._worth_looking(prog[p], look))]
+                    and (look == n or (not direct and self._worth_looking(prog[p], look)))]
             if not todo:
                 continue
             batch = [(p, self._positions(prog[p].evaluated, look)) for p in todo]
@@ -254,6 +271,22 @@ class PlanJudge:
             for (p, pos), r in zip(batch, results, strict=True):
                 self._add(prog[p], pos, r)
         return [self._judged(prog[p]) for p in plans]
+
+    def _first_look_settles(self, pr: _Progress) -> bool:
+        """Whether the rule's first look would have settled this candidate (for one evaluated on the whole split
+        at once: replayed on that look's rows, at no cost)."""
+        looks = self.rule.looks(len(self.subset))
+        if not looks or looks[0] >= len(self.subset) or not pr.chunks:
+            return False
+        first = looks[0]
+        if len(pr.positions[0]) <= first:  # chunked: settled when it stopped there
+            return pr.evaluated <= first
+        pos = self.order[:first]  # rows of the first look, in the whole result's split order
+        ch = chunk_subset(self.subset, pos)
+        values = chunk_values(self.evidence, ch, _restrict(pr.chunks[0], pos), self.constraints)
+        decisions = [self.rule.decide(c, self.rule.summarize(c, values[c.name]), self.totals[c.name])
+                     for c in self.constraints]
+        return final_meets(self.constraints, decisions, False, self.estimated) is not None
 
     def _worth_looking(self, pr: _Progress, look: int) -> bool:
         """Whether a look after ``look`` texts could settle the candidate, were its per-text values to go on as
@@ -299,6 +332,7 @@ class PlanJudge:
         meets = final_meets(self.constraints, pr.decisions, pr.evaluated >= len(self.subset), self.estimated)
         if pr.decided_on is None:
             pr.decided_on = pr.evaluated
+            self.early.append(self._first_look_settles(pr))
         acc, agr, cos = self._estimates(pr)
         return Judged(acc, agr, bool(meets), pr.evaluated, cos, pr.decisions)
 
