@@ -10,8 +10,8 @@ answers it with a decision rule of :mod:`calibkit.evaluate.sequential`:
   in growing chunks of the search split (``first_chunk`` texts, then doubling) and stop as soon as every
   constraint is decided at the configured confidence, or one is missed;
 - ``"whole-split"``: :class:`~calibkit.evaluate.sequential.WholeSplit`, every candidate on the whole split, then
-  one fixed-n test (for agreement the exact binomial test; the search before this module used the Wilson
-  bound, which differs from it only by a text or two at the margin).
+  one fixed-n test (for agreement the exact binomial test, slightly stricter than the Wilson bound at the same
+  confidence that the search used before this module).
 
 The chunks are prefixes of one seeded order of the split (:func:`chunk_order`: the split's own hash order,
 interleaved so that every prefix keeps each stratum's share — labelled and traffic rows, each label). Every
