@@ -2,17 +2,24 @@
 
     python benchmarks/bench_tune_traffic.py --assets .cache/test-assets/fast [--limit 600] [--traffic-size 1000]
         [--method minmax] [--sensitivity-layers 6] [--max-evaluations 12] [--workers 2] [--out DIR]
+        [--strategies new-seq,new-whole,old]
 
 Both runs use the same model folder (as `demo prepare` writes it, not smoothed), calibration set (sampled from
 the assets' log) and labelled eval rows (``--limit`` of data/test.jsonl):
 
 - ``old``: the eval set alone, the model as given (``--no-smooth``): today's strategy before traffic evidence;
-- ``new``: ``--traffic auto`` (log texts not in the calibration set) and smoothing tried by tune itself.
+- ``new-seq``: ``--traffic auto`` (log texts not in the calibration set), smoothing tried by tune itself, and
+  each candidate judged on as many chunks of the search split as its decision needs (``--decision-rule
+  sequential``, the default);
+- ``new-whole``: the same with every candidate on the whole search split (``--decision-rule whole-split``).
+
+The runs go in the order given (default new-seq, new-whole, old), each with its own ledger; the first one pays
+for the statistics the others reuse (``stats reused`` says so), which favours the later runs.
 
 For each it prints the INT8 share of the linear FLOPs, the holdout agreement with FP32 with its 95 % interval and
 the number of texts it rests on, the labelled holdout accuracy change, whether the target was met, the wall time,
-and the texts evaluated per candidate plan (every candidate runs on the whole search split: the median is that
-number) and in total. ``--json PATH`` keeps them.
+and the texts of the search split evaluated per candidate plan (median) and over all candidates (TuneResult's
+evidence_cost). ``--json PATH`` keeps them.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ def run(name: str, assets: Path, cset, out: Path, args: argparse.Namespace, **kw
     seconds = time.perf_counter() - t0
     f = res.final
     hold = f.holdout_evidence
-    per_candidate = res.eval_set.search  # every candidate runs on the whole search split
+    cost = res.evidence_cost
     return {
         "strategy": name, "seconds": round(seconds, 1), "met_target": res.met_target,
         "int8_flops_fraction": f.int8_flops_fraction, "kept": len(f.kept_nodes), "method": res.methods.chosen,
@@ -48,8 +55,11 @@ def run(name: str, assets: Path, cset, out: Path, args: argparse.Namespace, **kw
         "accuracy_change_holdout": hold.accuracy_minus_fp32.estimate if hold else None,
         "labelled_holdout": hold.n if hold else 0,
         "candidates": len(res.candidates),
-        "texts_per_candidate": per_candidate,
-        "texts_over_candidates": per_candidate * len(res.candidates),
+        "decision_rule": cost.rule if cost else None, "search_texts": res.eval_set.search,
+        "texts_per_candidate": cost.texts_median if cost else None,
+        "texts_over_candidates": cost.texts_total if cost else None,
+        "completion_texts": cost.completion_texts if cost else 0,
+        "statistics_reused": res.statistics_reused,
         "verdict": f.holdout_verdict.text if f.holdout_verdict else None,
     }
 
@@ -66,23 +76,36 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("runs/bench-tune-traffic"))
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--strategies", default="new-seq,new-whole,old")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     cset = ck.sample(args.assets / "logs.jsonl", args.out / "cset", size=args.calibration_size,
                      tokenizer=args.assets / "model")
-    rows = [run("old", args.assets, cset, args.out, args, smooth=False),
-            run("new", args.assets, cset, args.out, args, smooth=True, traffic="auto",
-                traffic_size=args.traffic_size)]
-    for r in rows:
-        low, high = r["agreement_holdout_low"], r["agreement_holdout_high"]
-        print(f"{r['strategy']}: {100 * r['int8_flops_fraction']:.1f} % INT8 ({r['kept']} kept, {r['method']}), "
-              f"holdout agreement {100 * (r['agreement_holdout'] or 0):.2f} % "
-              f"[{100 * (low or 0):.2f}, {100 * (high or 0):.2f}] on {r['agreement_texts_holdout']} texts, "
-              f"accuracy {100 * (r['accuracy_change_holdout'] or 0):+.2f} points on {r['labelled_holdout']} labelled, "
-              f"met {r['met_target']}, {r['seconds']} s, {r['candidates']} candidates x "
-              f"{r['texts_per_candidate']} texts", flush=True)
+    kinds = {
+        "old": {"smooth": False, "decision_rule": "whole-split"},
+        "new-whole": {"smooth": True, "traffic": "auto", "traffic_size": args.traffic_size,
+                      "decision_rule": "whole-split"},
+        "new-seq": {"smooth": True, "traffic": "auto", "traffic_size": args.traffic_size,
+                    "decision_rule": "sequential"},
+    }
+    rows = []
+    for name in args.strategies.split(","):
+        rows.append(run(name, args.assets, cset, args.out, args, **kinds[name]))
+        _print(rows[-1])
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
+
+
+def _print(r: dict) -> None:
+    low, high = r["agreement_holdout_low"], r["agreement_holdout_high"]
+    print(f"{r['strategy']}: {100 * r['int8_flops_fraction']:.1f} % INT8 ({r['kept']} kept, {r['method']}), "
+          f"holdout agreement {100 * (r['agreement_holdout'] or 0):.2f} % "
+          f"[{100 * (low or 0):.2f}, {100 * (high or 0):.2f}] on {r['agreement_texts_holdout']} texts, "
+          f"accuracy {100 * (r['accuracy_change_holdout'] or 0):+.2f} points on {r['labelled_holdout']} labelled, "
+          f"met {r['met_target']}, {r['seconds']} s (stats reused {r['statistics_reused']}), "
+          f"{r['decision_rule']}: {r['candidates']} candidates, texts per candidate median "
+          f"{r['texts_per_candidate']} of {r['search_texts']}, total {r['texts_over_candidates']} "
+          f"(+{r['completion_texts']} to complete the plan)", flush=True)
 
 
 if __name__ == "__main__":

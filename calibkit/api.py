@@ -556,14 +556,16 @@ def _engine_calibration_set(*engines: EngineArtifact) -> CalibrationSet | None:
 # ---------------------------------------------------------------- tune
 
 
-def check_tune_options(*, method: str, target: str) -> None:
-    """UsageError for a --method or --target tune does not know."""
+def check_tune_options(*, method: str, target: str, decision_rule: str = "sequential") -> None:
+    """UsageError for a --method, --target or --decision-rule tune does not know."""
     from calibkit.types import Method
 
     if method != "auto" and method not in {m.value for m in Method}:
         raise UsageError(f"unknown --method {method!r}", hint="use auto, entropy, minmax, percentile or mse")
     if target not in ("tensorrt", "onnxruntime"):
         raise UsageError(f"unknown --target {target!r}", hint="use tensorrt or onnxruntime")
+    if decision_rule not in ("sequential", "whole-split"):
+        raise UsageError(f"unknown --decision-rule {decision_rule!r}", hint="use sequential or whole-split")
 
 
 def tune(
@@ -598,6 +600,7 @@ def tune(
     traffic_size: int = 4000,
     traffic_text_field: str | None = None,
     smooth: bool = True,
+    decision_rule: str = "sequential",
 ) -> TuneRun:
     """The mixed-precision plan with the most INT8 work that keeps accuracy within ``max_drop`` points of FP32
     (and, with ``min_agreement``, that percentage of FP32's predictions). Writes ``out`` (model.int8.onnx,
@@ -610,6 +613,10 @@ def tune(
     FP32 is then judged on them and the eval set carries accuracy alone; by default (``"default"``) the
     calibration set's log when it is still there unchanged.
 
+    ``decision_rule``: ``"sequential"`` judges each candidate on growing chunks of the search split and stops
+    once its decision is settled at ``agreement_confidence`` (a betting confidence sequence, valid however
+    often it looks: evaluate.sequential); ``"whole-split"`` evaluates every candidate on the whole split.
+
     Embedding and token-classification models are tuned on fidelity alone (``min_agreement``: the share of
     texts whose nearest neighbour in the FP32 index stays, or of tokens whose tag stays; ``min_cosine``: the
     mean cosine to FP32's vectors); ``eval_set`` may then be None when ``traffic`` gives the texts."""
@@ -617,7 +624,7 @@ def tune(
     from calibkit.evaluate.tune import TuneConfig, run_tune
     from calibkit.types import MethodParams
 
-    check_tune_options(method=method, target=target)
+    check_tune_options(method=method, target=target, decision_rule=decision_rule)
     md = _model_dir(model, tokenizer)
     dest = Path(out) if out is not None else Path("runs") / f"tune-{md.onnx_path.parent.name or md.onnx_path.stem}"
     kind = _model_task(md, task)
@@ -637,7 +644,7 @@ def tune(
         method=method, holdout_fraction=holdout, sensitivity_samples=sensitivity_samples,
         sensitivity_layers=sensitivity_layers, max_evaluations=max_evaluations, workers=workers, seed=seed,
         target=target, params=MethodParams(percentile=percentile), smooth=smooth, min_cosine=min_cosine,
-        task=task,
+        task=task, decision_rule=decision_rule,
     )
     with resources(executor, workers=workers, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
                    progress=progress) as res:

@@ -131,6 +131,12 @@ def tune(
     no_traffic: bool = NO_TRAFFIC,
     traffic_size: int = TRAFFIC_SIZE,
     traffic_text_field: str | None = TRAFFIC_TEXT_FIELD,
+    decision_rule: str = typer.Option(
+        "sequential", "--decision-rule",
+        help="sequential: judge each candidate on growing chunks of the search split and stop once its decision is "
+             "settled at --agreement-confidence (betting confidence sequence, valid under repeated looks); "
+             "whole-split: every candidate on the whole search split.",
+    ),
     smooth: bool = typer.Option(
         True, "--smooth/--no-smooth",
         help="Also measure the model smoothed (SmoothQuant, alpha auto, same FP32 function, checked) and search "
@@ -148,7 +154,7 @@ def tune(
         from calibkit.api import check_tune_options
         from calibkit.api import tune as run_tune
 
-        check_tune_options(method=method, target=target)
+        check_tune_options(method=method, target=target, decision_rule=decision_rule)
         if json_out not in (None, "-"):
             from calibkit.errors import UsageError
 
@@ -178,7 +184,7 @@ def tune(
                 percentile=percentile, workers=workers, executor=executor, memory_budget=memory_budget,
                 max_batch_tokens=max_batch_tokens, report=report_dir, progress=progress,
                 traffic=traffic_choice(traffic, no_traffic), traffic_size=traffic_size,
-                traffic_text_field=traffic_text_field, smooth=smooth,
+                traffic_text_field=traffic_text_field, smooth=smooth, decision_rule=decision_rule,
             )
         if json_out is not None:
             import sys
@@ -278,6 +284,12 @@ def _summary(run: TuneRun, report_dir: Path | None) -> None:
             f"{100 * conf:g} % lower bound of the agreement reaches it (--agreement-confidence; 0.5: the estimate)")
     say(f"target {verdict}; INT8 share of linear FLOPs (fused ops included): {100 * f.int8_flops_fraction:.1f} %; "
         f"{len(r.candidates)} candidates measured, {r.evaluations_reused} evaluations reused")
+    cost = r.evidence_cost
+    if cost is not None:
+        extra = (f"; the plan's remaining {cost.completion_texts} then evaluated for its whole-split numbers"
+                 if cost.completion_texts else "")
+        say(f"evidence ({cost.rule}): texts per candidate median {cost.texts_median:g} of the search split's "
+            f"{cost.split_texts}, {cost.texts_total} in all for {cost.candidates} candidates{extra}")
     vh = f.holdout_verdict
     if vh is not None and vh.text:
         word = {True: "the holdout supports the claim", False: "the holdout does NOT support the claim",

@@ -536,6 +536,23 @@ class Candidate:
     accuracy_holdout: float | None = None
     agreement_search: float | None = None
     cosine_search: float | None = None
+    # search rows its decision rested on (a sequential rule stops early); the accepted plan's numbers above are
+    # over the whole search split all the same (its remaining rows are evaluated after the search)
+    texts_search: int | None = None
+
+
+@dataclass(frozen=True)
+class EvidenceCost:
+    """What the plan search paid for its decisions (evaluate.plan_decisions): texts of the search split
+    evaluated per candidate under ``rule`` ("sequential" | "whole-split"); ``completion_texts``: rows evaluated
+    after the search so the accepted plan's numbers rest on the whole split."""
+
+    rule: str
+    split_texts: int
+    candidates: int
+    texts_median: float
+    texts_total: int
+    completion_texts: int = 0
 
 
 @dataclass(frozen=True)
@@ -644,6 +661,7 @@ class TuneResult:
     evaluations_reused: int = 0
     seconds: float = 0.0
     smoothing: SmoothingChoice | None = None
+    evidence_cost: EvidenceCost | None = None
 
     @property
     def met_target(self) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 Plan = tuple[str, ...]  # node names kept in higher precision, sorted
 
@@ -36,6 +37,7 @@ class Measured:
     meets: bool
     agreement: float = float("nan")  # share of FP32's predictions kept (the task's agreement)
     cosine: float = float("nan")  # embeddings: mean cosine to FP32's vectors
+    texts: int | None = None  # search rows the decision rested on, when the evaluator says (a Judged score)
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,17 @@ def int8_flops_fraction(plan: Plan, flops: Mapping[str, float]) -> float:
     return (total - kept) / total
 
 
-# accuracy; (accuracy, agreement); or (accuracy, agreement, mean cosine, its lower bound)
-Score = float | tuple[float, float] | tuple[float, float, float, float]
+class Judged(Protocol):
+    """A score that carries its own decision (evaluate.plan_decisions.Judged): ``meets`` is taken as given."""
+
+    accuracy: float
+    agreement: float
+    meets: bool
+    texts: int
+
+
+# accuracy; (accuracy, agreement); (accuracy, agreement, mean cosine, its lower bound); or a decided score
+Score = float | tuple[float, float] | tuple[float, float, float, float] | Judged
 
 
 def search_plan(
@@ -69,7 +80,9 @@ def search_plan(
     min_cosine: float | None = None,
 ) -> SearchOutcome:
     """``ranking``: nodes, most harmful in INT8 first. ``evaluate`` measures several plans (it may run them in
-    parallel). ``threshold``: the lowest accuracy that meets the target; ``min_agreement`` (a fraction): the
+    parallel); a score that carries ``meets`` (evaluate.plan_decisions.Judged: decided by a decision rule on as
+    many texts as the decision needed) is taken as decided, and the thresholds below do not apply to it.
+    ``threshold``: the lowest accuracy that meets the target; ``min_agreement`` (a fraction): the
     lowest agreement with FP32; with ``agreement_examples`` (the search split's size) and ``agreement_z`` > 0 it
     is the one-sided Wilson lower bound of the measured agreement that must reach it, so that a plan which
     only just meets the target on the search split, by the luck of those examples, does not count as met.
@@ -98,6 +111,11 @@ def search_plan(
         fresh = fresh[: max(budget, 0)]
         if fresh:
             for p, score in zip(fresh, evaluate(fresh), strict=True):
+                if hasattr(score, "meets"):  # decided by the evaluator (a sequential rule): taken as given
+                    acc, agr = float(score.accuracy), float(score.agreement)
+                    tried[p] = Measured(p, acc, int8_flops_fraction(p, flops), stage, bool(score.meets), agr,
+                                        float(getattr(score, "cosine", math.nan)), int(score.texts))
+                    continue
                 acc, agr, cos, cos_low = _unpack(score)
                 tried[p] = Measured(p, acc, int8_flops_fraction(p, flops), stage, meets(acc, agr, cos_low), agr, cos)
         return [tried[p] for p in plans if p in tried]

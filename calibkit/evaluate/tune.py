@@ -12,9 +12,12 @@ Flow (every number below is measured, none estimated):
    end, for all-INT8 and the final plan, and the verdict says with 95 % intervals whether it supports the claim;
 4. sensitivity ranking: for every quantized node (or the worst K by own INT8 error), the KL divergence to FP32
    when only that node is quantized (on a stratified subset of the search part); most damage per FLOP first;
-5. calibkit.evaluate.search.search_plan: prefix / bisect / prune over the ranking, each candidate evaluated
-   on the whole search part against the constraints (accuracy within ``max_drop`` of FP32 and, when given,
-   at least ``min_agreement`` % of FP32's predictions kept).
+5. calibkit.evaluate.search.search_plan: prefix / bisect / prune over the ranking, each candidate judged on
+   the search part against the constraints (accuracy within ``max_drop`` of FP32 and, when given, at least
+   ``min_agreement`` % of FP32's predictions kept, mean cosine at least ``min_cosine``) by
+   evaluate.plan_decisions: in growing chunks until its decision is settled (``decision_rule`` "sequential",
+   a betting confidence sequence) or on the whole part ("whole-split"); the final plan is then evaluated on
+   the rest of the search part, so its numbers are whole-split ones.
 Each finished evaluation is appended to ``OUT/.tune/ledger.jsonl`` (keyed by what determines its result), so
 an interrupted run resumes without redoing it.
 """
@@ -47,11 +50,20 @@ from calibkit.data.tokenizer import TextTokenizer
 from calibkit.errors import CalibrationError, DataError, UsageError
 from calibkit.evaluate.evidence import SplitEvidence, split_evidence, split_subsets
 from calibkit.evaluate.flops import linear_work
+from calibkit.evaluate.plan_decisions import (
+    DECISION_RULES,
+    ESTIMATED,
+    WHOLE_SPLIT,
+    PlanJudge,
+    constraints_for,
+    make_rule,
+)
 from calibkit.evaluate.results import (
     AGREEMENT_NOUNS,
     Candidate,
     Difference,
     Evidence,
+    EvidenceCost,
     HoldoutVerdict,
     LinearFlops,
     MethodChoice,
@@ -121,6 +133,11 @@ class TuneConfig:
     # all-INT8 model flips the fewest FP32 predictions on the search split is the one the plan is searched on
     smooth: bool = True
     task: str | None = None  # --task: what the model's outputs mean (None: from its outputs and config.json)
+    # how each candidate is judged on the search split (evaluate.plan_decisions): "sequential" (growing chunks,
+    # a betting confidence sequence at agreement_confidence, stop once decided) or "whole-split" (every text,
+    # then one fixed-n test, as before); first_chunk: texts of the first chunk of the sequential rule
+    decision_rule: str = "sequential"
+    first_chunk: int = 256
 
     def __post_init__(self) -> None:
         check_seed(self.seed)
@@ -469,6 +486,7 @@ class _Searched:
     final: Measured
     on_search: dict[Plan, SensitivityResult]
     on_holdout: dict[Plan, SensitivityResult]
+    cost: EvidenceCost | None = None
 
 
 def _run_tune(
@@ -535,6 +553,9 @@ def _run_tune(
 
 
 def _check_config(config: TuneConfig) -> None:
+    if config.decision_rule not in DECISION_RULES or config.first_chunk < 1:
+        raise UsageError(f"unknown decision rule {config.decision_rule!r} (first chunk {config.first_chunk})",
+                         hint="use sequential or whole-split, and a first chunk of at least 1 text")
     if not 0.5 <= config.agreement_confidence < 1.0:
         raise UsageError(f"--agreement-confidence must be in [0.5, 1), got {config.agreement_confidence}",
                          hint="e.g. 0.9 (the default); 0.5 compares the point estimate")
@@ -754,8 +775,11 @@ def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: _Evalu
     each on the holdout split."""
     _, table_path, table_sha = tables.base
     on_search: dict[Plan, SensitivityResult] = {}
+    judge = _judge(evidence, config, jobs, ev, tables)
 
-    def evaluate(plans: Sequence[Plan]) -> list[tuple[float, float, float, float]]:
+    def evaluate(plans: Sequence[Plan]) -> list[Any]:
+        if judge is not None:  # each candidate on as many chunks of the search split as its decision needs
+            return judge.judge(plans)
         res = ev.run([jobs(table_path, p, evidence.search, PLAN_MODE) for p in plans], table_sha, "candidate plans")
         on_search.update(zip(plans, res))
         return [_search_scores(evidence, r, config.agreement_confidence) for r in res]
@@ -770,12 +794,69 @@ def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: _Evalu
     final: Measured | None = outcome.best
     if final is None:  # nothing met the target: report the most faithful plan measured
         final = max(outcome.tried, key=lambda m: (m.agreement, m.accuracy, m.int8_flops_fraction))
+    cost = _evidence_cost(config, evidence, outcome.tried, judge)
+    if judge is not None:  # the plan's reported numbers rest on the whole search split, not on its decision's rows
+        on_search[final.plan] = judge.complete(final.plan)
+        outcome, final = _whole_split_numbers(outcome, final, on_search[final.plan], evidence)
+        cost = replace(cost, completion_texts=judge.completed_texts)
     on_holdout: dict[Plan, SensitivityResult] = {}
     if len(evidence.holdout):
         plans = list(dict.fromkeys([(), final.plan]))
         res = ev.run([jobs(table_path, p, evidence.holdout, PLAN_MODE) for p in plans], table_sha, "holdout check")
         on_holdout = dict(zip(plans, res, strict=True))
-    return _Searched(outcome, final, on_search, on_holdout)
+    return _Searched(outcome, final, on_search, on_holdout, cost)
+
+
+def _judge(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: _Evaluator, tables: _Tables
+           ) -> PlanJudge | None:
+    """The search's judge of candidates under ``config.decision_rule`` (evaluate.plan_decisions); None when
+    there is nothing to decide (no accuracy rows and no fidelity target: every candidate meets)."""
+    _, table_path, table_sha = tables.base
+    kind = getattr(getattr(jobs.model.task, "kind", None), "value", "classification")
+    fp32 = evidence.accuracy_of_reference(evidence.search)
+    drop = None
+    if not config.fidelity_only and len(evidence.accuracy_positions(evidence.search)) and fp32 == fp32:
+        drop = min(fp32 * config.max_drop / 100.0 if config.relative else config.max_drop / 100.0, 1.0 - 1e-9)
+    constraints = constraints_for(min_agreement=config.min_agreement, min_cosine=config.min_cosine, max_drop=drop,
+                                  binary_agreement=kind != "token-classification")
+    if not constraints:
+        return None
+
+    def run_chunks(pairs: Sequence[tuple[Plan, EvalSubset]]) -> list[SensitivityResult]:
+        return ev.run([jobs(table_path, p, c, PLAN_MODE) for p, c in pairs], table_sha, "candidate plans")
+
+    rule = make_rule(config.decision_rule, config.agreement_confidence, config.first_chunk)
+    every = tuple(c.name for c in constraints) if config.agreement_confidence <= 0.5 else ESTIMATED
+    judge = PlanJudge(evidence, evidence.search, rule, constraints, run_chunks, estimated=every)
+    # all-INT8 of the base table ran on the whole search split when the table was chosen (the same model): the
+    # ledger has it, so the search's first candidate costs nothing
+    rec = ev.ledger.get(_job_key(jobs(table_path, (), evidence.search, ALL_INT8), table_sha, ev.model_sha))
+    if rec is not None and not rec.get("error"):
+        judge.seed((), _from_record(rec))
+    return judge
+
+
+def _whole_split_numbers(outcome: Any, final: Measured, whole: SensitivityResult, evidence: SplitEvidence
+                         ) -> tuple[Any, Measured]:
+    """The final plan's search-split numbers over the whole split (its decision may have needed fewer rows)."""
+    acc, agr = evidence.scores(evidence.search, whole.predictions)
+    if whole.agreement_values and len(whole.agreement_values) == len(evidence.search):
+        pos = evidence.agreement_positions(evidence.search)
+        agr = float(np.mean(np.asarray(whole.agreement_values)[pos])) if len(pos) else agr
+    full = replace(final, accuracy=acc, agreement=agr)
+    tried = tuple(full if m.plan == final.plan else m for m in outcome.tried)
+    best = full if outcome.best is not None and outcome.best.plan == final.plan else outcome.best
+    return replace(outcome, best=best, tried=tried), full
+
+
+def _evidence_cost(config: TuneConfig, evidence: SplitEvidence, tried: Sequence[Measured],
+                   judge: PlanJudge | None) -> EvidenceCost:
+    """Texts of the search split each candidate's decision was evaluated on."""
+    n = len(evidence.search)
+    texts = [m.texts if m.texts is not None else n for m in tried]
+    rule = config.decision_rule if judge is not None else WHOLE_SPLIT
+    return EvidenceCost(rule=rule, split_texts=n, candidates=len(texts),
+                        texts_median=float(np.median(texts)) if texts else 0.0, texts_total=int(sum(texts)))
 
 
 def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evidence: SplitEvidence,
@@ -845,7 +926,7 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
             Candidate(id=i, stage=m.stage, kept_nodes=tuple(m.plan), int8_flops_fraction=m.int8_flops_fraction * share,
                       accuracy_search=finite(m.accuracy), method=base_key, accepted=m.plan == final.plan,
                       meets_target=m.meets, accuracy_holdout=finite(hold_acc.get(m.plan)),
-                      agreement_search=finite(m.agreement), cosine_search=finite(m.cosine))
+                      agreement_search=finite(m.agreement), cosine_search=finite(m.cosine), texts_search=m.texts)
             for i, m in enumerate(outcome.tried)
         ),
         final=TunePlan(
@@ -870,6 +951,7 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
         statistics_reused=reused_stats,
         evaluations_reused=reused_evals,
         seconds=round(seconds, 1),
+        evidence_cost=searched.cost,
     )
 
 
