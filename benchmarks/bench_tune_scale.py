@@ -82,7 +82,7 @@ def run(rule: str, model: Path, cset, args: argparse.Namespace) -> dict:  # noqa
                   max_evaluations=args.max_evaluations, decision_rule=rule, seed=0).result
     seconds = time.perf_counter() - t0
     f, hold = res.final, res.final.holdout_evidence
-    per = [c.texts_evaluated for c in res.candidates if getattr(c, "texts_evaluated", None) is not None]
+    per = [c.texts_search for c in res.candidates if c.texts_search is not None]
     return {
         "rule": rule, "seconds": round(seconds, 1), "met_target": res.met_target,
         "int8_flops_fraction": f.int8_flops_fraction, "kept": len(f.kept_nodes), "method": res.methods.chosen,

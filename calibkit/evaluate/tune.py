@@ -839,11 +839,8 @@ def _judge(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: _Evalua
 def _whole_split_numbers(outcome: Any, final: Measured, whole: SensitivityResult, evidence: SplitEvidence
                          ) -> tuple[Any, Measured]:
     """The final plan's search-split numbers over the whole split (its decision may have needed fewer rows)."""
-    acc, agr = evidence.scores(evidence.search, whole.predictions)
-    if whole.agreement_values and len(whole.agreement_values) == len(evidence.search):
-        pos = evidence.agreement_positions(evidence.search)
-        agr = float(np.mean(np.asarray(whole.agreement_values)[pos])) if len(pos) else agr
-    full = replace(final, accuracy=acc, agreement=agr)
+    sc = evidence.scores(evidence.search, whole)
+    full = replace(final, accuracy=sc.accuracy, agreement=sc.agreement, cosine=sc.cosine)
     tried = tuple(full if m.plan == final.plan else m for m in outcome.tried)
     best = full if outcome.best is not None and outcome.best.plan == final.plan else outcome.best
     return replace(outcome, best=best, tried=tried), full
