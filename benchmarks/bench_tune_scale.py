@@ -45,7 +45,16 @@ def build(shape: str, tokenizer: Path, log: Path, out: Path) -> Path:
                      id2label={0: "negative", 1: "positive"}, label2id={"negative": 0, "positive": 1})
     torch.manual_seed(0)
     model = BertForSequenceClassification(cfg).eval()
-    texts = [json.loads(line)["text"] for line in log.read_text(encoding="utf-8").splitlines()[:256] if line.strip()]
+    texts = []  # the log is dirty on purpose (broken lines, bad bytes): the first 256 usable texts
+    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            t = json.loads(line).get("text")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(t, str) and t.strip():
+            texts.append(t)
+        if len(texts) == 256:
+            break
     tok = TextTokenizer(tokenizer, max_length=128)
     enc = tok.encode(texts)
     with torch.no_grad():
