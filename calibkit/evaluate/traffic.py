@@ -258,7 +258,11 @@ def draw_traffic(
     the pools (``size`` candidates per length bucket) and the dedup digests.
 
     ``expected_sha256``: the log must have this SHA-256 (checked on the pass that reads it): a changed log is
-    refused with a hint to pass --traffic. Raises DataError when no usable text is left."""
+    refused with a hint to pass --traffic. Raises DataError when no usable text is left.
+
+    Over 80 lines for a reason: the single streaming pass, the allocation over length strata and the record of
+    what was excluded share counters (dedup groups, excluded lines, the pools) that one function keeps in view;
+    the record at the end is one constructor call."""
     path = Path(log_path)
     cb = progress or no_progress
     if options.size < 1:

@@ -860,7 +860,10 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
                  config: TuneConfig, tables: _Tables, ranking: _Ranking, searched: _Searched,
                  flops: dict[str, float], linear: Any, reused_stats: bool, reused_evals: int, seconds: float,
                  traffic: TrafficEvidence | None = None) -> TuneResult:
-    """The typed result of the run (no NaN: what does not apply is None)."""
+    """The typed result of the run (no NaN: what does not apply is None).
+
+    Over 80 lines for a reason: it is one constructor call of the whole TuneResult tree, field by field; the
+    measurements it reads are computed by the named helpers above it (_plan_evidence, _reasons, _uncertified)."""
     final, outcome = searched.final, searched.outcome
     search_idx, hold_idx = evidence.search.array, evidence.holdout.array
     fp32_search = evidence.accuracy_of_reference(evidence.search)
