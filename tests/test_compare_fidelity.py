@@ -56,22 +56,24 @@ def _net(head: np.ndarray, output: str, out_shape: list) -> onnx.ModelProto:
     return m
 
 
-def _engines(root: Path, model: onnx.ModelProto, config: dict, squeeze: float) -> dict[str, Path]:
-    """FP32 and INT8 engines of ``model`` (minmax ranges, ``emb``'s shrunk by ``squeeze``)."""
+def _engines(root: Path, model: onnx.ModelProto, config: dict, squeeze: float, *,
+             shrunk: tuple[str, ...] = ("emb",), kept: tuple[str, ...] = ("r1",), method: Method = Method.MINMAX,
+             texts: int = 120, calibration_texts: int = 60, seed: int = 7) -> dict[str, Path]:
+    """FP32 and INT8 engines of ``model``: ranges (labelled ``method``) are the |max| over the first
+    ``calibration_texts`` texts, those of ``shrunk`` multiplied by ``squeeze``; the eval set holds ``texts``."""
     tokdir = root / "model"
     make_tokenizer(tokdir)
     (tokdir / "config.json").write_text(json.dumps(config))
     src = tokdir / "model.onnx"
     save_model(model, src)
-    texts, _ = make_texts(120, seed=7)
-    enc = TextTokenizer(tokdir).encode(texts[:60])
-    names = ["emb", "r1"]
+    texts_all, _ = make_texts(texts, seed=seed)
+    enc = TextTokenizer(tokdir).encode(texts_all[:calibration_texts])
+    names = [*shrunk, *kept]
     vals = ort_run(add_outputs(model, names), {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask},
                    names)
-    amax = {t: float(np.abs(v).max()) for t, v in zip(names, vals)}
-    amax["emb"] *= squeeze
-    table = CalibrationTable("sha", "set", Method.MINMAX, MethodParams(),
-                             tuple(TensorRange(t, a, Method.MINMAX) for t, a in amax.items()))
+    amax = {t: float(np.abs(v).max()) * (squeeze if t in shrunk else 1.0) for t, v in zip(names, vals)}
+    table = CalibrationTable("sha", "set", method, MethodParams(),
+                             tuple(TensorRange(t, a, method) for t, a in amax.items()))
     cal = root / "calibration.json"
     cal.write_text(json.dumps(table.to_dict()))
     fp, int8 = root / "fp32.onnx", root / "int8.onnx"
@@ -82,7 +84,7 @@ def _engines(root: Path, model: onnx.ModelProto, config: dict, squeeze: float) -
     EngineArtifact(path=fp, precision=Precision.FP32, **common).save()  # type: ignore[arg-type]
     EngineArtifact(path=int8, precision=Precision.INT8, calibration_json=str(cal), **common).save()  # type: ignore[arg-type]
     ev = root / "eval.jsonl"
-    ev.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    ev.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts_all))
     return {"fp": fp, "int8": int8, "eval": ev}
 
 
@@ -248,32 +250,9 @@ def _softmax_net() -> onnx.ModelProto:
 def test_flags_sharing_a_clipped_family_are_one_finding(tmp_path: Path) -> None:
     """Both Softmax outputs cut at a tenth of their values: compare reports one finding with the fix, typed,
     in the document and on the terminal (one line each when piped)."""
-    root = tmp_path
-    model = _softmax_net()
-    tokdir = root / "model"
-    make_tokenizer(tokdir)
-    (tokdir / "config.json").write_text("{}")
-    src = tokdir / "model.onnx"
-    save_model(model, src)
-    texts, _ = make_texts(60, seed=8)
-    enc = TextTokenizer(tokdir).encode(texts)
-    names = ["p1", "p2", "h2"]
-    vals = ort_run(add_outputs(model, names), {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask},
-                   names)
-    amax = {t: float(np.abs(v).max()) * (0.1 if t.startswith("p") else 1.0) for t, v in zip(names, vals)}
-    table = CalibrationTable("sha", "set", Method.ENTROPY, MethodParams(),
-                             tuple(TensorRange(t, a, Method.ENTROPY) for t, a in amax.items()))
-    cal = root / "calibration.json"
-    cal.write_text(json.dumps(table.to_dict()))
-    fp, int8 = root / "fp32.onnx", root / "int8.onnx"
-    save_model(model, fp)
-    save_model(quantize_model(model, table, target=Target.TENSORRT).model, int8)
-    common = dict(backend=Backend.ONNXRUNTIME, source_model_sha256=model_sha256(src), tokenizer=str(tokdir),
-                  source_model=str(src))
-    EngineArtifact(path=fp, precision=Precision.FP32, **common).save()  # type: ignore[arg-type]
-    EngineArtifact(path=int8, precision=Precision.INT8, calibration_json=str(cal), **common).save()  # type: ignore[arg-type]
-    ev = root / "eval.jsonl"
-    ev.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    engines = _engines(tmp_path, _softmax_net(), {}, 0.1, shrunk=("p1", "p2"), kept=("h2",),
+                       method=Method.ENTROPY, texts=60, calibration_texts=60, seed=8)
+    fp, int8, ev = engines["fp"], engines["int8"], engines["eval"]
     from dataclasses import replace
 
     res = _compare({"fp": fp, "int8": int8, "eval": ev}, options=replace(OPTS, sensitivity=False))
