@@ -63,8 +63,9 @@ class Judged(Protocol):
     texts: int
 
 
-# accuracy; (accuracy, agreement); (accuracy, agreement, mean cosine, its lower bound); or a decided score
-Score = float | tuple[float, float] | tuple[float, float, float, float] | Judged
+# accuracy; (accuracy, agreement); (accuracy, agreement, mean cosine); or a decided score (a cosine target is
+# decided only by a decision rule: evaluate.plan_decisions)
+Score = float | tuple[float, float] | tuple[float, float, float] | Judged
 
 
 def search_plan(
@@ -77,7 +78,6 @@ def search_plan(
     min_agreement: float | None = None,
     agreement_examples: int = 0,
     agreement_z: float = 0.0,
-    min_cosine: float | None = None,
 ) -> SearchOutcome:
     """``ranking``: nodes, most harmful in INT8 first. ``evaluate`` measures several plans (it may run them in
     parallel); a score that carries ``meets`` (evaluate.plan_decisions.Judged: decided by a decision rule on as
@@ -86,8 +86,6 @@ def search_plan(
     lowest agreement with FP32; with ``agreement_examples`` (the search split's size) and ``agreement_z`` > 0 it
     is the one-sided Wilson lower bound of the measured agreement that must reach it, so that a plan which
     only just meets the target on the search split, by the luck of those examples, does not count as met.
-    ``min_cosine`` (embeddings): the lowest mean cosine to FP32; the lower bound ``evaluate`` returns with the
-    mean (the fourth value of its scores) must reach it.
 
     Kept in one piece (over 80 lines) on purpose: the prefix, bisect and prune stages share the
     evaluation budget and the set of measured plans, which one function keeps in view.
@@ -96,10 +94,8 @@ def search_plan(
 
     tried: dict[Plan, Measured] = {}
 
-    def meets(acc: float, agr: float, cos_low: float = math.nan) -> bool:
+    def meets(acc: float, agr: float) -> bool:
         if acc < threshold:
-            return False
-        if min_cosine is not None and not (cos_low >= min_cosine):
             return False
         # no flips at all is no evidence of any: the bound cannot reach a 100 % target, the estimate can
         return min_agreement is None or (not math.isnan(agr) and agr >= min_agreement and (
@@ -116,8 +112,8 @@ def search_plan(
                     tried[p] = Measured(p, acc, int8_flops_fraction(p, flops), stage, bool(score.meets), agr,
                                         float(getattr(score, "cosine", math.nan)), int(score.texts))
                     continue
-                acc, agr, cos, cos_low = _unpack(score)
-                tried[p] = Measured(p, acc, int8_flops_fraction(p, flops), stage, meets(acc, agr, cos_low), agr, cos)
+                acc, agr, cos = _unpack(score)
+                tried[p] = Measured(p, acc, int8_flops_fraction(p, flops), stage, meets(acc, agr), agr, cos)
         return [tried[p] for p in plans if p in tried]
 
     def best() -> Measured | None:
@@ -172,11 +168,11 @@ def search_plan(
     return SearchOutcome(best(), tuple(tried.values()))
 
 
-def _unpack(score: Score) -> tuple[float, float, float, float]:
+def _unpack(score: Score) -> tuple[float, float, float]:
     if not isinstance(score, tuple):
-        return float(score), math.nan, math.nan, math.nan
-    vals = [float(v) for v in score] + [math.nan] * (4 - len(score))
-    return vals[0], vals[1], vals[2], vals[3]
+        return float(score), math.nan, math.nan
+    vals = [float(v) for v in score] + [math.nan] * (3 - len(score))
+    return vals[0], vals[1], vals[2]
 
 
 def _or0(v: float) -> float:

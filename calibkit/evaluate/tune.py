@@ -782,15 +782,14 @@ def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: _Evalu
             return judge.judge(plans)
         res = ev.run([jobs(table_path, p, evidence.search, PLAN_MODE) for p in plans], table_sha, "candidate plans")
         on_search.update(zip(plans, res))
-        return [_search_scores(evidence, r, config.agreement_confidence) for r in res]
+        return [tuple(evidence.scores(evidence.search, r)) for r in res]
 
     fp32_search = evidence.accuracy_of_reference(evidence.search)
     outcome = search_plan(ranking.order, flops, evaluate, config.threshold(fp32_search),
                           max_evaluations=config.max_evaluations,
                           min_agreement=None if config.min_agreement is None else config.min_agreement / 100.0,
                           agreement_examples=len(evidence.agreement_positions(evidence.search)),
-                          agreement_z=NormalDist().inv_cdf(config.agreement_confidence),
-                          min_cosine=config.min_cosine)
+                          agreement_z=NormalDist().inv_cdf(config.agreement_confidence))
     final: Measured | None = outcome.best
     if final is None:  # nothing met the target: report the most faithful plan measured
         final = max(outcome.tried, key=lambda m: (m.agreement, m.accuracy, m.int8_flops_fraction))
@@ -964,19 +963,6 @@ def _damage(r: SensitivityResult) -> float:
     if r.cosine_values:
         return 1.0 - r.mean_cosine
     return r.flip_rate
-
-
-def _search_scores(evidence: SplitEvidence, r: SensitivityResult, confidence: float
-                   ) -> tuple[float, float, float, float]:
-    """(accuracy, agreement, mean cosine, the cosine's one-sided lower bound at ``confidence``) on the search
-    split; the bound is the normal approximation over the agreement rows' cosines (NaN without cosines)."""
-    sc = evidence.scores(evidence.search, r)
-    low = float("nan")
-    if r.cosine_values:
-        cos = np.asarray(r.cosine_values, dtype=np.float64)[evidence.agreement_positions(evidence.search)]
-        if len(cos) > 1:
-            low = float(cos.mean() - NormalDist().inv_cdf(confidence) * cos.std(ddof=1) / np.sqrt(len(cos)))
-    return sc.accuracy, sc.agreement, sc.cosine, low
 
 
 def _uncertified(config: TuneConfig, evidence: SplitEvidence, tried: Sequence[Measured], final: Measured
