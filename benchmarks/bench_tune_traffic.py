@@ -2,7 +2,7 @@
 
     python benchmarks/bench_tune_traffic.py --assets .cache/test-assets/fast [--limit 600] [--traffic-size 1000]
         [--method minmax] [--sensitivity-layers 6] [--max-evaluations 12] [--workers 2] [--out DIR]
-        [--strategies new-seq,new-whole,old]
+        [--strategies new-seq,new-whole,old] [--holdout 0.3]
 
 Both runs use the same model folder (as `demo prepare` writes it, not smoothed), calibration set (sampled from
 the assets' log) and labelled eval rows (``--limit`` of data/test.jsonl):
@@ -35,10 +35,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import calibkit as ck  # noqa: E402
 
 
+class _Progress:
+    """One line to stderr when the task changes or every 30 s, so a long run shows where it is in a log."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.task, self.last, self.t0 = name, "", 0.0, time.perf_counter()
+
+    def __call__(self, e: ck.ProgressEvent) -> None:
+        now = time.perf_counter()
+        if e.task != self.task or now - self.last > 30:
+            self.task, self.last = e.task, now
+            total = f"/{e.total}" if e.total else ""
+            print(f"  [{self.name} {now - self.t0:6.0f} s] {e.task} {e.done}{total} {e.message}", file=sys.stderr,
+                  flush=True)
+
+
 def run(name: str, assets: Path, cset, out: Path, args: argparse.Namespace, **kw) -> dict:  # noqa: ANN001
     t0 = time.perf_counter()
     res = ck.tune(assets / "model", cset, assets / "data" / "test.jsonl", out / f"tune-{name}", max_drop=0.5,
                   min_agreement=99.0, method=args.method, limit=args.limit, seed=0, workers=args.workers,
+                  holdout=args.holdout, progress=_Progress(name),
                   sensitivity_layers=args.sensitivity_layers, max_evaluations=args.max_evaluations, **kw).result
     seconds = time.perf_counter() - t0
     f = res.final
@@ -77,6 +93,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/bench-tune-traffic"))
     ap.add_argument("--json", type=Path)
     ap.add_argument("--strategies", default="new-seq,new-whole,old")
+    ap.add_argument("--holdout", type=float, default=0.3,
+                    help="share of the eval set and of the traffic held out (0.5 with --traffic-size 10000 keeps "
+                         "5,000 traffic texts the search never sees)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     cset = ck.sample(args.assets / "logs.jsonl", args.out / "cset", size=args.calibration_size,

@@ -12,7 +12,8 @@ Functions: :func:`sample`, :func:`smooth`, :func:`calibrate`, :func:`histogram`,
 :func:`tune`, :func:`load_report`, :func:`render_report` (calibkit.api); :func:`prepare_demo` with
 :class:`PrepareOptions` (calibkit.demo.prepare: the demo's model, data and log). Results: :class:`Comparison`,
 :class:`TuneResult` and their parts (calibkit.evaluate.results). Errors: :class:`CalibkitError` and its
-subclasses (calibkit.errors).
+subclasses (calibkit.errors). Progress: every long call takes ``progress=``, a callable given each
+:class:`ProgressEvent` (calibkit.progress).
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ _API = ("sample", "smooth", "calibrate", "histogram", "build", "compare", "tune"
 _DEMO = ("prepare_demo", "PrepareOptions")  # the demo's model, data and log (notebooks/walkthrough.ipynb)
 _RESULTS = ("Comparison", "EngineEvaluation", "LayerVerdict", "Evidence", "TuneResult", "TunePlan", "Candidate",
             "HoldoutVerdict")
+_PROGRESS = ("ProgressEvent",)
 _ERRORS = ("CalibkitError", "UsageError", "DataError", "ModelError", "CalibrationError", "BackendError",
            "MissingDependencyError", "TargetMissedError")
 _WHERE = {**dict.fromkeys(_API, "calibkit.api"), **dict.fromkeys(_DEMO, "calibkit.demo.prepare"),
           **dict.fromkeys(_RESULTS, "calibkit.evaluate.results"),
-          **dict.fromkeys(_ERRORS, "calibkit.errors")}
+          **dict.fromkeys(_ERRORS, "calibkit.errors"), **dict.fromkeys(_PROGRESS, "calibkit.progress")}
 
-__all__ = ["__version__", *_API, *_DEMO, *_RESULTS, *_ERRORS]
+__all__ = ["__version__", *_API, *_DEMO, *_RESULTS, *_ERRORS, *_PROGRESS]
 
 
 class _Calibrate:

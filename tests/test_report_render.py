@@ -504,3 +504,20 @@ def test_a_typed_result_renders_as_its_document_does(tmp_path: Path) -> None:
     doc = render_report(to_document(result), tmp_path / "doc")
     assert typed.markdown.read_text() == doc.markdown.read_text()
     assert json.loads(typed.json.read_text()) == to_document(result)
+
+
+@pytest.mark.parametrize(("cost", "expected"), [
+    ({"rule": "sequential", "split_texts": 1400, "candidates": 9, "texts_median": 350.0, "texts_total": 4200,
+      "completion_texts": 1050},
+     ["Evidence per decision (sequential: each candidate judged on growing chunks", "**350** texts per candidate",
+      "of 1400 in the search split; 4200 in all for 9 candidates", "remaining 1050 texts"]),
+    ({"rule": "whole-split", "split_texts": 1400, "candidates": 9, "texts_median": 1400.0, "texts_total": 12600},
+     ["(whole-split: each candidate judged on the whole search split): **1400** texts per candidate"]),
+])
+def test_tune_report_says_what_each_decision_cost(tmp_path: Path, cost: dict, expected: list[str]) -> None:
+    paths = render_report({**fake_tune(), "evidence_cost": cost}, tmp_path / "t")
+    md, html = paths.markdown.read_text().replace("\\", ""), paths.html.read_text()
+    for out in (md, html.replace("<b>", "**").replace("</b>", "**")):
+        for text in expected:
+            assert text in out
+    assert "Evidence per decision" not in render_report(fake_tune(), tmp_path / "none").markdown.read_text()

@@ -524,6 +524,20 @@ def _tune_traffic_blocks(report: TuneResult) -> list[Block]:
                     f"{num(ev.traffic_holdout)} in the hold-out split."), *_exclusions(ev.traffic)]
 
 
+def _evidence_cost_blocks(report: TuneResult) -> list[Block]:
+    """What the plan search paid per decision: texts of the search split per candidate, by decision rule."""
+    cost = report.evidence_cost
+    if cost is None or not cost.candidates:
+        return []
+    rule = ("each candidate judged on growing chunks until its decision was settled" if cost.rule == "sequential"
+            else "each candidate judged on the whole search split")
+    done = (f"; the accepted plan then ran on the remaining {num(cost.completion_texts)} texts so its numbers rest "
+            "on the whole split" if cost.completion_texts else "")
+    return [Para.of(f"Evidence per decision ({text(cost.rule)}: {rule}): ", Span(f"{cost.texts_median:g}", bold=True),
+                    f" texts per candidate (median) of {num(cost.split_texts)} in the search split; "
+                    f"{num(cost.texts_total)} in all for {num(cost.candidates)} candidates{done}.")]
+
+
 def _plan_bullets(report: TuneResult) -> Bullets:
     final = report.final
     target = target_accuracy(report.target)
@@ -594,7 +608,7 @@ def _tune_document(report: TuneResult, plots: set[str]) -> Document:
             headers=("kept node", "reasons"),
             rows=tuple((n, "; ".join(final.reasons_for(n)) or DASH) for n in final.kept_nodes),
         ))
-    blocks += _smoothing_blocks(report) + _tune_traffic_blocks(report)
+    blocks += _smoothing_blocks(report) + _tune_traffic_blocks(report) + _evidence_cost_blocks(report)
     if report.peers:
         ref = final.accuracy_holdout
         blocks.append(Heading(2, "Peers"))
