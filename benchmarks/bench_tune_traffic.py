@@ -55,7 +55,7 @@ def run(name: str, assets: Path, cset, out: Path, args: argparse.Namespace, **kw
     res = ck.tune(assets / "model", cset, assets / "data" / "test.jsonl", out / f"tune-{name}", max_drop=0.5,
                   min_agreement=99.0, method=args.method, limit=args.limit, seed=0, workers=args.workers,
                   holdout=args.holdout, progress=_Progress(name),
-                  sensitivity_layers=args.sensitivity_layers, max_evaluations=args.max_evaluations, **kw).result
+                  sensitivity_layers=args.sensitivity_layers or None, max_evaluations=args.max_evaluations, **kw).result
     seconds = time.perf_counter() - t0
     f = res.final
     hold = f.holdout_evidence
@@ -87,7 +87,7 @@ def main() -> None:
     ap.add_argument("--traffic-size", type=int, default=1000)
     ap.add_argument("--calibration-size", type=int, default=512)
     ap.add_argument("--method", default="minmax")
-    ap.add_argument("--sensitivity-layers", type=int, default=6)
+    ap.add_argument("--sensitivity-layers", type=int, default=6, help="0: every layer (tune's default)")
     ap.add_argument("--max-evaluations", type=int, default=12)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("runs/bench-tune-traffic"))
