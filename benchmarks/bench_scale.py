@@ -76,30 +76,41 @@ def read_texts(folder: Path) -> list[str]:
 
 
 # -- workers (run in subprocesses) -----------------------------------------------------------------------------
-def worker_build(args: argparse.Namespace) -> dict:
+def bert_shape(shape: str):  # noqa: ANN201
+    """A random-initialised BERT classifier of ``shape`` (seed 0; nothing downloaded)."""
     import torch
     from transformers import BertConfig, BertForSequenceClassification
 
-    layers, hidden, heads, inter = SHAPES[args.shape]
+    layers, hidden, heads, inter = SHAPES[shape]
     cfg = BertConfig(vocab_size=30522, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                      intermediate_size=inter, max_position_embeddings=512, num_labels=2,
                      id2label={0: "negative", 1: "positive"}, label2id={"negative": 0, "positive": 1})
     torch.manual_seed(0)
-    model = BertForSequenceClassification(cfg).eval()
-    out = Path(args.out)
+    return BertForSequenceClassification(cfg).eval()
+
+
+def export_bert(model, out: Path, tokenizer: Path) -> None:  # noqa: ANN001
+    """``model`` as a calibkit model folder: model.onnx (dynamic batch and sequence), config.json, tokenizer."""
+    import torch
+
     out.mkdir(parents=True, exist_ok=True)
     ids = torch.ones((2, 16), dtype=torch.long)
     dyn = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"},
            "token_type_ids": {0: "batch", 1: "sequence"}, "logits": {0: "batch"}}
-    t0 = time.perf_counter()
     with torch.no_grad():
         torch.onnx.export(model, (ids, torch.ones_like(ids), torch.zeros_like(ids)), str(out / "model.onnx"),
                           input_names=["input_ids", "attention_mask", "token_type_ids"], output_names=["logits"],
                           dynamic_axes=dyn, opset_version=17, dynamo=False)
-    cfg.to_json_file(str(out / "config.json"))
+    model.config.to_json_file(str(out / "config.json"))
     for name in TOKENIZER_FILES:
-        if (Path(args.tokenizer) / name).is_file():
-            shutil.copy(Path(args.tokenizer) / name, out / name)
+        if (tokenizer / name).is_file():
+            shutil.copy(tokenizer / name, out / name)
+
+
+def worker_build(args: argparse.Namespace) -> dict:
+    model = bert_shape(args.shape)
+    t0 = time.perf_counter()
+    export_bert(model, Path(args.out), Path(args.tokenizer))
     return {"seconds": time.perf_counter() - t0, "params": sum(p.numel() for p in model.parameters())}
 
 

@@ -32,19 +32,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 def build(shape: str, tokenizer: Path, log: Path, out: Path) -> Path:
     """The random-initialised shape with a head centred on the log's texts (classes split about evenly)."""
     import torch
-    from bench_scale import SHAPES, TOKENIZER_FILES  # type: ignore[import-not-found]
-    from transformers import BertConfig, BertForSequenceClassification
+    from bench_scale import bert_shape, export_bert  # type: ignore[import-not-found]
 
     from calibkit.data.tokenizer import TextTokenizer
 
     if (out / "model.onnx").is_file():
         return out
-    layers, hidden, heads, inter = SHAPES[shape]
-    cfg = BertConfig(vocab_size=30522, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                     intermediate_size=inter, max_position_embeddings=512, num_labels=2,
-                     id2label={0: "negative", 1: "positive"}, label2id={"negative": 0, "positive": 1})
-    torch.manual_seed(0)
-    model = BertForSequenceClassification(cfg).eval()
+    model = bert_shape(shape)
+    hidden = model.config.hidden_size
     texts = []  # the log is dirty on purpose (broken lines, bad bytes): the first 256 usable texts
     for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
@@ -55,8 +50,7 @@ def build(shape: str, tokenizer: Path, log: Path, out: Path) -> Path:
             texts.append(t)
         if len(texts) == 256:
             break
-    tok = TextTokenizer(tokenizer, max_length=128)
-    enc = tok.encode(texts)
+    enc = TextTokenizer(tokenizer, max_length=128).encode(texts)
     with torch.no_grad():
         pooled = model.bert(input_ids=torch.tensor(enc.input_ids), attention_mask=torch.tensor(enc.attention_mask),
                             token_type_ids=torch.zeros_like(torch.tensor(enc.input_ids))).pooler_output
@@ -64,20 +58,7 @@ def build(shape: str, tokenizer: Path, log: Path, out: Path) -> Path:
         gap = pooled @ (w[1] - w[0])
         model.classifier.weight.copy_(w / gap.std())
         model.classifier.bias.copy_(torch.tensor([0.0, -float(gap.median() / gap.std())]))
-    out.mkdir(parents=True, exist_ok=True)
-    ids = torch.ones((2, 16), dtype=torch.long)
-    dyn = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"},
-           "token_type_ids": {0: "batch", 1: "sequence"}, "logits": {0: "batch"}}
-    with torch.no_grad():
-        torch.onnx.export(model, (ids, torch.ones_like(ids), torch.zeros_like(ids)), str(out / "model.onnx"),
-                          input_names=["input_ids", "attention_mask", "token_type_ids"], output_names=["logits"],
-                          dynamic_axes=dyn, opset_version=17, dynamo=False)
-    cfg.to_json_file(str(out / "config.json"))
-    import shutil
-
-    for name in TOKENIZER_FILES:
-        if (tokenizer / name).is_file():
-            shutil.copy(tokenizer / name, out / name)
+    export_bert(model, out, tokenizer)
     return out
 
 
