@@ -20,7 +20,7 @@ from calibkit.data.calibset import write_calibration_set
 from calibkit.data.evalset import load_eval_set
 from calibkit.demo import archive
 from calibkit.errors import DataError
-from calibkit.evaluate.tune import Ledger
+from calibkit.evaluate.ledger import Ledger
 
 DEEP = "[" * 100_000 + "]" * 100_000
 

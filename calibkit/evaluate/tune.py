@@ -25,9 +25,7 @@ an interrupted run resumes without redoing it.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -39,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from calibkit import __version__
-from calibkit._io import atomic_dir, commit_together, dumps_json, read_json, sha256_bytes, text_lines, write_json
+from calibkit._io import atomic_dir, commit_together, dumps_json, read_json, sha256_bytes, write_json
 from calibkit.calibrate.methods import compute_table
 from calibkit.calibrate.pipeline import gather_stats
 from calibkit.calibrate.trtcache import write_cache
@@ -50,6 +48,8 @@ from calibkit.data.tokenizer import TextTokenizer
 from calibkit.errors import CalibrationError, DataError, UsageError
 from calibkit.evaluate.evidence import SplitEvidence, split_evidence, split_subsets
 from calibkit.evaluate.flops import linear_work
+from calibkit.evaluate.holdout import agreement_noun, allowed_change, holdout_verdict, plan_evidence
+from calibkit.evaluate.ledger import Evaluator, Ledger, from_record, job_key
 from calibkit.evaluate.plan_decisions import (
     DECISION_RULES,
     ESTIMATED,
@@ -59,16 +59,11 @@ from calibkit.evaluate.plan_decisions import (
     make_rule,
 )
 from calibkit.evaluate.results import (
-    AGREEMENT_NOUNS,
     Candidate,
-    Difference,
     Evidence,
     EvidenceCost,
-    HoldoutVerdict,
     LinearFlops,
     MethodChoice,
-    PlanEvidence,
-    Range,
     RowSelection,
     SmoothingChoice,
     TuneEvalSet,
@@ -85,19 +80,23 @@ from calibkit.evaluate.sensitivity import (
     ONLY_THIS,
     SensitivityJob,
     SensitivityResult,
-    run_jobs,
 )
 from calibkit.evaluate.subsets import EvalSubset
 from calibkit.evaluate.traffic import TrafficEvidence, evidence_of
-from calibkit.evaluate.uncertainty import mean_interval, paired_difference, proportion
+from calibkit.evaluate.tune_config import (
+    DEFAULT_EMBEDDING_AGREEMENT,
+    DEFAULT_EMBEDDING_COSINE,
+    DEFAULT_UNLABELED_AGREEMENT,
+    TuneConfig,
+)
 from calibkit.executors import Executor, from_spec
 from calibkit.graph import check_float_source, load_model, model_sha256
 from calibkit.names import node_names
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
-from calibkit.quantize.placement import DEFAULT_OP_TYPES, plan_placement
+from calibkit.quantize.placement import plan_placement
 from calibkit.quantize.tablefile import write_calibration_json
 from calibkit.resources import Resources
-from calibkit.types import CalibrationTable, Method, MethodParams, check_seed
+from calibkit.types import CalibrationTable, Method
 
 log = logging.getLogger("calibkit.evaluate.tune")
 
@@ -105,54 +104,6 @@ PLAN_MODE = "plan"
 PLAN_FORMAT = "calibkit-plan/1"
 
 
-@dataclass(frozen=True)
-class TuneConfig:
-    max_drop: float = 0.5  # accuracy points (or percent of FP32 accuracy with relative=True)
-    relative: bool = False
-    min_agreement: float | None = None  # percent of FP32's predictions the plan must keep (e.g. 99)
-    # embeddings: the mean cosine to FP32's vectors the plan must keep (e.g. 0.995), beside min_agreement
-    # (for embeddings: the share of texts whose nearest neighbour in the FP32 index stays, evaluate.rowfidelity)
-    min_cosine: float | None = None
-    method: str = "auto"  # "auto" or a Method value
-    holdout_fraction: float = 0.3
-    sensitivity_samples: int = 256
-    sensitivity_layers: int | None = None  # measured sensitivity for the K worst layers (own SQNR); None: all
-    max_evaluations: int = 40
-    workers: int | None = None
-    seed: int = 0
-    target: str = "tensorrt"
-    op_types: tuple[str, ...] = DEFAULT_OP_TYPES
-    batch_size: int = 32
-    params: MethodParams = field(default_factory=MethodParams)
-    fidelity_only: bool = False  # unlabeled eval set: FP32's predictions are the labels, only min_agreement counts
-    # --min-agreement is met on the search split when the one-sided lower bound of the agreement at this
-    # confidence reaches it (0.5: the point estimate); measured on the demo: at the point estimate all-INT8 met
-    # 99 % on the search split (99.19 %, 1,480 texts) and kept 98.74 % on the holdout
-    agreement_confidence: float = 0.9
-    # also try the model smoothed (calibkit smooth, alpha auto): every method's table on both, the variant whose
-    # all-INT8 model flips the fewest FP32 predictions on the search split is the one the plan is searched on
-    smooth: bool = True
-    task: str | None = None  # --task: what the model's outputs mean (None: from its outputs and config.json)
-    # how each candidate is judged on the search split (evaluate.plan_decisions): "sequential" (growing chunks,
-    # a betting confidence sequence at agreement_confidence, stop once decided) or "whole-split" (every text,
-    # then one fixed-n test, as before); first_chunk: texts of the first chunk of the sequential rule
-    decision_rule: str = "sequential"
-    first_chunk: int = 256
-
-    def __post_init__(self) -> None:
-        check_seed(self.seed)
-
-    def threshold(self, fp32_accuracy: float) -> float:
-        if self.fidelity_only:
-            return 0.0
-        if self.relative:
-            return fp32_accuracy * (1.0 - self.max_drop / 100.0)
-        return fp32_accuracy - self.max_drop / 100.0
-
-
-DEFAULT_UNLABELED_AGREEMENT = 99.0  # percent of FP32's predictions kept, when the eval set has no labels
-DEFAULT_EMBEDDING_AGREEMENT = 95.0  # percent of texts whose nearest neighbour in the FP32 index stays
-DEFAULT_EMBEDDING_COSINE = 0.995  # mean cosine of the INT8 vectors to FP32's
 
 
 DocumentWriter = Callable[[TuneResult, Path], None]  # writes tune.json (the report layer's serializer)
@@ -197,141 +148,6 @@ def split_eval(labels: np.ndarray, holdout_fraction: float, seed: int, texts: Se
     """The search and holdout indices of :func:`split_subsets`, in its canonical order."""
     search, hold = split_subsets(labels, holdout_fraction, seed, texts)
     return search.array, hold.array
-
-
-class Ledger:
-    """Append-only JSON Lines of finished evaluations.
-
-    A record that cannot be used — a torn last line (interrupted write), invalid UTF-8 or JSON, JSON nested too
-    deeply, or a record whose numbers are missing or not numbers (``"accuracy": null``) — is skipped and
-    counted in ``skipped``: its evaluation simply runs again.
-    """
-
-    _NUMBERS = ("accuracy", "logit_mse", "mean_kl", "seconds")
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._done: dict[str, dict[str, Any]] = {}
-        self.skipped = 0
-        if path.is_file():
-            for line in text_lines(path.read_text(encoding="utf-8", errors="replace")):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except (ValueError, RecursionError):
-                    rec = None
-                if self.usable(rec):
-                    self._done[rec["key"]] = rec
-                else:
-                    self.skipped += 1
-        if self.skipped:
-            log.warning("%s: %d unusable record(s) skipped; those evaluations run again", path, self.skipped)
-        self.loaded = len(self._done)
-
-    @classmethod
-    def usable(cls, rec: Any) -> bool:
-        """A record ``_from_record`` can turn back into a SensitivityResult."""
-        if not isinstance(rec, dict) or not isinstance(rec.get("key"), str) or not isinstance(rec.get("mode"), str):
-            return False
-        if rec.get("node") is not None and not isinstance(rec["node"], str):
-            return False
-        if rec.get("error") is not None and not isinstance(rec["error"], str):
-            return False
-        return all(isinstance(rec.get(k), (int, float)) and not isinstance(rec.get(k), bool) for k in cls._NUMBERS)
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        return self._done.get(key)
-
-    def put(self, key: str, record: dict[str, Any]) -> None:
-        rec = {**record, "key": key}
-        self._done[key] = rec
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(rec, sort_keys=True, allow_nan=True) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-
-
-def _job_key(job: SensitivityJob, table_sha: str, model_sha: str) -> str:
-    payload = {
-        "model": model_sha,
-        "table": table_sha,
-        "keep": sorted(job.keep_nodes),
-        "texts": sha256_bytes("\n".join(job.texts).encode("utf-8")),
-        "target": job.target,
-        "mode": job.mode,
-        # per-text values (evaluate.rowfidelity) since 0.3: records from before lack them and run again
-        "values": 2,
-        "task": job.task,
-        "pooling": job.pooling,
-        "index": None if job.neighbour_index is None else sha256_bytes(
-            np.ascontiguousarray(job.neighbour_index, dtype=np.float64).tobytes()
-            + np.asarray(job.index_rows if job.index_rows is not None else (), dtype=np.int64).tobytes()),
-    }
-    return sha256_bytes(json.dumps(payload, sort_keys=True).encode("utf-8"))[:32]
-
-
-def _result_record(r: SensitivityResult) -> dict[str, Any]:
-    return {
-        "mode": r.mode, "node": r.node, "accuracy": r.accuracy, "logit_mse": r.logit_mse,
-        "mean_kl": r.mean_kl, "seconds": r.seconds, "error": r.error, "flip_rate": r.flip_rate,
-        "predictions": list(r.predictions), "agreement_values": list(r.agreement_values),
-        "cosine_values": list(r.cosine_values),
-    }
-
-
-def _from_record(rec: dict[str, Any]) -> SensitivityResult:
-    return SensitivityResult(rec["mode"], rec.get("node"), float(rec["accuracy"]), float(rec["logit_mse"]),
-                             float(rec["mean_kl"]), float(rec["seconds"]), rec.get("error"),
-                             flip_rate=float(rec.get("flip_rate", float("nan"))),
-                             predictions=tuple(int(v) for v in rec.get("predictions", ())),
-                             agreement_values=tuple(float(v) for v in rec.get("agreement_values", ())),
-                             cosine_values=tuple(float(v) for v in rec.get("cosine_values", ())))
-
-
-class _Evaluator:
-    """Runs SensitivityJobs through the ledger: finished ones are read back, the rest run on the executor, and
-    each result is in the ledger as soon as it comes back (an interrupt loses only the units in flight)."""
-
-    def __init__(self, ledger: Ledger, model_sha: str, executor: Executor, progress: ProgressCallback) -> None:
-        self.ledger = ledger
-        self.model_sha = model_sha
-        self.executor = executor
-        self.progress = progress
-        self.reused = 0
-        self.ran = 0
-
-    def run(self, jobs: Sequence[SensitivityJob], table_sha: str, task: str) -> list[SensitivityResult]:
-        keys = [_job_key(j, table_sha, self.model_sha) for j in jobs]
-        out: list[SensitivityResult | None] = []
-        todo: list[int] = []
-        for i, k in enumerate(keys):
-            rec = self.ledger.get(k)
-            if rec is not None and not rec.get("error"):
-                out.append(_from_record(rec))
-                self.reused += 1
-            else:
-                out.append(None)
-                todo.append(i)
-        reused = len(jobs) - len(todo)
-        self.progress(ProgressEvent(task, reused, len(jobs)))
-
-        def record(pos: int, r: SensitivityResult) -> None:
-            i = todo[pos]
-            out[i] = r
-            self.ran += 1
-            if not r.error:
-                self.ledger.put(keys[i], _result_record(r))
-            self.progress(ProgressEvent(task, sum(x is not None for x in out), len(jobs)))
-
-        if todo:
-            run_jobs([jobs[i] for i in todo], executor=self.executor, task=task, on_result=record)
-        failed = [r for r in out if r is not None and r.error]
-        if failed:
-            raise CalibrationError(f"{len(failed)} evaluations failed, e.g.: {failed[0].error}",
-                                   hint=failed[0].error_hint or "run with --verbose for each evaluation's log")
-        return [r for r in out if r is not None]
 
 
 def _accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
@@ -524,7 +340,7 @@ def _run_tune(
     flops = {f.node: f.flops for f in linear.plain}  # what plans choose among; fused ops stay FP32 (below)
     work.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(work / "ledger.jsonl")
-    ev = _Evaluator(ledger, model.sha, executor, cb)
+    ev = Evaluator(ledger, model.sha, executor, cb)
     jobs = _Jobs(model, evidence, config, executor.threads_per_task)
     variants = [_Variant("plain", model, store, jobs)]
     note = None
@@ -684,7 +500,7 @@ def _smoothed_variant(model_dir: ModelDir, model: _Model, cset: CalibrationSet, 
                     record), None
 
 
-def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: TuneConfig, ev: _Evaluator,
+def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: TuneConfig, ev: Evaluator,
                     work: Path) -> _Tables:
     """One table per method and variant (plain, and smoothed unless --no-smooth), each measured all-INT8 on the
     search split; the variant whose best table flips the fewest FP32 predictions is the one searched on. With
@@ -740,7 +556,7 @@ def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: 
     return _Tables(tables, chosen_methods, acc, flips, kl, base_key, chosen, cosine=cos)
 
 
-def _rank(model: _Model, evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: _Evaluator,
+def _rank(model: _Model, evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evaluator,
           tables: _Tables, flops: dict[str, float], resources: Resources, cb: ProgressCallback) -> _Ranking:
     """Layers ordered by their own quantization error (cheap, every layer), then the worst K of them re-ordered
     by measured damage per FLOP: quantize only it (every other layer in higher precision) and measure the output
@@ -769,7 +585,7 @@ def _rank(model: _Model, evidence: SplitEvidence, config: TuneConfig, jobs: _Job
     return _Ranking(_rank_by_harm_per_flop(by_badness[:k], harm, flops) + by_badness[k:], harm, base, own_sqnr)
 
 
-def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: _Evaluator, tables: _Tables,
+def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evaluator, tables: _Tables,
             ranking: _Ranking, flops: dict[str, float]) -> _Searched:
     """The plan search on the search split (evaluate.search), then all-INT8 and the final plan measured once
     each on the holdout split."""
@@ -806,7 +622,7 @@ def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: _Evalu
     return _Searched(outcome, final, on_search, on_holdout, cost)
 
 
-def _judge(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: _Evaluator, tables: _Tables
+def _judge(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evaluator, tables: _Tables
            ) -> PlanJudge | None:
     """The search's judge of candidates under ``config.decision_rule`` (evaluate.plan_decisions); None when
     there is nothing to decide (no accuracy rows and no fidelity target: every candidate meets)."""
@@ -829,9 +645,9 @@ def _judge(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: _Evalua
     judge = PlanJudge(evidence, evidence.search, rule, constraints, run_chunks, estimated=every)
     # all-INT8 of the base table ran on the whole search split when the table was chosen (the same model): the
     # ledger has it, so the search's first candidate costs nothing
-    rec = ev.ledger.get(_job_key(jobs(table_path, (), evidence.search, ALL_INT8), table_sha, ev.model_sha))
+    rec = ev.ledger.get(job_key(jobs(table_path, (), evidence.search, ALL_INT8), table_sha, ev.model_sha))
     if rec is not None and not rec.get("error"):
-        judge.seed((), _from_record(rec))
+        judge.seed((), from_record(rec))
     return judge
 
 
@@ -862,12 +678,12 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
     """The typed result of the run (no NaN: what does not apply is None).
 
     Over 80 lines for a reason: it is one constructor call of the whole TuneResult tree, field by field; the
-    measurements it reads are computed by the named helpers above it (_plan_evidence, _reasons, _uncertified)."""
+    measurements it reads are computed by named helpers (holdout.plan_evidence, _reasons, _uncertified)."""
     final, outcome = searched.final, searched.outcome
     search_idx, hold_idx = evidence.search.array, evidence.holdout.array
     fp32_search = evidence.accuracy_of_reference(evidence.search)
-    search_ev, agree_search = _plan_evidence(config, evidence, evidence.search, searched.on_search.get(final.plan))
-    hold_ev, agree_hold = _plan_evidence(config, evidence, evidence.holdout, searched.on_holdout.get(final.plan))
+    search_ev, agree_search = plan_evidence(config, evidence, evidence.search, searched.on_search.get(final.plan))
+    hold_ev, agree_hold = plan_evidence(config, evidence, evidence.holdout, searched.on_holdout.get(final.plan))
     all_int8_hold = searched.on_holdout.get(())
     all_int8_hold_scores = evidence.scores(evidence.holdout, all_int8_hold) if all_int8_hold is not None else None
     hold_scores = {p: evidence.scores(evidence.holdout, r) for p, r in searched.on_holdout.items()}
@@ -938,7 +754,7 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
             cosine_holdout=finite(final_hold.cosine) if final_hold else None,
             agreement_search=agree_search, agreement_holdout=agree_hold, search_evidence=search_ev,
             holdout_evidence=hold_ev,
-            holdout_verdict=holdout_verdict(config, hold_ev, _allowed_change(config, evidence), evidence.task),
+            holdout_verdict=holdout_verdict(config, hold_ev, allowed_change(config, evidence), evidence.task),
             reasons={n: tuple(r) for n, r in reasons.items()},
             kept_modules={n: modules[n].module for n in final.plan if n in modules and modules[n].module},
         ),
@@ -986,7 +802,7 @@ def _uncertified(config: TuneConfig, evidence: SplitEvidence, tried: Sequence[Me
     what = (f"about {more:,} would settle it" if more else "no number of texts settles a rate this close")
     hint = " (tune --traffic LOG --traffic-size N draws them from the log)" if more else ""
     return (f"a candidate with {100 * m.int8_flops_fraction:.1f} % of the linear FLOPs in INT8 kept "
-            f"{100 * m.agreement:.2f} % of {_agreement_noun(evidence.task)} on the search split's {n} agreement "
+            f"{100 * m.agreement:.2f} % of {agreement_noun(evidence.task)} on the search split's {n} agreement "
             f"texts: at or above "
             f"--min-agreement {config.min_agreement:g}, but its one-sided {100 * config.agreement_confidence:g} % "
             f"lower bound is not, so it was not accepted; {n} texts cannot certify it, {what}{hint}")
@@ -1022,93 +838,6 @@ def _rank_by_harm_per_flop(nodes: Sequence[str], harm: dict[str, tuple[float, fl
         return harm[n][0] / max(flops.get(n, 0.0) / total, 1e-4)
 
     return sorted(nodes, key=lambda n: (-density(n), -harm[n][1], flops.get(n, 0.0)))
-
-
-def _plan_evidence(config: TuneConfig, evidence: SplitEvidence, subset: EvalSubset,
-                   r: SensitivityResult | None) -> tuple[PlanEvidence | None, float | None]:
-    """The final plan against FP32 on one split, with 95 % intervals, and its agreement with FP32: accuracy
-    (paired) on the rows whose accuracy counts, agreement (and mean cosine) on those whose agreement counts."""
-    idx = subset.array
-    if r is None or len(r.agreement_values) != len(idx) or not len(idx):
-        return None, None
-    acc_p, agr_p = evidence.accuracy_positions(subset), evidence.agreement_positions(subset)
-    ia, ig = idx[acc_p], idx[agr_p]
-    diff = None
-    if len(acc_p) and len(r.predictions) == len(idx):
-        labels, ref_pred = evidence.labels, evidence.reference_predictions
-        pred = np.asarray(r.predictions, dtype=np.int64)
-        diff = paired_difference(ref_pred[ia] == labels[ia], pred[acc_p] == labels[ia], seed=config.seed)
-    values = np.asarray(r.agreement_values, dtype=np.float64)[agr_p]
-    agree = proportion(values >= 1.0) if evidence.task != TOKEN_CLASSIFICATION else mean_interval(values)
-    cosine = None
-    if r.cosine_values:
-        cosine = Range.of(mean_interval(np.asarray(r.cosine_values, dtype=np.float64)[agr_p]))
-    no_accuracy = Difference(None, None, None, 0, 0, 0, None, False, "n/a")
-    ev = PlanEvidence(Difference.of(diff) if diff is not None else no_accuracy,
-                      Range.of(agree), int((values < 1.0).sum()), int(len(ia)),  # type: ignore[arg-type]
-                      agreement_n=int(len(ig)) if evidence.traffic is not None or not len(acc_p) else None,
-                      cosine=cosine)
-    return ev, finite(agree.estimate)
-
-
-def _allowed_change(config: TuneConfig, evidence: SplitEvidence) -> float | None:
-    """The accuracy change against FP32 the target allows on the holdout (None: no accuracy constraint)."""
-    if config.fidelity_only:
-        return None
-    fp32_hold = evidence.accuracy_of_reference(evidence.holdout)
-    return -(fp32_hold * config.max_drop / 100.0 if config.relative else config.max_drop / 100.0)
-
-
-def holdout_verdict(config: TuneConfig, ev: PlanEvidence | None, allowed: float | None,
-                    task: str = CLASSIFICATION) -> HoldoutVerdict:
-    """Whether the holdout split supports the claim, per constraint: 'supported' (met on the holdout),
-    'not confirmed' (missed, but within the holdout's 95 % interval) or 'contradicted' (missed beyond it)."""
-    if ev is None:
-        return HoldoutVerdict(None, "no holdout split: the claim rests on the search split alone")
-    d, a = ev.accuracy_minus_fp32, ev.agreement
-    parts: dict[str, str] = {}
-    if allowed is not None and allowed == allowed and d.estimate is not None:
-        if d.estimate >= allowed - 1e-12:
-            parts["accuracy"] = "supported"
-        else:
-            parts["accuracy"] = "not confirmed" if (d.high or 0.0) >= allowed else "contradicted"
-    if config.min_agreement is not None and a.estimate is not None:
-        parts["agreement"] = _judged(a, config.min_agreement / 100.0)
-    if config.min_cosine is not None and ev.cosine is not None and ev.cosine.estimate is not None:
-        parts["cosine"] = _judged(ev.cosine, config.min_cosine)
-    supported = all(v == "supported" for v in parts.values()) if parts else None
-
-    def pts(v: float | None, fmt: str) -> str:
-        return "n/a" if v is None else format(100 * v, fmt)
-
-    where = (f"{ev.n} examples" if ev.agreement_n is None
-             else f"{ev.n} labelled examples and {ev.agreement_n} traffic texts")
-    if ev.n == 0:
-        where = f"{ev.agreement_n} texts"
-    kept = f"it keeps {pts(a.estimate, '.2f')} % of {_agreement_noun(task)} (95 % CI {pts(a.low, '.2f')} to " \
-           f"{pts(a.high, '.2f')})"
-    if ev.n == 0:
-        words = [f"on the holdout split ({where} never used by the search) {kept}"]
-    else:
-        words = [f"on the holdout split ({where} never used by the search) the plan's accuracy is "
-                 f"{pts(d.estimate, '+.2f')} points from FP32 (95 % CI {pts(d.low, '+.2f')} to "
-                 f"{pts(d.high, '+.2f')}, {d.verdict}) and {kept}"]
-    c = ev.cosine
-    if c is not None and c.estimate is not None:
-        words.append(f"mean cosine to FP32 {c.estimate:.5f} (95 % CI {c.low:.5f} to {c.high:.5f})")
-    for k, v in parts.items():
-        words.append(f"{k} target: {v}")
-    return HoldoutVerdict(supported, "; ".join(words), parts)
-
-
-def _judged(r: Range, need: float) -> str:
-    if r.estimate is not None and r.estimate >= need - 1e-12:
-        return "supported"
-    return "not confirmed" if (r.high or 0.0) >= need else "contradicted"
-
-
-def _agreement_noun(task: str | None) -> str:
-    return AGREEMENT_NOUNS.get(task or CLASSIFICATION, "FP32's outputs")
 
 
 def _layer_quality(
@@ -1150,7 +879,7 @@ def _reasons(
     own_sqnr: dict[str, float], tried: Sequence[Measured] = (), task: str | None = None,
 ) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
-    noun = _agreement_noun(task)
+    noun = agreement_noun(task)
     total = sum(flops.values()) or 1.0
     for n in plan:
         r = []

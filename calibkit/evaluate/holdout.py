@@ -1,0 +1,101 @@
+"""The final plan's evidence on one split (paired accuracy against FP32, agreement, cosine, with 95 % intervals)
+and the holdout verdict: per constraint, whether the split the search never used supports the claim."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from calibkit.evaluate.evidence import SplitEvidence
+from calibkit.evaluate.jobs import SensitivityResult
+from calibkit.evaluate.results import AGREEMENT_NOUNS, Difference, HoldoutVerdict, PlanEvidence, Range, finite
+from calibkit.evaluate.rowfidelity import CLASSIFICATION, TOKEN_CLASSIFICATION
+from calibkit.evaluate.subsets import EvalSubset
+from calibkit.evaluate.tune_config import TuneConfig
+from calibkit.evaluate.uncertainty import mean_interval, paired_difference, proportion
+
+
+def plan_evidence(config: TuneConfig, evidence: SplitEvidence, subset: EvalSubset,
+                   r: SensitivityResult | None) -> tuple[PlanEvidence | None, float | None]:
+    """The final plan against FP32 on one split, with 95 % intervals, and its agreement with FP32: accuracy
+    (paired) on the rows whose accuracy counts, agreement (and mean cosine) on those whose agreement counts."""
+    idx = subset.array
+    if r is None or len(r.agreement_values) != len(idx) or not len(idx):
+        return None, None
+    acc_p, agr_p = evidence.accuracy_positions(subset), evidence.agreement_positions(subset)
+    ia, ig = idx[acc_p], idx[agr_p]
+    diff = None
+    if len(acc_p) and len(r.predictions) == len(idx):
+        labels, ref_pred = evidence.labels, evidence.reference_predictions
+        pred = np.asarray(r.predictions, dtype=np.int64)
+        diff = paired_difference(ref_pred[ia] == labels[ia], pred[acc_p] == labels[ia], seed=config.seed)
+    values = np.asarray(r.agreement_values, dtype=np.float64)[agr_p]
+    agree = proportion(values >= 1.0) if evidence.task != TOKEN_CLASSIFICATION else mean_interval(values)
+    cosine = None
+    if r.cosine_values:
+        cosine = Range.of(mean_interval(np.asarray(r.cosine_values, dtype=np.float64)[agr_p]))
+    no_accuracy = Difference(None, None, None, 0, 0, 0, None, False, "n/a")
+    ev = PlanEvidence(Difference.of(diff) if diff is not None else no_accuracy,
+                      Range.of(agree), int((values < 1.0).sum()), int(len(ia)),  # type: ignore[arg-type]
+                      agreement_n=int(len(ig)) if evidence.traffic is not None or not len(acc_p) else None,
+                      cosine=cosine)
+    return ev, finite(agree.estimate)
+
+
+def allowed_change(config: TuneConfig, evidence: SplitEvidence) -> float | None:
+    """The accuracy change against FP32 the target allows on the holdout (None: no accuracy constraint)."""
+    if config.fidelity_only:
+        return None
+    fp32_hold = evidence.accuracy_of_reference(evidence.holdout)
+    return -(fp32_hold * config.max_drop / 100.0 if config.relative else config.max_drop / 100.0)
+
+
+def holdout_verdict(config: TuneConfig, ev: PlanEvidence | None, allowed: float | None,
+                    task: str = CLASSIFICATION) -> HoldoutVerdict:
+    """Whether the holdout split supports the claim, per constraint: 'supported' (met on the holdout),
+    'not confirmed' (missed, but within the holdout's 95 % interval) or 'contradicted' (missed beyond it)."""
+    if ev is None:
+        return HoldoutVerdict(None, "no holdout split: the claim rests on the search split alone")
+    d, a = ev.accuracy_minus_fp32, ev.agreement
+    parts: dict[str, str] = {}
+    if allowed is not None and allowed == allowed and d.estimate is not None:
+        if d.estimate >= allowed - 1e-12:
+            parts["accuracy"] = "supported"
+        else:
+            parts["accuracy"] = "not confirmed" if (d.high or 0.0) >= allowed else "contradicted"
+    if config.min_agreement is not None and a.estimate is not None:
+        parts["agreement"] = judged(a, config.min_agreement / 100.0)
+    if config.min_cosine is not None and ev.cosine is not None and ev.cosine.estimate is not None:
+        parts["cosine"] = judged(ev.cosine, config.min_cosine)
+    supported = all(v == "supported" for v in parts.values()) if parts else None
+
+    def pts(v: float | None, fmt: str) -> str:
+        return "n/a" if v is None else format(100 * v, fmt)
+
+    where = (f"{ev.n} examples" if ev.agreement_n is None
+             else f"{ev.n} labelled examples and {ev.agreement_n} traffic texts")
+    if ev.n == 0:
+        where = f"{ev.agreement_n} texts"
+    kept = f"it keeps {pts(a.estimate, '.2f')} % of {agreement_noun(task)} (95 % CI {pts(a.low, '.2f')} to " \
+           f"{pts(a.high, '.2f')})"
+    if ev.n == 0:
+        words = [f"on the holdout split ({where} never used by the search) {kept}"]
+    else:
+        words = [f"on the holdout split ({where} never used by the search) the plan's accuracy is "
+                 f"{pts(d.estimate, '+.2f')} points from FP32 (95 % CI {pts(d.low, '+.2f')} to "
+                 f"{pts(d.high, '+.2f')}, {d.verdict}) and {kept}"]
+    c = ev.cosine
+    if c is not None and c.estimate is not None:
+        words.append(f"mean cosine to FP32 {c.estimate:.5f} (95 % CI {c.low:.5f} to {c.high:.5f})")
+    for k, v in parts.items():
+        words.append(f"{k} target: {v}")
+    return HoldoutVerdict(supported, "; ".join(words), parts)
+
+
+def judged(r: Range, need: float) -> str:
+    if r.estimate is not None and r.estimate >= need - 1e-12:
+        return "supported"
+    return "not confirmed" if (r.high or 0.0) >= need else "contradicted"
+
+
+def agreement_noun(task: str | None) -> str:
+    return AGREEMENT_NOUNS.get(task or CLASSIFICATION, "FP32's outputs")
