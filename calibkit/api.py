@@ -388,7 +388,7 @@ def load_evidence(eval_set: PathLike | EvalSet, *, task: Any = None, limit: int 
 def compare(
     engine_a: PathLike | EngineArtifact,
     engine_b: PathLike | EngineArtifact,
-    eval_set: PathLike | EvalSet,
+    eval_set: PathLike | EvalSet | None = None,
     *,
     reference: PathLike | EngineArtifact | None = None,
     task: str | None = None,
@@ -426,7 +426,9 @@ def compare(
     says what it ran on and judged by, or why it was not measured; ``recommendation.verdict`` says it in
     words); by default (``"default"``) that log when it is still there unchanged. ``save_outputs``: a folder
     that receives every evaluated text's outputs from each engine (:func:`save_per_text_outputs`), so a flip
-    can be reproduced."""
+    can be reproduced. ``eval_set`` may be None when ``traffic`` gives the texts: the traffic texts are then the
+    (unlabeled) eval set too, evaluated once."""
+    from calibkit.data.evalset import EvalSet
     from calibkit.evaluate.compare import CompareOptions, check_same_model, compare_engines, select_task, tokenizer_dir
     from calibkit.evaluate.flags import Thresholds
 
@@ -437,8 +439,13 @@ def compare(
     engines = [a, b] + ([ref] if ref else [])
     check_same_model(engines)
     chosen = select_task(a, tokenizer_dir(engines), task)
-    ev, rows = load_evidence(eval_set, task=chosen, limit=limit, seed=seed, text_column=text_column,
-                             label_column=label_column, split=split)
+    if eval_set is not None:
+        ev, rows = load_evidence(eval_set, task=chosen, limit=limit, seed=seed, text_column=text_column,
+                                 label_column=label_column, split=split)
+    elif traffic is None:
+        raise UsageError("compare needs texts to compare the engines on: an eval set, or traffic",
+                         hint="pass --eval-set test.jsonl, or --traffic LOG (or 'auto': the log of B's calibration "
+                              "set)")
     opts = CompareOptions(
         batch_size=batch_size, layers=layers,
         layer_samples=layer_samples, sensitivity=sensitivity and layers, sensitivity_samples=sensitivity_samples,
@@ -449,6 +456,12 @@ def compare(
                    progress=progress, pool_by_default=True) as res:
         drawn = load_traffic(traffic, _engine_calibration_set(b, a), size=traffic_size, text_field=traffic_text_field,
                              seed=seed, progress=progress)
+        if eval_set is None:
+            if drawn is None or not len(drawn):
+                raise UsageError("compare has no texts: no eval set was given and no traffic was drawn",
+                                 hint="pass --eval-set test.jsonl, or --traffic LOG with texts outside the "
+                                      "calibration set")
+            ev, rows = EvalSet(Path(drawn.source.path), tuple(drawn.texts), ()), None
         result = compare_engines(a, b, ev, reference=ref, options=opts, rows=rows, task=chosen, resources=res,
                                  traffic=drawn)
     if save_outputs is not None:

@@ -458,3 +458,33 @@ def test_no_layer_advice_without_sensitivity_says_not_measured(tiny) -> None:
     flat = " ".join(r.output.split())
     assert "no layer needs higher precision" not in flat
     assert "recommendation" not in flat or "not measured" in flat or "keep" in flat
+
+
+def test_compare_without_an_eval_set_judges_on_traffic_alone(tiny, tmp_path: Path, monkeypatch) -> None:
+    """No --eval-set: the traffic texts are the (unlabeled) eval set, evaluated once; the traffic block agrees
+    with it; with neither, the command says what to pass."""
+    import calibkit as ck
+    from calibkit.evaluate import compare as cmp
+
+    texts, _ = make_texts(300, seed=29)
+    log = tmp_path / "traffic.jsonl"
+    log.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    calls = []
+    real = cmp._traffic_outputs
+    monkeypatch.setattr(cmp, "_traffic_outputs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    res = ck.compare(tiny["fp"], tiny["int8"], layers=False, batch_size=16, traffic=log, traffic_size=150)
+    assert calls == []  # the traffic outputs are the eval set's, not a second run
+    assert res.eval_set.count == res.traffic.evidence.count == 150 and res.eval_set.path == str(log)
+    assert res.traffic.fidelity.agreement == pytest.approx(res.agreement)
+    assert all(e.accuracy is None for e in res.engines)
+    with pytest.raises(ck.UsageError, match="an eval set, or traffic"):
+        ck.compare(tiny["fp"], tiny["int8"], layers=False, traffic=None)
+    from typer.testing import CliRunner
+
+    from calibkit.cli import app
+
+    r = CliRunner().invoke(app, ["compare", str(tiny["fp"]), str(tiny["int8"]), "--traffic", str(log),
+                                 "--traffic-size", "100", "--no-layers", "--no-report", "--batch-size", "16"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["compare", str(tiny["fp"]), str(tiny["int8"]), "--no-traffic", "--no-report"])
+    assert r.exit_code != 0 and "eval set, or traffic" in " ".join(r.output.split())

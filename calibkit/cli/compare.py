@@ -63,6 +63,8 @@ HELP = (
     "  calibkit compare fp32.onnx int8.onnx --eval-set data/test.jsonl\n\n"
     "  calibkit compare fp16.onnx int8.onnx --reference fp32.onnx --eval-set test.parquet --json cmp.json\n\n"
     "  calibkit compare a.onnx b.onnx --eval-set test.csv --limit 500 --no-sensitivity --threshold-sqnr 25\n\n"
+    "  calibkit compare embedder/fp32.onnx embedder/int8.onnx --traffic auto   (no eval set: the log's texts "
+    "outside the calibration set are the evidence, neighbours and cosine judged without labels)\n\n"
     "  calibkit compare fp32.onnx int8.onnx -e test.jsonl --min-agreement 99 --max-drop 0.5 --save-outputs runs/out"
     "   (CI: exit 8 when missed)\n"
 )
@@ -75,9 +77,10 @@ def register(app: typer.Typer) -> None:
 def compare(
     engine_a: Path = typer.Argument(..., help="Engine A (.onnx or .engine with its .calibkit.json sidecar)."),
     engine_b: Path = typer.Argument(..., help="Engine B, built from the same FP32 model as A."),
-    eval_set: Path = typer.Option(
-        ..., "--eval-set", "-e", help="Eval set (JSONL, CSV, Parquet, datasets); labels optional: without them, "
-        "fidelity to A is reported instead of accuracy."
+    eval_set: Path | None = typer.Option(
+        None, "--eval-set", "-e", help="Eval set (JSONL, CSV, Parquet, datasets); labels optional: without them, "
+        "fidelity to A is reported instead of accuracy. Optional with traffic: the traffic texts are then the "
+        "eval set (an embedder compared on its log alone)."
     ),
     reference: Path | None = typer.Option(
         None, "--reference", help="Higher-precision engine (FP32) for FP ranges and reference logits."

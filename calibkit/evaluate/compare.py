@@ -239,8 +239,12 @@ def compare_engines(
         fid = replace(fid, extra={**fid.extra, **score.extra})
     labels = task.labels or (tuple(str(i) for i in range(width)) if score.engines else ())
     warnings = list(score.warnings) if score.labelled else list(unscored_warnings(task, eval_set))
-    traffic_outs = (_traffic_outputs(a, b, traffic, task, tokenizer, options, open_runner, progress)
-                    if traffic is not None and len(traffic) else None)
+    traffic_outs = None
+    if traffic is not None and len(traffic):
+        # the traffic is the eval set itself (compare without --eval-set): its outputs are the ones just taken
+        same = tuple(traffic.texts) == tuple(texts)
+        traffic_outs = ((ea.outputs, eb.outputs) if same
+                        else _traffic_outputs(a, b, traffic, task, tokenizer, options, open_runner, progress))
     evidence, why_not = sensitivity_texts(task, runs, texts, score, traffic, traffic_outs, options)
     layered = _layers(a, b, reference, texts, runs, score, pa, task, options, factory, tokenizer, tok_dir,
                       progress, resources, evidence, why_not)
