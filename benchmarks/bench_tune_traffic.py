@@ -101,7 +101,7 @@ def main() -> None:
     cset = ck.sample(args.assets / "logs.jsonl", args.out / "cset", size=args.calibration_size,
                      tokenizer=args.assets / "model")
     kinds = {
-        "old": {"smooth": False, "decision_rule": "whole-split"},
+        "old": {"smooth": False, "traffic": None, "decision_rule": "whole-split"},
         "new-whole": {"smooth": True, "traffic": "auto", "traffic_size": args.traffic_size,
                       "decision_rule": "whole-split"},
         "new-seq": {"smooth": True, "traffic": "auto", "traffic_size": args.traffic_size,
