@@ -240,19 +240,22 @@ def test_tune_on_an_unlabeled_eval_set_targets_agreement_with_fp32(tiny_setup):
     doc = res.doc
     assert doc["eval_set"]["labels"].startswith("FP32 predictions")
     assert doc["target"]["min_agreement"] == 99.0 and doc["target"]["max_drop"] is None
-    assert doc["target"]["fp32_accuracy"] == 1.0  # FP32 against its own predictions
+    # FP32's predictions stand in for labels: accuracy against them would be agreement under another name
+    assert doc["target"]["fp32_accuracy"] is None and doc["final"]["accuracy_holdout"] is None
     from statistics import NormalDist
 
     from calibkit.evaluate.uncertainty import wilson_lower
 
     z = NormalDist().inv_cdf(doc["target"]["agreement_confidence"])
     n = doc["eval_set"]["search"]
-    for c in doc["candidates"]:  # accuracy against FP32's predictions is the agreement; only it constrains
-        assert c["accuracy_search"] == pytest.approx(c["agreement_search"])
+    for c in doc["candidates"]:  # only agreement constrains
+        assert c["accuracy_search"] is None
         a = c["agreement_search"]  # met when the one-sided 90 % lower bound reaches 99 % (or nothing flipped)
         assert c["meets_target"] == (a >= 0.99 and (a >= 1.0 or wilson_lower(a, n, z) >= 0.99))
     assert res.met_target and "fc1" in res.kept_nodes  # the outlier layer flips predictions in INT8
     assert set(doc["final"]["holdout_verdict"]["by_constraint"]) == {"agreement"}
+    text = doc["final"]["holdout_verdict"]["text"]  # no labelled examples, no accuracy change to state
+    assert "labelled" not in text and "accuracy" not in text and "% of FP32's predictions" in text, text
 
 
 def test_tune_json_dash_prints_the_document_and_piped_kept_layers_say_why(tiny_setup, tmp_path):

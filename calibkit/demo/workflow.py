@@ -52,8 +52,10 @@ class WorkflowOptions:
     layer_samples: int = 512
     max_evaluations: int = 40
     methods: tuple[Method, ...] = tuple(Method)
-    # a second tune restricted to TensorRT's default calibrator, to show the fallback search at work
-    extra_tune_methods: tuple[str, ...] = ("entropy",)
+    # more tunes, each restricted to one method (("entropy",): TensorRT's default calibrator, to show the fallback
+    # search at work). None by default: with traffic evidence each one is a second full tune, about an hour on
+    # 2 cores, and tune's own table comparison already measures every method all-INT8
+    extra_tune_methods: tuple[str, ...] = ()
     # also calibrate every method on a smoothed copy of the model (calibkit smooth, alpha chosen per layer)
     smooth: bool = True
     # tune judges agreement on this many texts of the log (not in the calibration set); 0: the eval set alone

@@ -73,11 +73,12 @@ class SplitEvidence:
 
     def accuracy_positions(self, subset: EvalSubset) -> np.ndarray:
         """Positions in ``subset``'s row order whose accuracy counts: the labelled eval rows when there is
-        traffic beside them, else every row (none for tasks without classes)."""
+        traffic beside them, else every row. None without labels (FP32's own predictions stand in for them,
+        and accuracy against those is agreement, not accuracy) or for tasks without classes."""
         idx = subset.array
-        if not self.classifies:
+        if not self.classifies or not self.labelled:
             return np.zeros(0, dtype=np.int64)
-        if self.traffic is None or not self.labelled:
+        if self.traffic is None:
             return np.arange(len(idx))
         return np.flatnonzero(~self.traffic[idx])
 

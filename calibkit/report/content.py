@@ -549,7 +549,7 @@ def _plan_bullets(report: TuneResult) -> Bullets:
     hold = final.holdout_evidence
     supported = final.holdout_verdict.supported if final.holdout_verdict is not None else None
     items = [Para.of("Share of FLOPs in INT8: ", Span(pct(final.int8_flops_fraction, 1), bold=True))]
-    if report.target.task == "classification":
+    if report.target.task == "classification" and report.target.fp32_accuracy is not None:  # labelled
         items.append(Para.of(f"Accuracy on the search set: {pct(final.accuracy_search)}; on the hold-out set: ",
                              Span(pct(final.accuracy_holdout), bold=True)))
     if final.agreement_search is not None or final.agreement_holdout is not None:
