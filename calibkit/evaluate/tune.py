@@ -884,9 +884,9 @@ def _reasons(
     for n in plan:
         r = []
         if n in harm:
-            what = "output KL divergence" if base.mean_kl == base.mean_kl else (
-                "1 - mean cosine" if base.cosine_values else "changed share")
-            r.append(f"quantizing only it gives an {what} to FP32 of {harm[n][0]:.4g} and changes "
+            what = "an output KL divergence" if base.mean_kl == base.mean_kl else (
+                "a cosine distance (1 - mean cosine)" if base.cosine_values else "a changed share")
+            r.append(f"quantizing only it gives {what} to FP32 of {harm[n][0]:.4g} and changes "
                      f"{100 * harm[n][1]:.2f} % of {noun} on the sensitivity subset (all INT8: "
                      f"{_damage(base):.4g}, {100 * base.flip_rate:.2f} %)")
         if n in own_sqnr:
