@@ -236,8 +236,15 @@ def test_tune_on_an_unlabeled_eval_set_targets_agreement_with_fp32(tiny_setup):
     assert not ev.has_labels
     # 0.5: the point estimate (about 210 search examples: at 0.9 only a plan with no flip at all clears 99 %)
     cfg = TuneConfig(max_drop=0.0, workers=1, sensitivity_samples=64, method="minmax", agreement_confidence=0.5)
-    res = run_tune(md, tiny_setup["cset"], ev, tiny_setup["root"] / "unlabeled-out", cfg)
+    events = []
+    res = run_tune(md, tiny_setup["cset"], ev, tiny_setup["root"] / "unlabeled-out", cfg, progress=events.append)
     doc = res.doc
+    # the search says which candidate it measures, then what each one measured
+    search = [e for e in events if e.task == "plan search"]
+    assert search[0].done == 0 and search[0].message == "measuring candidate 1"
+    assert search[-1].done == len(doc["candidates"]) and search[-1].total == cfg.max_evaluations
+    measured = [e.message for e in search if not e.message.startswith("measuring")]
+    assert len(measured) >= 2 and all("% INT8" in m and "the target on" in m for m in measured), measured
     assert doc["eval_set"]["labels"].startswith("FP32 predictions")
     assert doc["target"]["min_agreement"] == 99.0 and doc["target"]["max_drop"] is None
     # FP32's predictions stand in for labels: accuracy against them would be agreement under another name

@@ -74,7 +74,7 @@ from calibkit.evaluate.results import (
     finite,
 )
 from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING, TOKEN_CLASSIFICATION, reference_tags
-from calibkit.evaluate.search import Measured, Plan, search_plan
+from calibkit.evaluate.search import Measured, Plan, int8_flops_fraction, search_plan
 from calibkit.evaluate.sensitivity import (
     ALL_INT8,
     ONLY_THIS,
@@ -592,13 +592,25 @@ def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evalua
     _, table_path, table_sha = tables.base
     on_search: dict[Plan, SensitivityResult] = {}
     judge = _judge(evidence, config, jobs, ev, tables)
+    done = 0
 
     def evaluate(plans: Sequence[Plan]) -> list[Any]:
+        # the search is the longest step: say which candidates are measured, then what the last one measured
+        nonlocal done
+        first, last, most = done + 1, done + len(plans), config.max_evaluations
+        which = f"candidate {first}" if first == last else f"candidates {first}-{last}"
+        ev.progress(ProgressEvent("plan search", done, most, message=f"measuring {which}"))
         if judge is not None:  # each candidate on as many chunks of the search split as its decision needs
-            return judge.judge(plans)
-        res = ev.run([jobs(table_path, p, evidence.search, PLAN_MODE) for p in plans], table_sha, "candidate plans")
-        on_search.update(zip(plans, res))
-        return [tuple(evidence.scores(evidence.search, r)) for r in res]
+            scores: list[Any] = list(judge.judge(plans))
+        else:
+            res = ev.run([jobs(table_path, p, evidence.search, PLAN_MODE) for p in plans], table_sha,
+                         "candidate plans")
+            on_search.update(zip(plans, res))
+            scores = [tuple(evidence.scores(evidence.search, r)) for r in res]
+        done = last
+        ev.progress(ProgressEvent("plan search", done, most,
+                                  message=f"candidate {last}: {_measured_text(plans[-1], scores[-1], flops)}"))
+        return scores
 
     fp32_search = evidence.accuracy_of_reference(evidence.search)
     outcome = search_plan(ranking.order, flops, evaluate, config.threshold(fp32_search),
@@ -620,6 +632,17 @@ def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evalua
         res = ev.run([jobs(table_path, p, evidence.holdout, PLAN_MODE) for p in plans], table_sha, "holdout check")
         on_holdout = dict(zip(plans, res, strict=True))
     return _Searched(outcome, final, on_search, on_holdout, cost)
+
+
+def _measured_text(plan: Plan, score: Any, flops: dict[str, float]) -> str:
+    """One candidate's measurement for a progress line: its INT8 share, agreement and, once decided, the decision."""
+    agreement = score.agreement if hasattr(score, "agreement") else (score[1] if len(score) > 1 else float("nan"))
+    words = [f"{100 * int8_flops_fraction(plan, flops):.1f} % INT8"]
+    if agreement == agreement:
+        words.append(f"agreement {100 * agreement:.2f} %")
+    if hasattr(score, "meets"):
+        words.append(f"{'meets' if score.meets else 'misses'} the target on {score.texts} texts")
+    return ", ".join(words)
 
 
 def _judge(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evaluator, tables: _Tables
