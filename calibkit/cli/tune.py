@@ -249,7 +249,7 @@ def _summary(run: TuneRun, report_dir: Path | None) -> None:
     es = r.eval_set
     if es.traffic is not None:
         excluded = "; ".join(x for x in es.traffic.exclusions if not x.startswith("log sha256"))
-        labelled = es.count - es.traffic.count
+        labelled = es.count if es.labels == "given" else 0  # es.count: the eval set's rows, traffic apart
         first = (f"accuracy on {labelled} labelled texts of {Path(es.path).name}; " if labelled > 0 and classifies
                  else "")
         say(f"evidence: {first}agreement on {es.traffic.count} traffic texts of {Path(es.traffic.path).name} "
@@ -277,7 +277,7 @@ def _summary(run: TuneRun, report_dir: Path | None) -> None:
             f"engines/plan.onnx` builds the plan's engine")
     elif sm is not None and not sm.tried:
         say(f"smoothing not tried: {sm.note}")
-    verdict = "met" if r.met_target else "NOT met (the most accurate plan measured is written)"
+    verdict = "met" if r.met_target else "NOT met (the plan measured closest to FP32 is written)"
     conf = r.target.agreement_confidence
     if r.target.min_agreement is not None and conf > 0.5:
         say(f"--min-agreement {r.target.min_agreement:g} counts as met on the search split when the one-sided "

@@ -84,9 +84,9 @@ class SplitEvidence:
 
     def agreement_positions(self, subset: EvalSubset) -> np.ndarray:
         """Positions in ``subset``'s row order whose agreement with FP32 counts: the traffic rows when there are
-        any, else every row."""
+        any beside labelled classification rows (which carry accuracy), else every row."""
         idx = subset.array
-        if self.traffic is None:
+        if self.traffic is None or not (self.labelled and self.classifies):
             return np.arange(len(idx))
         return np.flatnonzero(self.traffic[idx])
 

@@ -49,6 +49,9 @@ def allowed_change(config: TuneConfig, evidence: SplitEvidence) -> float | None:
     return -(fp32_hold * config.max_drop / 100.0 if config.relative else config.max_drop / 100.0)
 
 
+NOT_CHECKED = "not checked (no texts in the holdout)"
+
+
 def holdout_verdict(config: TuneConfig, ev: PlanEvidence | None, allowed: float | None,
                     task: str = CLASSIFICATION) -> HoldoutVerdict:
     """Whether the holdout split supports the claim, per constraint: 'supported' (met on the holdout),
@@ -57,16 +60,22 @@ def holdout_verdict(config: TuneConfig, ev: PlanEvidence | None, allowed: float 
         return HoldoutVerdict(None, "no holdout split: the claim rests on the search split alone")
     d, a = ev.accuracy_minus_fp32, ev.agreement
     parts: dict[str, str] = {}
-    if allowed is not None and allowed == allowed and d.estimate is not None:
-        if d.estimate >= allowed - 1e-12:
+    if allowed is not None:  # an accuracy target (labelled rows); none of them in the holdout: not checked
+        if allowed != allowed or d.estimate is None:
+            parts["accuracy"] = NOT_CHECKED
+        elif d.estimate >= allowed - 1e-12:
             parts["accuracy"] = "supported"
         else:
             parts["accuracy"] = "not confirmed" if (d.high or 0.0) >= allowed else "contradicted"
-    if config.min_agreement is not None and a.estimate is not None:
-        parts["agreement"] = judged(a, config.min_agreement / 100.0)
-    if config.min_cosine is not None and ev.cosine is not None and ev.cosine.estimate is not None:
-        parts["cosine"] = judged(ev.cosine, config.min_cosine)
-    supported = all(v == "supported" for v in parts.values()) if parts else None
+    if config.min_agreement is not None:  # a target the holdout has no texts for is not checked, not dropped
+        parts["agreement"] = judged(a, config.min_agreement / 100.0) if a.estimate is not None else NOT_CHECKED
+    if config.min_cosine is not None:
+        c = ev.cosine
+        parts["cosine"] = judged(c, config.min_cosine) if c is not None and c.estimate is not None else NOT_CHECKED
+    supported = None
+    if parts:
+        failed = any(v not in ("supported", NOT_CHECKED) for v in parts.values())
+        supported = False if failed else (None if NOT_CHECKED in parts.values() else True)
 
     def pts(v: float | None, fmt: str) -> str:
         return "n/a" if v is None else format(100 * v, fmt)
@@ -75,8 +84,8 @@ def holdout_verdict(config: TuneConfig, ev: PlanEvidence | None, allowed: float 
              else f"{ev.n} labelled examples and {ev.agreement_n} traffic texts")
     if ev.n == 0:
         where = f"{ev.agreement_n} texts"
-    kept = f"it keeps {pts(a.estimate, '.2f')} % of {agreement_noun(task)} (95 % CI {pts(a.low, '.2f')} to " \
-           f"{pts(a.high, '.2f')})"
+    kept = (f"it keeps {pts(a.estimate, '.2f')} % of {agreement_noun(task)} (95 % CI {pts(a.low, '.2f')} to "
+            f"{pts(a.high, '.2f')})" if a.estimate is not None else "it has no texts to measure agreement on")
     if ev.n == 0:
         words = [f"on the holdout split ({where} never used by the search) {kept}"]
     else:

@@ -570,7 +570,7 @@ class PlanEvidence:
 @dataclass(frozen=True)
 class HoldoutVerdict:
     """Whether the holdout split supports the claim: True, False, or None (no holdout / nothing to verify);
-    per constraint 'supported' | 'not confirmed' | 'contradicted'."""
+    per constraint 'supported' | 'not confirmed' | 'contradicted' | 'not checked (no texts in the holdout)'."""
 
     supported: bool | None
     text: str

@@ -155,6 +155,23 @@ class TrafficEvidence:
         return replace(self, texts=pick(self.texts), keys=pick(self.keys), line_numbers=pick(self.line_numbers),
                        seen_counts=pick(self.seen_counts), lengths=pick(self.lengths), part=part)
 
+    def without(self, texts: Sequence[str], reason: str) -> TrafficEvidence:
+        """These rows less those whose normalised text is one of ``texts`` (counted under ``excluded[reason]``):
+        a text in both the eval set and the traffic could fall in the search split as one and in the holdout as
+        the other."""
+        drop = {digest(normalize(t)) for t in texts}
+        keep = [i for i, t in enumerate(self.texts) if digest(normalize(t)) not in drop]
+        if len(keep) == len(self.texts):
+            return self
+
+        def pick(values: Sequence[Any]) -> tuple[Any, ...]:
+            return tuple(values[i] for i in keep)
+
+        gone = len(self.texts) - len(keep)
+        return replace(self, texts=pick(self.texts), keys=pick(self.keys), line_numbers=pick(self.line_numbers),
+                       seen_counts=pick(self.seen_counts), lengths=pick(self.lengths),
+                       population=max(0, self.population - gone), excluded={**self.excluded, reason: gone})
+
     def to_dict(self, *, max_rows: int = 5000) -> dict[str, Any]:
         """Provenance for reports and ledgers (no texts; the row keys when there are at most ``max_rows``)."""
         d: dict[str, Any] = {

@@ -331,6 +331,8 @@ def _run_tune(
     t0 = time.perf_counter()
     cset = calibration_set if isinstance(calibration_set, CalibrationSet) else load_calibration_set(calibration_set)
     model = _load_model(model_dir, config)
+    if traffic is not None and len(eval_set):
+        traffic = traffic.without(eval_set.texts, "eval_set")
     config, evidence = _draw_evidence(model, eval_set, config, resources, cb, traffic)
     store, reused_stats = gather_stats(model_dir, cset, model.placement.activations, model_sha256=model.sha,
                                        num_bins=config.params.num_bins, batch_size=config.batch_size, progress=cb,
@@ -378,6 +380,9 @@ def _check_config(config: TuneConfig) -> None:
     if config.min_agreement is not None and not 0.0 < config.min_agreement <= 100.0:
         raise UsageError(f"--min-agreement must be in (0, 100] percent, got {config.min_agreement}",
                          hint="pass e.g. --min-agreement 99 to keep 99 % of FP32's predictions")
+    if config.min_cosine is not None and not -1.0 < config.min_cosine < 1.0:
+        raise UsageError(f"--min-cosine must be in (-1, 1), got {config.min_cosine}",
+                         hint="e.g. --min-cosine 0.995 (a mean cosine of 1 cannot be certified)")
 
 
 def _load_model(model_dir: ModelDir, config: TuneConfig) -> _Model:
@@ -395,6 +400,9 @@ def _load_model(model_dir: ModelDir, config: TuneConfig) -> _Model:
     task = choose_task(model_outputs(proto), {"id2label": {str(k): v for k, v in id2label.items()}}, config.task)
     if task.tunable is not None:
         raise UsageError(task.tunable, hint="use `calibkit compare` for its fidelity, and --exclude to keep layers")
+    if config.min_cosine is not None and task.kind.value != EMBEDDING:
+        raise UsageError(f"--min-cosine applies to embedding models; {model_dir.onnx_path.name} is a "
+                         f"{task.kind.value} model", hint="use --min-agreement, or pass --task embedding")
     if task.kind.value == CLASSIFICATION and not id2label:
         raise DataError("the model folder's config.json has no id2label: tune cannot map eval labels to classes",
                         hint="add id2label to config.json, or pass --task embedding / token-classification")
@@ -684,6 +692,10 @@ def _whole_split_numbers(outcome: Any, final: Measured, whole: SensitivityResult
     return replace(outcome, best=best, tried=tried), full
 
 
+def _traffic_rows(evidence: SplitEvidence, subset: EvalSubset) -> int:
+    return 0 if evidence.traffic is None else int(evidence.traffic[subset.array].sum())
+
+
 def _evidence_cost(config: TuneConfig, evidence: SplitEvidence, tried: Sequence[Measured],
                    judge: PlanJudge | None) -> EvidenceCost:
     """Texts of the search split each candidate's decision was evaluated on."""
@@ -742,8 +754,8 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
             evidence=Evidence(str(eval_set.path), len(eval_set), tuple(id2label[i] for i in sorted(id2label)),
                               RowSelection.of_subset(rows), labelled=not config.fidelity_only),
             traffic=evidence_of(traffic),
-            traffic_search=len(evidence.agreement_positions(evidence.search)) if traffic is not None else 0,
-            traffic_holdout=len(evidence.agreement_positions(evidence.holdout)) if traffic is not None else 0,
+            traffic_search=_traffic_rows(evidence, evidence.search),
+            traffic_holdout=_traffic_rows(evidence, evidence.holdout),
         ),
         target=TuneTarget(
             relative=config.relative, fp32_accuracy=finite(fp32_search),
