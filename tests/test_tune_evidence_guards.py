@@ -72,3 +72,15 @@ def test_a_target_the_holdout_has_no_texts_for_is_not_checked_not_dropped() -> N
 def test_min_cosine_outside_minus_one_to_one_is_refused_before_any_work(cosine: float) -> None:
     with pytest.raises(UsageError, match="--min-cosine"):
         _check_config(TuneConfig(min_cosine=cosine))
+
+
+@pytest.mark.parametrize(("target", "meets"), [(99.0, False), (100.0, True)])
+def test_no_flip_on_a_split_too_small_to_settle_it_meets_only_a_100_percent_target(target: float, meets: bool):
+    """Zero flips on 8 texts is no evidence of 99 % agreement (the rule left it undecided); only a 100 % target,
+    which no bound can reach, is met by a candidate that changed nothing."""
+    from calibkit.evaluate.plan_decisions import constraints_for, final_meets
+    from calibkit.evaluate.sequential import Decision, Verdict
+
+    (c,) = constraints_for(min_agreement=target, min_cosine=None, max_drop=None, binary_agreement=True)
+    d = Decision(c.name, Verdict.UNDECIDED, 8, 1.0, c.threshold, 0.9)
+    assert final_meets([c], [d], at_end=True) is meets

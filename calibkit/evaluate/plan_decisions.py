@@ -30,8 +30,8 @@ times chosen from what was already seen keep the confidence sequence valid.
 Constraints (each the mean of per-text values, see evaluate.rowfidelity):
 - ``agreement``: share of FP32's outputs kept on the agreement rows (traffic rows when there are any), at least
   ``min_agreement`` %; *certified*: a candidate meets it only when the rule says so (a split too small to
-  settle it is a miss, as the Wilson bound of the old search made it). One exception kept from that search: a
-  candidate that changed nothing at all on the whole split meets it (no flip is no evidence of any);
+  settle it is a miss, as the Wilson bound of the old search made it). One exception: against a 100 % target,
+  which no bound can reach, a candidate that changed nothing at all on the whole split meets it;
 - ``cosine`` (embeddings, ``min_cosine``): mean cosine to FP32's vectors on the agreement rows; certified;
 - ``accuracy_drop`` (labelled rows, absent with ``fidelity_only``): per labelled text, candidate correct minus
   FP32 correct, at least ``-max_drop``; *estimated*: the rule may settle it early either way, and when the whole
@@ -220,8 +220,10 @@ def final_meets(constraints: Sequence[Constraint], decisions: Sequence[Decision]
             continue
         if c.name in estimated:
             ok = d.estimate is None or d.estimate >= c.threshold - 1e-12
-        else:  # certified: unsettled is a miss, except a candidate that changed nothing
-            ok = c.name == AGREEMENT and d.estimate is not None and d.estimate >= 1.0 - 1e-12
+        else:  # certified: unsettled is a miss, except a candidate that changed nothing against a 100 % target
+            # (no bound ever reaches 100 %); below 100 % a split where no flip settles nothing is too small
+            ok = (c.name == AGREEMENT and c.threshold >= 1.0 - 1e-8 and d.estimate is not None
+                  and d.estimate >= 1.0 - 1e-12)
         if not ok:
             return False
     return None if pending else True
