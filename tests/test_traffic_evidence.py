@@ -130,6 +130,17 @@ def test_redacted_calibration_texts_are_excluded_either_way(tmp_path: Path) -> N
         assert not drawn & {digest(normalize(redact(t).text)) for t in cset.texts}
 
 
+def test_group_excluded_by_a_later_line_is_not_drawn(tmp_path: Path) -> None:
+    # two raw texts that redact alike: the first is not in a --no-redact set, the second is; the group's
+    # pooled member (from the first line) must not be drawn, since the set holds a text of that group
+    a, b = "mail alice@example.org about it", "mail bob@example.net about it"
+    log = _write_log(tmp_path / "log.jsonl", [a, b, *_texts(60)])
+    cset = write_calibration_set(tmp_path / "cset", [b], None, {})
+    ev = draw_traffic(log, TrafficOptions(size=1000), calibration_set=cset)
+    assert redact(a).text not in ev.texts
+    assert ev.excluded["calibration_set"] == 1 and len(ev) == 60
+
+
 def test_default_log_from_the_manifest(tmp_path: Path) -> None:
     log = _write_log(tmp_path / "log.jsonl", _texts(400), field="request.text")
     cset = sample_log(log, tmp_path / "cset", SampleOptions(size=64, clusters=1, text_field="request.text"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -389,8 +390,12 @@ def test_tune_says_when_its_search_split_cannot_certify_a_better_candidate():
     final = Measured(("x", "y"), 1.0, 0.5, "prefix", True, 1.0)
     close = Measured(("x",), 1.0, 0.9, "prefix", False, 0.9929)
     msg = _uncertified(cfg, ev, [final, close], final)
-    assert msg is not None and "90.0 %" in msg and f"{len(ev.search)} agreement texts" in msg
-    assert f"about {texts_needed(0.9929, 0.99, 0.9):,} would settle it" in msg
+    # the sequential rule (the default) certifies at the split's end with 3/4 of alpha: at 92.5 %, not 90 %
+    assert msg is not None and "one-sided 92.5 % lower bound" in msg and f"{len(ev.search)} agreement texts" in msg
+    assert f"about {texts_needed(0.9929, 0.99, 0.925):,} would settle it" in msg
+    whole = _uncertified(replace(cfg, decision_rule="whole-split"), ev, [final, close], final)
+    assert whole is not None and "one-sided 90 % lower bound" in whole
+    assert f"about {texts_needed(0.9929, 0.99, 0.9):,} would settle it" in whole
     assert _uncertified(cfg, ev, [final], final) is None
     assert _uncertified(TuneConfig(max_drop=1.0), ev, [final, close], final) is None
 

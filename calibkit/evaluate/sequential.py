@@ -197,6 +197,12 @@ class DecisionRule(Protocol):
     name: str
     confidence: float
 
+    @property
+    def final_confidence(self) -> float:
+        """The one-sided confidence of the fixed-n test that decides a constraint once the whole split is
+        seen: what "how many texts would certify it" must be computed at."""
+        ...
+
     def looks(self, total: int) -> tuple[int, ...]:
         """The cumulative numbers of texts after which the rule decides (increasing, ending at ``total``)."""
         ...
@@ -356,6 +362,10 @@ class WholeSplit:
     def __post_init__(self) -> None:
         _check_confidence(self.confidence)
 
+    @property
+    def final_confidence(self) -> float:
+        return self.confidence
+
     def looks(self, total: int) -> tuple[int, ...]:
         return (total,) if total > 0 else ()
 
@@ -406,6 +416,11 @@ class ConfidenceSequenceRule:
     @property
     def alpha_final(self) -> float:
         return (1.0 - self.confidence) * self.final_share
+
+    @property
+    def final_confidence(self) -> float:
+        # final_share 0: the sequence alone decides, at its own level, which a fixed-n bound understates
+        return 1.0 - (self.alpha_final if self.final_share > 0 else self.alpha_sequence)
 
     def looks(self, total: int) -> tuple[int, ...]:
         out: list[int] = []

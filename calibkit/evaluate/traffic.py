@@ -323,6 +323,10 @@ def draw_traffic(
                              "check --text-field")
 
     cands, weights = pool.weighted_members()
+    # a group excluded by a later line (its raw text is a calibration text, its redacted text first came from
+    # another line) may already have a pooled member: drop it, so no drawn row shares a group with the set
+    kept = [i for i, c in enumerate(cands) if c.key not in excluded_groups]
+    cands, weights = [cands[i] for i in kept], [weights[i] for i in kept]
     lengths, measure, max_len = candidate_lengths(cands, options.tokenizer, options.max_length, cb,
                                                   "tokenizing traffic candidates")
     buckets = [length_bucket(int(n)) for n in lengths]

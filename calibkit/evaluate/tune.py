@@ -824,6 +824,8 @@ def _uncertified(config: TuneConfig, evidence: SplitEvidence, tried: Sequence[Me
 
     if config.min_agreement is None or config.agreement_confidence <= 0.5:
         return None
+    # the sequential rule certifies at the end of the split with a share of alpha (92.5 % for 90 %)
+    confidence = make_rule(config.decision_rule, config.agreement_confidence, config.first_chunk).final_confidence
     need = config.min_agreement / 100.0
     floor = config.threshold(evidence.accuracy_of_reference(evidence.search)) - 1e-12
     better = [m for m in tried if not m.meets and m.agreement == m.agreement and m.agreement >= need
@@ -833,13 +835,13 @@ def _uncertified(config: TuneConfig, evidence: SplitEvidence, tried: Sequence[Me
         return None
     m = max(better, key=lambda c: c.int8_flops_fraction)
     n = len(evidence.agreement_positions(evidence.search))
-    more = texts_needed(m.agreement, need, config.agreement_confidence)
+    more = texts_needed(m.agreement, need, confidence)
     what = (f"about {more:,} would settle it" if more else "no number of texts settles a rate this close")
     hint = " (tune --traffic LOG --traffic-size N draws them from the log)" if more else ""
     return (f"a candidate with {100 * m.int8_flops_fraction:.1f} % of the linear FLOPs in INT8 kept "
             f"{100 * m.agreement:.2f} % of {agreement_noun(evidence.task)} on the search split's {n} agreement "
             f"texts: at or above "
-            f"--min-agreement {config.min_agreement:g}, but its one-sided {100 * config.agreement_confidence:g} % "
+            f"--min-agreement {config.min_agreement:g}, but its one-sided {100 * confidence:g} % "
             f"lower bound is not, so it was not accepted; {n} texts cannot certify it, {what}{hint}")
 
 
