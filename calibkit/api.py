@@ -614,6 +614,7 @@ def tune(
     traffic_text_field: str | None = None,
     smooth: bool = True,
     decision_rule: str = "sequential",
+    confirm: bool = True,
 ) -> TuneRun:
     """The mixed-precision plan with the most INT8 work that keeps accuracy within ``max_drop`` points of FP32
     (and, with ``min_agreement``, that percentage of FP32's predictions). Writes ``out`` (model.int8.onnx,
@@ -629,6 +630,10 @@ def tune(
     ``decision_rule``: ``"sequential"`` judges each candidate on growing chunks of the search split and stops
     once its decision is settled at ``agreement_confidence`` (a betting confidence sequence, valid however
     often it looks: evaluate.sequential); ``"whole-split"`` evaluates every candidate on the whole split.
+    ``confirm``: the candidates that met the target on the search split are tested on the holdout split from the
+    least INT8 up, stopping at the first that fails, and the plan is the last one confirmed (fixed-sequence
+    testing: the chance that the plan misses the target stays at ``1 - agreement_confidence``, its choice among
+    the candidates included; evaluate.confirm). False: the search's choice, the holdout only a check.
 
     Embedding and token-classification models are tuned on fidelity alone (``min_agreement``: the share of
     texts whose nearest neighbour in the FP32 index stays, or of tokens whose tag stays; ``min_cosine``: the
@@ -659,7 +664,7 @@ def tune(
         method=method, holdout_fraction=holdout, sensitivity_samples=sensitivity_samples,
         sensitivity_layers=sensitivity_layers, max_evaluations=max_evaluations, workers=workers, seed=seed,
         target=target, params=MethodParams(percentile=percentile), smooth=smooth, min_cosine=min_cosine,
-        task=task, decision_rule=decision_rule,
+        task=task, decision_rule=decision_rule, confirm=confirm,
     )
     with resources(executor, workers=workers, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
                    progress=progress) as res:

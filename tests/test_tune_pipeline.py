@@ -327,6 +327,40 @@ def test_tune_with_traffic_judges_agreement_on_traffic_and_accuracy_on_labels(ti
     assert doc["eval_set"]["traffic"]["count"] == n_traffic
 
 
+def test_tune_confirms_its_plan_on_the_holdout_by_fixed_sequence(tiny_setup):
+    """The passing candidates are tested on the holdout from the least INT8 up, stopping at the first that fails;
+    the plan is the last confirmed. --no-confirm writes the search's own choice, the same search."""
+    md = ModelDir.resolve(tiny_setup["model"])
+    ev = load_eval_set(tiny_setup["eval"])
+    cfg = TuneConfig(max_drop=1.0, min_agreement=95.0, workers=1, sensitivity_samples=64, method="minmax")
+    r = run_tune(md, tiny_setup["cset"], ev, tiny_setup["root"] / "confirm-on", cfg).result
+    cf = r.confirmation
+    assert cf is not None and cf.steps and cf.holdout_texts == r.eval_set.holdout
+    shares = [s.int8_flops_fraction for s in cf.steps]
+    assert shares == sorted(shares) and all(s.meets for s in cf.steps[:-1])
+    assert all(r.candidates[s.candidate].meets_target for s in cf.steps)
+    passing = sum(c.meets_target for c in r.candidates)
+    assert len(cf.steps) == passing or not cf.steps[-1].meets
+    assert cf.search_choice is not None and r.candidates[cf.search_choice].meets_target
+    if cf.chosen is not None:
+        assert r.final.kept_nodes == r.candidates[cf.chosen].kept_nodes
+        assert "fixed-sequence" in r.final.holdout_verdict.text
+    said = [w for w in r.warnings if "the holdout split (" in w and "confirmed" in w]
+    assert bool(said) == (cf.chosen != cf.search_choice)
+    if cf.chosen is None:  # 90 holdout texts cannot certify 95 % here: the search's choice, and why
+        assert "confirmed none" in said[0] and r.final.kept_nodes == r.candidates[cf.search_choice].kept_nodes
+    loose = run_tune(md, tiny_setup["cset"], ev, tiny_setup["root"] / "confirm-loose",
+                     replace(cfg, min_agreement=85.0)).result
+    assert loose.confirmation is not None and loose.confirmation.chosen is not None
+    assert loose.final.kept_nodes == loose.candidates[loose.confirmation.chosen].kept_nodes
+    assert "fixed-sequence" in loose.final.holdout_verdict.text
+    assert r.evidence_cost is not None and r.evidence_cost.confirm_texts == sum(s.texts for s in cf.steps)
+    off = run_tune(md, tiny_setup["cset"], ev, tiny_setup["root"] / "confirm-off", replace(cfg, confirm=False))
+    assert off.result.confirmation is None
+    assert off.result.final.kept_nodes == r.candidates[cf.search_choice].kept_nodes
+    assert "fixed-sequence" not in off.result.final.holdout_verdict.text
+
+
 def test_tune_cli_traffic_auto_needs_a_log_in_the_manifest(tiny_setup, tmp_path):
     r = CliRunner().invoke(app, ["tune", str(tiny_setup["model"]), "-c", str(tiny_setup["cset"]), "-e",
                                  str(tiny_setup["eval"]), "--traffic", "auto", "--workers", "1", "--out",

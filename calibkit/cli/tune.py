@@ -137,6 +137,14 @@ def tune(
              "settled at --agreement-confidence (betting confidence sequence, valid under repeated looks); "
              "whole-split: every candidate on the whole search split.",
     ),
+    confirm: bool = typer.Option(
+        True, "--confirm/--no-confirm",
+        help="Confirm the plan on the holdout split: the candidates that met the target on the search split are "
+             "tested there from the least INT8 up, stopping at the first that fails, and the plan is the last one "
+             "confirmed (fixed-sequence testing: the chance that it misses the target stays at 1 - "
+             "--agreement-confidence, its choice among up to --max-evaluations candidates included). "
+             "--no-confirm: the search's own choice; the holdout only checks it.",
+    ),
     smooth: bool = typer.Option(
         True, "--smooth/--no-smooth",
         help="Also measure the model smoothed (SmoothQuant, alpha auto, same FP32 function, checked) and search "
@@ -185,6 +193,7 @@ def tune(
                 max_batch_tokens=max_batch_tokens, report=report_dir, progress=progress,
                 traffic=traffic_choice(traffic, no_traffic), traffic_size=traffic_size,
                 traffic_text_field=traffic_text_field, smooth=smooth, decision_rule=decision_rule,
+                confirm=confirm,
             )
         if json_out is not None:
             import sys
@@ -288,8 +297,17 @@ def _summary(run: TuneRun, report_dir: Path | None) -> None:
     if cost is not None:
         extra = (f"; the plan's remaining {cost.completion_texts} then evaluated for its whole-split numbers"
                  if cost.completion_texts else "")
+        if cost.confirm_texts:
+            extra += f"; {cost.confirm_texts} holdout texts read by the confirmation"
         say(f"evidence ({cost.rule}): texts per candidate median {cost.texts_median:g} of the search split's "
             f"{cost.split_texts}, {cost.texts_total} in all for {cost.candidates} candidates{extra}")
+    cf = r.confirmation
+    if cf is not None:
+        said = (f"candidate {cf.chosen}, the last of {sum(s.meets for s in cf.steps)} confirmed"
+                if cf.chosen is not None else "none confirmed: the search's choice is written")
+        say(f"holdout confirmation (fixed-sequence, least INT8 first, final test at {100 * cf.final_test_confidence:g} "
+            f"%): {len(cf.steps)} of the search's passing candidates tested on {cf.holdout_texts} holdout texts; "
+            f"{said} (the search alone chose candidate {cf.search_choice})")
     vh = f.holdout_verdict
     if vh is not None and vh.text:
         word = {True: "the holdout supports the claim", False: "the holdout does NOT support the claim",

@@ -53,9 +53,10 @@ NOT_CHECKED = "not checked (no texts in the holdout)"
 
 
 def holdout_verdict(config: TuneConfig, ev: PlanEvidence | None, allowed: float | None,
-                    task: str = CLASSIFICATION) -> HoldoutVerdict:
+                    task: str = CLASSIFICATION, *, confirmed: bool = False) -> HoldoutVerdict:
     """Whether the holdout split supports the claim, per constraint: 'supported' (met on the holdout),
-    'not confirmed' (missed, but within the holdout's 95 % interval) or 'contradicted' (missed beyond it)."""
+    'not confirmed' (missed, but within the holdout's 95 % interval) or 'contradicted' (missed beyond it).
+    ``confirmed``: the plan is the last candidate the holdout confirmed (evaluate.confirm), which the text says."""
     if ev is None:
         return HoldoutVerdict(None, "no holdout split: the claim rests on the search split alone")
     d, a = ev.accuracy_minus_fp32, ev.agreement
@@ -84,12 +85,15 @@ def holdout_verdict(config: TuneConfig, ev: PlanEvidence | None, allowed: float 
              else f"{ev.n} labelled examples and {ev.agreement_n} traffic texts")
     if ev.n == 0:
         where = f"{ev.agreement_n} texts"
+    where += " never used by the search"
+    if confirmed:
+        where += ", which confirmed the plan among the search's passing candidates by fixed-sequence testing"
     kept = (f"it keeps {pts(a.estimate, '.2f')} % of {agreement_noun(task)} (95 % CI {pts(a.low, '.2f')} to "
             f"{pts(a.high, '.2f')})" if a.estimate is not None else "it has no texts to measure agreement on")
     if ev.n == 0:
-        words = [f"on the holdout split ({where} never used by the search) {kept}"]
+        words = [f"on the holdout split ({where}) {kept}"]
     else:
-        words = [f"on the holdout split ({where} never used by the search) the plan's accuracy is "
+        words = [f"on the holdout split ({where}) the plan's accuracy is "
                  f"{pts(d.estimate, '+.2f')} points from FP32 (95 % CI {pts(d.low, '+.2f')} to "
                  f"{pts(d.high, '+.2f')}, {d.verdict}) and {kept}"]
     c = ev.cosine

@@ -553,6 +553,38 @@ class EvidenceCost:
     texts_median: float
     texts_total: int
     completion_texts: int = 0
+    confirm_texts: int = 0  # holdout texts the fixed-sequence confirmation evaluated (evaluate.confirm)
+
+
+@dataclass(frozen=True)
+class ConfirmStep:
+    """One candidate tested on the holdout split by the confirmation (``candidate``: its Candidate.id):
+    whether the search's decision rule says it meets the target there, on how many holdout texts that was
+    decided, and the agreement and cosine those texts gave."""
+
+    candidate: int
+    int8_flops_fraction: float
+    meets: bool
+    texts: int
+    agreement: float | None = None
+    cosine: float | None = None
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """How the holdout split confirmed the plan (evaluate.confirm: fixed-sequence testing). The candidates that
+    met the target on the search split were tested on the holdout from the least INT8 up, with the search's
+    decision ``rule`` at ``confidence`` (its final test at ``final_test_confidence``), stopping at the first
+    that failed. ``chosen``: the candidate written, the last one confirmed (None: the holdout confirmed none,
+    and the search's own choice is written); ``search_choice``: the candidate the search alone chose."""
+
+    rule: str
+    confidence: float
+    final_test_confidence: float
+    holdout_texts: int
+    chosen: int | None
+    search_choice: int | None
+    steps: tuple[ConfirmStep, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -662,6 +694,7 @@ class TuneResult:
     seconds: float = 0.0
     smoothing: SmoothingChoice | None = None
     evidence_cost: EvidenceCost | None = None
+    confirmation: Confirmation | None = None
 
     @property
     def met_target(self) -> bool:

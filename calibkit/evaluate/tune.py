@@ -46,6 +46,7 @@ from calibkit.data.evalset import EvalSet, label_ids
 from calibkit.data.modeldir import ModelDir
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.errors import CalibrationError, DataError, UsageError
+from calibkit.evaluate.confirm import fixed_sequence
 from calibkit.evaluate.evidence import SplitEvidence, split_evidence, split_subsets
 from calibkit.evaluate.flops import linear_work
 from calibkit.evaluate.holdout import agreement_noun, allowed_change, holdout_verdict, plan_evidence
@@ -60,6 +61,8 @@ from calibkit.evaluate.plan_decisions import (
 )
 from calibkit.evaluate.results import (
     Candidate,
+    Confirmation,
+    ConfirmStep,
     Evidence,
     EvidenceCost,
     LinearFlops,
@@ -303,6 +306,7 @@ class _Searched:
     on_search: dict[Plan, SensitivityResult]
     on_holdout: dict[Plan, SensitivityResult]
     cost: EvidenceCost | None = None
+    confirmation: Confirmation | None = None
 
 
 def _run_tune(
@@ -630,16 +634,41 @@ def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evalua
     if final is None:  # nothing met the target: report the most faithful plan measured
         final = max(outcome.tried, key=lambda m: (m.agreement, m.accuracy, m.int8_flops_fraction))
     cost = _evidence_cost(config, evidence, outcome.tried, judge)
+    confirmation, hold_judge = None, None
+    if config.confirm and judge is not None and outcome.best is not None and len(evidence.holdout):
+        hold_judge = _judge(evidence, config, jobs, ev, tables, evidence.holdout, "holdout confirmation")
+        confirmation, outcome, final = _confirm(outcome, hold_judge, config, evidence, ev)
+        cost = replace(cost, confirm_texts=sum(s.texts for s in confirmation.steps))
     if judge is not None:  # the plan's reported numbers rest on the whole search split, not on its decision's rows
         on_search[final.plan] = judge.complete(final.plan)
         outcome, final = _whole_split_numbers(outcome, final, on_search[final.plan], evidence)
         cost = replace(cost, completion_texts=judge.completed_texts)
     on_holdout: dict[Plan, SensitivityResult] = {}
     if len(evidence.holdout):
-        plans = list(dict.fromkeys([(), final.plan]))
+        if hold_judge is not None:  # the confirmed plan's holdout rows so far are in its judge: complete them
+            on_holdout[final.plan] = hold_judge.complete(final.plan)
+        plans = [p for p in dict.fromkeys([(), final.plan]) if p not in on_holdout]
         res = ev.run([jobs(table_path, p, evidence.holdout, PLAN_MODE) for p in plans], table_sha, "holdout check")
-        on_holdout = dict(zip(plans, res, strict=True))
-    return _Searched(outcome, final, on_search, on_holdout, cost)
+        on_holdout.update(zip(plans, res, strict=True))
+    return _Searched(outcome, final, on_search, on_holdout, cost, confirmation)
+
+
+def _confirm(outcome: Any, hold_judge: PlanJudge, config: TuneConfig, evidence: SplitEvidence, ev: Evaluator
+             ) -> tuple[Confirmation, Any, Measured]:
+    """Fixed-sequence confirmation on the holdout (evaluate.confirm): the last candidate confirmed becomes the
+    plan; when none is, the search's own choice stays (and the holdout verdict says what it found)."""
+    tried = list(outcome.tried)
+    batch = max(1, min(int(getattr(ev.executor, "workers", 1) or 1), 4))
+    chosen, steps = fixed_sequence(tried, hold_judge.judge, batch)
+    search_choice = next(i for i, m in enumerate(tried) if m.plan == outcome.best.plan)
+    final = tried[chosen] if chosen is not None else outcome.best
+    conf = make_rule(config.decision_rule, config.agreement_confidence, config.first_chunk).final_confidence
+    record = Confirmation(
+        rule=config.decision_rule, confidence=config.agreement_confidence, final_test_confidence=conf,
+        holdout_texts=len(evidence.holdout), chosen=chosen, search_choice=search_choice,
+        steps=tuple(ConfirmStep(s.index, tried[s.index].int8_flops_fraction, s.meets, s.texts, finite(s.agreement),
+                                finite(s.cosine)) for s in steps))
+    return record, replace(outcome, best=final), final
 
 
 def _measured_text(plan: Plan, score: Any, flops: dict[str, float]) -> str:
@@ -653,15 +682,17 @@ def _measured_text(plan: Plan, score: Any, flops: dict[str, float]) -> str:
     return ", ".join(words)
 
 
-def _judge(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evaluator, tables: _Tables
-           ) -> PlanJudge | None:
-    """The search's judge of candidates under ``config.decision_rule`` (evaluate.plan_decisions); None when
-    there is nothing to decide (no accuracy rows and no fidelity target: every candidate meets)."""
+def _judge(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evaluator, tables: _Tables,
+           subset: EvalSubset | None = None, task: str = "candidate plans") -> PlanJudge | None:
+    """The judge of candidates on ``subset`` (default: the search split) under ``config.decision_rule``
+    (evaluate.plan_decisions); None when there is nothing to decide (no accuracy rows and no fidelity target:
+    every candidate meets). The accuracy constraint's FP32 accuracy is the search split's."""
+    subset = evidence.search if subset is None else subset
     _, table_path, table_sha = tables.base
     kind = getattr(getattr(jobs.model.task, "kind", None), "value", "classification")
-    fp32 = evidence.accuracy_of_reference(evidence.search)
+    fp32 = evidence.accuracy_of_reference(subset)
     drop = None
-    if not config.fidelity_only and len(evidence.accuracy_positions(evidence.search)) and fp32 == fp32:
+    if not config.fidelity_only and len(evidence.accuracy_positions(subset)) and fp32 == fp32:
         drop = min(fp32 * config.max_drop / 100.0 if config.relative else config.max_drop / 100.0, 1.0 - 1e-9)
     constraints = constraints_for(min_agreement=config.min_agreement, min_cosine=config.min_cosine, max_drop=drop,
                                   binary_agreement=kind != "token-classification")
@@ -669,14 +700,14 @@ def _judge(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evaluat
         return None
 
     def run_chunks(pairs: Sequence[tuple[Plan, EvalSubset]]) -> list[SensitivityResult]:
-        return ev.run([jobs(table_path, p, c, PLAN_MODE) for p, c in pairs], table_sha, "candidate plans")
+        return ev.run([jobs(table_path, p, c, PLAN_MODE) for p, c in pairs], table_sha, task)
 
     rule = make_rule(config.decision_rule, config.agreement_confidence, config.first_chunk)
     every = tuple(c.name for c in constraints) if config.agreement_confidence <= 0.5 else ESTIMATED
-    judge = PlanJudge(evidence, evidence.search, rule, constraints, run_chunks, estimated=every)
+    judge = PlanJudge(evidence, subset, rule, constraints, run_chunks, estimated=every)
     # all-INT8 of the base table ran on the whole search split when the table was chosen (the same model): the
     # ledger has it, so the search's first candidate costs nothing
-    rec = ev.ledger.get(job_key(jobs(table_path, (), evidence.search, ALL_INT8), table_sha, ev.model_sha))
+    rec = ev.ledger.get(job_key(jobs(table_path, (), subset, ALL_INT8), table_sha, ev.model_sha))
     if rec is not None and not rec.get("error"):
         judge.seed((), from_record(rec))
     return judge
@@ -730,9 +761,13 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
     # INT8 share over ALL linear FLOPs: work hidden in fused contrib ops (ORT Attention) stays FP32 in every plan
     share = linear.plain_share
     warnings = list(evidence.warnings)
-    unproven = _uncertified(config, evidence, outcome.tried, final)
+    conf = searched.confirmation
+    chose = outcome.tried[conf.search_choice] if conf is not None and conf.search_choice is not None else final
+    unproven = _uncertified(config, evidence, outcome.tried, chose)
     if unproven:
         warnings.append(unproven)
+    if conf is not None and conf.chosen != conf.search_choice:
+        warnings.append(_confirmation_warning(conf, len(evidence.holdout)))
     if share < 1.0:
         warnings.append(f"{100 * (1 - share):.1f} % of the linear FLOPs are inside fused com.microsoft ops "
                         f"({', '.join(sorted({f.op_type for f in linear.fused}))}) that stay FP32: quantize the "
@@ -789,7 +824,8 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
             cosine_holdout=finite(final_hold.cosine) if final_hold else None,
             agreement_search=agree_search, agreement_holdout=agree_hold, search_evidence=search_ev,
             holdout_evidence=hold_ev,
-            holdout_verdict=holdout_verdict(config, hold_ev, allowed_change(config, evidence), evidence.task),
+            holdout_verdict=holdout_verdict(config, hold_ev, allowed_change(config, evidence), evidence.task,
+                                            confirmed=conf is not None and conf.chosen is not None),
             reasons={n: tuple(r) for n, r in reasons.items()},
             kept_modules={n: modules[n].module for n in final.plan if n in modules and modules[n].module},
         ),
@@ -802,6 +838,7 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
         evaluations_reused=reused_evals,
         seconds=round(seconds, 1),
         evidence_cost=searched.cost,
+        confirmation=searched.confirmation,
     )
 
 
@@ -843,6 +880,26 @@ def _uncertified(config: TuneConfig, evidence: SplitEvidence, tried: Sequence[Me
             f"texts: at or above "
             f"--min-agreement {config.min_agreement:g}, but its one-sided {100 * confidence:g} % "
             f"lower bound is not, so it was not accepted; {n} texts cannot certify it, {what}{hint}")
+
+
+def _confirmation_warning(conf: Confirmation, holdout: int) -> str:
+    """Why the plan is not the search's choice: the holdout did not confirm a candidate on the way to it."""
+    failed = next((s for s in conf.steps if not s.meets), None)
+    seen = ""
+    if failed is not None:
+        agr = f", agreement {100 * failed.agreement:.2f} %" if failed.agreement is not None else ""
+        seen = (f"; candidate {failed.candidate} ({100 * failed.int8_flops_fraction:.1f} % INT8{agr} on "
+                f"{failed.texts:,} holdout texts) was not confirmed")
+    if conf.chosen is None:
+        return (f"the holdout split ({holdout:,} texts) confirmed none of the candidates that met the target on "
+                f"the search split{seen}: the plan written is the search's own choice (candidate "
+                f"{conf.search_choice}), and the holdout verdict says what the holdout found; more traffic texts "
+                "(--traffic-size) give the holdout more to confirm with")
+    last = next(s for s in conf.steps if s.candidate == conf.chosen)
+    return (f"the plan is candidate {conf.chosen} ({100 * last.int8_flops_fraction:.1f} % INT8), the last one "
+            f"the holdout split ({holdout:,} texts) confirmed, not the search's choice (candidate "
+            f"{conf.search_choice}){seen}; fixed-sequence testing keeps the chance that the plan misses the target "
+            f"at {100 * (1 - conf.confidence):g} %, its choice included (--no-confirm: the search's choice)")
 
 
 def _smoothing_choice(config: TuneConfig, tables: _Tables) -> SmoothingChoice | None:

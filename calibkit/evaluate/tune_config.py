@@ -42,6 +42,9 @@ class TuneConfig:
     # then one fixed-n test, as before); first_chunk: texts of the first chunk of the sequential rule
     decision_rule: str = "sequential"
     first_chunk: int = 256
+    # confirm the search's choice on the holdout split (evaluate.confirm: fixed-sequence testing of the passing
+    # candidates, least INT8 first): the plan is the last one confirmed. False: the holdout is only a check
+    confirm: bool = True
 
     def __post_init__(self) -> None:
         check_seed(self.seed)

@@ -533,9 +533,33 @@ def _evidence_cost_blocks(report: TuneResult) -> list[Block]:
             else "each candidate judged on the whole search split")
     done = (f"; the accepted plan then ran on the remaining {num(cost.completion_texts)} texts so its numbers rest "
             "on the whole split" if cost.completion_texts else "")
+    if cost.confirm_texts:
+        done += f"; the hold-out confirmation read {num(cost.confirm_texts)} texts"
     return [Para.of(f"Evidence per decision ({text(cost.rule)}: {rule}): ", Span(f"{cost.texts_median:g}", bold=True),
                     f" texts per candidate (median) of {num(cost.split_texts)} in the search split; "
                     f"{num(cost.texts_total)} in all for {num(cost.candidates)} candidates{done}.")]
+
+
+def _confirmation_blocks(report: TuneResult) -> list[Block]:
+    """How the holdout confirmed the plan (fixed-sequence testing): each candidate tested, least INT8 first."""
+    cf = report.confirmation
+    if cf is None or not cf.steps:
+        return []
+    chose = (f"the plan is candidate {cf.chosen}, the last one confirmed" if cf.chosen is not None
+             else "none was confirmed, so the plan is the search's own choice")
+    same = "" if cf.chosen != cf.search_choice or cf.chosen is None else " (also the search's own choice)"
+    para = Para.of(f"Confirmation on the hold-out split ({num(cf.holdout_texts)} texts): the candidates that met the "
+                   f"target on the search split were tested there from the least INT8 up with the search's decision "
+                   f"rule ({text(cf.rule)}, final test at {100 * cf.final_test_confidence:g} %), stopping at the first "
+                   "that failed; ", Span(chose + same, bold=True),
+                   f". The search alone chose candidate {cf.search_choice}. Tested in a fixed order, the choice keeps "
+                   f"the chance that the plan misses the target at {100 * (1 - cf.confidence):g} %.")
+    rows = tuple((str(s.candidate), pct(s.int8_flops_fraction, 1), pct(s.agreement),
+                  DASH if s.cosine is None else f"{s.cosine:.5f}", num(s.texts), "yes" if s.meets else "no")
+                 for s in cf.steps)
+    return [para, Table(headers=("candidate", "INT8 share", "agreement on the texts read", "mean cosine",
+                                 "hold-out texts read", "confirmed"),
+                        rows=rows, numeric=(True, True, True, True, True, False))]
 
 
 def _plan_bullets(report: TuneResult) -> Bullets:
@@ -608,7 +632,8 @@ def _tune_document(report: TuneResult, plots: set[str]) -> Document:
             headers=("kept node", "reasons"),
             rows=tuple((n, "; ".join(final.reasons_for(n)) or DASH) for n in final.kept_nodes),
         ))
-    blocks += _smoothing_blocks(report) + _tune_traffic_blocks(report) + _evidence_cost_blocks(report)
+    blocks += (_smoothing_blocks(report) + _tune_traffic_blocks(report) + _evidence_cost_blocks(report)
+               + _confirmation_blocks(report))
     if report.peers:
         ref = final.accuracy_holdout
         blocks.append(Heading(2, "Peers"))

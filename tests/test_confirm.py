@@ -1,0 +1,74 @@
+"""Fixed-sequence confirmation on the holdout (evaluate.confirm): the order, the stop at the first failure, and
+the error rate with the choice included, against choosing the most INT8 that passes on its own."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from calibkit.evaluate.confirm import confirm_order, fixed_sequence
+from calibkit.evaluate.search import Measured
+
+
+@dataclass(frozen=True)
+class _J:
+    accuracy: float
+    agreement: float
+    meets: bool
+    texts: int
+
+
+def _m(name: str, share: float, meets: bool = True, agreement: float = 0.99) -> Measured:
+    return Measured((name,), 0.9, share, "prune", meets, agreement)
+
+
+def test_order_is_the_passing_candidates_least_int8_first() -> None:
+    tried = [_m("a", 0.0, False), _m("b", 0.8), _m("c", 0.5), _m("d", 0.9, False), _m("e", 0.5, agreement=0.995),
+             _m("f", 0.95)]
+    assert confirm_order(tried) == [4, 2, 1, 5]  # e before c: same share, higher agreement
+
+
+def test_stops_at_the_first_failure_and_keeps_the_last_confirmed() -> None:
+    tried = [_m("a", 0.5), _m("b", 0.7), _m("c", 0.8), _m("d", 0.9)]
+    verdict = {("a",): True, ("b",): True, ("c",): False, ("d",): True}  # d would pass: never reached
+    calls: list[tuple] = []
+
+    def judge(plans):
+        calls.extend(plans)
+        return [_J(0.9, 0.99, verdict[p], 100) for p in plans]
+
+    chosen, steps = fixed_sequence(tried, judge)
+    assert chosen == 1 and [s.index for s in steps] == [0, 1, 2] and [s.meets for s in steps] == [True, True, False]
+    assert ("d",) not in calls
+    # a batch evaluates ahead, but reads the same decisions
+    assert fixed_sequence(tried, judge, batch=3)[0] == 1
+    verdict[("a",)] = False
+    assert fixed_sequence(tried, judge)[0] is None and len(fixed_sequence(tried, judge)[1]) == 1
+    assert fixed_sequence([], judge) == (None, ())
+
+
+def test_the_choice_keeps_the_error_rate_where_picking_the_best_passing_does_not() -> None:
+    """Nine candidates with more INT8 than the one good plan, each truly just below the target: confirming them
+    in order errs at most alpha; taking the most INT8 of those that pass on their own errs far more often."""
+    target, n, z = 0.99, 2000, 1.2816  # one-sided 90 %
+    alpha = 0.10
+    tried = [_m("good", 0.5)] + [_m(f"bad{k}", 0.6 + 0.03 * k) for k in range(9)]
+    truth = {("good",): 0.997, **{(f"bad{k}",): 0.9885 for k in range(9)}}
+    rng = random.Random(7)
+
+    def test_once(p):
+        s = sum(rng.random() < truth[p] for _ in range(n))
+        est = s / n
+        return est - z * math.sqrt(est * (1 - est) / n) >= target
+
+    runs, wrong_seq, wrong_best = 300, 0, 0
+    for _ in range(runs):
+        verdict = {m.plan: test_once(m.plan) for m in tried}
+        chosen, _ = fixed_sequence(tried, lambda plans, v=verdict: [_J(0.9, 0.99, v[p], n) for p in plans])
+        wrong_seq += chosen is not None and truth[tried[chosen].plan] < target
+        passing = [m for m in tried if verdict[m.plan]]
+        best = max(passing, key=lambda m: m.int8_flops_fraction) if passing else None
+        wrong_best += best is not None and truth[best.plan] < target
+    assert wrong_seq / runs <= alpha
+    assert wrong_best / runs > 2 * alpha
