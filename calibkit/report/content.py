@@ -552,8 +552,10 @@ def _confirmation_blocks(report: TuneResult) -> list[Block]:
                    f"target on the search split were tested there from the least INT8 up with the search's decision "
                    f"rule ({text(cf.rule)}, final test at {100 * cf.final_test_confidence:g} %), stopping at the first "
                    "that failed; ", Span(chose + same, bold=True),
-                   f". The search alone chose candidate {cf.search_choice}. Tested in a fixed order, the choice keeps "
-                   f"the chance that the plan misses the target at {100 * (1 - cf.confidence):g} %.")
+                   f". The search alone chose candidate {cf.search_choice}. "
+                   + (f"Tested in a fixed order, the choice keeps the chance that the plan misses the target at "
+                      f"{100 * (1 - cf.confidence):g} %." if cf.chosen is not None else
+                      "The holdout gives the written plan no guarantee; the verdict above says what it measured."))
     rows = tuple((str(s.candidate), pct(s.int8_flops_fraction, 1), pct(s.agreement),
                   DASH if s.cosine is None else f"{s.cosine:.5f}", num(s.texts), "yes" if s.meets else "no")
                  for s in cf.steps)
