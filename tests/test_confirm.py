@@ -39,7 +39,7 @@ def test_stops_at_the_first_failure_and_keeps_the_last_confirmed() -> None:
         return [_J(0.9, 0.99, verdict[p], 100) for p in plans]
 
     chosen, steps = fixed_sequence(tried, judge)
-    assert chosen == 1 and [s.index for s in steps] == [0, 1, 2] and [s.meets for s in steps] == [True, True, False]
+    assert chosen == 1 and [s.candidate for s in steps] == [0, 1, 2] and [s.meets for s in steps] == [True, True, False]
     assert ("d",) not in calls
     # a batch evaluates ahead, but reads the same decisions
     assert fixed_sequence(tried, judge, batch=3)[0] == 1

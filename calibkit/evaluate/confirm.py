@@ -25,21 +25,9 @@ reached.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
+from calibkit.evaluate.results import ConfirmStep, finite
 from calibkit.evaluate.search import Judged, Measured, Plan
-
-
-@dataclass(frozen=True)
-class Tested:
-    """One candidate tested on the holdout: its index in the search's ``tried``, whether the rule says it meets
-    the target there, and on how many holdout texts that was decided (with the agreement and cosine seen)."""
-
-    index: int
-    meets: bool
-    texts: int
-    agreement: float = float("nan")
-    cosine: float = float("nan")
 
 
 def confirm_order(tried: Sequence[Measured]) -> list[int]:
@@ -52,18 +40,19 @@ def confirm_order(tried: Sequence[Measured]) -> list[int]:
 
 
 def fixed_sequence(tried: Sequence[Measured], judge: Callable[[Sequence[Plan]], Sequence[Judged]], batch: int = 1
-                   ) -> tuple[int | None, tuple[Tested, ...]]:
+                   ) -> tuple[int | None, tuple[ConfirmStep, ...]]:
     """(index in ``tried`` of the last candidate confirmed, or None when the first fails; every test read, in
-    order). ``judge`` decides plans on the holdout (evaluate.plan_decisions.PlanJudge.judge)."""
+    order, each naming its candidate by that index). ``judge`` decides plans on the holdout
+    (evaluate.plan_decisions.PlanJudge.judge)."""
     order = confirm_order(tried)
     chosen: int | None = None
-    steps: list[Tested] = []
+    steps: list[ConfirmStep] = []
     step = max(1, batch)
     for start in range(0, len(order), step):
         part = order[start:start + step]
         for i, j in zip(part, judge([tried[i].plan for i in part]), strict=True):
-            steps.append(Tested(i, bool(j.meets), int(j.texts), float(j.agreement),
-                                float(getattr(j, "cosine", float("nan")))))
+            steps.append(ConfirmStep(i, tried[i].int8_flops_fraction, bool(j.meets), int(j.texts),
+                                     finite(j.agreement), finite(getattr(j, "cosine", None))))
             if not steps[-1].meets:
                 return chosen, tuple(steps)
             chosen = i

@@ -553,7 +553,7 @@ class EvidenceCost:
     texts_median: float
     texts_total: int
     completion_texts: int = 0
-    confirm_texts: int = 0  # holdout texts the fixed-sequence confirmation evaluated (evaluate.confirm)
+    confirm_texts: int = 0  # holdout texts the fixed-sequence confirmation evaluated, every candidate it judged
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,6 @@ from calibkit.evaluate.plan_decisions import (
 from calibkit.evaluate.results import (
     Candidate,
     Confirmation,
-    ConfirmStep,
     Evidence,
     EvidenceCost,
     LinearFlops,
@@ -638,7 +637,8 @@ def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evalua
     if config.confirm and judge is not None and outcome.best is not None and len(evidence.holdout):
         hold_judge = _judge(evidence, config, jobs, ev, tables, evidence.holdout, "holdout confirmation")
         confirmation, outcome, final = _confirm(outcome, hold_judge, config, evidence, ev)
-        cost = replace(cost, confirm_texts=sum(s.texts for s in confirmation.steps))
+        # every candidate judged, those a parallel batch reached past the first failure too
+        cost = replace(cost, confirm_texts=sum(hold_judge.texts().values()))
     if judge is not None:  # the plan's reported numbers rest on the whole search split, not on its decision's rows
         on_search[final.plan] = judge.complete(final.plan)
         outcome, final = _whole_split_numbers(outcome, final, on_search[final.plan], evidence)
@@ -662,12 +662,10 @@ def _confirm(outcome: Any, hold_judge: PlanJudge, config: TuneConfig, evidence: 
     chosen, steps = fixed_sequence(tried, hold_judge.judge, batch)
     search_choice = next(i for i, m in enumerate(tried) if m.plan == outcome.best.plan)
     final = tried[chosen] if chosen is not None else outcome.best
-    conf = make_rule(config.decision_rule, config.agreement_confidence, config.first_chunk).final_confidence
     record = Confirmation(
-        rule=config.decision_rule, confidence=config.agreement_confidence, final_test_confidence=conf,
-        holdout_texts=len(evidence.holdout), chosen=chosen, search_choice=search_choice,
-        steps=tuple(ConfirmStep(s.index, tried[s.index].int8_flops_fraction, s.meets, s.texts, finite(s.agreement),
-                                finite(s.cosine)) for s in steps))
+        rule=config.decision_rule, confidence=config.agreement_confidence,
+        final_test_confidence=hold_judge.rule.final_confidence, holdout_texts=len(evidence.holdout), chosen=chosen,
+        search_choice=search_choice, steps=steps)
     return record, replace(outcome, best=final), final
 
 
@@ -686,7 +684,7 @@ def _judge(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evaluat
            subset: EvalSubset | None = None, task: str = "candidate plans") -> PlanJudge | None:
     """The judge of candidates on ``subset`` (default: the search split) under ``config.decision_rule``
     (evaluate.plan_decisions); None when there is nothing to decide (no accuracy rows and no fidelity target:
-    every candidate meets). The accuracy constraint's FP32 accuracy is the search split's."""
+    every candidate meets). A relative accuracy drop is taken from FP32's accuracy on ``subset``."""
     subset = evidence.search if subset is None else subset
     _, table_path, table_sha = tables.base
     kind = getattr(getattr(jobs.model.task, "kind", None), "value", "classification")
