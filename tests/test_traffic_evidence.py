@@ -139,6 +139,12 @@ def test_group_excluded_by_a_later_line_is_not_drawn(tmp_path: Path) -> None:
     ev = draw_traffic(log, TrafficOptions(size=1000), calibration_set=cset)
     assert redact(a).text not in ev.texts
     assert ev.excluded["calibration_set"] == 1 and len(ev) == 60
+    assert sum(s.population for s in ev.strata) == pytest.approx(60)
+    # a pool smaller than its stratum: the group's first line was counted when offered; taken back, the strata
+    # still add up to the 60 distinct texts outside the set (61 or 48.8 before)
+    few = draw_traffic(log, TrafficOptions(size=5), calibration_set=cset)
+    assert redact(a).text not in few.texts and few.population == 60 and len(few) == 5
+    assert sum(s.population for s in few.strata) == pytest.approx(60)
 
 
 def test_default_log_from_the_manifest(tmp_path: Path) -> None:

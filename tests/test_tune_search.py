@@ -114,3 +114,26 @@ def test_agreement_must_clear_the_target_by_its_own_uncertainty():
     assert bounded.best is not None and bounded.best.plan == ("n2",)
     assert wilson_lower(0.992, 1500, 1.2815515655446004) < 0.99 < wilson_lower(0.996, 1500, 1.2815515655446004)
     assert wilson_lower(0.992, 1500, 0.0) == 0.992
+
+
+def test_anchors_measure_the_next_prefixes_past_the_first_pass_and_do_not_move_the_choice():
+    """The first prefix that passes keeps 4 nodes; one anchor measures the prefix of 8 (stage "anchor"), a plan
+    with margin for the holdout confirmation. The search's choice is the same as without anchors."""
+    harm = {n: 0.0 for n in FLOPS}
+    harm.update({"n0": 0.01, "n1": 0.01, "n2": 0.01, "n3": 0.01, "n4": 0.001})
+    ranking = list(FLOPS)
+    evaluate, _ = additive_evaluator(harm, 0.90)
+    plain = search_plan(ranking, FLOPS, evaluate, threshold=0.895)
+    evaluate, calls = additive_evaluator(harm, 0.90)
+    anchored = search_plan(ranking, FLOPS, evaluate, threshold=0.895, anchors=1)
+    anchor = [m for m in anchored.tried if m.stage == "anchor"]
+    assert [m.plan for m in anchor] == [as_plan(ranking[:8])] and anchor[0].meets
+    assert [as_plan(ranking[:8])] in calls  # measured on its own, right after the prefix of 4 passed
+    assert not any(m.stage == "anchor" for m in plain.tried)
+    assert anchored.best is not None and plain.best is not None and anchored.best.plan == plain.best.plan
+    two = search_plan(ranking, FLOPS, additive_evaluator(harm, 0.90)[0], threshold=0.895, anchors=2)
+    # the next size is the whole ranking: a plan that keeps every ranked node is no anchor
+    assert [m.plan for m in two.tried if m.stage == "anchor"] == [as_plan(ranking[:8])]
+    none_left = search_plan(ranking, FLOPS, additive_evaluator(harm, 0.90)[0], threshold=0.895, anchors=1,
+                            max_evaluations=3)  # all-INT8, prefixes 1, 2: the budget ends before any anchor
+    assert len(none_left.tried) == 3 and not any(m.stage == "anchor" for m in none_left.tried)

@@ -95,6 +95,18 @@ class PriorityPool:
         elif item > heap[0]:
             heapq.heapreplace(heap, item)
 
+    def withdraw(self, key: int, stratum: Hashable) -> None:
+        """Take back a text offered earlier (by its ``key``): out of its stratum's count, and out of the pool
+        when it is still there. ``stratum`` is where it was offered; the pooled member's own stratum wins."""
+        for s, heap in self._heaps.items():
+            kept = [item for item in heap if item[2].key != key]
+            if len(kept) < len(heap):
+                heapq.heapify(kept)
+                self._heaps[s], stratum = kept, s
+                break
+        if self.population.get(stratum, 0) > 0:
+            self.population[stratum] -= 1
+
     def strata(self) -> list[Hashable]:
         return sorted(self._heaps, key=_sort_key)
 
@@ -104,7 +116,7 @@ class PriorityPool:
 
     def weight(self, stratum: Hashable) -> float:
         """How many texts of the whole stratum each pooled candidate stands for."""
-        return self.population[stratum] / len(self._heaps[stratum])
+        return self.population[stratum] / len(self._heaps[stratum]) if self._heaps[stratum] else 0.0
 
     def weighted_members(self) -> tuple[list[Candidate], list[float]]:
         """Every pooled candidate, stratum by stratum (lowest priority first in each), with its stratum's

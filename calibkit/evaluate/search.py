@@ -8,7 +8,8 @@ agreement with FP32 reaches it too; among those, the most INT8 FLOPs win, then t
 Strategy, every step measured:
 1. all layers INT8; done if it meets the target;
 2. keep the top-k layers of the sensitivity ranking in higher precision, k = 1, 2, 4, 8, ... until a candidate
-   meets the target, then bisect k between the last failure and the first success;
+   meets the target, then bisect k between the last failure and the first success; with ``anchors`` > 0 the
+   next sizes past the first success are measured too (see ``search_plan``);
 3. prune: try returning each kept layer to INT8, most FLOPs first, keeping each return that still meets the
    target (the ranking is only an estimate; layers interact), and pass again while a pass returned any.
 The answer is the measured candidate that meets the target with the largest INT8 share of MatMul/Gemm FLOPs.
@@ -33,7 +34,7 @@ class Measured:
     plan: Plan
     accuracy: float
     int8_flops_fraction: float
-    stage: str  # "all-int8" | "prefix" | "bisect" | "prune"
+    stage: str  # "all-int8" | "prefix" | "anchor" | "bisect" | "prune"
     meets: bool
     agreement: float = float("nan")  # share of FP32's predictions kept (the task's agreement)
     cosine: float = float("nan")  # embeddings: mean cosine to FP32's vectors
@@ -78,6 +79,7 @@ def search_plan(
     min_agreement: float | None = None,
     agreement_examples: int = 0,
     agreement_z: float = 0.0,
+    anchors: int = 0,
 ) -> SearchOutcome:
     """``ranking``: nodes, most harmful in INT8 first. ``evaluate`` measures several plans (it may run them in
     parallel); a score that carries ``meets`` (evaluate.plan_decisions.Judged: decided by a decision rule on as
@@ -86,6 +88,11 @@ def search_plan(
     lowest agreement with FP32; with ``agreement_examples`` (the search split's size) and ``agreement_z`` > 0 it
     is the one-sided Wilson lower bound of the measured agreement that must reach it, so that a plan which
     only just meets the target on the search split, by the luck of those examples, does not count as met.
+    ``anchors``: after the first prefix that meets the target, also measure the next ``anchors`` sizes of the
+    doubling ladder (more kept, stage "anchor"; never the whole ranking, which leaves nothing to INT8). Bisect
+    and prune find plans at the edge of the target by construction; an anchor is a plan with margin, so the
+    confirmation on the holdout (evaluate.confirm, which tests the least INT8 first) has a candidate it can
+    confirm, where the edge plans alone leave it none.
 
     Kept in one piece (over 80 lines) on purpose: the prefix, bisect and prune stages share the
     evaluation budget and the set of measured plans, which one function keeps in view.
@@ -132,12 +139,14 @@ def search_plan(
         k *= 2
     sizes.append(len(order))
     lo, hi = 0, None  # largest failing k, smallest passing k
-    for k in sizes:
+    for i, k in enumerate(sizes):
         (m,) = measure([as_plan(order[:k])], "prefix") or (None,)
         if m is None:
             break
         if m.meets:
             hi = k
+            safer = [a for a in sizes[i + 1:i + 1 + max(anchors, 0)] if a < len(order)]  # keeping all is no plan
+            measure([as_plan(order[:a]) for a in safer], "anchor")
             break
         lo = k
     if hi is None:

@@ -303,6 +303,11 @@ def draw_traffic(
         if exclude and (seen.key in exclude or (item.raw_text is not item.text
                                                 and digest(normalize(item.raw_text)) in exclude)):
             excluded_lines += 1
+            if not seen.first and seen.key not in excluded_groups:
+                # its group's first line was offered (its raw text is a calibration text, its redacted text came
+                # first from another line): take it back, count and pooled member, so no drawn row shares a group
+                # with the set and its length stratum is not counted one text too many
+                pool.withdraw(seen.key, length_bucket(estimate_tokens(item.text)))
             excluded_groups.add(seen.key)
             continue
         if not seen.first:
@@ -323,10 +328,6 @@ def draw_traffic(
                              "check --text-field")
 
     cands, weights = pool.weighted_members()
-    # a group excluded by a later line (its raw text is a calibration text, its redacted text first came from
-    # another line) may already have a pooled member: drop it, so no drawn row shares a group with the set
-    kept = [i for i, c in enumerate(cands) if c.key not in excluded_groups]
-    cands, weights = [cands[i] for i in kept], [weights[i] for i in kept]
     lengths, measure, max_len = candidate_lengths(cands, options.tokenizer, options.max_length, cb,
                                                   "tokenizing traffic candidates")
     buckets = [length_bucket(int(n)) for n in lengths]

@@ -628,13 +628,14 @@ def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evalua
                           max_evaluations=config.max_evaluations,
                           min_agreement=None if config.min_agreement is None else config.min_agreement / 100.0,
                           agreement_examples=len(evidence.agreement_positions(evidence.search)),
-                          agreement_z=NormalDist().inv_cdf(config.agreement_confidence))
+                          agreement_z=NormalDist().inv_cdf(config.agreement_confidence),
+                          anchors=config.confirm_anchors if _confirms(config, judge, evidence) else 0)
     final: Measured | None = outcome.best
     if final is None:  # nothing met the target: report the most faithful plan measured
         final = max(outcome.tried, key=lambda m: (m.agreement, m.accuracy, m.int8_flops_fraction))
     cost = _evidence_cost(config, evidence, outcome.tried, judge)
     confirmation, hold_judge = None, None
-    if config.confirm and judge is not None and outcome.best is not None and len(evidence.holdout):
+    if _confirms(config, judge, evidence) and outcome.best is not None:
         hold_judge = _judge(evidence, config, jobs, ev, tables, evidence.holdout, "holdout confirmation")
         confirmation, outcome, final = _confirm(outcome, hold_judge, config, evidence, ev)
         # every candidate judged, those a parallel batch reached past the first failure too
@@ -651,6 +652,10 @@ def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evalua
         res = ev.run([jobs(table_path, p, evidence.holdout, PLAN_MODE) for p in plans], table_sha, "holdout check")
         on_holdout.update(zip(plans, res, strict=True))
     return _Searched(outcome, final, on_search, on_holdout, cost, confirmation)
+
+
+def _confirms(config: TuneConfig, judge: PlanJudge | None, evidence: SplitEvidence) -> bool:
+    return config.confirm and judge is not None and len(evidence.holdout) > 0
 
 
 def _confirm(outcome: Any, hold_judge: PlanJudge, config: TuneConfig, evidence: SplitEvidence, ev: Evaluator

@@ -45,6 +45,9 @@ class TuneConfig:
     # confirm the search's choice on the holdout split (evaluate.confirm: fixed-sequence testing of the passing
     # candidates, least INT8 first): the plan is the last one confirmed. False: the holdout is only a check
     confirm: bool = True
+    # with confirm: the search also measures this many prefixes past its first passing one (k doubled each),
+    # plans with margin the holdout can confirm when the edge plans it prefers are not (evaluate.search)
+    confirm_anchors: int = 1
 
     def __post_init__(self) -> None:
         check_seed(self.seed)
