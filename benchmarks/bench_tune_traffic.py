@@ -77,7 +77,22 @@ def run(name: str, assets: Path, cset, out: Path, args: argparse.Namespace, **kw
         "completion_texts": cost.completion_texts if cost else 0,
         "statistics_reused": res.statistics_reused,
         "verdict": f.holdout_verdict.text if f.holdout_verdict else None,
+        **_confirmation(res),
     }
+
+
+def _confirmation(res) -> dict:  # noqa: ANN001
+    """What the holdout confirmation (tune --confirm) did: the candidates it tested, the one it chose and the
+    search's own choice, by INT8 share."""
+    cf = res.confirmation
+    if cf is None:
+        return {"confirmed": None}
+    share = {c.id: c.int8_flops_fraction for c in res.candidates}
+    return {"confirmed": cf.chosen is not None, "confirm_tested": len(cf.steps),
+            "confirm_texts": res.evidence_cost.confirm_texts if res.evidence_cost else None,
+            "confirmed_share": share.get(cf.chosen) if cf.chosen is not None else None,
+            "search_choice_share": share.get(cf.search_choice) if cf.search_choice is not None else None,
+            "anchors": [round(c.int8_flops_fraction, 4) for c in res.candidates if c.stage == "anchor"]}
 
 
 def main() -> None:
@@ -125,6 +140,12 @@ def _print(r: dict) -> None:
           f"{r['decision_rule']}: {r['candidates']} candidates, texts per candidate median "
           f"{r['texts_per_candidate']} of {r['search_texts']}, total {r['texts_over_candidates']} "
           f"(+{r['completion_texts']} to complete the plan)", flush=True)
+    if r.get("confirmed") is not None:
+        chosen = r["confirmed_share"]
+        print(f"  confirmation: {r['confirm_tested']} tested on {r['confirm_texts']} holdout texts, "
+              f"{'chose ' + format(100 * chosen, '.1f') + ' % INT8' if chosen is not None else 'confirmed none'}; "
+              f"search's choice {100 * (r['search_choice_share'] or 0):.1f} %, anchors "
+              f"{[round(100 * a, 1) for a in r['anchors']]} % INT8", flush=True)
 
 
 if __name__ == "__main__":

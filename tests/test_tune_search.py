@@ -137,3 +137,25 @@ def test_anchors_measure_the_next_prefixes_past_the_first_pass_and_do_not_move_t
     none_left = search_plan(ranking, FLOPS, additive_evaluator(harm, 0.90)[0], threshold=0.895, anchors=1,
                             max_evaluations=3)  # all-INT8, prefixes 1, 2: the budget ends before any anchor
     assert len(none_left.tried) == 3 and not any(m.stage == "anchor" for m in none_left.tried)
+
+
+def test_anchors_with_a_margin_bisect_for_the_fewest_kept_layers_that_have_it():
+    """Agreement rises 0.01 per kept node of the first eight: the prefix of 4 meets 0.95 (0.96) without the
+    margin (0.975); the doubling (8: 1.0) has it, and bisect finds the prefix of 6 (0.98), whose neighbour 5
+    (0.97) does not. A first passing prefix that already has the margin measures no anchor."""
+    ranking = list(FLOPS)
+
+    def evaluate(plans):
+        return [(0.9, 0.92 + 0.01 * sum(n in p for n in ranking[:8])) for p in plans]
+
+    out = search_plan(ranking, FLOPS, evaluate, threshold=0.0, min_agreement=0.95, anchors=1,
+                      margin=lambda m: m.agreement >= 0.975)
+    assert [len(m.plan) for m in out.tried if m.stage == "anchor"] == [8, 6, 5]
+    plain = search_plan(ranking, FLOPS, evaluate, threshold=0.0, min_agreement=0.95)
+    assert out.best is not None and plain.best is not None and out.best.plan == plain.best.plan  # unmoved
+    wide = search_plan(ranking, FLOPS, evaluate, threshold=0.0, min_agreement=0.95, anchors=1,
+                       margin=lambda m: m.agreement >= 0.955)
+    assert not any(m.stage == "anchor" for m in wide.tried)
+    short = search_plan(ranking, FLOPS, evaluate, threshold=0.0, min_agreement=0.95, anchors=1,
+                        margin=lambda m: m.agreement > 1.0)  # no prefix has it: the one anchor, no bisect
+    assert [len(m.plan) for m in short.tried if m.stage == "anchor"] == [8]

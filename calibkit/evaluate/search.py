@@ -8,8 +8,8 @@ agreement with FP32 reaches it too; among those, the most INT8 FLOPs win, then t
 Strategy, every step measured:
 1. all layers INT8; done if it meets the target;
 2. keep the top-k layers of the sensitivity ranking in higher precision, k = 1, 2, 4, 8, ... until a candidate
-   meets the target, then bisect k between the last failure and the first success; with ``anchors`` > 0 the
-   next sizes past the first success are measured too (see ``search_plan``);
+   meets the target, then bisect k between the last failure and the first success; with ``anchors`` > 0,
+   larger prefixes with margin past the target are measured too (see ``search_plan``);
 3. prune: try returning each kept layer to INT8, most FLOPs first, keeping each return that still meets the
    target (the ranking is only an estimate; layers interact), and pass again while a pass returned any.
 The answer is the measured candidate that meets the target with the largest INT8 share of MatMul/Gemm FLOPs.
@@ -80,6 +80,7 @@ def search_plan(
     agreement_examples: int = 0,
     agreement_z: float = 0.0,
     anchors: int = 0,
+    margin: Callable[[Measured], bool] | None = None,
 ) -> SearchOutcome:
     """``ranking``: nodes, most harmful in INT8 first. ``evaluate`` measures several plans (it may run them in
     parallel); a score that carries ``meets`` (evaluate.plan_decisions.Judged: decided by a decision rule on as
@@ -88,11 +89,14 @@ def search_plan(
     lowest agreement with FP32; with ``agreement_examples`` (the search split's size) and ``agreement_z`` > 0 it
     is the one-sided Wilson lower bound of the measured agreement that must reach it, so that a plan which
     only just meets the target on the search split, by the luck of those examples, does not count as met.
-    ``anchors``: after the first prefix that meets the target, also measure the next ``anchors`` sizes of the
-    doubling ladder (more kept, stage "anchor"; never the whole ranking, which leaves nothing to INT8). Bisect
-    and prune find plans at the edge of the target by construction; an anchor is a plan with margin, so the
-    confirmation on the holdout (evaluate.confirm, which tests the least INT8 first) has a candidate it can
-    confirm, where the edge plans alone leave it none.
+    ``anchors``: when the first prefix that meets the target has no ``margin``, also measure the next
+    ``anchors`` sizes of the doubling ladder (more kept, stage "anchor"; never the whole ranking, which leaves
+    nothing to INT8) until one meets the target with margin, then bisect between the first passing prefix and
+    it (to an eighth of the prefix) for the fewest kept layers with margin. Bisect and prune find plans at the
+    edge of the target by construction; the anchors are plans with margin, so the confirmation on the holdout
+    (evaluate.confirm, which tests the least INT8 first) has candidates it can confirm on its way up.
+    ``margin``: whether a measured plan is far enough past the target (tune: whether the holdout could certify
+    its agreement if it saw the same); None: the first anchor that meets the target is taken.
 
     Kept in one piece (over 80 lines) on purpose: the prefix, bisect and prune stages share the
     evaluation budget and the set of measured plans, which one function keeps in view.
@@ -127,6 +131,23 @@ def search_plan(
         ok = [m for m in tried.values() if m.meets]
         return max(ok, key=lambda m: (m.int8_flops_fraction, _or0(m.agreement), m.accuracy)) if ok else None
 
+    def with_margin(m: Measured | None) -> bool:
+        return m is not None and m.meets and (margin is None or margin(m))
+
+    def anchor(i: int) -> None:  # plans with margin past the first passing prefix, sizes[i] (see ``anchors``)
+        lo, found = sizes[i], None
+        for a in [a for a in sizes[i + 1:i + 1 + anchors] if a < len(order)]:  # keeping all is no plan
+            (m,) = measure([as_plan(order[:a])], "anchor") or (None,)
+            if with_margin(m):
+                found = a
+                break
+            lo = a
+        while found is not None and margin is not None and found - lo > max(1, sizes[i] // 8) \
+                and len(tried) < max_evaluations:
+            mid = (lo + found) // 2
+            (m,) = measure([as_plan(order[:mid])], "anchor") or (None,)
+            lo, found = (lo, mid) if with_margin(m) else (mid, found)
+
     base = measure([()], "all-int8")
     if base and base[0].meets:
         return SearchOutcome(base[0], tuple(tried.values()))
@@ -145,8 +166,8 @@ def search_plan(
             break
         if m.meets:
             hi = k
-            safer = [a for a in sizes[i + 1:i + 1 + max(anchors, 0)] if a < len(order)]  # keeping all is no plan
-            measure([as_plan(order[:a]) for a in safer], "anchor")
+            if anchors > 0 and not (margin is not None and margin(m)):
+                anchor(i)
             break
         lo = k
     if hi is None:

@@ -629,7 +629,8 @@ def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evalua
                           min_agreement=None if config.min_agreement is None else config.min_agreement / 100.0,
                           agreement_examples=len(evidence.agreement_positions(evidence.search)),
                           agreement_z=NormalDist().inv_cdf(config.agreement_confidence),
-                          anchors=config.confirm_anchors if _confirms(config, judge, evidence) else 0)
+                          anchors=config.confirm_anchors if _confirms(config, judge, evidence) else 0,
+                          margin=_holdout_margin(config, evidence))
     final: Measured | None = outcome.best
     if final is None:  # nothing met the target: report the most faithful plan measured
         final = max(outcome.tried, key=lambda m: (m.agreement, m.accuracy, m.int8_flops_fraction))
@@ -652,6 +653,27 @@ def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evalua
         res = ev.run([jobs(table_path, p, evidence.holdout, PLAN_MODE) for p in plans], table_sha, "holdout check")
         on_holdout.update(zip(plans, res, strict=True))
     return _Searched(outcome, final, on_search, on_holdout, cost, confirmation)
+
+
+def _holdout_margin(config: TuneConfig, evidence: SplitEvidence) -> Callable[[Measured], bool] | None:
+    """Whether the holdout could confirm a plan that kept there the agreement it kept on the search split: a
+    fixed-n exact test at the decision rule's final confidence certifies it on the holdout's agreement texts
+    (and its cosine reached --min-cosine). Where the search puts its anchors (evaluate.search), not a decision."""
+    from calibkit.evaluate.sequential import texts_needed
+
+    if config.min_agreement is None:
+        return None
+    need = config.min_agreement / 100.0
+    n = len(evidence.agreement_positions(evidence.holdout))
+    confidence = make_rule(config.decision_rule, config.agreement_confidence, config.first_chunk).final_confidence
+
+    def margin(m: Measured) -> bool:
+        if not m.agreement > need or (config.min_cosine is not None and not m.cosine >= config.min_cosine):
+            return False
+        more = texts_needed(m.agreement, need, confidence)
+        return more is not None and more <= n
+
+    return margin
 
 
 def _confirms(config: TuneConfig, judge: PlanJudge | None, evidence: SplitEvidence) -> bool:

@@ -45,8 +45,8 @@ class TuneConfig:
     # confirm the search's choice on the holdout split (evaluate.confirm: fixed-sequence testing of the passing
     # candidates, least INT8 first): the plan is the last one confirmed. False: the holdout is only a check
     confirm: bool = True
-    # with confirm: the search also measures this many prefixes past its first passing one (k doubled each),
-    # plans with margin the holdout can confirm when the edge plans it prefers are not (evaluate.search)
+    # with confirm, when the first passing prefix has no margin the holdout could certify: doublings of it the
+    # search measures for one with margin, then bisects (evaluate.search ``anchors``); 0: none
     confirm_anchors: int = 1
 
     def __post_init__(self) -> None:
