@@ -90,8 +90,7 @@ def _confirmation(res) -> dict:  # noqa: ANN001
     share = {c.id: c.int8_flops_fraction for c in res.candidates}
     return {"confirmed": cf.chosen is not None, "confirm_tested": len(cf.steps),
             "confirm_texts": res.evidence_cost.confirm_texts if res.evidence_cost else None,
-            "confirmed_share": share.get(cf.chosen) if cf.chosen is not None else None,
-            "search_choice_share": share.get(cf.search_choice) if cf.search_choice is not None else None,
+            "confirmed_share": share.get(cf.chosen), "search_choice_share": share.get(cf.search_choice),
             "anchors": [round(c.int8_flops_fraction, 4) for c in res.candidates if c.stage == "anchor"]}
 
 

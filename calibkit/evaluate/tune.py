@@ -83,6 +83,7 @@ from calibkit.evaluate.sensitivity import (
     SensitivityJob,
     SensitivityResult,
 )
+from calibkit.evaluate.sequential import DecisionRule, texts_needed
 from calibkit.evaluate.subsets import EvalSubset
 from calibkit.evaluate.traffic import TrafficEvidence, evidence_of
 from calibkit.evaluate.tune_config import (
@@ -624,19 +625,21 @@ def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evalua
         return scores
 
     fp32_search = evidence.accuracy_of_reference(evidence.search)
+    confirms = config.confirm and judge is not None and len(evidence.holdout) > 0
+    margin = _holdout_margin(config, evidence, judge.rule) if confirms and judge is not None else None
     outcome = search_plan(ranking.order, flops, evaluate, config.threshold(fp32_search),
                           max_evaluations=config.max_evaluations,
                           min_agreement=None if config.min_agreement is None else config.min_agreement / 100.0,
                           agreement_examples=len(evidence.agreement_positions(evidence.search)),
                           agreement_z=NormalDist().inv_cdf(config.agreement_confidence),
-                          anchors=config.confirm_anchors if _confirms(config, judge, evidence) else 0,
-                          margin=_holdout_margin(config, evidence))
+                          anchors=config.confirm_anchors if confirms else 0,
+                          margin=margin)
     final: Measured | None = outcome.best
     if final is None:  # nothing met the target: report the most faithful plan measured
         final = max(outcome.tried, key=lambda m: (m.agreement, m.accuracy, m.int8_flops_fraction))
     cost = _evidence_cost(config, evidence, outcome.tried, judge)
     confirmation, hold_judge = None, None
-    if _confirms(config, judge, evidence) and outcome.best is not None:
+    if confirms and outcome.best is not None:
         hold_judge = _judge(evidence, config, jobs, ev, tables, evidence.holdout, "holdout confirmation")
         confirmation, outcome, final = _confirm(outcome, hold_judge, config, evidence, ev)
         # every candidate judged, those a parallel batch reached past the first failure too
@@ -655,17 +658,16 @@ def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evalua
     return _Searched(outcome, final, on_search, on_holdout, cost, confirmation)
 
 
-def _holdout_margin(config: TuneConfig, evidence: SplitEvidence) -> Callable[[Measured], bool] | None:
+def _holdout_margin(config: TuneConfig, evidence: SplitEvidence, rule: DecisionRule
+                    ) -> Callable[[Measured], bool] | None:
     """Whether the holdout could confirm a plan that kept there the agreement it kept on the search split: a
-    fixed-n exact test at the decision rule's final confidence certifies it on the holdout's agreement texts
-    (and its cosine reached --min-cosine). Where the search puts its anchors (evaluate.search), not a decision."""
-    from calibkit.evaluate.sequential import texts_needed
-
+    fixed-n exact test at ``rule``'s final confidence certifies it on the holdout's agreement texts (and its
+    cosine reached --min-cosine). Where the search puts its anchors (evaluate.search), not a decision."""
     if config.min_agreement is None:
         return None
     need = config.min_agreement / 100.0
     n = len(evidence.agreement_positions(evidence.holdout))
-    confidence = make_rule(config.decision_rule, config.agreement_confidence, config.first_chunk).final_confidence
+    confidence = rule.final_confidence
 
     def margin(m: Measured) -> bool:
         if not m.agreement > need or (config.min_cosine is not None and not m.cosine >= config.min_cosine):
@@ -674,10 +676,6 @@ def _holdout_margin(config: TuneConfig, evidence: SplitEvidence) -> Callable[[Me
         return more is not None and more <= n
 
     return margin
-
-
-def _confirms(config: TuneConfig, judge: PlanJudge | None, evidence: SplitEvidence) -> bool:
-    return config.confirm and judge is not None and len(evidence.holdout) > 0
 
 
 def _confirm(outcome: Any, hold_judge: PlanJudge, config: TuneConfig, evidence: SplitEvidence, ev: Evaluator
@@ -882,8 +880,6 @@ def _uncertified(config: TuneConfig, evidence: SplitEvidence, tried: Sequence[Me
                  ) -> str | None:
     """When the search split was too small to certify --min-agreement for a candidate with more INT8 than the
     plan — its agreement reached the target, its lower bound did not — how many texts would have settled it."""
-    from calibkit.evaluate.sequential import texts_needed
-
     if config.min_agreement is None or config.agreement_confidence <= 0.5:
         return None
     # the sequential rule certifies at the end of the split with a share of alpha (92.5 % for 90 %)
