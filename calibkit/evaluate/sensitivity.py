@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from calibkit.consistency import check_file
-from calibkit.errors import CalibrationError
+from calibkit.errors import CalibrationError, ModelError
+from calibkit.evaluate.boardjobs import run_on_boards, served
 from calibkit.evaluate.jobs import (
     ALL_BUT_THIS,
     ALL_INT8,
@@ -71,6 +72,11 @@ def run_jobs(
 
     if executor is None:
         n = workers if workers is not None else default_workers()
+        if served(jobs):  # one session per process serves every job: a pool only when it has cores to use
+            from calibkit.executors import from_spec
+
+            with from_spec("local", n) as ex:
+                return run_jobs(jobs, progress=progress, task=task, executor=ex, on_result=on_result)
         if n <= 1 or len(jobs) <= 1:
             results = []
             cb(ProgressEvent(task, 0, len(jobs)))
@@ -83,6 +89,11 @@ def run_jobs(
 
         with ProcessPoolExecutor(min(n, len(jobs))) as pool:
             return run_jobs(jobs, progress=progress, task=task, executor=pool, on_result=on_result)
+    if served(jobs):
+        try:
+            return run_on_boards(jobs, executor, finished)
+        except ModelError as exc:  # a model the switchboard cannot be made of: one variant per job, as before
+            log.warning("evaluating each variant on its own: %s", exc.message)
     from calibkit.evaluate.shipping import pack_jobs, run_shipped_job
 
     shipped = pack_jobs(jobs, executor, threads=executor.task_threads)

@@ -49,7 +49,7 @@ class ShippedJob:
     pooling: str | None = None
 
 
-def _tokenizer_files(path: Path) -> tuple[dict[str, bytes], str | None]:
+def tokenizer_files(path: Path) -> tuple[dict[str, bytes], str | None]:
     if path.is_file():
         return {path.name: path.read_bytes()}, path.name
     if not path.is_dir():
@@ -97,7 +97,7 @@ def pack_jobs(jobs: Sequence[SensitivityJob], executor: Executor, threads: int |
             models[j.source_model] = _share_model(j.source_model, executor)
         tok = tokenizers.get(j.tokenizer)
         if tok is None:
-            files, single = _tokenizer_files(Path(j.tokenizer))
+            files, single = tokenizer_files(Path(j.tokenizer))
             tok = tokenizers[j.tokenizer] = (executor.share(files), single)
         ident = (id(j.texts), id(j.labels), id(j.reference_logits), id(j.neighbour_index), id(j.index_rows))
         data = blocks.get(ident)

@@ -1,0 +1,255 @@
+"""Sensitivity and tuning jobs run on switchboards (:mod:`calibkit.evaluate.switchboard`), split by texts over
+every worker.
+
+A :class:`~calibkit.evaluate.jobs.SensitivityJob` names a variant (kept nodes, a table) and its texts. Here each
+job becomes a few :class:`BoardUnit` chunks of its texts and a :class:`~calibkit.evaluate.switchboard.Setting`;
+the units of all jobs of one call are mapped together, so the workers stay busy across jobs instead of waiting
+for the slowest one, and each worker process builds one ONNX Runtime session per switchboard for the whole run
+(:func:`_session`). The job's result is scored on the driver from its stitched outputs with the same
+:func:`~calibkit.evaluate.jobs.score_outputs` a per-variant job uses, so a result is the same whichever path
+made it (to float rounding of the batch shapes).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from calibkit.errors import CalibkitError, ModelError
+from calibkit.evaluate.jobs import SensitivityJob, SensitivityResult, load_calibration_table, score_outputs
+from calibkit.evaluate.rowfidelity import EMBEDDING
+from calibkit.evaluate.shipping import tokenizer_files
+from calibkit.evaluate.switchboard import Board, Setting, build_board, setting
+from calibkit.executors.base import Executor, Shared, fetch, materialize
+
+log = logging.getLogger("calibkit.evaluate.boardjobs")
+
+TENSORRT = "tensorrt"
+MIN_UNIT_TEXTS = 32  # a unit below a batch would pay the session's per-run cost for few texts
+MAX_UNIT_TEXTS = 512
+UNITS_PER_WORKER = 4  # enough units that a slow one does not leave the other workers idle at the end
+
+
+def served(jobs: Sequence[SensitivityJob]) -> bool:
+    """Whether these jobs can run on switchboards: the TensorRT layout only (see the switchboard module)."""
+    return bool(jobs) and all(j.target == TENSORRT for j in jobs)
+
+
+@dataclass(frozen=True)
+class BoardUnit:
+    """Some texts of one job, under one setting of one board."""
+
+    board: Shared  # Board
+    tokenizer: Shared  # {file name: bytes}
+    tokenizer_file: str | None
+    texts: Shared  # the job's texts
+    rows: tuple[int, ...]  # which of them: consecutive in the job's length order (see run_on_boards)
+    switches: tuple[bool, ...]
+    scales: tuple[float, ...]
+    batch_size: int
+    threads: int
+    max_length: int | None
+    output_name: str | None
+    pooling: str | None
+
+
+@dataclass(frozen=True)
+class UnitOutput:
+    values: np.ndarray | None  # outputs of texts[start:stop]; None when the unit failed
+    seconds: float
+    error: str | None = None
+    error_hint: str | None = None
+
+
+# -- worker side -----------------------------------------------------------------------------------------------
+_sessions_lock = threading.Lock()
+_sessions: dict[tuple[str, str, int, str | None], tuple[object, object]] = {}
+_MAX_SESSIONS = 2  # the plain model and its smoothed copy: the boards of one tune run
+
+
+def _session(u: BoardUnit):  # -> (runner, tokenizer)
+    """This process's runner of ``u.board`` (made once per board and thread count) and its tokenizer."""
+    from calibkit.data.tokenizer import TextTokenizer
+    from calibkit.engines.registry import model_runner
+
+    key = (u.board.key, u.tokenizer.key, u.threads, u.tokenizer_file)
+    with _sessions_lock:
+        hit = _sessions.get(key)
+        if hit is not None:
+            return hit
+        while len(_sessions) >= _MAX_SESSIONS:
+            old = _sessions.pop(next(iter(_sessions)))
+            old[0].deactivate()  # type: ignore[attr-defined]
+        board: Board = fetch(u.board)
+        tok_dir = materialize(u.tokenizer)
+        tok = TextTokenizer(str(tok_dir / u.tokenizer_file if u.tokenizer_file else tok_dir), max_length=u.max_length)
+        runner = model_runner(board.model, threads=u.threads, layout=TENSORRT, name="switchboard", keep_model=False)
+        runner.activate()
+        _sessions[key] = (runner, tok)
+        return runner, tok
+
+
+class _Fixed:
+    """A runner seen through fixed extra feeds (the setting): what predict_outputs sees is the model's own
+    inputs."""
+
+    def __init__(self, runner, extra: dict[str, np.ndarray]) -> None:  # type: ignore[no-untyped-def]
+        self._runner = runner
+        self._extra = extra
+        self.input_specs = tuple(s for s in runner.input_specs if s.name not in extra)
+        self.output_names = runner.output_names
+
+    def infer(self, feeds):  # type: ignore[no-untyped-def]
+        return self._runner.infer({**feeds, **self._extra})
+
+
+def run_board_unit(u: BoardUnit) -> UnitOutput:
+    """The work unit: the unit's texts through this process's session of the board, under the unit's setting.
+    Failures come back in ``error``, never raised (as :func:`~calibkit.evaluate.jobs.run_sensitivity_job`)."""
+    from calibkit.evaluate.predict import predict_outputs
+
+    start = time.perf_counter()
+    try:
+        runner, tok = _session(u)
+        every = fetch(u.texts)
+        texts = [every[i] for i in u.rows]
+        feeds = Setting(np.asarray(u.switches, dtype=bool), np.asarray(u.scales, dtype=np.float32)).feeds()
+        values = predict_outputs(_Fixed(runner, feeds), tok, texts, batch_size=u.batch_size,  # type: ignore[arg-type]
+                                 output_name=u.output_name, pooling=u.pooling).values
+    except CalibkitError as exc:
+        return UnitOutput(None, time.perf_counter() - start, exc.message, exc.hint)
+    return UnitOutput(values, time.perf_counter() - start)
+
+
+# -- driver side -----------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=4)
+def _board(path: str, size: int, mtime_ns: int) -> Board:
+    """The switchboard of the model file (built once per file version in this process)."""
+    from calibkit.graph import load_model
+    from calibkit.quantize.placement import plan_placement
+
+    model = load_model(path)
+    board = build_board(model, plan_placement(model))
+    if len(board.model) >= 2**31:  # protobuf's limit; never reached: serialization fails first
+        raise ModelError("the switchboard model is over 2 GB")
+    return board
+
+
+def board_for(path: str) -> Board:
+    st = Path(path).stat()
+    return _board(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _table(path: str, size: int, mtime_ns: int):  # -> CalibrationTable
+    return load_calibration_table(path)
+
+
+def _setting(board: Board, job: SensitivityJob) -> Setting:
+    p = Path(job.calibration_json)
+    p = p / "calibration.json" if p.is_dir() else p
+    st = p.stat()
+    return setting(board, _table(str(p.resolve()), st.st_size, st.st_mtime_ns), job.keep_nodes)
+
+
+def unit_size(total_texts: int, workers: int) -> int:
+    """Texts per unit: enough units for every worker several times over, each at least a batch."""
+    return max(MIN_UNIT_TEXTS, min(MAX_UNIT_TEXTS, math.ceil(total_texts / max(1, workers * UNITS_PER_WORKER))))
+
+
+def run_on_boards(jobs: Sequence[SensitivityJob], executor: Executor,
+                  finished: Callable[[int, SensitivityResult], None]) -> list[SensitivityResult]:
+    """Every job's result, in order; ``finished(i, result)`` as each job's last unit comes back."""
+    boards: dict[str, Shared] = {}
+    tokenizers: dict[str, tuple[Shared, str | None]] = {}
+    threads = executor.task_threads or executor.threads_per_task  # a pool of one worker per core: 1 thread each
+    size = unit_size(sum(len(j.texts) for j in jobs), executor.workers)
+    units: list[BoardUnit] = []
+    owner: list[int] = []
+    failed: dict[int, SensitivityResult] = {}
+    for i, job in enumerate(jobs):
+        try:
+            board = board_for(job.source_model)
+            if job.source_model not in boards:
+                boards[job.source_model] = executor.share(board)
+            s = _setting(board, job)
+        except CalibkitError as exc:
+            failed[i] = SensitivityResult(job.mode, job.node, float("nan"), float("nan"), float("nan"), 0.0,
+                                          error=exc.message, error_hint=exc.hint)
+            continue
+        if job.tokenizer not in tokenizers:
+            files, single = tokenizer_files(Path(job.tokenizer))
+            tokenizers[job.tokenizer] = (executor.share(files), single)
+        tok, single = tokenizers[job.tokenizer]
+        texts = executor.share(tuple(job.texts))
+        pooling = job.pooling if job.task == EMBEDDING else None
+        # units are runs of the job's texts in predict_outputs' own (stable) length order, cut at whole batches:
+        # every text is batched with the same neighbours as in one evaluation of the whole job
+        order = np.argsort(_lengths(job), kind="stable")
+        step = max(job.batch_size, size // job.batch_size * job.batch_size)
+        for start in range(0, max(len(order), 1), step):
+            units.append(BoardUnit(boards[job.source_model], tok, single, texts,
+                                   tuple(int(v) for v in order[start:start + step]),
+                                   tuple(bool(v) for v in s.switches), tuple(float(v) for v in s.scales),
+                                   job.batch_size, threads, job.max_length, job.output_name, pooling))
+            owner.append(i)
+    results: list[SensitivityResult | None] = [None] * len(jobs)
+    parts: dict[int, dict[int, UnitOutput]] = {}
+    expected = {i: owner.count(i) for i in set(owner)}
+    for i, r in failed.items():
+        results[i] = r
+        finished(i, r)
+
+    def collect(pos: int, out: UnitOutput) -> None:
+        i = owner[pos]
+        got = parts.setdefault(i, {})
+        got[pos] = out
+        if len(got) == expected[i]:
+            done = sorted(got)
+            results[i] = _stitch(jobs[i], [units[k].rows for k in done], [got[k] for k in done])
+            del parts[i]
+            finished(i, results[i])
+
+    if units:
+        executor.map(run_board_unit, units, task="evaluations", on_result=collect)
+    return [r for r in results if r is not None]
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer(path: str, max_length: int | None):  # -> TextTokenizer
+    from calibkit.data.tokenizer import TextTokenizer
+
+    return TextTokenizer(path, max_length=max_length)
+
+
+def _lengths(job: SensitivityJob) -> np.ndarray:
+    """Each text's length as predict_outputs batches it."""
+    tok = _tokenizer(job.tokenizer, job.max_length)
+    return np.minimum(tok.token_lengths(job.texts), tok.max_length)
+
+
+def _stitch(job: SensitivityJob, rows: Sequence[tuple[int, ...]], outs: Sequence[UnitOutput]) -> SensitivityResult:
+    """The job's result from its units' outputs (each for ``rows`` of the job's texts)."""
+    seconds = float(sum(o.seconds for o in outs))
+    bad = next((o for o in outs if o.values is None), None)
+    if bad is not None:
+        return SensitivityResult(job.mode, job.node, float("nan"), float("nan"), float("nan"), seconds,
+                                 error=bad.error, error_hint=bad.error_hint)
+    parts = [(r, o.values) for r, o in zip(rows, outs) if o.values is not None and len(r)]
+    if not parts:
+        return score_outputs(job, np.zeros((0, 0), dtype=np.float32), seconds)
+    first = parts[0][1]
+    width = max(v.shape[1] for _, v in parts) if first.ndim >= 3 else None
+    shape = (len(job.texts), width, *first.shape[2:]) if width is not None else (len(job.texts), *first.shape[1:])
+    values = np.zeros(shape, dtype=np.float32)  # sequence outputs: zeros past each text, as predict_outputs pads
+    for r, v in parts:
+        values[np.asarray(r, dtype=np.int64), : v.shape[1]] = v if width is not None else v
+    return score_outputs(job, values, seconds)
