@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "calibkit"
 
 FOUNDATION = ("calibkit.types", "calibkit.errors", "calibkit._deps", "calibkit._io", "calibkit.outdirs",
-              "calibkit.progress", "calibkit")  # "calibkit": __version__ only
+              "calibkit.cpus", "calibkit.progress", "calibkit")  # "calibkit": __version__ only
 RUNNERS = ("calibkit.engines.base", "calibkit.engines.onnxruntime", "calibkit.engines.cpu",
            "calibkit.engines.tensorrt", "calibkit.engines")
 # layer -> (its modules, the layers it may import); docs/architecture.md's table, top to bottom

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from calibkit._io import native_path, utf8_path
+from calibkit.cpus import usable_cpus
 from calibkit.engines.base import BaseRunner, Feeds, Outputs
 from calibkit.errors import BackendError, ModelError
 from calibkit.types import TensorSpec
@@ -91,7 +92,7 @@ class OnnxRuntimeRunner(BaseRunner):
             "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
             "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
         }[self._optimization]
-        opts.intra_op_num_threads = self._threads or (os.cpu_count() or 1)
+        opts.intra_op_num_threads = self._threads or usable_cpus()
         if not self._spinning:
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if self._model is None:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from calibkit.consistency import check_file
+from calibkit.cpus import usable_cpus
 from calibkit.errors import CalibrationError, ModelError
 from calibkit.evaluate.boardjobs import run_on_boards, served
 from calibkit.evaluate.jobs import (
@@ -214,7 +214,7 @@ def analyse_sensitivity(
                                             "`calibkit build`")
     nodes = list(dict.fromkeys(nodes))
     n = workers if workers is not None else default_workers()
-    threads = executor.threads_per_task if executor is not None else max(1, (os.cpu_count() or 1) // max(1, n))
+    threads = executor.threads_per_task if executor is not None else max(1, usable_cpus() // max(1, n))
     labelled = task == CLASSIFICATION and len(labels) == len(texts) and len(texts) > 0
     base = dict(
         source_model=str(source_model), calibration_json=str(calibration_json), tokenizer=str(tokenizer),

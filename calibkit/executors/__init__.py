@@ -5,8 +5,7 @@ Chosen at the edge (the CLI's ``--executor``) and passed down; library code only
 
 from __future__ import annotations
 
-import os
-
+from calibkit.cpus import usable_cpus
 from calibkit.errors import UsageError
 from calibkit.executors.base import Executor, InProcessExecutor, Shared, fetch, materialize
 
@@ -21,7 +20,10 @@ EXECUTOR_HELP = (
 
 
 def default_workers() -> int:
-    return max(1, min(2, os.cpu_count() or 1))
+    """One worker process per usable CPU: evaluations are split by texts into many small units (one ONNX
+    Runtime session per worker serves every variant, evaluate.switchboard), so processes, not intra-op
+    threads, are what keeps every core busy."""
+    return usable_cpus()
 
 
 def from_spec(spec: str | None, workers: int | None = None) -> Executor:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from calibkit._io import mark_alive, owner_alive
+from calibkit.cpus import usable_cpus
 from calibkit.errors import UsageError
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 
@@ -228,7 +229,7 @@ class Executor(ABC):
     @property
     def threads_per_task(self) -> int:
         """Intra-op threads each work unit should use."""
-        return max(1, (os.cpu_count() or 1) // max(1, self.workers))
+        return max(1, usable_cpus() // max(1, self.workers))
 
     @property
     def task_threads(self) -> int | None:
