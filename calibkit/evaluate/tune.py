@@ -75,6 +75,7 @@ from calibkit.evaluate.results import (
     TuneTarget,
     finite,
 )
+from calibkit.evaluate.risk import STRATIFIED, StratifiedJudge, stratify
 from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING, TOKEN_CLASSIFICATION, reference_tags
 from calibkit.evaluate.search import Measured, Plan, int8_flops_fraction, search_plan
 from calibkit.evaluate.sensitivity import (
@@ -706,7 +707,7 @@ def _measured_text(plan: Plan, score: Any, flops: dict[str, float]) -> str:
 
 
 def _judge(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evaluator, tables: _Tables,
-           subset: EvalSubset | None = None, task: str = "candidate plans") -> PlanJudge | None:
+           subset: EvalSubset | None = None, task: str = "candidate plans") -> PlanJudge | StratifiedJudge | None:
     """The judge of candidates on ``subset`` (default: the search split) under ``config.decision_rule``
     (evaluate.plan_decisions); None when there is nothing to decide (no accuracy rows and no fidelity target:
     every candidate meets). A relative accuracy drop is taken from FP32's accuracy on ``subset``."""
@@ -727,12 +728,23 @@ def _judge(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evaluat
 
     rule = make_rule(config.decision_rule, config.agreement_confidence, config.first_chunk)
     every = tuple(c.name for c in constraints) if config.agreement_confidence <= 0.5 else ESTIMATED
+    # all-INT8 of the base table on the whole split: the search's first candidate, and the risk of each text
+    base_job = jobs(table_path, (), subset, ALL_INT8)
+    rec = ev.ledger.get(job_key(base_job, table_sha, ev.model_sha))
+    base = from_record(rec) if rec is not None and not rec.get("error") else None
+    if config.risk_strata and subset is evidence.search:
+        if base is None:
+            (base,) = ev.run([base_job], table_sha, "all-INT8 (flip risk)")
+        strata = stratify(evidence, subset, base.agreement_values, seed=config.seed)
+        if strata is not None:
+            log.info("search split by flip risk (evaluated/total): %s", strata.describe())
+            judge: PlanJudge | StratifiedJudge = StratifiedJudge(
+                evidence, subset, strata, constraints, run_chunks, config.agreement_confidence, rule)
+            judge.seed((), base)
+            return judge
     judge = PlanJudge(evidence, subset, rule, constraints, run_chunks, estimated=every)
-    # all-INT8 of the base table ran on the whole search split when the table was chosen (the same model): the
-    # ledger has it, so the search's first candidate costs nothing
-    rec = ev.ledger.get(job_key(jobs(table_path, (), subset, ALL_INT8), table_sha, ev.model_sha))
-    if rec is not None and not rec.get("error"):
-        judge.seed((), from_record(rec))
+    if base is not None:
+        judge.seed((), base)
     return judge
 
 
@@ -751,11 +763,12 @@ def _traffic_rows(evidence: SplitEvidence, subset: EvalSubset) -> int:
 
 
 def _evidence_cost(config: TuneConfig, evidence: SplitEvidence, tried: Sequence[Measured],
-                   judge: PlanJudge | None) -> EvidenceCost:
+                   judge: PlanJudge | StratifiedJudge | None) -> EvidenceCost:
     """Texts of the search split each candidate's decision was evaluated on."""
     n = len(evidence.search)
     texts = [m.texts if m.texts is not None else n for m in tried]
-    rule = config.decision_rule if judge is not None else WHOLE_SPLIT
+    rule = (STRATIFIED if isinstance(judge, StratifiedJudge) else config.decision_rule) if judge is not None \
+        else WHOLE_SPLIT
     return EvidenceCost(rule=rule, split_texts=n, candidates=len(texts),
                         texts_median=float(np.median(texts)) if texts else 0.0, texts_total=int(sum(texts)))
 

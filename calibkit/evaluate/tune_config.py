@@ -48,6 +48,10 @@ class TuneConfig:
     # with confirm, when the first passing prefix has no margin the holdout could certify: doublings of it the
     # search measures for one with margin, then bisects (evaluate.search ``anchors``); 0: none
     confirm_anchors: int = 1
+    # judge the search's candidates on the search split in strata by flip risk (evaluate.risk): the risky texts
+    # in full, a seeded sample of the others, a stratified lower bound; False: every candidate on the split by
+    # decision_rule. The holdout's confirmation is a plain random sample either way
+    risk_strata: bool = True
 
     def __post_init__(self) -> None:
         check_seed(self.seed)
