@@ -434,10 +434,13 @@ def test_tune_says_when_its_search_split_cannot_certify_a_better_candidate():
     assert _uncertified(TuneConfig(max_drop=1.0), ev, [final, close], final) is None
 
 
+@pytest.mark.parametrize("claim", ["target NOT met: no plan met it on the search split",
+                                   "plan NOT confirmed: the holdout confirmed no candidate",
+                                   "plan NOT supported: the holdout does not support the claim"])
 @pytest.mark.parametrize("gate", [False, True])
-def test_tune_fail_if_missed_is_a_ci_gate(tmp_path, monkeypatch, gate: bool) -> None:
-    """A missed target exits 0 and says so; with --fail-if-missed it exits 8 (TargetMissedError), after the
-    outputs are written (here: a stand-in run whose target was missed)."""
+def test_tune_fail_if_missed_is_a_ci_gate(tmp_path, monkeypatch, gate: bool, claim: str) -> None:
+    """A missed target, an unconfirmed plan or one the holdout does not support exits 0 and says so; with
+    --fail-if-missed it exits 8 (TargetMissedError), after the outputs are written (here: a stand-in run)."""
     from types import SimpleNamespace
 
     from typer.testing import CliRunner
@@ -448,11 +451,31 @@ def test_tune_fail_if_missed_is_a_ci_gate(tmp_path, monkeypatch, gate: bool) -> 
 
     calls = []
     monkeypatch.setattr(calibkit.api, "tune", lambda *a, **kw: calls.append(kw) or SimpleNamespace(
-        result=SimpleNamespace(met_target=False)))
+        result=SimpleNamespace(met_target=not claim.startswith("target"), claim_holds=False, claim=claim)))
     monkeypatch.setattr(cli_tune, "_summary", lambda run, report_dir: None)
     args = ["tune", str(tmp_path / "model"), "-c", str(tmp_path / "cset"), "-e", str(tmp_path / "eval.jsonl"),
             "--out", str(tmp_path / "out"), "--no-report"]
     r = CliRunner().invoke(app, args + (["--fail-if-missed"] if gate else []))
     assert calls and r.exit_code == (8 if gate else 0), r.output
     if gate:
-        assert "no plan meets the target" in r.output
+        assert claim in r.output
+
+
+def test_the_claim_holds_only_when_met_confirmed_and_supported(tiny_setup):
+    """What --fail-if-missed reads: a plan the holdout did not confirm, or whose holdout verdict does not support
+    it, is not a met target, whatever the search split said."""
+    md = ModelDir.resolve(tiny_setup["model"])
+    cfg = TuneConfig(max_drop=1.0, workers=1, sensitivity_samples=64, method="minmax", smooth=False)
+    r = run_tune(md, tiny_setup["cset"], load_eval_set(tiny_setup["eval"]), tiny_setup["root"] / "claim", cfg).result
+    assert r.met_target and r.claim_holds and r.claim.startswith("target met")
+    assert r.confirmation is not None and r.confirmation.chosen is not None
+    unconfirmed = replace(r, confirmation=replace(r.confirmation, chosen=None))
+    assert not unconfirmed.claim_holds and "NOT confirmed" in unconfirmed.claim
+    verdict = replace(r.final.holdout_verdict, supported=False)
+    refuted = replace(r, final=replace(r.final, holdout_verdict=verdict))
+    assert not refuted.claim_holds and "NOT supported" in refuted.claim
+    missed = replace(r, target=replace(r.target, met=False))
+    assert not missed.claim_holds and "NOT met" in missed.claim
+    assert r.phases and r.phases[0].phase == "FP32 reference" and r.fp32_passes is not None
+    assert all(p.seconds >= 0 and p.texts >= 0 for p in r.phases)
+    assert sum(p.texts for p in r.phases if p.phase == "FP32 reference") == len(load_eval_set(tiny_setup["eval"]))

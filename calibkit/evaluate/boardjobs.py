@@ -18,7 +18,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -63,8 +63,9 @@ class BoardUnit:
 
 @dataclass(frozen=True)
 class UnitOutput:
-    values: np.ndarray | None  # outputs of texts[start:stop]; None when the unit failed
+    values: np.ndarray | None  # outputs of the unit's rows; None when the unit failed
     seconds: float
+    cpu_seconds: float = 0.0
     error: str | None = None
     error_hint: str | None = None
 
@@ -116,7 +117,7 @@ def run_board_unit(u: BoardUnit) -> UnitOutput:
     Failures come back in ``error``, never raised (as :func:`~calibkit.evaluate.jobs.run_sensitivity_job`)."""
     from calibkit.evaluate.predict import predict_outputs
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     try:
         runner, tok = _session(u)
         every = fetch(u.texts)
@@ -125,8 +126,8 @@ def run_board_unit(u: BoardUnit) -> UnitOutput:
         values = predict_outputs(_Fixed(runner, feeds), tok, texts, batch_size=u.batch_size,  # type: ignore[arg-type]
                                  output_name=u.output_name, pooling=u.pooling).values
     except CalibkitError as exc:
-        return UnitOutput(None, time.perf_counter() - start, exc.message, exc.hint)
-    return UnitOutput(values, time.perf_counter() - start)
+        return UnitOutput(None, time.perf_counter() - start, time.process_time() - cpu, exc.message, exc.hint)
+    return UnitOutput(values, time.perf_counter() - start, time.process_time() - cpu)
 
 
 # -- driver side -----------------------------------------------------------------------------------------------
@@ -239,17 +240,18 @@ def _lengths(job: SensitivityJob) -> np.ndarray:
 def _stitch(job: SensitivityJob, rows: Sequence[tuple[int, ...]], outs: Sequence[UnitOutput]) -> SensitivityResult:
     """The job's result from its units' outputs (each for ``rows`` of the job's texts)."""
     seconds = float(sum(o.seconds for o in outs))
+    cpu = float(sum(o.cpu_seconds for o in outs))
     bad = next((o for o in outs if o.values is None), None)
     if bad is not None:
         return SensitivityResult(job.mode, job.node, float("nan"), float("nan"), float("nan"), seconds,
-                                 error=bad.error, error_hint=bad.error_hint)
+                                 error=bad.error, error_hint=bad.error_hint, cpu_seconds=cpu)
     parts = [(r, o.values) for r, o in zip(rows, outs) if o.values is not None and len(r)]
     if not parts:
-        return score_outputs(job, np.zeros((0, 0), dtype=np.float32), seconds)
+        return replace(score_outputs(job, np.zeros((0, 0), dtype=np.float32), seconds), cpu_seconds=cpu)
     first = parts[0][1]
     width = max(v.shape[1] for _, v in parts) if first.ndim >= 3 else None
     shape = (len(job.texts), width, *first.shape[2:]) if width is not None else (len(job.texts), *first.shape[1:])
     values = np.zeros(shape, dtype=np.float32)  # sequence outputs: zeros past each text, as predict_outputs pads
     for r, v in parts:
         values[np.asarray(r, dtype=np.int64), : v.shape[1]] = v if width is not None else v
-    return score_outputs(job, values, seconds)
+    return replace(score_outputs(job, values, seconds), cpu_seconds=cpu)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,7 @@ class SensitivityResult:
     # [0, 1] for every task, cosine to the reference for embeddings
     agreement_values: tuple[float, ...] = ()
     cosine_values: tuple[float, ...] = ()
+    cpu_seconds: float = 0.0  # CPU time of the process(es) that ran it, every thread (0: not measured)
 
     @property
     def mean_cosine(self) -> float:
@@ -120,7 +121,7 @@ def run_sensitivity_job(job: SensitivityJob) -> SensitivityResult:
     from calibkit.engines.registry import model_runner
     from calibkit.evaluate.predict import predict_outputs
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     try:
         model = build_variant(job.source_model, job.calibration_json, job.keep_nodes, job.target)
         tok = TextTokenizer(job.tokenizer, max_length=job.max_length)
@@ -130,7 +131,7 @@ def run_sensitivity_job(job: SensitivityJob) -> SensitivityResult:
     except CalibkitError as exc:
         return SensitivityResult(job.mode, job.node, float("nan"), float("nan"), float("nan"),
                                  time.perf_counter() - start, error=exc.message, error_hint=exc.hint)
-    return score_outputs(job, out, time.perf_counter() - start)
+    return replace(score_outputs(job, out, time.perf_counter() - start), cpu_seconds=time.process_time() - cpu)
 
 
 def score_outputs(job: SensitivityJob, outputs: np.ndarray, seconds: float) -> SensitivityResult:

@@ -20,7 +20,7 @@ import numpy as np
 from calibkit._io import sha256_bytes, text_lines
 from calibkit.errors import CalibrationError
 from calibkit.evaluate.sensitivity import SensitivityJob, SensitivityResult, run_jobs
-from calibkit.executors import Executor
+from calibkit.executors import Executor, InProcessExecutor
 from calibkit.progress import ProgressCallback, ProgressEvent
 
 log = logging.getLogger("calibkit.evaluate.ledger")
@@ -128,6 +128,10 @@ class Evaluator:
         self.progress = progress
         self.reused = 0
         self.ran = 0
+        self.texts = 0  # texts evaluated by the jobs that ran (read back from the ledger: not counted)
+        # CPU seconds of those jobs in worker processes (in-process jobs are the driver's own CPU time)
+        self.worker_cpu = 0.0
+        self._remote = not isinstance(executor, InProcessExecutor)
 
     def run(self, jobs: Sequence[SensitivityJob], table_sha: str, task: str) -> list[SensitivityResult]:
         keys = [job_key(j, table_sha, self.model_sha) for j in jobs]
@@ -148,6 +152,8 @@ class Evaluator:
             i = todo[pos]
             out[i] = r
             self.ran += 1
+            self.texts += len(jobs[i].texts)
+            self.worker_cpu += r.cpu_seconds if self._remote else 0.0
             if not r.error:
                 self.ledger.put(keys[i], result_record(r))
             self.progress(ProgressEvent(task, sum(x is not None for x in out), len(jobs)))

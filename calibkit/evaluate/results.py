@@ -509,7 +509,8 @@ class TuneTarget:
 
 @dataclass(frozen=True)
 class MethodChoice:
-    """The calibration tables measured all-INT8 on the search split and the one the search started from."""
+    """The calibration tables measured all-INT8 on the search split (on its texts most at risk of flipping:
+    ``chosen_by`` says how many) and the one the search started from."""
 
     requested: str
     chosen: str
@@ -554,6 +555,24 @@ class EvidenceCost:
     texts_total: int
     completion_texts: int = 0
     confirm_texts: int = 0  # holdout texts the fixed-sequence confirmation evaluated, every candidate it judged
+
+
+FP32_PHASE = "FP32 reference"  # the phase that is one FP32 pass over the evidence
+
+
+@dataclass(frozen=True)
+class PhaseCost:
+    """Where a run's time went, one step at a time: wall ``seconds``, ``texts`` evaluated (FP32 or a variant;
+    read back from a resumed run's ledger: not counted), ``cpu_seconds`` of every process (the driver's threads
+    and the workers'), ``utilisation`` = CPU / (wall x ``cpus``), and the wall time as a multiple of one FP32
+    pass over the evidence (``fp32_passes``; the FP32 reference phase is that pass)."""
+
+    phase: str
+    seconds: float
+    texts: int = 0
+    cpu_seconds: float = 0.0
+    utilisation: float | None = None
+    fp32_passes: float | None = None
 
 
 @dataclass(frozen=True)
@@ -695,10 +714,45 @@ class TuneResult:
     smoothing: SmoothingChoice | None = None
     evidence_cost: EvidenceCost | None = None
     confirmation: Confirmation | None = None
+    phases: tuple[PhaseCost, ...] = ()  # where the time went, step by step
+    cpus: int = 0  # CPUs the run could use
+
+    @property
+    def fp32_passes(self) -> float | None:
+        """The whole run's wall time in FP32 passes over its evidence (None when not measured)."""
+        ref = next((p for p in self.phases if p.phase == FP32_PHASE), None)
+        if ref is None or not ref.seconds:
+            return None
+        return sum(p.seconds for p in self.phases) / ref.seconds
 
     @property
     def met_target(self) -> bool:
         return self.target.met
+
+    @property
+    def claim(self) -> str:
+        """One line on what the written plan may claim: confirmed (met on the search split, confirmed on the
+        holdout and supported by it), or why not."""
+        conf = self.confirmation
+        verdict = self.final.holdout_verdict
+        if not self.target.met:
+            return "target NOT met: no plan met it on the search split (the plan measured closest to FP32 is written)"
+        if conf is not None and conf.chosen is None:
+            return "plan NOT confirmed: the holdout confirmed no candidate (the search's choice is written)"
+        if verdict is not None and verdict.supported is False:
+            return "plan NOT supported: the holdout does not support the claim"
+        if conf is not None:
+            return "target met and the plan confirmed on the holdout"
+        return "target met on the search split"
+
+    @property
+    def claim_holds(self) -> bool:
+        """Met on the search split, confirmed on the holdout when tune confirms, and not refused by the holdout's
+        verdict: what ``tune --fail-if-missed`` requires."""
+        conf = self.confirmation
+        verdict = self.final.holdout_verdict
+        return (self.target.met and (conf is None or conf.chosen is not None)
+                and not (verdict is not None and verdict.supported is False))
 
     @property
     def kept_nodes(self) -> tuple[str, ...]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 
 import numpy as np
@@ -85,6 +85,19 @@ def margins(evidence: SplitEvidence) -> np.ndarray | None:
             out[s:s + 1024] = two[:, 1] - two[:, 0]
         return out
     return None
+
+
+def risky_subset(evidence: SplitEvidence, subset: EvalSubset, n: int) -> EvalSubset:
+    """The ``n`` rows of ``subset`` whose FP32 margin is smallest, smallest first (where calibration tables and
+    single layers differ: a text far from FP32's decision boundary flips under none of them). Without a margin
+    (token tasks): the first ``n`` rows of ``subset``'s seeded order."""
+    if len(subset) <= n and margins(evidence) is None:
+        return subset
+    m = margins(evidence)
+    if m is None:
+        return replace(subset, indices=subset.indices[:n], strategy="risky", content_sha256="")
+    order = np.argsort(m[subset.array], kind="stable")[:n]
+    return replace(subset, indices=tuple(subset.indices[i] for i in order), strategy="risky", content_sha256="")
 
 
 @dataclass(frozen=True)

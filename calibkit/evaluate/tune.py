@@ -41,6 +41,7 @@ from calibkit._io import atomic_dir, commit_together, dumps_json, read_json, sha
 from calibkit.calibrate.methods import compute_table
 from calibkit.calibrate.pipeline import gather_stats
 from calibkit.calibrate.trtcache import write_cache
+from calibkit.cpus import usable_cpus
 from calibkit.data.calibset import CalibrationSet, load_calibration_set
 from calibkit.data.evalset import EvalSet, label_ids
 from calibkit.data.modeldir import ModelDir
@@ -51,6 +52,7 @@ from calibkit.evaluate.evidence import SplitEvidence, split_evidence, split_subs
 from calibkit.evaluate.flops import linear_work
 from calibkit.evaluate.holdout import agreement_noun, allowed_change, holdout_verdict, plan_evidence
 from calibkit.evaluate.ledger import Evaluator, Ledger, from_record, job_key
+from calibkit.evaluate.phases import PhaseClock
 from calibkit.evaluate.plan_decisions import (
     DECISION_RULES,
     ESTIMATED,
@@ -60,6 +62,7 @@ from calibkit.evaluate.plan_decisions import (
     make_rule,
 )
 from calibkit.evaluate.results import (
+    FP32_PHASE,
     Candidate,
     Confirmation,
     Evidence,
@@ -75,7 +78,7 @@ from calibkit.evaluate.results import (
     TuneTarget,
     finite,
 )
-from calibkit.evaluate.risk import STRATIFIED, StratifiedJudge, stratify
+from calibkit.evaluate.risk import STRATIFIED, StratifiedJudge, risky_subset, stratify
 from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING, TOKEN_CLASSIFICATION, reference_tags
 from calibkit.evaluate.search import Measured, Plan, int8_flops_fraction, search_plan
 from calibkit.evaluate.sensitivity import (
@@ -286,6 +289,7 @@ class _Tables:
     variant: _Variant | None = None  # the model the base table belongs to
     smoothing_note: str | None = None  # why no smoothed variant was measured, when none was
     cosine: dict[str, float] = field(default_factory=dict)  # embeddings: mean cosine to FP32, all-INT8
+    race_texts: int = 0  # the search texts the tables were raced on (evaluate.risk.risky_subset)
 
     @property
     def base(self) -> tuple[CalibrationTable, Path, str]:
@@ -308,6 +312,7 @@ class _Searched:
     on_holdout: dict[Plan, SensitivityResult]
     cost: EvidenceCost | None = None
     confirmation: Confirmation | None = None
+    note: str | None = None  # why the plan written is not the search's choice, beyond the confirmation
 
 
 def _run_tune(
@@ -334,34 +339,44 @@ def _run_tune(
     out = Path(out_dir)
     work = out.parent / f".{out.name}.tune"  # beside OUT so OUT itself is swapped in whole at the end
     t0 = time.perf_counter()
+    clock = PhaseClock(usable_cpus() if executor.task_threads is None else executor.workers)
     cset = calibration_set if isinstance(calibration_set, CalibrationSet) else load_calibration_set(calibration_set)
     model = _load_model(model_dir, config)
     if traffic is not None and len(eval_set):
         traffic = traffic.without(eval_set.texts, "eval_set")
-    config, evidence = _draw_evidence(model, eval_set, config, resources, cb, traffic)
-    store, reused_stats = gather_stats(model_dir, cset, model.placement.activations, model_sha256=model.sha,
-                                       num_bins=config.params.num_bins, batch_size=config.batch_size, progress=cb,
-                                       model=model.proto, executor=executor if shard_stats else None,
-                                       budget=resources.budget)
-    linear = linear_work(model.proto, _typical_feeds(model.tokenizer, cset, model.input_names), config.op_types)
+    with clock.phase(FP32_PHASE, texts=len(eval_set) + (len(traffic) if traffic is not None else 0)):
+        config, evidence = _draw_evidence(model, eval_set, config, resources, cb, traffic)
+    with clock.phase("calibration statistics"):
+        store, reused_stats = gather_stats(model_dir, cset, model.placement.activations, model_sha256=model.sha,
+                                           num_bins=config.params.num_bins, batch_size=config.batch_size,
+                                           progress=cb, model=model.proto,
+                                           executor=executor if shard_stats else None, budget=resources.budget)
+        linear = linear_work(model.proto, _typical_feeds(model.tokenizer, cset, model.input_names), config.op_types)
     flops = {f.node: f.flops for f in linear.plain}  # what plans choose among; fused ops stay FP32 (below)
     work.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(work / "ledger.jsonl")
     ev = Evaluator(ledger, model.sha, executor, cb)
+    clock.counter = ev
     jobs = _Jobs(model, evidence, config, executor.threads_per_task)
     variants = [_Variant("plain", model, store, jobs)]
     note = None
     if config.smooth:
-        smoothed, note = _smoothed_variant(model_dir, model, cset, config, evidence, resources, shard_stats, cb, work)
+        with clock.phase("smoothing"):
+            smoothed, note = _smoothed_variant(model_dir, model, cset, config, evidence, resources, shard_stats, cb,
+                                               work)
         variants += [smoothed] if smoothed is not None else []
-    tables = _measure_tables(variants, cset, config, ev, work)
+    race = risky_subset(evidence, evidence.search, config.race_texts)
+    with clock.phase("method tables"):
+        tables = _measure_tables(variants, cset, config, ev, work, race)
     tables = replace(tables, smoothing_note=note)
     assert tables.variant is not None
     model, jobs = tables.variant.model, tables.variant.jobs
-    ranking = _rank(model, evidence, config, jobs, ev, tables, flops, resources, cb)
-    searched = _search(evidence, config, jobs, ev, tables, ranking, flops)
+    with clock.phase("layer ranking"):
+        ranking = _rank(model, evidence, config, jobs, ev, tables, flops, resources, cb)
+    searched = _search(evidence, config, jobs, ev, tables, ranking, flops, clock)
     result = _tune_result(eval_set, rows, model, evidence, config, tables, ranking, searched, flops, linear,
                           reused_stats, ev.reused, time.perf_counter() - t0, traffic)
+    result = replace(result, phases=clock.result(), cpus=clock.cpus)
     if render is not None and report_dir:  # OUT and --report are replaced together or not at all
         with commit_together():
             run = _write_outputs(out, model_dir, model.proto, tables.base[0], result, config, write_document,
@@ -373,6 +388,9 @@ def _run_tune(
         if render is not None:
             render(result, out / "report")
     return replace(run, resumed_evaluations=ledger.loaded)
+
+
+AUTO_FINALISTS = 2  # methods of the race whose per-layer damage the per-tensor (auto) table chooses among
 
 
 def _check_config(config: TuneConfig) -> None:
@@ -514,15 +532,17 @@ def _smoothed_variant(model_dir: ModelDir, model: _Model, cset: CalibrationSet, 
 
 
 def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: TuneConfig, ev: Evaluator,
-                    work: Path) -> _Tables:
-    """One table per method and variant (plain, and smoothed unless --no-smooth), each measured all-INT8 on the
-    search split; the variant whose best table flips the fewest FP32 predictions is the one searched on. With
-    method auto that variant also gets the per-tensor table: each tensor takes the method whose range does the
-    least damage where it is read. The table flipping the fewest FP32 predictions is the base of the search."""
+                    work: Path, race: EvalSubset) -> _Tables:
+    """One table per method and variant (plain, and smoothed unless --no-smooth), raced all-INT8 on ``race``
+    (the search texts most at risk of flipping, evaluate.risk.risky_subset: where tables differ); the variant
+    whose best table flips the fewest FP32 predictions there is the one searched on. With method auto that
+    variant also gets the per-tensor table: each tensor takes, among the ``AUTO_FINALISTS`` best methods of the
+    race, the one whose range does the least damage where it is read (on the sensitivity subset).
+    The table flipping the fewest FP32 predictions is the base of the search."""
     methods = [Method(config.method)] if config.method != "auto" else list(Method)
     tables: dict[str, tuple[CalibrationTable, Path, str]] = {}
     owner: dict[str, _Variant] = {}
-    search = variants[0].jobs.evidence.search
+    search = race
     acc: dict[str, float] = {}
     flips: dict[str, float] = {}
     kl: dict[str, float] = {}
@@ -552,7 +572,8 @@ def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: 
         jobs, model = chosen.jobs, chosen.model
         sens = jobs.evidence.sensitivity
         own_kl: dict[str, dict[str, float]] = {}
-        for m in methods:
+        finalists = sorted(methods, key=lambda m: (flips[m.value + chosen.suffix], kl[m.value + chosen.suffix]))
+        for m in finalists[:AUTO_FINALISTS]:
             _, p, tsha = tables[m.value + chosen.suffix]
             res = ev.run([jobs(p, jobs.all_but(n), sens, ONLY_THIS, n) for n in model.nodes], tsha,
                          f"per-layer fidelity ({m.value}{chosen.suffix})")
@@ -566,7 +587,7 @@ def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: 
         tables[key], owner[key] = (t, p, _write_table(p, t, {"target": config.target})), chosen
         measure(key, chosen)
     base_key = rank([k for k in tables if owner[k] is chosen])
-    return _Tables(tables, chosen_methods, acc, flips, kl, base_key, chosen, cosine=cos)
+    return _Tables(tables, chosen_methods, acc, flips, kl, base_key, chosen, cosine=cos, race_texts=len(race))
 
 
 def _rank(model: _Model, evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evaluator,
@@ -599,12 +620,13 @@ def _rank(model: _Model, evidence: SplitEvidence, config: TuneConfig, jobs: _Job
 
 
 def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evaluator, tables: _Tables,
-            ranking: _Ranking, flops: dict[str, float]) -> _Searched:
+            ranking: _Ranking, flops: dict[str, float], clock: PhaseClock) -> _Searched:
     """The plan search on the search split (evaluate.search), then all-INT8 and the final plan measured once
     each on the holdout split."""
     _, table_path, table_sha = tables.base
     on_search: dict[Plan, SensitivityResult] = {}
-    judge = _judge(evidence, config, jobs, ev, tables)
+    with clock.phase("flip risk"):
+        judge = _judge(evidence, config, jobs, ev, tables)
     done = 0
 
     def evaluate(plans: Sequence[Plan]) -> list[Any]:
@@ -628,35 +650,70 @@ def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evalua
     fp32_search = evidence.accuracy_of_reference(evidence.search)
     confirms = config.confirm and judge is not None and len(evidence.holdout) > 0
     margin = _holdout_margin(config, evidence, judge.rule) if confirms and judge is not None else None
-    outcome = search_plan(ranking.order, flops, evaluate, config.threshold(fp32_search),
-                          max_evaluations=config.max_evaluations,
-                          min_agreement=None if config.min_agreement is None else config.min_agreement / 100.0,
-                          agreement_examples=len(evidence.agreement_positions(evidence.search)),
-                          agreement_z=NormalDist().inv_cdf(config.agreement_confidence),
-                          anchors=config.confirm_anchors if confirms else 0,
-                          margin=margin)
+    with clock.phase("plan search"):
+        outcome = search_plan(ranking.order, flops, evaluate, config.threshold(fp32_search),
+                              max_evaluations=config.max_evaluations,
+                              min_agreement=None if config.min_agreement is None else config.min_agreement / 100.0,
+                              agreement_examples=len(evidence.agreement_positions(evidence.search)),
+                              agreement_z=NormalDist().inv_cdf(config.agreement_confidence),
+                              anchors=config.confirm_anchors if confirms else 0,
+                              margin=margin)
     final: Measured | None = outcome.best
     if final is None:  # nothing met the target: report the most faithful plan measured
         final = max(outcome.tried, key=lambda m: (m.agreement, m.accuracy, m.int8_flops_fraction))
     cost = _evidence_cost(config, evidence, outcome.tried, judge)
     confirmation, hold_judge = None, None
     if confirms and outcome.best is not None:
-        hold_judge = _judge(evidence, config, jobs, ev, tables, evidence.holdout, "holdout confirmation")
-        confirmation, outcome, final = _confirm(outcome, hold_judge, config, evidence, ev)
+        with clock.phase("holdout confirmation"):
+            hold_judge = _judge(evidence, config, jobs, ev, tables, evidence.holdout, "holdout confirmation")
+            confirmation, outcome, final = _confirm(outcome, hold_judge, config, evidence, ev)
         # every candidate judged, those a parallel batch reached past the first failure too
         cost = replace(cost, confirm_texts=sum(hold_judge.texts().values()))
-    if judge is not None:  # the plan's reported numbers rest on the whole search split, not on its decision's rows
-        on_search[final.plan] = judge.complete(final.plan)
-        outcome, final = _whole_split_numbers(outcome, final, on_search[final.plan], evidence)
-        cost = replace(cost, completion_texts=judge.completed_texts)
     on_holdout: dict[Plan, SensitivityResult] = {}
-    if len(evidence.holdout):
-        if hold_judge is not None:  # the confirmed plan's holdout rows so far are in its judge: complete them
-            on_holdout[final.plan] = hold_judge.complete(final.plan)
-        plans = [p for p in dict.fromkeys([(), final.plan]) if p not in on_holdout]
-        res = ev.run([jobs(table_path, p, evidence.holdout, PLAN_MODE) for p in plans], table_sha, "holdout check")
-        on_holdout.update(zip(plans, res, strict=True))
-    return _Searched(outcome, final, on_search, on_holdout, cost, confirmation)
+    with clock.phase("whole-split numbers"):
+        if judge is not None:  # the plan's reported numbers rest on the whole search split, not on its decision's
+            on_search[final.plan] = judge.complete(final.plan)  # rows
+            outcome, final = _whole_split_numbers(outcome, final, on_search[final.plan], evidence)
+            cost = replace(cost, completion_texts=judge.completed_texts)
+        if len(evidence.holdout):
+            if hold_judge is not None:  # the confirmed plan's holdout rows so far are in its judge: complete them
+                on_holdout[final.plan] = hold_judge.complete(final.plan)
+            plans = [p for p in dict.fromkeys([(), final.plan]) if p not in on_holdout]
+            res = ev.run([jobs(table_path, p, evidence.holdout, PLAN_MODE) for p in plans], table_sha,
+                         "holdout check")
+            on_holdout.update(zip(plans, res, strict=True))
+    note = None
+    if confirmation is not None and confirmation.chosen is None and judge is not None:
+        outcome, final, note = _all_int8_if_as_good(outcome, final, judge, on_search, on_holdout, evidence)
+    return _Searched(outcome, final, on_search, on_holdout, cost, confirmation, note)
+
+
+def _all_int8_if_as_good(outcome: Any, final: Measured, judge: PlanJudge | StratifiedJudge,
+                         on_search: dict[Plan, SensitivityResult], on_holdout: dict[Plan, SensitivityResult],
+                         evidence: SplitEvidence) -> tuple[Any, Measured, str | None]:
+    """When the holdout confirmed no candidate, the search's choice is written unless all-INT8 — simpler, and all
+    INT8 — kept more of FP32 on the holdout (agreement or cosine higher, none lower, accuracy not lower): a plan
+    that keeps layers in FP32 and is less faithful there than all-INT8 is never handed over."""
+    plain = next((m for m in outcome.tried if not m.plan), None)
+    if plain is None or not final.plan or () not in on_holdout or final.plan not in on_holdout:
+        return outcome, final, None
+    a = evidence.scores(evidence.holdout, on_holdout[()])
+    p = evidence.scores(evidence.holdout, on_holdout[final.plan])
+
+    def at_least(x: float, y: float) -> bool:
+        return not (x == x and y == y) or x >= y
+
+    better = ((a.agreement == a.agreement and a.agreement > p.agreement)
+              or (a.cosine == a.cosine and a.cosine > p.cosine))
+    if not (better and at_least(a.agreement, p.agreement) and at_least(a.cosine, p.cosine)
+            and at_least(a.accuracy, p.accuracy)):
+        return outcome, final, None
+    on_search[()] = judge.complete(())
+    outcome, all_int8 = _whole_split_numbers(outcome, plain, on_search[()], evidence)
+    note = (f"the holdout confirmed no candidate, and all-INT8 kept more of FP32 there "
+            f"(agreement {100 * a.agreement:.2f} % against {100 * p.agreement:.2f} % for the search's choice, which "
+            f"keeps {len(final.plan)} layers in FP32): all-INT8 is written, unconfirmed")
+    return outcome, all_int8, note
 
 
 def _holdout_margin(config: TuneConfig, evidence: SplitEvidence, rule: DecisionRule
@@ -679,8 +736,8 @@ def _holdout_margin(config: TuneConfig, evidence: SplitEvidence, rule: DecisionR
     return margin
 
 
-def _confirm(outcome: Any, hold_judge: PlanJudge, config: TuneConfig, evidence: SplitEvidence, ev: Evaluator
-             ) -> tuple[Confirmation, Any, Measured]:
+def _confirm(outcome: Any, hold_judge: PlanJudge | StratifiedJudge, config: TuneConfig, evidence: SplitEvidence,
+             ev: Evaluator) -> tuple[Confirmation, Any, Measured]:
     """Fixed-sequence confirmation on the holdout (evaluate.confirm): the last candidate confirmed becomes the
     plan; when none is, the search's own choice stays (and the holdout verdict says what it found)."""
     tried = list(outcome.tried)
@@ -732,14 +789,18 @@ def _judge(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evaluat
     base_job = jobs(table_path, (), subset, ALL_INT8)
     rec = ev.ledger.get(job_key(base_job, table_sha, ev.model_sha))
     base = from_record(rec) if rec is not None and not rec.get("error") else None
-    if config.risk_strata and subset is evidence.search:
+    if config.risk_strata:
         if base is None:
             (base,) = ev.run([base_job], table_sha, "all-INT8 (flip risk)")
-        strata = stratify(evidence, subset, base.agreement_values, seed=config.seed)
+        search = subset is evidence.search
+        strata = stratify(evidence, subset, base.agreement_values, seed=config.seed + (0 if search else 1))
         if strata is not None:
-            log.info("search split by flip risk (evaluated/total): %s", strata.describe())
+            log.info("%s by flip risk (evaluated/total): %s", "search split" if search else "holdout",
+                     strata.describe())
+            # the holdout's tests are the claim (fixed-sequence confirmation): at the rule's final confidence
             judge: PlanJudge | StratifiedJudge = StratifiedJudge(
-                evidence, subset, strata, constraints, run_chunks, config.agreement_confidence, rule)
+                evidence, subset, strata, constraints, run_chunks,
+                config.agreement_confidence if search else rule.final_confidence, rule)
             judge.seed((), base)
             return judge
     judge = PlanJudge(evidence, subset, rule, constraints, run_chunks, estimated=every)
@@ -804,6 +865,8 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
         warnings.append(unproven)
     if conf is not None and conf.chosen != conf.search_choice:
         warnings.append(_confirmation_warning(conf, len(evidence.holdout)))
+    if searched.note:
+        warnings.append(searched.note)
     if share < 1.0:
         warnings.append(f"{100 * (1 - share):.1f} % of the linear FLOPs are inside fused com.microsoft ops "
                         f"({', '.join(sorted({f.op_type for f in linear.fused}))}) that stay FP32: quantize the "
@@ -842,6 +905,8 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
             all_int8_mean_kl_search={k: finite(v) for k, v in tables.kl.items()},
             all_int8_cosine_search={k: finite(v) for k, v in tables.cosine.items()},
             per_tensor_counts=method_counts,
+            chosen_by=(f"fewest flips of FP32's predictions on the {tables.race_texts} search texts closest to "
+                       "FP32's decision boundary (then KL divergence)"),
         ),
         candidates=tuple(
             Candidate(id=i, stage=m.stage, kept_nodes=tuple(m.plan), int8_flops_fraction=m.int8_flops_fraction * share,

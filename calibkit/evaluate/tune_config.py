@@ -52,6 +52,9 @@ class TuneConfig:
     # in full, a seeded sample of the others, a stratified lower bound; False: every candidate on the split by
     # decision_rule. The holdout's confirmation is a plain random sample either way
     risk_strata: bool = True
+    # the tables (methods, smoothing) are raced all-INT8 on the search texts most at risk of flipping, this many
+    # (evaluate.risk.risky_subset)
+    race_texts: int = 1024
 
     def __post_init__(self) -> None:
         check_seed(self.seed)
