@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from calibkit.errors import MissingDependencyError, UsageError
+from calibkit.evaluate.tune_defaults import TUNE_HOLDOUT, TUNE_TRAFFIC_SIZE
 from calibkit.executors import from_spec
 from calibkit.progress import ProgressCallback, no_progress
 from calibkit.resources import Resources
@@ -596,7 +597,7 @@ def tune(
     agreement_confidence: float = 0.9,
     method: str = "auto",
     target: str = "tensorrt",
-    holdout: float = 0.3,
+    holdout: float = TUNE_HOLDOUT,
     sensitivity_samples: int = 256,
     sensitivity_layers: int | None = None,
     max_evaluations: int = 40,
@@ -610,7 +611,7 @@ def tune(
     report: PathLike | None = None,
     progress: ProgressCallback | None = None,
     traffic: PathLike | TrafficEvidence | None = DEFAULT_TRAFFIC,
-    traffic_size: int = 4000,
+    traffic_size: int = TUNE_TRAFFIC_SIZE,
     traffic_text_field: str | None = None,
     smooth: bool = True,
     decision_rule: str = "sequential",

@@ -16,7 +16,6 @@ from calibkit.cli._common import (
     NO_TRAFFIC,
     TOKENIZER,
     TRAFFIC,
-    TRAFFIC_SIZE,
     TRAFFIC_TEXT_FIELD,
     RichProgress,
     count,
@@ -28,6 +27,7 @@ from calibkit.cli._common import (
     traffic_choice,
     warn,
 )
+from calibkit.evaluate.tune_defaults import TUNE_HOLDOUT, TUNE_TRAFFIC_SIZE
 from calibkit.executors import EXECUTOR_HELP
 
 if TYPE_CHECKING:  # pragma: no cover - types only
@@ -64,7 +64,7 @@ HELP = (
     "95 % of nearest neighbours in the FP32 index and a mean cosine of 0.995 unless --min-agreement / "
     "--min-cosine say otherwise)\n"
     "  calibkit tune model/ -c calib/ -e test.jsonl --min-agreement 99 --traffic auto   (agreement judged on "
-    "4,000 unlabeled texts of the calibration set's own log, calibration texts excluded; the eval set's labels "
+    "10,500 unlabeled texts of the calibration set's own log, calibration texts excluded; the eval set's labels "
     "carry accuracy alone)\n"
     "  calibkit tune runs/minilm-smoothed -c calib/ -e test.jsonl --min-agreement 99   (a folder written by "
     "`calibkit smooth`: fewer layers to keep, measured against the same FP32 function)\n"
@@ -116,7 +116,9 @@ def tune(
     workers: int | None = typer.Option(None, "--workers", min=1,
                                        help="Evaluation processes (default: one per usable CPU)."),
     executor: str | None = typer.Option(None, "--executor", help=EXECUTOR_HELP),
-    holdout: float = typer.Option(0.3, "--holdout", help="Fraction of the eval set held out for the final check."),
+    holdout: float = typer.Option(TUNE_HOLDOUT, "--holdout",
+                                  help="Fraction of the evidence (eval set and traffic) held out for the "
+                                       "confirmation and the final check."),
     sensitivity_samples: int = typer.Option(256, "--sensitivity-samples", min=8, help="Examples per ranking run."),
     memory_budget: str = MEMORY_BUDGET_TAPS,
     max_batch_tokens: int | None = MAX_BATCH_TOKENS,
@@ -131,7 +133,9 @@ def tune(
     force: bool = force_option("--out and --report"),
     traffic: str | None = TRAFFIC,
     no_traffic: bool = NO_TRAFFIC,
-    traffic_size: int = TRAFFIC_SIZE,
+    traffic_size: int = typer.Option(TUNE_TRAFFIC_SIZE, "--traffic-size", min=1,
+                                     help="Traffic texts drawn (stratified by token length, --seed); half are held "
+                                          "out, so the plan is confirmed on over 5,000 texts the search never saw."),
     traffic_text_field: str | None = TRAFFIC_TEXT_FIELD,
     decision_rule: str = typer.Option(
         "sequential", "--decision-rule",

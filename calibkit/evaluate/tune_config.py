@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from calibkit.evaluate.tune_defaults import TUNE_HOLDOUT
 from calibkit.quantize.placement import DEFAULT_OP_TYPES
 from calibkit.types import MethodParams, check_seed
 
@@ -18,7 +19,7 @@ class TuneConfig:
     # (for embeddings: the share of texts whose nearest neighbour in the FP32 index stays, evaluate.rowfidelity)
     min_cosine: float | None = None
     method: str = "auto"  # "auto" or a Method value
-    holdout_fraction: float = 0.3
+    holdout_fraction: float = TUNE_HOLDOUT
     sensitivity_samples: int = 256
     sensitivity_layers: int | None = None  # measured sensitivity for the K worst layers (own SQNR); None: all
     max_evaluations: int = 40
