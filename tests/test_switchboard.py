@@ -11,7 +11,7 @@ from calib_helpers import texts, tiny_model, write_model_dir
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.engines.registry import model_runner
 from calibkit.errors import CalibrationError
-from calibkit.evaluate.boardjobs import run_on_boards, unit_size
+from calibkit.evaluate.boardjobs import cut_units, run_on_boards, text_cost
 from calibkit.evaluate.jobs import ALL_INT8, SensitivityJob, run_sensitivity_job
 from calibkit.evaluate.switchboard import SCALES, SWITCHES, build_board, setting
 from calibkit.executors import InProcessExecutor
@@ -106,7 +106,18 @@ def test_jobs_on_boards_give_what_each_variant_gives(tmp_path):
     assert sorted(seen) == [0, 0, 1, 1, 2, 2]
 
 
-def test_units_keep_every_worker_busy_and_are_at_least_a_batch():
-    assert unit_size(100_000, 16) == 512
-    assert unit_size(4_000, 16) == 63
-    assert unit_size(100, 2) == 32
+def test_units_are_cut_by_cost_at_whole_batches_and_the_longest_texts_are_spread():
+    """Short texts: units of whole batches. The longest texts (here 32 of 512 tokens, a batch alone worth most of
+    the work) are cut into several units, so no unit runs alone while the other workers wait."""
+    lengths = np.sort(np.concatenate([np.full(480, 20), np.full(32, 512)]))
+    total = float(text_cost(lengths).sum())
+    units = cut_units(lengths, 32, total / 16)
+    assert units[0][0] == 0 and units[-1][1] == len(lengths)
+    assert all(a[1] == b[0] for a, b in zip(units, units[1:]))  # a partition, in order
+    costs = [float(text_cost(lengths[a:b]).sum()) for a, b in units]
+    assert max(costs) <= total / 16 * 1.01 + float(text_cost(np.array([512]))[0])
+    assert sum(1 for a, b in units if lengths[a] == 512) >= 8  # the long batch is spread over many units
+    short = [(a, b) for a, b in units if lengths[b - 1] == 20]
+    assert all(a % 32 == 0 and (b % 32 == 0 or b == 480) for a, b in short)  # whole batches
+    assert cut_units(np.full(10, 5), 32, 1e9) == [(0, 10)]
+    assert cut_units(np.zeros(0), 32, 10.0) == [(0, 0)]

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,8 +33,7 @@ from calibkit.executors.base import Executor, Shared, fetch, materialize
 log = logging.getLogger("calibkit.evaluate.boardjobs")
 
 TENSORRT = "tensorrt"
-MIN_UNIT_TEXTS = 32  # a unit below a batch would pay the session's per-run cost for few texts
-MAX_UNIT_TEXTS = 512
+MIN_UNIT_COST = 1024.0  # tokens: below this a unit pays more in per-unit overhead than it computes
 UNITS_PER_WORKER = 4  # enough units that a slow one does not leave the other workers idle at the end
 
 
@@ -144,6 +143,19 @@ def _board(path: str, size: int, mtime_ns: int) -> Board:
     return board
 
 
+_shared_boards: weakref.WeakKeyDictionary[Executor, dict[int, tuple[Board, Shared]]] = weakref.WeakKeyDictionary()
+
+
+def _share_board(executor: Executor, board: Board) -> Shared:
+    """``executor.share(board)`` once per executor and board: sharing hashes the value's pickle, hundreds of MB
+    for a BERT-base board, and tune evaluates through the same board hundreds of times."""
+    memo = _shared_boards.setdefault(executor, {})
+    hit = memo.get(id(board))
+    if hit is None or hit[0] is not board:
+        hit = memo[id(board)] = (board, executor.share(board))
+    return hit[1]
+
+
 def board_for(path: str) -> Board:
     st = Path(path).stat()
     return _board(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
@@ -161,9 +173,41 @@ def _setting(board: Board, job: SensitivityJob) -> Setting:
     return setting(board, _table(str(p.resolve()), st.st_size, st.st_mtime_ns), job.keep_nodes)
 
 
-def unit_size(total_texts: int, workers: int) -> int:
-    """Texts per unit: enough units for every worker several times over, each at least a batch."""
-    return max(MIN_UNIT_TEXTS, min(MAX_UNIT_TEXTS, math.ceil(total_texts / max(1, workers * UNITS_PER_WORKER))))
+def text_cost(lengths: np.ndarray) -> np.ndarray:
+    """A text's share of the work in tokens: its length, and attention's square term (whose weight against the
+    dense layers is about length / (3 x hidden); 1,024 stands for a small hidden size)."""
+    n = np.asarray(lengths, dtype=np.float64)
+    return n + n * n / 1024.0
+
+
+def cut_units(lengths: np.ndarray, batch_size: int, target: float) -> list[tuple[int, int]]:
+    """(start, stop) runs of ``lengths`` (sorted ascending) of about ``target`` cost each, cut at whole batches
+    (the batches one evaluation of the whole job makes), and within a batch only where a single batch costs more
+    than ``target``: a run of the longest texts is as long to compute as a run of short ones, so no unit is left
+    running alone while the other workers wait."""
+    cost = text_cost(lengths)
+    units: list[tuple[int, int]] = []
+    start, acc = 0, 0.0
+    for b in range(0, len(lengths), batch_size):
+        stop = min(b + batch_size, len(lengths))
+        c = float(cost[b:stop].sum())
+        if acc and acc + c > target:
+            units.append((start, b))
+            start, acc = b, 0.0
+        if c > target:  # one batch alone is too much: its own runs of about ``target``
+            piece = start
+            run = 0.0
+            for i in range(b, stop):
+                if run and run + cost[i] > target:
+                    units.append((piece, i))
+                    piece, run = i, 0.0
+                run += float(cost[i])
+            start, acc = piece, run
+            continue
+        acc += c
+    if start < len(lengths) or not units:
+        units.append((start, len(lengths)))
+    return units
 
 
 def run_on_boards(jobs: Sequence[SensitivityJob], executor: Executor,
@@ -172,7 +216,9 @@ def run_on_boards(jobs: Sequence[SensitivityJob], executor: Executor,
     boards: dict[str, Shared] = {}
     tokenizers: dict[str, tuple[Shared, str | None]] = {}
     threads = executor.task_threads or executor.threads_per_task  # a pool of one worker per core: 1 thread each
-    size = unit_size(sum(len(j.texts) for j in jobs), executor.workers)
+    lengths = [_lengths(j) for j in jobs]
+    total = sum(float(text_cost(n).sum()) for n in lengths)
+    target = max(MIN_UNIT_COST, total / max(1, executor.workers * UNITS_PER_WORKER))
     units: list[BoardUnit] = []
     owner: list[int] = []
     failed: dict[int, SensitivityResult] = {}
@@ -180,7 +226,7 @@ def run_on_boards(jobs: Sequence[SensitivityJob], executor: Executor,
         try:
             board = board_for(job.source_model)
             if job.source_model not in boards:
-                boards[job.source_model] = executor.share(board)
+                boards[job.source_model] = _share_board(executor, board)
             s = _setting(board, job)
         except CalibkitError as exc:
             failed[i] = SensitivityResult(job.mode, job.node, float("nan"), float("nan"), float("nan"), 0.0,
@@ -194,11 +240,10 @@ def run_on_boards(jobs: Sequence[SensitivityJob], executor: Executor,
         pooling = job.pooling if job.task == EMBEDDING else None
         # units are runs of the job's texts in predict_outputs' own (stable) length order, cut at whole batches:
         # every text is batched with the same neighbours as in one evaluation of the whole job
-        order = np.argsort(_lengths(job), kind="stable")
-        step = max(job.batch_size, size // job.batch_size * job.batch_size)
-        for start in range(0, max(len(order), 1), step):
+        order = np.argsort(lengths[i], kind="stable")
+        for start, stop in cut_units(lengths[i][order], job.batch_size, target):
             units.append(BoardUnit(boards[job.source_model], tok, single, texts,
-                                   tuple(int(v) for v in order[start:start + step]),
+                                   tuple(int(v) for v in order[start:stop]),
                                    tuple(bool(v) for v in s.switches), tuple(float(v) for v in s.scales),
                                    job.batch_size, threads, job.max_length, job.output_name, pooling))
             owner.append(i)
