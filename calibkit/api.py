@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from calibkit.errors import MissingDependencyError, UsageError
-from calibkit.evaluate.tune_defaults import TUNE_HOLDOUT, TUNE_TRAFFIC_SIZE
+from calibkit.evaluate.tune_defaults import TUNE_HOLDOUT, TUNE_SENSITIVITY_SAMPLES, TUNE_TRAFFIC_SIZE
 from calibkit.executors import from_spec
 from calibkit.progress import ProgressCallback, no_progress
 from calibkit.resources import Resources
@@ -598,7 +598,7 @@ def tune(
     method: str = "auto",
     target: str = "tensorrt",
     holdout: float = TUNE_HOLDOUT,
-    sensitivity_samples: int = 256,
+    sensitivity_samples: int = TUNE_SENSITIVITY_SAMPLES,
     sensitivity_layers: int | None = None,
     max_evaluations: int = 40,
     limit: int | None = None,

@@ -27,7 +27,7 @@ from calibkit.cli._common import (
     traffic_choice,
     warn,
 )
-from calibkit.evaluate.tune_defaults import TUNE_HOLDOUT, TUNE_TRAFFIC_SIZE
+from calibkit.evaluate.tune_defaults import TUNE_HOLDOUT, TUNE_SENSITIVITY_SAMPLES, TUNE_TRAFFIC_SIZE
 from calibkit.executors import EXECUTOR_HELP
 
 if TYPE_CHECKING:  # pragma: no cover - types only
@@ -119,7 +119,8 @@ def tune(
     holdout: float = typer.Option(TUNE_HOLDOUT, "--holdout",
                                   help="Fraction of the evidence (eval set and traffic) held out for the "
                                        "confirmation and the final check."),
-    sensitivity_samples: int = typer.Option(256, "--sensitivity-samples", min=8, help="Examples per ranking run."),
+    sensitivity_samples: int = typer.Option(TUNE_SENSITIVITY_SAMPLES, "--sensitivity-samples", min=8,
+                                                help="Examples per ranking run."),
     memory_budget: str = MEMORY_BUDGET_TAPS,
     max_batch_tokens: int | None = MAX_BATCH_TOKENS,
     sensitivity_layers: int | None = typer.Option(

@@ -391,6 +391,12 @@ def _run_tune(
 
 
 AUTO_FINALISTS = 2  # methods of the race whose per-layer damage the per-tensor (auto) table chooses among
+AUTO_TEXTS = 64  # texts of the sensitivity subset that per-layer damage chooses a tensor's method on
+
+
+def _first(subset: EvalSubset, n: int) -> EvalSubset:
+    """The first ``n`` rows of ``subset`` (its seeded order: a random part of it)."""
+    return replace(subset, indices=subset.indices[:n], content_sha256="") if len(subset) > n else subset
 
 
 def _check_config(config: TuneConfig) -> None:
@@ -570,7 +576,7 @@ def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: 
         # for every method and node of the chosen variant, the output KL divergence to FP32 when only that node
         # is INT8
         jobs, model = chosen.jobs, chosen.model
-        sens = jobs.evidence.sensitivity
+        sens = _first(jobs.evidence.sensitivity, AUTO_TEXTS)
         own_kl: dict[str, dict[str, float]] = {}
         finalists = sorted(methods, key=lambda m: (flips[m.value + chosen.suffix], kl[m.value + chosen.suffix]))
         for m in finalists[:AUTO_FINALISTS]:

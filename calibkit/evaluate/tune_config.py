@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from calibkit.evaluate.tune_defaults import TUNE_HOLDOUT
+from calibkit.evaluate.tune_defaults import TUNE_HOLDOUT, TUNE_SENSITIVITY_SAMPLES
 from calibkit.quantize.placement import DEFAULT_OP_TYPES
 from calibkit.types import MethodParams, check_seed
 
@@ -20,7 +20,7 @@ class TuneConfig:
     min_cosine: float | None = None
     method: str = "auto"  # "auto" or a Method value
     holdout_fraction: float = TUNE_HOLDOUT
-    sensitivity_samples: int = 256
+    sensitivity_samples: int = TUNE_SENSITIVITY_SAMPLES
     sensitivity_layers: int | None = None  # measured sensitivity for the K worst layers (own SQNR); None: all
     max_evaluations: int = 40
     workers: int | None = None
@@ -55,7 +55,7 @@ class TuneConfig:
     risk_strata: bool = True
     # the tables (methods, smoothing) are raced all-INT8 on the search texts most at risk of flipping, this many
     # (evaluate.risk.risky_subset)
-    race_texts: int = 1024
+    race_texts: int = 512
 
     def __post_init__(self) -> None:
         check_seed(self.seed)

@@ -5,3 +5,5 @@
 # costs little more than its risky texts (evaluate.risk)
 TUNE_HOLDOUT = 0.5
 TUNE_TRAFFIC_SIZE = 10_500
+# texts of the search split each layer's own damage is ranked on (one evaluation per layer)
+TUNE_SENSITIVITY_SAMPLES = 128
