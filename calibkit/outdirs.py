@@ -14,6 +14,7 @@ import contextlib
 import datetime as _dt
 import glob
 import json
+import logging
 import os
 import shutil
 import socket
@@ -22,6 +23,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from calibkit.errors import UsageError
+
+log = logging.getLogger("calibkit.outdirs")
 
 MARKER = ".calibkit-output.json"
 MARKER_FORMAT = "calibkit-output/1"
@@ -205,7 +208,10 @@ def hold_lock(path: Path, mode: int = 0o644) -> int | None:
         import fcntl
     except ImportError:
         return None
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, mode)
+    try:  # never through a symbolic link: the file is ours to create, not one a link points to
+        fd = os.open(path, os.O_CREAT | os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), mode)
+    except OSError:
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -216,6 +222,7 @@ def hold_lock(path: Path, mode: int = 0o644) -> int | None:
 
 
 LOCK_SUFFIX = ".calibkit-lock"
+LOCK_FORMAT = "calibkit-lock/1"
 _claims: dict[Path, tuple[Path, int]] = {}  # outputs this process holds the lock of -> (lock file, descriptor)
 
 
@@ -233,30 +240,25 @@ def claim_output(path: Path, *, option: str = "--out") -> None:
     the other.
 
     The lock file lies beside the output because that is the one place every writer of the output shares: a
-    lock in the temporary folder was missed by a second run with another ``TMPDIR``. The parent has already
-    been checked writable (:func:`check_writable`; a read-only parent is refused before this, and an output
-    that cannot be written needs no lock). The kernel releases the lock however the process ends; the file is
-    removed by :func:`release_claims` (end of the command, or exit) while still locked, and a lock taken on a
-    file that was removed meanwhile is retried, so a removal never lets two runs hold "the" lock. A run killed
-    with SIGKILL leaves the few-byte file; the next run reuses and removes it."""
+    lock in the temporary folder was missed by a second run with another ``TMPDIR``. The lock can never be
+    turned against anyone (:func:`_take_lock`): it is written in full under a temporary name and linked into
+    place (never opened through a link, never truncated), and whatever stands at the lock path that calibkit did
+    not create there is refused by name. The kernel releases the lock however the process ends; the file is
+    removed by :func:`release_claims` (end of the command, or exit) while still locked. A run killed with
+    SIGKILL leaves the file: the next run finds that no process holds it and takes it over, saying so."""
     target = _resolved(path)
     if target in _claims:  # already ours
         return
     lock = lock_path(target)
     try:
+        import fcntl  # noqa: F401
+    except ImportError:  # not POSIX: no claim (the atomic swap still protects the output)
+        return
+    try:
         lock.parent.mkdir(parents=True, exist_ok=True)
-        fd = _lock_linked(lock)
+        fd = _take_lock(lock, option=option, output=path)
     except OSError:  # a parent that cannot take the lock cannot take the output either (checked before)
         return
-    if fd is None:
-        try:
-            holder = lock.read_text(encoding="ascii", errors="replace").strip() or "?"
-        except OSError:
-            holder = "?"
-        raise UsageError(f"{option} {path} is being written by another calibkit run (pid {holder})",
-                         hint=f"wait for it to finish, or pass another {option}")
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
     _claims[target] = (lock, fd)
     if len(_claims) == 1:
         import atexit
@@ -264,28 +266,103 @@ def claim_output(path: Path, *, option: str = "--out") -> None:
         atexit.register(release_claims)
 
 
-def _lock_linked(lock: Path) -> int | None:
-    """An exclusive lock on the file now at ``lock`` (a file another run removed between our open and our lock
-    is not it: retried); the descriptor, or None when another process holds it."""
+def _lock_record() -> bytes:
+    rec = {"format": LOCK_FORMAT, "pid": os.getpid(), "host": socket.gethostname()}
+    return (json.dumps(rec, sort_keys=True) + "\n").encode("ascii")
+
+
+def _read_lock_record(fd: int) -> dict | None:
+    """The record in a lock file calibkit wrote; None for anything else. Earlier calibkit versions wrote the
+    bare pid."""
+    data = os.pread(fd, 4096, 0).decode("ascii", "replace").strip()
+    if data.isdigit():
+        return {"pid": int(data)}
     try:
-        import fcntl
-    except ImportError:  # not POSIX: no claim (the atomic swap still protects the output)
-        raise OSError("no flock") from None
-    for _ in range(100):
-        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o666 & ~umask())
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            return None
-        try:
-            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            return fd
+        rec = json.loads(data)
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) and rec.get("format") == LOCK_FORMAT else None
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+
+
+def _take_lock(lock: Path, *, option: str, output: str | os.PathLike[str]) -> int:
+    """The descriptor of our lock at ``lock``, or a UsageError: held by a live run, or not calibkit's.
+
+    Our lock is a new file, written and locked under a temporary name and hard-linked to ``lock``: the link
+    fails when anything stands there, so no file (or link target) is ever opened for writing at the lock path.
+    What stands there is opened without following links: a calibkit lock that a live process holds refuses
+    this run; one that no process holds (its run was killed) is replaced by ours with a warning; anything else
+    (a symbolic link, a folder, a file with other content or other names) is refused by name."""
+    import fcntl
+
+    fd, tmp = tempfile.mkstemp(prefix=f"{lock.name}.", suffix=".tmp", dir=lock.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~umask())
+        os.write(fd, _lock_record())
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held before the file is visible as the lock
+        for _ in range(100):
+            try:
+                os.link(tmp, lock)
+                return fd
+            except FileExistsError:
+                pass
+            if _replace_stale(lock, tmp, option=option, output=output):
+                return fd
+        raise OSError("the lock file keeps being replaced")
+    except BaseException:
         os.close(fd)
-    raise OSError("the lock file keeps being replaced")
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def _replace_stale(lock: Path, ours: str, *, option: str, output: str | os.PathLike[str]) -> bool:
+    """What stands at ``lock``: True when it was a stale calibkit lock, now replaced by ``ours``; False when it
+    vanished meanwhile (try again); a UsageError when a live run holds it or calibkit did not create it."""
+    import errno
+    import fcntl
+    import stat
+
+    def foreign(what: str) -> UsageError:
+        return UsageError(f"{option} {output}: {lock} is {what}, not a lock calibkit created; calibkit will not "
+                          "write to it", hint=f"remove {lock} if it is not yours to keep, or pass another {option}")
+
+    try:
+        old = os.open(lock, os.O_RDONLY | _NOFOLLOW)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise foreign(f"a symbolic link (to {os.readlink(lock)})") from None
+        raise
+    try:
+        st = os.fstat(old)
+        if not stat.S_ISREG(st.st_mode):
+            raise foreign("a folder" if stat.S_ISDIR(st.st_mode) else "a special file")
+        try:
+            fcntl.flock(old, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            rec = _read_lock_record(old) or {}
+            raise UsageError(f"{option} {output} is being written by another calibkit run (pid "
+                             f"{rec.get('pid', '?')})",
+                             hint=f"wait for it to finish, or pass another {option}") from None
+        try:
+            if os.lstat(lock).st_ino != st.st_ino:
+                return False  # replaced since we opened it
+        except FileNotFoundError:
+            return False
+        rec = _read_lock_record(old)
+        if rec is None or st.st_nlink != 1:
+            raise foreign("a file with other content" if rec is None else "a file with other names (hard links)")
+        os.rename(ours, lock)  # atomic: the lock path never stands empty or unlocked
+        log.warning("%s %s: took over the lock %s of an earlier run (pid %s) that ended without releasing it",
+                    option, output, lock, rec.get("pid", "?"))
+        return True
+    finally:
+        os.close(old)
 
 
 def release_claims() -> None:
@@ -294,7 +371,7 @@ def release_claims() -> None:
     while _claims:
         _target, (lock, fd) = _claims.popitem()
         with contextlib.suppress(OSError):
-            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+            if os.lstat(lock).st_ino == os.fstat(fd).st_ino:
                 os.unlink(lock)
         with contextlib.suppress(OSError):
             os.close(fd)
