@@ -437,6 +437,10 @@ def compare(
     a, b = _artifact(engine_a), _artifact(engine_b)
     ref = _artifact(reference) if reference is not None else None
     engines = [a, b] + ([ref] if ref else [])
+    if save_outputs is not None:  # before any work: never an input, nor what their documents name
+        from calibkit.outdirs import check_not_input
+
+        check_not_input(save_outputs, [*engines, eval_set, traffic], option="save_outputs")
     check_same_model(engines)
     chosen = select_task(a, tokenizer_dir(engines), task)
     if eval_set is not None:

@@ -3,9 +3,10 @@
 Every folder calibkit writes as a whole carries a marker file (``MARKER``). A folder is replaced only when it
 is empty or carries the marker (or, for folders written before the marker existed, holds only names calibkit
 writes there); anything else is refused unless the user passes ``--force``, and even then it is moved aside,
-never deleted. Inputs are never outputs: an output that equals, contains or lies inside an input is refused
-whatever the flags. Writability is checked before any work starts, so a read-only folder fails in a second,
-not after an hour of calibration.
+never deleted. Inputs are never outputs: an output that equals, contains or lies inside an input of the run,
+given or named by the documents of one (:mod:`calibkit.provenance`), is refused whatever the flags; every
+writer of every command asks :func:`guard_output_dir` or :func:`guard_output_file` first. Writability is
+checked before any work starts, so a read-only folder fails in a second, not after an hour of calibration.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from calibkit.errors import UsageError
+from calibkit.provenance import RunInput, RunInputs, resolved, run_inputs
 
 log = logging.getLogger("calibkit.outdirs")
 
@@ -117,35 +119,36 @@ def _is_loop(p: Path) -> bool:
 
 def _resolved(p: str | os.PathLike[str]) -> Path:
     """The absolute path with every symbolic link followed; a link loop stays as it is (never raises)."""
-    return Path(os.path.realpath(os.path.abspath(os.path.expanduser(os.fspath(p)))))
+    return resolved(p)
 
 
-def check_not_input(path: str | os.PathLike[str], inputs: Sequence[str | os.PathLike[str] | None], *,
+def check_not_input(path: str | os.PathLike[str], inputs: Iterable[object] | RunInputs, *,
                     option: str = "--out", inside_ok: bool = False) -> None:
-    """Refuse an output that equals, contains or lies inside an input folder (``--force`` does not lift this).
+    """Refuse an output that is, contains or lies inside an input of the run (``--force`` does not lift this).
 
-    ``inside_ok``: a new single file may be added inside an input folder (an engine beside its model).
+    ``inputs``: the paths the run was given (or values with a ``path``), expanded here to every file and folder
+    their documents name (:func:`calibkit.provenance.run_inputs`): an engine's sidecar, model folder, tokenizer
+    and calibrate folder, a calibration set's log, and so on. ``inside_ok``: a new single file may be added
+    inside a folder given directly (an engine beside its model); never inside one found by provenance.
     """
     out = _resolved(path)
-    for raw in inputs:
-        if raw is None:
-            continue
-        inp = _resolved(raw)
-        if not inp.exists():
-            continue
-        if out == inp:
-            relation = "is"
-        elif out in inp.parents:
-            relation = "contains"
-        elif inp.is_dir() and inp in out.parents and not inside_ok:
-            relation = "lies inside"
-        else:
-            continue
-        raise UsageError(
-            f"{option} {path} {relation} the input {raw}; calibkit never writes over its inputs",
-            hint=(f"pass {option} a new file name that is not one of the inputs" if inside_ok else
-                  f"pass an {option} folder outside the inputs, e.g. runs/<name>"),
-        )
+    hits: list[tuple[int, str, RunInput]] = []
+    for inp in inputs if isinstance(inputs, RunInputs) else run_inputs(inputs):
+        if out == inp.path:
+            hits.append((0, "is", inp))
+        elif inp.path.is_dir() and inp.path in out.parents and not (inside_ok and inp.direct):
+            hits.append((1, "lies inside", inp))
+        elif out in inp.path.parents:
+            hits.append((2, "contains", inp))
+    if not hits:
+        return
+    _, relation, inp = min(hits, key=lambda h: h[0])  # the closest relation names the input best
+    why = f" ({inp.named_by})" if inp.named_by else ""
+    raise UsageError(
+        f"{option} {path} {relation} the input {inp.path}{why}; calibkit never writes over its inputs",
+        hint=(f"pass {option} a new file name that is not one of the inputs" if inside_ok else
+              f"pass an {option} folder outside the inputs, e.g. runs/<name>"),
+    )
 
 
 def check_writable(path: str | os.PathLike[str], *, option: str = "--out", is_file: bool = False) -> None:
@@ -180,7 +183,7 @@ def check_writable(path: str | os.PathLike[str], *, option: str = "--out", is_fi
             ) from None
 
 
-def guard_output_dir(path: str | os.PathLike[str], *, inputs: Sequence[str | os.PathLike[str] | None] = (),
+def guard_output_dir(path: str | os.PathLike[str], *, inputs: Iterable[object] | RunInputs = (),
                      option: str = "--out", force: bool = False, legacy_names: Iterable[str] = ()) -> Path | None:
     """All checks for a folder a command will write as a whole, before any work; returns where a foreign
     folder was moved aside under ``force`` (else None)."""
@@ -377,7 +380,7 @@ def release_claims() -> None:
             os.close(fd)
 
 
-def guard_output_file(path: str | os.PathLike[str], *, inputs: Sequence[str | os.PathLike[str] | None] = (),
+def guard_output_file(path: str | os.PathLike[str], *, inputs: Iterable[object] | RunInputs = (),
                       option: str, owned: Callable[[Path], bool] | None = None) -> None:
     """Checks for a single file a command will write (``compare --json``, ``build -o``): never an input, never
     a folder, writable; an existing file only when ``owned(path)`` says calibkit wrote it."""

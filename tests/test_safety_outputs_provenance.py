@@ -107,3 +107,117 @@ def test_the_lock_beside_the_output_from_the_command_line(tmp_path: Path, monkey
     assert r.exit_code == 2, r.output
     assert "symbolic link" in flat(r) and "hint:" in r.output
     assert victim.read_text() == "precious" and not (tmp_path / "cal").exists()
+
+
+# ---------------------------------------------------------------- inputs by provenance, for every writer
+
+
+@pytest.fixture(scope="module")
+def proj(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """model/, logs/prod.jsonl, set/ (sampled from it: its manifest names the log), cal/ and calB/ (calibrated
+    on set/), eng/int8.onnx (built from cal/), engB/int8.onnx (from calB/), eval.jsonl, doc.json."""
+    from calibkit.data.sample_pipeline import SampleOptions, sample_log
+
+    root = tmp_path_factory.mktemp("prov")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CALIBKIT_CACHE", str(root / "cache"))
+        model = write_model_dir(root / "model")
+        (root / "logs").mkdir()
+        log = root / "logs" / "prod.jsonl"
+        log.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(80, seed=1)))
+        sample_log(log, root / "set", SampleOptions(size=24, clusters=1, tokenizer=model))
+        for cal, eng in (("cal", "eng"), ("calB", "engB")):
+            assert run("calibrate", model, "-c", root / "set", "--method", "minmax", "--out", root / cal).exit_code == 0
+            r = run("build", model, "-p", "int8", "--calibration", root / cal, "-o", root / eng / "int8.onnx")
+            assert r.exit_code == 0, r.output
+        (root / "eval.jsonl").write_text("".join(json.dumps({"text": t, "label": ["negative", "positive"][i % 2]})
+                                                 + "\n" for i, t in enumerate(texts(12, seed=2))))
+        r = run("compare", root / "eng" / "int8.onnx", root / "engB" / "int8.onnx", "-e", root / "eval.jsonl",
+                "--no-layers", "--no-report", "--json", root / "doc.json")
+        assert r.exit_code == 0, r.output
+    return root
+
+
+# Every writer of every command: (command, option) -> arguments whose output is an input found by provenance
+# (one no argument names) where the command has such inputs, else a given input. A new path option of any
+# command fails test_every_path_option_is_known until it is listed here or among the readers.
+WRITERS: dict[tuple[str, str], list[str]] = {
+    ("deploy", "out_dir"): ["deploy", "{eng}/int8.onnx", "-b", "onnxruntime", "--traffic", "{p}/logs/prod.jsonl",
+                            "--out", "{p}/cal"],
+    ("compare", "save_outputs"): ["compare", "{eng}/int8.onnx", "{p}/engB/int8.onnx", "-e", "{p}/eval.jsonl",
+                                  "--no-report", "--save-outputs", "{p}/calB"],
+    ("compare", "json_path"): ["compare", "{eng}/int8.onnx", "{p}/engB/int8.onnx", "-e", "{p}/eval.jsonl",
+                               "--no-report", "--json", "{p}/cal/calibration.json"],
+    ("compare", "report"): ["compare", "{eng}/int8.onnx", "{p}/engB/int8.onnx", "-e", "{p}/eval.jsonl",
+                            "--report", "{p}/model"],
+    ("build", "output"): ["build", "{p}/model", "-p", "int8", "--calibration", "{p}/cal", "-o",
+                          "{p}/set/int8.onnx"],
+    ("calibrate", "out_dir"): ["calibrate", "{p}/model", "-c", "{p}/set", "--out", "{p}/logs"],
+    ("smooth", "out_dir"): ["smooth", "{p}/model", "-c", "{p}/set", "--out", "{p}/logs"],
+    ("tune", "out_dir"): ["tune", "{p}/model", "-c", "{p}/set", "-e", "{p}/eval.jsonl", "--out", "{p}/logs"],
+    ("tune", "report"): ["tune", "{p}/model", "-c", "{p}/set", "-e", "{p}/eval.jsonl", "--out", "{p}/t",
+                         "--report", "{p}/logs"],
+    ("sample", "out_dir"): ["sample", "{p}/logs/prod.jsonl", "--size", "8", "--out", "{p}/logs"],
+    ("report", "out_dir"): ["report", "{p}/doc.json", "--out", "{p}"],
+}
+# path options that name what a command reads, and writers that read nothing of the user's
+READERS = {("smooth", "calibration_set"), ("smooth", "tokenizer"), ("calibrate", "calibration_set"),
+           ("calibrate", "tokenizer"), ("calibrate", "from_cache"), ("build", "calibration"), ("build", "qdq"),
+           ("build", "tokenizer"), ("build", "calibration_set"), ("compare", "eval_set"), ("compare", "reference"),
+           ("tune", "calibration_set"), ("tune", "eval_set"), ("tune", "tokenizer"), ("deploy", "traffic"),
+           ("sample", "tokenizer")}
+NO_USER_INPUTS = {("demo prepare", "out_dir"), ("demo run", "workdir"), ("demo run", "reports_dir")}
+
+
+def _path_options() -> set[tuple[str, str]]:
+    import inspect
+
+    import typer
+
+    found: set[tuple[str, str]] = set()
+
+    def walk(cmd: object, prefix: str) -> None:
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, f"{prefix} {name}".strip())
+        if not hasattr(cmd, "commands"):
+            for pname, par in inspect.signature(cmd.callback).parameters.items():  # type: ignore[attr-defined]
+                if isinstance(par.default, typer.models.OptionInfo) and "Path" in str(par.annotation):
+                    found.add((prefix, pname))
+
+    walk(typer.main.get_command(app), "")
+    return found
+
+
+def test_every_path_option_is_known() -> None:
+    assert _path_options() == set(WRITERS) | READERS | NO_USER_INPUTS
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["", "force"])
+@pytest.mark.parametrize("writer", sorted(WRITERS), ids=lambda w: f"{w[0]}-{w[1]}")
+def test_every_writer_refuses_inputs_found_by_provenance(proj: Path, writer: tuple[str, str], force: bool,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`deploy ENGINE --out CALDIR` replaced the calibrate folder the engine came from, `compare --save-outputs
+    CALDIR` engine B's, and `--save-outputs MODELFOLDER --force` moved the model folder aside (then exit 4)."""
+    monkeypatch.setenv("CALIBKIT_CACHE", str(proj / "cache"))
+    args = [a.format(p=proj, eng=proj / "eng") for a in WRITERS[writer]]
+    before = snapshot(proj)
+    r = run(*args, *(["--force"] if force and writer[0] != "build" else []))
+    assert r.exit_code == 2, r.output
+    assert "never writes over its inputs" in flat(r) and "Traceback" not in r.output
+    assert snapshot(proj) == before
+
+
+def test_the_refusal_says_which_document_names_the_input(proj: Path) -> None:
+    r = run(*[a.format(p=proj, eng=proj / "eng") for a in WRITERS[("deploy", "out_dir")]])
+    assert r.exit_code == 2
+    assert f"is the input {proj / 'cal'}" in flat(r) and "int8.onnx.calibkit.json" in flat(r)
+
+
+def test_the_library_refuses_save_outputs_over_an_input(proj: Path) -> None:
+    import calibkit as ck
+
+    before = snapshot(proj)
+    with pytest.raises(UsageError, match="never writes over its inputs"):
+        ck.compare(proj / "eng" / "int8.onnx", proj / "engB" / "int8.onnx", proj / "eval.jsonl", layers=False,
+                   save_outputs=proj / "calB")
+    assert snapshot(proj) == before
