@@ -32,16 +32,48 @@ MARKER = ".calibkit-output.json"
 MARKER_FORMAT = "calibkit-output/1"
 
 
-def write_marker(folder: Path, what: str = "", entries: Iterable[str] | None = None) -> None:
+def write_marker(folder: Path, what: str = "", entries: Iterable[str] | None = None, *,
+                 digests: bool = False) -> None:
     """Mark ``folder`` as written by calibkit; the pid and host tell a stale temporary folder from a live one.
 
     ``entries`` (the names calibkit put in the folder) makes a later replace refuse a folder into which the
-    user has since added files of their own.
+    user has since added files of their own; ``digests`` records the sha256 of each of those that is a file,
+    so a reader can tell a file swapped in later from the one calibkit wrote (:func:`changed_files`).
     """
     rec: dict = {"format": MARKER_FORMAT, "what": what, "pid": os.getpid(), "host": socket.gethostname()}
     if entries is not None:
         rec["entries"] = sorted(set(entries) - {MARKER})
+        if digests:
+            rec["sha256"] = {n: _sha256(folder / n) for n in rec["entries"]
+                             if (folder / n).is_file() and not (folder / n).is_symlink()}
     (folder / MARKER).write_text(json.dumps(rec, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def changed_files(folder: Path, names: Iterable[str] | None = None) -> list[str]:
+    """The files of a folder calibkit wrote whose bytes are not those it recorded in the marker (swapped,
+    edited or removed since), among ``names`` (default: every recorded file). Empty when the folder records no
+    digests (written by an older calibkit, or not by calibkit)."""
+    rec = read_marker(folder)
+    recorded = rec.get("sha256") if rec is not None else None
+    if not isinstance(recorded, dict):
+        return []
+    wanted = recorded if names is None else [n for n in names if n in recorded]
+    out = []
+    for n in wanted:
+        p = folder / n
+        if not p.is_file() or p.is_symlink() or _sha256(p) != recorded[n]:
+            out.append(n)
+    return out
 
 
 def read_marker(folder: Path) -> dict | None:

@@ -221,3 +221,176 @@ def test_the_library_refuses_save_outputs_over_an_input(proj: Path) -> None:
         ck.compare(proj / "eng" / "int8.onnx", proj / "engB" / "int8.onnx", proj / "eval.jsonl", layers=False,
                    save_outputs=proj / "calB")
     assert snapshot(proj) == before
+
+
+# ---------------------------------------------------------------- documents that travel
+
+
+def _reversed_model(folder: Path, seed: int = 0) -> Path:
+    """A model folder like write_model_dir's, with the label names reversed (and other weights for seed != 0)."""
+    from calib_helpers import tiny_model
+
+    write_model_dir(folder)
+    if seed:
+        import onnx
+
+        onnx.save(tiny_model(seed=seed), str(folder / "model.onnx"))
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["id2label"] = {"0": "positive", "1": "negative"}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tm/, log.jsonl, set/, cal/ and tune/, every command run from this folder with relative paths (as a user
+    types them), so calibration.json used to record paths relative to this working folder."""
+    from calibkit.data.sample_pipeline import SampleOptions, sample_log
+
+    root = tmp_path_factory.mktemp("travel")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CALIBKIT_CACHE", str(root / "cache"))
+        mp.chdir(root)
+        write_model_dir(Path("tm"))
+        Path("log.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(80, seed=1)))
+        sample_log(Path("log.jsonl"), Path("set"), SampleOptions(size=24, clusters=1, tokenizer=Path("tm")))
+        Path("eval.jsonl").write_text("".join(json.dumps({"text": t, "label": ["negative", "positive"][i % 2]})
+                                              + "\n" for i, t in enumerate(texts(40, seed=2))))
+        assert run("calibrate", "tm", "-c", "set", "--method", "percentile", "--out", "cal").exit_code == 0
+        r = run("tune", "tm", "-c", "set", "-e", "eval.jsonl", "--method", "minmax", "--out", "tune", "--no-report",
+                "--no-smooth")
+        assert r.exit_code == 0, r.output
+    return root
+
+
+def _deploy(source: Path, out: Path, *extra: object) -> object:
+    return run("deploy", source, "-b", "onnxruntime", "--out", out, *extra)
+
+
+def _deploy_tune(tuned: Path, source: Path, out: Path) -> object:
+    return _deploy(source, out, "--traffic", tuned / "log.jsonl")  # tune.json's set is known by its id only
+
+
+def test_deploy_from_another_folder_uses_the_model_the_folder_names(tuned: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deploy run from another folder said the model was 'gone'."""
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tuned / "cache"))
+    monkeypatch.chdir(tmp_path)
+    r = _deploy_tune(tuned, tuned / "tune", tmp_path / "repo")
+    assert r.exit_code == 0, r.output
+    doc = json.loads((tmp_path / "repo" / "deploy.json").read_text())
+    assert doc["source"]["model"] == str(tuned / "tm" / "model.onnx")
+
+
+def test_another_tm_in_the_working_folder_is_never_deployed(tuned: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where another ./tm existed, deploy silently served its tokenizer, labels reversed."""
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tuned / "cache"))
+    _reversed_model(tmp_path / "tm")
+    monkeypatch.chdir(tmp_path)
+    r = _deploy_tune(tuned, tuned / "tune", tmp_path / "repo")
+    assert r.exit_code == 0, r.output
+    labels = next((tmp_path / "repo").glob("*/labels.txt"))
+    assert labels.read_text() == "negative\npositive\n"
+    assert json.loads((tmp_path / "repo" / "deploy.json").read_text())["source"]["tokenizer"] == str(tuned / "tm")
+
+
+@pytest.mark.parametrize("what", ["tokenizer", "model"])
+def test_a_folder_moved_next_to_another_model_is_refused_by_name(tuned: Path, tmp_path: Path, what: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tuned / "cache"))
+    shutil.copytree(tuned / "tune", tmp_path / "tune")
+    if what == "tokenizer":
+        _reversed_model(tmp_path / "tm")
+    else:
+        shutil.copytree(tuned / "tm", tmp_path / "tm")
+        import onnx
+        from calib_helpers import tiny_model
+
+        onnx.save(tiny_model(seed=5), str(tmp_path / "tm" / "model.onnx"))
+    monkeypatch.chdir(tmp_path)
+    r = _deploy_tune(tuned, tmp_path / "tune", tmp_path / "repo")
+    assert r.exit_code == 4, r.output
+    assert str(tmp_path / "tm") in flat(r) and "calibration.json" in flat(r) and "hint:" in r.output
+    assert not (tmp_path / "repo").exists()
+
+
+@pytest.mark.parametrize("name", ["model.int8.onnx", "calibration.json"])
+def test_a_swapped_file_of_a_tune_folder_is_not_served(tuned: Path, tmp_path: Path, name: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """deploy served a swapped model.int8.onnx or calibration.json while deploy.json listed the plan's layers."""
+    import shutil
+
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tuned / "cache"))
+    monkeypatch.chdir(tuned)  # where the folder was written: only the swap is wrong
+    copy = tuned / f"tune-{name}"
+    shutil.copytree(tuned / "tune", copy)
+    try:
+        shutil.copyfile(tuned / "cal" / name, copy / name)  # another method's table and model
+        assert (copy / name).read_bytes() != (tuned / "tune" / name).read_bytes()
+        r = _deploy(copy, tmp_path / "repo", "--traffic", tuned / "log.jsonl")
+        assert r.exit_code == 4, r.output
+        assert name in flat(r) and "changed after" in flat(r) and not (tmp_path / "repo").exists()
+    finally:
+        shutil.rmtree(copy)
+
+
+def test_a_copied_tune_folder_names_its_own_smoothed_model(tmp_path: Path) -> None:
+    """calibration.json as tune writes it for a plan on the smoothed model (OUT/smoothed-model, named while OUT
+    is still being built): a copy of the folder used the original's smoothed model."""
+    import shutil
+
+    from calibkit._io import atomic_dir
+    from calibkit.quantize.tablefile import load_calibration_json, write_calibration_json
+    from calibkit.types import CalibrationTable, Method, MethodParams
+
+    out = tmp_path / "runs" / "tune"
+    model = write_model_dir(tmp_path / "model")
+    table = CalibrationTable(model_sha256="0" * 64, calibration_set_id="s", method=Method.MINMAX,
+                             params=MethodParams(), ranges=())
+    with atomic_dir(out) as tmp:
+        shutil.copytree(model, tmp / "smoothed-model")
+        write_calibration_json(tmp / "calibration.json", table,
+                               {"source_model": str(out / "smoothed-model" / "model.onnx"), "tokenizer": str(model)})
+    shutil.copytree(out, tmp_path / "runs" / "copy")
+    shutil.rmtree(out)
+    cf = load_calibration_json(tmp_path / "runs" / "copy")
+    assert cf.source_model == (tmp_path / "runs" / "copy" / "smoothed-model" / "model.onnx").resolve()
+    assert cf.tokenizer == model.resolve()
+
+
+def test_an_engine_whose_tokenizer_changed_is_not_deployed(tuned: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tuned / "cache"))
+    shutil.copytree(tuned / "tm", tmp_path / "tm")
+    assert run("build", tmp_path / "tm", "-p", "fp32", "-o", tmp_path / "e" / "fp32.onnx").exit_code == 0
+    cfg = json.loads((tmp_path / "tm" / "config.json").read_text())
+    cfg["id2label"] = {"0": "positive", "1": "negative"}
+    (tmp_path / "tm" / "config.json").write_text(json.dumps(cfg))
+    r = _deploy(tmp_path / "e" / "fp32.onnx", tmp_path / "repo", "--traffic", tuned / "log.jsonl")
+    assert r.exit_code == 4, r.output
+    assert "label names" in flat(r) and not (tmp_path / "repo").exists()
+
+
+def test_the_default_traffic_log_is_checked_by_sha256(tuned: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The log a calibration set names is used only as it was when the set was drawn."""
+    import shutil
+
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tuned / "cache"))
+    for name in ("tm", "set", "cal"):
+        shutil.copytree(tuned / name, tmp_path / name)
+    log = tmp_path / "log.jsonl"
+    text = (tuned / "log.jsonl").read_text()
+    log.write_text(text.replace("good", "dull", 1) if "good" in text else text.replace("bad", "fun", 1))
+    assert log.stat().st_size == (tuned / "log.jsonl").stat().st_size
+    monkeypatch.chdir(tmp_path)
+    r = _deploy(tmp_path / "cal", tmp_path / "repo")
+    assert r.exit_code == 3, r.output
+    assert str(log) in flat(r) and "changed since" in flat(r) and "--traffic" in flat(r)
+    log.write_text(text)
+    assert _deploy(tmp_path / "cal", tmp_path / "repo").exit_code == 0

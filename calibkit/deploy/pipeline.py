@@ -138,9 +138,10 @@ def deploy(source: str | Path, out_dir: str | Path, options: DeployOptions = Dep
     _emit(cb, 1, "reading the traffic")
     cset = src.calibration_set or traffic.find_calibration_set(
         src.calibration_set_id, [Path("calibration_sets"), src.path.parent / "calibration_sets"])
-    log = options.traffic or traffic.default_traffic_log(cset, src.path)
-    tr = traffic.read_traffic(log, text_field=options.text_field, strict=options.strict, redact=options.redact,
-                              max_texts=options.max_texts, seed=options.seed)
+    default = traffic.default_traffic_log(cset, src.path) if options.traffic is None else None
+    tr = traffic.read_traffic(options.traffic or default.path, text_field=options.text_field,  # type: ignore[union-attr]
+                              strict=options.strict, redact=options.redact, max_texts=options.max_texts,
+                              seed=options.seed, expected_sha256=default.sha256 if default is not None else None)
     tok = TextTokenizer(md.tokenizer_path, max_length=md.max_length)
     lengths = np.concatenate([tok.token_lengths(tr.texts[i : i + 4096]) for i in range(0, len(tr.texts), 4096)])
 
