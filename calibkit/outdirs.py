@@ -24,11 +24,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from calibkit.errors import UsageError
-from calibkit.provenance import RunInput, RunInputs, resolved, run_inputs
+from calibkit.provenance import OUTPUT_MARKER, RunInput, RunInputs, resolved, run_inputs
 
 log = logging.getLogger("calibkit.outdirs")
 
-MARKER = ".calibkit-output.json"
+MARKER = OUTPUT_MARKER
 MARKER_FORMAT = "calibkit-output/1"
 
 

@@ -27,6 +27,7 @@ SIDECAR_SUFFIX = ".calibkit.json"  # ENGINE + this: the engine's sidecar (engine
 CALIBRATION_JSON = "calibration.json"  # the calibration document of a calibrate or tune folder
 MANIFEST_JSON = "manifest.json"  # a calibration set's manifest
 SMOOTHING_JSON = "smoothing.json"  # a smoothed model folder's record
+OUTPUT_MARKER = ".calibkit-output.json"  # in every folder calibkit writes as a whole (outdirs.MARKER)
 PATHS_KEY = "paths"  # in a document: PATHS_RELATIVE when its relative paths are relative to its own folder
 PATHS_RELATIVE = "relative to this document's folder"
 _MODEL_FOLDER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
@@ -127,7 +128,7 @@ def _named(p: Path) -> list[tuple[Path, str]]:
         out.append((resolved(sidecar), f"the sidecar of {p}"))
     if p.suffix == ".onnx" and any((p.parent / n).is_file() for n in _MODEL_FOLDER_FILES):
         out.append((p.parent, f"the model folder of {p}"))
-    if p.name == CALIBRATION_JSON:
+    if p.name == CALIBRATION_JSON and (p.parent / OUTPUT_MARKER).is_file():  # a calibrate or tune folder
         out.append((p.parent, f"the folder of {p}"))
     if p.name in (CALIBRATION_JSON, MANIFEST_JSON, SMOOTHING_JSON):
         doc = _document(p)
@@ -140,6 +141,10 @@ def _named(p: Path) -> list[tuple[Path, str]]:
         for key, value in fields:
             for q in recorded_paths(p, value, doc_relative=rel):
                 out += _with_model_folder(q, key, p)
+        files = doc.get("files") if p.name == CALIBRATION_JSON else None
+        for key, name in files.items() if isinstance(files, dict) else ():
+            if isinstance(name, str) and name:
+                out.append((resolved(p.parent / name), f"named by {p} (files.{key})"))
     return out
 
 
