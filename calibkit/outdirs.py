@@ -98,9 +98,15 @@ def is_replaceable(folder: Path, legacy_names: Iterable[str] = ()) -> bool:
     return bool(legacy) and names <= legacy
 
 
-def foreign_entries(folder: Path, limit: int = 5) -> str:
+def foreign_entries(folder: Path, limit: int = 5, legacy_names: Iterable[str] = ()) -> str:
+    """The names in ``folder`` that calibkit did not write there (the ones its marker, or ``legacy_names``, does
+    not list), as a short list; every name when it cannot tell."""
     names = sorted(p.name for p in folder.iterdir())
-    return ", ".join(names[:limit]) + (" …" if len(names) > limit else "")
+    rec = read_marker(folder)
+    entries = rec.get("entries") if rec is not None else None
+    ours = {MARKER, *(entries if isinstance(entries, list) else legacy_names)}
+    foreign = [n for n in names if n not in ours] or names
+    return ", ".join(foreign[:limit]) + (" …" if len(foreign) > limit else "")
 
 
 def check_replaceable(path: str | os.PathLike[str], *, option: str = "--out", legacy_names: Iterable[str] = (),
@@ -115,8 +121,8 @@ def check_replaceable(path: str | os.PathLike[str], *, option: str = "--out", le
                          hint=f"pass a new folder path to {option}")
     if not force and not is_replaceable(p, legacy_names):
         raise UsageError(
-            f"{option} {p} holds files calibkit did not write ({foreign_entries(p)}); the folder would be replaced "
-            "as a whole",
+            f"{option} {p} holds files calibkit did not write ({foreign_entries(p, legacy_names=legacy_names)}); "
+            "the folder would be replaced as a whole",
             hint=f"pass a new or empty folder to {option}, or add --force to move the existing folder aside "
             "(it is renamed, never deleted)",
         )

@@ -394,3 +394,56 @@ def test_the_default_traffic_log_is_checked_by_sha256(tuned: Path, tmp_path: Pat
     assert str(log) in flat(r) and "changed since" in flat(r) and "--traffic" in flat(r)
     log.write_text(text)
     assert _deploy(tmp_path / "cal", tmp_path / "repo").exit_code == 0
+
+
+# ---------------------------------------------------------------- deploy: refused before any work
+
+
+@pytest.mark.parametrize("extra, text", [
+    (["--queue-delay-us", str(2**64)], "--queue-delay-us"), (["--instances", str(2**31)], "--instances"),
+    (["--max-batch", str(2**40)], "--max-batch"), (["--seed", "-1"], "--seed"),
+    (["--name", "README.md"], "README.md"), (["--name", "deploy.JSON"], "deploy.JSON"),
+])
+def test_deploy_options_the_repository_cannot_hold_are_refused_before_work(tuned: Path, tmp_path: Path,
+                                                                          extra: list[str], text: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out-of-range values exited 0 with a config Triton cannot load; --seed -1 exited 1; --name README.md failed
+    after the model was built, naming a hidden temporary folder."""
+    import calibkit.engines.build as build
+
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tuned / "cache"))
+    monkeypatch.chdir(tuned)  # where its folders were written
+    monkeypatch.setattr(build, "build", lambda *a, **k: pytest.fail("the model was built before the refusal"))
+    r = _deploy(tuned / "cal", tmp_path / "repo", "--traffic", tuned / "log.jsonl", *extra)
+    assert r.exit_code == 2, r.output
+    assert text in flat(r) and "hint:" in r.output and ".tmp" not in flat(r) and "Traceback" not in r.output
+    assert not (tmp_path / "repo").exists()
+
+
+def test_label_names_with_a_line_break_are_refused_before_work(tuned: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """labels.txt used to be dropped without a word."""
+    import shutil
+
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tuned / "cache"))
+    monkeypatch.chdir(tuned)  # where its folders were written
+    shutil.copytree(tuned / "tm", tmp_path / "tm")
+    cfg = json.loads((tmp_path / "tm" / "config.json").read_text())
+    cfg["id2label"] = {"0": "neg\native", "1": "positive"}
+    (tmp_path / "tm" / "config.json").write_text(json.dumps(cfg))
+    assert run("build", tmp_path / "tm", "-p", "fp32", "-o", tmp_path / "e" / "fp32.onnx").exit_code == 0
+    r = _deploy(tmp_path / "e" / "fp32.onnx", tmp_path / "repo", "--traffic", tuned / "log.jsonl")
+    assert r.exit_code == 4, r.output
+    assert "line break" in flat(r) and "id2label" in flat(r) and not (tmp_path / "repo").exists()
+
+
+def test_the_foreign_files_message_names_only_what_calibkit_did_not_write(tuned: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tuned / "cache"))
+    monkeypatch.chdir(tuned)  # where its folders were written
+    args = ("--traffic", tuned / "log.jsonl")
+    assert _deploy(tuned / "cal", tmp_path / "repo", *args).exit_code == 0
+    (tmp_path / "repo" / "zz-my-notes.txt").write_text("mine")
+    r = _deploy(tuned / "cal", tmp_path / "repo", *args)
+    assert r.exit_code == 2, r.output
+    assert "calibkit did not write (zz-my-notes.txt)" in flat(r)

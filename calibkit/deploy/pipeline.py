@@ -77,6 +77,7 @@ class DeployResult:
 
 def _check(options: DeployOptions) -> None:
     from calibkit.deploy.profiles import check_k
+    from calibkit.deploy.triton import INT32_MAX, UINT64_MAX, check_range
 
     Backend(options.backend)
     if options.profiles is not None:
@@ -84,11 +85,16 @@ def _check(options: DeployOptions) -> None:
     if options.name is not None and not _NAME.match(options.name):
         raise UsageError(f"--name {options.name!r} is not a Triton model name",
                          hint="use letters, digits, '_', '-' and '.', starting with a letter, digit or '_'")
-    for flag, v, lo in (("--instances", options.instances, 1), ("--perf-requests", options.perf_requests, 1),
-                        ("--max-texts", options.max_texts, 1), ("--workspace-mib", options.workspace_mib, 1),
-                        ("--threads", options.threads if options.threads is not None else 1, 1)):
+    for flag, v, lo in (("--perf-requests", options.perf_requests, 1), ("--max-texts", options.max_texts, 1),
+                        ("--workspace-mib", options.workspace_mib, 1), ("--seed", options.seed, 0)):
         if v < lo:
             raise UsageError(f"{flag} must be at least {lo} (got {v})")
+    # config.pbtxt's fields, checked before any work (TritonModelConfig checks them again as it is made)
+    check_range("--instances", options.instances, 1, INT32_MAX, "instance_group count (int32)")
+    check_range("--max-batch", options.max_batch, 1, INT32_MAX, "max_batch_size (int32)")
+    check_range("--queue-delay-us", options.queue_delay_us, 0, UINT64_MAX, "max_queue_delay_microseconds (uint64)")
+    if options.threads is not None:
+        check_range("--threads", options.threads, 1, INT32_MAX, "intra_op_thread_count")
     if options.backend is Backend.TENSORRT and options.threads is not None:
         raise UsageError("--threads sets ONNX Runtime's intra-op threads; it does not apply to --backend tensorrt",
                          hint="drop --threads (use --instances for more TensorRT execution contexts)")
@@ -117,7 +123,9 @@ def deploy(source: str | Path, out_dir: str | Path, options: DeployOptions = Dep
     from calibkit.data.modeldir import ModelDir
     from calibkit.data.tokenizer import TextTokenizer
     from calibkit.deploy.modelio import read_model_io
+    from calibkit.deploy.repository import check_model_name, guard_repository
     from calibkit.deploy.source import resolve_source
+    from calibkit.provenance import run_inputs
 
     cb = progress or no_progress
     _check(options)
@@ -125,6 +133,8 @@ def deploy(source: str | Path, out_dir: str | Path, options: DeployOptions = Dep
     out = Path(out_dir)
     _emit(cb, 0, "reading SOURCE")
     src = resolve_source(source)
+    inputs = run_inputs([source, options.traffic, src.model, src.tokenizer, src.calibration_set])
+    guard_repository(out, inputs)  # before any work, as the command line does
     md = ModelDir.resolve(src.model, src.tokenizer)
     io = read_model_io(md.onnx_path)  # before any work: a model without dynamic axes is refused here
     if backend is Backend.TENSORRT and src.precision is Precision.INT8 and src.calibration_json is None \
@@ -133,6 +143,10 @@ def deploy(source: str | Path, out_dir: str | Path, options: DeployOptions = Dep
                          "calibration table; TensorRT needs the int8 (tensorrt) layout",
                          hint="deploy the calibrate or tune folder it came from with --backend tensorrt")
     name = options.name or default_name(src.model, src.precision)
+    check_model_name(name, "--name" if options.name else "the default name (pass --name)")
+    from calibkit.deploy.triton import check_label_names
+
+    check_label_names(md.id2label)
     warnings = _source_warnings(src, backend)
 
     _emit(cb, 1, "reading the traffic")
@@ -230,7 +244,7 @@ def deploy(source: str | Path, out_dir: str | Path, options: DeployOptions = Dep
         build(_build_request(src, target, backend, options))
 
     write_repository(out, name, RepositoryFiles(files, executables, json_docs, compact_docs), build_models=build_models,
-                     inputs=[src.path, src.model.parent, src.tokenizer, tr.path, cset])
+                     inputs=run_inputs([*inputs.paths, tr.path, cset]))
     _emit(cb, 5, "done")
     mdir = out / name
     return DeployResult(
