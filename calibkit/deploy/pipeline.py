@@ -25,7 +25,7 @@ from calibkit.deploy.batching import DEFAULT_BATCH_TOKENS, DEFAULT_MAX_BATCH, DE
 from calibkit.deploy.profiles import MAX_PROFILES, ROUND_TO, BucketChoice
 from calibkit.errors import ModelError, UsageError
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
-from calibkit.types import Backend, Precision
+from calibkit.types import Backend, Precision, check_seed
 
 DEPLOY_FORMAT = "calibkit-deploy/1"
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -80,13 +80,14 @@ def _check(options: DeployOptions) -> None:
     from calibkit.deploy.triton import INT32_MAX, UINT64_MAX, check_range
 
     Backend(options.backend)
+    check_seed(options.seed)
     if options.profiles is not None:
         check_k(options.profiles)
     if options.name is not None and not _NAME.match(options.name):
         raise UsageError(f"--name {options.name!r} is not a Triton model name",
                          hint="use letters, digits, '_', '-' and '.', starting with a letter, digit or '_'")
     for flag, v, lo in (("--perf-requests", options.perf_requests, 1), ("--max-texts", options.max_texts, 1),
-                        ("--workspace-mib", options.workspace_mib, 1), ("--seed", options.seed, 0)):
+                        ("--workspace-mib", options.workspace_mib, 1)):
         if v < lo:
             raise UsageError(f"{flag} must be at least {lo} (got {v})")
     # config.pbtxt's fields, checked before any work (TritonModelConfig checks them again as it is made)
