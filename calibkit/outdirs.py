@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import glob
+import hashlib
 import json
 import logging
 import os
@@ -50,8 +51,6 @@ def write_marker(folder: Path, what: str = "", entries: Iterable[str] | None = N
 
 
 def _sha256(path: Path) -> str:
-    import hashlib
-
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         while block := fh.read(1 << 20):
@@ -349,6 +348,11 @@ def _take_lock(lock: Path, *, option: str, output: str | os.PathLike[str]) -> in
                 return fd
             except FileExistsError:
                 pass
+            except OSError:  # a file system without hard links: created exclusively, never through a link
+                made = _create_exclusively(lock)
+                if made is not None:
+                    os.close(fd)
+                    return made
             if _replace_stale(lock, tmp, option=option, output=output):
                 return fd
         raise OSError("the lock file keeps being replaced")
@@ -358,6 +362,20 @@ def _take_lock(lock: Path, *, option: str, output: str | os.PathLike[str]) -> in
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+
+
+def _create_exclusively(lock: Path) -> int | None:
+    """Our lock created at ``lock`` with O_EXCL (where hard links are not supported); None when something
+    stands there. Until its record is written another run reads an empty file: refused, never taken over."""
+    import fcntl
+
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_RDWR | _NOFOLLOW, 0o666 & ~umask())
+    except FileExistsError:
+        return None
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.write(fd, _lock_record())
+    return fd
 
 
 def _replace_stale(lock: Path, ours: str, *, option: str, output: str | os.PathLike[str]) -> bool:
@@ -377,7 +395,9 @@ def _replace_stale(lock: Path, ours: str, *, option: str, output: str | os.PathL
         return False
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise foreign(f"a symbolic link (to {os.readlink(lock)})") from None
+            with contextlib.suppress(OSError):
+                raise foreign(f"a symbolic link (to {os.readlink(lock)})") from None
+            raise foreign("a symbolic link") from None
         raise
     try:
         st = os.fstat(old)

@@ -93,6 +93,28 @@ def test_a_stale_lock_of_a_dead_run_is_taken_over_with_a_message(lock_env: tuple
     assert not lock.exists()
 
 
+def test_without_hard_links_the_lock_is_created_exclusively(lock_env: tuple[Path, Path], tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    def no_links(*_: object) -> None:
+        raise OSError(errno.EPERM, "hard links are not supported here")
+
+    monkeypatch.setattr(os, "link", no_links)
+    out, lock = lock_env
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    lock.symlink_to(victim)
+    with pytest.raises(UsageError, match="symbolic link"):
+        guard_output_dir(out)
+    assert victim.read_text() == "precious"
+    lock.unlink()
+    guard_output_dir(out)
+    assert json.loads(lock.read_text())["pid"] == os.getpid()
+    release_claims()
+    assert not lock.exists() and sorted(p.name for p in out.parent.iterdir()) == []
+
+
 def test_the_lock_beside_the_output_from_the_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The reported case: a link at .NAME.calibkit-lock made `calibrate` truncate its target, exit 0."""
     from calibkit.data.calibset import write_calibration_set
