@@ -126,6 +126,7 @@ def deploy(source: str | Path, out_dir: str | Path, options: DeployOptions = Dep
     from calibkit.deploy.modelio import read_model_io
     from calibkit.deploy.repository import check_model_name, guard_repository
     from calibkit.deploy.source import resolve_source
+    from calibkit.deploy.triton import TritonModelConfig, label_output, labels_text
     from calibkit.provenance import run_inputs
 
     cb = progress or no_progress
@@ -145,18 +146,18 @@ def deploy(source: str | Path, out_dir: str | Path, options: DeployOptions = Dep
                          hint="deploy the calibrate or tune folder it came from with --backend tensorrt")
     name = options.name or default_name(src.model, src.precision)
     check_model_name(name, "--name" if options.name else "the default name (pass --name)")
-    from calibkit.deploy.triton import check_label_names
-
-    check_label_names(md.id2label)
+    label = label_output(io, md.id2label)  # label names with a line break are refused here, before any work
     warnings = _source_warnings(src, backend)
 
     _emit(cb, 1, "reading the traffic")
     cset = src.calibration_set or traffic.find_calibration_set(
         src.calibration_set_id, [Path("calibration_sets"), src.path.parent / "calibration_sets"])
-    default = traffic.default_traffic_log(cset, src.path) if options.traffic is None else None
-    tr = traffic.read_traffic(options.traffic or default.path, text_field=options.text_field,  # type: ignore[union-attr]
-                              strict=options.strict, redact=options.redact, max_texts=options.max_texts,
-                              seed=options.seed, expected_sha256=default.sha256 if default is not None else None)
+    log, expected = options.traffic, None
+    if log is None:  # the set's own log, only as it was when the set was drawn
+        default = traffic.default_traffic_log(cset, src.path)
+        log, expected = default.path, default.sha256
+    tr = traffic.read_traffic(log, text_field=options.text_field, strict=options.strict, redact=options.redact,
+                              max_texts=options.max_texts, seed=options.seed, expected_sha256=expected)
     tok = TextTokenizer(md.tokenizer_path, max_length=md.max_length)
     lengths = np.concatenate([tok.token_lengths(tr.texts[i : i + 4096]) for i in range(0, len(tr.texts), 4096)])
 
@@ -194,9 +195,6 @@ def deploy(source: str | Path, out_dir: str | Path, options: DeployOptions = Dep
                                    layer_info="1/model.plan.layers.json")
     has_trt = trt_available()
 
-    from calibkit.deploy.triton import TritonModelConfig, label_output, labels_text
-
-    label = label_output(io, md.id2label)
     config = TritonModelConfig(name=name, backend=backend, io=io, max_batch_size=plan.max_batch_size,
                                preferred_batch_sizes=plan.preferred, queue_delay_us=plan.queue_delay_us,
                                instances=options.instances, profiles=choice.k, intra_op_threads=options.threads,
