@@ -32,19 +32,18 @@ PATHS_KEY = "paths"  # in a document: PATHS_RELATIVE when its relative paths are
 PATHS_RELATIVE = "relative to this document's folder"
 _MODEL_FOLDER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
 _MAX_DOCUMENT = 64 << 20  # larger files are not calibkit's documents: not parsed
+_BESIDE = ("the sidecar of", "the model folder of")  # of a file: as direct as the file itself
 
 
 @dataclass(frozen=True)
 class RunInput:
     """One path a run reads: resolved (links followed), and why it is an input: "" when given directly, else
-    the chain of documents that leads to it from a given path."""
+    the chain of documents that leads to it from a given path. ``direct``: given, or the model folder (or the
+    sidecar) of a file given — what the user named on the command line."""
 
     path: Path
     named_by: str = ""
-
-    @property
-    def direct(self) -> bool:
-        return not self.named_by
+    direct: bool = True
 
 
 @dataclass(frozen=True)
@@ -83,7 +82,8 @@ def run_inputs(given: Iterable[object]) -> RunInputs:
         item = queue.pop(0)
         for path, why in _named(item.path):
             if path not in found and os.path.lexists(path):
-                found[path] = RunInput(path, f"{why}, {item.named_by}" if item.named_by else why)
+                beside = why.startswith(_BESIDE) and item.direct  # the model folder of a model file given
+                found[path] = RunInput(path, f"{why}, {item.named_by}" if item.named_by else why, beside)
                 queue.append(found[path])
     return RunInputs(tuple(found.values()))
 
@@ -125,9 +125,9 @@ def _named(p: Path) -> list[tuple[Path, str]]:
         return out
     sidecar = p.with_name(p.name + SIDECAR_SUFFIX)
     if sidecar.is_file():
-        out.append((resolved(sidecar), f"the sidecar of {p}"))
+        out.append((resolved(sidecar), f"{_BESIDE[0]} {p}"))
     if p.suffix == ".onnx" and any((p.parent / n).is_file() for n in _MODEL_FOLDER_FILES):
-        out.append((p.parent, f"the model folder of {p}"))
+        out.append((p.parent, f"{_BESIDE[1]} {p}"))
     if p.name == CALIBRATION_JSON and (p.parent / OUTPUT_MARKER).is_file():  # a calibrate or tune folder
         out.append((p.parent, f"the folder of {p}"))
     if p.name in (CALIBRATION_JSON, MANIFEST_JSON, SMOOTHING_JSON):

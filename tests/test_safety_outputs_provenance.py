@@ -469,3 +469,17 @@ def test_the_foreign_files_message_names_only_what_calibkit_did_not_write(tuned:
     r = _deploy(tuned / "cal", tmp_path / "repo", *args)
     assert r.exit_code == 2, r.output
     assert "calibkit did not write (zz-my-notes.txt)" in flat(r)
+
+
+def test_a_single_file_may_sit_beside_what_the_command_line_names_only(proj: Path) -> None:
+    """An engine may be built into the model folder given (as a folder or as its model file); a file output may
+    not go into a folder that only a document names (engine B's model folder, found through its sidecar)."""
+    from calibkit.outdirs import check_not_input
+
+    model = proj / "model"
+    check_not_input(model / "int8.onnx", [model], inside_ok=True)
+    check_not_input(model / "int8.onnx", [model / "model.onnx"], inside_ok=True)
+    with pytest.raises(UsageError, match="lies inside the input .*sidecar"):
+        check_not_input(model / "x.json", [proj / "engB" / "int8.onnx"], option="--json", inside_ok=True)
+    with pytest.raises(UsageError, match="is the input"):
+        check_not_input(model / "model.onnx", [model / "model.onnx"], inside_ok=True)
