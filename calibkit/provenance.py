@@ -66,12 +66,13 @@ def resolved(p: str | os.PathLike[str]) -> Path:
 
 
 def run_inputs(given: Iterable[object]) -> RunInputs:
-    """The inputs of a run given ``given`` (paths, or values with a ``path`` such as an engine artifact or an
-    eval set; None and missing paths are skipped), and every file and folder their documents name."""
+    """The inputs of a run given ``given`` (paths, or values with a ``path`` such as an engine artifact, a
+    calibration or eval set, or an ``onnx_path``: a model folder; None and missing paths are skipped), and every
+    file and folder their documents name."""
     found: dict[Path, RunInput] = {}
     queue: list[RunInput] = []
     for g in given:
-        raw = getattr(g, "path", g)
+        raw = getattr(g, "path", None) or getattr(g, "onnx_path", None) or g  # artifacts, sets, model folders
         if raw is None or not isinstance(raw, (str, os.PathLike)) or os.fspath(raw) in ("", "-"):
             continue
         item = RunInput(resolved(raw))

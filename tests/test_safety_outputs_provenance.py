@@ -483,3 +483,25 @@ def test_a_single_file_may_sit_beside_what_the_command_line_names_only(proj: Pat
         check_not_input(model / "x.json", [proj / "engB" / "int8.onnx"], option="--json", inside_ok=True)
     with pytest.raises(UsageError, match="is the input"):
         check_not_input(model / "model.onnx", [model / "model.onnx"], inside_ok=True)
+
+
+@pytest.mark.parametrize("call", ["calibrate", "tune", "sample", "smooth"])
+def test_the_library_refuses_outputs_over_inputs_too(proj: Path, call: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ck.calibrate(model, "set", out="set") replaced the calibration set it had just read (calibkit wrote it, so
+    the marker let it be replaced); each writer of the API asks the same guard as the command line."""
+    import calibkit as ck
+    from calibkit.data.modeldir import ModelDir
+
+    monkeypatch.setenv("CALIBKIT_CACHE", str(proj / "cache"))
+    model = ModelDir.resolve(proj / "model")
+    before = snapshot(proj)
+    with pytest.raises(UsageError, match="never writes over its inputs"):
+        if call == "calibrate":
+            ck.calibrate(model, proj / "set", proj / "set", method="minmax")
+        elif call == "tune":
+            ck.tune(proj / "model", proj / "set", proj / "eval.jsonl", proj / "runs" / "t", report=proj / "logs")
+        elif call == "sample":
+            ck.sample(proj / "logs" / "prod.jsonl", proj / "logs", size=8, clusters=1)
+        else:
+            ck.smooth(model, proj / "set", proj / "logs")
+    assert snapshot(proj) == before
