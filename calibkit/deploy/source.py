@@ -9,6 +9,7 @@ measured, in the layout of the chosen backend.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,12 +37,14 @@ class DeploySource:
     calibration_set_id: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": str(self.path), "kind": self.kind, "model": str(self.model), "tokenizer": str(self.tokenizer),
-                "precision": self.precision.value,
-                "calibration_json": str(self.calibration_json) if self.calibration_json else None,
-                "kept_nodes": list(self.keep_nodes), "qdq_model": str(self.qdq_model) if self.qdq_model else None,
-                "qdq_target": self.qdq_target,
-                "calibration_set": str(self.calibration_set) if self.calibration_set else None}
+        """deploy.json's record of SOURCE: absolute paths (the repository is read elsewhere)."""
+        def a(p: Path | None) -> str | None:
+            return os.path.abspath(p) if p is not None else None
+
+        return {"path": a(self.path), "kind": self.kind, "model": a(self.model), "tokenizer": a(self.tokenizer),
+                "precision": self.precision.value, "calibration_json": a(self.calibration_json),
+                "kept_nodes": list(self.keep_nodes), "qdq_model": a(self.qdq_model), "qdq_target": self.qdq_target,
+                "calibration_set": a(self.calibration_set)}
 
 
 def _existing(path: str | Path | None, what: str, source: Path, document: Path) -> Path:

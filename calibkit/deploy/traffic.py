@@ -14,6 +14,7 @@ is still there with the bytes it had (its size, and its sha256 checked in the pa
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,9 +38,9 @@ class Traffic:
     redacted: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": str(self.path), "lines": self.lines, "usable": self.usable, "texts": len(self.texts),
-                "sampled": self.sampled, "broken": dict(self.broken), "text_fields": list(self.text_fields),
-                "redacted": self.redacted}
+        return {"path": os.path.abspath(self.path), "lines": self.lines, "usable": self.usable,
+                "texts": len(self.texts), "sampled": self.sampled, "broken": dict(self.broken),
+                "text_fields": list(self.text_fields), "redacted": self.redacted}
 
 
 def read_traffic(path: str | Path, *, text_field: str | None = None, strict: bool = False, redact: bool = True,
