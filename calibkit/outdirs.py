@@ -184,7 +184,7 @@ def check_not_input(path: str | os.PathLike[str], inputs: Iterable[object] | Run
     raise UsageError(
         f"{option} {path} {relation} the input {inp.path}{why}; calibkit never writes over its inputs",
         hint=(f"pass {option} a new file name that is not one of the inputs" if inside_ok else
-              f"pass an {option} folder outside the inputs, e.g. runs/<name>"),
+              f"pass {option} a folder outside the inputs, e.g. runs/<name>"),
     )
 
 
