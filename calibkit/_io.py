@@ -271,11 +271,11 @@ def owner_alive(folder: str | os.PathLike[str]) -> bool | None:
     except ImportError:
         return None
     try:
-        fd = os.open(Path(folder) / _ALIVE, os.O_RDWR)
+        fd = os.open(Path(folder) / _ALIVE, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
         return None
     except OSError:
-        return True  # cannot tell: never remove
+        return True  # cannot tell (a symbolic link is not a lock calibkit made): never remove
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -243,7 +243,8 @@ _held_locks: list[int] = []  # descriptors held open for the life of the process
 
 def hold_lock(path: Path, mode: int = 0o644) -> int | None:
     """Take an exclusive lock on ``path`` (created if missing) and hold it for the life of this process; the
-    descriptor, or None when another process holds it (or the platform has no ``flock``)."""
+    descriptor, or None when another process holds it, the platform has no ``flock``, or ``path`` cannot be
+    opened without following a symbolic link."""
     try:
         import fcntl
     except ImportError:

@@ -505,3 +505,19 @@ def test_the_library_refuses_outputs_over_inputs_too(proj: Path, call: str, monk
         else:
             ck.smooth(model, proj / "set", proj / "logs")
     assert snapshot(proj) == before
+
+
+def test_the_alive_lock_of_a_folder_is_never_taken_through_a_link(tmp_path: Path) -> None:
+    """A link at FOLDER/.calibkit-alive made calibkit open and lock the file it points to for its whole life."""
+    from calibkit._io import mark_alive
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / ".calibkit-alive").symlink_to(victim)
+    mark_alive(tmp_path / "work")
+    probe = ("import fcntl, sys; fd = open(sys.argv[1]); fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); "
+             "print('free')")
+    r = subprocess.run([sys.executable, "-c", probe, str(victim)], capture_output=True, text=True)
+    assert r.stdout.strip() == "free", r.stderr
+    assert victim.read_text() == "precious"
