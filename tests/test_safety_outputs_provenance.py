@@ -521,3 +521,14 @@ def test_the_alive_lock_of_a_folder_is_never_taken_through_a_link(tmp_path: Path
     r = subprocess.run([sys.executable, "-c", probe, str(victim)], capture_output=True, text=True)
     assert r.stdout.strip() == "free", r.stderr
     assert victim.read_text() == "precious"
+
+
+def test_a_link_at_the_alive_lock_never_makes_a_folder_look_abandoned(tmp_path: Path) -> None:
+    """owner_alive followed the link, locked the file it points to and called the folder's owner dead (the
+    folder is then removed as stale); a link is not a lock calibkit made: it cannot tell, so never remove."""
+    from calibkit._io import owner_alive
+
+    (tmp_path / "unlocked.txt").write_text("x")
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / ".calibkit-alive").symlink_to(tmp_path / "unlocked.txt")
+    assert owner_alive(tmp_path / "work") is True
