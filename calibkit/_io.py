@@ -196,11 +196,13 @@ def atomic_dir(path: str | os.PathLike[str], *, what: str = "", legacy_names: It
         write_marker(tmp, what)
         staged = _staged.get()
         inside = _staged.set(None)  # files inside the new folder are written in place: the folder is the unit
+        _building[tmp.resolve()] = Path(os.path.abspath(target))
         try:
             yield tmp
         finally:
             _staged.reset(inside)
-        write_marker(tmp, what, entries=(p.name for p in tmp.iterdir()))
+            _building.pop(tmp.resolve(), None)
+        write_marker(tmp, what, entries=(p.name for p in tmp.iterdir()), digests=True)
         if staged is None:
             _swap_dir(tmp, target, legacy_names)
         else:  # swapped in with the run's other outputs (commit_together)
@@ -209,6 +211,33 @@ def atomic_dir(path: str | os.PathLike[str], *, what: str = "", legacy_names: It
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+_building: dict[Path, Path] = {}  # temporary folders of atomic_dir being written -> where they will be
+
+
+def final_path(path: str | os.PathLike[str]) -> Path:
+    """Where ``path`` will be once written: a path inside a folder :func:`atomic_dir` is building lives, after the
+    swap, inside the target (absolute); any other path is its own absolute path."""
+    p = Path(os.path.abspath(path))
+    here = p.resolve()
+    for tmp, target in _building.items():
+        if here == tmp or tmp in here.parents:
+            return target / here.relative_to(tmp)
+    return p
+
+
+def record_path(document: str | os.PathLike[str], target: str | os.PathLike[str], *, max_up: int = 2) -> str:
+    """How the document at ``document`` names ``target``: relative to the document's own folder (where it will
+    be, :func:`final_path`) when that takes at most ``max_up`` steps up, so the folder can be moved or copied
+    with what lies near it; absolute otherwise. Either way the reader checks the file by its recorded sha256."""
+    home = Path(os.path.realpath(final_path(document).parent))
+    dest = Path(os.path.realpath(final_path(target)))
+    try:
+        rel = os.path.relpath(dest, home)
+    except ValueError:  # another drive (Windows)
+        return str(dest)
+    return rel if Path(rel).parts[: max_up + 1].count("..") <= max_up else str(dest)
 
 
 def _swap_dir(tmp: Path, target: Path, legacy_names: Iterable[str]) -> None:
@@ -242,11 +271,11 @@ def owner_alive(folder: str | os.PathLike[str]) -> bool | None:
     except ImportError:
         return None
     try:
-        fd = os.open(Path(folder) / _ALIVE, os.O_RDWR)
+        fd = os.open(Path(folder) / _ALIVE, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
         return None
     except OSError:
-        return True  # cannot tell: never remove
+        return True  # cannot tell (a symbolic link is not a lock calibkit made): never remove
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

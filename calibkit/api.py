@@ -86,6 +86,14 @@ def _artifact(engine: PathLike | EngineArtifact) -> EngineArtifact:
     return engine if isinstance(engine, EngineArtifact) else EngineArtifact.load(Path(engine))
 
 
+def _not_an_input(out: PathLike | None, inputs: Sequence[object], option: str = "out") -> None:
+    """Before any work: ``out`` is none of the inputs, nor anything their documents name (calibkit.provenance)."""
+    from calibkit.outdirs import check_not_input
+
+    if out is not None:
+        check_not_input(out, inputs, option=option)
+
+
 @contextlib.contextmanager
 def resources(executor: Executor | str | None = None, *, workers: int | None = None,
               memory_budget: str | int = DEFAULT_MEMORY_BUDGET, max_batch_tokens: int | None = None,
@@ -130,6 +138,7 @@ def sample(
                             tokenizer=Path(tokenizer) if tokenizer else None, strict=strict, redact=redact,
                             clusters=clusters)
     target = Path(out) if out is not None else default_out_dir(logs, size, seed)
+    _not_an_input(target, [logs, tokenizer])
     drawn = draw_sample(logs, options, progress)
     return write_calibration_set(target, drawn.texts, drawn.labels, drawn.manifest)
 
@@ -155,6 +164,7 @@ def smooth(
 
     if batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
+    _not_an_input(out, [model, calibration_set, tokenizer])
     return run_smooth(_model_dir(model, tokenizer), _calibration_set(calibration_set), out_dir=Path(out),
                       alpha=alpha, budget=budget(memory_budget, max_batch_tokens), batch_size=batch_size,
                       progress=progress)
@@ -221,6 +231,7 @@ def calibrate(
         method=method, target=target, percentile=percentile, num_bins=num_bins, batch_size=batch_size,
         op_types=op_types, exclude=exclude, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
         has_calibration_set=calibration_set is not None, from_cache=from_cache, out=out)
+    _not_an_input(dest, [model, calibration_set, tokenizer, from_cache])
     if from_cache is not None:
         return _calibrate_from_cache(model, tokenizer, Path(from_cache), dest, op_types=op_types, exclude=exclude,
                                      target=target)
@@ -438,6 +449,7 @@ def compare(
     a, b = _artifact(engine_a), _artifact(engine_b)
     ref = _artifact(reference) if reference is not None else None
     engines = [a, b] + ([ref] if ref else [])
+    _not_an_input(save_outputs, [*engines, eval_set, traffic], "save_outputs")
     check_same_model(engines)
     chosen = select_task(a, tokenizer_dir(engines), task)
     if eval_set is not None:
@@ -648,6 +660,8 @@ def tune(
     check_tune_options(method=method, target=target, decision_rule=decision_rule)
     md = _model_dir(model, tokenizer)
     dest = Path(out) if out is not None else Path("runs") / f"tune-{md.onnx_path.parent.name or md.onnx_path.stem}"
+    for written, option in ((dest, "out"), (report, "report")):
+        _not_an_input(written, [md.onnx_path, md.tokenizer_path, calibration_set, eval_set, traffic], option)
     kind = _model_task(md, task)
     cset = _calibration_set(calibration_set)
     drawn = load_traffic(traffic, cset, size=traffic_size, text_field=traffic_text_field, seed=seed, model=md,

@@ -3,9 +3,10 @@
 Every folder calibkit writes as a whole carries a marker file (``MARKER``). A folder is replaced only when it
 is empty or carries the marker (or, for folders written before the marker existed, holds only names calibkit
 writes there); anything else is refused unless the user passes ``--force``, and even then it is moved aside,
-never deleted. Inputs are never outputs: an output that equals, contains or lies inside an input is refused
-whatever the flags. Writability is checked before any work starts, so a read-only folder fails in a second,
-not after an hour of calibration.
+never deleted. Inputs are never outputs: an output that equals, contains or lies inside an input of the run,
+given or named by the documents of one (:mod:`calibkit.provenance`), is refused whatever the flags; every
+writer of every command asks :func:`guard_output_dir` or :func:`guard_output_file` first. Writability is
+checked before any work starts, so a read-only folder fails in a second, not after an hour of calibration.
 """
 
 from __future__ import annotations
@@ -13,30 +14,65 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import glob
+import hashlib
 import json
+import logging
 import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from calibkit.errors import UsageError
+from calibkit.provenance import OUTPUT_MARKER, RunInput, RunInputs, resolved, run_inputs
 
-MARKER = ".calibkit-output.json"
+log = logging.getLogger("calibkit.outdirs")
+
+MARKER = OUTPUT_MARKER
 MARKER_FORMAT = "calibkit-output/1"
 
 
-def write_marker(folder: Path, what: str = "", entries: Iterable[str] | None = None) -> None:
+def write_marker(folder: Path, what: str = "", entries: Iterable[str] | None = None, *,
+                 digests: bool = False) -> None:
     """Mark ``folder`` as written by calibkit; the pid and host tell a stale temporary folder from a live one.
 
     ``entries`` (the names calibkit put in the folder) makes a later replace refuse a folder into which the
-    user has since added files of their own.
+    user has since added files of their own; ``digests`` records the sha256 of each of those that is a file,
+    so a reader can tell a file swapped in later from the one calibkit wrote (:func:`changed_files`).
     """
     rec: dict = {"format": MARKER_FORMAT, "what": what, "pid": os.getpid(), "host": socket.gethostname()}
     if entries is not None:
         rec["entries"] = sorted(set(entries) - {MARKER})
+        if digests:
+            rec["sha256"] = {n: _sha256(folder / n) for n in rec["entries"]
+                             if (folder / n).is_file() and not (folder / n).is_symlink()}
     (folder / MARKER).write_text(json.dumps(rec, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def changed_files(folder: Path, names: Iterable[str] | None = None) -> list[str]:
+    """The files of a folder calibkit wrote whose bytes are not those it recorded in the marker (swapped,
+    edited or removed since), among ``names`` (default: every recorded file). Empty when the folder records no
+    digests (written by an older calibkit, or not by calibkit)."""
+    rec = read_marker(folder)
+    recorded = rec.get("sha256") if rec is not None else None
+    if not isinstance(recorded, dict):
+        return []
+    wanted = recorded if names is None else [n for n in names if n in recorded]
+    out = []
+    for n in wanted:
+        p = folder / n
+        if not p.is_file() or p.is_symlink() or _sha256(p) != recorded[n]:
+            out.append(n)
+    return out
 
 
 def read_marker(folder: Path) -> dict | None:
@@ -61,9 +97,15 @@ def is_replaceable(folder: Path, legacy_names: Iterable[str] = ()) -> bool:
     return bool(legacy) and names <= legacy
 
 
-def foreign_entries(folder: Path, limit: int = 5) -> str:
+def foreign_entries(folder: Path, limit: int = 5, legacy_names: Iterable[str] = ()) -> str:
+    """The names in ``folder`` that calibkit did not write there (the ones its marker, or ``legacy_names``, does
+    not list), as a short list; every name when it cannot tell."""
     names = sorted(p.name for p in folder.iterdir())
-    return ", ".join(names[:limit]) + (" …" if len(names) > limit else "")
+    rec = read_marker(folder)
+    entries = rec.get("entries") if rec is not None else None
+    ours = {MARKER, *(entries if isinstance(entries, list) else legacy_names)}
+    foreign = [n for n in names if n not in ours] or names
+    return ", ".join(foreign[:limit]) + (" …" if len(foreign) > limit else "")
 
 
 def check_replaceable(path: str | os.PathLike[str], *, option: str = "--out", legacy_names: Iterable[str] = (),
@@ -78,8 +120,8 @@ def check_replaceable(path: str | os.PathLike[str], *, option: str = "--out", le
                          hint=f"pass a new folder path to {option}")
     if not force and not is_replaceable(p, legacy_names):
         raise UsageError(
-            f"{option} {p} holds files calibkit did not write ({foreign_entries(p)}); the folder would be replaced "
-            "as a whole",
+            f"{option} {p} holds files calibkit did not write ({foreign_entries(p, legacy_names=legacy_names)}); "
+            "the folder would be replaced as a whole",
             hint=f"pass a new or empty folder to {option}, or add --force to move the existing folder aside "
             "(it is renamed, never deleted)",
         )
@@ -114,35 +156,36 @@ def _is_loop(p: Path) -> bool:
 
 def _resolved(p: str | os.PathLike[str]) -> Path:
     """The absolute path with every symbolic link followed; a link loop stays as it is (never raises)."""
-    return Path(os.path.realpath(os.path.abspath(os.path.expanduser(os.fspath(p)))))
+    return resolved(p)
 
 
-def check_not_input(path: str | os.PathLike[str], inputs: Sequence[str | os.PathLike[str] | None], *,
+def check_not_input(path: str | os.PathLike[str], inputs: Iterable[object] | RunInputs, *,
                     option: str = "--out", inside_ok: bool = False) -> None:
-    """Refuse an output that equals, contains or lies inside an input folder (``--force`` does not lift this).
+    """Refuse an output that is, contains or lies inside an input of the run (``--force`` does not lift this).
 
-    ``inside_ok``: a new single file may be added inside an input folder (an engine beside its model).
+    ``inputs``: the paths the run was given (or values with a ``path``), expanded here to every file and folder
+    their documents name (:func:`calibkit.provenance.run_inputs`): an engine's sidecar, model folder, tokenizer
+    and calibrate folder, a calibration set's log, and so on. ``inside_ok``: a new single file may be added
+    inside a folder given directly (an engine beside its model); never inside one found by provenance.
     """
     out = _resolved(path)
-    for raw in inputs:
-        if raw is None:
-            continue
-        inp = _resolved(raw)
-        if not inp.exists():
-            continue
-        if out == inp:
-            relation = "is"
-        elif out in inp.parents:
-            relation = "contains"
-        elif inp.is_dir() and inp in out.parents and not inside_ok:
-            relation = "lies inside"
-        else:
-            continue
-        raise UsageError(
-            f"{option} {path} {relation} the input {raw}; calibkit never writes over its inputs",
-            hint=(f"pass {option} a new file name that is not one of the inputs" if inside_ok else
-                  f"pass an {option} folder outside the inputs, e.g. runs/<name>"),
-        )
+    hits: list[tuple[int, str, RunInput]] = []
+    for inp in inputs if isinstance(inputs, RunInputs) else run_inputs(inputs):
+        if out == inp.path:
+            hits.append((0, "is", inp))
+        elif inp.path.is_dir() and inp.path in out.parents and not (inside_ok and inp.direct):
+            hits.append((1, "lies inside", inp))
+        elif out in inp.path.parents:
+            hits.append((2, "contains", inp))
+    if not hits:
+        return
+    _, relation, inp = min(hits, key=lambda h: h[0])  # the closest relation names the input best
+    why = f" ({inp.named_by})" if inp.named_by else ""
+    raise UsageError(
+        f"{option} {path} {relation} the input {inp.path}{why}; calibkit never writes over its inputs",
+        hint=(f"pass {option} a new file name that is not one of the inputs" if inside_ok else
+              f"pass {option} a folder outside the inputs, e.g. runs/<name>"),
+    )
 
 
 def check_writable(path: str | os.PathLike[str], *, option: str = "--out", is_file: bool = False) -> None:
@@ -177,7 +220,7 @@ def check_writable(path: str | os.PathLike[str], *, option: str = "--out", is_fi
             ) from None
 
 
-def guard_output_dir(path: str | os.PathLike[str], *, inputs: Sequence[str | os.PathLike[str] | None] = (),
+def guard_output_dir(path: str | os.PathLike[str], *, inputs: Iterable[object] | RunInputs = (),
                      option: str = "--out", force: bool = False, legacy_names: Iterable[str] = ()) -> Path | None:
     """All checks for a folder a command will write as a whole, before any work; returns where a foreign
     folder was moved aside under ``force`` (else None)."""
@@ -200,12 +243,16 @@ _held_locks: list[int] = []  # descriptors held open for the life of the process
 
 def hold_lock(path: Path, mode: int = 0o644) -> int | None:
     """Take an exclusive lock on ``path`` (created if missing) and hold it for the life of this process; the
-    descriptor, or None when another process holds it (or the platform has no ``flock``)."""
+    descriptor, or None when another process holds it, the platform has no ``flock``, or ``path`` cannot be
+    opened without following a symbolic link."""
     try:
         import fcntl
     except ImportError:
         return None
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, mode)
+    try:  # never through a symbolic link: the file is ours to create, not one a link points to
+        fd = os.open(path, os.O_CREAT | os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), mode)
+    except OSError:
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -216,6 +263,7 @@ def hold_lock(path: Path, mode: int = 0o644) -> int | None:
 
 
 LOCK_SUFFIX = ".calibkit-lock"
+LOCK_FORMAT = "calibkit-lock/1"
 _claims: dict[Path, tuple[Path, int]] = {}  # outputs this process holds the lock of -> (lock file, descriptor)
 
 
@@ -233,30 +281,25 @@ def claim_output(path: Path, *, option: str = "--out") -> None:
     the other.
 
     The lock file lies beside the output because that is the one place every writer of the output shares: a
-    lock in the temporary folder was missed by a second run with another ``TMPDIR``. The parent has already
-    been checked writable (:func:`check_writable`; a read-only parent is refused before this, and an output
-    that cannot be written needs no lock). The kernel releases the lock however the process ends; the file is
-    removed by :func:`release_claims` (end of the command, or exit) while still locked, and a lock taken on a
-    file that was removed meanwhile is retried, so a removal never lets two runs hold "the" lock. A run killed
-    with SIGKILL leaves the few-byte file; the next run reuses and removes it."""
+    lock in the temporary folder was missed by a second run with another ``TMPDIR``. The lock can never be
+    turned against anyone (:func:`_take_lock`): it is written in full under a temporary name and linked into
+    place (never opened through a link, never truncated), and whatever stands at the lock path that calibkit did
+    not create there is refused by name. The kernel releases the lock however the process ends; the file is
+    removed by :func:`release_claims` (end of the command, or exit) while still locked. A run killed with
+    SIGKILL leaves the file: the next run finds that no process holds it and takes it over, saying so."""
     target = _resolved(path)
     if target in _claims:  # already ours
         return
     lock = lock_path(target)
     try:
+        import fcntl  # noqa: F401
+    except ImportError:  # not POSIX: no claim (the atomic swap still protects the output)
+        return
+    try:
         lock.parent.mkdir(parents=True, exist_ok=True)
-        fd = _lock_linked(lock)
+        fd = _take_lock(lock, option=option, output=path)
     except OSError:  # a parent that cannot take the lock cannot take the output either (checked before)
         return
-    if fd is None:
-        try:
-            holder = lock.read_text(encoding="ascii", errors="replace").strip() or "?"
-        except OSError:
-            holder = "?"
-        raise UsageError(f"{option} {path} is being written by another calibkit run (pid {holder})",
-                         hint=f"wait for it to finish, or pass another {option}")
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
     _claims[target] = (lock, fd)
     if len(_claims) == 1:
         import atexit
@@ -264,28 +307,124 @@ def claim_output(path: Path, *, option: str = "--out") -> None:
         atexit.register(release_claims)
 
 
-def _lock_linked(lock: Path) -> int | None:
-    """An exclusive lock on the file now at ``lock`` (a file another run removed between our open and our lock
-    is not it: retried); the descriptor, or None when another process holds it."""
+def _lock_record() -> bytes:
+    rec = {"format": LOCK_FORMAT, "pid": os.getpid(), "host": socket.gethostname()}
+    return (json.dumps(rec, sort_keys=True) + "\n").encode("ascii")
+
+
+def _read_lock_record(fd: int) -> dict | None:
+    """The record in a lock file calibkit wrote; None for anything else. Earlier calibkit versions wrote the
+    bare pid."""
+    data = os.pread(fd, 4096, 0).decode("ascii", "replace").strip()
+    if data.isdigit():
+        return {"pid": int(data)}
     try:
-        import fcntl
-    except ImportError:  # not POSIX: no claim (the atomic swap still protects the output)
-        raise OSError("no flock") from None
-    for _ in range(100):
-        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o666 & ~umask())
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            return None
-        try:
-            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            return fd
+        rec = json.loads(data)
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) and rec.get("format") == LOCK_FORMAT else None
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+
+
+def _take_lock(lock: Path, *, option: str, output: str | os.PathLike[str]) -> int:
+    """The descriptor of our lock at ``lock``, or a UsageError: held by a live run, or not calibkit's.
+
+    Our lock is a new file, written and locked under a temporary name and hard-linked to ``lock``: the link
+    fails when anything stands there, so no file (or link target) is ever opened for writing at the lock path.
+    What stands there is opened without following links: a calibkit lock that a live process holds refuses
+    this run; one that no process holds (its run was killed) is replaced by ours with a warning; anything else
+    (a symbolic link, a folder, a file with other content or other names) is refused by name."""
+    import fcntl
+
+    fd, tmp = tempfile.mkstemp(prefix=f"{lock.name}.", suffix=".tmp", dir=lock.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~umask())
+        os.write(fd, _lock_record())
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held before the file is visible as the lock
+        for _ in range(100):
+            try:
+                os.link(tmp, lock)
+                return fd
+            except FileExistsError:
+                pass
+            except OSError:  # a file system without hard links: created exclusively, never through a link
+                made = _create_exclusively(lock)
+                if made is not None:
+                    os.close(fd)
+                    return made
+            if _replace_stale(lock, tmp, option=option, output=output):
+                return fd
+        raise OSError("the lock file keeps being replaced")
+    except BaseException:
         os.close(fd)
-    raise OSError("the lock file keeps being replaced")
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def _create_exclusively(lock: Path) -> int | None:
+    """Our lock created at ``lock`` with O_EXCL (where hard links are not supported); None when something
+    stands there. Until its record is written another run reads an empty file: refused, never taken over."""
+    import fcntl
+
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_RDWR | _NOFOLLOW, 0o666 & ~umask())
+    except FileExistsError:
+        return None
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.write(fd, _lock_record())
+    return fd
+
+
+def _replace_stale(lock: Path, ours: str, *, option: str, output: str | os.PathLike[str]) -> bool:
+    """What stands at ``lock``: True when it was a stale calibkit lock, now replaced by ``ours``; False when it
+    vanished meanwhile (try again); a UsageError when a live run holds it or calibkit did not create it."""
+    import errno
+    import fcntl
+    import stat
+
+    def foreign(what: str) -> UsageError:
+        return UsageError(f"{option} {output}: {lock} is {what}, not a lock calibkit created; calibkit will not "
+                          "write to it", hint=f"remove {lock} if it is not yours to keep, or pass another {option}")
+
+    try:
+        old = os.open(lock, os.O_RDONLY | _NOFOLLOW)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            with contextlib.suppress(OSError):
+                raise foreign(f"a symbolic link (to {os.readlink(lock)})") from None
+            raise foreign("a symbolic link") from None
+        raise
+    try:
+        st = os.fstat(old)
+        if not stat.S_ISREG(st.st_mode):
+            raise foreign("a folder" if stat.S_ISDIR(st.st_mode) else "a special file")
+        try:
+            fcntl.flock(old, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            rec = _read_lock_record(old) or {}
+            raise UsageError(f"{option} {output} is being written by another calibkit run (pid "
+                             f"{rec.get('pid', '?')})",
+                             hint=f"wait for it to finish, or pass another {option}") from None
+        try:
+            if os.lstat(lock).st_ino != st.st_ino:
+                return False  # replaced since we opened it
+        except FileNotFoundError:
+            return False
+        rec = _read_lock_record(old)
+        if rec is None or st.st_nlink != 1:
+            raise foreign("a file with other content" if rec is None else "a file with other names (hard links)")
+        os.rename(ours, lock)  # atomic: the lock path never stands empty or unlocked
+        log.warning("%s %s: took over the lock %s of an earlier run (pid %s) that ended without releasing it",
+                    option, output, lock, rec.get("pid", "?"))
+        return True
+    finally:
+        os.close(old)
 
 
 def release_claims() -> None:
@@ -294,13 +433,13 @@ def release_claims() -> None:
     while _claims:
         _target, (lock, fd) = _claims.popitem()
         with contextlib.suppress(OSError):
-            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+            if os.lstat(lock).st_ino == os.fstat(fd).st_ino:
                 os.unlink(lock)
         with contextlib.suppress(OSError):
             os.close(fd)
 
 
-def guard_output_file(path: str | os.PathLike[str], *, inputs: Sequence[str | os.PathLike[str] | None] = (),
+def guard_output_file(path: str | os.PathLike[str], *, inputs: Iterable[object] | RunInputs = (),
                       option: str, owned: Callable[[Path], bool] | None = None) -> None:
     """Checks for a single file a command will write (``compare --json``, ``build -o``): never an input, never
     a folder, writable; an existing file only when ``owned(path)`` says calibkit wrote it."""

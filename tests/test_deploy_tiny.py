@@ -185,8 +185,10 @@ def test_tune_folder_keeps_the_plan_and_finds_the_set(work: dict[str, Path], tmp
     is found under ./calibration_sets and its log is the default traffic."""
     tune = tmp_path / "tune"
     shutil.copytree(work["cal"], tune)
+    (tune / ".calibkit-output.json").unlink()  # hand-made from a calibrate folder: no record of calibkit's files
     cal = json.loads((tune / "calibration.json").read_text())
     cal.pop("calibration_set")
+    cal.update(source_model=str(work["model"] / "model.onnx"), tokenizer=str(work["model"]))  # moved: absolute
     cal["kept_nodes"] = ["out_proj"]
     (tune / "calibration.json").write_text(json.dumps(cal))
     (tune / "tune.json").write_text(json.dumps({"format": "calibkit-tune/1"}))
@@ -263,10 +265,14 @@ def test_cli_bad_inputs(work: dict[str, Path], tmp_path: Path, case: str, code: 
         for vi in m.graph.input:
             vi.type.tensor_type.shape.dim[0].dim_value = 1
         onnx.save(m, str(src / "model.onnx"))
+        from calibkit._io import sha256_file
+
         cal = tmp_path / "cal"
         shutil.copytree(work["cal"], cal)
+        (cal / ".calibkit-output.json").unlink()  # a hand-made folder naming another model, by its own sha256
         doc = json.loads((cal / "calibration.json").read_text())
-        doc["source_model"] = str(src / "model.onnx")
+        doc.update(source_model=str(src / "model.onnx"), tokenizer=str(work["model"]), sha256={})
+        doc["table"]["model_sha256"] = sha256_file(src / "model.onnx")
         (cal / "calibration.json").write_text(json.dumps(doc))
         args[0] = str(cal)
     elif case == "threads-trt":

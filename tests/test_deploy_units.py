@@ -238,8 +238,52 @@ def test_labels() -> None:
     assert label_output(io, {0: "a", 1: "b", 2: "c"}) == "logits"
     assert label_output(io, {0: "a", 1: "b"}) is None  # no output of that width
     assert label_output(io, {0: "a", 2: "b", 3: "c"}) is None  # ids must run 0..n-1
-    assert label_output(io, {0: "a\nb", 1: "b", 2: "c"}) is None
     assert labels_text({1: "pos", 0: "neg"}) == "neg\npos\n"
+
+
+@pytest.mark.parametrize("brk", ["\n", "\r", "\u2028", "\x85"])
+def test_label_names_with_a_line_break_are_refused(brk: str) -> None:
+    """A label name with a line break dropped labels.txt without a word; it would shift every later name."""
+    labels = {0: "a", 1: f"b{brk}c", 2: "d"}
+    with pytest.raises(ModelError, match="line break") as err:
+        label_output(_io(), labels)
+    assert "label name 1" in err.value.message and err.value.hint
+    with pytest.raises(ModelError, match="line break"):
+        labels_text(labels)
+
+
+def test_names_outside_the_basic_multilingual_plane_parse(tmp_path: Path) -> None:
+    """An output name outside the BMP was written as JSON's escaped surrogate pair, which Triton cannot parse."""
+    odd = ["logits\U0001f600", 'q"uo\\te', "tab\tnew\nline\x01", "caf\u00e9 \u2028"]
+    io = ModelIO((TensorIO("input_ids", "TYPE_INT64", (-1,)),),
+                 tuple(TensorIO(n, "TYPE_FP32", (3,)) for n in odd))
+    cfg = TritonModelConfig("m", Backend.ONNXRUNTIME, io, 8, (8,), 100, label_output=odd[0])
+    text = cfg.render()
+    assert text.isascii()
+    (tmp_path / "config.pbtxt").write_text(text)
+    c = parse_config(tmp_path / "config.pbtxt")
+    assert [o.name for o in c.output] == odd and c.output[0].label_filename == "labels.txt"
+
+
+@pytest.mark.parametrize("field, value, option", [
+    ("instances", 2**31, "--instances"), ("queue_delay_us", 2**64, "--queue-delay-us"),
+    ("max_batch_size", 2**31, "--max-batch"), ("queue_delay_us", -1, "--queue-delay-us"),
+    ("intra_op_threads", 2**31, "--threads"),
+])
+def test_config_values_outside_the_schema_are_refused(field: str, value: int, option: str) -> None:
+    """--queue-delay-us >= 2^64, --instances >= 2^31 or a huge --max-batch wrote values the schema cannot hold."""
+    kw = {"instances": 1, "intra_op_threads": None, "queue_delay_us": 100, "max_batch_size": 8, field: value}
+    with pytest.raises(UsageError, match=option):
+        TritonModelConfig("m", Backend.ONNXRUNTIME, _io(), kw["max_batch_size"], (1,), kw["queue_delay_us"],
+                          instances=kw["instances"], intra_op_threads=kw["intra_op_threads"])
+
+
+def test_the_largest_schema_values_still_parse(tmp_path: Path) -> None:
+    cfg = TritonModelConfig("m", Backend.TENSORRT, _io(), 2**31 - 1, (1, 2**31 - 1), 2**64 - 1, instances=2**31 - 1)
+    (tmp_path / "config.pbtxt").write_text(cfg.render())
+    c = parse_config(tmp_path / "config.pbtxt")
+    assert c.max_batch_size == 2**31 - 1 and c.dynamic_batching.max_queue_delay_microseconds == 2**64 - 1
+    assert c.instance_group[0].count == 2**31 - 1
 
 
 # ---------------------------------------------------------------- traffic

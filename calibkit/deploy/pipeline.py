@@ -25,7 +25,7 @@ from calibkit.deploy.batching import DEFAULT_BATCH_TOKENS, DEFAULT_MAX_BATCH, DE
 from calibkit.deploy.profiles import MAX_PROFILES, ROUND_TO, BucketChoice
 from calibkit.errors import ModelError, UsageError
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
-from calibkit.types import Backend, Precision
+from calibkit.types import Backend, Precision, check_seed
 
 DEPLOY_FORMAT = "calibkit-deploy/1"
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -77,18 +77,25 @@ class DeployResult:
 
 def _check(options: DeployOptions) -> None:
     from calibkit.deploy.profiles import check_k
+    from calibkit.deploy.triton import INT32_MAX, UINT64_MAX, check_range
 
     Backend(options.backend)
+    check_seed(options.seed)
     if options.profiles is not None:
         check_k(options.profiles)
     if options.name is not None and not _NAME.match(options.name):
         raise UsageError(f"--name {options.name!r} is not a Triton model name",
                          hint="use letters, digits, '_', '-' and '.', starting with a letter, digit or '_'")
-    for flag, v, lo in (("--instances", options.instances, 1), ("--perf-requests", options.perf_requests, 1),
-                        ("--max-texts", options.max_texts, 1), ("--workspace-mib", options.workspace_mib, 1),
-                        ("--threads", options.threads if options.threads is not None else 1, 1)):
+    for flag, v, lo in (("--perf-requests", options.perf_requests, 1), ("--max-texts", options.max_texts, 1),
+                        ("--workspace-mib", options.workspace_mib, 1)):
         if v < lo:
             raise UsageError(f"{flag} must be at least {lo} (got {v})")
+    # config.pbtxt's fields, checked before any work (TritonModelConfig checks them again as it is made)
+    check_range("--instances", options.instances, 1, INT32_MAX, "instance_group count (int32)")
+    check_range("--max-batch", options.max_batch, 1, INT32_MAX, "max_batch_size (int32)")
+    check_range("--queue-delay-us", options.queue_delay_us, 0, UINT64_MAX, "max_queue_delay_microseconds (uint64)")
+    if options.threads is not None:
+        check_range("--threads", options.threads, 1, INT32_MAX, "intra_op_thread_count")
     if options.backend is Backend.TENSORRT and options.threads is not None:
         raise UsageError("--threads sets ONNX Runtime's intra-op threads; it does not apply to --backend tensorrt",
                          hint="drop --threads (use --instances for more TensorRT execution contexts)")
@@ -117,7 +124,10 @@ def deploy(source: str | Path, out_dir: str | Path, options: DeployOptions = Dep
     from calibkit.data.modeldir import ModelDir
     from calibkit.data.tokenizer import TextTokenizer
     from calibkit.deploy.modelio import read_model_io
+    from calibkit.deploy.repository import check_model_name, guard_repository
     from calibkit.deploy.source import resolve_source
+    from calibkit.deploy.triton import TritonModelConfig, label_output, labels_text
+    from calibkit.provenance import run_inputs
 
     cb = progress or no_progress
     _check(options)
@@ -125,6 +135,8 @@ def deploy(source: str | Path, out_dir: str | Path, options: DeployOptions = Dep
     out = Path(out_dir)
     _emit(cb, 0, "reading SOURCE")
     src = resolve_source(source)
+    inputs = run_inputs([source, options.traffic, src.model, src.tokenizer, src.calibration_set])
+    guard_repository(out, inputs)  # before any work, as the command line does
     md = ModelDir.resolve(src.model, src.tokenizer)
     io = read_model_io(md.onnx_path)  # before any work: a model without dynamic axes is refused here
     if backend is Backend.TENSORRT and src.precision is Precision.INT8 and src.calibration_json is None \
@@ -133,14 +145,19 @@ def deploy(source: str | Path, out_dir: str | Path, options: DeployOptions = Dep
                          "calibration table; TensorRT needs the int8 (tensorrt) layout",
                          hint="deploy the calibrate or tune folder it came from with --backend tensorrt")
     name = options.name or default_name(src.model, src.precision)
+    check_model_name(name, "--name" if options.name else "the default name (pass --name)")
+    label = label_output(io, md.id2label)  # label names with a line break are refused here, before any work
     warnings = _source_warnings(src, backend)
 
     _emit(cb, 1, "reading the traffic")
     cset = src.calibration_set or traffic.find_calibration_set(
         src.calibration_set_id, [Path("calibration_sets"), src.path.parent / "calibration_sets"])
-    log = options.traffic or traffic.default_traffic_log(cset, src.path)
+    log, expected = options.traffic, None
+    if log is None:  # the set's own log, only as it was when the set was drawn
+        default = traffic.default_traffic_log(cset, src.path)
+        log, expected = default.path, default.sha256
     tr = traffic.read_traffic(log, text_field=options.text_field, strict=options.strict, redact=options.redact,
-                              max_texts=options.max_texts, seed=options.seed)
+                              max_texts=options.max_texts, seed=options.seed, expected_sha256=expected)
     tok = TextTokenizer(md.tokenizer_path, max_length=md.max_length)
     lengths = np.concatenate([tok.token_lengths(tr.texts[i : i + 4096]) for i in range(0, len(tr.texts), 4096)])
 
@@ -178,9 +195,6 @@ def deploy(source: str | Path, out_dir: str | Path, options: DeployOptions = Dep
                                    layer_info="1/model.plan.layers.json")
     has_trt = trt_available()
 
-    from calibkit.deploy.triton import TritonModelConfig, label_output, labels_text
-
-    label = label_output(io, md.id2label)
     config = TritonModelConfig(name=name, backend=backend, io=io, max_batch_size=plan.max_batch_size,
                                preferred_batch_sizes=plan.preferred, queue_delay_us=plan.queue_delay_us,
                                instances=options.instances, profiles=choice.k, intra_op_threads=options.threads,
@@ -229,7 +243,7 @@ def deploy(source: str | Path, out_dir: str | Path, options: DeployOptions = Dep
         build(_build_request(src, target, backend, options))
 
     write_repository(out, name, RepositoryFiles(files, executables, json_docs, compact_docs), build_models=build_models,
-                     inputs=[src.path, src.model.parent, src.tokenizer, tr.path, cset])
+                     inputs=run_inputs([*inputs.paths, tr.path, cset]))
     _emit(cb, 5, "done")
     mdir = out / name
     return DeployResult(

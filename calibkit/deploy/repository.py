@@ -29,7 +29,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calibkit._io import atomic_dir, dumps_json
-from calibkit.outdirs import check_not_input
+from calibkit.errors import UsageError
+from calibkit.outdirs import check_not_input, check_replaceable
+from calibkit.provenance import RunInputs
+
+# OUT's own files: a model named like one of them would collide with it (compared without case: macOS and
+# Windows file systems do not tell README.md from readme.md)
+REPOSITORY_FILES = ("README.md", "deploy.json", "perf_data.json", "perf_analyzer.sh")
+
+
+def check_model_name(name: str, option: str = "--name") -> None:
+    """Refuse a model name that is one of OUT's own files (``--name README.md``), before any work."""
+    if name.casefold() in {f.casefold() for f in REPOSITORY_FILES}:
+        raise UsageError(f"{option} {name!r} is the name of one of the repository's own files "
+                         f"({', '.join(REPOSITORY_FILES)}); the model folder would collide with it",
+                         hint="pass another --name, e.g. the model's name and precision")
+
+
+def guard_repository(out: Path, inputs: Sequence[Path | None] | RunInputs) -> None:
+    """Before any work: OUT is none of the run's inputs (by provenance) and may be replaced."""
+    check_not_input(out, inputs)
+    check_replaceable(out)
 
 
 @dataclass(frozen=True)
@@ -43,9 +63,10 @@ class RepositoryFiles:
 
 
 def write_repository(out: Path, name: str, files: RepositoryFiles, *, build_models: Callable[[Path], None],
-                     inputs: Sequence[Path | None] = ()) -> Path:
+                     inputs: Sequence[Path | None] | RunInputs = ()) -> Path:
     """Write OUT atomically: ``build_models(model_folder)`` writes the model files into ``NAME/`` of the
     temporary folder, then the text files are added. Returns OUT."""
+    check_model_name(name)
     check_not_input(out, inputs)
     # no legacy names: deploy is younger than the marker file, so an unmarked folder is never one it wrote
     with atomic_dir(out, what="deploy") as tmp:

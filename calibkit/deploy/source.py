@@ -9,6 +9,7 @@ measured, in the layout of the chosen backend.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,20 +37,35 @@ class DeploySource:
     calibration_set_id: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": str(self.path), "kind": self.kind, "model": str(self.model), "tokenizer": str(self.tokenizer),
-                "precision": self.precision.value,
-                "calibration_json": str(self.calibration_json) if self.calibration_json else None,
-                "kept_nodes": list(self.keep_nodes), "qdq_model": str(self.qdq_model) if self.qdq_model else None,
-                "qdq_target": self.qdq_target,
-                "calibration_set": str(self.calibration_set) if self.calibration_set else None}
+        """deploy.json's record of SOURCE: absolute paths (the repository is read elsewhere)."""
+        def a(p: Path | None) -> str | None:
+            return os.path.abspath(p) if p is not None else None
+
+        return {"path": a(self.path), "kind": self.kind, "model": a(self.model), "tokenizer": a(self.tokenizer),
+                "precision": self.precision.value, "calibration_json": a(self.calibration_json),
+                "kept_nodes": list(self.keep_nodes), "qdq_model": a(self.qdq_model), "qdq_target": self.qdq_target,
+                "calibration_set": a(self.calibration_set)}
 
 
-def _existing(path: str | None, what: str, source: Path) -> Path:
+def _existing(path: str | Path | None, what: str, source: Path, document: Path) -> Path:
     if not path or not Path(path).exists():
-        raise ModelError(f"{source}: the {what} it was made from is gone ({path or 'not recorded'})",
+        raise ModelError(f"{source}: the {what} it was made from is gone ({path or 'not recorded'}, named by "
+                         f"{document})",
                          hint="deploy needs the FP32 model folder next to the results: restore it, or re-run the "
                               "command that wrote SOURCE")
     return Path(path)
+
+
+def _check_folder(folder: Path, kind: str) -> None:
+    """Refuse a calibrate or tune folder one of whose files is not the one calibkit wrote there (a swapped
+    model.int8.onnx or calibration.json would be served under the plan deploy.json describes)."""
+    from calibkit.outdirs import changed_files
+
+    changed = changed_files(folder)
+    if changed:
+        raise ModelError(f"{folder}: {', '.join(changed)} changed after `calibkit {kind}` wrote the folder; deploy "
+                         "would serve other files than the ones it measured",
+                         hint=f"restore the files calibkit wrote, or re-run `calibkit {kind}` to write {folder} again")
 
 
 def _from_folder(folder: Path) -> DeploySource:
@@ -59,7 +75,6 @@ def _from_folder(folder: Path) -> DeploySource:
     if not cal.is_file():
         raise UsageError(f"{folder} is not a calibkit output (no calibration.json, tune.json or engine sidecar in it)",
                          hint=NOT_OUTPUT_HINT)
-    cf = load_calibration_json(cal)
     kind = "calibrate"
     tune = folder / "tune.json"
     if tune.is_file():
@@ -70,11 +85,13 @@ def _from_folder(folder: Path) -> DeploySource:
         if not isinstance(doc, dict) or not str(doc.get("format", "")).startswith("calibkit-tune/"):
             raise UsageError(f"{tune} is not a calibkit tune document", hint=NOT_OUTPUT_HINT)
         kind = "tune"
-    model = _existing(cf.raw.get("source_model"), "FP32 model", folder)
-    tokenizer = _existing(cf.raw.get("tokenizer"), "tokenizer folder", folder)
+    _check_folder(folder, kind)
+    cf = load_calibration_json(cal)
+    model = _existing(cf.source_model, "FP32 model", folder, cal)
+    tokenizer = _existing(cf.tokenizer, "tokenizer folder", folder, cal)
+    cf.check_named_files()
     qdq = cf.file("model")
-    cs = cf.raw.get("calibration_set")
-    cset = Path(cs["path"]) if isinstance(cs, dict) and isinstance(cs.get("path"), str) else None
+    cset = cf.calibration_set
     return DeploySource(
         path=folder, kind=kind, model=model, tokenizer=tokenizer, precision=Precision.INT8, calibration_json=cal,
         keep_nodes=tuple(cf.kept_nodes) if kind == "tune" else (),
@@ -84,11 +101,13 @@ def _from_folder(folder: Path) -> DeploySource:
 
 
 def _from_engine(engine: Path) -> DeploySource:
-    from calibkit.engines.artifact import EngineArtifact
+    from calibkit.consistency import check_engines
+    from calibkit.engines.artifact import EngineArtifact, sidecar_path
 
     art = EngineArtifact.load(engine)
-    model = _existing(art.source_model, "FP32 model", engine)
-    tokenizer = _existing(art.tokenizer, "tokenizer folder", engine)
+    model = _existing(art.source_model, "FP32 model", engine, sidecar_path(engine))
+    tokenizer = _existing(art.tokenizer, "tokenizer folder", engine, sidecar_path(engine))
+    check_engines({"SOURCE": art})  # its tokenizer, labels, source model and table as they were at build time
     cal = Path(art.calibration_json) if art.calibration_json and Path(art.calibration_json).is_file() else None
     qdq: Path | None = None
     target = art.extra.get("target")
@@ -102,9 +121,8 @@ def _from_engine(engine: Path) -> DeploySource:
 
         cf = load_calibration_json(cal)
         set_id = cf.table.calibration_set_id
-        cs = cf.raw.get("calibration_set")
-        if isinstance(cs, dict) and isinstance(cs.get("path"), str) and Path(cs["path"]).is_dir():
-            cset = Path(cs["path"])
+        if cf.calibration_set is not None and cf.calibration_set.is_dir():
+            cset = cf.calibration_set
     if art.precision is Precision.INT8 and cal is None and qdq is None:
         raise ModelError(f"{engine} is a TensorRT engine without its calibration table: deploy cannot rebuild it",
                          hint="deploy the calibrate or tune folder it was built from instead")

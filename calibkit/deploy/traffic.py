@@ -8,12 +8,13 @@ are kept: a hot query is real load. Past ``max_texts`` usable lines a seeded res
 so memory stays bounded on any log.
 
 Default log: the one the calibration set was drawn from (``source.path`` in its ``manifest.json``), when it
-still exists.
+is still there with the bytes it had (its size, and its sha256 checked in the pass that reads it).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,13 +38,14 @@ class Traffic:
     redacted: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": str(self.path), "lines": self.lines, "usable": self.usable, "texts": len(self.texts),
-                "sampled": self.sampled, "broken": dict(self.broken), "text_fields": list(self.text_fields),
-                "redacted": self.redacted}
+        return {"path": os.path.abspath(self.path), "lines": self.lines, "usable": self.usable,
+                "texts": len(self.texts), "sampled": self.sampled, "broken": dict(self.broken),
+                "text_fields": list(self.text_fields), "redacted": self.redacted}
 
 
 def read_traffic(path: str | Path, *, text_field: str | None = None, strict: bool = False, redact: bool = True,
-                 max_texts: int = DEFAULT_MAX_TEXTS, seed: int = 0) -> Traffic:
+                 max_texts: int = DEFAULT_MAX_TEXTS, seed: int = 0, expected_sha256: str | None = None) -> Traffic:
+    """The traffic of a log; ``expected_sha256``: the bytes the log must have (a DataError naming it if not)."""
     from calibkit.data.logs import ReadStats, detect_text_fields, parse_field_paths
     from calibkit.data.sample_pipeline import CleanupTally, clean_log
 
@@ -76,21 +78,44 @@ def read_traffic(path: str | Path, *, text_field: str | None = None, strict: boo
         raise DataError(f"traffic log {p} has no usable text in {stats.lines:,} lines (broken lines by kind: {kinds}; "
                         f"text field: {', '.join(fields)})",
                         hint="check --text-field (a dotted path such as request.text) and that lines are JSON objects")
+    if expected_sha256 and stats.sha256 and stats.sha256 != expected_sha256:
+        raise DataError(f"the log {p} changed since the calibration set was drawn from it (sha256 "
+                        f"{stats.sha256[:12]}…, then {expected_sha256[:12]}…)",
+                        hint="pass --traffic LOG.jsonl (the requests the model will serve) to use it as it is now")
     kept.sort()
     return Traffic(path=p, texts=tuple(t for _, t in kept), lines=stats.lines, usable=seen,
                    broken={k: v for k, v in stats.broken.items() if v}, text_fields=tuple(fields),
                    sampled=seen > max_texts, redacted=redact)
 
 
-def log_of_calibration_set(cset: Path) -> Path | None:
-    """The log a calibration set was drawn from, when its manifest names one."""
+@dataclass(frozen=True)
+class SourceLog:
+    """The log a calibration set's manifest names: where it is now, and its size and sha256 then."""
+
+    path: Path
+    size_bytes: int | None
+    sha256: str | None
+
+
+def log_of_calibration_set(cset: Path) -> SourceLog | None:
+    """The log a calibration set was drawn from, when its manifest names one: relative to the manifest's folder
+    (or, for manifests that predate that rule, to the current folder first), as recorded."""
+    from calibkit.provenance import document_relative, recorded_paths
+
+    manifest = cset / "manifest.json"
     try:
-        manifest = json.loads((cset / "manifest.json").read_text(encoding="utf-8"))
+        doc = json.loads(manifest.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
         return None
-    src = manifest.get("source") if isinstance(manifest, dict) else None
-    path = src.get("path") if isinstance(src, dict) else None
-    return Path(path) if isinstance(path, str) and path else None
+    src = doc.get("source") if isinstance(doc, dict) else None
+    if not isinstance(src, dict):
+        return None
+    where = recorded_paths(manifest, src.get("path"), doc_relative=document_relative(doc))
+    if not where:
+        return None
+    size, sha = src.get("size_bytes"), src.get("sha256")
+    return SourceLog(next((w for w in where if w.is_file()), where[0]), size if isinstance(size, int) else None,
+                     sha if isinstance(sha, str) and sha else None)
 
 
 def find_calibration_set(set_id: str, roots: Sequence[Path]) -> Path | None:
@@ -110,8 +135,9 @@ def find_calibration_set(set_id: str, roots: Sequence[Path]) -> Path | None:
     return None
 
 
-def default_traffic_log(calibration_set: Path | None, source: Path) -> Path:
-    """The calibration set's log, or a UsageError saying why there is none and what to pass."""
+def default_traffic_log(calibration_set: Path | None, source: Path) -> SourceLog:
+    """The calibration set's log, or a UsageError saying why there is none and what to pass. Its sha256 is
+    checked by :func:`read_traffic` (``expected_sha256``) in the pass that reads it."""
     hint = "pass --traffic LOG.jsonl (the requests the model will serve; the format `calibkit sample` reads)"
     if calibration_set is None:
         raise UsageError(f"no --traffic given, and the calibration set behind {source} is not known or not found",
@@ -120,7 +146,11 @@ def default_traffic_log(calibration_set: Path | None, source: Path) -> Path:
     if log is None:
         raise UsageError(f"no --traffic given, and the calibration set {calibration_set} names no source log",
                          hint=hint)
-    if not log.is_file():
-        raise UsageError(f"no --traffic given, and the log {log} named by {calibration_set}/manifest.json no "
+    if not log.path.is_file():
+        raise UsageError(f"no --traffic given, and the log {log.path} named by {calibration_set}/manifest.json no "
                          "longer exists", hint=hint)
+    if log.size_bytes is not None and log.path.stat().st_size != log.size_bytes:
+        raise UsageError(f"no --traffic given, and the log {log.path} named by {calibration_set}/manifest.json "
+                         f"changed since the set was drawn ({log.path.stat().st_size:,} bytes, then "
+                         f"{log.size_bytes:,})", hint=hint)
     return log

@@ -13,9 +13,8 @@ from typing import Any
 
 from calibkit._io import read_json, write_json
 from calibkit.errors import ModelError
+from calibkit.provenance import SIDECAR_SUFFIX, document_relative, recorded_paths
 from calibkit.types import Backend, Precision
-
-SIDECAR_SUFFIX = ".calibkit.json"
 
 
 def sidecar_path(engine: str | Path) -> Path:
@@ -36,13 +35,15 @@ def _no_sidecar_hint(p: Path) -> str:
         return generic
     if not isinstance(doc, dict):
         return generic
-    files, source, tok = doc.get("files"), doc.get("source_model"), doc.get("tokenizer")
-    if not isinstance(files, dict) or files.get("model") != p.name or not isinstance(source, str):
+    files = doc.get("files")
+    rel = document_relative(doc)
+    source = next(iter(recorded_paths(p.parent / "calibration.json", doc.get("source_model"), doc_relative=rel)), None)
+    tok = next(iter(recorded_paths(p.parent / "calibration.json", doc.get("tokenizer"), doc_relative=rel)), None)
+    if not isinstance(files, dict) or files.get("model") != p.name or source is None:
         return generic
-    model = Path(source)
+    model = source
     # a model folder carries its tokenizer; an .onnx file elsewhere needs --tokenizer
-    args = str(model.parent) if isinstance(tok, str) and Path(tok) == model.parent else (
-        f"{model}" + (f" --tokenizer {tok}" if isinstance(tok, str) else ""))
+    args = str(model.parent) if tok == model.parent else (f"{model}" + (f" --tokenizer {tok}" if tok else ""))
     engine = Path("engines") / f"{p.parent.name or 'int8'}.int8.onnx"
     return (f"{p} is the Q/DQ model `calibkit calibrate` (or `tune`) writes, not an engine: build one from it, "
             f"then compare that: calibkit build {args} --precision int8 --qdq {p} -o {engine}")
