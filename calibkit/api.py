@@ -20,9 +20,11 @@ gets the same validation as a command line. Errors are the :class:`calibkit.erro
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -30,6 +32,7 @@ from calibkit.errors import MissingDependencyError, UsageError
 from calibkit.executors import from_spec
 from calibkit.progress import ProgressCallback, no_progress
 from calibkit.resources import Resources
+from calibkit.types import check_seed
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.calibrate.methods import ActivationHistogram
@@ -53,15 +56,85 @@ DEFAULT_MEMORY_BUDGET = "1G"
 
 DEFAULT_TRAFFIC = "default"  # the calibration set's own log when it is still there unchanged, else none
 
+# ---------------------------------------------------------------- option values
+
+#: the largest whole number any option takes: numpy, ONNX Runtime and JSON readers all hold an int64
+INT_LIMIT = (1 << 63) - 1
+#: the most worker processes a local pool is asked for
+MAX_WORKERS = 1024
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What values a numeric option takes: finite always; ``low``/``high`` inclusive, ``above``/``below``
+    exclusive; ``integer``: a whole ``int`` (``bool`` is not one); ``optional``: None allowed; ``example``:
+    a value to suggest; ``what``: its name in messages."""
+
+    low: float | None = None
+    high: float | None = None
+    above: float | None = None
+    below: float | None = None
+    integer: bool = False
+    optional: bool = False
+    example: str = ""
+    what: str = ""  # what the option is, e.g. "a percentage" (default: a finite number / a whole number)
+
+    def describe(self) -> str:
+        kind = self.what or ("a whole number" if self.integer else "a finite number")
+        lo = (f"[{self.low:g}", self.low) if self.low is not None else (f"({self.above:g}", self.above) \
+            if self.above is not None else None
+        hi = (f"{self.high:g}]", self.high) if self.high is not None else (f"{self.below:g})", self.below) \
+            if self.below is not None else None
+        if lo and hi and hi[1] < INT_LIMIT:
+            return f"{kind} in {lo[0]}, {hi[0]}"
+        if lo:
+            return f"{kind} {'>=' if self.low is not None else '>'} {lo[1]:g}"
+        if hi:
+            return f"{kind} {'<=' if self.high is not None else '<'} {hi[1]:g}"
+        return kind
+
+    def admits(self, value: object) -> bool:
+        if value is None:
+            return self.optional
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if self.integer and not isinstance(value, int):
+            return False
+        if not math.isfinite(value) or (self.integer and abs(value) > INT_LIMIT):
+            return False
+        return ((self.low is None or value >= self.low) and (self.high is None or value <= self.high)
+                and (self.above is None or value > self.above) and (self.below is None or value < self.below))
+
+
+COUNT = Bound(low=1, high=INT_LIMIT, integer=True)
+COUNT_OR_NONE = Bound(low=1, high=INT_LIMIT, integer=True, optional=True)
+WORKERS = Bound(low=1, high=MAX_WORKERS, integer=True, optional=True, example="2")
+PERCENTILE = Bound(above=0, high=100, example="99.99")
+TRAFFIC_SIZE = Bound(low=1, high=INT_LIMIT, integer=True, example="4000")
+
+
+def check_numbers(checks: Mapping[str, tuple[object, Bound]]) -> None:
+    """UsageError for the first option whose value its :class:`Bound` does not admit (NaN, an infinity, a
+    string, a float where a whole number goes, a value out of range), naming the option, the value and what it
+    takes. Every API function calls this before it reads a file or starts any work."""
+    for option, (value, bound) in checks.items():
+        if not bound.admits(value):
+            shown = repr(value) if not isinstance(value, (int, float)) or isinstance(value, bool) else f"{value}"
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            raise UsageError(f"{option} must be {bound.describe()}, got {shown}",
+                             hint=f"e.g. {option} {bound.example}" if bound.example else
+                             f"pass {option} as {bound.describe()}")
+
 
 def budget(memory_budget: str | int = DEFAULT_MEMORY_BUDGET, max_batch_tokens: int | None = None) -> TokenBudget:
     """The token budget of batches that tap activations: bytes held at once ("512M", "1G" or a number) and,
     optionally, the most padded tokens per batch."""
     from calibkit.data.encode import TokenBudget, parse_size
 
-    size = memory_budget if isinstance(memory_budget, int) else parse_size(memory_budget)
-    if max_batch_tokens is not None and max_batch_tokens < 1:
-        raise UsageError(f"--max-batch-tokens must be at least 1, got {max_batch_tokens}")
+    check_numbers({"--max-batch-tokens": (max_batch_tokens, COUNT_OR_NONE)})
+    if not isinstance(memory_budget, str):
+        check_numbers({"--memory-budget": (memory_budget, Bound(low=1, high=1 << 62, integer=True, example="1G"))})
+    size = parse_size(memory_budget)
     return TokenBudget(max_batch_tokens=max_batch_tokens, memory_bytes=size)
 
 
@@ -93,6 +166,8 @@ def resources(executor: Executor | str | None = None, *, workers: int | None = N
     from its spec ("local", "local:N", "dask://host:port"; closed when the call ends); None stays None unless
     ``pool_by_default`` (then a local pool of ``workers``); the token budget from ``memory_budget`` and
     ``max_batch_tokens``; progress (default: none)."""
+    check_numbers({"--workers": (workers, WORKERS)})
+    budget(memory_budget, max_batch_tokens)
     with contextlib.ExitStack() as stack:
         ex = executor
         if isinstance(ex, str) or (ex is None and pool_by_default):
@@ -123,8 +198,9 @@ def sample(
     from calibkit.data.calibset import write_calibration_set
     from calibkit.data.sample_pipeline import SampleOptions, default_out_dir, draw_sample
 
-    if clusters < 1:
-        raise UsageError(f"--clusters must be at least 1 (got {clusters})")
+    check_seed(seed)
+    check_numbers({"--size": (size, Bound(low=1, high=INT_LIMIT, integer=True, example="512")),
+                   "--clusters": (clusters, Bound(low=1, high=INT_LIMIT, integer=True, example="12"))})
     options = SampleOptions(size=size, seed=seed, text_field=text_field, label_field=label_field,
                             tokenizer=Path(tokenizer) if tokenizer else None, strict=strict, redact=redact,
                             clusters=clusters)
@@ -152,8 +228,9 @@ def smooth(
     on the calibration set). Writes a model folder ``out`` with the same FP32 function."""
     from calibkit.calibrate.smoothing import smooth as run_smooth
 
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
+    check_numbers({"--alpha": (alpha, Bound(low=0, high=1, optional=True, example="0.8")),
+                   "--batch-size": (batch_size, COUNT)})
+    budget(memory_budget, max_batch_tokens)
     return run_smooth(_model_dir(model, tokenizer), _calibration_set(calibration_set), out_dir=Path(out),
                       alpha=alpha, budget=budget(memory_budget, max_batch_tokens), batch_size=batch_size,
                       progress=progress)
@@ -167,16 +244,15 @@ METHODS = ("entropy", "minmax", "percentile", "mse")
 def check_calibration_options(*, method: str, target: str, percentile: float, num_bins: int, batch_size: int,
                               op_types: Sequence[str], exclude: Sequence[str]) -> None:
     """UsageError for options calibrate cannot use (each with what to pass instead)."""
+    check_numbers({"--percentile": (percentile, PERCENTILE),
+                   "--num-bins": (num_bins, Bound(low=256, high=1 << 24, integer=True, example="2048")),
+                   "--batch-size": (batch_size, COUNT)})
     if method not in METHODS:
         raise UsageError(f"unknown --method {method!r}", hint=f"choose one of: {', '.join(METHODS)}")
     if target not in ("tensorrt", "onnxruntime"):
         raise UsageError(f"unknown --target {target!r}", hint="choose tensorrt or onnxruntime")
-    if not 0.0 < percentile <= 100.0:
-        raise UsageError(f"--percentile must be in (0, 100], got {percentile}", hint="e.g. --percentile 99.99")
-    if num_bins < 256 or num_bins & (num_bins - 1):
+    if num_bins & (num_bins - 1):
         raise UsageError(f"--num-bins must be a power of two >= 256, got {num_bins}", hint="the default is 2048")
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
     if not op_types:
         raise UsageError("--op-types is empty", hint="e.g. --op-types MatMul,Gemm")
     for p in exclude:
@@ -335,6 +411,11 @@ def build(
     from calibkit.engines.build import build as run_build
     from calibkit.types import Backend, Precision
 
+    seq = Bound(low=1, high=1 << 20, integer=True, optional=True, example="128")
+    check_numbers({"--min-seq": (min_seq, seq), "--opt-seq": (opt_seq, seq), "--max-seq": (max_seq, seq),
+                   "--workspace-mib": (workspace_mib, Bound(low=1, high=1 << 30, integer=True, example="4096"))})
+    if not isinstance(precision, str) or not isinstance(backend, str):
+        raise UsageError("--precision and --backend are names", hint="e.g. precision='int8', backend='onnxruntime'")
     try:
         prec = Precision(precision.lower())
     except ValueError:
@@ -362,6 +443,30 @@ def build(
 
 
 # ---------------------------------------------------------------- compare
+
+
+def check_compare_numbers(*, limit: int | None, seed: int, batch_size: int, layer_samples: int | None,
+                          sensitivity_samples: int, sensitivity_layers: int | None, thresholds: Thresholds | None,
+                          max_disagreements: int, workers: int | None, traffic_size: int) -> None:
+    """UsageError for a numeric compare option out of its domain (before any file is read)."""
+    from calibkit.evaluate.flags import Thresholds
+
+    check_seed(seed)
+    check_numbers({"--limit": (limit, COUNT_OR_NONE), "--batch-size": (batch_size, COUNT),
+                   "--layer-samples": (layer_samples, COUNT_OR_NONE),
+                   "--sensitivity-samples": (sensitivity_samples, COUNT),
+                   "--sensitivity-layers": (sensitivity_layers, COUNT_OR_NONE),
+                   "--max-disagreements": (max_disagreements, Bound(low=0, high=INT_LIMIT, integer=True)),
+                   "--workers": (workers, WORKERS), "--traffic-size": (traffic_size, TRAFFIC_SIZE)})
+    if thresholds is not None and not isinstance(thresholds, Thresholds):
+        raise UsageError(f"thresholds must be a Thresholds value, got {type(thresholds).__name__}")
+    th = thresholds or Thresholds()
+    ranges = (("sqnr", "min_sqnr_db", None, None), ("clipped", "max_clipped_fraction", 0, 1),
+              ("outlier", "max_outlier_ratio", 0, None), ("recovery", "min_recovery_points", 0, 100),
+              ("cost", "max_cost_points", 0, 100), ("zeroed-weights", "max_zeroed_weights", 0, 1),
+              ("cosine", "cosine_effect", 0, 2))
+    check_numbers({f"--threshold-{name}": (getattr(th, field), Bound(low=low, high=high))
+                   for name, field, low, high in ranges})
 
 
 def load_evidence(eval_set: PathLike | EvalSet, *, task: Any = None, limit: int | None = None, seed: int = 0,
@@ -432,8 +537,11 @@ def compare(
     from calibkit.evaluate.compare import CompareOptions, check_same_model, compare_engines, select_task, tokenizer_dir
     from calibkit.evaluate.flags import Thresholds
 
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be positive, got {batch_size}")
+    check_compare_numbers(limit=limit, seed=seed, batch_size=batch_size, layer_samples=layer_samples,
+                          sensitivity_samples=sensitivity_samples, sensitivity_layers=sensitivity_layers,
+                          thresholds=thresholds, max_disagreements=max_disagreements, workers=workers,
+                          traffic_size=traffic_size)
+    budget(memory_budget, max_batch_tokens)
     a, b = _artifact(engine_a), _artifact(engine_b)
     ref = _artifact(reference) if reference is not None else None
     engines = [a, b] + ([ref] if ref else [])
@@ -517,10 +625,10 @@ def save_per_text_outputs(result: Comparison, eval_set: EvalSet, out: Path, *,
 
 def check_targets(*, min_agreement: float | None = None, max_drop: float | None = None) -> None:
     """UsageError for a compare target that cannot be met or missed (checked before any work)."""
-    if min_agreement is not None and not 0.0 <= min_agreement <= 100.0:
-        raise UsageError(f"--min-agreement is a percentage in [0, 100], got {min_agreement}", hint="e.g. 99")
-    if max_drop is not None and max_drop < 0:
-        raise UsageError(f"--max-drop must be at least 0 points, got {max_drop}", hint="e.g. --max-drop 0.5")
+    check_numbers({"--min-agreement": (min_agreement, Bound(low=0, high=100, optional=True, example="99",
+                                                            what="a percentage")),
+                   "--max-drop": (max_drop, Bound(low=0, high=100, optional=True, example="0.5",
+                                                  what="a number of accuracy points"))})
 
 
 def missed_targets(result: Comparison, *, min_agreement: float | None = None,
@@ -535,14 +643,27 @@ def missed_targets(result: Comparison, *, min_agreement: float | None = None,
         if result.agreement is None:
             missed.append("agreement: the task has no per-text decision to agree on")
         elif 100.0 * result.agreement < min_agreement:
-            missed.append(f"agreement {100.0 * result.agreement:.2f} % is below --min-agreement {min_agreement:g} %")
+            shown, limit = deciding_digits(100.0 * result.agreement, min_agreement)
+            missed.append(f"agreement {shown} % is below --min-agreement {limit} %")
     if max_drop is not None:
         a, b = result.engine_a.accuracy, result.engine_b.accuracy
         if a is None or b is None:
             missed.append("accuracy drop: the eval set has no labels to score")
         elif 100.0 * (a - b) > max_drop:
-            missed.append(f"accuracy drop {100.0 * (a - b):.2f} points is above --max-drop {max_drop:g}")
+            shown, limit = deciding_digits(100.0 * (a - b), max_drop)
+            missed.append(f"accuracy drop {shown} points is above --max-drop {limit}")
     return tuple(missed)
+
+
+def deciding_digits(value: float, limit: float, digits: int = 2) -> tuple[str, str]:
+    """``value`` printed with the fewest decimals (at least ``digits``) that tell it from ``limit``, and
+    ``limit`` as given or at those decimals, so a gate's message never reads "84.16 % is below 84.16 %": the
+    comparison is exact, and the line shows the digits that decided it."""
+    for d in range(digits, 18):
+        shown, bound = f"{value:.{d}f}", f"{limit:.{d}f}"
+        if shown != bound:
+            return shown, f"{limit:g}" if d == digits else bound
+    return repr(value), repr(limit)
 
 
 def _engine_calibration_set(*engines: EngineArtifact) -> CalibrationSet | None:
@@ -579,6 +700,25 @@ def check_tune_options(*, method: str, target: str, decision_rule: str = "sequen
         raise UsageError(f"unknown --target {target!r}", hint="use tensorrt or onnxruntime")
     if decision_rule not in ("sequential", "whole-split"):
         raise UsageError(f"unknown --decision-rule {decision_rule!r}", hint="use sequential or whole-split")
+
+
+def check_tune_numbers(*, max_drop: float, min_agreement: float | None, min_cosine: float | None,
+                       agreement_confidence: float, holdout: float, sensitivity_samples: int,
+                       sensitivity_layers: int | None, max_evaluations: int, limit: int | None, seed: int,
+                       percentile: float, workers: int | None, traffic_size: int) -> None:
+    """UsageError for a numeric tune option out of its domain (before any file is read)."""
+    check_seed(seed)
+    check_numbers({
+        "--max-drop": (max_drop, Bound(low=0, high=100, example="0.5")),
+        "--min-agreement": (min_agreement, Bound(above=0, high=100, optional=True, example="99")),
+        "--min-cosine": (min_cosine, Bound(above=-1, below=1, optional=True, example="0.995")),
+        "--agreement-confidence": (agreement_confidence, Bound(low=0.5, below=1, example="0.9")),
+        "--holdout": (holdout, Bound(low=0, below=1, example="0.3")),
+        "--sensitivity-samples": (sensitivity_samples, Bound(low=8, high=INT_LIMIT, integer=True, example="256")),
+        "--sensitivity-layers": (sensitivity_layers, COUNT_OR_NONE),
+        "--max-evaluations": (max_evaluations, Bound(low=1, high=INT_LIMIT, integer=True, example="40")),
+        "--limit": (limit, COUNT_OR_NONE), "--percentile": (percentile, PERCENTILE), "--workers": (workers, WORKERS),
+        "--traffic-size": (traffic_size, TRAFFIC_SIZE)})
 
 
 def tune(
@@ -645,6 +785,12 @@ def tune(
     from calibkit.types import MethodParams
 
     check_tune_options(method=method, target=target, decision_rule=decision_rule)
+    check_tune_numbers(max_drop=max_drop, min_agreement=min_agreement, min_cosine=min_cosine,
+                       agreement_confidence=agreement_confidence, holdout=holdout,
+                       sensitivity_samples=sensitivity_samples, sensitivity_layers=sensitivity_layers,
+                       max_evaluations=max_evaluations, limit=limit, seed=seed, percentile=percentile,
+                       workers=workers, traffic_size=traffic_size)
+    budget(memory_budget, max_batch_tokens)
     md = _model_dir(model, tokenizer)
     dest = Path(out) if out is not None else Path("runs") / f"tune-{md.onnx_path.parent.name or md.onnx_path.stem}"
     kind = _model_task(md, task)
@@ -710,8 +856,8 @@ def load_traffic(traffic: PathLike | TrafficEvidence | None, calibration_set: Ca
 
     if traffic is None or isinstance(traffic, TrafficEvidence):
         return traffic
-    if size < 1:
-        raise UsageError(f"--traffic-size must be at least 1, got {size}", hint="e.g. --traffic-size 4000")
+    check_numbers({"--traffic-size": (size, TRAFFIC_SIZE)})
+    check_seed(seed)
     opts = TrafficOptions(size=size, seed=seed, text_field=text_field,
                           tokenizer=model.tokenizer_path if model is not None else None,
                           max_length=model.max_length if model is not None else None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -285,16 +286,64 @@ MEMORY_BUDGET_HELP = ("Bytes of tapped activations held at once, e.g. 512M, 1G, 
 MAX_BATCH_TOKENS_HELP = "Most padded tokens (batch x longest text) per batch [default: no limit]."
 
 
+# ---------------------------------------------------------------- numeric options
+# Every numeric option of every command is parsed by one of these two (``parser=FLOAT`` / ``parser=INTEGER``):
+# NaN, infinities (an overflowing "1e999" included), a fraction where a whole number goes and whole numbers past
+# int64 are refused while the command line is read, before anything runs. Ranges are checked by the API call the
+# command makes (calibkit.api.check_numbers), also before any work, so a Python caller gets the same checks.
+
+INT_LIMIT = (1 << 63) - 1
+
+
+def _refuse(message: str) -> ValueError:
+    """The error a parser raises: typer reports a ValueError as "Invalid value for '--x': MESSAGE" (through
+    pydantic, whose own error type keeps the message clean of its "Value error, " prefix)."""
+    try:
+        from pydantic_core import PydanticCustomError
+    except ImportError:  # pragma: no cover - a typer without pydantic reads a plain ValueError the same way
+        return ValueError(message)
+    return PydanticCustomError("calibkit_number", message.replace("{", "{{").replace("}", "}}"))
+
+
+def _parse_float(value: object) -> float:
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise _refuse(f"{str(value)[:40]!r} is not a number") from None
+    if not math.isfinite(number):
+        raise _refuse(f"{str(value)[:40]!r} is not a finite number (NaN and infinities mean nothing here)")
+    return number
+
+
+def _parse_int(value: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    else:
+        text = str(value).strip()
+        try:
+            number = int(text) if len(text.lstrip("+-")) <= 19 else INT_LIMIT + 1
+        except ValueError:
+            raise _refuse(f"{text[:40]!r} is not a whole number") from None
+    if abs(number) > INT_LIMIT:
+        raise _refuse(f"{str(value)[:40]!r} is too large (at most {INT_LIMIT})")
+    return number
+
+
+_parse_float.__name__, _parse_int.__name__ = "float", "integer"  # the type help shows: <float>, <integer>
+FLOAT: Any = _parse_float
+INTEGER: Any = _parse_int
+
+
 # ---------------------------------------------------------------- option blocks shared by several commands
 # declared once; a command's signature names them (``tokenizer: Path | None = TOKENIZER``)
 
 TOKENIZER: Any = typer.Option(None, "--tokenizer", help="Tokenizer folder when MODEL is an .onnx file.")
-MAX_BATCH_TOKENS: Any = typer.Option(None, "--max-batch-tokens", help=MAX_BATCH_TOKENS_HELP)
+MAX_BATCH_TOKENS: Any = typer.Option(None, "--max-batch-tokens", parser=INTEGER, help=MAX_BATCH_TOKENS_HELP)
 MEMORY_BUDGET: Any = typer.Option("1G", "--memory-budget", help=MEMORY_BUDGET_HELP)
 MEMORY_BUDGET_TAPS: Any = typer.Option("1G", "--memory-budget", help=MEMORY_BUDGET_HELP + " For the layer taps.")
 FORCE: Any = typer.Option(False, "--force", help=FORCE_HELP)
 NO_REPORT: Any = typer.Option(False, "--no-report", help="Write no report folder.")
-LIMIT: Any = typer.Option(None, "--limit", min=1,
+LIMIT: Any = typer.Option(None, "--limit", parser=INTEGER,
                      help="Use N eval examples, drawn at random and stratified by label (--seed).")
 TRAFFIC: Any = typer.Option(
     None, "--traffic",
@@ -318,7 +367,7 @@ def traffic_choice(traffic: str | None, no_traffic: bool) -> str | None:
 
         raise UsageError("--traffic and --no-traffic contradict each other", hint="pass one of them")
     return None if no_traffic else traffic if traffic is not None else DEFAULT_TRAFFIC
-TRAFFIC_SIZE: Any = typer.Option(4000, "--traffic-size", min=1,
+TRAFFIC_SIZE: Any = typer.Option(4000, "--traffic-size", parser=INTEGER,
                                  help="Traffic texts drawn (stratified by token length, --seed).")
 TRAFFIC_TEXT_FIELD: Any = typer.Option(
     None, "--traffic-text-field", help="Text field of the traffic log, as `sample --text-field` (default: found)."

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import typer
 
 from calibkit.cli._common import (
+    FLOAT,
+    INTEGER,
     LIMIT,
     MAX_BATCH_TOKENS,
     MEMORY_BUDGET_TAPS,
@@ -84,13 +86,14 @@ def tune(
         help="Labelled eval set (JSONL, CSV, Parquet, datasets). Optional with --traffic: embedders and token "
              "taggers are judged on fidelity to FP32, which needs no labels.",
     ),
-    max_drop: float = typer.Option(0.5, "--max-drop", min=0.0, help="Allowed accuracy drop below FP32 (points)."),
+    max_drop: float = typer.Option(0.5, "--max-drop", parser=FLOAT, help="Allowed accuracy drop below FP32 (points)."),
     relative: bool = typer.Option(False, "--relative", help="Read --max-drop as percent of FP32 accuracy."),
     min_agreement: float | None = typer.Option(
-        None, "--min-agreement", help="Also require this percentage of FP32's predictions unchanged (e.g. 99)."
+        None, "--min-agreement", parser=FLOAT,
+        help="Also require this percentage of FP32's predictions unchanged (e.g. 99)."
     ),
     min_cosine: float | None = typer.Option(
-        None, "--min-cosine",
+        None, "--min-cosine", parser=FLOAT,
         help="Embeddings: also require this mean cosine of the INT8 vectors to FP32's (e.g. 0.995). Without labels "
              "and with neither target given, an embedder is tuned for --min-agreement 95 (nearest neighbours kept) "
              "and --min-cosine 0.995.",
@@ -99,7 +102,7 @@ def tune(
         None, "--task", help="classification | embedding | token-classification (default: from the model's outputs)."
     ),
     agreement_confidence: float = typer.Option(
-        0.9, "--agreement-confidence",
+        0.9, "--agreement-confidence", parser=FLOAT,
         help="A plan meets --min-agreement on the search split only when the one-sided lower bound of its "
              "agreement at this confidence reaches it (0.5: the point estimate), so the claim survives the holdout.",
     ),
@@ -112,20 +115,24 @@ def tune(
     ),
     tokenizer: Path | None = TOKENIZER,
     target: str = typer.Option("tensorrt", "--target", help="Q/DQ layout: tensorrt | onnxruntime."),
-    workers: int | None = typer.Option(None, "--workers", min=1, help="Evaluation processes (default min(2, cpus))."),
+    workers: int | None = typer.Option(None, "--workers", parser=INTEGER,
+        help="Evaluation processes (default min(2, cpus))."),
     executor: str | None = typer.Option(None, "--executor", help=EXECUTOR_HELP),
-    holdout: float = typer.Option(0.3, "--holdout", help="Fraction of the eval set held out for the final check."),
-    sensitivity_samples: int = typer.Option(256, "--sensitivity-samples", min=8, help="Examples per ranking run."),
+    holdout: float = typer.Option(0.3, "--holdout", parser=FLOAT,
+        help="Fraction of the eval set held out for the final check."),
+    sensitivity_samples: int = typer.Option(256, "--sensitivity-samples", parser=INTEGER,
+        help="Examples per ranking run."),
     memory_budget: str = MEMORY_BUDGET_TAPS,
     max_batch_tokens: int | None = MAX_BATCH_TOKENS,
     sensitivity_layers: int | None = typer.Option(
-        None, "--sensitivity-layers", min=1,
+        None, "--sensitivity-layers", parser=INTEGER,
         help="Measure sensitivity only for the K layers with the worst own SQNR (default: every layer).",
     ),
-    max_evaluations: int = typer.Option(40, "--max-evaluations", min=1, help="Budget of candidate plans."),
+    max_evaluations: int = typer.Option(40, "--max-evaluations", parser=INTEGER, help="Budget of candidate plans."),
     limit: int | None = LIMIT,
-    percentile: float = typer.Option(99.99, "--percentile", help="Percentile for the percentile method."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the --limit subset and the search/holdout split."),
+    percentile: float = typer.Option(99.99, "--percentile", parser=FLOAT, help="Percentile for the percentile method."),
+    seed: int = typer.Option(0, "--seed", parser=INTEGER,
+        help="Seed of the --limit subset and the search/holdout split."),
     force: bool = force_option("--out and --report"),
     traffic: str | None = TRAFFIC,
     no_traffic: bool = NO_TRAFFIC,
