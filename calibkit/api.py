@@ -80,30 +80,39 @@ class Bound:
     what: str = ""  # what the option is, e.g. "a percentage" (default: a finite number / a whole number)
 
     def describe(self) -> str:
+        """What the option takes, e.g. "a whole number, at least 1" or "a percentage in [0, 100]"."""
         kind = self.what or ("a whole number" if self.integer else "a finite number")
-        lo = (f"[{self.low:g}", self.low) if self.low is not None else (f"({self.above:g}", self.above) \
-            if self.above is not None else None
-        hi = (f"{self.high:g}]", self.high) if self.high is not None else (f"{self.below:g})", self.below) \
-            if self.below is not None else None
-        if lo and hi and hi[1] < INT_LIMIT:
-            return f"{kind} in {lo[0]}, {hi[0]}"
+        return f"{kind} {self.range()}".strip() if self.range().startswith("in ") else \
+            ", ".join(x for x in (kind, self.range()) if x)
+
+    def range(self) -> str:
+        lo = f"[{self.low:g}" if self.low is not None else f"({self.above:g}" if self.above is not None else ""
+        hi = f"{self.high:g}]" if self.high is not None and self.high < INT_LIMIT else \
+            f"{self.below:g})" if self.below is not None else ""
+        if lo and hi:
+            return f"in {lo}, {hi}"
         if lo:
-            return f"{kind} {'>=' if self.low is not None else '>'} {lo[1]:g}"
+            return f"at least {self.low:g}" if self.low is not None else f"more than {self.above:g}"
         if hi:
-            return f"{kind} {'<=' if self.high is not None else '<'} {hi[1]:g}"
-        return kind
+            return f"at most {self.high:g}" if self.high is not None else f"less than {self.below:g}"
+        return ""
+
+    def problem(self, value: object) -> str | None:
+        """What is wrong with ``value`` (None: nothing): not the kind of number wanted (a string, a bool, NaN or
+        an infinity, a fraction for a whole number), or out of range."""
+        if value is None:
+            return None if self.optional else f"be {self.describe()}"
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                or self.integer and not isinstance(value, int)):
+            return f"be {self.describe()}"
+        if abs(value) > INT_LIMIT:
+            return f"be at most {INT_LIMIT} in size"
+        inside = ((self.low is None or value >= self.low) and (self.high is None or value <= self.high)
+                  and (self.above is None or value > self.above) and (self.below is None or value < self.below))
+        return None if inside else f"be {self.describe() if self.what else self.range()}"
 
     def admits(self, value: object) -> bool:
-        if value is None:
-            return self.optional
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return False
-        if self.integer and not isinstance(value, int):
-            return False
-        if not math.isfinite(value) or (self.integer and abs(value) > INT_LIMIT):
-            return False
-        return ((self.low is None or value >= self.low) and (self.high is None or value <= self.high)
-                and (self.above is None or value > self.above) and (self.below is None or value < self.below))
+        return self.problem(value) is None
 
 
 COUNT = Bound(low=1, high=INT_LIMIT, integer=True)
@@ -118,10 +127,11 @@ def check_numbers(checks: Mapping[str, tuple[object, Bound]]) -> None:
     string, a float where a whole number goes, a value out of range), naming the option, the value and what it
     takes. Every API function calls this before it reads a file or starts any work."""
     for option, (value, bound) in checks.items():
-        if not bound.admits(value):
+        problem = bound.problem(value)
+        if problem is not None:
             shown = repr(value) if not isinstance(value, (int, float)) or isinstance(value, bool) else f"{value}"
             shown = shown if len(shown) <= 40 else shown[:37] + "..."
-            raise UsageError(f"{option} must be {bound.describe()}, got {shown}",
+            raise UsageError(f"{option} must {problem}, got {shown}",
                              hint=f"e.g. {option} {bound.example}" if bound.example else
                              f"pass {option} as {bound.describe()}")
 

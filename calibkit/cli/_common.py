@@ -288,11 +288,10 @@ MAX_BATCH_TOKENS_HELP = "Most padded tokens (batch x longest text) per batch [de
 
 # ---------------------------------------------------------------- numeric options
 # Every numeric option of every command is parsed by one of these two (``parser=FLOAT`` / ``parser=INTEGER``):
-# NaN, infinities (an overflowing "1e999" included), a fraction where a whole number goes and whole numbers past
-# int64 are refused while the command line is read, before anything runs. Ranges are checked by the API call the
-# command makes (calibkit.api.check_numbers), also before any work, so a Python caller gets the same checks.
-
-INT_LIMIT = (1 << 63) - 1
+# NaN, infinities (an overflowing "1e999" included), text that is not a number and a fraction where a whole number
+# goes are refused while the command line is read, before anything runs. Ranges (int64 included) are checked by
+# the API call the command makes (calibkit.api.check_numbers), also before any work, so a Python caller gets the
+# same checks and messages.
 
 
 def _refuse(message: str) -> ValueError:
@@ -317,16 +316,14 @@ def _parse_float(value: object) -> float:
 
 def _parse_int(value: object) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
-        number = value
-    else:
-        text = str(value).strip()
-        try:
-            number = int(text) if len(text.lstrip("+-")) <= 19 else INT_LIMIT + 1
-        except ValueError:
-            raise _refuse(f"{text[:40]!r} is not a whole number") from None
-    if abs(number) > INT_LIMIT:
-        raise _refuse(f"{str(value)[:40]!r} is too large (at most {INT_LIMIT})")
-    return number
+        return value
+    text = str(value).strip()
+    if len(text.lstrip("+-")) > 40:  # int() of thousands of digits is slow, and no option takes such a number
+        raise _refuse(f"{text[:20]}... ({len(text)} characters) is too long to be a whole number an option takes")
+    try:
+        return int(text)
+    except ValueError:
+        raise _refuse(f"{text[:40]!r} is not a whole number") from None
 
 
 _parse_float.__name__, _parse_int.__name__ = "float", "integer"  # the type help shows: <float>, <integer>
