@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.segment import Segment
 
+from calibkit.cli._signals import INTERRUPTED_EXIT, TERMINATED_EXIT, TERMINATED_MESSAGE, Terminated
 from calibkit.errors import CalibkitError
 from calibkit.progress import ProgressEvent
 
@@ -29,10 +30,25 @@ from calibkit.progress import ProgressEvent
 # path or text holding such a code was shown as another one. Every line calibkit prints goes through these two.
 class _Console(Console):
     """A rich Console whose output is always encodable: a lone surrogate (a file name whose bytes are not UTF-8,
-    in a path, a table cell or a progress line) is written as ``\\udcff`` instead of failing the write."""
+    in a path, a table cell or a progress line) is written as ``\\udcff`` instead of failing the write. A closed
+    stdout (where rich would drop every line without a word) or a broken pipe raises BrokenPipeError."""
 
     def _render_buffer(self, buffer: Iterable[Segment]) -> str:
         return printable(super()._render_buffer(buffer))
+
+    def _check_buffer(self) -> None:
+        if self._file is None and not self.stderr and sys.stdout is None and self._buffer_index == 0:
+            del self._buffer[:]
+            self.on_broken_pipe()
+        super()._check_buffer()
+
+    def on_broken_pipe(self) -> None:
+        # rich's own answer is SystemExit(1) (past every handler, and it points the wrong fd at /dev/null):
+        # handle_errors decides instead (stdout gone: quietly, 141)
+        import errno
+
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, "stdout is closed" if sys.stdout is None else "broken pipe")
 
 
 console = _Console(stderr=True, markup=False, highlight=False, emoji=False)
@@ -45,9 +61,6 @@ _state = {"verbose": False}
 _depth = [0]  # handle_errors blocks open: the outermost one ends the command
 TRACEBACK_ENV = "CALIBKIT_TRACEBACK"
 
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the process is so that it unwinds (and cleans up) like Ctrl-C."""
 
 
 @contextlib.contextmanager
@@ -69,27 +82,21 @@ def handle_errors() -> Iterator[None]:
         _error(exc.message, exc.hint or _default_hint(exc))
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt as exc:
-        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
-        console.print(f"[yellow]{what}[/]: finished work is kept; outputs were not half-written", markup=True)
-        raise typer.Exit(143 if isinstance(exc, Terminated) else 130) from None
+        what, _, rest = TERMINATED_MESSAGE.partition(":")
+        what = what if isinstance(exc, Terminated) else "interrupted"
+        console.print(f"[yellow]{what}[/]:{rest}", markup=True)
+        raise typer.Exit(TERMINATED_EXIT if isinstance(exc, Terminated) else INTERRUPTED_EXIT) from None
     except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
         raise
+    except BrokenPipeError as exc:
+        if not stdout_gone():  # another pipe (a worker's): an OS error like any other, below
+            _os_error(exc)
+        # the reader of stdout went away (`| head`) or stdout was closed: nothing more can be said there, and
+        # the conventional code of a writer whose pipe broke is 128 + SIGPIPE
+        _silence_stdout()
+        raise typer.Exit(STDOUT_GONE_EXIT) from None
     except OSError as exc:
-        _traceback()
-        import errno
-
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            # a copy names its source first and its destination second: the destination is what filled up
-            dest = exc.filename2 or exc.filename
-            _error(f"{exc.strerror or exc}" + (f" while writing {dest}" if dest else " while writing the output"),
-                   "free space (or raise the file-size limit) where the output goes, or pass another --out / -o; "
-                   "nothing half-written was left in place")
-            raise typer.Exit(2) from None
-        where = f"{exc.filename}: " if exc.filename else ""
-        _error(f"{where}{exc.strerror or exc}",
-               "check that the path exists, is the kind expected (file or folder) and that you may write it; "
-               "free disk space if it is full")
-        raise typer.Exit(2) from None
+        _os_error(exc)
     except RuntimeError as exc:
         if not str(exc).startswith("Symlink loop"):  # pathlib's resolve() before Python 3.13 (then: OSError ELOOP)
             _unexpected(exc)
@@ -107,6 +114,78 @@ def handle_errors() -> Iterator[None]:
         _depth[0] -= 1
         if not _depth[0]:  # the command is over: its --out folders are free for the next run
             release_claims()
+
+
+def _os_error(exc: OSError) -> None:
+    _traceback()
+    import errno
+
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        # a copy names its source first and its destination second: the destination is what filled up
+        dest = exc.filename2 or exc.filename
+        _error(f"{exc.strerror or exc}" + (f" while writing {dest}" if dest else " while writing the output"),
+               "free space (or raise the file-size limit) where the output goes, or pass another --out / -o; "
+               "nothing half-written was left in place")
+        raise typer.Exit(2) from None
+    if exc.errno == errno.EPIPE:
+        _error(f"a pipe closed: {exc.strerror or exc}", "a process calibkit talks to (a worker) ended early; "
+               "run with --verbose for the traceback")
+        raise typer.Exit(2) from None
+    where = f"{exc.filename}: " if exc.filename else ""
+    _error(f"{where}{exc.strerror or exc}",
+           "check that the path exists, is the kind expected (file or folder) and that you may write it; "
+           "free disk space if it is full")
+    raise typer.Exit(2) from None
+
+
+#: the exit code when stdout's reader went away or stdout was closed (128 + SIGPIPE, as a shell reports it)
+STDOUT_GONE_EXIT = 141
+
+
+def stdout_gone() -> bool:
+    """Whether stdout can take no more output: closed when the process started (``>&-``: no ``sys.stdout``),
+    or a pipe or socket whose reader went away (poll says POLLERR/POLLHUP, without writing)."""
+    import io
+    import select
+
+    stream = sys.stdout
+    if stream is None:
+        return True
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, io.UnsupportedOperation):  # not a file (a test's capture): it cannot break
+        return False
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        events = poller.poll(0)
+    except (OSError, ValueError):
+        return True
+    return any(ev & (select.POLLERR | select.POLLHUP | select.POLLNVAL) for _, ev in events)
+
+
+def _silence_stdout() -> None:
+    """Point fd 1 at /dev/null, so the interpreter's last flush of stdout does not fail again on the way out."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    except OSError:
+        pass
+
+
+def write_stdout(text: str) -> None:
+    """``text`` on stdout, flushed (a document for ``--json -``). A closed stdout is a BrokenPipeError, as a
+    broken pipe is: :func:`handle_errors` ends either quietly with :data:`STDOUT_GONE_EXIT`."""
+    import errno
+
+    stream = sys.stdout
+    if stream is None:
+        raise BrokenPipeError(errno.EPIPE, "stdout is closed")
+    stream.write(text)
+    stream.flush()
 
 
 def _unexpected(exc: BaseException) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,6 +29,7 @@ from calibkit.cli._common import (
     say,
     traffic_choice,
     warn,
+    write_stdout,
 )
 from calibkit.executors import EXECUTOR_HELP
 
@@ -220,8 +220,7 @@ def _deliver(result: Comparison, json_path: Path | None, report_dir: Path | None
         if report_dir is not None:
             _render(doc, report_dir)
     if to_stdout:
-        sys.stdout.write(dumps_json(doc))
-        sys.stdout.flush()
+        write_stdout(dumps_json(doc))
         return
     _print_summary(result, json_path, report_dir)
     if save_outputs is not None:

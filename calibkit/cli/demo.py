@@ -68,6 +68,6 @@ def prepare(
 
 def register(app: typer.Typer) -> None:
     app.add_typer(demo_app, name="demo", short_help="A ready-made sentiment model and data to try calibkit on.")
-    from calibkit.cli import demo_run
+    import calibkit.cli.demo_run as demo_run
 
     demo_run.register(demo_app)

@@ -29,6 +29,7 @@ from calibkit.cli._common import (
     say,
     traffic_choice,
     warn,
+    write_stdout,
 )
 from calibkit.executors import EXECUTOR_HELP
 
@@ -203,12 +204,10 @@ def tune(
                 confirm=confirm,
             )
         if json_out is not None:
-            import sys
-
             from calibkit._io import dumps_json
             from calibkit.report.codec import to_document
 
-            sys.stdout.write(dumps_json(to_document(run.result)))
+            write_stdout(dumps_json(to_document(run.result)))
         else:
             _summary(run, report_dir)
         if fail_if_missed and not run.result.met_target:
