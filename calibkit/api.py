@@ -573,7 +573,8 @@ def compare(
     with resources(executor, workers=workers, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
                    progress=progress, pool_by_default=True) as res:
         drawn = load_traffic(traffic, _engine_calibration_set(b, a), size=traffic_size, text_field=traffic_text_field,
-                             seed=seed, progress=progress)
+                             seed=seed, progress=progress, exclude=ev.texts if eval_set is not None else (),
+                             tokenizer=tokenizer_dir(engines))
         if eval_set is None:
             if drawn is None or not len(drawn):
                 raise UsageError("compare has no texts: no eval set was given and no traffic was drawn",
@@ -805,16 +806,18 @@ def tune(
     dest = Path(out) if out is not None else Path("runs") / f"tune-{md.onnx_path.parent.name or md.onnx_path.stem}"
     kind = _model_task(md, task)
     cset = _calibration_set(calibration_set)
+    # the eval set first: its texts are left out of the traffic before the draw, so --traffic-size holds
+    loaded = load_evidence(eval_set, task=kind, limit=limit, seed=seed) if eval_set is not None else None
     drawn = load_traffic(traffic, cset, size=traffic_size, text_field=traffic_text_field, seed=seed, model=md,
-                         progress=progress)
-    if eval_set is None:
+                         progress=progress, exclude=loaded[0].texts if loaded is not None else ())
+    if loaded is None:
         if drawn is None or not len(drawn):
             raise UsageError("tune needs texts to judge plans on: an eval set, or traffic",
                              hint="pass --eval-set test.jsonl, or --traffic LOG (or 'auto': the calibration set's "
                                   "own log)")
         ev, rows = EvalSet(Path(drawn.source.path), (), ()), None
     else:
-        ev, rows = load_evidence(eval_set, task=kind, limit=limit, seed=seed)
+        ev, rows = loaded
     config = TuneConfig(
         max_drop=max_drop, relative=relative, min_agreement=min_agreement, agreement_confidence=agreement_confidence,
         method=method, holdout_fraction=holdout, sensitivity_samples=sensitivity_samples,
@@ -857,32 +860,35 @@ def _write_tune_document(result: TuneResult, path: Path) -> None:
 
 def load_traffic(traffic: PathLike | TrafficEvidence | None, calibration_set: CalibrationSet | None, *,
                  size: int = 4000, text_field: str | None = None, seed: int = 0, model: ModelDir | None = None,
-                 progress: ProgressCallback | None = None) -> TrafficEvidence | None:
+                 progress: ProgressCallback | None = None, exclude: Sequence[str] = (),
+                 tokenizer: PathLike | None = None) -> TrafficEvidence | None:
     """Traffic evidence from ``traffic``: None (none), drawn evidence (as it is), ``"auto"`` (the calibration
     set's own log, named in its manifest; refused when it is gone or changed), ``"default"`` (that log when it
-    is still there unchanged, else none, with a warning when the manifest names one) or a log path;
-    calibration texts are excluded."""
+    is still there unchanged, else none, with a warning when the manifest names one) or a log path.
+    Calibration texts and ``exclude`` (the eval set's texts: traffic is evidence independent of it) are
+    excluded before the draw, also where they differ only in what the model's tokenizer (``model``'s, or
+    ``tokenizer``) does not see; a log that holds nothing else is refused."""
     from calibkit.evaluate.traffic import TrafficEvidence, TrafficOptions, draw_default_traffic, draw_traffic
 
     if traffic is None or isinstance(traffic, TrafficEvidence):
         return traffic
     check_numbers({"--traffic-size": (size, TRAFFIC_SIZE)})
     check_seed(seed)
-    opts = TrafficOptions(size=size, seed=seed, text_field=text_field,
-                          tokenizer=model.tokenizer_path if model is not None else None,
+    tok = model.tokenizer_path if model is not None else Path(tokenizer) if tokenizer is not None else None
+    opts = TrafficOptions(size=size, seed=seed, text_field=text_field, tokenizer=tok,
                           max_length=model.max_length if model is not None else None)
     if str(traffic) == DEFAULT_TRAFFIC:
-        return _default_traffic(calibration_set, opts, progress)
+        return _default_traffic(calibration_set, opts, progress, exclude)
     if str(traffic) == "auto":
         if calibration_set is None:
             raise UsageError("--traffic auto needs a calibration set whose manifest names its log",
                              hint="pass the log itself: --traffic requests.jsonl")
-        return draw_default_traffic(calibration_set, opts, progress)
-    return draw_traffic(traffic, opts, calibration_set=calibration_set, progress=progress)
+        return draw_default_traffic(calibration_set, opts, progress, exclude_texts=exclude)
+    return draw_traffic(traffic, opts, calibration_set=calibration_set, progress=progress, exclude_texts=exclude)
 
 
-def _default_traffic(calibration_set: CalibrationSet | None, opts: Any, progress: ProgressCallback | None
-                     ) -> TrafficEvidence | None:
+def _default_traffic(calibration_set: CalibrationSet | None, opts: Any, progress: ProgressCallback | None,
+                     exclude: Sequence[str]) -> TrafficEvidence | None:
     import logging
 
     from calibkit.errors import DataError
@@ -897,7 +903,7 @@ def _default_traffic(calibration_set: CalibrationSet | None, opts: Any, progress
         if isinstance(m, dict) and isinstance(m.get("source"), dict):  # it names a log that is gone or changed
             logging.getLogger("calibkit").warning("no traffic evidence: %s (%s)", exc.message, exc.hint)
         return None
-    return draw_default_traffic(calibration_set, opts, progress)
+    return draw_default_traffic(calibration_set, opts, progress, exclude_texts=exclude)
 
 
 # ---------------------------------------------------------------- reports
