@@ -124,3 +124,45 @@ def test_sigterm_at_any_moment_exits_143_with_a_message(tmp_path: Path, during_i
     assert proc.returncode == 143, (proc.returncode, err)
     assert err.count("terminated") == 1 and "Traceback" not in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------------ control characters
+
+ESC = "\x1b[2J\x1b]0;owned\x07\u202e"
+
+
+def test_a_node_name_with_escape_sequences_is_shown_inert_in_the_report(tmp_path: Path) -> None:
+    """A node name from a model anyone may have written reached report.md (and the terminal) raw."""
+    doc = {"format": "calibkit-compare/1", "layers": [{"node": f"fc1{ESC}", "flag": "keep-fp16",
+                                                      "reasons": [f"clipped {ESC}"]}]}
+    (tmp_path / "doc.json").write_text(json.dumps(doc))
+    out = tmp_path / f"rep{ESC}"
+    r = CliRunner().invoke(app, ["report", str(tmp_path / "doc.json"), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    for name in ("report.md", "report.html"):
+        shown = (out / name).read_text(encoding="utf-8")
+        assert "fc1" in shown and not any(c in shown for c in "\x1b\x07\u202e"), name
+        assert "x1b" in shown and "u202e" in shown
+    assert "\x1b" not in r.output and "\u202e" not in r.output and "\\x1b[2J" in r.output, r.output
+
+
+def test_the_terminal_console_escapes_text_but_keeps_its_own_styles() -> None:
+    import io
+
+    from rich.table import Table
+
+    from calibkit.cli._common import _Console
+
+    buf = io.StringIO()
+    console = _Console(file=buf, force_terminal=True, markup=False, highlight=False, emoji=False, width=100)
+    table = Table(title="flagged")
+    table.add_column("node")
+    table.add_row(f"fc1{ESC}")
+    console.print(table)
+    console.print("[yellow]warning:[/] x", markup=True)
+    shown = buf.getvalue()
+    assert "\x1b[2J" not in shown and "\x07" not in shown and "\u202e" not in shown
+    assert "\\x1b[2J" in shown and "\\u202e" in shown
+    assert "\x1b[33m" in shown  # rich's own colour code still reaches the terminal
+    lines = [x for x in shown.splitlines() if x.startswith(("┏", "│", "└"))]
+    assert len({len(x) for x in lines}) == 1, lines  # escaped before the layout measured the cell

@@ -22,6 +22,7 @@ from rich.segment import Segment
 from calibkit.cli._signals import INTERRUPTED_EXIT, TERMINATED_EXIT, TERMINATED_MESSAGE, Terminated
 from calibkit.errors import CalibkitError
 from calibkit.progress import ProgressEvent
+from calibkit.report.formatting import visible_controls
 
 
 # markup off: paths, node names and texts hold brackets ("runs/[/x]", "calibkit[tensorrt]") that rich would
@@ -29,12 +30,20 @@ from calibkit.progress import ProgressEvent
 # emoji off: rich expands ":x:" or ":smile:" in any string it renders (markup or not, tables included), so a
 # path or text holding such a code was shown as another one. Every line calibkit prints goes through these two.
 class _Console(Console):
-    """A rich Console whose output is always encodable: a lone surrogate (a file name whose bytes are not UTF-8,
-    in a path, a table cell or a progress line) is written as ``\\udcff`` instead of failing the write. A closed
-    stdout (where rich would drop every line without a word) or a broken pipe raises BrokenPipeError."""
+    """A rich Console whose output is always encodable and inert: a lone surrogate (a file name whose bytes are
+    not UTF-8, in a path, a table cell or a progress line) is written as ``\\udcff`` instead of failing the
+    write, and a control character in the text (an ANSI escape in a node name) as ``\\x1b`` instead of acting
+    on the terminal; rich's own styles and cursor controls pass. A closed stdout (where rich would drop every
+    line without a word) or a broken pipe raises BrokenPipeError."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Any:
+        # every string printed or put in a table cell comes through here: escaped before the layout measures it
+        return super().render_str(printable(text), **kwargs)
 
     def _render_buffer(self, buffer: Iterable[Segment]) -> str:
-        return printable(super()._render_buffer(buffer))
+        # the net for Text built without render_str (progress columns)
+        shown = (s if s.control else Segment(visible_controls(s.text), s.style) for s in buffer)
+        return _encodable(super()._render_buffer(shown))  # rich's own escape codes are in it now: kept
 
     def _check_buffer(self) -> None:
         if self._file is None and not self.stderr and sys.stdout is None and self._buffer_index == 0:
@@ -221,7 +230,13 @@ def _error(message: str, hint: str | None) -> None:
 
 
 def printable(text: str) -> str:
-    """Lone surrogates (from undecodable file names or JSON escapes) cannot be encoded: show them escaped."""
+    """Text safe to write to a terminal or a log: control characters (ANSI escapes, carriage returns, bidi
+    overrides) shown as escapes, lone surrogates (from undecodable file names or JSON escapes), which cannot be
+    encoded, too. Tabs and newlines stay."""
+    return _encodable(visible_controls(text))
+
+
+def _encodable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
