@@ -136,6 +136,20 @@ def check_numbers(checks: Mapping[str, tuple[object, Bound]]) -> None:
                              f"pass {option} as {bound.describe()}")
 
 
+def check_paths(required: Mapping[str, object], optional: Mapping[str, object] | None = None, *,
+                loaded: tuple[type, ...] = ()) -> None:
+    """UsageError for an argument that should be a path (a str or os.PathLike, or one of the ``loaded`` calibkit
+    values the function also takes) and is something else: None where it is ``required``, a number, a list."""
+    optional = optional or {}
+    for name, value in (*required.items(), *optional.items()):
+        if value is None and name in optional:
+            continue
+        if not isinstance(value, (str, os.PathLike, *loaded)):
+            what = " or ".join(["a path (str or os.PathLike)", *(t.__name__ for t in loaded)])
+            raise UsageError(f"{name} must be {what}, got {type(value).__name__}",
+                             hint=f"pass {name} as a file or folder path, e.g. {name}='runs/x'")
+
+
 def budget(memory_budget: str | int = DEFAULT_MEMORY_BUDGET, max_batch_tokens: int | None = None) -> TokenBudget:
     """The token budget of batches that tap activations: bytes held at once ("512M", "1G" or a number) and,
     optionally, the most padded tokens per batch."""
@@ -208,6 +222,7 @@ def sample(
     from calibkit.data.calibset import write_calibration_set
     from calibkit.data.sample_pipeline import SampleOptions, default_out_dir, draw_sample
 
+    check_paths({"logs": logs}, {"out": out, "tokenizer": tokenizer})
     check_seed(seed)
     check_numbers({"--size": (size, Bound(low=1, high=INT_LIMIT, integer=True, example="512")),
                    "--clusters": (clusters, Bound(low=1, high=INT_LIMIT, integer=True, example="12"))})
@@ -237,7 +252,11 @@ def smooth(
     """SmoothQuant-style migration of activation outliers into the weights (``alpha`` None: per layer, chosen
     on the calibration set). Writes a model folder ``out`` with the same FP32 function."""
     from calibkit.calibrate.smoothing import smooth as run_smooth
+    from calibkit.data.calibset import CalibrationSet
+    from calibkit.data.modeldir import ModelDir
 
+    check_paths({"model": model, "calibration_set": calibration_set, "out": out}, {"tokenizer": tokenizer},
+                loaded=(ModelDir, CalibrationSet))
     check_numbers({"--alpha": (alpha, Bound(low=0, high=1, optional=True, example="0.8")),
                    "--batch-size": (batch_size, COUNT)})
     budget(memory_budget, max_batch_tokens)
@@ -300,8 +319,13 @@ def calibrate(
     ``from_cache``: a TensorRT calibration cache to build the Q/DQ model from instead (``calibration_set`` None;
     the model runs not, and a bare .onnx file needs no tokenizer)."""
     from calibkit.calibrate.pipeline import calibrate as run_calibration
+    from calibkit.data.calibset import CalibrationSet
+    from calibkit.data.modeldir import ModelDir
     from calibkit.types import Method, MethodParams
 
+    check_paths({"model": model}, {"calibration_set": calibration_set, "out": out, "tokenizer": tokenizer,
+                                   "cache_dir": cache_dir, "from_cache": from_cache},
+                loaded=(ModelDir, CalibrationSet))
     dest = check_calibrate_request(
         method=method, target=target, percentile=percentile, num_bins=num_bins, batch_size=batch_size,
         op_types=op_types, exclude=exclude, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
@@ -421,6 +445,8 @@ def build(
     from calibkit.engines.build import build as run_build
     from calibkit.types import Backend, Precision
 
+    check_paths({"model": model, "output": output}, {"calibration": calibration, "qdq": qdq, "tokenizer": tokenizer,
+                                                     "calibration_set": calibration_set})
     seq = Bound(low=1, high=1 << 20, integer=True, optional=True, example="128")
     check_numbers({"--min-seq": (min_seq, seq), "--opt-seq": (opt_seq, seq), "--max-seq": (max_seq, seq),
                    "--workspace-mib": (workspace_mib, Bound(low=1, high=1 << 30, integer=True, example="4096"))})
@@ -544,9 +570,14 @@ def compare(
     can be reproduced. ``eval_set`` may be None when ``traffic`` gives the texts: the traffic texts are then the
     (unlabeled) eval set too, evaluated once."""
     from calibkit.data.evalset import EvalSet
+    from calibkit.engines.artifact import EngineArtifact
     from calibkit.evaluate.compare import CompareOptions, check_same_model, compare_engines, select_task, tokenizer_dir
     from calibkit.evaluate.flags import Thresholds
+    from calibkit.evaluate.traffic import TrafficEvidence
 
+    check_paths({"engine_a": engine_a, "engine_b": engine_b}, {"eval_set": eval_set, "reference": reference,
+                                                               "traffic": traffic, "save_outputs": save_outputs},
+                loaded=(EngineArtifact, EvalSet, TrafficEvidence))
     check_compare_numbers(limit=limit, seed=seed, batch_size=batch_size, layer_samples=layer_samples,
                           sensitivity_samples=sensitivity_samples, sensitivity_layers=sensitivity_layers,
                           thresholds=thresholds, max_disagreements=max_disagreements, workers=workers,
@@ -791,10 +822,16 @@ def tune(
     mean cosine to FP32's vectors); ``eval_set`` may then be None when ``traffic`` gives the texts.
 
     Over 80 lines for a reason: most of it is the keyword signature, the public surface of tune."""
+    from calibkit.data.calibset import CalibrationSet
     from calibkit.data.evalset import EvalSet
+    from calibkit.data.modeldir import ModelDir
+    from calibkit.evaluate.traffic import TrafficEvidence
     from calibkit.evaluate.tune import TuneConfig, run_tune
     from calibkit.types import MethodParams
 
+    check_paths({"model": model, "calibration_set": calibration_set},
+                {"eval_set": eval_set, "out": out, "tokenizer": tokenizer, "report": report, "traffic": traffic},
+                loaded=(ModelDir, CalibrationSet, EvalSet, TrafficEvidence))
     check_tune_options(method=method, target=target, decision_rule=decision_rule)
     check_tune_numbers(max_drop=max_drop, min_agreement=min_agreement, min_cosine=min_cosine,
                        agreement_confidence=agreement_confidence, holdout=holdout,
@@ -913,11 +950,14 @@ def load_report(path: PathLike) -> Comparison | TuneResult:
     """A compare or tune JSON document (report.json, tune.json, compare --json) as its typed result."""
     from calibkit.report.codec import load_result
 
+    check_paths({"path": path})
     return load_result(Path(path))
 
 
 def render_report(result: Comparison | TuneResult, out: PathLike) -> Any:
     """Write a result as a report folder (report.json, report.md, report.html, plots/)."""
     from calibkit.report.render import render_report as _render
+
+    check_paths({"out": out})
 
     return _render(result, Path(out))
