@@ -79,6 +79,18 @@ def test_a_summary_to_a_broken_pipe_ends_quietly(engines: Path, tmp_path: Path) 
     assert r.returncode == 141 and "Exception ignored" not in r.stderr and "error" not in r.stderr, r.stderr
 
 
+def test_help_to_a_broken_pipe_ends_quietly() -> None:
+    """``calibkit --help | head -c0``: typer's answer outside a command was exit 1."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run([sys.executable, "-m", "calibkit", "--help"], stdin=subprocess.DEVNULL, stdout=write,
+                           stderr=subprocess.PIPE, text=True, env=ENV, timeout=60, check=False)
+    finally:
+        os.close(write)
+    assert r.returncode == 141 and r.stderr == "", r.stderr
+
+
 # the real entry point, held at one moment (the import of a command module, or the root callback that runs
 # while typer parses the command line) until the signal comes
 HOLD = """

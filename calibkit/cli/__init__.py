@@ -19,6 +19,7 @@ from calibkit.cli._signals import TERMINATED_EXIT, TERMINATED_MESSAGE, Terminate
 def main() -> None:
     # SIGTERM (kill, a job scheduler, a container stop) unwinds like Ctrl-C: temporary outputs are removed
     signal.signal(signal.SIGTERM, terminate)
+    stdout_was = _fd_identity(1)
     try:
         from calibkit.cli._app import app
 
@@ -30,7 +31,24 @@ def main() -> None:
         # KeyboardInterrupt, which it ends with 130 and no word
         if signalled() and exc.code != TERMINATED_EXIT:
             _exit_terminated()
+        if exc.code == 1:
+            # a broken stdout outside a command (``--help | head``): typer's answer is 1, and rich's (which
+            # renders the help) points fd 1 at /dev/null first
+            from calibkit.cli._common import STDOUT_GONE_EXIT, stdout_gone
+
+            if stdout_gone() or _fd_identity(1) != stdout_was:
+                raise SystemExit(STDOUT_GONE_EXIT) from None
         raise
+
+
+def _fd_identity(fd: int) -> tuple[int, int] | None:
+    import os
+
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _exit_terminated() -> None:
