@@ -259,10 +259,9 @@ def smooth(
                 loaded=(ModelDir, CalibrationSet))
     check_numbers({"--alpha": (alpha, Bound(low=0, high=1, optional=True, example="0.8")),
                    "--batch-size": (batch_size, COUNT)})
-    budget(memory_budget, max_batch_tokens)
+    token_budget = budget(memory_budget, max_batch_tokens)
     return run_smooth(_model_dir(model, tokenizer), _calibration_set(calibration_set), out_dir=Path(out),
-                      alpha=alpha, budget=budget(memory_budget, max_batch_tokens), batch_size=batch_size,
-                      progress=progress)
+                      alpha=alpha, budget=token_budget, batch_size=batch_size, progress=progress)
 
 
 # ---------------------------------------------------------------- calibrate
