@@ -115,10 +115,13 @@ class TrafficEvidence:
     Row ``i`` is ``texts[i]``; ``keys[i]`` is its normalised content digest (16 hex digits, ``sample``'s dedup
     key), ``line_numbers[i]`` the (1-based) log line it was first seen on, ``seen_counts[i]`` how often the log
     holds it, ``lengths[i]`` its token length (``length_measure``). ``excluded`` counts what was left out, by
-    reason: ``calibration_set`` (distinct texts that are in the calibration set), ``calibration_set_lines``
-    (the log lines holding them), ``duplicate_lines`` (repeats of a text already seen), ``emptied_by_cleanup``
-    (texts that held only ``<script>``/``<style>``), ``broken_lines`` (unusable lines; by kind in ``lines``).
-    ``population``: distinct usable texts outside the calibration set (``size_drawn`` of them were drawn).
+    reason: ``calibration_set`` (distinct texts that are in the calibration set, or that the model reads as one
+    of its texts), ``calibration_set_lines`` (the log lines holding the first kind), ``eval_set`` and
+    ``eval_set_lines`` (the same for the eval set's texts, when they were excluded), ``duplicate_lines``
+    (repeats of a text already seen), ``emptied_by_cleanup`` (texts that held only ``<script>``/``<style>``),
+    ``broken_lines`` (unusable lines; by kind in ``lines``). ``population``: distinct usable texts outside the
+    excluded sets (``size_drawn`` of them were drawn; an estimate where the model-view check took texts out of
+    a full length stratum).
     ``part``: "all", or "search"/"holdout" for the parts :func:`split_traffic` makes.
     """
 
@@ -352,7 +355,7 @@ def draw_traffic(
     pool = PriorityPool(capacity=options.size + len(cal_texts) + len(exclude_texts))
     excluded_groups: dict[int, str] = {}  # group key -> why: calibration_set | eval_set
     eval_groups: set[int] = set()  # excluded groups in the eval set (whether in the calibration set or not)
-    excluded_lines = 0
+    excluded_lines = {"calibration_set": 0, "eval_set": 0}
     file_size = path.stat().st_size
     task = "reading traffic log"
     cb(ProgressEvent(task, 0, file_size))
@@ -368,7 +371,7 @@ def draw_traffic(
             raw = digest(normalize(item.raw_text)) if item.raw_text is not item.text else None
             hit = seen.key if seen.key in exclude else raw if raw in exclude else None
         if hit is not None:
-            excluded_lines += 1
+            excluded_lines["calibration_set" if hit in cal_keys else "eval_set"] += 1
             if not seen.first and seen.key not in excluded_groups:
                 # its group's first line was offered (its raw text is a calibration text, its redacted text came
                 # first from another line): take it back, count and pooled member, so no drawn row shares a group
@@ -427,8 +430,9 @@ def draw_traffic(
     excluded = {
         "calibration_set": why["calibration_set"],
         **({"eval_set": why["eval_set"]} if exclude_texts else {}),
-        "calibration_set_lines": excluded_lines,
-        "duplicate_lines": dedup.duplicates - max(0, excluded_lines - len(excluded_groups)),
+        "calibration_set_lines": excluded_lines["calibration_set"],
+        **({"eval_set_lines": excluded_lines["eval_set"]} if exclude_texts else {}),
+        "duplicate_lines": dedup.duplicates - max(0, sum(excluded_lines.values()) - len(excluded_groups)),
         "emptied_by_cleanup": tally.emptied,
         "broken_lines": stats.broken_total,
     }
