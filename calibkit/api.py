@@ -150,6 +150,20 @@ def check_paths(required: Mapping[str, object], optional: Mapping[str, object] |
                              hint=f"pass {name} as a file or folder path, e.g. {name}='runs/x'")
 
 
+def check_names(names: Mapping[str, object] | None = None, lists: Mapping[str, object] | None = None, *,
+                required: Sequence[str] = ()) -> None:
+    """UsageError for an argument that should be a name (a str; None too unless it is ``required``) or a list
+    of names (a str alone is not one: ``exclude="fc1"`` would read as three one-letter patterns) and is
+    something else."""
+    for name, value in (names or {}).items():
+        if (value is not None or name in required) and not isinstance(value, str):
+            raise UsageError(f"{name} must be a string, got {type(value).__name__}", hint=f"e.g. {name}='...'")
+    for name, value in (lists or {}).items():
+        if isinstance(value, str) or not isinstance(value, Sequence) or not all(isinstance(x, str) for x in value):
+            raise UsageError(f"{name} must be a list of strings, got {type(value).__name__}",
+                             hint=f"e.g. {name}=['...'] (a list, even of one)")
+
+
 def budget(memory_budget: str | int = DEFAULT_MEMORY_BUDGET, max_batch_tokens: int | None = None) -> TokenBudget:
     """The token budget of batches that tap activations: bytes held at once ("512M", "1G" or a number) and,
     optionally, the most padded tokens per batch."""
@@ -223,6 +237,7 @@ def sample(
     from calibkit.data.sample_pipeline import SampleOptions, default_out_dir, draw_sample
 
     check_paths({"logs": logs}, {"out": out, "tokenizer": tokenizer})
+    check_names({"text_field": text_field, "label_field": label_field})
     check_seed(seed)
     check_numbers({"--size": (size, Bound(low=1, high=INT_LIMIT, integer=True, example="512")),
                    "--clusters": (clusters, Bound(low=1, high=INT_LIMIT, integer=True, example="12"))})
@@ -272,6 +287,8 @@ METHODS = ("entropy", "minmax", "percentile", "mse")
 def check_calibration_options(*, method: str, target: str, percentile: float, num_bins: int, batch_size: int,
                               op_types: Sequence[str], exclude: Sequence[str]) -> None:
     """UsageError for options calibrate cannot use (each with what to pass instead)."""
+    check_names({"method": method, "target": target}, {"op_types": op_types, "exclude": exclude},
+                required=("method", "target"))
     check_numbers({"--percentile": (percentile, PERCENTILE),
                    "--num-bins": (num_bins, Bound(low=256, high=1 << 24, integer=True, example="2048")),
                    "--batch-size": (batch_size, COUNT)})
@@ -449,8 +466,8 @@ def build(
     seq = Bound(low=1, high=1 << 20, integer=True, optional=True, example="128")
     check_numbers({"--min-seq": (min_seq, seq), "--opt-seq": (opt_seq, seq), "--max-seq": (max_seq, seq),
                    "--workspace-mib": (workspace_mib, Bound(low=1, high=1 << 30, integer=True, example="4096"))})
-    if not isinstance(precision, str) or not isinstance(backend, str):
-        raise UsageError("--precision and --backend are names", hint="e.g. precision='int8', backend='onnxruntime'")
+    check_names({"precision": precision, "backend": backend, "target": target}, {"exclude": exclude},
+                required=("precision", "backend"))
     try:
         prec = Precision(precision.lower())
     except ValueError:
@@ -577,6 +594,8 @@ def compare(
     check_paths({"engine_a": engine_a, "engine_b": engine_b}, {"eval_set": eval_set, "reference": reference,
                                                                "traffic": traffic, "save_outputs": save_outputs},
                 loaded=(EngineArtifact, EvalSet, TrafficEvidence))
+    check_names({"task": task, "text_column": text_column, "label_column": label_column, "split": split,
+                 "traffic_text_field": traffic_text_field})
     check_compare_numbers(limit=limit, seed=seed, batch_size=batch_size, layer_samples=layer_samples,
                           sensitivity_samples=sensitivity_samples, sensitivity_layers=sensitivity_layers,
                           thresholds=thresholds, max_disagreements=max_disagreements, workers=workers,
@@ -731,9 +750,14 @@ def _engine_calibration_set(*engines: EngineArtifact) -> CalibrationSet | None:
 # ---------------------------------------------------------------- tune
 
 
-def check_tune_options(*, method: str, target: str, decision_rule: str = "sequential") -> None:
-    """UsageError for a --method, --target or --decision-rule tune does not know."""
+def check_tune_options(*, method: str, target: str, decision_rule: str = "sequential", task: str | None = None
+                       ) -> None:
+    """UsageError for a --method, --target, --decision-rule or --task tune does not know."""
+    from calibkit.evaluate.tasks import TaskKind
     from calibkit.types import Method
+
+    if task is not None and task not in {k.value for k in TaskKind}:
+        raise UsageError(f"unknown --task {task!r}", hint="choose classification, embedding or token-classification")
 
     if method != "auto" and method not in {m.value for m in Method}:
         raise UsageError(f"unknown --method {method!r}", hint="use auto, entropy, minmax, percentile or mse")
@@ -831,7 +855,9 @@ def tune(
     check_paths({"model": model, "calibration_set": calibration_set},
                 {"eval_set": eval_set, "out": out, "tokenizer": tokenizer, "report": report, "traffic": traffic},
                 loaded=(ModelDir, CalibrationSet, EvalSet, TrafficEvidence))
-    check_tune_options(method=method, target=target, decision_rule=decision_rule)
+    check_names({"task": task, "method": method, "target": target, "decision_rule": decision_rule,
+                 "traffic_text_field": traffic_text_field}, required=("method", "target", "decision_rule"))
+    check_tune_options(method=method, target=target, decision_rule=decision_rule, task=task)
     check_tune_numbers(max_drop=max_drop, min_agreement=min_agreement, min_cosine=min_cosine,
                        agreement_confidence=agreement_confidence, holdout=holdout,
                        sensitivity_samples=sensitivity_samples, sensitivity_layers=sensitivity_layers,

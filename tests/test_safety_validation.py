@@ -185,6 +185,34 @@ def test_every_api_path_of_the_wrong_type_is_a_usage_error(tmp_path_factory: pyt
     assert list(work.iterdir()) == []
 
 
+def _name_params(fn: object) -> list[inspect.Parameter]:
+    kinds = ("str", "str | None", "Sequence[str]")
+    return [p for p in inspect.signature(fn).parameters.values()  # type: ignore[arg-type]
+            if p.kind is p.KEYWORD_ONLY and str(p.annotation) in kinds]
+
+
+NAME_PARAMS = [(name, p) for name, fn in API.items() for p in _name_params(fn)]
+
+
+@given(st.sampled_from(NAME_PARAMS), st.sampled_from([5, [5], object(), b"bytes", "as-a-list", None]))
+def test_every_api_name_of_the_wrong_type_is_a_usage_error(tmp_path_factory: pytest.TempPathFactory,
+                                                           case: tuple[str, inspect.Parameter], value: object) -> None:
+    """``text_field=5``, ``exclude="fc1"``, ``target=[5]``: AttributeError and TypeError from deep inside."""
+    name, param = case
+    listed = str(param.annotation).startswith("Sequence")
+    if (value == "as-a-list" and not listed) or (value is None and param.default is None):
+        return  # a string where a string goes, None where None is the default: not hostile
+    work = tmp_path_factory.mktemp("api")
+    with pytest.raises(UsageError, match=f"{param.name} must be a (list of )?string"):
+        API[name](*_positional(name, work), **{param.name: value})
+    assert list(work.iterdir()) == []
+
+
+def test_tune_refuses_an_unknown_task_before_reading_the_model(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="unknown --task 'x'"):
+        ck.tune(tmp_path / "no-model", tmp_path / "no-set", tmp_path / "no-eval.jsonl", task="x")
+
+
 @pytest.mark.parametrize("kwargs, option", [
     ({"max_drop": math.nan}, "--max-drop"), ({"max_drop": "0.5"}, "--max-drop"), ({"holdout": math.inf}, "--holdout"),
     ({"percentile": math.nan}, "--percentile"), ({"agreement_confidence": math.nan}, "--agreement-confidence"),

@@ -170,7 +170,7 @@ def tune(
         from calibkit.api import check_tune_options
         from calibkit.api import tune as run_tune
 
-        check_tune_options(method=method, target=target, decision_rule=decision_rule)
+        check_tune_options(method=method, target=target, decision_rule=decision_rule, task=task)
         if json_out not in (None, "-"):
             from calibkit.errors import UsageError
 
