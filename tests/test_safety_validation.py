@@ -275,6 +275,13 @@ def test_nested_values_are_checked_by_the_field_that_holds_them(tmp_path: Path) 
     good["engines"][0]["accuracy_ci"]["high"] = 1.2  # type: ignore[index]
     with pytest.raises(DataError, match=r"accuracy_ci\.high should be a share"):
         load_result(_write(tmp_path, good), strict=False)
+    # a task's extra measures are named by the model's heads: only the name's ending says it is a share
+    task = {"format": COMPARE_FORMAT, "task": {"kind": "regression", "output": "score", "labelled": True, "fidelity": {
+        "agreement": 0.5, "cosine_mean": 0.99, "cosine_min": 0.9, "fraction_mae_vs_labels": 3.5, "k": 10.0}}}
+    load_result(_write(tmp_path, task), strict=False)
+    task["task"]["fidelity"]["fraction_micro_f1"] = 1.5  # type: ignore[index]
+    with pytest.raises(DataError, match=r"fraction_micro_f1 should be a share"):
+        load_result(_write(tmp_path, task), strict=False)
 
 
 def test_a_huge_whole_number_is_a_data_error(tmp_path: Path) -> None:
@@ -297,3 +304,26 @@ def test_an_oversized_report_is_refused_before_it_is_parsed(tmp_path: Path, monk
     with pytest.raises(DataError, match="MiB; a report document is at most"):
         load_document(path)
     assert parsed == []
+
+
+def test_the_documents_calibkit_writes_pass_their_own_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The domain table names real fields: a compare and a tune document of a real (tiny) run are read back."""
+    from calib_helpers import texts, write_model_dir
+
+    from calibkit.data.calibset import write_calibration_set
+
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+    model = write_model_dir(tmp_path / "model")
+    cset = write_calibration_set(tmp_path / "set", texts(16, seed=3), None, {})
+    ev = tmp_path / "eval.jsonl"
+    ev.write_text("".join(json.dumps({"text": t, "label": ["negative", "positive"][i % 2]}) + "\n"
+                          for i, t in enumerate(texts(60, seed=5))))
+    run = ck.tune(model, cset, ev, tmp_path / "tune", max_evaluations=2, sensitivity_samples=8, workers=1,
+                  smooth=False, traffic=None)
+    assert load_result(tmp_path / "tune" / "tune.json") == run.result
+    cal = ck.calibrate(model, cset, tmp_path / "cal", method="minmax")
+    a = ck.build(model, tmp_path / "e" / "fp32.onnx", precision="fp32")
+    b = ck.build(model, tmp_path / "e" / "int8.onnx", precision="int8", qdq=cal.model_path)
+    c = ck.compare(a.artifact, b.artifact, ev, workers=1, sensitivity_samples=16, traffic=None)
+    codec.check_domains(c)
+    assert load_result(_write(tmp_path, codec.to_document(c), "compare.json")) == c

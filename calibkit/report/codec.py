@@ -347,8 +347,10 @@ _SHARE = (0.0, 1.0)
 _COSINE = (-1.0 - 1e-6, 1.0 + 1e-6)  # float32 vectors: a cosine may round past 1
 _NON_NEGATIVE = (0.0, math.inf)
 _SIGNED = (-math.inf, math.inf)
+# a share is named for one: the name ends with the word once the split it was measured on is taken off
 _SHARE_WORDS = re.compile(r"(?:^|_)(accuracy|agreement|flip_rate|f1|precision|recall|fraction|share|confidence|"
-                          r"level|overlap|mcnemar_p)(?:_|$)")
+                          r"level|overlap_at_k|mcnemar_p)$")
+_SPLITS = re.compile(r"(_ci|_search|_holdout)+$")
 _BY_NAME: dict[str, tuple[float, float]] = {
     "min_agreement": (0.0, 100.0), "threshold": _SIGNED,
     **dict.fromkeys(("latency_ms", "throughput_per_s", "seconds", "mean_kl", "logit_mse", "max_abs_error",
@@ -362,11 +364,12 @@ def _domain_of(name: str, inherited: tuple[float, float] | None, signed: bool) -
         return _BY_NAME[name]
     if signed:  # inside a difference: only its p-value and level are shares
         return _SHARE if name in ("mcnemar_p", "level") else _SIGNED
-    if "cosine" in name:
-        return _COSINE
     if "diff" in name or "delta" in name or name.endswith("minus_fp32"):
         return _SIGNED
-    if _SHARE_WORDS.search(name.removesuffix("_ci")):
+    base = _SPLITS.sub("", name)
+    if re.search(r"(?:^|_)cosine(?:_mean|_min)?$", base):
+        return _COSINE
+    if _SHARE_WORDS.search(base):
         return _SHARE
     return inherited
 
