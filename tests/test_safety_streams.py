@@ -116,10 +116,12 @@ main()
 """
 
 
-@pytest.mark.parametrize("during_imports", [True, False], ids=["during-imports", "while-parsing"])
-def test_sigterm_at_any_moment_exits_143_with_a_message(tmp_path: Path, during_imports: bool) -> None:
+@pytest.mark.parametrize("during_imports, signals", [(True, 1), (False, 1), (False, 3)],
+                         ids=["during-imports", "while-parsing", "three-while-parsing"])
+def test_sigterm_at_any_moment_exits_143_with_a_message(tmp_path: Path, during_imports: bool, signals: int) -> None:
     """During the imports the signal killed the process (no handler yet: -15, no word); while typer parsed the
-    options it became a KeyboardInterrupt that typer ends with 130 and no word."""
+    options it became a KeyboardInterrupt that typer ends with 130 and no word. More SIGTERMs while the first
+    unwinds change nothing."""
     proc = subprocess.Popen([sys.executable, "-c", HOLD.format(during_imports=during_imports)], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:
@@ -127,7 +129,8 @@ def test_sigterm_at_any_moment_exits_143_with_a_message(tmp_path: Path, during_i
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and "holding" not in proc.stdout.readline():
             pass
-        proc.send_signal(signal.SIGTERM)
+        for _ in range(signals):
+            proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:

@@ -16,9 +16,12 @@ class Terminated(KeyboardInterrupt):
 
 
 def terminate(signum: int, frame: object) -> None:
-    """The SIGTERM handler: remember the signal, raise :class:`Terminated` where the process is."""
+    """The SIGTERM handler: remember the signal, raise :class:`Terminated` where the process is. A second
+    SIGTERM while the first unwinds is only remembered: raised inside the cleanup, it would cut it short (a
+    temporary folder left behind) and print a second message."""
     _signalled.append(signum)
-    raise Terminated
+    if len(_signalled) == 1:
+        raise Terminated
 
 
 def signalled() -> bool:
