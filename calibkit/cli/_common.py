@@ -71,7 +71,6 @@ _depth = [0]  # handle_errors blocks open: the outermost one ends the command
 TRACEBACK_ENV = "CALIBKIT_TRACEBACK"
 
 
-
 @contextlib.contextmanager
 def handle_errors() -> Iterator[None]:
     """Turn any error into one clear message and an exit code; a traceback only under --verbose.
@@ -395,7 +394,7 @@ def _refuse(message: str) -> ValueError:
         from pydantic_core import PydanticCustomError
     except ImportError:  # pragma: no cover - a typer without pydantic reads a plain ValueError the same way
         return ValueError(message)
-    return PydanticCustomError("calibkit_number", message.replace("{", "{{").replace("}", "}}"))
+    return PydanticCustomError("calibkit_number", message)  # no context: a "{x}" in the value stays as it is
 
 
 def _parse_float(value: object) -> float:

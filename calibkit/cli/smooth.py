@@ -70,7 +70,7 @@ def smooth(
             value = None
         else:
             try:
-                value = float(alpha)  # its range is checked by calibrate.smoothing.smooth
+                value = float(alpha)  # NaN, infinities and the range are refused by calibkit.api.smooth
             except ValueError:
                 raise UsageError(f"--alpha must be a number in [0, 1] or auto, got {alpha!r}") from None
         if batch_size < 1:
