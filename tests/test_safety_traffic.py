@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 from calib_helpers import WORDS, texts, write_model_dir
+from hypothesis import given
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import calibkit.api
@@ -126,3 +128,29 @@ def test_a_traffic_log_that_is_not_a_file_says_what_it_is(tmp_path: Path, path: 
     with pytest.raises(DataError, match="is a (character device|folder), not a log file") as err:
         calibkit.api.load_traffic(target, None)
     assert "--no-traffic" in (err.value.hint or "")
+
+
+_INVISIBLE = ["\u200b", "\u00ad", "\x07", "\ufeff", "\u200d", "\u0301", "\u0308"]
+
+
+@given(st.lists(st.tuples(st.integers(0, len(CALIBRATION) - 1), st.integers(0, 30), st.sampled_from(_INVISIBLE),
+                          st.booleans()), min_size=1, max_size=12))
+def test_any_invisible_change_to_a_calibration_text_is_excluded(tmp_path_factory: pytest.TempPathFactory,
+                                                                edits: list[tuple[int, int, str, bool]]) -> None:
+    """Zero-width characters, soft hyphens, controls and combining accents inserted anywhere in a calibration
+    text (and its case changed): the model's tokenizer reads it as the calibration text, so it is excluded."""
+    tmp = tmp_path_factory.mktemp("invisible")
+    tok = _bert_tokenizer(tmp / "tok")
+    cset = write_calibration_set(tmp / "set", CALIBRATION, None, {})
+    variants = []
+    for which, at, char, upper in edits:
+        text = CALIBRATION[which]
+        pos = at % (len(text) + 1)
+        if char in "\u0301\u0308" and (pos == 0 or not text[pos - 1].isalpha()):
+            continue  # a combining accent after a space or at the start is a character of its own, not an accent
+        text = text[:pos] + char + text[pos:]
+        variants.append(text.upper() if upper else text)
+    others = ["fun plot", "dull film very", "not good actors"]
+    log = _log(tmp / "log.jsonl", [*variants, *others])
+    drawn = calibkit.api.load_traffic(log, cset, size=100, tokenizer=tok)
+    assert drawn is not None and set(drawn.texts) == set(others), (variants, drawn.texts)
