@@ -16,12 +16,15 @@ class Terminated(KeyboardInterrupt):
 
 
 def terminate(signum: int, frame: object) -> None:
-    """The SIGTERM handler: remember the signal, raise :class:`Terminated` where the process is. A second
-    SIGTERM while the first unwinds is only remembered: raised inside the cleanup, it would cut it short (a
-    temporary folder left behind) and print a second message."""
+    """The SIGTERM handler: remember the signal, raise :class:`Terminated` where the process is. Later SIGTERMs
+    are ignored while the first unwinds: raised inside the cleanup, one would cut it short (a temporary folder
+    left behind) and print a second message; and a handler Python restores to the default as it exits would
+    let one kill the process on the way out (exit -15 instead of 143)."""
+    import signal
+
     _signalled.append(signum)
-    if len(_signalled) == 1:
-        raise Terminated
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated
 
 
 def signalled() -> bool:
