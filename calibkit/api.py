@@ -20,9 +20,11 @@ gets the same validation as a command line. Errors are the :class:`calibkit.erro
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -31,6 +33,7 @@ from calibkit.evaluate.tune_defaults import TUNE_HOLDOUT, TUNE_SENSITIVITY_SAMPL
 from calibkit.executors import from_spec
 from calibkit.progress import ProgressCallback, no_progress
 from calibkit.resources import Resources
+from calibkit.types import check_seed
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.calibrate.methods import ActivationHistogram
@@ -54,15 +57,123 @@ DEFAULT_MEMORY_BUDGET = "1G"
 
 DEFAULT_TRAFFIC = "default"  # the calibration set's own log when it is still there unchanged, else none
 
+# ---------------------------------------------------------------- option values
+
+#: the largest whole number any option takes: numpy, ONNX Runtime and JSON readers all hold an int64
+INT_LIMIT = (1 << 63) - 1
+#: the most worker processes a local pool is asked for
+MAX_WORKERS = 1024
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What values a numeric option takes: finite always; ``low``/``high`` inclusive, ``above``/``below``
+    exclusive; ``integer``: a whole ``int`` (``bool`` is not one); ``optional``: None allowed; ``example``:
+    a value to suggest; ``what``: its name in messages."""
+
+    low: float | None = None
+    high: float | None = None
+    above: float | None = None
+    below: float | None = None
+    integer: bool = False
+    optional: bool = False
+    example: str = ""
+    what: str = ""  # what the option is, e.g. "a percentage" (default: a finite number / a whole number)
+
+    def describe(self) -> str:
+        """What the option takes, e.g. "a whole number, at least 1" or "a percentage in [0, 100]"."""
+        kind = self.what or ("a whole number" if self.integer else "a finite number")
+        return f"{kind} {self.range()}".strip() if self.range().startswith("in ") else \
+            ", ".join(x for x in (kind, self.range()) if x)
+
+    def range(self) -> str:
+        lo = f"[{self.low:g}" if self.low is not None else f"({self.above:g}" if self.above is not None else ""
+        hi = f"{self.high:g}]" if self.high is not None and self.high < INT_LIMIT else \
+            f"{self.below:g})" if self.below is not None else ""
+        if lo and hi:
+            return f"in {lo}, {hi}"
+        if lo:
+            return f"at least {self.low:g}" if self.low is not None else f"more than {self.above:g}"
+        if hi:
+            return f"at most {self.high:g}" if self.high is not None else f"less than {self.below:g}"
+        return ""
+
+    def problem(self, value: object) -> str | None:
+        """What is wrong with ``value`` (None: nothing): not the kind of number wanted (a string, a bool, NaN or
+        an infinity, a fraction for a whole number), or out of range."""
+        if value is None:
+            return None if self.optional else f"be {self.describe()}"
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                or self.integer and not isinstance(value, int)):
+            return f"be {self.describe()}"
+        if abs(value) > INT_LIMIT:
+            return f"be at most {INT_LIMIT} in size"
+        inside = ((self.low is None or value >= self.low) and (self.high is None or value <= self.high)
+                  and (self.above is None or value > self.above) and (self.below is None or value < self.below))
+        return None if inside else f"be {self.describe() if self.what else self.range()}"
+
+    def admits(self, value: object) -> bool:
+        return self.problem(value) is None
+
+
+COUNT = Bound(low=1, high=INT_LIMIT, integer=True)
+COUNT_OR_NONE = Bound(low=1, high=INT_LIMIT, integer=True, optional=True)
+WORKERS = Bound(low=1, high=MAX_WORKERS, integer=True, optional=True, example="2")
+PERCENTILE = Bound(above=0, high=100, example="99.99")
+TRAFFIC_SIZE = Bound(low=1, high=INT_LIMIT, integer=True, example="4000")
+
+
+def check_numbers(checks: Mapping[str, tuple[object, Bound]]) -> None:
+    """UsageError for the first option whose value its :class:`Bound` does not admit (NaN, an infinity, a
+    string, a float where a whole number goes, a value out of range), naming the option, the value and what it
+    takes. Every API function calls this before it reads a file or starts any work."""
+    for option, (value, bound) in checks.items():
+        problem = bound.problem(value)
+        if problem is not None:
+            shown = repr(value) if not isinstance(value, (int, float)) or isinstance(value, bool) else f"{value}"
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            raise UsageError(f"{option} must {problem}, got {shown}",
+                             hint=f"e.g. {option} {bound.example}" if bound.example else
+                             f"pass {option} as {bound.describe()}")
+
+
+def check_paths(required: Mapping[str, object], optional: Mapping[str, object] | None = None, *,
+                loaded: tuple[type, ...] = ()) -> None:
+    """UsageError for an argument that should be a path (a str or os.PathLike, or one of the ``loaded`` calibkit
+    values the function also takes) and is something else: None where it is ``required``, a number, a list."""
+    optional = optional or {}
+    for name, value in (*required.items(), *optional.items()):
+        if value is None and name in optional:
+            continue
+        if not isinstance(value, (str, os.PathLike, *loaded)):
+            what = " or ".join(["a path (str or os.PathLike)", *(t.__name__ for t in loaded)])
+            raise UsageError(f"{name} must be {what}, got {type(value).__name__}",
+                             hint=f"pass {name} as a file or folder path, e.g. {name}='runs/x'")
+
+
+def check_names(names: Mapping[str, object] | None = None, lists: Mapping[str, object] | None = None, *,
+                required: Sequence[str] = ()) -> None:
+    """UsageError for an argument that should be a name (a str; None too unless it is ``required``) or a list
+    of names (a str alone is not one: ``exclude="fc1"`` would read as three one-letter patterns) and is
+    something else."""
+    for name, value in (names or {}).items():
+        if (value is not None or name in required) and not isinstance(value, str):
+            raise UsageError(f"{name} must be a string, got {type(value).__name__}", hint=f"e.g. {name}='...'")
+    for name, value in (lists or {}).items():
+        if isinstance(value, str) or not isinstance(value, Sequence) or not all(isinstance(x, str) for x in value):
+            raise UsageError(f"{name} must be a list of strings, got {type(value).__name__}",
+                             hint=f"e.g. {name}=['...'] (a list, even of one)")
+
 
 def budget(memory_budget: str | int = DEFAULT_MEMORY_BUDGET, max_batch_tokens: int | None = None) -> TokenBudget:
     """The token budget of batches that tap activations: bytes held at once ("512M", "1G" or a number) and,
     optionally, the most padded tokens per batch."""
     from calibkit.data.encode import TokenBudget, parse_size
 
-    size = memory_budget if isinstance(memory_budget, int) else parse_size(memory_budget)
-    if max_batch_tokens is not None and max_batch_tokens < 1:
-        raise UsageError(f"--max-batch-tokens must be at least 1, got {max_batch_tokens}")
+    check_numbers({"--max-batch-tokens": (max_batch_tokens, COUNT_OR_NONE)})
+    if not isinstance(memory_budget, str):
+        check_numbers({"--memory-budget": (memory_budget, Bound(low=1, high=1 << 62, integer=True, example="1G"))})
+    size = parse_size(memory_budget)
     return TokenBudget(max_batch_tokens=max_batch_tokens, memory_bytes=size)
 
 
@@ -102,6 +213,8 @@ def resources(executor: Executor | str | None = None, *, workers: int | None = N
     from its spec ("local", "local:N", "dask://host:port"; closed when the call ends); None stays None unless
     ``pool_by_default`` (then a local pool of ``workers``); the token budget from ``memory_budget`` and
     ``max_batch_tokens``; progress (default: none)."""
+    check_numbers({"--workers": (workers, WORKERS)})
+    budget(memory_budget, max_batch_tokens)
     with contextlib.ExitStack() as stack:
         ex = executor
         if isinstance(ex, str) or (ex is None and pool_by_default):
@@ -132,8 +245,11 @@ def sample(
     from calibkit.data.calibset import write_calibration_set
     from calibkit.data.sample_pipeline import SampleOptions, default_out_dir, draw_sample
 
-    if clusters < 1:
-        raise UsageError(f"--clusters must be at least 1 (got {clusters})")
+    check_paths({"logs": logs}, {"out": out, "tokenizer": tokenizer})
+    check_names({"text_field": text_field, "label_field": label_field})
+    check_seed(seed)
+    check_numbers({"--size": (size, Bound(low=1, high=INT_LIMIT, integer=True, example="512")),
+                   "--clusters": (clusters, Bound(low=1, high=INT_LIMIT, integer=True, example="12"))})
     options = SampleOptions(size=size, seed=seed, text_field=text_field, label_field=label_field,
                             tokenizer=Path(tokenizer) if tokenizer else None, strict=strict, redact=redact,
                             clusters=clusters)
@@ -161,13 +277,17 @@ def smooth(
     """SmoothQuant-style migration of activation outliers into the weights (``alpha`` None: per layer, chosen
     on the calibration set). Writes a model folder ``out`` with the same FP32 function."""
     from calibkit.calibrate.smoothing import smooth as run_smooth
+    from calibkit.data.calibset import CalibrationSet
+    from calibkit.data.modeldir import ModelDir
 
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
+    check_paths({"model": model, "calibration_set": calibration_set, "out": out}, {"tokenizer": tokenizer},
+                loaded=(ModelDir, CalibrationSet))
+    check_numbers({"--alpha": (alpha, Bound(low=0, high=1, optional=True, example="0.8")),
+                   "--batch-size": (batch_size, COUNT)})
     _not_an_input(out, [model, calibration_set, tokenizer])
+    token_budget = budget(memory_budget, max_batch_tokens)
     return run_smooth(_model_dir(model, tokenizer), _calibration_set(calibration_set), out_dir=Path(out),
-                      alpha=alpha, budget=budget(memory_budget, max_batch_tokens), batch_size=batch_size,
-                      progress=progress)
+                      alpha=alpha, budget=token_budget, batch_size=batch_size, progress=progress)
 
 
 # ---------------------------------------------------------------- calibrate
@@ -178,16 +298,17 @@ METHODS = ("entropy", "minmax", "percentile", "mse")
 def check_calibration_options(*, method: str, target: str, percentile: float, num_bins: int, batch_size: int,
                               op_types: Sequence[str], exclude: Sequence[str]) -> None:
     """UsageError for options calibrate cannot use (each with what to pass instead)."""
+    check_names({"method": method, "target": target}, {"op_types": op_types, "exclude": exclude},
+                required=("method", "target"))
+    check_numbers({"--percentile": (percentile, PERCENTILE),
+                   "--num-bins": (num_bins, Bound(low=256, high=1 << 24, integer=True, example="2048")),
+                   "--batch-size": (batch_size, COUNT)})
     if method not in METHODS:
         raise UsageError(f"unknown --method {method!r}", hint=f"choose one of: {', '.join(METHODS)}")
     if target not in ("tensorrt", "onnxruntime"):
         raise UsageError(f"unknown --target {target!r}", hint="choose tensorrt or onnxruntime")
-    if not 0.0 < percentile <= 100.0:
-        raise UsageError(f"--percentile must be in (0, 100], got {percentile}", hint="e.g. --percentile 99.99")
-    if num_bins < 256 or num_bins & (num_bins - 1):
+    if num_bins & (num_bins - 1):
         raise UsageError(f"--num-bins must be a power of two >= 256, got {num_bins}", hint="the default is 2048")
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
     if not op_types:
         raise UsageError("--op-types is empty", hint="e.g. --op-types MatMul,Gemm")
     for p in exclude:
@@ -225,8 +346,13 @@ def calibrate(
     ``from_cache``: a TensorRT calibration cache to build the Q/DQ model from instead (``calibration_set`` None;
     the model runs not, and a bare .onnx file needs no tokenizer)."""
     from calibkit.calibrate.pipeline import calibrate as run_calibration
+    from calibkit.data.calibset import CalibrationSet
+    from calibkit.data.modeldir import ModelDir
     from calibkit.types import Method, MethodParams
 
+    check_paths({"model": model}, {"calibration_set": calibration_set, "out": out, "tokenizer": tokenizer,
+                                   "cache_dir": cache_dir, "from_cache": from_cache},
+                loaded=(ModelDir, CalibrationSet))
     dest = check_calibrate_request(
         method=method, target=target, percentile=percentile, num_bins=num_bins, batch_size=batch_size,
         op_types=op_types, exclude=exclude, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
@@ -347,6 +473,13 @@ def build(
     from calibkit.engines.build import build as run_build
     from calibkit.types import Backend, Precision
 
+    check_paths({"model": model, "output": output}, {"calibration": calibration, "qdq": qdq, "tokenizer": tokenizer,
+                                                     "calibration_set": calibration_set})
+    seq = Bound(low=1, high=1 << 20, integer=True, optional=True, example="128")
+    check_numbers({"--min-seq": (min_seq, seq), "--opt-seq": (opt_seq, seq), "--max-seq": (max_seq, seq),
+                   "--workspace-mib": (workspace_mib, Bound(low=1, high=1 << 30, integer=True, example="4096"))})
+    check_names({"precision": precision, "backend": backend, "target": target}, {"exclude": exclude},
+                required=("precision", "backend"))
     try:
         prec = Precision(precision.lower())
     except ValueError:
@@ -374,6 +507,30 @@ def build(
 
 
 # ---------------------------------------------------------------- compare
+
+
+def check_compare_numbers(*, limit: int | None, seed: int, batch_size: int, layer_samples: int | None,
+                          sensitivity_samples: int, sensitivity_layers: int | None, thresholds: Thresholds | None,
+                          max_disagreements: int, workers: int | None, traffic_size: int) -> None:
+    """UsageError for a numeric compare option out of its domain (before any file is read)."""
+    from calibkit.evaluate.flags import Thresholds
+
+    check_seed(seed)
+    check_numbers({"--limit": (limit, COUNT_OR_NONE), "--batch-size": (batch_size, COUNT),
+                   "--layer-samples": (layer_samples, COUNT_OR_NONE),
+                   "--sensitivity-samples": (sensitivity_samples, COUNT),
+                   "--sensitivity-layers": (sensitivity_layers, COUNT_OR_NONE),
+                   "--max-disagreements": (max_disagreements, Bound(low=0, high=INT_LIMIT, integer=True)),
+                   "--workers": (workers, WORKERS), "--traffic-size": (traffic_size, TRAFFIC_SIZE)})
+    if thresholds is not None and not isinstance(thresholds, Thresholds):
+        raise UsageError(f"thresholds must be a Thresholds value, got {type(thresholds).__name__}")
+    th = thresholds or Thresholds()
+    ranges = (("sqnr", "min_sqnr_db", None, None), ("clipped", "max_clipped_fraction", 0, 1),
+              ("outlier", "max_outlier_ratio", 0, None), ("recovery", "min_recovery_points", 0, 100),
+              ("cost", "max_cost_points", 0, 100), ("zeroed-weights", "max_zeroed_weights", 0, 1),
+              ("cosine", "cosine_effect", 0, 2))
+    check_numbers({f"--threshold-{name}": (getattr(th, field), Bound(low=low, high=high))
+                   for name, field, low, high in ranges})
 
 
 def load_evidence(eval_set: PathLike | EvalSet, *, task: Any = None, limit: int | None = None, seed: int = 0,
@@ -441,11 +598,21 @@ def compare(
     can be reproduced. ``eval_set`` may be None when ``traffic`` gives the texts: the traffic texts are then the
     (unlabeled) eval set too, evaluated once."""
     from calibkit.data.evalset import EvalSet
+    from calibkit.engines.artifact import EngineArtifact
     from calibkit.evaluate.compare import CompareOptions, check_same_model, compare_engines, select_task, tokenizer_dir
     from calibkit.evaluate.flags import Thresholds
+    from calibkit.evaluate.traffic import TrafficEvidence
 
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be positive, got {batch_size}")
+    check_paths({"engine_a": engine_a, "engine_b": engine_b}, {"eval_set": eval_set, "reference": reference,
+                                                               "traffic": traffic, "save_outputs": save_outputs},
+                loaded=(EngineArtifact, EvalSet, TrafficEvidence))
+    check_names({"task": task, "text_column": text_column, "label_column": label_column, "split": split,
+                 "traffic_text_field": traffic_text_field})
+    check_compare_numbers(limit=limit, seed=seed, batch_size=batch_size, layer_samples=layer_samples,
+                          sensitivity_samples=sensitivity_samples, sensitivity_layers=sensitivity_layers,
+                          thresholds=thresholds, max_disagreements=max_disagreements, workers=workers,
+                          traffic_size=traffic_size)
+    budget(memory_budget, max_batch_tokens)
     a, b = _artifact(engine_a), _artifact(engine_b)
     ref = _artifact(reference) if reference is not None else None
     engines = [a, b] + ([ref] if ref else [])
@@ -468,7 +635,8 @@ def compare(
     with resources(executor, workers=workers, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
                    progress=progress, pool_by_default=True) as res:
         drawn = load_traffic(traffic, _engine_calibration_set(b, a), size=traffic_size, text_field=traffic_text_field,
-                             seed=seed, progress=progress)
+                             seed=seed, progress=progress, exclude=ev.texts if eval_set is not None else (),
+                             tokenizer=tokenizer_dir(engines))
         if eval_set is None:
             if drawn is None or not len(drawn):
                 raise UsageError("compare has no texts: no eval set was given and no traffic was drawn",
@@ -530,10 +698,10 @@ def save_per_text_outputs(result: Comparison, eval_set: EvalSet, out: Path, *,
 
 def check_targets(*, min_agreement: float | None = None, max_drop: float | None = None) -> None:
     """UsageError for a compare target that cannot be met or missed (checked before any work)."""
-    if min_agreement is not None and not 0.0 <= min_agreement <= 100.0:
-        raise UsageError(f"--min-agreement is a percentage in [0, 100], got {min_agreement}", hint="e.g. 99")
-    if max_drop is not None and max_drop < 0:
-        raise UsageError(f"--max-drop must be at least 0 points, got {max_drop}", hint="e.g. --max-drop 0.5")
+    check_numbers({"--min-agreement": (min_agreement, Bound(low=0, high=100, optional=True, example="99",
+                                                            what="a percentage")),
+                   "--max-drop": (max_drop, Bound(low=0, high=100, optional=True, example="0.5",
+                                                  what="a number of accuracy points"))})
 
 
 def missed_targets(result: Comparison, *, min_agreement: float | None = None,
@@ -548,14 +716,27 @@ def missed_targets(result: Comparison, *, min_agreement: float | None = None,
         if result.agreement is None:
             missed.append("agreement: the task has no per-text decision to agree on")
         elif 100.0 * result.agreement < min_agreement:
-            missed.append(f"agreement {100.0 * result.agreement:.2f} % is below --min-agreement {min_agreement:g} %")
+            shown, limit = deciding_digits(100.0 * result.agreement, min_agreement)
+            missed.append(f"agreement {shown} % is below --min-agreement {limit} %")
     if max_drop is not None:
         a, b = result.engine_a.accuracy, result.engine_b.accuracy
         if a is None or b is None:
             missed.append("accuracy drop: the eval set has no labels to score")
         elif 100.0 * (a - b) > max_drop:
-            missed.append(f"accuracy drop {100.0 * (a - b):.2f} points is above --max-drop {max_drop:g}")
+            shown, limit = deciding_digits(100.0 * (a - b), max_drop)
+            missed.append(f"accuracy drop {shown} points is above --max-drop {limit}")
     return tuple(missed)
+
+
+def deciding_digits(value: float, limit: float, digits: int = 2) -> tuple[str, str]:
+    """``value`` printed with the fewest decimals (at least ``digits``) that tell it from ``limit``, and
+    ``limit`` as given or at those decimals, so a gate's message never reads "84.16 % is below 84.16 %": the
+    comparison is exact, and the line shows the digits that decided it."""
+    for d in range(digits, 18):
+        shown, bound = f"{value:.{d}f}", f"{limit:.{d}f}"
+        if shown != bound:
+            return shown, f"{limit:g}" if d == digits else bound
+    return repr(value), repr(limit)
 
 
 def _engine_calibration_set(*engines: EngineArtifact) -> CalibrationSet | None:
@@ -582,9 +763,14 @@ def _engine_calibration_set(*engines: EngineArtifact) -> CalibrationSet | None:
 # ---------------------------------------------------------------- tune
 
 
-def check_tune_options(*, method: str, target: str, decision_rule: str = "sequential") -> None:
-    """UsageError for a --method, --target or --decision-rule tune does not know."""
+def check_tune_options(*, method: str, target: str, decision_rule: str = "sequential", task: str | None = None
+                       ) -> None:
+    """UsageError for a --method, --target, --decision-rule or --task tune does not know."""
+    from calibkit.evaluate.tasks import TaskKind
     from calibkit.types import Method
+
+    if task is not None and task not in {k.value for k in TaskKind}:
+        raise UsageError(f"unknown --task {task!r}", hint="choose classification, embedding or token-classification")
 
     if method != "auto" and method not in {m.value for m in Method}:
         raise UsageError(f"unknown --method {method!r}", hint="use auto, entropy, minmax, percentile or mse")
@@ -592,6 +778,25 @@ def check_tune_options(*, method: str, target: str, decision_rule: str = "sequen
         raise UsageError(f"unknown --target {target!r}", hint="use tensorrt or onnxruntime")
     if decision_rule not in ("sequential", "whole-split"):
         raise UsageError(f"unknown --decision-rule {decision_rule!r}", hint="use sequential or whole-split")
+
+
+def check_tune_numbers(*, max_drop: float, min_agreement: float | None, min_cosine: float | None,
+                       agreement_confidence: float, holdout: float, sensitivity_samples: int,
+                       sensitivity_layers: int | None, max_evaluations: int, limit: int | None, seed: int,
+                       percentile: float, workers: int | None, traffic_size: int) -> None:
+    """UsageError for a numeric tune option out of its domain (before any file is read)."""
+    check_seed(seed)
+    check_numbers({
+        "--max-drop": (max_drop, Bound(low=0, high=100, example="0.5")),
+        "--min-agreement": (min_agreement, Bound(above=0, high=100, optional=True, example="99")),
+        "--min-cosine": (min_cosine, Bound(above=-1, below=1, optional=True, example="0.995")),
+        "--agreement-confidence": (agreement_confidence, Bound(low=0.5, below=1, example="0.9")),
+        "--holdout": (holdout, Bound(low=0, below=1, example="0.3")),
+        "--sensitivity-samples": (sensitivity_samples, Bound(low=8, high=INT_LIMIT, integer=True, example="256")),
+        "--sensitivity-layers": (sensitivity_layers, COUNT_OR_NONE),
+        "--max-evaluations": (max_evaluations, Bound(low=1, high=INT_LIMIT, integer=True, example="40")),
+        "--limit": (limit, COUNT_OR_NONE), "--percentile": (percentile, PERCENTILE), "--workers": (workers, WORKERS),
+        "--traffic-size": (traffic_size, TRAFFIC_SIZE)})
 
 
 def tune(
@@ -653,27 +858,43 @@ def tune(
     mean cosine to FP32's vectors); ``eval_set`` may then be None when ``traffic`` gives the texts.
 
     Over 80 lines for a reason: most of it is the keyword signature, the public surface of tune."""
+    from calibkit.data.calibset import CalibrationSet
     from calibkit.data.evalset import EvalSet
+    from calibkit.data.modeldir import ModelDir
+    from calibkit.evaluate.traffic import TrafficEvidence
     from calibkit.evaluate.tune import TuneConfig, run_tune
     from calibkit.types import MethodParams
 
-    check_tune_options(method=method, target=target, decision_rule=decision_rule)
+    check_paths({"model": model, "calibration_set": calibration_set},
+                {"eval_set": eval_set, "out": out, "tokenizer": tokenizer, "report": report, "traffic": traffic},
+                loaded=(ModelDir, CalibrationSet, EvalSet, TrafficEvidence))
+    check_names({"task": task, "method": method, "target": target, "decision_rule": decision_rule,
+                 "traffic_text_field": traffic_text_field}, required=("method", "target", "decision_rule"))
+    check_tune_options(method=method, target=target, decision_rule=decision_rule, task=task)
+    check_tune_numbers(max_drop=max_drop, min_agreement=min_agreement, min_cosine=min_cosine,
+                       agreement_confidence=agreement_confidence, holdout=holdout,
+                       sensitivity_samples=sensitivity_samples, sensitivity_layers=sensitivity_layers,
+                       max_evaluations=max_evaluations, limit=limit, seed=seed, percentile=percentile,
+                       workers=workers, traffic_size=traffic_size)
+    budget(memory_budget, max_batch_tokens)
     md = _model_dir(model, tokenizer)
     dest = Path(out) if out is not None else Path("runs") / f"tune-{md.onnx_path.parent.name or md.onnx_path.stem}"
     for written, option in ((dest, "out"), (report, "report")):
         _not_an_input(written, [md.onnx_path, md.tokenizer_path, calibration_set, eval_set, traffic], option)
     kind = _model_task(md, task)
     cset = _calibration_set(calibration_set)
+    # the eval set first: its texts are left out of the traffic before the draw, so --traffic-size holds
+    loaded = load_evidence(eval_set, task=kind, limit=limit, seed=seed) if eval_set is not None else None
     drawn = load_traffic(traffic, cset, size=traffic_size, text_field=traffic_text_field, seed=seed, model=md,
-                         progress=progress)
-    if eval_set is None:
+                         progress=progress, exclude=loaded[0].texts if loaded is not None else ())
+    if loaded is None:
         if drawn is None or not len(drawn):
             raise UsageError("tune needs texts to judge plans on: an eval set, or traffic",
                              hint="pass --eval-set test.jsonl, or --traffic LOG (or 'auto': the calibration set's "
                                   "own log)")
         ev, rows = EvalSet(Path(drawn.source.path), (), ()), None
     else:
-        ev, rows = load_evidence(eval_set, task=kind, limit=limit, seed=seed)
+        ev, rows = loaded
     config = TuneConfig(
         max_drop=max_drop, relative=relative, min_agreement=min_agreement, agreement_confidence=agreement_confidence,
         method=method, holdout_fraction=holdout, sensitivity_samples=sensitivity_samples,
@@ -716,32 +937,35 @@ def _write_tune_document(result: TuneResult, path: Path) -> None:
 
 def load_traffic(traffic: PathLike | TrafficEvidence | None, calibration_set: CalibrationSet | None, *,
                  size: int = 4000, text_field: str | None = None, seed: int = 0, model: ModelDir | None = None,
-                 progress: ProgressCallback | None = None) -> TrafficEvidence | None:
+                 progress: ProgressCallback | None = None, exclude: Sequence[str] = (),
+                 tokenizer: PathLike | None = None) -> TrafficEvidence | None:
     """Traffic evidence from ``traffic``: None (none), drawn evidence (as it is), ``"auto"`` (the calibration
     set's own log, named in its manifest; refused when it is gone or changed), ``"default"`` (that log when it
-    is still there unchanged, else none, with a warning when the manifest names one) or a log path;
-    calibration texts are excluded."""
+    is still there unchanged, else none, with a warning when the manifest names one) or a log path.
+    Calibration texts and ``exclude`` (the eval set's texts: traffic is evidence independent of it) are
+    excluded before the draw, also where they differ only in what the model's tokenizer (``model``'s, or
+    ``tokenizer``) does not see; a log that holds nothing else is refused."""
     from calibkit.evaluate.traffic import TrafficEvidence, TrafficOptions, draw_default_traffic, draw_traffic
 
     if traffic is None or isinstance(traffic, TrafficEvidence):
         return traffic
-    if size < 1:
-        raise UsageError(f"--traffic-size must be at least 1, got {size}", hint="e.g. --traffic-size 4000")
-    opts = TrafficOptions(size=size, seed=seed, text_field=text_field,
-                          tokenizer=model.tokenizer_path if model is not None else None,
+    check_numbers({"--traffic-size": (size, TRAFFIC_SIZE)})
+    check_seed(seed)
+    tok = model.tokenizer_path if model is not None else Path(tokenizer) if tokenizer is not None else None
+    opts = TrafficOptions(size=size, seed=seed, text_field=text_field, tokenizer=tok,
                           max_length=model.max_length if model is not None else None)
     if str(traffic) == DEFAULT_TRAFFIC:
-        return _default_traffic(calibration_set, opts, progress)
+        return _default_traffic(calibration_set, opts, progress, exclude)
     if str(traffic) == "auto":
         if calibration_set is None:
             raise UsageError("--traffic auto needs a calibration set whose manifest names its log",
                              hint="pass the log itself: --traffic requests.jsonl")
-        return draw_default_traffic(calibration_set, opts, progress)
-    return draw_traffic(traffic, opts, calibration_set=calibration_set, progress=progress)
+        return draw_default_traffic(calibration_set, opts, progress, exclude_texts=exclude)
+    return draw_traffic(traffic, opts, calibration_set=calibration_set, progress=progress, exclude_texts=exclude)
 
 
-def _default_traffic(calibration_set: CalibrationSet | None, opts: Any, progress: ProgressCallback | None
-                     ) -> TrafficEvidence | None:
+def _default_traffic(calibration_set: CalibrationSet | None, opts: Any, progress: ProgressCallback | None,
+                     exclude: Sequence[str]) -> TrafficEvidence | None:
     import logging
 
     from calibkit.errors import DataError
@@ -756,7 +980,7 @@ def _default_traffic(calibration_set: CalibrationSet | None, opts: Any, progress
         if isinstance(m, dict) and isinstance(m.get("source"), dict):  # it names a log that is gone or changed
             logging.getLogger("calibkit").warning("no traffic evidence: %s (%s)", exc.message, exc.hint)
         return None
-    return draw_default_traffic(calibration_set, opts, progress)
+    return draw_default_traffic(calibration_set, opts, progress, exclude_texts=exclude)
 
 
 # ---------------------------------------------------------------- reports
@@ -766,11 +990,14 @@ def load_report(path: PathLike) -> Comparison | TuneResult:
     """A compare or tune JSON document (report.json, tune.json, compare --json) as its typed result."""
     from calibkit.report.codec import load_result
 
+    check_paths({"path": path})
     return load_result(Path(path))
 
 
 def render_report(result: Comparison | TuneResult, out: PathLike) -> Any:
     """Write a result as a report folder (report.json, report.md, report.html, plots/)."""
     from calibkit.report.render import render_report as _render
+
+    check_paths({"out": out})
 
     return _render(result, Path(out))

@@ -19,12 +19,14 @@ from calibkit.report.plots import target_accuracy
 TUNE = {"format": "calibkit-tune/1", "final": {"int8_flops_fraction": 1.0}}  # the least a tune document holds
 
 
-def test_lenient_dispatches_on_format_and_tolerates_other_versions(caplog: pytest.LogCaptureFixture) -> None:
+def test_lenient_dispatches_on_format_and_tolerates_older_versions(caplog: pytest.LogCaptureFixture) -> None:
     assert isinstance(parse_result({"format": "calibkit-compare/1"}, strict=False), Comparison)
     assert isinstance(parse_result(TUNE, strict=False), TuneResult)
-    report = parse_result({"format": "calibkit-compare/2", "agreement": 0.5}, strict=False)
+    report = parse_result({"format": "calibkit-compare/0", "agreement": 0.5}, strict=False)
     assert isinstance(report, Comparison) and report.agreement == 0.5
-    assert "calibkit-compare/2" in caplog.text
+    assert "calibkit-compare/0" in caplog.text
+    with pytest.raises(DataError, match="calibkit-compare/2 is not the calibkit-compare/1"):  # newer: refused
+        parse_result({"format": "calibkit-compare/2", "agreement": 0.5}, strict=False)
 
 
 def test_lenient_reads_missing_keys_as_absent() -> None:

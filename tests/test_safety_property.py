@@ -197,8 +197,10 @@ scale_hex = st.one_of(
     st.sampled_from(["7f800000", "ff800000", "7fc00000", "0", "1", "zz", "1" * 10, "-3c000000", ""]),
 )
 
-_ints = st.sampled_from(["-1", "0", "1", "3", "4294967296", str(10 ** 20), "x", "1.5", "nan"])
-_floats = st.sampled_from(["-1", "0", "0.5", "1", "99.99", "100", "nan", "inf", "-inf", "1e308", "x"])
+_ints = st.sampled_from(["-1", "0", "1", "3", "4294967296", str(10 ** 20), "9" * 40, "x", "1.5", "nan", "inf", "",
+                         "True"])
+_floats = st.sampled_from(["-1", "0", "0.5", "1", "99.99", "100", "nan", "-nan", "inf", "-inf", "1e308", "1e999",
+                           "-1e300", "x", "", "1,5"])
 _sizes = st.sampled_from(["0", "1", "1K", "512M", "4G", "-1G", "9" * 400 + "G", "1e3", "x", ""])
 OPTIONS: dict[str, dict[str, st.SearchStrategy[str]]] = {
     "sample": {"--size": _ints, "--seed": _ints, "--clusters": _ints,
@@ -209,12 +211,15 @@ OPTIONS: dict[str, dict[str, st.SearchStrategy[str]]] = {
                   "--max-batch-tokens": _ints, "--target": st.sampled_from(["tensorrt", "onnxruntime", "x"]),
                   "--exclude": st.sampled_from(["", "[", "*", "layer.0"]), "--op-types": st.sampled_from(
                       ["MatMul", "", "Conv", "x"])},
-    "build": {"--precision": st.sampled_from(["fp32", "fp16", "int8", "int4", ""]),
+    "build": {"--min-seq": _ints, "--opt-seq": _ints, "--max-seq": _ints, "--workspace-mib": _ints,
+              "--precision": st.sampled_from(["fp32", "fp16", "int8", "int4", ""]),
               "--target": st.sampled_from(["tensorrt", "onnxruntime", "x"]),
               "--exclude": st.sampled_from(["", "[", "*"]), "--backend": st.sampled_from(["onnxruntime", "x"])},
     "compare": {"--seed": _ints, "--limit": _ints, "--batch-size": _ints, "--layer-samples": _ints,
                 "--max-disagreements": _ints, "--threshold-sqnr": _floats, "--threshold-clipped": _floats,
                 "--threshold-outlier": _floats, "--threshold-recovery": _floats, "--threshold-cost": _floats,
+                "--threshold-cosine": _floats, "--sensitivity-samples": _ints, "--workers": _ints,
+                "--traffic-size": _ints, "--min-agreement": _floats, "--max-drop": _floats,
                 "--task": st.sampled_from(["classification", "embedding", "regression", "multi-label", "x"]),
                 "--memory-budget": _sizes, "--max-batch-tokens": _ints, "--sensitivity-layers": _ints,
                 "--text-column": st.sampled_from(["text", "label", "x", ""]),
@@ -222,10 +227,20 @@ OPTIONS: dict[str, dict[str, st.SearchStrategy[str]]] = {
     "tune": {"--seed": _ints, "--max-drop": _floats, "--min-agreement": _floats, "--holdout": _floats,
              "--max-evaluations": _ints, "--agreement-confidence": _floats, "--percentile": _floats,
              "--limit": _ints, "--method": st.sampled_from(["auto", "entropy", "x"]),
-             "--sensitivity-samples": _ints, "--memory-budget": _sizes},
+             "--sensitivity-samples": _ints, "--memory-budget": _sizes, "--min-cosine": _floats, "--workers": _ints,
+             "--max-batch-tokens": _ints, "--sensitivity-layers": _ints, "--traffic-size": _ints},
     "smooth": {"--alpha": st.sampled_from(["0.5", "auto", "0", "1", "1.5", "-1", "nan", "x"]),
                "--batch-size": _ints, "--memory-budget": _sizes, "--max-batch-tokens": _ints},
 }
+
+
+def test_the_options_cover_every_numeric_option_of_these_commands() -> None:
+    """Every int or float option of the commands above is driven with NaN, infinities, huge, negative and
+    non-numeric values (the other commands' are by test_safety_validation's parser test)."""
+    from test_safety_validation import NUMERIC
+
+    missing = [f"{cmd} {opt}" for cmd, opt, _ in NUMERIC if cmd in OPTIONS and opt not in OPTIONS[cmd]]
+    assert missing == []
 
 
 def _base(assets: Path, command: str, work: Path, out: Path) -> list[object]:

@@ -1,114 +1,68 @@
-"""The ``calibkit`` command line. Each command lives in its own module and registers itself here."""
+"""The ``calibkit`` command line.
+
+:func:`main` (the console script) is light on purpose: it installs the SIGTERM handler before anything heavy is
+imported, then imports the app (``calibkit.cli._app``: typer, rich and every command) and runs it, so SIGTERM
+at any moment — during the imports, while options are parsed, inside a command — ends the run with exit code 143
+and one line saying so, never with the bare signal or Ctrl-C's 130. ``from calibkit.cli import app`` still
+gives the typer app (imported on first use).
+"""
 
 from __future__ import annotations
 
-import typer
+import signal
+import sys
+from typing import Any
 
-from calibkit import __version__
-from calibkit.cli import build as _build
-from calibkit.cli import calibrate as _calibrate
-from calibkit.cli import compare as _compare
-from calibkit.cli import demo as _demo
-from calibkit.cli import deploy as _deploy
-from calibkit.cli import report as _report
-from calibkit.cli import sample as _sample
-from calibkit.cli import smooth as _smooth
-from calibkit.cli import tune as _tune
-from calibkit.cli._common import setup_logging
-
-
-class _FlagsWithoutType:
-    """Flags take no value, so their help row shows no type: typer writes ``<bool>`` beside every flag
-    (``--verbose <bool>``, ``--help <bool>``), which reads as if the flag wanted an argument."""
-
-    def get_params(self, ctx):  # type: ignore[no-untyped-def]
-        params = super().get_params(ctx)  # type: ignore[misc]
-        for p in params:
-            if getattr(p, "is_flag", False) and p.metavar is None:
-                p.metavar = ""
-        return params
-
-
-class _Command(_FlagsWithoutType, typer.core.TyperCommand):
-    pass
-
-
-class _Group(_FlagsWithoutType, typer.core.TyperGroup):
-    pass
-
-
-app = typer.Typer(
-    name="calibkit",
-    cls=_Group,
-    help=(
-        "INT8 calibration and quantization-accuracy workbench for transformer models.\n\n"
-        "Workflow: sample -> [smooth ->] calibrate -> build -> compare -> tune -> deploy.  "
-        "Start with `calibkit demo run` to see every step on a real model."
-    ),
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-
-def _version(value: bool) -> None:
-    if value:
-        typer.echo(f"calibkit {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what each step does."),
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
-) -> None:
-    setup_logging(verbose)
-
-
-for _module in (_demo, _sample, _smooth, _calibrate, _build, _compare, _tune, _deploy, _report):
-    _module.register(app)
-
-
-def _literal_help(t: typer.Typer, seen: set[int] | None = None) -> None:
-    """Help texts are plain text: their brackets ("[default: no limit]", "[smooth ->]", "logits [batch,
-    classes]") are shown, not read as rich markup (which silently dropped them)."""
-    import inspect
-
-    seen = set() if seen is None else seen  # option objects shared by several commands are escaped once
-
-    def esc(text: str | None) -> str | None:
-        return text.replace("[", "\\[") if text else text
-
-    t.info.help = esc(t.info.help)
-    t.info.cls = _Group if t.info.cls in (None, typer.core.TyperGroup) else t.info.cls
-    for info in t.registered_commands:
-        info.cls = _Command if info.cls in (None, typer.core.TyperCommand) else info.cls
-        info.help = esc(info.help or (inspect.getdoc(info.callback) if info.callback else None))
-        info.epilog = esc(info.epilog)
-        if info.callback is None:
-            continue
-        for param in inspect.signature(info.callback).parameters.values():
-            if isinstance(param.default, typer.models.ParameterInfo) and id(param.default) not in seen:
-                seen.add(id(param.default))
-                param.default.help = esc(param.default.help)
-    for group in t.registered_groups:
-        if group.typer_instance is not None:
-            group.help = esc(group.help)
-            group.cls = _Group if group.cls in (None, typer.core.TyperGroup) else group.cls
-            _literal_help(group.typer_instance, seen)
-
-
-_literal_help(app)
+from calibkit.cli._signals import TERMINATED_EXIT, TERMINATED_MESSAGE, Terminated, signalled, terminate
 
 
 def main() -> None:
-    import signal
-
-    from calibkit.cli._common import Terminated
-
-    def terminate(signum: int, frame: object) -> None:
-        raise Terminated
-
     # SIGTERM (kill, a job scheduler, a container stop) unwinds like Ctrl-C: temporary outputs are removed
     signal.signal(signal.SIGTERM, terminate)
-    app()
+    stdout_was = _fd_identity(1)
+    try:
+        from calibkit.cli._app import app
+
+        app()
+    except Terminated:  # before typer ran (the imports): nothing was started
+        _exit_terminated()
+    except SystemExit as exc:
+        # a SIGTERM outside a command's error handler (while typer parsed the options) reaches typer as a
+        # KeyboardInterrupt, which it ends with 130 and no word
+        if signalled() and exc.code != TERMINATED_EXIT:
+            _exit_terminated()
+        if exc.code == 1:
+            # a broken stdout outside a command (``--help | head``): typer's answer is 1, and rich's (which
+            # renders the help) points fd 1 at /dev/null first
+            from calibkit.cli._common import STDOUT_GONE_EXIT, stdout_gone
+
+            if stdout_gone() or _fd_identity(1) != stdout_was:
+                raise SystemExit(STDOUT_GONE_EXIT) from None
+        raise
+
+
+def _fd_identity(fd: int) -> tuple[int, int] | None:
+    import os
+
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _exit_terminated() -> None:
+    try:
+        sys.stderr.write(TERMINATED_MESSAGE + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):  # stderr closed too: the exit code says it
+        pass
+    raise SystemExit(TERMINATED_EXIT)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":
+        from calibkit.cli._app import app
+
+        return app
+    raise AttributeError(f"module 'calibkit.cli' has no attribute {name!r}")

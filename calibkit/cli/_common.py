@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -18,8 +19,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.segment import Segment
 
+from calibkit.cli._signals import INTERRUPTED_EXIT, TERMINATED_EXIT, TERMINATED_MESSAGE, Terminated
 from calibkit.errors import CalibkitError
 from calibkit.progress import ProgressEvent
+from calibkit.report.formatting import visible_controls
 
 
 # markup off: paths, node names and texts hold brackets ("runs/[/x]", "calibkit[tensorrt]") that rich would
@@ -27,11 +30,34 @@ from calibkit.progress import ProgressEvent
 # emoji off: rich expands ":x:" or ":smile:" in any string it renders (markup or not, tables included), so a
 # path or text holding such a code was shown as another one. Every line calibkit prints goes through these two.
 class _Console(Console):
-    """A rich Console whose output is always encodable: a lone surrogate (a file name whose bytes are not UTF-8,
-    in a path, a table cell or a progress line) is written as ``\\udcff`` instead of failing the write."""
+    """A rich Console whose output is always encodable and inert: a lone surrogate (a file name whose bytes are
+    not UTF-8, in a path, a table cell or a progress line) is written as ``\\udcff`` instead of failing the
+    write, and a control character in the text (an ANSI escape in a node name) as ``\\x1b`` instead of acting
+    on the terminal; rich's own styles and cursor controls pass. A closed stdout (where rich would drop every
+    line without a word) or a broken pipe raises BrokenPipeError."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Any:
+        # every string printed or put in a table cell comes through here: escaped before the layout measures it
+        return super().render_str(printable(text), **kwargs)
 
     def _render_buffer(self, buffer: Iterable[Segment]) -> str:
-        return printable(super()._render_buffer(buffer))
+        # the net for Text built without render_str (progress columns)
+        shown = (s if s.control else Segment(visible_controls(s.text), s.style) for s in buffer)
+        return _encodable(super()._render_buffer(shown))  # rich's own escape codes are in it now: kept
+
+    def _check_buffer(self) -> None:
+        if self._file is None and not self.stderr and sys.stdout is None and self._buffer_index == 0:
+            del self._buffer[:]
+            self.on_broken_pipe()
+        super()._check_buffer()
+
+    def on_broken_pipe(self) -> None:
+        # rich's own answer is SystemExit(1) (past every handler, and it points the wrong fd at /dev/null):
+        # handle_errors decides instead (stdout gone: quietly, 141)
+        import errno
+
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, "stdout is closed" if sys.stdout is None else "broken pipe")
 
 
 console = _Console(stderr=True, markup=False, highlight=False, emoji=False)
@@ -43,10 +69,6 @@ out.soft_wrap = not out.is_terminal
 _state = {"verbose": False}
 _depth = [0]  # handle_errors blocks open: the outermost one ends the command
 TRACEBACK_ENV = "CALIBKIT_TRACEBACK"
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the process is so that it unwinds (and cleans up) like Ctrl-C."""
 
 
 @contextlib.contextmanager
@@ -68,27 +90,21 @@ def handle_errors() -> Iterator[None]:
         _error(exc.message, exc.hint or _default_hint(exc))
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt as exc:
-        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
-        console.print(f"[yellow]{what}[/]: finished work is kept; outputs were not half-written", markup=True)
-        raise typer.Exit(143 if isinstance(exc, Terminated) else 130) from None
+        what, _, rest = TERMINATED_MESSAGE.partition(":")
+        what = what if isinstance(exc, Terminated) else "interrupted"
+        console.print(f"[yellow]{what}[/]:{rest}", markup=True)
+        raise typer.Exit(TERMINATED_EXIT if isinstance(exc, Terminated) else INTERRUPTED_EXIT) from None
     except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
         raise
+    except BrokenPipeError as exc:
+        if not stdout_gone():  # another pipe (a worker's): an OS error like any other, below
+            _os_error(exc)
+        # the reader of stdout went away (`| head`) or stdout was closed: nothing more can be said there, and
+        # the conventional code of a writer whose pipe broke is 128 + SIGPIPE
+        _silence_stdout()
+        raise typer.Exit(STDOUT_GONE_EXIT) from None
     except OSError as exc:
-        _traceback()
-        import errno
-
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            # a copy names its source first and its destination second: the destination is what filled up
-            dest = exc.filename2 or exc.filename
-            _error(f"{exc.strerror or exc}" + (f" while writing {dest}" if dest else " while writing the output"),
-                   "free space (or raise the file-size limit) where the output goes, or pass another --out / -o; "
-                   "nothing half-written was left in place")
-            raise typer.Exit(2) from None
-        where = f"{exc.filename}: " if exc.filename else ""
-        _error(f"{where}{exc.strerror or exc}",
-               "check that the path exists, is the kind expected (file or folder) and that you may write it; "
-               "free disk space if it is full")
-        raise typer.Exit(2) from None
+        _os_error(exc)
     except RuntimeError as exc:
         if not str(exc).startswith("Symlink loop"):  # pathlib's resolve() before Python 3.13 (then: OSError ELOOP)
             _unexpected(exc)
@@ -106,6 +122,78 @@ def handle_errors() -> Iterator[None]:
         _depth[0] -= 1
         if not _depth[0]:  # the command is over: its --out folders are free for the next run
             release_claims()
+
+
+def _os_error(exc: OSError) -> None:
+    _traceback()
+    import errno
+
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        # a copy names its source first and its destination second: the destination is what filled up
+        dest = exc.filename2 or exc.filename
+        _error(f"{exc.strerror or exc}" + (f" while writing {dest}" if dest else " while writing the output"),
+               "free space (or raise the file-size limit) where the output goes, or pass another --out / -o; "
+               "nothing half-written was left in place")
+        raise typer.Exit(2) from None
+    if exc.errno == errno.EPIPE:
+        _error(f"a pipe closed: {exc.strerror or exc}", "a process calibkit talks to (a worker) ended early; "
+               "run with --verbose for the traceback")
+        raise typer.Exit(2) from None
+    where = f"{exc.filename}: " if exc.filename else ""
+    _error(f"{where}{exc.strerror or exc}",
+           "check that the path exists, is the kind expected (file or folder) and that you may write it; "
+           "free disk space if it is full")
+    raise typer.Exit(2) from None
+
+
+#: the exit code when stdout's reader went away or stdout was closed (128 + SIGPIPE, as a shell reports it)
+STDOUT_GONE_EXIT = 141
+
+
+def stdout_gone() -> bool:
+    """Whether stdout can take no more output: closed when the process started (``>&-``: no ``sys.stdout``),
+    or a pipe or socket whose reader went away (poll says POLLERR/POLLHUP, without writing)."""
+    import io
+    import select
+
+    stream = sys.stdout
+    if stream is None:
+        return True
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, io.UnsupportedOperation):  # not a file (a test's capture): it cannot break
+        return False
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        events = poller.poll(0)
+    except (OSError, ValueError):
+        return True
+    return any(ev & (select.POLLERR | select.POLLHUP | select.POLLNVAL) for _, ev in events)
+
+
+def _silence_stdout() -> None:
+    """Point fd 1 at /dev/null, so the interpreter's last flush of stdout does not fail again on the way out."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    except OSError:
+        pass
+
+
+def write_stdout(text: str) -> None:
+    """``text`` on stdout, flushed (a document for ``--json -``). A closed stdout is a BrokenPipeError, as a
+    broken pipe is: :func:`handle_errors` ends either quietly with :data:`STDOUT_GONE_EXIT`."""
+    import errno
+
+    stream = sys.stdout
+    if stream is None:
+        raise BrokenPipeError(errno.EPIPE, "stdout is closed")
+    stream.write(text)
+    stream.flush()
 
 
 def _unexpected(exc: BaseException) -> None:
@@ -141,7 +229,13 @@ def _error(message: str, hint: str | None) -> None:
 
 
 def printable(text: str) -> str:
-    """Lone surrogates (from undecodable file names or JSON escapes) cannot be encoded: show them escaped."""
+    """Text safe to write to a terminal or a log: control characters (ANSI escapes, carriage returns, bidi
+    overrides) shown as escapes, lone surrogates (from undecodable file names or JSON escapes), which cannot be
+    encoded, too. Tabs and newlines stay."""
+    return _encodable(visible_controls(text))
+
+
+def _encodable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
@@ -285,16 +379,61 @@ MEMORY_BUDGET_HELP = ("Bytes of tapped activations held at once, e.g. 512M, 1G, 
 MAX_BATCH_TOKENS_HELP = "Most padded tokens (batch x longest text) per batch [default: no limit]."
 
 
+# ---------------------------------------------------------------- numeric options
+# Every numeric option of every command is parsed by one of these two (``parser=FLOAT`` / ``parser=INTEGER``):
+# NaN, infinities (an overflowing "1e999" included), text that is not a number and a fraction where a whole number
+# goes are refused while the command line is read, before anything runs. Ranges (int64 included) are checked by
+# the API call the command makes (calibkit.api.check_numbers), also before any work, so a Python caller gets the
+# same checks and messages.
+
+
+def _refuse(message: str) -> ValueError:
+    """The error a parser raises: typer reports a ValueError as "Invalid value for '--x': MESSAGE" (through
+    pydantic, whose own error type keeps the message clean of its "Value error, " prefix)."""
+    try:
+        from pydantic_core import PydanticCustomError
+    except ImportError:  # pragma: no cover - a typer without pydantic reads a plain ValueError the same way
+        return ValueError(message)
+    return PydanticCustomError("calibkit_number", message)  # no context: a "{x}" in the value stays as it is
+
+
+def _parse_float(value: object) -> float:
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise _refuse(f"{str(value)[:40]!r} is not a number") from None
+    if not math.isfinite(number):
+        raise _refuse(f"{str(value)[:40]!r} is not a finite number (NaN and infinities mean nothing here)")
+    return number
+
+
+def _parse_int(value: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    text = str(value).strip()
+    if len(text.lstrip("+-")) > 40:  # int() of thousands of digits is slow, and no option takes such a number
+        raise _refuse(f"{text[:20]}... ({len(text)} characters) is too long to be a whole number an option takes")
+    try:
+        return int(text)
+    except ValueError:
+        raise _refuse(f"{text[:40]!r} is not a whole number") from None
+
+
+_parse_float.__name__, _parse_int.__name__ = "float", "integer"  # the type help shows: <float>, <integer>
+FLOAT: Any = _parse_float
+INTEGER: Any = _parse_int
+
+
 # ---------------------------------------------------------------- option blocks shared by several commands
 # declared once; a command's signature names them (``tokenizer: Path | None = TOKENIZER``)
 
 TOKENIZER: Any = typer.Option(None, "--tokenizer", help="Tokenizer folder when MODEL is an .onnx file.")
-MAX_BATCH_TOKENS: Any = typer.Option(None, "--max-batch-tokens", help=MAX_BATCH_TOKENS_HELP)
+MAX_BATCH_TOKENS: Any = typer.Option(None, "--max-batch-tokens", parser=INTEGER, help=MAX_BATCH_TOKENS_HELP)
 MEMORY_BUDGET: Any = typer.Option("1G", "--memory-budget", help=MEMORY_BUDGET_HELP)
 MEMORY_BUDGET_TAPS: Any = typer.Option("1G", "--memory-budget", help=MEMORY_BUDGET_HELP + " For the layer taps.")
 FORCE: Any = typer.Option(False, "--force", help=FORCE_HELP)
 NO_REPORT: Any = typer.Option(False, "--no-report", help="Write no report folder.")
-LIMIT: Any = typer.Option(None, "--limit", min=1,
+LIMIT: Any = typer.Option(None, "--limit", parser=INTEGER,
                      help="Use N eval examples, drawn at random and stratified by label (--seed).")
 TRAFFIC: Any = typer.Option(
     None, "--traffic",
@@ -318,7 +457,7 @@ def traffic_choice(traffic: str | None, no_traffic: bool) -> str | None:
 
         raise UsageError("--traffic and --no-traffic contradict each other", hint="pass one of them")
     return None if no_traffic else traffic if traffic is not None else DEFAULT_TRAFFIC
-TRAFFIC_SIZE: Any = typer.Option(4000, "--traffic-size", min=1,
+TRAFFIC_SIZE: Any = typer.Option(4000, "--traffic-size", parser=INTEGER,
                                  help="Traffic texts drawn (stratified by token length, --seed).")
 TRAFFIC_TEXT_FIELD: Any = typer.Option(
     None, "--traffic-text-field", help="Text field of the traffic log, as `sample --text-field` (default: found)."

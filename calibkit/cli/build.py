@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import TOKENIZER, RichProgress, count, guard_out_file, handle_errors, out, say, warn
+from calibkit.cli._common import INTEGER, TOKENIZER, RichProgress, count, guard_out_file, handle_errors, out, say, warn
 
 HELP = """Build an engine from an FP32 ONNX model: FP32, FP16 or INT8, for ONNX Runtime or TensorRT.
 
@@ -77,10 +77,14 @@ def build(
     calibration_set: Path | None = typer.Option(
         None, "--calibration-set", "-c", help="Texts whose token lengths set the TensorRT profile."
     ),
-    min_seq: int | None = typer.Option(None, "--min-seq", help="TensorRT profile: shortest sequence [1]."),
-    opt_seq: int | None = typer.Option(None, "--opt-seq", help="TensorRT profile: tuned-for sequence [median]."),
-    max_seq: int | None = typer.Option(None, "--max-seq", help="TensorRT profile: longest sequence [p99, to 8]."),
-    workspace_mib: int = typer.Option(4096, "--workspace-mib", help="TensorRT builder workspace limit (MiB)."),
+    min_seq: int | None = typer.Option(None, "--min-seq", parser=INTEGER,
+        help="TensorRT profile: shortest sequence [1]."),
+    opt_seq: int | None = typer.Option(None, "--opt-seq", parser=INTEGER,
+        help="TensorRT profile: tuned-for sequence [median]."),
+    max_seq: int | None = typer.Option(None, "--max-seq", parser=INTEGER,
+        help="TensorRT profile: longest sequence [p99, to 8]."),
+    workspace_mib: int = typer.Option(4096, "--workspace-mib", parser=INTEGER,
+        help="TensorRT builder workspace limit (MiB)."),
     reduce_range: bool | None = typer.Option(
         None, "--reduce-range/--no-reduce-range",
         help="7-bit weights for the onnxruntime layout: ONNX Runtime's int8 GEMM saturates with 8-bit weights on "

@@ -7,7 +7,9 @@ from pathlib import Path
 import typer
 
 from calibkit.cli._common import (
+    FLOAT,
     FORCE,
+    INTEGER,
     MAX_BATCH_TOKENS,
     MEMORY_BUDGET,
     TOKENIZER,
@@ -90,10 +92,12 @@ def calibrate(
     method: str = typer.Option(
         "mse", "--method", "-m", help="mse | entropy | minmax | percentile (mse: best held-out accuracy on the demo)."
     ),
-    percentile: float = typer.Option(99.99, "--percentile", help="Percentile of |x| for --method percentile."),
+    percentile: float = typer.Option(99.99, "--percentile", parser=FLOAT,
+        help="Percentile of |x| for --method percentile."),
     out_dir: Path | None = typer.Option(None, "--out", "-o", help="Output folder [default: runs/calibrate-<method>]."),
     batch_size: int = typer.Option(
-        32, "--batch-size", "-b", help="Most texts per inference batch (length-bucketed; the budget may cut it)."
+        32, "--batch-size", "-b", parser=INTEGER,
+        help="Most texts per inference batch (length-bucketed; the budget may cut it)."
     ),
     memory_budget: str = MEMORY_BUDGET,
     max_batch_tokens: int | None = MAX_BATCH_TOKENS,
@@ -107,7 +111,7 @@ def calibrate(
     ),
     target: str = typer.Option("tensorrt", "--target", help="tensorrt | onnxruntime: the Q/DQ layout to write."),
     tokenizer: Path | None = TOKENIZER,
-    num_bins: int = typer.Option(2048, "--num-bins", help="Histogram bins (a power of two)."),
+    num_bins: int = typer.Option(2048, "--num-bins", parser=INTEGER, help="Histogram bins (a power of two)."),
     from_cache: Path | None = typer.Option(
         None, "--from-cache", help="Build the Q/DQ model from this TensorRT calibration cache instead of calibrating."
     ),

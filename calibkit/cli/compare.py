@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import datetime as _dt
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
 from calibkit.cli._common import (
+    FLOAT,
+    INTEGER,
     LIMIT,
     MAX_BATCH_TOKENS,
     MEMORY_BUDGET_TAPS,
@@ -28,6 +29,7 @@ from calibkit.cli._common import (
     say,
     traffic_choice,
     warn,
+    write_stdout,
 )
 from calibkit.executors import EXECUTOR_HELP
 
@@ -93,49 +95,55 @@ def compare(
         None, "--report", help="Report folder (default reports/<timestamp>-<A>-vs-<B>/)."
     ),
     no_report: bool = NO_REPORT,
-    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Examples per inference batch."),
+    batch_size: int = typer.Option(32, "--batch-size", parser=INTEGER, help="Examples per inference batch."),
     limit: int | None = LIMIT,
-    seed: int = typer.Option(0, "--seed", help="Seed of the --limit, layer-statistics and sensitivity subsets."),
+    seed: int = typer.Option(0, "--seed", parser=INTEGER,
+        help="Seed of the --limit, layer-statistics and sensitivity subsets."),
     layers: bool = typer.Option(True, "--layers/--no-layers", help="Per-layer ranges and SQNR."),
     layer_samples: int = typer.Option(
-        512, "--layer-samples", min=1, help="Examples streamed for layer statistics (stratified subset)."
+        512, "--layer-samples", parser=INTEGER, help="Examples streamed for layer statistics (stratified subset)."
     ),
     sensitivity: bool = typer.Option(
         True, "--sensitivity/--no-sensitivity", help="Per-layer effect on accuracy (labels) or fidelity to A "
         "(rebuilds a variant per layer; not measured for regression and multi-label models)."
     ),
     sensitivity_samples: int = typer.Option(
-        256, "--sensitivity-samples", min=1, help="Examples per variant (stratified subset)."
+        256, "--sensitivity-samples", parser=INTEGER, help="Examples per variant (stratified subset)."
     ),
     memory_budget: str = MEMORY_BUDGET_TAPS,
     max_batch_tokens: int | None = MAX_BATCH_TOKENS,
     sensitivity_layers: int | None = typer.Option(
-        None, "--sensitivity-layers", min=1,
+        None, "--sensitivity-layers", parser=INTEGER,
         help="Only the K layers with the worst own SQNR or most zeroed weights (default: every layer).",
     ),
     workers: int | None = typer.Option(
-        None, "--workers", min=1, help="Processes for sensitivity (default min(2, cpus))."
+        None, "--workers", parser=INTEGER, help="Processes for sensitivity (default min(2, cpus))."
     ),
     executor: str | None = typer.Option(None, "--executor", help=EXECUTOR_HELP + " Runs the sensitivity variants."),
     threshold_sqnr: float = typer.Option(
-        20.0, "--threshold-sqnr", help="Flag layers whose own quantization SQNR (dB) is below."
+        20.0, "--threshold-sqnr", parser=FLOAT, help="Flag layers whose own quantization SQNR (dB) is below."
     ),
-    threshold_clipped: float = typer.Option(1e-3, "--threshold-clipped", help="Flag layers clipping more than this."),
-    threshold_outlier: float = typer.Option(10.0, "--threshold-outlier", help="Flag max/p99.99 above this."),
+    threshold_clipped: float = typer.Option(1e-3, "--threshold-clipped", parser=FLOAT,
+        help="Flag layers clipping more than this."),
+    threshold_outlier: float = typer.Option(10.0, "--threshold-outlier", parser=FLOAT,
+        help="Flag max/p99.99 above this."),
     threshold_recovery: float = typer.Option(
-        0.5, "--threshold-recovery", help="Flag when keeping only this layer recovers more points than this."
+        0.5, "--threshold-recovery", parser=FLOAT,
+        help="Flag when keeping only this layer recovers more points than this."
     ),
     threshold_cost: float = typer.Option(
-        0.5, "--threshold-cost", help="Flag when quantizing only this layer costs more points than this."
+        0.5, "--threshold-cost", parser=FLOAT, help="Flag when quantizing only this layer costs more points than this."
     ),
     threshold_cosine: float = typer.Option(
-        0.002, "--threshold-cosine", help="Embedders: flag when keeping only this layer recovers (or quantizing "
+        0.002, "--threshold-cosine", parser=FLOAT,
+        help="Embedders: flag when keeping only this layer recovers (or quantizing "
         "only it costs) more mean cosine to A than this."
     ),
     text_column: str | None = typer.Option(None, "--text-column", help="Text column (default: text, sentence, ...)."),
     label_column: str | None = typer.Option(None, "--label-column", help="Label column (default: label, ...)."),
     split: str | None = typer.Option(None, "--split", help="Split of a datasets DatasetDict (default test)."),
-    max_disagreements: int = typer.Option(50, "--max-disagreements", min=0, help="Disagreeing examples to list."),
+    max_disagreements: int = typer.Option(50, "--max-disagreements", parser=INTEGER,
+        help="Disagreeing examples to list."),
     force: bool = force_option("--report"),
     task: str | None = typer.Option(
         None, "--task", help="classification | embedding | token-classification | regression | multi-label "
@@ -149,11 +157,13 @@ def compare(
     traffic_size: int = TRAFFIC_SIZE,
     traffic_text_field: str | None = TRAFFIC_TEXT_FIELD,
     min_agreement: float | None = typer.Option(
-        None, "--min-agreement", help="CI gate: exit with code 8 (after writing every output) when B keeps fewer "
+        None, "--min-agreement", parser=FLOAT,
+        help="CI gate: exit with code 8 (after writing every output) when B keeps fewer "
         "than this percentage of A's predictions (the printed point estimate), e.g. 99."
     ),
     max_drop: float | None = typer.Option(
-        None, "--max-drop", help="CI gate: exit with code 8 (after writing every output) when B's accuracy is "
+        None, "--max-drop", parser=FLOAT,
+        help="CI gate: exit with code 8 (after writing every output) when B's accuracy is "
         "more than this many points below A's (needs labels), e.g. 0.5."
     ),
     save_outputs: Path | None = typer.Option(
@@ -210,8 +220,7 @@ def _deliver(result: Comparison, json_path: Path | None, report_dir: Path | None
         if report_dir is not None:
             _render(doc, report_dir)
     if to_stdout:
-        sys.stdout.write(dumps_json(doc))
-        sys.stdout.flush()
+        write_stdout(dumps_json(doc))
         return
     _print_summary(result, json_path, report_dir)
     if save_outputs is not None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import RichProgress, handle_errors, out
+from calibkit.cli._common import INTEGER, RichProgress, handle_errors, out
 
 demo_app = typer.Typer(
     help=(
@@ -42,8 +42,8 @@ def prepare(
         False, "--fast", help="Frozen encoder + logistic-regression head (~75 % accuracy, 1-2 min) instead of "
         "fine-tuning (>= 83 %, ~2-3 min on 2 idle cores)."
     ),
-    log_lines: int = typer.Option(20000, "--log-lines", min=1, help="Lines of production log to generate."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the data split, the training and the log."),
+    log_lines: int = typer.Option(20000, "--log-lines", parser=INTEGER, help="Lines of production log to generate."),
+    seed: int = typer.Option(0, "--seed", parser=INTEGER, help="Seed of the data split, the training and the log."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars (on a terminal)."),
 ) -> None:
     with handle_errors():
@@ -68,6 +68,6 @@ def prepare(
 
 def register(app: typer.Typer) -> None:
     app.add_typer(demo_app, name="demo", short_help="A ready-made sentiment model and data to try calibkit on.")
-    from calibkit.cli import demo_run
+    import calibkit.cli.demo_run as demo_run
 
     demo_run.register(demo_app)

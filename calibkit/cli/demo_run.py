@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import RichProgress, count, handle_errors, out
+from calibkit.cli._common import FLOAT, INTEGER, RichProgress, count, handle_errors, out
 
 HELP = (
     "Run the whole workflow on the demo: prepare the assets (if not done), sample the production log, "
@@ -26,8 +26,9 @@ def run(
     fast: bool = typer.Option(False, "--fast", help="Quick variant (for tests and a first look)."),
     workdir: Path | None = typer.Option(None, "--workdir", help="Demo assets folder (default demo_assets[-fast])."),
     reports_dir: Path = typer.Option(Path("reports"), "--reports", help="Where reports go."),
-    max_drop: float | None = typer.Option(None, "--max-drop", help="Tune target in points (default 0.5; fast 1.0)."),
-    workers: int | None = typer.Option(None, "--workers", min=1, help="Processes for sensitivity and tuning."),
+    max_drop: float | None = typer.Option(None, "--max-drop", parser=FLOAT,
+        help="Tune target in points (default 0.5; fast 1.0)."),
+    workers: int | None = typer.Option(None, "--workers", parser=INTEGER, help="Processes for sensitivity and tuning."),
 ) -> None:
     with handle_errors():
         from calibkit.demo.prepare import check_demo_folder

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import FORCE_HELP, RichProgress, guard_out_dir, handle_errors, out, say, warn
+from calibkit.cli._common import FORCE_HELP, INTEGER, RichProgress, guard_out_dir, handle_errors, out, say, warn
 
 HELP = """Write a Triton Inference Server model repository for SOURCE, shaped by the traffic it will serve.
 
@@ -69,22 +69,27 @@ def deploy(
     profiles: str = typer.Option("auto", "--profiles", "-k", help="Length buckets / TensorRT profiles: 1-4 or auto."),
     name: str | None = typer.Option(None, "--name", help="Triton model name [default: MODELFOLDER-PRECISION]."),
     max_seq: int | None = typer.Option(
-        None, "--max-seq", help="Largest profile max; longer requests are truncated [default: the longest request, "
+        None, "--max-seq", parser=INTEGER,
+        help="Largest profile max; longer requests are truncated [default: the longest request, "
         "rounded up to 8, at most the model's maximum]."),
-    batch_tokens: int = typer.Option(8192, "--batch-tokens", help="Padded tokens per batch that set batch sizes."),
-    max_batch: int = typer.Option(128, "--max-batch", help="Upper bound of any batch size."),
-    queue_delay_us: int = typer.Option(1000, "--queue-delay-us", help="max_queue_delay_microseconds."),
-    instances: int = typer.Option(1, "--instances", help="Model instances (instance_group count)."),
+    batch_tokens: int = typer.Option(8192, "--batch-tokens", parser=INTEGER,
+        help="Padded tokens per batch that set batch sizes."),
+    max_batch: int = typer.Option(128, "--max-batch", parser=INTEGER, help="Upper bound of any batch size."),
+    queue_delay_us: int = typer.Option(1000, "--queue-delay-us", parser=INTEGER, help="max_queue_delay_microseconds."),
+    instances: int = typer.Option(1, "--instances", parser=INTEGER, help="Model instances (instance_group count)."),
     threads: int | None = typer.Option(
-        None, "--threads", help="ONNX Runtime intra-op threads per instance [default: the backend's]."),
-    perf_requests: int = typer.Option(512, "--perf-requests", help="Requests in perf_data.json."),
-    max_texts: int = typer.Option(50_000, "--max-texts", help="Traffic texts kept (a seeded uniform sample past it)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the traffic sample and the perf_analyzer requests."),
+        None, "--threads", parser=INTEGER, help="ONNX Runtime intra-op threads per instance [default: the backend's]."),
+    perf_requests: int = typer.Option(512, "--perf-requests", parser=INTEGER, help="Requests in perf_data.json."),
+    max_texts: int = typer.Option(50_000, "--max-texts", parser=INTEGER,
+        help="Traffic texts kept (a seeded uniform sample past it)."),
+    seed: int = typer.Option(0, "--seed", parser=INTEGER,
+        help="Seed of the traffic sample and the perf_analyzer requests."),
     reduce_range: bool | None = typer.Option(
         None, "--reduce-range/--no-reduce-range",
         help="7-bit weights for the ONNX Runtime layout (x86 CPUs without VNNI) [default: as `calibkit build`].",
     ),
-    workspace_mib: int = typer.Option(4096, "--workspace-mib", help="TensorRT builder workspace (MiB)."),
+    workspace_mib: int = typer.Option(4096, "--workspace-mib", parser=INTEGER,
+        help="TensorRT builder workspace (MiB)."),
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     with handle_errors():

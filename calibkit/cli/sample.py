@@ -9,6 +9,7 @@ import typer
 
 from calibkit.cli._common import (
     FORCE,
+    INTEGER,
     RichProgress,
     guard_out_dir,
     handle_errors,
@@ -51,14 +52,14 @@ def register(app: typer.Typer) -> None:
 
 def sample(
     logs: Path = typer.Argument(..., help="JSON Lines log (.jsonl, .jsonl.gz), one request per line."),
-    size: int = typer.Option(512, "--size", "-n", help="Number of texts to draw."),
+    size: int = typer.Option(512, "--size", "-n", parser=INTEGER, help="Number of texts to draw."),
     out_dir: Path | None = typer.Option(
         None,
         "--out",
         "-o",
         help="Output folder (default: calibration_sets/LOGSTEM-nN-sSEED, e.g. calibration_sets/prod-n512-s0).",
     ),
-    seed: int = typer.Option(0, "--seed", help="Seed of the draw: same seed, same sample."),
+    seed: int = typer.Option(0, "--seed", parser=INTEGER, help="Seed of the draw: same seed, same sample."),
     text_field: str | None = typer.Option(
         None,
         "--text-field",
@@ -76,7 +77,7 @@ def sample(
     ),
     strict: bool = typer.Option(False, "--strict", help="Fail at the first broken line instead of skipping it."),
     no_redact: bool = typer.Option(False, "--no-redact", help="Keep e-mails, phone/card numbers and IPs as is."),
-    clusters: int = typer.Option(12, "--clusters", help="Topic clusters to stratify by (1 disables)."),
+    clusters: int = typer.Option(12, "--clusters", parser=INTEGER, help="Topic clusters to stratify by (1 disables)."),
     force: bool = FORCE,
 ) -> None:
     with handle_errors():

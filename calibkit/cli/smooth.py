@@ -8,6 +8,7 @@ import typer
 
 from calibkit.cli._common import (
     FORCE,
+    INTEGER,
     MAX_BATCH_TOKENS,
     MEMORY_BUDGET,
     TOKENIZER,
@@ -56,7 +57,7 @@ def smooth(
         help="Migration strength in [0, 1] (1: activations flattened, the weights take every outlier), or auto: "
              "per activation, the alpha with the least INT8 product error on the calibration rows."),
     tokenizer: Path | None = TOKENIZER,
-    batch_size: int = typer.Option(32, "--batch-size", "-b", help="Most texts per inference batch."),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", parser=INTEGER, help="Most texts per inference batch."),
     memory_budget: str = MEMORY_BUDGET,
     max_batch_tokens: int | None = MAX_BATCH_TOKENS,
     force: bool = FORCE,
@@ -69,7 +70,7 @@ def smooth(
             value = None
         else:
             try:
-                value = float(alpha)  # its range is checked by calibrate.smoothing.smooth
+                value = float(alpha)  # NaN, infinities and the range are refused by calibkit.api.smooth
             except ValueError:
                 raise UsageError(f"--alpha must be a number in [0, 1] or auto, got {alpha!r}") from None
         if batch_size < 1:

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import typer
 
 from calibkit.cli._common import (
+    FLOAT,
+    INTEGER,
     LIMIT,
     MAX_BATCH_TOKENS,
     MEMORY_BUDGET_TAPS,
@@ -26,6 +28,7 @@ from calibkit.cli._common import (
     say,
     traffic_choice,
     warn,
+    write_stdout,
 )
 from calibkit.evaluate.tune_defaults import TUNE_HOLDOUT, TUNE_SENSITIVITY_SAMPLES, TUNE_TRAFFIC_SIZE
 from calibkit.executors import EXECUTOR_HELP
@@ -85,13 +88,14 @@ def tune(
         help="Labelled eval set (JSONL, CSV, Parquet, datasets). Optional with --traffic: embedders and token "
              "taggers are judged on fidelity to FP32, which needs no labels.",
     ),
-    max_drop: float = typer.Option(0.5, "--max-drop", min=0.0, help="Allowed accuracy drop below FP32 (points)."),
+    max_drop: float = typer.Option(0.5, "--max-drop", parser=FLOAT, help="Allowed accuracy drop below FP32 (points)."),
     relative: bool = typer.Option(False, "--relative", help="Read --max-drop as percent of FP32 accuracy."),
     min_agreement: float | None = typer.Option(
-        None, "--min-agreement", help="Also require this percentage of FP32's predictions unchanged (e.g. 99)."
+        None, "--min-agreement", parser=FLOAT,
+        help="Also require this percentage of FP32's predictions unchanged (e.g. 99)."
     ),
     min_cosine: float | None = typer.Option(
-        None, "--min-cosine",
+        None, "--min-cosine", parser=FLOAT,
         help="Embeddings: also require this mean cosine of the INT8 vectors to FP32's (e.g. 0.995). Without labels "
              "and with neither target given, an embedder is tuned for --min-agreement 95 (nearest neighbours kept) "
              "and --min-cosine 0.995.",
@@ -100,7 +104,7 @@ def tune(
         None, "--task", help="classification | embedding | token-classification (default: from the model's outputs)."
     ),
     agreement_confidence: float = typer.Option(
-        0.9, "--agreement-confidence",
+        0.9, "--agreement-confidence", parser=FLOAT,
         help="A plan meets --min-agreement on the search split only when the one-sided lower bound of its "
              "agreement at this confidence reaches it (0.5: the point estimate), so the claim survives the holdout.",
     ),
@@ -113,28 +117,29 @@ def tune(
     ),
     tokenizer: Path | None = TOKENIZER,
     target: str = typer.Option("tensorrt", "--target", help="Q/DQ layout: tensorrt | onnxruntime."),
-    workers: int | None = typer.Option(None, "--workers", min=1,
+    workers: int | None = typer.Option(None, "--workers", parser=INTEGER,
                                        help="Evaluation processes (default: one per usable CPU)."),
     executor: str | None = typer.Option(None, "--executor", help=EXECUTOR_HELP),
-    holdout: float = typer.Option(TUNE_HOLDOUT, "--holdout",
+    holdout: float = typer.Option(TUNE_HOLDOUT, "--holdout", parser=FLOAT,
                                   help="Fraction of the evidence (eval set and traffic) held out for the "
                                        "confirmation and the final check."),
-    sensitivity_samples: int = typer.Option(TUNE_SENSITIVITY_SAMPLES, "--sensitivity-samples", min=8,
-                                                help="Examples per ranking run."),
+    sensitivity_samples: int = typer.Option(TUNE_SENSITIVITY_SAMPLES, "--sensitivity-samples", parser=INTEGER,
+                                            help="Examples per ranking run."),
     memory_budget: str = MEMORY_BUDGET_TAPS,
     max_batch_tokens: int | None = MAX_BATCH_TOKENS,
     sensitivity_layers: int | None = typer.Option(
-        None, "--sensitivity-layers", min=1,
+        None, "--sensitivity-layers", parser=INTEGER,
         help="Measure sensitivity only for the K layers with the worst own SQNR (default: every layer).",
     ),
-    max_evaluations: int = typer.Option(40, "--max-evaluations", min=1, help="Budget of candidate plans."),
+    max_evaluations: int = typer.Option(40, "--max-evaluations", parser=INTEGER, help="Budget of candidate plans."),
     limit: int | None = LIMIT,
-    percentile: float = typer.Option(99.99, "--percentile", help="Percentile for the percentile method."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the --limit subset and the search/holdout split."),
+    percentile: float = typer.Option(99.99, "--percentile", parser=FLOAT, help="Percentile for the percentile method."),
+    seed: int = typer.Option(0, "--seed", parser=INTEGER,
+        help="Seed of the --limit subset and the search/holdout split."),
     force: bool = force_option("--out and --report"),
     traffic: str | None = TRAFFIC,
     no_traffic: bool = NO_TRAFFIC,
-    traffic_size: int = typer.Option(TUNE_TRAFFIC_SIZE, "--traffic-size", min=1,
+    traffic_size: int = typer.Option(TUNE_TRAFFIC_SIZE, "--traffic-size", parser=INTEGER,
                                      help="Traffic texts drawn (stratified by token length, --seed); half are held "
                                           "out, so the plan is confirmed on over 5,000 texts the search never saw."),
     traffic_text_field: str | None = TRAFFIC_TEXT_FIELD,
@@ -170,7 +175,7 @@ def tune(
         from calibkit.api import check_tune_options
         from calibkit.api import tune as run_tune
 
-        check_tune_options(method=method, target=target, decision_rule=decision_rule)
+        check_tune_options(method=method, target=target, decision_rule=decision_rule, task=task)
         if json_out not in (None, "-"):
             from calibkit.errors import UsageError
 
@@ -204,12 +209,10 @@ def tune(
                 confirm=confirm,
             )
         if json_out is not None:
-            import sys
-
             from calibkit._io import dumps_json
             from calibkit.report.codec import to_document
 
-            sys.stdout.write(dumps_json(to_document(run.result)))
+            write_stdout(dumps_json(to_document(run.result)))
         else:
             _summary(run, report_dir)
         if fail_if_missed and not run.result.claim_holds:

@@ -5,9 +5,14 @@ calibration set was sampled from. :func:`draw_traffic` reads a log through ``sam
 (:func:`calibkit.data.sample_pipeline.clean_log`: the same reader, field options, broken-line counting,
 ``<script>`` stripping and personal-data redaction), then
 
-- excludes every text that is in the calibration set (by the normalised content digest ``sample`` dedups with:
-  NFKC, case-folded, whitespace collapsed; a log text matches before or after redaction, so a set sampled
-  with ``--no-redact`` is excluded as well) and counts how many;
+- excludes every text that is in the calibration set, or among ``exclude_texts`` (the eval set's, so the
+  traffic is independent of it), and counts how many by reason: while reading, by the normalised content
+  digest ``sample`` dedups with (NFKC, case-folded, whitespace collapsed; a log text matches before or after
+  redaction, so a set sampled with ``--no-redact`` is excluded as well); then, before the draw, by what the
+  model sees (:func:`model_view_keys`: the token ids the model's tokenizer gives, truncated as the model reads
+  them; without a tokenizer, a normalisation that also drops control and format characters such as zero-width
+  spaces and soft hyphens, and accents), so a text that differs from a calibration text only where the
+  tokenizer does not look is excluded too, and ``size`` texts are drawn when that many are left;
 - keeps one text per normalised group (the population is the set of distinct texts, as in ``sample``);
 - draws up to ``size`` texts stratified by token length with ``sample``'s strata code (the per-stratum
   priority pools of :mod:`calibkit.data.sampling`, the same length buckets, proportional allocation with at
@@ -25,6 +30,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -108,10 +115,13 @@ class TrafficEvidence:
     Row ``i`` is ``texts[i]``; ``keys[i]`` is its normalised content digest (16 hex digits, ``sample``'s dedup
     key), ``line_numbers[i]`` the (1-based) log line it was first seen on, ``seen_counts[i]`` how often the log
     holds it, ``lengths[i]`` its token length (``length_measure``). ``excluded`` counts what was left out, by
-    reason: ``calibration_set`` (distinct texts that are in the calibration set), ``calibration_set_lines``
-    (the log lines holding them), ``duplicate_lines`` (repeats of a text already seen), ``emptied_by_cleanup``
-    (texts that held only ``<script>``/``<style>``), ``broken_lines`` (unusable lines; by kind in ``lines``).
-    ``population``: distinct usable texts outside the calibration set (``size_drawn`` of them were drawn).
+    reason: ``calibration_set`` (distinct texts that are in the calibration set, or that the model reads as one
+    of its texts), ``calibration_set_lines`` (the log lines holding the first kind), ``eval_set`` and
+    ``eval_set_lines`` (the same for the eval set's texts, when they were excluded), ``duplicate_lines``
+    (repeats of a text already seen), ``emptied_by_cleanup`` (texts that held only ``<script>``/``<style>``),
+    ``broken_lines`` (unusable lines; by kind in ``lines``). ``population``: distinct usable texts outside the
+    excluded sets (``size_drawn`` of them were drawn; an estimate where the model-view check took texts out of
+    a full length stratum).
     ``part``: "all", or "search"/"holdout" for the parts :func:`split_traffic` makes.
     """
 
@@ -254,12 +264,58 @@ def default_traffic_log(calibration_set: CalibrationSet) -> DefaultTrafficLog:
 
 
 def draw_default_traffic(calibration_set: CalibrationSet, options: TrafficOptions = TrafficOptions(),
-                         progress: ProgressCallback | None = None) -> TrafficEvidence:
+                         progress: ProgressCallback | None = None, *,
+                         exclude_texts: Sequence[str] = ()) -> TrafficEvidence:
     """:func:`draw_traffic` from the calibration set's own log (:func:`default_traffic_log`), with the text
     field and redaction ``sample`` used unless ``options`` names a text field."""
     d = default_traffic_log(calibration_set)
     opts = replace(options, text_field=options.text_field or d.text_field, redact=d.redact)
-    return draw_traffic(d.path, opts, calibration_set=calibration_set, expected_sha256=d.sha256, progress=progress)
+    return draw_traffic(d.path, opts, calibration_set=calibration_set, expected_sha256=d.sha256, progress=progress,
+                        exclude_texts=exclude_texts)
+
+
+def model_view(text: str) -> str:
+    """The text as a tokenizer of the BERT family reads it, for matching when no tokenizer is at hand: control
+    and format characters (zero-width space, soft hyphen, byte-order mark, ...) and accents dropped,
+    case-folded, whitespace collapsed. Coarser than any one tokenizer (a cased model tells "Apple" from
+    "apple"), so texts it matches may be told apart by the model, never the other way round."""
+    decomposed = unicodedata.normalize("NFKD", text)
+    kept = "".join(ch for ch in decomposed if ch.isspace() or unicodedata.category(ch)[0] not in "CM")
+    return " ".join(unicodedata.normalize("NFKC", kept).casefold().split())
+
+
+def model_view_keys(texts: Sequence[str], tokenizer: Path | None, max_length: int | None = None) -> list[int]:
+    """One key per text, equal for texts the model cannot tell apart: the digest of the token ids the model's
+    ``tokenizer`` gives (truncated to ``max_length`` as the model reads them), or without a tokenizer the digest
+    of :func:`model_view`."""
+    if tokenizer is None:
+        return [digest(model_view(t)) for t in texts]
+    from calibkit.data.tokenizer import TextTokenizer
+
+    tok = TextTokenizer(tokenizer, max_length)
+    keys: list[int] = []
+    for i in range(0, len(texts), 1024):
+        enc = tok.encode(texts[i : i + 1024])
+        keys += [int.from_bytes(hashlib.blake2b(enc.input_ids[j, : enc.lengths[j]].tobytes(), digest_size=8)
+                                .digest(), "big") for j in range(len(enc.lengths))]
+    return keys
+
+
+def check_traffic_log(path: Path) -> None:
+    """DataError for a traffic log that is missing or not a regular file (a device such as /dev/null, a pipe):
+    its size and SHA-256 are recorded and it is read more than once (text field detection, the draw)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise DataError(f"traffic log not found: {path}", hint=TRAFFIC_HINT + ", or --no-traffic") from None
+    except OSError as exc:
+        raise DataError(f"cannot read the traffic log {path}: {exc.strerror or exc}", hint=TRAFFIC_HINT) from None
+    if not stat.S_ISREG(mode):
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a character device" if stat.S_ISCHR(mode) else
+                "a pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a special file")
+        raise DataError(f"the traffic log {path} is {kind}, not a log file",
+                        hint="pass a JSON Lines log file (plain or .gz) with --traffic, or --no-traffic for no "
+                             "traffic evidence")
 
 
 def draw_traffic(
@@ -269,13 +325,17 @@ def draw_traffic(
     calibration_set: CalibrationSet | None = None,
     expected_sha256: str | None = None,
     progress: ProgressCallback | None = None,
+    exclude_texts: Sequence[str] = (),
 ) -> TrafficEvidence:
-    """Draw up to ``options.size`` distinct texts of the log that are not in ``calibration_set``, stratified by
-    token length, seeded (see the module docstring). One streaming pass over the log; memory is bounded by
-    the pools (``size`` candidates per length bucket) and the dedup digests.
+    """Draw up to ``options.size`` distinct texts of the log that are neither in ``calibration_set`` nor among
+    ``exclude_texts`` (the eval set's: counted as ``eval_set``), stratified by token length, seeded (see the
+    module docstring). One streaming pass over the log; memory is bounded by the pools (``size`` candidates per
+    length bucket, plus one per excluded text: room for those the model-view check takes out) and the dedup
+    digests.
 
     ``expected_sha256``: the log must have this SHA-256 (checked on the pass that reads it): a changed log is
-    refused with a hint to pass --traffic. Raises DataError when no usable text is left.
+    refused with a hint to pass --traffic. Raises DataError when no usable text is left, saying when the log
+    holds only eval-set texts (it is the eval set, not independent evidence).
 
     Over 80 lines for a reason: the single streaming pass, the allocation over length strata and the record of
     what was excluded share counters (dedup groups, excluded lines, the pools) that one function keeps in view;
@@ -284,12 +344,18 @@ def draw_traffic(
     cb = progress or no_progress
     if options.size < 1:
         raise DataError(f"--traffic-size must be at least 1 (got {options.size})")
+    check_traffic_log(path)
     fields, auto = resolve_text_fields(path, options.text_field)
-    exclude = calibration_keys(calibration_set) if calibration_set is not None else set()
+    cal_texts = tuple(calibration_set.texts) if calibration_set is not None else ()
+    cal_keys = calibration_keys(cal_texts)
+    in_eval = {digest(normalize(t)) for t in exclude_texts}
+    exclude = cal_keys | in_eval  # a text in both is counted as a calibration text
     stats, dedup, tally = ReadStats(), DedupIndex(), CleanupTally()
-    pool = PriorityPool(capacity=options.size)  # a bucket never gets more than ``size`` texts
-    excluded_groups: set[int] = set()
-    excluded_lines = 0
+    # a bucket never gets more than ``size`` texts; the extra room is for the texts the model-view check takes out
+    pool = PriorityPool(capacity=options.size + len(cal_texts) + len(exclude_texts))
+    excluded_groups: dict[int, str] = {}  # group key -> why: calibration_set | eval_set
+    eval_groups: set[int] = set()  # excluded groups in the eval set (whether in the calibration set or not)
+    excluded_lines = {"calibration_set": 0, "eval_set": 0}
     file_size = path.stat().st_size
     task = "reading traffic log"
     cb(ProgressEvent(task, 0, file_size))
@@ -300,15 +366,20 @@ def draw_traffic(
         seen = item.seen
         if seen is None:
             continue
-        if exclude and (seen.key in exclude or (item.raw_text is not item.text
-                                                and digest(normalize(item.raw_text)) in exclude)):
-            excluded_lines += 1
+        hit = None
+        if exclude:
+            raw = digest(normalize(item.raw_text)) if item.raw_text is not item.text else None
+            hit = seen.key if seen.key in exclude else raw if raw in exclude else None
+        if hit is not None:
+            excluded_lines["calibration_set" if hit in cal_keys else "eval_set"] += 1
             if not seen.first and seen.key not in excluded_groups:
                 # its group's first line was offered (its raw text is a calibration text, its redacted text came
                 # first from another line): take it back, count and pooled member, so no drawn row shares a group
                 # with the set and its length stratum is not counted one text too many
                 pool.withdraw(seen.key, length_bucket(estimate_tokens(item.text)))
-            excluded_groups.add(seen.key)
+            excluded_groups.setdefault(seen.key, "calibration_set" if hit in cal_keys else "eval_set")
+            if seen.key in in_eval or raw in in_eval:
+                eval_groups.add(seen.key)
             continue
         if not seen.first:
             continue
@@ -319,15 +390,20 @@ def draw_traffic(
     if expected_sha256 is not None and stats.sha256 != expected_sha256:
         raise DataError(f"the log {path} changed since the calibration set was sampled from it (SHA-256 "
                         f"{stats.sha256[:12]}…, then {expected_sha256[:12]}…)", hint=TRAFFIC_HINT)
-    population = dedup.unique - len(excluded_groups)
-    if population <= 0:
-        why = (f"all {dedup.unique:,} distinct texts are in the calibration set" if dedup.unique else
-               f"no usable text in {stats.lines:,} lines (text field: {', '.join(fields)})")
-        raise DataError(f"{path}: no traffic texts to draw: {why}",
-                        hint="pass a log with requests the calibration set does not hold (--traffic LOG), and "
-                             "check --text-field")
-
+    why = dict.fromkeys(("calibration_set", "eval_set"), 0)
+    for reason in excluded_groups.values():
+        why[reason] += 1
     cands, weights = pool.weighted_members()
+    by_view: dict[str, tuple[int, float]] = {}
+    if exclude and cands:  # before the draw: what the model cannot tell from a calibration or eval text
+        cands, weights, by_view = _without_model_view_matches(cands, weights, cal_texts, exclude_texts, options)
+        for reason in why:
+            why[reason] += by_view.get(reason, (0, 0.0))[0]
+    population = dedup.unique - len(excluded_groups) - round(sum(by_view.get(r, (0, 0.0))[1] for r in why))
+    if population <= 0 or not cands:
+        is_eval_set = bool(exclude_texts) and len(eval_groups) + by_view.get("in_eval", (0, 0.0))[0] >= dedup.unique
+        raise _nothing_left(path, dedup.unique, why, stats.lines, fields, is_eval_set)
+
     lengths, measure, max_len = candidate_lengths(cands, options.tokenizer, options.max_length, cb,
                                                   "tokenizing traffic candidates")
     buckets = [length_bucket(int(n)) for n in lengths]
@@ -344,20 +420,23 @@ def draw_traffic(
     names = bucket_names()
     warnings: list[str] = []
     if len(chosen) < options.size:
-        warnings.append(f"only {population:,} distinct texts outside the calibration set in {path}: drew "
+        outside = "the calibration set and the eval set" if exclude_texts else "the calibration set"
+        warnings.append(f"only {population:,} distinct texts outside {outside} in {path}: drew "
                         f"{len(chosen):,} of the {options.size:,} asked for")
     over = int((lengths[chosen] > max_len).sum()) if chosen else 0
     if over:
         warnings.append(f"{over:,} drawn texts are longer than {max_len} tokens ({measure}): the model reads them "
                         "truncated")
     excluded = {
-        "calibration_set": len(excluded_groups),
-        "calibration_set_lines": excluded_lines,
-        "duplicate_lines": dedup.duplicates - max(0, excluded_lines - len(excluded_groups)),
+        "calibration_set": why["calibration_set"],
+        **({"eval_set": why["eval_set"]} if exclude_texts else {}),
+        "calibration_set_lines": excluded_lines["calibration_set"],
+        **({"eval_set_lines": excluded_lines["eval_set"]} if exclude_texts else {}),
+        "duplicate_lines": dedup.duplicates - max(0, sum(excluded_lines.values()) - len(excluded_groups)),
         "emptied_by_cleanup": tally.emptied,
         "broken_lines": stats.broken_total,
     }
-    if calibration_set is not None and not excluded_groups:
+    if calibration_set is not None and not why["calibration_set"]:
         log.info("none of the %d calibration texts occurs in %s", len(calibration_set), path)
     return TrafficEvidence(
         source=TrafficSource(str(path), stats.sha256, file_size, is_gzip(path), tuple(fields), auto),
@@ -379,6 +458,51 @@ def draw_traffic(
                "gzip_truncated": stats.gzip_truncated},
         warnings=tuple(warnings),
     )
+
+
+def _without_model_view_matches(cands: list[Candidate], weights: list[float], cal_texts: Sequence[str],
+                                 eval_texts: Sequence[str], options: TrafficOptions
+                                 ) -> tuple[list[Candidate], list[float], dict[str, tuple[int, float]]]:
+    """The pool's candidates less those whose :func:`model_view_keys` equals a calibration or eval text's, with
+    how many went for each reason and the population they stood for (their pool weights); ``in_eval``
+    counts those in the eval set, whether in the calibration set too or not."""
+    view = model_view_keys([c.text for c in cands], options.tokenizer, options.max_length)
+    cal = set(model_view_keys(list(cal_texts), options.tokenizer, options.max_length))
+    ev = set(model_view_keys(list(eval_texts), options.tokenizer, options.max_length))
+    keep: list[int] = []
+    gone: dict[str, tuple[int, float]] = {}
+
+    def count(reason: str, i: int) -> None:
+        n, w = gone.get(reason, (0, 0.0))
+        gone[reason] = (n + 1, w + weights[i])
+
+    for i, k in enumerate(view):
+        reason = "calibration_set" if k in cal else "eval_set" if k in ev else None
+        if reason is None:
+            keep.append(i)
+            continue
+        count(reason, i)
+        if k in ev:
+            count("in_eval", i)
+    return [cands[i] for i in keep], [weights[i] for i in keep], gone
+
+
+def _nothing_left(path: Path, unique: int, why: dict[str, int], lines: int, fields: Sequence[str],
+                  is_eval_set: bool) -> DataError:
+    if not unique:
+        return DataError(f"{path}: no traffic texts to draw: no usable text in {lines:,} lines (text field: "
+                         f"{', '.join(fields)})", hint="pass a log with requests in it (--traffic LOG), and check "
+                         "--text-field")
+    if is_eval_set:
+        return DataError(f"{path}: every one of its {unique:,} distinct texts is in the eval set: it is the eval "
+                         "set, not independent traffic evidence",
+                         hint="pass a log of production requests with --traffic, or --no-traffic to judge on the "
+                              "eval set alone")
+    where = "the calibration set" + (" or the eval set" if why["eval_set"] else "")
+    return DataError(f"{path}: no traffic texts to draw: all {unique:,} distinct texts are in {where} (or read "
+                     "as one of them by the model)",
+                     hint="pass a log with requests the calibration set does not hold (--traffic LOG), and check "
+                          "--text-field")
 
 
 def split_traffic(evidence: TrafficEvidence, holdout_fraction: float, seed: int = 0) -> TrafficSplit:

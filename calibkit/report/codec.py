@@ -12,9 +12,14 @@ infinity: Python's ``json`` writes them) is None where the field is optional, an
 
 ``strict=False`` reads what ``calibkit report`` renders: documents a user edited by hand or an older version
 wrote. A missing key then reads as absent where its type has an empty value (None, an empty list or mapping,
-``""``, 0, false, a nested object built the same way), and another version of a known format tag is read with
+``""``, 0, false, a nested object built the same way), and an older version of a known format tag is read with
 a warning. A mistyped value, or a missing number or enum with no empty value, is still refused, naming the
-file (``source``) and the field.
+file (``source``) and the field. A newer version is refused in both modes, naming both versions.
+
+A file (:func:`load_result`, :func:`load_document`) is checked further before it is used: its size
+(:data:`MAX_DOCUMENT_BYTES`, checked before it is parsed), its whole numbers (:data:`MAX_INT`, at most
+:data:`MAX_INT_DIGITS` digits in the text) and every value's domain (:func:`check_domains`: shares in [0, 1],
+cosines in [-1, 1], counts and magnitudes >= 0).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ import functools
 import json
 import logging
 import math
+import os
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -40,6 +47,12 @@ FORMATS: dict[type, str] = {Comparison: COMPARE_FORMAT, TuneResult: TUNE_FORMAT}
 KINDS: dict[str, type] = {fmt.partition("/")[0]: cls for cls, fmt in FORMATS.items()}
 
 log = logging.getLogger("calibkit.report")
+
+#: the largest report file read: a compare of a thousand-layer model with every list at its cap is a few MB
+MAX_DOCUMENT_BYTES = 64 << 20
+#: the largest whole number a document holds (int64), and the most digits read for one
+MAX_INT = (1 << 63) - 1
+MAX_INT_DIGITS = 19
 
 
 def format_of(result: Result) -> str:
@@ -91,8 +104,14 @@ def parse_result(doc: Any, *, strict: bool = True, source: str | Path | None = N
     the format tag is accepted with a warning (see the module's docstring)."""
     try:
         cls = result_type(doc)
-        if not strict and doc["format"] != FORMATS[cls]:
-            log.warning("%sreport format %s is not %s; reading what this version knows",
+        version, known = _version(doc["format"]), _version(FORMATS[cls])
+        if version != known:
+            if version > known or strict:
+                raise DataError(f"report format {doc['format']} is not the {FORMATS[cls]} this calibkit version "
+                                f"{'reads' if strict else 'reads (or older)'}",
+                                hint="upgrade calibkit to read a newer document" if version > known else
+                                "re-run the compare or tune that wrote it, or render it with `calibkit report`")
+            log.warning("%sreport format %s is older than %s; reading what this version knows",
                         f"{source}: " if source else "", doc["format"], FORMATS[cls])
         body = {k: v for k, v in doc.items() if k != "format"}
         return from_json(cls, body, lenient=not strict)
@@ -116,6 +135,15 @@ def result_type(doc: Any) -> type:
         raise DataError(f"unknown report format {fmt!r}",
                         hint=f"calibkit renders {COMPARE_FORMAT} and {TUNE_FORMAT} documents")
     return cls
+
+
+def _version(fmt: str) -> int:
+    """The version number of a format tag ("calibkit-compare/1" -> 1)."""
+    text = fmt.partition("/")[2]
+    if not (text.isascii() and text.isdigit() and len(text) <= 6):
+        raise DataError(f"report format {fmt[:60]!r} has no version number",
+                        hint=f"calibkit writes {COMPARE_FORMAT} and {TUNE_FORMAT}")
+    return int(text)
 
 
 def from_json(cls: Any, data: Any, path: str = "$", *, lenient: bool = False) -> Any:
@@ -164,6 +192,8 @@ def from_json(cls: Any, data: Any, path: str = "$", *, lenient: bool = False) ->
     if cls is int:
         if isinstance(data, bool) or not isinstance(data, (int, float)) or _non_finite(data) or int(data) != data:
             raise _bad(path, "an integer", data)
+        if abs(data) > MAX_INT:
+            raise _bad(path, f"an integer of at most {MAX_INT}", data)
         return int(data)
     if cls is float:
         if isinstance(data, bool) or not isinstance(data, (int, float)) or _non_finite(data):
@@ -238,21 +268,43 @@ def _bad(path: str, wanted: str, data: Any) -> DataError:
 
 def load_result(path: str | Path, *, strict: bool = True) -> Result:
     """Read a compare or tune JSON file into its typed result (``strict=False``: see :func:`parse_result`);
-    what is wrong with it is named with the file."""
-    return parse_result(load_document(path), strict=strict, source=path)
+    what is wrong with it (its size, format version, a type, a value out of its domain) is named with the
+    file."""
+    result = parse_result(_read_document(Path(path)), strict=strict, source=path)
+    check_domains(result, source=path)
+    return result
 
 
-def load_document(path: str | Path) -> dict[str, Any]:
-    """Read a report JSON file; a missing, unreadable or malformed file raises :class:`DataError`."""
-    path = Path(path)
+def load_document(path: str | Path, *, strict: bool = False) -> dict[str, Any]:
+    """Read a report JSON file and check it as :func:`load_result` does (leniently by default, as ``calibkit
+    report`` renders); a missing, unreadable, oversized, malformed or out-of-domain file raises
+    :class:`DataError`. Returns the document as read."""
+    doc = _read_document(Path(path))
+    check_domains(parse_result(doc, strict=strict, source=path), source=path)
+    return doc
+
+
+def _read_document(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > MAX_DOCUMENT_BYTES:
+                raise _too_large(path, size)
+            data = fh.read(MAX_DOCUMENT_BYTES + 1)  # a pipe or special file has no size to check up front
     except FileNotFoundError:
         raise DataError(f"{path} does not exist", hint="pass the report.json of a compare or tune run") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except IsADirectoryError:
+        raise DataError(f"{path} is a folder", hint="pass the report.json inside it") from None
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc.strerror or exc}", hint="pass a readable JSON file") from None
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise _too_large(path, len(data))
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise DataError(f"cannot read {path}: {exc}", hint="pass a UTF-8 JSON file") from None
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, parse_int=_parse_int)
     except json.JSONDecodeError as exc:
         raise DataError(
             f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
@@ -261,6 +313,111 @@ def load_document(path: str | Path) -> dict[str, Any]:
     except RecursionError:
         raise DataError(f"{path} is JSON nested too deeply to read",
                         hint="pass the JSON written by `calibkit compare` or `calibkit tune`") from None
+    except _TooLong as exc:
+        raise DataError(f"{path} holds a whole number of {exc.args[0]} digits; a report's numbers have at most "
+                        f"{MAX_INT_DIGITS}", hint="pass the JSON written by `calibkit compare` or `calibkit tune`, "
+                        "unedited") from None
     result_type(doc)  # validate the kind before anything is written
     return doc
 
+
+class _TooLong(ValueError):
+    pass
+
+
+def _parse_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:  # Python's int() of thousands of digits is slow, past 4,300 a ValueError
+        raise _TooLong(digits)
+    return int(text)
+
+
+def _too_large(path: Path, size: int) -> DataError:
+    return DataError(f"{path} is {size / (1 << 20):.0f} MiB; a report document is at most "
+                     f"{MAX_DOCUMENT_BYTES >> 20} MiB", hint="pass the report.json or tune.json calibkit wrote (a "
+                     "file this large is not one)")
+
+
+# ---------------------------------------------------------------- value domains
+# By field name: a result's fields are named for what they hold, so one table covers every result type and a
+# new field named like its peers is checked with no code here. A Range or Difference takes the domain of the
+# field that holds it; a difference between two shares may be negative.
+
+_SHARE = (0.0, 1.0)
+_COSINE = (-1.0 - 1e-6, 1.0 + 1e-6)  # float32 vectors: a cosine may round past 1
+_NON_NEGATIVE = (0.0, math.inf)
+_SIGNED = (-math.inf, math.inf)
+# a share is named for one: the name ends with the word once the split it was measured on is taken off
+_SHARE_WORDS = re.compile(r"(?:^|_)(accuracy|agreement|flip_rate|f1|precision|recall|fraction|share|confidence|"
+                          r"level|overlap_at_k|mcnemar_p)$")
+_SPLITS = re.compile(r"(_ci|_search|_holdout)+$")
+_BY_NAME: dict[str, tuple[float, float]] = {
+    "min_agreement": (0.0, 100.0), "threshold": _SIGNED,
+    **dict.fromkeys(("latency_ms", "throughput_per_s", "seconds", "mean_kl", "logit_mse", "max_abs_error",
+                     "mean_abs_error", "amax", "fp_absmax", "outlier_ratio", "upper", "texts_median", "max_drop",
+                     "max_output_deviation", "tolerance"), _NON_NEGATIVE),
+}
+
+
+def _domain_of(name: str, inherited: tuple[float, float] | None, signed: bool) -> tuple[float, float] | None:
+    if name in _BY_NAME:
+        return _BY_NAME[name]
+    if signed:  # inside a difference: only its p-value and level are shares
+        return _SHARE if name in ("mcnemar_p", "level") else _SIGNED
+    if "diff" in name or "delta" in name or name.endswith("minus_fp32"):
+        return _SIGNED
+    base = _SPLITS.sub("", name)
+    if re.search(r"(?:^|_)cosine(?:_mean|_min)?$", base):
+        return _COSINE
+    if _SHARE_WORDS.search(base):
+        return _SHARE
+    return inherited
+
+
+def check_domains(result: Result, *, source: str | Path | None = None) -> None:
+    """DataError for a value outside its domain (a share outside [0, 1], a negative count, a cosine past 1),
+    naming the file and the field: a hand-edited agreement of 7.5 would render as "flips: -650 %"."""
+    try:
+        _check(result, "$", None, False)
+    except DataError as exc:
+        if source is None:
+            raise
+        raise DataError(f"{source}: {exc.message}", hint=exc.hint) from None
+
+
+def _check(value: Any, path: str, domain: tuple[float, float] | None, signed: bool) -> None:
+    from calibkit.evaluate.results import Difference
+
+    if isinstance(value, bool) or value is None or isinstance(value, (str, enum.Enum)):
+        return
+    if isinstance(value, int):
+        if value < 0:
+            raise DataError(f"{path} should be a count or index (>= 0), not {value}",
+                            hint="pass a document written by calibkit compare or tune, unedited")
+        return
+    if isinstance(value, float):
+        if domain is not None and not domain[0] <= value <= domain[1]:
+            want = {_SHARE: "a share in [0, 1]", _COSINE: "a cosine in [-1, 1]", _NON_NEGATIVE: "at least 0"}.get(
+                domain, f"in [{domain[0]:g}, {domain[1]:g}]")
+            raise DataError(f"{path} should be {want}, not {value!r}",
+                            hint="pass a document written by calibkit compare or tune, unedited")
+        return
+    if dataclasses.is_dataclass(value):
+        inner = signed or isinstance(value, Difference)
+        for f in dataclasses.fields(value):
+            if f.metadata.get("json", True) is False:
+                continue
+            v, below = getattr(value, f.name), inner or f.name == "differences"
+            if f.metadata.get("flatten"):
+                for k, x in dict(v).items():
+                    _check(x, f"{path}.{k}", _domain_of(str(k), domain, below), below)
+                continue
+            _check(v, f"{path}.{f.name}", _domain_of(f.name, domain, below), below)
+        return
+    if isinstance(value, Mapping):
+        for k, x in value.items():
+            _check(x, f"{path}.{k}", domain, signed)
+        return
+    if isinstance(value, (tuple, list)):
+        for i, x in enumerate(value):
+            _check(x, f"{path}[{i}]", domain, signed)

@@ -58,8 +58,21 @@ def shorten(value: str, width: int) -> str:
     return value if len(value) <= width else value[: width // 2 - 1] + "…" + value[-(width - width // 2):]
 
 
+# Characters a terminal or a viewer acts on instead of showing: C0 controls but tab and newline (ESC starts the
+# ANSI sequences that recolour, move the cursor or retitle a terminal; CR overwrites a line), DEL, C1 controls
+# (0x9b is a one-byte CSI) and the bidirectional overrides and isolates that reorder what is shown.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def visible_controls(value: str) -> str:
+    """``value`` with every control character shown as an escape (``\\x1b``, ``\\u202e``) instead of acting
+    on the terminal or the page: node names, paths and texts come from files anyone may have written."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                         else f"\\u{ord(m.group()):04x}", value)
+
+
 def esc_html(value: object) -> str:
-    return html.escape(text(value), quote=True)
+    return html.escape(visible_controls(text(value)), quote=True)
 
 
 # Only what can start markup inside a line of a table cell or paragraph ("(" matters only after "]", which is
@@ -69,6 +82,7 @@ _NEWLINES = re.compile(r"\s*[\r\n]+\s*")
 
 
 def esc_md(value: object) -> str:
-    """Text that is safe inside a Markdown table cell: markup characters escaped, newlines folded to spaces."""
-    s = _NEWLINES.sub(" ", text(value))
+    """Text that is safe inside a Markdown table cell: markup characters escaped, newlines folded to spaces,
+    control characters shown as escapes (:func:`visible_controls`)."""
+    s = visible_controls(_NEWLINES.sub(" ", text(value)))
     return _MD_SPECIAL.sub(r"\\\1", s)
