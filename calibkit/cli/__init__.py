@@ -10,6 +10,7 @@ from calibkit.cli import calibrate as _calibrate
 from calibkit.cli import compare as _compare
 from calibkit.cli import demo as _demo
 from calibkit.cli import deploy as _deploy
+from calibkit.cli import export as _export
 from calibkit.cli import report as _report
 from calibkit.cli import sample as _sample
 from calibkit.cli import smooth as _smooth
@@ -42,7 +43,7 @@ app = typer.Typer(
     cls=_Group,
     help=(
         "INT8 calibration and quantization-accuracy workbench for transformer models.\n\n"
-        "Workflow: sample -> [smooth ->] calibrate -> build -> compare -> tune -> deploy.  "
+        "Workflow: [export ->] sample -> [smooth ->] calibrate -> build -> compare -> tune -> deploy.  "
         "Start with `calibkit demo run` to see every step on a real model."
     ),
     no_args_is_help=True,
@@ -65,7 +66,7 @@ def _root(
     setup_logging(verbose)
 
 
-for _module in (_demo, _sample, _smooth, _calibrate, _build, _compare, _tune, _deploy, _report):
+for _module in (_demo, _export, _sample, _smooth, _calibrate, _build, _compare, _tune, _deploy, _report):
     _module.register(app)
 
 
