@@ -57,6 +57,13 @@ class _Calibrate:
     def __doc__(self) -> str | None:  # type: ignore[override]
         return _importlib.import_module("calibkit.api").calibrate.__doc__
 
+    @property
+    def __signature__(self) -> Any:
+        """The API function's signature, for ``inspect.signature``, ``help`` and editors."""
+        import inspect
+
+        return inspect.signature(_importlib.import_module("calibkit.api").calibrate)
+
 
 class _Package(_types.ModuleType):
     def __setattr__(self, name: str, value: Any) -> None:
