@@ -122,6 +122,9 @@ def recommend(verdicts: Sequence[LayerVerdict], evidence: SensitivityEvidence,
     if keep:
         how = on if evidence.measured else f"ranges and SQNR alone ({evidence.why_not})"
         verdict = f"keep {len(keep)} node{'s' * (len(keep) != 1)} in {precision} (from {how})"
+        if unsure:
+            verdict += (f"; {len(unsure)} more node{'s' * (len(unsure) != 1)} not settled (95 % intervals reach past "
+                        "the thresholds)")
     elif not evidence.measured:
         verdict = (f"not measured: {evidence.why_not}; the flags come from ranges and SQNR alone, so whether "
                    "any layer needs higher precision is not known")

@@ -369,15 +369,17 @@ def _keep_blocks(report: Comparison) -> list[Block]:
                               f" quantized layers in {precision}; {rest}"))
         blocks.append(_keep_table(keep))
     elif unsure:
-        blocks.append(Para.of(f"None shown to need it, but {len(unsure)} of {len(layers)} layers are not settled "
-                              "(below): whether they can run in INT8 is not known on this evidence."))
+        one = len(unsure) == 1
+        blocks.append(Para.of(f"None shown to need it, but {len(unsure)} {'layer is' if one else 'layers are'} not "
+                              f"settled (below; {len(layers)} quantized in all): whether {'it' if one else 'they'} "
+                              "can run in INT8 is not known on this evidence."))
     elif layers:
         blocks.append(Para.of(f"None: all {len(layers)} quantized layers can run in INT8."))
     else:
         blocks.append(Para.of("No per-layer analysis in this report."))
     if watched:
         blocks.append(Para.of(
-            Span(f"{len(watched)} layers to watch", bold=True),
+            Span(f"{len(watched)} layer{'s' * (len(watched) != 1)} to watch", bold=True),
             ": a heuristic threshold fired, but what was measured keeps INT8's effect within the thresholds there "
             "(the layer's own sensitivity, or the whole model's accuracy where the layer was not measured on its "
             "own); the last reason gives the measurement.",
@@ -385,7 +387,7 @@ def _keep_blocks(report: Comparison) -> list[Block]:
         blocks.append(_keep_table(tuple((layer_name(x), x) for x in watched)))
     if unsure:
         blocks.append(Para.of(
-            Span(f"{len(unsure)} layers with insufficient evidence", bold=True),
+            Span(f"{len(unsure)} layer{'s' * (len(unsure) != 1)} with insufficient evidence", bold=True),
             ": a measured effect, or the 95 % upper bound of a recovery, reaches past its threshold without being "
             "settled; the reasons say how many examples would settle it.",
         ))
