@@ -167,3 +167,19 @@ def test_a_recovery_whose_upper_bound_reaches_past_the_threshold_is_not_settled(
     assert f.flag is Flag.INSUFFICIENT
     assert "recovers +0.20 points (95 % CI -0.40 to +0.90), whose upper bound reaches past 0.5" in f.reasons[0]
     assert "about 1,634 examples would settle it" in f.reasons[0]  # 300 x (0.7 / 0.3)^2 = 1633.3
+
+
+def test_kept_layers_that_a_finding_explains_point_to_it() -> None:
+    """The keep table and a clipping finding name the same nodes: the keep section says the finding's fix is
+    the alternative, instead of the two sections giving two unrelated pieces of advice."""
+    from calibkit.evaluate.results import FindingResult
+
+    c = parse_result(fake_compare(), strict=False)
+    assert isinstance(c, Comparison)
+    kept = c.keep_in_higher_precision
+    finding = FindingResult("clipping", "softmax outputs", "percentile", kept[:2], ("t1", "t2"), (),
+                            {"keep-fp16": 2}, "calibrate them with minmax", "2 softmax outputs are clipped")
+    md = render_markdown(build_document(dataclasses.replace(c, findings=(finding,)), ()), ())
+    assert "2 of them share a clipped range with other flagged layers (Findings, below)" in md
+    plain = render_markdown(build_document(c, ()), ())
+    assert "share a clipped range" not in plain

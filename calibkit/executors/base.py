@@ -23,6 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any, TypeVar
 
 from calibkit._io import mark_alive, owner_alive
@@ -218,7 +219,7 @@ def check_spawn_safe() -> None:
     if path is None:
         return
     main = sys.modules["__main__"]
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and not (frame.f_globals is main.__dict__ and frame.f_code.co_name == "<module>"):
         frame = frame.f_back
     if frame is None:  # not called while the script's top level runs (a thread, an atexit hook)

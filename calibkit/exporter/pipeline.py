@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import shutil
 import time
 from collections.abc import Mapping
@@ -140,7 +141,7 @@ def _sentence_transformers(folder: Path) -> ExportSource:
                         on[0], kinds[2:] == ["Normalize"])
 
 
-def resolve_source(source: str | Path, tokenizer: str | Path | None = None) -> ExportSource:
+def resolve_source(source: str | os.PathLike[str], tokenizer: str | os.PathLike[str] | None = None) -> ExportSource:
     """What ``source`` is: a sentence-transformers folder (modules.json), a Hugging Face checkpoint folder
     (config.json + weights) or an ONNX file (its tokenizer beside it or in ``tokenizer``)."""
     p = Path(source)
@@ -317,7 +318,8 @@ def _parity(reference: list[np.ndarray], exported: list[np.ndarray], feeds: list
     return Parity(worst, worst / (scale or 1.0), tolerance, sum(s[0] for s in shapes), shapes)
 
 
-def export_model(source: str | Path | ExportSource, out: str | Path, *, tokenizer: str | Path | None = None,
+def export_model(source: str | os.PathLike[str] | ExportSource, out: str | os.PathLike[str], *,
+                 tokenizer: str | os.PathLike[str] | None = None,
                  task: str | None = None, tolerance: float = DEFAULT_TOLERANCE,
                  progress: ProgressCallback | None = None) -> ExportResult:
     """Write the model folder ``out`` for ``source`` (atomically: a refused export leaves nothing)."""

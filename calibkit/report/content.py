@@ -367,6 +367,10 @@ def _keep_blocks(report: Comparison) -> list[Block]:
                 "in INT8." if unsure else "the rest can run in INT8.")
         blocks.append(Para.of("Keep ", Span(f"{len(keep)} of {len(layers)}", bold=True),
                               f" quantized layers in {precision}; {rest}"))
+        explained = {n for f in report.findings for n in f.nodes} & {x.node if x else n for n, x in keep}
+        if explained:
+            blocks.append(Para.of(f"{len(explained)} of them share a clipped range with other flagged layers "
+                                  "(Findings, below): fixing that range is the alternative to keeping them."))
         blocks.append(_keep_table(keep))
     elif unsure:
         one = len(unsure) == 1
