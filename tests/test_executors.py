@@ -143,6 +143,30 @@ def test_a_sweep_between_the_lock_file_and_its_lock_spares_a_live_folder(tmp_pat
     base.remove_scratch()
 
 
+def test_a_folder_its_owner_removes_during_the_sweep_is_skipped(tmp_path, monkeypatch):
+    """Another process's sweep must not fail because a folder it saw was removed by its leaving owner before
+    the sweep read its age (it raised FileNotFoundError out of the worker's first shared-file read)."""
+    import tempfile
+
+    from calibkit.executors import base
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    leaving = tmp_path / "calibkit-worker-999999-zz"
+    leaving.mkdir()
+
+    def owner_leaves(folder):  # the owner removes its folder right after the sweep listed it
+        leaving.rmdir()
+        return None
+
+    def other_namespace(pid: int, sig: int) -> None:
+        raise ProcessLookupError(pid)
+
+    monkeypatch.setattr(base, "owner_alive", owner_leaves)
+    monkeypatch.setattr(os, "kill", other_namespace)
+    base.sweep_stale("calibkit-worker-")
+    assert not leaving.exists()
+
+
 def test_process_pool_worker_death_loses_only_its_unit(tmp_path):
     marker = tmp_path / "died"
     with ProcessPoolExecutor(2) as ex:

@@ -156,7 +156,10 @@ def sweep_stale(prefix: str) -> None:
                 os.kill(int(pid), 0)
                 continue
             except ProcessLookupError:
-                alive = time.time() - p.stat().st_mtime < _UNLOCKED_GRACE_S
+                try:
+                    alive = time.time() - p.stat().st_mtime < _UNLOCKED_GRACE_S
+                except OSError:  # removed meanwhile by its owner, who was leaving
+                    continue
             except OSError:  # exists, owned by someone else
                 continue
         if not alive:
