@@ -328,6 +328,8 @@ def export_model(source: str | os.PathLike[str] | ExportSource, out: str | os.Pa
 
     if not (np.isfinite(tolerance) and tolerance > 0):
         raise UsageError(f"--tolerance must be a positive number, got {tolerance}", hint="e.g. 1e-4")
+    if task is not None and task not in TASKS:
+        raise UsageError(f"unknown --task {task!r}", hint=f"choose {', '.join(TASKS)}")
     cb = progress or no_progress
     t0 = time.perf_counter()
     src = source if isinstance(source, ExportSource) else resolve_source(source, tokenizer)
@@ -346,8 +348,6 @@ def export_model(source: str | os.PathLike[str] | ExportSource, out: str | os.Pa
             cb(ProgressEvent("export", 0, 3, message="copy"))
             _copy_onnx(src.path, model_path)
             head, exporter, output = "onnx", "copied", ""
-            if task is not None and task not in TASKS:
-                raise UsageError(f"unknown --task {task!r}", hint=f"choose {', '.join(TASKS)}")
             recorded = _recorded_config(config, task) if task else config
         else:
             import calibkit.exporter.torch_export as torch_export
