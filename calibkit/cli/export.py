@@ -52,8 +52,12 @@ def export(
 ) -> None:
     with handle_errors():
         from calibkit.api import export as run_export
+        from calibkit.errors import UsageError
         from calibkit.exporter import resolve_source
+        from calibkit.exporter.pipeline import TASKS
 
+        if task is not None and task not in TASKS:  # before --force moves anything aside
+            raise UsageError(f"unknown --task {task!r}", hint=f"choose {', '.join(TASKS)}")
         src = resolve_source(source, tokenizer)
         guard_out_dir(out_dir, inputs=[source, tokenizer, src.tokenizer, src.checkpoint], force=force)
         with RichProgress() as progress:
