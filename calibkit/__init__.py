@@ -8,8 +8,8 @@ The public API (imported on first use, so ``import calibkit`` stays light)::
     c = ck.compare("engines/fp32.onnx", "engines/int8.onnx", "test.jsonl")
     c.agreement
 
-Functions: :func:`sample`, :func:`smooth`, :func:`calibrate`, :func:`histogram`, :func:`build`, :func:`compare`,
-:func:`tune`, :func:`load_report`, :func:`render_report` (calibkit.api); :func:`prepare_demo` with
+Functions: :func:`export`, :func:`sample`, :func:`smooth`, :func:`calibrate`, :func:`histogram`, :func:`build`,
+:func:`compare`, :func:`tune`, :func:`load_report`, :func:`render_report` (calibkit.api); :func:`prepare_demo` with
 :class:`PrepareOptions` (calibkit.demo.prepare: the demo's model, data and log). Results: :class:`Comparison`,
 :class:`TuneResult` and their parts (calibkit.evaluate.results). Errors: :class:`CalibkitError` and its
 subclasses (calibkit.errors). Progress: every long call takes ``progress=``, a callable given each
@@ -25,7 +25,8 @@ from typing import Any
 
 __version__ = "0.2.0"
 
-_API = ("sample", "smooth", "calibrate", "histogram", "build", "compare", "tune", "load_report", "render_report")
+_API = ("export", "sample", "smooth", "calibrate", "histogram", "build", "compare", "tune", "load_report",
+        "render_report")
 _DEMO = ("prepare_demo", "PrepareOptions")  # the demo's model, data and log (notebooks/walkthrough.ipynb)
 _RESULTS = ("Comparison", "EngineEvaluation", "LayerVerdict", "Evidence", "TuneResult", "TunePlan", "Candidate",
             "HoldoutVerdict")
@@ -55,6 +56,13 @@ class _Calibrate:
     @property
     def __doc__(self) -> str | None:  # type: ignore[override]
         return _importlib.import_module("calibkit.api").calibrate.__doc__
+
+    @property
+    def __signature__(self) -> Any:
+        """The API function's signature, for ``inspect.signature``, ``help`` and editors."""
+        import inspect
+
+        return inspect.signature(_importlib.import_module("calibkit.api").calibrate)
 
 
 class _Package(_types.ModuleType):

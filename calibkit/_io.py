@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -259,8 +260,16 @@ def mark_alive(folder: str | os.PathLike[str]) -> None:
 
     The kernel drops the lock when the process ends, however it ends, so :func:`owner_alive` can tell a live
     owner from a dead one even where a PID check cannot (processes in another PID namespace sharing one /tmp
-    look dead to ``os.kill(pid, 0)``; a recycled PID looks alive)."""
-    hold_lock(Path(folder) / _ALIVE, 0o600)  # not POSIX, or already held: callers fall back to their PID check
+    look dead to ``os.kill(pid, 0)``; a recycled PID looks alive).
+
+    The file is locked under a name of this process's own and only then renamed to ``.calibkit-alive``: a file
+    that appeared before its lock read as a dead owner's to a sweep landing between the two (the folder of a
+    live worker was removed mid-run), and that sweep's own brief lock could make the owner's attempt fail."""
+    staged = Path(folder) / f"{_ALIVE}.{os.getpid()}.{threading.get_ident()}"
+    if hold_lock(staged, 0o600) is None:  # not POSIX: callers fall back to their PID check
+        staged.unlink(missing_ok=True)
+        return
+    os.replace(staged, Path(folder) / _ALIVE)  # the lock is on the file, not its name: it stays held
 
 
 def owner_alive(folder: str | os.PathLike[str]) -> bool | None:

@@ -50,6 +50,7 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.evaluate.traffic import TrafficEvidence
     from calibkit.evaluate.tune import TuneRun
     from calibkit.executors import Executor
+    from calibkit.exporter import ExportResult, ExportSource
 
 PathLike = str | os.PathLike[str]
 
@@ -257,6 +258,27 @@ def sample(
     _not_an_input(target, [logs, tokenizer])
     drawn = draw_sample(logs, options, progress)
     return write_calibration_set(target, drawn.texts, drawn.labels, drawn.manifest)
+
+
+# ---------------------------------------------------------------- export
+
+
+def export(
+    source: PathLike | ExportSource,
+    out: PathLike,
+    *,
+    tokenizer: PathLike | None = None,
+    task: str | None = None,
+    tolerance: float = 1e-4,
+    progress: ProgressCallback | None = None,
+) -> ExportResult:
+    """Export your own model (a Hugging Face or sentence-transformers folder, or an .onnx file with its
+    tokenizer) to the model folder ``out`` every other function reads: FP32 ONNX with dynamic batch and sequence
+    axes, the task recorded, checked against the source (refused past ``tolerance``, relative to the largest
+    output). ``task`` forces one (``"embedding"``: the encoder of any head)."""
+    from calibkit.exporter import export_model
+
+    return export_model(source, out, tokenizer=tokenizer, task=task, tolerance=tolerance, progress=progress)
 
 
 # ---------------------------------------------------------------- smooth

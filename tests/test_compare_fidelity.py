@@ -308,8 +308,19 @@ def test_recommend_says_no_layer_only_when_every_layer_is_settled() -> None:
                              all_int8_agreement=0.995)
 
     def verdict(low: float, high: float) -> LayerVerdict:
+        # the flag comes from the same measurement the verdict reads: one decision per layer
+        from calibkit.evaluate.flags import Thresholds, flag_layer
+        from calibkit.evaluate.uncertainty import Interval, PairedDifference
+
+        removed = PairedDifference(Interval(0.001, low, high), 0, 1, 400, 1.0)
+        f = flag_layer(Thresholds(), sqnr_db=None, clipped_fraction=None, outlier_ratio=None, nonfinite=0,
+                       fp_absmax=None, flips_removed=removed)
         d = Difference(0.001, low, high, 0, 1, 400, None, False, "not significant")
-        return LayerVerdict(0, "n", "MatMul", "t", Flag.OK, sensitivity=LayerSensitivity(run, run, d))
+        return LayerVerdict(0, "n", "MatMul", "t", f.flag, f.reasons, sensitivity=LayerSensitivity(run, run, d))
+
+    assert verdict(0.0, 0.002).flag is Flag.OK
+    unsettled = verdict(0.0, 0.02)
+    assert unsettled.flag is Flag.INSUFFICIENT and "upper bound reaches past 0.5" in unsettled.reasons[0]
 
     assert recommend([verdict(0.0, 0.002)], ev).verdict.startswith("no layer needs higher precision")
     assert recommend([verdict(0.0, 0.02)], ev).verdict.startswith("not settled")

@@ -102,6 +102,71 @@ def test_sweep_trusts_the_owners_lock_over_its_pid(tmp_path, monkeypatch):
     assert not held.exists()
 
 
+def test_a_sweep_between_the_lock_file_and_its_lock_spares_a_live_folder(tmp_path, monkeypatch):
+    """A worker's scratch folder vanished mid-run: another process swept it while its owner had created
+    ``.calibkit-alive`` but not yet locked it, so the file read as a dead owner's. Here that sweep runs exactly
+    there (the first flock, the owner's), from "another PID namespace" (the owner's PID looks dead)."""
+    import fcntl
+    import tempfile
+
+    from calibkit._io import owner_alive
+    from calibkit.executors import base
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(base, "_tmp", None)
+    real = fcntl.flock
+    swept: list[int] = []
+
+    def other_namespace(pid: int, sig: int) -> None:
+        raise ProcessLookupError(pid)
+
+    def flock(fd: int, op: int) -> None:
+        if not swept:
+            swept.append(fd)
+            with monkeypatch.context() as m:
+                m.setattr(os, "kill", other_namespace)
+                base.sweep_stale("calibkit-worker-")
+        real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    try:
+        folder = base._scratch()
+    finally:
+        monkeypatch.setattr(fcntl, "flock", real)
+    assert swept, "the owner never took its lock"
+    assert folder.is_dir(), "a live process's scratch folder was swept"
+    assert owner_alive(folder) is True
+    with monkeypatch.context() as m:  # and it stays, as seen from anywhere, while its owner lives
+        m.setattr(os, "kill", other_namespace)
+        base.sweep_stale("calibkit-worker-")
+    assert folder.is_dir()
+    base.remove_scratch()
+
+
+def test_a_folder_its_owner_removes_during_the_sweep_is_skipped(tmp_path, monkeypatch):
+    """Another process's sweep must not fail because a folder it saw was removed by its leaving owner before
+    the sweep read its age (it raised FileNotFoundError out of the worker's first shared-file read)."""
+    import tempfile
+
+    from calibkit.executors import base
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    leaving = tmp_path / "calibkit-worker-999999-zz"
+    leaving.mkdir()
+
+    def owner_leaves(folder):  # the owner removes its folder right after the sweep listed it
+        leaving.rmdir()
+        return None
+
+    def other_namespace(pid: int, sig: int) -> None:
+        raise ProcessLookupError(pid)
+
+    monkeypatch.setattr(base, "owner_alive", owner_leaves)
+    monkeypatch.setattr(os, "kill", other_namespace)
+    base.sweep_stale("calibkit-worker-")
+    assert not leaving.exists()
+
+
 def test_process_pool_worker_death_loses_only_its_unit(tmp_path):
     marker = tmp_path / "died"
     with ProcessPoolExecutor(2) as ex:

@@ -343,7 +343,7 @@ def test_watched_layers_are_listed_but_not_kept(tmp_path: Path) -> None:
     }
     md = render_report(doc, tmp_path / "r").markdown.read_text()
     assert "None: all 2 quantized layers can run in INT8." in md
-    assert "1 layers to watch" in md and "but measured: harmless" in md
+    assert "1 layer to watch" in md and "but measured: harmless" in md
 
 
 def test_intervals_verdict_warnings_and_subsets_are_rendered(tmp_path: Path) -> None:
@@ -368,7 +368,8 @@ def test_intervals_verdict_warnings_and_subsets_are_rendered(tmp_path: Path) -> 
     assert "85.00 % [83.00, 87.00]" in md and "97.00 % [96.20, 97.70]" in md and "flips: 3.00 %" in md
     assert "Warning:" in md and "only 10 examples" in md
     assert "256 of 2114 rows, stratified, seed 0" in md
-    assert "1 layers with insufficient evidence" in md and "+0.78 pt [-0.40, +2.00]" in md
+    assert "1 layer with insufficient evidence" in md and "+0.78 pt [-0.40, +2.00]" in md
+    assert "None shown to need it, but 1 layer is not settled" in md and "None: all" not in md
 
 
 def test_tune_report_shows_agreement_and_the_holdout_verdict(tmp_path: Path) -> None:

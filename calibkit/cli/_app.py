@@ -10,6 +10,7 @@ import calibkit.cli.calibrate as _calibrate
 import calibkit.cli.compare as _compare
 import calibkit.cli.demo as _demo
 import calibkit.cli.deploy as _deploy
+import calibkit.cli.export as _export
 import calibkit.cli.report as _report
 import calibkit.cli.sample as _sample
 import calibkit.cli.smooth as _smooth
@@ -43,7 +44,7 @@ app = typer.Typer(
     cls=_Group,
     help=(
         "INT8 calibration and quantization-accuracy workbench for transformer models.\n\n"
-        "Workflow: sample -> [smooth ->] calibrate -> build -> compare -> tune -> deploy.  "
+        "Workflow: [export ->] sample -> [smooth ->] calibrate -> build -> compare -> tune -> deploy.  "
         "Start with `calibkit demo run` to see every step on a real model."
     ),
     no_args_is_help=True,
@@ -66,7 +67,7 @@ def _root(
     setup_logging(verbose)
 
 
-for _module in (_demo, _sample, _smooth, _calibrate, _build, _compare, _tune, _deploy, _report):
+for _module in (_demo, _export, _sample, _smooth, _calibrate, _build, _compare, _tune, _deploy, _report):
     _module.register(app)
 
 

@@ -263,6 +263,9 @@ def say(message: str) -> None:
     out.print(printable(message))
 
 
+KEEP_FINISHED = 3  # finished steps left on screen under the running ones
+
+
 class RichProgress:
     """A ProgressCallback that renders one bar per task name (to stderr, so stdout stays parseable).
 
@@ -283,6 +286,8 @@ class RichProgress:
             disable=not enabled or not sys.stderr.isatty() and not _force_progress(),
         )
         self._tasks: dict[str, TaskID] = {}
+        self._finished: list[TaskID] = []  # in the order they finished
+        self._overall: TaskID | None = None
         self._lines = PlainProgress() if self._plain else None
 
     def __call__(self, event: ProgressEvent) -> None:
@@ -291,9 +296,32 @@ class RichProgress:
             return
         task = self._tasks.get(event.task)
         if task is None:
+            if self._tasks and self._overall is None:  # a second step: an overall bar above them all
+                self._overall = self._progress.add_task("all steps", total=1, message="")
             task = self._progress.add_task(event.task, total=event.total, message=event.message)
             self._tasks[event.task] = task
-        self._progress.update(task, completed=event.done, total=event.total, message=event.message)
+        self._progress.update(task, completed=event.done, total=event.total, message=event.message,
+                              visible=True)
+        done = event.total is not None and event.done >= event.total
+        if task in self._finished:
+            self._finished.remove(task)
+        if done:
+            self._finished.append(task)
+        self._tidy()
+
+    def _tidy(self) -> None:
+        """Keep what is running and the overall bar on screen: a long run finishes dozens of steps, and one bar
+        each pushed the running step below the bottom of the terminal. Finished steps beyond the last few (as
+        many as the terminal's height leaves room for) are hidden; the overall bar counts them."""
+        if self._overall is None:
+            return
+        running = len(self._tasks) - len(self._finished)
+        room = self._progress.console.size.height - 2 - running  # the overall bar and a spare line
+        shown = max(0, min(KEEP_FINISHED, room))
+        for i, task in enumerate(self._finished):
+            self._progress.update(task, visible=i >= len(self._finished) - shown)
+        self._progress.update(self._overall, completed=len(self._finished), total=len(self._tasks),
+                              message=f"{len(self._finished)} finished, {running} running")
 
     def __enter__(self) -> RichProgress:
         self._progress.start()

@@ -31,6 +31,11 @@ class CalibrationSet:
     def __len__(self) -> int:
         return len(self.texts)
 
+    def __repr__(self) -> str:
+        # the texts themselves run to megabytes: a notebook cell or a log line shows what the set is instead
+        labelled = "unlabelled" if self.labels is None else f"{sum(x is not None for x in self.labels)} labelled"
+        return f"CalibrationSet({str(self.path)!r}, {len(self.texts)} texts, {labelled}, id={self.id[:12]})"
+
 
 def _texts_bytes(texts: Sequence[str], labels: Sequence[str | None] | None) -> bytes:
     lines = []

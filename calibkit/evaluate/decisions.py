@@ -108,17 +108,23 @@ def _sensitivity(ls: MeasuredSensitivity) -> LayerSensitivity:
 
 def recommend(verdicts: Sequence[LayerVerdict], evidence: SensitivityEvidence,
               thresholds: Thresholds = Thresholds()) -> Recommendation:
-    """The nodes to keep and the verdict in words. "No layer needs higher precision" only on per-layer evidence
-    that settled every layer (no effect past its threshold, and no 95 % upper bound of a recovery past it
-    either); otherwise the verdict says what was not measured or not settled, and why."""
+    """The nodes to keep and the verdict in words, from the layers' flags alone (so the verdict, the layer
+    table and the findings tell one story): keep the nodes flagged keep-fp16/keep-fp32; "not settled" while a
+    layer's flag is insufficient-evidence (a measured effect, or a recovery's 95 % upper bound, reaching past
+    its threshold); "no layer needs higher precision" only on per-layer evidence that settled every layer.
+    ``thresholds`` is kept for callers; the flags already applied them."""
+    del thresholds
     keep = tuple(dict.fromkeys(v.node for v in verdicts if v.flag in (Flag.KEEP_FP16, Flag.KEEP_FP32)))
     precision = "fp32" if any(v.flag is Flag.KEEP_FP32 for v in verdicts) else "fp16"
-    unsure = sorted({v.node for v in verdicts if v.flag is Flag.INSUFFICIENT or _open(v, thresholds)})
+    unsure = sorted({v.node for v in verdicts if v.flag is Flag.INSUFFICIENT})
     on = (f"per-layer sensitivity on {evidence.samples} {evidence.source} texts, judged by {evidence.basis}"
           if evidence.measured else "")
     if keep:
         how = on if evidence.measured else f"ranges and SQNR alone ({evidence.why_not})"
         verdict = f"keep {len(keep)} node{'s' * (len(keep) != 1)} in {precision} (from {how})"
+        if unsure:
+            verdict += (f"; {len(unsure)} more node{'s' * (len(unsure) != 1)} not settled (95 % intervals reach past "
+                        "the thresholds)")
     elif not evidence.measured:
         verdict = (f"not measured: {evidence.why_not}; the flags come from ranges and SQNR alone, so whether "
                    "any layer needs higher precision is not known")
@@ -134,16 +140,3 @@ def recommend(verdicts: Sequence[LayerVerdict], evidence: SensitivityEvidence,
     else:
         verdict = f"no layer needs higher precision on this evidence ({on})"
     return Recommendation(keep, precision, evidence.measured, verdict)
-
-
-
-def _open(v: LayerVerdict, t: Thresholds) -> bool:
-    """Whether keeping ``v``'s node in higher precision could still recover more than the thresholds: the 95 %
-    upper bound of its measured recovery (accuracy where measured, else agreement; cosine for embeddings)."""
-    s = v.sensitivity
-    if s is None:
-        return False
-    high = s.all_but_this.delta_high if s.all_but_this.delta is not None else \
-        (s.flips_removed.high if s.flips_removed is not None else None)
-    cos = s.cosine_recovered.high if s.cosine_recovered is not None else None
-    return (high is not None and high * 100 > t.min_recovery_points) or (cos is not None and cos > t.cosine_effect)

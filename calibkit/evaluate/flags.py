@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -44,8 +45,17 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class LayerFlag:
+    """One layer's decision: the flag and the reasons that set it, measured effects first.
+
+    Each flag has one meaning, which every rendering states: KEEP_FP32 / KEEP_FP16: keep it (a measured effect
+    past its threshold with a 95 % interval that excludes zero, or, with nothing measured, a heuristic);
+    INSUFFICIENT: a measured effect, or the 95 % upper bound of a recovery, reaches past its threshold without
+    being settled; WATCH: a heuristic fired but the measured effects are settled within the thresholds (or the
+    whole model is not significantly worse, see :func:`gate_on_overall`); OK: nothing fired."""
+
     flag: Flag
     reasons: tuple[str, ...]
+    measured_harm: bool = False  # the keep rests on a settled measured effect, not on heuristics alone
 
 
 def flag_layer(
@@ -71,7 +81,8 @@ def flag_layer(
 ) -> LayerFlag:
     """Deltas are accuracy differences as fractions (0.01 = one point). With their paired intervals
     (``*_diff``), a measured rule fires only when the interval excludes zero; otherwise the layer is marked
-    "insufficient evidence" with the number of examples that would settle it.
+    "insufficient evidence" with the number of examples that would settle it. So is a layer whose measured
+    recovery stays under its threshold while its 95 % upper bound reaches past it: keeping it could still pay.
 
     Without accuracy deltas (no labels, or a task without classes) the layer is judged on fidelity to the
     reference instead: ``flips_removed`` (agreement recovered by keeping only it in higher precision) and
@@ -79,39 +90,62 @@ def flag_layer(
     embeddings ``cosine_recovered`` / ``cosine_cost`` against ``thresholds.cosine_effect``; ``fidelity_name``
     names the agreement in the reasons ("nearest-neighbour agreement", "per-token agreement")."""
     t = thresholds
-    reasons, fp32 = _heuristics(t, sqnr_db=sqnr_db, clipped_fraction=clipped_fraction, outlier_ratio=outlier_ratio,
-                                nonfinite=nonfinite, fp_absmax=fp_absmax, quant_sqnr_db=quant_sqnr_db,
-                                weight_sqnr_db=weight_sqnr_db, zeroed_weights=zeroed_weights)
-    heuristic = len(reasons)
+    heuristic, fp32 = _heuristics(t, sqnr_db=sqnr_db, clipped_fraction=clipped_fraction,
+                                  outlier_ratio=outlier_ratio, nonfinite=nonfinite, fp_absmax=fp_absmax,
+                                  quant_sqnr_db=quant_sqnr_db, weight_sqnr_db=weight_sqnr_db,
+                                  zeroed_weights=zeroed_weights)
+    harm: list[str] = []  # measured effects past their thresholds, settled
     unsettled: list[str] = []
     by_accuracy = only_this_delta is not None and all_but_this_delta is not None
     if by_accuracy or only_this_delta is not None or all_but_this_delta is not None:
         if all_but_this_delta is not None and all_but_this_delta * 100 > t.min_recovery_points:
             what = (f"keeping only this layer in higher precision recovers {all_but_this_delta * 100:.2f} points"
                     f"{_ci(all_but_this_diff)} > {t.min_recovery_points:g}")
-            (unsettled if _unsettled(all_but_this_diff) else reasons).append(what + _settle(all_but_this_diff))
+            (unsettled if _unsettled(all_but_this_diff) else harm).append(what + _settle(all_but_this_diff))
+        else:
+            unsettled += _open_bound(all_but_this_diff, t.min_recovery_points / 100, "points", 100)
         if only_this_delta is not None and -only_this_delta * 100 > t.max_cost_points:
             what = (f"quantizing only this layer costs {-only_this_delta * 100:.2f} points{_ci(only_this_diff)}"
                     f" > {t.max_cost_points:g}")
-            (unsettled if _unsettled(only_this_diff) else reasons).append(what + _settle(only_this_diff))
+            (unsettled if _unsettled(only_this_diff) else harm).append(what + _settle(only_this_diff))
         extra = _fidelity(flips_removed)
     else:
         effects = _fidelity_effects(t, fidelity_name, flips_removed, agreement_cost, cosine_recovered, cosine_cost)
         for d, what in effects:
-            (unsettled if _unsettled(d) else reasons).append(what + _settle(d))
+            (unsettled if _unsettled(d) else harm).append(what + _settle(d))
+        unsettled += _open_bound(flips_removed, t.min_recovery_points / 100, f"points of {fidelity_name}", 100)
         extra = []
-    if not reasons and not unsettled:
+    unsettled += _open_bound(cosine_recovered, t.cosine_effect, "of mean cosine to the reference", 1, 4)
+    if fp32:
+        return LayerFlag(Flag.KEEP_FP32, tuple(harm + heuristic + unsettled + extra), bool(harm))
+    if harm:
+        return LayerFlag(Flag.KEEP_FP16, tuple(harm + heuristic + unsettled + extra), True)
+    if unsettled:
+        return LayerFlag(Flag.INSUFFICIENT, tuple(unsettled + heuristic + extra))
+    if not heuristic:
         return LayerFlag(Flag.OK, ())
-    if len(reasons) == heuristic and unsettled and not fp32:
-        return LayerFlag(Flag.INSUFFICIENT, tuple(reasons + unsettled + extra))
     measured = _measured(by_accuracy, only_this_delta, all_but_this_delta, all_but_this_diff, only_this_diff,
                          fidelity_name, flips_removed, agreement_cost, cosine_recovered, cosine_cost)
-    if measured and not fp32 and len(reasons) == heuristic:
+    if measured:
         # the measurement outranks the heuristics: keeping this layer in higher precision was tried and did not
         # pay off, so the layer is only worth watching
-        reasons.append(measured)
-        return LayerFlag(Flag.WATCH, tuple(reasons + extra))
-    return LayerFlag(Flag.KEEP_FP32 if fp32 else Flag.KEEP_FP16, tuple(reasons + unsettled + extra))
+        return LayerFlag(Flag.WATCH, tuple(heuristic + [measured] + extra))
+    return LayerFlag(Flag.KEEP_FP16, tuple(heuristic + extra))
+
+
+def _open_bound(d: PairedDifference | None, threshold: float, unit: str, scale: float, digits: int = 2
+                ) -> list[str]:
+    """A recovery under its threshold whose 95 % upper bound reaches past it: not settled either way."""
+    if d is None or d.interval.estimate > threshold or d.interval.high <= threshold:
+        return []
+    iv = d.interval
+    need = ""
+    if iv.estimate < threshold and iv.high > iv.estimate:  # the half-width shrinks as 1/sqrt(n)
+        more = math.ceil(d.n * ((iv.high - iv.estimate) / (threshold - iv.estimate)) ** 2)
+        need = f"; about {more:,} examples would settle it"
+    return [f"keeping only this layer in higher precision recovers {iv.estimate * scale:+.{digits}f} {unit}"
+            f"{_ci(d, scale, digits)}, whose upper bound reaches past {threshold * scale:g}: insufficient evidence "
+            f"on {d.n} examples{need}"]
 
 
 def _heuristics(t: Thresholds, *, sqnr_db: float | None, clipped_fraction: float | None,
@@ -214,9 +248,12 @@ def _fidelity(d: PairedDifference | None) -> list[str]:
 
 def gate_on_overall(flag: LayerFlag, overall: PairedDifference | None, names: tuple[str, str] = ("A", "B")
                     ) -> LayerFlag:
-    """No keep-in-FP16 advice when B is not significantly less accurate than A: the layer is only watched.
-    FP32 keeps (non-finite values, FP16 overflow) stand: they are about FP16, not about accuracy."""
-    if flag.flag is not Flag.KEEP_FP16 or overall is None or (overall.significant and overall.interval.estimate < 0):
+    """No keep-in-FP16 advice from heuristics alone when B is not significantly less accurate than A: the layer
+    is only watched. A keep that rests on the layer's own settled measurement stands (that measurement says
+    what this layer costs, the overall difference does not), and so do FP32 keeps (non-finite values, FP16
+    overflow): they are about FP16, not about accuracy."""
+    if (flag.flag is not Flag.KEEP_FP16 or flag.measured_harm or overall is None
+            or (overall.significant and overall.interval.estimate < 0)):
         return flag
     a, b = names
     iv = overall.interval

@@ -8,12 +8,14 @@ process (a file the pool worker reads once, or Dask's broadcast copy in the work
 
 from __future__ import annotations
 
+import ast
 import atexit
 import hashlib
 import multiprocessing.util
 import os
 import pickle
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -21,6 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any, TypeVar
 
 from calibkit._io import mark_alive, owner_alive
@@ -154,7 +157,10 @@ def sweep_stale(prefix: str) -> None:
                 os.kill(int(pid), 0)
                 continue
             except ProcessLookupError:
-                alive = time.time() - p.stat().st_mtime < _UNLOCKED_GRACE_S
+                try:
+                    alive = time.time() - p.stat().st_mtime < _UNLOCKED_GRACE_S
+                except OSError:  # removed meanwhile by its owner, who was leaving
+                    continue
             except OSError:  # exists, owned by someone else
                 continue
         if not alive:
@@ -184,6 +190,57 @@ def run_unit(fn: Callable[[Any], Any], item: Any, sources: Mapping[str, Any]) ->
     """What every executor runs on a worker: install the shared values, then the work unit."""
     install_sources(sources)
     return fn(item)
+
+
+def _rerun_main_path() -> str | None:
+    """The file a spawned process re-runs as ``__mp_main__`` before it can work (multiprocessing's own rule:
+    a script run by path or a module run with -m, not a package's __main__.py nor an interactive session)."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        return None
+    spec_name = getattr(getattr(main, "__spec__", None), "name", None)
+    if spec_name is not None and (spec_name == "__main__" or spec_name.endswith(".__main__")):
+        return None
+    path = getattr(main, "__file__", None)
+    if not isinstance(path, str) or Path(path).stem == "ipython":
+        return None
+    return path
+
+
+def _guards(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == "__name__" for n in ast.walk(node))
+
+
+def check_spawn_safe() -> None:
+    """Refuse to start spawned workers from a script's unguarded top level.
+
+    Each spawned worker imports the main script again before it takes any work: a script whose calls to
+    calibkit are not under ``if __name__ == "__main__":`` runs again in every worker (rewriting its outputs,
+    starting workers of its own, which multiprocessing refuses, until the pool gives up or hangs). Called in the
+    process that starts the workers: the call in progress is found on the stack, its line in the script's
+    source, and refused unless an ``if`` on ``__name__`` encloses it."""
+    path = _rerun_main_path()
+    if path is None:
+        return
+    main = sys.modules["__main__"]
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and not (frame.f_globals is main.__dict__ and frame.f_code.co_name == "<module>"):
+        frame = frame.f_back
+    if frame is None:  # not called while the script's top level runs (a thread, an atexit hook)
+        return
+    line = frame.f_lineno
+    try:
+        tree = ast.parse(Path(path).read_bytes(), filename=path)
+    except (OSError, SyntaxError, ValueError):
+        return
+    if any(isinstance(n, ast.If) and _guards(n.test) and n.lineno <= line <= (n.end_lineno or n.lineno)
+           for n in ast.walk(tree)):
+        return
+    raise UsageError(
+        f"{path} starts worker processes at line {line}, at its top level: each worker imports the script again "
+        "and would run it again (its outputs rewritten, workers of its own started) before doing any work",
+        hint='put the script\'s work under  if __name__ == "__main__":  (see the Python API page), or pass '
+             'executor="inline" to run in this process')
 
 
 # -- driver side -----------------------------------------------------------------------------------------------

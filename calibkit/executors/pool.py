@@ -24,7 +24,15 @@ from typing import Any
 
 from calibkit._io import mark_alive
 from calibkit.errors import BackendError, UsageError
-from calibkit.executors.base import Executor, Shared, Spilled, remove_scratch, run_unit, sweep_stale
+from calibkit.executors.base import (
+    Executor,
+    Shared,
+    Spilled,
+    check_spawn_safe,
+    remove_scratch,
+    run_unit,
+    sweep_stale,
+)
 from calibkit.progress import ProgressEvent, no_progress
 
 log = logging.getLogger("calibkit.executors")
@@ -77,6 +85,7 @@ class ProcessPoolExecutor(Executor):
 
     def _ensure_pool(self) -> cf.ProcessPoolExecutor:
         if self._pool is None:
+            check_spawn_safe()
             ctx = multiprocessing.get_context("spawn")
             self._pool = cf.ProcessPoolExecutor(max_workers=self._workers, mp_context=ctx,
                                                 initializer=_watch_parent)

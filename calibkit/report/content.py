@@ -100,17 +100,21 @@ def _keep_layers(report: Comparison) -> tuple[tuple[str, LayerVerdict | None], .
 
 
 def _keep_table(keep: Sequence[tuple[str, LayerVerdict | None]]) -> Table:
+    """The layers of one decision with what supports it: the measured effects where sensitivity measured any
+    of them (a SQNR beside measured advice read as its reason), else the SQNR the heuristics judged."""
+    measured = any(layer is not None and layer.sensitivity is not None for _, layer in keep)
     rows = []
     for node, layer in keep:
         rows.append((
             node,
             text(layer.op_type) if layer else DASH,
             layer.flag.value if layer else DASH,
-            num(layer.quant_sqnr_db, 1) if layer else DASH,
-            num(layer.sqnr_db, 1) if layer else DASH,
+            (_delta(layer, "only") if measured else num(layer.quant_sqnr_db, 1)) if layer else DASH,
+            (_delta(layer, "all_but") if measured else num(layer.sqnr_db, 1)) if layer else DASH,
             "; ".join(layer.reasons) if layer and layer.reasons else DASH,
         ))
-    return Table(headers=("node", "op", "flag", "own SQNR dB", "output SQNR dB", "reasons"), rows=tuple(rows),
+    cols = ("Δ only this INT8", "Δ all but this") if measured else ("own SQNR dB", "output SQNR dB")
+    return Table(headers=("node", "op", "flag", *cols, "reasons"), rows=tuple(rows),
                  numeric=(False, False, False, True, True, False))
 
 
@@ -355,31 +359,41 @@ def _keep_blocks(report: Comparison) -> list[Block]:
     blocks += _sensitivity_blocks(report)
     if rec.verdict and not keep and not rec.measured:
         return blocks + _finding_blocks(report)
+    watched = [x for x in layers if x.flag is Flag.WATCH]
+    unsure = [x for x in layers if x.flag is Flag.INSUFFICIENT]
+    # one sentence per run, from the layers' flags: the same decisions the verdict and the tables read
     if keep:
+        rest = (f"{len(unsure)} more {'is' if len(unsure) == 1 else 'are'} not settled (below); the rest can run "
+                "in INT8." if unsure else "the rest can run in INT8.")
         blocks.append(Para.of("Keep ", Span(f"{len(keep)} of {len(layers)}", bold=True),
-                              f" quantized layers in {precision}; the rest can run in INT8."))
+                              f" quantized layers in {precision}; {rest}"))
+        explained = {n for f in report.findings for n in f.nodes} & {x.node if x else n for n, x in keep}
+        if explained:
+            blocks.append(Para.of(f"{len(explained)} of them share a clipped range with other flagged layers "
+                                  "(Findings, below): fixing that range is the alternative to keeping them."))
         blocks.append(_keep_table(keep))
-    elif layers and any(x.flag is Flag.WATCH for x in layers):
-        blocks.append(Para.of(f"None: all {len(layers)} quantized layers can run in INT8."))
-    elif layers and any(x.flag is Flag.INSUFFICIENT for x in layers):
-        blocks.append(Para.of("None on this evidence: no measured effect is larger than its own uncertainty."))
+    elif unsure:
+        one = len(unsure) == 1
+        blocks.append(Para.of(f"None shown to need it, but {len(unsure)} {'layer is' if one else 'layers are'} not "
+                              f"settled (below; {len(layers)} quantized in all): whether {'it' if one else 'they'} "
+                              "can run in INT8 is not known on this evidence."))
     elif layers:
-        blocks.append(Para.of(f"None: all {len(layers)} quantized layers passed the thresholds."))
+        blocks.append(Para.of(f"None: all {len(layers)} quantized layers can run in INT8."))
     else:
         blocks.append(Para.of("No per-layer analysis in this report."))
-    watched = [x for x in layers if x.flag is Flag.WATCH]
     if watched:
         blocks.append(Para.of(
-            Span(f"{len(watched)} layers to watch", bold=True),
-            ": a heuristic threshold fired, but the measured sensitivity says INT8 costs nothing there.",
+            Span(f"{len(watched)} layer{'s' * (len(watched) != 1)} to watch", bold=True),
+            ": a heuristic threshold fired, but what was measured keeps INT8's effect within the thresholds there "
+            "(the layer's own sensitivity, or the whole model's accuracy where the layer was not measured on its "
+            "own); the last reason gives the measurement.",
         ))
         blocks.append(_keep_table(tuple((layer_name(x), x) for x in watched)))
-    unsure = [x for x in layers if x.flag is Flag.INSUFFICIENT]
     if unsure:
         blocks.append(Para.of(
-            Span(f"{len(unsure)} layers with insufficient evidence", bold=True),
-            ": a measured effect passed a threshold but lies within its own 95 % interval; the reasons say how "
-            "many examples would settle it.",
+            Span(f"{len(unsure)} layer{'s' * (len(unsure) != 1)} with insufficient evidence", bold=True),
+            ": a measured effect, or the 95 % upper bound of a recovery, reaches past its threshold without being "
+            "settled; the reasons say how many examples would settle it.",
         ))
         blocks.append(_keep_table(tuple((layer_name(x), x) for x in unsure)))
     return blocks + _finding_blocks(report)

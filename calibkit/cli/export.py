@@ -1,0 +1,77 @@
+"""`calibkit export`: the user's own model (Hugging Face, sentence-transformers or ONNX) as the model folder
+every other command reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from calibkit.cli._common import FORCE, RichProgress, guard_out_dir, handle_errors, say
+
+HELP = """Export your own model to the model folder calibkit reads: model.onnx (FP32, dynamic batch and sequence
+axes, the task recorded in its metadata) beside the tokenizer and config.json.
+
+SOURCE is a Hugging Face folder as save_pretrained writes it (config.json with model.safetensors or
+pytorch_model.bin: a sequence-classification head (classification, regression or multi-label), a
+token-classification head, or a bare encoder), a sentence-transformers folder (modules.json: Transformer,
+Pooling (mean, CLS or max) and an optional Normalize), or an ONNX file with its tokenizer (--tokenizer, or
+beside it), which is copied and checked rather than re-exported.
+
+A checkpoint is exported with torch.onnx.export (needs torch and onnxscript: pip install 'calibkit[export]')
+and then run by ONNX Runtime beside the PyTorch model on probe texts at three batch shapes: the largest
+difference is printed, and past --tolerance (relative to the largest output) nothing is written.
+
+Examples:
+
+  calibkit export hf/my-classifier --out models/my-classifier
+  calibkit export hf/all-MiniLM-L6-v2 --out models/minilm            # sentence-transformers: pooled embedding
+  calibkit export hf/bert-mlm --task embedding --out models/bert      # any head: its encoder alone
+  calibkit export model.onnx --tokenizer hf/my-classifier --out models/mine
+  calibkit sample logs.jsonl --tokenizer models/my-classifier && calibkit calibrate models/my-classifier -c ...
+"""
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export", help=HELP, short_help="Export your own model to a calibkit model folder.",
+                no_args_is_help=True)(export)
+
+
+def export(
+    source: Path = typer.Argument(..., help="Hugging Face or sentence-transformers folder, or an .onnx file."),
+    out_dir: Path = typer.Option(..., "--out", "-o", help="The model folder to write (new, or calibkit's)."),
+    tokenizer: Path | None = typer.Option(None, "--tokenizer",
+                                          help="Tokenizer folder, when it is not inside SOURCE (an .onnx file's)."),
+    task: str | None = typer.Option(
+        None, "--task",
+        help="classification, regression, multi-label, token-classification or embedding (default: from "
+             "config.json's architectures and problem_type). embedding exports the encoder of any head."),
+    tolerance: float = typer.Option(1e-4, "--tolerance",
+                                    help="Largest accepted |ONNX - PyTorch| relative to the largest output."),
+    force: bool = FORCE,
+) -> None:
+    with handle_errors():
+        from calibkit.api import export as run_export
+        from calibkit.errors import UsageError
+        from calibkit.exporter import resolve_source
+        from calibkit.exporter.pipeline import TASKS
+
+        if task is not None and task not in TASKS:  # before --force moves anything aside
+            raise UsageError(f"unknown --task {task!r}", hint=f"choose {', '.join(TASKS)}")
+        src = resolve_source(source, tokenizer)
+        guard_out_dir(out_dir, inputs=[source, tokenizer, src.tokenizer, src.checkpoint], force=force)
+        with RichProgress() as progress:
+            result = run_export(src, out_dir, task=task, tolerance=tolerance, progress=progress)
+        what = {"sentence-embedding": f"sentence-transformers, {src.pooling} pooling"
+                                      + (", normalised" if src.normalize else ""),
+                "encoder": "the encoder, last_hidden_state"}.get(result.head, result.head)
+        say(f"exported {source} ({what}) as a {result.task} model: inputs {', '.join(result.inputs)}, "
+            f"output {result.output}, dynamic batch and sequence axes ({result.exporter})")
+        p = result.parity
+        if p is not None:
+            shapes = ", ".join(f"{b}x{s}" for b, s in p.shapes)
+            say(f"FP32 parity with the source on {p.texts} probe texts (batch x sequence {shapes}): largest "
+                f"difference {p.max_abs_diff:.2e} ({p.relative:.1e} of the largest output; tolerance "
+                f"{p.tolerance:g})")
+        say(f"wrote {result.out_dir}/ (model.onnx, tokenizer, config.json) in {result.seconds:.1f} s; next: "
+            f"calibkit sample LOGS --tokenizer {result.out_dir}, then calibkit calibrate {result.out_dir} -c SET")

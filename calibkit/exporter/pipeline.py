@@ -1,0 +1,406 @@
+"""From the user's own model to the model folder calibkit reads: model.onnx (FP32, dynamic batch and sequence
+axes, the task recorded) + the tokenizer + config.json.
+
+Sources: a Hugging Face folder (``save_pretrained``: config.json with safetensors or PyTorch weights, any of the
+heads calibkit judges), a sentence-transformers folder (modules.json: the transformer, its pooling, an optional
+Normalize), or an ONNX file with its tokenizer (copied and checked, not re-exported). A checkpoint is exported
+by :mod:`calibkit.exporter.torch_export` and the ONNX model is run by ONNX Runtime on probe texts at several batch
+shapes beside the PyTorch model: the largest difference is reported, and past ``tolerance`` (relative to the
+source's largest output) the folder is refused and nothing is written.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from calibkit.errors import ModelError, UsageError
+from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+
+DEFAULT_TOLERANCE = 1e-4  # of the source's largest |output|: float32 rounding is 1e-7..1e-5 of it
+EXPORT_KEY = "calibkit.export"  # ModelProto.metadata_props key: the task and the export's provenance
+EXPORT_FORMAT = 1
+TASKS = ("classification", "embedding", "token-classification", "regression", "multi-label")
+_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
+                   "merges.txt", "spm.model", "sentencepiece.bpe.model", "added_tokens.json")
+_POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
+                  "pooling_mode_max_tokens": "max"}
+# texts of several lengths, in batches of several shapes (none of them the export's example shape)
+PROBE_TEXTS = (
+    "Great movie.",
+    "The plot was slow at the start, but the ending made up for it.",
+    "I would not watch it again.",
+    "Tickets for the Friday night show in Paris sold out within an hour of going on sale, and the director "
+    "thanked the cast and crew in a long speech before the music started.",
+    "ok",
+    "Anna and Bob met in Berlin on a Monday morning to talk about the price of the seats, the sound and the light.",
+)
+_PROBE_BATCHES = (slice(0, 6), slice(4, 5), slice(0, 3))
+
+
+class SourceKind(str, enum.Enum):
+    HUGGING_FACE = "hugging-face"
+    SENTENCE_TRANSFORMERS = "sentence-transformers"
+    ONNX = "onnx"
+
+
+@dataclass(frozen=True)
+class ExportSource:
+    """What ``calibkit export`` was given."""
+
+    kind: SourceKind
+    path: Path  # as given: a folder, or an .onnx file
+    tokenizer: Path  # the folder holding the tokenizer files
+    config: Path | None  # config.json of the transformer (None: an ONNX file without one)
+    checkpoint: Path | None = None  # the transformer's save_pretrained folder (Hugging Face, sentence-transformers)
+    pooling: str | None = None  # sentence-transformers: mean | cls | max
+    normalize: bool = False  # sentence-transformers: a Normalize module follows the pooling
+
+
+@dataclass(frozen=True)
+class Parity:
+    """The exported FP32 model against its source on the probe texts."""
+
+    max_abs_diff: float  # largest |ONNX - PyTorch| over every output value
+    relative: float  # max_abs_diff / the source's largest |output|
+    tolerance: float  # the refusal threshold on ``relative``
+    texts: int
+    shapes: tuple[tuple[int, int], ...]  # (batch, sequence) of each probe batch
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    out_dir: Path
+    model_path: Path
+    source: ExportSource
+    task: str  # as calibkit's commands will read the folder (one of TASKS)
+    head: str  # sequence-classification | token-classification | encoder | sentence-embedding | onnx
+    inputs: tuple[str, ...]
+    output: str
+    parity: Parity | None  # None for an ONNX source (the file is copied, not re-exported)
+    exporter: str
+    seconds: float
+
+
+# --------------------------------------------------------------------------------------------- the source
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise ModelError(f"cannot read {path}: {type(exc).__name__}: {exc}",
+                         hint="it must be the JSON file transformers or sentence-transformers writes") from None
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return (folder / "tokenizer.json").is_file() or (folder / "vocab.txt").is_file() or (
+        (folder / "tokenizer_config.json").is_file() and any((folder / n).is_file() for n in TOKENIZER_FILES))
+
+
+def _sentence_transformers(folder: Path) -> ExportSource:
+    modules = _read_json(folder / "modules.json")
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise ModelError(f"{folder / 'modules.json'} is not a list of modules",
+                         hint="save the model with SentenceTransformer.save")
+    # "sentence_transformers.models.Pooling" (v2-v5) or "sentence_transformers.sentence_transformer.modules.Pooling"
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    known = ("Transformer", "Pooling", "Normalize")
+    other = [k for k in kinds if k not in known]
+    if other or kinds[:2] != ["Transformer", "Pooling"] or kinds[2:] not in ([], ["Normalize"]):
+        raise ModelError(f"{folder}: sentence-transformers modules {kinds}; calibkit exports Transformer, Pooling "
+                         "and an optional Normalize" + (f" (not {', '.join(other)})" if other else ""),
+                         hint="export the model to ONNX yourself, its pooled embedding as the output named "
+                              "sentence_embedding, and pass the .onnx file with --tokenizer")
+    checkpoint = folder / str(modules[0].get("path", ""))
+    pool = _read_json(folder / str(modules[1].get("path", "")) / "config.json")
+    pool = pool if isinstance(pool, dict) else {}
+    mode = pool.get("pooling_mode")  # sentence-transformers 6: "mean", or a list of modes
+    if isinstance(mode, str) or isinstance(mode, list) and all(isinstance(m, str) for m in mode):
+        on = [mode] if isinstance(mode, str) else list(mode)
+    else:  # earlier versions: one boolean per mode
+        on = sorted(_POOLING_MODES.get(k, k) for k, v in pool.items() if k.startswith("pooling_mode_") and v)
+    if len(on) != 1 or on[0] not in _POOLING_MODES.values():
+        raise ModelError(f"{folder}: pooling {', '.join(on) or 'none'}; calibkit exports mean, CLS or max pooling "
+                         "(one of them)", hint="export the model to ONNX yourself and pass the .onnx file")
+    if not (checkpoint / "config.json").is_file() or not any((checkpoint / w).is_file() for w in _WEIGHTS):
+        raise ModelError(f"no transformer checkpoint in {checkpoint} (config.json and model.safetensors or "
+                         "pytorch_model.bin)", hint="save the model with SentenceTransformer.save")
+    tok = checkpoint if _has_tokenizer(checkpoint) else folder
+    return ExportSource(SourceKind.SENTENCE_TRANSFORMERS, folder, tok, checkpoint / "config.json", checkpoint,
+                        on[0], kinds[2:] == ["Normalize"])
+
+
+def resolve_source(source: str | os.PathLike[str], tokenizer: str | os.PathLike[str] | None = None) -> ExportSource:
+    """What ``source`` is: a sentence-transformers folder (modules.json), a Hugging Face checkpoint folder
+    (config.json + weights) or an ONNX file (its tokenizer beside it or in ``tokenizer``)."""
+    p = Path(source)
+    tok = Path(tokenizer) if tokenizer is not None else None
+    if p.is_dir() and (p / "modules.json").is_file():
+        found = _sentence_transformers(p)
+    elif p.is_dir() and (p / "config.json").is_file() and any((p / w).is_file() for w in _WEIGHTS):
+        found = ExportSource(SourceKind.HUGGING_FACE, p, p, p / "config.json", p)
+    elif p.is_file() and p.suffix == ".onnx" or p.is_dir() and (p / "model.onnx").is_file():
+        onnx_path = p / "model.onnx" if p.is_dir() else p
+        folder = onnx_path.parent
+        cfg = next((c / "config.json" for c in (folder, tok) if c is not None and (c / "config.json").is_file()),
+                   None)
+        found = ExportSource(SourceKind.ONNX, onnx_path, tok or folder, cfg)
+    elif p.is_dir():
+        raise ModelError(f"{p} holds neither a Hugging Face checkpoint (config.json with model.safetensors or "
+                         "pytorch_model.bin), a sentence-transformers model (modules.json) nor model.onnx",
+                         hint="pass the folder save_pretrained wrote, or an .onnx file with --tokenizer")
+    else:
+        raise ModelError(f"model not found: {p}",
+                         hint="pass a Hugging Face model folder, a sentence-transformers folder or an .onnx file")
+    if tok is not None and found.kind is not SourceKind.ONNX:
+        found = ExportSource(found.kind, found.path, tok, found.config, found.checkpoint, found.pooling,
+                             found.normalize)
+    if not _has_tokenizer(found.tokenizer):
+        raise ModelError(f"no tokenizer in {found.tokenizer} (tokenizer.json, or vocab.txt / the files "
+                         "tokenizer_config.json names)",
+                         hint="pass --tokenizer with the folder the model's tokenizer was saved to")
+    return found
+
+
+# --------------------------------------------------------------------------------------------- the task
+
+
+def _labels(config: Mapping[str, Any]) -> int:
+    raw = config.get("id2label")
+    return len(raw) if isinstance(raw, Mapping) else int(config.get("num_labels", 2) or 2)
+
+
+def plan_head(source: ExportSource, config: Mapping[str, Any], task: str | None) -> tuple[str, str, str]:
+    """(head to load, task calibkit will read, output name) for a checkpoint; ``task`` forces one."""
+    if task is not None and task not in TASKS:
+        raise UsageError(f"unknown --task {task!r}", hint=f"choose {', '.join(TASKS)}")
+    if source.kind is SourceKind.SENTENCE_TRANSFORMERS:
+        if task not in (None, "embedding"):
+            raise UsageError(f"a sentence-transformers model is an embedding model, not {task}",
+                             hint="leave --task out")
+        return "sentence-embedding", "embedding", "sentence_embedding"
+    archs = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+    arch = archs[0] if archs else ""
+    problem = config.get("problem_type")
+    if arch.endswith("ForSequenceClassification"):
+        found = ("regression" if problem == "regression" or _labels(config) == 1 else
+                 "multi-label" if problem == "multi_label_classification" else "classification")
+        head = "sequence-classification"
+    elif arch.endswith("ForTokenClassification"):
+        found, head = "token-classification", "token-classification"
+    elif not arch or ("For" not in arch and arch.endswith("Model")):
+        found, head = "embedding", "encoder"
+    else:
+        found, head = "", ""
+    if task == "embedding" and found != "embedding":
+        return "encoder", "embedding", "last_hidden_state"  # the encoder of any head, its head left out
+    if not found:
+        raise ModelError(f"config.json names {arch}, a head calibkit does not judge (it judges classification, "
+                         "regression, multi-label, token-classification and embedding models)",
+                         hint="pass --task embedding to export its encoder (mean-pooled last hidden state)")
+    if task is not None and task != found:
+        tied = {"classification", "regression", "multi-label"}
+        if not (task in tied and found in tied):
+            raise UsageError(f"config.json names {arch or 'a bare encoder'}, a {found} model, not {task}",
+                             hint="leave --task out, or pass --task embedding to export the encoder alone")
+        found = task
+    return head, found, "last_hidden_state" if head == "encoder" else "logits"
+
+
+def _recorded_config(config: Mapping[str, Any], task: str) -> dict[str, Any]:
+    """config.json as written into the folder: the source's, with problem_type saying a forced
+    regression or multi-label reading (the key calibkit's task choice and transformers both read)."""
+    out = dict(config)
+    if task == "regression":
+        out["problem_type"] = "regression"
+    elif task == "multi-label":
+        out["problem_type"] = "multi_label_classification"
+    elif task == "classification" and out.get("problem_type") in ("regression", "multi_label_classification"):
+        out["problem_type"] = "single_label_classification"
+    return out
+
+
+def _task_read(model_path: Path, config: Mapping[str, Any]) -> str:
+    """The task calibkit's commands will read from the written folder (its outputs and config.json)."""
+    from calibkit.evaluate.tasks import choose_task, model_outputs
+    from calibkit.graph import load_model
+
+    return str(choose_task(model_outputs(load_model(model_path, load_external_data=False)), config).kind.value)
+
+
+# --------------------------------------------------------------------------------------------- the folder
+
+
+def _dynamic_axes(proto: Any, where: Path) -> tuple[str, ...]:
+    """The graph's inputs, each refused unless its batch and sequence axes are dynamic."""
+    names = []
+    for inp in proto.graph.input:
+        dims = inp.type.tensor_type.shape.dim
+        fixed = [f"{axis} {d.dim_value}" for axis, d in zip(("batch", "sequence"), dims) if d.HasField("dim_value")]
+        if len(dims) != 2 or fixed:
+            raise ModelError(f"{where}: input {inp.name} has " + (f"a fixed {' and '.join(fixed)}" if fixed else
+                                                                   f"{len(dims)} axes, not [batch, sequence]"),
+                             hint="calibkit forms batches of any size and length: export with dynamic batch and "
+                                  "sequence axes, or pass the Hugging Face folder to calibkit export")
+        names.append(inp.name)
+    return tuple(names)
+
+
+def _record(model_path: Path, meta: Mapping[str, Any]) -> None:
+    """Write the export's record into the model's metadata_props (replacing an earlier one)."""
+    import onnx
+
+    proto = onnx.load(str(model_path), load_external_data=False)
+    kept = [p for p in proto.metadata_props if p.key != EXPORT_KEY]
+    del proto.metadata_props[:]
+    proto.metadata_props.extend(kept)
+    proto.metadata_props.append(onnx.StringStringEntryProto(key=EXPORT_KEY, value=json.dumps(meta, sort_keys=True)))
+    onnx.save(proto, str(model_path))
+
+
+def _copy_onnx(src: Path, dest: Path) -> None:
+    """The model file, and the external-data files it names (beside it, as onnx writes them)."""
+    import onnx
+
+    shutil.copyfile(src, dest)
+    proto = onnx.load(str(src), load_external_data=False)
+    tensors = [*proto.graph.initializer, *(t for n in proto.graph.node for a in n.attribute for t in [a.t] if a.t)]
+    for t in tensors:
+        for e in t.external_data:
+            if e.key == "location" and not (dest.parent / e.value).exists():
+                target = (dest.parent / e.value).resolve()
+                if dest.parent.resolve() not in target.parents:
+                    raise ModelError(f"{src}: external data {e.value!r} lies outside the model's folder",
+                                     hint="save the model with its external data beside it")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src.parent / e.value, target)
+
+
+def _probe(tokenizer: Path, config_dir: Path, inputs: tuple[str, ...]) -> list[dict[str, np.ndarray]]:
+    from calibkit.data.tokenizer import TextTokenizer, sequence_limit
+
+    tok = TextTokenizer(tokenizer, max_length=sequence_limit(tokenizer, config_dir).tokens)
+    return [tok.encode(list(PROBE_TEXTS[s])).feeds(inputs) for s in _PROBE_BATCHES]
+
+
+def _onnx_outputs(model_path: Path, output: str, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+    from calibkit.engines.registry import model_runner
+
+    with model_runner(model_path, output_names=[output], name="exported") as runner:
+        return [np.asarray(runner.infer(f)[output]) for f in feeds]
+
+
+def _parity(reference: list[np.ndarray], exported: list[np.ndarray], feeds: list[dict[str, np.ndarray]],
+            tolerance: float) -> Parity:
+    worst, scale = 0.0, 0.0
+    for ref, got in zip(reference, exported, strict=True):
+        if ref.shape != got.shape:
+            raise ModelError(f"the exported model's output has shape {got.shape}, the source's {ref.shape}",
+                             hint="report the model to calibkit; export it to ONNX yourself meanwhile")
+        a, b = ref.astype(np.float64), got.astype(np.float64)
+        if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+            raise ModelError("the source or the exported model gives non-finite outputs on the probe texts",
+                             hint="check the checkpoint's weights (NaN or inf)")
+        worst = max(worst, float(np.max(np.abs(a - b), initial=0.0)))
+        scale = max(scale, float(np.max(np.abs(a), initial=0.0)))
+    shapes = tuple((int(f["input_ids"].shape[0]), int(f["input_ids"].shape[1])) for f in feeds)
+    return Parity(worst, worst / (scale or 1.0), tolerance, sum(s[0] for s in shapes), shapes)
+
+
+def export_model(source: str | os.PathLike[str] | ExportSource, out: str | os.PathLike[str], *,
+                 tokenizer: str | os.PathLike[str] | None = None,
+                 task: str | None = None, tolerance: float = DEFAULT_TOLERANCE,
+                 progress: ProgressCallback | None = None) -> ExportResult:
+    """Write the model folder ``out`` for ``source`` (atomically: a refused export leaves nothing)."""
+    from calibkit import __version__
+    from calibkit._io import atomic_dir, write_json
+
+    if not (np.isfinite(tolerance) and tolerance > 0):
+        raise UsageError(f"--tolerance must be a positive number, got {tolerance}", hint="e.g. 1e-4")
+    if task is not None and task not in TASKS:
+        raise UsageError(f"unknown --task {task!r}", hint=f"choose {', '.join(TASKS)}")
+    cb = progress or no_progress
+    t0 = time.perf_counter()
+    src = source if isinstance(source, ExportSource) else resolve_source(source, tokenizer)
+    config: dict[str, Any] = {}
+    if src.config is not None:
+        raw = _read_json(src.config)
+        if not isinstance(raw, dict):
+            raise ModelError(f"{src.config} is not a JSON object", hint="it must be what transformers writes")
+        config = raw
+    meta: dict[str, Any] = {"format": EXPORT_FORMAT, "calibkit": __version__, "source": str(src.path),
+                            "source_kind": src.kind.value}
+    parity: Parity | None = None
+    with atomic_dir(Path(out), what="export") as tmp:
+        model_path = tmp / "model.onnx"
+        if src.kind is SourceKind.ONNX:
+            cb(ProgressEvent("export", 0, 3, message="copy"))
+            _copy_onnx(src.path, model_path)
+            head, exporter, output = "onnx", "copied", ""
+            recorded = _recorded_config(config, task) if task else config
+        else:
+            import calibkit.exporter.torch_export as torch_export
+
+            head, _task, output = plan_head(src, config, task)
+            recorded = _recorded_config(config, _task)
+            cb(ProgressEvent("export", 0, 3, message="load"))
+            module = torch_export.load_module(src.checkpoint or src.path, head, src.pooling, src.normalize)
+            inputs = torch_export.input_names(module, config)
+            cb(ProgressEvent("export", 1, 3, message="torch.onnx.export"))
+            example = _probe(src.tokenizer, src.checkpoint or src.path, inputs)[0]
+            torch_export.export(module, {k: v[:2] for k, v in example.items()}, output, model_path)
+            exporter = "torch.onnx.export (dynamo)"
+            meta.update(torch_export.versions(), opset=torch_export.OPSET, pooling=src.pooling,
+                        normalize=src.normalize)
+        import onnx
+
+        proto = onnx.load(str(model_path), load_external_data=False)
+        inputs = _dynamic_axes(proto, src.path)
+        if not output:
+            output = proto.graph.output[0].name if proto.graph.output else ""
+        if output not in [o.name for o in proto.graph.output]:
+            raise ModelError(f"the exported model has no output {output!r}",
+                             hint="report the model to calibkit; export it to ONNX yourself meanwhile")
+        del proto
+        write_json(tmp / "config.json", recorded)
+        for name in TOKENIZER_FILES:
+            if (src.tokenizer / name).is_file():
+                shutil.copyfile(src.tokenizer / name, tmp / name)
+        cb(ProgressEvent("export", 2, 3, message="parity"))
+        feeds = _probe(tmp, tmp, inputs)
+        got = _onnx_outputs(model_path, output, feeds)
+        if src.kind is not SourceKind.ONNX:
+            parity = _parity([torch_export.run(module, f) for f in feeds], got, feeds, tolerance)
+            if parity.relative > tolerance:
+                raise ModelError(
+                    f"the exported model's outputs differ from the source's by up to {parity.max_abs_diff:.3g} "
+                    f"({parity.relative:.3g} of the largest output, over the tolerance {tolerance:g}); nothing "
+                    "was written", hint="report the model to calibkit, or raise --tolerance if you accept it")
+            meta["parity"] = {"max_abs_diff": parity.max_abs_diff, "relative": parity.relative,
+                              "tolerance": tolerance, "shapes": [list(s) for s in parity.shapes]}
+        elif not all(np.all(np.isfinite(g)) for g in got):
+            raise ModelError(f"{src.path} gives non-finite outputs on the probe texts",
+                             hint="check the model's weights (NaN or inf)")
+        read = _task_read(model_path, recorded)
+        wanted = task or (read if src.kind is SourceKind.ONNX else _task)
+        if read != wanted:
+            raise ModelError(f"calibkit reads the exported model as a {read} model, not {wanted} (from its output "
+                             f"{output!r} and config.json); nothing was written",
+                             hint="leave --task out, or export the model with the head it serves")
+        meta.update(task=read, head=head, output=output, inputs=list(inputs), exporter=exporter)
+        _record(model_path, meta)
+        cb(ProgressEvent("export", 3, 3))
+    out_dir = Path(out)
+    return ExportResult(out_dir, out_dir / "model.onnx", src, read, head, inputs, output, parity, exporter,
+                        time.perf_counter() - t0)
