@@ -1081,15 +1081,7 @@ def _reasons(
     noun = agreement_noun(task)
     total = sum(flops.values()) or 1.0
     for n in plan:
-        r = []
-        if n in harm:
-            what = "an output KL divergence" if base.mean_kl == base.mean_kl else (
-                "a cosine distance (1 - mean cosine)" if base.cosine_values else "a changed share")
-            r.append(f"quantizing only it gives {what} to FP32 of {harm[n][0]:.4g} and changes "
-                     f"{100 * harm[n][1]:.2f} % of {noun} on the sensitivity subset (all INT8: "
-                     f"{_damage(base):.4g}, {100 * base.flip_rate:.2f} %)")
-        if n in own_sqnr:
-            r.append(f"its own INT8 error: SQNR {own_sqnr[n]:.1f} dB (input against its fake-quantized copy)")
+        r = []  # measured effects first: a layer is kept for what quantizing it did, not for a statistic
         without = tuple(x for x in plan if x != n)
         miss = next((m for m in tried if m.plan == without and not m.meets), None)
         if miss is not None:
@@ -1100,6 +1092,15 @@ def _reasons(
                 r.append(f"the same plan with it in INT8 kept {100 * miss.agreement:.2f} % of {noun}"
                          + (f", mean cosine {miss.cosine:.5f}" if miss.cosine == miss.cosine else "")
                          + ": short of the target")
+        if n in harm:
+            what = "an output KL divergence" if base.mean_kl == base.mean_kl else (
+                "a cosine distance (1 - mean cosine)" if base.cosine_values else "a changed share")
+            r.append(f"quantizing only it gives {what} to FP32 of {harm[n][0]:.4g} and changes "
+                     f"{100 * harm[n][1]:.2f} % of {noun} on the sensitivity subset (all INT8: "
+                     f"{_damage(base):.4g}, {100 * base.flip_rate:.2f} %)")
+        if not r and n in own_sqnr:  # nothing measured its effect: say so, with the one number there is
+            r.append(f"its effect was not measured alone; it ranks high by its own INT8 error (SQNR "
+                     f"{own_sqnr[n]:.1f} dB, input against its fake-quantized copy)")
         r.append(f"costs {100 * flops.get(n, 0.0) / total:.2f} % of the MatMul/Gemm FLOPs")
         out[n] = r
     return out
