@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from calibkit import __version__
+from calibkit._version import __version__
 from calibkit.cli import build as _build
 from calibkit.cli import calibrate as _calibrate
 from calibkit.cli import compare as _compare
