@@ -89,8 +89,12 @@ def zoo(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The files holding a ``slow`` test run first, in their order: under xdist (``make test``: one file per
-    worker at a time) the longest files start at once on separate workers and the short ones fill in after,
-    so the run ends soon after its longest file does. Tests keep their order inside a file."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow_files)
+    """The files holding a ``longest`` test run first, then those holding a ``slow`` one, each group in its
+    order: under xdist (``make test``: one file per worker at a time, ``--no-loadscope-reorder`` keeping this
+    order) the longest files start at once on separate workers and the short ones fill in after, so the run
+    ends soon after its longest file does. Tests keep their order inside a file."""
+    def files(marker: str) -> set[Path]:
+        return {item.path for item in items if item.get_closest_marker(marker) is not None}
+
+    longest, slow = files("longest"), files("slow")
+    items.sort(key=lambda item: 0 if item.path in longest else 1 if item.path in slow else 2)

@@ -4,6 +4,7 @@ lazy imports in function bodies included): no import against the layers, and no 
 from __future__ import annotations
 
 import ast
+import functools
 import itertools
 import re
 from dataclasses import dataclass
@@ -107,6 +108,7 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache  # read once for the module's tests (parsing every file is most of their time)
 def _imports() -> dict[str, set[tuple[str, int]]]:
     out: dict[str, set[tuple[str, int]]] = {}
     for path in sorted(PKG.rglob("*.py")):
