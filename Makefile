@@ -21,11 +21,13 @@ demo: setup
 demo-fast: setup
 	$(BIN)/calibkit demo run --fast
 
+# every core (pytest-xdist): one test file per worker at a time, so a module's fixtures are built once; the
+# longest tests start first (tests/conftest.py). `pytest -n 0` or a plain `pytest` runs them in this process.
 test: setup typecheck
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --dist loadfile --no-loadscope-reorder
 
 test-fast: setup
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -n auto --dist loadfile --no-loadscope-reorder -m "not slow"
 
 lint: setup
 	$(BIN)/ruff check calibkit tests benchmarks

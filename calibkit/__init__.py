@@ -23,7 +23,7 @@ import sys as _sys
 import types as _types  # aliased: the subpackage calibkit.types, once imported, is bound as calibkit.types
 from typing import Any
 
-__version__ = "0.2.0"
+from calibkit._version import __version__
 
 _API = ("export", "sample", "smooth", "calibrate", "histogram", "build", "compare", "tune", "load_report",
         "render_report")

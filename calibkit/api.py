@@ -241,8 +241,38 @@ def sample(
     clusters: int = 12,
     progress: ProgressCallback | None = None,
 ) -> CalibrationSet:
-    """Draw a calibration set from production logs (JSONL) and write it to ``out`` (default
-    calibration_sets/<log>-n<size>-s<seed>/). Returns the written set (texts, labels, manifest)."""
+    """Draw a calibration set from production logs (JSONL) and write it to ``out``.
+
+    One streaming pass parses each line (broken lines are counted and skipped, or refused with ``strict``),
+    redacts personal data and drops duplicate texts; ``size`` texts are then drawn over (length bucket, label,
+    topic cluster) strata. The same log, options and seed draw the same texts in the same order.
+
+    Args:
+        logs: The request log: JSONL, optionally gzip-compressed, one request per line.
+        out: The folder to write (default ``calibration_sets/<log>-n<size>-s<seed>/``).
+        size: How many texts to draw.
+        seed: The seed of every random choice; the same seed draws the same set.
+        text_field: The JSON field holding the text (None: found from the first lines).
+        label_field: A JSON field to keep beside each text as its label (None: none).
+        tokenizer: A model folder or tokenizer.json: lengths are counted in its tokens, not in words.
+        strict: Refuse a log with broken lines instead of skipping them.
+        redact: Replace e-mail addresses, phone and card numbers and IP addresses by placeholders.
+        clusters: How many topic clusters to stratify by.
+        progress: Called with each :class:`~calibkit.progress.ProgressEvent` (None: silent).
+
+    Returns:
+        The calibration set written: its texts, labels and manifest (the log, the options, the counts).
+
+    Raises:
+        UsageError: An option out of range (``clusters`` below 1, ``size`` below 1).
+        DataError: The log is missing, holds no usable text, or has broken lines under ``strict``.
+
+    Examples:
+        >>> import calibkit as ck
+        >>> cs = ck.sample("logs.jsonl", "calibration_sets/logs", size=64, tokenizer="model/")
+        >>> len(cs.texts), cs.path.name
+        (64, 'logs')
+    """
     from calibkit.data.calibset import write_calibration_set
     from calibkit.data.sample_pipeline import SampleOptions, default_out_dir, draw_sample
 
@@ -296,8 +326,36 @@ def smooth(
     max_batch_tokens: int | None = None,
     progress: ProgressCallback | None = None,
 ) -> SmoothResult:
-    """SmoothQuant-style migration of activation outliers into the weights (``alpha`` None: per layer, chosen
-    on the calibration set). Writes a model folder ``out`` with the same FP32 function."""
+    """SmoothQuant-style migration of activation outliers into the weights, written as a new model folder.
+
+    The smoothed model computes the same FP32 function (checked on calibration texts), so it goes through
+    calibrate, build, compare and tune unchanged.
+
+    Args:
+        model: The FP32 model folder (model.onnx with its tokenizer) or a loaded ``ModelDir``.
+        calibration_set: The calibration set's folder or the loaded set: the activations are measured on it.
+        out: The model folder to write.
+        alpha: The migration strength in [0, 1] for every layer (None: chosen per layer on the calibration set).
+        tokenizer: The tokenizer, when it is not in the model folder.
+        batch_size: The most texts per batch.
+        memory_budget: Bytes of tapped activations held at once ("512M", "1G" or a number).
+        max_batch_tokens: The most padded tokens per batch (None: no cap).
+        progress: Called with each :class:`~calibkit.progress.ProgressEvent` (None: silent).
+
+    Returns:
+        The smoothed folder, its model, and the choice made for each group of weight MatMuls.
+
+    Raises:
+        UsageError: ``alpha`` outside [0, 1], ``batch_size`` below 1 or an unreadable ``memory_budget``.
+        CalibrationError: The calibration set is empty.
+        ModelError: The model is already smoothed, has no weight MatMul to smooth into, or the smoothed model
+            does not compute the same function.
+
+    Examples:
+        >>> sm = ck.smooth("model/", cs, "runs/smoothed")
+        >>> sm.model_path.name, sm.groups > 0
+        ('model.onnx', True)
+    """
     from calibkit.calibrate.smoothing import smooth as run_smooth
     from calibkit.data.calibset import CalibrationSet
     from calibkit.data.modeldir import ModelDir
@@ -361,12 +419,52 @@ def calibrate(
     progress: ProgressCallback | None = None,
     from_cache: PathLike | None = None,
 ) -> CalibrationResult:
-    """Collect activation statistics (reused from the statistics cache), compute the ``method``'s table and
-    write ``out``/model.int8.onnx (Q/DQ), calibration.cache and calibration.json. ``executor``: an Executor or a
-    spec ("local", "dask://host:port") whose workers collect the statistics in shards (None: this process).
+    """Calibrate a model: activation statistics, the method's ranges, and the INT8 Q/DQ model.
 
-    ``from_cache``: a TensorRT calibration cache to build the Q/DQ model from instead (``calibration_set`` None;
-    the model runs not, and a bare .onnx file needs no tokenizer)."""
+    Statistics are collected once per (model, calibration set, tensors, bins) and reused from the statistics
+    cache, so another ``method`` on the same set does not run the model again.
+
+    Args:
+        model: The FP32 model folder or a loaded ``ModelDir``.
+        calibration_set: The calibration set's folder or the loaded set (None with ``from_cache``).
+        out: The folder to write: model.int8.onnx (Q/DQ), calibration.cache, calibration.json and stats.npz
+            (default ``runs/calibrate-<method>``).
+        method: entropy, minmax, percentile or mse.
+        tokenizer: The tokenizer, when it is not in the model folder.
+        op_types: The operator types whose inputs are quantized.
+        exclude: Regular expressions of node names (or module paths) kept in higher precision.
+        target: The Q/DQ layout: tensorrt or onnxruntime.
+        percentile: The percentile of |x| of the percentile method, in (0, 100].
+        num_bins: Histogram bins, a power of two of at least 256.
+        batch_size: The most texts per batch.
+        use_cache: Reuse saved statistics (False: collect them again).
+        cache_dir: The statistics cache (None: $CALIBKIT_CACHE, default ~/.cache/calibkit).
+        memory_budget: Bytes of tapped activations held at once ("512M", "1G" or a number).
+        max_batch_tokens: The most padded tokens per batch (None: no cap).
+        executor: An Executor or a spec ("local", "local:N", "dask://host:port") whose workers collect the
+            statistics in shards (None: this process).
+        progress: Called with each :class:`~calibkit.progress.ProgressEvent` (None: silent).
+        from_cache: A TensorRT calibration cache to build the Q/DQ model from instead (``calibration_set``
+            None; the model does not run, and a bare .onnx file needs no tokenizer).
+
+    Returns:
+        The files written, the calibration table, the quantized and kept nodes, and any warnings about
+        ranges that clip softmax or GELU outputs.
+
+    Raises:
+        UsageError: An unknown method or target, an option out of range, both or neither of
+            ``calibration_set`` and ``from_cache``, or ``out`` the current directory.
+        DataError: The calibration set is missing or unreadable.
+        ModelError: The model folder is incomplete or its graph cannot be tapped.
+        CalibrationError: A range cannot become a scale (empty or non-finite statistics).
+
+    Examples:
+        >>> cal = ck.calibrate("model/", cs, "runs/mse", method="mse")
+        >>> cal.model_path.name, cal.table.method.value
+        ('model.int8.onnx', 'mse')
+        >>> ck.calibrate("model/", cs, "runs/minmax", method="minmax").reused_stats
+        True
+    """
     from calibkit.calibrate.pipeline import calibrate as run_calibration
     from calibkit.data.calibset import CalibrationSet
     from calibkit.data.modeldir import ModelDir
@@ -434,9 +532,24 @@ def _calibrate_from_cache(model: PathLike | ModelDir, tokenizer: PathLike | None
 
 
 def histogram(calibration: CalibrationResult | PathLike, tensor: str | None = None) -> ActivationHistogram:
-    """One tensor's |x| histogram from a calibration's saved statistics, with the amax every method picks on
-    it. ``calibration``: a :class:`CalibrationResult`, its folder or its stats.npz; ``tensor``: a tensor name,
-    or text a name contains (the first such tensor, in the table's order); None: the first tensor."""
+    """One tensor's |x| histogram from a calibration's saved statistics, with the amax every method picks on it.
+
+    Args:
+        calibration: A calibration result, its folder or its stats.npz.
+        tensor: A tensor name, or text a name contains (the first such tensor, in the table's order); None: the
+            first tensor.
+
+    Returns:
+        The occupied bins' centres and counts, the bin width, and each method's amax on this tensor.
+
+    Raises:
+        UsageError: No statistics there (a calibration built from a cache has none), or no tensor matches.
+
+    Examples:
+        >>> h = ck.histogram(cal)  # the first tensor; ck.histogram(cal, "attention") the first one so named
+        >>> sorted(m.value for m in h.amax), h.count > 0
+        (['entropy', 'minmax', 'mse', 'percentile'], True)
+    """
     from calibkit.calibrate.methods import tensor_histogram
     from calibkit.calibrate.pipeline import STATS_FILE, CalibrationResult
     from calibkit.calibrate.stats import StatsStore
@@ -487,10 +600,44 @@ def build(
     progress: ProgressCallback | None = None,
     on_missing_tensorrt: Callable[[Any], None] | None = None,
 ) -> BuildResult:
-    """Build an engine (``output`` with its .calibkit.json sidecar) at ``precision`` on ``backend``: FP32/FP16
-    from the ONNX model, INT8 from a calibration.json or a Q/DQ model (``qdq``: e.g. calibrate's
-    model.int8.onnx). ``on_missing_tensorrt(request)`` is called before the MissingDependencyError of a TensorRT
-    build where TensorRT is absent (the CLI prints the equivalent trtexec command there)."""
+    """Build an engine file with its .calibkit.json sidecar (what was built from what, with which versions).
+
+    FP32 and FP16 come from the ONNX model; INT8 from a calibration.json or a Q/DQ model.
+
+    Args:
+        model: The FP32 ONNX model (a file, or a model folder holding model.onnx).
+        output: The engine to write: an .onnx file (ONNX Runtime) or an .engine file (TensorRT).
+        precision: fp32, fp16 or int8.
+        backend: onnxruntime or tensorrt.
+        calibration: A calibration.json to quantize ``model`` with (INT8).
+        qdq: A Q/DQ model to build as it is (INT8), e.g. calibrate's model.int8.onnx.
+        target: The Q/DQ layout of an INT8 build from ``calibration``: tensorrt or onnxruntime.
+        exclude: Regular expressions of node names (or module paths) kept in higher precision.
+        tokenizer: The tokenizer, when it is not beside the model.
+        calibration_set: The calibration set named in the sidecar (for a later compare's traffic).
+        min_seq: The shortest sequence of a TensorRT optimization profile.
+        opt_seq: The sequence length TensorRT optimizes for.
+        max_seq: The longest sequence of a TensorRT optimization profile.
+        workspace_mib: TensorRT's builder workspace, in MiB.
+        reduce_range: 7-bit weights for ONNX Runtime's CPU kernels (None: where this CPU's int8 GEMM saturates).
+        progress: Called with each :class:`~calibkit.progress.ProgressEvent` (None: silent).
+        on_missing_tensorrt: Called with the build request before the error of a TensorRT build where
+            TensorRT is absent (the command line prints the equivalent trtexec command there).
+
+    Returns:
+        The engine artifact (file and sidecar), every file written, and the nodes quantized.
+
+    Raises:
+        UsageError: An unknown precision or backend, or options that do not fit together.
+        ModelError: The model is missing or unreadable, or the calibration is of another model.
+        MissingDependencyError: A TensorRT build where TensorRT is not installed.
+
+    Examples:
+        >>> fp32 = ck.build("model/", "engines/fp32.onnx")
+        >>> int8 = ck.build("model/", "engines/int8.onnx", precision="int8", qdq=cal.model_path)
+        >>> int8.artifact.precision.value, int8.sidecar.name
+        ('int8', 'int8.onnx.calibkit.json')
+    """
     from calibkit.engines.build import BuildRequest
     from calibkit.engines.build import build as run_build
     from calibkit.types import Backend, Precision
@@ -606,19 +753,58 @@ def compare(
     traffic_text_field: str | None = None,
     save_outputs: PathLike | None = None,
 ) -> Comparison:
-    """Engine A (baseline) against engine B on an eval set: each engine's metrics, B's fidelity to A in the
-    task's terms, per-layer measurements, sensitivity and flags. Engines are paths (with their .calibkit.json
-    sidecars) or loaded :class:`EngineArtifact` values and must come from the same FP32 model; ``task`` forces
-    classification | embedding | token-classification | regression | multi-label. ``executor``: an Executor or
-    a spec ("local", "dask://host:port") for the sensitivity variants. ``traffic``: a request log (or
-    ``"auto"``: the log of the calibration set B was calibrated on, named in its manifest) whose texts — those
-    not in that calibration set — measure B's fidelity to A without labels (``Comparison.traffic``), and are
-    the texts per-layer sensitivity runs on unless the eval set has class labels (``Comparison.sensitivity``
-    says what it ran on and judged by, or why it was not measured; ``recommendation.verdict`` says it in
-    words); by default (``"default"``) that log when it is still there unchanged. ``save_outputs``: a folder
-    that receives every evaluated text's outputs from each engine (:func:`save_per_text_outputs`), so a flip
-    can be reproduced. ``eval_set`` may be None when ``traffic`` gives the texts: the traffic texts are then the
-    (unlabeled) eval set too, evaluated once."""
+    """Engine A (baseline) against engine B: each engine's metrics, B's fidelity to A, per-layer measurements,
+    sensitivity and flags, every difference with its paired 95 % interval.
+
+    Args:
+        engine_a: The baseline engine: a path (with its .calibkit.json sidecar) or a loaded ``EngineArtifact``.
+        engine_b: The engine judged against A, built from the same FP32 model.
+        eval_set: A labelled or unlabeled eval set (JSONL, CSV, Parquet or a ``datasets`` folder) or a loaded
+            ``EvalSet``; None when ``traffic`` gives the texts (they are then the unlabeled eval set too).
+        reference: A third engine measured beside A and B (e.g. FP16).
+        task: classification, embedding, token-classification, regression or multi-label (None: from the
+            model's outputs and config).
+        limit: The most eval rows, drawn stratified by label and seeded (None: all).
+        seed: The seed of every draw.
+        text_column: The eval set's text column (None: found).
+        label_column: The eval set's label column (None: found).
+        split: The split of a ``datasets`` folder.
+        batch_size: The most texts per batch.
+        layers: Measure every quantized layer (ranges, SQNR); False: the outputs alone.
+        layer_samples: The most texts the per-layer taps run on.
+        sensitivity: Measure each layer's effect on the output by keeping it alone in FP32.
+        sensitivity_samples: The texts sensitivity runs on.
+        sensitivity_layers: Only the worst layers by SQNR (None: all).
+        thresholds: The flag thresholds (None: the defaults).
+        max_disagreements: The most disagreeing texts kept in the result.
+        workers: Local worker processes of the sensitivity variants.
+        executor: An Executor or a spec ("local", "dask://host:port") for the sensitivity variants.
+        memory_budget: Bytes of tapped activations held at once ("512M", "1G" or a number).
+        max_batch_tokens: The most padded tokens per batch (None: no cap).
+        progress: Called with each :class:`~calibkit.progress.ProgressEvent` (None: silent).
+        traffic: A request log whose texts outside B's calibration set measure B's fidelity to A without labels
+            (``Comparison.traffic``) and are what sensitivity runs on unless the eval set has class labels;
+            "auto": the log named in that calibration set's manifest; "default": that log when it is still
+            there unchanged; None: no traffic.
+        traffic_size: The most traffic texts drawn.
+        traffic_text_field: The JSON field of the traffic texts (None: found).
+        save_outputs: A folder that receives every evaluated text's outputs from each engine
+            (:func:`save_per_text_outputs`), so a flip can be reproduced.
+
+    Returns:
+        The comparison: per-engine evaluations, agreement with its interval, the layers' verdicts, the
+        sensitivity evidence, the findings and the recommendation.
+
+    Raises:
+        UsageError: An option out of range, engines of different source models, or no texts to compare on.
+        DataError: The eval set is unreadable, or a label is not one of the model's classes.
+        ModelError: An engine or its sidecar is missing or unreadable.
+
+    Examples:
+        >>> c = ck.compare(fp32.artifact, int8.artifact, "test.jsonl", traffic=None, sensitivity_samples=32)
+        >>> len(c.engines), 0.0 <= c.agreement <= 1.0, c.engine_a.accuracy is not None
+        (2, True, True)
+    """
     from calibkit.data.evalset import EvalSet
     from calibkit.engines.artifact import EngineArtifact
     from calibkit.evaluate.compare import CompareOptions, check_same_model, compare_engines, select_task, tokenizer_dir
@@ -857,29 +1043,75 @@ def tune(
     confirm: bool = True,
 ) -> TuneRun:
     """The mixed-precision plan with the most INT8 work that keeps accuracy within ``max_drop`` points of FP32
-    (and, with ``min_agreement``, that percentage of FP32's predictions). Writes ``out`` (model.int8.onnx,
-    calibration.cache, calibration.json, plan.json, tune.json) and, with ``report``, a report folder. Returns
-    the files written and the typed :class:`TuneResult` (``.result``).
-
-    ``traffic``: a request log (the formats and ``traffic_text_field`` option of ``sample``), ``"auto"`` for the
-    log named in the calibration set's manifest, or drawn :class:`TrafficEvidence`: up to ``traffic_size``
-    texts not in the calibration set, split into search and holdout parts like the eval set; agreement with
-    FP32 is then judged on them and the eval set carries accuracy alone; by default (``"default"``) the
-    calibration set's log when it is still there unchanged.
-
-    ``decision_rule``: ``"sequential"`` judges each candidate on growing chunks of the search split and stops
-    once its decision is settled at ``agreement_confidence`` (a betting confidence sequence, valid however
-    often it looks: evaluate.sequential); ``"whole-split"`` evaluates every candidate on the whole split.
-    ``confirm``: the candidates that met the target on the search split are tested on the holdout split from the
-    least INT8 up, stopping at the first that fails, and the plan is the last one confirmed (fixed-sequence
-    testing: the chance that the plan misses the target stays at ``1 - agreement_confidence``, its choice among
-    the candidates included; evaluate.confirm). False: the search's choice, the holdout only a check.
+    (and, with ``min_agreement``, that percentage of FP32's predictions), confirmed on a holdout split.
 
     Embedding and token-classification models are tuned on fidelity alone (``min_agreement``: the share of
     texts whose nearest neighbour in the FP32 index stays, or of tokens whose tag stays; ``min_cosine``: the
-    mean cosine to FP32's vectors); ``eval_set`` may then be None when ``traffic`` gives the texts.
+    mean cosine to FP32's vectors). Over 80 lines for a reason: most of it is the keyword signature, the public
+    surface of tune.
 
-    Over 80 lines for a reason: most of it is the keyword signature, the public surface of tune."""
+    Args:
+        model: The FP32 model folder or a loaded ``ModelDir``.
+        calibration_set: The calibration set's folder or the loaded set.
+        eval_set: The eval set (a file or a loaded ``EvalSet``); None when ``traffic`` gives the texts.
+        out: The folder to write: model.int8.onnx, calibration.cache, calibration.json, plan.json, tune.json
+            (default ``runs/tune-<model>``).
+        tokenizer: The tokenizer, when it is not in the model folder.
+        max_drop: The most accuracy points the plan may lose against FP32.
+        relative: ``max_drop`` is a percentage of FP32's accuracy, not points.
+        min_agreement: The least percentage of FP32's predictions the plan keeps (None: no such target).
+        min_cosine: The least mean cosine to FP32's vectors of an embedder (None: no such target).
+        task: classification, embedding, token-classification, regression or multi-label (None: from the
+            model).
+        agreement_confidence: The confidence at which each decision is settled.
+        method: The calibration method, or "auto" (each method measured, the best kept).
+        target: The Q/DQ layout: tensorrt or onnxruntime.
+        holdout: The fraction of the evidence kept for the holdout split.
+        sensitivity_samples: The texts per-layer sensitivity runs on.
+        sensitivity_layers: Only the worst layers by SQNR (None: all).
+        max_evaluations: The most candidate plans evaluated.
+        limit: The most eval rows, drawn stratified by label and seeded (None: all).
+        seed: The seed of every draw and split.
+        percentile: The percentile of |x| of the percentile method.
+        workers: Local worker processes of the evaluations.
+        executor: An Executor or a spec ("local", "dask://host:port") for the evaluations.
+        memory_budget: Bytes of tapped activations held at once ("512M", "1G" or a number).
+        max_batch_tokens: The most padded tokens per batch (None: no cap).
+        report: A report folder to write beside ``out`` (None: none).
+        progress: Called with each :class:`~calibkit.progress.ProgressEvent` (None: silent).
+        traffic: A request log (the formats and ``traffic_text_field`` of ``sample``), "auto" for the log named
+            in the calibration set's manifest, or drawn ``TrafficEvidence``: up to ``traffic_size`` texts not in
+            the calibration set, split like the eval set; agreement with FP32 is then judged on them and the
+            eval set carries accuracy alone. "default": the calibration set's log when it is still there
+            unchanged; None: no traffic.
+        traffic_size: The most traffic texts drawn.
+        traffic_text_field: The JSON field of the traffic texts (None: found).
+        smooth: Also try the smoothed model, and keep it where it does better.
+        decision_rule: "sequential" judges each candidate on growing chunks of the search split and stops once
+            its decision is settled at ``agreement_confidence`` (a betting confidence sequence, valid however
+            often it looks); "whole-split" evaluates every candidate on the whole split.
+        confirm: The candidates that met the target on the search split are tested on the holdout split from
+            the least INT8 up, stopping at the first that fails, and the plan is the last one confirmed
+            (fixed-sequence testing: the chance that the plan misses the target stays at
+            ``1 - agreement_confidence``). False: the search's choice, the holdout only a check.
+
+    Returns:
+        The files written and the typed result (``.result``): the target, the candidates measured, the final
+        plan and its holdout verdict. An interrupted run resumes from its ledger.
+
+    Raises:
+        UsageError: An unknown method, target or decision rule, an option out of range, or no texts to judge
+            plans on.
+        DataError: The eval set or the calibration set is unreadable, or a label is not one of the model's
+            classes.
+        ModelError: The model folder is incomplete or unreadable.
+
+    Examples:
+        >>> run = ck.tune("model/", cs, "test.jsonl", "runs/tune", max_drop=5.0, traffic=None, smooth=False,
+        ...               max_evaluations=4, sensitivity_samples=32)
+        >>> run.plan_path.name, 0.0 <= run.result.final.int8_flops_fraction <= 1.0
+        ('plan.json', True)
+    """
     from calibkit.data.calibset import CalibrationSet
     from calibkit.data.evalset import EvalSet
     from calibkit.data.modeldir import ModelDir
@@ -1009,7 +1241,21 @@ def _default_traffic(calibration_set: CalibrationSet | None, opts: Any, progress
 
 
 def load_report(path: PathLike) -> Comparison | TuneResult:
-    """A compare or tune JSON document (report.json, tune.json, compare --json) as its typed result."""
+    """A compare or tune JSON document (report.json, tune.json, compare --json) as its typed result.
+
+    Args:
+        path: The document.
+
+    Returns:
+        The ``Comparison`` or ``TuneResult`` it holds, equal to the one it was written from.
+
+    Raises:
+        DataError: The file is missing, not JSON, or not a calibkit document of a known format.
+
+    Examples:
+        >>> ck.load_report("reports/fp32-vs-int8/report.json") == c
+        True
+    """
     from calibkit.report.codec import load_result
 
     check_paths({"path": path})
@@ -1017,7 +1263,23 @@ def load_report(path: PathLike) -> Comparison | TuneResult:
 
 
 def render_report(result: Comparison | TuneResult, out: PathLike) -> Any:
-    """Write a result as a report folder (report.json, report.md, report.html, plots/)."""
+    """Write a result as a report folder (report.json, report.md, report.html, plots/), atomically.
+
+    Args:
+        result: A comparison or a tune result.
+        out: The folder to write.
+
+    Returns:
+        The paths written: report.json, report.md, report.html and the plots.
+
+    Raises:
+        UsageError: ``out`` exists and holds something other than a previous report.
+
+    Examples:
+        >>> folder = ck.render_report(c, "reports/fp32-vs-int8")
+        >>> sorted(p.name for p in Path("reports/fp32-vs-int8").glob("report.*"))
+        ['report.html', 'report.json', 'report.md']
+    """
     from calibkit.report.render import render_report as _render
 
     check_paths({"out": out})

@@ -1,10 +1,19 @@
-"""Shared fixtures. ``demo_assets_fast``: the fast demo assets, prepared once and reused across test runs."""
+"""Shared fixtures. ``demo_assets_fast``: the fast demo assets, prepared once and reused across test runs;
+``zoo``: the tiny transformers, built once per run. Both are built by one pytest-xdist worker while the others
+wait on a file lock (``build_once``), then shared read-only: a test writes only under its own ``tmp_path``."""
 
 from __future__ import annotations
 
+import os
+import pickle
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
+from filelock import FileLock
+
+T = TypeVar("T")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,25 +41,60 @@ _hypothesis_profiles()
 FAST_ASSETS = REPO_ROOT / ".cache" / "test-assets" / "fast"
 
 
+def shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of this run that every xdist worker sees: the run's base temporary folder (each worker's own
+    base is a ``popen-gwN`` folder inside it); without xdist, the session's base."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def build_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], T]) -> T:
+    """``build(folder)`` run once per test run, whichever worker asks first; the others wait on a file lock and
+    get the same (pickled) value. What it builds is shared: tests must not write into ``folder``."""
+    root = shared_root(tmp_path_factory)
+    done = root / f"{name}.pickle"
+    with FileLock(str(root / f"{name}.lock")):
+        if done.is_file():
+            return pickle.loads(done.read_bytes())
+        value = build(root / name)
+        done.write_bytes(pickle.dumps(value))
+        return value
+
+
 @pytest.fixture(scope="session")
 def demo_assets_fast() -> Path:
     """The folder of ``calibkit demo prepare --fast`` (model/, data/, logs.jsonl). Mark users ``slow``.
 
     Prepared into ``.cache/test-assets/fast`` under the repository and reused while its prepare.json says it is
-    complete and its files are unchanged (the first run takes 1-2 minutes).
+    complete and its files are unchanged (the first run takes 1-2 minutes); one xdist worker prepares it while
+    the others wait on a lock beside it.
     """
     from calibkit.demo.prepare import PrepareOptions, is_complete, prepare_demo
 
     options = PrepareOptions(fast=True)
-    if not is_complete(FAST_ASSETS, options):
-        prepare_demo(FAST_ASSETS, options)
+    FAST_ASSETS.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(FAST_ASSETS.parent / "fast.lock")):
+        if not is_complete(FAST_ASSETS, options):
+            prepare_demo(FAST_ASSETS, options)
     return FAST_ASSETS
 
 
 @pytest.fixture(scope="session")
 def zoo(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Tiny random-initialised transformers exported the usual ways (tests/zoo.py), built once per session."""
+    """Tiny random-initialised transformers exported the usual ways (tests/zoo.py), built once per run."""
     pytest.importorskip("torch")
     from zoo import build_zoo
 
-    return build_zoo(tmp_path_factory.mktemp("zoo"))
+    return build_once(tmp_path_factory, "zoo", lambda folder: build_zoo(folder))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The files holding a ``longest`` test run first, then those holding a ``slow`` one, each group in its
+    order: under xdist (``make test``: one file per worker at a time, ``--no-loadscope-reorder`` keeping this
+    order) the longest files start at once on separate workers and the short ones fill in after, so the run
+    ends soon after its longest file does. Tests keep their order inside a file."""
+    def files(marker: str) -> set[Path]:
+        return {item.path for item in items if item.get_closest_marker(marker) is not None}
+
+    longest, slow = files("longest"), files("slow")
+    items.sort(key=lambda item: 0 if item.path in longest else 1 if item.path in slow else 2)

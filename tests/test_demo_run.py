@@ -11,6 +11,7 @@ import pytest
 
 
 @pytest.mark.slow
+@pytest.mark.longest
 def test_demo_workflow_fast(demo_assets_fast: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from calibkit.data.evalset import label_ids, load_eval_set
     from calibkit.data.modeldir import ModelDir
@@ -21,9 +22,11 @@ def test_demo_workflow_fast(demo_assets_fast: Path, tmp_path: Path, monkeypatch:
     from calibkit.evaluate.predict import predict_logits
 
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+    # sensitivity on 16 texts, not --fast's 64: the same steps at a fraction of the cost (tune's per-layer
+    # sensitivity of the embedder runs each of its 48 MatMuls alone in INT8, most of this test's time)
     opts = WorkflowOptions.quick(workdir=demo_assets_fast, log_lines=PrepareOptions(fast=True).log_lines,
                                  reports_dir=tmp_path / "reports", calibration_sets_dir=tmp_path / "sets",
-                                 workers=1)
+                                 workers=1, sensitivity_samples=16)
     res = run_workflow(opts)
     s = res.summary
     assert res.index_html.is_file() and res.index_md.is_file()

@@ -75,7 +75,13 @@ def test_site_pages_and_generated_measured_rows(site: Path) -> None:
     assert re.search(r"(commit [0-9a-f]{7}|working tree)", measured)  # where the numbers come from
     api = _text(site / "api" / "index.html")
     assert "CalibkitError" in api and "MissingDependencyError" in api  # rendered from the docstrings
-    changelog = _text(site / "changelog" / "index.html")
     import calibkit
 
+    for name in calibkit._API:  # every function with its Args/Returns/Raises, rendered from its docstring
+        section = api[api.index(f"ck.{name}"):]
+        assert "Parameters:" in section and "Returns:" in section and "Raises:" in section, name
+    for name in ("CalibrationSet", "CalibrationResult", "BuildResult", "Comparison", "TuneRun", "TuneResult",
+                 "TunePlan", "HoldoutVerdict", "ActivationHistogram", "SmoothResult"):
+        assert name in api and "quantized_nodes" in api and "holdout_verdict" in api, name
+    changelog = _text(site / "changelog" / "index.html")
     assert calibkit.__version__ in changelog

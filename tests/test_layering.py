@@ -4,41 +4,103 @@ lazy imports in function bodies included): no import against the layers, and no 
 from __future__ import annotations
 
 import ast
+import functools
+import itertools
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "calibkit"
+DOC = ROOT / "docs" / "architecture.md"
+HEADER = "| layer | modules | may import |"
 
-FOUNDATION = ("calibkit.types", "calibkit.errors", "calibkit._deps", "calibkit._io", "calibkit.outdirs",
-              "calibkit.cpus", "calibkit.progress", "calibkit")  # "calibkit": __version__ only
-RUNNERS = ("calibkit.engines.base", "calibkit.engines.onnxruntime", "calibkit.engines.cpu",
-           "calibkit.engines.tensorrt", "calibkit.engines")
-# layer -> (its modules, the layers it may import); docs/architecture.md's table, top to bottom
-LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "cli": (("calibkit.cli", "calibkit.__main__"), ("*",)),
-    "demo": (("calibkit.demo",), ("*",)),
-    "serving": (("calibkit.deploy",), ("build", "quantize", "data", "engines.files", "runners", "foundation")),
-    "api": (("calibkit.api",), ("exporter", "report", "results", "evaluate", "resources", "build", "calibrate",
-                                 "quantize", "executors", "data", "engines.files", "runners", "foundation")),
-    "exporter": (("calibkit.exporter",), ("evaluate", "results", "data", "engines.files", "runners", "foundation")),
-    "report": (("calibkit.report",), ("results", "foundation")),
-    "results": (("calibkit.evaluate.results", "calibkit.evaluate.flags", "calibkit.evaluate.uncertainty"),
-                ("foundation",)),
-    "evaluate": (("calibkit.evaluate",), ("results", "resources", "calibrate", "quantize", "executors", "data",
-                                          "engines.files", "runners", "foundation")),
-    "resources": (("calibkit.resources",), ("executors", "data", "engines.files", "runners", "foundation")),
-    "build": (("calibkit.engines.build",), ("quantize", "data", "engines.files", "runners", "foundation")),
-    "calibrate": (("calibkit.calibrate",), ("resources", "quantize", "executors", "data", "engines.files", "runners",
-                                            "foundation")),
-    "quantize": (("calibkit.quantize",), ("data", "runners", "foundation")),
-    "executors": (("calibkit.executors",), ("foundation",)),
-    "engines.files": (("calibkit.engines.registry", "calibkit.engines.artifact"), ("data", "runners", "foundation")),
-    "data": (("calibkit.data", "calibkit.graph", "calibkit.names"), ("runners", "foundation")),
-    "runners": (RUNNERS, ("foundation",)),
-    "foundation": (FOUNDATION, ()),
-}
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the layering table: its name, the modules it holds and the rows it may import."""
+
+    name: str
+    files: tuple[str, ...]  # modules named by a file: that module alone
+    folders: tuple[str, ...]  # modules named by a folder: every module under it
+    imports: tuple[str, ...]
+
+
+def _paths(cell: str) -> list[str]:
+    """The backticked paths of a modules cell outside parentheses (`evaluate/`, `api.py`), in order; backticked
+    names inside the parenthesised descriptions are prose."""
+    found, depth, i = [], 0, 0
+    while i < len(cell):
+        if cell[i] == "`":
+            j = cell.index("`", i + 1)
+            token = cell[i + 1:j]
+            if depth == 0 and re.fullmatch(r"[\w/]+(\.py|/)", token):
+                found.append(token)
+            i = j + 1
+            continue
+        depth += {"(": 1, ")": -1}.get(cell[i], 0)
+        i += 1
+    return found
+
+
+def _dotted(path: str) -> str:
+    parts = ["calibkit", *path.removesuffix("/").removesuffix(".py").split("/")]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def parse_table(text: str) -> list[Row]:
+    """The rows of the table under ``HEADER`` in ``text``, top to bottom, with "everything below" spelled out."""
+    lines = text.splitlines()
+    if HEADER not in lines:
+        raise ValueError(f"no table headed {HEADER!r}")
+    body = itertools.takewhile(lambda line: line.startswith("|"), lines[lines.index(HEADER) + 2:])
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in body]
+    names = [c[0] for c in cells]
+    rows = []
+    for k, (name, modules, may) in enumerate(cells):
+        paths = _paths(modules)
+        if may == "everything below":
+            imports = tuple(names[k + 1:])
+        elif may == "—":
+            imports = ()
+        else:
+            imports = tuple(x.strip() for x in may.split(","))
+            unknown = [x for x in imports if x not in names]
+            if unknown:
+                raise ValueError(f"row {name!r} may import {unknown}, which are no rows of the table")
+        rows.append(Row(name, tuple(_dotted(p) for p in paths if p.endswith(".py")),
+                        tuple(_dotted(p) for p in paths if p.endswith("/")), imports))
+    return rows
+
+
+ROWS = parse_table(DOC.read_text(encoding="utf-8"))
+BY_NAME = {r.name: r for r in ROWS}
+
+
+def place(module: str, rows: list[Row] = ROWS) -> str | None:
+    """The row holding ``module``: the one naming its file, else the deepest folder above it; None if no row does."""
+    for r in rows:
+        if module in r.files:
+            return r.name
+    best, depth = None, -1
+    for r in rows:
+        for f in r.folders:
+            if (module == f or module.startswith(f + ".")) and f.count(".") > depth:
+                best, depth = r.name, f.count(".")
+    return best
+
+
+def _layer(module: str) -> str:
+    name = place(module)
+    if name is None:
+        pytest.fail(f"{module} is in no row of the layering table of docs/architecture.md: add it there")
+    return name
+
+
+def _all_modules() -> list[str]:
+    return sorted(_module(p) for p in PKG.rglob("*.py"))
 
 
 def _module(path: Path) -> str:
@@ -46,16 +108,7 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _layer(module: str) -> str:
-    best, length = "", -1
-    for name, (prefixes, _) in LAYERS.items():
-        for p in prefixes:
-            if (module == p or module.startswith(p + ".")) and len(p) > length:
-                best, length = name, len(p)
-    assert best, f"{module} belongs to no layer of the table"
-    return best
-
-
+@functools.cache  # read once for the module's tests (parsing every file is most of their time)
 def _imports() -> dict[str, set[tuple[str, int]]]:
     out: dict[str, set[tuple[str, int]]] = {}
     for path in sorted(PKG.rglob("*.py")):
@@ -71,22 +124,56 @@ def _imports() -> dict[str, set[tuple[str, int]]]:
                 elif node.module.startswith("calibkit."):
                     found.add((node.module, node.lineno))
             elif isinstance(node, ast.Import):
-                found.update((a.name, node.lineno) for a in node.names if a.name.startswith("calibkit."))
+                found.update((a.name, node.lineno) for a in node.names
+                             if a.name == "calibkit" or a.name.startswith("calibkit."))
     return out
+
+
+def test_every_module_is_in_one_row_of_the_table() -> None:
+    unplaced = [m for m in _all_modules() if place(m) is None]
+    assert not unplaced, f"modules in no row of the table of docs/architecture.md: {unplaced}"
+
+
+def test_every_path_of_the_table_exists() -> None:
+    missing = [p for r in ROWS for p in (*r.files, *r.folders)
+               if not (ROOT / (p.replace(".", "/") + ".py")).exists() and not (ROOT / p.replace(".", "/")).is_dir()]
+    assert not missing, f"docs/architecture.md's layering table names modules that do not exist: {missing}"
+
+
+def test_a_module_outside_every_row_is_not_placed() -> None:
+    assert place("calibkit.brand_new_module") is None
+    assert place("calibkit.engines.brand_new_backend") is None
+    assert place("calibkit.evaluate.brand_new_step") == "evaluation"  # a folder holds what is put in it
+    assert place("calibkit.evaluate.results") == "results"  # a file beats its folder
+    assert place("calibkit") == "public API"  # the package face: nothing under the API imports it
+
+
+def test_the_table_parser_reads_paths_rows_and_permissions() -> None:
+    text = f"""intro
+
+{HEADER}
+|---|---|---|
+| top | `a/` (prose `b.py` in parentheses), `c.py` | everything below |
+| middle | `d/e.py` (`f/`) | bottom |
+| bottom | `__init__.py` | — |
+"""
+    rows = parse_table(text)
+    assert rows == [Row("top", ("calibkit.c",), ("calibkit.a",), ("middle", "bottom")),
+                    Row("middle", ("calibkit.d.e",), (), ("bottom",)),
+                    Row("bottom", ("calibkit",), (), ())]
+    with pytest.raises(ValueError, match="no rows"):
+        parse_table(text.replace("| bottom |\n", "| nowhere |\n"))
 
 
 def test_no_import_against_the_layering_table() -> None:
     wrong = []
     for mod, targets in _imports().items():
-        if mod == "calibkit":
-            continue  # the package's lazy re-exports of the public API
         layer = _layer(mod)
-        allowed = LAYERS[layer][1]
+        allowed = BY_NAME[layer].imports
         for target, line in sorted(targets):
             other = _layer(target)
-            if other == layer or "*" in allowed or other in allowed:
-                continue
-            wrong.append(f"{mod}:{line} ({layer}) imports {target} ({other})")
+            if other != layer and other not in allowed:
+                wrong.append(f"{mod}:{line} ({layer}) imports {target} ({other})")
     assert not wrong, "\n".join(wrong)
 
 

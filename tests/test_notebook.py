@@ -11,6 +11,7 @@ NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "walkthrough.ipyn
 
 
 @pytest.mark.slow
+@pytest.mark.longest
 def test_walkthrough_executes(demo_assets_fast: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

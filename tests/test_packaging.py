@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import calibkit
+from calibkit import _version
 
 tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
 
@@ -21,7 +22,8 @@ def _project() -> dict:
 def test_the_version_is_calibkits_and_the_changelog_opens_with_it() -> None:
     doc = _project()
     assert "version" in doc["project"]["dynamic"] and "version" not in doc["project"]
-    assert doc["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "calibkit.__version__"}
+    assert doc["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "calibkit._version.__version__"}
+    assert calibkit.__version__ == _version.__version__
     assert re.fullmatch(r"\d+\.\d+\.\d+", calibkit.__version__)
     releases = re.findall(r"^## (\d+\.\d+\.\d+)\b", (ROOT / "CHANGELOG.md").read_text(encoding="utf-8"), re.M)
     assert releases and releases[0] == calibkit.__version__

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
-from zoo import build_zoo, write_texts, zoo_texts
+from zoo import write_texts, zoo_texts
 
 from calibkit.cli import app
 
@@ -24,8 +24,9 @@ def cli(*args: object) -> None:
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return build_zoo(tmp_path_factory.mktemp("zoo-report"), ("bert-encoder", "bert-token"))
+def models(zoo: dict) -> dict:
+    """The session's zoo (tests/conftest.py), built once for every zoo test."""
+    return zoo
 
 
 def _ner_rows(texts: list[str]) -> list[dict]:

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from calibkit import __version__
 from calibkit._io import atomic_dir, sha256_file
+from calibkit._version import __version__
 from calibkit.calibrate.methods import compute_table
 from calibkit.calibrate.stats import StatsStore
 from calibkit.calibrate.statscache import find_stats, save_stats, set_key

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from calibkit import __version__
 from calibkit._io import atomic_dir, write_json
+from calibkit._version import __version__
 from calibkit.data.calibset import CalibrationSet
 from calibkit.data.encode import DEFAULT_MEMORY_BUDGET, TokenBudget
 from calibkit.data.modeldir import ModelDir

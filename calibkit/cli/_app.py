@@ -15,7 +15,7 @@ import calibkit.cli.report as _report
 import calibkit.cli.sample as _sample
 import calibkit.cli.smooth as _smooth
 import calibkit.cli.tune as _tune
-from calibkit import __version__
+from calibkit._version import __version__
 from calibkit.cli._common import setup_logging
 
 

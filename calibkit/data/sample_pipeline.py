@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from calibkit import __version__
+from calibkit._version import __version__
 from calibkit.data.calibset import CalibrationSet, write_calibration_set
 from calibkit.data.dedup import DedupIndex, Seen
 from calibkit.data.logs import (

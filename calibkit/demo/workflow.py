@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from calibkit import __version__
 from calibkit._io import atomic_dir, dumps_json
+from calibkit._version import __version__
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.report.formatting import fraction_pct as _pct
 from calibkit.report.formatting import interval_text as _ci

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from calibkit import __version__
+from calibkit._version import __version__
 from calibkit.deploy.batching import DEFAULT_BATCH_TOKENS, DEFAULT_MAX_BATCH, DEFAULT_QUEUE_DELAY_US, BatchingPlan
 from calibkit.deploy.profiles import MAX_PROFILES, ROUND_TO, BucketChoice
 from calibkit.errors import ModelError, UsageError

@@ -23,8 +23,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from calibkit import __version__
 from calibkit._io import native_path, sha256_file, utf8_path
+from calibkit._version import __version__
 from calibkit.consistency import check_table_model, labels_sha256, tokenizer_sha256
 from calibkit.engines.artifact import EngineArtifact, sidecar_path
 from calibkit.errors import CalibrationError, ModelError, UsageError

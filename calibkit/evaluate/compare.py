@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
-from calibkit import __version__
+from calibkit._version import __version__
 from calibkit.consistency import check_engines
 from calibkit.data.evalset import EvalSet
 from calibkit.data.tokenizer import TextTokenizer

@@ -20,9 +20,9 @@ compare and tune ask the task, never the model type:
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -174,24 +174,62 @@ def _per_text(output: str, what: str, runner: BaseRunner, tokenizer: TextTokeniz
     return out
 
 
+def _decision_fidelity(reference: Predicted, candidate: Predicted, decide: Callable[[np.ndarray], np.ndarray],
+                       extra: Callable[[np.ndarray, np.ndarray], dict[str, float | None]] | None = None
+                       ) -> Fidelity:
+    """Agreement: the share of texts whose decision (``decide`` of its output row: a class, a label set) the
+    candidate keeps; the cosines of the rows; ``extra`` of the two decisions ([texts, ...] each)."""
+    _check_same(reference, candidate)
+    if not len(reference.values):
+        return Fidelity(0.0, 0.0, 0.0)
+    a, b = decide(reference.values), decide(candidate.values)
+    same = (a == b).reshape(len(a), -1).all(axis=1)
+    cos = _row_cosine(reference.values, candidate.values)
+    return Fidelity(float(same.mean()), float(cos.mean()), float(cos.min()), extra(a, b) if extra else {})
+
+
 @dataclass(frozen=True)
-class ClassificationTask:
+class _PerTextHead:
+    """What the heads with one output row per text share (classification, regression, multi-label): the row
+    read from ``output_name`` (refused where the output has a sequence axis; ``row`` names what it holds)."""
+
     output_name: str
     labels: tuple[str, ...] = ()
     kind: TaskKind = TaskKind.CLASSIFICATION
     logits_distribution: bool = True  # outputs are logits of a class distribution (KL divergence applies)
+    row: ClassVar[str] = "outputs"
 
     def predict(self, runner: BaseRunner, tokenizer: TextTokenizer, texts: Sequence[str], *, batch_size: int,
                 progress: ProgressCallback | None = None, task: str = "inference") -> Predicted:
-        return _per_text(self.output_name, "classes", runner, tokenizer, texts, batch_size, progress, task)
+        return _per_text(self.output_name, self.row, runner, tokenizer, texts, batch_size, progress, task)
+
+
+class _NoClasses:
+    """A task without one class per text (embedding, regression, multi-label): no class predictions or metrics."""
+
+    def predictions(self, out: Predicted) -> np.ndarray | None:
+        return None
+
+    def metrics(self, out: Predicted, y_true: np.ndarray | None) -> ClassificationMetrics | None:
+        return None
+
+
+@dataclass(frozen=True)
+class _ClasslessHead(_NoClasses, _PerTextHead):
+    """A per-text head without one class per text (regression, multi-label), not tunable yet."""
+
+    @property
+    def tunable(self) -> str | None:
+        return _not_tunable(self.kind)
+
+
+@dataclass(frozen=True)
+class ClassificationTask(_PerTextHead):
+    kind: TaskKind = TaskKind.CLASSIFICATION
+    row: ClassVar[str] = "classes"
 
     def fidelity(self, reference: Predicted, candidate: Predicted) -> Fidelity:
-        _check_same(reference, candidate)
-        if not len(reference.values):
-            return Fidelity(0.0, 0.0, 0.0)
-        cos = _row_cosine(reference.values, candidate.values)
-        same = reference.values.argmax(axis=1) == candidate.values.argmax(axis=1)
-        return Fidelity(float(same.mean()), float(cos.mean()), float(cos.min()))
+        return _decision_fidelity(reference, candidate, lambda v: v.argmax(axis=1))
 
     def predictions(self, out: Predicted) -> np.ndarray | None:
         return out.values.argmax(axis=1) if out.values.size else np.zeros(0, dtype=np.int64)
@@ -239,19 +277,14 @@ class ClassificationTask:
 
 
 @dataclass(frozen=True)
-class RegressionTask:
+class RegressionTask(_ClasslessHead):
     """A score head (``problem_type`` regression, or a single output): no argmax, no classes. Fidelity is the
     share of texts whose every output moved by at most :data:`REGRESSION_TOLERANCE` of the reference's spread
     over the eval texts, with the error and the rank correlation to the reference."""
 
-    output_name: str
-    labels: tuple[str, ...] = ()
     kind: TaskKind = TaskKind.REGRESSION
-    logits_distribution: bool = False  # outputs are logits of a class distribution (KL divergence applies)
-
-    def predict(self, runner: BaseRunner, tokenizer: TextTokenizer, texts: Sequence[str], *, batch_size: int,
-                progress: ProgressCallback | None = None, task: str = "inference") -> Predicted:
-        return _per_text(self.output_name, "scores", runner, tokenizer, texts, batch_size, progress, task)
+    logits_distribution: bool = False
+    row: ClassVar[str] = "scores"
 
     def fidelity(self, reference: Predicted, candidate: Predicted) -> Fidelity:
         _check_same(reference, candidate)
@@ -267,16 +300,6 @@ class RegressionTask:
         extra = {"mean_abs_error": float(err.mean()), "max_abs_error": float(err.max()),
                  "tolerance": float(tol.max()), "spearman": _spearman(a[:, 0], b[:, 0])}
         return Fidelity(float(within.mean()), float(np.mean(cols)), float(np.min(cols)), extra)
-
-    def predictions(self, out: Predicted) -> np.ndarray | None:
-        return None
-
-    def metrics(self, out: Predicted, y_true: np.ndarray | None) -> ClassificationMetrics | None:
-        return None
-
-    @property
-    def tunable(self) -> str | None:
-        return _not_tunable(self.kind)
 
     def gold(self, eval_set: EvalSet, tokenizer: TextTokenizer | None = None, width: int | None = None
              ) -> np.ndarray | None:
@@ -299,39 +322,18 @@ class RegressionTask:
 
 
 @dataclass(frozen=True)
-class MultiLabelTask:
+class MultiLabelTask(_ClasslessHead):
     """Independent yes/no per label (``problem_type`` multi_label_classification): a label is on where its
     logit is above 0 (sigmoid above 0.5). Fidelity: the share of texts whose whole label set is unchanged, and
     the share of (text, label) decisions unchanged."""
 
-    output_name: str
-    labels: tuple[str, ...] = ()
     kind: TaskKind = TaskKind.MULTI_LABEL
-    logits_distribution: bool = True  # outputs are logits of a class distribution (KL divergence applies)
-
-    def predict(self, runner: BaseRunner, tokenizer: TextTokenizer, texts: Sequence[str], *, batch_size: int,
-                progress: ProgressCallback | None = None, task: str = "inference") -> Predicted:
-        return _per_text(self.output_name, "labels", runner, tokenizer, texts, batch_size, progress, task)
+    row: ClassVar[str] = "labels"
 
     def fidelity(self, reference: Predicted, candidate: Predicted) -> Fidelity:
-        _check_same(reference, candidate)
-        if not len(reference.values):
-            return Fidelity(0.0, 0.0, 0.0)
-        a, b = reference.values > 0, candidate.values > 0
-        cos = _row_cosine(reference.values, candidate.values)
-        return Fidelity(float((a == b).all(axis=1).mean()), float(cos.mean()), float(cos.min()),
-                        {"label_decision_agreement": float((a == b).mean()),
-                         "labels_on_per_text": float(a.sum(axis=1).mean())})
-
-    def predictions(self, out: Predicted) -> np.ndarray | None:
-        return None
-
-    def metrics(self, out: Predicted, y_true: np.ndarray | None) -> ClassificationMetrics | None:
-        return None
-
-    @property
-    def tunable(self) -> str | None:
-        return _not_tunable(self.kind)
+        return _decision_fidelity(reference, candidate, lambda v: v > 0,
+                                  lambda a, b: {"label_decision_agreement": float((a == b).mean()),
+                                                "labels_on_per_text": float(a.sum(axis=1).mean())})
 
     def gold(self, eval_set: EvalSet, tokenizer: TextTokenizer | None = None, width: int | None = None
              ) -> np.ndarray | None:
@@ -462,7 +464,7 @@ def retrieval_agreement(reference: np.ndarray, candidate: np.ndarray, k: int = R
 
 
 @dataclass(frozen=True)
-class EmbeddingTask:
+class EmbeddingTask(_NoClasses):
     output_name: str
     pooling: str | None = "mean"  # "mean" for a sequence output; None for a pooled [batch, dim] output
     k: int = RETRIEVAL_K
@@ -494,12 +496,6 @@ class EmbeddingTask:
         extra.update({"retrieval_top1_agreement": nn.top1, "retrieval_overlap_at_k": nn.overlap_at_k,
                       "k": float(nn.k)})
         return Fidelity(nn.top1, float(cos.mean()), float(cos.min()), extra)
-
-    def predictions(self, out: Predicted) -> np.ndarray | None:
-        return None
-
-    def metrics(self, out: Predicted, y_true: np.ndarray | None) -> ClassificationMetrics | None:
-        return None
 
     @property
     def tunable(self) -> str | None:

@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from calibkit import __version__
 from calibkit._io import atomic_dir, commit_together, dumps_json, read_json, sha256_bytes, write_json
+from calibkit._version import __version__
 from calibkit.calibrate.methods import compute_table
 from calibkit.calibrate.pipeline import gather_stats
 from calibkit.calibrate.trtcache import write_cache

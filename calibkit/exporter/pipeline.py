@@ -323,8 +323,8 @@ def export_model(source: str | os.PathLike[str] | ExportSource, out: str | os.Pa
                  task: str | None = None, tolerance: float = DEFAULT_TOLERANCE,
                  progress: ProgressCallback | None = None) -> ExportResult:
     """Write the model folder ``out`` for ``source`` (atomically: a refused export leaves nothing)."""
-    from calibkit import __version__
     from calibkit._io import atomic_dir, write_json
+    from calibkit._version import __version__
 
     if not (np.isfinite(tolerance) and tolerance > 0):
         raise UsageError(f"--tolerance must be a positive number, got {tolerance}", hint="e.g. 1e-4")
