@@ -302,10 +302,35 @@ def export(
     tolerance: float = 1e-4,
     progress: ProgressCallback | None = None,
 ) -> ExportResult:
-    """Export your own model (a Hugging Face or sentence-transformers folder, or an .onnx file with its
-    tokenizer) to the model folder ``out`` every other function reads: FP32 ONNX with dynamic batch and sequence
-    axes, the task recorded, checked against the source (refused past ``tolerance``, relative to the largest
-    output). ``task`` forces one (``"embedding"``: the encoder of any head)."""
+    """Export your own model to the model folder every other function reads.
+
+    FP32 ONNX with dynamic batch and sequence axes, the task recorded, its outputs checked against the source's.
+
+    Args:
+        source: A Hugging Face folder (PyTorch or safetensors weights, any task head), a sentence-transformers
+            folder, or an .onnx file (copied and checked, not re-exported), or an ``ExportSource``.
+        out: The model folder to write (atomically: a refused export leaves nothing).
+        tokenizer: The tokenizer folder, when it is not beside the source.
+        task: The task the folder serves (None: from the head; "embedding": the encoder of any head).
+        tolerance: The largest difference to the source's outputs allowed, relative to the largest output.
+        progress: Called with each :class:`~calibkit.progress.ProgressEvent` (None: silent).
+
+    Returns:
+        The folder written, its model, the task, the inputs and output, and the parity check (None for an
+        ONNX source).
+
+    Raises:
+        UsageError: A tolerance that is not a positive number, or a task the model cannot serve.
+        ModelError: The source is unreadable, has no dynamic axes, or differs from the export past
+            ``tolerance``.
+        MissingDependencyError: A PyTorch source without the ``export`` extra (torch, onnxscript).
+
+    Examples:
+        >>> import calibkit as ck
+        >>> ex = ck.export("model/model.onnx", "runs/exported", tokenizer="model/")
+        >>> ex.model_path.name, ex.parity is None
+        ('model.onnx', True)
+    """
     from calibkit.exporter import export_model
 
     return export_model(source, out, tokenizer=tokenizer, task=task, tolerance=tolerance, progress=progress)

@@ -15,8 +15,9 @@ from calib_helpers import texts, write_model_dir
 import calibkit
 from calibkit import api
 
-# the order the examples build on each other: sample's set feeds smooth and calibrate, build's engines compare
-ORDER = ("sample", "smooth", "calibrate", "histogram", "build", "compare", "render_report", "load_report", "tune")
+# the order the examples build on each other (export first: its own folder): sample's set feeds smooth and
+# calibrate, build's engines compare
+ORDER = ("export", "sample", "smooth", "calibrate", "histogram", "build", "compare", "render_report", "load_report", "tune")
 SECTIONS = ("Args:", "Returns:", "Raises:", "Examples:")
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import FORCE, RichProgress, guard_out_dir, handle_errors, say
+from calibkit.cli._common import FLOAT, FORCE, RichProgress, guard_out_dir, handle_errors, say
 
 HELP = """Export your own model to the model folder calibkit reads: model.onnx (FP32, dynamic batch and sequence
 axes, the task recorded in its metadata) beside the tokenizer and config.json.
@@ -46,7 +46,7 @@ def export(
         None, "--task",
         help="classification, regression, multi-label, token-classification or embedding (default: from "
              "config.json's architectures and problem_type). embedding exports the encoder of any head."),
-    tolerance: float = typer.Option(1e-4, "--tolerance",
+    tolerance: float = typer.Option(1e-4, "--tolerance", parser=FLOAT,
                                     help="Largest accepted |ONNX - PyTorch| relative to the largest output."),
     force: bool = FORCE,
 ) -> None:

@@ -407,7 +407,7 @@ def _check(value: Any, path: str, domain: tuple[float, float] | None, signed: bo
         for f in dataclasses.fields(value):
             if f.metadata.get("json", True) is False:
                 continue
-            v, below = getattr(value, f.name), inner or f.name == "differences"
+            v, below = getattr(value, f.name), inner or f.name in ("differences", "difference")
             if f.metadata.get("flatten"):
                 for k, x in dict(v).items():
                     _check(x, f"{path}.{k}", _domain_of(str(k), domain, below), below)
