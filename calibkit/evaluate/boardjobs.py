@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from calibkit.data.encode import TokenBudget
 from calibkit.errors import CalibkitError, ModelError
 from calibkit.evaluate.jobs import SensitivityJob, SensitivityResult, load_calibration_table, score_outputs
 from calibkit.evaluate.rowfidelity import EMBEDDING
@@ -33,6 +34,9 @@ from calibkit.executors.base import Executor, Shared, fetch, materialize
 log = logging.getLogger("calibkit.evaluate.boardjobs")
 
 TENSORRT = "tensorrt"
+# padded tokens per batch at most: a sample of 64 log texts holds one or two of 512 tokens, which would pad a
+# batch of 32 to 16,384 tokens where its texts hold about 1,300 (batches of short texts stay at the batch size)
+BATCH_TOKENS = TokenBudget(max_batch_tokens=4096)
 MIN_UNIT_COST = 1024.0  # tokens: below this a unit pays more in per-unit overhead than it computes
 UNITS_PER_WORKER = 4  # enough units that a slow one does not leave the other workers idle at the end
 
@@ -123,7 +127,7 @@ def run_board_unit(u: BoardUnit) -> UnitOutput:
         texts = [every[i] for i in u.rows]
         feeds = Setting(np.asarray(u.switches, dtype=bool), np.asarray(u.scales, dtype=np.float32)).feeds()
         values = predict_outputs(_Fixed(runner, feeds), tok, texts, batch_size=u.batch_size,  # type: ignore[arg-type]
-                                 output_name=u.output_name, pooling=u.pooling).values
+                                 output_name=u.output_name, pooling=u.pooling, budget=BATCH_TOKENS).values
     except CalibkitError as exc:
         return UnitOutput(None, time.perf_counter() - start, time.process_time() - cpu, exc.message, exc.hint)
     return UnitOutput(values, time.perf_counter() - start, time.process_time() - cpu)

@@ -53,17 +53,20 @@ def predict_outputs(
     pooling: str | None = None,
     progress: ProgressCallback | None = None,
     task: str = "inference",
+    budget: TokenBudget | None = None,
 ) -> Predicted:
     """``output_name`` (default: the first output) for every text. ``runner`` must be active.
 
     ``pooling="mean"``: a sequence output is averaged over each text's real tokens (attention mask).
+    ``budget``: batches are also cut to fit it (``max_batch_tokens``: batch x longest text), so a few long texts
+    do not pad a whole batch of short ones to their length.
     """
     if pooling not in (None, "mean"):
         raise ValueError(f"unknown pooling {pooling!r}")
     cb = progress or no_progress
     lengths = np.minimum(tokenizer.token_lengths(texts), tokenizer.max_length)
     names = [s.name for s in runner.input_specs]
-    batches = length_batches(lengths, batch_size, input_names=names)
+    batches = length_batches(lengths, batch_size, budget=budget, input_names=names)
     width = int(lengths.max()) if len(lengths) else 0
     out_name = output_name or runner.output_names[0]
     result: np.ndarray | None = None
