@@ -12,7 +12,6 @@ loaded by every worker) and of a second (sessions reused), each with the host's 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def cpu() -> tuple[int, int]:
@@ -56,15 +56,9 @@ def main() -> None:
                              tuple(TensorRange(t, 8.0, Method.MINMAX) for t in placement.activations))
     args.work.mkdir(parents=True, exist_ok=True)
     write_calibration_json(args.work / "calibration.json", table, {"target": "tensorrt"})
-    texts = []
-    for line in args.log.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            t = json.loads(line).get("text")
-        except (ValueError, AttributeError):
-            continue
-        if isinstance(t, str) and t.strip():
-            texts.append(t)
-    xs = tuple(random.Random(0).sample(texts, args.texts))
+    from bench_tune_scale import log_texts  # type: ignore[import-not-found]
+
+    xs = tuple(random.Random(0).sample(log_texts(args.log), args.texts))
     ref = np.zeros((len(xs), 2))
     base = dict(source_model=str(model), calibration_json=str(args.work / "calibration.json"),
                 tokenizer=str(args.model), texts=xs, labels=(), reference_logits=ref)

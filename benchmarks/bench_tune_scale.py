@@ -29,6 +29,19 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
+def log_texts(log: Path) -> list[str]:
+    """The usable texts of a log, in order (the demo log is dirty on purpose: broken lines, bad bytes)."""
+    texts = []
+    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            t = json.loads(line).get("text")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(t, str) and t.strip():
+            texts.append(t)
+    return texts
+
+
 def build(shape: str, tokenizer: Path, log: Path, out: Path) -> Path:
     """The random-initialised shape with a head centred on the log's texts (classes split about evenly)."""
     import torch
@@ -40,16 +53,7 @@ def build(shape: str, tokenizer: Path, log: Path, out: Path) -> Path:
         return out
     model = bert_shape(shape)
     hidden = model.config.hidden_size
-    texts = []  # the log is dirty on purpose (broken lines, bad bytes): the first 256 usable texts
-    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            t = json.loads(line).get("text")
-        except (ValueError, AttributeError):
-            continue
-        if isinstance(t, str) and t.strip():
-            texts.append(t)
-        if len(texts) == 256:
-            break
+    texts = log_texts(log)[:256]
     enc = TextTokenizer(tokenizer, max_length=128).encode(texts)
     with torch.no_grad():
         pooled = model.bert(input_ids=torch.tensor(enc.input_ids), attention_mask=torch.tensor(enc.attention_mask),
