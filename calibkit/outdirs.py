@@ -416,12 +416,12 @@ def _replace_stale(lock: Path, ours: str, *, option: str, output: str | os.PathL
                 return False  # replaced since we opened it
         except FileNotFoundError:
             return False
-        rec = _read_lock_record(old)
-        if rec is None or st.st_nlink != 1:
-            raise foreign("a file with other content" if rec is None else "a file with other names (hard links)")
+        record = _read_lock_record(old)
+        if record is None or st.st_nlink != 1:
+            raise foreign("a file with other content" if record is None else "a file with other names (hard links)")
         os.rename(ours, lock)  # atomic: the lock path never stands empty or unlocked
         log.warning("%s %s: took over the lock %s of an earlier run (pid %s) that ended without releasing it",
-                    option, output, lock, rec.get("pid", "?"))
+                    option, output, lock, record.get("pid", "?"))
         return True
     finally:
         os.close(old)
