@@ -26,6 +26,7 @@ from calibkit.data.evalset import load_eval_set
 from calibkit.data.modeldir import ModelDir
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+from calibkit.evaluate.boardjobs import run_board_unit
 from calibkit.evaluate.predict import predict_logits
 from calibkit.evaluate.sensitivity import analyse_sensitivity
 from calibkit.evaluate.shipping import run_shipped_job
@@ -155,14 +156,15 @@ def test_interrupted_distributed_tune_resumes_without_redoing_evaluations(tiny, 
     out = tmp_path / "tune"
     cfg = TuneConfig(max_drop=1.0, sensitivity_samples=48, method="minmax", smooth=False)
     real_map = dask_ex.map
-    seen = {"n": 0}
+    ledger = out.parent / f".{out.name}.tune" / "ledger.jsonl"
 
     def interrupting_map(fn, items, *, task="work", progress=None, on_result=None):  # noqa: ANN001
         def record(i, r):  # noqa: ANN001
             if on_result is not None:
                 on_result(i, r)
-            seen["n"] += fn is run_shipped_job  # evaluations, not statistics shards
-            if seen["n"] == 4:
+            # evaluations (one variant per job, or units of switchboard jobs), not statistics shards
+            if fn in (run_shipped_job, run_board_unit) and ledger.is_file() and \
+                    len(ledger.read_text().splitlines()) == 4:
                 raise KeyboardInterrupt  # Ctrl-C on the driver after four finished evaluations
         return real_map(fn, items, task=task, progress=progress, on_result=record)
 
@@ -171,7 +173,6 @@ def test_interrupted_distributed_tune_resumes_without_redoing_evaluations(tiny, 
         run_tune(md, tiny / "cset", ev, out, cfg, executor=dask_ex)
     monkeypatch.undo()
     assert _cluster_idle(dask_ex), "the interrupted run left tasks running on the cluster"
-    ledger = out.parent / f".{out.name}.tune" / "ledger.jsonl"
     first = [json.loads(line)["key"] for line in ledger.read_text().splitlines()]
     assert len(first) == 4 and not out.exists()
 

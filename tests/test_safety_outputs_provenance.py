@@ -181,13 +181,14 @@ WRITERS: dict[tuple[str, str], list[str]] = {
                          "--report", "{p}/logs"],
     ("sample", "out_dir"): ["sample", "{p}/logs/prod.jsonl", "--size", "8", "--out", "{p}/logs"],
     ("report", "out_dir"): ["report", "{p}/doc.json", "--out", "{p}"],
+    ("export", "out_dir"): ["export", "{p}/model/model.onnx", "--tokenizer", "{p}/model", "--out", "{p}/model"],
 }
 # path options that name what a command reads, and writers that read nothing of the user's
 READERS = {("smooth", "calibration_set"), ("smooth", "tokenizer"), ("calibrate", "calibration_set"),
            ("calibrate", "tokenizer"), ("calibrate", "from_cache"), ("build", "calibration"), ("build", "qdq"),
            ("build", "tokenizer"), ("build", "calibration_set"), ("compare", "eval_set"), ("compare", "reference"),
            ("tune", "calibration_set"), ("tune", "eval_set"), ("tune", "tokenizer"), ("deploy", "traffic"),
-           ("sample", "tokenizer")}
+           ("sample", "tokenizer"), ("export", "tokenizer")}
 NO_USER_INPUTS = {("demo prepare", "out_dir"), ("demo run", "workdir"), ("demo run", "reports_dir")}
 
 
