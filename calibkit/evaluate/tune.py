@@ -795,18 +795,17 @@ def _judge(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evaluat
     base_job = jobs(table_path, (), subset, ALL_INT8)
     rec = ev.ledger.get(job_key(base_job, table_sha, ev.model_sha))
     base = from_record(rec) if rec is not None and not rec.get("error") else None
-    if config.risk_strata:
+    # the search split in strata by flip risk; the holdout, whose tests are the claim, stays a plain random sample
+    # judged by the decision rule: measured on the demo, its stratified bound on 1,362 texts could not confirm a
+    # plan at 99.39 % that its 5,250 texts certify, and a wrong risk model can hide nothing there
+    if config.risk_strata and subset is evidence.search:
         if base is None:
             (base,) = ev.run([base_job], table_sha, "all-INT8 (flip risk)")
-        search = subset is evidence.search
-        strata = stratify(evidence, subset, base.agreement_values, seed=config.seed + (0 if search else 1))
+        strata = stratify(evidence, subset, base.agreement_values, seed=config.seed)
         if strata is not None:
-            log.info("%s by flip risk (evaluated/total): %s", "search split" if search else "holdout",
-                     strata.describe())
-            # the holdout's tests are the claim (fixed-sequence confirmation): at the rule's final confidence
+            log.info("search split by flip risk (evaluated/total): %s", strata.describe())
             judge: PlanJudge | StratifiedJudge = StratifiedJudge(
-                evidence, subset, strata, constraints, run_chunks,
-                config.agreement_confidence if search else rule.final_confidence, rule)
+                evidence, subset, strata, constraints, run_chunks, config.agreement_confidence, rule)
             judge.seed((), base)
             return judge
     judge = PlanJudge(evidence, subset, rule, constraints, run_chunks, estimated=every)
