@@ -302,5 +302,5 @@ def _stitch(job: SensitivityJob, rows: Sequence[tuple[int, ...]], outs: Sequence
     shape = (len(job.texts), width, *first.shape[2:]) if width is not None else (len(job.texts), *first.shape[1:])
     values = np.zeros(shape, dtype=np.float32)  # sequence outputs: zeros past each text, as predict_outputs pads
     for r, v in parts:
-        values[np.asarray(r, dtype=np.int64), : v.shape[1]] = v if width is not None else v
+        values[np.asarray(r, dtype=np.int64), : v.shape[1]] = v
     return replace(score_outputs(job, values, seconds), cpu_seconds=cpu)

@@ -202,6 +202,7 @@ class StratifiedJudge:
     _judged: dict[Plan, Judged] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self._size_memo: dict[bool, list[int]] = {}
         self._where = np.full(len(self.subset), -1, dtype=np.int64)  # subset position -> stratum
         for h, m in enumerate(self.strata.members):
             self._where[m] = h
@@ -242,8 +243,7 @@ class StratifiedJudge:
             rows = (self.evidence.accuracy_positions(chunk) if c.name == ACCURACY_DROP
                     else self.evidence.agreement_positions(chunk))
             stratum = self._where[pos[rows]]
-            every = self._relevant(c)
-            sizes = [int(np.sum(self._where[every] == h)) for h in range(len(self.strata.names))]
+            sizes = self._sizes(c.name == ACCURACY_DROP)
             per = [values[c.name][stratum == h] for h in range(len(self.strata.names))]
             est, low = stratified_bound(per, sizes, c, z)
             # accuracy is estimated (the holdout verdict checks it); fidelity targets are certified
@@ -256,10 +256,15 @@ class StratifiedJudge:
                                                                           for d in decisions),
                       int(len(pos)), estimates.get("cosine", float("nan")), tuple(decisions))
 
-    def _relevant(self, c: Constraint) -> np.ndarray:
-        everything = chunk_subset(self.subset, np.arange(len(self.subset)))
-        return (self.evidence.accuracy_positions(everything) if c.name == ACCURACY_DROP
-                else self.evidence.agreement_positions(everything))
+    def _sizes(self, accuracy: bool) -> list[int]:
+        """Members per stratum among the rows a constraint counts: the labelled rows for accuracy, the agreement
+        rows for the rest (the same for every plan: computed once)."""
+        if accuracy not in self._size_memo:
+            everything = chunk_subset(self.subset, np.arange(len(self.subset)))
+            rows = (self.evidence.accuracy_positions(everything) if accuracy
+                    else self.evidence.agreement_positions(everything))
+            self._size_memo[accuracy] = [int(np.sum(self._where[rows] == h)) for h in range(len(self.strata.names))]
+        return self._size_memo[accuracy]
 
     def _accuracy(self, chunk: EvalSubset, seen: _Seen, pos: np.ndarray) -> float:
         """Accuracy on the labelled rows, stratified like the constraints (NaN without labelled rows)."""
@@ -273,8 +278,7 @@ class StratifiedJudge:
         pred = pred[keep]
         correct = (pred[rows] == self.evidence.labels[chunk.array[rows]]).astype(np.float64)
         stratum = self._where[pos[rows]]
-        every = self._relevant(Constraint.accuracy_drop(0.0))
-        sizes = [int(np.sum(self._where[every] == h)) for h in range(len(self.strata.names))]
+        sizes = self._sizes(True)
         total = float(sum(sizes))
         return float(sum(size / total * float(np.mean(correct[stratum == h]))
                          for h, size in enumerate(sizes) if size and np.any(stratum == h)))
