@@ -480,3 +480,33 @@ def test_the_claim_holds_only_when_met_confirmed_and_supported(tiny_setup):
     assert r.phases and r.phases[0].phase == "FP32 reference" and r.fp32_passes is not None
     assert all(p.seconds >= 0 and p.texts >= 0 for p in r.phases)
     assert sum(p.texts for p in r.phases if p.phase == "FP32 reference") == len(load_eval_set(tiny_setup["eval"]))
+
+
+def test_ranking_reuses_method_autos_one_node_runs_exactly(tiny_setup, monkeypatch):
+    """Method auto measures every node alone under its two best methods on the sensitivity texts; the ranking
+    reads those runs instead of running the nodes again, and what it finds is what fresh runs find."""
+    import calibkit.evaluate.tune as tune_mod
+    from calibkit.progress import ProgressEvent
+
+    md = ModelDir.resolve(tiny_setup["model"])
+    ev = load_eval_set(tiny_setup["eval"])
+    cfg = TuneConfig(max_drop=1.0, workers=1, sensitivity_samples=32, method="auto", smooth=False)
+
+    def tune(out: str) -> tuple[dict, int]:
+        ran = []
+
+        def progress(e: ProgressEvent) -> None:
+            if e.task == "sensitivity (quantize one node)":
+                ran.append(e.total)
+
+        r = run_tune(md, tiny_setup["cset"], ev, tiny_setup["root"] / out, cfg, progress=progress)
+        return r.doc, max(ran, default=0)
+
+    reused, ran_reused = tune("reuse-on")
+    monkeypatch.setattr(tune_mod, "_known_one_node_runs", lambda *a: {})
+    fresh, ran_fresh = tune("reuse-off")
+    assert ran_fresh > 0 and ran_reused < ran_fresh
+    assert reused["final"]["reasons"] == fresh["final"]["reasons"]
+    assert any("quantizing only it" in r for rs in fresh["final"]["reasons"].values() for r in rs)
+    assert reused["final"]["kept_nodes"] == fresh["final"]["kept_nodes"]
+    assert [c["kept_nodes"] for c in reused["candidates"]] == [c["kept_nodes"] for c in fresh["candidates"]]

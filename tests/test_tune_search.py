@@ -159,3 +159,28 @@ def test_anchors_with_a_margin_bisect_for_the_fewest_kept_layers_that_have_it():
     short = search_plan(ranking, FLOPS, evaluate, threshold=0.0, min_agreement=0.95, anchors=1,
                         margin=lambda m: m.agreement > 1.0)  # no prefix has it: the one anchor, no bisect
     assert [len(m.plan) for m in short.tried if m.stage == "anchor"] == [8]
+
+
+def test_prune_returns_small_layers_together_and_big_ones_alone():
+    """Layers under prune_min_share of the FLOPs cost one evaluation together, not one each."""
+    flops = {"big0": 100.0, "big1": 90.0, **{f"s{i}": 0.1 for i in range(8)}}
+    harm = {n: 0.0 for n in flops}
+    harm["big0"] = 0.05  # the only harmful layer
+    evaluate, calls = additive_evaluator(harm, 0.90)
+    ranking = ["s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7", "big0", "big1"]  # a poor ranking: all kept
+    out = search_plan(ranking, flops, evaluate, threshold=0.899, prune_min_share=0.01)
+    assert out.best is not None and out.best.plan == ("big0",)
+    pruned = [m for m in out.tried if m.stage == "prune"]
+    assert len(pruned) <= 3  # big1, big0 (refused), then the eight small ones at once
+    alone = search_plan(ranking, flops, additive_evaluator(harm, 0.90)[0], threshold=0.899)
+    assert len([m for m in alone.tried if m.stage == "prune"]) > len(pruned)
+
+
+def test_prune_budget_caps_the_prune_stage_only():
+    harm = {n: 0.0 for n in FLOPS}
+    harm["n3"] = 0.05
+    ranking = list(reversed(list(FLOPS)))  # n3 comes late: the prefix keeps many harmless layers
+    evaluate, _ = additive_evaluator(harm, 0.90)
+    out = search_plan(ranking, FLOPS, evaluate, threshold=0.899, prune_budget=2)
+    assert len([m for m in out.tried if m.stage == "prune"]) == 2
+    assert out.best is not None and "n3" in out.best.plan

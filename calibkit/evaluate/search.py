@@ -11,7 +11,9 @@ Strategy, every step measured:
    meets the target, then bisect k between the last failure and the first success; with ``anchors`` > 0,
    larger prefixes with margin past the target are measured too (see ``search_plan``);
 3. prune: try returning each kept layer to INT8, most FLOPs first, keeping each return that still meets the
-   target (the ranking is only an estimate; layers interact), and pass again while a pass returned any.
+   target (the ranking is only an estimate; layers interact), and pass again while a pass returned any. With
+   ``prune_min_share``, layers under that share of the FLOPs are tried once, all together (one at a time they
+   cost a whole evaluation each for a fraction of a percent of INT8); ``prune_budget`` caps the stage.
 The answer is the measured candidate that meets the target with the largest INT8 share of MatMul/Gemm FLOPs.
 """
 
@@ -81,6 +83,8 @@ def search_plan(
     agreement_z: float = 0.0,
     anchors: int = 0,
     margin: Callable[[Measured], bool] | None = None,
+    prune_min_share: float = 0.0,
+    prune_budget: int | None = None,
 ) -> SearchOutcome:
     """``ranking``: nodes, most harmful in INT8 first. ``evaluate`` measures several plans (it may run them in
     parallel); a score that carries ``meets`` (evaluate.plan_decisions.Judged: decided by a decision rule on as
@@ -182,20 +186,37 @@ def search_plan(
         else:
             lo = mid
     kept = list(order[:hi])
-    changed = True
-    while changed and len(tried) < max_evaluations:  # another pass after any return: layers interact
-        changed = False
-        for node in sorted(kept, key=lambda n: -flops.get(n, 0.0)):
-            if len(tried) >= max_evaluations:
-                break
-            trial = as_plan([n for n in kept if n != node])
-            if trial in tried and not tried[trial].meets:
-                continue
-            (m,) = measure([trial], "prune") or (None,)
-            if m is not None and m.meets:
-                kept.remove(node)
-                changed = True
+    stop = max_evaluations if prune_budget is None else min(max_evaluations, len(tried) + prune_budget)
+    _prune(kept, flops, prune_min_share, stop, tried, measure)
     return SearchOutcome(best(), tuple(tried.values()))
+
+
+def _prune(kept: list[str], flops: Mapping[str, float], min_share: float, stop: int, tried: dict[Plan, Measured],
+           measure: Callable[[Sequence[Plan], str], list[Measured]]) -> None:
+    """The prune stage of ``search_plan`` on ``kept`` (changed in place) until ``len(tried)`` reaches ``stop``."""
+    total = sum(flops.values()) or 1.0
+    small = {n for n in kept if flops.get(n, 0.0) / total < min_share}
+
+    def attempt(back: Sequence[str]) -> bool:
+        trial = as_plan([n for n in kept if n not in back])
+        if trial in tried and not tried[trial].meets:
+            return False
+        (m,) = measure([trial], "prune") or (None,)
+        if m is not None and m.meets:
+            for n in back:
+                kept.remove(n)
+            return True
+        return False
+
+    changed = True
+    while changed and len(tried) < stop:  # another pass after any return: layers interact
+        changed = False
+        for node in sorted((n for n in kept if n not in small), key=lambda n: -flops.get(n, 0.0)):
+            if len(tried) >= stop:
+                return
+            changed = attempt([node]) or changed
+    if small and len(tried) < stop:
+        attempt([n for n in kept if n in small])
 
 
 def _unpack(score: Score) -> tuple[float, float, float]:

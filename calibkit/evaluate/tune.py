@@ -53,6 +53,7 @@ from calibkit.evaluate.flops import linear_work
 from calibkit.evaluate.holdout import agreement_noun, allowed_change, holdout_verdict, plan_evidence
 from calibkit.evaluate.ledger import Evaluator, Ledger, from_record, job_key
 from calibkit.evaluate.phases import PhaseClock
+from calibkit.evaluate.tune_defaults import TUNE_PRUNE_BUDGET, TUNE_PRUNE_MIN_SHARE
 from calibkit.evaluate.plan_decisions import (
     DECISION_RULES,
     ESTIMATED,
@@ -290,6 +291,9 @@ class _Tables:
     smoothing_note: str | None = None  # why no smoothed variant was measured, when none was
     cosine: dict[str, float] = field(default_factory=dict)  # embeddings: mean cosine to FP32, all-INT8
     race_texts: int = 0  # the search texts the tables were raced on (evaluate.risk.risky_subset)
+    # method auto: each finalist method's one-node runs (method -> node -> result) and the texts they ran on
+    own_runs: dict[str, dict[str, SensitivityResult]] = field(default_factory=dict)
+    own_texts: EvalSubset | None = None
 
     @property
     def base(self) -> tuple[CalibrationTable, Path, str]:
@@ -572,6 +576,8 @@ def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: 
             measure(key, v)
     chosen = owner[rank(list(tables))]
     chosen_methods: dict[str, str] = {}
+    own_runs: dict[str, dict[str, SensitivityResult]] = {}
+    sens = None
     if config.method == "auto":
         # for every method and node of the chosen variant, the output KL divergence to FP32 when only that node
         # is INT8
@@ -583,7 +589,8 @@ def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: 
             _, p, tsha = tables[m.value + chosen.suffix]
             res = ev.run([jobs(p, jobs.all_but(n), sens, ONLY_THIS, n) for n in model.nodes], tsha,
                          f"per-layer fidelity ({m.value}{chosen.suffix})")
-            own_kl[m.value] = {r.node: _damage(r) for r in res if r.node}
+            own_runs[m.value] = {r.node: r for r in res if r.node}
+            own_kl[m.value] = {n: _damage(r) for n, r in own_runs[m.value].items()}
         chosen_methods = _auto_methods_by_fidelity(own_kl, model.placement)
         per_tensor = {t: Method(m) for t, m in chosen_methods.items()}
         t = compute_table(chosen.store, per_tensor, config.params, model.sha, cset.id,
@@ -593,7 +600,8 @@ def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: 
         tables[key], owner[key] = (t, p, _write_table(p, t, {"target": config.target})), chosen
         measure(key, chosen)
     base_key = rank([k for k in tables if owner[k] is chosen])
-    return _Tables(tables, chosen_methods, acc, flips, kl, base_key, chosen, cosine=cos, race_texts=len(race))
+    return _Tables(tables, chosen_methods, acc, flips, kl, base_key, chosen, cosine=cos, race_texts=len(race),
+                   own_runs=own_runs, own_texts=sens)
 
 
 def _rank(model: _Model, evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evaluator,
@@ -615,14 +623,34 @@ def _rank(model: _Model, evidence: SplitEvidence, config: TuneConfig, jobs: _Job
     k = len(nodes) if config.sensitivity_layers is None else min(config.sensitivity_layers, len(nodes))
     sens = evidence.sensitivity
     (base,) = ev.run([jobs(table_path, (), sens, ALL_INT8)], table_sha, "sensitivity base")
-    measured = ev.run([jobs(table_path, jobs.all_but(n), sens, ONLY_THIS, n) for n in by_badness[:k]], table_sha,
-                      "sensitivity (quantize one node)")
-    harm = {r.node: (_damage(r), r.flip_rate) for r in measured if r.node}
+    known = _known_one_node_runs(model, tables, sens)
+    measured = ev.run([jobs(table_path, jobs.all_but(n), sens, ONLY_THIS, n) for n in by_badness[:k]
+                       if n not in known], table_sha, "sensitivity (quantize one node)")
+    harm = {r.node: (_damage(r), r.flip_rate) for r in [*measured, *(known[n] for n in by_badness[:k] if n in known)]
+            if r.node}
     own_sqnr: dict[str, float] = {}
     for lm in base_meas.layers:
         if lm.quant_sqnr_db is not None:
             own_sqnr[lm.spec.node] = min(own_sqnr.get(lm.spec.node, float("inf")), lm.quant_sqnr_db)
     return _Ranking(_rank_by_harm_per_flop(by_badness[:k], harm, flops) + by_badness[k:], harm, base, own_sqnr)
+
+
+def _known_one_node_runs(model: _Model, tables: _Tables, sens: EvalSubset) -> dict[str, SensitivityResult]:
+    """The base table's one-node runs that method auto's per-layer fidelity already made, on the same texts: a
+    node quantized alone reads only its own inputs' ranges, so where the base table gives every activation input
+    of the node the range of one finalist method, that finalist's run is the node's run under the base table."""
+    if not tables.own_runs or tables.own_texts is None or tables.own_texts.indices != sens.indices:
+        return {}
+    suffix = tables.variant.suffix if tables.variant is not None else ""
+    single = tables.base_key[:-len(suffix)] if suffix and tables.base_key.endswith(suffix) else tables.base_key
+    out: dict[str, SensitivityResult] = {}
+    for qn in model.placement.nodes:
+        methods = ({tables.chosen_methods.get(t) for t in qn.activation_inputs} if single == "auto"
+                   else {single})
+        runs = tables.own_runs.get(next(iter(methods)) or "", {}) if len(methods) == 1 else {}
+        if qn.name in runs:
+            out[qn.name] = runs[qn.name]
+    return out
 
 
 def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evaluator, tables: _Tables,
@@ -663,7 +691,7 @@ def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evalua
                               agreement_examples=len(evidence.agreement_positions(evidence.search)),
                               agreement_z=NormalDist().inv_cdf(config.agreement_confidence),
                               anchors=config.confirm_anchors if confirms else 0,
-                              margin=margin)
+                              margin=margin, prune_min_share=TUNE_PRUNE_MIN_SHARE, prune_budget=TUNE_PRUNE_BUDGET)
     final: Measured | None = outcome.best
     if final is None:  # nothing met the target: report the most faithful plan measured
         final = max(outcome.tried, key=lambda m: (m.agreement, m.accuracy, m.int8_flops_fraction))
@@ -676,11 +704,9 @@ def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evalua
         # every candidate judged, those a parallel batch reached past the first failure too
         cost = replace(cost, confirm_texts=sum(hold_judge.texts().values()))
     on_holdout: dict[Plan, SensitivityResult] = {}
-    with clock.phase("whole-split numbers"):
-        if judge is not None:  # the plan's reported numbers rest on the whole search split, not on its decision's
-            on_search[final.plan] = judge.complete(final.plan)  # rows
-            outcome, final = _whole_split_numbers(outcome, final, on_search[final.plan], evidence)
-            cost = replace(cost, completion_texts=judge.completed_texts)
+    # the plan's search-split numbers are those its decision rested on (the stratified estimate: evaluate.risk);
+    # the numbers the plan claims are the holdout's, measured in full below
+    with clock.phase("holdout numbers"):
         if len(evidence.holdout):
             if hold_judge is not None:  # the confirmed plan's holdout rows so far are in its judge: complete them
                 on_holdout[final.plan] = hold_judge.complete(final.plan)
@@ -851,6 +877,8 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
     search_idx, hold_idx = evidence.search.array, evidence.holdout.array
     fp32_search = evidence.accuracy_of_reference(evidence.search)
     search_ev, agree_search = plan_evidence(config, evidence, evidence.search, searched.on_search.get(final.plan))
+    if agree_search is None:  # the decision's estimate (the plan is not re-run on the rest of the search split)
+        agree_search = finite(final.agreement)
     hold_ev, agree_hold = plan_evidence(config, evidence, evidence.holdout, searched.on_holdout.get(final.plan))
     all_int8_hold = searched.on_holdout.get(())
     all_int8_hold_scores = evidence.scores(evidence.holdout, all_int8_hold) if all_int8_hold is not None else None
@@ -926,7 +954,7 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
             all_int8_accuracy_holdout=finite(hold_acc.get(())),
             all_int8_agreement_holdout=finite(all_int8_hold_scores.agreement) if all_int8_hold_scores else None,
             all_int8_cosine_holdout=finite(all_int8_hold_scores.cosine) if all_int8_hold_scores else None,
-            cosine_search=finite(evidence.scores(evidence.search, final_search).cosine) if final_search else None,
+            cosine_search=finite(evidence.scores(evidence.search, final_search).cosine if final_search else final.cosine),
             cosine_holdout=finite(final_hold.cosine) if final_hold else None,
             agreement_search=agree_search, agreement_holdout=agree_hold, search_evidence=search_ev,
             holdout_evidence=hold_ev,
