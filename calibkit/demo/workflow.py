@@ -50,7 +50,9 @@ class WorkflowOptions:
     sensitivity_samples: int = 256
     sensitivity_layers: int | None = 12  # compare's per-layer sensitivity: the worst K layers
     layer_samples: int = 512
-    max_evaluations: int = 40
+    # tune's evidence budget; None: tune's own defaults (what a user of `calibkit tune` gets)
+    tune_sensitivity_samples: int | None = None
+    tune_max_evaluations: int | None = None
     methods: tuple[Method, ...] = tuple(Method)
     # more tunes, each restricted to one method (("entropy",): TensorRT's default calibrator, to show the fallback
     # search at work). None by default: with traffic evidence each one is a second full tune, about an hour on
@@ -70,7 +72,8 @@ class WorkflowOptions:
         """The --fast variant: logistic-regression head, smaller log, sample and eval subsets."""
         base: dict[str, Any] = dict(fast=True, log_lines=3000, sample_size=128, eval_limit=400,
                                     sensitivity_samples=64, sensitivity_layers=6, layer_samples=128,
-                                    max_evaluations=12, max_drop=1.0, min_agreement=None, extra_tune_methods=(),
+                                    tune_sensitivity_samples=64, tune_max_evaluations=12, max_drop=1.0,
+                                    min_agreement=None, extra_tune_methods=(),
                                     traffic_size=200, tune_method="minmax", embedder_traffic_size=300)
         base.update(kw)
         return cls(**base)
@@ -339,20 +342,25 @@ def _tune(options: WorkflowOptions, setup: _Setup, clock: _Clock) -> tuple[Any, 
     md, cset, ev, runs, reports = setup.md, setup.cset, setup.ev, setup.runs, setup.reports
     with clock.timed("tune"):
         tres = ck.tune(md, cset, ev, runs / "tune", max_drop=options.max_drop, method=options.tune_method,
-                       min_agreement=options.min_agreement, sensitivity_samples=options.sensitivity_samples,
-                       max_evaluations=options.max_evaluations, workers=options.workers, seed=options.seed,
+                       min_agreement=options.min_agreement, **_tune_budget(options), workers=options.workers,
+                       seed=options.seed,
                        report=reports / "tune", progress=clock.cb, traffic="auto" if options.traffic_size else None,
                        traffic_size=max(1, options.traffic_size))
     extra: dict[str, Any] = {}
     for m in options.extra_tune_methods:
         with clock.timed(f"tune ({m})"):
             extra[m] = ck.tune(md, cset, ev, runs / f"tune-{m}", max_drop=options.max_drop, method=m,
-                               sensitivity_samples=options.sensitivity_samples,
-                               max_evaluations=options.max_evaluations, workers=options.workers,
+                               **_tune_budget(options), workers=options.workers,
                                seed=options.seed, report=reports / f"tune-{m}", progress=clock.cb,
                                traffic="auto" if options.traffic_size else None,
                                traffic_size=max(1, options.traffic_size))
     return tres, extra
+
+
+def _tune_budget(options: WorkflowOptions) -> dict[str, Any]:
+    """tune's evidence budget where the options set one (--fast), else nothing: tune's own defaults."""
+    chosen = {"sensitivity_samples": options.tune_sensitivity_samples, "max_evaluations": options.tune_max_evaluations}
+    return {k: v for k, v in chosen.items() if v is not None}
 
 
 def _compare_summary(cmp_fp32: Any, cmp_fp16: Any) -> dict[str, Any]:
@@ -428,8 +436,7 @@ def _embedder_row(folder: Path, setup: _Setup, options: WorkflowOptions, cb: Pro
     import calibkit as ck
 
     cset, ev, runs, reports = setup.cset, setup.ev, setup.runs, setup.reports
-    res = ck.tune(folder, cset, None, runs / "tune-embedder", method=options.tune_method,
-                  sensitivity_samples=options.sensitivity_samples, max_evaluations=options.max_evaluations,
+    res = ck.tune(folder, cset, None, runs / "tune-embedder", method=options.tune_method, **_tune_budget(options),
                   workers=options.workers, seed=options.seed, report=reports / "tune-embedder", progress=cb,
                   traffic="auto", traffic_size=options.embedder_traffic_size)
     r = res.result

@@ -53,7 +53,6 @@ from calibkit.evaluate.flops import linear_work
 from calibkit.evaluate.holdout import agreement_noun, allowed_change, holdout_verdict, plan_evidence
 from calibkit.evaluate.ledger import Evaluator, Ledger, from_record, job_key
 from calibkit.evaluate.phases import PhaseClock
-from calibkit.evaluate.tune_defaults import TUNE_PRUNE_BUDGET, TUNE_PRUNE_MIN_SHARE
 from calibkit.evaluate.plan_decisions import (
     DECISION_RULES,
     ESTIMATED,
@@ -97,6 +96,7 @@ from calibkit.evaluate.tune_config import (
     DEFAULT_UNLABELED_AGREEMENT,
     TuneConfig,
 )
+from calibkit.evaluate.tune_defaults import TUNE_PRUNE_BUDGET, TUNE_PRUNE_MIN_SHARE
 from calibkit.executors import Executor, from_spec
 from calibkit.graph import check_float_source, load_model, model_sha256
 from calibkit.names import node_names
@@ -954,7 +954,8 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
             all_int8_accuracy_holdout=finite(hold_acc.get(())),
             all_int8_agreement_holdout=finite(all_int8_hold_scores.agreement) if all_int8_hold_scores else None,
             all_int8_cosine_holdout=finite(all_int8_hold_scores.cosine) if all_int8_hold_scores else None,
-            cosine_search=finite(evidence.scores(evidence.search, final_search).cosine if final_search else final.cosine),
+            cosine_search=finite(evidence.scores(evidence.search, final_search).cosine if final_search
+                                 else final.cosine),
             cosine_holdout=finite(final_hold.cosine) if final_hold else None,
             agreement_search=agree_search, agreement_holdout=agree_hold, search_evidence=search_ev,
             holdout_evidence=hold_ev,
