@@ -594,9 +594,9 @@ def _tune_lines(tune: dict[str, Any]) -> list[str]:
 
 
 LAYOUT_NOTE = ("Every INT8 model here uses the TensorRT Q/DQ layout (every MatMul/Gemm input in INT8, attention "
-               "MatMuls included). `calibkit build --precision int8` defaults to `--target onnxruntime` (weight "
-               "MatMuls only: faster on CPU, a different model); pass `--target tensorrt` to build what these "
-               "numbers describe.")
+               "MatMuls included), the layout the calibration tables record: `calibkit build --precision int8` "
+               "and `calibkit deploy` build it by default; `--target onnxruntime` (weight MatMuls only: faster on "
+               "CPU) is a different INT8 model these numbers do not describe.")
 
 
 def _extra_md(s: dict[str, Any]) -> list[str]:
