@@ -672,6 +672,12 @@ def build_comparison(*, eval_set: EvalSet, rows: EvalSubset | None, labels: tupl
     )
 
 
+def _layout(art: EngineArtifact) -> str | None:
+    """The Q/DQ layout of an INT8 engine, as its sidecar records it (None for FP32 and FP16)."""
+    target = art.extra.get("target") if art.precision is Precision.INT8 else None
+    return str(target) if target else None
+
+
 def _engine_result(r: _EngineRun, s: EngineScore | None) -> EngineEvaluation:
     lat = r.latency
     m = s.metrics if s else None
@@ -684,4 +690,5 @@ def _engine_result(r: _EngineRun, s: EngineScore | None) -> EngineEvaluation:
         macro_f1=finite(m.macro_f1) if m else None, macro_f1_ci=Range.of(s.macro_f1_ci) if s else None,
         confusion_matrix=tuple(tuple(int(c) for c in row) for row in m.confusion_matrix) if m else None,
         labels=tuple(m.labels) if m else (),
+        layout=_layout(r.artifact),
     )
