@@ -19,9 +19,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from calibkit.errors import DataError, UsageError
+from calibkit.evaluate.documents import TrafficRecord
 
 DEFAULT_MAX_TEXTS = 50_000
 
@@ -37,10 +37,11 @@ class Traffic:
     sampled: bool
     redacted: bool
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": os.path.abspath(self.path), "lines": self.lines, "usable": self.usable,
-                "texts": len(self.texts), "sampled": self.sampled, "broken": dict(self.broken),
-                "text_fields": list(self.text_fields), "redacted": self.redacted}
+    def record(self, *, default: bool) -> TrafficRecord:
+        """deploy.json's record of the traffic; ``default``: it is the calibration set's log."""
+        return TrafficRecord(path=os.path.abspath(self.path), lines=self.lines, usable=self.usable,
+                             texts=len(self.texts), sampled=self.sampled, redacted=self.redacted, default=default,
+                             broken=dict(self.broken), text_fields=self.text_fields)
 
 
 def read_traffic(path: str | Path, *, text_field: str | None = None, strict: bool = False, redact: bool = True,

@@ -177,7 +177,7 @@ class LengthSummary:
 class ServedTensor:
     name: str
     data_type: str  # Triton's TYPE_*
-    dims: tuple[int, ...]  # without the batch axis; -1: dynamic
+    dims: tuple[int, ...] = field(default=(), metadata={"unchecked": True})  # without the batch axis; -1: dynamic
 
 
 @dataclass(frozen=True)
@@ -284,9 +284,9 @@ class ServedMeasurement:
 
     texts: int
     task: str
-    agreement: float
-    agreement_ci: Range
     latency: ServedLatency
+    agreement: float | None = None  # None: a task without per-text fidelity (regression, multi-label)
+    agreement_ci: Range | None = None
     seed: int = 0
     calibration_texts_left_out: int = 0
     cosine: float | None = None  # embeddings: mean cosine to FP32's vectors
@@ -335,6 +335,10 @@ class DeployResult:
     @property
     def perf_command(self) -> tuple[str, ...]:
         return self.perf_analyzer.command
+
+    @property
+    def trtexec(self) -> tuple[str, ...]:
+        return self.tensorrt.trtexec
 
     @property
     def config_path(self) -> Path:

@@ -406,7 +406,8 @@ def _domain_of(name: str, inherited: tuple[float, float] | None, signed: bool) -
 
 def check_domains(result: Document, *, source: str | Path | None = None) -> None:
     """DataError for a value outside its domain (a share outside [0, 1], a negative count, a cosine past 1),
-    naming the file and the field: a hand-edited agreement of 7.5 would render as "flips: -650 %"."""
+    naming the file and the field: a hand-edited agreement of 7.5 would render as "flips: -650 %". A field whose
+    metadata says ``unchecked`` (tensor dims, where -1 means dynamic) has no domain."""
     try:
         _check(result, "$", None, False)
     except DataError as exc:
@@ -435,7 +436,7 @@ def _check(value: Any, path: str, domain: tuple[float, float] | None, signed: bo
     if dataclasses.is_dataclass(value):
         inner = signed or isinstance(value, Difference)
         for f in dataclasses.fields(value):
-            if f.metadata.get("json", True) is False:
+            if f.metadata.get("json", True) is False or f.metadata.get("unchecked"):
                 continue
             v, below = getattr(value, f.name), inner or f.name in ("differences", "difference")
             if f.metadata.get("flatten"):
