@@ -166,10 +166,10 @@ def run_workflow(
             embedder = _embedder_row(setup.prep.embedder_dir, setup, options, clock.cb)
     clock.step(9, "deploy the tuned plan: a Triton model repository shaped by the log's traffic")
     with clock.timed("deploy"):
-        from calibkit.deploy import DeployOptions, deploy
+        import calibkit as ck
 
-        dres = deploy(tres.out_dir, setup.runs / "serving",
-                      DeployOptions(traffic=setup.work / "logs.jsonl", name=f"demo-{setup.variant}"))
+        dres = ck.deploy(tres.out_dir, setup.runs / "serving", traffic=setup.work / "logs.jsonl",
+                         name=f"demo-{setup.variant}", progress=clock.cb)
     clock.timings["total"] = time.perf_counter() - clock.t0
 
     clock.step(10, "write the index page")
@@ -195,7 +195,9 @@ def run_workflow(
         "int8_engine": {"layout": "tensorrt", "path": str(engines["int8"].artifact.path)},
         "deploy": {"repository": str(dres.out_dir), "name": dres.name,
                    "bucket_maxes": [b.hi for b in dres.choice.buckets], "waste": dres.choice.waste,
-                   "waste_one_profile": dres.doc["profiles"]["baseline"]["waste_padded_to_max"],
+                   "waste_one_profile": dres.profiles.baseline.waste_padded_to_max,
+                   "layout": dres.layout.shipped if dres.layout else None,
+                   "agreement_with_fp32": dres.measurement.agreement if dres.measurement else None,
                    "preferred_batch_size": list(dres.batching.preferred),
                    "link": os.path.relpath(dres.readme, setup.reports / "index")},
         "timings_s": {k: round(v, 1) for k, v in clock.timings.items()},
