@@ -10,6 +10,7 @@ SQNR, cosine) -> per-layer sensitivity in a process pool where the labels are cl
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -673,8 +674,14 @@ def build_comparison(*, eval_set: EvalSet, rows: EvalSubset | None, labels: tupl
 
 
 def _layout(art: EngineArtifact) -> str | None:
-    """The Q/DQ layout of an INT8 engine, as its sidecar records it (None for FP32 and FP16)."""
-    target = art.extra.get("target") if art.precision is Precision.INT8 else None
+    """The Q/DQ layout of an INT8 engine: its sidecar's, else read from an ONNX file's zero points (None for FP32
+    and FP16)."""
+    if art.precision is not Precision.INT8:
+        return None
+    target = art.extra.get("target")
+    if not target and Path(art.path).suffix == ".onnx":
+        with contextlib.suppress(ModelError):
+            target = qdq_layout(load_model(art.path, load_external_data=False))
     return str(target) if target else None
 
 
