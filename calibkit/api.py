@@ -1402,30 +1402,17 @@ def deploy(
     """
     from calibkit.deploy.pipeline import deploy as run_deploy
     from calibkit.deploy.request import DeployRequest
-    from calibkit.types import Backend
 
     check_paths({"source": source, "out": out}, {"traffic": traffic})
     check_names({"backend": backend, "text_field": text_field, "name": name, "layout": layout},
                 required=("backend",))
-    whole = Bound(low=0, high=INT_LIMIT, integer=True)
-    check_numbers({"--profiles": (profiles, COUNT_OR_NONE),
-                   "--max-seq": (max_seq, COUNT_OR_NONE), "--batch-tokens": (batch_tokens, COUNT),
-                   "--max-batch": (max_batch, COUNT), "--queue-delay-us": (queue_delay_us, whole),
-                   "--instances": (instances, COUNT), "--threads": (threads, COUNT_OR_NONE),
-                   "--perf-requests": (perf_requests, COUNT), "--max-texts": (max_texts, COUNT),
-                   "--workspace-mib": (workspace_mib, COUNT), "--measure-texts": (measure_texts, whole),
-                   "--measure-batch": (measure_batch, COUNT)})
-    try:
-        back = Backend(backend.lower())
-    except ValueError:
-        raise UsageError(f"unknown --backend {backend!r}", hint="choose onnxruntime or tensorrt") from None
     request = DeployRequest(
-        source=Path(source), out=Path(out), backend=back, traffic=Path(traffic) if traffic is not None else None,
+        source=Path(source), out=Path(out), backend=backend, traffic=Path(traffic) if traffic is not None else None,
         text_field=text_field, strict=strict, redact=redact, profiles=profiles, name=name, max_seq=max_seq,
         batch_tokens=batch_tokens, max_batch=max_batch, queue_delay_us=queue_delay_us, instances=instances,
         threads=threads, perf_requests=perf_requests, max_texts=max_texts, seed=seed, reduce_range=reduce_range,
         workspace_mib=workspace_mib, layout=layout.lower() if layout else None, measure_texts=measure_texts,
         measure_batch=measure_batch,
     )
-    request.validate()
+    request.validate()  # every check on the options, before any file is read
     return run_deploy(request, progress=progress)

@@ -466,6 +466,10 @@ def test_ck_deploy_returns_the_typed_result(work: dict[str, Path], tmp_path: Pat
     res = ck.deploy(work["cal"], tmp_path / "repo", profiles=2, measure_texts=30)
     assert isinstance(res, ck.DeployResult) and res.out_dir == tmp_path / "repo" and res.choice.k == 2
     assert res.measurement.texts == 30
-    with pytest.raises(UsageError, match="--measure-texts must be"):
-        ck.deploy(work["cal"], tmp_path / "bad", measure_texts=-1)
+    for bad, message in (({"measure_texts": -1}, "--measure-texts must be at least 0"),
+                         ({"profiles": "2"}, "--profiles must be a whole number"),
+                         ({"max_batch": True}, "--max-batch must be a whole number"),
+                         ({"backend": "tvm"}, "unknown --backend"), ({"layout": "int4"}, "unknown --layout")):
+        with pytest.raises(UsageError, match=message):
+            ck.deploy(work["cal"], tmp_path / "bad", **bad)
     assert not (tmp_path / "bad").exists()

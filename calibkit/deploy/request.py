@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from calibkit.deploy.batching import DEFAULT_BATCH_TOKENS, DEFAULT_MAX_BATCH, DEFAULT_QUEUE_DELAY_US
@@ -49,6 +49,13 @@ class DeployRequest:
     measure_texts: int = DEFAULT_MEASURE_TEXTS
     measure_batch: int = DEFAULT_MEASURE_BATCH
 
+    def __post_init__(self) -> None:
+        if isinstance(self.backend, str) and not isinstance(self.backend, Backend):  # "onnxruntime", "TensorRT"
+            try:
+                object.__setattr__(self, "backend", Backend(self.backend.lower()))
+            except ValueError:
+                pass  # validate() names it
+
     def validate(self) -> None:
         """A UsageError naming the option and what to pass, for any value out of its range or options that do
         not fit together; nothing is read."""
@@ -56,6 +63,7 @@ class DeployRequest:
         from calibkit.deploy.triton import INT32_MAX, UINT64_MAX, check_range
 
         backend = _backend(self.backend)
+        self._check_types()
         check_seed(self.seed)
         if self.profiles is not None:
             check_k(self.profiles)
@@ -81,6 +89,17 @@ class DeployRequest:
             raise UsageError("--reduce-range applies to the ONNX Runtime layout only",
                              hint="drop it with --backend tensorrt (TensorRT's INT8 GEMMs accumulate in int32)")
 
+    def _check_types(self) -> None:
+        """Whole numbers where they go (a string, a float or a bool is refused naming the option), flags as
+        bools: the API passes its keywords here unconverted."""
+        for f in fields(self):
+            value, kind = getattr(self, f.name), _TYPES.get(f.name)
+            if kind is int and value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise UsageError(f"--{f.name.replace('_', '-')} must be a whole number, got {value!r}",
+                                 hint=f"pass --{f.name.replace('_', '-')} as an integer")
+            if kind is bool and not isinstance(value, bool) and not (f.name == "reduce_range" and value is None):
+                raise UsageError(f"{f.name} must be True or False, got {value!r}")
+
     def _check_layout(self, backend: Backend) -> None:
         if self.layout is None:
             return
@@ -91,8 +110,18 @@ class DeployRequest:
                              hint="drop --layout, or pass --layout tensorrt")
 
 
+_TYPES: dict[str, type] = {
+    **dict.fromkeys(("profiles", "max_seq", "batch_tokens", "max_batch", "queue_delay_us", "instances", "threads",
+                     "perf_requests", "max_texts", "seed", "workspace_mib", "round_to", "measure_texts",
+                     "measure_batch"), int),
+    **dict.fromkeys(("strict", "redact", "reduce_range"), bool),
+}
+
+
 def _backend(value: object) -> Backend:
+    if isinstance(value, Backend):
+        return value
     try:
-        return Backend(value)
+        return Backend(str(value).lower())
     except ValueError:
         raise UsageError(f"unknown --backend {value!r}", hint="choose onnxruntime or tensorrt") from None
