@@ -313,9 +313,7 @@ def _from_calibration(req: BuildRequest, src: Path, src_sha: str, progress: Prog
     assert req.calibration is not None  # checked by validate()
     cf = load_calibration_json(req.calibration)
     check_table_model(cf.path, src_sha, model_label=str(src), table_sha256=cf.table.model_sha256)
-    layout = choose_layout(cf.target, req.target, Backend(req.backend))
-    if layout.warning:
-        log.warning("%s", layout.warning)
+    layout = choose_layout(cf.target, req.target, Backend(req.backend))  # a warning rides in BuildResult.warnings
     target = Target(layout.built)
     reduce = _reduce_range(req, target)
     _emit(progress, 1, _STEPS, f"inserting Q/DQ ({target.value} layout{', 7-bit weights' if reduce else ''})")
