@@ -183,7 +183,7 @@ def _say_measurement(res: DeployResult) -> None:
     lat = m.latency
     say(f"measured on {m.texts:,} traffic texts: {agree}; per batch of {lat.batch_size}: "
         f"{lat.served_median_ms:.2f} ms served vs {lat.fp32_median_ms:.2f} ms FP32 "
-        f"({lat.speedup:.2f}x {'faster' if lat.speedup >= 1 else 'slower'})")
+        f"(the served model runs at {lat.speedup:.2f}x FP32's speed)")
 
 
 def _warnings(res: DeployResult) -> list[str]:

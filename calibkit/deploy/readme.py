@@ -53,24 +53,31 @@ def _serve(res: DeployResult) -> str:
                 f"{_DOCKER.replace('docker run --rm', 'docker run --rm --gpus=1', 1)}\n```\n\n"
                 f"`{name}/build_engine.sh` runs:\n\n```bash\n{render(list(res.tensorrt.trtexec))}\n```\n\n"
                 f"`{name}/build_engine.sh --calibkit` makes the same build through calibkit's TensorRT backend "
-                f"(`python -m calibkit.deploy.engine {name}`, reading `{name}/trt_profiles.json`).")
+                f"(`python -m calibkit.deploy.engine {name}`, reading `{name}/trt_profiles.json`).\n"
+                + _layout_line(res))
     text = f"```bash\n{_DOCKER}\n```\n"
+    return text + _layout_line(res)
+
+
+def _layout_line(res: DeployResult) -> str:
     lay = res.layout
-    if lay is not None:
-        kind = ("ONNX Runtime's fused INT8 layout (uint8 activations on the weight MatMuls, which ONNX Runtime "
-                "fuses into its integer kernels)" if lay.shipped == "onnxruntime" else
-                "the TensorRT Q/DQ layout (int8 activations on every quantized MatMul/Gemm input), run by ONNX "
-                "Runtime as it is")
-        measured = ("the layout SOURCE was measured in" if lay.as_measured else
-                    f"**not** the {lay.measured} layout SOURCE was measured in")
-        text += f"\n`{name}/1/model.onnx` is {kind}: {measured}."
-    return text
+    if lay is None:
+        return ""
+    kind = ("ONNX Runtime's fused INT8 layout (uint8 activations on the weight MatMuls, which ONNX Runtime fuses "
+            "into its integer kernels)" if lay.shipped == "onnxruntime" else
+            "the TensorRT Q/DQ layout (int8 activations on every quantized MatMul/Gemm input)")
+    measured = ("the layout SOURCE was measured in" if lay.as_measured else
+                f"**not** the {lay.measured} layout SOURCE was measured in")
+    where = f"`{res.name}/1/model.onnx`" if res.backend is Backend.ONNXRUNTIME else \
+        f"`{res.name}/model.{res.precision.value}.onnx`"
+    return f"\n{where} is {kind}: {measured}."
 
 
 def _measured(res: DeployResult) -> str:
     m = res.measurement
     if m is None:
-        return f"The served model was {res.measurement_note or 'not measured'}."
+        note = res.measurement_note or "not measured"
+        return f"{note[0].upper()}{note[1:]}."
     return _measurement(m, res)
 
 
