@@ -20,7 +20,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,6 +46,12 @@ from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.provenance import RunInputs
 from calibkit.types import Backend, Precision
 
+if TYPE_CHECKING:
+    from calibkit.data.modeldir import ModelDir
+    from calibkit.deploy.modelio import ModelIO
+    from calibkit.deploy.perfdata import PerfData
+    from calibkit.deploy.traffic import Traffic
+
 __all__ = ["DeployRequest", "DeployResult", "default_name", "deploy"]
 
 
@@ -54,8 +60,8 @@ class _Served:
     """What SOURCE is served as: the recipe, the model folder, its inputs/outputs, the name and the layout."""
 
     src: DeploySource
-    md: Any  # data.modeldir.ModelDir
-    io: Any  # deploy.modelio.ModelIO
+    md: ModelDir
+    io: ModelIO
     name: str
     label: str | None
     layout: LayoutRecord | None
@@ -67,12 +73,12 @@ class _Served:
 class _Shaped:
     """The traffic and what its lengths chose."""
 
-    traffic: Any  # deploy.traffic.Traffic
+    traffic: Traffic
     calibration_set: Path | None
     lengths: np.ndarray
     profiles: ProfileChoice
     batching: BatchingPlan
-    perf: Any  # deploy.perfdata.PerfData: perf_analyzer's requests
+    perf: PerfData  # perf_analyzer's requests
 
 
 def default_name(model: Path, precision: Precision) -> str:
