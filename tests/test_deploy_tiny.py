@@ -208,11 +208,32 @@ def test_tune_folder_keeps_the_plan_and_finds_the_set(work: dict[str, Path], tmp
     assert any(n.name == "proj" for n in m.graph.node)
 
 
-def _tune_result(*, met: bool):  # type: ignore[no-untyped-def]
-    from calibkit.evaluate.results import MethodChoice, TuneEvalSet, TunePlan, TuneResult, TuneTarget
+def _tune_result(*, met: bool, traffic: Path | None = None, sha: str = ""):  # type: ignore[no-untyped-def]
+    from calibkit.evaluate.results import Evidence, MethodChoice, TuneEvalSet, TunePlan, TuneResult, TuneTarget
 
-    return TuneResult("0", TuneEvalSet("eval.jsonl", 10, 8, 2, 4, "given"), TuneTarget(False, 0.9, 0.9, 0.85, met),
-                      MethodChoice("minmax", "minmax"), TunePlan(("out_proj",), 0.8, "minmax", 0.9))
+    ev = Evidence(str(traffic), 100, exclusions=(f"log sha256: {sha}",)) if traffic else None
+    return TuneResult("0", TuneEvalSet("eval.jsonl", 10, 8, 2, 4, "given", traffic=ev),
+                      TuneTarget(False, 0.9, 0.9, 0.85, met), MethodChoice("minmax", "minmax"),
+                      TunePlan(("out_proj",), 0.8, "minmax", 0.9))
+
+
+def test_a_tune_folder_is_measured_on_the_traffic_tune_judged_on(work: dict[str, Path], tmp_path: Path) -> None:
+    """No --traffic: the log tune.json names (the one tune judged agreement on) is the traffic, while it holds the
+    bytes tune read."""
+    from calibkit._io import sha256_file
+    from calibkit.errors import DataError
+
+    prod = write_log(tmp_path / "prod.jsonl", texts(90, seed=21, max_words=13))
+    tune = work["root"] / "tune-own-traffic"
+    shutil.copytree(work["cal"], tune)
+    (tune / ".calibkit-output.json").unlink()
+    (tune / "tune.json").write_text(dumps(_tune_result(met=True, traffic=prod, sha=sha256_file(prod))))
+    res = deploy(DeployRequest(tune, tmp_path / "repo", measure_texts=500))
+    assert res.traffic.path == str(prod) and res.traffic.origin == "tune" and res.traffic.usable == 90
+    assert res.measurement.texts + res.measurement.calibration_texts_left_out == 90  # all of it, none calibrated
+    (tune / "tune.json").write_text(dumps(_tune_result(met=True, traffic=prod, sha="0" * 64)))
+    with pytest.raises(DataError, match="changed since calibkit recorded it"):
+        deploy(DeployRequest(tune, tmp_path / "repo2"))
 
 
 def test_tune_json_is_read_through_the_codec(work: dict[str, Path], tmp_path: Path, monkeypatch) -> None:

@@ -25,7 +25,8 @@ Measured in the same run (ONNX Runtime): the model written, against FP32, on --m
 
 Traffic: --traffic LOG is read like `calibkit sample` reads logs (JSON Lines, plain or .gz; --text-field, broken
 lines skipped and counted, personal data redacted unless --no-redact) and tokenized with the model's tokenizer.
-Default: the log the calibration set was drawn from (its manifest.json), when it still exists.
+Default: for a tune folder, the log tune judged agreement on (tune.json); else the log the calibration set was
+drawn from (its manifest.json); each only while it holds the bytes it had then.
 
 What is chosen, and why:
   length buckets   Triton batches only requests of equal shape, so clients pad each request to its bucket's
@@ -70,8 +71,8 @@ def deploy(
     backend: str = typer.Option(..., "--backend", "-b", help="onnxruntime | tensorrt (as in `calibkit build`)."),
     out_dir: Path = typer.Option(..., "--out", "-o", help="Folder of the Triton model repository to write."),
     traffic: Path | None = typer.Option(
-        None, "--traffic", help="JSON Lines request log whose lengths shape the server [default: the calibration "
-        "set's log]."),
+        None, "--traffic", help="JSON Lines request log whose lengths shape the server and whose texts the model is "
+        "measured on [default: the log a tune run judged agreement on, else the calibration set's log]."),
     text_field: str | None = typer.Option(
         None, "--text-field", help="Dotted path of the text in --traffic, e.g. request.text [default: auto-detect]."),
     strict: bool = typer.Option(False, "--strict", help="Fail at the first broken line of --traffic."),
@@ -136,7 +137,8 @@ def _summary(res: DeployResult) -> None:
     from rich.table import Table
 
     tr = res.traffic
-    say(f"traffic: {tr.path}{' (the calibration set log)' if tr.default else ''}: {tr.usable:,} usable "
+    origin = {"tune": " (the log tune judged agreement on)", "calibration set": " (the calibration set log)"}
+    say(f"traffic: {tr.path}{origin.get(tr.origin, '')}: {tr.usable:,} usable "
         f"requests of {tr.lines:,} lines" + (f", {tr.texts:,} sampled" if tr.sampled else ""))
     base = res.profiles.baseline
     t = Table(title=f"length buckets (padding waste = padded / real tokens - 1; one 1-{base.max_seq} profile: "

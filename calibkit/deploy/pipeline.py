@@ -197,8 +197,9 @@ def _shape(request: DeployRequest, served: _Served) -> _Shaped:
 
 
 def _read_traffic(request: DeployRequest, served: _Served) -> tuple[Any, Path | None, Any, np.ndarray]:
-    """The traffic (``--traffic``, else the calibration set's log as it was when the set was drawn), the
-    calibration set's folder when known, the tokenizer and the texts' token lengths."""
+    """The traffic (``--traffic``, else the log a tune folder's run judged agreement on, else the calibration
+    set's log, each checked to hold the bytes it had then), the calibration set's folder when known, the
+    tokenizer and the texts' token lengths."""
     import calibkit.deploy.traffic as traffic
     from calibkit.data.tokenizer import TextTokenizer
 
@@ -206,8 +207,8 @@ def _read_traffic(request: DeployRequest, served: _Served) -> tuple[Any, Path | 
     cset = src.calibration_set or traffic.find_calibration_set(
         src.calibration_set_id, [Path("calibration_sets"), src.path.parent / "calibration_sets"])
     log, expected = request.traffic, None
-    if log is None:
-        default = traffic.default_traffic_log(cset, src.path)
+    if log is None:  # the log tune judged agreement on, else the calibration set's, as they were then
+        default = src.tune_traffic or traffic.default_traffic_log(cset, src.path)
         log, expected = default.path, default.sha256
     tr = traffic.read_traffic(log, text_field=request.text_field, strict=request.strict, redact=request.redact,
                               max_texts=request.max_texts, seed=request.seed, expected_sha256=expected)
@@ -224,7 +225,7 @@ def _plan(request: DeployRequest, served: _Served, shaped: _Shaped) -> DeployRes
     src, io, md, plan = served.src, served.io, served.md, shaped.batching
     return DeployResult(
         calibkit_version=__version__, name=served.name, backend=Backend(request.backend), precision=src.precision,
-        source=src.record(), traffic=shaped.traffic.record(default=request.traffic is None),
+        source=src.record(), traffic=shaped.traffic.record(origin=_origin(request, src)),
         model=ServedModel(tuple(ServedTensor(t.name, t.triton_type, tuple(t.dims)) for t in io.inputs),
                           tuple(ServedTensor(t.name, t.triton_type, tuple(t.dims)) for t in io.outputs),
                           md.max_length, md.max_length_source, served.label),
@@ -235,6 +236,12 @@ def _plan(request: DeployRequest, served: _Served, shaped: _Shaped) -> DeployRes
                                tuple(shape_range(p) for p in _shape_profiles(shaped))),
         layout=served.layout, warnings=served.warnings,
     )
+
+
+def _origin(request: DeployRequest, src: DeploySource) -> str:
+    if request.traffic is not None:
+        return "--traffic"
+    return "tune" if src.tune_traffic is not None else "calibration set"
 
 
 def _shape_profiles(shaped: _Shaped) -> list[Any]:

@@ -12,10 +12,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from calibkit.deploy.traffic import SourceLog
 from calibkit.errors import DataError, ModelError, UsageError
 from calibkit.evaluate.documents import SourceRecord
 from calibkit.types import Precision
 
+LOG_SHA256 = "log sha256: "  # how tune's traffic evidence names the bytes of its log (evaluate.traffic.evidence_of)
 NOT_OUTPUT_HINT = ("pass a folder written by `calibkit tune` or `calibkit calibrate` (it holds calibration.json), "
                    "or an engine written by `calibkit build` (with its ENGINE.calibkit.json sidecar)")
 
@@ -35,6 +37,7 @@ class DeploySource:
     calibration_set: Path | None = None  # the folder its calibration texts came from, when known
     calibration_set_id: str = ""
     tune_claim: str | None = None  # a tune folder whose plan does not hold its claim: what tune said of it
+    tune_traffic: SourceLog | None = None  # the log tune judged agreement with FP32 on, while it is still there
 
     def record(self) -> SourceRecord:
         """deploy.json's record of SOURCE: absolute paths (the repository is read elsewhere)."""
@@ -76,10 +79,11 @@ def _from_folder(folder: Path) -> DeploySource:
     if not cal.is_file():
         raise UsageError(f"{folder} is not a calibkit output (no calibration.json, tune.json or engine sidecar in it)",
                          hint=NOT_OUTPUT_HINT)
-    kind, claim = "calibrate", None
+    kind, claim, traffic = "calibrate", None, None
     tune = folder / "tune.json"
     if tune.is_file():
-        kind, claim = "tune", _tune_claim(tune)
+        kind = "tune"
+        claim, traffic = _read_tune(tune)
     _check_folder(folder, kind)
     cf = load_calibration_json(cal)
     model = _existing(cf.source_model, "FP32 model", folder, cal)
@@ -92,12 +96,13 @@ def _from_folder(folder: Path) -> DeploySource:
         keep_nodes=tuple(cf.kept_nodes) if kind == "tune" else (),
         qdq_model=qdq if qdq is not None and qdq.is_file() else None, qdq_target=cf.target,
         calibration_set=cset if cset is not None and cset.is_dir() else None,
-        calibration_set_id=cf.table.calibration_set_id, tune_claim=claim)
+        calibration_set_id=cf.table.calibration_set_id, tune_claim=claim, tune_traffic=traffic)
 
 
-def _tune_claim(path: Path) -> str | None:
-    """What tune said of its plan when the plan does not hold its claim (not met, not confirmed, contradicted by
-    the holdout), read through the codec; a file that is not a tune document is refused."""
+def _read_tune(path: Path) -> tuple[str | None, SourceLog | None]:
+    """tune.json through the codec (a file that is not a tune document is refused): what tune said of its plan
+    when the plan does not hold its claim (not met, not confirmed, contradicted by the holdout), and the traffic
+    log it judged agreement on (with the sha256 it had then) when that file is still there."""
     from calibkit.evaluate.results import TuneResult
     from calibkit.report.codec import load_typed
 
@@ -105,7 +110,12 @@ def _tune_claim(path: Path) -> str | None:
         result = load_typed(path, TuneResult, strict=False)  # an older tune.json is read, with a warning
     except DataError as exc:
         raise UsageError(f"{path} is not a calibkit tune document ({exc.message})", hint=NOT_OUTPUT_HINT) from None
-    return None if result.claim_holds else result.claim
+    claim = None if result.claim_holds else result.claim
+    ev = result.eval_set.traffic
+    if ev is None or not ev.path or not Path(ev.path).is_file():
+        return claim, None
+    sha = next((e.removeprefix(LOG_SHA256) for e in ev.exclusions if e.startswith(LOG_SHA256)), None)
+    return claim, SourceLog(Path(ev.path), None, sha or None)
 
 
 def _from_engine(engine: Path) -> DeploySource:

@@ -199,7 +199,7 @@ class TrafficRecord:
     texts: int
     sampled: bool
     redacted: bool
-    default: bool  # the calibration set's log (no --traffic given)
+    origin: str  # "--traffic" (given), "tune" (the log tune judged agreement on), "calibration set" (its log)
     broken: Mapping[str, int] = field(default_factory=dict)
     text_fields: tuple[str, ...] = ()
 
