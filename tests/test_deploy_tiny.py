@@ -494,3 +494,23 @@ def test_ck_deploy_returns_the_typed_result(work: dict[str, Path], tmp_path: Pat
         with pytest.raises(UsageError, match=message):
             ck.deploy(work["cal"], tmp_path / "bad", **bad)
     assert not (tmp_path / "bad").exists()
+
+
+def test_tensorrt_ships_its_own_layout_with_a_warning_when_another_was_measured(work: dict[str, Path],
+                                                                                 tmp_path: Path) -> None:
+    cal = work["root"] / "cal-ort-layout"  # beside the model: calibration.json names it relative to its folder
+    if not cal.exists():
+        shutil.copytree(work["cal"], cal)
+        (cal / ".calibkit-output.json").unlink()
+        doc = json.loads((cal / "calibration.json").read_text())
+        doc["target"] = "onnxruntime"  # as `calibrate --target onnxruntime` records it
+        doc["files"].pop("model")
+        doc.pop("sha256", None)
+        (cal / "model.int8.onnx").unlink()
+        (cal / "calibration.json").write_text(json.dumps(doc))
+    res = deploy(DeployRequest(cal, tmp_path / "trt", backend=Backend.TENSORRT))
+    assert res.layout.shipped == "tensorrt" and res.layout.measured == "onnxruntime" and not res.layout.as_measured
+    assert any("SHIPPING AN UNMEASURED LAYOUT" in w and "TensorRT builds only its own layout" in w
+               for w in res.warnings)
+    ort = deploy(DeployRequest(cal, tmp_path / "ort", measure_texts=0))  # ONNX Runtime: as measured, no warning
+    assert ort.layout.as_measured and not ort.warnings

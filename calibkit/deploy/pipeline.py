@@ -110,7 +110,8 @@ def deploy(request: DeployRequest, progress: ProgressCallback | None = None) -> 
     def build_and_measure(model_dir: Path) -> Any:
         nonlocal result
         model = _build(request, served, model_dir, result)
-        _emit(cb, 4, "measuring the served model against FP32" if request.measure_texts else "writing")
+        measuring = request.measure_texts and result.backend is Backend.ONNXRUNTIME
+        _emit(cb, 4, "measuring the served model against FP32" if measuring else "writing the repository")
         result = dataclasses.replace(result, **_measure(request, served, shaped, model, progress))
         return _files(request, served, shaped, result)
 
@@ -161,15 +162,17 @@ def _layout(src: DeploySource, backend: Backend, requested: str | None) -> tuple
                          hint=f"drop --layout to serve it as measured, or deploy the calibrate or tune folder it "
                               f"came from with --layout {shipped}")
     warnings = []
-    if backend is Backend.ONNXRUNTIME and shipped == "tensorrt":
+    if backend is Backend.ONNXRUNTIME and shipped == measured == "tensorrt":
         warnings.append("the TensorRT Q/DQ layout is served as measured: ONNX Runtime runs it unfused, slower than "
                         "FP32 on CPUs (deploy's latency measurement says by how much); --layout onnxruntime ships "
                         "ONNX Runtime's fused integer kernels, a different INT8 model that deploy then measures")
     if measured is not None and shipped != measured:
         warnings.append(f"SHIPPING AN UNMEASURED LAYOUT: {src.path} was measured in the {measured} Q/DQ layout; "
                         f"this repository serves the {shipped} layout, a different INT8 model that compare and tune "
-                        f"did not measure (deploy's own measurement of it is in deploy.json); drop --layout to "
-                        f"ship the measured one")
+                        f"did not measure" + (" (deploy's own measurement of it is in deploy.json); drop --layout to "
+                                              "ship the measured one" if requested else
+                                              ": TensorRT builds only its own layout; tune or calibrate with "
+                                              "--target tensorrt to measure it"))
     return LayoutRecord(shipped=shipped, measured=measured, requested=requested), warnings
 
 
