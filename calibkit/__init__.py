@@ -9,9 +9,10 @@ The public API (imported on first use, so ``import calibkit`` stays light)::
     c.agreement
 
 Functions: :func:`export`, :func:`sample`, :func:`smooth`, :func:`calibrate`, :func:`histogram`, :func:`build`,
-:func:`compare`, :func:`tune`, :func:`load_report`, :func:`render_report` (calibkit.api); :func:`prepare_demo` with
-:class:`PrepareOptions` (calibkit.demo.prepare: the demo's model, data and log). Results: :class:`Comparison`,
-:class:`TuneResult` and their parts (calibkit.evaluate.results). Errors: :class:`CalibkitError` and its
+:func:`compare`, :func:`tune`, :func:`deploy`, :func:`load_report`, :func:`render_report` (calibkit.api);
+:func:`prepare_demo` with :class:`PrepareOptions` (calibkit.demo.prepare: the demo's model, data and log). Results:
+:class:`Comparison`, :class:`TuneResult` and their parts (calibkit.evaluate.results); :class:`DeployResult` and
+:class:`PlanDocument` (calibkit.evaluate.documents). Errors: :class:`CalibkitError` and its
 subclasses (calibkit.errors). Progress: every long call takes ``progress=``, a callable given each
 :class:`ProgressEvent` (calibkit.progress).
 """
@@ -25,54 +26,63 @@ from typing import Any
 
 from calibkit._version import __version__
 
-_API = ("export", "sample", "smooth", "calibrate", "histogram", "build", "compare", "tune", "load_report",
+_API = ("export", "sample", "smooth", "calibrate", "histogram", "build", "compare", "tune", "deploy", "load_report",
         "render_report")
 _DEMO = ("prepare_demo", "PrepareOptions")  # the demo's model, data and log (notebooks/walkthrough.ipynb)
 _RESULTS = ("Comparison", "EngineEvaluation", "LayerVerdict", "Evidence", "TuneResult", "TunePlan", "Candidate",
             "HoldoutVerdict")
+_DOCUMENTS = ("DeployResult", "PlanDocument")  # what ships: deploy.json and tune's plan.json
 _PROGRESS = ("ProgressEvent",)
 _ERRORS = ("CalibkitError", "UsageError", "DataError", "ModelError", "CalibrationError", "BackendError",
            "MissingDependencyError", "TargetMissedError")
 _WHERE = {**dict.fromkeys(_API, "calibkit.api"), **dict.fromkeys(_DEMO, "calibkit.demo.prepare"),
           **dict.fromkeys(_RESULTS, "calibkit.evaluate.results"),
+          **dict.fromkeys(_DOCUMENTS, "calibkit.evaluate.documents"),
           **dict.fromkeys(_ERRORS, "calibkit.errors"), **dict.fromkeys(_PROGRESS, "calibkit.progress")}
 
-__all__ = ["__version__", *_API, *_DEMO, *_RESULTS, *_ERRORS, *_PROGRESS]
+__all__ = ["__version__", *_API, *_DEMO, *_RESULTS, *_DOCUMENTS, *_ERRORS, *_PROGRESS]
 
 
-class _Calibrate:
-    """``calibkit.calibrate``: the API function when called, the ``calibkit/calibrate`` subpackage for attribute
-    access (``calibkit.calibrate.pipeline``), since both have the one name."""
+class _ApiAndPackage:
+    """``calibkit.calibrate`` and ``calibkit.deploy``: the API function when called, the subpackage of the same
+    name for attribute access (``calibkit.calibrate.pipeline``), since both have the one name."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _importlib.import_module("calibkit.api").calibrate(*args, **kwargs)
+        return getattr(_importlib.import_module("calibkit.api"), self._name)(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(_importlib.import_module("calibkit.calibrate"), name)
+        return getattr(_importlib.import_module(f"calibkit.{self._name}"), name)
 
     def __repr__(self) -> str:
-        return "<calibkit.calibrate: calibkit.api.calibrate, and the calibkit.calibrate package>"
+        return f"<calibkit.{self._name}: calibkit.api.{self._name}, and the calibkit.{self._name} package>"
 
     @property
     def __doc__(self) -> str | None:  # type: ignore[override]
-        return _importlib.import_module("calibkit.api").calibrate.__doc__
+        return getattr(_importlib.import_module("calibkit.api"), self._name).__doc__
 
     @property
     def __signature__(self) -> Any:
         """The API function's signature, for ``inspect.signature``, ``help`` and editors."""
         import inspect
 
-        return inspect.signature(_importlib.import_module("calibkit.api").calibrate)
+        return inspect.signature(getattr(_importlib.import_module("calibkit.api"), self._name))
+
+
+_SHARED = ("calibrate", "deploy")  # API functions named like a subpackage
 
 
 class _Package(_types.ModuleType):
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "calibrate" and isinstance(value, _types.ModuleType):
-            return  # the import system binding the subpackage: calibkit.calibrate stays the API entry
+        if name in _SHARED and isinstance(value, _types.ModuleType):
+            return  # the import system binding the subpackage: the name stays the API entry
         super().__setattr__(name, value)
 
 
-calibrate = _Calibrate()
+calibrate = _ApiAndPackage("calibrate")
+deploy = _ApiAndPackage("deploy")
 _sys.modules[__name__].__class__ = _Package
 
 

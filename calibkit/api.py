@@ -1310,3 +1310,109 @@ def render_report(result: Comparison | TuneResult, out: PathLike) -> Any:
     check_paths({"out": out})
 
     return _render(result, Path(out))
+
+
+# ---------------------------------------------------------------- deploy
+
+if TYPE_CHECKING:
+    from calibkit.evaluate.documents import DeployResult
+
+
+def deploy(
+    source: PathLike,
+    out: PathLike,
+    *,
+    backend: str = "onnxruntime",
+    traffic: PathLike | None = None,
+    text_field: str | None = None,
+    strict: bool = False,
+    redact: bool = True,
+    profiles: int | None = None,
+    name: str | None = None,
+    max_seq: int | None = None,
+    batch_tokens: int = 8192,
+    max_batch: int = 128,
+    queue_delay_us: int = 1000,
+    instances: int = 1,
+    threads: int | None = None,
+    perf_requests: int = 512,
+    max_texts: int = 50_000,
+    seed: int = 0,
+    reduce_range: bool | None = None,
+    workspace_mib: int = 4096,
+    layout: str | None = None,
+    measure_texts: int = 1000,
+    measure_batch: int = 8,
+    progress: ProgressCallback | None = None,
+) -> DeployResult:
+    """Write a Triton Inference Server model repository for a tune or calibrate folder or an engine, shaped by
+    the traffic it will serve, and measure the model it writes (ONNX Runtime) against FP32 on that traffic.
+
+    The INT8 layout shipped is the one ``source`` was measured in (tune's plan, the calibration's target, the
+    engine's own) unless ``layout`` names another, which is shipped with a warning in the result, deploy.json
+    and the README.
+
+    Args:
+        source: A folder written by ``tune`` or ``calibrate``, or an engine written by ``build``.
+        out: The repository folder to write (new, or one deploy wrote before).
+        backend: onnxruntime or tensorrt (TensorRT: the Q/DQ model and build_engine.sh for the serving GPU).
+        traffic: The request log (JSON Lines) the server will see (None: the calibration set's own log).
+        text_field: The dotted path of the text in ``traffic`` (None: found).
+        strict: Fail at the first broken line of ``traffic``.
+        redact: Redact e-mails, phone and card numbers and IPs in perf_data.json.
+        profiles: Length buckets (TensorRT optimization profiles), 1 to 4 (None: the fewest within 5 % of the
+            best).
+        name: The Triton model name (None: the model folder and precision).
+        max_seq: The largest profile length; longer requests are truncated (None: the longest request,
+            rounded up to 8, at most the model's maximum).
+        batch_tokens: Padded tokens per batch that set the batch sizes.
+        max_batch: The largest batch size.
+        queue_delay_us: Triton's max_queue_delay_microseconds.
+        instances: Model instances (instance_group count).
+        threads: ONNX Runtime intra-op threads per instance, and of the measurement (None: ONNX Runtime's).
+        perf_requests: Requests in perf_data.json.
+        max_texts: Traffic texts kept (a seeded uniform sample past it).
+        seed: The seed of the traffic sample, the perf_analyzer requests and the measured texts.
+        reduce_range: 7-bit weights for the onnxruntime layout (None: as ``build`` decides).
+        workspace_mib: The TensorRT builder workspace, in MiB.
+        layout: The INT8 Q/DQ layout to ship, tensorrt or onnxruntime (None: the one ``source`` was measured
+            in).
+        measure_texts: Traffic texts (calibration texts left out) the served model is measured on against FP32;
+            0: not measured.
+        measure_batch: The batch size of that measurement.
+        progress: Called with each :class:`~calibkit.progress.ProgressEvent` (None: silent).
+
+    Returns:
+        The typed ``DeployResult`` (deploy.json, field by field): every choice, the layout shipped and the one
+        measured, and ``measurement``: agreement with FP32 with its 95 % interval and latency against FP32.
+
+    Raises:
+        UsageError: An option out of range, a ``source`` that is not a calibkit output, or ``out`` that is an
+            input or holds files calibkit did not write.
+        DataError: The traffic log is missing or holds no usable text.
+        ModelError: The model has fixed batch or sequence axes, or its files changed since they were written.
+
+    Examples:
+        >>> served = ck.deploy("runs/tune", "serving", measure_texts=100)
+        >>> served.layout.shipped == served.layout.measured, served.measurement.texts <= 100
+        (True, True)
+        >>> m = served.measurement
+        >>> m.agreement_ci.low <= m.agreement <= m.agreement_ci.high, served.model_path.name
+        (True, 'model.onnx')
+    """
+    from calibkit.deploy.pipeline import deploy as run_deploy
+    from calibkit.deploy.request import DeployRequest
+
+    check_paths({"source": source, "out": out}, {"traffic": traffic})
+    check_names({"backend": backend, "text_field": text_field, "name": name, "layout": layout},
+                required=("backend",))
+    request = DeployRequest(
+        source=Path(source), out=Path(out), backend=backend, traffic=Path(traffic) if traffic is not None else None,
+        text_field=text_field, strict=strict, redact=redact, profiles=profiles, name=name, max_seq=max_seq,
+        batch_tokens=batch_tokens, max_batch=max_batch, queue_delay_us=queue_delay_us, instances=instances,
+        threads=threads, perf_requests=perf_requests, max_texts=max_texts, seed=seed, reduce_range=reduce_range,
+        workspace_mib=workspace_mib, layout=layout.lower() if layout else None, measure_texts=measure_texts,
+        measure_batch=measure_batch,
+    )
+    request.validate()  # every check on the options, before any file is read
+    return run_deploy(request, progress=progress)

@@ -334,6 +334,7 @@ def test_onnxruntime_layout_uint8_zero_point_128(tmp_path: Path) -> None:
     opts = CompareOptions(batch_size=16, sensitivity=False, thresholds=Thresholds(min_sqnr_db=200.0))
     c = compare_engines(EngineArtifact.load(paths["fp"]), EngineArtifact.load(paths["int8"]),
                         load_eval_set(paths["eval"]), options=opts)
+    assert c.engine_b.layout == "onnxruntime" and c.engine_a.layout is None  # the layout measured, recorded
     table = json.loads(paths["cal"].read_text())
     amax = {r["tensor"]: r["amax"] for r in table["ranges"]}
     specs = list(c.layers)

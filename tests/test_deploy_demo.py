@@ -19,7 +19,7 @@ def repo(demo_assets_fast: Path, tmp_path_factory: pytest.TempPathFactory) -> di
     from calibkit.calibrate.pipeline import calibrate
     from calibkit.data.calibset import write_calibration_set
     from calibkit.data.modeldir import ModelDir
-    from calibkit.deploy import DeployOptions, deploy
+    from calibkit.deploy import DeployRequest, deploy
     from calibkit.deploy.traffic import read_traffic
     from calibkit.types import Method
 
@@ -30,7 +30,7 @@ def repo(demo_assets_fast: Path, tmp_path_factory: pytest.TempPathFactory) -> di
     cset = write_calibration_set(root / "calibration_sets" / "demo-n64", texts, None,
                                  {"source": {"path": str(log)}, "kind": "calibration-set"})
     cal = calibrate(md, cset, Method.MINMAX, out_dir=root / "cal")
-    res = deploy(cal.out_dir, root / "serving", DeployOptions(perf_requests=64, max_texts=4000))
+    res = deploy(DeployRequest(cal.out_dir, root / "serving", perf_requests=64, max_texts=4000, measure_texts=200))
     return {"root": root, "md": md, "cal": cal, "res": res, "log": log}
 
 
@@ -41,15 +41,15 @@ def test_config_and_declared_io(repo: dict) -> None:
     res = repo["res"]
     c = parse_config(res.config_path)
     assert c.platform == "onnxruntime_onnx" and c.max_batch_size == res.batching.max_batch_size
-    assert res.doc["traffic"]["path"] == str(repo["log"])  # the default: the calibration set's log
+    assert res.traffic.path == str(repo["log"])  # the default: the calibration set's log
     sess = ort.InferenceSession(str(res.model_path), providers=["CPUExecutionProvider"])
     assert [i.name for i in sess.get_inputs()] == [i.name for i in c.input]
     assert all(i.data_type == pb.TYPE_INT64 and list(i.dims) == [-1] for i in c.input)
     assert [o.name for o in sess.get_outputs()] == [o.name for o in c.output] == ["logits"]
     assert list(c.output[0].dims) == [2] and c.output[0].label_filename == "labels.txt"
     # buckets from the real log: several profiles, each cheaper than one 1-512 profile
-    base = res.doc["profiles"]["baseline"]
-    assert base["max_seq"] == 512 and res.choice.padded_tokens < base["padded_tokens_padded_to_max"]
+    base = res.profiles.baseline
+    assert base.max_seq == 512 and res.choice.padded_tokens < base.padded_tokens_padded_to_max
     assert all(b * n <= res.batching.batch_tokens for b, n in zip(res.batching.per_bucket,
                                                                  [b.hi for b in res.choice.buckets]))
 
@@ -67,7 +67,7 @@ def test_outputs_equal_calibkits_engine(repo: dict, tmp_path: Path) -> None:
 
     res, md = repo["res"], repo["md"]
     eng = build(BuildRequest(model=md.onnx_path.parent, output=tmp_path / "int8.onnx", precision=Precision.INT8,
-                             calibration=repo["cal"].json_path, target="onnxruntime")).artifact
+                             calibration=repo["cal"].json_path)).artifact
     tok = TextTokenizer(md.tokenizer_path, max_length=md.max_length)
     texts = list(read_traffic(repo["log"], max_texts=48, seed=11).texts)
     with OnnxRuntimeRunner(eng.path) as r:

@@ -15,8 +15,11 @@ from deploy_helpers import model_config_pb2, parse_config, write_log
 from typer.testing import CliRunner
 
 from calibkit.cli import app
-from calibkit.deploy import DeployOptions, deploy
+from calibkit.data.tokenizer import TextTokenizer
+from calibkit.deploy import DeployRequest, deploy
 from calibkit.deploy.perfdata import padded_feeds
+from calibkit.errors import ModelError
+from calibkit.report.codec import dumps
 from calibkit.types import Backend, Precision
 
 
@@ -48,7 +51,7 @@ def _session(path: Path):  # type: ignore[no-untyped-def]
 
 def test_onnxruntime_repository(work: dict[str, Path], tmp_path: Path) -> None:
     pb = model_config_pb2()
-    res = deploy(work["cal"], tmp_path / "repo", DeployOptions(name="sentiment"))
+    res = deploy(DeployRequest(work["cal"], tmp_path / "repo", name="sentiment"))
     name = tmp_path / "repo" / "sentiment"
     assert res.model_path == name / "1" / "model.onnx" and res.model_path.is_file()
     c = parse_config(name / "config.pbtxt")
@@ -71,12 +74,12 @@ def test_onnxruntime_repository(work: dict[str, Path], tmp_path: Path) -> None:
         assert isinstance(real.shape[0], str) and list(decl.dims) == [d if isinstance(d, int) else -1
                                                                        for d in real.shape[1:]]
         assert decl.data_type == pb.TYPE_FP32 and real.type == "tensor(float)"
-    # the CPU-fast layout: uint8 activations (zero point 128), built by calibkit build --target onnxruntime
-    m = onnx.load(str(res.model_path))
-    assert any(i.name.endswith("zero_point") and i.data_type == onnx.TensorProto.UINT8 for i in m.graph.initializer)
+    # the layout calibrate wrote and measured (tensorrt: int8 activations): calibrate's own Q/DQ model, as it is
+    assert res.layout.shipped == res.layout.measured == "tensorrt"
+    assert res.model_path.read_bytes() == (work["cal"] / "model.int8.onnx").read_bytes()
     # the repository's own files
     doc = json.loads((tmp_path / "repo" / "deploy.json").read_text())
-    assert doc["format"] == "calibkit-deploy/1" and doc["traffic"]["path"] == str(work["log"])  # the set's log
+    assert doc["format"] == "calibkit-deploy/2" and doc["traffic"]["path"] == str(work["log"])  # the set's log
     assert doc["traffic"]["broken"] == {"invalid_json": 1} and doc["traffic"]["usable"] == 300
     assert "tritonserver --model-repository" in res.readme.read_text()
     assert (tmp_path / "repo" / "perf_analyzer.sh").stat().st_mode & 0o100
@@ -92,9 +95,9 @@ def test_repository_model_equals_calibkit_engine(work: dict[str, Path], tmp_path
     from calibkit.engines.build import BuildRequest, build
     from calibkit.engines.onnxruntime import OnnxRuntimeRunner
 
-    res = deploy(work["cal"], tmp_path / "repo", DeployOptions(profiles=3, perf_requests=40))
+    res = deploy(DeployRequest(work["cal"], tmp_path / "repo", profiles=3, perf_requests=40))
     eng = build(BuildRequest(model=work["model"], output=tmp_path / "int8.onnx", precision=Precision.INT8,
-                             calibration=work["cal"], target="onnxruntime")).artifact
+                             calibration=work["cal"])).artifact
     tok = TextTokenizer(work["model"])
     data = json.loads(res.perf_data.read_text())["data"]
     assert len(data) == 40
@@ -130,7 +133,7 @@ def test_tensorrt_repository(work: dict[str, Path], tmp_path: Path) -> None:
     from calibkit.deploy.engine import read_spec
 
     pb = model_config_pb2()
-    res = deploy(work["cal"], tmp_path / "repo", DeployOptions(backend=Backend.TENSORRT, profiles=2,
+    res = deploy(DeployRequest(work["cal"], tmp_path / "repo", backend=Backend.TENSORRT, profiles=2,
                                                                 batch_tokens=64, max_batch=32))
     name = res.out_dir / res.name
     c = parse_config(name / "config.pbtxt")
@@ -165,7 +168,7 @@ def test_calibkit_trt_build_uses_every_profile(work: dict[str, Path], tmp_path: 
     import calibkit.engines.tensorrt.builder as builder
     from calibkit.deploy.engine import build_plan
 
-    res = deploy(work["cal"], tmp_path / "repo", DeployOptions(backend=Backend.TENSORRT, profiles=2))
+    res = deploy(DeployRequest(work["cal"], tmp_path / "repo", backend=Backend.TENSORRT, profiles=2))
     seen = {}
 
     def fake(data, path, profiles, *, workspace_bytes, progress=None):  # noqa: ANN001, ANN202
@@ -190,22 +193,72 @@ def test_tune_folder_keeps_the_plan_and_finds_the_set(work: dict[str, Path], tmp
     cal.pop("calibration_set")
     cal.update(source_model=str(work["model"] / "model.onnx"), tokenizer=str(work["model"]))  # moved: absolute
     cal["kept_nodes"] = ["out_proj"]
+    cal["files"].pop("model")  # no Q/DQ model of the plan: deploy builds it from the table and the kept nodes
+    cal.pop("sha256", None)
+    (tune / "model.int8.onnx").unlink()
     (tune / "calibration.json").write_text(json.dumps(cal))
-    (tune / "tune.json").write_text(json.dumps({"format": "calibkit-tune/1"}))
+    (tune / "tune.json").write_text(dumps(_tune_result(met=True)))
     monkeypatch.chdir(work["root"])
-    res = deploy(tune, tmp_path / "repo", DeployOptions())
-    assert res.doc["source"]["kind"] == "tune" and res.doc["traffic"]["path"] == str(work["log"])
+    res = deploy(DeployRequest(tune, tmp_path / "repo"))
+    assert res.source.kind == "tune" and res.traffic.path == str(work["log"])
+    assert not any("the tune run" in w for w in res.warnings)
     m = onnx.load(str(res.model_path))
     node = next(n for n in m.graph.node if n.name == "out_proj")
     assert node.op_type == "MatMul" and not any("DequantizeLinear" in i for i in node.input)
     assert any(n.name == "proj" for n in m.graph.node)
 
 
+def _tune_result(*, met: bool, traffic: Path | None = None, sha: str = ""):  # type: ignore[no-untyped-def]
+    from calibkit.evaluate.results import Evidence, MethodChoice, TuneEvalSet, TunePlan, TuneResult, TuneTarget
+
+    ev = Evidence(str(traffic), 100, exclusions=(f"log sha256: {sha}",)) if traffic else None
+    return TuneResult("0", TuneEvalSet("eval.jsonl", 10, 8, 2, 4, "given", traffic=ev),
+                      TuneTarget(False, 0.9, 0.9, 0.85, met), MethodChoice("minmax", "minmax"),
+                      TunePlan(("out_proj",), 0.8, "minmax", 0.9))
+
+
+def test_a_tune_folder_is_measured_on_the_traffic_tune_judged_on(work: dict[str, Path], tmp_path: Path) -> None:
+    """No --traffic: the log tune.json names (the one tune judged agreement on) is the traffic, while it holds the
+    bytes tune read."""
+    from calibkit._io import sha256_file
+    from calibkit.errors import DataError
+
+    prod = write_log(tmp_path / "prod.jsonl", texts(90, seed=21, max_words=13))
+    tune = work["root"] / "tune-own-traffic"
+    shutil.copytree(work["cal"], tune)
+    (tune / ".calibkit-output.json").unlink()
+    (tune / "tune.json").write_text(dumps(_tune_result(met=True, traffic=prod, sha=sha256_file(prod))))
+    res = deploy(DeployRequest(tune, tmp_path / "repo", measure_texts=500))
+    assert res.traffic.path == str(prod) and res.traffic.origin == "tune" and res.traffic.usable == 90
+    assert res.measurement.texts + res.measurement.calibration_texts_left_out == 90  # all of it, none calibrated
+    (tune / "tune.json").write_text(dumps(_tune_result(met=True, traffic=prod, sha="0" * 64)))
+    with pytest.raises(DataError, match="changed since calibkit recorded it"):
+        deploy(DeployRequest(tune, tmp_path / "repo2"))
+
+
+def test_tune_json_is_read_through_the_codec(work: dict[str, Path], tmp_path: Path, monkeypatch) -> None:
+    """tune.json is parsed as a TuneResult: a plan that misses its target is deployed with tune's own words as a
+    warning, and a file that is not a tune document is refused."""
+    tune = work["root"] / "tune-not-met"  # beside the model: calibration.json names it relative to its folder
+    shutil.copytree(work["cal"], tune)
+    (tune / ".calibkit-output.json").unlink()
+    (tune / "tune.json").write_text(dumps(_tune_result(met=False)))
+    res = deploy(DeployRequest(tune, tmp_path / "repo", measure_texts=0))
+    assert res.source.kind == "tune"
+    assert any("says: target NOT met" in w for w in res.warnings)
+    assert "target NOT met" in res.readme.read_text()
+    (tune / "tune.json").write_text(json.dumps({"format": "calibkit-tune/1", "final": "x"}))
+    from calibkit.errors import UsageError
+
+    with pytest.raises(UsageError, match="is not a calibkit tune document"):
+        deploy(DeployRequest(tune, tmp_path / "repo2"))
+
+
 def test_engine_source(work: dict[str, Path], tmp_path: Path) -> None:
     from calibkit.engines.build import BuildRequest, build
 
     eng = build(BuildRequest(model=work["model"], output=tmp_path / "fp16.onnx", precision=Precision.FP16)).artifact
-    res = deploy(eng.path, tmp_path / "repo", DeployOptions(traffic=work["log"], profiles=1))
+    res = deploy(DeployRequest(eng.path, tmp_path / "repo", traffic=work["log"], profiles=1))
     assert res.precision is Precision.FP16 and res.name == "model-fp16" and res.choice.k == 1
     assert onnx.load(str(res.model_path)).graph.node  # an ONNX model, converted like the engine
     c = parse_config(res.config_path)
@@ -329,15 +382,17 @@ def test_engine_without_calibration_table(work: dict[str, Path], tmp_path: Path)
     eng = build(BuildRequest(model=work["model"], output=tmp_path / "eng" / "int8.onnx", precision=Precision.INT8,
                              qdq_model=alone / "q.onnx")).artifact
     assert eng.calibration_json is None
-    trt = deploy(eng.path, tmp_path / "trt", DeployOptions(backend=Backend.TENSORRT, traffic=work["log"]))
-    assert trt.engine_onnx.read_bytes() == (alone / "q.onnx").read_bytes() and not trt.doc["warnings"]
-    ort_res = deploy(eng.path, tmp_path / "ort", DeployOptions(traffic=work["log"]))
+    trt = deploy(DeployRequest(eng.path, tmp_path / "trt", backend=Backend.TENSORRT, traffic=work["log"]))
+    assert trt.engine_onnx.read_bytes() == (alone / "q.onnx").read_bytes() and not trt.warnings
+    ort_res = deploy(DeployRequest(eng.path, tmp_path / "ort", traffic=work["log"]))
     assert ort_res.model_path.read_bytes() == (alone / "q.onnx").read_bytes()
-    assert "served as it is" in ort_res.doc["warnings"][0]
+    assert "served as measured" in ort_res.warnings[0]
+    with pytest.raises(ModelError, match="cannot rebuild it in the onnxruntime layout"):  # no table to rebuild from
+        deploy(DeployRequest(eng.path, tmp_path / "other", traffic=work["log"], layout="onnxruntime"))
     from calibkit.errors import UsageError
 
     with pytest.raises(UsageError, match="calibration set behind") as exc:  # no --traffic, no set to find a log in
-        deploy(eng.path, tmp_path / "none", DeployOptions())
+        deploy(DeployRequest(eng.path, tmp_path / "none"))
     assert "--traffic" in (exc.value.hint or "") and not (tmp_path / "none").exists()
 
 
@@ -353,3 +408,109 @@ def test_build_tensorrt_fallback_refuses_an_onnxruntime_layout_qdq(work: dict[st
                                  "--backend", "tensorrt", "-o", str(tmp_path / "x.engine")], env={"COLUMNS": "400"})
     assert r.exit_code == 7 and "--stronglyTyped" not in r.output
     assert "uint8 activations" in " ".join(r.output.split())
+
+
+# ---------------------------------------------------------------- what ships is what was measured
+
+
+def test_deploy_measures_what_it_writes(work: dict[str, Path], tmp_path: Path) -> None:
+    """deploy.json (and the README, and the terminal) carry the written model against FP32 on traffic texts the
+    calibration did not see: agreement with its 95 % interval, recomputed here from the two models, and the
+    per-batch latency of both on the same batches."""
+    from calibkit.data.calibset import load_calibration_set
+    from calibkit.deploy.measure import pick_texts
+    from calibkit.evaluate.documents import DeployResult
+    from calibkit.report.codec import load_typed
+
+    res = deploy(DeployRequest(work["cal"], tmp_path / "repo", measure_texts=120, measure_batch=4, threads=1))
+    m = res.measurement
+    assert m is not None and res.measurement_note is None
+    assert m.texts == 120 and m.task == "classification" and m.calibration_texts_left_out > 0
+    assert m.agreement_ci.low <= m.agreement <= m.agreement_ci.high and m.agreement_ci.high - m.agreement_ci.low > 0
+    lat = m.latency
+    assert lat.batch_size == 4 and lat.batches == 30 and lat.threads == 1
+    assert lat.fp32_median_ms > 0 and lat.served_median_ms > 0 and lat.speedup > 0
+    # the same texts through both models, by hand: the same agreement
+    from calibkit.deploy.traffic import read_traffic
+
+    traffic = read_traffic(work["log"], text_field=None).texts
+    picked = pick_texts(traffic, load_calibration_set(work["cset"]).texts, 120, 0)
+    assert not set(picked.texts) & set(load_calibration_set(work["cset"]).texts)
+    tok = TextTokenizer(work["model"])
+    enc = tok.encode(list(picked.texts))
+    feeds = {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask}
+    ref = _session(work["model"] / "model.onnx").run(None, feeds)[0].argmax(1)
+    got = _session(res.model_path).run(None, feeds)[0].argmax(1)
+    assert m.agreement == pytest.approx(float((ref == got).mean()))
+    # deploy.json is the result, through the codec; the README and the terminal say it
+    assert load_typed(tmp_path / "repo" / "deploy.json", DeployResult) == res
+    assert f"agreement with FP32 **{100 * m.agreement:.2f} %**" in res.readme.read_text()
+    r = _cli(str(work["cal"]), "--backend", "onnxruntime", "--out", str(tmp_path / "cli"), "--measure-texts", "50")
+    assert r.exit_code == 0, r.output
+    assert "measured on 50 traffic texts: agreement with FP32" in r.output and "ms FP32" in r.output
+
+
+def test_measurement_can_be_skipped_and_is_not_made_for_tensorrt(work: dict[str, Path], tmp_path: Path) -> None:
+    off = deploy(DeployRequest(work["cal"], tmp_path / "off", measure_texts=0))
+    assert off.measurement is None and "--measure-texts 0" in off.measurement_note
+    trt = deploy(DeployRequest(work["cal"], tmp_path / "trt", backend=Backend.TENSORRT))
+    assert trt.measurement is None and "serving GPU" in trt.measurement_note
+
+
+def test_the_layout_shipped_is_the_measured_one_unless_asked(work: dict[str, Path], tmp_path: Path) -> None:
+    """calibrate measured the tensorrt layout: deploy ships it; --layout onnxruntime ships ONNX Runtime's fused
+    layout with a loud warning in deploy.json, the README and on the terminal, and deploy measures that model."""
+    from calibkit.errors import UsageError
+
+    asked = deploy(DeployRequest(work["cal"], tmp_path / "ort", layout="onnxruntime", measure_texts=40))
+    assert asked.layout.shipped == "onnxruntime" and asked.layout.measured == "tensorrt"
+    assert not asked.layout.as_measured and asked.layout.requested == "onnxruntime"
+    m = onnx.load(str(asked.model_path))
+    assert any(i.name.endswith("zero_point") and i.data_type == onnx.TensorProto.UINT8 for i in m.graph.initializer)
+    assert any("SHIPPING AN UNMEASURED LAYOUT" in w for w in asked.warnings)
+    assert "SHIPPING AN UNMEASURED LAYOUT" in asked.readme.read_text()
+    assert asked.measurement is not None and asked.measurement.texts == 40
+    r = _cli(str(work["cal"]), "--backend", "onnxruntime", "--out", str(tmp_path / "cli"), "--layout", "onnxruntime",
+             "--measure-texts", "0")
+    assert r.exit_code == 0 and "SHIPPING AN UNMEASURED LAYOUT" in r.output
+    assert "NOT the measured tensorrt layout" in r.output
+    with pytest.raises(UsageError, match="cannot be built by TensorRT"):
+        deploy(DeployRequest(work["cal"], tmp_path / "x", backend=Backend.TENSORRT, layout="onnxruntime"))
+    with pytest.raises(UsageError, match="unknown --layout"):
+        deploy(DeployRequest(work["cal"], tmp_path / "x", layout="int4"))
+
+
+def test_ck_deploy_returns_the_typed_result(work: dict[str, Path], tmp_path: Path) -> None:
+    import calibkit as ck
+    from calibkit.errors import UsageError
+
+    res = ck.deploy(work["cal"], tmp_path / "repo", profiles=2, measure_texts=30)
+    assert isinstance(res, ck.DeployResult) and res.out_dir == tmp_path / "repo" and res.choice.k == 2
+    assert res.measurement.texts == 30
+    for bad, message in (({"measure_texts": -1}, "--measure-texts must be at least 0"),
+                         ({"profiles": "2"}, "--profiles must be a whole number"),
+                         ({"max_batch": True}, "--max-batch must be a whole number"),
+                         ({"backend": "tvm"}, "unknown --backend"), ({"layout": "int4"}, "unknown --layout")):
+        with pytest.raises(UsageError, match=message):
+            ck.deploy(work["cal"], tmp_path / "bad", **bad)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_tensorrt_ships_its_own_layout_with_a_warning_when_another_was_measured(work: dict[str, Path],
+                                                                                 tmp_path: Path) -> None:
+    cal = work["root"] / "cal-ort-layout"  # beside the model: calibration.json names it relative to its folder
+    if not cal.exists():
+        shutil.copytree(work["cal"], cal)
+        (cal / ".calibkit-output.json").unlink()
+        doc = json.loads((cal / "calibration.json").read_text())
+        doc["target"] = "onnxruntime"  # as `calibrate --target onnxruntime` records it
+        doc["files"].pop("model")
+        doc.pop("sha256", None)
+        (cal / "model.int8.onnx").unlink()
+        (cal / "calibration.json").write_text(json.dumps(doc))
+    res = deploy(DeployRequest(cal, tmp_path / "trt", backend=Backend.TENSORRT))
+    assert res.layout.shipped == "tensorrt" and res.layout.measured == "onnxruntime" and not res.layout.as_measured
+    assert any("SHIPPING AN UNMEASURED LAYOUT" in w and "TensorRT builds only its own layout" in w
+               for w in res.warnings)
+    ort = deploy(DeployRequest(cal, tmp_path / "ort", measure_texts=0))  # ONNX Runtime: as measured, no warning
+    assert ort.layout.as_measured and not ort.warnings

@@ -48,14 +48,14 @@ def model_dir(tmp_path: Path) -> Path:
     return d
 
 
-def _calibration(model_dir: Path, path: Path, sha: str | None = None) -> Path:
+def _calibration(model_dir: Path, path: Path, sha: str | None = None, target: str = "tensorrt") -> Path:
     h = X @ W1
     amax = {"x": float(np.abs(X).max()), "e": float(np.abs(np.tanh(h)).max()) + 0.2}
     table = CalibrationTable(
         sha if sha is not None else sha256_file(model_dir / "model.onnx"), "set", Method.MINMAX, MethodParams(),
         tuple(TensorRange(t, a, Method.MINMAX) for t, a in amax.items()),
     )
-    return write_calibration_json(path, table, {"target": "tensorrt", "exclude": []})
+    return write_calibration_json(path, table, {"target": target, "exclude": []})
 
 
 def _run(args: list[str]):
@@ -96,29 +96,38 @@ def test_fp16(model_dir: Path, tmp_path: Path) -> None:
     np.testing.assert_allclose(_logits(out), ref, rtol=1e-2, atol=1e-2)
 
 
-@pytest.mark.parametrize("target", [None, "tensorrt"])
-def test_int8_from_calibration(model_dir: Path, tmp_path: Path, target: str | None) -> None:
-    cal = _calibration(model_dir, tmp_path / "cal" / "calibration.json")
+@pytest.mark.parametrize(("recorded", "target", "built"), [
+    ("tensorrt", None, "tensorrt"), ("onnxruntime", None, "onnxruntime"), ("tensorrt", "tensorrt", "tensorrt"),
+    ("tensorrt", "onnxruntime", "onnxruntime"), ("onnxruntime", "tensorrt", "tensorrt"),
+])
+def test_int8_from_calibration(model_dir: Path, tmp_path: Path, recorded: str, target: str | None,
+                               built: str) -> None:
+    """Without --target the build follows the layout calibration.json records (the INT8 model calibrate and tune
+    measured), whatever the backend's own; another layout is built with a warning naming both."""
+    cal = _calibration(model_dir, tmp_path / "cal" / "calibration.json", target=recorded)
     out = tmp_path / "m.int8.onnx"
     args = ["build", str(model_dir), "-p", "int8", "--calibration", str(cal), "-o", str(out)]
     res = _run(args + (["--target", target] if target else []))
     assert res.exit_code == 0, res.output
+    said = " ".join(res.output.split())
     # the layout is said as built, beside the backend that runs it (it said "(int8, onnxruntime)" for both)
-    assert f"(int8, {target or 'onnxruntime'} Q/DQ layout, onnxruntime backend)" in " ".join(res.output.split())
+    assert f"(int8, {built} Q/DQ layout, onnxruntime backend)" in said
+    assert (f"records the {recorded} Q/DQ layout" in said) == (built != recorded)
+    assert (f"pass --target {recorded} for the measured one" in said) == (built != recorded)
     art = EngineArtifact.load(out)
     assert art.precision is Precision.INT8
     assert Path(art.calibration_json).samefile(cal) and art.calibration_sha256 == sha256_file(cal)
-    assert art.extra["target"] == (target or "onnxruntime")
+    assert art.extra["target"] == built and art.extra["measured_layout"] == recorded
     m = onnx.load(str(out))
     zp = next(i for i in m.graph.initializer if i.name == "x_zero_point")
-    assert zp.data_type == (TensorProto.INT8 if target == "tensorrt" else TensorProto.UINT8)
+    assert zp.data_type == (TensorProto.INT8 if built == "tensorrt" else TensorProto.UINT8)
     ref, got = _logits(model_dir / "model.onnx"), _logits(out)
     assert not np.array_equal(ref, got)
     np.testing.assert_allclose(got, ref, atol=0.05 * np.abs(ref).max())
 
 
 def test_int8_exclude_and_qdq_copy(model_dir: Path, tmp_path: Path) -> None:
-    cal = _calibration(model_dir, tmp_path / "calibration.json")
+    cal = _calibration(model_dir, tmp_path / "calibration.json", target="onnxruntime")
     first = tmp_path / "a.onnx"
     res = _run(["build", str(model_dir), "-p", "int8", "--calibration", str(cal), "-x", "classifier", "-o", str(first)])
     assert res.exit_code == 0, res.output
@@ -192,7 +201,7 @@ def test_int8_weight_bits_follow_the_flag_or_the_cpu(model_dir: Path, tmp_path: 
     import calibkit.engines.cpu as cpu
 
     monkeypatch.setattr(cpu, "int8_gemm_saturates", lambda: saturates)
-    cal = _calibration(model_dir, tmp_path / "cal" / "calibration.json")
+    cal = _calibration(model_dir, tmp_path / "cal" / "calibration.json", target="onnxruntime")
     out = tmp_path / "m.int8.onnx"
     res = _run(["build", str(model_dir), "-p", "int8", "--calibration", str(cal), "-o", str(out),
                 *([flag] if flag else [])])

@@ -17,8 +17,17 @@ from pathlib import Path
 import pytest
 
 from calibkit.errors import DataError
+from calibkit.evaluate import documents as D
 from calibkit.evaluate import results as R
-from calibkit.report.codec import COMPARE_FORMAT, TUNE_FORMAT, parse_result, to_document, to_json
+from calibkit.report.codec import (
+    COMPARE_FORMAT,
+    DEPLOY_FORMAT,
+    PLAN_FORMAT,
+    TUNE_FORMAT,
+    parse_result,
+    to_document,
+    to_json,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +50,7 @@ def _random(tp: typing.Any, rng: random.Random, depth: int = 0) -> typing.Any:
         hints = typing.get_type_hints(tp)
         kwargs = {}
         for f in dataclasses.fields(tp):
-            if f.metadata.get("json", True) is False:
+            if f.metadata.get("json", True) is False or not f.init:
                 continue
             if f.metadata.get("flatten"):  # its keys must not collide with the named fields
                 val_tp = typing.get_args(hints[f.name])[1]
@@ -62,12 +71,13 @@ def _random(tp: typing.Any, rng: random.Random, depth: int = 0) -> typing.Any:
     raise TypeError(tp)
 
 
-@pytest.mark.parametrize("cls", [R.Comparison, R.TuneResult])
+@pytest.mark.parametrize("cls", [R.Comparison, R.TuneResult, D.PlanDocument, D.DeployResult])
 @pytest.mark.parametrize("seed", range(40))
 def test_every_field_round_trips_through_the_json_document(cls: type, seed: int) -> None:
     result = _random(cls, random.Random(seed))
     doc = to_document(result)
-    assert doc["format"] == {R.Comparison: COMPARE_FORMAT, R.TuneResult: TUNE_FORMAT}[cls]
+    assert doc["format"] == {R.Comparison: COMPARE_FORMAT, R.TuneResult: TUNE_FORMAT, D.PlanDocument: PLAN_FORMAT,
+                             D.DeployResult: DEPLOY_FORMAT}[cls]
     text = json.dumps(doc, allow_nan=False, sort_keys=True)
     assert parse_result(json.loads(text)) == result
 

@@ -127,6 +127,12 @@ def test_tune_writes_a_plan_whose_accuracy_is_measured(tiny_setup):
     plan = json.loads((out / "plan.json").read_text())
     assert plan["kept_nodes"] == list(res.kept_nodes)
     assert set(plan["reasons"]) == set(res.kept_nodes)
+    from calibkit.evaluate.documents import PlanDocument
+    from calibkit.report.codec import load_typed
+
+    typed = load_typed(out / "plan.json", PlanDocument)  # through the codec, with the layout it was measured in
+    assert typed.layout == cfg.target == "tensorrt" and typed.kept_nodes == res.kept_nodes
+    assert typed.claim == res.result.claim
     # every candidate is a measurement; the final one is the accepted candidate
     accepted = [c for c in doc["candidates"] if c["accepted"]]
     assert len(accepted) == 1 and accepted[0]["kept_nodes"] == list(res.kept_nodes)

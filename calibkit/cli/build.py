@@ -27,8 +27,9 @@ anything is written.
 INT8 Q/DQ layouts (--target): tensorrt = int8 activations, every MatMul/Gemm quantized (what TensorRT fuses;
 also runs in ONNX Runtime to preview TensorRT's numerics on CPU); onnxruntime = uint8 activations (zero point
 128, same values) on weight MatMuls only, the layout ONNX Runtime's CPU integer kernels fuse (the fast one
-on CPU). Default: the backend's own layout (onnxruntime for the ONNX Runtime backend, which differs from the
-tensorrt layout that `calibrate`, `tune` and the demo's reports measure: pass --target tensorrt for that model).
+on CPU). Default: the layout calibration.json records (`calibrate --target`, `tune --target`: the INT8 model
+they wrote and measured), so what is built is what was measured; another --target builds a different INT8 model,
+with a warning (measure it with `calibkit compare`). TensorRT builds only its own layout.
 
 Examples:
 
@@ -67,7 +68,7 @@ def build(
     qdq: Path | None = typer.Option(None, "--qdq", help="A ready Q/DQ INT8 .onnx to use as it is, for int8."),
     backend: str = typer.Option("onnxruntime", "--backend", "-b", help="onnxruntime | tensorrt."),
     target: str | None = typer.Option(
-        None, "--target", help="INT8 Q/DQ layout: tensorrt | onnxruntime [default: the backend's own]."
+        None, "--target", help="INT8 Q/DQ layout: tensorrt | onnxruntime [default: the one calibration.json records]."
     ),
     exclude: list[str] = typer.Option(
         [], "--exclude", "-x", help="Regex of node names or module paths kept in FP32 for int8/fp16 (repeatable), e.g. "
@@ -119,6 +120,8 @@ def build(
                  f"{', '.join(map(str, zero[:5]))}")
         for extra in res.files[1:]:
             say(f"  + {extra}")
+        for w in res.warnings:
+            warn(w)
 
 
 def _print_trtexec(req) -> None:  # noqa: ANN001

@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from calibkit.cli._common import FORCE_HELP, INTEGER, RichProgress, guard_out_dir, handle_errors, out, say, warn
 
+if TYPE_CHECKING:
+    from calibkit.evaluate.documents import DeployResult
+
 HELP = """Write a Triton Inference Server model repository for SOURCE, shaped by the traffic it will serve.
 
 SOURCE is a folder written by `calibkit tune` (the tuned plan) or `calibkit calibrate`, or an engine written by
-`calibkit build` (with its .calibkit.json sidecar). Deploy evaluates nothing: it rebuilds what was measured in the
-serving layout of --backend and sizes the server from the traffic's token lengths.
+`calibkit build` (with its .calibkit.json sidecar). Deploy ships what was measured: the INT8 Q/DQ layout SOURCE
+was measured in (tune's plan, the calibration's --target, the engine's own), unless --layout asks for another,
+which is shipped with a warning; it sizes the server from the traffic's token lengths.
+
+Measured in the same run (ONNX Runtime): the model written, against FP32, on --measure-texts traffic texts
+(calibration texts left out): agreement with FP32 with its 95 % interval, and per-batch latency against FP32
+(same texts, same batches, same session options). Both are in deploy.json and the README, and summarised here.
 
 Traffic: --traffic LOG is read like `calibkit sample` reads logs (JSON Lines, plain or .gz; --text-field, broken
 lines skipped and counted, personal data redacted unless --no-redact) and tokenized with the model's tokenizer.
-Default: the log the calibration set was drawn from (its manifest.json), when it still exists.
+Default: for a tune folder, the log tune judged agreement on (tune.json); else the log the calibration set was
+drawn from (its manifest.json); each only while it holds the bytes it had then.
 
 What is chosen, and why:
   length buckets   Triton batches only requests of equal shape, so clients pad each request to its bucket's
@@ -30,16 +40,18 @@ What is chosen, and why:
 OUT (a new folder, or one calibkit wrote; --force moves anything else aside) receives:
   NAME/config.pbtxt        onnxruntime_onnx | tensorrt_plan, dynamic dims, dynamic_batching, instance_group,
                            label_filename (NAME/labels.txt) when the model has label names
-  NAME/1/model.onnx        ONNX Runtime: the CPU-fast INT8 layout (`calibkit build --target onnxruntime`)
+  NAME/1/model.onnx        ONNX Runtime: the INT8 model in the measured layout (or --layout)
   NAME/build_engine.sh     TensorRT: the exact trtexec command (strongly typed, min/opt/max shapes per input and
                            profile, timing cache) and, with --calibkit, the same build through calibkit's TensorRT
                            backend; run it on the serving GPU. TensorRT is not needed (and often absent) here.
   perf_data.json, perf_analyzer.sh   real traffic texts, tokenized and bucket-padded, for perf_analyzer
-  README.md, deploy.json   how to start the server; every choice and the numbers behind it
+  README.md, deploy.json   how to start the server; every choice, the numbers behind it, the measurement
 
 Examples:
 
   calibkit deploy runs/tune-model --backend onnxruntime --out serving/
+
+  calibkit deploy runs/tune-model --backend onnxruntime --out serving-fast/ --layout onnxruntime --measure-texts 2000
 
   calibkit deploy runs/tune-model --backend tensorrt --out serving-trt/ --traffic logs/prod.jsonl.gz --profiles 3
 
@@ -59,8 +71,8 @@ def deploy(
     backend: str = typer.Option(..., "--backend", "-b", help="onnxruntime | tensorrt (as in `calibkit build`)."),
     out_dir: Path = typer.Option(..., "--out", "-o", help="Folder of the Triton model repository to write."),
     traffic: Path | None = typer.Option(
-        None, "--traffic", help="JSON Lines request log whose lengths shape the server [default: the calibration "
-        "set's log]."),
+        None, "--traffic", help="JSON Lines request log whose lengths shape the server and whose texts the model is "
+        "measured on [default: the log a tune run judged agreement on, else the calibration set's log]."),
     text_field: str | None = typer.Option(
         None, "--text-field", help="Dotted path of the text in --traffic, e.g. request.text [default: auto-detect]."),
     strict: bool = typer.Option(False, "--strict", help="Fail at the first broken line of --traffic."),
@@ -90,49 +102,48 @@ def deploy(
     ),
     workspace_mib: int = typer.Option(4096, "--workspace-mib", parser=INTEGER,
         help="TensorRT builder workspace (MiB)."),
+    layout: str | None = typer.Option(
+        None, "--layout", help="INT8 Q/DQ layout to ship: tensorrt | onnxruntime [default: the one SOURCE was "
+        "measured in; another is shipped with a warning]."),
+    measure_texts: int = typer.Option(1000, "--measure-texts", parser=INTEGER,
+        help="Traffic texts the served model is measured on against FP32 (0: not measured)."),
+    measure_batch: int = typer.Option(8, "--measure-batch", parser=INTEGER, help="Batch size of that measurement."),
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     with handle_errors():
-        from calibkit.deploy import DeployOptions
-        from calibkit.deploy import deploy as run_deploy
-        from calibkit.deploy.profiles import check_k
+        from calibkit.api import deploy as run_deploy
         from calibkit.errors import UsageError
-        from calibkit.types import Backend
 
-        try:
-            back = Backend(backend.lower())
-        except ValueError:
-            raise UsageError(f"unknown --backend {backend!r}", hint="choose onnxruntime or tensorrt") from None
         k: int | None = None
         if profiles.lower() != "auto":
             try:
                 k = int(profiles)
             except ValueError:
                 raise UsageError(f"--profiles {profiles!r} is not a number", hint="pass 1, 2, 3, 4 or auto") from None
-            check_k(k)
-        options = DeployOptions(
-            backend=back, traffic=traffic, text_field=text_field, strict=strict, redact=not no_redact, profiles=k,
-            name=name, max_seq=max_seq, batch_tokens=batch_tokens, max_batch=max_batch, queue_delay_us=queue_delay_us,
-            instances=instances, threads=threads, perf_requests=perf_requests, max_texts=max_texts, seed=seed,
-            reduce_range=reduce_range, workspace_mib=workspace_mib,
-        )
         guard_out_dir(out_dir, inputs=[source, traffic], force=force)
         with RichProgress() as progress:
-            res = run_deploy(source, out_dir, options, progress=progress)
+            res = run_deploy(
+                source, out_dir, backend=backend, traffic=traffic, text_field=text_field, strict=strict,
+                redact=not no_redact, profiles=k, name=name, max_seq=max_seq, batch_tokens=batch_tokens,
+                max_batch=max_batch, queue_delay_us=queue_delay_us, instances=instances, threads=threads,
+                perf_requests=perf_requests, max_texts=max_texts, seed=seed, reduce_range=reduce_range,
+                workspace_mib=workspace_mib, layout=layout, measure_texts=measure_texts, measure_batch=measure_batch,
+                progress=progress,
+            )
         _summary(res)
 
 
-def _summary(res) -> None:  # noqa: ANN001
+def _summary(res: DeployResult) -> None:
     from rich.table import Table
 
-    doc = res.doc
-    tr = doc["traffic"]
-    say(f"traffic: {tr['path']}{' (the calibration set log)' if tr['default'] else ''}: {tr['usable']:,} usable "
-        f"requests of {tr['lines']:,} lines" + (f", {tr['texts']:,} sampled" if tr["sampled"] else ""))
-    base = doc["profiles"]["baseline"]
-    t = Table(title=f"length buckets (padding waste = padded / real tokens - 1; one 1-{base['max_seq']} profile: "
-                    f"{100 * base['waste_padded_to_max']:.1f} % padded to {base['max_seq']}, "
-                    f"{100 * base['waste_arrival_batches']:.1f} % in arrival batches)")
+    tr = res.traffic
+    origin = {"tune": " (the log tune judged agreement on)", "calibration set": " (the calibration set log)"}
+    say(f"traffic: {tr.path}{origin.get(tr.origin, '')}: {tr.usable:,} usable "
+        f"requests of {tr.lines:,} lines" + (f", {tr.texts:,} sampled" if tr.sampled else ""))
+    base = res.profiles.baseline
+    t = Table(title=f"length buckets (padding waste = padded / real tokens - 1; one 1-{base.max_seq} profile: "
+                    f"{100 * base.waste_padded_to_max:.1f} % padded to {base.max_seq}, "
+                    f"{100 * base.waste_arrival_batches:.1f} % in arrival batches)")
     for col in ("k", "bucket maxes", "padded tokens", "waste", ""):
         t.add_column(col, justify="left" if col in ("bucket maxes", "") else "right")
     for c in res.choices:
@@ -145,6 +156,7 @@ def _summary(res) -> None:  # noqa: ANN001
     b = res.batching
     say(f"batching: preferred_batch_size {list(b.preferred)}, max_batch_size {b.max_batch_size} "
         f"(budget {b.batch_tokens:,} padded tokens per batch), max_queue_delay_microseconds {b.queue_delay_us}")
+    _say_measurement(res)
     for w in _warnings(res):
         warn(w)
     say(f"wrote {res.out_dir}/ ({res.name}/config.pbtxt, README.md, deploy.json, perf_data.json)")
@@ -156,10 +168,30 @@ def _summary(res) -> None:  # noqa: ANN001
     say(f"  start: tritonserver --model-repository={res.out_dir}   load test: {res.out_dir}/perf_analyzer.sh")
 
 
-def _warnings(res) -> list[str]:  # noqa: ANN001
-    out = list(res.doc.get("warnings", []))
-    req = res.doc["profiles"]["requested_k"]
+def _say_measurement(res: DeployResult) -> None:
+    lay = res.layout
+    if lay is not None:
+        say(f"layout: {lay.shipped}" + (" (as measured)" if lay.as_measured else
+                                        f" (NOT the measured {lay.measured} layout)"))
+    m = res.measurement
+    if m is None:
+        say(f"measured: {res.measurement_note}")
+        return
+    ci = m.agreement_ci
+    agree = "agreement not measured for this task" if m.agreement is None else \
+        f"agreement with FP32 {100 * m.agreement:.2f} %" + (
+            f" [{100 * ci.low:.2f}, {100 * ci.high:.2f}] 95 %" if ci and ci.low is not None and ci.high is not None
+            else "")
+    lat = m.latency
+    say(f"measured on {m.texts:,} traffic texts: {agree}; per batch of {lat.batch_size}: "
+        f"{lat.served_median_ms:.2f} ms served vs {lat.fp32_median_ms:.2f} ms FP32 "
+        f"(the served model runs at {lat.speedup:.2f}x FP32's speed)")
+
+
+def _warnings(res: DeployResult) -> list[str]:
+    found = list(res.warnings)
+    req = res.profiles.requested_k
     if req is not None and req > res.choice.k:
-        out.append(f"--profiles {req}: the traffic has only {res.choice.k} distinct padded lengths, so "
-                   f"{res.choice.k} profiles were written")
-    return out
+        found.append(f"--profiles {req}: the traffic has only {res.choice.k} distinct padded lengths, so "
+                     f"{res.choice.k} profiles were written")
+    return found

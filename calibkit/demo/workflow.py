@@ -169,10 +169,10 @@ def run_workflow(
             embedder = _embedder_row(setup.prep.embedder_dir, setup, options, clock.cb)
     clock.step(9, "deploy the tuned plan: a Triton model repository shaped by the log's traffic")
     with clock.timed("deploy"):
-        from calibkit.deploy import DeployOptions, deploy
+        import calibkit as ck
 
-        dres = deploy(tres.out_dir, setup.runs / "serving",
-                      DeployOptions(traffic=setup.work / "logs.jsonl", name=f"demo-{setup.variant}"))
+        dres = ck.deploy(tres.out_dir, setup.runs / "serving", traffic=setup.work / "logs.jsonl",
+                         name=f"demo-{setup.variant}", progress=clock.cb)
     clock.timings["total"] = time.perf_counter() - clock.t0
 
     clock.step(10, "write the index page")
@@ -198,7 +198,9 @@ def run_workflow(
         "int8_engine": {"layout": "tensorrt", "path": str(engines["int8"].artifact.path)},
         "deploy": {"repository": str(dres.out_dir), "name": dres.name,
                    "bucket_maxes": [b.hi for b in dres.choice.buckets], "waste": dres.choice.waste,
-                   "waste_one_profile": dres.doc["profiles"]["baseline"]["waste_padded_to_max"],
+                   "waste_one_profile": dres.profiles.baseline.waste_padded_to_max,
+                   "layout": dres.layout.shipped if dres.layout else None,
+                   "agreement_with_fp32": dres.measurement.agreement if dres.measurement else None,
                    "preferred_batch_size": list(dres.batching.preferred),
                    "link": os.path.relpath(dres.readme, setup.reports / "index")},
         "timings_s": {k: round(v, 1) for k, v in clock.timings.items()},
@@ -601,9 +603,9 @@ def _tune_lines(tune: dict[str, Any]) -> list[str]:
 
 
 LAYOUT_NOTE = ("Every INT8 model here uses the TensorRT Q/DQ layout (every MatMul/Gemm input in INT8, attention "
-               "MatMuls included). `calibkit build --precision int8` defaults to `--target onnxruntime` (weight "
-               "MatMuls only: faster on CPU, a different model); pass `--target tensorrt` to build what these "
-               "numbers describe.")
+               "MatMuls included), the layout the calibration tables record: `calibkit build --precision int8` "
+               "and `calibkit deploy` build it by default; `--target onnxruntime` (weight MatMuls only: faster on "
+               "CPU) is a different INT8 model these numbers do not describe.")
 
 
 def _extra_md(s: dict[str, Any]) -> list[str]:

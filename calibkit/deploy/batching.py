@@ -11,28 +11,15 @@ says how much.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from calibkit.errors import UsageError
+from calibkit.evaluate.documents import BatchingPlan  # deploy.json's type, made here
 
 DEFAULT_BATCH_TOKENS = 8192
 DEFAULT_MAX_BATCH = 128
 DEFAULT_QUEUE_DELAY_US = 1000
 
-
-@dataclass(frozen=True)
-class BatchingPlan:
-    batch_tokens: int
-    per_bucket: tuple[int, ...]  # preferred batch size of each bucket, in bucket order
-    preferred: tuple[int, ...]  # distinct, ascending: Triton's preferred_batch_size
-    max_batch_size: int
-    queue_delay_us: int
-    worst_tokens: int  # max_batch_size x the longest bucket's length
-
-    def to_dict(self) -> dict[str, object]:
-        return {"batch_tokens": self.batch_tokens, "per_bucket": list(self.per_bucket),
-                "preferred_batch_size": list(self.preferred), "max_batch_size": self.max_batch_size,
-                "max_queue_delay_microseconds": self.queue_delay_us, "worst_case_tokens": self.worst_tokens}
+__all__ = ["BatchingPlan", "batch_for", "plan_batching"]
 
 
 def _pow2_floor(v: int) -> int:

@@ -17,74 +17,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from calibkit.errors import DataError, UsageError
+from calibkit.evaluate.documents import BucketChoice, LengthBucket  # deploy.json's types, made here
 
 MAX_PROFILES = 4
 ROUND_TO = 8  # TensorRT kernels prefer sequence lengths that are multiples of 8
 AUTO_TOLERANCE = 0.05  # auto k: the fewest profiles within 5 % of the real tokens of the best (k = 4)
 
-
-@dataclass(frozen=True)
-class LengthBucket:
-    """Requests of ``lo..hi`` tokens, padded to ``hi``."""
-
-    lo: int
-    hi: int
-    requests: int
-    real_tokens: int
-    median_length: int
-
-    @property
-    def padded_tokens(self) -> int:
-        return self.hi * self.requests
-
-    def to_dict(self) -> dict[str, int]:
-        return {"lo": self.lo, "hi": self.hi, "requests": self.requests, "real_tokens": self.real_tokens,
-                "padded_tokens": self.padded_tokens, "median_length": self.median_length}
-
-
-@dataclass(frozen=True)
-class BucketChoice:
-    """``k`` buckets and what they cost on the observed traffic."""
-
-    buckets: tuple[LengthBucket, ...]
-    requests: int
-    real_tokens: int  # after truncation to max_seq
-    max_seq: int
-    over_max: int  # requests longer than max_seq (truncated to it, or refused)
-
-    @property
-    def k(self) -> int:
-        return len(self.buckets)
-
-    @property
-    def padded_tokens(self) -> int:
-        return sum(b.padded_tokens for b in self.buckets)
-
-    @property
-    def waste(self) -> float:
-        """Padding tokens per real token."""
-        return (self.padded_tokens - self.real_tokens) / self.real_tokens if self.real_tokens else 0.0
-
-    @property
-    def over_max_share(self) -> float:
-        return self.over_max / self.requests if self.requests else 0.0
-
-    def bucket_of(self, length: int) -> LengthBucket:
-        """The bucket a request of ``length`` tokens is padded in (the last one past max_seq: truncated)."""
-        for b in self.buckets:
-            if length <= b.hi:
-                return b
-        return self.buckets[-1]
-
-    def to_dict(self) -> dict[str, object]:
-        return {"k": self.k, "buckets": [b.to_dict() for b in self.buckets], "requests": self.requests,
-                "real_tokens": self.real_tokens, "padded_tokens": self.padded_tokens, "waste": self.waste,
-                "max_seq": self.max_seq, "over_max": self.over_max, "over_max_share": self.over_max_share}
+__all__ = ["BucketChoice", "LengthBucket", "auto_k", "check_k", "choose_buckets", "largest_max", "padded_by_arrival"]
 
 
 def round_up(v: int, to: int) -> int:

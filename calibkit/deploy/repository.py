@@ -4,7 +4,7 @@ Layout::
 
     OUT/
       README.md             how to start the server, what was chosen and why
-      deploy.json           every choice and the numbers behind it (calibkit-deploy/1)
+      deploy.json           every choice, the numbers behind it and the served model measured (calibkit-deploy/2)
       perf_data.json        perf_analyzer --input-data: real traffic texts, tokenized and bucket-padded
       perf_analyzer.sh      the load test that replays them
       NAME/
@@ -62,17 +62,18 @@ class RepositoryFiles:
     compact_docs: Mapping[str, object] | None = None  # one-line JSON (large data files)
 
 
-def write_repository(out: Path, name: str, files: RepositoryFiles, *, build_models: Callable[[Path], None],
+def write_repository(out: Path, name: str, build_models: Callable[[Path], RepositoryFiles], *,
                      inputs: Sequence[Path | None] | RunInputs = ()) -> Path:
     """Write OUT atomically: ``build_models(model_folder)`` writes the model files into ``NAME/`` of the
-    temporary folder, then the text files are added. Returns OUT."""
+    temporary folder (and may measure them there) and returns the other files, which are then added. Returns
+    OUT."""
     check_model_name(name)
     check_not_input(out, inputs)
     # no legacy names: deploy is younger than the marker file, so an unmarked folder is never one it wrote
     with atomic_dir(out, what="deploy") as tmp:
         model_dir = tmp / name
         (model_dir / "1").mkdir(parents=True)
-        build_models(model_dir)
+        files = build_models(model_dir)
         for rel, obj in (files.json_docs or {}).items():
             (tmp / rel).write_text(dumps_json(obj), encoding="utf-8")
         for rel, obj in (files.compact_docs or {}).items():

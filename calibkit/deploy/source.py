@@ -1,22 +1,23 @@
 """What ``deploy`` is given: a tune output folder, a calibrate output folder or an engine calibkit built.
 
-Each is turned into a recipe that :func:`calibkit.engines.build.build` can follow for either serving layout:
-the FP32 model folder (tokenizer and labels with it), the precision, the calibration table and the nodes kept
-in higher precision, and a ready Q/DQ model where one exists. Deploy evaluates nothing: it rebuilds what was
-measured, in the layout of the chosen backend.
+Each is turned into a recipe that :func:`calibkit.engines.build.build` can follow: the FP32 model folder
+(tokenizer and labels with it), the precision, the calibration table and the nodes kept in higher precision, a
+ready Q/DQ model where one exists and the Q/DQ layout it was measured in (``qdq_target``), so deploy ships what
+was measured. A tune folder's tune.json is read through the codec (:mod:`calibkit.report.codec`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from calibkit.errors import ModelError, UsageError
+from calibkit.deploy.traffic import SourceLog
+from calibkit.errors import DataError, ModelError, UsageError
+from calibkit.evaluate.documents import SourceRecord
 from calibkit.types import Precision
 
+LOG_SHA256 = "log sha256: "  # how tune's traffic evidence names the bytes of its log (evaluate.traffic.evidence_of)
 NOT_OUTPUT_HINT = ("pass a folder written by `calibkit tune` or `calibkit calibrate` (it holds calibration.json), "
                    "or an engine written by `calibkit build` (with its ENGINE.calibkit.json sidecar)")
 
@@ -35,16 +36,19 @@ class DeploySource:
     weight_bits: int | None = None  # of an onnxruntime-layout engine (7: reduce-range)
     calibration_set: Path | None = None  # the folder its calibration texts came from, when known
     calibration_set_id: str = ""
+    tune_claim: str | None = None  # a tune folder whose plan does not hold its claim: what tune said of it
+    tune_traffic: SourceLog | None = None  # the log tune judged agreement with FP32 on, while it is still there
 
-    def to_dict(self) -> dict[str, Any]:
+    def record(self) -> SourceRecord:
         """deploy.json's record of SOURCE: absolute paths (the repository is read elsewhere)."""
         def a(p: Path | None) -> str | None:
             return os.path.abspath(p) if p is not None else None
 
-        return {"path": a(self.path), "kind": self.kind, "model": a(self.model), "tokenizer": a(self.tokenizer),
-                "precision": self.precision.value, "calibration_json": a(self.calibration_json),
-                "kept_nodes": list(self.keep_nodes), "qdq_model": a(self.qdq_model), "qdq_target": self.qdq_target,
-                "calibration_set": a(self.calibration_set)}
+        return SourceRecord(path=os.path.abspath(self.path), kind=self.kind, model=os.path.abspath(self.model),
+                            tokenizer=os.path.abspath(self.tokenizer), precision=self.precision,
+                            calibration_json=a(self.calibration_json), kept_nodes=self.keep_nodes,
+                            qdq_model=a(self.qdq_model), qdq_target=self.qdq_target,
+                            calibration_set=a(self.calibration_set))
 
 
 def _existing(path: str | Path | None, what: str, source: Path, document: Path) -> Path:
@@ -75,16 +79,11 @@ def _from_folder(folder: Path) -> DeploySource:
     if not cal.is_file():
         raise UsageError(f"{folder} is not a calibkit output (no calibration.json, tune.json or engine sidecar in it)",
                          hint=NOT_OUTPUT_HINT)
-    kind = "calibrate"
+    kind, claim, traffic = "calibrate", None, None
     tune = folder / "tune.json"
     if tune.is_file():
-        try:
-            doc = json.loads(tune.read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):
-            doc = None
-        if not isinstance(doc, dict) or not str(doc.get("format", "")).startswith("calibkit-tune/"):
-            raise UsageError(f"{tune} is not a calibkit tune document", hint=NOT_OUTPUT_HINT)
         kind = "tune"
+        claim, traffic = _read_tune(tune)
     _check_folder(folder, kind)
     cf = load_calibration_json(cal)
     model = _existing(cf.source_model, "FP32 model", folder, cal)
@@ -97,7 +96,26 @@ def _from_folder(folder: Path) -> DeploySource:
         keep_nodes=tuple(cf.kept_nodes) if kind == "tune" else (),
         qdq_model=qdq if qdq is not None and qdq.is_file() else None, qdq_target=cf.target,
         calibration_set=cset if cset is not None and cset.is_dir() else None,
-        calibration_set_id=cf.table.calibration_set_id)
+        calibration_set_id=cf.table.calibration_set_id, tune_claim=claim, tune_traffic=traffic)
+
+
+def _read_tune(path: Path) -> tuple[str | None, SourceLog | None]:
+    """tune.json through the codec (a file that is not a tune document is refused): what tune said of its plan
+    when the plan does not hold its claim (not met, not confirmed, contradicted by the holdout), and the traffic
+    log it judged agreement on (with the sha256 it had then) when that file is still there."""
+    from calibkit.evaluate.results import TuneResult
+    from calibkit.report.codec import load_typed
+
+    try:
+        result = load_typed(path, TuneResult, strict=False)  # an older tune.json is read, with a warning
+    except DataError as exc:
+        raise UsageError(f"{path} is not a calibkit tune document ({exc.message})", hint=NOT_OUTPUT_HINT) from None
+    claim = None if result.claim_holds else result.claim
+    ev = result.eval_set.traffic
+    if ev is None or not ev.path or not Path(ev.path).is_file():
+        return claim, None
+    sha = next((e.removeprefix(LOG_SHA256) for e in ev.exclusions if e.startswith(LOG_SHA256)), None)
+    return claim, SourceLog(Path(ev.path), None, sha or None)
 
 
 def _from_engine(engine: Path) -> DeploySource:

@@ -19,9 +19,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from calibkit.errors import DataError, UsageError
+from calibkit.evaluate.documents import TrafficRecord
 
 DEFAULT_MAX_TEXTS = 50_000
 
@@ -37,10 +37,11 @@ class Traffic:
     sampled: bool
     redacted: bool
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": os.path.abspath(self.path), "lines": self.lines, "usable": self.usable,
-                "texts": len(self.texts), "sampled": self.sampled, "broken": dict(self.broken),
-                "text_fields": list(self.text_fields), "redacted": self.redacted}
+    def record(self, *, origin: str) -> TrafficRecord:
+        """deploy.json's record of the traffic; ``origin``: where its path came from (see TrafficRecord)."""
+        return TrafficRecord(path=os.path.abspath(self.path), lines=self.lines, usable=self.usable,
+                             texts=len(self.texts), sampled=self.sampled, redacted=self.redacted, origin=origin,
+                             broken=dict(self.broken), text_fields=self.text_fields)
 
 
 def read_traffic(path: str | Path, *, text_field: str | None = None, strict: bool = False, redact: bool = True,
@@ -79,8 +80,8 @@ def read_traffic(path: str | Path, *, text_field: str | None = None, strict: boo
                         f"text field: {', '.join(fields)})",
                         hint="check --text-field (a dotted path such as request.text) and that lines are JSON objects")
     if expected_sha256 and stats.sha256 and stats.sha256 != expected_sha256:
-        raise DataError(f"the log {p} changed since the calibration set was drawn from it (sha256 "
-                        f"{stats.sha256[:12]}…, then {expected_sha256[:12]}…)",
+        raise DataError(f"the log {p} changed since calibkit recorded it (when the calibration set was drawn from "
+                        f"it, or tune judged on it): sha256 {stats.sha256[:12]}…, then {expected_sha256[:12]}…",
                         hint="pass --traffic LOG.jsonl (the requests the model will serve) to use it as it is now")
     kept.sort()
     return Traffic(path=p, texts=tuple(t for _, t in kept), lines=stats.lines, usable=seen,

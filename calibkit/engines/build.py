@@ -20,8 +20,10 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from calibkit._io import native_path, sha256_file, utf8_path
 from calibkit._version import __version__
@@ -34,8 +36,12 @@ from calibkit.types import Backend, Precision
 
 log = logging.getLogger("calibkit.engines.build")
 
+if TYPE_CHECKING:
+    from calibkit.data.modeldir import ModelDir
+
 ONNX_SUFFIXES = (".onnx",)
 TRT_SUFFIXES = (".engine", ".plan")
+_STEPS = 4  # progress: load, quantize or convert, write, done
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,7 @@ class BuildRequest:
     backend: Backend = Backend.ONNXRUNTIME
     calibration: Path | None = None  # calibration.json (or the folder holding it), for INT8
     qdq_model: Path | None = None  # a ready Q/DQ ONNX, for INT8
-    target: str | None = None  # "tensorrt" | "onnxruntime"; default: the backend's own layout
+    target: str | None = None  # "tensorrt" | "onnxruntime"; default: the layout the calibration records
     exclude: tuple[str, ...] = ()
     keep_nodes: tuple[str, ...] = ()
     tokenizer: Path | None = None
@@ -65,6 +71,7 @@ class BuildResult:
     files: tuple[Path, ...]  # everything written, the engine first
     quantized_nodes: tuple[str, ...] = ()
     missing_ranges: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # e.g. a layout other than the one the calibration recorded (measured)
 
 
 def _emit(progress: ProgressCallback | None, done: int, total: int, message: str) -> None:
@@ -155,174 +162,80 @@ def validate(req: BuildRequest) -> None:
         require_cuda()
 
 
-def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildResult:
-    """Build the engine ``req`` describes. Raises a CalibkitError (nothing written) when it cannot."""
-    import onnx
+@dataclass(frozen=True)
+class LayoutChoice:
+    """The INT8 Q/DQ layout a build writes, the one its calibration recorded (what ``calibrate`` and ``tune``
+    measured), and what to say when they differ."""
 
-    from calibkit.data.modeldir import ModelDir
-    from calibkit.graph import check_float_source, load_model
+    built: str
+    measured: str
+    warning: str | None = None
 
-    validate(req)
-    precision, backend = Precision(req.precision), Backend(req.backend)
-    md = ModelDir.resolve(req.model, req.tokenizer)
-    src = md.onnx_path
-    if req.output.resolve() == src.resolve():
-        raise UsageError(f"-o {req.output} is the source model itself; choose another file name")
-    total = 4
-    _emit(progress, 0, total, f"loading {src.name}")
-    src_sha = sha256_file(src)
-    engine_dir = req.output.resolve().parent
+    @property
+    def measured_here(self) -> bool:
+        return self.built == self.measured
 
+
+def choose_layout(recorded: str, requested: str | None, backend: Backend) -> LayoutChoice:
+    """The layout to build from a calibration that records ``recorded``: ``requested`` when given, else the
+    recorded one (TensorRT can only build its own). A layout other than the recorded one is built with a
+    warning that names both and what to do: it is a model nothing measured."""
+    from calibkit.quantize.qdq import Target
+
+    built = requested or (Target.TENSORRT.value if backend is Backend.TENSORRT else recorded)
+    if built == recorded:
+        return LayoutChoice(built, recorded)
+    warning = (f"the calibration records the {recorded} Q/DQ layout (the INT8 model calibrate and tune measured); "
+               f"this builds the {built} layout, a different INT8 model that nothing measured: measure it with "
+               f"`calibkit compare` before serving it, or pass --target {recorded} for the measured one")
+    return LayoutChoice(built, recorded, warning)
+
+
+@dataclass(frozen=True)
+class _Model:
+    """What a build writes before the engine step: the model (``data``, or a file to copy as it is) and what
+    the sidecar records of it."""
+
+    data: bytes | None = None
+    copy_from: Path | None = None
     calibration_json: Path | None = None
     calibration_sha: str | None = None
     kept: tuple[str, ...] = ()
     quantized: tuple[str, ...] = ()
     missing: tuple[str, ...] = ()
-    extra: dict[str, object] = {}
-    calib_set_path: Path | None = req.calibration_set
-    model_bytes: bytes | None = None
-    copy_from: Path | None = None
-    from calibkit.graph import metadata_props
-    from calibkit.quantize.smooth import smoothed_from
+    extra: Mapping[str, object] = field(default_factory=dict)
+    calibration_set: Path | None = None
+    warnings: tuple[str, ...] = ()
 
-    try:
-        origin = smoothed_from(metadata_props(src))
-    except ModelError:  # not readable: the build below says what is wrong with it
-        origin = None
-    if origin is not None:  # FP32-equivalent to that model: compare accepts engines of either
-        extra["smoothed_from_sha256"] = origin
 
+def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildResult:
+    """Build the engine ``req`` describes. Raises a CalibkitError (nothing written) when it cannot."""
+    from calibkit.data.modeldir import ModelDir
+
+    validate(req)
+    precision = Precision(req.precision)
+    md = ModelDir.resolve(req.model, req.tokenizer)
+    src = md.onnx_path
+    if req.output.resolve() == src.resolve():
+        raise UsageError(f"-o {req.output} is the source model itself; choose another file name")
+    _emit(progress, 0, _STEPS, f"loading {src.name}")
+    src_sha = sha256_file(src)
     if precision is Precision.INT8 and req.qdq_model is not None:
-        qdq = req.qdq_model
-        qm = load_model(qdq, load_external_data=False)
-        if not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in qm.graph.node):
-            raise ModelError(
-                f"{qdq} has no QuantizeLinear/DequantizeLinear nodes: it is not a Q/DQ INT8 model",
-                hint="pass the model.int8.onnx written by `calibkit calibrate`, or build from --calibration",
-            )
-        copy_from = qdq
-        with contextlib.suppress(ModelError, KeyError, ValueError):
-            prev = EngineArtifact.load(qdq)
-            calibration_json = Path(prev.calibration_json) if prev.calibration_json else None
-            calibration_sha = prev.calibration_sha256
-            kept = prev.kept_higher_precision
-        if calibration_json is None and (qdq.parent / "calibration.json").is_file():
-            calibration_json = qdq.parent / "calibration.json"
-            calibration_sha = sha256_file(calibration_json)
-        if calibration_json is not None and calibration_json.is_file():  # the Q/DQ model's table: this model's?
-            check_table_model(calibration_json, src_sha, model_label=str(src))
-        extra["qdq_source"] = _rel(qdq, engine_dir)
-        from calibkit.graph import qdq_layout
-
-        layout = qdq_layout(qm)
-        if layout:  # recorded as the registry would read it from the file, so build can say which it copied
-            extra["target"] = layout
-        if backend is Backend.TENSORRT:
-            zps = [i for i in qm.graph.initializer if i.name.endswith("zero_point")]
-            if any(z.data_type == onnx.TensorProto.UINT8 for z in zps):
-                raise ModelError(
-                    f"{qdq} uses uint8 activations (the --target onnxruntime layout); TensorRT needs int8",
-                    hint="build the TensorRT engine from --calibration, or calibrate with --target tensorrt",
-                )
-            model_bytes = qm.SerializeToString()
+        made = _from_qdq(req, src, src_sha)
     elif precision is Precision.INT8:
-        from calibkit.quantize.qdq import Target, quantize_model
-        from calibkit.quantize.tablefile import load_calibration_json
-
-        assert req.calibration is not None  # checked by validate()
-        cf = load_calibration_json(req.calibration)
-        check_table_model(cf.path, src_sha, model_label=str(src), table_sha256=cf.table.model_sha256)
-        default = Target.TENSORRT if backend is Backend.TENSORRT else Target.ONNXRUNTIME
-        target = Target(req.target) if req.target else default
-        reduce = _reduce_range(req, target)
-        _emit(progress, 1, total, f"inserting Q/DQ ({target.value} layout{', 7-bit weights' if reduce else ''})")
-        res = quantize_model(
-            check_float_source(load_model(src), src), cf.table, exclude=tuple(cf.exclude) + req.exclude, target=target,
-            keep_nodes=req.keep_nodes, reduce_range=reduce,
-        )
-        if not res.quantized_nodes:
-            raise CalibrationError(
-                f"no node of {src.name} could be quantized with {cf.path.name} "
-                f"({len(res.missing_ranges)} tensors have no range)",
-                hint="the calibration table does not match this model: re-run `calibkit calibrate`",
-            )
-        if res.missing_ranges:
-            log.warning("%d tensors have no range and stay FP32: %s", len(res.missing_ranges), res.missing_ranges[:5])
-        model_bytes = res.model.SerializeToString()
-        calibration_json = cf.path
-        calibration_sha = sha256_file(cf.path)
-        kept, quantized, missing = res.kept_nodes, res.quantized_nodes, res.missing_ranges
-        extra.update(target=target.value, quantized_nodes=len(quantized), missing_ranges=list(missing),
-                     zero_ranges=list(res.zero_ranges), weight_bits=7 if reduce else 8)
-        if calib_set_path is None:
-            cs = cf.raw.get("calibration_set")
-            if isinstance(cs, dict) and cs.get("path") and Path(cs["path"]).exists():
-                calib_set_path = Path(cs["path"])
+        made = _from_calibration(req, src, src_sha, progress)
     elif precision is Precision.FP16:
-        from calibkit.quantize.fp16 import convert_to_fp16
-
-        _emit(progress, 1, total, "converting to FP16")
-        fmodel = check_float_source(load_model(src), src)
-        from calibkit.names import compile_patterns, node_names
-
-        patterns = compile_patterns(req.exclude)
-        regex_kept = [n.node for n in node_names(fmodel).values() if any(n.matches(p) for p in patterns)]
-        fres = convert_to_fp16(fmodel, keep_nodes=tuple(req.keep_nodes) + tuple(regex_kept))
-        model_bytes = fres.model.SerializeToString()
-        kept = fres.kept_fp32
-        extra["fp16_nodes"] = len(fres.fp16_nodes)
+        made = _fp16(req, src, progress)
     else:
-        copy_from = src
-    if copy_from is not None:
-        check_onnx_file(copy_from, float_source=copy_from == src)
-
+        made = _Model(copy_from=src)
+    if made.copy_from is not None:
+        check_onnx_file(made.copy_from, float_source=made.copy_from == src)
+    extra = {**_smoothing(src), **made.extra}
     written: list[Path] = []
     try:
-        _emit(progress, 2, total, f"writing {req.output.name}")
-        if backend is Backend.ONNXRUNTIME:
-            if copy_from is not None:
-                written += _copy_onnx(copy_from, req.output)
-            else:
-                assert model_bytes is not None
-                from calibkit._io import write_bytes
-
-                write_bytes(req.output, model_bytes)
-                written.append(req.output)
-        else:
-            from calibkit.data.calibset import load_calibration_set
-            from calibkit.data.tokenizer import TextTokenizer
-            from calibkit.engines.tensorrt.builder import build_engine
-            from calibkit.engines.tensorrt.profile import profile_from_lengths
-
-            lengths = None
-            if calib_set_path is not None:
-                cset = load_calibration_set(calib_set_path)
-                lengths = TextTokenizer(md.tokenizer_path).token_lengths(cset.texts)
-            profile = profile_from_lengths(
-                lengths, model_max=md.max_length, min_seq=req.min_seq, opt_seq=req.opt_seq, max_seq=req.max_seq
-            )
-            data = model_bytes if model_bytes is not None else src.read_bytes()
-            tres = build_engine(data, req.output, profile, workspace_bytes=req.workspace_mib << 20, progress=progress)
-            written += [tres.engine, tres.timing_cache, tres.layers_json]
-            extra.update(profile=profile.to_dict(), timing_cache=tres.timing_cache.name,
-                         layers_json=tres.layers_json.name)
-            extra["tensorrt_version"] = tres.tensorrt_version
-        art = EngineArtifact(
-            path=req.output,
-            precision=precision,
-            backend=backend,
-            source_model_sha256=src_sha,
-            calibration_sha256=calibration_sha,
-            tokenizer=_rel(md.tokenizer_path, engine_dir),
-            kept_higher_precision=tuple(kept),
-            source_model=_rel(src, engine_dir),
-            calibration_json=_rel(calibration_json, engine_dir) if calibration_json else None,
-            tokenizer_sha256=tokenizer_sha256(md.tokenizer_path),
-            labels_sha256=labels_sha256(md.tokenizer_path),
-            versions=_versions() | ({"tensorrt": str(extra.get("tensorrt_version"))} if "profile" in extra else {}),
-            extra=extra,
-        )
-        sc = art.save()
+        _emit(progress, 2, _STEPS, f"writing {req.output.name}")
+        extra.update(_write_engine(req, md, made, written, progress))
+        sc = _sidecar(req, md, src_sha, made, extra).save()
         written.append(sc)
     except BaseException:
         for p in written:
@@ -332,9 +245,167 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
             with contextlib.suppress(OSError):
                 sidecar_path(req.output).unlink()
         raise
-    _emit(progress, total, total, "done")
+    _emit(progress, _STEPS, _STEPS, "done")
     # what a reader of the sidecar sees: paths resolved against the engine's folder
-    return BuildResult(EngineArtifact.load(req.output), sc, tuple(written), quantized, missing)
+    return BuildResult(EngineArtifact.load(req.output), sc, tuple(written), made.quantized, made.missing,
+                       made.warnings)
+
+
+def _smoothing(src: Path) -> dict[str, object]:
+    from calibkit.graph import metadata_props
+    from calibkit.quantize.smooth import smoothed_from
+
+    try:
+        origin = smoothed_from(metadata_props(src))
+    except ModelError:  # not readable: the build says what is wrong with it
+        return {}
+    # FP32-equivalent to that model: compare accepts engines of either
+    return {"smoothed_from_sha256": origin} if origin is not None else {}
+
+
+def _from_qdq(req: BuildRequest, src: Path, src_sha: str) -> _Model:
+    import onnx
+
+    from calibkit.graph import load_model, qdq_layout
+
+    qdq = req.qdq_model
+    assert qdq is not None  # the caller's branch
+    qm = load_model(qdq, load_external_data=False)
+    if not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in qm.graph.node):
+        raise ModelError(
+            f"{qdq} has no QuantizeLinear/DequantizeLinear nodes: it is not a Q/DQ INT8 model",
+            hint="pass the model.int8.onnx written by `calibkit calibrate`, or build from --calibration",
+        )
+    calibration_json: Path | None = None
+    calibration_sha: str | None = None
+    kept: tuple[str, ...] = ()
+    with contextlib.suppress(ModelError, KeyError, ValueError):
+        prev = EngineArtifact.load(qdq)
+        calibration_json = Path(prev.calibration_json) if prev.calibration_json else None
+        calibration_sha = prev.calibration_sha256
+        kept = prev.kept_higher_precision
+    if calibration_json is None and (qdq.parent / "calibration.json").is_file():
+        calibration_json = qdq.parent / "calibration.json"
+        calibration_sha = sha256_file(calibration_json)
+    if calibration_json is not None and calibration_json.is_file():  # the Q/DQ model's table: this model's?
+        check_table_model(calibration_json, src_sha, model_label=str(src))
+    extra: dict[str, object] = {"qdq_source": _rel(qdq, req.output.resolve().parent)}
+    layout = qdq_layout(qm)
+    if layout:  # recorded as the registry would read it from the file, so build can say which it copied
+        extra["target"] = layout
+    if Backend(req.backend) is not Backend.TENSORRT:
+        return _Model(copy_from=qdq, calibration_json=calibration_json, calibration_sha=calibration_sha, kept=kept,
+                      extra=extra, calibration_set=req.calibration_set)
+    if any(z.data_type == onnx.TensorProto.UINT8 for z in qm.graph.initializer if z.name.endswith("zero_point")):
+        raise ModelError(
+            f"{qdq} uses uint8 activations (the --target onnxruntime layout); TensorRT needs int8",
+            hint="build the TensorRT engine from --calibration, or calibrate with --target tensorrt",
+        )
+    return _Model(data=qm.SerializeToString(), copy_from=None, calibration_json=calibration_json,
+                  calibration_sha=calibration_sha, kept=kept, extra=extra, calibration_set=req.calibration_set)
+
+
+def _from_calibration(req: BuildRequest, src: Path, src_sha: str, progress: ProgressCallback | None) -> _Model:
+    from calibkit.graph import check_float_source, load_model
+    from calibkit.quantize.qdq import Target, quantize_model
+    from calibkit.quantize.tablefile import load_calibration_json
+
+    assert req.calibration is not None  # checked by validate()
+    cf = load_calibration_json(req.calibration)
+    check_table_model(cf.path, src_sha, model_label=str(src), table_sha256=cf.table.model_sha256)
+    layout = choose_layout(cf.target, req.target, Backend(req.backend))  # a warning rides in BuildResult.warnings
+    target = Target(layout.built)
+    reduce = _reduce_range(req, target)
+    _emit(progress, 1, _STEPS, f"inserting Q/DQ ({target.value} layout{', 7-bit weights' if reduce else ''})")
+    res = quantize_model(
+        check_float_source(load_model(src), src), cf.table, exclude=tuple(cf.exclude) + req.exclude, target=target,
+        keep_nodes=req.keep_nodes, reduce_range=reduce,
+    )
+    if not res.quantized_nodes:
+        raise CalibrationError(
+            f"no node of {src.name} could be quantized with {cf.path.name} "
+            f"({len(res.missing_ranges)} tensors have no range)",
+            hint="the calibration table does not match this model: re-run `calibkit calibrate`",
+        )
+    if res.missing_ranges:
+        log.warning("%d tensors have no range and stay FP32: %s", len(res.missing_ranges), res.missing_ranges[:5])
+    calib_set = req.calibration_set
+    cs = cf.raw.get("calibration_set")
+    if calib_set is None and isinstance(cs, dict) and cs.get("path") and Path(cs["path"]).exists():
+        calib_set = Path(cs["path"])
+    extra = {"target": target.value, "measured_layout": layout.measured, "quantized_nodes": len(res.quantized_nodes),
+             "missing_ranges": list(res.missing_ranges), "zero_ranges": list(res.zero_ranges),
+             "weight_bits": 7 if reduce else 8}
+    return _Model(data=res.model.SerializeToString(), calibration_json=cf.path, calibration_sha=sha256_file(cf.path),
+                  kept=res.kept_nodes, quantized=res.quantized_nodes, missing=res.missing_ranges, extra=extra,
+                  calibration_set=calib_set, warnings=(layout.warning,) if layout.warning else ())
+
+
+def _fp16(req: BuildRequest, src: Path, progress: ProgressCallback | None) -> _Model:
+    from calibkit.graph import check_float_source, load_model
+    from calibkit.names import compile_patterns, node_names
+    from calibkit.quantize.fp16 import convert_to_fp16
+
+    _emit(progress, 1, _STEPS, "converting to FP16")
+    fmodel = check_float_source(load_model(src), src)
+    patterns = compile_patterns(req.exclude)
+    regex_kept = [n.node for n in node_names(fmodel).values() if any(n.matches(p) for p in patterns)]
+    fres = convert_to_fp16(fmodel, keep_nodes=tuple(req.keep_nodes) + tuple(regex_kept))
+    return _Model(data=fres.model.SerializeToString(), kept=fres.kept_fp32, extra={"fp16_nodes": len(fres.fp16_nodes)},
+                  calibration_set=req.calibration_set)
+
+
+def _write_engine(req: BuildRequest, md: ModelDir, made: _Model, written: list[Path],
+                  progress: ProgressCallback | None) -> dict[str, object]:
+    """The engine file (appended to ``written`` as each file lands); returns what the sidecar adds of it."""
+    if Backend(req.backend) is Backend.ONNXRUNTIME:
+        if made.copy_from is not None:
+            written += _copy_onnx(made.copy_from, req.output)
+        else:
+            assert made.data is not None
+            from calibkit._io import write_bytes
+
+            write_bytes(req.output, made.data)
+            written.append(req.output)
+        return {}
+    from calibkit.data.calibset import load_calibration_set
+    from calibkit.data.tokenizer import TextTokenizer
+    from calibkit.engines.tensorrt.builder import build_engine
+    from calibkit.engines.tensorrt.profile import profile_from_lengths
+
+    lengths = None
+    if made.calibration_set is not None:
+        cset = load_calibration_set(made.calibration_set)
+        lengths = TextTokenizer(md.tokenizer_path).token_lengths(cset.texts)
+    profile = profile_from_lengths(
+        lengths, model_max=md.max_length, min_seq=req.min_seq, opt_seq=req.opt_seq, max_seq=req.max_seq
+    )
+    data = made.data if made.data is not None else md.onnx_path.read_bytes()
+    tres = build_engine(data, req.output, profile, workspace_bytes=req.workspace_mib << 20, progress=progress)
+    written += [tres.engine, tres.timing_cache, tres.layers_json]
+    return {"profile": profile.to_dict(), "timing_cache": tres.timing_cache.name,
+            "layers_json": tres.layers_json.name, "tensorrt_version": tres.tensorrt_version}
+
+
+def _sidecar(req: BuildRequest, md: ModelDir, src_sha: str, made: _Model, extra: dict[str, object]
+             ) -> EngineArtifact:
+    engine_dir = req.output.resolve().parent
+    cal = made.calibration_json
+    return EngineArtifact(
+        path=req.output,
+        precision=Precision(req.precision),
+        backend=Backend(req.backend),
+        source_model_sha256=src_sha,
+        calibration_sha256=made.calibration_sha,
+        tokenizer=_rel(md.tokenizer_path, engine_dir),
+        kept_higher_precision=tuple(made.kept),
+        source_model=_rel(md.onnx_path, engine_dir),
+        calibration_json=_rel(cal, engine_dir) if cal else None,
+        tokenizer_sha256=tokenizer_sha256(md.tokenizer_path),
+        labels_sha256=labels_sha256(md.tokenizer_path),
+        versions=_versions() | ({"tensorrt": str(extra.get("tensorrt_version"))} if "profile" in extra else {}),
+        extra=extra,
+    )
 
 
 def _reduce_range(req: BuildRequest, target: object) -> bool:

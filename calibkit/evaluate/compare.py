@@ -10,6 +10,7 @@ SQNR, cosine) -> per-layer sensitivity in a process pool where the labels are cl
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -672,6 +673,18 @@ def build_comparison(*, eval_set: EvalSet, rows: EvalSubset | None, labels: tupl
     )
 
 
+def _layout(art: EngineArtifact) -> str | None:
+    """The Q/DQ layout of an INT8 engine: its sidecar's, else read from an ONNX file's zero points (None for FP32
+    and FP16)."""
+    if art.precision is not Precision.INT8:
+        return None
+    target = art.extra.get("target")
+    if not target and Path(art.path).suffix == ".onnx":
+        with contextlib.suppress(ModelError):
+            target = qdq_layout(load_model(art.path, load_external_data=False))
+    return str(target) if target else None
+
+
 def _engine_result(r: _EngineRun, s: EngineScore | None) -> EngineEvaluation:
     lat = r.latency
     m = s.metrics if s else None
@@ -684,4 +697,5 @@ def _engine_result(r: _EngineRun, s: EngineScore | None) -> EngineEvaluation:
         macro_f1=finite(m.macro_f1) if m else None, macro_f1_ci=Range.of(s.macro_f1_ci) if s else None,
         confusion_matrix=tuple(tuple(int(c) for c in row) for row in m.confusion_matrix) if m else None,
         labels=tuple(m.labels) if m else (),
+        layout=_layout(r.artifact),
     )

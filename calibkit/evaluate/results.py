@@ -154,6 +154,8 @@ class EngineEvaluation:
     macro_f1_ci: Range | None = None
     confusion_matrix: tuple[tuple[int, ...], ...] | None = None
     labels: tuple[str, ...] = ()
+    # INT8: the Q/DQ layout measured ("tensorrt" | "onnxruntime"), what `build` and `deploy` must ship to serve it
+    layout: str | None = None
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from calibkit._io import atomic_dir, commit_together, dumps_json, read_json, sha256_bytes, write_json
+from calibkit._io import atomic_dir, commit_together, dumps_json, read_json, sha256_bytes
 from calibkit._version import __version__
 from calibkit.calibrate.methods import compute_table
 from calibkit.calibrate.pipeline import gather_stats
@@ -48,6 +48,7 @@ from calibkit.data.modeldir import ModelDir
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.errors import CalibrationError, DataError, UsageError
 from calibkit.evaluate.confirm import fixed_sequence
+from calibkit.evaluate.documents import PlanDocument
 from calibkit.evaluate.evidence import SplitEvidence, split_evidence, split_subsets
 from calibkit.evaluate.flops import linear_work
 from calibkit.evaluate.holdout import agreement_noun, allowed_change, holdout_verdict, plan_evidence
@@ -109,12 +110,11 @@ from calibkit.types import CalibrationTable, Method
 log = logging.getLogger("calibkit.evaluate.tune")
 
 PLAN_MODE = "plan"
-PLAN_FORMAT = "calibkit-plan/1"
 
 
 
 
-DocumentWriter = Callable[[TuneResult, Path], None]  # writes tune.json (the report layer's serializer)
+DocumentWriter = Callable[["TuneResult | PlanDocument", Path], None]  # writes tune.json and plan.json (the codec)
 
 
 @dataclass(frozen=True)
@@ -1165,30 +1165,15 @@ def _write_outputs(out: Path, model_dir: ModelDir, fp: Any, table: CalibrationTa
         save_model(q.model, tmp / "model.int8.onnx")
         write_cache(tmp / "calibration.cache", table)
         write_calibration_json(tmp / "calibration.json", table, extras)
-        write_json(tmp / "plan.json", plan_file(result))
         if write_document is not None:
+            write_document(plan_file(result, config.target), tmp / "plan.json")
             write_document(result, tmp / "tune.json")
     return TuneRun(out_dir=out, model_path=out / "model.int8.onnx", cache_path=out / "calibration.cache",
                    json_path=out / "calibration.json", plan_path=out / "plan.json", result=result)
 
 
-def plan_file(result: TuneResult) -> dict[str, Any]:
-    """plan.json (calibkit-plan/1): what a deployment needs of the plan — the layers kept and why, its INT8
-    share and the measurements behind it. A build input, not a report (report/ owns the report documents)."""
-    final, target = result.final, result.target
-    verdict = final.holdout_verdict
-    return {
-        "format": PLAN_FORMAT,
-        "kept_nodes": list(final.kept_nodes),
-        "precision_of_kept": "fp16 (TensorRT) / fp32 (ONNX Runtime CPU)",
-        "reasons": {n: list(r) for n, r in final.reasons.items()},
-        "int8_flops_fraction": final.int8_flops_fraction,
-        "accuracy": {"fp32_search": target.fp32_accuracy, "search": final.accuracy_search,
-                     "fp32_holdout": target.fp32_accuracy_holdout, "holdout": final.accuracy_holdout},
-        "agreement_with_fp32": {"search": final.agreement_search, "holdout": final.agreement_holdout},
-        "holdout_verdict": None if verdict is None else {"supported": verdict.supported,
-                                                         "by_constraint": dict(verdict.by_constraint),
-                                                         "text": verdict.text},
-        "met_target": target.met,
-        "method": final.method,
-    }
+def plan_file(result: TuneResult, layout: str) -> PlanDocument:
+    """plan.json: what a deployment needs of the plan — the layers kept and why, the Q/DQ ``layout`` it was
+    measured (and model.int8.onnx written) in, its INT8 share and the measurements behind it. A build input, not
+    a report; written through the codec like tune.json."""
+    return PlanDocument.of(result, layout)

@@ -3,8 +3,13 @@
 One format tag per document kind, defined here (:data:`FORMATS`). The mapping between a result and its JSON
 is generic: a dataclass is an object whose keys are its field names, a tuple a list, a ``Mapping[str, X]`` an
 object, an enum its value; a field whose metadata says ``flatten`` has its entries beside the other keys; a
-field marked ``json=False`` is left out. So ``parse(to_document(r)) == r`` for every result (tests check it
-over random results), and a field added to ``evaluate.results`` needs no code here.
+field marked ``json=False`` is left out; a field declared ``init=False`` (derived from the others) is written
+and recomputed, not read. So ``parse(to_document(r)) == r`` for every result (tests check it over random
+results), and a field added to ``evaluate.results`` needs no code here.
+
+The documents: compare's and tune's reports (:data:`REPORTS`, what ``calibkit report`` renders), and the
+documents of what ships, tune's ``plan.json`` and deploy's ``deploy.json`` (``evaluate.documents``), each read
+back as its own type by :func:`load_typed`.
 
 Parsing is strict about types (a document names what is wrong, with its JSON path) and lenient about absence
 only where the result type has a default (older documents lack newer keys). A number that is not finite (NaN,
@@ -36,14 +41,21 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from calibkit.errors import DataError
+from calibkit.evaluate.documents import DeployResult, PlanDocument
 from calibkit.evaluate.results import Comparison, Result, TuneResult
 
 COMPARE_FORMAT = "calibkit-compare/1"
 TUNE_FORMAT = "calibkit-tune/1"
-FORMATS: dict[type, str] = {Comparison: COMPARE_FORMAT, TuneResult: TUNE_FORMAT}
+PLAN_FORMAT = "calibkit-plan/2"
+DEPLOY_FORMAT = "calibkit-deploy/2"
+FORMATS: dict[type, str] = {Comparison: COMPARE_FORMAT, TuneResult: TUNE_FORMAT, PlanDocument: PLAN_FORMAT,
+                            DeployResult: DEPLOY_FORMAT}
+REPORTS: tuple[type, ...] = (Comparison, TuneResult)  # what `calibkit report` renders
+Document = Result | PlanDocument | DeployResult
+T = TypeVar("T")
 KINDS: dict[str, type] = {fmt.partition("/")[0]: cls for cls, fmt in FORMATS.items()}
 
 log = logging.getLogger("calibkit.report")
@@ -55,18 +67,18 @@ MAX_INT = (1 << 63) - 1
 MAX_INT_DIGITS = 19
 
 
-def format_of(result: Result) -> str:
+def format_of(result: Document) -> str:
     return FORMATS[type(result)]
 
 
-def to_document(result: Result) -> dict[str, Any]:
+def to_document(result: Document) -> dict[str, Any]:
     """The JSON document of a result: ``{"format": ..., **fields}``."""
     if type(result) not in FORMATS:
         raise TypeError(f"{type(result).__name__} has no document format")
     return {"format": FORMATS[type(result)], **to_json(result)}
 
 
-def dumps(result: Result) -> str:
+def dumps(result: Document) -> str:
     from calibkit._io import dumps_json
 
     return dumps_json(to_document(result))
@@ -96,9 +108,10 @@ def to_json(value: Any) -> Any:
     return value
 
 
-def parse_result(doc: Any, *, strict: bool = True, source: str | Path | None = None) -> Result:
-    """A compare or tune document (a parsed JSON object) as its typed result. Raises :class:`DataError` for
-    anything else, naming what is wrong (and ``source``, the file it came from, when given).
+def parse_result(doc: Any, *, strict: bool = True, source: str | Path | None = None) -> Any:
+    """A calibkit document (a parsed JSON object: compare, tune, plan, deploy) as its typed result. Raises
+    :class:`DataError` for anything else, naming what is wrong (and ``source``, the file it came from, when
+    given).
 
     ``strict=False`` reads hand-edited and older documents: missing keys read as absent and another version of
     the format tag is accepted with a warning (see the module's docstring)."""
@@ -133,7 +146,7 @@ def result_type(doc: Any) -> type:
     cls = KINDS.get(fmt.partition("/")[0])
     if cls is None:
         raise DataError(f"unknown report format {fmt!r}",
-                        hint=f"calibkit renders {COMPARE_FORMAT} and {TUNE_FORMAT} documents")
+                        hint=f"calibkit reads {', '.join(FORMATS.values())} documents")
     return cls
 
 
@@ -222,7 +235,7 @@ def _dataclass(cls: type, data: Any, path: str, lenient: bool = False) -> Any:
     kwargs: dict[str, Any] = {}
     named = {f.name for f in dataclasses.fields(cls) if not f.metadata.get("flatten")}
     for f in dataclasses.fields(cls):
-        if f.metadata.get("json", True) is False:
+        if f.metadata.get("json", True) is False or not f.init:
             continue
         if f.metadata.get("flatten"):
             rest = {k: v for k, v in data.items() if k not in named}
@@ -270,9 +283,22 @@ def load_result(path: str | Path, *, strict: bool = True) -> Result:
     """Read a compare or tune JSON file into its typed result (``strict=False``: see :func:`parse_result`);
     what is wrong with it (its size, format version, a type, a value out of its domain) is named with the
     file."""
+    return load_typed(path, REPORTS, strict=strict)  # type: ignore[no-any-return]
+
+
+def load_typed(path: str | Path, kind: type[T] | tuple[type, ...], *, strict: bool = True) -> T:
+    """Read a calibkit JSON file that must hold a ``kind`` document (a type of :data:`FORMATS`, or a tuple of
+    them), checked as :func:`load_result` checks reports; another kind of document is a :class:`DataError`
+    naming both formats."""
     result = parse_result(_read_document(Path(path)), strict=strict, source=path)
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(result, kinds):
+        raise DataError(f"{path} is a {FORMATS[type(result)]} document, not "
+                        f"{' or '.join(FORMATS[k] for k in kinds)}",
+                        hint="pass the file calibkit wrote for this purpose (tune.json or report.json for a "
+                             "report, plan.json for a plan, deploy.json for a deployment)")
     check_domains(result, source=path)
-    return result
+    return result  # type: ignore[return-value]
 
 
 def load_document(path: str | Path, *, strict: bool = False) -> dict[str, Any]:
@@ -280,7 +306,11 @@ def load_document(path: str | Path, *, strict: bool = False) -> dict[str, Any]:
     report`` renders); a missing, unreadable, oversized, malformed or out-of-domain file raises
     :class:`DataError`. Returns the document as read."""
     doc = _read_document(Path(path))
-    check_domains(parse_result(doc, strict=strict, source=path), source=path)
+    result = parse_result(doc, strict=strict, source=path)
+    if not isinstance(result, REPORTS):
+        raise DataError(f"{path} is a {FORMATS[type(result)]} document, not a report",
+                        hint="pass the report.json or tune.json of a compare or tune run")
+    check_domains(result, source=path)
     return doc
 
 
@@ -374,9 +404,10 @@ def _domain_of(name: str, inherited: tuple[float, float] | None, signed: bool) -
     return inherited
 
 
-def check_domains(result: Result, *, source: str | Path | None = None) -> None:
+def check_domains(result: Document, *, source: str | Path | None = None) -> None:
     """DataError for a value outside its domain (a share outside [0, 1], a negative count, a cosine past 1),
-    naming the file and the field: a hand-edited agreement of 7.5 would render as "flips: -650 %"."""
+    naming the file and the field: a hand-edited agreement of 7.5 would render as "flips: -650 %". A field whose
+    metadata says ``unchecked`` (tensor dims, where -1 means dynamic) has no domain."""
     try:
         _check(result, "$", None, False)
     except DataError as exc:
@@ -405,7 +436,7 @@ def _check(value: Any, path: str, domain: tuple[float, float] | None, signed: bo
     if dataclasses.is_dataclass(value):
         inner = signed or isinstance(value, Difference)
         for f in dataclasses.fields(value):
-            if f.metadata.get("json", True) is False:
+            if f.metadata.get("json", True) is False or f.metadata.get("unchecked"):
                 continue
             v, below = getattr(value, f.name), inner or f.name in ("differences", "difference")
             if f.metadata.get("flatten"):
