@@ -48,6 +48,7 @@ from calibkit.data.modeldir import ModelDir
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.errors import CalibrationError, DataError, UsageError
 from calibkit.evaluate.confirm import fixed_sequence
+from calibkit.evaluate.estimate import announce, estimate_tune, finish
 from calibkit.evaluate.evidence import SplitEvidence, split_evidence, split_subsets
 from calibkit.evaluate.flops import linear_work
 from calibkit.evaluate.holdout import agreement_noun, allowed_change, holdout_verdict, plan_evidence
@@ -346,6 +347,10 @@ def _run_tune(
         traffic = traffic.without(eval_set.texts, "eval_set")
     with clock.phase(FP32_PHASE, texts=len(eval_set) + (len(traffic) if traffic is not None else 0)):
         config, evidence = _draw_evidence(model, eval_set, config, resources, cb, traffic)
+    estimate = estimate_tune(evidence, config, len(model.nodes), len(cset), clock.phases, executor,
+                             AUTO_FINALISTS * AUTO_TEXTS)
+    announce(estimate, "tune", cb)
+    since = time.perf_counter()
     with clock.phase("calibration statistics"):
         store, reused_stats = gather_stats(model_dir, cset, model.placement.activations, model_sha256=model.sha,
                                            num_bins=config.params.num_bins, batch_size=config.batch_size,
@@ -376,7 +381,8 @@ def _run_tune(
     searched = _search(evidence, config, jobs, ev, tables, ranking, flops, clock)
     result = _tune_result(eval_set, rows, model, evidence, config, tables, ranking, searched, flops, linear,
                           reused_stats, ev.reused, time.perf_counter() - t0, traffic)
-    result = replace(result, phases=clock.result(), cpus=clock.cpus)
+    result = replace(result, phases=clock.result(), cpus=clock.cpus,
+                     time_estimate=finish(estimate, time.perf_counter() - since, clock.phases))
     if render is not None and report_dir:  # OUT and --report are replaced together or not at all
         with commit_together():
             run = _write_outputs(out, model_dir, model.proto, tables.base[0], result, config, write_document,

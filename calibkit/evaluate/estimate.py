@@ -1,0 +1,280 @@
+"""Time up front: how long a run's long part will take on this machine, before it starts, and the one option that
+shortens it most.
+
+A long part is counted in texts of three kinds (:class:`Work`) and priced by one measurement made here:
+``text_seconds``, the wall seconds of one FP32 text with the run's batching — timed on a small seeded sample of
+the run's own texts (:func:`measure_text_seconds`), or read off tune's FP32 reference pass, which runs first
+anyway. Relative to an FP32 text (:data:`COSTS`, likely and worst):
+
+- an FP32 text (an FP32 session: an engine's evaluation, the FP32 reference): 1 (a loaded machine: 1.3);
+- an exact Q/DQ text (an INT8 variant: sensitivity, tune's tables, search, confirmation, holdout; an FP16 or
+  INT8 engine on the CPU): 2.2 to 3.5 — measured 2.2 on a quiet 16-core host (BERT-base) and 3.4 on a loaded
+  2-core machine (the demo classifier), because exact evaluation runs ONNX Runtime without graph optimizations;
+- a tapped text (one text through a tapped copy of a model, every tapped output copied out and measured:
+  statistics, compare's per-layer measurements): 2 to 4.
+
+The texts each step reads follow from the run's options and evidence (:func:`tune_steps`, :func:`compare_steps`);
+where a decision rule stops early their likely count is what that rule read on the demo, their worst count
+what it may read. Each option that shrinks the run is priced the same way, and the one saving the most is
+named (:func:`estimate`), with the estimate it gives. The run records the estimate and, at its end, what each
+step and the whole took (:class:`~calibkit.evaluate.results.TimeEstimate`), so the two can be compared in its
+report.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from calibkit.evaluate.results import FP32_PHASE, PhaseCost, Shortcut, StepEstimate, TimeEstimate, span_text
+from calibkit.progress import ESTIMATE_TASK, ProgressEvent
+
+#: wall cost of a text of each kind against an FP32 text: (likely, worst); see the module docstring
+COSTS: Mapping[str, tuple[float, float]] = {"fp32": (1.0, 1.3), "qdq": (2.2, 3.5), "taps": (2.0, 4.0)}
+#: texts timed by :func:`measure_text_seconds` (at least two of the run's batches)
+MEASURE_TEXTS = 64
+#: a shortcut saving less than this share of the likely estimate is not worth naming
+MIN_SAVING = 0.15
+
+
+@dataclass(frozen=True)
+class Work:
+    """One step of a long part, in texts: ``fp32`` texts through an FP32 session, ``qdq`` exact Q/DQ texts
+    (likely; ``qdq_worst`` at worst, None: as likely), ``taps`` texts through a tapped model copy."""
+
+    step: str
+    fp32: float = 0.0
+    qdq: float = 0.0
+    qdq_worst: float | None = None
+    taps: float = 0.0
+
+    def texts(self, which: int) -> dict[str, float]:
+        """Texts of each kind, likely (``which`` 0) or at worst (1)."""
+        qdq = self.qdq if which == 0 or self.qdq_worst is None else self.qdq_worst
+        return {"fp32": self.fp32, "qdq": qdq, "taps": self.taps}
+
+
+def price(steps: Sequence[Work], text_seconds: float, lanes: float = 1.0) -> tuple[StepEstimate, ...]:
+    """Each step's likely and worst wall seconds at ``text_seconds`` an FP32 text. ``lanes``: how many times
+    the machine's own CPUs the executor gives Q/DQ work (1 for a local pool; more for remote workers)."""
+    lanes = max(1.0, lanes)
+
+    def cost(w: Work, which: int) -> float:
+        n = w.texts(which)
+        return text_seconds * sum(COSTS[k][which] * n[k] / (lanes if k == "qdq" else 1.0) for k in n)
+
+    return tuple(StepEstimate(w.step, cost(w, 0), cost(w, 1)) for w in steps)
+
+
+def estimate(steps: Sequence[Work], text_seconds: float, measured_texts: int, *,
+             shortcuts: Mapping[str, Sequence[Work]] | None = None, lanes: float = 1.0) -> TimeEstimate:
+    """The estimate of ``steps`` and, among ``shortcuts`` (an option as typed, with its value -> the steps it
+    leaves), the one whose likely estimate is lowest, when it saves at least :data:`MIN_SAVING` of it."""
+    if not (text_seconds >= 0 and math.isfinite(text_seconds)):
+        raise ValueError(f"text_seconds must be a finite number >= 0, got {text_seconds!r}")
+    priced = price(steps, text_seconds, lanes)
+    likely, worst = (sum(s.likely_seconds for s in priced), sum(s.worst_seconds for s in priced))
+    best: Shortcut | None = None
+    for option, alt in (shortcuts or {}).items():
+        p = price(alt, text_seconds, lanes)
+        cut = Shortcut(option, sum(s.likely_seconds for s in p), sum(s.worst_seconds for s in p))
+        if cut.likely_seconds <= likely * (1.0 - MIN_SAVING) and (best is None
+                                                                  or cut.likely_seconds < best.likely_seconds):
+            best = cut
+    return TimeEstimate(text_seconds, measured_texts, likely, worst, priced, best)
+
+
+def summary(e: TimeEstimate, what: str) -> str:
+    """The estimate as one line: how long ``what`` will likely (at worst) take, what the price rests on and the
+    option that shortens it."""
+    line = (f"{what}: about {span_text(e.likely_seconds, e.worst_seconds)} on this machine (an FP32 text takes "
+            f"{1000 * e.text_seconds:.1f} ms here, timed on {e.measured_texts} texts)")
+    if e.shortcut is not None:
+        s = e.shortcut
+        saved = 100.0 * (1.0 - s.likely_seconds / e.likely_seconds) if e.likely_seconds > 0 else 0.0
+        line += f"; {s.option} shortens it to about {span_text(s.likely_seconds, s.worst_seconds)} (-{saved:.0f} %)"
+    return line
+
+
+def announce(e: TimeEstimate, what: str, progress: Callable[[ProgressEvent], None]) -> None:
+    """Send the estimate through the progress channel (the CLI prints it as a line before the long part)."""
+    progress(ProgressEvent(ESTIMATE_TASK, 1, 1, message=summary(e, what)))
+
+
+def finish(e: TimeEstimate, actual_seconds: float, phases: Sequence[PhaseCost] = ()) -> TimeEstimate:
+    """The estimate with what the long part took: the whole, and each step that ``phases`` timed by name."""
+    took: dict[str, float] = {}
+    for p in phases:
+        took[p.phase] = took.get(p.phase, 0.0) + p.seconds
+    steps = tuple(replace(s, actual_seconds=took.get(s.step, s.actual_seconds)) for s in e.steps)
+    return replace(e, steps=steps, actual_seconds=max(0.0, actual_seconds))
+
+
+def measure_text_seconds(runner: Any, tokenizer: Any, task: Any, texts: Sequence[str], *, batch_size: int,
+                         seed: int = 0, sample: int = MEASURE_TEXTS) -> tuple[float, int]:
+    """(wall seconds per text, texts timed): ``task.predict`` through ``runner`` on a seeded random sample of
+    ``texts`` (at least two batches of ``batch_size``), after one untimed batch that warms the session up."""
+    n = min(len(texts), max(sample, 2 * batch_size))
+    if n == 0:
+        return 0.0, 0
+    rng = np.random.default_rng(seed)
+    chosen = [texts[int(i)] for i in np.sort(rng.choice(len(texts), size=n, replace=False))]
+    task.predict(runner, tokenizer, chosen[:batch_size], batch_size=batch_size)
+    t0 = time.perf_counter()
+    task.predict(runner, tokenizer, chosen, batch_size=batch_size)
+    return (time.perf_counter() - t0) / n, n
+
+
+def fp32_text_seconds(phases: Sequence[PhaseCost]) -> tuple[float, int] | None:
+    """(wall seconds per text, texts) of tune's FP32 reference pass, None before it ran."""
+    ref = next((p for p in phases if p.phase == FP32_PHASE and p.texts > 0), None)
+    return None if ref is None else (ref.seconds / ref.texts, ref.texts)
+
+
+# ---------------------------------------------------------------- tune
+
+#: share of the search split a candidate's decision reads where it cannot be worked out before the search: the
+#: sequential rule stops once decided (an assumption, not a measurement); at worst it reads the whole split
+SEQUENTIAL_SHARE = 0.5
+#: texts of the search split the layer ranking's per-layer SQNR probe runs through tapped copies (tune._rank)
+RANK_PROBE_TEXTS = 128
+
+
+@dataclass(frozen=True)
+class TuneSize:
+    """What a tune's long part reads: its splits (texts, and of them from traffic), the layers and tables it
+    measures and the options that bound its search (:func:`tune_size` reads them off a run)."""
+
+    search: int
+    holdout: int
+    sensitivity: int
+    nodes: int
+    ranked: int  # nodes whose own damage the ranking measures (--sensitivity-layers)
+    methods: int  # tables raced per variant (every method with --method auto)
+    variants: int  # 1, or 2 where the smoothed model is measured too
+    auto_texts: int  # Q/DQ texts of the per-tensor (auto) table's per-layer choice; 0 without method auto
+    race: int  # texts the tables are raced on
+    calibration: int  # texts of the calibration set (statistics)
+    candidate_share: tuple[float, float]  # share of the search split a candidate reads: likely, at worst
+    max_evaluations: int
+    confirm: bool = True
+    risk_strata: bool = True
+    search_traffic: int = 0  # rows of the search split drawn from traffic
+    holdout_traffic: int = 0
+    method: str = "auto"
+
+
+def tune_steps(z: TuneSize) -> list[Work]:
+    """The long part of a tune, step by step (the names of tune's phases, so each meets its actual time)."""
+    race = min(z.race, z.search)
+    share, worst_share = z.candidate_share
+    candidates = min(z.max_evaluations, 2 ** min(z.nodes, 30))
+    steps = [Work("calibration statistics", taps=z.calibration)]
+    if z.variants > 1:
+        steps.append(Work("smoothing", taps=2 * z.calibration))
+    steps += [
+        Work("method tables", qdq=z.methods * z.variants * race + (z.auto_texts + race if z.auto_texts else 0)),
+        Work("layer ranking", qdq=z.sensitivity * (1 + z.ranked), taps=2 * min(RANK_PROBE_TEXTS, z.search)),
+        Work("flip risk", qdq=z.search if z.risk_strata else 0),
+        Work("plan search", qdq=candidates * share * z.search, qdq_worst=z.max_evaluations * worst_share * z.search),
+    ]
+    if z.confirm and z.holdout:  # the passing candidates tested in order: about two holdout passes on the demo
+        steps.append(Work("holdout confirmation", qdq=2 * z.holdout, qdq_worst=4 * z.holdout))
+    steps.append(Work("whole-split numbers", qdq=(1 - share) * z.search + (1 if z.confirm else 2) * z.holdout,
+                      qdq_worst=z.search + 2 * z.holdout))
+    return steps
+
+
+def tune_shortcuts(z: TuneSize) -> dict[str, list[Work]]:
+    """The options that shrink a tune, each with the steps it leaves."""
+    out: dict[str, TuneSize] = {}
+    if z.max_evaluations >= 4:
+        out[f"--max-evaluations {z.max_evaluations // 2}"] = replace(z, max_evaluations=z.max_evaluations // 2)
+    traffic = z.search_traffic + z.holdout_traffic
+    if traffic >= 2:
+        out[f"--traffic-size {traffic // 2}"] = _fewer_rows(z, z.search_traffic // 2, z.holdout_traffic // 2)
+    labelled = z.search + z.holdout - traffic
+    if labelled >= 2 * traffic and labelled >= 30:
+        out[f"--limit {labelled // 2}"] = _fewer_rows(z, (z.search - z.search_traffic) // 2,
+                                                      (z.holdout - z.holdout_traffic) // 2)
+    if z.sensitivity >= 16:
+        out[f"--sensitivity-samples {z.sensitivity // 2}"] = replace(z, sensitivity=z.sensitivity // 2)
+    if z.ranked >= 4:
+        out[f"--sensitivity-layers {z.ranked // 2}"] = replace(z, ranked=z.ranked // 2)
+    if z.method == "auto":
+        out["--method minmax"] = replace(z, methods=1, auto_texts=0, method="minmax")
+    if z.variants > 1:
+        out["--no-smooth"] = replace(z, variants=1)
+    return {option: tune_steps(size) for option, size in out.items()}
+
+
+def _fewer_rows(z: TuneSize, search: int, holdout: int) -> TuneSize:
+    return replace(z, search=z.search - search, holdout=z.holdout - holdout,
+                   search_traffic=max(0, z.search_traffic - search),
+                   holdout_traffic=max(0, z.holdout_traffic - holdout))
+
+
+def tune_size(evidence: Any, config: Any, nodes: int, calibration_texts: int, auto_texts_per_node: int) -> TuneSize:
+    """The :class:`TuneSize` of a run: ``evidence`` (evaluate.evidence.SplitEvidence) as drawn, ``config``
+    (evaluate.tune_config.TuneConfig), the quantizable ``nodes``; ``auto_texts_per_node``: the Q/DQ texts
+    method auto measures per node and finalist method."""
+    from calibkit.types import Method
+
+    traffic = evidence.traffic
+    search, holdout = len(evidence.search), len(evidence.holdout)
+    sensitivity = len(evidence.sensitivity)
+    ranked = nodes if config.sensitivity_layers is None else min(config.sensitivity_layers, nodes)
+    auto = config.method == "auto"
+    return TuneSize(
+        search=search, holdout=holdout, sensitivity=sensitivity, nodes=nodes, ranked=ranked,
+        methods=len(Method) if auto else 1, variants=2 if config.smooth else 1,
+        auto_texts=auto_texts_per_node * nodes if auto else 0, race=config.race_texts,
+        calibration=calibration_texts, candidate_share=_candidate_share(evidence, config),
+        max_evaluations=config.max_evaluations, confirm=config.confirm, risk_strata=config.risk_strata,
+        search_traffic=0 if traffic is None else int(traffic[evidence.search.array].sum()),
+        holdout_traffic=0 if traffic is None else int(traffic[evidence.holdout.array].sum()),
+        method=config.method,
+    )
+
+
+def _candidate_share(evidence: Any, config: Any) -> tuple[float, float]:
+    """Share of the search split one candidate's decision reads: for a classifier judged in strata by flip risk,
+    the texts its strata evaluate by FP32's margins alone (the all-INT8 model's changes, not known yet, add a
+    few: at worst half as many again); the sequential rule's :data:`SEQUENTIAL_SHARE`; the whole split."""
+    from calibkit.evaluate.plan_decisions import WHOLE_SPLIT
+    from calibkit.evaluate.risk import stratify
+    from calibkit.evaluate.rowfidelity import CLASSIFICATION
+
+    n = len(evidence.search)
+    if not n:
+        return 1.0, 1.0
+    if config.risk_strata and evidence.task == CLASSIFICATION:
+        strata = stratify(evidence, evidence.search, np.ones(n), seed=config.seed)
+        if strata is not None:
+            share = len(strata.evaluated) / n
+            return share, min(1.0, 1.5 * share)
+    return (1.0, 1.0) if config.decision_rule == WHOLE_SPLIT else (SEQUENTIAL_SHARE, 1.0)
+
+
+def lanes_of(executor: Any) -> float:
+    """How many times this machine's CPUs an executor gives Q/DQ work: 1 for local ones (their workers share
+    these CPUs), workers x threads / CPUs for remote ones."""
+    from calibkit.cpus import usable_cpus
+
+    threads = getattr(executor, "task_threads", None)
+    if not threads:
+        return 1.0
+    return max(1.0, int(getattr(executor, "workers", 1)) * int(threads) / max(1, usable_cpus()))
+
+
+def estimate_tune(evidence: Any, config: Any, nodes: int, calibration_texts: int, phases: Sequence[PhaseCost],
+                  executor: Any, auto_texts_per_node: int) -> TimeEstimate:
+    """tune's estimate from its FP32 reference pass (``phases``), made right after it."""
+    z = tune_size(evidence, config, nodes, calibration_texts, auto_texts_per_node)
+    text_seconds, texts = fp32_text_seconds(phases) or (0.0, 0)
+    return estimate(tune_steps(z), text_seconds, texts, shortcuts=tune_shortcuts(z), lanes=lanes_of(executor))
