@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,6 +29,7 @@ from calibkit.engines.artifact import EngineArtifact
 from calibkit.engines.base import BaseRunner
 from calibkit.errors import CalibkitError, ModelError, UsageError
 from calibkit.evaluate.decisions import fidelity_basis, layer_verdicts, recommend
+from calibkit.evaluate.estimate import announce, compare_size, estimate_compare, finish
 from calibkit.evaluate.findings import FlaggedInput, group_flags
 from calibkit.evaluate.flags import Flag, LayerFlag, Thresholds
 from calibkit.evaluate.jobs import load_calibration_table
@@ -54,6 +56,7 @@ from calibkit.evaluate.results import (
     Subsets,
     TaskResult,
     TensorHistogram,
+    TimeEstimate,
     TrafficFidelity,
     finite,
 )
@@ -225,6 +228,8 @@ def compare_engines(
     task = task or select_task(a, tok_dir, options.task)
     texts = list(eval_set.texts)
     gold = task.gold(eval_set, tokenizer)  # bad labels fail here, before any inference
+    estimate, since = _time_estimate(engines, eval_set, task, tokenizer, traffic, options, open_runner, resources,
+                                     progress)
     runs = _evaluate_engines(engines, task, tokenizer, texts, options, open_runner, progress)
     ea, eb = runs[0], runs[1]
     width = int(ea.logits.shape[-1]) if ea.logits.ndim >= 2 else 0
@@ -260,7 +265,22 @@ def compare_engines(
     )
     if traffic is not None and traffic_outs is not None:
         comparison = replace(comparison, traffic=_traffic_result(traffic, task, traffic_outs))
-    return comparison
+    return replace(comparison, time_estimate=finish(estimate, time.perf_counter() - since))
+
+
+def _time_estimate(engines: Sequence[EngineArtifact], eval_set: EvalSet, task: Task, tokenizer: TextTokenizer,
+                   traffic: TrafficEvidence | None, options: CompareOptions, open_runner: Any, resources: Resources,
+                   progress: ProgressCallback | None) -> tuple[TimeEstimate, float]:
+    """The estimate of everything below (evaluate.estimate), sent through ``progress``, and when it was made."""
+    texts = list(eval_set.texts)
+    beside = len(traffic) if traffic is not None and tuple(traffic.texts) != tuple(texts) else 0
+    size = compare_size(engines, len(texts), beside, options,
+                        labelled=eval_set.has_labels and task.kind.value == CLASSIFICATION,
+                        row_task=task.kind.value in ROW_TASKS)
+    sample = texts or (list(traffic.texts) if traffic is not None else [])
+    estimate = estimate_compare(engines, size, open_runner, tokenizer, task, sample, options, resources.executor)
+    announce(estimate, "compare", progress or no_progress)
+    return estimate, time.perf_counter()
 
 
 def _traffic_outputs(a: EngineArtifact, b: EngineArtifact, traffic: TrafficEvidence, task: Task,

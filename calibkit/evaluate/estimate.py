@@ -38,20 +38,24 @@ from calibkit.progress import ESTIMATE_TASK, ProgressEvent
 COSTS: Mapping[str, tuple[float, float]] = {"fp32": (1.0, 1.3), "qdq": (2.2, 3.5), "taps": (2.0, 4.0)}
 #: texts timed by :func:`measure_text_seconds` (at least two of the run's batches)
 MEASURE_TEXTS = 64
-#: a shortcut saving less than this share of the likely estimate is not worth naming
+#: a shortcut saving less than this share of the likely estimate is not worth naming, nor one for a run likely
+#: shorter than this many seconds
 MIN_SAVING = 0.15
+WORTH_SHORTENING = 60.0
 
 
 @dataclass(frozen=True)
 class Work:
     """One step of a long part, in texts: ``fp32`` texts through an FP32 session, ``qdq`` exact Q/DQ texts
-    (likely; ``qdq_worst`` at worst, None: as likely), ``taps`` texts through a tapped model copy."""
+    (likely; ``qdq_worst`` at worst, None: as likely), ``taps`` texts through a tapped model copy;
+    ``on_executor``: its Q/DQ texts are work units of the run's executor (else the driver runs them)."""
 
     step: str
     fp32: float = 0.0
     qdq: float = 0.0
     qdq_worst: float | None = None
     taps: float = 0.0
+    on_executor: bool = True
 
     def texts(self, which: int) -> dict[str, float]:
         """Texts of each kind, likely (``which`` 0) or at worst (1)."""
@@ -66,7 +70,8 @@ def price(steps: Sequence[Work], text_seconds: float, lanes: float = 1.0) -> tup
 
     def cost(w: Work, which: int) -> float:
         n = w.texts(which)
-        return text_seconds * sum(COSTS[k][which] * n[k] / (lanes if k == "qdq" else 1.0) for k in n)
+        spread = lanes if w.on_executor else 1.0
+        return text_seconds * sum(COSTS[k][which] * n[k] / (spread if k == "qdq" else 1.0) for k in n)
 
     return tuple(StepEstimate(w.step, cost(w, 0), cost(w, 1)) for w in steps)
 
@@ -74,13 +79,14 @@ def price(steps: Sequence[Work], text_seconds: float, lanes: float = 1.0) -> tup
 def estimate(steps: Sequence[Work], text_seconds: float, measured_texts: int, *,
              shortcuts: Mapping[str, Sequence[Work]] | None = None, lanes: float = 1.0) -> TimeEstimate:
     """The estimate of ``steps`` and, among ``shortcuts`` (an option as typed, with its value -> the steps it
-    leaves), the one whose likely estimate is lowest, when it saves at least :data:`MIN_SAVING` of it."""
+    leaves), the one whose likely estimate is lowest, when it saves at least :data:`MIN_SAVING` of a likely
+    estimate of at least :data:`WORTH_SHORTENING` seconds."""
     if not (text_seconds >= 0 and math.isfinite(text_seconds)):
         raise ValueError(f"text_seconds must be a finite number >= 0, got {text_seconds!r}")
     priced = price(steps, text_seconds, lanes)
     likely, worst = (sum(s.likely_seconds for s in priced), sum(s.worst_seconds for s in priced))
     best: Shortcut | None = None
-    for option, alt in (shortcuts or {}).items():
+    for option, alt in (shortcuts or {}).items() if likely >= WORTH_SHORTENING else ():
         p = price(alt, text_seconds, lanes)
         cut = Shortcut(option, sum(s.likely_seconds for s in p), sum(s.worst_seconds for s in p))
         if cut.likely_seconds <= likely * (1.0 - MIN_SAVING) and (best is None
@@ -92,8 +98,8 @@ def estimate(steps: Sequence[Work], text_seconds: float, measured_texts: int, *,
 def summary(e: TimeEstimate, what: str) -> str:
     """The estimate as one line: how long ``what`` will likely (at worst) take, what the price rests on and the
     option that shortens it."""
-    line = (f"{what}: about {span_text(e.likely_seconds, e.worst_seconds)} on this machine (an FP32 text takes "
-            f"{1000 * e.text_seconds:.1f} ms here, timed on {e.measured_texts} texts)")
+    line = (f"{what} will take about {span_text(e.likely_seconds, e.worst_seconds)} on this machine (an FP32 text "
+            f"takes {1000 * e.text_seconds:.2g} ms here, timed on {e.measured_texts:,} texts)")
     if e.shortcut is not None:
         s = e.shortcut
         saved = 100.0 * (1.0 - s.likely_seconds / e.likely_seconds) if e.likely_seconds > 0 else 0.0
@@ -197,11 +203,11 @@ def tune_shortcuts(z: TuneSize) -> dict[str, list[Work]]:
         out[f"--max-evaluations {z.max_evaluations // 2}"] = replace(z, max_evaluations=z.max_evaluations // 2)
     traffic = z.search_traffic + z.holdout_traffic
     if traffic >= 2:
-        out[f"--traffic-size {traffic // 2}"] = _fewer_rows(z, z.search_traffic // 2, z.holdout_traffic // 2)
+        out[f"--traffic-size {traffic // 2}"] = _fewer_rows(z, z.search_traffic // 2, z.holdout_traffic // 2, True)
     labelled = z.search + z.holdout - traffic
     if labelled >= 2 * traffic and labelled >= 30:
         out[f"--limit {labelled // 2}"] = _fewer_rows(z, (z.search - z.search_traffic) // 2,
-                                                      (z.holdout - z.holdout_traffic) // 2)
+                                                      (z.holdout - z.holdout_traffic) // 2, False)
     if z.sensitivity >= 16:
         out[f"--sensitivity-samples {z.sensitivity // 2}"] = replace(z, sensitivity=z.sensitivity // 2)
     if z.ranked >= 4:
@@ -213,10 +219,12 @@ def tune_shortcuts(z: TuneSize) -> dict[str, list[Work]]:
     return {option: tune_steps(size) for option, size in out.items()}
 
 
-def _fewer_rows(z: TuneSize, search: int, holdout: int) -> TuneSize:
-    return replace(z, search=z.search - search, holdout=z.holdout - holdout,
-                   search_traffic=max(0, z.search_traffic - search),
-                   holdout_traffic=max(0, z.holdout_traffic - holdout))
+def _fewer_rows(z: TuneSize, search: int, holdout: int, traffic: bool) -> TuneSize:
+    """``z`` with ``search`` and ``holdout`` rows fewer, of the traffic's rows or of the eval set's."""
+    z = replace(z, search=z.search - search, holdout=z.holdout - holdout)
+    if traffic:
+        z = replace(z, search_traffic=z.search_traffic - search, holdout_traffic=z.holdout_traffic - holdout)
+    return z
 
 
 def tune_size(evidence: Any, config: Any, nodes: int, calibration_texts: int, auto_texts_per_node: int) -> TuneSize:
@@ -278,3 +286,96 @@ def estimate_tune(evidence: Any, config: Any, nodes: int, calibration_texts: int
     z = tune_size(evidence, config, nodes, calibration_texts, auto_texts_per_node)
     text_seconds, texts = fp32_text_seconds(phases) or (0.0, 0)
     return estimate(tune_steps(z), text_seconds, texts, shortcuts=tune_shortcuts(z), lanes=lanes_of(executor))
+
+
+# ---------------------------------------------------------------- compare
+
+
+@dataclass(frozen=True)
+class CompareSize:
+    """What a compare's long part reads: each engine's kind of text ("fp32" or, for FP16 and INT8 engines on the
+    CPU, "qdq"; A, B, then the reference), the eval and traffic texts, the per-layer subsets."""
+
+    texts: int
+    engines: tuple[str, ...]
+    traffic: int = 0  # texts A and B also evaluate (0: none, or the eval set itself)
+    layer_samples: int = 0  # texts through the tapped copies (0: no per-layer analysis)
+    tapped: int = 2  # models tapped: A and B, and the reference when given
+    sensitivity: int = 0  # texts of the sensitivity subset (0: not measured)
+    sensitivity_layers: int = 0  # nodes measured alone and all-but-alone
+
+
+def compare_steps(z: CompareSize) -> list[Work]:
+    """The long part of a compare, step by step."""
+    def engines(n: int, which: Sequence[str]) -> dict[str, float]:
+        return {"fp32": n * sum(k == "fp32" for k in which), "qdq": n * sum(k != "fp32" for k in which)}
+
+    steps = [Work("evaluate engines", **engines(z.texts, z.engines), on_executor=False)]
+    if z.traffic:
+        steps.append(Work("traffic", **engines(z.traffic, z.engines[:2]), on_executor=False))
+    if z.layer_samples:
+        steps.append(Work("per-layer measurements", taps=z.tapped * z.layer_samples))
+    if z.sensitivity:  # all-INT8, and each layer alone and all but it
+        steps.append(Work("per-layer sensitivity", qdq=z.sensitivity * (1 + 2 * z.sensitivity_layers)))
+    return steps
+
+
+def compare_shortcuts(z: CompareSize) -> dict[str, list[Work]]:
+    """The options that shrink a compare, each with the steps it leaves."""
+    out: dict[str, CompareSize] = {}
+    if z.texts >= 30:
+        half = z.texts // 2
+        out[f"--limit {half}"] = replace(z, texts=half, layer_samples=min(z.layer_samples, half))
+    if z.traffic >= 2:
+        out[f"--traffic-size {z.traffic // 2}"] = replace(z, traffic=z.traffic // 2)
+    if z.layer_samples >= 16:
+        out[f"--layer-samples {z.layer_samples // 2}"] = replace(z, layer_samples=z.layer_samples // 2)
+    if z.sensitivity >= 16:
+        out[f"--sensitivity-samples {z.sensitivity // 2}"] = replace(z, sensitivity=z.sensitivity // 2)
+    if z.sensitivity and z.sensitivity_layers >= 4:
+        k = z.sensitivity_layers // 2
+        out[f"--sensitivity-layers {k}"] = replace(z, sensitivity_layers=k)
+    return {option: compare_steps(size) for option, size in out.items()}
+
+
+def compare_size(engines: Sequence[Any], texts: int, traffic: int, options: Any, *, labelled: bool,
+                 row_task: bool) -> CompareSize:
+    """The :class:`CompareSize` of a run: ``engines`` (A, B and the reference, engines.artifact.EngineArtifact),
+    ``texts`` in the eval set, ``traffic`` texts beside them, ``options`` (evaluate.compare.CompareOptions);
+    ``labelled``: a labelled classifier (its sensitivity reads the eval set; others the traffic, when given);
+    ``row_task``: a task with per-text fidelity (whose sensitivity is measured)."""
+    from calibkit.types import Backend, Precision
+
+    kinds = tuple("fp32" if e.precision is Precision.FP32 else "qdq" for e in engines)
+    layers = min(texts, options.layer_samples or texts) if options.layers else 0
+    int8 = next((e for e in engines[:2] if e.precision is Precision.INT8 and e.backend is Backend.ONNXRUNTIME), None)
+    pool = traffic if traffic and not labelled else texts
+    sensitivity = (min(options.sensitivity_samples, pool)
+                   if options.layers and options.sensitivity and row_task and int8 is not None else 0)
+    k = options.sensitivity_layers
+    if sensitivity and k is None:
+        k = _quantized_nodes(int8.path)
+    return CompareSize(texts=texts, engines=kinds, traffic=traffic, layer_samples=layers, tapped=len(engines),
+                       sensitivity=sensitivity, sensitivity_layers=k or 0)
+
+
+def _quantized_nodes(path: Any) -> int:
+    """Nodes of a Q/DQ model whose inputs are quantized (its weights not loaded)."""
+    from calibkit.evaluate.layers import find_layers
+    from calibkit.graph import load_model
+
+    return len({spec.node for spec in find_layers(load_model(path, load_external_data=False))})
+
+
+def estimate_compare(engines: Sequence[Any], z: CompareSize, open_runner: Callable[[Any], Any], tokenizer: Any,
+                     task: Any, texts: Sequence[str], options: Any, executor: Any = None) -> TimeEstimate:
+    """compare's estimate, priced by the FP32 engine (else A) timed on a sample of ``texts``."""
+    from calibkit.types import Precision
+
+    fp32 = next((e for e in engines if e.precision is Precision.FP32), engines[0])
+    with open_runner(fp32) as runner:
+        seconds, n = measure_text_seconds(runner, tokenizer, task, texts, batch_size=options.batch_size,
+                                          seed=options.seed)
+    if fp32.precision is not Precision.FP32:  # an FP16 or INT8 engine on the CPU costs about a Q/DQ text
+        seconds /= COSTS["qdq"][0]
+    return estimate(compare_steps(z), seconds, n, shortcuts=compare_shortcuts(z), lanes=lanes_of(executor))
