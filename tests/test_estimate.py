@@ -1,0 +1,238 @@
+"""Time up front: the estimate's arithmetic on fake timings, the estimate event before compare's and tune's long
+part, the estimate and the actual time in their results, documents and reports, and the line the CLI prints."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from test_results import _random
+from test_tune_pipeline import run_tune, tiny_setup  # noqa: F401 - tiny_setup is a fixture
+
+from calibkit.cli import _common
+from calibkit.data.evalset import load_eval_set
+from calibkit.data.modeldir import ModelDir
+from calibkit.errors import DataError
+from calibkit.evaluate import results as R
+from calibkit.evaluate.estimate import (
+    COSTS,
+    MIN_SAVING,
+    WORTH_SHORTENING,
+    TuneSize,
+    Work,
+    estimate,
+    finish,
+    price,
+    summary,
+    tune_shortcuts,
+    tune_steps,
+)
+from calibkit.evaluate.results import FP32_PHASE, PhaseCost, TimeEstimate, span_text
+from calibkit.evaluate.tune import TuneConfig
+from calibkit.progress import ESTIMATE_TASK, ProgressEvent
+from calibkit.report.codec import check_domains, parse_result, to_document
+
+# ---------------------------------------------------------------- the arithmetic, on fake timings
+
+
+def test_each_kind_of_text_is_priced_by_its_cost_and_the_range_is_likely_to_worst() -> None:
+    steps = [Work("fp32", fp32=100), Work("variants", qdq=200, qdq_worst=400), Work("taps", taps=50)]
+    ts = 0.01
+    priced = price(steps, ts)
+    assert [s.step for s in priced] == ["fp32", "variants", "taps"]
+    assert priced[0].likely_seconds == pytest.approx(ts * 100 * COSTS["fp32"][0])
+    assert priced[0].worst_seconds == pytest.approx(ts * 100 * COSTS["fp32"][1])
+    assert priced[1].likely_seconds == pytest.approx(ts * 200 * COSTS["qdq"][0])
+    assert priced[1].worst_seconds == pytest.approx(ts * 400 * COSTS["qdq"][1])  # the worst count, the worst cost
+    assert priced[2].worst_seconds == pytest.approx(ts * 50 * COSTS["taps"][1])
+    e = estimate(steps, ts, 64)
+    assert e.likely_seconds == pytest.approx(sum(s.likely_seconds for s in priced))
+    assert e.worst_seconds == pytest.approx(sum(s.worst_seconds for s in priced))
+    assert e.likely_seconds < e.worst_seconds and e.measured_texts == 64 and e.actual_seconds is None
+    # remote workers spread the executor's Q/DQ texts; the driver's own steps are not spread
+    spread = price([Work("v", qdq=200), Work("driver", qdq=200, on_executor=False)], ts, lanes=4.0)
+    assert spread[0].likely_seconds == pytest.approx(priced[1].likely_seconds / 4)
+    assert spread[1].likely_seconds == pytest.approx(priced[1].likely_seconds)
+    with pytest.raises(ValueError, match="text_seconds"):
+        estimate(steps, float("nan"), 64)
+
+
+def test_the_shortcut_named_is_the_option_that_saves_the_most() -> None:
+    steps = [Work("search", qdq=10_000), Work("rest", fp32=2_000)]
+    ts = 0.01  # likely about 240 s: worth shortening
+    options = {
+        "--small-saving 1": [Work("search", qdq=10_000 * (1 - MIN_SAVING / 2)), Work("rest", fp32=2_000)],
+        "--half 2": [Work("search", qdq=5_000), Work("rest", fp32=2_000)],
+        "--most 3": [Work("search", qdq=2_000), Work("rest", fp32=2_000)],
+    }
+    e = estimate(steps, ts, 64, shortcuts=options)
+    assert e.likely_seconds >= WORTH_SHORTENING
+    assert e.shortcut is not None and e.shortcut.option == "--most 3"
+    most = price(options["--most 3"], ts)
+    assert e.shortcut.likely_seconds == pytest.approx(sum(s.likely_seconds for s in most))
+    assert e.shortcut.worst_seconds == pytest.approx(sum(s.worst_seconds for s in most))
+    line = summary(e, "tune")
+    assert line.startswith("tune will take about ") and "--most 3 shortens it to about" in line
+    # a saving under MIN_SAVING is not worth naming; nor is any option for a run of seconds
+    assert estimate(steps, ts, 64, shortcuts={"--small-saving 1": options["--small-saving 1"]}).shortcut is None
+    assert estimate(steps, ts / 100, 64, shortcuts=options).shortcut is None
+
+
+def test_durations_read_as_a_person_reads_an_estimate() -> None:
+    assert span_text(240, 420) == "4-7 min"
+    assert span_text(50, 130) == "50 s to 2 min"
+    assert span_text(5400, 9000) == "1.5-2.5 h"
+    assert span_text(61, 61.4) == "61 s"
+
+
+# the demo classifier with every default, as tune counted it (docs/measured.md, "The demo classifier with every
+# default, on the 2-core machine"): 11,557 evidence texts, search split 5,778, holdout 5,779, 49 nodes, 512
+# calibration texts, sensitivity subset 128, 1,363 texts a candidate, 40 evaluations; its phases took 83 s
+# (FP32 reference) and 2,511 s in all
+DEMO = TuneSize(search=5778, holdout=5779, sensitivity=128, nodes=49, ranked=49, methods=4, variants=2,
+                auto_texts=2 * 64 * 49, race=512, calibration=512, candidate_share=(1363 / 5778, 1.5 * 1363 / 5778),
+                max_evaluations=40, search_traffic=5250, holdout_traffic=5250)
+
+
+def test_the_steps_count_the_texts_tune_counted_on_the_demo() -> None:
+    steps = {w.step: w for w in tune_steps(DEMO)}
+    assert steps["method tables"].qdq == 10_880  # "9 raced on 512 risky texts, auto": 10,880 texts
+    assert steps["layer ranking"].qdq == 6_400  # 49 nodes and all-INT8 on 128 texts
+    assert steps["flip risk"].qdq == 5_778
+    assert steps["plan search"].qdq == pytest.approx(40 * 1363)  # 39 candidates read 51,794 texts
+    e = estimate(tune_steps(DEMO), 83 / 11_557, 11_557, shortcuts=tune_shortcuts(DEMO))
+    assert e.likely_seconds <= 2511 - 83 <= e.worst_seconds  # what the phases after the FP32 reference took
+    # the traffic is most of the evidence: halving it saves the most
+    assert e.shortcut is not None and e.shortcut.option == "--traffic-size 5250"
+    savings = {o: sum(s.likely_seconds for s in price(w, e.text_seconds)) for o, w in tune_shortcuts(DEMO).items()}
+    assert e.shortcut.likely_seconds == pytest.approx(min(savings.values()))
+    assert {"--max-evaluations 20", "--method minmax", "--no-smooth", "--sensitivity-samples 64"} <= set(savings)
+    assert not any(o.startswith("--limit") for o in savings)  # 57 labelled rows: not where the time goes
+
+
+def test_finish_records_the_whole_and_each_timed_step() -> None:
+    e = estimate([Work("a", fp32=10), Work("b", fp32=10), Work("untimed", fp32=1)], 0.1, 8)
+    done = finish(e, 7.5, [PhaseCost(FP32_PHASE, 1.0, 8), PhaseCost("a", 2.0), PhaseCost("b", 1.5),
+                           PhaseCost("b", 0.5)])
+    assert done.actual_seconds == 7.5
+    assert [s.actual_seconds for s in done.steps] == [2.0, 2.0, None]  # a step timed twice: both
+    assert [s.likely_seconds for s in done.steps] == [s.likely_seconds for s in e.steps]
+
+
+# ---------------------------------------------------------------- end to end
+
+
+def _tasks_in_order(events: list[ProgressEvent]) -> list[str]:
+    out: list[str] = []
+    for ev in events:
+        if not out or out[-1] != ev.task:
+            out.append(ev.task)
+    return out
+
+
+def test_tune_announces_its_estimate_after_the_fp32_pass_and_records_it_with_the_actual_time(tiny_setup):  # noqa: F811
+    events: list[ProgressEvent] = []
+    cfg = TuneConfig(max_drop=1.0, workers=1, sensitivity_samples=64, method="minmax", smooth=False)
+    res = run_tune(ModelDir.resolve(tiny_setup["model"]), tiny_setup["cset"], load_eval_set(tiny_setup["eval"]),
+                   tiny_setup["root"] / "estimated", cfg, progress=events.append)
+    tasks = _tasks_in_order(events)
+    assert tasks.count(ESTIMATE_TASK) == 1
+    at = tasks.index(ESTIMATE_TASK)
+    assert tasks[at - 1] == FP32_PHASE and at < tasks.index("all-INT8 (minmax)")  # before the long part
+    (message,) = [ev.message for ev in events if ev.task == ESTIMATE_TASK]
+    assert message.startswith("tune will take about ") and "an FP32 text takes" in message
+    e = res.result.time_estimate
+    assert isinstance(e, TimeEstimate)
+    fp32 = next(p for p in res.result.phases if p.phase == FP32_PHASE)
+    assert e.text_seconds == pytest.approx(fp32.seconds / fp32.texts) and e.measured_texts == fp32.texts
+    assert 0 < e.likely_seconds <= e.worst_seconds
+    after = [p for p in res.result.phases if p.phase != FP32_PHASE]
+    assert e.actual_seconds is not None and e.actual_seconds >= sum(p.seconds for p in after) > 0
+    # every step is one of tune's phases, and every phase after the FP32 pass one of the steps
+    assert {s.step for s in e.steps} == {p.phase for p in after}
+    assert all(s.actual_seconds is not None for s in e.steps)
+    assert res.doc["time_estimate"]["likely_seconds"] == e.likely_seconds  # in tune.json (and read back)
+
+
+def test_compare_announces_its_estimate_first_and_its_report_shows_it_against_the_time_taken(tmp_path):
+    from test_compare_tiny import build_engines
+
+    import calibkit as ck
+
+    paths = build_engines(tmp_path)
+    events: list[ProgressEvent] = []
+    c = ck.compare(paths["fp"], paths["int8"], paths["eval"], batch_size=16, progress=events.append,
+                   executor="inline")
+    tasks = _tasks_in_order(events)
+    assert tasks[0] == ESTIMATE_TASK and tasks.count(ESTIMATE_TASK) == 1  # before any engine runs
+    e = c.time_estimate
+    assert e is not None and e.measured_texts == 64 and e.text_seconds > 0
+    assert [s.step for s in e.steps] == ["evaluate engines", "per-layer measurements", "per-layer sensitivity"]
+    assert all(s.actual_seconds is not None and s.actual_seconds > 0 for s in e.steps)
+    assert e.actual_seconds is not None and e.actual_seconds >= sum(s.actual_seconds or 0 for s in e.steps)
+    assert parse_result(json.loads(json.dumps(to_document(c)))) == c
+    ck.render_report(c, tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "## Time" in md and "Estimated before the long part started: about" in md
+    assert "| per-layer sensitivity |" in md and "it took" in md
+
+
+# ---------------------------------------------------------------- documents
+
+
+def _estimate() -> TimeEstimate:
+    e = estimate([Work("plan search", qdq=40_000), Work("flip risk", qdq=5_000)], 0.007, 11_557,
+                 shortcuts={"--max-evaluations 20": [Work("plan search", qdq=20_000), Work("flip risk", qdq=5_000)]})
+    return finish(e, 900.0, [PhaseCost("plan search", 800.0)])
+
+
+def test_documents_without_the_estimate_still_load_and_a_negative_time_is_refused(tmp_path: Path) -> None:
+
+    for cls in (R.Comparison, R.TuneResult):
+        result = replace(_random(cls, random.Random(7)), time_estimate=_estimate())
+        doc = json.loads(json.dumps(to_document(result)))
+        assert parse_result(doc) == result and doc["time_estimate"]["shortcut"]["option"] == "--max-evaluations 20"
+        old = {k: v for k, v in doc.items() if k != "time_estimate"}  # written before the estimate existed
+        assert parse_result(old) == replace(result, time_estimate=None)
+    check_domains(_estimate())  # the domain checks of a document read from a file, on the estimate alone
+    for name in ("text_seconds", "likely_seconds", "worst_seconds", "actual_seconds"):
+        with pytest.raises(DataError, match=rf"{name} should be at least 0"):
+            check_domains(replace(_estimate(), **{name: -1.0}))
+
+
+def test_the_tune_report_shows_the_estimate_and_the_shortcut(tmp_path: Path) -> None:
+    import calibkit as ck
+
+    result = replace(_random(R.TuneResult, random.Random(11)), time_estimate=_estimate())
+    ck.render_report(result, tmp_path / "with")
+    md = (tmp_path / "with" / "report.md").read_text()
+    assert "## Time" in md and "--max-evaluations 20 would have shortened it" in md
+    assert "| plan search |" in md and "it took 15 min" in md
+    ck.render_report(replace(result, time_estimate=None), tmp_path / "without")
+    assert "## Time" not in (tmp_path / "without" / "report.md").read_text()
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def test_the_cli_prints_the_estimate_as_a_line_in_the_log_and_above_the_bars(monkeypatch: pytest.MonkeyPatch
+                                                                              ) -> None:
+    line = summary(_estimate(), "tune")
+    written: list[str] = []
+    plain = _common.PlainProgress(interval=10.0, write=written.append)
+    plain(ProgressEvent("FP32 reference", 10, 10))
+    plain(ProgressEvent(ESTIMATE_TASK, 1, 1, message=line))
+    assert written == [line]  # at once, whatever the interval
+    term = Console(file=io.StringIO(), width=200, height=24, force_terminal=True, color_system=None)
+    monkeypatch.setattr(_common, "console", term)
+    monkeypatch.setenv("CALIBKIT_PROGRESS", "1")
+    with _common.RichProgress() as bars:
+        bars(ProgressEvent("FP32 reference", 10, 10))
+        bars(ProgressEvent(ESTIMATE_TASK, 1, 1, message=line))
+        assert ESTIMATE_TASK not in bars._tasks  # a line, not a bar
+    assert line in term.file.getvalue()
