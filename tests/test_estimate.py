@@ -35,7 +35,7 @@ from calibkit.evaluate.estimate import (
 from calibkit.evaluate.results import FP32_PHASE, PhaseCost, TimeEstimate, span_text
 from calibkit.evaluate.tune import TuneConfig
 from calibkit.progress import ESTIMATE_TASK, ProgressEvent
-from calibkit.report.codec import check_domains, parse_result, to_document
+from calibkit.report.codec import check_domains, parse_result, to_document, to_json
 
 # ---------------------------------------------------------------- the arithmetic, on fake timings
 
@@ -236,3 +236,44 @@ def test_the_cli_prints_the_estimate_as_a_line_in_the_log_and_above_the_bars(mon
         bars(ProgressEvent(ESTIMATE_TASK, 1, 1, message=line))
         assert ESTIMATE_TASK not in bars._tasks  # a line, not a bar
     assert line in term.file.getvalue()
+
+
+# ---------------------------------------------------------------- demo run
+
+
+def test_the_demo_prices_its_steps_after_sampling_and_names_fast_as_the_shortcut(tiny_setup):  # noqa: F811
+    from types import SimpleNamespace
+
+    from calibkit.data.tokenizer import TextTokenizer
+    from calibkit.demo.workflow import WorkflowOptions, _estimate_line, _Setup, _time_estimate
+    from calibkit.evaluate.estimate import DemoSize, demo_steps
+
+    md = ModelDir.resolve(tiny_setup["model"])
+    ev = load_eval_set(tiny_setup["eval"])
+    setup = _Setup("fine-tuned", tiny_setup["root"], tiny_setup["root"] / "runs", tiny_setup["root"] / "reports",
+                   SimpleNamespace(embedder_dir=tiny_setup["root"] / "no-embedder"), md, None, ev, None,
+                   TextTokenizer(md.tokenizer_path))
+    events: list[ProgressEvent] = []
+    e, _ = _time_estimate(WorkflowOptions(), setup, events.append)
+    assert [ev.task for ev in events] == [ESTIMATE_TASK]
+    assert events[0].message.startswith("the rest of the demo will take about")
+    assert [s.step for s in e.steps] == ["smooth", "calibrate", "method accuracy", "compare", "tune"]
+    assert e.measured_texts == 64 and e.text_seconds > 0
+    # the full variant at the speed of the demo's classifier: --fast, the quick variant, is the shortcut
+    full = DemoSize(eval_texts=1057, calibration=512, nodes=49, methods=4, smooth=True, traffic=10_500,
+                    embedder_traffic=2_400, sensitivity_samples=256, sensitivity_layers=12, layer_samples=512,
+                    max_evaluations=40, tune_method="auto", auto_texts_per_node=128)
+    quick = WorkflowOptions.quick()
+    fast = replace(full, eval_texts=quick.eval_limit, calibration=quick.sample_size, traffic=quick.traffic_size,
+                   embedder_traffic=quick.embedder_traffic_size, sensitivity_samples=quick.sensitivity_samples,
+                   sensitivity_layers=quick.sensitivity_layers, layer_samples=quick.layer_samples,
+                   max_evaluations=quick.max_evaluations, tune_method=quick.tune_method)
+    demo = estimate(demo_steps(full), 83 / 11_557, 64, shortcuts={"--fast": demo_steps(fast)})
+    assert demo.shortcut is not None and demo.shortcut.option == "--fast"
+    assert demo.shortcut.likely_seconds < demo.likely_seconds / 5
+    tune = next(s for s in demo.steps if s.step == "tune")  # the demo's tune is most of it, as measured
+    assert tune.likely_seconds > demo.likely_seconds / 2
+    # the index page's Time section says what was estimated and what it took
+    s = {"time_estimate": to_json(finish(demo, 3000.0))}
+    line = _estimate_line(s)
+    assert "Estimated after sampling" in line and "they took 50 min" in line and "--fast: about" in line

@@ -121,18 +121,19 @@ def finish(e: TimeEstimate, actual_seconds: float, phases: Sequence[PhaseCost] =
     return replace(e, steps=steps, actual_seconds=max(0.0, actual_seconds))
 
 
-def measure_text_seconds(runner: Any, tokenizer: Any, task: Any, texts: Sequence[str], *, batch_size: int,
+def measure_text_seconds(predict: Callable[[list[str]], Any], texts: Sequence[str], *, batch_size: int,
                          seed: int = 0, sample: int = MEASURE_TEXTS) -> tuple[float, int]:
-    """(wall seconds per text, texts timed): ``task.predict`` through ``runner`` on a seeded random sample of
-    ``texts`` (at least two batches of ``batch_size``), after one untimed batch that warms the session up."""
+    """(wall seconds per text, texts timed): ``predict(texts)`` (an FP32 session with the run's batching) on a
+    seeded random sample of ``texts`` (at least two batches of ``batch_size``), after one untimed batch that
+    warms the session up."""
     n = min(len(texts), max(sample, 2 * batch_size))
     if n == 0:
         return 0.0, 0
     rng = np.random.default_rng(seed)
     chosen = [texts[int(i)] for i in np.sort(rng.choice(len(texts), size=n, replace=False))]
-    task.predict(runner, tokenizer, chosen[:batch_size], batch_size=batch_size)
+    predict(chosen[:batch_size])
     t0 = time.perf_counter()
-    task.predict(runner, tokenizer, chosen, batch_size=batch_size)
+    predict(chosen)
     return (time.perf_counter() - t0) / n, n
 
 
@@ -147,6 +148,10 @@ def fp32_text_seconds(phases: Sequence[PhaseCost]) -> tuple[float, int] | None:
 #: share of the search split a candidate's decision reads where it cannot be worked out before the search: the
 #: sequential rule stops once decided (an assumption, not a measurement); at worst it reads the whole split
 SEQUENTIAL_SHARE = 0.5
+#: share of the search split a candidate judged in strata by flip risk reads, where FP32's margins are not known
+#: yet (the demo, before its FP32 pass) or cost a pass of their own (embeddings): on the demo classifier 1,363 of
+#: 5,778 texts (0.24), at worst half as much again
+STRATIFIED_SHARE = (0.25, 0.4)
 #: texts of the search split the layer ranking's per-layer SQNR probe runs through tapped copies (tune._rank)
 RANK_PROBE_TEXTS = 128
 
@@ -253,10 +258,11 @@ def tune_size(evidence: Any, config: Any, nodes: int, calibration_texts: int, au
 def _candidate_share(evidence: Any, config: Any) -> tuple[float, float]:
     """Share of the search split one candidate's decision reads: for a classifier judged in strata by flip risk,
     the texts its strata evaluate by FP32's margins alone (the all-INT8 model's changes, not known yet, add a
-    few: at worst half as many again); the sequential rule's :data:`SEQUENTIAL_SHARE`; the whole split."""
+    few: at worst half as many again); for an embedder :data:`STRATIFIED_SHARE`; the sequential rule's
+    :data:`SEQUENTIAL_SHARE`; the whole split."""
     from calibkit.evaluate.plan_decisions import WHOLE_SPLIT
     from calibkit.evaluate.risk import stratify
-    from calibkit.evaluate.rowfidelity import CLASSIFICATION
+    from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING
 
     n = len(evidence.search)
     if not n:
@@ -266,6 +272,8 @@ def _candidate_share(evidence: Any, config: Any) -> tuple[float, float]:
         if strata is not None:
             share = len(strata.evaluated) / n
             return share, min(1.0, 1.5 * share)
+    if config.risk_strata and evidence.task == EMBEDDING:
+        return STRATIFIED_SHARE
     return (1.0, 1.0) if config.decision_rule == WHOLE_SPLIT else (SEQUENTIAL_SHARE, 1.0)
 
 
@@ -374,8 +382,77 @@ def estimate_compare(engines: Sequence[Any], z: CompareSize, open_runner: Callab
 
     fp32 = next((e for e in engines if e.precision is Precision.FP32), engines[0])
     with open_runner(fp32) as runner:
-        seconds, n = measure_text_seconds(runner, tokenizer, task, texts, batch_size=options.batch_size,
-                                          seed=options.seed)
+        seconds, n = measure_text_seconds(
+            lambda xs: task.predict(runner, tokenizer, xs, batch_size=options.batch_size), texts,
+            batch_size=options.batch_size, seed=options.seed)
     if fp32.precision is not Precision.FP32:  # an FP16 or INT8 engine on the CPU costs about a Q/DQ text
         seconds /= COSTS["qdq"][0]
     return estimate(compare_steps(z), seconds, n, shortcuts=compare_shortcuts(z), lanes=lanes_of(executor))
+
+
+# ---------------------------------------------------------------- demo run
+
+
+@dataclass(frozen=True)
+class DemoSize:
+    """What ``calibkit demo run`` reads after its assets and calibration set exist (demo.workflow fills it from
+    its options): the eval and calibration texts, the model's quantizable nodes and the options of its steps."""
+
+    eval_texts: int
+    calibration: int
+    nodes: int
+    methods: int
+    smooth: bool
+    traffic: int  # tune's and compare's traffic texts (0: none)
+    embedder_traffic: int  # the embedder's tune (0: skipped)
+    sensitivity_samples: int
+    sensitivity_layers: int | None
+    layer_samples: int
+    max_evaluations: int
+    tune_method: str
+    auto_texts_per_node: int  # Q/DQ texts method auto measures per node (tune's finalists x texts)
+
+
+def demo_steps(d: DemoSize) -> list[Work]:
+    """The demo's steps after sampling, named as its timings are (each a sum of the work inside it)."""
+    variants = 2 if d.smooth else 1
+    sens = min(d.sensitivity_samples, d.eval_texts)
+    layers = min(d.layer_samples, d.eval_texts)
+    vs_fp32 = CompareSize(d.eval_texts, ("fp32", "qdq"), d.traffic, layers, 2, sens,
+                          min(d.sensitivity_layers or d.nodes, d.nodes))
+    vs_fp16 = CompareSize(d.eval_texts, ("qdq", "qdq", "fp32"), 0, layers, 3)
+    steps = [Work("smooth", taps=2 * d.calibration)] if d.smooth else []
+    steps += [
+        Work("calibrate", taps=variants * d.calibration),
+        Work("method accuracy", fp32=d.eval_texts, qdq=d.methods * variants * d.eval_texts),
+        _merged("compare", compare_steps(vs_fp32) + compare_steps(vs_fp16)),
+        _merged("tune", _demo_tune(d, d.eval_texts, d.traffic)),
+    ]
+    if d.embedder_traffic:
+        steps.append(_merged("embedder (tune + compare)", _demo_tune(d, 0, d.embedder_traffic)
+                             + compare_steps(CompareSize(d.eval_texts, ("fp32", "qdq"), 0, layers, 2))))
+    return steps
+
+
+def _demo_tune(d: DemoSize, labelled: int, traffic: int) -> list[Work]:
+    """A tune of the demo's options on ``labelled`` eval texts and ``traffic`` log texts, its FP32 pass included."""
+    from calibkit.evaluate.tune_config import TuneConfig
+
+    texts = labelled + traffic
+    share = TuneConfig.holdout_fraction
+    holdout = round(texts * share)
+    auto = d.tune_method == "auto"
+    z = TuneSize(search=texts - holdout, holdout=holdout, sensitivity=min(d.sensitivity_samples, texts - holdout),
+                 nodes=d.nodes, ranked=d.nodes, methods=d.methods if auto else 1, variants=2,
+                 auto_texts=d.auto_texts_per_node * d.nodes if auto else 0, race=TuneConfig.race_texts,
+                 calibration=d.calibration, candidate_share=STRATIFIED_SHARE, max_evaluations=d.max_evaluations,
+                 search_traffic=round(traffic * (1 - share)), holdout_traffic=round(traffic * share),
+                 method=d.tune_method)
+    return [Work(FP32_PHASE, fp32=texts), *tune_steps(z)]
+
+
+def _merged(step: str, works: Sequence[Work]) -> Work:
+    """One step doing all of ``works`` (on the executor where any of them is)."""
+    return Work(step, fp32=sum(w.fp32 for w in works), qdq=sum(w.qdq for w in works),
+                qdq_worst=sum(w.texts(1)["qdq"] for w in works), taps=sum(w.taps for w in works),
+                on_executor=any(w.on_executor for w in works))
