@@ -9,6 +9,7 @@ import random
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from rich.console import Console
 from test_results import _random
@@ -88,6 +89,31 @@ def test_durations_read_as_a_person_reads_an_estimate() -> None:
     assert span_text(50, 130) == "50 s to 2 min"
     assert span_text(5400, 9000) == "1.5-2.5 h"
     assert span_text(61, 61.4) == "61 s"
+
+
+def test_the_measurement_is_scaled_to_the_padding_of_the_runs_own_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake model whose time is its padded tokens (a fake clock): two random batches pad more than the run's
+    length-sorted batches, and the per-token price scaled to the run's padding is exact."""
+    import calibkit.evaluate.estimate as E
+
+    rng = np.random.default_rng(3)
+    texts = [" ".join(["w"] * int(k)) for k in rng.integers(3, 120, size=500)]
+    clock = [0.0]
+    monkeypatch.setattr(E.time, "perf_counter", lambda: clock[0])
+
+    def count(xs):
+        return np.array([len(x.split()) for x in xs])
+
+    def predict(xs):
+        clock[0] += 1e-4 * E.padded_tokens(count(xs), 32)
+
+    raw, n = E.measure_text_seconds(predict, texts, batch_size=32, seed=1)
+    scaled, m = E.measure_text_seconds(predict, texts, batch_size=32, seed=1, lengths=count)
+    assert n == m == E.MEASURE_TEXTS
+    run = 1e-4 * E.padded_tokens(count(texts), 32) / len(texts)  # what the whole run costs a text
+    assert scaled == pytest.approx(run)
+    assert raw > 1.2 * run  # unscaled, the sample's padding would overprice every text
+    assert E.measure_text_seconds(predict, [], batch_size=32) == (0.0, 0)
 
 
 # the demo classifier with every default, as tune counted it (docs/measured.md, "The demo classifier with every

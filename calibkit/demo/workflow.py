@@ -242,7 +242,14 @@ def _time_estimate(options: WorkflowOptions, setup: _Setup, cb: ProgressCallback
     """Steps 2-9 priced before they start (evaluate.estimate), from the FP32 model timed on a sample of the eval
     texts; --fast, the quick variant, is the shortcut. Sent through ``cb``; returned with when it was made."""
     from calibkit.engines.registry import model_runner
-    from calibkit.evaluate.estimate import DemoSize, announce, demo_steps, estimate, measure_text_seconds
+    from calibkit.evaluate.estimate import (
+        DemoSize,
+        announce,
+        demo_steps,
+        estimate,
+        measure_text_seconds,
+        token_counts,
+    )
     from calibkit.evaluate.predict import predict_logits
     from calibkit.evaluate.tune import AUTO_FINALISTS, AUTO_TEXTS
     from calibkit.graph import load_model
@@ -250,7 +257,7 @@ def _time_estimate(options: WorkflowOptions, setup: _Setup, cb: ProgressCallback
 
     with model_runner(setup.md.onnx_path, name="fp32") as r:
         seconds, n = measure_text_seconds(lambda xs: predict_logits(r, setup.tok, xs), setup.ev.texts, batch_size=32,
-                                          seed=options.seed)
+                                          seed=options.seed, lengths=lambda xs: token_counts(setup.tok, xs))
     nodes = len(plan_placement(load_model(setup.md.onnx_path)).nodes)
 
     def size(o: WorkflowOptions) -> DemoSize:

@@ -10,8 +10,10 @@ anyway. Relative to an FP32 text (:data:`COSTS`, likely and worst):
 - an exact Q/DQ text (an INT8 variant: sensitivity, tune's tables, search, confirmation, holdout; an FP16 or
   INT8 engine on the CPU): 2.2 to 3.5 — measured 2.2 on a quiet 16-core host (BERT-base) and 3.4 on a loaded
   2-core machine (the demo classifier), because exact evaluation runs ONNX Runtime without graph optimizations;
-- a tapped text (one text through a tapped copy of a model, every tapped output copied out and measured:
-  statistics, compare's per-layer measurements): 2 to 4.
+- a tapped text (one text through a tapped copy of a model, every layer's input and output copied out and
+  measured: compare's per-layer measurements, tune's layer probe; a Q/DQ copy counts twice): 3 to 6 — measured
+  on the demo classifier: 200 texts through its FP32 and Q/DQ copies took 28 s at 13 ms an FP32 text, 3.6 a
+  text and copy. Calibration statistics tap only the activations they histogram: about an FP32 text.
 
 The texts each step reads follow from the run's options and evidence (:func:`tune_steps`, :func:`compare_steps`);
 where a decision rule stops early their likely count is what that rule read on the demo, their worst count
@@ -35,9 +37,11 @@ from calibkit.evaluate.results import FP32_PHASE, PhaseCost, Shortcut, StepEstim
 from calibkit.progress import ESTIMATE_TASK, ProgressEvent
 
 #: wall cost of a text of each kind against an FP32 text: (likely, worst); see the module docstring
-COSTS: Mapping[str, tuple[float, float]] = {"fp32": (1.0, 1.3), "qdq": (2.2, 3.5), "taps": (2.0, 4.0)}
-#: texts timed by :func:`measure_text_seconds` (at least two of the run's batches)
+COSTS: Mapping[str, tuple[float, float]] = {"fp32": (1.0, 1.3), "qdq": (2.2, 3.5), "taps": (3.0, 6.0)}
+#: texts timed by :func:`measure_text_seconds` (at least two of the run's batches), and texts whose lengths say
+#: how the run's batches pad
 MEASURE_TEXTS = 64
+LENGTH_TEXTS = 4096
 #: a shortcut saving less than this share of the likely estimate is not worth naming, nor one for a run likely
 #: shorter than this many seconds
 MIN_SAVING = 0.15
@@ -47,7 +51,8 @@ WORTH_SHORTENING = 60.0
 @dataclass(frozen=True)
 class Work:
     """One step of a long part, in texts: ``fp32`` texts through an FP32 session, ``qdq`` exact Q/DQ texts
-    (likely; ``qdq_worst`` at worst, None: as likely), ``taps`` texts through a tapped model copy;
+    (likely; ``qdq_worst`` at worst, None: as likely), ``taps`` texts through a tapped model copy (a Q/DQ
+    copy's texts counted twice);
     ``on_executor``: its Q/DQ texts are work units of the run's executor (else the driver runs them)."""
 
     step: str
@@ -122,10 +127,16 @@ def finish(e: TimeEstimate, actual_seconds: float, phases: Sequence[PhaseCost] =
 
 
 def measure_text_seconds(predict: Callable[[list[str]], Any], texts: Sequence[str], *, batch_size: int,
-                         seed: int = 0, sample: int = MEASURE_TEXTS) -> tuple[float, int]:
+                         seed: int = 0, sample: int = MEASURE_TEXTS,
+                         lengths: Callable[[Sequence[str]], np.ndarray] | None = None) -> tuple[float, int]:
     """(wall seconds per text, texts timed): ``predict(texts)`` (an FP32 session with the run's batching) on a
     seeded random sample of ``texts`` (at least two batches of ``batch_size``), after one untimed batch that
-    warms the session up."""
+    warms the session up.
+
+    ``lengths(texts)``: their token counts as the model reads them. Given, the time is priced per padded token
+    and scaled to the padding of the run's own batches (length-sorted over all of ``texts``, or a seeded
+    :data:`LENGTH_TEXTS` of them): a few random texts in two batches pad far more than a whole run does (measured
+    on the demo classifier: 23 ms a text on 64 texts, 13 ms over 800)."""
     n = min(len(texts), max(sample, 2 * batch_size))
     if n == 0:
         return 0.0, 0
@@ -134,7 +145,22 @@ def measure_text_seconds(predict: Callable[[list[str]], Any], texts: Sequence[st
     predict(chosen[:batch_size])
     t0 = time.perf_counter()
     predict(chosen)
-    return (time.perf_counter() - t0) / n, n
+    seconds = (time.perf_counter() - t0) / n
+    if lengths is None:
+        return seconds, n
+    run = texts if len(texts) <= LENGTH_TEXTS else [texts[int(i)] for i in rng.choice(len(texts), LENGTH_TEXTS,
+                                                                                       replace=False)]
+    per_text = padded_tokens(lengths(run), batch_size) / len(run)
+    return seconds * n * per_text / max(1, padded_tokens(lengths(chosen), batch_size)), n
+
+
+def padded_tokens(lengths: np.ndarray, batch_size: int) -> int:
+    """Token positions a model computes for texts of ``lengths`` in the length-sorted batches of a run
+    (evaluate.predict.length_batches): each batch padded to its longest text."""
+    from calibkit.evaluate.predict import length_batches
+
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return int(sum(int(lengths[b].max()) * len(b) for b in length_batches(lengths, batch_size) if len(b)))
 
 
 def fp32_text_seconds(phases: Sequence[PhaseCost]) -> tuple[float, int] | None:
@@ -185,12 +211,12 @@ def tune_steps(z: TuneSize) -> list[Work]:
     race = min(z.race, z.search)
     share, worst_share = z.candidate_share
     candidates = min(z.max_evaluations, 2 ** min(z.nodes, 30))
-    steps = [Work("calibration statistics", taps=z.calibration)]
-    if z.variants > 1:
-        steps.append(Work("smoothing", taps=2 * z.calibration))
+    steps = [Work("calibration statistics", fp32=z.calibration)]
+    if z.variants > 1:  # the per-channel pass, the check of the smoothed copy, its statistics
+        steps.append(Work("smoothing", fp32=3 * z.calibration))
     steps += [
         Work("method tables", qdq=z.methods * z.variants * race + (z.auto_texts + race if z.auto_texts else 0)),
-        Work("layer ranking", qdq=z.sensitivity * (1 + z.ranked), taps=2 * min(RANK_PROBE_TEXTS, z.search)),
+        Work("layer ranking", qdq=z.sensitivity * (1 + z.ranked), taps=3 * min(RANK_PROBE_TEXTS, z.search)),
         Work("flip risk", qdq=z.search if z.risk_strata else 0),
         Work("plan search", qdq=candidates * share * z.search, qdq_worst=z.max_evaluations * worst_share * z.search),
     ]
@@ -308,7 +334,7 @@ class CompareSize:
     engines: tuple[str, ...]
     traffic: int = 0  # texts A and B also evaluate (0: none, or the eval set itself)
     layer_samples: int = 0  # texts through the tapped copies (0: no per-layer analysis)
-    tapped: int = 2  # models tapped: A and B, and the reference when given
+    tapped: int = 3  # copies tapped, a Q/DQ one counted twice: A and B, and the reference when given
     sensitivity: int = 0  # texts of the sensitivity subset (0: not measured)
     sensitivity_layers: int = 0  # nodes measured alone and all-but-alone
 
@@ -363,7 +389,8 @@ def compare_size(engines: Sequence[Any], texts: int, traffic: int, options: Any,
     k = options.sensitivity_layers
     if sensitivity and k is None:
         k = _quantized_nodes(int8.path)
-    return CompareSize(texts=texts, engines=kinds, traffic=traffic, layer_samples=layers, tapped=len(engines),
+    tapped = sum(1 if k == "fp32" else 2 for k in kinds)
+    return CompareSize(texts=texts, engines=kinds, traffic=traffic, layer_samples=layers, tapped=tapped,
                        sensitivity=sensitivity, sensitivity_layers=k or 0)
 
 
@@ -384,7 +411,7 @@ def estimate_compare(engines: Sequence[Any], z: CompareSize, open_runner: Callab
     with open_runner(fp32) as runner:
         seconds, n = measure_text_seconds(
             lambda xs: task.predict(runner, tokenizer, xs, batch_size=options.batch_size), texts,
-            batch_size=options.batch_size, seed=options.seed)
+            batch_size=options.batch_size, seed=options.seed, lengths=lambda xs: token_counts(tokenizer, xs))
     if fp32.precision is not Precision.FP32:  # an FP16 or INT8 engine on the CPU costs about a Q/DQ text
         seconds /= COSTS["qdq"][0]
     return estimate(compare_steps(z), seconds, n, shortcuts=compare_shortcuts(z), lanes=lanes_of(executor))
@@ -418,19 +445,19 @@ def demo_steps(d: DemoSize) -> list[Work]:
     variants = 2 if d.smooth else 1
     sens = min(d.sensitivity_samples, d.eval_texts)
     layers = min(d.layer_samples, d.eval_texts)
-    vs_fp32 = CompareSize(d.eval_texts, ("fp32", "qdq"), d.traffic, layers, 2, sens,
+    vs_fp32 = CompareSize(d.eval_texts, ("fp32", "qdq"), d.traffic, layers, 3, sens,
                           min(d.sensitivity_layers or d.nodes, d.nodes))
-    vs_fp16 = CompareSize(d.eval_texts, ("qdq", "qdq", "fp32"), 0, layers, 3)
-    steps = [Work("smooth", taps=2 * d.calibration)] if d.smooth else []
+    vs_fp16 = CompareSize(d.eval_texts, ("qdq", "qdq", "fp32"), 0, layers, 5)
+    steps = [Work("smooth", fp32=3 * d.calibration)] if d.smooth else []
     steps += [
-        Work("calibrate", taps=variants * d.calibration),
+        Work("calibrate", fp32=variants * d.calibration),
         Work("method accuracy", fp32=d.eval_texts, qdq=d.methods * variants * d.eval_texts),
         _merged("compare", compare_steps(vs_fp32) + compare_steps(vs_fp16)),
         _merged("tune", _demo_tune(d, d.eval_texts, d.traffic)),
     ]
     if d.embedder_traffic:
         steps.append(_merged("embedder (tune + compare)", _demo_tune(d, 0, d.embedder_traffic)
-                             + compare_steps(CompareSize(d.eval_texts, ("fp32", "qdq"), 0, layers, 2))))
+                             + compare_steps(CompareSize(d.eval_texts, ("fp32", "qdq"), 0, layers, 3))))
     return steps
 
 
@@ -456,3 +483,8 @@ def _merged(step: str, works: Sequence[Work]) -> Work:
     return Work(step, fp32=sum(w.fp32 for w in works), qdq=sum(w.qdq for w in works),
                 qdq_worst=sum(w.texts(1)["qdq"] for w in works), taps=sum(w.taps for w in works),
                 on_executor=any(w.on_executor for w in works))
+
+
+def token_counts(tokenizer: Any, texts: Sequence[str]) -> np.ndarray:
+    """Tokens a model reads of each text: ``tokenizer`` (data.tokenizer.TextTokenizer) counts, truncated."""
+    return np.minimum(tokenizer.token_lengths(texts), tokenizer.max_length)
