@@ -29,6 +29,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -105,6 +106,8 @@ def summary(e: TimeEstimate, what: str) -> str:
     option that shortens it."""
     line = (f"{what} will take about {span_text(e.likely_seconds, e.worst_seconds)} on this machine (an FP32 text "
             f"takes {1000 * e.text_seconds:.2g} ms here, timed on {e.measured_texts:,} texts)")
+    if e.resumed:
+        line += f"; {e.resumed:,} evaluations of an interrupted run are reused, so it will likely take less"
     if e.shortcut is not None:
         s = e.shortcut
         saved = 100.0 * (1.0 - s.likely_seconds / e.likely_seconds) if e.likely_seconds > 0 else 0.0
@@ -315,11 +318,15 @@ def lanes_of(executor: Any) -> float:
 
 
 def estimate_tune(evidence: Any, config: Any, nodes: int, calibration_texts: int, phases: Sequence[PhaseCost],
-                  executor: Any, auto_texts_per_node: int) -> TimeEstimate:
-    """tune's estimate from its FP32 reference pass (``phases``), made right after it."""
+                  executor: Any, auto_texts_per_node: int, ledger: Path | None = None) -> TimeEstimate:
+    """tune's estimate from its FP32 reference pass (``phases``), made right after it; ``ledger``: the run's
+    ledger file, whose evaluations an interrupted run left (counted in the estimate, said in its summary)."""
+    from calibkit.evaluate.ledger import Ledger
+
     z = tune_size(evidence, config, nodes, calibration_texts, auto_texts_per_node)
     text_seconds, texts = fp32_text_seconds(phases) or (0.0, 0)
-    return estimate(tune_steps(z), text_seconds, texts, shortcuts=tune_shortcuts(z), lanes=lanes_of(executor))
+    e = estimate(tune_steps(z), text_seconds, texts, shortcuts=tune_shortcuts(z), lanes=lanes_of(executor))
+    return replace(e, resumed=Ledger(ledger).loaded if ledger is not None and ledger.is_file() else 0)
 
 
 # ---------------------------------------------------------------- compare

@@ -613,6 +613,7 @@ class TimeEstimate:
     steps: tuple[StepEstimate, ...] = ()
     shortcut: Shortcut | None = None
     actual_seconds: float | None = None  # the long part's wall time, set when it ends
+    resumed: int = 0  # evaluations an interrupted run left, reused rather than redone (the estimate counts them)
 
 
 def _duration(seconds: float) -> tuple[str, str]:

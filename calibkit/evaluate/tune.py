@@ -348,7 +348,7 @@ def _run_tune(
     with clock.phase(FP32_PHASE, texts=len(eval_set) + (len(traffic) if traffic is not None else 0)):
         config, evidence = _draw_evidence(model, eval_set, config, resources, cb, traffic)
     estimate = estimate_tune(evidence, config, len(model.nodes), len(cset), clock.phases, executor,
-                             AUTO_FINALISTS * AUTO_TEXTS)
+                             AUTO_FINALISTS * AUTO_TEXTS, work / "ledger.jsonl")
     announce(estimate, "tune", cb)
     since = time.perf_counter()
     with clock.phase("calibration statistics"):
