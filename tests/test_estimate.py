@@ -184,14 +184,14 @@ def test_tune_announces_its_estimate_after_the_fp32_pass_and_records_it_with_the
     assert all(s.actual_seconds is not None for s in e.steps)
     assert res.doc["time_estimate"]["likely_seconds"] == e.likely_seconds  # in tune.json (and read back)
     assert e.resumed == 0
-    # run again: the estimate says the interrupted run's evaluations are reused
+    # run again: the estimate says the first run's evaluations are reused
     events.clear()
     again = run_tune(ModelDir.resolve(tiny_setup["model"]), tiny_setup["cset"], load_eval_set(tiny_setup["eval"]),
                      tiny_setup["root"] / "estimated", cfg, progress=events.append)
     left = again.result.time_estimate.resumed
     assert left >= again.result.evaluations_reused > 0  # what the ledger holds; the run reuses what it needs
     (message,) = [ev.message for ev in events if ev.task == ESTIMATE_TASK]
-    assert f"{left:,} evaluations of an interrupted run are reused" in message
+    assert f"{left:,} evaluations of an earlier run are reused" in message
 
 
 def test_compare_announces_its_estimate_first_and_its_report_shows_it_against_the_time_taken(tmp_path):

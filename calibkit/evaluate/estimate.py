@@ -107,7 +107,7 @@ def summary(e: TimeEstimate, what: str) -> str:
     line = (f"{what} will take about {span_text(e.likely_seconds, e.worst_seconds)} on this machine (an FP32 text "
             f"takes {1000 * e.text_seconds:.2g} ms here, timed on {e.measured_texts:,} texts)")
     if e.resumed:
-        line += f"; {e.resumed:,} evaluations of an interrupted run are reused, so it will likely take less"
+        line += f"; {e.resumed:,} evaluations of an earlier run are reused, so it will likely take less"
     if e.shortcut is not None:
         s = e.shortcut
         saved = 100.0 * (1.0 - s.likely_seconds / e.likely_seconds) if e.likely_seconds > 0 else 0.0
@@ -320,7 +320,7 @@ def lanes_of(executor: Any) -> float:
 def estimate_tune(evidence: Any, config: Any, nodes: int, calibration_texts: int, phases: Sequence[PhaseCost],
                   executor: Any, auto_texts_per_node: int, ledger: Path | None = None) -> TimeEstimate:
     """tune's estimate from its FP32 reference pass (``phases``), made right after it; ``ledger``: the run's
-    ledger file, whose evaluations an interrupted run left (counted in the estimate, said in its summary)."""
+    ledger file, whose evaluations an earlier run left (counted in the estimate, said in its summary)."""
     from calibkit.evaluate.ledger import Ledger
 
     z = tune_size(evidence, config, nodes, calibration_texts, auto_texts_per_node)

@@ -613,7 +613,7 @@ class TimeEstimate:
     steps: tuple[StepEstimate, ...] = ()
     shortcut: Shortcut | None = None
     actual_seconds: float | None = None  # the long part's wall time, set when it ends
-    resumed: int = 0  # evaluations an interrupted run left, reused rather than redone (the estimate counts them)
+    resumed: int = 0  # evaluations an earlier run left in the ledger, reused (the estimate counts them as to do)
 
 
 def _duration(seconds: float) -> tuple[str, str]:

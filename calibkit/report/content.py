@@ -564,7 +564,7 @@ def _time_blocks(e: TimeEstimate | None) -> list[Block]:
         return []
     took = f"; it took {duration_text(e.actual_seconds)}" if e.actual_seconds is not None else ""
     if e.resumed:
-        took += f", reusing {num(e.resumed)} evaluations of an interrupted run"
+        took += f", reusing {num(e.resumed)} evaluations of an earlier run"
     cut = e.shortcut
     shorter = (f" {cut.option} would have shortened it to about {span_text(cut.likely_seconds, cut.worst_seconds)}."
                if cut is not None else "")
