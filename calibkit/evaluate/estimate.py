@@ -396,7 +396,7 @@ def compare_size(engines: Sequence[Any], texts: int, traffic: int, options: Any,
     k = options.sensitivity_layers
     if sensitivity and k is None:
         k = _quantized_nodes(int8.path)
-    tapped = sum(1 if k == "fp32" else 2 for k in kinds)
+    tapped = sum(1 if kind == "fp32" else 2 for kind in kinds)
     return CompareSize(texts=texts, engines=kinds, traffic=traffic, layer_samples=layers, tapped=tapped,
                        sensitivity=sensitivity, sensitivity_layers=k or 0)
 
