@@ -63,6 +63,21 @@ def test_each_kind_of_text_is_priced_by_its_cost_and_the_range_is_likely_to_wors
         estimate(steps, float("nan"), 64)
 
 
+def test_only_remote_workers_spread_the_work_beyond_this_machine() -> None:
+    from types import SimpleNamespace
+
+    from calibkit.cpus import usable_cpus
+    from calibkit.evaluate.estimate import lanes_of
+    from calibkit.executors import from_spec
+
+    with from_spec("inline", 1) as inline:
+        assert lanes_of(inline) == 1.0
+    cpus = usable_cpus()
+    remote = SimpleNamespace(name="dask tcp://scheduler:8786", workers=8 * cpus, task_threads=2)
+    assert lanes_of(remote) == pytest.approx(16.0)
+    assert lanes_of(SimpleNamespace(name="dask-local:8", workers=8 * cpus, task_threads=1)) == 1.0
+
+
 def test_the_shortcut_named_is_the_option_that_saves_the_most() -> None:
     steps = [Work("search", qdq=10_000), Work("rest", fp32=2_000)]
     ts = 0.01  # likely about 240 s: worth shortening

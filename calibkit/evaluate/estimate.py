@@ -308,11 +308,12 @@ def _candidate_share(evidence: Any, config: Any) -> tuple[float, float]:
 
 def lanes_of(executor: Any) -> float:
     """How many times this machine's CPUs an executor gives Q/DQ work: 1 for local ones (their workers share
-    these CPUs), workers x threads / CPUs for remote ones."""
+    these CPUs: the process pool, a ``dask-local`` cluster), workers x threads / CPUs for remote ones (whose
+    units run the threads the executor sets, ``task_threads``)."""
     from calibkit.cpus import usable_cpus
 
     threads = getattr(executor, "task_threads", None)
-    if not threads:
+    if not threads or str(getattr(executor, "name", "")).startswith("dask-local"):
         return 1.0
     return max(1.0, int(getattr(executor, "workers", 1)) * int(threads) / max(1, usable_cpus()))
 
