@@ -566,8 +566,11 @@ def _time_blocks(e: TimeEstimate | None) -> list[Block]:
     if e.resumed:
         took += f", reusing {num(e.resumed)} evaluations of an earlier run"
     cut = e.shortcut
-    shorter = (f" {cut.option} would have shortened it to about {span_text(cut.likely_seconds, cut.worst_seconds)}."
-               if cut is not None else "")
+    shorter = ""
+    if cut is not None:
+        saved = 100.0 * (1.0 - cut.likely_seconds / e.likely_seconds) if e.likely_seconds > 0 else 0.0
+        shorter = (f" {cut.option} would have shortened it to about "
+                   f"{span_text(cut.likely_seconds, cut.worst_seconds)} (-{saved:.0f} %).")
     rows = tuple((text(s.step), span_text(s.likely_seconds, s.worst_seconds),
                   duration_text(s.actual_seconds) if s.actual_seconds is not None else DASH) for s in e.steps)
     return [
