@@ -230,9 +230,8 @@ def compare_engines(
     task = task or select_task(a, tok_dir, options.task)
     texts = list(eval_set.texts)
     gold = task.gold(eval_set, tokenizer)  # bad labels fail here, before any inference
-    estimate, since = _time_estimate(engines, eval_set, task, tokenizer, traffic, options, open_runner, resources,
-                                     progress)
-    clock = PhaseClock(usable_cpus())  # each step's wall time, against its estimate
+    estimate, since, clock = _time_estimate(engines, eval_set, task, tokenizer, traffic, options, open_runner,
+                                            resources, progress)
     with clock.phase("evaluate engines"):
         runs = _evaluate_engines(engines, task, tokenizer, texts, options, open_runner, progress)
     ea, eb = runs[0], runs[1]
@@ -275,8 +274,9 @@ def compare_engines(
 
 def _time_estimate(engines: Sequence[EngineArtifact], eval_set: EvalSet, task: Task, tokenizer: TextTokenizer,
                    traffic: TrafficEvidence | None, options: CompareOptions, open_runner: Any, resources: Resources,
-                   progress: ProgressCallback | None) -> tuple[TimeEstimate, float]:
-    """The estimate of everything below (evaluate.estimate), sent through ``progress``, and when it was made."""
+                   progress: ProgressCallback | None) -> tuple[TimeEstimate, float, PhaseClock]:
+    """The estimate of everything below (evaluate.estimate), sent through ``progress``; when it was made, and the
+    clock that times each step against it."""
     texts = list(eval_set.texts)
     beside = len(traffic) if traffic is not None and tuple(traffic.texts) != tuple(texts) else 0
     size = compare_size(engines, len(texts), beside, options,
@@ -285,7 +285,7 @@ def _time_estimate(engines: Sequence[EngineArtifact], eval_set: EvalSet, task: T
     sample = texts or (list(traffic.texts) if traffic is not None else [])
     estimate = estimate_compare(engines, size, open_runner, tokenizer, task, sample, options, resources.executor)
     announce(estimate, "compare", progress or no_progress)
-    return estimate, time.perf_counter()
+    return estimate, time.perf_counter(), PhaseClock(usable_cpus())
 
 
 def _traffic_outputs(a: EngineArtifact, b: EngineArtifact, traffic: TrafficEvidence, task: Task,
