@@ -24,6 +24,10 @@ class ProgressEvent:
 
 ProgressCallback = Callable[[ProgressEvent], None]
 
+#: the task of an event whose message is a time estimate for the long part about to start: the CLI prints it as
+#: a line of its own rather than a bar
+ESTIMATE_TASK = "time estimate"
+
 
 def no_progress(_: ProgressEvent) -> None:
     return None

@@ -21,7 +21,7 @@ from rich.segment import Segment
 
 from calibkit.cli._signals import INTERRUPTED_EXIT, TERMINATED_EXIT, TERMINATED_MESSAGE, Terminated
 from calibkit.errors import CalibkitError
-from calibkit.progress import ProgressEvent
+from calibkit.progress import ESTIMATE_TASK, ProgressEvent
 from calibkit.report.formatting import visible_controls
 
 
@@ -294,6 +294,10 @@ class RichProgress:
         if self._lines is not None:
             self._lines(event)
             return
+        if event.task == ESTIMATE_TASK:  # a line above the bars, not a bar
+            if not self._progress.disable:
+                self._progress.console.print(printable(event.message), markup=False, highlight=False)
+            return
         task = self._tasks.get(event.task)
         if task is None:
             if self._tasks and self._overall is None:  # a second step: an overall bar above them all
@@ -345,6 +349,9 @@ class PlainProgress:
         self._last: dict[str, float] = {}
 
     def __call__(self, event: ProgressEvent) -> None:
+        if event.task == ESTIMATE_TASK:  # said once, when it is made
+            self._write(printable(event.message))
+            return
         now = self._clock()
         start = self._started.setdefault(event.task, now)
         if event.total is not None and event.done >= event.total:  # the task ended: a last line if it was long

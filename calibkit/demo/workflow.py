@@ -28,6 +28,8 @@ import numpy as np
 
 from calibkit._io import atomic_dir, dumps_json
 from calibkit._version import __version__
+from calibkit.evaluate.estimate import finish
+from calibkit.evaluate.results import PhaseCost, TimeEstimate
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.report.formatting import fraction_pct as _pct
 from calibkit.report.formatting import interval_text as _ci
@@ -156,6 +158,7 @@ def run_workflow(
     come from what the steps return."""
     clock = _Clock(progress or no_progress)
     setup = _setup(options, clock)
+    estimate, since = _time_estimate(options, setup, clock.cb)
     models, smoothing = _smooth(options, setup, clock)
     calib, model_of = _calibrate_all(options, setup, models, clock)
     fp32_acc, method_acc, method_fid, best = _method_accuracy(options, setup, calib, clock)
@@ -174,6 +177,8 @@ def run_workflow(
         dres = ck.deploy(tres.out_dir, setup.runs / "serving", traffic=setup.work / "logs.jsonl",
                          name=f"demo-{setup.variant}", progress=clock.cb)
     clock.timings["total"] = time.perf_counter() - clock.t0
+    took = [PhaseCost(step, seconds) for step, seconds in clock.timings.items()]
+    estimate = finish(estimate, time.perf_counter() - since, took)
 
     clock.step(10, "write the index page")
     summary = {
@@ -204,6 +209,7 @@ def run_workflow(
                    "preferred_batch_size": list(dres.batching.preferred),
                    "link": os.path.relpath(dres.readme, setup.reports / "index")},
         "timings_s": {k: round(v, 1) for k, v in clock.timings.items()},
+        "time_estimate": _plain(estimate),
     }
     _write_index(summary, setup.reports / "index")
     clock.step(11, "done")
@@ -235,6 +241,46 @@ def _setup(options: WorkflowOptions, clock: _Clock) -> _Setup:
     return _Setup(variant, work, work / "runs", Path(options.reports_dir) / f"demo-{variant}", prep, md, cset, ev,
                   label_ids(ev, md.id2label, len(md.id2label)),
                   TextTokenizer(md.tokenizer_path, max_length=md.max_length))
+
+
+def _time_estimate(options: WorkflowOptions, setup: _Setup, cb: ProgressCallback) -> tuple[TimeEstimate, float]:
+    """Steps 2-9 priced before they start (evaluate.estimate), from the FP32 model timed on a sample of the eval
+    texts; --fast, the quick variant, is the shortcut. Sent through ``cb``; returned with when it was made."""
+    from calibkit.engines.registry import model_runner
+    from calibkit.evaluate.estimate import (
+        DemoSize,
+        announce,
+        demo_steps,
+        estimate,
+        measure_text_seconds,
+        token_counts,
+    )
+    from calibkit.evaluate.predict import predict_logits
+    from calibkit.evaluate.tune_config import TuneConfig
+    from calibkit.evaluate.tune_defaults import TUNE_AUTO_FINALISTS, TUNE_AUTO_TEXTS, TUNE_SENSITIVITY_SAMPLES
+    from calibkit.graph import load_model
+    from calibkit.quantize.placement import plan_placement
+
+    with model_runner(setup.md.onnx_path, name="fp32") as r:
+        seconds, n = measure_text_seconds(lambda xs: predict_logits(r, setup.tok, xs), setup.ev.texts, batch_size=32,
+                                          seed=options.seed, lengths=lambda xs: token_counts(setup.tok, xs))
+    nodes = len(plan_placement(load_model(setup.md.onnx_path)).nodes)
+
+    def size(o: WorkflowOptions) -> DemoSize:
+        return DemoSize(
+            eval_texts=min(len(setup.ev), o.eval_limit or len(setup.ev)), calibration=o.sample_size, nodes=nodes,
+            methods=len(o.methods), smooth=o.smooth, traffic=o.traffic_size,
+            embedder_traffic=o.embedder_traffic_size if setup.prep.embedder_dir.is_dir() else 0,
+            sensitivity_samples=o.sensitivity_samples, sensitivity_layers=o.sensitivity_layers,
+            layer_samples=o.layer_samples, tune_method=o.tune_method,
+            max_evaluations=o.tune_max_evaluations or TuneConfig.max_evaluations,
+            tune_sensitivity_samples=o.tune_sensitivity_samples or TUNE_SENSITIVITY_SAMPLES,
+            auto_texts_per_node=TUNE_AUTO_FINALISTS * TUNE_AUTO_TEXTS)
+
+    fast = {} if options.fast else {"--fast": demo_steps(size(WorkflowOptions.quick()))}
+    e = estimate(demo_steps(size(options)), seconds, n, shortcuts=fast)
+    announce(e, "the rest of the demo", cb)
+    return e, time.perf_counter()
 
 
 def _smooth(options: WorkflowOptions, setup: _Setup, clock: _Clock) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -630,6 +676,19 @@ def _index(s: dict[str, Any]) -> tuple[str, str]:
     return _index_md(s), _index_html(s)
 
 
+def _estimate_line(s: dict[str, Any]) -> str:
+    """What the demo said, before smoothing, the steps after sampling would take, and what they took."""
+    from calibkit.evaluate.results import duration_text, span_text
+
+    t = s["time_estimate"]
+    took = f"; they took {duration_text(t['actual_seconds'])}" if t.get("actual_seconds") is not None else ""
+    cut = t.get("shortcut")
+    shorter = (f" {cut['option']}: about {span_text(cut['likely_seconds'], cut['worst_seconds'])}." if cut else "")
+    return (f"Estimated after sampling, for the steps that follow: about "
+            f"{span_text(t['likely_seconds'], t['worst_seconds'])} (likely to worst, an FP32 text "
+            f"{1000 * t['text_seconds']:.2g} ms on this machine){took}.{shorter}")
+
+
 def _index_md(s: dict[str, Any]) -> str:
     tune = s["tune"]
     rows = _method_rows(s)
@@ -674,6 +733,7 @@ def _index_md(s: dict[str, Any]) -> str:
         "",
         "## Time (seconds)",
         "",
+        *([_estimate_line(s), ""] if s.get("time_estimate") else []),
         "| step | s |",
         "|---|---|",
         *[f"| {k} | {v} |" for k, v in s["timings_s"].items()],
@@ -717,7 +777,9 @@ def _index_html(s: dict[str, Any]) -> str:
         *([f'<li><a href="{e(s["deploy"]["link"])}">Serving: Triton model repository of the tuned plan</a></li>']
           if s.get("deploy") else []),
         "</ul>",
-        "<h2>Time (seconds)</h2><table>",
+        "<h2>Time (seconds)</h2>",
+        *([f"<p>{e(_estimate_line(s))}</p>"] if s.get("time_estimate") else []),
+        "<table>",
         *[f"<tr><td>{e(k)}</td><td>{v}</td></tr>" for k, v in s["timings_s"].items()],
         "</table>",
     ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,17 +24,20 @@ import onnx
 
 from calibkit._version import __version__
 from calibkit.consistency import check_engines
+from calibkit.cpus import usable_cpus
 from calibkit.data.evalset import EvalSet
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.engines.artifact import EngineArtifact
 from calibkit.engines.base import BaseRunner
 from calibkit.errors import CalibkitError, ModelError, UsageError
 from calibkit.evaluate.decisions import fidelity_basis, layer_verdicts, recommend
+from calibkit.evaluate.estimate import announce, compare_size, estimate_compare, finish
 from calibkit.evaluate.findings import FlaggedInput, group_flags
 from calibkit.evaluate.flags import Flag, LayerFlag, Thresholds
 from calibkit.evaluate.jobs import load_calibration_table
 from calibkit.evaluate.layers import LayerSpec, find_layers, weight_errors
 from calibkit.evaluate.metrics import LatencyStats, flips_by_confidence, latency_stats, output_error, top2_gap
+from calibkit.evaluate.phases import PhaseClock
 from calibkit.evaluate.predict import Predicted
 from calibkit.evaluate.results import (
     Comparison,
@@ -55,6 +59,7 @@ from calibkit.evaluate.results import (
     Subsets,
     TaskResult,
     TensorHistogram,
+    TimeEstimate,
     TrafficFidelity,
     finite,
 )
@@ -226,7 +231,10 @@ def compare_engines(
     task = task or select_task(a, tok_dir, options.task)
     texts = list(eval_set.texts)
     gold = task.gold(eval_set, tokenizer)  # bad labels fail here, before any inference
-    runs = _evaluate_engines(engines, task, tokenizer, texts, options, open_runner, progress)
+    estimate, since, clock = _time_estimate(engines, eval_set, task, tokenizer, traffic, options, open_runner,
+                                            resources, progress)
+    with clock.phase("evaluate engines"):
+        runs = _evaluate_engines(engines, task, tokenizer, texts, options, open_runner, progress)
     ea, eb = runs[0], runs[1]
     width = int(ea.logits.shape[-1]) if ea.logits.ndim >= 2 else 0
     pa, pb = task.predictions(ea.outputs), task.predictions(eb.outputs)
@@ -244,11 +252,12 @@ def compare_engines(
     if traffic is not None and len(traffic):
         # the traffic is the eval set itself (compare without --eval-set): its outputs are the ones just taken
         same = tuple(traffic.texts) == tuple(texts)
-        traffic_outs = ((ea.outputs, eb.outputs) if same
-                        else _traffic_outputs(a, b, traffic, task, tokenizer, options, open_runner, progress))
+        with clock.phase("traffic"):
+            traffic_outs = ((ea.outputs, eb.outputs) if same
+                            else _traffic_outputs(a, b, traffic, task, tokenizer, options, open_runner, progress))
     evidence, why_not = sensitivity_texts(task, runs, texts, score, traffic, traffic_outs, options)
     layered = _layers(a, b, reference, texts, runs, score, pa, task, options, factory, tokenizer, tok_dir,
-                      progress, resources, evidence, why_not)
+                      progress, resources, evidence, why_not, clock)
     if options.layers and not layered.evidence.measured:
         warnings.append(f"per-layer sensitivity not measured: {layered.evidence.why_not}")
     for w in warnings:  # returned with the result, whose caller shows them (the CLI as "warning:")
@@ -261,7 +270,23 @@ def compare_engines(
     )
     if traffic is not None and traffic_outs is not None:
         comparison = replace(comparison, traffic=_traffic_result(traffic, task, traffic_outs))
-    return comparison
+    return replace(comparison, time_estimate=finish(estimate, time.perf_counter() - since, clock.phases))
+
+
+def _time_estimate(engines: Sequence[EngineArtifact], eval_set: EvalSet, task: Task, tokenizer: TextTokenizer,
+                   traffic: TrafficEvidence | None, options: CompareOptions, open_runner: Any, resources: Resources,
+                   progress: ProgressCallback | None) -> tuple[TimeEstimate, float, PhaseClock]:
+    """The estimate of everything below (evaluate.estimate), sent through ``progress``; when it was made, and the
+    clock that times each step against it."""
+    texts = list(eval_set.texts)
+    beside = len(traffic) if traffic is not None and tuple(traffic.texts) != tuple(texts) else 0
+    size = compare_size(engines, len(texts), beside, options,
+                        labelled=eval_set.has_labels and task.kind.value == CLASSIFICATION,
+                        row_task=task.kind.value in ROW_TASKS)
+    sample = texts or (list(traffic.texts) if traffic is not None else [])
+    estimate = estimate_compare(engines, size, open_runner, tokenizer, task, sample, options, resources.executor)
+    announce(estimate, "compare", progress or no_progress)
+    return estimate, time.perf_counter(), PhaseClock(usable_cpus())
 
 
 def _traffic_outputs(a: EngineArtifact, b: EngineArtifact, traffic: TrafficEvidence, task: Task,
@@ -403,7 +428,7 @@ def _layers(a: EngineArtifact, b: EngineArtifact, reference: EngineArtifact | No
             runs: Sequence[_EngineRun], score: TaskScore, pa: np.ndarray | None, task: Task,
             options: CompareOptions, factory: RunnerFactory, tokenizer: TextTokenizer, tok_dir: str,
             progress: ProgressCallback | None, resources: Resources, evidence: SensitivityTexts | None,
-            why_not: str) -> _Layered:
+            why_not: str, clock: PhaseClock) -> _Layered:
     """Per-layer measurements on a stratified subset (by label, else by A's prediction), sensitivity on
     ``evidence`` (every task with per-text fidelity), each layer's flag, and the findings that group them."""
     if not options.layers:
@@ -415,7 +440,8 @@ def _layers(a: EngineArtifact, b: EngineArtifact, reference: EngineArtifact | No
         strata = [str(int(v)) for v in pa]
     else:
         strata = [""] * len(texts)
-    lr = _layer_run(a, b, reference, texts, strata, options, factory, tokenizer, progress, resources.budget)
+    with clock.phase("per-layer measurements"):
+        lr = _layer_run(a, b, reference, texts, strata, options, factory, tokenizer, progress, resources.budget)
     sens: SensitivityAnalysis | None = None
     sens_subset: EvalSubset | None = None
     if evidence is not None:
@@ -426,8 +452,9 @@ def _layers(a: EngineArtifact, b: EngineArtifact, reference: EngineArtifact | No
             sens_specs = worst_layers(lr.measured.layers, lr.wsqnr, options.sensitivity_layers)
             sens_subset = stratified_subset(evidence.texts, list(evidence.strata), options.sensitivity_samples,
                                             options.seed)
-            sens, why_not = _sensitivity(lr.int8_art, lr.int8_model, sens_specs, evidence, task, tok_dir, options,
-                                         progress, sens_subset, executor=resources.executor)
+            with clock.phase("per-layer sensitivity"):
+                sens, why_not = _sensitivity(lr.int8_art, lr.int8_model, sens_specs, evidence, task, tok_dir, options,
+                                             progress, sens_subset, executor=resources.executor)
     verdicts = layer_verdicts(lr.measured.layers, lr.wsqnr, sens, options.thresholds, score.accuracy_diff)
     sens_evidence = _sensitivity_evidence(sens, evidence, task, why_not)
     return _Layered(verdicts, _histograms(lr.measured.layers, lr.measured.ranges, options.histogram_layers),

@@ -435,6 +435,7 @@ class Comparison:
     traffic: TrafficFidelity | None = None
     sensitivity: SensitivityEvidence | None = None
     findings: tuple[FindingResult, ...] = ()
+    time_estimate: TimeEstimate | None = None  # the long part's estimate before it started, and its actual time
     per_text: PerTextOutputs | None = field(default=None, compare=False, repr=False, metadata=NOT_IN_DOCUMENT)
 
     @property
@@ -575,6 +576,67 @@ class PhaseCost:
     cpu_seconds: float = 0.0
     utilisation: float | None = None
     fp32_passes: float | None = None
+
+
+# ---------------------------------------------------------------- time up front
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """One step of a run's long part: its estimated wall time (likely and worst, seconds) and, once the run is
+    over, the time it took (None where that step is not timed on its own)."""
+
+    step: str
+    likely_seconds: float
+    worst_seconds: float
+    actual_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class Shortcut:
+    """The one option that shortens a run the most (``option``: as typed on the command line, with its value)
+    and the estimate of the run with it."""
+
+    option: str
+    likely_seconds: float
+    worst_seconds: float
+
+
+@dataclass(frozen=True)
+class TimeEstimate:
+    """How long a run's long part was expected to take before it started, and how long it took. Priced from
+    ``text_seconds``, the wall seconds one FP32 text cost on this machine with the run's batching, measured on
+    ``measured_texts`` of the run's texts (``evaluate.estimate``)."""
+
+    text_seconds: float
+    measured_texts: int
+    likely_seconds: float
+    worst_seconds: float
+    steps: tuple[StepEstimate, ...] = ()
+    shortcut: Shortcut | None = None
+    actual_seconds: float | None = None  # the long part's wall time, set when it ends
+    resumed: int = 0  # evaluations an earlier run left in the ledger, reused (the estimate counts them as to do)
+
+
+def _duration(seconds: float) -> tuple[str, str]:
+    if seconds < 90:
+        return str(max(1, round(seconds))), "s"
+    if seconds < 90 * 60:
+        return str(round(seconds / 60)), "min"
+    return f"{seconds / 3600:.1f}", "h"
+
+
+def duration_text(seconds: float) -> str:
+    """``40 s``, ``12 min``, ``1.5 h``: a duration as a person reads an estimate (``1 s`` at the least)."""
+    return " ".join(_duration(seconds))
+
+
+def span_text(likely: float, worst: float) -> str:
+    """``4-7 min``, ``50 s to 2 min``: a likely-worst range, one value where the two round alike."""
+    (a, ua), (b, ub) = _duration(likely), _duration(worst)
+    if (a, ua) == (b, ub):
+        return f"{a} {ua}"
+    return f"{a}-{b} {ub}" if ua == ub else f"{a} {ua} to {b} {ub}"
 
 
 @dataclass(frozen=True)
@@ -718,6 +780,7 @@ class TuneResult:
     confirmation: Confirmation | None = None
     phases: tuple[PhaseCost, ...] = ()  # where the time went, step by step
     cpus: int = 0  # CPUs the run could use
+    time_estimate: TimeEstimate | None = None  # the long part's estimate before it started, and its actual time
 
     @property
     def fp32_passes(self) -> float | None:

@@ -49,6 +49,7 @@ from calibkit.data.tokenizer import TextTokenizer
 from calibkit.errors import CalibrationError, DataError, UsageError
 from calibkit.evaluate.confirm import fixed_sequence
 from calibkit.evaluate.documents import PlanDocument
+from calibkit.evaluate.estimate import announce, estimate_tune, finish
 from calibkit.evaluate.evidence import SplitEvidence, split_evidence, split_subsets
 from calibkit.evaluate.flops import linear_work
 from calibkit.evaluate.holdout import agreement_noun, allowed_change, holdout_verdict, plan_evidence
@@ -97,7 +98,12 @@ from calibkit.evaluate.tune_config import (
     DEFAULT_UNLABELED_AGREEMENT,
     TuneConfig,
 )
-from calibkit.evaluate.tune_defaults import TUNE_PRUNE_BUDGET, TUNE_PRUNE_MIN_SHARE
+from calibkit.evaluate.tune_defaults import (
+    TUNE_AUTO_FINALISTS,
+    TUNE_AUTO_TEXTS,
+    TUNE_PRUNE_BUDGET,
+    TUNE_PRUNE_MIN_SHARE,
+)
 from calibkit.executors import Executor, from_spec
 from calibkit.graph import check_float_source, load_model, model_sha256
 from calibkit.names import node_names
@@ -350,6 +356,10 @@ def _run_tune(
         traffic = traffic.without(eval_set.texts, "eval_set")
     with clock.phase(FP32_PHASE, texts=len(eval_set) + (len(traffic) if traffic is not None else 0)):
         config, evidence = _draw_evidence(model, eval_set, config, resources, cb, traffic)
+    estimate = estimate_tune(evidence, config, len(model.nodes), len(cset), clock.phases, executor,
+                             TUNE_AUTO_FINALISTS * TUNE_AUTO_TEXTS, work / "ledger.jsonl")
+    announce(estimate, "tune", cb)
+    since = time.perf_counter()
     with clock.phase("calibration statistics"):
         store, reused_stats = gather_stats(model_dir, cset, model.placement.activations, model_sha256=model.sha,
                                            num_bins=config.params.num_bins, batch_size=config.batch_size,
@@ -380,7 +390,8 @@ def _run_tune(
     searched = _search(evidence, config, jobs, ev, tables, ranking, flops, clock)
     result = _tune_result(eval_set, rows, model, evidence, config, tables, ranking, searched, flops, linear,
                           reused_stats, ev.reused, time.perf_counter() - t0, traffic)
-    result = replace(result, phases=clock.result(), cpus=clock.cpus)
+    result = replace(result, phases=clock.result(), cpus=clock.cpus,
+                     time_estimate=finish(estimate, time.perf_counter() - since, clock.phases))
     if render is not None and report_dir:  # OUT and --report are replaced together or not at all
         with commit_together():
             run = _write_outputs(out, model_dir, model.proto, tables.base[0], result, config, write_document,
@@ -394,8 +405,6 @@ def _run_tune(
     return replace(run, resumed_evaluations=ledger.loaded)
 
 
-AUTO_FINALISTS = 2  # methods of the race whose per-layer damage the per-tensor (auto) table chooses among
-AUTO_TEXTS = 64  # texts of the sensitivity subset that per-layer damage chooses a tensor's method on
 
 
 def _first(subset: EvalSubset, n: int) -> EvalSubset:
@@ -546,7 +555,7 @@ def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: 
     """One table per method and variant (plain, and smoothed unless --no-smooth), raced all-INT8 on ``race``
     (the search texts most at risk of flipping, evaluate.risk.risky_subset: where tables differ); the variant
     whose best table flips the fewest FP32 predictions there is the one searched on. With method auto that
-    variant also gets the per-tensor table: each tensor takes, among the ``AUTO_FINALISTS`` best methods of the
+    variant also gets the per-tensor table: each tensor takes, among the ``TUNE_AUTO_FINALISTS`` best methods of the
     race, the one whose range does the least damage where it is read (on the sensitivity subset).
     The table flipping the fewest FP32 predictions is the base of the search."""
     methods = [Method(config.method)] if config.method != "auto" else list(Method)
@@ -582,10 +591,10 @@ def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: 
         # for every method and node of the chosen variant, the output KL divergence to FP32 when only that node
         # is INT8
         jobs, model = chosen.jobs, chosen.model
-        sens = _first(jobs.evidence.sensitivity, AUTO_TEXTS)
+        sens = _first(jobs.evidence.sensitivity, TUNE_AUTO_TEXTS)
         own_kl: dict[str, dict[str, float]] = {}
         finalists = sorted(methods, key=lambda m: (flips[m.value + chosen.suffix], kl[m.value + chosen.suffix]))
-        for m in finalists[:AUTO_FINALISTS]:
+        for m in finalists[:TUNE_AUTO_FINALISTS]:
             _, p, tsha = tables[m.value + chosen.suffix]
             res = ev.run([jobs(p, jobs.all_but(n), sens, ONLY_THIS, n) for n in model.nodes], tsha,
                          f"per-layer fidelity ({m.value}{chosen.suffix})")

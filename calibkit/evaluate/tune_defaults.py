@@ -13,3 +13,8 @@ TUNE_SENSITIVITY_SAMPLES = 64
 # unbounded stage spent 30 of 39 evaluations to move the plan from 77 % to 83 % INT8, most of it on layers of 0.1 %)
 TUNE_PRUNE_MIN_SHARE = 0.005
 TUNE_PRUNE_BUDGET = 8
+# method auto: each tensor takes, among the race's best methods (this many), the one whose range does the least
+# damage where it is read, measured node by node on this many texts of the sensitivity subset (the ranking
+# reuses those runs where the subsets coincide: evaluate.tune)
+TUNE_AUTO_FINALISTS = 2
+TUNE_AUTO_TEXTS = 64

@@ -385,7 +385,8 @@ _BY_NAME: dict[str, tuple[float, float]] = {
     "min_agreement": (0.0, 100.0), "threshold": _SIGNED,
     **dict.fromkeys(("latency_ms", "throughput_per_s", "seconds", "mean_kl", "logit_mse", "max_abs_error",
                      "mean_abs_error", "amax", "fp_absmax", "outlier_ratio", "upper", "texts_median", "max_drop",
-                     "max_output_deviation", "tolerance"), _NON_NEGATIVE),
+                     "max_output_deviation", "tolerance", "text_seconds", "likely_seconds", "worst_seconds",
+                     "actual_seconds"), _NON_NEGATIVE),
 }
 
 

@@ -23,8 +23,11 @@ from calibkit.evaluate.results import (
     Result,
     RowSelection,
     TaskResult,
+    TimeEstimate,
     TrafficFidelity,
     TuneResult,
+    duration_text,
+    span_text,
 )
 from calibkit.report.blocks import Block, Bullets, Details, Document, Figure, Heading, Para, Span, Table
 from calibkit.report.codec import format_of
@@ -471,6 +474,7 @@ def _compare_document(report: Comparison, plots: set[str]) -> Document:
     if subsets:
         blocks.append(Details("Rows used by each measurement", (Table(headers=("subset", "rows"), rows=subsets),)))
     thresholds = sorted(dataclasses.asdict(report.thresholds).items())
+    blocks += _time_blocks(report.time_estimate)
     blocks.append(Details("Thresholds used to flag layers", (Table(
         headers=("threshold", "value"), rows=tuple((k, _setting_text(v)) for k, v in thresholds)),)))
     return Document("Quantization comparison", _subtitle(report), tuple(blocks))
@@ -552,6 +556,31 @@ def _evidence_cost_blocks(report: TuneResult) -> list[Block]:
     return [Para.of(f"Evidence per decision ({text(cost.rule)}: {rule}): ", Span(f"{cost.texts_median:g}", bold=True),
                     f" texts per candidate (median) of {num(cost.split_texts)} in the search split; "
                     f"{num(cost.texts_total)} in all for {num(cost.candidates)} candidates{done}.")]
+
+
+def _time_blocks(e: TimeEstimate | None) -> list[Block]:
+    """The long part's estimate, made before it started, against the time it took: the whole, then each step."""
+    if e is None:
+        return []
+    took = f"; it took {duration_text(e.actual_seconds)}" if e.actual_seconds is not None else ""
+    if e.resumed:
+        took += f", reusing {num(e.resumed)} evaluations of an earlier run"
+    cut = e.shortcut
+    shorter = ""
+    if cut is not None:
+        saved = 100.0 * (1.0 - cut.likely_seconds / e.likely_seconds) if e.likely_seconds > 0 else 0.0
+        shorter = (f" {cut.option} would have shortened it to about "
+                   f"{span_text(cut.likely_seconds, cut.worst_seconds)} (-{saved:.0f} %).")
+    rows = tuple((text(s.step), span_text(s.likely_seconds, s.worst_seconds),
+                  duration_text(s.actual_seconds) if s.actual_seconds is not None else DASH) for s in e.steps)
+    return [
+        Heading(2, "Time"),
+        Para.of("Estimated before the long part started: about ",
+                Span(span_text(e.likely_seconds, e.worst_seconds), bold=True),
+                f" (likely to worst, from an FP32 text's {1000 * e.text_seconds:.2g} ms on this machine, timed on "
+                f"{num(e.measured_texts)} texts){took}.{shorter}"),
+        *([Table(headers=("step", "estimated", "took"), rows=rows, numeric=(False, True, True))] if rows else []),
+    ]
 
 
 def _confirmation_blocks(report: TuneResult) -> list[Block]:
@@ -665,4 +694,5 @@ def _tune_document(report: TuneResult, plots: set[str]) -> Document:
         blocks += [Heading(2, "Plots"), *figures]
     if report.candidates:
         blocks += [Heading(2, f"Candidates ({len(report.candidates)})"), _candidate_table(report)]
+    blocks += _time_blocks(report.time_estimate)
     return Document("Accuracy-driven tuning", _subtitle(report), tuple(blocks))

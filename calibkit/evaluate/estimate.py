@@ -1,0 +1,507 @@
+"""Time up front: how long a run's long part will take on this machine, before it starts, and the one option that
+shortens it most.
+
+A long part is counted in texts of three kinds (:class:`Work`) and priced by one measurement made here:
+``text_seconds``, the wall seconds of one FP32 text with the run's batching — timed on a small seeded sample of
+the run's own texts (:func:`measure_text_seconds`), or read off tune's FP32 reference pass, which runs first
+anyway. Relative to an FP32 text (:data:`COSTS`, likely and worst):
+
+- an FP32 text (an FP32 session: an engine's evaluation, the FP32 reference): 1 (a loaded machine: 1.3);
+- an exact Q/DQ text (an INT8 variant: sensitivity, tune's tables, search, confirmation, holdout; an FP16 or
+  INT8 engine on the CPU): 2.2 to 3.5 — measured 2.2 on a quiet 16-core host (BERT-base) and 3.4 on a loaded
+  2-core machine (the demo classifier), because exact evaluation runs ONNX Runtime without graph optimizations;
+- a tapped text (one text through a tapped copy of a model, every layer's input and output copied out and
+  measured: compare's per-layer measurements, tune's layer probe; a Q/DQ copy counts twice): 3 to 6 — measured
+  on the demo classifier: 200 texts through its FP32 and Q/DQ copies took 28 s at 13 ms an FP32 text, 3.6 a
+  text and copy. Calibration statistics tap only the activations they histogram: about an FP32 text.
+
+The texts each step reads follow from the run's options and evidence (:func:`tune_steps`, :func:`compare_steps`);
+where a decision rule stops early their likely count is what that rule read on the demo, their worst count
+what it may read. Each option that shrinks the run is priced the same way, and the one saving the most is
+named (:func:`estimate`), with the estimate it gives. The run records the estimate and, at its end, what each
+step and the whole took (:class:`~calibkit.evaluate.results.TimeEstimate`), so the two can be compared in its
+report.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from calibkit.evaluate.results import FP32_PHASE, PhaseCost, Shortcut, StepEstimate, TimeEstimate, span_text
+from calibkit.evaluate.tune_defaults import TUNE_AUTO_TEXTS, TUNE_SENSITIVITY_SAMPLES
+from calibkit.progress import ESTIMATE_TASK, ProgressEvent
+
+#: wall cost of a text of each kind against an FP32 text: (likely, worst); see the module docstring
+COSTS: Mapping[str, tuple[float, float]] = {"fp32": (1.0, 1.3), "qdq": (2.2, 3.5), "taps": (3.0, 6.0)}
+#: texts timed by :func:`measure_text_seconds` (at least two of the run's batches), and texts whose lengths say
+#: how the run's batches pad
+MEASURE_TEXTS = 64
+LENGTH_TEXTS = 4096
+#: a shortcut saving less than this share of the likely estimate is not worth naming, nor one for a run likely
+#: shorter than this many seconds
+MIN_SAVING = 0.15
+WORTH_SHORTENING = 60.0
+
+
+@dataclass(frozen=True)
+class Work:
+    """One step of a long part, in texts: ``fp32`` texts through an FP32 session, ``qdq`` exact Q/DQ texts
+    (likely; ``qdq_worst`` at worst, None: as likely), ``taps`` texts through a tapped model copy (a Q/DQ
+    copy's texts counted twice);
+    ``on_executor``: its Q/DQ texts are work units of the run's executor (else the driver runs them)."""
+
+    step: str
+    fp32: float = 0.0
+    qdq: float = 0.0
+    qdq_worst: float | None = None
+    taps: float = 0.0
+    on_executor: bool = True
+
+    def texts(self, which: int) -> dict[str, float]:
+        """Texts of each kind, likely (``which`` 0) or at worst (1)."""
+        qdq = self.qdq if which == 0 or self.qdq_worst is None else self.qdq_worst
+        return {"fp32": self.fp32, "qdq": qdq, "taps": self.taps}
+
+
+def price(steps: Sequence[Work], text_seconds: float, lanes: float = 1.0) -> tuple[StepEstimate, ...]:
+    """Each step's likely and worst wall seconds at ``text_seconds`` an FP32 text. ``lanes``: how many times
+    the machine's own CPUs the executor gives Q/DQ work (1 for a local pool; more for remote workers)."""
+    lanes = max(1.0, lanes)
+
+    def cost(w: Work, which: int) -> float:
+        n = w.texts(which)
+        spread = lanes if w.on_executor else 1.0
+        return text_seconds * sum(COSTS[k][which] * n[k] / (spread if k == "qdq" else 1.0) for k in n)
+
+    return tuple(StepEstimate(w.step, cost(w, 0), cost(w, 1)) for w in steps)
+
+
+def estimate(steps: Sequence[Work], text_seconds: float, measured_texts: int, *,
+             shortcuts: Mapping[str, Sequence[Work]] | None = None, lanes: float = 1.0) -> TimeEstimate:
+    """The estimate of ``steps`` and, among ``shortcuts`` (an option as typed, with its value -> the steps it
+    leaves), the one whose likely estimate is lowest, when it saves at least :data:`MIN_SAVING` of a likely
+    estimate of at least :data:`WORTH_SHORTENING` seconds."""
+    if not (text_seconds >= 0 and math.isfinite(text_seconds)):
+        raise ValueError(f"text_seconds must be a finite number >= 0, got {text_seconds!r}")
+    priced = price(steps, text_seconds, lanes)
+    likely, worst = (sum(s.likely_seconds for s in priced), sum(s.worst_seconds for s in priced))
+    best: Shortcut | None = None
+    for option, alt in (shortcuts or {}).items() if likely >= WORTH_SHORTENING else ():
+        p = price(alt, text_seconds, lanes)
+        cut = Shortcut(option, sum(s.likely_seconds for s in p), sum(s.worst_seconds for s in p))
+        if cut.likely_seconds <= likely * (1.0 - MIN_SAVING) and (best is None
+                                                                  or cut.likely_seconds < best.likely_seconds):
+            best = cut
+    return TimeEstimate(text_seconds, measured_texts, likely, worst, priced, best)
+
+
+def summary(e: TimeEstimate, what: str) -> str:
+    """The estimate as one line: how long ``what`` will likely (at worst) take, what the price rests on and the
+    option that shortens it."""
+    line = (f"{what} will take about {span_text(e.likely_seconds, e.worst_seconds)} on this machine (an FP32 text "
+            f"takes {1000 * e.text_seconds:.2g} ms here, timed on {e.measured_texts:,} texts)")
+    if e.resumed:
+        line += f"; {e.resumed:,} evaluations of an earlier run are reused, so it will likely take less"
+    if e.shortcut is not None:
+        s = e.shortcut
+        saved = 100.0 * (1.0 - s.likely_seconds / e.likely_seconds) if e.likely_seconds > 0 else 0.0
+        line += f"; {s.option} shortens it to about {span_text(s.likely_seconds, s.worst_seconds)} (-{saved:.0f} %)"
+    return line
+
+
+def announce(e: TimeEstimate, what: str, progress: Callable[[ProgressEvent], None]) -> None:
+    """Send the estimate through the progress channel (the CLI prints it as a line before the long part)."""
+    progress(ProgressEvent(ESTIMATE_TASK, 1, 1, message=summary(e, what)))
+
+
+def finish(e: TimeEstimate, actual_seconds: float, phases: Sequence[PhaseCost] = ()) -> TimeEstimate:
+    """The estimate with what the long part took: the whole, and each step that ``phases`` timed by name."""
+    took: dict[str, float] = {}
+    for p in phases:
+        took[p.phase] = took.get(p.phase, 0.0) + p.seconds
+    steps = tuple(replace(s, actual_seconds=took.get(s.step, s.actual_seconds)) for s in e.steps)
+    return replace(e, steps=steps, actual_seconds=max(0.0, actual_seconds))
+
+
+def measure_text_seconds(predict: Callable[[list[str]], Any], texts: Sequence[str], *, batch_size: int,
+                         seed: int = 0, sample: int = MEASURE_TEXTS,
+                         lengths: Callable[[Sequence[str]], np.ndarray] | None = None) -> tuple[float, int]:
+    """(wall seconds per text, texts timed): ``predict(texts)`` (an FP32 session with the run's batching) on a
+    seeded random sample of ``texts`` (at least two batches of ``batch_size``), after one untimed batch that
+    warms the session up.
+
+    ``lengths(texts)``: their token counts as the model reads them. Given, the time is priced per padded token
+    and scaled to the padding of the run's own batches (length-sorted over all of ``texts``, or a seeded
+    :data:`LENGTH_TEXTS` of them): a few random texts in two batches pad far more than a whole run does (measured
+    on the demo classifier: 23 ms a text on 64 texts, 13 ms over 800)."""
+    n = min(len(texts), max(sample, 2 * batch_size))
+    if n == 0:
+        return 0.0, 0
+    rng = np.random.default_rng(seed)
+    chosen = [texts[int(i)] for i in np.sort(rng.choice(len(texts), size=n, replace=False))]
+    predict(chosen[:batch_size])
+    t0 = time.perf_counter()
+    predict(chosen)
+    seconds = (time.perf_counter() - t0) / n
+    if lengths is None:
+        return seconds, n
+    run = texts if len(texts) <= LENGTH_TEXTS else [texts[int(i)] for i in rng.choice(len(texts), LENGTH_TEXTS,
+                                                                                       replace=False)]
+    per_text = padded_tokens(lengths(run), batch_size) / len(run)
+    return seconds * n * per_text / max(1, padded_tokens(lengths(chosen), batch_size)), n
+
+
+def padded_tokens(lengths: np.ndarray, batch_size: int) -> int:
+    """Token positions a model computes for texts of ``lengths`` in the length-sorted batches of a run
+    (evaluate.predict.length_batches): each batch padded to its longest text."""
+    from calibkit.evaluate.predict import length_batches
+
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return int(sum(int(lengths[b].max()) * len(b) for b in length_batches(lengths, batch_size) if len(b)))
+
+
+def fp32_text_seconds(phases: Sequence[PhaseCost]) -> tuple[float, int] | None:
+    """(wall seconds per text, texts) of tune's FP32 reference pass, None before it ran."""
+    ref = next((p for p in phases if p.phase == FP32_PHASE and p.texts > 0), None)
+    return None if ref is None else (ref.seconds / ref.texts, ref.texts)
+
+
+# ---------------------------------------------------------------- tune
+
+#: share of the search split a candidate's decision reads where it cannot be worked out before the search: the
+#: sequential rule stops once decided (an assumption, not a measurement); at worst it reads the whole split
+SEQUENTIAL_SHARE = 0.5
+#: share of the search split a candidate judged in strata by flip risk reads, where FP32's margins are not known
+#: yet (the demo, before its FP32 pass) or cost a pass of their own (embeddings): on the demo classifier 1,363 of
+#: 5,778 texts (0.24), at worst half as much again
+STRATIFIED_SHARE = (0.25, 0.4)
+#: texts of the search split the layer ranking's per-layer SQNR probe runs through tapped copies (tune._rank)
+RANK_PROBE_TEXTS = 128
+#: share of the ranked nodes the ranking runs again after method auto's one-node runs (those whose inputs mix
+#: the two finalists' methods): an assumption, about a quarter
+RANK_RERUN_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class TuneSize:
+    """What a tune's long part reads: its splits (texts, and of them from traffic), the layers and tables it
+    measures and the options that bound its search (:func:`tune_size` reads them off a run)."""
+
+    search: int
+    holdout: int
+    sensitivity: int
+    nodes: int
+    ranked: int  # nodes whose own damage the ranking measures (--sensitivity-layers)
+    methods: int  # tables raced per variant (every method with --method auto)
+    variants: int  # 1, or 2 where the smoothed model is measured too
+    auto_texts: int  # Q/DQ texts of the per-tensor (auto) table's per-layer choice; 0 without method auto
+    race: int  # texts the tables are raced on
+    calibration: int  # texts of the calibration set (statistics)
+    candidate_share: tuple[float, float]  # share of the search split a candidate reads: likely, at worst
+    max_evaluations: int
+    confirm: bool = True
+    risk_strata: bool = True
+    search_traffic: int = 0  # rows of the search split drawn from traffic
+    holdout_traffic: int = 0
+    method: str = "auto"
+
+
+def tune_steps(z: TuneSize) -> list[Work]:
+    """The long part of a tune, step by step (the names of tune's phases, so each meets its actual time)."""
+    race = min(z.race, z.search)
+    share, worst_share = z.candidate_share
+    # the doubling ladder and the bisection over the ranking, all-INT8 and a few prunes (the demo: 12 of 49 nodes)
+    candidates = min(z.max_evaluations, 2 * math.ceil(math.log2(z.nodes + 1)) + 2)
+    # method auto's one-node runs serve the ranking where a node's inputs share one method: most of them
+    ranked = z.ranked * (RANK_RERUN_SHARE if z.auto_texts and z.sensitivity <= TUNE_AUTO_TEXTS else 1.0)
+    steps = [Work("calibration statistics", fp32=z.calibration)]
+    if z.variants > 1:  # the per-channel pass, the check of the smoothed copy, its statistics
+        steps.append(Work("smoothing", fp32=3 * z.calibration))
+    steps += [
+        Work("method tables", qdq=z.methods * z.variants * race + (z.auto_texts + race if z.auto_texts else 0)),
+        Work("layer ranking", qdq=z.sensitivity * (1 + ranked), qdq_worst=z.sensitivity * (1 + z.ranked),
+             taps=3 * min(RANK_PROBE_TEXTS, z.search)),
+        Work("flip risk", qdq=z.search if z.risk_strata else 0),
+        Work("plan search", qdq=candidates * share * z.search, qdq_worst=z.max_evaluations * worst_share * z.search),
+    ]
+    if z.confirm and z.holdout:  # the passing candidates tested in order: about two holdout passes on the demo
+        steps.append(Work("holdout confirmation", qdq=2 * z.holdout, qdq_worst=4 * z.holdout))
+    if z.holdout:  # all-INT8 on the holdout, and the plan where the confirmation did not run it to the end
+        steps.append(Work("holdout numbers", qdq=(1 if z.confirm else 2) * z.holdout, qdq_worst=2 * z.holdout))
+    return steps
+
+
+def tune_shortcuts(z: TuneSize) -> dict[str, list[Work]]:
+    """The options that shrink a tune, each with the steps it leaves."""
+    out: dict[str, TuneSize] = {}
+    if z.max_evaluations >= 4:
+        out[f"--max-evaluations {z.max_evaluations // 2}"] = replace(z, max_evaluations=z.max_evaluations // 2)
+    traffic = z.search_traffic + z.holdout_traffic
+    if traffic >= 2:
+        out[f"--traffic-size {traffic // 2}"] = _fewer_rows(z, z.search_traffic // 2, z.holdout_traffic // 2, True)
+    labelled = z.search + z.holdout - traffic
+    if labelled >= 2 * traffic and labelled >= 30:
+        out[f"--limit {labelled // 2}"] = _fewer_rows(z, (z.search - z.search_traffic) // 2,
+                                                      (z.holdout - z.holdout_traffic) // 2, False)
+    if z.sensitivity >= 16:
+        out[f"--sensitivity-samples {z.sensitivity // 2}"] = replace(z, sensitivity=z.sensitivity // 2)
+    if z.ranked >= 4:
+        out[f"--sensitivity-layers {z.ranked // 2}"] = replace(z, ranked=z.ranked // 2)
+    if z.method == "auto":
+        out["--method minmax"] = replace(z, methods=1, auto_texts=0, method="minmax")
+    if z.variants > 1:
+        out["--no-smooth"] = replace(z, variants=1)
+    return {option: tune_steps(size) for option, size in out.items()}
+
+
+def _fewer_rows(z: TuneSize, search: int, holdout: int, traffic: bool) -> TuneSize:
+    """``z`` with ``search`` and ``holdout`` rows fewer, of the traffic's rows or of the eval set's."""
+    z = replace(z, search=z.search - search, holdout=z.holdout - holdout)
+    if traffic:
+        z = replace(z, search_traffic=z.search_traffic - search, holdout_traffic=z.holdout_traffic - holdout)
+    return z
+
+
+def tune_size(evidence: Any, config: Any, nodes: int, calibration_texts: int, auto_texts_per_node: int) -> TuneSize:
+    """The :class:`TuneSize` of a run: ``evidence`` (evaluate.evidence.SplitEvidence) as drawn, ``config``
+    (evaluate.tune_config.TuneConfig), the quantizable ``nodes``; ``auto_texts_per_node``: the Q/DQ texts
+    method auto measures per node and finalist method."""
+    from calibkit.types import Method
+
+    traffic = evidence.traffic
+    search, holdout = len(evidence.search), len(evidence.holdout)
+    sensitivity = len(evidence.sensitivity)
+    ranked = nodes if config.sensitivity_layers is None else min(config.sensitivity_layers, nodes)
+    auto = config.method == "auto"
+    return TuneSize(
+        search=search, holdout=holdout, sensitivity=sensitivity, nodes=nodes, ranked=ranked,
+        methods=len(Method) if auto else 1, variants=2 if config.smooth else 1,
+        auto_texts=auto_texts_per_node * nodes if auto else 0, race=config.race_texts,
+        calibration=calibration_texts, candidate_share=_candidate_share(evidence, config),
+        max_evaluations=config.max_evaluations, confirm=config.confirm, risk_strata=config.risk_strata,
+        search_traffic=0 if traffic is None else int(traffic[evidence.search.array].sum()),
+        holdout_traffic=0 if traffic is None else int(traffic[evidence.holdout.array].sum()),
+        method=config.method,
+    )
+
+
+def _candidate_share(evidence: Any, config: Any) -> tuple[float, float]:
+    """Share of the search split one candidate's decision reads: for a classifier judged in strata by flip risk,
+    the texts its strata evaluate by FP32's margins alone (the all-INT8 model's changes, not known yet, add a
+    few: at worst half as many again); for an embedder :data:`STRATIFIED_SHARE`; the sequential rule's
+    :data:`SEQUENTIAL_SHARE`; the whole split."""
+    from calibkit.evaluate.plan_decisions import WHOLE_SPLIT
+    from calibkit.evaluate.risk import stratify
+    from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING
+
+    n = len(evidence.search)
+    if not n:
+        return 1.0, 1.0
+    if config.risk_strata and evidence.task == CLASSIFICATION:
+        strata = stratify(evidence, evidence.search, np.ones(n), seed=config.seed)
+        if strata is not None:
+            share = len(strata.evaluated) / n
+            return share, min(1.0, 1.5 * share)
+    if config.risk_strata and evidence.task == EMBEDDING:
+        return STRATIFIED_SHARE
+    return (1.0, 1.0) if config.decision_rule == WHOLE_SPLIT else (SEQUENTIAL_SHARE, 1.0)
+
+
+def lanes_of(executor: Any) -> float:
+    """How many times this machine's CPUs an executor gives Q/DQ work: 1 for local ones (their workers share
+    these CPUs: the process pool, a ``dask-local`` cluster), workers x threads / CPUs for remote ones (whose
+    units run the threads the executor sets, ``task_threads``)."""
+    from calibkit.cpus import usable_cpus
+
+    threads = getattr(executor, "task_threads", None)
+    if not threads or str(getattr(executor, "name", "")).startswith("dask-local"):
+        return 1.0
+    return max(1.0, int(getattr(executor, "workers", 1)) * int(threads) / max(1, usable_cpus()))
+
+
+def estimate_tune(evidence: Any, config: Any, nodes: int, calibration_texts: int, phases: Sequence[PhaseCost],
+                  executor: Any, auto_texts_per_node: int, ledger: Path | None = None) -> TimeEstimate:
+    """tune's estimate from its FP32 reference pass (``phases``), made right after it; ``ledger``: the run's
+    ledger file, whose evaluations an earlier run left (counted in the estimate, said in its summary)."""
+    from calibkit.evaluate.ledger import Ledger
+
+    z = tune_size(evidence, config, nodes, calibration_texts, auto_texts_per_node)
+    text_seconds, texts = fp32_text_seconds(phases) or (0.0, 0)
+    e = estimate(tune_steps(z), text_seconds, texts, shortcuts=tune_shortcuts(z), lanes=lanes_of(executor))
+    return replace(e, resumed=Ledger(ledger).loaded if ledger is not None and ledger.is_file() else 0)
+
+
+# ---------------------------------------------------------------- compare
+
+
+@dataclass(frozen=True)
+class CompareSize:
+    """What a compare's long part reads: each engine's kind of text ("fp32" or, for FP16 and INT8 engines on the
+    CPU, "qdq"; A, B, then the reference), the eval and traffic texts, the per-layer subsets."""
+
+    texts: int
+    engines: tuple[str, ...]
+    traffic: int = 0  # texts A and B also evaluate (0: none, or the eval set itself)
+    layer_samples: int = 0  # texts through the tapped copies (0: no per-layer analysis)
+    tapped: int = 3  # copies tapped, a Q/DQ one counted twice: A and B, and the reference when given
+    sensitivity: int = 0  # texts of the sensitivity subset (0: not measured)
+    sensitivity_layers: int = 0  # nodes measured alone and all-but-alone
+
+
+def compare_steps(z: CompareSize) -> list[Work]:
+    """The long part of a compare, step by step."""
+    def engines(n: int, which: Sequence[str]) -> dict[str, float]:
+        return {"fp32": n * sum(k == "fp32" for k in which), "qdq": n * sum(k != "fp32" for k in which)}
+
+    steps = [Work("evaluate engines", **engines(z.texts, z.engines), on_executor=False)]
+    if z.traffic:
+        steps.append(Work("traffic", **engines(z.traffic, z.engines[:2]), on_executor=False))
+    if z.layer_samples:
+        steps.append(Work("per-layer measurements", taps=z.tapped * z.layer_samples))
+    if z.sensitivity:  # all-INT8, and each layer alone and all but it
+        steps.append(Work("per-layer sensitivity", qdq=z.sensitivity * (1 + 2 * z.sensitivity_layers)))
+    return steps
+
+
+def compare_shortcuts(z: CompareSize) -> dict[str, list[Work]]:
+    """The options that shrink a compare, each with the steps it leaves."""
+    out: dict[str, CompareSize] = {}
+    if z.texts >= 30:
+        half = z.texts // 2
+        out[f"--limit {half}"] = replace(z, texts=half, layer_samples=min(z.layer_samples, half))
+    if z.traffic >= 2:
+        out[f"--traffic-size {z.traffic // 2}"] = replace(z, traffic=z.traffic // 2)
+    if z.layer_samples >= 16:
+        out[f"--layer-samples {z.layer_samples // 2}"] = replace(z, layer_samples=z.layer_samples // 2)
+    if z.sensitivity >= 16:
+        out[f"--sensitivity-samples {z.sensitivity // 2}"] = replace(z, sensitivity=z.sensitivity // 2)
+    if z.sensitivity and z.sensitivity_layers >= 4:
+        k = z.sensitivity_layers // 2
+        out[f"--sensitivity-layers {k}"] = replace(z, sensitivity_layers=k)
+    return {option: compare_steps(size) for option, size in out.items()}
+
+
+def compare_size(engines: Sequence[Any], texts: int, traffic: int, options: Any, *, labelled: bool,
+                 row_task: bool) -> CompareSize:
+    """The :class:`CompareSize` of a run: ``engines`` (A, B and the reference, engines.artifact.EngineArtifact),
+    ``texts`` in the eval set, ``traffic`` texts beside them, ``options`` (evaluate.compare.CompareOptions);
+    ``labelled``: a labelled classifier (its sensitivity reads the eval set; others the traffic, when given);
+    ``row_task``: a task with per-text fidelity (whose sensitivity is measured)."""
+    from calibkit.types import Backend, Precision
+
+    kinds = tuple("fp32" if e.precision is Precision.FP32 else "qdq" for e in engines)
+    layers = min(texts, options.layer_samples or texts) if options.layers else 0
+    int8 = next((e for e in engines[:2] if e.precision is Precision.INT8 and e.backend is Backend.ONNXRUNTIME), None)
+    pool = traffic if traffic and not labelled else texts
+    sensitivity = (min(options.sensitivity_samples, pool)
+                   if options.layers and options.sensitivity and row_task and int8 is not None else 0)
+    k = options.sensitivity_layers
+    if sensitivity and k is None:
+        k = _quantized_nodes(int8.path)
+    tapped = sum(1 if kind == "fp32" else 2 for kind in kinds)
+    return CompareSize(texts=texts, engines=kinds, traffic=traffic, layer_samples=layers, tapped=tapped,
+                       sensitivity=sensitivity, sensitivity_layers=k or 0)
+
+
+def _quantized_nodes(path: Any) -> int:
+    """Nodes of a Q/DQ model whose inputs are quantized (its weights not loaded)."""
+    from calibkit.evaluate.layers import find_layers
+    from calibkit.graph import load_model
+
+    return len({spec.node for spec in find_layers(load_model(path, load_external_data=False))})
+
+
+def estimate_compare(engines: Sequence[Any], z: CompareSize, open_runner: Callable[[Any], Any], tokenizer: Any,
+                     task: Any, texts: Sequence[str], options: Any, executor: Any = None) -> TimeEstimate:
+    """compare's estimate, priced by the FP32 engine (else A) timed on a sample of ``texts``."""
+    from calibkit.types import Precision
+
+    fp32 = next((e for e in engines if e.precision is Precision.FP32), engines[0])
+    with open_runner(fp32) as runner:
+        seconds, n = measure_text_seconds(
+            lambda xs: task.predict(runner, tokenizer, xs, batch_size=options.batch_size), texts,
+            batch_size=options.batch_size, seed=options.seed, lengths=lambda xs: token_counts(tokenizer, xs))
+    if fp32.precision is not Precision.FP32:  # an FP16 or INT8 engine on the CPU costs about a Q/DQ text
+        seconds /= COSTS["qdq"][0]
+    return estimate(compare_steps(z), seconds, n, shortcuts=compare_shortcuts(z), lanes=lanes_of(executor))
+
+
+# ---------------------------------------------------------------- demo run
+
+
+@dataclass(frozen=True)
+class DemoSize:
+    """What ``calibkit demo run`` reads after its assets and calibration set exist (demo.workflow fills it from
+    its options): the eval and calibration texts, the model's quantizable nodes and the options of its steps."""
+
+    eval_texts: int
+    calibration: int
+    nodes: int
+    methods: int
+    smooth: bool
+    traffic: int  # tune's and compare's traffic texts (0: none)
+    embedder_traffic: int  # the embedder's tune (0: skipped)
+    sensitivity_samples: int  # compare's
+    sensitivity_layers: int | None
+    layer_samples: int
+    max_evaluations: int  # tune's
+    tune_method: str
+    auto_texts_per_node: int  # Q/DQ texts method auto measures per node (tune's finalists x texts)
+    tune_sensitivity_samples: int = TUNE_SENSITIVITY_SAMPLES
+
+
+def demo_steps(d: DemoSize) -> list[Work]:
+    """The demo's steps after sampling, named as its timings are (each a sum of the work inside it)."""
+    variants = 2 if d.smooth else 1
+    sens = min(d.sensitivity_samples, d.eval_texts)
+    layers = min(d.layer_samples, d.eval_texts)
+    vs_fp32 = CompareSize(d.eval_texts, ("fp32", "qdq"), d.traffic, layers, 3, sens,
+                          min(d.sensitivity_layers or d.nodes, d.nodes))
+    vs_fp16 = CompareSize(d.eval_texts, ("qdq", "qdq", "fp32"), 0, layers, 5)
+    steps = [Work("smooth", fp32=3 * d.calibration)] if d.smooth else []
+    steps += [
+        Work("calibrate", fp32=variants * d.calibration),
+        Work("method accuracy", fp32=d.eval_texts, qdq=d.methods * variants * d.eval_texts),
+        _merged("compare", compare_steps(vs_fp32) + compare_steps(vs_fp16)),
+        _merged("tune", _demo_tune(d, d.eval_texts, d.traffic)),
+    ]
+    if d.embedder_traffic:
+        steps.append(_merged("embedder (tune + compare)", _demo_tune(d, 0, d.embedder_traffic)
+                             + compare_steps(CompareSize(d.eval_texts, ("fp32", "qdq"), 0, layers, 3))))
+    return steps
+
+
+def _demo_tune(d: DemoSize, labelled: int, traffic: int) -> list[Work]:
+    """A tune of the demo's options on ``labelled`` eval texts and ``traffic`` log texts, its FP32 pass included."""
+    from calibkit.evaluate.tune_config import TuneConfig
+
+    texts = labelled + traffic
+    share = TuneConfig.holdout_fraction
+    holdout = round(texts * share)
+    auto = d.tune_method == "auto"
+    z = TuneSize(search=texts - holdout, holdout=holdout, sensitivity=min(d.tune_sensitivity_samples, texts - holdout),
+                 nodes=d.nodes, ranked=d.nodes, methods=d.methods if auto else 1, variants=2,
+                 auto_texts=d.auto_texts_per_node * d.nodes if auto else 0, race=TuneConfig.race_texts,
+                 calibration=d.calibration, candidate_share=STRATIFIED_SHARE, max_evaluations=d.max_evaluations,
+                 search_traffic=round(traffic * (1 - share)), holdout_traffic=round(traffic * share),
+                 method=d.tune_method)
+    return [Work(FP32_PHASE, fp32=texts), *tune_steps(z)]
+
+
+def _merged(step: str, works: Sequence[Work]) -> Work:
+    """One step doing all of ``works`` (on the executor where any of them is)."""
+    return Work(step, fp32=sum(w.fp32 for w in works), qdq=sum(w.qdq for w in works),
+                qdq_worst=sum(w.texts(1)["qdq"] for w in works), taps=sum(w.taps for w in works),
+                on_executor=any(w.on_executor for w in works))
+
+
+def token_counts(tokenizer: Any, texts: Sequence[str]) -> np.ndarray:
+    """Tokens a model reads of each text: ``tokenizer`` (data.tokenizer.TextTokenizer) counts, truncated."""
+    return np.minimum(tokenizer.token_lengths(texts), tokenizer.max_length)
