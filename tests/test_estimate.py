@@ -322,12 +322,13 @@ def test_the_demo_prices_its_steps_after_sampling_and_names_fast_as_the_shortcut
     fast = replace(full, eval_texts=quick.eval_limit, calibration=quick.sample_size, traffic=quick.traffic_size,
                    embedder_traffic=quick.embedder_traffic_size, sensitivity_samples=quick.sensitivity_samples,
                    sensitivity_layers=quick.sensitivity_layers, layer_samples=quick.layer_samples,
-                   max_evaluations=quick.max_evaluations, tune_method=quick.tune_method)
+                   max_evaluations=quick.tune_max_evaluations, tune_method=quick.tune_method,
+                       tune_sensitivity_samples=quick.tune_sensitivity_samples)
     demo = estimate(demo_steps(full), 83 / 11_557, 64, shortcuts={"--fast": demo_steps(fast)})
     assert demo.shortcut is not None and demo.shortcut.option == "--fast"
     assert demo.shortcut.likely_seconds < demo.likely_seconds / 5
-    tune = next(s for s in demo.steps if s.step == "tune")  # the demo's tune is most of it, as measured
-    assert tune.likely_seconds > demo.likely_seconds / 2
+    tune = next(s for s in demo.steps if s.step == "tune")  # the demo's tune is its longest step
+    assert tune.likely_seconds == max(s.likely_seconds for s in demo.steps) > demo.likely_seconds / 3
     # the index page's Time section says what was estimated and what it took
     s = {"time_estimate": to_json(finish(demo, 3000.0))}
     line = _estimate_line(s)
