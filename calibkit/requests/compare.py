@@ -111,6 +111,9 @@ class CompareRequest:
         None, bound=Bound(low=0, high=100, optional=True, example="0.5", what="a number of accuracy points"),
         help="CI gate: exit with code 8 (after writing every output) when B's accuracy is more than this many "
              "points below A's (needs labels), e.g. 0.5; from Python, see missed_targets.")
+    # ---- no command line sets these
+    histogram_layers: int = option(6, cli=False, api=False,
+                                   help="The worst layers (lowest own SQNR) whose |x| histograms the result keeps.")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "traffic", Traffic.parse(self.traffic))
