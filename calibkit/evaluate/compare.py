@@ -215,10 +215,10 @@ def compare_engines(request: CompareRequest, resources: Resources) -> Comparison
     ``resources.runner_factory``, sensitivity's variants run on ``resources.executor``."""
     request.validate()
     inputs = resolve_compare(request, resources.progress)
-    return _compare(inputs, request, resources)
+    return compare_loaded(inputs, request, resources)
 
 
-def _compare(inputs: CompareInputs, options: CompareRequest, resources: Resources) -> Comparison:
+def compare_loaded(inputs: CompareInputs, options: CompareRequest, resources: Resources) -> Comparison:
     """The measurements of :func:`compare_engines` on loaded inputs, in order."""
     a, b, reference, eval_set, task, traffic = (inputs.a, inputs.b, inputs.reference, inputs.eval_set, inputs.task,
                                                 inputs.traffic)

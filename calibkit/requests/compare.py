@@ -9,8 +9,17 @@ from typing import TYPE_CHECKING, Any
 from calibkit.errors import UsageError
 from calibkit.evaluate.flags import Thresholds
 from calibkit.evaluate.traffic import DEFAULT_TRAFFIC_SIZE
-from calibkit.requests.checks import COUNT, COUNT_OR_NONE, INT_LIMIT, TRAFFIC_SIZE, Bound, check_names, check_paths
-from calibkit.requests.options import Nested, check_bounds, option
+from calibkit.requests.checks import (
+    COUNT,
+    COUNT_OR_NONE,
+    INT_LIMIT,
+    TRAFFIC_SIZE,
+    Bound,
+    check_names,
+    check_numbers,
+    check_paths,
+)
+from calibkit.requests.options import Nested, check_bounds, declared, flag_of, option
 from calibkit.requests.traffic import Traffic
 from calibkit.types import check_seed
 
@@ -33,7 +42,8 @@ TRAFFIC_HELP = (
     "set are excluded. Agreement needs no labels: a labelled set of a thousand texts cannot show 99 % agreement, a "
     "few thousand traffic texts can. From Python: a path, Traffic.AUTO, Traffic.DEFAULT, drawn TrafficEvidence or "
     "None (no traffic).")
-NO_TRAFFIC = "--no-traffic"  # judge on the eval set alone, even when the calibration set's log is there
+NO_TRAFFIC = "--no-traffic"
+NO_TRAFFIC_HELP = "Judge on the eval set alone, even when the calibration set's log is there."
 TRAFFIC_TEXT_FIELD_HELP = "Text field of the traffic log, as `sample --text-field` (default: found)."
 TRAFFIC_SIZE_HELP = "Traffic texts drawn (stratified by token length, --seed)."
 
@@ -96,7 +106,8 @@ class CompareRequest:
     max_disagreements: int = option(50, bound=Bound(low=0, high=INT_LIMIT, integer=True),
                                     help="Disagreeing examples to list.")
     traffic: Traffic | PathLike | TrafficEvidence | None = option(
-        Traffic.DEFAULT, cli_type=str | None, negation=NO_TRAFFIC, help=TRAFFIC_HELP)
+        Traffic.DEFAULT, cli_type=str | None, negation=NO_TRAFFIC, negation_help=NO_TRAFFIC_HELP,
+        help=TRAFFIC_HELP)
     traffic_size: int = option(DEFAULT_TRAFFIC_SIZE, bound=TRAFFIC_SIZE, help=TRAFFIC_SIZE_HELP)
     traffic_text_field: str | None = option(None, help=TRAFFIC_TEXT_FIELD_HELP)
     save_outputs: PathLike | None = option(
@@ -154,3 +165,11 @@ def check_task(task: str | None) -> None:
         raise UsageError(f"unknown --task {task!r}", hint="choose " + ", ".join(k.value for k in TaskKind))
 
 
+
+
+def check_targets(**targets: float | None) -> None:
+    """UsageError for a CI-gate target (``min_agreement``, ``max_drop``) that cannot be met or missed, by the
+    bounds its :class:`CompareRequest` field declares."""
+    decls = {f.name: (f, decl) for f, decl in declared(CompareRequest)}
+    check_numbers({flag_of(*decls[name]): (value, decls[name][1].bound or Bound())
+                   for name, value in targets.items()})

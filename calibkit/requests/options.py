@@ -39,7 +39,8 @@ class Option:
     pipeline that tests and benchmarks set on the request); ``argument``: a positional argument of the
     command line; ``positional``: positional in the API's signature too; ``cli_type``: what the command line
     parses (default: the field's type); ``negation``: a second flag that sets the field to None
-    (``--no-traffic``); ``nested``: options setting attributes of the field's value, instead of one flag."""
+    (``--no-traffic``), ``negation_help`` its help; ``nested``: options setting attributes of the field's
+    value, instead of one flag."""
 
     help: str
     flags: tuple[str, ...] = ()
@@ -50,6 +51,7 @@ class Option:
     positional: bool = False
     cli_type: Any = None
     negation: str | None = None
+    negation_help: str = ""
     nested: tuple[Nested, ...] = ()
 
 
@@ -104,6 +106,9 @@ class Choice(str, enum.Enum):
 
     def __str__(self) -> str:
         return str(self.value)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}.{self.name}"
 
     def __format__(self, spec: str) -> str:
         return format(str(self.value), spec)

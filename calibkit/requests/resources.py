@@ -8,11 +8,14 @@ command line declares its ``--workers``, ``--executor``, ``--memory-budget`` and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from calibkit.executors import EXECUTOR_HELP
 from calibkit.requests.checks import COUNT_OR_NONE, WORKERS, Bound, check_numbers
 from calibkit.requests.options import check_bounds, option
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from calibkit.executors.base import Executor
 
 DEFAULT_MEMORY_BUDGET = "1G"
 MEMORY_BUDGET_HELP = ("Bytes of tapped activations held at once, e.g. 512M, 1G, 4G (while one batch's statistics "
@@ -27,7 +30,8 @@ class ResourceOptions:
 
     workers: int | None = option(None, bound=WORKERS, help="Local worker processes of the evaluations (default: "
                                  "one per usable CPU; compare's sensitivity: min(2, CPUs)).")
-    executor: Any = option(None, cli_type=str | None, help=EXECUTOR_HELP + " An Executor value from Python.")
+    executor: Executor | str | None = option(None, cli_type=str | None,
+                                             help=EXECUTOR_HELP + " An Executor value from Python.")
     memory_budget: str | int = option(DEFAULT_MEMORY_BUDGET, cli_type=str, help=MEMORY_BUDGET_HELP)
     max_batch_tokens: int | None = option(None, bound=COUNT_OR_NONE, help=MAX_BATCH_TOKENS_HELP)
 

@@ -15,7 +15,14 @@ from calibkit.evaluate.tune_defaults import TUNE_HOLDOUT, TUNE_SENSITIVITY_SAMPL
 from calibkit.quantize.placement import DEFAULT_OP_TYPES
 from calibkit.requests.checks import COUNT_OR_NONE, INT_LIMIT, PERCENTILE, TRAFFIC_SIZE, Bound, check_names, check_paths
 from calibkit.requests.choices import Target
-from calibkit.requests.compare import LIMIT_HELP, NO_TRAFFIC, TRAFFIC_HELP, TRAFFIC_TEXT_FIELD_HELP, check_task
+from calibkit.requests.compare import (
+    LIMIT_HELP,
+    NO_TRAFFIC,
+    NO_TRAFFIC_HELP,
+    TRAFFIC_HELP,
+    TRAFFIC_TEXT_FIELD_HELP,
+    check_task,
+)
 from calibkit.requests.options import Choice, check_bounds, coerce, option
 from calibkit.requests.traffic import Traffic
 from calibkit.types import Method, MethodParams, check_seed
@@ -106,7 +113,8 @@ class TuneRequest:
                                      help="Report folder (default on the command line: reports/<time>-tune/; "
                                           "from Python: none).")
     traffic: Traffic | PathLike | TrafficEvidence | None = option(
-        Traffic.DEFAULT, cli_type=str | None, negation=NO_TRAFFIC, help=TRAFFIC_HELP)
+        Traffic.DEFAULT, cli_type=str | None, negation=NO_TRAFFIC, negation_help=NO_TRAFFIC_HELP,
+        help=TRAFFIC_HELP)
     traffic_size: int = option(TUNE_TRAFFIC_SIZE, bound=TRAFFIC_SIZE,
                                help="Traffic texts drawn (stratified by token length, --seed); half are held out, "
                                     "so the plan is confirmed on over 5,000 texts the search never saw.")
