@@ -185,6 +185,7 @@ def run_tune(request: TuneRequest, resources: Resources) -> TuneRun:
     pool of ``workers``, closed at the end; a given executor also shards the statistics), the memory budget of
     statistics and layer taps, the runner factory, progress, and the ``writer`` of tune.json (without one no
     tune.json is written) and of the report folder (``request.report``)."""
+    request.validate()
     inputs = resolve_tune(request, resources.progress)
     writer = resources.writer
     with contextlib.ExitStack() as stack:
