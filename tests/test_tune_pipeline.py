@@ -468,7 +468,7 @@ def test_tune_fail_if_missed_is_a_ci_gate(tmp_path, monkeypatch, gate: bool, cla
     from calibkit.cli import app
 
     calls = []
-    monkeypatch.setattr(calibkit.api, "tune", lambda *a, **kw: calls.append(kw) or SimpleNamespace(
+    monkeypatch.setattr(calibkit.api, "run", lambda request, *a: calls.append(request) or SimpleNamespace(
         result=SimpleNamespace(met_target=not claim.startswith("target"), claim_holds=False, claim=claim)))
     monkeypatch.setattr(cli_tune, "_summary", lambda run, report_dir: None)
     args = ["tune", str(tmp_path / "model"), "-c", str(tmp_path / "cset"), "-e", str(tmp_path / "eval.jsonl"),
