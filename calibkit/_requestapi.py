@@ -32,14 +32,12 @@ RESOURCE_NAMES = tuple(f.name for f, _ in declared(ResourceOptions))
 _BODIES: dict[type, tuple[Callable[[Any, Resources], Any], bool]] = {}
 
 
-class _Shown:
-    """An annotation shown as written (``float | None``), not as a quoted string, by ``inspect`` and ``help``."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
+class _Shown(str):
+    """An annotation shown as written (``float | None``), not as a quoted string, by ``inspect`` and ``help``
+    (a string still, for readers that parse annotations, as the documentation's does)."""
 
     def __repr__(self) -> str:
-        return self.text
+        return str(self)
 
 
 def signature_of(request_cls: type, returns: str) -> inspect.Signature:
