@@ -176,7 +176,7 @@ WRITERS: dict[tuple[str, str], list[str]] = {
                           "{p}/set/int8.onnx"],
     ("calibrate", "out_dir"): ["calibrate", "{p}/model", "-c", "{p}/set", "--out", "{p}/logs"],
     ("smooth", "out_dir"): ["smooth", "{p}/model", "-c", "{p}/set", "--out", "{p}/logs"],
-    ("tune", "out_dir"): ["tune", "{p}/model", "-c", "{p}/set", "-e", "{p}/eval.jsonl", "--out", "{p}/logs"],
+    ("tune", "out"): ["tune", "{p}/model", "-c", "{p}/set", "-e", "{p}/eval.jsonl", "--out", "{p}/logs"],
     ("tune", "report"): ["tune", "{p}/model", "-c", "{p}/set", "-e", "{p}/eval.jsonl", "--out", "{p}/t",
                          "--report", "{p}/logs"],
     ("sample", "out_dir"): ["sample", "{p}/logs/prod.jsonl", "--size", "8", "--out", "{p}/logs"],
