@@ -97,10 +97,34 @@ def request_api(request_cls: type[R], *, pool_by_default: bool = False
 
 
 def run(request: Any, resources: ResourceOptions | None = None, progress: ProgressCallback | None = None) -> Any:
-    """Run a request built by the caller: validated, with its resources opened for the call and closed after."""
+    """Run a request built by the caller (the command line builds one from its options): the keyword function
+    of its command, called with the request's values.
+
+    Args:
+        request: A :class:`~calibkit.requests.compare.CompareRequest` or
+            :class:`~calibkit.requests.tune.TuneRequest`.
+        resources: What the call may use: workers, executor, memory budget (None: the defaults).
+        progress: Called with each :class:`~calibkit.progress.ProgressEvent` (None: silent).
+
+    Returns:
+        What the command's keyword function returns: a ``Comparison`` for compare, a ``TuneRun`` for tune.
+
+    Raises:
+        UsageError: Not a request of a command, or a value its ``validate()`` refuses.
+
+    Examples:
+        >>> req = ck.CompareRequest(engine_a=fp32.artifact, engine_b=int8.artifact, eval_set="test.jsonl",
+        ...                         traffic=None, layers=False)
+        >>> ck.run(req).agreement == ck.compare(fp32.artifact, int8.artifact, "test.jsonl", traffic=None,
+        ...                                     layers=False).agreement
+        True
+    """
+    from calibkit.errors import UsageError
+
     found = _BODIES.get(type(request))
     if found is None:
-        raise TypeError(f"no calibkit command takes a {type(request).__name__}")
+        raise UsageError(f"no calibkit command takes a {type(request).__name__}",
+                         hint="pass a CompareRequest or a TuneRequest (calibkit.requests)")
     body, pool_by_default = found
     request.validate()
     options = resources or ResourceOptions()

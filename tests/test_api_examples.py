@@ -17,8 +17,8 @@ from calibkit import api
 
 # the order the examples build on each other (export first: its own folder): sample's set feeds smooth and
 # calibrate, build's engines compare
-ORDER = ("export", "sample", "smooth", "calibrate", "histogram", "build", "compare", "render_report", "load_report",
-         "tune")
+ORDER = ("export", "sample", "smooth", "calibrate", "histogram", "build", "compare", "run", "render_report",
+         "load_report", "tune")
 SECTIONS = ("Args:", "Returns:", "Raises:", "Examples:")
 
 
