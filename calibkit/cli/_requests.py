@@ -15,6 +15,7 @@ import inspect
 import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import MISSING
+from pathlib import Path
 from typing import Any, Union, get_args, get_origin
 
 import typer
@@ -118,6 +119,11 @@ def build_request(request_cls: type, parsed: dict[str, Any]) -> Any:
         elif value is not None or default_of(f) is None:
             values[f.name] = value
     return request_cls(**values)
+
+
+def cli_paths(*values: Any) -> list[Path | None]:
+    """A request's inputs as the command line gave them: paths (a traffic keyword, or no value, is None)."""
+    return [v if isinstance(v, Path) else None for v in values]
 
 
 def request_command(request_cls: type, body: Callable[..., None], *, resources: Sequence[str],

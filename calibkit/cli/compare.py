@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import inspect
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 
@@ -21,10 +21,9 @@ from calibkit.cli._common import (
     warn,
     write_stdout,
 )
-from calibkit.cli._requests import request_command
+from calibkit.cli._requests import cli_paths, request_command
 from calibkit.requests.compare import CompareRequest
 from calibkit.requests.resources import ResourceOptions
-from calibkit.requests.traffic import traffic_path
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.evaluate.results import Comparison, LayerVerdict, Range
@@ -90,8 +89,9 @@ def run_compare(request: CompareRequest, resources: ResourceOptions, *, json_pat
 
     request.validate()
     to_stdout = json_path is not None and str(json_path) == "-"
-    inputs = [request.engine_a, request.engine_b, request.reference, request.eval_set, traffic_path(request.traffic)]
-    report_dir = None if no_report else report or _default_report_dir(Path(request.engine_a), Path(request.engine_b))
+    inputs = cli_paths(request.engine_a, request.engine_b, request.reference, request.eval_set, request.traffic)
+    a, b = cast(Path, request.engine_a), cast(Path, request.engine_b)  # typer requires both, parsed as paths
+    report_dir = None if no_report else report or _default_report_dir(a, b)
     _guard_outputs(json_path if not to_stdout else None, report_dir, request.save_outputs, inputs, force)
     with RichProgress() as progress:
         result = run(request, resources, progress)
@@ -129,7 +129,7 @@ def _deliver(result: Comparison, json_path: Path | None, report_dir: Path | None
 
 
 def _guard_outputs(json_path: Path | None, report_dir: Path | None, save_outputs: Any,
-                   inputs: list[Any], force: bool) -> None:
+                   inputs: list[Path | None], force: bool) -> None:
     """--json, --report and --save-outputs are checked before any work: writable, not an input, apart."""
     from calibkit.errors import UsageError
 

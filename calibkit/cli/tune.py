@@ -6,7 +6,7 @@ import datetime as _dt
 import inspect
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 
@@ -21,9 +21,8 @@ from calibkit.cli._common import (
     warn,
     write_stdout,
 )
-from calibkit.cli._requests import request_command
+from calibkit.cli._requests import cli_paths, request_command
 from calibkit.requests.resources import ResourceOptions
-from calibkit.requests.traffic import traffic_path
 from calibkit.requests.tune import TuneRequest
 
 if TYPE_CHECKING:  # pragma: no cover - types only
@@ -106,11 +105,12 @@ def run_tune(request: TuneRequest, resources: ResourceOptions, *, no_report: boo
 
         raise UsageError(f"--json takes '-' (stdout), got {json_out!r}",
                          hint="the document is written to OUT/tune.json anyway")
-    model, tokenizer = Path(request.model), request.tokenizer
-    dest = Path(request.out) if request.out is not None else Path("runs") / f"tune-{_model_name(model, tokenizer)}"
+    model = cast(Path, request.model)  # typer requires MODEL and parses it as a path
+    tokenizer, out_dir = cli_paths(request.tokenizer, request.out)
+    dest = out_dir or Path("runs") / f"tune-{_model_name(model, tokenizer)}"
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     report_dir = None if no_report else request.report or Path("reports") / f"{stamp}-tune"
-    inputs = [model, request.calibration_set, request.eval_set, tokenizer, traffic_path(request.traffic)]
+    inputs = [model, tokenizer, *cli_paths(request.calibration_set, request.eval_set, request.traffic)]
     guard_out_dir(dest, inputs=inputs, force=force, legacy_names=_OUT_NAMES)
     if report_dir is not None:
         _check_apart(dest, Path(report_dir))
