@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -39,11 +38,11 @@ from calibkit.evaluate.inputs import (
     not_an_input,
 )
 from calibkit.progress import ProgressCallback
+from calibkit.requests.calibrate import CalibrateRequest
 from calibkit.requests.checks import (
     COUNT,
     COUNT_OR_NONE,
     INT_LIMIT,
-    PERCENTILE,
     Bound,
     check_names,
     check_numbers,
@@ -71,8 +70,8 @@ if TYPE_CHECKING:  # pragma: no cover - types only
 
 PathLike = str | os.PathLike[str]
 
-__all__ = ["CompareRequest", "ResourceOptions", "TuneRequest", "build", "budget", "calibrate", "compare",
-           "deciding_digits", "export", "histogram", "load_evidence", "load_report", "load_traffic",
+__all__ = ["CalibrateRequest", "CompareRequest", "ResourceOptions", "TuneRequest", "build", "budget", "calibrate",
+           "compare", "deciding_digits", "export", "histogram", "load_evidence", "load_report", "load_traffic",
            "missed_targets", "render_report", "resources", "run", "sample", "save_per_text_outputs", "smooth",
            "tune"]
 
@@ -275,80 +274,14 @@ def smooth(
 
 # ---------------------------------------------------------------- calibrate
 
-METHODS = ("entropy", "minmax", "percentile", "mse")
-
-
-def check_calibration_options(*, method: str, target: str, percentile: float, num_bins: int, batch_size: int,
-                              op_types: Sequence[str], exclude: Sequence[str]) -> None:
-    """UsageError for options calibrate cannot use (each with what to pass instead)."""
-    check_names({"method": method, "target": target}, {"op_types": op_types, "exclude": exclude},
-                required=("method", "target"))
-    check_numbers({"--percentile": (percentile, PERCENTILE),
-                   "--num-bins": (num_bins, Bound(low=256, high=1 << 24, integer=True, example="2048")),
-                   "--batch-size": (batch_size, COUNT)})
-    if method not in METHODS:
-        raise UsageError(f"unknown --method {method!r}", hint=f"choose one of: {', '.join(METHODS)}")
-    if target not in ("tensorrt", "onnxruntime"):
-        raise UsageError(f"unknown --target {target!r}", hint="choose tensorrt or onnxruntime")
-    if num_bins & (num_bins - 1):
-        raise UsageError(f"--num-bins must be a power of two >= 256, got {num_bins}", hint="the default is 2048")
-    if not op_types:
-        raise UsageError("--op-types is empty", hint="e.g. --op-types MatMul,Gemm")
-    for p in exclude:
-        try:
-            re.compile(p)
-        except re.error as exc:
-            raise UsageError(f"--exclude {p!r} is not a valid regular expression ({exc})") from None
-
-
-def calibrate(
-    model: PathLike | ModelDir,
-    calibration_set: PathLike | CalibrationSet | None,
-    out: PathLike | None = None,
-    *,
-    method: str = "mse",
-    tokenizer: PathLike | None = None,
-    op_types: Sequence[str] = ("MatMul", "Gemm"),
-    exclude: Sequence[str] = (),
-    target: str = "tensorrt",
-    percentile: float = 99.99,
-    num_bins: int = 2048,
-    batch_size: int = 32,
-    use_cache: bool = True,
-    cache_dir: PathLike | None = None,
-    memory_budget: str | int = DEFAULT_MEMORY_BUDGET,
-    max_batch_tokens: int | None = None,
-    executor: Executor | str | None = None,
-    progress: ProgressCallback | None = None,
-    from_cache: PathLike | None = None,
-) -> CalibrationResult:
+@request_api(CalibrateRequest)
+def calibrate(request: CalibrateRequest, resources: Resources) -> CalibrationResult:
     """Calibrate a model: activation statistics, the method's ranges, and the INT8 Q/DQ model.
 
     Statistics are collected once per (model, calibration set, tensors, bins) and reused from the statistics
-    cache, so another ``method`` on the same set does not run the model again.
-
-    Args:
-        model: The FP32 model folder or a loaded ``ModelDir``.
-        calibration_set: The calibration set's folder or the loaded set (None with ``from_cache``).
-        out: The folder to write: model.int8.onnx (Q/DQ), calibration.cache, calibration.json and stats.npz
-            (default ``runs/calibrate-<method>``).
-        method: entropy, minmax, percentile or mse.
-        tokenizer: The tokenizer, when it is not in the model folder.
-        op_types: The operator types whose inputs are quantized.
-        exclude: Regular expressions of node names (or module paths) kept in higher precision.
-        target: The Q/DQ layout: tensorrt or onnxruntime.
-        percentile: The percentile of |x| of the percentile method, in (0, 100].
-        num_bins: Histogram bins, a power of two of at least 256.
-        batch_size: The most texts per batch.
-        use_cache: Reuse saved statistics (False: collect them again).
-        cache_dir: The statistics cache (None: $CALIBKIT_CACHE, default ~/.cache/calibkit).
-        memory_budget: Bytes of tapped activations held at once ("512M", "1G" or a number).
-        max_batch_tokens: The most padded tokens per batch (None: no cap).
-        executor: An Executor or a spec ("local", "local:N", "dask://host:port") whose workers collect the
-            statistics in shards (None: this process).
-        progress: Called with each :class:`~calibkit.progress.ProgressEvent` (None: silent).
-        from_cache: A TensorRT calibration cache to build the Q/DQ model from instead (``calibration_set``
-            None; the model does not run, and a bare .onnx file needs no tokenizer).
+    cache, so another ``method`` on the same set does not run the model again. Every option is a field of
+    :class:`~calibkit.requests.calibrate.CalibrateRequest`; ``executor`` (an Executor or a spec: "local",
+    "local:N", "dask://host:port") collects the statistics in shards on its workers (None: this process).
 
     Returns:
         The files written, the calibration table, the quantized and kept nodes, and any warnings about
@@ -369,69 +302,37 @@ def calibrate(
         True
     """
     from calibkit.calibrate.pipeline import calibrate as run_calibration
-    from calibkit.data.calibset import CalibrationSet
-    from calibkit.data.modeldir import ModelDir
-    from calibkit.types import Method, MethodParams
+    from calibkit.types import Method
 
-    check_paths({"model": model}, {"calibration_set": calibration_set, "out": out, "tokenizer": tokenizer,
-                                   "cache_dir": cache_dir, "from_cache": from_cache},
-                loaded=(ModelDir, CalibrationSet))
-    dest = check_calibrate_request(
-        method=method, target=target, percentile=percentile, num_bins=num_bins, batch_size=batch_size,
-        op_types=op_types, exclude=exclude, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
-        has_calibration_set=calibration_set is not None, from_cache=from_cache, out=out)
-    not_an_input(dest, [model, calibration_set, tokenizer, from_cache])
-    if from_cache is not None:
-        return _calibrate_from_cache(model, tokenizer, Path(from_cache), dest, op_types=op_types, exclude=exclude,
-                                     target=target)
-    md = model_dir(model, tokenizer)
-    cset = calibration_set_of(cast("PathLike | CalibrationSet", calibration_set))  # None was refused above
-    with resources(executor, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
-                   progress=progress) as res:
-        return run_calibration(
-            md, cset, Method(method), MethodParams(num_bins=num_bins, percentile=percentile), out_dir=dest,
-            op_types=list(op_types), exclude=list(exclude), target=target, batch_size=batch_size,
-            use_cache=use_cache, cache_dir=Path(cache_dir) if cache_dir is not None else None, resources=res,
-        )
+    dest = request.out_dir
+    not_an_input(dest, [request.model, request.calibration_set, request.tokenizer, request.from_cache])
+    if request.from_cache is not None:
+        return _calibrate_from_cache(request, Path(request.from_cache), dest)
+    md = model_dir(request.model, request.tokenizer)
+    cset = calibration_set_of(cast("PathLike | CalibrationSet", request.calibration_set))  # validate() needs one
+    return run_calibration(
+        md, cset, Method(str(request.method)), request.params, out_dir=dest, op_types=list(request.op_types),
+        exclude=list(request.exclude), target=str(request.target), batch_size=request.batch_size,
+        use_cache=request.use_cache, cache_dir=Path(request.cache_dir) if request.cache_dir is not None else None,
+        resources=resources,
+    )
 
 
-def check_calibrate_request(*, method: str, target: str, percentile: float, num_bins: int, batch_size: int,
-                            op_types: Sequence[str], exclude: Sequence[str], memory_budget: str | int,
-                            max_batch_tokens: int | None, has_calibration_set: bool, from_cache: PathLike | None,
-                            out: PathLike | None) -> Path:
-    """Every check on a calibrate call that needs no file read (UsageError with what to pass instead), before
-    any work; returns the output folder: ``out``, by default runs/calibrate-<method> (or -from-cache), never
-    the current directory."""
-    check_calibration_options(method=method, target=target, percentile=percentile, num_bins=num_bins,
-                              batch_size=batch_size, op_types=op_types, exclude=exclude)
-    budget(memory_budget, max_batch_tokens)
-    if from_cache is not None and has_calibration_set:
-        raise UsageError("--from-cache and --calibration-set exclude each other")
-    if from_cache is None and not has_calibration_set:
-        raise UsageError("--calibration-set is required (or --from-cache FILE)",
-                         hint="create one with `calibkit sample LOGS.jsonl --out DIR`")
-    name = "from-cache" if from_cache is not None else method
-    dest = Path(out) if out is not None else Path("runs") / f"calibrate-{name}"
-    if dest.resolve() == Path.cwd().resolve():
-        raise UsageError("--out is the current directory", hint="calibkit writes into a folder: pass --out DIR")
-    return dest
-
-
-def _calibrate_from_cache(model: PathLike | ModelDir, tokenizer: PathLike | None, cache: Path, dest: Path, *,
-                          op_types: Sequence[str], exclude: Sequence[str], target: str) -> CalibrationResult:
+def _calibrate_from_cache(request: CalibrateRequest, cache: Path, dest: Path) -> CalibrationResult:
     from calibkit.calibrate.pipeline import calibrate_from_cache
     from calibkit.data.modeldir import ModelDir
     from calibkit.errors import ModelError
 
+    model = request.model
     try:
-        md = model_dir(model, tokenizer)
+        md = model_dir(model, request.tokenizer)
     except ModelError:
         path = Path(model) if not isinstance(model, ModelDir) else model.onnx_path
         if not (path.is_file() and path.suffix == ".onnx"):
             raise
         md = ModelDir(onnx_path=path, tokenizer_path=path.parent)  # a tokenizer is not needed to apply a cache
-    return calibrate_from_cache(md, cache, out_dir=dest, op_types=list(op_types), exclude=list(exclude),
-                                target=target)
+    return calibrate_from_cache(md, cache, out_dir=dest, op_types=list(request.op_types),
+                                exclude=list(request.exclude), target=str(request.target))
 
 
 def histogram(calibration: CalibrationResult | PathLike, tensor: str | None = None) -> ActivationHistogram:

@@ -54,6 +54,8 @@ def cli_default(f: dataclasses.Field[Any], decl: Option) -> Any:
     default = default_of(f)
     if decl.negation is not None:
         return None
+    if isinstance(default, tuple):
+        return list(default)
     return _shown(default) if default is not MISSING else ...
 
 

@@ -30,8 +30,10 @@ class ResourceOptions:
 
     workers: int | None = option(None, bound=WORKERS, help="Local worker processes of the evaluations (default: "
                                  "one per usable CPU; compare's sensitivity: min(2, CPUs)).")
-    executor: Executor | str | None = option(None, cli_type=str | None,
-                                             help=EXECUTOR_HELP + " An Executor value from Python.")
+    executor: Executor | str | None = option(
+        None, cli_type=str | None,
+        help=EXECUTOR_HELP + " calibrate without one collects statistics in this process, with one in shards on its "
+                             "workers (merged bit-identically). From Python, an Executor value too.")
     memory_budget: str | int = option(DEFAULT_MEMORY_BUDGET, cli_type=str, help=MEMORY_BUDGET_HELP)
     max_batch_tokens: int | None = option(None, bound=COUNT_OR_NONE, help=MAX_BATCH_TOKENS_HELP)
 
