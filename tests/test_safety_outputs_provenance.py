@@ -174,7 +174,7 @@ WRITERS: dict[tuple[str, str], list[str]] = {
                             "--report", "{p}/model"],
     ("build", "output"): ["build", "{p}/model", "-p", "int8", "--calibration", "{p}/cal", "-o",
                           "{p}/set/int8.onnx"],
-    ("calibrate", "out_dir"): ["calibrate", "{p}/model", "-c", "{p}/set", "--out", "{p}/logs"],
+    ("calibrate", "out"): ["calibrate", "{p}/model", "-c", "{p}/set", "--out", "{p}/logs"],
     ("smooth", "out_dir"): ["smooth", "{p}/model", "-c", "{p}/set", "--out", "{p}/logs"],
     ("tune", "out"): ["tune", "{p}/model", "-c", "{p}/set", "-e", "{p}/eval.jsonl", "--out", "{p}/logs"],
     ("tune", "report"): ["tune", "{p}/model", "-c", "{p}/set", "-e", "{p}/eval.jsonl", "--out", "{p}/t",
