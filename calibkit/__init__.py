@@ -10,7 +10,8 @@ The public API (imported on first use, so ``import calibkit`` stays light)::
 
 Functions: :func:`export`, :func:`sample`, :func:`smooth`, :func:`calibrate`, :func:`histogram`, :func:`build`,
 :func:`compare`, :func:`tune`, :func:`load_report`, :func:`render_report`, :func:`run` (calibkit.api; ``run``
-takes a :class:`CompareRequest` or :class:`TuneRequest`, the values calibkit.requests declares every option in);
+takes a :class:`CalibrateRequest`, :class:`CompareRequest` or :class:`TuneRequest`, the values calibkit.requests
+declares every option in);
 :func:`prepare_demo` with :class:`PrepareOptions` (calibkit.demo.prepare: the demo's model, data and log).
 Results: :class:`Comparison`, :class:`TuneResult` and their parts (calibkit.evaluate.results). Errors:
 :class:`CalibkitError` and its subclasses (calibkit.errors). Progress: every long call takes ``progress=``, a
@@ -28,7 +29,8 @@ from calibkit._version import __version__
 
 _API = ("export", "sample", "smooth", "calibrate", "histogram", "build", "compare", "tune", "load_report",
         "render_report", "run")
-_REQUESTS = {"CompareRequest": "calibkit.requests.compare", "TuneRequest": "calibkit.requests.tune",
+_REQUESTS = {"CalibrateRequest": "calibkit.requests.calibrate", "CompareRequest": "calibkit.requests.compare",
+             "TuneRequest": "calibkit.requests.tune",
              "Traffic": "calibkit.requests.traffic", "ResourceOptions": "calibkit.requests.resources"}
 _DEMO = ("prepare_demo", "PrepareOptions")  # the demo's model, data and log (notebooks/walkthrough.ipynb)
 _RESULTS = ("Comparison", "EngineEvaluation", "LayerVerdict", "Evidence", "TuneResult", "TunePlan", "Candidate",
