@@ -140,12 +140,13 @@ tune = request_command(TuneRequest, run_tune, resources=RESOURCES, extra=PRESENT
 def _model_name(model: Path, tokenizer: Path | None) -> str:
     """The default --out name: the model folder's name (an .onnx file's folder, else its stem)."""
     from calibkit.data.modeldir import ModelDir
+    from calibkit.evaluate.inputs import default_name
 
     try:
         md = ModelDir.resolve(model, tokenizer)
     except Exception:  # the API reports the real problem with its hint; the name only needs a fallback
         return model.stem or "model"
-    return md.onnx_path.parent.name or md.onnx_path.stem
+    return default_name(md)
 
 
 _OUT_NAMES = ("model.int8.onnx", "calibration.cache", "calibration.json", "plan.json", "tune.json")
