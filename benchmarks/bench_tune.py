@@ -58,7 +58,8 @@ def main() -> None:
 
     from calibkit.data.evalset import label_ids, load_eval_set
     from calibkit.data.modeldir import ModelDir
-    from calibkit.evaluate.tune import TuneConfig, split_eval
+    from calibkit.evaluate.tune import split_eval
+    from calibkit.requests.tune import TuneRequest
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-tune-"))
     md = ModelDir.resolve(args.model)
@@ -70,7 +71,7 @@ def main() -> None:
     doc = json.loads((tmp / "tune" / "tune.json").read_text())
     ev = load_eval_set(Path(args.data) / "test.jsonl")
     y = label_ids(ev, md.id2label, len(md.id2label))
-    cfg = TuneConfig()
+    cfg = TuneRequest(model=md, calibration_set=cset)
     _, hold = split_eval(y, cfg.holdout_fraction, cfg.seed, texts=ev.texts)
     hold_texts = [ev.texts[i] for i in hold]
 

@@ -9,7 +9,9 @@ The public API (imported on first use, so ``import calibkit`` stays light)::
     c.agreement
 
 Functions: :func:`export`, :func:`sample`, :func:`smooth`, :func:`calibrate`, :func:`histogram`, :func:`build`,
-:func:`compare`, :func:`tune`, :func:`deploy`, :func:`load_report`, :func:`render_report` (calibkit.api);
+:func:`compare`, :func:`tune`, :func:`deploy`, :func:`load_report`, :func:`render_report`, :func:`run`
+(calibkit.api; ``run`` takes a :class:`CalibrateRequest`, :class:`CompareRequest` or :class:`TuneRequest`, the
+values calibkit.requests declares every option in);
 :func:`prepare_demo` with :class:`PrepareOptions` (calibkit.demo.prepare: the demo's model, data and log). Results:
 :class:`Comparison`, :class:`TuneResult` and their parts (calibkit.evaluate.results); :class:`DeployResult` and
 :class:`PlanDocument` (calibkit.evaluate.documents). Errors: :class:`CalibkitError` and its
@@ -27,7 +29,10 @@ from typing import Any
 from calibkit._version import __version__
 
 _API = ("export", "sample", "smooth", "calibrate", "histogram", "build", "compare", "tune", "deploy", "load_report",
-        "render_report")
+        "render_report", "run")
+_REQUESTS = {"CalibrateRequest": "calibkit.requests.calibrate", "CompareRequest": "calibkit.requests.compare",
+             "TuneRequest": "calibkit.requests.tune",
+             "Traffic": "calibkit.requests.traffic", "ResourceOptions": "calibkit.requests.resources"}
 _DEMO = ("prepare_demo", "PrepareOptions")  # the demo's model, data and log (notebooks/walkthrough.ipynb)
 _RESULTS = ("Comparison", "EngineEvaluation", "LayerVerdict", "Evidence", "TuneResult", "TunePlan", "Candidate",
             "HoldoutVerdict")
@@ -38,9 +43,9 @@ _ERRORS = ("CalibkitError", "UsageError", "DataError", "ModelError", "Calibratio
 _WHERE = {**dict.fromkeys(_API, "calibkit.api"), **dict.fromkeys(_DEMO, "calibkit.demo.prepare"),
           **dict.fromkeys(_RESULTS, "calibkit.evaluate.results"),
           **dict.fromkeys(_DOCUMENTS, "calibkit.evaluate.documents"),
-          **dict.fromkeys(_ERRORS, "calibkit.errors"), **dict.fromkeys(_PROGRESS, "calibkit.progress")}
+          **dict.fromkeys(_ERRORS, "calibkit.errors"), **dict.fromkeys(_PROGRESS, "calibkit.progress"), **_REQUESTS}
 
-__all__ = ["__version__", *_API, *_DEMO, *_RESULTS, *_DOCUMENTS, *_ERRORS, *_PROGRESS]
+__all__ = ["__version__", *_API, *_REQUESTS, *_DEMO, *_RESULTS, *_DOCUMENTS, *_ERRORS, *_PROGRESS]
 
 
 class _ApiAndPackage:

@@ -20,18 +20,37 @@ gets the same validation as a command line. Errors are the :class:`calibkit.erro
 from __future__ import annotations
 
 import contextlib
-import math
 import os
-import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from calibkit._requestapi import open_resources, request_api, run
 from calibkit.errors import MissingDependencyError, UsageError
-from calibkit.evaluate.tune_defaults import TUNE_HOLDOUT, TUNE_SENSITIVITY_SAMPLES, TUNE_TRAFFIC_SIZE
-from calibkit.executors import from_spec
-from calibkit.progress import ProgressCallback, no_progress
+from calibkit.evaluate.inputs import (
+    calibration_set as calibration_set_of,
+)
+from calibkit.evaluate.inputs import (
+    load_evidence,
+    load_traffic,
+    model_dir,
+    not_an_input,
+)
+from calibkit.progress import ProgressCallback
+from calibkit.requests.calibrate import CalibrateRequest
+from calibkit.requests.checks import (
+    COUNT,
+    COUNT_OR_NONE,
+    INT_LIMIT,
+    Bound,
+    check_names,
+    check_numbers,
+    check_paths,
+)
+from calibkit.requests.compare import CompareRequest, check_targets
+from calibkit.requests.resources import DEFAULT_MEMORY_BUDGET, MEMORY_BYTES, ResourceOptions
+from calibkit.requests.tune import TuneRequest
 from calibkit.resources import Resources
 from calibkit.types import check_seed
 
@@ -43,127 +62,18 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.data.encode import TokenBudget
     from calibkit.data.evalset import EvalSet
     from calibkit.data.modeldir import ModelDir
-    from calibkit.engines.artifact import EngineArtifact
     from calibkit.engines.build import BuildResult
-    from calibkit.evaluate.flags import Thresholds
     from calibkit.evaluate.results import Comparison, TuneResult
-    from calibkit.evaluate.traffic import TrafficEvidence
     from calibkit.evaluate.tune import TuneRun
     from calibkit.executors import Executor
     from calibkit.exporter import ExportResult, ExportSource
 
 PathLike = str | os.PathLike[str]
 
-DEFAULT_MEMORY_BUDGET = "1G"
-
-DEFAULT_TRAFFIC = "default"  # the calibration set's own log when it is still there unchanged, else none
-
-# ---------------------------------------------------------------- option values
-
-#: the largest whole number any option takes: numpy, ONNX Runtime and JSON readers all hold an int64
-INT_LIMIT = (1 << 63) - 1
-#: the most worker processes a local pool is asked for
-MAX_WORKERS = 1024
-
-
-@dataclass(frozen=True)
-class Bound:
-    """What values a numeric option takes: finite always; ``low``/``high`` inclusive, ``above``/``below``
-    exclusive; ``integer``: a whole ``int`` (``bool`` is not one); ``optional``: None allowed; ``example``:
-    a value to suggest; ``what``: its name in messages."""
-
-    low: float | None = None
-    high: float | None = None
-    above: float | None = None
-    below: float | None = None
-    integer: bool = False
-    optional: bool = False
-    example: str = ""
-    what: str = ""  # what the option is, e.g. "a percentage" (default: a finite number / a whole number)
-
-    def describe(self) -> str:
-        """What the option takes, e.g. "a whole number, at least 1" or "a percentage in [0, 100]"."""
-        kind = self.what or ("a whole number" if self.integer else "a finite number")
-        return f"{kind} {self.range()}".strip() if self.range().startswith("in ") else \
-            ", ".join(x for x in (kind, self.range()) if x)
-
-    def range(self) -> str:
-        lo = f"[{self.low:g}" if self.low is not None else f"({self.above:g}" if self.above is not None else ""
-        hi = f"{self.high:g}]" if self.high is not None and self.high < INT_LIMIT else \
-            f"{self.below:g})" if self.below is not None else ""
-        if lo and hi:
-            return f"in {lo}, {hi}"
-        if lo:
-            return f"at least {self.low:g}" if self.low is not None else f"more than {self.above:g}"
-        if hi:
-            return f"at most {self.high:g}" if self.high is not None else f"less than {self.below:g}"
-        return ""
-
-    def problem(self, value: object) -> str | None:
-        """What is wrong with ``value`` (None: nothing): not the kind of number wanted (a string, a bool, NaN or
-        an infinity, a fraction for a whole number), or out of range."""
-        if value is None:
-            return None if self.optional else f"be {self.describe()}"
-        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-                or self.integer and not isinstance(value, int)):
-            return f"be {self.describe()}"
-        if abs(value) > INT_LIMIT:
-            return f"be at most {INT_LIMIT} in size"
-        inside = ((self.low is None or value >= self.low) and (self.high is None or value <= self.high)
-                  and (self.above is None or value > self.above) and (self.below is None or value < self.below))
-        return None if inside else f"be {self.describe() if self.what else self.range()}"
-
-    def admits(self, value: object) -> bool:
-        return self.problem(value) is None
-
-
-COUNT = Bound(low=1, high=INT_LIMIT, integer=True)
-COUNT_OR_NONE = Bound(low=1, high=INT_LIMIT, integer=True, optional=True)
-WORKERS = Bound(low=1, high=MAX_WORKERS, integer=True, optional=True, example="2")
-PERCENTILE = Bound(above=0, high=100, example="99.99")
-TRAFFIC_SIZE = Bound(low=1, high=INT_LIMIT, integer=True, example="4000")
-
-
-def check_numbers(checks: Mapping[str, tuple[object, Bound]]) -> None:
-    """UsageError for the first option whose value its :class:`Bound` does not admit (NaN, an infinity, a
-    string, a float where a whole number goes, a value out of range), naming the option, the value and what it
-    takes. Every API function calls this before it reads a file or starts any work."""
-    for option, (value, bound) in checks.items():
-        problem = bound.problem(value)
-        if problem is not None:
-            shown = repr(value) if not isinstance(value, (int, float)) or isinstance(value, bool) else f"{value}"
-            shown = shown if len(shown) <= 40 else shown[:37] + "..."
-            raise UsageError(f"{option} must {problem}, got {shown}",
-                             hint=f"e.g. {option} {bound.example}" if bound.example else
-                             f"pass {option} as {bound.describe()}")
-
-
-def check_paths(required: Mapping[str, object], optional: Mapping[str, object] | None = None, *,
-                loaded: tuple[type, ...] = ()) -> None:
-    """UsageError for an argument that should be a path (a str or os.PathLike, or one of the ``loaded`` calibkit
-    values the function also takes) and is something else: None where it is ``required``, a number, a list."""
-    optional = optional or {}
-    for name, value in (*required.items(), *optional.items()):
-        if value is None and name in optional:
-            continue
-        if not isinstance(value, (str, os.PathLike, *loaded)):
-            what = " or ".join(["a path (str or os.PathLike)", *(t.__name__ for t in loaded)])
-            raise UsageError(f"{name} must be {what}, got {type(value).__name__}",
-                             hint=f"pass {name} as a file or folder path, e.g. {name}='runs/x'")
-
-
-def check_names(names: Mapping[str, object] | None = None, lists: Mapping[str, object] | None = None, *,
-                required: Sequence[str] = ()) -> None:
-    """UsageError for an argument that should be a name (a str; None too unless it is ``required``) or a list
-    of names (a str alone is not one: ``exclude="fc1"`` would read as three one-letter patterns) and is
-    something else."""
-    for name, value in (names or {}).items():
-        if (value is not None or name in required) and not isinstance(value, str):
-            raise UsageError(f"{name} must be a string, got {type(value).__name__}", hint=f"e.g. {name}='...'")
-    for name, value in (lists or {}).items():
-        if isinstance(value, str) or not isinstance(value, Sequence) or not all(isinstance(x, str) for x in value):
-            raise UsageError(f"{name} must be a list of strings, got {type(value).__name__}",
-                             hint=f"e.g. {name}=['...'] (a list, even of one)")
+__all__ = ["CalibrateRequest", "CompareRequest", "ResourceOptions", "TuneRequest", "build", "budget", "calibrate",
+           "compare", "deciding_digits", "export", "histogram", "load_evidence", "load_report", "load_traffic",
+           "missed_targets", "render_report", "resources", "run", "sample", "save_per_text_outputs", "smooth",
+           "tune"]
 
 
 def budget(memory_budget: str | int = DEFAULT_MEMORY_BUDGET, max_batch_tokens: int | None = None) -> TokenBudget:
@@ -173,55 +83,22 @@ def budget(memory_budget: str | int = DEFAULT_MEMORY_BUDGET, max_batch_tokens: i
 
     check_numbers({"--max-batch-tokens": (max_batch_tokens, COUNT_OR_NONE)})
     if not isinstance(memory_budget, str):
-        check_numbers({"--memory-budget": (memory_budget, Bound(low=1, high=1 << 62, integer=True, example="1G"))})
+        check_numbers({"--memory-budget": (memory_budget, MEMORY_BYTES)})
     size = parse_size(memory_budget)
     return TokenBudget(max_batch_tokens=max_batch_tokens, memory_bytes=size)
-
-
-def _model_dir(model: PathLike | ModelDir, tokenizer: PathLike | None = None) -> ModelDir:
-    from calibkit.data.modeldir import ModelDir
-
-    if isinstance(model, ModelDir):
-        return model
-    return ModelDir.resolve(Path(model), Path(tokenizer) if tokenizer else None)
-
-
-def _calibration_set(cset: PathLike | CalibrationSet) -> CalibrationSet:
-    from calibkit.data.calibset import CalibrationSet, load_calibration_set
-
-    return cset if isinstance(cset, CalibrationSet) else load_calibration_set(Path(cset))
-
-
-def _artifact(engine: PathLike | EngineArtifact) -> EngineArtifact:
-    from calibkit.engines.artifact import EngineArtifact
-
-    return engine if isinstance(engine, EngineArtifact) else EngineArtifact.load(Path(engine))
-
-
-def _not_an_input(out: PathLike | None, inputs: Sequence[object], option: str = "out") -> None:
-    """Before any work: ``out`` is none of the inputs, nor anything their documents name (calibkit.provenance)."""
-    from calibkit.outdirs import check_not_input
-
-    if out is not None:
-        check_not_input(out, inputs, option=option)
 
 
 @contextlib.contextmanager
 def resources(executor: Executor | str | None = None, *, workers: int | None = None,
               memory_budget: str | int = DEFAULT_MEMORY_BUDGET, max_batch_tokens: int | None = None,
               progress: ProgressCallback | None = None, pool_by_default: bool = False) -> Iterator[Resources]:
-    """The one :class:`Resources` value of a call, built here at the edge: ``executor`` as given, or opened
-    from its spec ("local", "local:N", "dask://host:port"; closed when the call ends); None stays None unless
-    ``pool_by_default`` (then a local pool of ``workers``); the token budget from ``memory_budget`` and
-    ``max_batch_tokens``; progress (default: none)."""
-    check_numbers({"--workers": (workers, WORKERS)})
-    budget(memory_budget, max_batch_tokens)
-    with contextlib.ExitStack() as stack:
-        ex = executor
-        if isinstance(ex, str) or (ex is None and pool_by_default):
-            ex = stack.enter_context(from_spec(ex, workers))
-        yield Resources(executor=ex, budget=budget(memory_budget, max_batch_tokens), workers=workers,
-                        progress=progress or no_progress)
+    """The one :class:`Resources` value of a call, built here at the edge (see
+    :func:`calibkit._requestapi.open_resources`), its options checked first."""
+    options = ResourceOptions(workers=workers, executor=executor, memory_budget=memory_budget,
+                              max_batch_tokens=max_batch_tokens)
+    options.validate()
+    with open_resources(options, progress, pool_by_default=pool_by_default) as res:
+        yield res
 
 
 # ---------------------------------------------------------------- sample
@@ -285,7 +162,7 @@ def sample(
                             tokenizer=Path(tokenizer) if tokenizer else None, strict=strict, redact=redact,
                             clusters=clusters)
     target = Path(out) if out is not None else default_out_dir(logs, size, seed)
-    _not_an_input(target, [logs, tokenizer])
+    not_an_input(target, [logs, tokenizer])
     drawn = draw_sample(logs, options, progress)
     return write_calibration_set(target, drawn.texts, drawn.labels, drawn.manifest)
 
@@ -389,88 +266,22 @@ def smooth(
                 loaded=(ModelDir, CalibrationSet))
     check_numbers({"--alpha": (alpha, Bound(low=0, high=1, optional=True, example="0.8")),
                    "--batch-size": (batch_size, COUNT)})
-    _not_an_input(out, [model, calibration_set, tokenizer])
+    not_an_input(out, [model, calibration_set, tokenizer])
     token_budget = budget(memory_budget, max_batch_tokens)
-    return run_smooth(_model_dir(model, tokenizer), _calibration_set(calibration_set), out_dir=Path(out),
+    return run_smooth(model_dir(model, tokenizer), calibration_set_of(calibration_set), out_dir=Path(out),
                       alpha=alpha, budget=token_budget, batch_size=batch_size, progress=progress)
 
 
 # ---------------------------------------------------------------- calibrate
 
-METHODS = ("entropy", "minmax", "percentile", "mse")
-
-
-def check_calibration_options(*, method: str, target: str, percentile: float, num_bins: int, batch_size: int,
-                              op_types: Sequence[str], exclude: Sequence[str]) -> None:
-    """UsageError for options calibrate cannot use (each with what to pass instead)."""
-    check_names({"method": method, "target": target}, {"op_types": op_types, "exclude": exclude},
-                required=("method", "target"))
-    check_numbers({"--percentile": (percentile, PERCENTILE),
-                   "--num-bins": (num_bins, Bound(low=256, high=1 << 24, integer=True, example="2048")),
-                   "--batch-size": (batch_size, COUNT)})
-    if method not in METHODS:
-        raise UsageError(f"unknown --method {method!r}", hint=f"choose one of: {', '.join(METHODS)}")
-    if target not in ("tensorrt", "onnxruntime"):
-        raise UsageError(f"unknown --target {target!r}", hint="choose tensorrt or onnxruntime")
-    if num_bins & (num_bins - 1):
-        raise UsageError(f"--num-bins must be a power of two >= 256, got {num_bins}", hint="the default is 2048")
-    if not op_types:
-        raise UsageError("--op-types is empty", hint="e.g. --op-types MatMul,Gemm")
-    for p in exclude:
-        try:
-            re.compile(p)
-        except re.error as exc:
-            raise UsageError(f"--exclude {p!r} is not a valid regular expression ({exc})") from None
-
-
-def calibrate(
-    model: PathLike | ModelDir,
-    calibration_set: PathLike | CalibrationSet | None,
-    out: PathLike | None = None,
-    *,
-    method: str = "mse",
-    tokenizer: PathLike | None = None,
-    op_types: Sequence[str] = ("MatMul", "Gemm"),
-    exclude: Sequence[str] = (),
-    target: str = "tensorrt",
-    percentile: float = 99.99,
-    num_bins: int = 2048,
-    batch_size: int = 32,
-    use_cache: bool = True,
-    cache_dir: PathLike | None = None,
-    memory_budget: str | int = DEFAULT_MEMORY_BUDGET,
-    max_batch_tokens: int | None = None,
-    executor: Executor | str | None = None,
-    progress: ProgressCallback | None = None,
-    from_cache: PathLike | None = None,
-) -> CalibrationResult:
+@request_api(CalibrateRequest)
+def calibrate(request: CalibrateRequest, resources: Resources) -> CalibrationResult:
     """Calibrate a model: activation statistics, the method's ranges, and the INT8 Q/DQ model.
 
     Statistics are collected once per (model, calibration set, tensors, bins) and reused from the statistics
-    cache, so another ``method`` on the same set does not run the model again.
-
-    Args:
-        model: The FP32 model folder or a loaded ``ModelDir``.
-        calibration_set: The calibration set's folder or the loaded set (None with ``from_cache``).
-        out: The folder to write: model.int8.onnx (Q/DQ), calibration.cache, calibration.json and stats.npz
-            (default ``runs/calibrate-<method>``).
-        method: entropy, minmax, percentile or mse.
-        tokenizer: The tokenizer, when it is not in the model folder.
-        op_types: The operator types whose inputs are quantized.
-        exclude: Regular expressions of node names (or module paths) kept in higher precision.
-        target: The Q/DQ layout: tensorrt or onnxruntime.
-        percentile: The percentile of |x| of the percentile method, in (0, 100].
-        num_bins: Histogram bins, a power of two of at least 256.
-        batch_size: The most texts per batch.
-        use_cache: Reuse saved statistics (False: collect them again).
-        cache_dir: The statistics cache (None: $CALIBKIT_CACHE, default ~/.cache/calibkit).
-        memory_budget: Bytes of tapped activations held at once ("512M", "1G" or a number).
-        max_batch_tokens: The most padded tokens per batch (None: no cap).
-        executor: An Executor or a spec ("local", "local:N", "dask://host:port") whose workers collect the
-            statistics in shards (None: this process).
-        progress: Called with each :class:`~calibkit.progress.ProgressEvent` (None: silent).
-        from_cache: A TensorRT calibration cache to build the Q/DQ model from instead (``calibration_set``
-            None; the model does not run, and a bare .onnx file needs no tokenizer).
+    cache, so another ``method`` on the same set does not run the model again. Every option is a field of
+    :class:`~calibkit.requests.calibrate.CalibrateRequest`; ``executor`` (an Executor or a spec: "local",
+    "local:N", "dask://host:port") collects the statistics in shards on its workers (None: this process).
 
     Returns:
         The files written, the calibration table, the quantized and kept nodes, and any warnings about
@@ -491,69 +302,37 @@ def calibrate(
         True
     """
     from calibkit.calibrate.pipeline import calibrate as run_calibration
-    from calibkit.data.calibset import CalibrationSet
-    from calibkit.data.modeldir import ModelDir
-    from calibkit.types import Method, MethodParams
+    from calibkit.types import Method
 
-    check_paths({"model": model}, {"calibration_set": calibration_set, "out": out, "tokenizer": tokenizer,
-                                   "cache_dir": cache_dir, "from_cache": from_cache},
-                loaded=(ModelDir, CalibrationSet))
-    dest = check_calibrate_request(
-        method=method, target=target, percentile=percentile, num_bins=num_bins, batch_size=batch_size,
-        op_types=op_types, exclude=exclude, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
-        has_calibration_set=calibration_set is not None, from_cache=from_cache, out=out)
-    _not_an_input(dest, [model, calibration_set, tokenizer, from_cache])
-    if from_cache is not None:
-        return _calibrate_from_cache(model, tokenizer, Path(from_cache), dest, op_types=op_types, exclude=exclude,
-                                     target=target)
-    md = _model_dir(model, tokenizer)
-    cset = _calibration_set(cast("PathLike | CalibrationSet", calibration_set))  # None was refused above
-    with resources(executor, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
-                   progress=progress) as res:
-        return run_calibration(
-            md, cset, Method(method), MethodParams(num_bins=num_bins, percentile=percentile), out_dir=dest,
-            op_types=list(op_types), exclude=list(exclude), target=target, batch_size=batch_size,
-            use_cache=use_cache, cache_dir=Path(cache_dir) if cache_dir is not None else None, resources=res,
-        )
+    dest = request.out_dir
+    not_an_input(dest, [request.model, request.calibration_set, request.tokenizer, request.from_cache])
+    if request.from_cache is not None:
+        return _calibrate_from_cache(request, Path(request.from_cache), dest)
+    md = model_dir(request.model, request.tokenizer)
+    cset = calibration_set_of(cast("PathLike | CalibrationSet", request.calibration_set))  # validate() needs one
+    return run_calibration(
+        md, cset, Method(str(request.method)), request.params, out_dir=dest, op_types=list(request.op_types),
+        exclude=list(request.exclude), target=str(request.target), batch_size=request.batch_size,
+        use_cache=request.use_cache, cache_dir=Path(request.cache_dir) if request.cache_dir is not None else None,
+        resources=resources,
+    )
 
 
-def check_calibrate_request(*, method: str, target: str, percentile: float, num_bins: int, batch_size: int,
-                            op_types: Sequence[str], exclude: Sequence[str], memory_budget: str | int,
-                            max_batch_tokens: int | None, has_calibration_set: bool, from_cache: PathLike | None,
-                            out: PathLike | None) -> Path:
-    """Every check on a calibrate call that needs no file read (UsageError with what to pass instead), before
-    any work; returns the output folder: ``out``, by default runs/calibrate-<method> (or -from-cache), never
-    the current directory."""
-    check_calibration_options(method=method, target=target, percentile=percentile, num_bins=num_bins,
-                              batch_size=batch_size, op_types=op_types, exclude=exclude)
-    budget(memory_budget, max_batch_tokens)
-    if from_cache is not None and has_calibration_set:
-        raise UsageError("--from-cache and --calibration-set exclude each other")
-    if from_cache is None and not has_calibration_set:
-        raise UsageError("--calibration-set is required (or --from-cache FILE)",
-                         hint="create one with `calibkit sample LOGS.jsonl --out DIR`")
-    name = "from-cache" if from_cache is not None else method
-    dest = Path(out) if out is not None else Path("runs") / f"calibrate-{name}"
-    if dest.resolve() == Path.cwd().resolve():
-        raise UsageError("--out is the current directory", hint="calibkit writes into a folder: pass --out DIR")
-    return dest
-
-
-def _calibrate_from_cache(model: PathLike | ModelDir, tokenizer: PathLike | None, cache: Path, dest: Path, *,
-                          op_types: Sequence[str], exclude: Sequence[str], target: str) -> CalibrationResult:
+def _calibrate_from_cache(request: CalibrateRequest, cache: Path, dest: Path) -> CalibrationResult:
     from calibkit.calibrate.pipeline import calibrate_from_cache
     from calibkit.data.modeldir import ModelDir
     from calibkit.errors import ModelError
 
+    model = request.model
     try:
-        md = _model_dir(model, tokenizer)
+        md = model_dir(model, request.tokenizer)
     except ModelError:
         path = Path(model) if not isinstance(model, ModelDir) else model.onnx_path
         if not (path.is_file() and path.suffix == ".onnx"):
             raise
         md = ModelDir(onnx_path=path, tokenizer_path=path.parent)  # a tokenizer is not needed to apply a cache
-    return calibrate_from_cache(md, cache, out_dir=dest, op_types=list(op_types), exclude=list(exclude),
-                                target=target)
+    return calibrate_from_cache(md, cache, out_dir=dest, op_types=list(request.op_types),
+                                exclude=list(request.exclude), target=str(request.target))
 
 
 def histogram(calibration: CalibrationResult | PathLike, tensor: str | None = None) -> ActivationHistogram:
@@ -703,118 +482,19 @@ def build(
 # ---------------------------------------------------------------- compare
 
 
-def check_compare_numbers(*, limit: int | None, seed: int, batch_size: int, layer_samples: int | None,
-                          sensitivity_samples: int, sensitivity_layers: int | None, thresholds: Thresholds | None,
-                          max_disagreements: int, workers: int | None, traffic_size: int) -> None:
-    """UsageError for a numeric compare option out of its domain (before any file is read)."""
-    from calibkit.evaluate.flags import Thresholds
-
-    check_seed(seed)
-    check_numbers({"--limit": (limit, COUNT_OR_NONE), "--batch-size": (batch_size, COUNT),
-                   "--layer-samples": (layer_samples, COUNT_OR_NONE),
-                   "--sensitivity-samples": (sensitivity_samples, COUNT),
-                   "--sensitivity-layers": (sensitivity_layers, COUNT_OR_NONE),
-                   "--max-disagreements": (max_disagreements, Bound(low=0, high=INT_LIMIT, integer=True)),
-                   "--workers": (workers, WORKERS), "--traffic-size": (traffic_size, TRAFFIC_SIZE)})
-    if thresholds is not None and not isinstance(thresholds, Thresholds):
-        raise UsageError(f"thresholds must be a Thresholds value, got {type(thresholds).__name__}")
-    th = thresholds or Thresholds()
-    ranges = (("sqnr", "min_sqnr_db", None, None), ("clipped", "max_clipped_fraction", 0, 1),
-              ("outlier", "max_outlier_ratio", 0, None), ("recovery", "min_recovery_points", 0, 100),
-              ("cost", "max_cost_points", 0, 100), ("zeroed-weights", "max_zeroed_weights", 0, 1),
-              ("cosine", "cosine_effect", 0, 2))
-    check_numbers({f"--threshold-{name}": (getattr(th, field), Bound(low=low, high=high))
-                   for name, field, low, high in ranges})
-
-
-def load_evidence(eval_set: PathLike | EvalSet, *, task: Any = None, limit: int | None = None, seed: int = 0,
-                  text_column: str | None = None, label_column: str | None = None, split: str | None = None
-                  ) -> tuple[EvalSet, Any]:
-    """The eval set (a file or a loaded :class:`EvalSet`), its labels checked against ``task`` over the WHOLE
-    file (a bad label is the file's fault whichever rows are drawn), then ``limit`` rows drawn (stratified,
-    seeded). Returns (rows to evaluate, the ``EvalSubset`` they are of the file, or None for all)."""
-    from calibkit.data.evalset import EvalSet, load_eval_set
-    from calibkit.evaluate.subsets import limit_eval_set
-    from calibkit.evaluate.tasks import TaskKind
-
-    if isinstance(eval_set, EvalSet):
-        full = eval_set
-    else:
-        label_sets = task is not None and task.kind is TaskKind.MULTI_LABEL
-        full = load_eval_set(Path(eval_set), text_column=text_column, label_column=label_column, split=split,
-                             label_sets=label_sets)
-    if task is not None and task.kind is not TaskKind.TOKEN_CLASSIFICATION:
-        task.gold(full)  # validation only; token tags are aligned (and checked) where the tokenizer is at hand
-    return limit_eval_set(full, limit, seed)
-
-
-def compare(
-    engine_a: PathLike | EngineArtifact,
-    engine_b: PathLike | EngineArtifact,
-    eval_set: PathLike | EvalSet | None = None,
-    *,
-    reference: PathLike | EngineArtifact | None = None,
-    task: str | None = None,
-    limit: int | None = None,
-    seed: int = 0,
-    text_column: str | None = None,
-    label_column: str | None = None,
-    split: str | None = None,
-    batch_size: int = 32,
-    layers: bool = True,
-    layer_samples: int | None = 512,
-    sensitivity: bool = True,
-    sensitivity_samples: int = 256,
-    sensitivity_layers: int | None = None,
-    thresholds: Thresholds | None = None,
-    max_disagreements: int = 50,
-    workers: int | None = None,
-    executor: Executor | str | None = None,
-    memory_budget: str | int = DEFAULT_MEMORY_BUDGET,
-    max_batch_tokens: int | None = None,
-    progress: ProgressCallback | None = None,
-    traffic: PathLike | TrafficEvidence | None = DEFAULT_TRAFFIC,
-    traffic_size: int = 4000,
-    traffic_text_field: str | None = None,
-    save_outputs: PathLike | None = None,
-) -> Comparison:
+@request_api(CompareRequest, pool_by_default=True)
+def compare(request: CompareRequest, resources: Resources) -> Comparison:
     """Engine A (baseline) against engine B: each engine's metrics, B's fidelity to A, per-layer measurements,
     sensitivity and flags, every difference with its paired 95 % interval.
 
-    Args:
-        engine_a: The baseline engine: a path (with its .calibkit.json sidecar) or a loaded ``EngineArtifact``.
-        engine_b: The engine judged against A, built from the same FP32 model.
-        eval_set: A labelled or unlabeled eval set (JSONL, CSV, Parquet or a ``datasets`` folder) or a loaded
-            ``EvalSet``; None when ``traffic`` gives the texts (they are then the unlabeled eval set too).
-        reference: A third engine measured beside A and B (e.g. FP16).
-        task: classification, embedding, token-classification, regression or multi-label (None: from the
-            model's outputs and config).
-        limit: The most eval rows, drawn stratified by label and seeded (None: all).
-        seed: The seed of every draw.
-        text_column: The eval set's text column (None: found).
-        label_column: The eval set's label column (None: found).
-        split: The split of a ``datasets`` folder.
-        batch_size: The most texts per batch.
-        layers: Measure every quantized layer (ranges, SQNR); False: the outputs alone.
-        layer_samples: The most texts the per-layer taps run on.
-        sensitivity: Measure each layer's effect on the output by keeping it alone in FP32.
-        sensitivity_samples: The texts sensitivity runs on.
-        sensitivity_layers: Only the worst layers by SQNR (None: all).
-        thresholds: The flag thresholds (None: the defaults).
-        max_disagreements: The most disagreeing texts kept in the result.
-        workers: Local worker processes of the sensitivity variants.
-        executor: An Executor or a spec ("local", "dask://host:port") for the sensitivity variants.
-        memory_budget: Bytes of tapped activations held at once ("512M", "1G" or a number).
-        max_batch_tokens: The most padded tokens per batch (None: no cap).
-        progress: Called with each :class:`~calibkit.progress.ProgressEvent` (None: silent).
-        traffic: A request log whose texts outside B's calibration set measure B's fidelity to A without labels
-            (``Comparison.traffic``) and are what sensitivity runs on unless the eval set has class labels;
-            "auto": the log named in that calibration set's manifest; "default": that log when it is still
-            there unchanged; None: no traffic.
-        traffic_size: The most traffic texts drawn.
-        traffic_text_field: The JSON field of the traffic texts (None: found).
-        save_outputs: A folder that receives every evaluated text's outputs from each engine
-            (:func:`save_per_text_outputs`), so a flip can be reproduced.
+    Every option is a field of :class:`~calibkit.requests.compare.CompareRequest` (``min_agreement`` and
+    ``max_drop`` are checked here and applied by :func:`missed_targets`); ``workers``, ``executor``,
+    ``memory_budget`` and ``max_batch_tokens`` say what the call may use (they run the sensitivity variants
+    and bound the layer taps' batches). ``traffic``'s texts outside B's calibration set measure B's fidelity to
+    A without labels (``Comparison.traffic``) and are what sensitivity runs on unless the eval set has class
+    labels; without an eval set they are the (unlabeled) eval set too. With ``save_outputs``, every evaluated
+    text's outputs from each engine are written there (:func:`save_per_text_outputs`), so a flip can be
+    reproduced.
 
     Returns:
         The comparison: per-engine evaluations, agreement with its interval, the layers' verdicts, the
@@ -830,56 +510,13 @@ def compare(
         >>> len(c.engines), 0.0 <= c.agreement <= 1.0, c.engine_a.accuracy is not None
         (2, True, True)
     """
-    from calibkit.data.evalset import EvalSet
-    from calibkit.engines.artifact import EngineArtifact
-    from calibkit.evaluate.compare import CompareOptions, check_same_model, compare_engines, select_task, tokenizer_dir
-    from calibkit.evaluate.flags import Thresholds
-    from calibkit.evaluate.traffic import TrafficEvidence
+    from calibkit.evaluate.compare import compare_loaded, resolve_compare
 
-    check_paths({"engine_a": engine_a, "engine_b": engine_b}, {"eval_set": eval_set, "reference": reference,
-                                                               "traffic": traffic, "save_outputs": save_outputs},
-                loaded=(EngineArtifact, EvalSet, TrafficEvidence))
-    check_names({"task": task, "text_column": text_column, "label_column": label_column, "split": split,
-                 "traffic_text_field": traffic_text_field})
-    check_compare_numbers(limit=limit, seed=seed, batch_size=batch_size, layer_samples=layer_samples,
-                          sensitivity_samples=sensitivity_samples, sensitivity_layers=sensitivity_layers,
-                          thresholds=thresholds, max_disagreements=max_disagreements, workers=workers,
-                          traffic_size=traffic_size)
-    budget(memory_budget, max_batch_tokens)
-    a, b = _artifact(engine_a), _artifact(engine_b)
-    ref = _artifact(reference) if reference is not None else None
-    engines = [a, b] + ([ref] if ref else [])
-    _not_an_input(save_outputs, [*engines, eval_set, traffic], "save_outputs")
-    check_same_model(engines)
-    chosen = select_task(a, tokenizer_dir(engines), task)
-    if eval_set is not None:
-        ev, rows = load_evidence(eval_set, task=chosen, limit=limit, seed=seed, text_column=text_column,
-                                 label_column=label_column, split=split)
-    elif traffic is None:
-        raise UsageError("compare needs texts to compare the engines on: an eval set, or traffic",
-                         hint="pass --eval-set test.jsonl, or --traffic LOG (or 'auto': the log of B's calibration "
-                              "set)")
-    opts = CompareOptions(
-        batch_size=batch_size, layers=layers,
-        layer_samples=layer_samples, sensitivity=sensitivity and layers, sensitivity_samples=sensitivity_samples,
-        sensitivity_layers=sensitivity_layers, workers=workers, max_disagreements=max_disagreements, seed=seed,
-        task=task, thresholds=thresholds or Thresholds(),
-    )
-    with resources(executor, workers=workers, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
-                   progress=progress, pool_by_default=True) as res:
-        drawn = load_traffic(traffic, _engine_calibration_set(b, a), size=traffic_size, text_field=traffic_text_field,
-                             seed=seed, progress=progress, exclude=ev.texts if eval_set is not None else (),
-                             tokenizer=tokenizer_dir(engines))
-        if eval_set is None:
-            if drawn is None or not len(drawn):
-                raise UsageError("compare has no texts: no eval set was given and no traffic was drawn",
-                                 hint="pass --eval-set test.jsonl, or --traffic LOG with texts outside the "
-                                      "calibration set")
-            ev, rows = EvalSet(Path(drawn.source.path), tuple(drawn.texts), ()), None
-        result = compare_engines(a, b, ev, reference=ref, options=opts, rows=rows, task=chosen, resources=res,
-                                 traffic=drawn)
-    if save_outputs is not None:
-        save_per_text_outputs(result, ev, Path(save_outputs),
+    inputs = resolve_compare(request, resources.progress)
+    result = compare_loaded(inputs, request, resources)
+    if request.save_outputs is not None:
+        rows = inputs.rows
+        save_per_text_outputs(result, inputs.eval_set, Path(request.save_outputs),
                               rows=[int(i) for i in rows.indices] if rows is not None else None)
     return result
 
@@ -929,14 +566,6 @@ def save_per_text_outputs(result: Comparison, eval_set: EvalSet, out: Path, *,
     return out
 
 
-def check_targets(*, min_agreement: float | None = None, max_drop: float | None = None) -> None:
-    """UsageError for a compare target that cannot be met or missed (checked before any work)."""
-    check_numbers({"--min-agreement": (min_agreement, Bound(low=0, high=100, optional=True, example="99",
-                                                            what="a percentage")),
-                   "--max-drop": (max_drop, Bound(low=0, high=100, optional=True, example="0.5",
-                                                  what="a number of accuracy points"))})
-
-
 def missed_targets(result: Comparison, *, min_agreement: float | None = None,
                    max_drop: float | None = None) -> tuple[str, ...]:
     """What a comparison misses of the stated targets (empty: all met), one line each: ``min_agreement``, the
@@ -972,153 +601,20 @@ def deciding_digits(value: float, limit: float, digits: int = 2) -> tuple[str, s
     return repr(value), repr(limit)
 
 
-def _engine_calibration_set(*engines: EngineArtifact) -> CalibrationSet | None:
-    """The calibration set an INT8 engine was calibrated on (its sidecar's calibration.json names it), when it
-    is still there: its texts are excluded from traffic evidence, and its manifest names the default log."""
-    from calibkit._io import read_json
-    from calibkit.data.calibset import load_calibration_set
-    from calibkit.errors import CalibkitError
-
-    for e in engines:
-        if not e.calibration_json or not Path(e.calibration_json).is_file():
-            continue
-        try:
-            doc = read_json(Path(e.calibration_json))
-            cs = doc.get("calibration_set") if isinstance(doc, dict) else None
-            path = cs.get("path") if isinstance(cs, dict) else cs
-            if isinstance(path, str) and Path(path).is_dir():
-                return load_calibration_set(Path(path))
-        except (CalibkitError, OSError, ValueError):
-            continue
-    return None
-
-
 # ---------------------------------------------------------------- tune
 
 
-def check_tune_options(*, method: str, target: str, decision_rule: str = "sequential", task: str | None = None
-                       ) -> None:
-    """UsageError for a --method, --target, --decision-rule or --task tune does not know."""
-    from calibkit.evaluate.tasks import TaskKind
-    from calibkit.types import Method
-
-    if task is not None and task not in {k.value for k in TaskKind}:
-        raise UsageError(f"unknown --task {task!r}", hint="choose classification, embedding or token-classification")
-
-    if method != "auto" and method not in {m.value for m in Method}:
-        raise UsageError(f"unknown --method {method!r}", hint="use auto, entropy, minmax, percentile or mse")
-    if target not in ("tensorrt", "onnxruntime"):
-        raise UsageError(f"unknown --target {target!r}", hint="use tensorrt or onnxruntime")
-    if decision_rule not in ("sequential", "whole-split"):
-        raise UsageError(f"unknown --decision-rule {decision_rule!r}", hint="use sequential or whole-split")
-
-
-def check_tune_numbers(*, max_drop: float, min_agreement: float | None, min_cosine: float | None,
-                       agreement_confidence: float, holdout: float, sensitivity_samples: int,
-                       sensitivity_layers: int | None, max_evaluations: int, limit: int | None, seed: int,
-                       percentile: float, workers: int | None, traffic_size: int) -> None:
-    """UsageError for a numeric tune option out of its domain (before any file is read)."""
-    check_seed(seed)
-    check_numbers({
-        "--max-drop": (max_drop, Bound(low=0, high=100, example="0.5")),
-        "--min-agreement": (min_agreement, Bound(above=0, high=100, optional=True, example="99")),
-        "--min-cosine": (min_cosine, Bound(above=-1, below=1, optional=True, example="0.995")),
-        "--agreement-confidence": (agreement_confidence, Bound(low=0.5, below=1, example="0.9")),
-        "--holdout": (holdout, Bound(low=0, below=1, example="0.3")),
-        "--sensitivity-samples": (sensitivity_samples, Bound(low=8, high=INT_LIMIT, integer=True, example="256")),
-        "--sensitivity-layers": (sensitivity_layers, COUNT_OR_NONE),
-        "--max-evaluations": (max_evaluations, Bound(low=1, high=INT_LIMIT, integer=True, example="40")),
-        "--limit": (limit, COUNT_OR_NONE), "--percentile": (percentile, PERCENTILE), "--workers": (workers, WORKERS),
-        "--traffic-size": (traffic_size, TRAFFIC_SIZE)})
-
-
-def tune(
-    model: PathLike | ModelDir,
-    calibration_set: PathLike | CalibrationSet,
-    eval_set: PathLike | EvalSet | None = None,
-    out: PathLike | None = None,
-    *,
-    tokenizer: PathLike | None = None,
-    max_drop: float = 0.5,
-    relative: bool = False,
-    min_agreement: float | None = None,
-    min_cosine: float | None = None,
-    task: str | None = None,
-    agreement_confidence: float = 0.9,
-    method: str = "auto",
-    target: str = "tensorrt",
-    holdout: float = TUNE_HOLDOUT,
-    sensitivity_samples: int = TUNE_SENSITIVITY_SAMPLES,
-    sensitivity_layers: int | None = None,
-    max_evaluations: int = 40,
-    limit: int | None = None,
-    seed: int = 0,
-    percentile: float = 99.99,
-    workers: int | None = None,
-    executor: Executor | str | None = None,
-    memory_budget: str | int = DEFAULT_MEMORY_BUDGET,
-    max_batch_tokens: int | None = None,
-    report: PathLike | None = None,
-    progress: ProgressCallback | None = None,
-    traffic: PathLike | TrafficEvidence | None = DEFAULT_TRAFFIC,
-    traffic_size: int = TUNE_TRAFFIC_SIZE,
-    traffic_text_field: str | None = None,
-    smooth: bool = True,
-    decision_rule: str = "sequential",
-    confirm: bool = True,
-) -> TuneRun:
+@request_api(TuneRequest)
+def tune(request: TuneRequest, resources: Resources) -> TuneRun:
     """The mixed-precision plan with the most INT8 work that keeps accuracy within ``max_drop`` points of FP32
     (and, with ``min_agreement``, that percentage of FP32's predictions), confirmed on a holdout split.
 
     Embedding and token-classification models are tuned on fidelity alone (``min_agreement``: the share of
     texts whose nearest neighbour in the FP32 index stays, or of tokens whose tag stays; ``min_cosine``: the
-    mean cosine to FP32's vectors). Over 80 lines for a reason: most of it is the keyword signature, the public
-    surface of tune.
-
-    Args:
-        model: The FP32 model folder or a loaded ``ModelDir``.
-        calibration_set: The calibration set's folder or the loaded set.
-        eval_set: The eval set (a file or a loaded ``EvalSet``); None when ``traffic`` gives the texts.
-        out: The folder to write: model.int8.onnx, calibration.cache, calibration.json, plan.json, tune.json
-            (default ``runs/tune-<model>``).
-        tokenizer: The tokenizer, when it is not in the model folder.
-        max_drop: The most accuracy points the plan may lose against FP32.
-        relative: ``max_drop`` is a percentage of FP32's accuracy, not points.
-        min_agreement: The least percentage of FP32's predictions the plan keeps (None: no such target).
-        min_cosine: The least mean cosine to FP32's vectors of an embedder (None: no such target).
-        task: classification, embedding, token-classification, regression or multi-label (None: from the
-            model).
-        agreement_confidence: The confidence at which each decision is settled.
-        method: The calibration method, or "auto" (each method measured, the best kept).
-        target: The Q/DQ layout: tensorrt or onnxruntime.
-        holdout: The fraction of the evidence kept for the holdout split.
-        sensitivity_samples: The texts per-layer sensitivity runs on.
-        sensitivity_layers: Only the worst layers by SQNR (None: all).
-        max_evaluations: The most candidate plans evaluated.
-        limit: The most eval rows, drawn stratified by label and seeded (None: all).
-        seed: The seed of every draw and split.
-        percentile: The percentile of |x| of the percentile method.
-        workers: Local worker processes of the evaluations.
-        executor: An Executor or a spec ("local", "dask://host:port") for the evaluations.
-        memory_budget: Bytes of tapped activations held at once ("512M", "1G" or a number).
-        max_batch_tokens: The most padded tokens per batch (None: no cap).
-        report: A report folder to write beside ``out`` (None: none).
-        progress: Called with each :class:`~calibkit.progress.ProgressEvent` (None: silent).
-        traffic: A request log (the formats and ``traffic_text_field`` of ``sample``), "auto" for the log named
-            in the calibration set's manifest, or drawn ``TrafficEvidence``: up to ``traffic_size`` texts not in
-            the calibration set, split like the eval set; agreement with FP32 is then judged on them and the
-            eval set carries accuracy alone. "default": the calibration set's log when it is still there
-            unchanged; None: no traffic.
-        traffic_size: The most traffic texts drawn.
-        traffic_text_field: The JSON field of the traffic texts (None: found).
-        smooth: Also try the smoothed model, and keep it where it does better.
-        decision_rule: "sequential" judges each candidate on growing chunks of the search split and stops once
-            its decision is settled at ``agreement_confidence`` (a betting confidence sequence, valid however
-            often it looks); "whole-split" evaluates every candidate on the whole split.
-        confirm: The candidates that met the target on the search split are tested on the holdout split from
-            the least INT8 up, stopping at the first that fails, and the plan is the last one confirmed
-            (fixed-sequence testing: the chance that the plan misses the target stays at
-            ``1 - agreement_confidence``). False: the search's choice, the holdout only a check.
+    mean cosine to FP32's vectors). Every option is a field of :class:`~calibkit.requests.tune.TuneRequest`;
+    ``workers`` and ``executor`` say where the evaluations run (default: a local pool of one process per usable
+    CPU; a given executor also shards the statistics). ``traffic``'s texts, not in the calibration set, are split
+    like the eval set; agreement with FP32 is then judged on them and the eval set carries accuracy alone.
 
     Returns:
         The files written and the typed result (``.result``): the target, the candidates measured, the final
@@ -1137,129 +633,24 @@ def tune(
         >>> run.plan_path.name, 0.0 <= run.result.final.int8_flops_fraction <= 1.0
         ('plan.json', True)
     """
-    from calibkit.data.calibset import CalibrationSet
-    from calibkit.data.evalset import EvalSet
-    from calibkit.data.modeldir import ModelDir
-    from calibkit.evaluate.traffic import TrafficEvidence
-    from calibkit.evaluate.tune import TuneConfig, run_tune
-    from calibkit.types import MethodParams
+    from calibkit.evaluate.tune import run_tune
 
-    check_paths({"model": model, "calibration_set": calibration_set},
-                {"eval_set": eval_set, "out": out, "tokenizer": tokenizer, "report": report, "traffic": traffic},
-                loaded=(ModelDir, CalibrationSet, EvalSet, TrafficEvidence))
-    check_names({"task": task, "method": method, "target": target, "decision_rule": decision_rule,
-                 "traffic_text_field": traffic_text_field}, required=("method", "target", "decision_rule"))
-    check_tune_options(method=method, target=target, decision_rule=decision_rule, task=task)
-    check_tune_numbers(max_drop=max_drop, min_agreement=min_agreement, min_cosine=min_cosine,
-                       agreement_confidence=agreement_confidence, holdout=holdout,
-                       sensitivity_samples=sensitivity_samples, sensitivity_layers=sensitivity_layers,
-                       max_evaluations=max_evaluations, limit=limit, seed=seed, percentile=percentile,
-                       workers=workers, traffic_size=traffic_size)
-    budget(memory_budget, max_batch_tokens)
-    md = _model_dir(model, tokenizer)
-    dest = Path(out) if out is not None else Path("runs") / f"tune-{md.onnx_path.parent.name or md.onnx_path.stem}"
-    for written, option in ((dest, "out"), (report, "report")):
-        _not_an_input(written, [md.onnx_path, md.tokenizer_path, calibration_set, eval_set, traffic], option)
-    kind = _model_task(md, task)
-    cset = _calibration_set(calibration_set)
-    # the eval set first: its texts are left out of the traffic before the draw, so --traffic-size holds
-    loaded = load_evidence(eval_set, task=kind, limit=limit, seed=seed) if eval_set is not None else None
-    drawn = load_traffic(traffic, cset, size=traffic_size, text_field=traffic_text_field, seed=seed, model=md,
-                         progress=progress, exclude=loaded[0].texts if loaded is not None else ())
-    if loaded is None:
-        if drawn is None or not len(drawn):
-            raise UsageError("tune needs texts to judge plans on: an eval set, or traffic",
-                             hint="pass --eval-set test.jsonl, or --traffic LOG (or 'auto': the calibration set's "
-                                  "own log)")
-        ev, rows = EvalSet(Path(drawn.source.path), (), ()), None
-    else:
-        ev, rows = loaded
-    config = TuneConfig(
-        max_drop=max_drop, relative=relative, min_agreement=min_agreement, agreement_confidence=agreement_confidence,
-        method=method, holdout_fraction=holdout, sensitivity_samples=sensitivity_samples,
-        sensitivity_layers=sensitivity_layers, max_evaluations=max_evaluations, workers=workers, seed=seed,
-        target=target, params=MethodParams(percentile=percentile), smooth=smooth, min_cosine=min_cosine,
-        task=task, decision_rule=decision_rule, confirm=confirm,
-    )
-    with resources(executor, workers=workers, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
-                   progress=progress) as res:
-        return run_tune(md, cset, ev, dest, config, render=_render_tune if report is not None else None,
-                        report_dir=Path(report) if report is not None else None, resources=res,
-                        write_document=_write_tune_document, rows=rows, traffic=drawn)
+    return run_tune(request, replace(resources, writer=_ReportWriter()))
 
 
-def _model_task(md: ModelDir, task: str | None = None) -> Any:
-    """The task of a model folder (``task`` forces one), from its outputs and config.json's id2label; None for
-    a model without class names and no ``task`` (tune then finds it from the outputs and judges fidelity)."""
-    from calibkit.evaluate.tasks import choose_task, model_outputs
-    from calibkit.graph import load_model
+class _ReportWriter:
+    """The report layer's writer of tune.json and the report folder, for the tune pipeline (below it)."""
 
-    cfg = md.id2label
-    if not cfg and task is None:
-        return None
-    return choose_task(model_outputs(load_model(md.onnx_path, load_external_data=False)),
-                       {"id2label": {str(k): v for k, v in cfg.items()}}, task)
+    def document(self, result: TuneResult, path: Path) -> None:
+        from calibkit._io import write_json
+        from calibkit.report.codec import to_document
 
+        write_json(path, to_document(result))
 
-def _render_tune(result: TuneResult, folder: Path) -> None:
-    from calibkit.report.render import render_report
+    def report(self, result: TuneResult, folder: Path) -> None:
+        from calibkit.report.render import render_report
 
-    render_report(result, folder)
-
-
-def _write_tune_document(result: TuneResult, path: Path) -> None:
-    from calibkit._io import write_json
-    from calibkit.report.codec import to_document
-
-    write_json(path, to_document(result))
-
-
-def load_traffic(traffic: PathLike | TrafficEvidence | None, calibration_set: CalibrationSet | None, *,
-                 size: int = 4000, text_field: str | None = None, seed: int = 0, model: ModelDir | None = None,
-                 progress: ProgressCallback | None = None, exclude: Sequence[str] = (),
-                 tokenizer: PathLike | None = None) -> TrafficEvidence | None:
-    """Traffic evidence from ``traffic``: None (none), drawn evidence (as it is), ``"auto"`` (the calibration
-    set's own log, named in its manifest; refused when it is gone or changed), ``"default"`` (that log when it
-    is still there unchanged, else none, with a warning when the manifest names one) or a log path.
-    Calibration texts and ``exclude`` (the eval set's texts: traffic is evidence independent of it) are
-    excluded before the draw, also where they differ only in what the model's tokenizer (``model``'s, or
-    ``tokenizer``) does not see; a log that holds nothing else is refused."""
-    from calibkit.evaluate.traffic import TrafficEvidence, TrafficOptions, draw_default_traffic, draw_traffic
-
-    if traffic is None or isinstance(traffic, TrafficEvidence):
-        return traffic
-    check_numbers({"--traffic-size": (size, TRAFFIC_SIZE)})
-    check_seed(seed)
-    tok = model.tokenizer_path if model is not None else Path(tokenizer) if tokenizer is not None else None
-    opts = TrafficOptions(size=size, seed=seed, text_field=text_field, tokenizer=tok,
-                          max_length=model.max_length if model is not None else None)
-    if str(traffic) == DEFAULT_TRAFFIC:
-        return _default_traffic(calibration_set, opts, progress, exclude)
-    if str(traffic) == "auto":
-        if calibration_set is None:
-            raise UsageError("--traffic auto needs a calibration set whose manifest names its log",
-                             hint="pass the log itself: --traffic requests.jsonl")
-        return draw_default_traffic(calibration_set, opts, progress, exclude_texts=exclude)
-    return draw_traffic(traffic, opts, calibration_set=calibration_set, progress=progress, exclude_texts=exclude)
-
-
-def _default_traffic(calibration_set: CalibrationSet | None, opts: Any, progress: ProgressCallback | None,
-                     exclude: Sequence[str]) -> TrafficEvidence | None:
-    import logging
-
-    from calibkit.errors import DataError
-    from calibkit.evaluate.traffic import default_traffic_log, draw_default_traffic
-
-    if calibration_set is None:
-        return None
-    try:
-        default_traffic_log(calibration_set)
-    except DataError as exc:
-        m = calibration_set.manifest
-        if isinstance(m, dict) and isinstance(m.get("source"), dict):  # it names a log that is gone or changed
-            logging.getLogger("calibkit").warning("no traffic evidence: %s (%s)", exc.message, exc.hint)
-        return None
-    return draw_default_traffic(calibration_set, opts, progress, exclude_texts=exclude)
+        render_report(result, folder)
 
 
 # ---------------------------------------------------------------- reports

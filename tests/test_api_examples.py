@@ -17,8 +17,8 @@ from calibkit import api
 
 # the order the examples build on each other (export first: its own folder): sample's set feeds smooth and
 # calibrate, build's engines compare, tune's folder deploy
-ORDER = ("export", "sample", "smooth", "calibrate", "histogram", "build", "compare", "render_report", "load_report",
-         "tune", "deploy")
+ORDER = ("export", "sample", "smooth", "calibrate", "histogram", "build", "compare", "run", "render_report",
+         "load_report", "tune", "deploy")
 SECTIONS = ("Args:", "Returns:", "Raises:", "Examples:")
 
 

@@ -18,15 +18,18 @@ from test_compare_tiny import WORDS, build_engines, make_texts, make_tokenizer, 
 from calibkit.data.evalset import load_eval_set
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.engines.artifact import EngineArtifact
-from calibkit.evaluate.compare import CompareOptions, compare_engines
+from calibkit.evaluate.compare import compare_engines
 from calibkit.evaluate.flags import Flag
 from calibkit.graph import add_outputs, model_sha256
 from calibkit.quantize.qdq import Target, quantize_model, save_model
 from calibkit.report.codec import parse_result, to_document
+from calibkit.requests.compare import CompareRequest
+from calibkit.resources import Resources
 from calibkit.types import Backend, CalibrationTable, Method, MethodParams, Precision, TensorRange
 
 H = 8
-OPTS = CompareOptions(batch_size=16, workers=1, sensitivity_samples=80, layer_samples=80)
+OPTS = {"batch_size": 16, "sensitivity_samples": 80, "layer_samples": 80, "traffic": None}
+ONE_WORKER = Resources(workers=1)
 
 
 def _net(head: np.ndarray, output: str, out_shape: list) -> onnx.ModelProto:
@@ -89,8 +92,9 @@ def _engines(root: Path, model: onnx.ModelProto, config: dict, squeeze: float, *
 
 
 def _compare(e: dict[str, Path], **kw):  # type: ignore[no-untyped-def]
-    return compare_engines(EngineArtifact.load(e["fp"]), EngineArtifact.load(e["int8"]), load_eval_set(e["eval"]),
-                           options=kw.pop("options", OPTS), **kw)
+    request = CompareRequest(engine_a=EngineArtifact.load(e["fp"]), engine_b=EngineArtifact.load(e["int8"]),
+                             eval_set=load_eval_set(e["eval"]), **{**OPTS, **kw})
+    return compare_engines(request, ONE_WORKER)
 
 
 @pytest.fixture(scope="module")
@@ -152,8 +156,7 @@ def test_a_classifier_on_an_unlabeled_eval_set_is_judged_on_flips(classifier: di
     rows = [json.loads(x) for x in classifier["eval"].read_text().splitlines()]
     unl = tmp_path / "unlabeled.jsonl"
     unl.write_text("".join(json.dumps({"text": r["text"]}) + "\n" for r in rows))
-    res = compare_engines(EngineArtifact.load(classifier["fp"]), EngineArtifact.load(classifier["int8"]),
-                          load_eval_set(unl), options=OPTS)
+    res = _compare({**classifier, "eval": unl})
     ev = res.sensitivity
     assert ev is not None and ev.measured and ev.reference_accuracy is None and "flips" in ev.basis
     fc1 = res.layer("fc1")
@@ -180,9 +183,7 @@ def test_a_classifier_with_traffic_runs_sensitivity_on_the_traffic(classifier: d
 
 
 def test_without_sensitivity_the_verdict_says_not_measured(embedder: dict[str, Path], tmp_path: Path) -> None:
-    from dataclasses import replace
-
-    res = _compare(embedder, options=replace(OPTS, sensitivity=False))
+    res = _compare(embedder, sensitivity=False)
     rec = res.recommendation
     assert not rec.measured and rec.verdict.startswith(("not measured", "keep"))
     assert "no layer needs higher precision" not in rec.verdict
@@ -219,7 +220,8 @@ def test_regression_says_sensitivity_is_not_measured() -> None:
     from calibkit.evaluate.tasks import choose_task
 
     task = choose_task({"logits": 2}, {"problem_type": "regression", "num_labels": 1}, "regression")
-    ev, why = sensitivity_texts(task, [], [], None, None, None, OPTS)  # type: ignore[arg-type]
+    request = CompareRequest(engine_a="a.onnx", engine_b="b.onnx", **OPTS)
+    ev, why = sensitivity_texts(task, [], [], None, None, None, request)  # type: ignore[arg-type]
     assert ev is None and "not measured for regression models" in why
 
 
@@ -253,9 +255,7 @@ def test_flags_sharing_a_clipped_family_are_one_finding(tmp_path: Path) -> None:
     engines = _engines(tmp_path, _softmax_net(), {}, 0.1, shrunk=("p1", "p2"), kept=("h2",),
                        method=Method.ENTROPY, texts=60, calibration_texts=60, seed=8)
     fp, int8, ev = engines["fp"], engines["int8"], engines["eval"]
-    from dataclasses import replace
-
-    res = _compare({"fp": fp, "int8": int8, "eval": ev}, options=replace(OPTS, sensitivity=False))
+    res = _compare({"fp": fp, "int8": int8, "eval": ev}, sensitivity=False)
     assert len(res.findings) == 1
     f = res.findings[0]
     assert f.cause == "clipping" and f.family == "attention Softmax outputs" and f.method == "entropy"

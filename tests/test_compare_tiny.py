@@ -18,11 +18,13 @@ from sklearn.metrics import accuracy_score, f1_score
 from calibkit.data.evalset import load_eval_set
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.engines.artifact import EngineArtifact
-from calibkit.evaluate.compare import CompareOptions, compare_engines
+from calibkit.evaluate.compare import compare_engines
 from calibkit.evaluate.flags import Thresholds
 from calibkit.graph import add_outputs, model_sha256
 from calibkit.quantize.qdq import Target, quantize_model, save_model
 from calibkit.report.codec import parse_result, to_document
+from calibkit.requests.compare import CompareRequest
+from calibkit.resources import Resources
 from calibkit.types import Backend, CalibrationTable, Method, MethodParams, Precision, TensorRange
 
 WORDS = ["good", "great", "fine", "love", "bad", "awful", "hate", "poor", "movie", "plot", "the", "a", "is", "was"]
@@ -154,11 +156,17 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return build_engines(tmp_path_factory.mktemp("tiny"))
 
 
+def compare_files(fp: Path, int8: Path, eval_set: Path, *, workers: int | None = 1, **options):  # type: ignore[no-untyped-def]
+    """compare_engines on engine files and an eval file, without traffic unless asked."""
+    request = CompareRequest(engine_a=EngineArtifact.load(fp), engine_b=EngineArtifact.load(int8),
+                             eval_set=load_eval_set(eval_set), **{"traffic": None, **options})
+    return compare_engines(request, Resources(workers=workers))
+
+
 @pytest.fixture(scope="module")
 def comparison(tiny: dict[str, Path]):
-    opts = CompareOptions(batch_size=16, sensitivity=True, workers=1, sensitivity_samples=40)
-    return compare_engines(EngineArtifact.load(tiny["fp"]), EngineArtifact.load(tiny["int8"]),
-                           load_eval_set(tiny["eval"]), options=opts)
+    return compare_files(tiny["fp"], tiny["int8"], tiny["eval"], batch_size=16, sensitivity=True,
+                         sensitivity_samples=40)
 
 
 def _brute_logits(model: Path, texts: list[str], tok: TextTokenizer) -> np.ndarray:
@@ -331,9 +339,8 @@ def test_onnxruntime_layout_uint8_zero_point_128(tmp_path: Path) -> None:
     q = onnx.load(str(paths["int8"]))
     zps = [i for i in q.graph.initializer if i.name.endswith("_zero_point") and i.data_type == TensorProto.UINT8]
     assert zps, "the ONNX Runtime target writes uint8 activations"
-    opts = CompareOptions(batch_size=16, sensitivity=False, thresholds=Thresholds(min_sqnr_db=200.0))
-    c = compare_engines(EngineArtifact.load(paths["fp"]), EngineArtifact.load(paths["int8"]),
-                        load_eval_set(paths["eval"]), options=opts)
+    c = compare_files(paths["fp"], paths["int8"], paths["eval"], workers=None, batch_size=16, sensitivity=False,
+                      thresholds=Thresholds(min_sqnr_db=200.0))
     assert c.engine_b.layout == "onnxruntime" and c.engine_a.layout is None  # the layout measured, recorded
     table = json.loads(paths["cal"].read_text())
     amax = {r["tensor"]: r["amax"] for r in table["ranges"]}
@@ -367,9 +374,8 @@ def test_sensitivity_pool_matches_in_process(tiny) -> None:
 
 
 def test_sensitivity_limited_to_worst_layers(tiny, comparison) -> None:
-    opts = CompareOptions(batch_size=16, sensitivity=True, workers=1, sensitivity_samples=40, sensitivity_layers=1)
-    c = compare_engines(EngineArtifact.load(tiny["fp"]), EngineArtifact.load(tiny["int8"]),
-                        load_eval_set(tiny["eval"]), options=opts)
+    c = compare_files(tiny["fp"], tiny["int8"], tiny["eval"], batch_size=16, sensitivity=True,
+                      sensitivity_samples=40, sensitivity_layers=1)
     measured = {v.node for v in c.layers if v.sensitivity is not None}
     assert len(measured) == 1
     chosen = next(iter(measured))
@@ -391,9 +397,8 @@ def test_same_rows_in_another_order_give_the_same_flags(tiny, comparison, tmp_pa
     perm = np.random.default_rng(7).permutation(len(rows))
     shuffled = tmp_path / "shuffled.jsonl"
     shuffled.write_text("".join(json.dumps(rows[i]) + "\n" for i in perm))
-    opts = CompareOptions(batch_size=16, sensitivity=True, workers=1, sensitivity_samples=40)
-    again = compare_engines(EngineArtifact.load(tiny["fp"]), EngineArtifact.load(tiny["int8"]),
-                            load_eval_set(shuffled), options=opts)
+    again = compare_files(tiny["fp"], tiny["int8"], shuffled, batch_size=16, sensitivity=True,
+                          sensitivity_samples=40)
     assert comparison.subsets.sensitivity.content_sha256 == again.subsets.sensitivity.content_sha256
     assert comparison.subsets.layers.content_sha256 == again.subsets.layers.content_sha256
     assert [(r.node, r.flag, r.reasons) for r in comparison.layers] == \

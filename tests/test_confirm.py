@@ -82,19 +82,20 @@ def test_holdout_margin_is_what_the_holdout_could_certify() -> None:
 
     from calibkit.evaluate.plan_decisions import make_rule
     from calibkit.evaluate.tune import _holdout_margin
-    from calibkit.evaluate.tune_config import TuneConfig
+    from calibkit.requests.tune import TuneRequest
 
     rule = make_rule("sequential", 0.9, 256)  # its final test at 92.5 %
 
     ev = SimpleNamespace(holdout=object(), agreement_positions=lambda subset: range(1080))
-    margin = _holdout_margin(TuneConfig(min_agreement=95.0), ev, rule)
-    assert margin is not None and _holdout_margin(TuneConfig(), ev, rule) is None
+    margin = _holdout_margin(TuneRequest(model="m", calibration_set="c", min_agreement=95.0), ev, rule)
+    assert margin is not None and _holdout_margin(TuneRequest(model="m", calibration_set="c"), ev, rule) is None
     assert not margin(_m("a", 0.8, agreement=0.9579)) and margin(_m("b", 0.5, agreement=0.97))
     assert not margin(_m("c", 0.5, agreement=float("nan"))) and not margin(_m("d", 0.5, agreement=0.95))
-    small = _holdout_margin(TuneConfig(min_agreement=95.0),
+    small = _holdout_margin(TuneRequest(model="m", calibration_set="c", min_agreement=95.0),
                             SimpleNamespace(holdout=object(), agreement_positions=lambda s: range(90)), rule)
     assert small is not None and not small(_m("b", 0.5, agreement=0.97))  # 90 texts cannot certify 97 % > 95 %
-    cos = _holdout_margin(TuneConfig(min_agreement=95.0, min_cosine=0.995), ev, rule)
+    cos = _holdout_margin(TuneRequest(model="m", calibration_set="c", min_agreement=95.0, min_cosine=0.995), ev,
+                          rule)
     assert cos is not None
     assert not cos(Measured(("e",), 0.9, 0.5, "prefix", True, 0.97, 0.99))
     assert cos(Measured(("e",), 0.9, 0.5, "prefix", True, 0.97, 0.999))

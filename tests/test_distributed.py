@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -30,9 +31,10 @@ from calibkit.evaluate.boardjobs import run_board_unit
 from calibkit.evaluate.predict import predict_logits
 from calibkit.evaluate.sensitivity import analyse_sensitivity
 from calibkit.evaluate.shipping import run_shipped_job
-from calibkit.evaluate.tune import TuneConfig, run_tune
+from calibkit.evaluate.tune import run_tune
 from calibkit.executors import InProcessExecutor
 from calibkit.quantize.qdq import save_model
+from calibkit.requests.tune import TuneRequest
 from calibkit.resources import Resources
 from calibkit.types import Method
 
@@ -154,7 +156,8 @@ def test_interrupted_distributed_tune_resumes_without_redoing_evaluations(tiny, 
     md = ModelDir.resolve(tiny / "model")
     ev = load_eval_set(tiny / "eval.jsonl")
     out = tmp_path / "tune"
-    cfg = TuneConfig(max_drop=1.0, sensitivity_samples=48, method="minmax", smooth=False)
+    cfg = TuneRequest(model=md, calibration_set=tiny / "cset", eval_set=ev, out=out, max_drop=1.0,
+                      sensitivity_samples=48, method="minmax", smooth=False, traffic=None)
     real_map = dask_ex.map
     ledger = out.parent / f".{out.name}.tune" / "ledger.jsonl"
 
@@ -170,19 +173,18 @@ def test_interrupted_distributed_tune_resumes_without_redoing_evaluations(tiny, 
 
     monkeypatch.setattr(dask_ex, "map", interrupting_map)
     with pytest.raises(KeyboardInterrupt):
-        run_tune(md, tiny / "cset", ev, out, cfg, executor=dask_ex)
+        run_tune(cfg, Resources(executor=dask_ex))
     monkeypatch.undo()
     assert _cluster_idle(dask_ex), "the interrupted run left tasks running on the cluster"
     first = [json.loads(line)["key"] for line in ledger.read_text().splitlines()]
     assert len(first) == 4 and not out.exists()
 
-    res = run_tune(md, tiny / "cset", ev, out, cfg, executor=dask_ex)
+    res = run_tune(cfg, Resources(executor=dask_ex))
     assert res.met_target and res.kept_nodes == ("fc1",)
     assert res.resumed_evaluations == 4 and res.result.evaluations_reused >= 4
     keys = [json.loads(line)["key"] for line in ledger.read_text().splitlines()]
     assert keys[:4] == first and len(keys) == len(set(keys))  # no finished evaluation was run (appended) again
-    local = run_tune(md, tiny / "cset", ev, tmp_path / "tune-local", TuneConfig(max_drop=1.0, workers=1,
-                     sensitivity_samples=48, method="minmax", smooth=False))
+    local = run_tune(replace(cfg, out=tmp_path / "tune-local"), Resources(workers=1))
     assert local.kept_nodes == res.kept_nodes
     assert local.result.final.accuracy_search == res.result.final.accuracy_search
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 from test_results import _random
-from test_tune_pipeline import run_tune, tiny_setup  # noqa: F401 - tiny_setup is a fixture
+from test_tune_pipeline import options, run_tune, tiny_setup  # noqa: F401 - tiny_setup is a fixture
 
 from calibkit.cli import _common
 from calibkit.data.evalset import load_eval_set
@@ -34,7 +34,6 @@ from calibkit.evaluate.estimate import (
     tune_steps,
 )
 from calibkit.evaluate.results import FP32_PHASE, PhaseCost, TimeEstimate, span_text
-from calibkit.evaluate.tune import TuneConfig
 from calibkit.progress import ESTIMATE_TASK, ProgressEvent
 from calibkit.report.codec import check_domains, parse_result, to_document, to_json
 
@@ -183,7 +182,7 @@ def _tasks_in_order(events: list[ProgressEvent]) -> list[str]:
 
 def test_tune_announces_its_estimate_after_the_fp32_pass_and_records_it_with_the_actual_time(tiny_setup):  # noqa: F811
     events: list[ProgressEvent] = []
-    cfg = TuneConfig(max_drop=1.0, workers=1, sensitivity_samples=64, method="minmax", smooth=False)
+    cfg = options(max_drop=1.0, sensitivity_samples=64, method="minmax", smooth=False)
     res = run_tune(ModelDir.resolve(tiny_setup["model"]), tiny_setup["cset"], load_eval_set(tiny_setup["eval"]),
                    tiny_setup["root"] / "estimated", cfg, progress=events.append)
     tasks = _tasks_in_order(events)

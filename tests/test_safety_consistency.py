@@ -96,14 +96,16 @@ def test_engines_with_different_tokenizers_are_refused_in_either_order(built: Pa
 
 def test_the_library_refuses_them_too(built: Path, tmp_path: Path) -> None:
     from calibkit.data.evalset import load_eval_set
-    from calibkit.evaluate.compare import CompareOptions, compare_engines
+    from calibkit.evaluate.compare import compare_engines
+    from calibkit.requests.compare import CompareRequest
+    from calibkit.resources import Resources
 
     w = _copy(built, tmp_path)
     b = EngineArtifact.load(_permuted_tokenizer_engine(w))
     a = EngineArtifact.load(w / "e" / "fp32.onnx")
     with pytest.raises(ModelError, match="different tokenizers"):
-        compare_engines(a, b, load_eval_set(built / "eval.jsonl"), options=CompareOptions(layers=False,
-                                                                                          sensitivity=False))
+        compare_engines(CompareRequest(engine_a=a, engine_b=b, eval_set=load_eval_set(built / "eval.jsonl"),
+                                       layers=False, sensitivity=False, traffic=None), Resources())
 
 
 def test_a_tokenizer_edited_after_build_is_refused(built: Path, tmp_path: Path) -> None:

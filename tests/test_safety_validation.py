@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import typing
 from pathlib import Path
 
 import pytest
@@ -67,7 +68,9 @@ def _numeric_options() -> list[tuple[str, str, object]]:
         for info in t.registered_commands:
             name = f"{prefix} {info.name or info.callback.__name__}".strip()  # type: ignore[union-attr]
             for p in inspect.signature(info.callback).parameters.values():  # type: ignore[arg-type]
-                kinds = str(p.annotation).replace(" ", "").split("|")
+                ann = p.annotation  # a string (``from __future__ import annotations``) or a type (generated)
+                kinds = ann.replace(" ", "").split("|") if isinstance(ann, str) else \
+                    [getattr(a, "__name__", str(a)) for a in typing.get_args(ann) or (ann,)]
                 if isinstance(p.default, typer.models.OptionInfo) and {"int", "float"} & set(kinds):
                     found.append((name, p.default.param_decls[0], p.default.parser))
         for group in t.registered_groups:

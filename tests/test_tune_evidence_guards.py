@@ -17,7 +17,7 @@ from calibkit.evaluate.holdout import NOT_CHECKED, holdout_verdict
 from calibkit.evaluate.results import Difference, PlanEvidence, Range
 from calibkit.evaluate.traffic import TrafficOptions, draw_traffic
 from calibkit.evaluate.tune import _check_config
-from calibkit.evaluate.tune_config import TuneConfig
+from calibkit.requests.tune import TuneRequest
 
 
 def test_traffic_rows_that_are_eval_texts_are_dropped_and_counted(tmp_path: Path) -> None:
@@ -58,7 +58,7 @@ def _evidence(agreement: Range, n: int = 0, agreement_n: int = 0) -> PlanEvidenc
 
 
 def test_a_target_the_holdout_has_no_texts_for_is_not_checked_not_dropped() -> None:
-    cfg = TuneConfig(max_drop=0.5, min_agreement=99.0)
+    cfg = TuneRequest(model="m", calibration_set="c", max_drop=0.5, min_agreement=99.0)
     v = holdout_verdict(cfg, _evidence(Range(None, 0.0, 1.0)), allowed=float("nan"))
     assert v.by_constraint == {"accuracy": NOT_CHECKED, "agreement": NOT_CHECKED}
     assert v.supported is None and "n/a %" not in v.text and "0.00 to 100.00" not in v.text, v.text
@@ -71,7 +71,7 @@ def test_a_target_the_holdout_has_no_texts_for_is_not_checked_not_dropped() -> N
 @pytest.mark.parametrize("cosine", [1.0, -1.0, 1.5])
 def test_min_cosine_outside_minus_one_to_one_is_refused_before_any_work(cosine: float) -> None:
     with pytest.raises(UsageError, match="--min-cosine"):
-        _check_config(TuneConfig(min_cosine=cosine))
+        _check_config(TuneRequest(model="m", calibration_set="c", min_cosine=cosine))
 
 
 @pytest.mark.parametrize(("target", "meets"), [(99.0, False), (100.0, True)])

@@ -20,10 +20,13 @@ from calibkit.data.tokenizer import TextTokenizer
 from calibkit.engines.onnxruntime import OnnxRuntimeRunner
 from calibkit.errors import UsageError
 from calibkit.evaluate.predict import predict_logits
-from calibkit.evaluate.tune import TuneConfig, split_eval
 from calibkit.evaluate.tune import run_tune as _run_tune
+from calibkit.evaluate.tune import split_eval
+from calibkit.progress import no_progress
 from calibkit.quantize.qdq import save_model
 from calibkit.report.codec import parse_result, to_document
+from calibkit.requests.tune import TuneRequest
+from calibkit.resources import Resources
 
 
 def make_sensitive_model(outlier: float = 2000.0):
@@ -87,16 +90,30 @@ def test_split_is_stratified_seeded_and_disjoint():
     assert not (h == split_eval(labels, 0.3, seed=1)[1]).all()
 
 
-def _write_document(result, path: Path) -> None:
-    from calibkit._io import write_json
+class _DocumentWriter:
+    """The report layer's tune.json writer, as calibkit.tune passes it (no report folder)."""
 
-    write_json(path, to_document(result))
+    def document(self, result, path: Path) -> None:
+        from calibkit._io import write_json
+
+        write_json(path, to_document(result))
+
+    def report(self, result, folder: Path) -> None:
+        raise AssertionError("no report was asked for")
 
 
-def run_tune(*args, **kwargs):
-    """The library's tune with the report layer's tune.json writer (as calibkit.tune passes it); the returned
+def options(**kw) -> TuneRequest:
+    """A tune request's options; run_tune below sets its inputs. No traffic unless asked."""
+    return TuneRequest(model="", calibration_set="", **{"traffic": None, **kw})
+
+
+def run_tune(model, cset, eval_set, out, request: TuneRequest, *, traffic=None, progress=None, workers=1):
+    """The library's tune on ``request`` with these inputs, one worker and the tune.json writer; the returned
     run carries ``doc``: its result as the JSON document, which must parse back into the same result."""
-    run = _run_tune(*args, write_document=_write_document, **kwargs)
+    request = replace(request, model=model, calibration_set=cset, eval_set=eval_set, out=out,
+                      traffic=traffic if traffic is not None else request.traffic)
+    resources = Resources(workers=workers, progress=progress or no_progress, writer=_DocumentWriter())
+    run = _run_tune(request, resources)
     doc = json.loads((run.out_dir / "tune.json").read_text())
     assert parse_result(doc) == run.result
     return Run(run, doc)
@@ -114,7 +131,7 @@ def test_tune_writes_a_plan_whose_accuracy_is_measured(tiny_setup):
     md = ModelDir.resolve(tiny_setup["model"])
     ev = load_eval_set(tiny_setup["eval"])
     out = tiny_setup["root"] / "out"
-    cfg = TuneConfig(max_drop=1.0, workers=1, sensitivity_samples=64, method="auto", smooth=False)
+    cfg = options(max_drop=1.0, sensitivity_samples=64, method="auto", smooth=False)
     res = run_tune(md, tiny_setup["cset"], ev, out, cfg)
     doc = res.doc
     assert doc["target"]["fp32_accuracy"] > 0.75
@@ -173,7 +190,7 @@ def test_tune_resumes_from_its_ledger(tiny_setup):
     md = ModelDir.resolve(tiny_setup["model"])
     ev = load_eval_set(tiny_setup["eval"])
     out = tiny_setup["root"] / "resume"
-    cfg = TuneConfig(max_drop=0.5, workers=1, sensitivity_samples=64, method="minmax")
+    cfg = options(max_drop=0.5, sensitivity_samples=64, method="minmax")
     first = run_tune(md, tiny_setup["cset"], ev, out, cfg)
     second = run_tune(md, tiny_setup["cset"], ev, out, cfg)
     assert first.doc["evaluations_reused"] == 0
@@ -203,7 +220,7 @@ def test_tune_cli_errors_are_clear(tiny_setup, tmp_path):
 def test_min_agreement_is_a_constraint_of_the_search(tiny_setup):
     md = ModelDir.resolve(tiny_setup["model"])
     ev = load_eval_set(tiny_setup["eval"])
-    cfg = TuneConfig(max_drop=5.0, min_agreement=100.0, workers=1, sensitivity_samples=64, method="minmax")
+    cfg = options(max_drop=5.0, min_agreement=100.0, sensitivity_samples=64, method="minmax")
     res = run_tune(md, tiny_setup["cset"], ev, tiny_setup["root"] / "agree", cfg)
     doc = res.doc
     assert doc["target"]["min_agreement"] == 100.0
@@ -214,7 +231,7 @@ def test_min_agreement_is_a_constraint_of_the_search(tiny_setup):
         assert doc["final"]["agreement_search"] == pytest.approx(1.0)
     assert "agreement" in doc["final"]["holdout_verdict"]["by_constraint"]
     with pytest.raises(UsageError):
-        run_tune(md, tiny_setup["cset"], ev, tiny_setup["root"] / "bad", TuneConfig(min_agreement=150.0))
+        run_tune(md, tiny_setup["cset"], ev, tiny_setup["root"] / "bad", options(min_agreement=150.0))
 
 
 def test_tune_cli_reports_agreement_and_the_holdout_verdict(tiny_setup, tmp_path):
@@ -242,7 +259,7 @@ def test_tune_on_an_unlabeled_eval_set_targets_agreement_with_fp32(tiny_setup):
     ev = load_eval_set(unlabeled)
     assert not ev.has_labels
     # 0.5: the point estimate (about 210 search examples: at 0.9 only a plan with no flip at all clears 99 %)
-    cfg = TuneConfig(max_drop=0.0, workers=1, sensitivity_samples=64, method="minmax", agreement_confidence=0.5)
+    cfg = options(max_drop=0.0, sensitivity_samples=64, method="minmax", agreement_confidence=0.5)
     events = []
     res = run_tune(md, tiny_setup["cset"], ev, tiny_setup["root"] / "unlabeled-out", cfg, progress=events.append)
     doc = res.doc
@@ -305,7 +322,7 @@ def test_tune_with_traffic_judges_agreement_on_traffic_and_accuracy_on_labels(ti
     assert not set(traffic.texts) & set(cset.texts)
 
     ev = load_eval_set(tiny_setup["eval"])
-    cfg = TuneConfig(max_drop=1.0, min_agreement=95.0, workers=1, sensitivity_samples=64, method="minmax")
+    cfg = options(max_drop=1.0, min_agreement=95.0, sensitivity_samples=64, method="minmax")
     res = run_tune(md, tiny_setup["cset"], ev, tiny_setup["root"] / "traffic-out", cfg, traffic=traffic)
     doc, r = res.doc, res.result
     es = r.eval_set
@@ -323,7 +340,7 @@ def test_tune_with_traffic_judges_agreement_on_traffic_and_accuracy_on_labels(ti
     assert any(x.startswith("calibration set:") for x in es.traffic.exclusions)
     # accuracy counts the labelled rows only: FP32's accuracy is the eval set's, not inflated by traffic rows
     # whose "labels" are FP32's own predictions
-    fp32_alone = TuneConfig(max_drop=1.0, workers=1, sensitivity_samples=64, method="minmax")
+    fp32_alone = options(max_drop=1.0, sensitivity_samples=64, method="minmax")
     plain = run_tune(md, tiny_setup["cset"], ev, tiny_setup["root"] / "traffic-plain", fp32_alone)
     assert r.target.fp32_accuracy < 1.0
     assert r.target.fp32_accuracy == pytest.approx(plain.result.target.fp32_accuracy, abs=0.05)
@@ -339,7 +356,7 @@ def test_tune_confirms_its_plan_on_the_holdout_by_fixed_sequence(tiny_setup):
     the plan is the last confirmed. --no-confirm writes the search's own choice, the same search."""
     md = ModelDir.resolve(tiny_setup["model"])
     ev = load_eval_set(tiny_setup["eval"])
-    cfg = TuneConfig(max_drop=1.0, min_agreement=95.0, workers=1, sensitivity_samples=64, method="minmax")
+    cfg = options(max_drop=1.0, min_agreement=95.0, sensitivity_samples=64, method="minmax")
     r = run_tune(md, tiny_setup["cset"], ev, tiny_setup["root"] / "confirm-on", cfg).result
     cf = r.confirmation
     assert cf is not None and cf.steps and cf.holdout_texts == r.eval_set.holdout
@@ -383,7 +400,7 @@ def test_tune_finds_smoothing_itself_and_its_out_rebuilds(tiny_setup, tmp_path):
     build` rebuilds the plan's engine from OUT unchanged."""
     md = ModelDir.resolve(tiny_setup["model"])
     ev = load_eval_set(tiny_setup["eval"])
-    cfg = TuneConfig(max_drop=1.0, workers=1, sensitivity_samples=64, method="minmax")
+    cfg = options(max_drop=1.0, sensitivity_samples=64, method="minmax")
     plain = run_tune(md, tiny_setup["cset"], ev, tmp_path / "plain", replace_smooth(cfg, False))
     res = run_tune(md, tiny_setup["cset"], ev, tmp_path / "out", cfg)
     r = res.result
@@ -408,7 +425,7 @@ def test_tune_finds_smoothing_itself_and_its_out_rebuilds(tiny_setup, tmp_path):
     assert fed and not fed & set(res.kept_nodes)  # the plan: kept nodes read no dequantized input
 
 
-def replace_smooth(cfg: TuneConfig, smooth: bool) -> TuneConfig:
+def replace_smooth(cfg: TuneRequest, smooth: bool) -> TuneRequest:
     from dataclasses import replace
 
     return replace(cfg, smooth=smooth)
@@ -427,7 +444,7 @@ def test_tune_says_when_its_search_split_cannot_certify_a_better_candidate():
     ref = np.eye(2)[labels].astype(np.float32)
     ev = split_evidence([f"t{i}" for i in range(n)], labels, ref, labelled=True, class_names=["a", "b"],
                         holdout_fraction=0.3, sensitivity_samples=32, seed=0)
-    cfg = TuneConfig(max_drop=1.0, min_agreement=99.0, agreement_confidence=0.9)
+    cfg = options(max_drop=1.0, min_agreement=99.0, agreement_confidence=0.9)
     final = Measured(("x", "y"), 1.0, 0.5, "prefix", True, 1.0)
     close = Measured(("x",), 1.0, 0.9, "prefix", False, 0.9929)
     msg = _uncertified(cfg, ev, [final, close], final)
@@ -438,7 +455,7 @@ def test_tune_says_when_its_search_split_cannot_certify_a_better_candidate():
     assert whole is not None and "one-sided 90 % lower bound" in whole
     assert f"about {texts_needed(0.9929, 0.99, 0.9):,} would settle it" in whole
     assert _uncertified(cfg, ev, [final], final) is None
-    assert _uncertified(TuneConfig(max_drop=1.0), ev, [final, close], final) is None
+    assert _uncertified(options(max_drop=1.0), ev, [final, close], final) is None
 
 
 @pytest.mark.parametrize("claim", ["target NOT met: no plan met it on the search split",
@@ -457,7 +474,7 @@ def test_tune_fail_if_missed_is_a_ci_gate(tmp_path, monkeypatch, gate: bool, cla
     from calibkit.cli import app
 
     calls = []
-    monkeypatch.setattr(calibkit.api, "tune", lambda *a, **kw: calls.append(kw) or SimpleNamespace(
+    monkeypatch.setattr(calibkit.api, "run", lambda request, *a: calls.append(request) or SimpleNamespace(
         result=SimpleNamespace(met_target=not claim.startswith("target"), claim_holds=False, claim=claim)))
     monkeypatch.setattr(cli_tune, "_summary", lambda run, report_dir: None)
     args = ["tune", str(tmp_path / "model"), "-c", str(tmp_path / "cset"), "-e", str(tmp_path / "eval.jsonl"),
@@ -472,7 +489,7 @@ def test_the_claim_holds_only_when_met_confirmed_and_supported(tiny_setup):
     """What --fail-if-missed reads: a plan the holdout did not confirm, or whose holdout verdict does not support
     it, is not a met target, whatever the search split said."""
     md = ModelDir.resolve(tiny_setup["model"])
-    cfg = TuneConfig(max_drop=1.0, workers=1, sensitivity_samples=64, method="minmax", smooth=False)
+    cfg = options(max_drop=1.0, sensitivity_samples=64, method="minmax", smooth=False)
     r = run_tune(md, tiny_setup["cset"], load_eval_set(tiny_setup["eval"]), tiny_setup["root"] / "claim", cfg).result
     assert r.met_target and r.claim_holds and r.claim.startswith("target met")
     assert r.confirmation is not None and r.confirmation.chosen is not None
@@ -496,7 +513,7 @@ def test_ranking_reuses_method_autos_one_node_runs_exactly(tiny_setup, monkeypat
 
     md = ModelDir.resolve(tiny_setup["model"])
     ev = load_eval_set(tiny_setup["eval"])
-    cfg = TuneConfig(max_drop=1.0, workers=1, sensitivity_samples=32, method="auto", smooth=False)
+    cfg = options(max_drop=1.0, sensitivity_samples=32, method="auto", smooth=False)
 
     def tune(out: str) -> tuple[dict, int]:
         ran = []

@@ -23,6 +23,7 @@ from calibkit.cli._signals import INTERRUPTED_EXIT, TERMINATED_EXIT, TERMINATED_
 from calibkit.errors import CalibkitError
 from calibkit.progress import ESTIMATE_TASK, ProgressEvent
 from calibkit.report.formatting import visible_controls
+from calibkit.requests.resources import MAX_BATCH_TOKENS_HELP, MEMORY_BUDGET_HELP
 
 
 # markup off: paths, node names and texts hold brackets ("runs/[/x]", "calibkit[tensorrt]") that rich would
@@ -409,9 +410,6 @@ def guard_out_file(path: Path, *, inputs: Sequence[Path | None] = (), option: st
     guard_output_file(path, inputs=inputs, option=option, owned=owned)
 
 
-MEMORY_BUDGET_HELP = ("Bytes of tapped activations held at once, e.g. 512M, 1G, 4G (while one batch's statistics "
-                      "run the next is inferred: two batches of half the budget each).")
-MAX_BATCH_TOKENS_HELP = "Most padded tokens (batch x longest text) per batch [default: no limit]."
 
 
 # ---------------------------------------------------------------- numeric options
@@ -465,38 +463,8 @@ INTEGER: Any = _parse_int
 TOKENIZER: Any = typer.Option(None, "--tokenizer", help="Tokenizer folder when MODEL is an .onnx file.")
 MAX_BATCH_TOKENS: Any = typer.Option(None, "--max-batch-tokens", parser=INTEGER, help=MAX_BATCH_TOKENS_HELP)
 MEMORY_BUDGET: Any = typer.Option("1G", "--memory-budget", help=MEMORY_BUDGET_HELP)
-MEMORY_BUDGET_TAPS: Any = typer.Option("1G", "--memory-budget", help=MEMORY_BUDGET_HELP + " For the layer taps.")
 FORCE: Any = typer.Option(False, "--force", help=FORCE_HELP)
 NO_REPORT: Any = typer.Option(False, "--no-report", help="Write no report folder.")
-LIMIT: Any = typer.Option(None, "--limit", parser=INTEGER,
-                     help="Use N eval examples, drawn at random and stratified by label (--seed).")
-TRAFFIC: Any = typer.Option(
-    None, "--traffic",
-    help="Unlabeled request log whose texts judge agreement with FP32 (the formats of `calibkit sample`), or "
-         "'auto' for the log named in the calibration set's manifest (refused when it is gone or changed). "
-         "Default: that log when it is still there unchanged. Texts in the calibration set are excluded. "
-         "Agreement needs no labels: a labelled set of a thousand texts cannot show 99 % agreement, a few thousand "
-         "traffic texts can.",
-)
-NO_TRAFFIC: Any = typer.Option(False, "--no-traffic", help="Judge on the eval set alone, even when the calibration "
-                                                           "set's log is there.")
-
-
-def traffic_choice(traffic: str | None, no_traffic: bool) -> str | None:
-    """What --traffic / --no-traffic ask the API for: a log, 'auto', none, or the default (the calibration set's
-    log when it is still there)."""
-    from calibkit.api import DEFAULT_TRAFFIC
-
-    if no_traffic and traffic is not None:
-        from calibkit.errors import UsageError
-
-        raise UsageError("--traffic and --no-traffic contradict each other", hint="pass one of them")
-    return None if no_traffic else traffic if traffic is not None else DEFAULT_TRAFFIC
-TRAFFIC_SIZE: Any = typer.Option(4000, "--traffic-size", parser=INTEGER,
-                                 help="Traffic texts drawn (stratified by token length, --seed).")
-TRAFFIC_TEXT_FIELD: Any = typer.Option(
-    None, "--traffic-text-field", help="Text field of the traffic log, as `sample --text-field` (default: found)."
-)
 
 
 def force_option(applies_to: str) -> Any:

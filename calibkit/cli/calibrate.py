@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
+from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import typer
 
-from calibkit.cli._common import (
-    FLOAT,
-    FORCE,
-    INTEGER,
-    MAX_BATCH_TOKENS,
-    MEMORY_BUDGET,
-    TOKENIZER,
-    RichProgress,
-    count,
-    guard_out_dir,
-    handle_errors,
-    say,
-    warn,
-)
-from calibkit.executors import EXECUTOR_HELP
-
-METHODS = ("entropy", "minmax", "percentile", "mse")
+from calibkit.cli._common import FORCE, RichProgress, count, guard_out_dir, say, warn
+from calibkit.cli._requests import cli_paths, request_command
+from calibkit.requests.calibrate import CalibrateRequest
+from calibkit.requests.resources import ResourceOptions
 
 HELP = """Calibrate a model on a calibration set and write an INT8 Q/DQ ONNX model.
 
@@ -80,79 +70,34 @@ def register(app: typer.Typer) -> None:
                 short_help="Compute INT8 ranges and write a Q/DQ ONNX model.", no_args_is_help=True)(calibrate)
 
 
-def _split(values: list[str] | None) -> list[str]:
-    return [p.strip() for v in values or [] for p in v.split(",") if p.strip()]
+#: the command line's own option, beside the request's and the resource options
+PRESENTATION = (inspect.Parameter("force", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=FORCE),)
+RESOURCES = ("memory_budget", "max_batch_tokens", "executor")
 
 
-def calibrate(
-    model: Path = typer.Argument(..., help="Model folder (model.onnx + tokenizer + config.json) or an .onnx file."),
-    calibration_set: Path | None = typer.Option(
-        None, "--calibration-set", "-c", help="Calibration-set folder (texts.jsonl) or a .jsonl of {\"text\": ...}."
-    ),
-    method: str = typer.Option(
-        "mse", "--method", "-m", help="mse | entropy | minmax | percentile (mse: best held-out accuracy on the demo)."
-    ),
-    percentile: float = typer.Option(99.99, "--percentile", parser=FLOAT,
-        help="Percentile of |x| for --method percentile."),
-    out_dir: Path | None = typer.Option(None, "--out", "-o", help="Output folder [default: runs/calibrate-<method>]."),
-    batch_size: int = typer.Option(
-        32, "--batch-size", "-b", parser=INTEGER,
-        help="Most texts per inference batch (length-bucketed; the budget may cut it)."
-    ),
-    memory_budget: str = MEMORY_BUDGET,
-    max_batch_tokens: int | None = MAX_BATCH_TOKENS,
-    op_types: list[str] = typer.Option(
-        ["MatMul,Gemm"], "--op-types", help="Op types to quantize (comma-separated or repeated)."
-    ),
-    exclude: list[str] = typer.Option(
-        [], "--exclude", "-x", help="Regex of node names or module paths to keep in FP32 (repeatable), e.g. "
-        "'layer\\.5/' or 'encoder.layer.5.output.dense'; works on legacy and dynamo exports; a pattern that "
-        "matches nothing is warned about."
-    ),
-    target: str = typer.Option("tensorrt", "--target", help="tensorrt | onnxruntime: the Q/DQ layout to write."),
-    tokenizer: Path | None = TOKENIZER,
-    num_bins: int = typer.Option(2048, "--num-bins", parser=INTEGER, help="Histogram bins (a power of two)."),
-    from_cache: Path | None = typer.Option(
-        None, "--from-cache", help="Build the Q/DQ model from this TensorRT calibration cache instead of calibrating."
-    ),
-    fresh: bool = typer.Option(False, "--fresh-stats", help="Ignore cached statistics and run the model again."),
-    force: bool = FORCE,
-    executor: str | None = typer.Option(
-        None, "--executor",
-        help="Collect statistics in shards, one per worker, merged bit-identically (default: in this process). "
-             + EXECUTOR_HELP,
-    ),
-) -> None:
-    with handle_errors():
-        from calibkit.api import calibrate as run_calibration
-        from calibkit.api import check_calibrate_request
+def run_calibrate(request: CalibrateRequest, resources: ResourceOptions, *, force: bool) -> None:
+    """Check the request and OUT, make one ``calibkit.api.run`` call, print what was written."""
+    from calibkit.api import run
 
-        ops = _split(op_types)
-        dest = check_calibrate_request(
-            method=method, target=target, percentile=percentile, num_bins=num_bins, batch_size=batch_size,
-            op_types=ops, exclude=exclude, memory_budget=memory_budget, max_batch_tokens=max_batch_tokens,
-            has_calibration_set=calibration_set is not None, from_cache=from_cache, out=out_dir)
-        if from_cache is not None:
-            _guard(dest, [model, tokenizer, from_cache], force)
-            result = run_calibration(model, None, dest, tokenizer=tokenizer, from_cache=from_cache, op_types=ops,
-                                     exclude=exclude, target=target)
-            _from_cache_summary(result, from_cache)
-            return
-        assert calibration_set is not None  # check_calibrate_request refused its absence
-        from calibkit.data.calibset import load_calibration_set
-        from calibkit.data.modeldir import ModelDir
+    request.validate()
+    dest = request.out_dir
+    if request.from_cache is not None:
+        _guard(dest, cli_paths(request.model, request.tokenizer, request.from_cache), force)
+        _from_cache_summary(run(request, resources), request.from_cache)
+        return
+    from calibkit.data.calibset import load_calibration_set
+    from calibkit.data.modeldir import ModelDir
 
-        md = ModelDir.resolve(model, tokenizer)
-        cset = load_calibration_set(calibration_set)
-        _guard(dest, [model, calibration_set, tokenizer], force)
-        with RichProgress() as progress:
-            result = run_calibration(
-                md, cset, dest, method=method, op_types=ops, exclude=exclude,
-                target=target, percentile=percentile, num_bins=num_bins, batch_size=batch_size, use_cache=not fresh,
-                memory_budget=memory_budget, max_batch_tokens=max_batch_tokens, executor=executor or None,
-                progress=progress,
-            )
-        _summary(result, method, len(cset))
+    model, cset_path, tokenizer = cli_paths(request.model, request.calibration_set, request.tokenizer)
+    md = ModelDir.resolve(cast(Path, model), tokenizer)  # typer requires MODEL and parses it as a path
+    cset = load_calibration_set(cast(Path, cset_path))  # validate() refused its absence
+    _guard(dest, [model, cset_path, tokenizer], force)
+    with RichProgress() as progress:
+        result = run(replace(request, model=md, calibration_set=cset, out=dest), resources, progress)
+    _summary(result, str(request.method), len(cset))
+
+
+calibrate = request_command(CalibrateRequest, run_calibrate, resources=RESOURCES, extra=PRESENTATION)
 
 
 def _guard(dest: Path, inputs: list[Path | None], force: bool) -> None:
@@ -160,7 +105,7 @@ def _guard(dest: Path, inputs: list[Path | None], force: bool) -> None:
                   legacy_names=("model.int8.onnx", "calibration.cache", "calibration.json", "stats.npz"))
 
 
-def _from_cache_summary(result, cache: Path) -> None:  # type: ignore[no-untyped-def]
+def _from_cache_summary(result, cache: object) -> None:  # type: ignore[no-untyped-def]
     say(f"built {result.model_path} from {cache}: {count(len(result.quantized_nodes), 'node')} quantized, "
         f"{len(result.table.ranges)} ranges taken from the cache")
     if result.unmatched_cache_names:

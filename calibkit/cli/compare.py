@@ -3,35 +3,27 @@
 from __future__ import annotations
 
 import datetime as _dt
+import inspect
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 
 from calibkit.cli._common import (
-    FLOAT,
-    INTEGER,
-    LIMIT,
-    MAX_BATCH_TOKENS,
-    MEMORY_BUDGET_TAPS,
     NO_REPORT,
-    NO_TRAFFIC,
-    TRAFFIC,
-    TRAFFIC_SIZE,
-    TRAFFIC_TEXT_FIELD,
     RichProgress,
     count,
     force_option,
     guard_out_dir,
     guard_out_file,
-    handle_errors,
     out,
     say,
-    traffic_choice,
     warn,
     write_stdout,
 )
-from calibkit.executors import EXECUTOR_HELP
+from calibkit.cli._requests import cli_paths, request_command
+from calibkit.requests.compare import CompareRequest
+from calibkit.requests.resources import ResourceOptions
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.evaluate.results import Comparison, LayerVerdict, Range
@@ -76,134 +68,43 @@ def register(app: typer.Typer) -> None:
     app.command("compare", help=HELP, short_help="Compare two engines, overall and layer by layer.")(compare)
 
 
-def compare(
-    engine_a: Path = typer.Argument(..., help="Engine A (.onnx or .engine with its .calibkit.json sidecar)."),
-    engine_b: Path = typer.Argument(..., help="Engine B, built from the same FP32 model as A."),
-    eval_set: Path | None = typer.Option(
-        None, "--eval-set", "-e", help="Eval set (JSONL, CSV, Parquet, datasets); labels optional: without them, "
-        "fidelity to A is reported instead of accuracy. Optional with traffic: the traffic texts are then the "
-        "eval set (an embedder compared on its log alone)."
-    ),
-    reference: Path | None = typer.Option(
-        None, "--reference", help="Higher-precision engine (FP32) for FP ranges and reference logits."
-    ),
-    json_path: Path | None = typer.Option(
+#: the command line's own options (what to write and where), beside the request's and the resource options
+PRESENTATION = (
+    inspect.Parameter("json_path", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None, default=typer.Option(
         None, "--json", help="Write the calibkit-compare/1 JSON document here ('-': to stdout, instead of the "
-        "summary)."
-    ),
-    report: Path | None = typer.Option(
-        None, "--report", help="Report folder (default reports/<timestamp>-<A>-vs-<B>/)."
-    ),
-    no_report: bool = NO_REPORT,
-    batch_size: int = typer.Option(32, "--batch-size", parser=INTEGER, help="Examples per inference batch."),
-    limit: int | None = LIMIT,
-    seed: int = typer.Option(0, "--seed", parser=INTEGER,
-        help="Seed of the --limit, layer-statistics and sensitivity subsets."),
-    layers: bool = typer.Option(True, "--layers/--no-layers", help="Per-layer ranges and SQNR."),
-    layer_samples: int = typer.Option(
-        512, "--layer-samples", parser=INTEGER, help="Examples streamed for layer statistics (stratified subset)."
-    ),
-    sensitivity: bool = typer.Option(
-        True, "--sensitivity/--no-sensitivity", help="Per-layer effect on accuracy (labels) or fidelity to A "
-        "(rebuilds a variant per layer; not measured for regression and multi-label models)."
-    ),
-    sensitivity_samples: int = typer.Option(
-        256, "--sensitivity-samples", parser=INTEGER, help="Examples per variant (stratified subset)."
-    ),
-    memory_budget: str = MEMORY_BUDGET_TAPS,
-    max_batch_tokens: int | None = MAX_BATCH_TOKENS,
-    sensitivity_layers: int | None = typer.Option(
-        None, "--sensitivity-layers", parser=INTEGER,
-        help="Only the K layers with the worst own SQNR or most zeroed weights (default: every layer).",
-    ),
-    workers: int | None = typer.Option(
-        None, "--workers", parser=INTEGER, help="Processes for sensitivity (default min(2, cpus))."
-    ),
-    executor: str | None = typer.Option(None, "--executor", help=EXECUTOR_HELP + " Runs the sensitivity variants."),
-    threshold_sqnr: float = typer.Option(
-        20.0, "--threshold-sqnr", parser=FLOAT, help="Flag layers whose own quantization SQNR (dB) is below."
-    ),
-    threshold_clipped: float = typer.Option(1e-3, "--threshold-clipped", parser=FLOAT,
-        help="Flag layers clipping more than this."),
-    threshold_outlier: float = typer.Option(10.0, "--threshold-outlier", parser=FLOAT,
-        help="Flag max/p99.99 above this."),
-    threshold_recovery: float = typer.Option(
-        0.5, "--threshold-recovery", parser=FLOAT,
-        help="Flag when keeping only this layer recovers more points than this."
-    ),
-    threshold_cost: float = typer.Option(
-        0.5, "--threshold-cost", parser=FLOAT, help="Flag when quantizing only this layer costs more points than this."
-    ),
-    threshold_cosine: float = typer.Option(
-        0.002, "--threshold-cosine", parser=FLOAT,
-        help="Embedders: flag when keeping only this layer recovers (or quantizing "
-        "only it costs) more mean cosine to A than this."
-    ),
-    text_column: str | None = typer.Option(None, "--text-column", help="Text column (default: text, sentence, ...)."),
-    label_column: str | None = typer.Option(None, "--label-column", help="Label column (default: label, ...)."),
-    split: str | None = typer.Option(None, "--split", help="Split of a datasets DatasetDict (default test)."),
-    max_disagreements: int = typer.Option(50, "--max-disagreements", parser=INTEGER,
-        help="Disagreeing examples to list."),
-    force: bool = force_option("--report"),
-    task: str | None = typer.Option(
-        None, "--task", help="classification | embedding | token-classification | regression | multi-label "
-        "[default: from the "
-        "model's outputs and config.json: logits [batch, classes], last_hidden_state (mean-pooled) or a pooled "
-        "embedding, logits [batch, seq, labels], a single score or problem_type regression, problem_type "
-        "multi_label_classification]."
-    ),
-    traffic: str | None = TRAFFIC,
-    no_traffic: bool = NO_TRAFFIC,
-    traffic_size: int = TRAFFIC_SIZE,
-    traffic_text_field: str | None = TRAFFIC_TEXT_FIELD,
-    min_agreement: float | None = typer.Option(
-        None, "--min-agreement", parser=FLOAT,
-        help="CI gate: exit with code 8 (after writing every output) when B keeps fewer "
-        "than this percentage of A's predictions (the printed point estimate), e.g. 99."
-    ),
-    max_drop: float | None = typer.Option(
-        None, "--max-drop", parser=FLOAT,
-        help="CI gate: exit with code 8 (after writing every output) when B's accuracy is "
-        "more than this many points below A's (needs labels), e.g. 0.5."
-    ),
-    save_outputs: Path | None = typer.Option(
-        None, "--save-outputs", help="Folder for every evaluated text's outputs of each engine (outputs.npz) and "
-        "its row, text, label and each engine's class (outputs.jsonl), to reproduce a flip."
-    ),
-) -> None:
-    """Over 80 lines for a reason: the signature is the command's option table (typer reads it); the body
-    checks the outputs, makes one ``calibkit.api.compare`` call, delivers the result and applies the CI gate."""
-    with handle_errors():
-        from calibkit.api import check_targets, missed_targets
-        from calibkit.api import compare as run_compare
-        from calibkit.evaluate.flags import Thresholds
+        "summary).")),
+    inspect.Parameter("report", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None, default=typer.Option(
+        None, "--report", help="Report folder (default reports/<timestamp>-<A>-vs-<B>/).")),
+    inspect.Parameter("no_report", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=NO_REPORT),
+    inspect.Parameter("force", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=force_option("--report")),
+)
+RESOURCES = ("workers", "executor", "memory_budget", "max_batch_tokens")
 
-        check_targets(min_agreement=min_agreement, max_drop=max_drop)
-        to_stdout = json_path is not None and str(json_path) == "-"
-        inputs = [engine_a, engine_b, reference, eval_set, Path(traffic) if traffic not in (None, "auto") else None]
-        report_dir = None if no_report else report or _default_report_dir(engine_a, engine_b)
-        _guard_outputs(json_path if not to_stdout else None, report_dir, save_outputs, inputs, force)
-        with RichProgress() as progress:
-            result = run_compare(
-                engine_a, engine_b, eval_set, reference=reference, task=task, limit=limit, seed=seed,
-                text_column=text_column, label_column=label_column, split=split, batch_size=batch_size,
-                layers=layers, layer_samples=layer_samples, sensitivity=sensitivity,
-                sensitivity_samples=sensitivity_samples, sensitivity_layers=sensitivity_layers,
-                thresholds=Thresholds(min_sqnr_db=threshold_sqnr, max_clipped_fraction=threshold_clipped,
-                                      max_outlier_ratio=threshold_outlier, min_recovery_points=threshold_recovery,
-                                      max_cost_points=threshold_cost, cosine_effect=threshold_cosine),
-                max_disagreements=max_disagreements, workers=workers, executor=executor,
-                memory_budget=memory_budget, max_batch_tokens=max_batch_tokens, progress=progress,
-                traffic=traffic_choice(traffic, no_traffic), traffic_size=traffic_size,
-                traffic_text_field=traffic_text_field, save_outputs=save_outputs,
-            )
-        _deliver(result, json_path, report_dir, to_stdout, save_outputs)
-        missed = missed_targets(result, min_agreement=min_agreement, max_drop=max_drop)
-        if missed:
-            from calibkit.errors import TargetMissedError
 
-            raise TargetMissedError("; ".join(missed), hint="every output was written; the exit code (8) is the "
-                                    "CI gate of --min-agreement/--max-drop")
+def run_compare(request: CompareRequest, resources: ResourceOptions, *, json_path: Path | None, report: Path | None,
+                no_report: bool, force: bool) -> None:
+    """Check the request and the outputs, make one ``calibkit.api.run`` call, deliver the result and apply the
+    CI gate."""
+    from calibkit.api import missed_targets, run
+
+    request.validate()
+    to_stdout = json_path is not None and str(json_path) == "-"
+    inputs = cli_paths(request.engine_a, request.engine_b, request.reference, request.eval_set, request.traffic)
+    a, b = cast(Path, request.engine_a), cast(Path, request.engine_b)  # typer requires both, parsed as paths
+    report_dir = None if no_report else report or _default_report_dir(a, b)
+    _guard_outputs(json_path if not to_stdout else None, report_dir, request.save_outputs, inputs, force)
+    with RichProgress() as progress:
+        result = run(request, resources, progress)
+    _deliver(result, json_path, report_dir, to_stdout, request.save_outputs)
+    missed = missed_targets(result, min_agreement=request.min_agreement, max_drop=request.max_drop)
+    if missed:
+        from calibkit.errors import TargetMissedError
+
+        raise TargetMissedError("; ".join(missed), hint="every output was written; the exit code (8) is the "
+                                "CI gate of --min-agreement/--max-drop")
+
+
+compare = request_command(CompareRequest, run_compare, resources=RESOURCES, extra=PRESENTATION)
 
 
 def _deliver(result: Comparison, json_path: Path | None, report_dir: Path | None, to_stdout: bool,
@@ -227,7 +128,7 @@ def _deliver(result: Comparison, json_path: Path | None, report_dir: Path | None
         say(f"wrote per-text outputs to {save_outputs}/ (outputs.jsonl, outputs.npz)")
 
 
-def _guard_outputs(json_path: Path | None, report_dir: Path | None, save_outputs: Path | None,
+def _guard_outputs(json_path: Path | None, report_dir: Path | None, save_outputs: Any,
                    inputs: list[Path | None], force: bool) -> None:
     """--json, --report and --save-outputs are checked before any work: writable, not an input, apart."""
     from calibkit.errors import UsageError
@@ -245,6 +146,7 @@ def _guard_outputs(json_path: Path | None, report_dir: Path | None, save_outputs
     if save_outputs is not None:
         from calibkit.api import OUTPUTS_JSONL, OUTPUTS_NPZ
 
+        save_outputs = Path(save_outputs)
         guard_out_dir(save_outputs, inputs=inputs, option="--save-outputs", force=force,
                       legacy_names=(OUTPUTS_JSONL, OUTPUTS_NPZ))
         if report_dir is not None and (save_outputs.absolute().resolve() == report_dir.absolute().resolve()

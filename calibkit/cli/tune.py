@@ -3,35 +3,27 @@
 from __future__ import annotations
 
 import datetime as _dt
+import inspect
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 
 from calibkit.cli._common import (
-    FLOAT,
-    INTEGER,
-    LIMIT,
-    MAX_BATCH_TOKENS,
-    MEMORY_BUDGET_TAPS,
     NO_REPORT,
-    NO_TRAFFIC,
-    TOKENIZER,
-    TRAFFIC,
-    TRAFFIC_TEXT_FIELD,
     RichProgress,
     count,
     force_option,
     guard_out_dir,
-    handle_errors,
     out,
     say,
-    traffic_choice,
     warn,
     write_stdout,
 )
-from calibkit.evaluate.tune_defaults import TUNE_HOLDOUT, TUNE_SENSITIVITY_SAMPLES, TUNE_TRAFFIC_SIZE
-from calibkit.executors import EXECUTOR_HELP
+from calibkit.cli._requests import cli_paths, request_command
+from calibkit.requests.resources import ResourceOptions
+from calibkit.requests.tune import TuneRequest
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.evaluate.tune import TuneRun
@@ -80,158 +72,81 @@ def register(app: typer.Typer) -> None:
     app.command("tune", help=HELP, short_help="Find the mixed-precision plan that meets an accuracy target.")(tune)
 
 
-def tune(
-    model: Path = typer.Argument(..., help="Model folder (model.onnx + tokenizer + config.json) or an .onnx file."),
-    calibration_set: Path = typer.Option(..., "--calibration-set", "-c", help="Folder written by `calibkit sample`."),
-    eval_set: Path | None = typer.Option(
-        None, "--eval-set", "-e",
-        help="Labelled eval set (JSONL, CSV, Parquet, datasets). Optional with --traffic: embedders and token "
-             "taggers are judged on fidelity to FP32, which needs no labels.",
-    ),
-    max_drop: float = typer.Option(0.5, "--max-drop", parser=FLOAT, help="Allowed accuracy drop below FP32 (points)."),
-    relative: bool = typer.Option(False, "--relative", help="Read --max-drop as percent of FP32 accuracy."),
-    min_agreement: float | None = typer.Option(
-        None, "--min-agreement", parser=FLOAT,
-        help="Also require this percentage of FP32's predictions unchanged (e.g. 99)."
-    ),
-    min_cosine: float | None = typer.Option(
-        None, "--min-cosine", parser=FLOAT,
-        help="Embeddings: also require this mean cosine of the INT8 vectors to FP32's (e.g. 0.995). Without labels "
-             "and with neither target given, an embedder is tuned for --min-agreement 95 (nearest neighbours kept) "
-             "and --min-cosine 0.995.",
-    ),
-    task: str | None = typer.Option(
-        None, "--task", help="classification | embedding | token-classification (default: from the model's outputs)."
-    ),
-    agreement_confidence: float = typer.Option(
-        0.9, "--agreement-confidence", parser=FLOAT,
-        help="A plan meets --min-agreement on the search split only when the one-sided lower bound of its "
-             "agreement at this confidence reaches it (0.5: the point estimate), so the claim survives the holdout.",
-    ),
-    method: str = typer.Option("auto", "--method", "-m", help="auto | entropy | minmax | percentile | mse."),
-    out_dir: Path | None = typer.Option(None, "--out", "-o", help="Output folder (default runs/tune-<model>/)."),
-    report: Path | None = typer.Option(None, "--report", help="Report folder (default reports/<time>-tune/)."),
-    no_report: bool = NO_REPORT,
-    json_out: str | None = typer.Option(
-        None, "--json", help="'-': print the calibkit-tune/1 document (OUT/tune.json) on stdout instead of the summary."
-    ),
-    tokenizer: Path | None = TOKENIZER,
-    target: str = typer.Option("tensorrt", "--target", help="Q/DQ layout: tensorrt | onnxruntime."),
-    workers: int | None = typer.Option(None, "--workers", parser=INTEGER,
-                                       help="Evaluation processes (default: one per usable CPU)."),
-    executor: str | None = typer.Option(None, "--executor", help=EXECUTOR_HELP),
-    holdout: float = typer.Option(TUNE_HOLDOUT, "--holdout", parser=FLOAT,
-                                  help="Fraction of the evidence (eval set and traffic) held out for the "
-                                       "confirmation and the final check."),
-    sensitivity_samples: int = typer.Option(TUNE_SENSITIVITY_SAMPLES, "--sensitivity-samples", parser=INTEGER,
-                                            help="Examples per ranking run."),
-    memory_budget: str = MEMORY_BUDGET_TAPS,
-    max_batch_tokens: int | None = MAX_BATCH_TOKENS,
-    sensitivity_layers: int | None = typer.Option(
-        None, "--sensitivity-layers", parser=INTEGER,
-        help="Measure sensitivity only for the K layers with the worst own SQNR (default: every layer).",
-    ),
-    max_evaluations: int = typer.Option(40, "--max-evaluations", parser=INTEGER, help="Budget of candidate plans."),
-    limit: int | None = LIMIT,
-    percentile: float = typer.Option(99.99, "--percentile", parser=FLOAT, help="Percentile for the percentile method."),
-    seed: int = typer.Option(0, "--seed", parser=INTEGER,
-        help="Seed of the --limit subset and the search/holdout split."),
-    force: bool = force_option("--out and --report"),
-    traffic: str | None = TRAFFIC,
-    no_traffic: bool = NO_TRAFFIC,
-    traffic_size: int = typer.Option(TUNE_TRAFFIC_SIZE, "--traffic-size", parser=INTEGER,
-                                     help="Traffic texts drawn (stratified by token length, --seed); half are held "
-                                          "out, so the plan is confirmed on over 5,000 texts the search never saw."),
-    traffic_text_field: str | None = TRAFFIC_TEXT_FIELD,
-    decision_rule: str = typer.Option(
-        "sequential", "--decision-rule",
-        help="sequential: judge each candidate on growing chunks of the search split and stop once its decision is "
-             "settled at --agreement-confidence (betting confidence sequence, valid under repeated looks); "
-             "whole-split: every candidate on the whole search split.",
-    ),
-    confirm: bool = typer.Option(
-        True, "--confirm/--no-confirm",
-        help="Confirm the plan on the holdout split: the candidates that met the target on the search split are "
-             "tested there from the least INT8 up, stopping at the first that fails, and the plan is the last one "
-             "confirmed (fixed-sequence testing: the chance that it misses the target stays at 1 - "
-             "--agreement-confidence, its choice among up to --max-evaluations candidates included). "
-             "--no-confirm: the search's own choice; the holdout only checks it.",
-    ),
-    smooth: bool = typer.Option(
-        True, "--smooth/--no-smooth",
-        help="Also measure the model smoothed (SmoothQuant, alpha auto, same FP32 function, checked) and search "
-             "on it when its all-INT8 model flips fewer FP32 predictions; the plan's OUT then holds "
-             "smoothed-model/, its source. --no-smooth: the model as given only.",
-    ),
-    fail_if_missed: bool = typer.Option(
+def _param(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
+
+
+#: the command line's own options (what to print, what to replace, the CI gate), beside the request's and the
+#: resource options
+PRESENTATION = (
+    _param("no_report", bool, NO_REPORT),
+    _param("json_out", str | None, typer.Option(
+        None, "--json", help="'-': print the calibkit-tune/1 document (OUT/tune.json) on stdout instead of the "
+        "summary.")),
+    _param("force", bool, force_option("--out and --report")),
+    _param("fail_if_missed", bool, typer.Option(
         False, "--fail-if-missed",
         help="CI gate: exit with code 8 (after writing OUT and the report) when no plan meets the target, the "
-             "holdout confirms none, or the holdout does not support the plan.",
-    ),
-) -> None:
-    """Over 80 lines for a reason: the signature is the command's option table (typer reads it); the body
-    checks the outputs, makes one ``calibkit.api.tune`` call, prints the result and applies the CI gate."""
-    with handle_errors():
-        from calibkit.api import check_tune_options
-        from calibkit.api import tune as run_tune
+             "holdout confirms none, or the holdout does not support the plan.")),
+)
+RESOURCES = ("workers", "executor", "memory_budget", "max_batch_tokens")
 
-        check_tune_options(method=method, target=target, decision_rule=decision_rule, task=task)
-        if json_out not in (None, "-"):
-            from calibkit.errors import UsageError
 
-            raise UsageError(f"--json takes '-' (stdout), got {json_out!r}",
-                             hint="the document is written to OUT/tune.json anyway")
+def run_tune(request: TuneRequest, resources: ResourceOptions, *, no_report: bool, json_out: str | None,
+             force: bool, fail_if_missed: bool) -> None:
+    """Check the request and the outputs, make one ``calibkit.api.run`` call, print the result and apply the CI
+    gate. Without --executor tune evaluates in a local pool of --workers; a chosen executor also shards the
+    statistics."""
+    from calibkit.api import run
 
-        dest = out_dir or Path("runs") / f"tune-{_model_name(model, tokenizer)}"
-        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        report_dir = None if no_report else report or Path("reports") / f"{stamp}-tune"
-        inputs = [model, calibration_set, eval_set, tokenizer,
-                  Path(traffic) if traffic not in (None, "auto") else None]
-        guard_out_dir(dest, inputs=inputs, force=force, legacy_names=_OUT_NAMES)
-        if report_dir is not None:
-            _check_apart(dest, report_dir)
-            from calibkit.report.render import REPORT_NAMES
+    request.validate()
+    if json_out not in (None, "-"):
+        from calibkit.errors import UsageError
 
-            guard_out_dir(report_dir, inputs=inputs, option="--report", force=force, legacy_names=REPORT_NAMES)
-        # without --executor tune evaluates in a local pool of --workers; a chosen executor also shards the
-        # statistics
-        with RichProgress() as progress:
-            run = run_tune(
-                model, calibration_set, eval_set, dest, tokenizer=tokenizer, max_drop=max_drop, relative=relative,
-                min_agreement=min_agreement, min_cosine=min_cosine, task=task,
-                agreement_confidence=agreement_confidence, method=method,
-                target=target, holdout=holdout, sensitivity_samples=sensitivity_samples,
-                sensitivity_layers=sensitivity_layers, max_evaluations=max_evaluations, limit=limit, seed=seed,
-                percentile=percentile, workers=workers, executor=executor, memory_budget=memory_budget,
-                max_batch_tokens=max_batch_tokens, report=report_dir, progress=progress,
-                traffic=traffic_choice(traffic, no_traffic), traffic_size=traffic_size,
-                traffic_text_field=traffic_text_field, smooth=smooth, decision_rule=decision_rule,
-                confirm=confirm,
-            )
-        if json_out is not None:
-            from calibkit._io import dumps_json
-            from calibkit.report.codec import to_document
+        raise UsageError(f"--json takes '-' (stdout), got {json_out!r}",
+                         hint="the document is written to OUT/tune.json anyway")
+    model = cast(Path, request.model)  # typer requires MODEL and parses it as a path
+    tokenizer, out_dir = cli_paths(request.tokenizer, request.out)
+    dest = out_dir or Path("runs") / f"tune-{_model_name(model, tokenizer)}"
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    report_dir = None if no_report else request.report or Path("reports") / f"{stamp}-tune"
+    inputs = [model, tokenizer, *cli_paths(request.calibration_set, request.eval_set, request.traffic)]
+    guard_out_dir(dest, inputs=inputs, force=force, legacy_names=_OUT_NAMES)
+    if report_dir is not None:
+        _check_apart(dest, Path(report_dir))
+        from calibkit.report.render import REPORT_NAMES
 
-            write_stdout(dumps_json(to_document(run.result)))
-        else:
-            _summary(run, report_dir)
-        if fail_if_missed and not run.result.claim_holds:
-            from calibkit.errors import TargetMissedError
+        guard_out_dir(Path(report_dir), inputs=inputs, option="--report", force=force, legacy_names=REPORT_NAMES)
+    with RichProgress() as progress:
+        tuned = run(replace(request, out=dest, report=report_dir), resources, progress)
+    if json_out is not None:
+        from calibkit._io import dumps_json
+        from calibkit.report.codec import to_document
 
-            raise TargetMissedError(f"{run.result.claim} (--max-drop/--min-agreement/--min-cosine)",
-                                    hint=f"every output was written ({dest}/plan.json holds the plan); "
-                                    "the exit code (8) is the CI gate of --fail-if-missed")
+        write_stdout(dumps_json(to_document(tuned.result)))
+    else:
+        _summary(tuned, report_dir)
+    if fail_if_missed and not tuned.result.claim_holds:
+        from calibkit.errors import TargetMissedError
+
+        raise TargetMissedError(f"{tuned.result.claim} (--max-drop/--min-agreement/--min-cosine)",
+                                hint=f"every output was written ({dest}/plan.json holds the plan); "
+                                "the exit code (8) is the CI gate of --fail-if-missed")
+
+
+tune = request_command(TuneRequest, run_tune, resources=RESOURCES, extra=PRESENTATION)
 
 
 def _model_name(model: Path, tokenizer: Path | None) -> str:
     """The default --out name: the model folder's name (an .onnx file's folder, else its stem)."""
     from calibkit.data.modeldir import ModelDir
+    from calibkit.evaluate.inputs import default_name
 
     try:
         md = ModelDir.resolve(model, tokenizer)
     except Exception:  # the API reports the real problem with its hint; the name only needs a fallback
         return model.stem or "model"
-    return md.onnx_path.parent.name or md.onnx_path.stem
+    return default_name(md)
 
 
 _OUT_NAMES = ("model.int8.onnx", "calibration.cache", "calibration.json", "plan.json", "tune.json")

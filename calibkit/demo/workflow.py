@@ -256,10 +256,10 @@ def _time_estimate(options: WorkflowOptions, setup: _Setup, cb: ProgressCallback
         token_counts,
     )
     from calibkit.evaluate.predict import predict_logits
-    from calibkit.evaluate.tune_config import TuneConfig
     from calibkit.evaluate.tune_defaults import TUNE_AUTO_FINALISTS, TUNE_AUTO_TEXTS, TUNE_SENSITIVITY_SAMPLES
     from calibkit.graph import load_model
     from calibkit.quantize.placement import plan_placement
+    from calibkit.requests.tune import TuneRequest
 
     with model_runner(setup.md.onnx_path, name="fp32") as r:
         seconds, n = measure_text_seconds(lambda xs: predict_logits(r, setup.tok, xs), setup.ev.texts, batch_size=32,
@@ -273,7 +273,7 @@ def _time_estimate(options: WorkflowOptions, setup: _Setup, cb: ProgressCallback
             embedder_traffic=o.embedder_traffic_size if setup.prep.embedder_dir.is_dir() else 0,
             sensitivity_samples=o.sensitivity_samples, sensitivity_layers=o.sensitivity_layers,
             layer_samples=o.layer_samples, tune_method=o.tune_method,
-            max_evaluations=o.tune_max_evaluations or TuneConfig.max_evaluations,
+            max_evaluations=o.tune_max_evaluations or TuneRequest(model="", calibration_set="").max_evaluations,
             tune_sensitivity_samples=o.tune_sensitivity_samples or TUNE_SENSITIVITY_SAMPLES,
             auto_texts_per_node=TUNE_AUTO_FINALISTS * TUNE_AUTO_TEXTS)
 

@@ -34,6 +34,7 @@ from calibkit.evaluate.decisions import fidelity_basis, layer_verdicts, recommen
 from calibkit.evaluate.estimate import announce, compare_size, estimate_compare, finish
 from calibkit.evaluate.findings import FlaggedInput, group_flags
 from calibkit.evaluate.flags import Flag, LayerFlag, Thresholds
+from calibkit.evaluate.inputs import artifact, engine_calibration_set, load_evidence, load_traffic, not_an_input
 from calibkit.evaluate.jobs import load_calibration_table
 from calibkit.evaluate.layers import LayerSpec, find_layers, weight_errors
 from calibkit.evaluate.metrics import LatencyStats, flips_by_confidence, latency_stats, output_error, top2_gap
@@ -74,35 +75,17 @@ from calibkit.evaluate.uncertainty import proportion
 from calibkit.graph import load_model, qdq_layout
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.quantize.rangecheck import tensor_families
+from calibkit.requests.compare import CompareRequest
+from calibkit.requests.traffic import Traffic
 from calibkit.resources import Resources
-from calibkit.types import Backend, Method, MethodParams, Precision, check_seed
+from calibkit.types import Backend, Method, MethodParams, Precision
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.data.encode import TokenBudget
-    from calibkit.executors.base import Executor
 
 log = logging.getLogger("calibkit.evaluate.compare")
 
 HISTOGRAM_BINS = 256
-
-
-@dataclass(frozen=True)
-class CompareOptions:
-    batch_size: int = 32
-    layers: bool = True
-    layer_samples: int | None = 512  # eval examples streamed through the tapped models (None: all)
-    sensitivity: bool = True
-    sensitivity_samples: int = 256
-    sensitivity_layers: int | None = None  # only the K layers with the worst own SQNR / zeroed weights
-    workers: int | None = None
-    max_disagreements: int = 50
-    histogram_layers: int = 6
-    thresholds: Thresholds = field(default_factory=Thresholds)
-    seed: int = 0  # draws the layer-statistics and sensitivity subsets (stratified by label)
-    task: str | None = None  # --task: classification | embedding | token-classification (default: from outputs)
-
-    def __post_init__(self) -> None:
-        check_seed(self.seed)
 
 
 # ------------------------------------------------------------------------------------------ evaluation
@@ -188,53 +171,76 @@ class _EngineRun:
         return self.outputs.values
 
 
-def compare_engines(
-    a: EngineArtifact,
-    b: EngineArtifact,
-    eval_set: EvalSet,
-    *,
-    reference: EngineArtifact | None = None,
-    options: CompareOptions = CompareOptions(),
-    open_runner: Any = None,
-    runner_factory: RunnerFactory | None = None,
-    progress: ProgressCallback | None = None,
-    rows: EvalSubset | None = None,
-    task: Task | None = None,
-    resources: Resources | None = None,
-    traffic: TrafficEvidence | None = None,
-) -> Comparison:
+@dataclass(frozen=True, eq=False)
+class CompareInputs:
+    """What a compare request names, loaded: the engines, the rows to evaluate (``rows``: which rows of the
+    eval file they are, None for all), the model's task and the traffic drawn."""
+
+    a: EngineArtifact
+    b: EngineArtifact
+    reference: EngineArtifact | None
+    eval_set: EvalSet
+    rows: EvalSubset | None
+    task: Task
+    traffic: TrafficEvidence | None
+
+
+def resolve_compare(request: CompareRequest, progress: ProgressCallback | None = None) -> CompareInputs:
+    """The inputs of a validated compare request, before any inference: the engines (of one FP32 model), the
+    task, the eval set (labels checked over the whole file, then --limit drawn) and the traffic, the eval set's
+    texts left out of it; without an eval set the traffic texts are the (unlabeled) eval set."""
+    a, b = artifact(request.engine_a), artifact(request.engine_b)
+    ref = artifact(request.reference) if request.reference is not None else None
+    engines = [a, b] + ([ref] if ref else [])
+    traffic = None if isinstance(request.traffic, Traffic) else request.traffic
+    not_an_input(request.save_outputs, [*engines, request.eval_set, traffic], "save_outputs")
+    check_same_model(engines)
+    task = select_task(a, tokenizer_dir(engines), request.task)
+    ev = rows = None
+    if request.eval_set is not None:
+        ev, rows = load_evidence(request.eval_set, task=task, limit=request.limit, seed=request.seed,
+                                 text_column=request.text_column, label_column=request.label_column,
+                                 split=request.split)
+    drawn = load_traffic(request.traffic, engine_calibration_set(b, a), size=request.traffic_size,
+                         text_field=request.traffic_text_field, seed=request.seed, progress=progress,
+                         exclude=ev.texts if ev is not None else (), tokenizer=tokenizer_dir(engines))
+    if ev is None:
+        if drawn is None or not len(drawn):
+            raise UsageError("compare has no texts: no eval set was given and no traffic was drawn",
+                             hint="pass --eval-set test.jsonl, or --traffic LOG with texts outside the "
+                                  "calibration set")
+        ev = EvalSet(Path(drawn.source.path), tuple(drawn.texts), ())
+    return CompareInputs(a, b, ref, ev, rows, task, drawn)
+
+
+def compare_engines(request: CompareRequest, resources: Resources) -> Comparison:
     """Everything ``calibkit compare`` reports, for every task through one pipeline: evaluate each engine
     through the task, score the outputs against the task's gold labels (where the eval set has them), B's
-    fidelity to A, per-layer measurements, sensitivity (where the task yields class labels) and the flags.
+    fidelity to A (on the traffic too, ``Comparison.traffic``), per-layer measurements, sensitivity and the
+    flags. The inputs are loaded first (:func:`resolve_compare`); every runner comes from
+    ``resources.runner_factory``, sensitivity's variants run on ``resources.executor``."""
+    request.validate()
+    inputs = resolve_compare(request, resources.progress)
+    return compare_loaded(inputs, request, resources)
 
-    ``open_runner(artifact) -> BaseRunner`` defaults to the engine registry; ``runner_factory(model_bytes,
-    outputs)`` builds runners for tapped ONNX copies (default ORT). ``rows``: where ``eval_set`` is a subset of
-    a file (``--limit``), which rows of the file it holds. ``task``: the model's task (default: from the
-    engines' outputs and config.json, ``options.task`` forcing). ``traffic``: unlabeled texts from the log
-    (``evaluate.traffic``) on which B's fidelity to A is measured too (``Comparison.traffic``)."""
-    if open_runner is None:
-        from calibkit.engines.registry import open_runner as _open
 
-        open_runner = _open
-    resources = resources or Resources(workers=options.workers)
-    progress = progress or resources.progress
-    factory = runner_factory or ort_runner_factory(factory=resources.runner_factory)
-    if options.batch_size <= 0:
-        raise UsageError(f"--batch-size must be positive, got {options.batch_size}")
+def compare_loaded(inputs: CompareInputs, options: CompareRequest, resources: Resources) -> Comparison:
+    """The measurements of :func:`compare_engines` on loaded inputs, in order."""
+    a, b, reference, eval_set, task, traffic = (inputs.a, inputs.b, inputs.reference, inputs.eval_set, inputs.task,
+                                                inputs.traffic)
+    progress, rows = resources.progress, inputs.rows
+    factory = ort_runner_factory(factory=resources.runner_factory)
     engines = [a, b] + ([reference] if reference is not None else [])
-    check_same_model(engines)
     # inputs agree by content before any work: one tokenizer and label map; the source models and tables
     # that per-layer ranges and sensitivity rebuild from are the ones the engines were built from
-    check_engines(dict(zip(["A", "B", "reference"], engines)), sources=options.layers or options.sensitivity)
+    check_engines(dict(zip(["A", "B", "reference"], engines)), sources=options.layers or options.measures_sensitivity)
     tok_dir = tokenizer_dir(engines)
     tokenizer = TextTokenizer(tok_dir)
-    task = task or select_task(a, tok_dir, options.task)
     texts = list(eval_set.texts)
     gold = task.gold(eval_set, tokenizer)  # bad labels fail here, before any inference
-    estimate, since, clock = _time_estimate(engines, eval_set, task, tokenizer, traffic, options, open_runner,
-                                            resources, progress)
+    estimate, since, clock = _time_estimate(engines, eval_set, task, tokenizer, traffic, options, resources)
     with clock.phase("evaluate engines"):
-        runs = _evaluate_engines(engines, task, tokenizer, texts, options, open_runner, progress)
+        runs = _evaluate_engines(engines, task, tokenizer, texts, options, resources)
     ea, eb = runs[0], runs[1]
     width = int(ea.logits.shape[-1]) if ea.logits.ndim >= 2 else 0
     pa, pb = task.predictions(ea.outputs), task.predictions(eb.outputs)
@@ -254,7 +260,7 @@ def compare_engines(
         same = tuple(traffic.texts) == tuple(texts)
         with clock.phase("traffic"):
             traffic_outs = ((ea.outputs, eb.outputs) if same
-                            else _traffic_outputs(a, b, traffic, task, tokenizer, options, open_runner, progress))
+                            else _traffic_outputs(a, b, traffic, task, tokenizer, options, resources))
     evidence, why_not = sensitivity_texts(task, runs, texts, score, traffic, traffic_outs, options)
     layered = _layers(a, b, reference, texts, runs, score, pa, task, options, factory, tokenizer, tok_dir,
                       progress, resources, evidence, why_not, clock)
@@ -274,8 +280,8 @@ def compare_engines(
 
 
 def _time_estimate(engines: Sequence[EngineArtifact], eval_set: EvalSet, task: Task, tokenizer: TextTokenizer,
-                   traffic: TrafficEvidence | None, options: CompareOptions, open_runner: Any, resources: Resources,
-                   progress: ProgressCallback | None) -> tuple[TimeEstimate, float, PhaseClock]:
+                   traffic: TrafficEvidence | None, options: CompareRequest, resources: Resources
+                   ) -> tuple[TimeEstimate, float, PhaseClock]:
     """The estimate of everything below (evaluate.estimate), sent through ``progress``; when it was made, and the
     clock that times each step against it."""
     texts = list(eval_set.texts)
@@ -284,29 +290,29 @@ def _time_estimate(engines: Sequence[EngineArtifact], eval_set: EvalSet, task: T
                         labelled=eval_set.has_labels and task.kind.value == CLASSIFICATION,
                         row_task=task.kind.value in ROW_TASKS)
     sample = texts or (list(traffic.texts) if traffic is not None else [])
-    estimate = estimate_compare(engines, size, open_runner, tokenizer, task, sample, options, resources.executor)
-    announce(estimate, "compare", progress or no_progress)
+    estimate = estimate_compare(engines, size, resources.runner_factory.engine, tokenizer, task, sample, options,
+                                resources.executor)
+    announce(estimate, "compare", resources.progress or no_progress)
     return estimate, time.perf_counter(), PhaseClock(usable_cpus())
 
 
 def _traffic_outputs(a: EngineArtifact, b: EngineArtifact, traffic: TrafficEvidence, task: Task,
-                     tokenizer: TextTokenizer, options: CompareOptions, open_runner: Any,
-                     progress: ProgressCallback | None) -> tuple[Predicted, Predicted]:
+                     tokenizer: TextTokenizer, options: CompareRequest, resources: Resources
+                     ) -> tuple[Predicted, Predicted]:
     """A's and B's outputs on the traffic texts."""
     outs = []
     for name, art in (("A", a), ("B", b)):
-        with open_runner(art) as runner:
+        with resources.runner_factory.engine(art) as runner:
             outs.append(task.predict(runner, tokenizer, list(traffic.texts), batch_size=options.batch_size,
-                                     progress=progress, task=f"traffic {name} ({art.path.name})"))
+                                     progress=resources.progress, task=f"traffic {name} ({art.path.name})"))
     return outs[0], outs[1]
 
 
 def traffic_fidelity(a: EngineArtifact, b: EngineArtifact, traffic: TrafficEvidence, task: Task,
-                     tokenizer: TextTokenizer, options: CompareOptions, open_runner: Any,
-                     progress: ProgressCallback | None) -> TrafficFidelity:
+                     tokenizer: TextTokenizer, options: CompareRequest, resources: Resources) -> TrafficFidelity:
     """A and B on the traffic texts: B's fidelity to A in the task's terms, with the interval of the agreement
     where the task has class decisions (each text is one independent draw from the log)."""
-    outs = _traffic_outputs(a, b, traffic, task, tokenizer, options, open_runner, progress)
+    outs = _traffic_outputs(a, b, traffic, task, tokenizer, options, resources)
     return _traffic_result(traffic, task, outs)
 
 
@@ -342,7 +348,7 @@ class SensitivityTexts:
 
 def sensitivity_texts(task: Task, runs: Sequence[_EngineRun], texts: Sequence[str], score: TaskScore,
                       traffic: TrafficEvidence | None, traffic_outs: tuple[Predicted, Predicted] | None,
-                      options: CompareOptions) -> tuple[SensitivityTexts | None, str]:
+                      options: CompareRequest) -> tuple[SensitivityTexts | None, str]:
     """(the evidence for per-layer sensitivity, "") or (None, why it is not measured)."""
     if not options.layers:
         return None, "per-layer analysis is off (--no-layers)"
@@ -382,13 +388,12 @@ def tokenizer_dir(engines: Sequence[EngineArtifact]) -> str:
 
 
 def _evaluate_engines(engines: Sequence[EngineArtifact], task: Task, tokenizer: TextTokenizer, texts: list[str],
-                      options: CompareOptions, open_runner: Any, progress: ProgressCallback | None
-                      ) -> list[_EngineRun]:
+                      options: CompareRequest, resources: Resources) -> list[_EngineRun]:
     runs = []
     for name, art in zip(["A", "B", "reference"], engines):
-        with open_runner(art) as runner:
+        with resources.runner_factory.engine(art) as runner:
             out, lat = _evaluate_task(runner, tokenizer, texts, task, batch_size=options.batch_size,
-                                      progress=progress, name=f"evaluate {name} ({art.path.name})")
+                                      progress=resources.progress, name=f"evaluate {name} ({art.path.name})")
         runs.append(_EngineRun(name, art, out, lat))
     return runs
 
@@ -426,7 +431,7 @@ class _Layered:
 
 def _layers(a: EngineArtifact, b: EngineArtifact, reference: EngineArtifact | None, texts: Sequence[str],
             runs: Sequence[_EngineRun], score: TaskScore, pa: np.ndarray | None, task: Task,
-            options: CompareOptions, factory: RunnerFactory, tokenizer: TextTokenizer, tok_dir: str,
+            options: CompareRequest, factory: RunnerFactory, tokenizer: TextTokenizer, tok_dir: str,
             progress: ProgressCallback | None, resources: Resources, evidence: SensitivityTexts | None,
             why_not: str, clock: PhaseClock) -> _Layered:
     """Per-layer measurements on a stratified subset (by label, else by A's prediction), sensitivity on
@@ -454,7 +459,7 @@ def _layers(a: EngineArtifact, b: EngineArtifact, reference: EngineArtifact | No
                                             options.seed)
             with clock.phase("per-layer sensitivity"):
                 sens, why_not = _sensitivity(lr.int8_art, lr.int8_model, sens_specs, evidence, task, tok_dir, options,
-                                             progress, sens_subset, executor=resources.executor)
+                                             sens_subset, resources)
     verdicts = layer_verdicts(lr.measured.layers, lr.wsqnr, sens, options.thresholds, score.accuracy_diff)
     sens_evidence = _sensitivity_evidence(sens, evidence, task, why_not)
     return _Layered(verdicts, _histograms(lr.measured.layers, lr.measured.ranges, options.histogram_layers),
@@ -506,7 +511,7 @@ class _LayerRun:
 
 
 def _layer_run(a: EngineArtifact, b: EngineArtifact, reference: EngineArtifact | None, texts: Sequence[str],
-               strata: Sequence[str], options: CompareOptions, factory: RunnerFactory, tokenizer: TextTokenizer,
+               strata: Sequence[str], options: CompareRequest, factory: RunnerFactory, tokenizer: TextTokenizer,
                progress: ProgressCallback | None, budget: TokenBudget | None = None) -> _LayerRun:
     """Per-layer measurements of the quantized layers on a stratified subset (``strata``: labels, or A's
     predictions without labels), and the weight errors of the INT8 side."""
@@ -571,9 +576,8 @@ def worst_layers(measured: Sequence[Any], wsqnr: dict[str, Any], k: int | None) 
 
 
 def _sensitivity(int8_art: EngineArtifact, int8_model: onnx.ModelProto, specs: Sequence[LayerSpec],
-                 evidence: SensitivityTexts, task: Task, tok_dir: str, options: CompareOptions,
-                 progress: ProgressCallback | None, subset: EvalSubset, executor: Executor | None = None
-                 ) -> tuple[SensitivityAnalysis | None, str]:
+                 evidence: SensitivityTexts, task: Task, tok_dir: str, options: CompareRequest,
+                 subset: EvalSubset, resources: Resources) -> tuple[SensitivityAnalysis | None, str]:
     """Per-layer sensitivity on ``subset`` of ``evidence``, judged against the reference outputs there in the
     task's terms: logits, pooled vectors (with those vectors as the neighbour index) or token tags. (None, why)
     when it cannot run."""
@@ -598,7 +602,8 @@ def _sensitivity(int8_art: EngineArtifact, int8_model: onnx.ModelProto, specs: S
         [s.node for s in specs], source_model=src, calibration_json=cal, tokenizer=tok_dir,
         texts=subset.take(evidence.texts), labels=labels, reference_logits=values,
         base_keep=int8_art.kept_higher_precision, target=qdq_layout(int8_model) or "tensorrt",
-        batch_size=options.batch_size, workers=options.workers, progress=progress, executor=executor,
+        batch_size=options.batch_size, workers=resources.workers, progress=resources.progress,
+        executor=resources.executor,
         output_name=task.output_name, source_model_sha256=int8_art.source_model_sha256,
         calibration_sha256=int8_art.calibration_sha256, task=kind,
         pooling=getattr(task, "pooling", None) if kind == EMBEDDING else None, neighbour_index=index,
@@ -646,7 +651,7 @@ def _histograms(
 def build_comparison(*, eval_set: EvalSet, rows: EvalSubset | None, labels: tuple[str, ...],
                      runs: Sequence[_EngineRun], task: Task, score: TaskScore, fidelity: Fidelity,
                      predictions: tuple[np.ndarray | None, np.ndarray | None], disagreements: tuple[Disagreement, ...],
-                     layered: _Layered, options: CompareOptions, warnings: tuple[str, ...]) -> Comparison:
+                     layered: _Layered, options: CompareRequest, warnings: tuple[str, ...]) -> Comparison:
     """The typed result from the measured values (no NaN: what does not apply is None)."""
     ea, eb = runs[0], runs[1]
     pa, pb = predictions

@@ -271,7 +271,7 @@ def _fewer_rows(z: TuneSize, search: int, holdout: int, traffic: bool) -> TuneSi
 
 def tune_size(evidence: Any, config: Any, nodes: int, calibration_texts: int, auto_texts_per_node: int) -> TuneSize:
     """The :class:`TuneSize` of a run: ``evidence`` (evaluate.evidence.SplitEvidence) as drawn, ``config``
-    (evaluate.tune_config.TuneConfig), the quantizable ``nodes``; ``auto_texts_per_node``: the Q/DQ texts
+    (requests.tune.TuneRequest), the quantizable ``nodes``; ``auto_texts_per_node``: the Q/DQ texts
     method auto measures per node and finalist method."""
     from calibkit.types import Method
 
@@ -480,15 +480,17 @@ def demo_steps(d: DemoSize) -> list[Work]:
 
 def _demo_tune(d: DemoSize, labelled: int, traffic: int) -> list[Work]:
     """A tune of the demo's options on ``labelled`` eval texts and ``traffic`` log texts, its FP32 pass included."""
-    from calibkit.evaluate.tune_config import TuneConfig
+    from calibkit.requests.tune import TuneRequest
+
+    defaults = TuneRequest(model="", calibration_set="")
 
     texts = labelled + traffic
-    share = TuneConfig.holdout_fraction
+    share = defaults.holdout_fraction
     holdout = round(texts * share)
     auto = d.tune_method == "auto"
     z = TuneSize(search=texts - holdout, holdout=holdout, sensitivity=min(d.tune_sensitivity_samples, texts - holdout),
                  nodes=d.nodes, ranked=d.nodes, methods=d.methods if auto else 1, variants=2,
-                 auto_texts=d.auto_texts_per_node * d.nodes if auto else 0, race=TuneConfig.race_texts,
+                 auto_texts=d.auto_texts_per_node * d.nodes if auto else 0, race=defaults.race_texts,
                  calibration=d.calibration, candidate_share=STRATIFIED_SHARE, max_evaluations=d.max_evaluations,
                  search_traffic=round(traffic * (1 - share)), holdout_traffic=round(traffic * share),
                  method=d.tune_method)

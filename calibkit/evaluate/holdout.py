@@ -10,11 +10,11 @@ from calibkit.evaluate.jobs import SensitivityResult
 from calibkit.evaluate.results import AGREEMENT_NOUNS, Difference, HoldoutVerdict, PlanEvidence, Range, finite
 from calibkit.evaluate.rowfidelity import CLASSIFICATION, TOKEN_CLASSIFICATION
 from calibkit.evaluate.subsets import EvalSubset
-from calibkit.evaluate.tune_config import TuneConfig
 from calibkit.evaluate.uncertainty import mean_interval, paired_difference, proportion
+from calibkit.requests.tune import TuneRequest
 
 
-def plan_evidence(config: TuneConfig, evidence: SplitEvidence, subset: EvalSubset,
+def plan_evidence(config: TuneRequest, evidence: SplitEvidence, subset: EvalSubset,
                    r: SensitivityResult | None) -> tuple[PlanEvidence | None, float | None]:
     """The final plan against FP32 on one split, with 95 % intervals, and its agreement with FP32: accuracy
     (paired) on the rows whose accuracy counts, agreement (and mean cosine) on those whose agreement counts."""
@@ -41,7 +41,7 @@ def plan_evidence(config: TuneConfig, evidence: SplitEvidence, subset: EvalSubse
     return ev, finite(agree.estimate)
 
 
-def allowed_change(config: TuneConfig, evidence: SplitEvidence) -> float | None:
+def allowed_change(config: TuneRequest, evidence: SplitEvidence) -> float | None:
     """The accuracy change against FP32 the target allows on the holdout (None: no accuracy constraint)."""
     if config.fidelity_only:
         return None
@@ -52,7 +52,7 @@ def allowed_change(config: TuneConfig, evidence: SplitEvidence) -> float | None:
 NOT_CHECKED = "not checked (no texts in the holdout)"
 
 
-def holdout_verdict(config: TuneConfig, ev: PlanEvidence | None, allowed: float | None,
+def holdout_verdict(config: TuneRequest, ev: PlanEvidence | None, allowed: float | None,
                     task: str = CLASSIFICATION, *, confirmed: bool = False) -> HoldoutVerdict:
     """Whether the holdout split supports the claim, per constraint: 'supported' (met on the holdout),
     'not confirmed' (missed, but within the holdout's 95 % interval) or 'contradicted' (missed beyond it).

@@ -53,10 +53,10 @@ from calibkit.evaluate.estimate import announce, estimate_tune, finish
 from calibkit.evaluate.evidence import SplitEvidence, split_evidence, split_subsets
 from calibkit.evaluate.flops import linear_work
 from calibkit.evaluate.holdout import agreement_noun, allowed_change, holdout_verdict, plan_evidence
+from calibkit.evaluate.inputs import resolve_tune
 from calibkit.evaluate.ledger import Evaluator, Ledger, from_record, job_key
 from calibkit.evaluate.phases import PhaseClock
 from calibkit.evaluate.plan_decisions import (
-    DECISION_RULES,
     ESTIMATED,
     WHOLE_SPLIT,
     PlanJudge,
@@ -96,7 +96,6 @@ from calibkit.evaluate.tune_config import (
     DEFAULT_EMBEDDING_AGREEMENT,
     DEFAULT_EMBEDDING_COSINE,
     DEFAULT_UNLABELED_AGREEMENT,
-    TuneConfig,
 )
 from calibkit.evaluate.tune_defaults import (
     TUNE_AUTO_FINALISTS,
@@ -104,16 +103,20 @@ from calibkit.evaluate.tune_defaults import (
     TUNE_PRUNE_BUDGET,
     TUNE_PRUNE_MIN_SHARE,
 )
-from calibkit.executors import Executor, from_spec
+from calibkit.executors import from_spec
 from calibkit.graph import check_float_source, load_model, model_sha256
 from calibkit.names import node_names
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.quantize.placement import plan_placement
 from calibkit.quantize.tablefile import write_calibration_json
+from calibkit.requests.tune import TuneRequest
 from calibkit.resources import Resources
 from calibkit.types import CalibrationTable, Method
 
 log = logging.getLogger("calibkit.evaluate.tune")
+
+# the steps below read the request as their configuration: every option, and the search's knobs beside them
+TuneConfig = TuneRequest
 
 PLAN_MODE = "plan"
 
@@ -180,42 +183,28 @@ def _typical_feeds(tok: TextTokenizer, cset: CalibrationSet, input_names: Sequen
 
 
 # -- the pipeline ----------------------------------------------------------------------------------------------
-def run_tune(
-    model_dir: ModelDir,
-    calibration_set: CalibrationSet | str | Path,
-    eval_set: EvalSet,
-    out_dir: str | Path,
-    config: TuneConfig = TuneConfig(),
-    *,
-    progress: ProgressCallback | None = None,
-    render: Callable[[TuneResult, Path], Any] | None = None,
-    report_dir: str | Path | None = None,
-    executor: Executor | None = None,
-    write_document: DocumentWriter | None = None,
-    rows: EvalSubset | None = None,
-    resources: Resources | None = None,
-    traffic: TrafficEvidence | None = None,
-) -> TuneRun:
-    """Search the plan, write OUT/ and return what was written with the typed result.
+def run_tune(request: TuneRequest, resources: Resources) -> TuneRun:
+    """Search the plan for ``request``, write OUT/ and return what was written with the typed result.
 
-    ``traffic``: unlabeled texts from the log (``evaluate.traffic``), split like the eval set; agreement with
-    FP32 is then judged on them (search and holdout parts) and the eval set's labels carry accuracy alone.
-
-    ``resources``: where evaluations run (``executor``; default: a process pool of ``config.workers``, closed at
-    the end; a given executor also shards the statistics), the memory budget of statistics and layer taps, and
-    the runner factory (``executor`` alone is the shorthand for ``Resources(executor=...)``);
-    ``write_document(result, path)`` writes tune.json inside OUT (``calibkit.tune`` passes the report layer's
-    serializer; without it no tune.json is written); ``render(result, folder)`` writes the report; ``rows``:
-    which rows of the eval file ``eval_set`` holds (``--limit``), recorded in the result's evidence."""
-    resources = resources or Resources(executor=executor, workers=config.workers)
+    The inputs the request names are loaded first (:func:`calibkit.evaluate.inputs.resolve_tune`). Traffic is
+    split like the eval set; agreement with FP32 is then judged on it (search and holdout parts) and the eval
+    set's labels carry accuracy alone. ``resources``: where evaluations run (``executor``; default: a process
+    pool of ``workers``, closed at the end; a given executor also shards the statistics), the memory budget of
+    statistics and layer taps, the runner factory, progress, and the ``writer`` of tune.json (without one no
+    tune.json is written) and of the report folder (``request.report``)."""
+    request.validate()
+    inputs = resolve_tune(request, resources.progress)
+    writer = resources.writer
     with contextlib.ExitStack() as stack:
         given = resources.executor is not None
         if resources.executor is None:
-            resources = replace(resources, executor=stack.enter_context(from_spec("local", config.workers)))
-        return _run_tune(model_dir, calibration_set, eval_set, out_dir, config,
-                         progress=progress or resources.progress, render=render, report_dir=report_dir,
-                         resources=resources, shard_stats=given, write_document=write_document, rows=rows,
-                         traffic=traffic)
+            resources = replace(resources, executor=stack.enter_context(from_spec("local", resources.workers)))
+        return _run_tune(inputs.model, inputs.calibration_set, inputs.eval_set, inputs.out, request,
+                         progress=resources.progress,
+                         render=writer.report if writer is not None and inputs.report is not None else None,
+                         report_dir=inputs.report, resources=resources, shard_stats=given,
+                         write_document=writer.document if writer is not None else None, rows=inputs.rows,
+                         traffic=inputs.traffic)
 
 
 @dataclass(frozen=True, eq=False)
@@ -413,18 +402,8 @@ def _first(subset: EvalSubset, n: int) -> EvalSubset:
 
 
 def _check_config(config: TuneConfig) -> None:
-    if config.decision_rule not in DECISION_RULES or config.first_chunk < 1:
-        raise UsageError(f"unknown decision rule {config.decision_rule!r} (first chunk {config.first_chunk})",
-                         hint="use sequential or whole-split, and a first chunk of at least 1 text")
-    if not 0.5 <= config.agreement_confidence < 1.0:
-        raise UsageError(f"--agreement-confidence must be in [0.5, 1), got {config.agreement_confidence}",
-                         hint="e.g. 0.9 (the default); 0.5 compares the point estimate")
-    if config.min_agreement is not None and not 0.0 < config.min_agreement <= 100.0:
-        raise UsageError(f"--min-agreement must be in (0, 100] percent, got {config.min_agreement}",
-                         hint="pass e.g. --min-agreement 99 to keep 99 % of FP32's predictions")
-    if config.min_cosine is not None and not -1.0 < config.min_cosine < 1.0:
-        raise UsageError(f"--min-cosine must be in (-1, 1), got {config.min_cosine}",
-                         hint="e.g. --min-cosine 0.995 (a mean cosine of 1 cannot be certified)")
+    """Every check of the request (a pipeline called without the API validates it too)."""
+    config.validate()
 
 
 def _load_model(model_dir: ModelDir, config: TuneConfig) -> _Model:

@@ -1,0 +1,252 @@
+"""Requests are values declared once: each option of `calibkit calibrate`, `compare` and `tune` is one request field
+(or a resource option) and back, a request survives the trip through its command line, the API's keyword functions are
+generated from the same fields, `--traffic` reads a word by one rule, and no module declares the options again."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+import calibkit.api
+from calibkit.cli import app
+from calibkit.cli import calibrate as cli_calibrate
+from calibkit.cli import compare as cli_compare
+from calibkit.cli import tune as cli_tune
+from calibkit.errors import UsageError
+from calibkit.evaluate.flags import Thresholds
+from calibkit.requests.calibrate import CalibrateRequest
+from calibkit.requests.compare import CompareRequest
+from calibkit.requests.options import Choice, declared, flag_of
+from calibkit.requests.resources import ResourceOptions
+from calibkit.requests.traffic import Traffic
+from calibkit.requests.tune import TuneRequest
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = {"calibrate": (CalibrateRequest, cli_calibrate), "compare": (CompareRequest, cli_compare),
+            "tune": (TuneRequest, cli_tune)}
+DECLARED_ONCE = ("compare", "tune")  # the pipelines that take (request, resources); calibrate's does not yet
+
+
+def _click(name: str) -> Any:
+    return typer.main.get_command(app).commands[name]  # type: ignore[attr-defined]
+
+
+def _owners(request_cls: type) -> dict[str, str]:
+    """Each command-line spelling a request declares -> the field it sets."""
+    owners: dict[str, str] = {}
+    for f, decl in declared(request_cls):
+        if not decl.cli:
+            continue
+        flags = [x for spelled in decl.flags or (flag_of(f, decl),) for x in spelled.split("/")]
+        flags += [decl.negation] if decl.negation else []
+        flags = [n.flag for n in decl.nested] or flags
+        for flag in [f.name] if decl.argument else flags:
+            assert flag not in owners, f"{flag} is declared by {owners[flag]} and {f.name}"
+            owners[flag] = f.name
+    return owners
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_option_maps_to_exactly_one_field_and_back(command: str) -> None:
+    request_cls, module = COMMANDS[command]
+    owners = _owners(request_cls)
+    resources = {flag_of(f, d): f.name for f, d in declared(ResourceOptions) if f.name in module.RESOURCES}
+    own = {name for p in module.PRESENTATION for name in p.default.param_decls}
+    seen: dict[str, str] = {}
+    for param in _click(command).params:
+        spellings = [param.name] if param.param_type_name == "argument" else [*param.opts, *param.secondary_opts]
+        for spelled in spellings:
+            if spelled == "--help":
+                continue
+            targets = [t for t in (owners.get(spelled), resources.get(spelled), spelled in own or None) if t]
+            assert len(targets) == 1, f"calibkit {command} {spelled} maps to {targets or 'nothing'}"
+            seen[spelled] = str(targets[0])
+    assert set(owners) <= set(seen), f"fields with no option: {set(owners) - set(seen)}"
+    assert set(resources) <= set(seen), f"resource options missing: {set(resources) - set(seen)}"
+    cli_fields = {f.name for f, d in declared(request_cls) if d.cli}
+    assert cli_fields == {owners[s] for s in seen if s in owners}
+
+
+def _non_default(request_cls: type, tmp: Path) -> dict[str, Any]:
+    """A value other than its default for every field the command line sets (paths under ``tmp``)."""
+    values: dict[str, Any] = {}
+    for f, decl in declared(request_cls):
+        if not decl.cli:
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else None
+        kind = str(f.type)
+        if f.name == "traffic":
+            values[f.name] = tmp / "requests.jsonl"
+        elif request_cls is CalibrateRequest and f.name == "calibration_set":
+            continue  # from a cache instead: the command line then loads nothing before the API call
+        elif kind.startswith("tuple"):
+            values[f.name] = ("MatMul", "Conv")
+        elif decl.nested:
+            values[f.name] = Thresholds(**{n.attribute: 0.25 for n in decl.nested})
+        elif isinstance(default, Choice):
+            values[f.name] = next(m for m in type(default) if m is not default)
+        elif isinstance(default, bool):
+            values[f.name] = not default
+        elif f.name == "task":
+            values[f.name] = "classification"
+        elif f.name == "seed":
+            values[f.name] = 7
+        elif f.name == "num_bins":
+            values[f.name] = 1024
+        elif kind.startswith(("int", "float")):
+            bound = decl.bound
+            low = bound.low if bound is not None and bound.low is not None else 0
+            values[f.name] = (type(default) if default is not None else int if "int" in kind else float)(low + 3)
+            if bound is not None and bound.high is not None and values[f.name] > bound.high:
+                values[f.name] = type(values[f.name])(bound.high)
+            if bound is not None and bound.below is not None and values[f.name] >= bound.below:
+                values[f.name] = (low + bound.below) / 2
+        elif "PathLike" in kind:
+            values[f.name] = tmp / f.name
+        else:
+            values[f.name] = f"{f.name}-value"
+    return values
+
+
+def _argv(request_cls: type, values: dict[str, Any]) -> list[str]:
+    """The command line that asks for ``values``."""
+    arguments: list[str] = []
+    argv: list[str] = []
+    for f, decl in declared(request_cls):
+        if f.name not in values:
+            continue
+        value = values[f.name]
+        if decl.argument:
+            arguments.append(str(value))
+        elif decl.nested:
+            argv += [x for n in decl.nested for x in (n.flag, str(getattr(value, n.attribute)))]
+        elif isinstance(value, tuple):
+            argv += [x for item in value for x in ((decl.flags or (flag_of(f, decl),))[0], item)]
+        elif isinstance(value, bool):
+            switch = (decl.flags or (flag_of(f, decl),))[0].split("/")
+            argv.append(switch[0] if value else switch[1])
+        else:
+            argv += [(decl.flags or (flag_of(f, decl),))[0], str(value)]
+    return arguments + argv
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_request_survives_its_command_line(command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """construct -> validate -> its command line -> parsed back: the same request reaches ``calibkit.api.run``."""
+    request_cls, _ = COMMANDS[command]
+    values = _non_default(request_cls, tmp_path)
+    expected = request_cls(**values)
+    expected.validate()
+    got: list[Any] = []
+
+    def stop(request: Any, resources: ResourceOptions, progress: Any = None) -> Any:
+        got.append((request, resources))
+        raise UsageError("stopped by the test")
+
+    monkeypatch.setattr(calibkit.api, "run", stop)
+    monkeypatch.chdir(tmp_path)
+    quiet = ["--no-report"] if command == "compare" else []  # tune's --report is a field, calibrate has none
+    result = CliRunner().invoke(app, [command, *_argv(request_cls, values), *quiet, "--memory-budget", "3G"])
+    assert got, result.output
+    request, resources = got[0]
+    assert request == expected
+    assert resources == ResourceOptions(memory_budget="3G")
+
+
+def test_traffic_reads_a_word_as_a_file_where_one_of_that_name_exists(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert Traffic.parse("auto") is Traffic.AUTO and Traffic.parse("default") is Traffic.DEFAULT
+    (tmp_path / "auto").write_text('{"text": "a log named auto"}\n')
+    assert Traffic.parse("auto") == Path("auto")  # the file, with no ./ needed
+    assert Traffic.parse(Traffic.AUTO) is Traffic.AUTO  # the keyword, always, from Python
+    assert Traffic.parse(Path("default")) == Path("default") and Traffic.parse(None) is None
+    assert TuneRequest(model="m", calibration_set="c", traffic="auto").traffic == Path("auto")
+    assert CompareRequest(engine_a="a", engine_b="b", traffic="default").traffic is Traffic.DEFAULT
+
+
+def test_the_keyword_functions_are_generated_from_the_requests() -> None:
+    for function, request_cls in ((calibkit.api.compare, CompareRequest), (calibkit.api.tune, TuneRequest)):
+        params = inspect.signature(function).parameters
+        api_fields = [f.name for f, d in declared(request_cls) if d.api]
+        assert list(params) == [*api_fields, "workers", "executor", "memory_budget", "max_batch_tokens", "progress"]
+        doc = function.__doc__ or ""
+        for f, decl in declared(request_cls):
+            assert (f"    {f.name}: " in doc) == decl.api, f"{function.__name__}'s Args: {f.name}"
+    assert inspect.signature(calibkit.api.tune).parameters["max_drop"].default == 0.5
+    assert str(inspect.signature(calibkit.api.compare).parameters["batch_size"]) == "batch_size: int = 32"
+    with pytest.raises(TypeError, match="no_such_option"):
+        calibkit.api.tune("model", "cset", no_such_option=1)
+
+
+def test_validate_keeps_the_messages_that_say_what_to_do() -> None:
+    with pytest.raises(UsageError, match="unknown --method 'fast'") as e:
+        TuneRequest(model="m", calibration_set="c", method="fast").validate()
+    assert "entropy" in (e.value.hint or "")
+    with pytest.raises(UsageError, match="--min-agreement must be a percentage in"):
+        CompareRequest(engine_a="a", engine_b="b", eval_set="e", min_agreement=101).validate()
+    with pytest.raises(UsageError, match="--threshold-clipped"):
+        CompareRequest(engine_a="a", engine_b="b", eval_set="e", thresholds=Thresholds(max_clipped_fraction=2)
+                       ).validate()
+    with pytest.raises(UsageError, match="compare needs texts"):
+        CompareRequest(engine_a="a", engine_b="b", traffic=None).validate()
+
+
+# ---------------------------------------------------------------- declared once
+
+def _option_names(request_cls: type) -> set[str]:
+    return {f.name for f, d in declared(request_cls) if d.api}
+
+
+def _redeclarations(tree: ast.AST, names: set[str]) -> list[str]:
+    """Functions and classes that give a default to a third or more of ``names`` (an option table again)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            defaulted = [x.arg for x in a.args[len(a.args) - len(a.defaults):]]
+            defaulted += [x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+        elif isinstance(node, ast.ClassDef):
+            defaulted = [s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and s.value is not None
+                         and isinstance(s.target, ast.Name)]
+        else:
+            continue
+        if len(set(defaulted) & names) * 3 >= len(names):
+            found.append(f"{node.name} (line {node.lineno})")
+    return found
+
+
+def _typer_flags(tree: ast.AST) -> set[str]:
+    return {a.value for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and getattr(node.func, "attr", "") in ("Option", "Argument")
+            for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("-")}
+
+
+def test_no_module_declares_the_compare_or_tune_options_again() -> None:
+    wrong = []
+    for path in sorted((ROOT / "calibkit").rglob("*.py")):
+        if "requests" in path.parts:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for cls in (COMMANDS[c][0] for c in DECLARED_ONCE):
+            wrong += [f"{path.relative_to(ROOT)}: {x} re-declares {cls.__name__}'s options"
+                      for x in _redeclarations(tree, _option_names(cls))]
+        if path.parent.name == "cli" and path.stem in DECLARED_ONCE:
+            wrong += [f"{path.relative_to(ROOT)}: typer option {x} re-declares a request field"
+                      for x in _typer_flags(tree) & set(_owners(COMMANDS[path.stem][0]))]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_redeclaration_check_finds_an_option_table() -> None:
+    """The check above is not vacuous: the keyword signature the API had before requests is found."""
+    old = "def tune(model, calibration_set, eval_set=None, out=None, *, " + ", ".join(
+        f"{n}=None" for n in sorted(_option_names(TuneRequest))) + "): pass"
+    assert _redeclarations(ast.parse(old), _option_names(TuneRequest)) == ["tune (line 1)"]
+    assert _typer_flags(ast.parse('typer.Option(0.5, "--max-drop")')) == {"--max-drop"}
