@@ -160,7 +160,7 @@ def _log_mixture(log_wealth: Sequence[float]) -> float:
     return top + math.log(float(np.exp(a - top).mean()))
 
 
-def _restrict(result: ChunkResult, positions: np.ndarray) -> ChunkResult:
+def restrict(result: ChunkResult, positions: np.ndarray) -> ChunkResult:
     """A whole-split result's per-text values at ``positions`` only."""
     def take(name: str) -> tuple:
         v = tuple(getattr(result, name, ()))
@@ -168,6 +168,32 @@ def _restrict(result: ChunkResult, positions: np.ndarray) -> ChunkResult:
 
     return replace(result, predictions=take("predictions"), agreement_values=take("agreement_values"),
                    cosine_values=take("cosine_values"))
+
+
+def stitch(chunks: Sequence[ChunkResult], positions: Sequence[np.ndarray], order: np.ndarray | None = None
+           ) -> ChunkResult | None:
+    """The chunks' results as one (each chunk's texts at ``positions``), texts in chunk order (or reordered by
+    ``order``)."""
+    if not chunks:
+        return None
+    rs = list(chunks)
+    w = np.asarray([len(p) for p in positions], dtype=np.float64)
+
+    def mean(name: str) -> float:
+        v = np.asarray([getattr(r, name) for r in rs], dtype=np.float64)
+        return float((v * w).sum() / w.sum()) if w.sum() else float("nan")
+
+    def cat(name: str, kind: type) -> tuple:
+        parts = [tuple(getattr(r, name)) for r in rs]
+        if any(len(p) != n for p, n in zip(parts, w.astype(int))):
+            return ()
+        flat = [kind(v) for p in parts for v in p]
+        return tuple(flat[i] for i in order) if order is not None else tuple(flat)
+
+    return replace(rs[0], accuracy=mean("accuracy"), logit_mse=mean("logit_mse"), mean_kl=mean("mean_kl"),
+                   flip_rate=mean("flip_rate"), seconds=float(sum(r.seconds for r in rs)),
+                   predictions=cat("predictions", int), agreement_values=cat("agreement_values", float),
+                   cosine_values=cat("cosine_values", float))
 
 
 def chunk_values(evidence: SplitEvidence, chunk: EvalSubset, result: ChunkResult,
@@ -287,7 +313,7 @@ class PlanJudge:
             return pr.evaluated <= first
         pos = self.order[:first]  # rows of the first look, in the whole result's split order
         ch = chunk_subset(self.subset, pos)
-        values = chunk_values(self.evidence, ch, _restrict(pr.chunks[0], pos), self.constraints)
+        values = chunk_values(self.evidence, ch, restrict(pr.chunks[0], pos), self.constraints)
         decisions = [self.rule.decide(c, self.rule.summarize(c, values[c.name]), self.totals[c.name])
                      for c in self.constraints]
         return final_meets(self.constraints, decisions, False, self.estimated) is not None
@@ -360,26 +386,7 @@ class PlanJudge:
     @staticmethod
     def _stitched(pr: _Progress, order: np.ndarray | None = None):  # -> SensitivityResult | None
         """The chunks' results as one, texts in chunk order (or reordered by ``order``)."""
-        if not pr.chunks:
-            return None
-        rs = pr.chunks
-        w = np.asarray([len(p) for p in pr.positions], dtype=np.float64)
-
-        def mean(name: str) -> float:
-            v = np.asarray([getattr(r, name) for r in rs], dtype=np.float64)
-            return float((v * w).sum() / w.sum()) if w.sum() else float("nan")
-
-        def cat(name: str, kind: type) -> tuple:
-            parts = [tuple(getattr(r, name)) for r in rs]
-            if any(len(p) != n for p, n in zip(parts, w.astype(int))):
-                return ()
-            flat = [kind(v) for p in parts for v in p]
-            return tuple(flat[i] for i in order) if order is not None else tuple(flat)
-
-        return replace(rs[0], accuracy=mean("accuracy"), logit_mse=mean("logit_mse"), mean_kl=mean("mean_kl"),
-                       flip_rate=mean("flip_rate"), seconds=float(sum(r.seconds for r in rs)),
-                       predictions=cat("predictions", int), agreement_values=cat("agreement_values", float),
-                       cosine_values=cat("cosine_values", float))
+        return stitch(pr.chunks, pr.positions, order)
 
     def complete(self, plan: Plan):  # -> SensitivityResult over the whole split, in the split's row order
         """``plan`` on every row of the split: the rows its decision did not need are evaluated now (one more

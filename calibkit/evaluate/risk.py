@@ -229,9 +229,9 @@ class StratifiedJudge:
         pos = seen.positions[keep]
         result = seen.result
         if not keep.all():  # a whole-subset result: only the evaluated rows count, as for every other plan
-            from calibkit.evaluate.plan_decisions import _restrict
+            from calibkit.evaluate.plan_decisions import restrict
 
-            result = _restrict(result, np.flatnonzero(keep))
+            result = restrict(result, np.flatnonzero(keep))
         chunk = chunk_subset(self.subset, pos)
         return chunk, chunk_values(self.evidence, chunk, result, self.constraints), pos
 
@@ -285,7 +285,7 @@ class StratifiedJudge:
 
     def complete(self, plan: Plan):  # -> SensitivityResult over the whole subset, in its row order
         """``plan`` on every row of the subset: the rows its decision did not need are evaluated now."""
-        from calibkit.evaluate.plan_decisions import PlanJudge
+        from calibkit.evaluate.plan_decisions import stitch
 
         seen = self._seen.get(plan)
         n = len(self.subset)
@@ -297,10 +297,7 @@ class StratifiedJudge:
         self.completed_texts += len(rest)
         parts = ([seen.result] if seen is not None else []) + [r]
         positions = np.concatenate([done, rest])
-        from calibkit.evaluate.plan_decisions import _Progress
-
-        pr = _Progress(chunks=parts, positions=[done, rest] if seen is not None else [rest])
-        whole = PlanJudge._stitched(pr, np.argsort(positions, kind="stable"))
+        whole = stitch(parts, [done, rest] if seen is not None else [rest], np.argsort(positions, kind="stable"))
         self._seen[plan] = _Seen(whole, np.arange(n))
         return whole
 
