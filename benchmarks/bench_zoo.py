@@ -66,17 +66,17 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from zoo import MAX_TOKENS, SPECS, build_zoo, write_texts, zoo_texts  # noqa: E402
 
+from calibkit.building import BuildRequest, build  # noqa: E402
 from calibkit.calibrate.pipeline import calibrate  # noqa: E402
 from calibkit.data.calibset import write_calibration_set  # noqa: E402
 from calibkit.data.modeldir import ModelDir  # noqa: E402
 from calibkit.data.tokenizer import TextTokenizer  # noqa: E402
 from calibkit.engines.base import FunctionRunner  # noqa: E402
-from calibkit.engines.build import BuildRequest, build  # noqa: E402
 from calibkit.engines.cpu import int8_gemm_saturates  # noqa: E402
 from calibkit.engines.onnxruntime import OnnxRuntimeRunner  # noqa: E402
 from calibkit.evaluate.flops import linear_work  # noqa: E402
 from calibkit.evaluate.tasks import TaskKind, choose_task, model_outputs  # noqa: E402
-from calibkit.evaluate.uncertainty import Interval, proportion  # noqa: E402
+from calibkit.results.intervals import Interval, proportion  # noqa: E402
 from calibkit.types import Method, Precision, TensorSpec  # noqa: E402
 
 TARGET = 0.99

@@ -13,8 +13,8 @@ Functions: :func:`export`, :func:`sample`, :func:`smooth`, :func:`calibrate`, :f
 (calibkit.api; ``run`` takes a :class:`CalibrateRequest`, :class:`CompareRequest` or :class:`TuneRequest`, the
 values calibkit.requests declares every option in);
 :func:`prepare_demo` with :class:`PrepareOptions` (calibkit.demo.prepare: the demo's model, data and log). Results:
-:class:`Comparison`, :class:`TuneResult` and their parts (calibkit.evaluate.results); :class:`DeployResult` and
-:class:`PlanDocument` (calibkit.evaluate.documents). Errors: :class:`CalibkitError` and its
+:class:`Comparison`, :class:`TuneResult` and their parts (calibkit.results.runs); :class:`DeployResult` and
+:class:`PlanDocument` (calibkit.results.documents). Errors: :class:`CalibkitError` and its
 subclasses (calibkit.errors). Progress: every long call takes ``progress=``, a callable given each
 :class:`ProgressEvent` (calibkit.progress).
 """
@@ -41,8 +41,8 @@ _PROGRESS = ("ProgressEvent",)
 _ERRORS = ("CalibkitError", "UsageError", "DataError", "ModelError", "CalibrationError", "BackendError",
            "MissingDependencyError", "TargetMissedError")
 _WHERE = {**dict.fromkeys(_API, "calibkit.api"), **dict.fromkeys(_DEMO, "calibkit.demo.prepare"),
-          **dict.fromkeys(_RESULTS, "calibkit.evaluate.results"),
-          **dict.fromkeys(_DOCUMENTS, "calibkit.evaluate.documents"),
+          **dict.fromkeys(_RESULTS, "calibkit.results.runs"),
+          **dict.fromkeys(_DOCUMENTS, "calibkit.results.documents"),
           **dict.fromkeys(_ERRORS, "calibkit.errors"), **dict.fromkeys(_PROGRESS, "calibkit.progress"), **_REQUESTS}
 
 __all__ = ["__version__", *_API, *_REQUESTS, *_DEMO, *_RESULTS, *_DOCUMENTS, *_ERRORS, *_PROGRESS]

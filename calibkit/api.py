@@ -55,6 +55,7 @@ from calibkit.resources import Resources
 from calibkit.types import check_seed
 
 if TYPE_CHECKING:  # pragma: no cover - types only
+    from calibkit.building import BuildResult
     from calibkit.calibrate.methods import ActivationHistogram
     from calibkit.calibrate.pipeline import CalibrationResult
     from calibkit.calibrate.smoothing import SmoothResult
@@ -62,11 +63,10 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.data.encode import TokenBudget
     from calibkit.data.evalset import EvalSet
     from calibkit.data.modeldir import ModelDir
-    from calibkit.engines.build import BuildResult
-    from calibkit.evaluate.results import Comparison, TuneResult
     from calibkit.evaluate.tune import TuneRun
     from calibkit.executors import Executor
     from calibkit.exporter import ExportResult, ExportSource
+    from calibkit.results.runs import Comparison, TuneResult
 
 PathLike = str | os.PathLike[str]
 
@@ -442,8 +442,8 @@ def build(
         >>> int8.artifact.precision.value, int8.sidecar.name
         ('int8', 'int8.onnx.calibkit.json')
     """
-    from calibkit.engines.build import BuildRequest
-    from calibkit.engines.build import build as run_build
+    from calibkit.building import BuildRequest
+    from calibkit.building import build as run_build
     from calibkit.types import Backend, Precision
 
     check_paths({"model": model, "output": output}, {"calibration": calibration, "qdq": qdq, "tokenizer": tokenizer,
@@ -706,7 +706,7 @@ def render_report(result: Comparison | TuneResult, out: PathLike) -> Any:
 # ---------------------------------------------------------------- deploy
 
 if TYPE_CHECKING:
-    from calibkit.evaluate.documents import DeployResult
+    from calibkit.results.documents import DeployResult
 
 
 def deploy(

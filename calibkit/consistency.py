@@ -94,7 +94,7 @@ def _short(sha: str | None) -> str:
 
 
 class EngineLike(Protocol):
-    """What the checks read of an engine (``engines.artifact.EngineArtifact``, a frozen dataclass)."""
+    """What the checks read of an engine (``enginefiles.artifact.EngineArtifact``, a frozen dataclass)."""
 
     @property
     def path(self) -> Path: ...

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-SIDECAR_SUFFIX = ".calibkit.json"  # ENGINE + this: the engine's sidecar (engines.artifact)
+SIDECAR_SUFFIX = ".calibkit.json"  # ENGINE + this: the engine's sidecar (enginefiles.artifact)
 CALIBRATION_JSON = "calibration.json"  # the calibration document of a calibrate or tune folder
 MANIFEST_JSON = "manifest.json"  # a calibration set's manifest
 SMOOTHING_JSON = "smoothing.json"  # a smoothed model folder's record

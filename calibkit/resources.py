@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from calibkit.engines.registry import ModelRunnerFactory, model_runner, open_runner
+from calibkit.enginefiles.registry import ModelRunnerFactory, model_runner, open_runner
 from calibkit.progress import ProgressCallback, no_progress
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.data.encode import TokenBudget
-    from calibkit.engines.artifact import EngineArtifact
+    from calibkit.enginefiles.artifact import EngineArtifact
     from calibkit.engines.base import BaseRunner
     from calibkit.executors.base import Executor
 

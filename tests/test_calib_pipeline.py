@@ -251,7 +251,7 @@ def test_texts_edited_after_the_manifest_are_flagged(tmp_path, caplog):
 
 def test_the_tapped_runner_comes_from_the_resources_factory(tmp_path, monkeypatch):
     """calibrate makes its runner only through ``Resources.runner_factory`` (the engine registry by default)."""
-    from calibkit.engines.registry import model_runner
+    from calibkit.enginefiles.registry import model_runner
 
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     md = ModelDir.resolve(write_model_dir(tmp_path / "model"))

@@ -10,8 +10,9 @@ import pytest
 
 from calibkit._io import write_json
 from calibkit.errors import DataError
-from calibkit.evaluate.documents import BucketChoice, LengthBucket, PlanDocument
-from calibkit.evaluate.results import (
+from calibkit.report.codec import PLAN_FORMAT, load_result, load_typed, parse_result, to_document
+from calibkit.results.documents import BucketChoice, LengthBucket, PlanDocument
+from calibkit.results.runs import (
     HoldoutVerdict,
     MethodChoice,
     TuneEvalSet,
@@ -19,7 +20,6 @@ from calibkit.evaluate.results import (
     TuneResult,
     TuneTarget,
 )
-from calibkit.report.codec import PLAN_FORMAT, load_result, load_typed, parse_result, to_document
 
 
 def _tune() -> TuneResult:
@@ -68,7 +68,7 @@ def _wrap(choice: BucketChoice):  # type: ignore[no-untyped-def]
 
     from test_results import _random
 
-    from calibkit.evaluate.documents import DeployResult, ProfileChoice
+    from calibkit.results.documents import DeployResult, ProfileChoice
 
     res = _random(DeployResult, random.Random(0))
     return dataclasses.replace(res, profiles=ProfileChoice(choice.k, None, 8, (choice,), res.profiles.baseline))

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from calibkit.cli import app
 from calibkit.data.tokenizer import TextTokenizer
-from calibkit.engines.artifact import sidecar_path
+from calibkit.enginefiles.artifact import sidecar_path
 
 
 @pytest.fixture(scope="module")

@@ -17,14 +17,14 @@ from test_compare_tiny import WORDS, build_engines, make_texts, make_tokenizer, 
 
 from calibkit.data.evalset import load_eval_set
 from calibkit.data.tokenizer import TextTokenizer
-from calibkit.engines.artifact import EngineArtifact
+from calibkit.enginefiles.artifact import EngineArtifact
 from calibkit.evaluate.compare import compare_engines
-from calibkit.evaluate.flags import Flag
 from calibkit.graph import add_outputs, model_sha256
 from calibkit.quantize.qdq import Target, quantize_model, save_model
 from calibkit.report.codec import parse_result, to_document
 from calibkit.requests.compare import CompareRequest
 from calibkit.resources import Resources
+from calibkit.results.flags import Flag
 from calibkit.types import Backend, CalibrationTable, Method, MethodParams, Precision, TensorRange
 
 H = 8
@@ -295,7 +295,7 @@ def test_paired_values_uses_mcnemar_for_0_1_and_a_bootstrap_for_the_rest() -> No
 
 def test_recommend_says_no_layer_only_when_every_layer_is_settled() -> None:
     from calibkit.evaluate.decisions import recommend
-    from calibkit.evaluate.results import (
+    from calibkit.results.runs import (
         Difference,
         LayerSensitivity,
         LayerVerdict,
@@ -309,8 +309,8 @@ def test_recommend_says_no_layer_only_when_every_layer_is_settled() -> None:
 
     def verdict(low: float, high: float) -> LayerVerdict:
         # the flag comes from the same measurement the verdict reads: one decision per layer
-        from calibkit.evaluate.flags import Thresholds, flag_layer
-        from calibkit.evaluate.uncertainty import Interval, PairedDifference
+        from calibkit.results.flags import Thresholds, flag_layer
+        from calibkit.results.intervals import Interval, PairedDifference
 
         removed = PairedDifference(Interval(0.001, low, high), 0, 1, 400, 1.0)
         f = flag_layer(Thresholds(), sqnr_db=None, clipped_fraction=None, outlier_ratio=None, nonfinite=0,

@@ -17,14 +17,14 @@ from sklearn.metrics import accuracy_score, f1_score
 
 from calibkit.data.evalset import load_eval_set
 from calibkit.data.tokenizer import TextTokenizer
-from calibkit.engines.artifact import EngineArtifact
+from calibkit.enginefiles.artifact import EngineArtifact
 from calibkit.evaluate.compare import compare_engines
-from calibkit.evaluate.flags import Thresholds
 from calibkit.graph import add_outputs, model_sha256
 from calibkit.quantize.qdq import Target, quantize_model, save_model
 from calibkit.report.codec import parse_result, to_document
 from calibkit.requests.compare import CompareRequest
 from calibkit.resources import Resources
+from calibkit.results.flags import Thresholds
 from calibkit.types import Backend, CalibrationTable, Method, MethodParams, Precision, TensorRange
 
 WORDS = ["good", "great", "fine", "love", "bad", "awful", "hate", "poor", "movie", "plot", "the", "a", "is", "was"]
@@ -407,8 +407,8 @@ def test_same_rows_in_another_order_give_the_same_flags(tiny, comparison, tmp_pa
 
 
 def test_a_recovery_within_its_uncertainty_is_insufficient_evidence() -> None:
-    from calibkit.evaluate.flags import Flag, flag_layer
-    from calibkit.evaluate.uncertainty import paired_difference
+    from calibkit.results.flags import Flag, flag_layer
+    from calibkit.results.intervals import paired_difference
 
     n = 256
     base = np.zeros(n, dtype=bool)

@@ -11,7 +11,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from sklearn.metrics import confusion_matrix, f1_score
 
-from calibkit.evaluate.flags import Flag, Thresholds, flag_layer
 from calibkit.evaluate.layers import find_layers
 from calibkit.evaluate.metrics import (
     classification_metrics,
@@ -22,6 +21,7 @@ from calibkit.evaluate.metrics import (
     top2_gap,
 )
 from calibkit.evaluate.streaming import ErrorAccumulator, RangeAccumulator, valid_mask
+from calibkit.results.flags import Flag, Thresholds, flag_layer
 
 RNG = np.random.default_rng(3)
 
@@ -187,7 +187,7 @@ def test_find_layers_walks_back_through_cast() -> None:
 
 
 def test_measured_sensitivity_demotes_a_heuristic_flag_to_watch() -> None:
-    from calibkit.evaluate.flags import Flag, Thresholds, flag_layer
+    from calibkit.results.flags import Flag, Thresholds, flag_layer
 
     t = Thresholds()
     common = dict(sqnr_db=30.0, clipped_fraction=0.0, outlier_ratio=2.0, nonfinite=0, fp_absmax=10.0,

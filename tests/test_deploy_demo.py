@@ -57,10 +57,10 @@ def test_config_and_declared_io(repo: dict) -> None:
 def test_outputs_equal_calibkits_engine(repo: dict, tmp_path: Path) -> None:
     import onnxruntime as ort
 
+    from calibkit.building import BuildRequest, build
     from calibkit.data.tokenizer import TextTokenizer
     from calibkit.deploy.perfdata import padded_feeds
     from calibkit.deploy.traffic import read_traffic
-    from calibkit.engines.build import BuildRequest, build
     from calibkit.engines.onnxruntime import OnnxRuntimeRunner
     from calibkit.evaluate.predict import predict_logits
     from calibkit.types import Precision

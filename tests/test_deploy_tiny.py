@@ -91,8 +91,8 @@ def test_repository_model_equals_calibkit_engine(work: dict[str, Path], tmp_path
     batch sizes, give the outputs of calibkit's own engine (`calibkit build --target onnxruntime`) for the same
     batches. (This tiny model mean-pools over padding, so padding changes its outputs: the padding-invariance
     of a real model is checked in test_deploy_demo.py.)"""
+    from calibkit.building import BuildRequest, build
     from calibkit.data.tokenizer import TextTokenizer
-    from calibkit.engines.build import BuildRequest, build
     from calibkit.engines.onnxruntime import OnnxRuntimeRunner
 
     res = deploy(DeployRequest(work["cal"], tmp_path / "repo", profiles=3, perf_requests=40))
@@ -209,7 +209,7 @@ def test_tune_folder_keeps_the_plan_and_finds_the_set(work: dict[str, Path], tmp
 
 
 def _tune_result(*, met: bool, traffic: Path | None = None, sha: str = ""):  # type: ignore[no-untyped-def]
-    from calibkit.evaluate.results import Evidence, MethodChoice, TuneEvalSet, TunePlan, TuneResult, TuneTarget
+    from calibkit.results.runs import Evidence, MethodChoice, TuneEvalSet, TunePlan, TuneResult, TuneTarget
 
     ev = Evidence(str(traffic), 100, exclusions=(f"log sha256: {sha}",)) if traffic else None
     return TuneResult("0", TuneEvalSet("eval.jsonl", 10, 8, 2, 4, "given", traffic=ev),
@@ -255,7 +255,7 @@ def test_tune_json_is_read_through_the_codec(work: dict[str, Path], tmp_path: Pa
 
 
 def test_engine_source(work: dict[str, Path], tmp_path: Path) -> None:
-    from calibkit.engines.build import BuildRequest, build
+    from calibkit.building import BuildRequest, build
 
     eng = build(BuildRequest(model=work["model"], output=tmp_path / "fp16.onnx", precision=Precision.FP16)).artifact
     res = deploy(DeployRequest(eng.path, tmp_path / "repo", traffic=work["log"], profiles=1))
@@ -374,7 +374,7 @@ def test_build_tensorrt_without_tensorrt_prints_trtexec(work: dict[str, Path], t
 def test_engine_without_calibration_table(work: dict[str, Path], tmp_path: Path) -> None:
     """An INT8 engine built from a bare Q/DQ model (no calibration.json anywhere): TensorRT gets it as it is;
     ONNX Runtime gets it too, with a warning that it is not the CPU-fast layout."""
-    from calibkit.engines.build import BuildRequest, build
+    from calibkit.building import BuildRequest, build
 
     alone = tmp_path / "alone"
     alone.mkdir()
@@ -397,8 +397,8 @@ def test_engine_without_calibration_table(work: dict[str, Path], tmp_path: Path)
 
 
 def test_build_tensorrt_fallback_refuses_an_onnxruntime_layout_qdq(work: dict[str, Path], tmp_path: Path) -> None:
+    from calibkit.building import BuildRequest, build
     from calibkit.engines import tensorrt as trt_backend
-    from calibkit.engines.build import BuildRequest, build
 
     if trt_backend.available():
         pytest.skip("a real TensorRT is installed here")
@@ -419,8 +419,8 @@ def test_deploy_measures_what_it_writes(work: dict[str, Path], tmp_path: Path) -
     per-batch latency of both on the same batches."""
     from calibkit.data.calibset import load_calibration_set
     from calibkit.deploy.measure import pick_texts
-    from calibkit.evaluate.documents import DeployResult
     from calibkit.report.codec import load_typed
+    from calibkit.results.documents import DeployResult
 
     res = deploy(DeployRequest(work["cal"], tmp_path / "repo", measure_texts=120, measure_batch=4, threads=1))
     m = res.measurement

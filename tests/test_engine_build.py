@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from calibkit._io import sha256_file
 from calibkit.cli import app
-from calibkit.engines.artifact import EngineArtifact, sidecar_path
-from calibkit.engines.registry import open_runner
+from calibkit.enginefiles.artifact import EngineArtifact, sidecar_path
+from calibkit.enginefiles.registry import open_runner
 from calibkit.errors import ModelError
 from calibkit.quantize.tablefile import write_calibration_json
 from calibkit.types import Backend, CalibrationTable, Method, MethodParams, Precision, TensorRange

@@ -89,7 +89,7 @@ def _gpu() -> bool:
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu(), reason="needs TensorRT, cuda-python and an NVIDIA GPU")
 def test_build_and_run_engine_on_gpu(tmp_path: Path) -> None:
-    from calibkit.engines.registry import open_runner
+    from calibkit.enginefiles.registry import open_runner
 
     d = _model_dir(tmp_path)
     out = tmp_path / "m.fp32.engine"

@@ -19,7 +19,6 @@ from calibkit.cli import _common
 from calibkit.data.evalset import load_eval_set
 from calibkit.data.modeldir import ModelDir
 from calibkit.errors import DataError
-from calibkit.evaluate import results as R
 from calibkit.evaluate.estimate import (
     COSTS,
     MIN_SAVING,
@@ -33,9 +32,10 @@ from calibkit.evaluate.estimate import (
     tune_shortcuts,
     tune_steps,
 )
-from calibkit.evaluate.results import FP32_PHASE, PhaseCost, TimeEstimate, span_text
 from calibkit.progress import ESTIMATE_TASK, ProgressEvent
 from calibkit.report.codec import check_domains, parse_result, to_document, to_json
+from calibkit.results import runs as R
+from calibkit.results.runs import FP32_PHASE, PhaseCost, TimeEstimate, span_text
 
 # ---------------------------------------------------------------- the arithmetic, on fake timings
 

@@ -124,7 +124,7 @@ def test_sentence_transformers_pooling_matches_its_encode(tmp_path: Path) -> Non
     st = pytest.importorskip("sentence_transformers")
     import calibkit as ck
     from calibkit.data.tokenizer import TextTokenizer
-    from calibkit.engines.registry import model_runner
+    from calibkit.enginefiles.registry import model_runner
 
     try:
         from sentence_transformers.sentence_transformer import modules

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from calibkit.evaluate.findings import FlaggedInput, group_flags, strongest
-from calibkit.evaluate.flags import Flag, LayerFlag, Thresholds
 from calibkit.quantize.rangecheck import GELU, SOFTMAX
+from calibkit.results.flags import Flag, LayerFlag, Thresholds
 
 INSUFF = LayerFlag(Flag.INSUFFICIENT, ("quantizing only this layer costs 0.9 points: insufficient evidence",))
 KEEP = LayerFlag(Flag.KEEP_FP16, ("output SQNR 12.0 dB < 20 dB",))

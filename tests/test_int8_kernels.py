@@ -59,7 +59,7 @@ def test_reduce_range_is_refused_for_the_tensorrt_layout() -> None:
 
 
 def test_tensorrt_layout_is_evaluated_as_exact_qdq(tmp_path: Path) -> None:
-    from calibkit.engines.registry import open_runner
+    from calibkit.enginefiles.registry import open_runner
     from calibkit.quantize.qdq import save_model
 
     assert evaluation_optimization("tensorrt") == EXACT_QDQ and evaluation_optimization("onnxruntime") == "all"
@@ -81,7 +81,7 @@ def test_tensorrt_layout_is_evaluated_as_exact_qdq(tmp_path: Path) -> None:
 
 
 def test_build_reduce_range_flag_is_checked(tmp_path: Path) -> None:
-    from calibkit.engines.build import BuildRequest, validate
+    from calibkit.building import BuildRequest, validate
     from calibkit.types import Precision
 
     with pytest.raises(UsageError, match="only applies to --precision int8"):

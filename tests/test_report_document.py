@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from calibkit.errors import DataError
-from calibkit.evaluate.flags import Flag
-from calibkit.evaluate.results import Comparison, TuneResult
 from calibkit.report.codec import load_document, load_result, parse_result
 from calibkit.report.formatting import esc_html, esc_md, num, pct, points
 from calibkit.report.plots import target_accuracy
+from calibkit.results.flags import Flag
+from calibkit.results.runs import Comparison, TuneResult
 
 TUNE = {"format": "calibkit-tune/1", "final": {"int8_flops_fraction": 1.0}}  # the least a tune document holds
 

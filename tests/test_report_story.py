@@ -13,19 +13,19 @@ from hypothesis import strategies as st
 from test_report_render import fake_compare
 
 from calibkit.evaluate.decisions import recommend
-from calibkit.evaluate.flags import Flag, Thresholds, flag_layer, gate_on_overall
-from calibkit.evaluate.results import (
+from calibkit.report.codec import parse_result, to_document
+from calibkit.report.content import build_document
+from calibkit.report.html import render_html
+from calibkit.report.markdown import render_markdown
+from calibkit.results.flags import Flag, Thresholds, flag_layer, gate_on_overall
+from calibkit.results.intervals import Interval, PairedDifference
+from calibkit.results.runs import (
     Comparison,
     Difference,
     LayerSensitivity,
     SensitivityEvidence,
     SensitivityRun,
 )
-from calibkit.evaluate.uncertainty import Interval, PairedDifference
-from calibkit.report.codec import parse_result, to_document
-from calibkit.report.content import build_document
-from calibkit.report.html import render_html
-from calibkit.report.markdown import render_markdown
 
 KEEP = (Flag.KEEP_FP16, Flag.KEEP_FP32)
 
@@ -172,7 +172,7 @@ def test_a_recovery_whose_upper_bound_reaches_past_the_threshold_is_not_settled(
 def test_kept_layers_that_a_finding_explains_point_to_it() -> None:
     """The keep table and a clipping finding name the same nodes: the keep section says the finding's fix is
     the alternative, instead of the two sections giving two unrelated pieces of advice."""
-    from calibkit.evaluate.results import FindingResult
+    from calibkit.results.runs import FindingResult
 
     c = parse_result(fake_compare(), strict=False)
     assert isinstance(c, Comparison)

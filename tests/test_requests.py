@@ -20,13 +20,13 @@ from calibkit.cli import calibrate as cli_calibrate
 from calibkit.cli import compare as cli_compare
 from calibkit.cli import tune as cli_tune
 from calibkit.errors import UsageError
-from calibkit.evaluate.flags import Thresholds
 from calibkit.requests.calibrate import CalibrateRequest
 from calibkit.requests.compare import CompareRequest
 from calibkit.requests.options import Choice, declared, flag_of
 from calibkit.requests.resources import ResourceOptions
 from calibkit.requests.traffic import Traffic
 from calibkit.requests.tune import TuneRequest
+from calibkit.results.flags import Thresholds
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = {"calibrate": (CalibrateRequest, cli_calibrate), "compare": (CompareRequest, cli_compare),

@@ -17,8 +17,6 @@ from pathlib import Path
 import pytest
 
 from calibkit.errors import DataError
-from calibkit.evaluate import documents as D
-from calibkit.evaluate import results as R
 from calibkit.report.codec import (
     COMPARE_FORMAT,
     DEPLOY_FORMAT,
@@ -28,6 +26,8 @@ from calibkit.report.codec import (
     to_document,
     to_json,
 )
+from calibkit.results import documents as D
+from calibkit.results import runs as R
 
 ROOT = Path(__file__).resolve().parents[1]
 

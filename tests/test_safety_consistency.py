@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from calibkit.cli import app
 from calibkit.consistency import check_engines, labels_sha256, tokenizer_sha256
 from calibkit.data.calibset import write_calibration_set
-from calibkit.engines.artifact import EngineArtifact
+from calibkit.enginefiles.artifact import EngineArtifact
 from calibkit.errors import CalibrationError, ModelError
 
 

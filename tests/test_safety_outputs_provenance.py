@@ -432,7 +432,7 @@ def test_deploy_options_the_repository_cannot_hold_are_refused_before_work(tuned
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Out-of-range values exited 0 with a config Triton cannot load; --seed -1 exited 1; --name README.md failed
     after the model was built, naming a hidden temporary folder."""
-    import calibkit.engines.build as build
+    import calibkit.building as build
 
     monkeypatch.setenv("CALIBKIT_CACHE", str(tuned / "cache"))
     monkeypatch.chdir(tuned)  # where its folders were written

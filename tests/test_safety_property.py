@@ -87,7 +87,7 @@ def _loads(out: Path, command: str) -> None:
 
         load_model(ModelDir.resolve(out).onnx_path)
     elif command == "build":
-        from calibkit.engines.artifact import EngineArtifact
+        from calibkit.enginefiles.artifact import EngineArtifact
 
         EngineArtifact.load(out)
     elif command == "compare":

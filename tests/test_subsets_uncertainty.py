@@ -5,7 +5,7 @@ import pytest
 
 from calibkit.errors import DataError
 from calibkit.evaluate.subsets import stratified_split, stratified_subset
-from calibkit.evaluate.uncertainty import (
+from calibkit.results.intervals import (
     evidence_warnings,
     macro_f1_intervals,
     mcnemar_exact,

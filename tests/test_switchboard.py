@@ -9,7 +9,7 @@ import pytest
 from calib_helpers import texts, tiny_model, write_model_dir
 
 from calibkit.data.tokenizer import TextTokenizer
-from calibkit.engines.registry import model_runner
+from calibkit.enginefiles.registry import model_runner
 from calibkit.errors import CalibrationError
 from calibkit.evaluate.boardjobs import cut_units, run_on_boards, text_cost
 from calibkit.evaluate.jobs import ALL_INT8, SensitivityJob, run_sensitivity_job

@@ -14,10 +14,10 @@ from calibkit.data.dedup import digest, normalize
 from calibkit.errors import UsageError
 from calibkit.evaluate.evidence import split_evidence
 from calibkit.evaluate.holdout import NOT_CHECKED, holdout_verdict
-from calibkit.evaluate.results import Difference, PlanEvidence, Range
 from calibkit.evaluate.traffic import TrafficOptions, draw_traffic
 from calibkit.evaluate.tune import _check_config
 from calibkit.requests.tune import TuneRequest
+from calibkit.results.runs import Difference, PlanEvidence, Range
 
 
 def test_traffic_rows_that_are_eval_texts_are_dropped_and_counted(tmp_path: Path) -> None:

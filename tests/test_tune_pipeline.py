@@ -144,8 +144,8 @@ def test_tune_writes_a_plan_whose_accuracy_is_measured(tiny_setup):
     plan = json.loads((out / "plan.json").read_text())
     assert plan["kept_nodes"] == list(res.kept_nodes)
     assert set(plan["reasons"]) == set(res.kept_nodes)
-    from calibkit.evaluate.documents import PlanDocument
     from calibkit.report.codec import load_typed
+    from calibkit.results.documents import PlanDocument
 
     typed = load_typed(out / "plan.json", PlanDocument)  # through the codec, with the layout it was measured in
     assert typed.layout == cfg.target == "tensorrt" and typed.kept_nodes == res.kept_nodes
@@ -275,7 +275,7 @@ def test_tune_on_an_unlabeled_eval_set_targets_agreement_with_fp32(tiny_setup):
     assert doc["target"]["fp32_accuracy"] is None and doc["final"]["accuracy_holdout"] is None
     from statistics import NormalDist
 
-    from calibkit.evaluate.uncertainty import wilson_lower
+    from calibkit.results.intervals import wilson_lower
 
     z = NormalDist().inv_cdf(doc["target"]["agreement_confidence"])
     n = doc["eval_set"]["search"]

@@ -58,7 +58,7 @@ def test_fp16_of_a_fused_graph_loads_and_matches(zoo: dict) -> None:
 
 
 def test_tensorrt_build_of_a_fused_graph_points_to_the_unfused_export(zoo: dict, tmp_path) -> None:
-    from calibkit.engines.build import BuildRequest, validate
+    from calibkit.building import BuildRequest, validate
     from calibkit.errors import ModelError
 
     req = BuildRequest(model=zoo["bert-cls-ort-fused"].folder, output=tmp_path / "m.engine", precision="fp16",

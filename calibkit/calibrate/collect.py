@@ -42,7 +42,7 @@ from calibkit.errors import BackendError, CalibrationError, UsageError
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 
 if TYPE_CHECKING:  # pragma: no cover - types only
-    from calibkit.engines.registry import ModelRunnerFactory
+    from calibkit.enginefiles.registry import ModelRunnerFactory
 
 log = logging.getLogger("calibkit.calibrate")
 
@@ -91,7 +91,7 @@ def tapped_runner(
     reads exactly the tapped model; for BERT-large this skips serializing 1.3 GB. Otherwise a ModelProto is
     tapped in place and restored after serializing (no second copy of the weights). The bytes are dropped once
     the session has loaded them."""
-    from calibkit.engines.registry import model_runner
+    from calibkit.enginefiles.registry import model_runner
     from calibkit.graph import add_outputs, load_model
 
     make_runner = make_runner or model_runner

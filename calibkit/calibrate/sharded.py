@@ -33,7 +33,7 @@ class Shard:
 def _shard_runner(model: bytes, tensors: Sequence[str], threads: int | None) -> Any:
     import onnx
 
-    from calibkit.engines.registry import model_runner
+    from calibkit.enginefiles.registry import model_runner
     from calibkit.graph import add_outputs, tap_name
 
     proto = onnx.load_from_string(model)

@@ -150,7 +150,7 @@ def channel_stats(proto: Any, groups: Sequence[SmoothGroup], model_dir: ModelDir
 
 def _outputs(model: Path | bytes, name: str, model_dir: ModelDir, texts: Sequence[str]) -> list[dict[str, Any]]:
     from calibkit.data.tokenizer import TextTokenizer
-    from calibkit.engines.registry import model_runner
+    from calibkit.enginefiles.registry import model_runner
 
     tok = TextTokenizer(model_dir.tokenizer_path, max_length=model_dir.max_length)
     with model_runner(model, name=name) as r:

@@ -94,7 +94,7 @@ def build(
 ) -> None:
     with handle_errors():
         from calibkit.api import build as run_build
-        from calibkit.engines.artifact import sidecar_path
+        from calibkit.enginefiles.artifact import sidecar_path
 
         guard_out_file(output, inputs=[model, calibration, qdq, tokenizer, calibration_set], option="--output",
                        owned=lambda p: sidecar_path(p).is_file())

@@ -26,7 +26,7 @@ from calibkit.requests.compare import CompareRequest
 from calibkit.requests.resources import ResourceOptions
 
 if TYPE_CHECKING:  # pragma: no cover - types only
-    from calibkit.evaluate.results import Comparison, LayerVerdict, Range
+    from calibkit.results.runs import Comparison, LayerVerdict, Range
 
 HELP = (
     "Compare engine A (baseline, e.g. FP32/FP16) with engine B (e.g. INT8) on a labelled eval set.\n\n"

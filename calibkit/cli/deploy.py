@@ -10,7 +10,7 @@ import typer
 from calibkit.cli._common import FORCE_HELP, INTEGER, RichProgress, guard_out_dir, handle_errors, out, say, warn
 
 if TYPE_CHECKING:
-    from calibkit.evaluate.documents import DeployResult
+    from calibkit.results.documents import DeployResult
 
 HELP = """Write a Triton Inference Server model repository for SOURCE, shaped by the traffic it will serve.
 

@@ -164,7 +164,7 @@ def _check_apart(out_dir: Path, report_dir: Path) -> None:
 def _summary(run: TuneRun, report_dir: Path | None) -> None:
     from rich.table import Table
 
-    from calibkit.evaluate.results import AGREEMENT_NOUNS
+    from calibkit.results.runs import AGREEMENT_NOUNS
 
     r = run.result
     (say if r.claim_holds else warn)(r.claim)

@@ -353,7 +353,7 @@ def evaluate_accuracy(
 ) -> float:
     """Accuracy of ``model_dir/model.onnx`` run with ONNX Runtime (not torch) on ``texts``."""
     from calibkit.data.tokenizer import TextTokenizer
-    from calibkit.engines.registry import model_runner
+    from calibkit.enginefiles.registry import model_runner
     from calibkit.evaluate.predict import predict_logits
 
     tokenizer = TextTokenizer(model_dir)
@@ -366,7 +366,7 @@ def check_padding_invariance(model_dir: Path, texts: Sequence[str], atol: float 
                              ) -> None:
     """Each text must give the same ``output`` alone and padded inside a batch of longer texts."""
     from calibkit.data.tokenizer import TextTokenizer
-    from calibkit.engines.registry import model_runner
+    from calibkit.enginefiles.registry import model_runner
 
     tokenizer = TextTokenizer(model_dir)
     names = ["input_ids", "attention_mask", "token_type_ids"]

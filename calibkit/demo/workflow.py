@@ -29,10 +29,10 @@ import numpy as np
 from calibkit._io import atomic_dir, dumps_json
 from calibkit._version import __version__
 from calibkit.evaluate.estimate import finish
-from calibkit.evaluate.results import PhaseCost, TimeEstimate
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.report.formatting import fraction_pct as _pct
 from calibkit.report.formatting import interval_text as _ci
+from calibkit.results.runs import PhaseCost, TimeEstimate
 from calibkit.types import Method
 
 
@@ -102,7 +102,7 @@ def _plain(value: Any) -> Any:
 def _fidelity(logits: np.ndarray, fp32_logits: np.ndarray, labels: np.ndarray, seed: int) -> dict[str, Any]:
     """Accuracy and agreement with FP32 of one INT8 model on the same examples, with 95 % intervals."""
     from calibkit.evaluate.metrics import output_error
-    from calibkit.evaluate.uncertainty import paired_difference, proportion
+    from calibkit.results.intervals import paired_difference, proportion
 
     pred, ref = logits.argmax(axis=1), fp32_logits.argmax(axis=1)
     return {
@@ -246,7 +246,7 @@ def _setup(options: WorkflowOptions, clock: _Clock) -> _Setup:
 def _time_estimate(options: WorkflowOptions, setup: _Setup, cb: ProgressCallback) -> tuple[TimeEstimate, float]:
     """Steps 2-9 priced before they start (evaluate.estimate), from the FP32 model timed on a sample of the eval
     texts; --fast, the quick variant, is the shortcut. Sent through ``cb``; returned with when it was made."""
-    from calibkit.engines.registry import model_runner
+    from calibkit.enginefiles.registry import model_runner
     from calibkit.evaluate.estimate import (
         DemoSize,
         announce,
@@ -325,7 +325,7 @@ def _method_accuracy(options: WorkflowOptions, setup: _Setup, calib: dict[str, A
                      clock: _Clock) -> tuple[float, dict[str, float], dict[str, dict[str, Any]], str]:
     """Step 4: FP32's accuracy, every variant's INT8 accuracy and fidelity to FP32, and the best variant:
     fidelity, not accuracy, picks it (accuracy differences between INT8 variants are mostly noise)."""
-    from calibkit.engines.registry import model_runner
+    from calibkit.enginefiles.registry import model_runner
     from calibkit.evaluate.predict import predict_logits
 
     clock.step(4, "measure every method's INT8 accuracy")
@@ -678,7 +678,7 @@ def _index(s: dict[str, Any]) -> tuple[str, str]:
 
 def _estimate_line(s: dict[str, Any]) -> str:
     """What the demo said, before smoothing, the steps after sampling would take, and what they took."""
-    from calibkit.evaluate.results import duration_text, span_text
+    from calibkit.results.runs import duration_text, span_text
 
     t = s["time_estimate"]
     took = f"; they took {duration_text(t['actual_seconds'])}" if t.get("actual_seconds") is not None else ""

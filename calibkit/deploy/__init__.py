@@ -16,7 +16,7 @@ FP32 on the traffic (agreement with its 95 % interval, latency) in the same run.
 - ``measure``: the served model against FP32 on traffic texts; ``readme``: the repository's text files;
 - ``repository``: the repository written atomically; ``pipeline``: :func:`deploy`.
 
-The result, :class:`~calibkit.evaluate.documents.DeployResult`, is deploy.json field by field.
+The result, :class:`~calibkit.results.documents.DeployResult`, is deploy.json field by field.
 """
 
 from __future__ import annotations

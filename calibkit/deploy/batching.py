@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from calibkit.errors import UsageError
-from calibkit.evaluate.documents import BatchingPlan  # deploy.json's type, made here
+from calibkit.results.documents import BatchingPlan  # deploy.json's type, made here
 
 DEFAULT_BATCH_TOKENS = 8192
 DEFAULT_MAX_BATCH = 128

@@ -3,7 +3,7 @@
 Both models run in this process through ONNX Runtime with the same session options (all graph optimizations, as
 Triton's ONNX Runtime backend runs them; the same intra-op threads), on the same texts in the same batches
 (sorted by length, so each batch pads little, as bucketed requests do). Agreement is each task's per-text
-fidelity (:mod:`calibkit.evaluate.rowfidelity`) with its 95 % interval (:mod:`calibkit.evaluate.uncertainty`);
+fidelity (:mod:`calibkit.evaluate.rowfidelity`) with its 95 % interval (:mod:`calibkit.results.intervals`);
 latency is the per-batch wall time, its median per model and the median of the per-batch ratios.
 """
 
@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from calibkit.data.modeldir import ModelDir
-from calibkit.evaluate.documents import ServedLatency, ServedMeasurement
-from calibkit.evaluate.results import Range, finite
 from calibkit.progress import ProgressCallback
+from calibkit.results.documents import ServedLatency, ServedMeasurement
+from calibkit.results.runs import Range, finite
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class _Timed:
 def _run(path: Path, task: Any, md: ModelDir, texts: Sequence[str], *, threads: int | None, batch: int,
          what: str, progress: ProgressCallback | None) -> tuple[Any, list[float]]:
     from calibkit.data.tokenizer import TextTokenizer
-    from calibkit.engines.registry import model_runner
+    from calibkit.enginefiles.registry import model_runner
 
     tok = TextTokenizer(md.tokenizer_path, max_length=md.max_length)
     with model_runner(path, threads=threads, name=what) as runner:
@@ -105,7 +105,7 @@ def _agreement(kind: str, ref: Any, cand: Any) -> tuple[float | None, Range | No
     """Per-text agreement with FP32 (the task's fidelity) and its 95 % interval: Wilson's for 0/1 outcomes, the
     normal one for token shares; None for tasks without a per-text fidelity (regression, multi-label)."""
     from calibkit.evaluate.rowfidelity import ROW_TASKS, TOKEN_CLASSIFICATION, reference_tags, row_fidelity
-    from calibkit.evaluate.uncertainty import mean_interval, proportion
+    from calibkit.results.intervals import mean_interval, proportion
 
     if kind not in ROW_TASKS:
         return None, None, None

@@ -8,7 +8,7 @@
    (:mod:`calibkit.deploy.traffic`); its lengths choose the buckets (:mod:`calibkit.deploy.profiles`) and a
    token budget the batch sizes (:mod:`calibkit.deploy.batching`).
 3. The repository is written at once (:mod:`calibkit.deploy.repository`): the model built by
-   :func:`calibkit.engines.build.build` (TensorRT: the Q/DQ ONNX, a ``build_engine.sh`` with the exact trtexec
+   :func:`calibkit.building.build` (TensorRT: the Q/DQ ONNX, a ``build_engine.sh`` with the exact trtexec
    command and the same build through calibkit's backend), then, for ONNX Runtime, that model measured against
    FP32 on the traffic (:mod:`calibkit.deploy.measure`), then config.pbtxt, perf_analyzer data and command,
    README and deploy.json (through the codec) with the measurement in them.
@@ -28,7 +28,9 @@ from calibkit._version import __version__
 from calibkit.deploy.request import DeployRequest
 from calibkit.deploy.source import DeploySource
 from calibkit.errors import ModelError
-from calibkit.evaluate.documents import (
+from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+from calibkit.provenance import RunInputs
+from calibkit.results.documents import (
     BatchingPlan,
     DeployResult,
     LayoutRecord,
@@ -42,8 +44,6 @@ from calibkit.evaluate.documents import (
     TensorRTBuild,
     shape_range,
 )
-from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
-from calibkit.provenance import RunInputs
 from calibkit.types import Backend, Precision
 
 if TYPE_CHECKING:
@@ -265,7 +265,7 @@ def _trtexec(request: DeployRequest, served: _Served, shaped: _Shaped) -> list[s
 
 def _build(request: DeployRequest, served: _Served, model_dir: Path, result: DeployResult) -> Path:
     """The served model, built into ``model_dir``; returns its path."""
-    from calibkit.engines.build import build
+    from calibkit.building import build
 
     target = model_dir / "1" / "model.onnx" if result.backend is Backend.ONNXRUNTIME else \
         model_dir / f"model.{served.src.precision.value}.onnx"
@@ -274,7 +274,7 @@ def _build(request: DeployRequest, served: _Served, model_dir: Path, result: Dep
 
 
 def _build_request(served: _Served, target: Path, request: DeployRequest) -> Any:
-    from calibkit.engines.build import BuildRequest
+    from calibkit.building import BuildRequest
 
     src, layout = served.src, served.layout
     common = {"model": src.model, "tokenizer": src.tokenizer, "output": target}

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from calibkit.errors import DataError, UsageError
-from calibkit.evaluate.documents import BucketChoice, LengthBucket  # deploy.json's types, made here
+from calibkit.results.documents import BucketChoice, LengthBucket  # deploy.json's types, made here
 
 MAX_PROFILES = 4
 ROUND_TO = 8  # TensorRT kernels prefer sequence lengths that are multiples of 8

@@ -3,7 +3,7 @@ build_engine.sh. Every number in them is a field of deploy.json."""
 
 from __future__ import annotations
 
-from calibkit.evaluate.documents import DeployResult, ServedMeasurement
+from calibkit.results.documents import DeployResult, ServedMeasurement
 from calibkit.types import Backend
 
 _DOCKER = ("docker run --rm -p8000:8000 -p8001:8001 -p8002:8002 -v \"$PWD\":/models \\\n"

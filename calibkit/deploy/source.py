@@ -1,6 +1,6 @@
 """What ``deploy`` is given: a tune output folder, a calibrate output folder or an engine calibkit built.
 
-Each is turned into a recipe that :func:`calibkit.engines.build.build` can follow: the FP32 model folder
+Each is turned into a recipe that :func:`calibkit.building.build` can follow: the FP32 model folder
 (tokenizer and labels with it), the precision, the calibration table and the nodes kept in higher precision, a
 ready Q/DQ model where one exists and the Q/DQ layout it was measured in (``qdq_target``), so deploy ships what
 was measured. A tune folder's tune.json is read through the codec (:mod:`calibkit.report.codec`).
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from calibkit.deploy.traffic import SourceLog
 from calibkit.errors import DataError, ModelError, UsageError
-from calibkit.evaluate.documents import SourceRecord
+from calibkit.results.documents import SourceRecord
 from calibkit.types import Precision
 
 LOG_SHA256 = "log sha256: "  # how tune's traffic evidence names the bytes of its log (evaluate.traffic.evidence_of)
@@ -103,8 +103,8 @@ def _read_tune(path: Path) -> tuple[str | None, SourceLog | None]:
     """tune.json through the codec (a file that is not a tune document is refused): what tune said of its plan
     when the plan does not hold its claim (not met, not confirmed, contradicted by the holdout), and the traffic
     log it judged agreement on (with the sha256 it had then) when that file is still there."""
-    from calibkit.evaluate.results import TuneResult
     from calibkit.report.codec import load_typed
+    from calibkit.results.runs import TuneResult
 
     try:
         result = load_typed(path, TuneResult, strict=False)  # an older tune.json is read, with a warning
@@ -120,7 +120,7 @@ def _read_tune(path: Path) -> tuple[str | None, SourceLog | None]:
 
 def _from_engine(engine: Path) -> DeploySource:
     from calibkit.consistency import check_engines
-    from calibkit.engines.artifact import EngineArtifact, sidecar_path
+    from calibkit.enginefiles.artifact import EngineArtifact, sidecar_path
 
     art = EngineArtifact.load(engine)
     model = _existing(art.source_model, "FP32 model", engine, sidecar_path(engine))
@@ -168,7 +168,7 @@ def resolve_source(path: str | Path) -> DeploySource:
         raise UsageError(f"SOURCE {p} does not exist", hint=NOT_OUTPUT_HINT)
     if p.is_dir():
         return _from_folder(p)
-    from calibkit.engines.artifact import sidecar_path
+    from calibkit.enginefiles.artifact import sidecar_path
 
     if not sidecar_path(p).is_file():
         raise UsageError(f"{p} is not a calibkit output (an engine would have {sidecar_path(p).name} beside it)",

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calibkit.errors import DataError, UsageError
-from calibkit.evaluate.documents import TrafficRecord
+from calibkit.results.documents import TrafficRecord
 
 DEFAULT_MAX_TEXTS = 50_000
 

@@ -126,8 +126,8 @@ def build_equivalent(req: object) -> list[str]:
     without TensorRT: the build is run where TensorRT is."""
     from pathlib import Path
 
+    from calibkit.building import BuildRequest
     from calibkit.data.modeldir import ModelDir
-    from calibkit.engines.build import BuildRequest
     from calibkit.engines.tensorrt.builder import layers_json_path, timing_cache_path
     from calibkit.engines.tensorrt.profile import profile_from_lengths
     from calibkit.graph import load_model

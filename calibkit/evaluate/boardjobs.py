@@ -82,7 +82,7 @@ _MAX_SESSIONS = 2  # the plain model and its smoothed copy: the boards of one tu
 def _session(u: BoardUnit):  # -> (runner, tokenizer)
     """This process's runner of ``u.board`` (made once per board and thread count) and its tokenizer."""
     from calibkit.data.tokenizer import TextTokenizer
-    from calibkit.engines.registry import model_runner
+    from calibkit.enginefiles.registry import model_runner
 
     key = (u.board.key, u.tokenizer.key, u.threads, u.tokenizer_file)
     with _sessions_lock:

@@ -4,7 +4,7 @@ Flow: the task's gold labels (validated before any inference) -> evaluate each e
 task (outputs, latency) -> the task scores them (accuracy, F1, label errors, gold tags) and B's fidelity to A
 -> read the INT8 model's Q/DQ clipping ranges -> stream a stratified subset through tapped copies (FP ranges,
 SQNR, cosine) -> per-layer sensitivity in a process pool where the labels are classes -> flags
-(``evaluate.decisions``) and a recommendation. The result is the typed :class:`evaluate.results.Comparison`;
+(``evaluate.decisions``) and a recommendation. The result is the typed :class:`results.runs.Comparison`;
 ``report.codec`` alone turns it into the calibkit-compare/1 document.
 """
 
@@ -27,20 +27,34 @@ from calibkit.consistency import check_engines
 from calibkit.cpus import usable_cpus
 from calibkit.data.evalset import EvalSet
 from calibkit.data.tokenizer import TextTokenizer
-from calibkit.engines.artifact import EngineArtifact
+from calibkit.enginefiles.artifact import EngineArtifact
 from calibkit.engines.base import BaseRunner
 from calibkit.errors import CalibkitError, ModelError, UsageError
 from calibkit.evaluate.decisions import fidelity_basis, layer_verdicts, recommend
 from calibkit.evaluate.estimate import announce, compare_size, estimate_compare, finish
 from calibkit.evaluate.findings import FlaggedInput, group_flags
-from calibkit.evaluate.flags import Flag, LayerFlag, Thresholds
 from calibkit.evaluate.inputs import artifact, engine_calibration_set, load_evidence, load_traffic, not_an_input
 from calibkit.evaluate.jobs import load_calibration_table
 from calibkit.evaluate.layers import LayerSpec, find_layers, weight_errors
 from calibkit.evaluate.metrics import LatencyStats, flips_by_confidence, latency_stats, output_error, top2_gap
 from calibkit.evaluate.phases import PhaseClock
 from calibkit.evaluate.predict import Predicted
-from calibkit.evaluate.results import (
+from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING, ROW_TASKS, TOKEN_CLASSIFICATION, reference_tags
+from calibkit.evaluate.sensitivity import SensitivityAnalysis, analyse_sensitivity
+from calibkit.evaluate.streaming import RangeAccumulator
+from calibkit.evaluate.subsets import EvalSubset, stratified_subset
+from calibkit.evaluate.taps import LayerMeasurement, RunnerFactory, measure_layers, ort_runner_factory
+from calibkit.evaluate.tasks import EngineScore, Task, TaskScore, choose_task, model_outputs, unscored_warnings
+from calibkit.evaluate.traffic import TrafficEvidence, evidence_of
+from calibkit.graph import load_model, qdq_layout
+from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+from calibkit.quantize.rangecheck import tensor_families
+from calibkit.requests.compare import CompareRequest
+from calibkit.requests.traffic import Traffic
+from calibkit.resources import Resources
+from calibkit.results.flags import Flag, LayerFlag, Thresholds
+from calibkit.results.intervals import proportion
+from calibkit.results.runs import (
     Comparison,
     ConfidenceBand,
     Difference,
@@ -64,20 +78,6 @@ from calibkit.evaluate.results import (
     TrafficFidelity,
     finite,
 )
-from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING, ROW_TASKS, TOKEN_CLASSIFICATION, reference_tags
-from calibkit.evaluate.sensitivity import SensitivityAnalysis, analyse_sensitivity
-from calibkit.evaluate.streaming import RangeAccumulator
-from calibkit.evaluate.subsets import EvalSubset, stratified_subset
-from calibkit.evaluate.taps import LayerMeasurement, RunnerFactory, measure_layers, ort_runner_factory
-from calibkit.evaluate.tasks import EngineScore, Task, TaskScore, choose_task, model_outputs, unscored_warnings
-from calibkit.evaluate.traffic import TrafficEvidence, evidence_of
-from calibkit.evaluate.uncertainty import proportion
-from calibkit.graph import load_model, qdq_layout
-from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
-from calibkit.quantize.rangecheck import tensor_families
-from calibkit.requests.compare import CompareRequest
-from calibkit.requests.traffic import Traffic
-from calibkit.resources import Resources
 from calibkit.types import Backend, Method, MethodParams, Precision
 
 if TYPE_CHECKING:  # pragma: no cover - types only

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from calibkit.evaluate.results import ConfirmStep, finite
 from calibkit.evaluate.search import Judged, Measured, Plan
+from calibkit.results.runs import ConfirmStep, finite
 
 
 def confirm_order(tried: Sequence[Measured]) -> list[int]:

@@ -1,6 +1,6 @@
 """Decisions on measured evidence: each layer's flag (with its reasons) from its measurements and sensitivity.
 
-Takes values, reads no files and runs no model: compare measures, this module decides, ``evaluate.results``
+Takes values, reads no files and runs no model: compare measures, this module decides, ``results.runs``
 holds the outcome.
 """
 
@@ -9,8 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from calibkit.evaluate.flags import Flag, Thresholds, flag_layer, gate_on_overall
-from calibkit.evaluate.results import (
+from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING, TOKEN_CLASSIFICATION
+from calibkit.evaluate.sensitivity import LayerSensitivity as MeasuredSensitivity
+from calibkit.evaluate.sensitivity import SensitivityAnalysis, SensitivityResult
+from calibkit.results.flags import Flag, Thresholds, flag_layer, gate_on_overall
+from calibkit.results.intervals import PairedDifference
+from calibkit.results.runs import (
     Difference,
     LayerSensitivity,
     LayerVerdict,
@@ -19,10 +23,6 @@ from calibkit.evaluate.results import (
     SensitivityRun,
     finite,
 )
-from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING, TOKEN_CLASSIFICATION
-from calibkit.evaluate.sensitivity import LayerSensitivity as MeasuredSensitivity
-from calibkit.evaluate.sensitivity import SensitivityAnalysis, SensitivityResult
-from calibkit.evaluate.uncertainty import PairedDifference
 
 FIDELITY_NAMES = {EMBEDDING: "nearest-neighbour agreement", TOKEN_CLASSIFICATION: "per-token agreement",
                   CLASSIFICATION: "agreement"}

@@ -19,7 +19,7 @@ The texts each step reads follow from the run's options and evidence (:func:`tun
 where a decision rule stops early their likely count is what that rule read on the demo, their worst count
 what it may read. Each option that shrinks the run is priced the same way, and the one saving the most is
 named (:func:`estimate`), with the estimate it gives. The run records the estimate and, at its end, what each
-step and the whole took (:class:`~calibkit.evaluate.results.TimeEstimate`), so the two can be compared in its
+step and the whole took (:class:`~calibkit.results.runs.TimeEstimate`), so the two can be compared in its
 report.
 """
 
@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from calibkit.evaluate.results import FP32_PHASE, PhaseCost, Shortcut, StepEstimate, TimeEstimate, span_text
 from calibkit.evaluate.tune_defaults import TUNE_AUTO_TEXTS, TUNE_SENSITIVITY_SAMPLES
 from calibkit.progress import ESTIMATE_TASK, ProgressEvent
+from calibkit.results.runs import FP32_PHASE, PhaseCost, Shortcut, StepEstimate, TimeEstimate, span_text
 
 #: wall cost of a text of each kind against an FP32 text: (likely, worst); see the module docstring
 COSTS: Mapping[str, tuple[float, float]] = {"fp32": (1.0, 1.3), "qdq": (2.2, 3.5), "taps": (3.0, 6.0)}
@@ -390,7 +390,7 @@ def compare_shortcuts(z: CompareSize) -> dict[str, list[Work]]:
 
 def compare_size(engines: Sequence[Any], texts: int, traffic: int, options: Any, *, labelled: bool,
                  row_task: bool) -> CompareSize:
-    """The :class:`CompareSize` of a run: ``engines`` (A, B and the reference, engines.artifact.EngineArtifact),
+    """The :class:`CompareSize` of a run: ``engines`` (A, B and the reference, enginefiles.artifact.EngineArtifact),
     ``texts`` in the eval set, ``traffic`` texts beside them, ``options`` (evaluate.compare.CompareOptions);
     ``labelled``: a labelled classifier (its sensitivity reads the eval set; others the traffic, when given);
     ``row_task``: a task with per-text fidelity (whose sensitivity is measured)."""

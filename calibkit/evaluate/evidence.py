@@ -19,7 +19,7 @@ from calibkit.errors import DataError
 from calibkit.evaluate.jobs import SensitivityResult
 from calibkit.evaluate.rowfidelity import CLASSIFICATION
 from calibkit.evaluate.subsets import EvalSubset, nested, stratified_split, stratified_subset
-from calibkit.evaluate.uncertainty import evidence_warnings
+from calibkit.results.intervals import evidence_warnings
 
 MIN_SEARCH_ROWS = 10
 

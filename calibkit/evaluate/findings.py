@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from calibkit.evaluate.flags import FLAG_ORDER, Flag, LayerFlag, Thresholds
 from calibkit.quantize.rangecheck import HARMFUL_CLIP_RATIO, clipping_fix
+from calibkit.results.flags import FLAG_ORDER, Flag, LayerFlag, Thresholds
 
 
 @dataclass(frozen=True)

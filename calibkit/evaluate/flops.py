@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from calibkit.engines.registry import model_runner
+from calibkit.enginefiles.registry import model_runner
 from calibkit.graph import add_outputs, tap_name
 from calibkit.quantize.fused import LINEAR_CONTRIB_OPS, contrib_nodes
 from calibkit.quantize.placement import DEFAULT_OP_TYPES, plan_placement

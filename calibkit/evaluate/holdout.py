@@ -7,11 +7,11 @@ import numpy as np
 
 from calibkit.evaluate.evidence import SplitEvidence
 from calibkit.evaluate.jobs import SensitivityResult
-from calibkit.evaluate.results import AGREEMENT_NOUNS, Difference, HoldoutVerdict, PlanEvidence, Range, finite
 from calibkit.evaluate.rowfidelity import CLASSIFICATION, TOKEN_CLASSIFICATION
 from calibkit.evaluate.subsets import EvalSubset
-from calibkit.evaluate.uncertainty import mean_interval, paired_difference, proportion
 from calibkit.requests.tune import TuneRequest
+from calibkit.results.intervals import mean_interval, paired_difference, proportion
+from calibkit.results.runs import AGREEMENT_NOUNS, Difference, HoldoutVerdict, PlanEvidence, Range, finite
 
 
 def plan_evidence(config: TuneRequest, evidence: SplitEvidence, subset: EvalSubset,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from calibkit.data.calibset import CalibrationSet, load_calibration_set
 from calibkit.data.evalset import EvalSet, load_eval_set
 from calibkit.data.modeldir import ModelDir
-from calibkit.engines.artifact import EngineArtifact
+from calibkit.enginefiles.artifact import EngineArtifact
 from calibkit.errors import UsageError
 from calibkit.evaluate.traffic import TrafficEvidence, TrafficOptions, draw_default_traffic, draw_traffic
 from calibkit.progress import ProgressCallback

@@ -118,7 +118,7 @@ def build_variant(
 def run_sensitivity_job(job: SensitivityJob) -> SensitivityResult:
     """Pure work unit: everything it needs is in ``job``; failures come back in ``error``, never raised."""
     from calibkit.data.tokenizer import TextTokenizer
-    from calibkit.engines.registry import model_runner
+    from calibkit.enginefiles.registry import model_runner
     from calibkit.evaluate.predict import predict_outputs
 
     start, cpu = time.perf_counter(), time.process_time()

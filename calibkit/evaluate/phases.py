@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from calibkit.evaluate.results import FP32_PHASE, PhaseCost
+from calibkit.results.runs import FP32_PHASE, PhaseCost
 
 
 def _cpu_self() -> float:

@@ -105,7 +105,7 @@ def search_plan(
     Kept in one piece (over 80 lines) on purpose: the prefix, bisect and prune stages share the
     evaluation budget and the set of measured plans, which one function keeps in view.
     """
-    from calibkit.evaluate.uncertainty import wilson_lower
+    from calibkit.results.intervals import wilson_lower
 
     tried: dict[Plan, Measured] = {}
 

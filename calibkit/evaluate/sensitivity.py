@@ -31,10 +31,10 @@ from calibkit.evaluate.jobs import (
     run_sensitivity_job,
 )
 from calibkit.evaluate.rowfidelity import CLASSIFICATION
-from calibkit.evaluate.uncertainty import Z95, Interval, PairedDifference, paired_difference
 from calibkit.executors import default_workers
 from calibkit.executors.base import Executor
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+from calibkit.results.intervals import Z95, Interval, PairedDifference, paired_difference
 
 log = logging.getLogger("calibkit.evaluate.sensitivity")
 

@@ -18,8 +18,8 @@ import onnx
 from calibkit.calibrate.collect import probe_cost
 from calibkit.data.encode import DEFAULT_MEMORY_BUDGET, BatchCost, TokenBudget
 from calibkit.data.tokenizer import TextTokenizer
+from calibkit.enginefiles.registry import ModelRunnerFactory, model_runner
 from calibkit.engines.base import BaseRunner
-from calibkit.engines.registry import ModelRunnerFactory, model_runner
 from calibkit.evaluate.layers import LayerSpec, graph_tensors
 from calibkit.evaluate.predict import length_batches
 from calibkit.evaluate.streaming import ErrorAccumulator, RangeAccumulator, valid_mask
@@ -34,7 +34,7 @@ RunnerFactory = Callable[[bytes, Sequence[str]], BaseRunner]
 def ort_runner_factory(intra_op_threads: int | None = None,
                        factory: ModelRunnerFactory | None = None) -> RunnerFactory:
     """Runners for tapped copies, made by ``factory`` (``Resources.runner_factory``; default: the registry's
-    :func:`~calibkit.engines.registry.model_runner`)."""
+    :func:`~calibkit.enginefiles.registry.model_runner`)."""
     make_runner = factory or model_runner
 
     def make(model: bytes, outputs: Sequence[str]) -> BaseRunner:

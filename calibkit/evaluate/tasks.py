@@ -32,8 +32,8 @@ from calibkit.engines.base import BaseRunner
 from calibkit.errors import DataError, ModelError
 from calibkit.evaluate.metrics import ClassificationMetrics, classification_metrics
 from calibkit.evaluate.predict import Predicted, predict_outputs
-from calibkit.evaluate.results import Fidelity, GoldResult, GoldScores, Range, finite
-from calibkit.evaluate.uncertainty import (
+from calibkit.progress import ProgressCallback
+from calibkit.results.intervals import (
     Interval,
     PairedDifference,
     evidence_warnings,
@@ -41,7 +41,7 @@ from calibkit.evaluate.uncertainty import (
     paired_difference,
     proportion,
 )
-from calibkit.progress import ProgressCallback
+from calibkit.results.runs import Fidelity, GoldResult, GoldScores, Range, finite
 
 RETRIEVAL_K = 10
 EMBEDDING_OUTPUTS = ("sentence_embedding", "sentence_embeddings", "embeddings", "text_embeds", "pooled_output")

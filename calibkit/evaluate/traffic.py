@@ -56,9 +56,9 @@ from calibkit.data.sampling import (
     priority,
 )
 from calibkit.errors import DataError
-from calibkit.evaluate.results import Evidence, RowSelection
 from calibkit.evaluate.subsets import EvalSubset, stratified_split
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+from calibkit.results.runs import Evidence, RowSelection
 
 log = logging.getLogger("calibkit.evaluate.traffic")
 

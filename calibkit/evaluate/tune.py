@@ -48,7 +48,6 @@ from calibkit.data.modeldir import ModelDir
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.errors import CalibrationError, DataError, UsageError
 from calibkit.evaluate.confirm import fixed_sequence
-from calibkit.evaluate.documents import PlanDocument
 from calibkit.evaluate.estimate import announce, estimate_tune, finish
 from calibkit.evaluate.evidence import SplitEvidence, split_evidence, split_subsets
 from calibkit.evaluate.flops import linear_work
@@ -62,23 +61,6 @@ from calibkit.evaluate.plan_decisions import (
     PlanJudge,
     constraints_for,
     make_rule,
-)
-from calibkit.evaluate.results import (
-    FP32_PHASE,
-    Candidate,
-    Confirmation,
-    Evidence,
-    EvidenceCost,
-    LinearFlops,
-    MethodChoice,
-    RowSelection,
-    SmoothingChoice,
-    TuneEvalSet,
-    TunePlan,
-    TuneResult,
-    TuneSplit,
-    TuneTarget,
-    finite,
 )
 from calibkit.evaluate.risk import STRATIFIED, StratifiedJudge, risky_subset, stratify
 from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING, TOKEN_CLASSIFICATION, reference_tags
@@ -111,6 +93,24 @@ from calibkit.quantize.placement import plan_placement
 from calibkit.quantize.tablefile import write_calibration_json
 from calibkit.requests.tune import TuneRequest
 from calibkit.resources import Resources
+from calibkit.results.documents import PlanDocument
+from calibkit.results.runs import (
+    FP32_PHASE,
+    Candidate,
+    Confirmation,
+    Evidence,
+    EvidenceCost,
+    LinearFlops,
+    MethodChoice,
+    RowSelection,
+    SmoothingChoice,
+    TuneEvalSet,
+    TunePlan,
+    TuneResult,
+    TuneSplit,
+    TuneTarget,
+    finite,
+)
 from calibkit.types import CalibrationTable, Method
 
 log = logging.getLogger("calibkit.evaluate.tune")

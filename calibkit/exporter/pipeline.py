@@ -295,7 +295,7 @@ def _probe(tokenizer: Path, config_dir: Path, inputs: tuple[str, ...]) -> list[d
 
 
 def _onnx_outputs(model_path: Path, output: str, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
-    from calibkit.engines.registry import model_runner
+    from calibkit.enginefiles.registry import model_runner
 
     with model_runner(model_path, output_names=[output], name="exported") as runner:
         return [np.asarray(runner.infer(f)[output]) for f in feeds]

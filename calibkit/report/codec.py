@@ -5,10 +5,10 @@ is generic: a dataclass is an object whose keys are its field names, a tuple a l
 object, an enum its value; a field whose metadata says ``flatten`` has its entries beside the other keys; a
 field marked ``json=False`` is left out; a field declared ``init=False`` (derived from the others) is written
 and recomputed, not read. So ``parse(to_document(r)) == r`` for every result (tests check it over random
-results), and a field added to ``evaluate.results`` needs no code here.
+results), and a field added to ``results.runs`` needs no code here.
 
 The documents: compare's and tune's reports (:data:`REPORTS`, what ``calibkit report`` renders), and the
-documents of what ships, tune's ``plan.json`` and deploy's ``deploy.json`` (``evaluate.documents``), each read
+documents of what ships, tune's ``plan.json`` and deploy's ``deploy.json`` (``results.documents``), each read
 back as its own type by :func:`load_typed`.
 
 Parsing is strict about types (a document names what is wrong, with its JSON path) and lenient about absence
@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from calibkit.errors import DataError
-from calibkit.evaluate.documents import DeployResult, PlanDocument
-from calibkit.evaluate.results import Comparison, Result, TuneResult
+from calibkit.results.documents import DeployResult, PlanDocument
+from calibkit.results.runs import Comparison, Result, TuneResult
 
 COMPARE_FORMAT = "calibkit-compare/1"
 TUNE_FORMAT = "calibkit-tune/1"
@@ -418,7 +418,7 @@ def check_domains(result: Document, *, source: str | Path | None = None) -> None
 
 
 def _check(value: Any, path: str, domain: tuple[float, float] | None, signed: bool) -> None:
-    from calibkit.evaluate.results import Difference
+    from calibkit.results.runs import Difference
 
     if isinstance(value, bool) or value is None or isinstance(value, (str, enum.Enum)):
         return

@@ -1,6 +1,6 @@
 """What a report says, in which order: a summary first, then plots, then the detailed tables.
 
-It reads the typed results (``evaluate.results``); a number that does not apply is None there and shows as "—".
+It reads the typed results (``results.runs``); a number that does not apply is None there and shows as "—".
 """
 
 from __future__ import annotations
@@ -9,8 +9,12 @@ import dataclasses
 import json
 from collections.abc import Sequence
 
-from calibkit.evaluate.flags import Flag
-from calibkit.evaluate.results import (
+from calibkit.report.blocks import Block, Bullets, Details, Document, Figure, Heading, Para, Span, Table
+from calibkit.report.codec import format_of
+from calibkit.report.formatting import DASH, num, pct, points, shorten, text
+from calibkit.report.plots import Plot, layer_name, target_accuracy
+from calibkit.results.flags import Flag
+from calibkit.results.runs import (
     AGREEMENT_NOUNS,
     Comparison,
     ConfidenceBand,
@@ -29,10 +33,6 @@ from calibkit.evaluate.results import (
     duration_text,
     span_text,
 )
-from calibkit.report.blocks import Block, Bullets, Details, Document, Figure, Heading, Para, Span, Table
-from calibkit.report.codec import format_of
-from calibkit.report.formatting import DASH, num, pct, points, shorten, text
-from calibkit.report.plots import Plot, layer_name, target_accuracy
 
 MAX_DISAGREEMENTS = 200
 MAX_TEXT = 300

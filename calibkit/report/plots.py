@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from calibkit.evaluate.results import (
+from calibkit.report.formatting import pct, shorten
+from calibkit.results.runs import (
     Comparison,
     EngineEvaluation,
     LayerVerdict,
@@ -18,7 +19,6 @@ from calibkit.evaluate.results import (
     TuneResult,
     TuneTarget,
 )
-from calibkit.report.formatting import pct, shorten
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

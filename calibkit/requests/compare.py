@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from calibkit.errors import UsageError
-from calibkit.evaluate.flags import Thresholds
 from calibkit.evaluate.traffic import DEFAULT_TRAFFIC_SIZE
 from calibkit.requests.checks import (
     COUNT,
@@ -21,11 +20,12 @@ from calibkit.requests.checks import (
 )
 from calibkit.requests.options import Nested, check_bounds, declared, flag_of, option
 from calibkit.requests.traffic import Traffic
+from calibkit.results.flags import Thresholds
 from calibkit.types import check_seed
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.data.evalset import EvalSet
-    from calibkit.engines.artifact import EngineArtifact
+    from calibkit.enginefiles.artifact import EngineArtifact
     from calibkit.evaluate.traffic import TrafficEvidence
 
 PathLike = Any  # str | os.PathLike[str]: the spelling every path field takes
@@ -137,7 +137,7 @@ class CompareRequest:
     def validate(self) -> None:
         """Every check that needs no file read: UsageError naming the option and what to pass instead."""
         from calibkit.data.evalset import EvalSet
-        from calibkit.engines.artifact import EngineArtifact
+        from calibkit.enginefiles.artifact import EngineArtifact
         from calibkit.evaluate.traffic import TrafficEvidence
 
         check_paths({"engine_a": self.engine_a, "engine_b": self.engine_b},

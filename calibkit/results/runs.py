@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from calibkit.evaluate.flags import Flag, Thresholds
+from calibkit.results.flags import Flag, Thresholds
 
 #: field metadata: leave the field out of the JSON document
 NOT_IN_DOCUMENT = {"json": False}
@@ -48,7 +48,7 @@ class Range:
 
     @classmethod
     def of(cls, iv: Any) -> Range | None:
-        """From an ``evaluate.uncertainty.Interval`` (None passes through)."""
+        """From an ``results.intervals.Interval`` (None passes through)."""
         if iv is None:
             return None
         return cls(finite(iv.estimate), finite(iv.low), finite(iv.high), float(iv.level))
@@ -77,7 +77,7 @@ class Difference:
 
     @classmethod
     def of(cls, d: Any) -> Difference | None:
-        """From an ``evaluate.uncertainty.PairedDifference`` (None passes through)."""
+        """From an ``results.intervals.PairedDifference`` (None passes through)."""
         if d is None:
             return None
         iv = d.interval

@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from calibkit.engines.artifact import EngineArtifact
+from calibkit.enginefiles.artifact import EngineArtifact
 from calibkit.engines.base import BaseRunner
 from calibkit.errors import ModelError
 from calibkit.types import Backend

@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING
 from calibkit._io import native_path, sha256_file, utf8_path
 from calibkit._version import __version__
 from calibkit.consistency import check_table_model, labels_sha256, tokenizer_sha256
-from calibkit.engines.artifact import EngineArtifact, sidecar_path
+from calibkit.enginefiles.artifact import EngineArtifact, sidecar_path
 from calibkit.errors import CalibrationError, ModelError, UsageError
 from calibkit.outdirs import umask
 from calibkit.progress import ProgressCallback, ProgressEvent
 from calibkit.types import Backend, Precision
 
-log = logging.getLogger("calibkit.engines.build")
+log = logging.getLogger("calibkit.building")
 
 if TYPE_CHECKING:
     from calibkit.data.modeldir import ModelDir

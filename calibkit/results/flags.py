@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from calibkit.evaluate.uncertainty import PairedDifference
+from calibkit.results.intervals import PairedDifference
 
 FP16_MAX = 65504.0
 
