@@ -1,0 +1,151 @@
+"""The typed values of the documents calibkit writes beside the compare and tune reports: ``calibration.json``
+(:class:`CalibrationDocument`). Like the results of :mod:`calibkit.evaluate.results`, each mirrors its JSON
+document field by field, and :mod:`calibkit.report.codec` writes and parses it from these annotations, with its
+own format tag.
+
+A field made with :func:`absent` is left out of the document while it is None: the writers of one document
+kind do not all know the same things (``calibrate --from-cache`` has no statistics, ``tune`` no per-tensor
+summaries), and an older document may lack a newer field; both read back as None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from calibkit.types import CalibrationTable
+
+#: field metadata: leave the field out of the JSON document while its value is None
+OMIT_IF_NONE = {"omit_if_none": True}
+
+
+def absent() -> Any:
+    """A field that is None, and then not in the document, unless its writer knows it."""
+    return field(default=None, metadata=OMIT_IF_NONE)
+
+
+# ---------------------------------------------------------------- calibration.json
+
+
+@dataclass(frozen=True)
+class TensorRecord:
+    """One calibrated tensor: its range, and (from ``calibrate``, not from a TensorRT cache) the statistics
+    summary it was computed from (:meth:`calibkit.calibrate.stats.ActivationStats.summary`)."""
+
+    amax: float
+    scale: float
+    method: str
+    count: int | None = absent()
+    nan: int | None = absent()
+    posinf: int | None = absent()
+    neginf: int | None = absent()
+    min: float | None = absent()
+    max: float | None = absent()
+    absmax: float | None = absent()
+    p99_99: float | None = absent()
+
+
+@dataclass(frozen=True)
+class CalibrationSetRecord:
+    """The calibration set the statistics came from (``path``: relative to the document's folder on disk)."""
+
+    id: str
+    path: str
+    manifest_sha256: str
+    texts: int
+    truncated: int
+    max_length: int | None
+
+
+@dataclass(frozen=True)
+class StatisticsRecord:
+    """Where the statistics came from: reused from the cache or collected, their bins, and what the collection
+    recorded (texts, batches, padding, seconds per phase, the set key: ``collected``, beside the two)."""
+
+    reused: bool
+    num_bins: int
+    collected: Mapping[str, Any] = field(default_factory=dict, metadata={"flatten": True})
+
+
+@dataclass(frozen=True)
+class TrtCacheRecord:
+    """The TensorRT calibration cache: the algorithm and version written, or (``calibrate --from-cache``) the
+    cache read, with its entries that matched no quantized tensor, held scale 0 or were not finite."""
+
+    algorithm: str
+    version: int
+    source: str | None = absent()
+    unmatched: tuple[str, ...] | None = absent()
+    zero: tuple[str, ...] | None = absent()
+    non_finite: tuple[str, ...] | None = absent()
+
+
+@dataclass(frozen=True)
+class ClipRecord:
+    """Tensors of one family whose range cuts them far below the largest |x| observed
+    (:class:`calibkit.quantize.rangecheck.ClipWarning`)."""
+
+    family: str
+    method: str
+    tensors: tuple[str, ...]
+    amax: tuple[float, ...]
+    observed_absmax: tuple[float, ...]
+    of: int
+    threshold: float
+    suggestion: str
+    message: str
+
+
+@dataclass(frozen=True)
+class TuneRecord:
+    """The target of the tune run that wrote the table."""
+
+    max_drop: float
+    relative: bool
+
+
+@dataclass(frozen=True)
+class DocumentDigests:
+    """The sha256 of every file the document names, as written: the source model, the tokenizer files and
+    label names, the files beside the document (by their key in ``files``)."""
+
+    source_model: str | None = absent()
+    tokenizer: str | None = absent()
+    labels: str | None = absent()
+    files: Mapping[str, str] | None = absent()
+
+
+@dataclass(frozen=True)
+class CalibrationDocument:
+    """``calibration.json``: the calibration table and everything needed to trust and reproduce it.
+
+    Every field but the table is written by those that know it: ``calibrate`` writes them all but ``tune``,
+    ``calibrate --from-cache`` has no statistics, ``tune`` no per-tensor summaries or warnings, and a bare
+    table document (tune's per-method tables) only its ``target`` (None: ``tensorrt``).
+    ``source_model``, ``tokenizer`` and ``calibration_set.path`` are relative to the document's folder when
+    ``paths`` says so (documents written before that rule: relative to the folder their run ran in); ``files``
+    names the files written beside it (``model``, ``cache``, ``stats``, ``plan``)."""
+
+    table: CalibrationTable
+    target: str | None = absent()
+    op_types: tuple[str, ...] | None = absent()
+    exclude: tuple[str, ...] | None = absent()
+    quantized_nodes: tuple[str, ...] | None = absent()
+    kept_nodes: tuple[str, ...] | None = absent()
+    missing_ranges: tuple[str, ...] | None = absent()
+    files: Mapping[str, str] | None = absent()
+    zero_ranges: tuple[str, ...] | None = absent()
+    fused_fp32: tuple[str, ...] | None = absent()
+    tensors: Mapping[str, TensorRecord] | None = absent()
+    calibration_set: CalibrationSetRecord | None = absent()
+    statistics: StatisticsRecord | None = absent()
+    trt_cache: TrtCacheRecord | None = absent()
+    warnings: tuple[str, ...] | None = absent()
+    clipping: tuple[ClipRecord, ...] | None = absent()
+    source_model: str | None = absent()
+    tokenizer: str | None = absent()
+    tune: TuneRecord | None = absent()
+    timings: Mapping[str, float] | None = absent()
+    paths: str | None = absent()
+    sha256: DocumentDigests | None = absent()
