@@ -1,11 +1,12 @@
-"""calibration.json is a typed document (report.documents.CalibrationDocument) written and read by the one codec:
-the round trip, the files calibrate writes (their keys as before, their bytes the codec's), documents of earlier
-versions, and a mistyped field named."""
+"""calibration.json and the demo's summary.json are typed documents (report.documents) written and read by the
+one codec: the round trips, the files calibrate writes (their keys as before, their bytes the codec's), documents
+of earlier versions, a mistyped field named, the demo's index page rendered from the typed summary."""
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,14 +16,26 @@ from calibkit._io import dumps_json
 from calibkit.calibrate.pipeline import calibrate, calibrate_from_cache
 from calibkit.data.calibset import write_calibration_set
 from calibkit.data.modeldir import ModelDir
+from calibkit.demo.workflow import _index
 from calibkit.errors import CalibrationError, DataError
+from calibkit.evaluate.results import ConfidenceBand, Difference, HoldoutVerdict, PlanEvidence, Range
 from calibkit.quantize.tablefile import load_calibration_json, write_calibration_json
-from calibkit.report.codec import CALIBRATION_FORMAT, document_json, parse_document
+from calibkit.report.codec import CALIBRATION_FORMAT, DEMO_FORMAT, document_json, parse_document
 from calibkit.report.documents import (
     CalibrationDocument,
     CalibrationSetRecord,
     ClipRecord,
+    DemoCompare,
+    DemoCompareFp16,
+    DemoDeploy,
+    DemoEmbedder,
+    DemoEngine,
+    DemoMethodTune,
+    DemoSmoothing,
+    DemoSummary,
+    DemoTune,
     DocumentDigests,
+    MethodFidelity,
     StatisticsRecord,
     TensorRecord,
     TrtCacheRecord,
@@ -181,3 +194,54 @@ def test_a_table_with_extras_is_written_as_its_document(tmp_path: Path) -> None:
         tune=TuneRecord(1.0, True)))
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
     assert set(json.loads((tmp_path / "a.json").read_text())) == {*extras, "format", "table", "paths", "sha256"}
+
+
+# ---------------------------------------------------------------- the demo's summary.json
+
+# the keys of summary.json as the demo wrote them before the summary was typed
+DEMO_KEYS = {"format", "calibkit_version", "variant", "model_accuracy_recorded", "eval_examples", "calibration_set",
+             "calibration_texts", "fp32_accuracy", "method_accuracy", "method_fidelity", "best_method",
+             "best_method_by", "statistics_reused", "smoothing", "compare_fp32_vs_int8", "compare_fp16_vs_int8",
+             "tune", "tune_by_method", "embedder", "int8_engine", "deploy", "timings_s"}
+
+
+def _demo_summary() -> DemoSummary:
+    rng = Range(0.9, 0.85, 0.95)
+    diff = Difference(-0.01, -0.03, 0.01, 3, 1, 200, 0.6, False, "not significant", 1800)
+    verdict = HoldoutVerdict(True, "the plan keeps 99 % agreement", {"agreement": "supported"})
+    return DemoSummary(
+        calibkit_version="0.2.0", variant="fast", model_accuracy_recorded=0.75, eval_examples=200,
+        calibration_set="sets/demo", calibration_texts=64, fp32_accuracy=0.75,
+        method_accuracy={"mse": 0.74, "mse + smoothing": 0.745},
+        method_fidelity={"mse": MethodFidelity(rng, diff, rng, 4, 200, 0.01)}, best_method="mse",
+        best_method_by="fewest flips", statistics_reused={"mse": False, "mse + smoothing": True},
+        smoothing=DemoSmoothing("runs/smoothed", "auto", 12, 10, 6e-7, (3.5, 14.0)),
+        compare_fp32_vs_int8=DemoCompare(0.98, rng, diff, ("a",), (), (ConfidenceBand(0.0, 0.1, 20, 3),),
+                                         ("w",), {"A": 0.75, "B": None}),
+        compare_fp16_vs_int8=DemoCompareFp16(0.99, {"A": 0.75, "B": 0.74}),
+        tune=DemoTune(True, 1.0, ("n1",), 0.9, 0.75, 0.74, 0.745, 0.75, 99.0, "mse", 0.99, 0.98,
+                      PlanEvidence(diff, rng, 3, 60), verdict, 60, 2, "runs/tune", "model", None, None, 100, 40),
+        tune_by_method={"entropy": DemoMethodTune(False, (), 1.0, None, 0.7, 0.71, 5, 0.75, 0.74)},
+        embedder=DemoEmbedder("embedder", True, 95.0, 0.995, 0.8, ("e",), "auto", True, 300, 100, 0.96, 0.999,
+                              0.9, 0.99, verdict, 200, 0.97, 0.9, 0.998),
+        int8_engine=DemoEngine("tensorrt", "runs/engines/int8-mse.onnx"),
+        deploy=DemoDeploy("runs/serving", "demo-fast", (32, 128), 0.12, 0.4, (8, 16), "../../runs/serving/README.md"),
+        timings_s={"calibrate": 12.5, "total": 80.0},
+    )
+
+
+def test_the_demo_summary_round_trips_and_keeps_its_keys() -> None:
+    summary = _demo_summary()
+    doc = json.loads(dumps_json(document_json(summary)))
+    assert doc["format"] == DEMO_FORMAT and set(doc) == DEMO_KEYS
+    assert doc["method_fidelity"]["mse"]["accuracy_minus_fp32"] == {
+        "estimate": -0.01, "low": -0.03, "high": 0.01, "level": 0.95, "a_only": 3, "b_only": 1, "n": 200,
+        "mcnemar_p": 0.6, "significant": False, "verdict": "not significant", "examples_to_settle": 1800}
+    parsed = parse_document(DemoSummary, doc)
+    assert parsed == summary
+    assert _index(parsed) == _index(summary)  # the index page renders from the typed value
+    md = _index(summary)[0]
+    assert "**mse**" in md and "3 of 20 texts under 0.1" in md and "[Serving" in md
+    no_extras = replace(summary, smoothing=None, embedder=None, deploy=None)
+    assert parse_document(DemoSummary, json.loads(dumps_json(document_json(no_extras)))) == no_extras
+    assert document_json(no_extras)["embedder"] is None  # written as null, as before

@@ -40,7 +40,7 @@ from typing import Any
 
 from calibkit.errors import DataError
 from calibkit.evaluate.results import Comparison, Result, TuneResult
-from calibkit.report.documents import CalibrationDocument
+from calibkit.report.documents import CalibrationDocument, DemoSummary
 from calibkit.types import CalibrationTable
 
 COMPARE_FORMAT = "calibkit-compare/1"
@@ -433,11 +433,13 @@ def _check(value: Any, path: str, domain: tuple[float, float] | None, signed: bo
 
 
 # ---------------------------------------------------------------- documents beside the reports
-# calibration.json (report/documents.py): the same mapping, its own format tag, read leniently (documents of
-# earlier versions lack newer fields). A CalibrationTable keeps its own JSON form (each range with its scale).
+# calibration.json and the demo's summary.json (report/documents.py): the same mapping, their own format tags,
+# read leniently (documents of earlier versions lack newer fields). A CalibrationTable keeps its own JSON form
+# (each range with its scale).
 
 CALIBRATION_FORMAT = "calibkit-calibration/1"
-DOCUMENT_FORMATS: dict[type, str] = {CalibrationDocument: CALIBRATION_FORMAT}
+DEMO_FORMAT = "calibkit-demo/1"
+DOCUMENT_FORMATS: dict[type, str] = {CalibrationDocument: CALIBRATION_FORMAT, DemoSummary: DEMO_FORMAT}
 _DOCUMENT_HINT = "pass the file calibkit wrote, unedited, or write it again with the command that made it"
 
 

@@ -1,7 +1,7 @@
 """The typed values of the documents calibkit writes beside the compare and tune reports: ``calibration.json``
-(:class:`CalibrationDocument`). Like the results of :mod:`calibkit.evaluate.results`, each mirrors its JSON
-document field by field, and :mod:`calibkit.report.codec` writes and parses it from these annotations, with its
-own format tag.
+(:class:`CalibrationDocument`) and the demo's ``summary.json`` (:class:`DemoSummary`). Like the results of
+:mod:`calibkit.evaluate.results`, each mirrors its JSON document field by field, and :mod:`calibkit.report.codec`
+writes and parses it from these annotations, with its own format tag.
 
 A field made with :func:`absent` is left out of the document while it is None: the writers of one document
 kind do not all know the same things (``calibrate --from-cache`` has no statistics, ``tune`` no per-tensor
@@ -14,6 +14,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from calibkit.evaluate.results import (
+    ConfidenceBand,
+    Difference,
+    Evidence,
+    HoldoutVerdict,
+    PlanEvidence,
+    Range,
+    SmoothingChoice,
+)
 from calibkit.types import CalibrationTable
 
 #: field metadata: leave the field out of the JSON document while its value is None
@@ -149,3 +158,168 @@ class CalibrationDocument:
     timings: Mapping[str, float] | None = absent()
     paths: str | None = absent()
     sha256: DocumentDigests | None = absent()
+
+
+# ---------------------------------------------------------------- the demo's summary.json
+# What `calibkit demo run` measured, for its index page and the README's measured block. Its parts that are
+# results (intervals, differences, plan evidence, verdicts) are the result types themselves.
+
+
+@dataclass(frozen=True)
+class MethodFidelity:
+    """One calibration method's INT8 model against FP32 on the eval texts, with 95 % intervals."""
+
+    accuracy: Range
+    accuracy_minus_fp32: Difference
+    agreement: Range
+    flips: int
+    n: int
+    mean_kl: float
+
+
+@dataclass(frozen=True)
+class DemoSmoothing:
+    """The smoothed copy of the model the demo calibrated too."""
+
+    model: str
+    alpha: str
+    groups: int
+    smoothed: int
+    max_output_deviation: float
+    gain_db: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class DemoCompare:
+    """FP32 against the best method's INT8 engine on the whole eval split."""
+
+    agreement: float | None
+    agreement_ci: Range | None
+    accuracy_difference: Difference | None
+    keep_in_higher_precision: tuple[str, ...]
+    insufficient_evidence: tuple[str, ...]
+    flips_by_confidence: tuple[ConfidenceBand, ...]
+    warnings: tuple[str, ...]
+    engines: Mapping[str, float | None]
+
+
+@dataclass(frozen=True)
+class DemoCompareFp16:
+    """FP16 against the INT8 engine."""
+
+    agreement: float | None
+    engines: Mapping[str, float | None]
+
+
+@dataclass(frozen=True)
+class DemoTune:
+    """The tuned mixed-precision plan on the model as the user has it."""
+
+    met_target: bool
+    max_drop_points: float
+    kept_nodes: tuple[str, ...]
+    int8_flops_fraction: float
+    fp32_accuracy_holdout: float | None
+    accuracy_holdout: float | None
+    accuracy_search: float | None
+    fp32_accuracy_search: float | None
+    min_agreement_percent: float | None
+    method: str
+    agreement_search: float | None
+    agreement_holdout: float | None
+    holdout_evidence: PlanEvidence | None
+    holdout_verdict: HoldoutVerdict | None
+    holdout_examples: int
+    evaluations_reused: int
+    out: str
+    model: str
+    smoothing: SmoothingChoice | None
+    traffic: Evidence | None
+    traffic_search: int
+    traffic_holdout: int
+
+
+@dataclass(frozen=True)
+class DemoMethodTune:
+    """The same search restricted to one calibration method."""
+
+    met_target: bool
+    kept_nodes: tuple[str, ...]
+    int8_flops_fraction: float
+    accuracy_holdout: float | None
+    all_int8_accuracy_holdout: float | None
+    accuracy_search: float | None
+    candidates: int
+    fp32_accuracy_search: float | None
+    fp32_accuracy_holdout: float | None
+
+
+@dataclass(frozen=True)
+class DemoEmbedder:
+    """The same weights as a sentence embedder, tuned from the log alone, then compared with FP32."""
+
+    model: str
+    met_target: bool
+    min_agreement_percent: float | None
+    min_cosine: float | None
+    int8_flops_fraction: float
+    kept_nodes: tuple[str, ...]
+    method: str
+    smoothed: bool
+    traffic_search: int
+    traffic_holdout: int
+    agreement_holdout: float | None
+    cosine_holdout: float | None
+    all_int8_agreement_holdout: float | None
+    all_int8_cosine_holdout: float | None
+    holdout_verdict: HoldoutVerdict | None
+    compare_texts: int
+    compare_top1: float | None
+    compare_overlap_at_k: float | None
+    compare_cosine_mean: float | None
+
+
+@dataclass(frozen=True)
+class DemoEngine:
+    layout: str
+    path: str
+
+
+@dataclass(frozen=True)
+class DemoDeploy:
+    """The Triton model repository of the tuned plan (``link``: its README, relative to the index page)."""
+
+    repository: str
+    name: str
+    bucket_maxes: tuple[int, ...]
+    waste: float
+    waste_one_profile: float
+    preferred_batch_size: tuple[int, ...]
+    link: str
+
+
+@dataclass(frozen=True)
+class DemoSummary:
+    """``summary.json`` of `calibkit demo run`: every step's measurements (``timings_s``: seconds per step)."""
+
+    calibkit_version: str
+    variant: str
+    model_accuracy_recorded: float | None
+    eval_examples: int
+    calibration_set: str
+    calibration_texts: int
+    fp32_accuracy: float
+    method_accuracy: Mapping[str, float]
+    method_fidelity: Mapping[str, MethodFidelity]
+    best_method: str
+    best_method_by: str
+    statistics_reused: Mapping[str, bool]
+    smoothing: DemoSmoothing | None
+    compare_fp32_vs_int8: DemoCompare
+    compare_fp16_vs_int8: DemoCompareFp16
+    tune: DemoTune
+    tune_by_method: Mapping[str, DemoMethodTune]
+    embedder: DemoEmbedder | None
+    int8_engine: DemoEngine
+    deploy: DemoDeploy | None
+    timings_s: Mapping[str, float]
