@@ -19,7 +19,7 @@ import contextlib
 import html
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,9 +28,8 @@ import numpy as np
 
 from calibkit._io import atomic_dir, dumps_json
 from calibkit._version import __version__
-from calibkit.evaluate.results import Difference, Range
+from calibkit.evaluate.results import ConfidenceBand, Difference, Range
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
-from calibkit.report.codec import to_json
 from calibkit.report.documents import (
     DemoCompare,
     DemoCompareFp16,
@@ -574,17 +573,16 @@ def _compare_line(s: DemoSummary) -> str:
     if c.insufficient_evidence:
         parts.append(f"{len(c.insufficient_evidence)} with insufficient evidence")
     if c.flips_by_confidence:
-        parts.append(confidence_text([to_json(b) for b in c.flips_by_confidence]))
+        parts.append(confidence_text(c.flips_by_confidence))
     return "; ".join(parts) + "."
 
 
-def confidence_text(bands: list[dict[str, Any]]) -> str:
-    """'flips by FP32's top-2 probability gap: 17 of 84 texts under 0.1, 2 of 382 at 0.1-0.5, 0 of 1648 from 0.5'
-    (``bands``: the JSON of :class:`calibkit.evaluate.results.ConfidenceBand`, as summary.json holds them)."""
+def confidence_text(bands: Sequence[ConfidenceBand]) -> str:
+    """'flips by FP32's top-2 probability gap: 17 of 84 texts under 0.1, 2 of 382 at 0.1-0.5, 0 of 1648 from 0.5'."""
     last = len(bands) - 1
-    cells = [f"{b['flips']} of {b['texts']} texts " + (f"under {b['high']:g}" if i == 0 else
-                                                       f"from {b['low']:g}" if i == last else
-                                                       f"at {b['low']:g}–{b['high']:g}")
+    cells = [f"{b.flips} of {b.texts} texts " + (f"under {b.high:g}" if i == 0 else
+                                                 f"from {b.low:g}" if i == last else
+                                                 f"at {b.low:g}–{b.high:g}")
              for i, b in enumerate(bands)]
     return "flips by FP32's top-2 probability gap: " + ", ".join(cells)
 
