@@ -194,6 +194,8 @@ def test_a_table_with_extras_is_written_as_its_document(tmp_path: Path) -> None:
         tune=TuneRecord(1.0, True)))
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
     assert set(json.loads((tmp_path / "a.json").read_text())) == {*extras, "format", "table", "paths", "sha256"}
+    with pytest.raises(TypeError, match="no field target_typo"):  # never dropped silently
+        write_calibration_json(tmp_path / "c.json", TABLE, {"target_typo": "tensorrt"})
 
 
 # ---------------------------------------------------------------- the demo's summary.json

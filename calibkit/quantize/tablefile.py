@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +93,9 @@ def write_calibration_json(path: str | os.PathLike[str], document: CalibrationDo
     from calibkit.consistency import file_sha256, labels_sha256, tokenizer_sha256
 
     if isinstance(document, CalibrationTable):
+        unknown = sorted(set(extras or {}) - {f.name for f in fields(CalibrationDocument)})
+        if unknown:
+            raise TypeError(f"calibration.json has no field {', '.join(unknown)}")
         document = parse_document(CalibrationDocument, {**(extras or {}), "format": CALIBRATION_FORMAT,
                                                         "table": document.to_dict()})
     digests: dict[str, Any] = {}
