@@ -247,3 +247,23 @@ def test_the_demo_summary_round_trips_and_keeps_its_keys() -> None:
     no_extras = replace(summary, smoothing=None, embedder=None, deploy=None)
     assert parse_document(DemoSummary, json.loads(dumps_json(document_json(no_extras)))) == no_extras
     assert document_json(no_extras)["embedder"] is None  # written as null, as before
+
+
+def test_a_tokenizer_without_label_names_is_recorded_with_labels_null(tmp_path: Path) -> None:
+    """An embedder's folder has no id2label: its labels digest is written as null beside the tokenizer's, as the
+    writer did before the document was typed (and left out where no tokenizer is recorded)."""
+    write_model_dir(tmp_path / "model")
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    del config["id2label"]
+    (tmp_path / "model" / "config.json").write_text(json.dumps(config))
+    (tmp_path / "run").mkdir()
+    path = write_calibration_json(tmp_path / "run" / "calibration.json", TABLE,
+                                  {"target": "tensorrt", "tokenizer": str(tmp_path / "model")})
+    text = path.read_text(encoding="utf-8")
+    digests = json.loads(text)["sha256"]
+    assert set(digests) == {"tokenizer", "labels"} and digests["labels"] is None
+    cf = load_calibration_json(path)
+    assert cf.sha256.labels is None and cf.document is not None
+    assert dumps_json(document_json(cf.document)) == text
+    assert "labels" not in json.loads(write_calibration_json(tmp_path / "run" / "bare.json", TABLE, {}).read_text(
+        encoding="utf-8"))["sha256"]

@@ -87,6 +87,8 @@ def to_json(value: Any) -> Any:
             v = getattr(value, f.name)
             if v is None and f.metadata.get("omit_if_none"):
                 continue
+            if "written_with" in f.metadata and getattr(value, f.metadata["written_with"]) is None:
+                continue
             if f.metadata.get("flatten"):
                 out.update({str(k): to_json(x) for k, x in dict(v).items()})
             else:

@@ -27,6 +27,8 @@ from calibkit.types import CalibrationTable
 
 #: field metadata: leave the field out of the JSON document while its value is None
 OMIT_IF_NONE = {"omit_if_none": True}
+#: field metadata: the field is in the document (null when None) exactly when the ``tokenizer`` field is not None
+WRITTEN_WITH_TOKENIZER = {"written_with": "tokenizer"}
 
 
 def absent() -> Any:
@@ -121,7 +123,7 @@ class DocumentDigests:
 
     source_model: str | None = absent()
     tokenizer: str | None = absent()
-    labels: str | None = absent()
+    labels: str | None = field(default=None, metadata=WRITTEN_WITH_TOKENIZER)  # null: no label names
     files: Mapping[str, str] | None = absent()
 
 
