@@ -32,7 +32,7 @@ from calibkit.progress import ProgressCallback
 from calibkit.quantize.fused import fused_fp32_linear, fused_warning
 from calibkit.quantize.placement import DEFAULT_OP_TYPES, Placement, plan_placement
 from calibkit.quantize.qdq import weightless_copy
-from calibkit.quantize.rangecheck import ClipWarning, harmful_clipping
+from calibkit.quantize.rangecheck import HARMFUL_CLIP_RATIO, ClipWarning, harmful_clipping
 from calibkit.quantize.tablefile import write_calibration_json
 from calibkit.report.documents import (
     CalibrationDocument,
@@ -405,9 +405,14 @@ def _document(cset: CalibrationSet, store: Any, table: CalibrationTable, method:
         statistics=StatisticsRecord(reused=reused, num_bins=store.num_bins, collected=dict(store.meta)),
         trt_cache=TrtCacheRecord(algorithm=ALGORITHM_FOR_METHOD[method], version=trt_version),
         warnings=tuple(warnings),
-        clipping=tuple(ClipRecord(**{k: tuple(v) if isinstance(v, list) else v for k, v in c.to_dict().items()})
-                       for c in clipping),
+        clipping=tuple(_clip_record(c) for c in clipping),
     )
+
+
+def _clip_record(c: ClipWarning) -> ClipRecord:
+    return ClipRecord(family=c.family, method=c.method, tensors=tuple(c.tensors), amax=tuple(c.amax),
+                      observed_absmax=tuple(c.observed), of=c.of, threshold=HARMFUL_CLIP_RATIO[c.family],
+                      suggestion=c.suggestion, message=c.message)
 
 
 def _write_outputs(
