@@ -643,7 +643,7 @@ class _ReportWriter:
 
     def document(self, result: TuneResult, path: Path) -> None:
         from calibkit._io import write_json
-        from calibkit.report.codec import to_document
+        from calibkit.results.codec import to_document
 
         write_json(path, to_document(result))
 
@@ -672,7 +672,7 @@ def load_report(path: PathLike) -> Comparison | TuneResult:
         >>> ck.load_report("reports/fp32-vs-int8/report.json") == c
         True
     """
-    from calibkit.report.codec import load_result
+    from calibkit.results.codec import load_result
 
     check_paths({"path": path})
     return load_result(Path(path))

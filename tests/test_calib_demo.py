@@ -33,9 +33,10 @@ def test_calibrate_demo_model(demo_assets_fast, tmp_path, monkeypatch):
     tok = TextTokenizer(md.tokenizer_path, max_length=md.max_length)
     lengths = np.minimum(tok.token_lengths(cset.texts), md.max_length)
     fixed_padding = 1 - lengths.mean() / lengths.max()  # what padding every text to the longest would cost
-    assert cf.raw["statistics"]["padding_fraction"] < fixed_padding / 2
+    assert cf.document is not None and cf.document.statistics is not None
+    assert cf.document.statistics.collected["padding_fraction"] < fixed_padding / 2
     softmax = [t for t in cf.tensors if t.endswith("Softmax_output_0")]
-    assert softmax and all(cf.tensors[t]["max"] <= 1.0 for t in softmax)
+    assert softmax and all(cf.tensors[t].max is not None and cf.tensors[t].max <= 1.0 for t in softmax)
 
     test = [json.loads(x)["text"] for x in (demo_assets_fast / "data" / "test.jsonl").read_text().splitlines()[:160]]
     with OnnxRuntimeRunner(md.onnx_path) as r:

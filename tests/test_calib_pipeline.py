@@ -60,7 +60,9 @@ def test_statistics_of_another_encoding_are_not_reused(setup):
     before = calls["n"]
     short = calibrate(shorter, cset, Method.MINMAX, out_dir=tmp / "short", batch_size=8)
     assert not short.reused_stats and calls["n"] > before
-    assert load_calibration_json(tmp / "short").raw["calibration_set"]["max_length"] == 8
+    short_doc = load_calibration_json(tmp / "short").document
+    assert short_doc is not None and short_doc.calibration_set is not None
+    assert short_doc.calibration_set.max_length == 8
     again = calibrate(shorter, cset, Method.MINMAX, out_dir=tmp / "short-again", batch_size=8)
     assert again.reused_stats  # same encoding: reused
     tok_files = [f for f in md.tokenizer_path.iterdir() if f.name.startswith("tokenizer")]
@@ -86,8 +88,9 @@ def test_outputs_and_calibration_json(setup):
     assert cf.table.method is Method.MSE and cf.table.params.num_bins == 1024
     assert cf.table.model_sha256 == res.table.model_sha256 and cf.table.calibration_set_id == cset.id
     assert set(cf.quantized_nodes) == set(res.quantized_nodes) and "proj" in cf.quantized_nodes
-    assert cf.tensors["E"]["count"] > 0 and "p99_99" in cf.tensors["E"]
-    assert cf.raw["calibration_set"]["truncated"] == 1
+    assert cf.tensors["E"].count and cf.tensors["E"].p99_99 is not None
+    assert cf.document is not None and cf.document.calibration_set is not None
+    assert cf.document.calibration_set.truncated == 1
     assert cf.table.provenance["onnx_version"] and cf.table.provenance["calibration_set_manifest_sha256"]
     assert cf.file("model") == res.model_path
     # all-zero tensor: amax 0, cache writes 0, node kept FP32
@@ -121,7 +124,8 @@ def test_from_cache_round_trip_and_unknown_names(setup):
     for r in res.table.ranges:
         assert fc.table.get(r.tensor).amax == pytest.approx(r.amax, rel=1e-6)
     cf = load_calibration_json(fc.json_path)
-    assert cf.raw["trt_cache"]["non_finite"] == ["log"]
+    assert cf.document is not None and cf.document.trt_cache is not None
+    assert cf.document.trt_cache.non_finite == ("log",) and cf.document.statistics is None
 
 
 def test_from_cache_that_matches_nothing_is_refused(setup):

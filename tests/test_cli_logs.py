@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from calibkit.cli import app
 from calibkit.cli._common import PlainProgress
 from calibkit.progress import ProgressEvent
-from calibkit.report.codec import parse_result
+from calibkit.results.codec import parse_result
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 
 from calibkit._io import write_json
 from calibkit.errors import DataError
-from calibkit.report.codec import PLAN_FORMAT, load_result, load_typed, parse_result, to_document
+from calibkit.results.codec import PLAN_FORMAT, load_result, load_typed, parse_result, to_document
 from calibkit.results.documents import BucketChoice, LengthBucket, PlanDocument
 from calibkit.results.runs import (
     HoldoutVerdict,

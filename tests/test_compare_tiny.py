@@ -21,7 +21,7 @@ from calibkit.enginefiles.artifact import EngineArtifact
 from calibkit.evaluate.compare import compare_engines
 from calibkit.graph import add_outputs, model_sha256
 from calibkit.quantize.qdq import Target, quantize_model, save_model
-from calibkit.report.codec import parse_result, to_document
+from calibkit.results.codec import parse_result, to_document
 from calibkit.requests.compare import CompareRequest
 from calibkit.resources import Resources
 from calibkit.results.flags import Thresholds
@@ -431,7 +431,7 @@ def test_traffic_measures_fidelity_without_labels(tiny, tmp_path: Path) -> None:
     """compare --traffic: B's fidelity to A on unlabeled log texts, with where they came from; agreement and its
     interval equal a direct count over the same texts; the document round-trips."""
     import calibkit as ck
-    from calibkit.report.codec import parse_result, to_document
+    from calibkit.results.codec import parse_result, to_document
 
     texts, _ = make_texts(300, seed=23)
     log = tmp_path / "traffic.jsonl"

@@ -83,4 +83,5 @@ def test_demo_workflow_fast(demo_assets_fast: Path, tmp_path: Path, monkeypatch:
     assert spec and spec.loader
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    assert "| what | result | command |" in tool.render_block(summary)
+    assert tool.summary_of(summary) == res.document  # the summary read back is the summary written
+    assert "| what | result | command |" in tool.render_block(res.document)

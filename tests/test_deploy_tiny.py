@@ -19,7 +19,7 @@ from calibkit.data.tokenizer import TextTokenizer
 from calibkit.deploy import DeployRequest, deploy
 from calibkit.deploy.perfdata import padded_feeds
 from calibkit.errors import ModelError
-from calibkit.report.codec import dumps
+from calibkit.results.codec import dumps
 from calibkit.types import Backend, Precision
 
 
@@ -419,7 +419,7 @@ def test_deploy_measures_what_it_writes(work: dict[str, Path], tmp_path: Path) -
     per-batch latency of both on the same batches."""
     from calibkit.data.calibset import load_calibration_set
     from calibkit.deploy.measure import pick_texts
-    from calibkit.report.codec import load_typed
+    from calibkit.results.codec import load_typed
     from calibkit.results.documents import DeployResult
 
     res = deploy(DeployRequest(work["cal"], tmp_path / "repo", measure_texts=120, measure_batch=4, threads=1))

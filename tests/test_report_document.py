@@ -1,4 +1,4 @@
-"""Reading report documents (``report.codec``): strictly, and leniently for hand-edited or older documents; and
+"""Reading report documents (``results.codec``): strictly, and leniently for hand-edited or older documents; and
 formatting values for Markdown and HTML."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from calibkit.errors import DataError
-from calibkit.report.codec import load_document, load_result, parse_result
+from calibkit.results.codec import load_document, load_result, parse_result
 from calibkit.report.formatting import esc_html, esc_md, num, pct, points
 from calibkit.report.plots import target_accuracy
 from calibkit.results.flags import Flag

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from calibkit.cli import app
 from calibkit.errors import DataError, UsageError
 from calibkit.report import plots as plots_module
-from calibkit.report.codec import parse_result
+from calibkit.results.codec import parse_result
 from calibkit.report.render import render_report
 
 EVIL = "<script>alert(1)</script>"
@@ -498,7 +498,7 @@ def test_tune_smoothing_choice_and_traffic_split_are_rendered(tmp_path: Path, sm
 
 
 def test_a_typed_result_renders_as_its_document_does(tmp_path: Path) -> None:
-    from calibkit.report.codec import to_document
+    from calibkit.results.codec import to_document
 
     result = parse_result(fake_compare(n_layers=4), strict=False)
     typed = render_report(result, tmp_path / "typed")

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from test_report_render import fake_compare
 
 from calibkit.evaluate.decisions import recommend
-from calibkit.report.codec import parse_result, to_document
+from calibkit.results.codec import parse_result, to_document
 from calibkit.report.content import build_document
 from calibkit.report.html import render_html
 from calibkit.report.markdown import render_markdown

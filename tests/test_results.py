@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from calibkit.errors import DataError
-from calibkit.report.codec import (
+from calibkit.results.codec import (
     COMPARE_FORMAT,
     DEPLOY_FORMAT,
     PLAN_FORMAT,

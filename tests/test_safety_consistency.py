@@ -14,39 +14,17 @@ from pathlib import Path
 import onnx
 import pytest
 from calib_helpers import texts, tiny_model, write_model_dir
-from typer.testing import CliRunner
+from cli_helpers import build_engines, flat, run
 
-from calibkit.cli import app
 from calibkit.consistency import check_engines, labels_sha256, tokenizer_sha256
 from calibkit.data.calibset import write_calibration_set
 from calibkit.enginefiles.artifact import EngineArtifact
 from calibkit.errors import CalibrationError, ModelError
 
 
-def run(*args: object) -> object:
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def flat(r: object) -> str:
-    return " ".join(r.output.split())  # type: ignore[attr-defined]
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("consistency")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("CALIBKIT_CACHE", str(tmp / "cache"))
-    write_model_dir(tmp / "model")
-    write_calibration_set(tmp / "set", texts(20, seed=3), None, {})
-    assert run("calibrate", tmp / "model", "-c", tmp / "set", "--method", "minmax", "--out", tmp / "cal").exit_code == 0
-    for args in (["-p", "fp32", "-o", tmp / "e" / "fp32.onnx"],
-                 ["-p", "int8", "--calibration", tmp / "cal", "-o", tmp / "e" / "int8.onnx"]):
-        r = run("build", tmp / "model", *args)
-        assert r.exit_code == 0, r.output
-    (tmp / "eval.jsonl").write_text("".join(json.dumps({"text": t, "label": ["negative", "positive"][i % 2]}) + "\n"
-                                            for i, t in enumerate(texts(24, seed=5))))
-    mp.undo()
-    return tmp
+    return build_engines(tmp_path_factory.mktemp("consistency"), eval_texts=texts(24, seed=5))
 
 
 def _copy(built: Path, tmp: Path) -> Path:

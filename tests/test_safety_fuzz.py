@@ -13,11 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from calib_helpers import texts, write_model_dir
-from typer.testing import CliRunner
-
-from calibkit.cli import app
-from calibkit.data.calibset import write_calibration_set
+from calib_helpers import texts
+from cli_helpers import build_engines, run
 
 CASES = int(__import__("os").environ.get("CALIBKIT_FUZZ_CASES", "12"))
 
@@ -31,7 +28,7 @@ def _check(root: Path, out: Path, args: list[object], inputs: Path | None = None
     """``root`` holds the case's files, ``inputs`` the shared model and engines: neither may change."""
     roots = [root] if inputs is None else [root, inputs]
     before = [_snapshot(r, out) for r in roots]
-    r = CliRunner().invoke(app, [str(a) for a in args])
+    r = run(*args)
     text = r.output
     assert 2 <= r.exit_code <= 7, (args, r.exit_code, text, r.exception)
     assert "Traceback" not in text, text
@@ -87,18 +84,7 @@ def test_hostile_logs(tmp_path: Path, seed: int) -> None:
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("fuzz")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("CALIBKIT_CACHE", str(tmp / "cache"))
-    write_model_dir(tmp / "model")
-    write_calibration_set(tmp / "set", texts(20, seed=3), None, {})
-    runner = CliRunner()
-    r = runner.invoke(app, ["build", str(tmp / "model"), "--precision", "fp32", "-o", str(tmp / "e" / "fp32.onnx")])
-    assert r.exit_code == 0, r.output
-    r = runner.invoke(app, ["calibrate", str(tmp / "model"), "-c", str(tmp / "set"), "--out", str(tmp / "cal")])
-    assert r.exit_code == 0, r.output
-    mp.undo()
-    return tmp
+    return build_engines(tmp_path_factory.mktemp("fuzz"))
 
 
 def _eval_row(rng: random.Random, bad: bool) -> str:

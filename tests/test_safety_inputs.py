@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import typer
 from calib_helpers import texts, write_model_dir
+from cli_helpers import flat, run
 from typer.testing import CliRunner
 
-from calibkit.cli import app
 from calibkit.cli._common import handle_errors
 from calibkit.data.calibset import write_calibration_set
 from calibkit.data.evalset import load_eval_set
@@ -23,14 +23,6 @@ from calibkit.errors import DataError
 from calibkit.evaluate.ledger import Ledger
 
 DEEP = "[" * 100_000 + "]" * 100_000
-
-
-def run(*args: object) -> object:
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def flat(r: object) -> str:
-    return " ".join(r.output.split())  # type: ignore[attr-defined]
 
 
 def _log(path: Path, extra: list[str], n: int = 40) -> Path:
@@ -65,16 +57,23 @@ def test_deeply_nested_calibration_json_is_a_calibration_error(tmp_path: Path) -
     assert r.exit_code == 5 and "nested too deeply" in flat(r) and "Traceback" not in r.output
 
 
+def _calibrated_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[object], Path]:
+    """The calibrate command line of a tiny model (without --out), run once: its statistics are in the cache
+    under ``tmp_path``, whose one file is returned."""
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+    model = write_model_dir(tmp_path / "model")
+    write_calibration_set(tmp_path / "set", texts(20, seed=3), None, {})
+    base: list[object] = ["calibrate", model, "-c", tmp_path / "set"]
+    assert run(*base, "--out", tmp_path / "o1").exit_code == 0
+    (npz,) = (tmp_path / "cache").rglob("*.npz")
+    return base, npz
+
+
 @pytest.mark.parametrize("damage", ["truncated", "empty", "garbage"])
 def test_a_broken_statistics_cache_is_a_miss_and_is_rebuilt(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, damage: str
 ) -> None:
-    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
-    model = write_model_dir(tmp_path / "model")
-    write_calibration_set(tmp_path / "set", texts(20, seed=3), None, {})
-    base = ["calibrate", model, "-c", tmp_path / "set"]
-    assert run(*base, "--out", tmp_path / "o1").exit_code == 0
-    (npz,) = (tmp_path / "cache").rglob("*.npz")
+    base, npz = _calibrated_once(tmp_path, monkeypatch)
     data = npz.read_bytes()
     npz.write_bytes({"truncated": data[: len(data) // 2], "empty": b"", "garbage": b"PK\x03\x04 junk"}[damage])
     with caplog.at_level(logging.WARNING, logger="calibkit.calibrate"):
@@ -86,12 +85,7 @@ def test_a_broken_statistics_cache_is_a_miss_and_is_rebuilt(
 
 
 def test_fresh_stats_repairs_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
-    model = write_model_dir(tmp_path / "model")
-    write_calibration_set(tmp_path / "set", texts(20, seed=3), None, {})
-    base = ["calibrate", model, "-c", tmp_path / "set"]
-    assert run(*base, "--out", tmp_path / "o1").exit_code == 0
-    (npz,) = (tmp_path / "cache").rglob("*.npz")
+    base, npz = _calibrated_once(tmp_path, monkeypatch)
     npz.write_bytes(b"")
     assert run(*base, "--fresh-stats", "--out", tmp_path / "o2").exit_code == 0
     r = run(*base, "--out", tmp_path / "o3")

@@ -10,20 +10,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 from calib_helpers import texts, tiny_model, write_model_dir
-from typer.testing import CliRunner
+from cli_helpers import flat, run
 
 from calibkit.calibrate.trtcache import float_to_hex
-from calibkit.cli import app
 from calibkit.data.calibset import write_calibration_set
 from calibkit.quantize.rangecheck import problem
-
-
-def run(*args: object) -> object:
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def flat(r: object) -> str:
-    return " ".join(r.output.split())  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="module")

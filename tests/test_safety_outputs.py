@@ -11,21 +11,12 @@ from pathlib import Path
 
 import pytest
 from calib_helpers import texts, write_model_dir
-from typer.testing import CliRunner
+from cli_helpers import flat, run
 
 from calibkit._io import atomic_dir, write_text
-from calibkit.cli import app
 from calibkit.data.calibset import write_calibration_set
 from calibkit.errors import UsageError
 from calibkit.outdirs import MARKER, clean_stale_tmp, write_marker
-
-
-def run(*args: object) -> object:
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def flat(r: object) -> str:
-    return " ".join(r.output.split())  # type: ignore[attr-defined]
 
 
 def snapshot(root: Path) -> dict[str, bytes | None]:

@@ -25,37 +25,25 @@ import pytest
 
 pytest.importorskip("hypothesis")
 
-from calib_helpers import WORDS, texts, write_model_dir  # noqa: E402
+from calib_helpers import WORDS, texts  # noqa: E402
+from cli_helpers import build_engines, run  # noqa: E402
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from calibkit.cli import app  # noqa: E402
-from calibkit.data.calibset import write_calibration_set  # noqa: E402
 
 # ------------------------------------------------------------------------------------------- the shared inputs
 
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("property")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("CALIBKIT_CACHE", str(tmp / "cache"))
-    write_model_dir(tmp / "model")
-    write_calibration_set(tmp / "set", texts(20, seed=3), None, {})
-    (tmp / "eval.jsonl").write_text("".join(json.dumps({"text": t, "label": ["negative", "positive"][i % 2]}) + "\n"
-                                            for i, t in enumerate(texts(40, seed=5))))
-    runner = CliRunner()
-    for args in (["calibrate", tmp / "model", "-c", tmp / "set", "--method", "minmax", "--out", tmp / "cal"],
-                 ["build", tmp / "model", "-p", "fp32", "-o", tmp / "e" / "fp32.onnx"],
-                 ["build", tmp / "model", "-p", "int8", "--calibration", tmp / "cal", "-o", tmp / "e" / "int8.onnx"]):
-        r = runner.invoke(app, [str(a) for a in args])
-        assert r.exit_code == 0, r.output
-    r = runner.invoke(app, ["compare", str(tmp / "e" / "fp32.onnx"), str(tmp / "e" / "int8.onnx"), "-e",
-                            str(tmp / "eval.jsonl"), "--json", str(tmp / "doc.json"), "--no-report",
-                            "--no-sensitivity"])
+    tmp = build_engines(tmp_path_factory.mktemp("property"), eval_texts=texts(40, seed=5))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CALIBKIT_CACHE", str(tmp / "cache"))
+        r = run("compare", tmp / "e" / "fp32.onnx", tmp / "e" / "int8.onnx", "-e", tmp / "eval.jsonl", "--json",
+                tmp / "doc.json", "--no-report", "--no-sensitivity")
     assert r.exit_code == 0, r.output
-    mp.undo()
     return tmp
 
 

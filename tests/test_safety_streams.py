@@ -12,31 +12,18 @@ import time
 from pathlib import Path
 
 import pytest
-from calib_helpers import texts, write_model_dir
+from calib_helpers import texts
+from cli_helpers import build_engines
 from typer.testing import CliRunner
 
 from calibkit.cli import app
-from calibkit.data.calibset import write_calibration_set
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
 
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("streams")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("CALIBKIT_CACHE", str(tmp / "cache"))
-    write_model_dir(tmp / "model")
-    write_calibration_set(tmp / "set", texts(16, seed=3), None, {})
-    (tmp / "eval.jsonl").write_text("".join(json.dumps({"text": t, "label": ["negative", "positive"][i % 2]}) + "\n"
-                                            for i, t in enumerate(texts(24, seed=5))))
-    for args in (["calibrate", tmp / "model", "-c", tmp / "set", "--method", "minmax", "--out", tmp / "cal"],
-                 ["build", tmp / "model", "-p", "fp32", "-o", tmp / "e" / "fp32.onnx"],
-                 ["build", tmp / "model", "-p", "int8", "--calibration", tmp / "cal", "-o", tmp / "e" / "int8.onnx"]):
-        r = CliRunner().invoke(app, [str(a) for a in args])
-        assert r.exit_code == 0, r.output
-    mp.undo()
-    return tmp
+    return build_engines(tmp_path_factory.mktemp("streams"), calibration_texts=16, eval_texts=texts(24, seed=5))
 
 
 def _compare_json_stdout(engines: Path) -> list[str]:

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from calib_helpers import WORDS, texts, write_model_dir
+from calib_helpers import WORDS, texts
+from cli_helpers import build_engines
 from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -87,20 +88,7 @@ def test_traffic_size_is_honoured_when_eval_texts_are_excluded(tmp_path: Path) -
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("traffic")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("CALIBKIT_CACHE", str(tmp / "cache"))
-    write_model_dir(tmp / "model")
-    write_calibration_set(tmp / "set", texts(16, seed=3), None, {})
-    (tmp / "eval.jsonl").write_text("".join(json.dumps({"text": t, "label": ["negative", "positive"][i % 2]}) + "\n"
-                                            for i, t in enumerate(_distinct(30, seed=5))))
-    for args in (["calibrate", tmp / "model", "-c", tmp / "set", "--method", "minmax", "--out", tmp / "cal"],
-                 ["build", tmp / "model", "-p", "fp32", "-o", tmp / "e" / "fp32.onnx"],
-                 ["build", tmp / "model", "-p", "int8", "--calibration", tmp / "cal", "-o", tmp / "e" / "int8.onnx"]):
-        r = runner.invoke(app, [str(a) for a in args])
-        assert r.exit_code == 0, r.output
-    mp.undo()
-    return tmp
+    return build_engines(tmp_path_factory.mktemp("traffic"), calibration_texts=16, eval_texts=_distinct(30, seed=5))
 
 
 def test_compare_refuses_traffic_that_is_the_eval_set(engines: Path, tmp_path: Path) -> None:

@@ -18,10 +18,10 @@ from typer.testing import CliRunner
 
 import calibkit as ck
 import calibkit.api
-import calibkit.report.codec as codec
+import calibkit.results.codec as codec
 from calibkit.cli import app
 from calibkit.errors import DataError, UsageError
-from calibkit.report.codec import COMPARE_FORMAT, load_document, load_result, parse_result
+from calibkit.results.codec import COMPARE_FORMAT, load_document, load_result, parse_result
 
 runner = CliRunner()
 

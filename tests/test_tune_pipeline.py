@@ -24,7 +24,7 @@ from calibkit.evaluate.tune import run_tune as _run_tune
 from calibkit.evaluate.tune import split_eval
 from calibkit.progress import no_progress
 from calibkit.quantize.qdq import save_model
-from calibkit.report.codec import parse_result, to_document
+from calibkit.results.codec import parse_result, to_document
 from calibkit.requests.tune import TuneRequest
 from calibkit.resources import Resources
 
@@ -144,7 +144,7 @@ def test_tune_writes_a_plan_whose_accuracy_is_measured(tiny_setup):
     plan = json.loads((out / "plan.json").read_text())
     assert plan["kept_nodes"] == list(res.kept_nodes)
     assert set(plan["reasons"]) == set(res.kept_nodes)
-    from calibkit.report.codec import load_typed
+    from calibkit.results.codec import load_typed
     from calibkit.results.documents import PlanDocument
 
     typed = load_typed(out / "plan.json", PlanDocument)  # through the codec, with the layout it was measured in

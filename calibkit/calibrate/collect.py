@@ -375,22 +375,14 @@ def collect_stats(
     went: ``session_seconds`` (tapping and ONNX Runtime's session), ``probe_seconds``, ``inference_seconds`` and
     ``statistics_seconds`` (wall, and ``statistics_cpu_seconds`` summed over the threads; inference and statistics
     run at the same time when ``overlapped``, so their seconds add up to more than the wall time).
-    Kept in one piece (over 80 lines) on purpose: one streaming loop whose producer thread, per-batch
-    buffers and statistics share state across batches; split, the hand-offs would be the hard part to read.
     """
     if not tensors:
         raise CalibrationError("no tensors to calibrate", hint="check --op-types and --exclude")
     if num_bins < 2 or num_bins & (num_bins - 1):
         raise UsageError(f"--num-bins must be a power of two (e.g. 2048), got {num_bins}")
     cpus = default_threads()
-    may_overlap = (OVERLAP if overlap is None else overlap) and bool(getattr(batches, "memory_bounded", False))
-    # overlapped, the CPUs are shared: half for statistics, three quarters for ONNX Runtime, whose idle threads
-    # sleep instead of spinning (measured on 16 cores, BERT-base, 2,048 log texts: 54 s with both on all CPUs and
-    # spinning, 41 s without spinning, 37 s split so; 52 s not overlapped; benchmarks/bench_scale.py)
-    workers = (max(2, cpus // 2) if may_overlap else cpus) if threads is None else int(threads)
-    if workers < 1:
-        raise UsageError(f"statistics threads must be at least 1, got {threads}")
-    may_overlap = may_overlap and workers > 1
+    workers, may_overlap = _statistics_threads(cpus, threads, (OVERLAP if overlap is None else overlap)
+                                               and bool(getattr(batches, "memory_bounded", False)))
     tensors = list(dict.fromkeys(tensors))
     t_session = time.perf_counter()
     if callable(runner_factory_or_model_path) and not isinstance(runner_factory_or_model_path, onnx.ModelProto):
@@ -400,102 +392,163 @@ def collect_stats(
                                intra_op_threads=max(1, cpus - cpus // 4) if may_overlap else None,
                                spinning=not may_overlap, make_runner=make_runner)
     del serialized
-    cb = progress or no_progress
     kernel = KERNEL or ("sort" if workers >= _SORT_FROM else "bincount")
     acc = {t: StatsAccumulator(t, num_bins, kernel=kernel) for t in tensors}
-    layouts: dict[str, TensorLayout] | None = None
-    cost: BatchCost | None = None
-    samples = done_batches = padded = positions = 0
-    peak_bytes = 0
-    infer_s = stats_s = stats_cpu = probe_s = 0.0
-    session_s = 0.0
-    ahead = False
+    tally = _Tally(workers)
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="calibkit-stats") if workers > 1 else None
-
-    def observe(t: str, x: np.ndarray, lay: TensorLayout, mask: np.ndarray | None) -> float:
-        c0 = time.thread_time()
-        observe_real_tokens(acc[t], x, lay, mask)
-        return time.thread_time() - c0  # CPU seconds: against wall seconds, how well the threads ran together
-
     try:
         with runner:
-            session_s = time.perf_counter() - t_session  # the session is created on activation
-            stream: Iterable[object] = batches
-            first = _first_batch(batches)
-            if first is not None:
-                feeds, mask = _unpack(first)
-                if mask_padding and mask is not None:
-                    t_probe = time.perf_counter()
-                    layouts, cost = probe_cost(runner, feeds, mask, tensors)
-                    probe_s = time.perf_counter() - t_probe
-                else:
-                    layouts = {t: UNMASKED for t in tensors}
-                priced = getattr(batches, "priced", None)
-                if cost is not None and priced is not None:
-                    # overlap only where a memory budget bounds the batches: two are alive, half the budget each
-                    ahead = may_overlap
-                    stream = priced(cost, share=2 if ahead else 1)
-            total = len(stream) if hasattr(stream, "__len__") else None  # type: ignore[arg-type]
-            cb(ProgressEvent("statistics", 0, total))
-            runs = _inferred_ahead(runner, stream) if ahead else _inferred_in_turn(runner, stream)
-            # closed before the runner is: an inference still running on the second thread finishes first
-            with contextlib.closing(runs):
-                for done, (feeds, mask, out, dt) in enumerate(runs, 1):
-                    if layouts is None:
-                        layouts = (
-                            probe_layouts(runner, feeds, mask, tensors)
-                            if mask_padding and mask is not None
-                            else {t: UNMASKED for t in tensors}
-                        )
-                    infer_s += dt
-                    t1 = time.perf_counter()
-                    arrays = [(t, _output_of(out, t)) for t in tensors]
-                    peak_bytes = max(peak_bytes, sum(int(getattr(x, "nbytes", 0)) for _, x in arrays))
-                    out.clear()
-                    del out
-                    if pool is None:
-                        while arrays:
-                            t, x = arrays.pop()
-                            stats_cpu += observe(t, x, layouts[t], mask)
-                            del x
-                    else:
-                        # biggest first, so the threads finish together; each array is dropped when its task ends
-                        arrays.sort(key=lambda tx: -int(getattr(tx[1], "size", 0)))
-                        futures = [pool.submit(observe, t, x, layouts[t], mask) for t, x in arrays]
-                        arrays.clear()
-                        for f in futures:
-                            stats_cpu += f.result()
-                        del futures
-                    stats_s += time.perf_counter() - t1
-                    cb(ProgressEvent("statistics", done, total))
-                    if mask is not None:
-                        samples += mask.shape[0]
-                        positions += mask.size
-                        padded += int(mask.size - mask.sum())
-                    else:
-                        samples += len(next(iter(feeds.values()))) if feeds else 0
-                    done_batches = done
+            tally.session_s = time.perf_counter() - t_session  # the session is created on activation
+            layouts = _stream_statistics(runner, batches, tensors, acc, pool, tally, mask_padding=mask_padding,
+                                         may_overlap=may_overlap, progress=progress or no_progress)
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-    if samples == 0:
+    if tally.samples == 0:
         raise CalibrationError("the calibration batches were empty", hint="check the calibration set")
-    meta = {
-        "samples": samples,
-        "batches": done_batches,
-        "padding_fraction": padded / positions if positions else 0.0,
-        "unmasked": sorted(t for t, lay in (layouts or {}).items() if not lay.maskable),
-        "session_seconds": round(session_s, 3),
-        "probe_seconds": round(probe_s, 3),
-        "inference_seconds": round(infer_s, 3),
-        "statistics_seconds": round(stats_s, 3),
-        "statistics_threads": workers,
-        "statistics_cpu_seconds": round(stats_cpu, 3),
-        "overlapped": ahead,
-        "largest_batch_tapped_bytes": peak_bytes,
-        "runner_calls": runner.inference_count,
-    }
-    return StatsStore({t: a.freeze() for t, a in acc.items()}, num_bins, meta)
+    return StatsStore({t: a.freeze() for t, a in acc.items()}, num_bins, tally.meta(layouts, runner.inference_count))
+
+
+def _statistics_threads(cpus: int, threads: int | None, may_overlap: bool) -> tuple[int, bool]:
+    """(the threads that compute statistics, whether the next batch's inference overlaps them)."""
+    # overlapped, the CPUs are shared: half for statistics, three quarters for ONNX Runtime, whose idle threads
+    # sleep instead of spinning (measured on 16 cores, BERT-base, 2,048 log texts: 54 s with both on all CPUs and
+    # spinning, 41 s without spinning, 37 s split so; 52 s not overlapped; benchmarks/bench_scale.py)
+    workers = (max(2, cpus // 2) if may_overlap else cpus) if threads is None else int(threads)
+    if workers < 1:
+        raise UsageError(f"statistics threads must be at least 1, got {threads}")
+    return workers, may_overlap and workers > 1
+
+
+@dataclass
+class _Tally:
+    """What :func:`collect_stats` counts while it streams: the statistics' ``meta``."""
+
+    workers: int
+    samples: int = 0
+    batches: int = 0
+    padded: int = 0
+    positions: int = 0
+    peak_bytes: int = 0
+    session_s: float = 0.0
+    probe_s: float = 0.0
+    infer_s: float = 0.0
+    stats_s: float = 0.0
+    stats_cpu: float = 0.0
+    overlapped: bool = False
+
+    def count(self, feeds: Mapping[str, np.ndarray], mask: np.ndarray | None) -> None:
+        """One batch's texts and (with a mask) its real and padded positions."""
+        if mask is not None:
+            self.samples += mask.shape[0]
+            self.positions += mask.size
+            self.padded += int(mask.size - mask.sum())
+        else:
+            self.samples += len(next(iter(feeds.values()))) if feeds else 0
+
+    def meta(self, layouts: Mapping[str, TensorLayout] | None, runner_calls: int) -> dict[str, object]:
+        return {
+            "samples": self.samples,
+            "batches": self.batches,
+            "padding_fraction": self.padded / self.positions if self.positions else 0.0,
+            "unmasked": sorted(t for t, lay in (layouts or {}).items() if not lay.maskable),
+            "session_seconds": round(self.session_s, 3),
+            "probe_seconds": round(self.probe_s, 3),
+            "inference_seconds": round(self.infer_s, 3),
+            "statistics_seconds": round(self.stats_s, 3),
+            "statistics_threads": self.workers,
+            "statistics_cpu_seconds": round(self.stats_cpu, 3),
+            "overlapped": self.overlapped,
+            "largest_batch_tapped_bytes": self.peak_bytes,
+            "runner_calls": runner_calls,
+        }
+
+
+def _stream_statistics(runner: BaseRunner, batches: Iterable[object], tensors: Sequence[str],
+                       acc: Mapping[str, StatsAccumulator], pool: ThreadPoolExecutor | None, tally: _Tally, *,
+                       mask_padding: bool, may_overlap: bool, progress: ProgressCallback
+                       ) -> dict[str, TensorLayout] | None:
+    """Infer every batch on the active ``runner`` and observe its tapped tensors into ``acc`` (on ``pool``'s
+    threads when there is one), counting into ``tally``; returns the tensors' layouts (None: no batch)."""
+    stream, layouts = _priced_stream(runner, batches, tensors, tally, mask_padding=mask_padding,
+                                     may_overlap=may_overlap)
+    total = len(stream) if hasattr(stream, "__len__") else None  # type: ignore[arg-type]
+    progress(ProgressEvent("statistics", 0, total))
+    runs = _inferred_ahead(runner, stream) if tally.overlapped else _inferred_in_turn(runner, stream)
+    # closed before the runner is: an inference still running on the second thread finishes first
+    with contextlib.closing(runs):
+        for done, (feeds, mask, out, dt) in enumerate(runs, 1):
+            if layouts is None:
+                layouts = (
+                    probe_layouts(runner, feeds, mask, tensors)
+                    if mask_padding and mask is not None
+                    else {t: UNMASKED for t in tensors}
+                )
+            tally.infer_s += dt
+            t1 = time.perf_counter()
+            nbytes, cpu = _observe_batch(out, tensors, layouts, mask, acc, pool)
+            del out
+            tally.peak_bytes = max(tally.peak_bytes, nbytes)
+            tally.stats_cpu += cpu
+            tally.stats_s += time.perf_counter() - t1
+            progress(ProgressEvent("statistics", done, total))
+            tally.count(feeds, mask)
+            tally.batches = done
+    return layouts
+
+
+def _priced_stream(runner: BaseRunner, batches: Iterable[object], tensors: Sequence[str], tally: _Tally, *,
+                   mask_padding: bool, may_overlap: bool) -> tuple[Iterable[object], dict[str, TensorLayout] | None]:
+    """The batches to run and the tensors' layouts (None until the first batch of a one-shot iterator): the
+    probe runs on the first batch find the layouts and price the batches, which a memory-bounded collection
+    then re-groups (overlapped where ``may_overlap``: two batches alive, half the budget each)."""
+    first = _first_batch(batches)
+    if first is None:
+        return batches, None
+    feeds, mask = _unpack(first)
+    cost: BatchCost | None = None
+    if mask_padding and mask is not None:
+        t_probe = time.perf_counter()
+        layouts, cost = probe_cost(runner, feeds, mask, tensors)
+        tally.probe_s = time.perf_counter() - t_probe
+    else:
+        layouts = {t: UNMASKED for t in tensors}
+    priced = getattr(batches, "priced", None)
+    if cost is None or priced is None:
+        return batches, layouts
+    # overlap only where a memory budget bounds the batches: two are alive, half the budget each
+    tally.overlapped = may_overlap
+    return priced(cost, share=2 if may_overlap else 1), layouts
+
+
+def _observe_batch(out: dict[str, np.ndarray], tensors: Sequence[str], layouts: Mapping[str, TensorLayout],
+                   mask: np.ndarray | None, acc: Mapping[str, StatsAccumulator], pool: ThreadPoolExecutor | None
+                   ) -> tuple[int, float]:
+    """Observe one batch's tapped outputs (``out`` is emptied; each array is dropped once observed): (the bytes
+    tapped, the CPU seconds the statistics took)."""
+    arrays = [(t, _output_of(out, t)) for t in tensors]
+    nbytes = sum(int(getattr(x, "nbytes", 0)) for _, x in arrays)
+    out.clear()
+    cpu = 0.0
+    if pool is None:
+        while arrays:
+            t, x = arrays.pop()
+            cpu += _observe(acc[t], x, layouts[t], mask)
+            del x
+        return nbytes, cpu
+    # biggest first, so the threads finish together; each array is dropped when its task ends
+    arrays.sort(key=lambda tx: -int(getattr(tx[1], "size", 0)))
+    futures = [pool.submit(_observe, acc[t], x, layouts[t], mask) for t, x in arrays]
+    arrays.clear()
+    for f in futures:
+        cpu += f.result()
+    return nbytes, cpu
+
+
+def _observe(acc: StatsAccumulator, x: np.ndarray, layout: TensorLayout, mask: np.ndarray | None) -> float:
+    c0 = time.thread_time()
+    observe_real_tokens(acc, x, layout, mask)
+    return time.thread_time() - c0  # CPU seconds: against wall seconds, how well the threads ran together
 
 
 _Run = tuple[Mapping[str, np.ndarray], np.ndarray | None, dict[str, np.ndarray], float]

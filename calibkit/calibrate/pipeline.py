@@ -32,8 +32,16 @@ from calibkit.progress import ProgressCallback
 from calibkit.quantize.fused import fused_fp32_linear, fused_warning
 from calibkit.quantize.placement import DEFAULT_OP_TYPES, Placement, plan_placement
 from calibkit.quantize.qdq import weightless_copy
-from calibkit.quantize.rangecheck import ClipWarning, harmful_clipping
+from calibkit.quantize.rangecheck import HARMFUL_CLIP_RATIO, ClipWarning, harmful_clipping
 from calibkit.quantize.tablefile import write_calibration_json
+from calibkit.results.files import (
+    CalibrationDocument,
+    CalibrationSetRecord,
+    ClipRecord,
+    StatisticsRecord,
+    TensorRecord,
+    TrtCacheRecord,
+)
 from calibkit.resources import Resources
 from calibkit.types import CalibrationTable, Method, MethodParams, TensorRange
 
@@ -296,10 +304,10 @@ def calibrate(
     warnings = [*structure, *_summary_warnings(store, table), *(c.message for c in clipping)]
     for w in warnings:
         log.info(w)
-    extras = _extras(cset, store, table, method, provenance, reused, trt_version, warnings, target=target,
-                     op_types=op_types, exclude=exclude, fused=fused, clipping=clipping)
+    document = _document(cset, store, table, method, provenance, reused, trt_version, warnings, target=target,
+                         op_types=op_types, exclude=exclude, fused=fused, clipping=clipping)
     result = _write_outputs(
-        Path(out_dir), model_dir, table, qres, store, extras, trt_version,
+        Path(out_dir), model_dir, table, qres, store, document, trt_version,
         timings={"placement": t1 - t0, "statistics": t2 - t1, "method": t3 - t2, "quantize": t4 - t3},
         reused=reused, warnings=warnings, t_start=t0,
     )
@@ -370,33 +378,41 @@ class _Statistics:
         return self.use_cache and find_stats(self.sha, key, self.tensors, self.num_bins, self.cache_dir) is not None
 
 
-def _extras(cset: CalibrationSet, store: Any, table: CalibrationTable, method: Method, provenance: dict[str, Any],
-            reused: bool, trt_version: int, warnings: list[str], *, target: str, op_types: Sequence[str],
-            exclude: Sequence[str], fused: list[str], clipping: Sequence[ClipWarning] = ()) -> dict[str, Any]:
+def _document(cset: CalibrationSet, store: Any, table: CalibrationTable, method: Method,
+              provenance: dict[str, Any], reused: bool, trt_version: int, warnings: list[str], *, target: str,
+              op_types: Sequence[str], exclude: Sequence[str], fused: list[str],
+              clipping: Sequence[ClipWarning] = ()) -> CalibrationDocument:
     """calibration.json's fields beside the table: what was quantized, per-tensor statistics, the set, the
-    statistics' provenance and the TensorRT cache's algorithm."""
-    return {
-        "target": target,
-        "op_types": list(op_types),
-        "exclude": list(exclude),
-        "fused_fp32": fused,
-        "tensors": {
-            r.tensor: {"amax": r.amax, "scale": r.scale, "method": r.method.value, **store[r.tensor].summary()}
+    statistics' provenance and the TensorRT cache's algorithm (what the Q/DQ step made is added on writing)."""
+    return CalibrationDocument(
+        table=table,
+        target=target,
+        op_types=tuple(op_types),
+        exclude=tuple(exclude),
+        fused_fp32=tuple(fused),
+        tensors={
+            r.tensor: TensorRecord(amax=r.amax, scale=r.scale, method=r.method.value, **store[r.tensor].summary())
             for r in table.ranges
         },
-        "calibration_set": {
-            "id": cset.id,
-            "path": str(cset.path),
-            "manifest_sha256": provenance["calibration_set_manifest_sha256"],
-            "texts": len(cset),
-            "truncated": int(store.meta.get("truncated", 0) or 0),
-            "max_length": store.meta.get("max_length"),
-        },
-        "statistics": {"reused": reused, "num_bins": store.num_bins, **dict(store.meta)},
-        "trt_cache": {"algorithm": ALGORITHM_FOR_METHOD[method], "version": trt_version},
-        "warnings": warnings,
-        "clipping": [c.to_dict() for c in clipping],
-    }
+        calibration_set=CalibrationSetRecord(
+            id=cset.id,
+            path=str(cset.path),
+            manifest_sha256=provenance["calibration_set_manifest_sha256"],
+            texts=len(cset),
+            truncated=int(store.meta.get("truncated", 0) or 0),
+            max_length=store.meta.get("max_length"),
+        ),
+        statistics=StatisticsRecord(reused=reused, num_bins=store.num_bins, collected=dict(store.meta)),
+        trt_cache=TrtCacheRecord(algorithm=ALGORITHM_FOR_METHOD[method], version=trt_version),
+        warnings=tuple(warnings),
+        clipping=tuple(_clip_record(c) for c in clipping),
+    )
+
+
+def _clip_record(c: ClipWarning) -> ClipRecord:
+    return ClipRecord(family=c.family, method=c.method, tensors=tuple(c.tensors), amax=tuple(c.amax),
+                      observed_absmax=tuple(c.observed), of=c.of, threshold=HARMFUL_CLIP_RATIO[c.family],
+                      suggestion=c.suggestion, message=c.message)
 
 
 def _write_outputs(
@@ -405,7 +421,7 @@ def _write_outputs(
     table: CalibrationTable,
     qres: Any,
     store: StatsStore | None,
-    extras: dict[str, Any],
+    document: CalibrationDocument,
     trt_version: int,
     *,
     timings: dict[str, float],
@@ -421,16 +437,16 @@ def _write_outputs(
     files = {"model": MODEL_FILE, "cache": CACHE_FILE}
     if store is not None:
         files["stats"] = STATS_FILE
-    extras = {
-        **extras,
-        "quantized_nodes": list(qres.quantized_nodes),
-        "kept_nodes": list(qres.kept_nodes),
-        "missing_ranges": list(qres.missing_ranges),
-        "zero_ranges": list(getattr(qres, "zero_ranges", ())),
-        "files": files,
-        "source_model": str(model_dir.onnx_path),
-        "tokenizer": str(model_dir.tokenizer_path),
-    }
+    document = replace(
+        document,
+        quantized_nodes=tuple(qres.quantized_nodes),
+        kept_nodes=tuple(qres.kept_nodes),
+        missing_ranges=tuple(qres.missing_ranges),
+        zero_ranges=tuple(getattr(qres, "zero_ranges", ())),
+        files=files,
+        source_model=str(model_dir.onnx_path),
+        tokenizer=str(model_dir.tokenizer_path),
+    )
     with atomic_dir(out, what="calibrate", legacy_names=(MODEL_FILE, CACHE_FILE, STATS_FILE, JSON_FILE)) as tmp:
         save_model(qres.model, tmp / MODEL_FILE)
         if cache_source is not None:
@@ -441,7 +457,7 @@ def _write_outputs(
             store.save(tmp / STATS_FILE)
         timings = {**timings, "write": time.perf_counter() - t, "total": time.perf_counter() - t_start}
         rounded = {k: round(v, 3) for k, v in timings.items()}
-        write_calibration_json(tmp / JSON_FILE, table, {**extras, "timings": rounded})
+        write_calibration_json(tmp / JSON_FILE, replace(document, timings=rounded))
     return CalibrationResult(
         out_dir=out,
         model_path=out / MODEL_FILE,
@@ -509,23 +525,19 @@ def calibrate_from_cache(
     warnings = [*structure, *_cache_warnings(cache, unmatched, qres.missing_ranges, wanted)]
     for w in warnings:
         log.info(w)
-    extras: dict[str, Any] = {
-        "target": target,
-        "op_types": list(op_types),
-        "exclude": list(exclude),
-        "tensors": {r.tensor: {"amax": r.amax, "scale": r.scale, "method": r.method.value} for r in ranges},
-        "trt_cache": {
-            "source": str(cache_path),
-            "algorithm": cache.algorithm,
-            "version": cache.version,
-            "unmatched": unmatched,
-            "zero": list(cache.zero),
-            "non_finite": list(cache.non_finite),
-        },
-        "warnings": warnings,
-    }
+    document = CalibrationDocument(
+        table=table,
+        target=target,
+        op_types=tuple(op_types),
+        exclude=tuple(exclude),
+        tensors={r.tensor: TensorRecord(amax=r.amax, scale=r.scale, method=r.method.value) for r in ranges},
+        trt_cache=TrtCacheRecord(algorithm=cache.algorithm, version=cache.version, source=str(cache_path),
+                                 unmatched=tuple(unmatched), zero=tuple(cache.zero),
+                                 non_finite=tuple(cache.non_finite)),
+        warnings=tuple(warnings),
+    )
     return _write_outputs(
-        Path(out_dir), model_dir, table, qres, None, extras, cache.version,
+        Path(out_dir), model_dir, table, qres, None, document, cache.version,
         timings={"read": time.perf_counter() - t0}, reused=False, warnings=warnings, t_start=t0,
         unmatched=unmatched, cache_source=Path(cache_path),
     )

@@ -112,7 +112,7 @@ def _deliver(result: Comparison, json_path: Path | None, report_dir: Path | None
     """--json and the report folder (replaced together or not at all), then the document on stdout
     (``--json -``) or the summary."""
     from calibkit._io import commit_together, dumps_json, write_json
-    from calibkit.report.codec import to_document
+    from calibkit.results.codec import to_document
 
     doc = to_document(result)
     with commit_together():
@@ -159,7 +159,7 @@ def _is_compare_json(path: Path) -> bool:
     """An earlier `compare --json` document (a file calibkit may overwrite)."""
     import json
 
-    from calibkit.report.codec import COMPARE_FORMAT
+    from calibkit.results.codec import COMPARE_FORMAT
 
     try:
         with open(path, encoding="utf-8") as fh:

@@ -38,7 +38,7 @@ def report(
     force: bool = FORCE,
 ) -> None:
     with handle_errors():
-        from calibkit.report.codec import load_document
+        from calibkit.results.codec import load_document
         from calibkit.report.render import REPORT_NAMES, default_out_dir, render_report
 
         target = out_dir if out_dir is not None else default_out_dir(report_json)

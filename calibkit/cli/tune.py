@@ -121,7 +121,7 @@ def run_tune(request: TuneRequest, resources: ResourceOptions, *, no_report: boo
         tuned = run(replace(request, out=dest, report=report_dir), resources, progress)
     if json_out is not None:
         from calibkit._io import dumps_json
-        from calibkit.report.codec import to_document
+        from calibkit.results.codec import to_document
 
         write_stdout(dumps_json(to_document(tuned.result)))
     else:

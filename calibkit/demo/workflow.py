@@ -19,7 +19,7 @@ import contextlib
 import html
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,8 +31,20 @@ from calibkit._version import __version__
 from calibkit.evaluate.estimate import finish
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.report.formatting import fraction_pct as _pct
-from calibkit.report.formatting import interval_text as _ci
-from calibkit.results.runs import PhaseCost, TimeEstimate
+from calibkit.report.formatting import interval_text
+from calibkit.results.files import (
+    DemoCompare,
+    DemoCompareFp16,
+    DemoDeploy,
+    DemoEmbedder,
+    DemoEngine,
+    DemoMethodTune,
+    DemoSmoothing,
+    DemoSummary,
+    DemoTune,
+    MethodFidelity,
+)
+from calibkit.results.runs import ConfidenceBand, Difference, PhaseCost, Range, TimeEstimate
 from calibkit.types import Method
 
 
@@ -83,36 +95,32 @@ class WorkflowOptions:
 
 @dataclass(frozen=True)
 class WorkflowResult:
+    """The index page (HTML and Markdown) and the summary it shows: ``document`` typed, ``summary`` its JSON."""
+
     index_html: Path
     index_md: Path
     summary: dict[str, Any] = field(default_factory=dict)
+    document: DemoSummary | None = None
 
 
 def _acc(logits: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean(logits.argmax(axis=1) == labels))
 
 
-def _plain(value: Any) -> Any:
-    """A result part as plain JSON values for the demo summary (the report layer's own mapping)."""
-    from calibkit.report.codec import to_json
-
-    return to_json(value)
-
-
-def _fidelity(logits: np.ndarray, fp32_logits: np.ndarray, labels: np.ndarray, seed: int) -> dict[str, Any]:
+def _fidelity(logits: np.ndarray, fp32_logits: np.ndarray, labels: np.ndarray, seed: int) -> MethodFidelity:
     """Accuracy and agreement with FP32 of one INT8 model on the same examples, with 95 % intervals."""
     from calibkit.evaluate.metrics import output_error
     from calibkit.results.intervals import paired_difference, proportion
 
     pred, ref = logits.argmax(axis=1), fp32_logits.argmax(axis=1)
-    return {
-        "accuracy": proportion(pred == labels).to_dict(),
-        "accuracy_minus_fp32": paired_difference(ref == labels, pred == labels, seed=seed).to_dict(),
-        "agreement": proportion(pred == ref).to_dict(),
-        "flips": int((pred != ref).sum()),
-        "n": int(len(labels)),
-        "mean_kl": output_error(fp32_logits, logits).mean_kl,
-    }
+    return MethodFidelity(
+        accuracy=Range(**proportion(pred == labels).to_dict()),
+        accuracy_minus_fp32=Difference(**paired_difference(ref == labels, pred == labels, seed=seed).to_dict()),
+        agreement=Range(**proportion(pred == ref).to_dict()),
+        flips=int((pred != ref).sum()),
+        n=int(len(labels)),
+        mean_kl=output_error(fp32_logits, logits).mean_kl,
+    )
 
 
 class _Clock:
@@ -181,39 +189,40 @@ def run_workflow(
     estimate = finish(estimate, time.perf_counter() - since, took)
 
     clock.step(10, "write the index page")
-    summary = {
-        "format": "calibkit-demo/1",
-        "calibkit_version": __version__,
-        "variant": setup.variant,
-        "model_accuracy_recorded": setup.prep.accuracy,
-        "eval_examples": len(setup.ev),
-        "calibration_set": str(setup.cset.path),
-        "calibration_texts": len(setup.cset),
-        "fp32_accuracy": fp32_acc,
-        "method_accuracy": method_acc,
-        "method_fidelity": method_fid,
-        "best_method": best,
-        "best_method_by": "fewest flips of FP32's predictions (then KL divergence)",
-        "statistics_reused": {m: r.reused_stats for m, r in calib.items()},
-        "smoothing": smoothing,
-        **_compare_summary(cmp_fp32, cmp_fp16),
-        "tune": _tune_summary(tres, options, setup.md),
-        "tune_by_method": {m: _extra_tune_summary(r) for m, r in extra_tunes.items()},
-        "embedder": embedder,
-        "int8_engine": {"layout": "tensorrt", "path": str(engines["int8"].artifact.path)},
-        "deploy": {"repository": str(dres.out_dir), "name": dres.name,
-                   "bucket_maxes": [b.hi for b in dres.choice.buckets], "waste": dres.choice.waste,
-                   "waste_one_profile": dres.profiles.baseline.waste_padded_to_max,
-                   "layout": dres.layout.shipped if dres.layout else None,
-                   "agreement_with_fp32": dres.measurement.agreement if dres.measurement else None,
-                   "preferred_batch_size": list(dres.batching.preferred),
-                   "link": os.path.relpath(dres.readme, setup.reports / "index")},
-        "timings_s": {k: round(v, 1) for k, v in clock.timings.items()},
-        "time_estimate": _plain(estimate),
-    }
-    _write_index(summary, setup.reports / "index")
+    summary = DemoSummary(
+        calibkit_version=__version__,
+        variant=setup.variant,
+        model_accuracy_recorded=setup.prep.accuracy,
+        eval_examples=len(setup.ev),
+        calibration_set=str(setup.cset.path),
+        calibration_texts=len(setup.cset),
+        fp32_accuracy=fp32_acc,
+        method_accuracy=method_acc,
+        method_fidelity=method_fid,
+        best_method=best,
+        best_method_by="fewest flips of FP32's predictions (then KL divergence)",
+        statistics_reused={m: r.reused_stats for m, r in calib.items()},
+        smoothing=smoothing,
+        compare_fp32_vs_int8=_compare_summary(cmp_fp32),
+        compare_fp16_vs_int8=DemoCompareFp16(cmp_fp16.agreement, {e.name: e.accuracy for e in cmp_fp16.engines}),
+        tune=_tune_summary(tres, options, setup.md),
+        tune_by_method={m: _extra_tune_summary(r) for m, r in extra_tunes.items()},
+        embedder=embedder,
+        int8_engine=DemoEngine(layout="tensorrt", path=str(engines["int8"].artifact.path)),
+        deploy=DemoDeploy(repository=str(dres.out_dir), name=dres.name,
+                          bucket_maxes=tuple(b.hi for b in dres.choice.buckets), waste=dres.choice.waste,
+                          waste_one_profile=dres.profiles.baseline.waste_padded_to_max,
+                          preferred_batch_size=tuple(dres.batching.preferred),
+                          link=os.path.relpath(dres.readme, setup.reports / "index"),
+                          layout=dres.layout.shipped if dres.layout else None,
+                          agreement_with_fp32=dres.measurement.agreement if dres.measurement else None),
+        timings_s={k: round(v, 1) for k, v in clock.timings.items()},
+        time_estimate=estimate,
+    )
+    doc = _write_index(summary, setup.reports / "index")
     clock.step(11, "done")
-    return WorkflowResult(setup.reports / "index" / "index.html", setup.reports / "index" / "index.md", summary)
+    return WorkflowResult(setup.reports / "index" / "index.html", setup.reports / "index" / "index.md", doc,
+                          summary)
 
 
 def _setup(options: WorkflowOptions, clock: _Clock) -> _Setup:
@@ -283,7 +292,7 @@ def _time_estimate(options: WorkflowOptions, setup: _Setup, cb: ProgressCallback
     return e, time.perf_counter()
 
 
-def _smooth(options: WorkflowOptions, setup: _Setup, clock: _Clock) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def _smooth(options: WorkflowOptions, setup: _Setup, clock: _Clock) -> tuple[dict[str, Any], DemoSmoothing | None]:
     """Step 2: the smoothed copy of the model (when asked). Returns the model folders by variant suffix and
     the summary's smoothing record."""
     import calibkit as ck
@@ -296,9 +305,9 @@ def _smooth(options: WorkflowOptions, setup: _Setup, clock: _Clock) -> tuple[dic
     with clock.timed("smooth"):
         sres = ck.smooth(setup.md, setup.cset, setup.runs / "smoothed-model", progress=clock.cb)
     models[SMOOTHED] = ModelDir.resolve(sres.out_dir)
-    return models, {"model": str(sres.out_dir), "alpha": "auto", "groups": sres.groups,
-                    "smoothed": len(sres.smoothed), "max_output_deviation": sres.max_deviation,
-                    "gain_db": [round(c.gain_db, 2) for c in sres.smoothed]}
+    return models, DemoSmoothing(model=str(sres.out_dir), alpha="auto", groups=sres.groups,
+                                 smoothed=len(sres.smoothed), max_output_deviation=sres.max_deviation,
+                                 gain_db=tuple(round(c.gain_db, 2) for c in sres.smoothed))
 
 
 def _calibrate_all(options: WorkflowOptions, setup: _Setup, models: dict[str, Any],
@@ -322,7 +331,7 @@ def _calibrate_all(options: WorkflowOptions, setup: _Setup, models: dict[str, An
 
 
 def _method_accuracy(options: WorkflowOptions, setup: _Setup, calib: dict[str, Any],
-                     clock: _Clock) -> tuple[float, dict[str, float], dict[str, dict[str, Any]], str]:
+                     clock: _Clock) -> tuple[float, dict[str, float], dict[str, MethodFidelity], str]:
     """Step 4: FP32's accuracy, every variant's INT8 accuracy and fidelity to FP32, and the best variant:
     fidelity, not accuracy, picks it (accuracy differences between INT8 variants are mostly noise)."""
     from calibkit.enginefiles.registry import model_runner
@@ -334,13 +343,13 @@ def _method_accuracy(options: WorkflowOptions, setup: _Setup, calib: dict[str, A
         with model_runner(setup.md.onnx_path, name="fp32") as r:
             fp32_logits = predict_logits(r, tok, ev.texts, progress=cb, task="FP32 accuracy")
         method_acc: dict[str, float] = {}
-        method_fid: dict[str, dict[str, Any]] = {}
+        method_fid: dict[str, MethodFidelity] = {}
         for m, res in calib.items():
             with model_runner(res.model_path, name=f"int8-{m}", layout="tensorrt") as r:
                 lg = predict_logits(r, tok, ev.texts, progress=cb, task=f"INT8 ({m}) accuracy")
             method_acc[m] = _acc(lg, setup.labels)
             method_fid[m] = _fidelity(lg, fp32_logits, setup.labels, options.seed)
-        best = min(method_fid, key=lambda k: (method_fid[k]["flips"], method_fid[k]["mean_kl"]))
+        best = min(method_fid, key=lambda k: (method_fid[k].flips, method_fid[k].mean_kl))
     return _acc(fp32_logits, setup.labels), method_acc, method_fid, best
 
 
@@ -411,73 +420,74 @@ def _tune_budget(options: WorkflowOptions) -> dict[str, Any]:
     return {k: v for k, v in chosen.items() if v is not None}
 
 
-def _compare_summary(cmp_fp32: Any, cmp_fp16: Any) -> dict[str, Any]:
-    return {
-        "compare_fp32_vs_int8": {
-            "agreement": cmp_fp32.agreement,
-            "agreement_ci": _plain(cmp_fp32.agreement_ci),
-            "accuracy_difference": _plain(cmp_fp32.difference.accuracy),
-            "keep_in_higher_precision": list(cmp_fp32.keep_in_higher_precision),
-            "insufficient_evidence": [v.node for v in cmp_fp32.layers if v.flag.value == "insufficient-evidence"],
-            "flips_by_confidence": _plain(cmp_fp32.flips_by_confidence),
-            "warnings": list(cmp_fp32.warnings),
-            "engines": {e.name: e.accuracy for e in cmp_fp32.engines},
-        },
-        "compare_fp16_vs_int8": {"agreement": cmp_fp16.agreement,
-                                 "engines": {e.name: e.accuracy for e in cmp_fp16.engines}},
-    }
+def _compare_summary(cmp: Any) -> DemoCompare:
+    return DemoCompare(
+        agreement=cmp.agreement,
+        agreement_ci=cmp.agreement_ci,
+        accuracy_difference=cmp.difference.accuracy,
+        keep_in_higher_precision=tuple(cmp.keep_in_higher_precision),
+        insufficient_evidence=tuple(v.node for v in cmp.layers if v.flag.value == "insufficient-evidence"),
+        flips_by_confidence=tuple(cmp.flips_by_confidence),
+        warnings=tuple(cmp.warnings),
+        engines={e.name: e.accuracy for e in cmp.engines},
+    )
 
 
-def _tune_summary(tres: Any, options: WorkflowOptions, md: Any) -> dict[str, Any]:
+def _tune_summary(tres: Any, options: WorkflowOptions, md: Any) -> DemoTune:
     r = tres.result
-    return {
-        "met_target": tres.met_target,
-        "max_drop_points": options.max_drop,
-        "kept_nodes": list(tres.kept_nodes),
-        "int8_flops_fraction": tres.int8_flops_fraction,
-        "fp32_accuracy_holdout": tres.fp32_accuracy_holdout,
-        "accuracy_holdout": tres.accuracy_holdout,
-        "accuracy_search": r.final.accuracy_search,
-        "fp32_accuracy_search": r.target.fp32_accuracy,
-        "min_agreement_percent": options.min_agreement,
-        "method": r.methods.chosen,
-        "agreement_search": r.final.agreement_search,
-        "agreement_holdout": r.final.agreement_holdout,
-        "holdout_evidence": _plain(r.final.holdout_evidence),
-        "holdout_verdict": _plain(r.final.holdout_verdict),
-        "holdout_examples": r.eval_set.holdout,
-        "evaluations_reused": r.evaluations_reused,
-        "out": str(tres.out_dir),
-        "model": str(md.onnx_path.parent),
-        "smoothing": _plain(r.smoothing),
-        "traffic": _plain(r.eval_set.traffic),
-        "traffic_search": r.eval_set.traffic_search,
-        "traffic_holdout": r.eval_set.traffic_holdout,
-    }
+    return DemoTune(
+        met_target=tres.met_target,
+        max_drop_points=options.max_drop,
+        kept_nodes=tuple(tres.kept_nodes),
+        int8_flops_fraction=tres.int8_flops_fraction,
+        fp32_accuracy_holdout=tres.fp32_accuracy_holdout,
+        accuracy_holdout=tres.accuracy_holdout,
+        accuracy_search=r.final.accuracy_search,
+        fp32_accuracy_search=r.target.fp32_accuracy,
+        min_agreement_percent=options.min_agreement,
+        method=r.methods.chosen,
+        agreement_search=r.final.agreement_search,
+        agreement_holdout=r.final.agreement_holdout,
+        holdout_evidence=r.final.holdout_evidence,
+        holdout_verdict=r.final.holdout_verdict,
+        holdout_examples=r.eval_set.holdout,
+        evaluations_reused=r.evaluations_reused,
+        out=str(tres.out_dir),
+        model=str(md.onnx_path.parent),
+        smoothing=r.smoothing,
+        traffic=r.eval_set.traffic,
+        traffic_search=r.eval_set.traffic_search,
+        traffic_holdout=r.eval_set.traffic_holdout,
+    )
 
 
-def _extra_tune_summary(r: Any) -> dict[str, Any]:
-    return {"met_target": r.met_target, "kept_nodes": list(r.kept_nodes),
-            "int8_flops_fraction": r.int8_flops_fraction, "accuracy_holdout": r.accuracy_holdout,
-            "all_int8_accuracy_holdout": r.result.final.all_int8_accuracy_holdout,
-            "accuracy_search": r.result.final.accuracy_search, "candidates": len(r.result.candidates),
-            "fp32_accuracy_search": r.result.target.fp32_accuracy,
-            "fp32_accuracy_holdout": r.fp32_accuracy_holdout}
+def _extra_tune_summary(r: Any) -> DemoMethodTune:
+    return DemoMethodTune(met_target=r.met_target, kept_nodes=tuple(r.kept_nodes),
+                          int8_flops_fraction=r.int8_flops_fraction, accuracy_holdout=r.accuracy_holdout,
+                          all_int8_accuracy_holdout=r.result.final.all_int8_accuracy_holdout,
+                          accuracy_search=r.result.final.accuracy_search, candidates=len(r.result.candidates),
+                          fp32_accuracy_search=r.result.target.fp32_accuracy,
+                          fp32_accuracy_holdout=r.fp32_accuracy_holdout)
 
 
-def _write_index(summary: dict[str, Any], folder: Path) -> None:
-    """summary.json, index.md and index.html, swapped into ``folder`` together."""
+def _write_index(summary: DemoSummary, folder: Path) -> dict[str, Any]:
+    """summary.json (through the codec), index.md and index.html, swapped into ``folder`` together; returns
+    summary.json's document."""
+    from calibkit.results.codec import document_json
+
+    doc = document_json(summary)
     md_text, html_text = _index(summary)
     with atomic_dir(folder, what="demo index", legacy_names=("summary.json", "index.md", "index.html")) as tmp:
-        (tmp / "summary.json").write_text(dumps_json(summary), encoding="utf-8")
+        (tmp / "summary.json").write_text(dumps_json(doc), encoding="utf-8")
         (tmp / "index.md").write_text(md_text, encoding="utf-8", errors="backslashreplace")
         (tmp / "index.html").write_text(html_text, encoding="utf-8", errors="backslashreplace")
+    return doc
 
 
 SMOOTHED = " + smoothing"
 
 
-def _embedder_row(folder: Path, setup: _Setup, options: WorkflowOptions, cb: ProgressCallback) -> dict[str, Any]:
+def _embedder_row(folder: Path, setup: _Setup, options: WorkflowOptions, cb: ProgressCallback) -> DemoEmbedder:
     """The embedder through the user's path: tune from the log alone (neighbours in the FP32 index and mean
     cosine, defaults 95 % and 0.995; smoothing found by tune), then compare FP32 against the plan's engine on
     the eval texts (labels unused: both sides' neighbours among those texts)."""
@@ -497,19 +507,19 @@ def _embedder_row(folder: Path, setup: _Setup, options: WorkflowOptions, cb: Pro
     ck.render_report(cmp, reports / "compare-embedder")
     f, t = r.final, r.target
     extra = dict(cmp.task.fidelity.extra) if cmp.task.fidelity is not None else {}
-    return {
-        "model": str(folder), "met_target": t.met, "min_agreement_percent": t.min_agreement,
-        "min_cosine": t.min_cosine, "int8_flops_fraction": f.int8_flops_fraction, "kept_nodes": list(f.kept_nodes),
-        "method": r.methods.chosen, "smoothed": bool(r.smoothing and r.smoothing.chosen),
-        "traffic_search": r.eval_set.traffic_search, "traffic_holdout": r.eval_set.traffic_holdout,
-        "agreement_holdout": f.agreement_holdout, "cosine_holdout": f.cosine_holdout,
-        "all_int8_agreement_holdout": f.all_int8_agreement_holdout,
-        "all_int8_cosine_holdout": f.all_int8_cosine_holdout,
-        "holdout_verdict": _plain(f.holdout_verdict),
-        "compare_texts": len(ev), "compare_top1": cmp.agreement,
-        "compare_overlap_at_k": extra.get("retrieval_overlap_at_k"),
-        "compare_cosine_mean": cmp.task.fidelity.cosine_mean if cmp.task.fidelity is not None else None,
-    }
+    return DemoEmbedder(
+        model=str(folder), met_target=t.met, min_agreement_percent=t.min_agreement,
+        min_cosine=t.min_cosine, int8_flops_fraction=f.int8_flops_fraction, kept_nodes=tuple(f.kept_nodes),
+        method=r.methods.chosen, smoothed=bool(r.smoothing and r.smoothing.chosen),
+        traffic_search=r.eval_set.traffic_search, traffic_holdout=r.eval_set.traffic_holdout,
+        agreement_holdout=f.agreement_holdout, cosine_holdout=f.cosine_holdout,
+        all_int8_agreement_holdout=f.all_int8_agreement_holdout,
+        all_int8_cosine_holdout=f.all_int8_cosine_holdout,
+        holdout_verdict=f.holdout_verdict,
+        compare_texts=len(ev), compare_top1=cmp.agreement,
+        compare_overlap_at_k=extra.get("retrieval_overlap_at_k"),
+        compare_cosine_mean=cmp.task.fidelity.cosine_mean if cmp.task.fidelity is not None else None,
+    )
 
 
 def _md_html(lines: list[str]) -> list[str]:
@@ -536,10 +546,15 @@ def _md_html(lines: list[str]) -> list[str]:
     return out
 
 
-def _embedder_lines(e: dict[str, Any] | None) -> list[str]:
+def _ci(r: Range | Difference | None, signed: bool = False) -> str:
+    """An interval as " [low, high]" in percent ("" when absent)."""
+    return interval_text(None if r is None else {"low": r.low, "high": r.high}, signed)
+
+
+def _embedder_lines(e: DemoEmbedder | None) -> list[str]:
     if not e:
         return []
-    v = (e.get("holdout_verdict") or {}).get("text") or ""
+    v = e.holdout_verdict.text if e.holdout_verdict is not None else ""
 
     def cos(x: float | None) -> str:
         return "n/a" if x is None else f"{x:.4f}"
@@ -547,21 +562,21 @@ def _embedder_lines(e: dict[str, Any] | None) -> list[str]:
     return [
         "## The same weights as a sentence embedder, tuned from the log alone",
         "",
-        f"`calibkit tune embedder/ -c <set> --traffic auto` (no eval set, no labels): {e['traffic_search']} traffic "
-        f"texts to search on, {e['traffic_holdout']} held out; target: {e['min_agreement_percent']:g} % of texts "
-        f"keep their nearest neighbour in the FP32 index and mean cosine ≥ {e['min_cosine']:g} — "
-        f"{'met' if e['met_target'] else 'NOT met'} on the search split (calibration: {e['method']}).",
+        f"`calibkit tune embedder/ -c <set> --traffic auto` (no eval set, no labels): {e.traffic_search} traffic "
+        f"texts to search on, {e.traffic_holdout} held out; target: {e.min_agreement_percent:g} % of texts "
+        f"keep their nearest neighbour in the FP32 index and mean cosine ≥ {e.min_cosine:g} — "
+        f"{'met' if e.met_target else 'NOT met'} on the search split (calibration: {e.method}).",
         "",
         "| | neighbours kept (holdout) | mean cosine (holdout) | INT8 share of FLOPs |",
         "|---|---|---|---|",
-        f"| all INT8 | {_pct(e['all_int8_agreement_holdout'])} | {cos(e['all_int8_cosine_holdout'])} | 100.0 % |",
-        f"| plan ({len(e['kept_nodes'])} layers kept) | {_pct(e['agreement_holdout'])} | {cos(e['cosine_holdout'])}"
-        f" | {100 * e['int8_flops_fraction']:.1f} % |",
+        f"| all INT8 | {_pct(e.all_int8_agreement_holdout)} | {cos(e.all_int8_cosine_holdout)} | 100.0 % |",
+        f"| plan ({len(e.kept_nodes)} layers kept) | {_pct(e.agreement_holdout)} | {cos(e.cosine_holdout)}"
+        f" | {100 * e.int8_flops_fraction:.1f} % |",
         "",
         f"Holdout: {v}." if v else "",
-        f"`calibkit compare` FP32 vs the plan's engine on {e['compare_texts']} eval texts (both sides' neighbours "
-        f"among them): top-1 {_pct(e['compare_top1'])}, top-10 overlap {_pct(e['compare_overlap_at_k'])}, mean "
-        f"cosine {cos(e['compare_cosine_mean'])}.",
+        f"`calibkit compare` FP32 vs the plan's engine on {e.compare_texts} eval texts (both sides' neighbours "
+        f"among them): top-1 {_pct(e.compare_top1)}, top-10 overlap {_pct(e.compare_overlap_at_k)}, mean "
+        f"cosine {cos(e.compare_cosine_mean)}.",
         "",
     ]
 
@@ -576,75 +591,75 @@ def calibrate_dir(key: str) -> str:
     return "calibrate-" + variant_slug(key)
 
 
-def _method_rows(s: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+def _method_rows(s: DemoSummary) -> list[tuple[str, str, str, str, str]]:
     """method, accuracy [CI], agreement with FP32 [CI], flips, mean KL."""
     rows = []
-    for m, a in s["method_accuracy"].items():
-        f = s.get("method_fidelity", {}).get(m)
+    for m, a in s.method_accuracy.items():
+        f = s.method_fidelity.get(m)
         if f is None:
             rows.append((m, _pct(a), "—", "—", "—"))
             continue
-        rows.append((m, _pct(a) + _ci(f["accuracy"]), _pct(f["agreement"]["estimate"]) + _ci(f["agreement"]),
-                     f"{f['flips']} of {f['n']} ({_pct(f['flips'] / f['n'] if f['n'] else None)})",
-                     f"{f['mean_kl']:.4f}"))
+        rows.append((m, _pct(a) + _ci(f.accuracy), _pct(f.agreement.estimate) + _ci(f.agreement),
+                     f"{f.flips} of {f.n} ({_pct(f.flips / f.n if f.n else None)})", f"{f.mean_kl:.4f}"))
     return rows
 
 
-def _smoothing_line(sm: dict[str, Any]) -> str:
-    gains = sm.get("gain_db") or [0.0]
+def _smoothing_line(sm: DemoSmoothing) -> str:
+    gains = sm.gain_db or (0.0,)
     return (f"Rows marked '{SMOOTHED.strip()}' are calibrated on a smoothed copy of the model (`calibkit smooth`, "
-            f"alpha {sm['alpha']}: {sm['smoothed']} of {sm['groups']} activations read by weight MatMuls divided "
+            f"alpha {sm.alpha}: {sm.smoothed} of {sm.groups} activations read by weight MatMuls divided "
             f"by per-channel scales that the weights absorb; INT8 product error {min(gains):.1f}-{max(gains):.1f} "
             f"dB lower on the calibration rows; FP32 outputs equal to the original's within "
-            f"{sm['max_output_deviation']:.1e} of their range). The compared INT8 engine and the tuned plan use "
+            f"{sm.max_output_deviation:.1e} of their range). The compared INT8 engine and the tuned plan use "
             f"the model of the best row.")
 
 
-def _compare_line(s: dict[str, Any]) -> str:
-    c = s["compare_fp32_vs_int8"]
-    d = c.get("accuracy_difference")
-    keep = c["keep_in_higher_precision"]
-    parts = [f"FP32 vs INT8 ({s['best_method']}, TensorRT layout) on the whole test split: agreement "
-             f"{_pct(c['agreement'])}{_ci(c.get('agreement_ci'))}"]
+def _compare_line(s: DemoSummary) -> str:
+    c = s.compare_fp32_vs_int8
+    d = c.accuracy_difference
+    keep = c.keep_in_higher_precision
+    parts = [f"FP32 vs INT8 ({s.best_method}, TensorRT layout) on the whole test split: agreement "
+             f"{_pct(c.agreement)}{_ci(c.agreement_ci)}"]
     if d:
-        parts.append(f"accuracy {100 * d['estimate']:+.2f} points{_ci(d, signed=True)} ({d['verdict']})")
+        parts.append(f"accuracy {100 * d.estimate:+.2f} points{_ci(d, signed=True)} ({d.verdict})")  # type: ignore[operator]
     parts.append(f"{len(keep)} layers advised to stay in higher precision" if keep
                  else "no layer advised to stay in higher precision")
-    if c.get("insufficient_evidence"):
-        parts.append(f"{len(c['insufficient_evidence'])} with insufficient evidence")
-    if c.get("flips_by_confidence"):
-        parts.append(confidence_text(c["flips_by_confidence"]))
+    if c.insufficient_evidence:
+        parts.append(f"{len(c.insufficient_evidence)} with insufficient evidence")
+    if c.flips_by_confidence:
+        parts.append(confidence_text(c.flips_by_confidence))
     return "; ".join(parts) + "."
 
 
-def confidence_text(bands: list[dict[str, Any]]) -> str:
+def confidence_text(bands: Sequence[ConfidenceBand]) -> str:
     """'flips by FP32's top-2 probability gap: 17 of 84 texts under 0.1, 2 of 382 at 0.1-0.5, 0 of 1648 from 0.5'."""
     last = len(bands) - 1
-    cells = [f"{b['flips']} of {b['texts']} texts " + (f"under {b['high']:g}" if i == 0 else
-                                                       f"from {b['low']:g}" if i == last else
-                                                       f"at {b['low']:g}–{b['high']:g}")
+    cells = [f"{b.flips} of {b.texts} texts " + (f"under {b.high:g}" if i == 0 else
+                                                 f"from {b.low:g}" if i == last else
+                                                 f"at {b.low:g}–{b.high:g}")
              for i, b in enumerate(bands)]
     return "flips by FP32's top-2 probability gap: " + ", ".join(cells)
 
 
-def _tune_lines(tune: dict[str, Any]) -> list[str]:
-    agree = (f" and at least {tune['min_agreement_percent']:g} % of FP32's predictions unchanged"
-             if tune.get("min_agreement_percent") is not None else "")
+def _tune_lines(tune: DemoTune) -> list[str]:
+    agree = (f" and at least {tune.min_agreement_percent:g} % of FP32's predictions unchanged"
+             if tune.min_agreement_percent is not None else "")
+    evidence = tune.holdout_evidence
     lines = [
-        f"Target: at most {tune['max_drop_points']} points below FP32{agree}, on the search split — "
-        f"{'met' if tune['met_target'] else 'NOT met'} (calibration: {tune.get('method', '—')}).",
-        f"INT8 share of MatMul/Gemm FLOPs: **{100 * tune['int8_flops_fraction']:.1f} %**; "
-        f"{len(tune['kept_nodes'])} layers kept in higher precision.",
-        f"Search split: FP32 {_pct(tune['fp32_accuracy_search'])}, plan {_pct(tune['accuracy_search'])}, agreement "
-        f"{_pct(tune.get('agreement_search'))}. Holdout split ({tune.get('holdout_examples', '—')} examples the "
-        f"search never saw): FP32 {_pct(tune['fp32_accuracy_holdout'])}, plan {_pct(tune['accuracy_holdout'])}, "
-        f"agreement {_pct(tune.get('agreement_holdout'))}"
-        f"{_ci((tune.get('holdout_evidence') or {}).get('agreement'))}.",
+        f"Target: at most {tune.max_drop_points} points below FP32{agree}, on the search split — "
+        f"{'met' if tune.met_target else 'NOT met'} (calibration: {tune.method}).",
+        f"INT8 share of MatMul/Gemm FLOPs: **{100 * tune.int8_flops_fraction:.1f} %**; "
+        f"{len(tune.kept_nodes)} layers kept in higher precision.",
+        f"Search split: FP32 {_pct(tune.fp32_accuracy_search)}, plan {_pct(tune.accuracy_search)}, agreement "
+        f"{_pct(tune.agreement_search)}. Holdout split ({tune.holdout_examples} examples the "
+        f"search never saw): FP32 {_pct(tune.fp32_accuracy_holdout)}, plan {_pct(tune.accuracy_holdout)}, "
+        f"agreement {_pct(tune.agreement_holdout)}"
+        f"{_ci(evidence.agreement if evidence is not None else None)}.",
     ]
-    v = tune.get("holdout_verdict") or {}
-    if v.get("text"):
-        word = {True: "supports", False: "does not support"}.get(v.get("supported"), "cannot judge")
-        lines.append(f"The holdout **{word}** the claim: {v['text']}.")
+    v = tune.holdout_verdict
+    if v is not None and v.text:
+        word = {True: "supports", False: "does not support"}.get(v.supported, "cannot judge")  # type: ignore[arg-type]
+        lines.append(f"The holdout **{word}** the claim: {v.text}.")
     return lines
 
 
@@ -654,50 +669,52 @@ LAYOUT_NOTE = ("Every INT8 model here uses the TensorRT Q/DQ layout (every MatMu
                "CPU) is a different INT8 model these numbers do not describe.")
 
 
-def _extra_md(s: dict[str, Any]) -> list[str]:
+def _extra_md(s: DemoSummary) -> list[str]:
     out: list[str] = []
-    for m, r in s.get("tune_by_method", {}).items():
+    for m, r in s.tune_by_method.items():
         out += [
             f"### The same search restricted to {m}",
             "",
-            f"All-INT8 with {m} on the holdout split: {_pct(r['all_int8_accuracy_holdout'])}. The plan keeps "
-            f"{len(r['kept_nodes'])} layers in higher precision ({100 * r['int8_flops_fraction']:.1f} % of the FLOPs "
-            f"stay INT8): {_pct(r['accuracy_search'])} on the search split against FP32 "
-            f"{_pct(r['fp32_accuracy_search'])} (target {'met' if r['met_target'] else 'NOT met'}), and "
-            f"{_pct(r['accuracy_holdout'])} on the holdout split against FP32 {_pct(r['fp32_accuracy_holdout'])} "
-            f"— the holdout gap is what the search split cannot see. {r['candidates']} candidates measured.",
+            f"All-INT8 with {m} on the holdout split: {_pct(r.all_int8_accuracy_holdout)}. The plan keeps "
+            f"{len(r.kept_nodes)} layers in higher precision ({100 * r.int8_flops_fraction:.1f} % of the FLOPs "
+            f"stay INT8): {_pct(r.accuracy_search)} on the search split against FP32 "
+            f"{_pct(r.fp32_accuracy_search)} (target {'met' if r.met_target else 'NOT met'}), and "
+            f"{_pct(r.accuracy_holdout)} on the holdout split against FP32 {_pct(r.fp32_accuracy_holdout)} "
+            f"— the holdout gap is what the search split cannot see. {r.candidates} candidates measured.",
             "",
         ]
     return out
 
 
-def _index(s: dict[str, Any]) -> tuple[str, str]:
+def _index(s: DemoSummary) -> tuple[str, str]:
     """The index page as Markdown and as HTML (the same content)."""
     return _index_md(s), _index_html(s)
 
 
-def _estimate_line(s: dict[str, Any]) -> str:
+def _estimate_line(s: DemoSummary) -> str:
     """What the demo said, before smoothing, the steps after sampling would take, and what they took."""
     from calibkit.results.runs import duration_text, span_text
 
-    t = s["time_estimate"]
-    took = f"; they took {duration_text(t['actual_seconds'])}" if t.get("actual_seconds") is not None else ""
-    cut = t.get("shortcut")
-    shorter = (f" {cut['option']}: about {span_text(cut['likely_seconds'], cut['worst_seconds'])}." if cut else "")
+    t = s.time_estimate
+    if t is None:
+        return ""
+    took = f"; they took {duration_text(t.actual_seconds)}" if t.actual_seconds is not None else ""
+    cut = t.shortcut
+    shorter = f" {cut.option}: about {span_text(cut.likely_seconds, cut.worst_seconds)}." if cut else ""
     return (f"Estimated after sampling, for the steps that follow: about "
-            f"{span_text(t['likely_seconds'], t['worst_seconds'])} (likely to worst, an FP32 text "
-            f"{1000 * t['text_seconds']:.2g} ms on this machine){took}.{shorter}")
+            f"{span_text(t.likely_seconds, t.worst_seconds)} (likely to worst, an FP32 text "
+            f"{1000 * t.text_seconds:.2g} ms on this machine){took}.{shorter}")
 
 
-def _index_md(s: dict[str, Any]) -> str:
-    tune = s["tune"]
+def _index_md(s: DemoSummary) -> str:
+    tune = s.tune
     rows = _method_rows(s)
-    kept = tune["kept_nodes"]
+    kept = tune.kept_nodes
     lines = [
-        f"# calibkit demo ({s['variant']} model)",
+        f"# calibkit demo ({s.variant} model)",
         "",
-        f"FP32 accuracy on {s['eval_examples']} held-out movie-review snippets: **{_pct(s['fp32_accuracy'])}**.",
-        f"Calibration set: {s['calibration_texts']} texts sampled from the production log ({s['calibration_set']}).",
+        f"FP32 accuracy on {s.eval_examples} held-out movie-review snippets: **{_pct(s.fp32_accuracy)}**.",
+        f"Calibration set: {s.calibration_texts} texts sampled from the production log ({s.calibration_set}).",
         "",
         LAYOUT_NOTE,
         "",
@@ -707,9 +724,9 @@ def _index_md(s: dict[str, Any]) -> str:
         "|---|---|---|---|---|",
         *[f"| {' | '.join(r)} |" for r in rows],
         "",
-        f"Best single method by fidelity (fewest flips of FP32's predictions): **{s['best_method']}**.",
+        f"Best single method by fidelity (fewest flips of FP32's predictions): **{s.best_method}**.",
         "",
-        *([_smoothing_line(s["smoothing"]), ""] if s.get("smoothing") else []),
+        *([_smoothing_line(s.smoothing), ""] if s.smoothing else []),
         _compare_line(s),
         "",
         "## Tuned mixed-precision plan",
@@ -719,68 +736,68 @@ def _index_md(s: dict[str, Any]) -> str:
         *[f"- `{n}`" for n in kept],
         "",
         *_extra_md(s),
-        *_embedder_lines(s.get("embedder")),
+        *_embedder_lines(s.embedder),
         "## Reports",
         "",
         "- [FP32 vs INT8, layer by layer](../compare-fp32-vs-int8/report.html)",
         "- [FP16 vs INT8](../compare-fp16-vs-int8/report.html)",
         "- [Tuning: accuracy vs INT8 coverage](../tune/report.html)",
         *(["- [The embedder's tuning](../tune-embedder/report.html)",
-           "- [FP32 vs the embedder's plan](../compare-embedder/report.html)"] if s.get("embedder") else []),
-        *[f"- [Tuning with {m} only](../tune-{m}/report.html)" for m in s.get("tune_by_method", {})],
-        *([f"- [Serving: Triton model repository of the tuned plan]({s['deploy']['link']})"]
-          if s.get("deploy") else []),
+           "- [FP32 vs the embedder's plan](../compare-embedder/report.html)"] if s.embedder else []),
+        *[f"- [Tuning with {m} only](../tune-{m}/report.html)" for m in s.tune_by_method],
+        *([f"- [Serving: Triton model repository of the tuned plan]({s.deploy.link})"]
+          if s.deploy else []),
         "",
         "## Time (seconds)",
         "",
-        *([_estimate_line(s), ""] if s.get("time_estimate") else []),
+        *([_estimate_line(s), ""] if s.time_estimate else []),
         "| step | s |",
         "|---|---|",
-        *[f"| {k} | {v} |" for k, v in s["timings_s"].items()],
+        *[f"| {k} | {v} |" for k, v in s.timings_s.items()],
         "",
     ]
     return "\n".join(lines)
 
 
-def _index_html(s: dict[str, Any]) -> str:
-    tune = s["tune"]
+def _index_html(s: DemoSummary) -> str:
+    tune = s.tune
     rows = _method_rows(s)
-    kept = tune["kept_nodes"]
+    kept = tune.kept_nodes
     e = html.escape
     body = [
-        f"<h1>calibkit demo ({e(s['variant'])} model)</h1>",
-        f"<p>FP32 accuracy on {s['eval_examples']} held-out movie-review snippets: "
-        f"<b>{_pct(s['fp32_accuracy'])}</b>. Calibration set: {s['calibration_texts']} texts sampled from the "
-        f"production log (<code>{e(s['calibration_set'])}</code>).</p>",
+        f"<h1>calibkit demo ({e(s.variant)} model)</h1>",
+        f"<p>FP32 accuracy on {s.eval_examples} held-out movie-review snippets: "
+        f"<b>{_pct(s.fp32_accuracy)}</b>. Calibration set: {s.calibration_texts} texts sampled from the "
+        f"production log (<code>{e(s.calibration_set)}</code>).</p>",
         f"<p>{e(LAYOUT_NOTE)}</p>",
         "<h2>INT8 by calibration method (TensorRT Q/DQ layout; 95 % intervals)</h2><table><tr><th>method</th>"
         "<th>accuracy</th><th>agreement with FP32</th><th>flips</th><th>mean KL</th></tr>",
         *["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows],
         f"</table><p>Best single method by fidelity (fewest flips of FP32's predictions): "
-        f"<b>{e(s['best_method'])}</b>.</p>",
-        *([f"<p>{e(_smoothing_line(s['smoothing']))}</p>"] if s.get("smoothing") else []),
+        f"<b>{e(s.best_method)}</b>.</p>",
+        *([f"<p>{e(_smoothing_line(s.smoothing))}</p>"] if s.smoothing else []),
         f"<p>{e(_compare_line(s))}</p>",
         "<h2>Tuned mixed-precision plan</h2>",
         *[f"<p>{e(line.replace('**', ''))}</p>" for line in _tune_lines(tune)],
         "<ul>", *[f"<li><code>{e(n)}</code></li>" for n in kept], "</ul>",
         *[f"<p>{e(line)}</p>" for line in _extra_md(s) if line and not line.startswith("#")],
-        *_md_html(_embedder_lines(s.get("embedder"))),
+        *_md_html(_embedder_lines(s.embedder)),
         "<h2>Reports</h2><ul>",
         *[f'<li><a href="../tune-{e(m)}/report.html">Tuning with {e(m)} only</a></li>'
-          for m in s.get("tune_by_method", {})],
+          for m in s.tune_by_method],
         '<li><a href="../compare-fp32-vs-int8/report.html">FP32 vs INT8, layer by layer</a></li>',
         '<li><a href="../compare-fp16-vs-int8/report.html">FP16 vs INT8</a></li>',
         '<li><a href="../tune/report.html">Tuning: accuracy vs INT8 coverage</a></li>',
         *(['<li><a href="../tune-embedder/report.html">The embedder\'s tuning</a></li>',
            '<li><a href="../compare-embedder/report.html">FP32 vs the embedder\'s plan</a></li>']
-          if s.get("embedder") else []),
-        *([f'<li><a href="{e(s["deploy"]["link"])}">Serving: Triton model repository of the tuned plan</a></li>']
-          if s.get("deploy") else []),
+          if s.embedder else []),
+        *([f'<li><a href="{e(s.deploy.link)}">Serving: Triton model repository of the tuned plan</a></li>']
+          if s.deploy else []),
         "</ul>",
         "<h2>Time (seconds)</h2>",
-        *([f"<p>{e(_estimate_line(s))}</p>"] if s.get("time_estimate") else []),
+        *([f"<p>{e(_estimate_line(s))}</p>"] if s.time_estimate else []),
         "<table>",
-        *[f"<tr><td>{e(k)}</td><td>{v}</td></tr>" for k, v in s["timings_s"].items()],
+        *[f"<tr><td>{e(k)}</td><td>{v}</td></tr>" for k, v in s.timings_s.items()],
         "</table>",
     ]
     style = ("body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;line-height:1.5}"

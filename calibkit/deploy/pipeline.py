@@ -322,7 +322,7 @@ def _files(request: DeployRequest, served: _Served, shaped: _Shaped, result: Dep
     from calibkit.deploy.readme import build_script, perf_script, readme
     from calibkit.deploy.repository import RepositoryFiles
     from calibkit.deploy.triton import TritonModelConfig, labels_text
-    from calibkit.report.codec import to_document
+    from calibkit.results.codec import to_document
 
     name, plan = served.name, result.batching
     config = TritonModelConfig(name=name, backend=result.backend, io=served.io, max_batch_size=plan.max_batch_size,

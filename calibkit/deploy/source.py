@@ -3,7 +3,7 @@
 Each is turned into a recipe that :func:`calibkit.building.build` can follow: the FP32 model folder
 (tokenizer and labels with it), the precision, the calibration table and the nodes kept in higher precision, a
 ready Q/DQ model where one exists and the Q/DQ layout it was measured in (``qdq_target``), so deploy ships what
-was measured. A tune folder's tune.json is read through the codec (:mod:`calibkit.report.codec`).
+was measured. A tune folder's tune.json is read through the codec (:mod:`calibkit.results.codec`).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def _read_tune(path: Path) -> tuple[str | None, SourceLog | None]:
     """tune.json through the codec (a file that is not a tune document is refused): what tune said of its plan
     when the plan does not hold its claim (not met, not confirmed, contradicted by the holdout), and the traffic
     log it judged agreement on (with the sha256 it had then) when that file is still there."""
-    from calibkit.report.codec import load_typed
+    from calibkit.results.codec import load_typed
     from calibkit.results.runs import TuneResult
 
     try:

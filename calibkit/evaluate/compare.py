@@ -5,7 +5,7 @@ task (outputs, latency) -> the task scores them (accuracy, F1, label errors, gol
 -> read the INT8 model's Q/DQ clipping ranges -> stream a stratified subset through tapped copies (FP ranges,
 SQNR, cosine) -> per-layer sensitivity in a process pool where the labels are classes -> flags
 (``evaluate.decisions``) and a recommendation. The result is the typed :class:`results.runs.Comparison`;
-``report.codec`` alone turns it into the calibkit-compare/1 document.
+``results.codec`` alone turns it into the calibkit-compare/1 document.
 """
 
 from __future__ import annotations

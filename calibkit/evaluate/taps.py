@@ -101,14 +101,35 @@ def measure_layers(
     """Stream ``texts`` through tapped copies of the models; ``reference`` may be the same object as
     ``baseline`` (then one pass serves both). Batches hold at most ``batch_size`` texts and fit ``budget``
     (default :data:`calibkit.data.encode.DEFAULT_MEMORY_BUDGET` bytes of tapped outputs, all models together).
-
-    Kept in one piece (over 80 lines) on purpose: the runners, accumulators and batches of all the
-    models advance together in one streaming loop over the texts.
     """
-    cb = progress or no_progress
-    ranges: dict[str, RangeAccumulator] = {}
+    clips, quants = _clip_ranges(layers)
+    ranges = _range_accumulators(layers, reference, clips, quants)
     errors: dict[str, ErrorAccumulator] = {}
-    # tensor -> clipping ranges seen for it (one tensor may feed several quantized nodes)
+    if baseline is not None and candidate is not None:
+        both = graph_tensors(baseline) & graph_tensors(candidate)
+        errors = {t: ErrorAccumulator() for t in dict.fromkeys(s.output for s in layers) if t in both}
+    runners: _Runners = {}
+    try:
+        for role, model, tensors in _run_plans(reference, baseline, candidate, list(ranges), list(errors)):
+            runners[role] = _tapped(model, tensors, runner_factory)
+        ref_role = "baseline" if (reference is baseline and "baseline" in runners) else "reference"
+        _stream_layers(runners, texts, tokenizer, ranges, errors, ref_role, batch_size=batch_size,
+                       budget=budget if budget is not None else TokenBudget(memory_bytes=DEFAULT_MEMORY_BUDGET),
+                       progress=progress or no_progress)
+    finally:
+        for runner, _ in runners.values():
+            runner.deactivate()
+    result = tuple(_measurement(spec, ranges.get(spec.tensor), errors.get(spec.output), clips) for spec in layers)
+    return LayerMeasurements(layers=result, ranges=ranges, samples=len(texts))
+
+
+# role -> (its active runner, tensor -> the tap name the runner outputs it under)
+_Runners = dict[str, tuple[BaseRunner, dict[str, str]]]
+
+
+def _clip_ranges(layers: Sequence[LayerSpec]) -> tuple[dict[str, list[tuple[float, float]]], dict[str, list[Any]]]:
+    """tensor -> the clipping ranges seen for it (one tensor may feed several quantized nodes), and tensor ->
+    the quantizer of each of those ranges."""
     clips: dict[str, list[tuple[float, float]]] = {}
     quants: dict[str, list[Any]] = {}
     for spec in layers:
@@ -119,23 +140,29 @@ def measure_layers(
                 quants.setdefault(spec.tensor, []).append(spec.quantizer)
             continue
         clips.setdefault(spec.tensor, [])
+    return clips, quants
 
-    ref_tensors: list[str] = []
-    if reference is not None:
-        present = graph_tensors(reference)
-        ref_tensors = [t for t in dict.fromkeys(s.tensor for s in layers) if t in present]
-        missing = [s.tensor for s in layers if s.tensor not in present]
-        if missing:
-            log.warning("%d layer inputs are not in the reference model (no FP ranges for them): %s",
-                        len(missing), missing[:3])
-        ranges = {t: RangeAccumulator(t, clips.get(t, ()), quantizers=quants.get(t, ())) for t in ref_tensors}
-    out_tensors: list[str] = []
-    if baseline is not None and candidate is not None:
-        both = graph_tensors(baseline) & graph_tensors(candidate)
-        out_tensors = [t for t in dict.fromkeys(s.output for s in layers) if t in both]
-        errors = {t: ErrorAccumulator() for t in out_tensors}
 
-    # run plans: (model, tensors wanted from it)
+def _range_accumulators(layers: Sequence[LayerSpec], reference: onnx.ModelProto | None,
+                        clips: dict[str, list[tuple[float, float]]], quants: dict[str, list[Any]]
+                        ) -> dict[str, RangeAccumulator]:
+    """One range accumulator per layer input the reference model holds (none without a reference)."""
+    if reference is None:
+        return {}
+    present = graph_tensors(reference)
+    missing = [s.tensor for s in layers if s.tensor not in present]
+    if missing:
+        log.warning("%d layer inputs are not in the reference model (no FP ranges for them): %s",
+                    len(missing), missing[:3])
+    return {t: RangeAccumulator(t, clips.get(t, ()), quantizers=quants.get(t, ()))
+            for t in dict.fromkeys(s.tensor for s in layers) if t in present}
+
+
+def _run_plans(reference: onnx.ModelProto | None, baseline: onnx.ModelProto | None,
+               candidate: onnx.ModelProto | None, ref_tensors: list[str], out_tensors: list[str]
+               ) -> list[tuple[str, onnx.ModelProto, list[str]]]:
+    """(role, model, the tensors tapped from it) for each model to run: the baseline also serves the reference
+    when they are the same model."""
     plans: list[tuple[str, onnx.ModelProto, list[str]]] = []
     if baseline is not None and out_tensors:
         extra = ref_tensors if reference is baseline else []
@@ -143,77 +170,74 @@ def measure_layers(
         plans.append(("candidate", candidate, list(out_tensors)))  # type: ignore[arg-type]
     if reference is not None and ref_tensors and not (reference is baseline and out_tensors):
         plans.append(("reference", reference, ref_tensors))
-    runners: dict[str, tuple[BaseRunner, dict[str, str]]] = {}
-    try:
-        for role, model, tensors in plans:
-            tapped = add_outputs(model, tensors)
-            names = {t: tap_name(t, model) for t in tensors}
-            runner = runner_factory(tapped.SerializeToString(), list(names.values()))
-            runner.activate()
-            runners[role] = (runner, names)
-        lengths = np.minimum(tokenizer.token_lengths(texts), tokenizer.max_length)
-        budget = budget if budget is not None else TokenBudget(memory_bytes=DEFAULT_MEMORY_BUDGET)
-        cost = _tapped_cost(runners, tokenizer, texts) if budget.memory_bytes is not None and texts else None
-        first = next(iter(runners.values()))[0]
-        batches = length_batches(lengths, batch_size, budget=budget, cost=cost,
-                                 input_names=[s.name for s in first.input_specs])
-        cb(ProgressEvent("layer statistics", 0, len(texts)))
-        done = 0
-        for idx in batches:
-            enc = tokenizer.encode([texts[i] for i in idx])
-            outs: dict[str, dict[str, np.ndarray]] = {}
-            for role, (runner, names) in runners.items():
-                feeds = enc.feeds([s.name for s in runner.input_specs])
-                got = runner.infer(feeds)
-                outs[role] = {t: got[n] for t, n in names.items()}
-            ref_role = "baseline" if (reference is baseline and "baseline" in outs) else "reference"
-            for t, acc in ranges.items():
-                x = outs.get(ref_role, {}).get(t)
-                if x is not None:
-                    acc.update(x, valid_mask(np.shape(x), enc.attention_mask))
-            for t, err in errors.items():
-                x, y = outs["baseline"][t], outs["candidate"][t]
-                if np.shape(x) != np.shape(y):
-                    log.warning("tensor %s has shape %s in A but %s in B: skipped", t, np.shape(x), np.shape(y))
-                    continue
-                err.update(x, y, valid_mask(np.shape(x), enc.attention_mask))
-            done += len(idx)
-            cb(ProgressEvent("layer statistics", done, len(texts)))
-    finally:
-        for runner, _ in runners.values():
-            runner.deactivate()
+    return plans
 
-    result = []
-    for spec in layers:
-        acc = ranges.get(spec.tensor)
-        err = errors.get(spec.output)
-        fp = dict(fp_min=None, fp_max=None, fp_absmax=None, p99=None, p9999=None, clipped_fraction=None,
-                  outlier_ratio=None, quant_sqnr_db=None)
-        nonfinite = 0
-        if acc is not None and acc.count:
-            p9999 = acc.percentile(99.99)
-            ci = clips[spec.tensor].index((spec.clip_low, spec.clip_high)) if spec.clip_low is not None else None
-            fp = dict(
-                fp_min=acc.min,
-                fp_max=acc.max,
-                fp_absmax=acc.absmax,
-                p99=acc.percentile(99.0),
-                p9999=p9999,
-                clipped_fraction=acc.clipped_fraction(ci) if ci is not None else None,
-                outlier_ratio=(acc.absmax / p9999) if p9999 > 0 else None,
-                quant_sqnr_db=acc.quant_sqnr_db(ci) if ci is not None else None,
-            )
-        if acc is not None:
-            nonfinite = acc.nonfinite
-        if err is not None:
-            nonfinite += err.nonfinite
-        result.append(
-            LayerMeasurement(
-                spec=spec,
-                **{k: _none(v) if v is not None else None for k, v in fp.items()},
-                nonfinite=nonfinite,
-                sqnr_db=_none(err.sqnr_db) if err is not None else None,
-                cosine=_none(err.cosine) if err is not None else None,
-            )
+
+def _tapped(model: onnx.ModelProto, tensors: list[str], runner_factory: RunnerFactory
+            ) -> tuple[BaseRunner, dict[str, str]]:
+    """An active runner of ``model`` tapped on ``tensors``, and the tap name of each tensor."""
+    tapped = add_outputs(model, tensors)
+    names = {t: tap_name(t, model) for t in tensors}
+    runner = runner_factory(tapped.SerializeToString(), list(names.values()))
+    runner.activate()
+    return runner, names
+
+
+def _stream_layers(runners: _Runners, texts: Sequence[str], tokenizer: TextTokenizer,
+                   ranges: dict[str, RangeAccumulator], errors: dict[str, ErrorAccumulator], ref_role: str, *,
+                   batch_size: int, budget: TokenBudget, progress: ProgressCallback) -> None:
+    """Run every batch of ``texts`` through all the runners together: ``ranges`` observe the ``ref_role``
+    runner's taps, ``errors`` the candidate's against the baseline's."""
+    lengths = np.minimum(tokenizer.token_lengths(texts), tokenizer.max_length)
+    cost = _tapped_cost(runners, tokenizer, texts) if budget.memory_bytes is not None and texts else None
+    first = next(iter(runners.values()))[0]
+    batches = length_batches(lengths, batch_size, budget=budget, cost=cost,
+                             input_names=[s.name for s in first.input_specs])
+    progress(ProgressEvent("layer statistics", 0, len(texts)))
+    done = 0
+    for idx in batches:
+        enc = tokenizer.encode([texts[i] for i in idx])
+        outs: dict[str, dict[str, np.ndarray]] = {}
+        for role, (runner, names) in runners.items():
+            got = runner.infer(enc.feeds([s.name for s in runner.input_specs]))
+            outs[role] = {t: got[n] for t, n in names.items()}
+        for t, acc in ranges.items():
+            x = outs.get(ref_role, {}).get(t)
+            if x is not None:
+                acc.update(x, valid_mask(np.shape(x), enc.attention_mask))
+        for t, err in errors.items():
+            x, y = outs["baseline"][t], outs["candidate"][t]
+            if np.shape(x) != np.shape(y):
+                log.warning("tensor %s has shape %s in A but %s in B: skipped", t, np.shape(x), np.shape(y))
+                continue
+            err.update(x, y, valid_mask(np.shape(x), enc.attention_mask))
+        done += len(idx)
+        progress(ProgressEvent("layer statistics", done, len(texts)))
+
+
+def _measurement(spec: LayerSpec, acc: RangeAccumulator | None, err: ErrorAccumulator | None,
+                 clips: dict[str, list[tuple[float, float]]]) -> LayerMeasurement:
+    """One layer's measurement from its input's ranges (``acc``) and its output's errors (``err``)."""
+    fp: dict[str, float | None] = dict(fp_min=None, fp_max=None, fp_absmax=None, p99=None, p9999=None,
+                                       clipped_fraction=None, outlier_ratio=None, quant_sqnr_db=None)
+    if acc is not None and acc.count:
+        p9999 = acc.percentile(99.99)
+        ci = clips[spec.tensor].index((spec.clip_low, spec.clip_high)) if spec.clip_low is not None else None
+        fp = dict(
+            fp_min=acc.min,
+            fp_max=acc.max,
+            fp_absmax=acc.absmax,
+            p99=acc.percentile(99.0),
+            p9999=p9999,
+            clipped_fraction=acc.clipped_fraction(ci) if ci is not None else None,
+            outlier_ratio=(acc.absmax / p9999) if p9999 > 0 else None,
+            quant_sqnr_db=acc.quant_sqnr_db(ci) if ci is not None else None,
         )
-    return LayerMeasurements(layers=tuple(result), ranges=ranges, samples=len(texts))
+    nonfinite = (acc.nonfinite if acc is not None else 0) + (err.nonfinite if err is not None else 0)
+    return LayerMeasurement(
+        spec=spec,
+        **{k: _none(v) if v is not None else None for k, v in fp.items()},  # type: ignore[arg-type]
+        nonfinite=nonfinite,
+        sqnr_db=_none(err.sqnr_db) if err is not None else None,
+        cosine=_none(err.cosine) if err is not None else None,
+    )

@@ -203,6 +203,18 @@ class _PerTextHead:
                 progress: ProgressCallback | None = None, task: str = "inference") -> Predicted:
         return _per_text(self.output_name, self.row, runner, tokenizer, texts, batch_size, progress, task)
 
+    def gold(self, eval_set: EvalSet, tokenizer: TextTokenizer | None = None, width: int | None = None
+             ) -> np.ndarray | None:
+        """The eval set's labels as this head's targets (None without labels; see :meth:`_gold`)."""
+        return self._gold(eval_set, width) if eval_set.has_labels else None
+
+    def _gold(self, eval_set: EvalSet, width: int | None) -> np.ndarray | None:
+        raise NotImplementedError
+
+    @property
+    def id2label(self) -> dict[int, str]:
+        return dict(enumerate(self.labels))
+
 
 class _NoClasses:
     """A task without one class per text (embedding, regression, multi-label): no class predictions or metrics."""
@@ -221,6 +233,23 @@ class _ClasslessHead(_NoClasses, _PerTextHead):
     @property
     def tunable(self) -> str | None:
         return _not_tunable(self.kind)
+
+    def score(self, outputs: Mapping[str, Predicted], gold: object | None, *, seed: int = 0) -> TaskScore:
+        """A's and B's outputs against the gold targets (:meth:`_against_gold`), each measure named
+        ``<engine>_<measure>``."""
+        if gold is None:
+            return TaskScore()
+        y = np.asarray(gold, dtype=self.gold_dtype)
+        extra: dict[str, float | None] = {}
+        for name in ("A", "B"):
+            if name in outputs:
+                extra.update({f"{name}_{k}": v for k, v in self._against_gold(outputs[name].values, y).items()})
+        return TaskScore(extra=extra)
+
+    gold_dtype: ClassVar[type] = np.float64
+
+    def _against_gold(self, values: np.ndarray, y: np.ndarray) -> dict[str, float | None]:
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
@@ -244,13 +273,10 @@ class ClassificationTask(_PerTextHead):
     def tunable(self) -> str | None:
         return None
 
-    def gold(self, eval_set: EvalSet, tokenizer: TextTokenizer | None = None, width: int | None = None
-             ) -> np.ndarray | None:
+    def _gold(self, eval_set: EvalSet, width: int | None) -> np.ndarray | None:
         """Class ids of the eval set's labels (by name or id); without ``id2label``, by id once ``width`` is known."""
-        if not eval_set.has_labels:
-            return None
         if self.labels:
-            return label_ids(eval_set, dict(enumerate(self.labels)), len(self.labels))
+            return label_ids(eval_set, self.id2label, len(self.labels))
         return label_ids(eval_set, {}, width) if width is not None else None
 
     def score(self, outputs: Mapping[str, Predicted], gold: object | None, *, seed: int = 0) -> TaskScore:
@@ -301,24 +327,15 @@ class RegressionTask(_ClasslessHead):
                  "tolerance": float(tol.max()), "spearman": _spearman(a[:, 0], b[:, 0])}
         return Fidelity(float(within.mean()), float(np.mean(cols)), float(np.min(cols)), extra)
 
-    def gold(self, eval_set: EvalSet, tokenizer: TextTokenizer | None = None, width: int | None = None
-             ) -> np.ndarray | None:
+    def _gold(self, eval_set: EvalSet, width: int | None) -> np.ndarray | None:
         """The labels as target scores (a label that is not a finite number is refused, naming the example)."""
-        return numeric_labels(eval_set) if eval_set.has_labels else None
+        return numeric_labels(eval_set)
 
-    def score(self, outputs: Mapping[str, Predicted], gold: object | None, *, seed: int = 0) -> TaskScore:
-        """Mean absolute and root-mean-square error of A's and B's first score against the gold scores."""
-        if gold is None:
-            return TaskScore()
-        y = np.asarray(gold, dtype=np.float64)
-        extra: dict[str, float | None] = {}
-        for name in ("A", "B"):
-            if name not in outputs:
-                continue
-            err = np.asarray(outputs[name].values, dtype=np.float64).reshape(len(y), -1)[:, 0] - y
-            extra[f"{name}_mae_vs_labels"] = finite(np.abs(err).mean()) if len(y) else None
-            extra[f"{name}_rmse_vs_labels"] = finite(np.sqrt((err ** 2).mean())) if len(y) else None
-        return TaskScore(extra=extra)
+    def _against_gold(self, values: np.ndarray, y: np.ndarray) -> dict[str, float | None]:
+        """Mean absolute and root-mean-square error of the first score against the gold scores."""
+        err = np.asarray(values, dtype=np.float64).reshape(len(y), -1)[:, 0] - y
+        return {"mae_vs_labels": finite(np.abs(err).mean()) if len(y) else None,
+                "rmse_vs_labels": finite(np.sqrt((err ** 2).mean())) if len(y) else None}
 
 
 @dataclass(frozen=True)
@@ -335,28 +352,21 @@ class MultiLabelTask(_ClasslessHead):
                                   lambda a, b: {"label_decision_agreement": float((a == b).mean()),
                                                 "labels_on_per_text": float(a.sum(axis=1).mean())})
 
-    def gold(self, eval_set: EvalSet, tokenizer: TextTokenizer | None = None, width: int | None = None
-             ) -> np.ndarray | None:
-        """[examples, labels] bool from the eval set's label sets (unknown labels refused)."""
-        return multi_hot(eval_set, dict(enumerate(self.labels))) if eval_set.has_labels else None
+    gold_dtype: ClassVar[type] = bool
 
-    def score(self, outputs: Mapping[str, Predicted], gold: object | None, *, seed: int = 0) -> TaskScore:
-        """A's and B's decisions (logit > 0) against the gold label sets: exact-set accuracy, micro and macro F1."""
-        if gold is None:
-            return TaskScore()
-        y = np.asarray(gold, dtype=bool)
-        extra: dict[str, float | None] = {}
-        for name in ("A", "B"):
-            if name not in outputs:
-                continue
-            d = np.asarray(outputs[name].values) > 0
-            tp, fp, fn = (d & y).sum(0), (d & ~y).sum(0), (~d & y).sum(0)
-            per_label = np.where(2 * tp + fp + fn > 0, 2 * tp / np.maximum(2 * tp + fp + fn, 1), 1.0)
-            extra[f"{name}_exact_set_accuracy"] = finite((d == y).all(axis=1).mean()) if len(y) else None
-            total = 2 * tp.sum() + fp.sum() + fn.sum()
-            extra[f"{name}_micro_f1"] = float(2 * tp.sum() / total) if total else 1.0
-            extra[f"{name}_macro_f1"] = finite(per_label.mean()) if per_label.size else None
-        return TaskScore(extra=extra)
+    def _gold(self, eval_set: EvalSet, width: int | None) -> np.ndarray | None:
+        """[examples, labels] bool from the eval set's label sets (unknown labels refused)."""
+        return multi_hot(eval_set, self.id2label)
+
+    def _against_gold(self, values: np.ndarray, y: np.ndarray) -> dict[str, float | None]:
+        """The decisions (logit > 0) against the gold label sets: exact-set accuracy, micro and macro F1."""
+        d = np.asarray(values) > 0
+        tp, fp, fn = (d & y).sum(0), (d & ~y).sum(0), (~d & y).sum(0)
+        per_label = np.where(2 * tp + fp + fn > 0, 2 * tp / np.maximum(2 * tp + fp + fn, 1), 1.0)
+        total = 2 * tp.sum() + fp.sum() + fn.sum()
+        return {"exact_set_accuracy": finite((d == y).all(axis=1).mean()) if len(y) else None,
+                "micro_f1": float(2 * tp.sum() / total) if total else 1.0,
+                "macro_f1": finite(per_label.mean()) if per_label.size else None}
 
 
 def _column_cosine(a: np.ndarray, b: np.ndarray) -> float:

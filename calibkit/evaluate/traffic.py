@@ -37,6 +37,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from calibkit.data.calibset import CalibrationSet
 from calibkit.data.dedup import DedupIndex, digest, normalize
 from calibkit.data.logs import BROKEN_KINDS, ReadStats, is_gzip
@@ -335,11 +337,7 @@ def draw_traffic(
 
     ``expected_sha256``: the log must have this SHA-256 (checked on the pass that reads it): a changed log is
     refused with a hint to pass --traffic. Raises DataError when no usable text is left, saying when the log
-    holds only eval-set texts (it is the eval set, not independent evidence).
-
-    Over 80 lines for a reason: the single streaming pass, the allocation over length strata and the record of
-    what was excluded share counters (dedup groups, excluded lines, the pools) that one function keeps in view;
-    the record at the end is one constructor call."""
+    holds only eval-set texts (it is the eval set, not independent evidence)."""
     path = Path(log_path)
     cb = progress or no_progress
     if options.size < 1:
@@ -347,117 +345,187 @@ def draw_traffic(
     check_traffic_log(path)
     fields, auto = resolve_text_fields(path, options.text_field)
     cal_texts = tuple(calibration_set.texts) if calibration_set is not None else ()
-    cal_keys = calibration_keys(cal_texts)
-    in_eval = {digest(normalize(t)) for t in exclude_texts}
-    exclude = cal_keys | in_eval  # a text in both is counted as a calibration text
-    stats, dedup, tally = ReadStats(), DedupIndex(), CleanupTally()
-    # a bucket never gets more than ``size`` texts; the extra room is for the texts the model-view check takes out
-    pool = PriorityPool(capacity=options.size + len(cal_texts) + len(exclude_texts))
-    excluded_groups: dict[int, str] = {}  # group key -> why: calibration_set | eval_set
-    eval_groups: set[int] = set()  # excluded groups in the eval set (whether in the calibration set or not)
-    excluded_lines = {"calibration_set": 0, "eval_set": 0}
-    file_size = path.stat().st_size
-    task = "reading traffic log"
-    cb(ProgressEvent(task, 0, file_size))
-    for item in clean_log(path, fields, None, strict=options.strict, redact_pii=options.redact, stats=stats,
-                          dedup=dedup, tally=tally):
-        if stats.records % _PROGRESS_EVERY == 0:
-            cb(ProgressEvent(task, stats.bytes_read, file_size, f"{stats.lines:,} lines"))
-        seen = item.seen
-        if seen is None:
-            continue
-        hit = None
-        if exclude:
-            raw = digest(normalize(item.raw_text)) if item.raw_text is not item.text else None
-            hit = seen.key if seen.key in exclude else raw if raw in exclude else None
-        if hit is not None:
-            excluded_lines["calibration_set" if hit in cal_keys else "eval_set"] += 1
-            if not seen.first and seen.key not in excluded_groups:
-                # its group's first line was offered (its raw text is a calibration text, its redacted text came
-                # first from another line): take it back, count and pooled member, so no drawn row shares a group
-                # with the set and its length stratum is not counted one text too many
-                pool.withdraw(seen.key, length_bucket(estimate_tokens(item.text)))
-            excluded_groups.setdefault(seen.key, "calibration_set" if hit in cal_keys else "eval_set")
-            if seen.key in in_eval or raw in in_eval:
-                eval_groups.add(seen.key)
-            continue
-        if not seen.first:
-            continue
-        est = estimate_tokens(item.text)
-        pool.offer(length_bucket(est), Candidate(priority(seen.key, options.seed), seen.key, item.text, None, est,
-                                                 item.record.line_no))
-    cb(ProgressEvent(task, file_size, file_size, f"{stats.lines:,} lines"))
-    if expected_sha256 is not None and stats.sha256 != expected_sha256:
+    read = _read_log(path, fields, options, cal_texts, exclude_texts, cb)
+    if expected_sha256 is not None and read.stats.sha256 != expected_sha256:
         raise DataError(f"the log {path} changed since the calibration set was sampled from it (SHA-256 "
-                        f"{stats.sha256[:12]}…, then {expected_sha256[:12]}…)", hint=TRAFFIC_HINT)
-    why = dict.fromkeys(("calibration_set", "eval_set"), 0)
-    for reason in excluded_groups.values():
-        why[reason] += 1
-    cands, weights = pool.weighted_members()
-    by_view: dict[str, tuple[int, float]] = {}
-    if exclude and cands:  # before the draw: what the model cannot tell from a calibration or eval text
-        cands, weights, by_view = _without_model_view_matches(cands, weights, cal_texts, exclude_texts, options)
-        for reason in why:
-            why[reason] += by_view.get(reason, (0, 0.0))[0]
-    population = dedup.unique - len(excluded_groups) - round(sum(by_view.get(r, (0, 0.0))[1] for r in why))
-    if population <= 0 or not cands:
-        is_eval_set = bool(exclude_texts) and len(eval_groups) + by_view.get("in_eval", (0, 0.0))[0] >= dedup.unique
-        raise _nothing_left(path, dedup.unique, why, stats.lines, fields, is_eval_set)
-
+                        f"{read.stats.sha256[:12]}…, then {expected_sha256[:12]}…)", hint=TRAFFIC_HINT)
+    cands, weights, why, population = _pooled(read, path, fields, cal_texts, exclude_texts, options)
     lengths, measure, max_len = candidate_lengths(cands, options.tokenizer, options.max_length, cb,
                                                   "tokenizing traffic candidates")
-    buckets = [length_bucket(int(n)) for n in lengths]
-    strata_pop: dict[int, float] = {}
-    members_of: dict[int, list[int]] = {}
-    for i, b in enumerate(buckets):
-        strata_pop[b] = strata_pop.get(b, 0.0) + weights[i]
-        members_of.setdefault(b, []).append(i)
-    for b in members_of:
-        members_of[b].sort(key=lambda i: (cands[i].priority, cands[i].key))
-    alloc = allocate(strata_pop, {b: len(v) for b, v in members_of.items()}, options.size, 1)
-    chosen = sorted((i for b, n in alloc.items() for i in members_of[b][:n]),
-                    key=lambda i: (cands[i].priority, cands[i].key))
-    names = bucket_names()
-    warnings: list[str] = []
-    if len(chosen) < options.size:
-        outside = "the calibration set and the eval set" if exclude_texts else "the calibration set"
-        warnings.append(f"only {population:,} distinct texts outside {outside} in {path}: drew "
-                        f"{len(chosen):,} of the {options.size:,} asked for")
-    over = int((lengths[chosen] > max_len).sum()) if chosen else 0
-    if over:
-        warnings.append(f"{over:,} drawn texts are longer than {max_len} tokens ({measure}): the model reads them "
-                        "truncated")
-    excluded = {
-        "calibration_set": why["calibration_set"],
-        **({"eval_set": why["eval_set"]} if exclude_texts else {}),
-        "calibration_set_lines": excluded_lines["calibration_set"],
-        **({"eval_set_lines": excluded_lines["eval_set"]} if exclude_texts else {}),
-        "duplicate_lines": dedup.duplicates - max(0, sum(excluded_lines.values()) - len(excluded_groups)),
-        "emptied_by_cleanup": tally.emptied,
-        "broken_lines": stats.broken_total,
-    }
+    strata = _LengthStrata.drawn(cands, weights, lengths, options.size)
+    chosen = strata.chosen
+    warnings = _draw_warnings(path, population, len(chosen), options.size, bool(exclude_texts),
+                              int((lengths[chosen] > max_len).sum()) if chosen else 0, max_len, measure)
     if calibration_set is not None and not why["calibration_set"]:
         log.info("none of the %d calibration texts occurs in %s", len(calibration_set), path)
+    stats, names = read.stats, bucket_names()
     return TrafficEvidence(
-        source=TrafficSource(str(path), stats.sha256, file_size, is_gzip(path), tuple(fields), auto),
+        source=TrafficSource(str(path), stats.sha256, read.file_size, is_gzip(path), tuple(fields), auto),
         texts=tuple(cands[i].text for i in chosen),
         keys=tuple(key_hex(cands[i].key) for i in chosen),
         line_numbers=tuple(int(cands[i].line_no) for i in chosen),
-        seen_counts=tuple(int(dedup.counts[cands[i].key]) for i in chosen),
+        seen_counts=tuple(int(read.dedup.counts[cands[i].key]) for i in chosen),
         lengths=tuple(int(lengths[i]) for i in chosen),
         size_requested=options.size,
         seed=options.seed,
         population=population,
-        excluded=excluded,
+        excluded=read.excluded_record(why, eval_set=bool(exclude_texts)),
         calibration_set_id=calibration_set.id if calibration_set is not None else None,
         length_measure=measure,
-        strata=tuple(TrafficStratum(names[b], round(strata_pop[b], 3), alloc.get(b, 0)) for b in sorted(members_of)),
-        redaction={k: int(v) for k, v in sorted(tally.redactions.items())} if options.redact else {},
+        strata=tuple(TrafficStratum(names[b], round(strata.population[b], 3), strata.allocated.get(b, 0))
+                     for b in sorted(strata.members)),
+        redaction={k: int(v) for k, v in sorted(read.tally.redactions.items())} if options.redact else {},
         lines={"read": stats.lines, "usable": stats.records,
                "broken": {k: stats.broken[k] for k in BROKEN_KINDS if stats.broken[k]},
                "gzip_truncated": stats.gzip_truncated},
         warnings=tuple(warnings),
     )
+
+
+@dataclass
+class _LogPass:
+    """The running record of :func:`draw_traffic`'s one pass over the log (mutable on purpose, like
+    ReadStats): the pool of candidates per length bucket and what the calibration set and the eval set took
+    out, by dedup group and by line."""
+
+    pool: PriorityPool
+    seed: int
+    cal_keys: set[int]
+    in_eval: set[int]
+    file_size: int
+    stats: ReadStats = field(default_factory=ReadStats)
+    dedup: DedupIndex = field(default_factory=DedupIndex)
+    tally: CleanupTally = field(default_factory=CleanupTally)
+    excluded_groups: dict[int, str] = field(default_factory=dict)  # group key -> why: calibration_set | eval_set
+    eval_groups: set[int] = field(default_factory=set)  # excluded groups in the eval set
+    excluded_lines: dict[str, int] = field(default_factory=lambda: {"calibration_set": 0, "eval_set": 0})
+    exclude: set[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.exclude = self.cal_keys | self.in_eval  # a text in both is counted as a calibration text
+
+    def take(self, item: Any) -> None:
+        """One cleaned line: excluded (counted, its group withdrawn from the pool), or offered to the pool when
+        it is the first line of its dedup group."""
+        seen = item.seen
+        if seen is None:
+            return
+        hit = raw = None
+        if self.exclude:
+            raw = digest(normalize(item.raw_text)) if item.raw_text is not item.text else None
+            hit = seen.key if seen.key in self.exclude else raw if raw in self.exclude else None
+        if hit is not None:
+            reason = "calibration_set" if hit in self.cal_keys else "eval_set"
+            self.excluded_lines[reason] += 1
+            if not seen.first and seen.key not in self.excluded_groups:
+                # its group's first line was offered (its raw text is a calibration text, its redacted text came
+                # first from another line): take it back, count and pooled member, so no drawn row shares a group
+                # with the set and its length stratum is not counted one text too many
+                self.pool.withdraw(seen.key, length_bucket(estimate_tokens(item.text)))
+            self.excluded_groups.setdefault(seen.key, reason)
+            if seen.key in self.in_eval or raw in self.in_eval:
+                self.eval_groups.add(seen.key)
+            return
+        if not seen.first:
+            return
+        est = estimate_tokens(item.text)
+        self.pool.offer(length_bucket(est), Candidate(priority(seen.key, self.seed), seen.key, item.text, None, est,
+                                                      item.record.line_no))
+
+    def excluded_record(self, why: dict[str, int], *, eval_set: bool) -> dict[str, int]:
+        """TrafficEvidence.excluded: distinct texts and lines taken out, by reason (``eval_set``: an eval set
+        was given), duplicates, lines cleanup emptied and broken lines."""
+        lines = self.excluded_lines
+        return {
+            "calibration_set": why["calibration_set"],
+            **({"eval_set": why["eval_set"]} if eval_set else {}),
+            "calibration_set_lines": lines["calibration_set"],
+            **({"eval_set_lines": lines["eval_set"]} if eval_set else {}),
+            "duplicate_lines": self.dedup.duplicates - max(0, sum(lines.values()) - len(self.excluded_groups)),
+            "emptied_by_cleanup": self.tally.emptied,
+            "broken_lines": self.stats.broken_total,
+        }
+
+
+def _read_log(path: Path, fields: Sequence[str], options: TrafficOptions, cal_texts: Sequence[str],
+              exclude_texts: Sequence[str], cb: ProgressCallback) -> _LogPass:
+    """The one streaming pass over the log through ``sample``'s cleanup."""
+    # a bucket never gets more than ``size`` texts; the extra room is for the texts the model-view check takes out
+    read = _LogPass(PriorityPool(capacity=options.size + len(cal_texts) + len(exclude_texts)), options.seed,
+                    calibration_keys(cal_texts), {digest(normalize(t)) for t in exclude_texts}, path.stat().st_size)
+    stats, task = read.stats, "reading traffic log"
+    cb(ProgressEvent(task, 0, read.file_size))
+    for item in clean_log(path, fields, None, strict=options.strict, redact_pii=options.redact, stats=stats,
+                          dedup=read.dedup, tally=read.tally):
+        if stats.records % _PROGRESS_EVERY == 0:
+            cb(ProgressEvent(task, stats.bytes_read, read.file_size, f"{stats.lines:,} lines"))
+        read.take(item)
+    cb(ProgressEvent(task, read.file_size, read.file_size, f"{stats.lines:,} lines"))
+    return read
+
+
+def _pooled(read: _LogPass, path: Path, fields: Sequence[str], cal_texts: Sequence[str],
+            exclude_texts: Sequence[str], options: TrafficOptions
+            ) -> tuple[list[Candidate], list[float], dict[str, int], int]:
+    """The pool's candidates and weights less what the model cannot tell from a calibration or eval text (taken
+    out before the draw), the distinct texts excluded for each reason, and the population left; DataError when
+    nothing is left."""
+    why = dict.fromkeys(("calibration_set", "eval_set"), 0)
+    for reason in read.excluded_groups.values():
+        why[reason] += 1
+    cands, weights = read.pool.weighted_members()
+    by_view: dict[str, tuple[int, float]] = {}
+    if read.exclude and cands:
+        cands, weights, by_view = _without_model_view_matches(cands, weights, cal_texts, exclude_texts, options)
+        for reason in why:
+            why[reason] += by_view.get(reason, (0, 0.0))[0]
+    unique = read.dedup.unique
+    population = unique - len(read.excluded_groups) - round(sum(by_view.get(r, (0, 0.0))[1] for r in why))
+    if population <= 0 or not cands:
+        is_eval_set = bool(exclude_texts) and len(read.eval_groups) + by_view.get("in_eval", (0, 0.0))[0] >= unique
+        raise _nothing_left(path, unique, why, read.stats.lines, fields, is_eval_set)
+    return cands, weights, why, population
+
+
+@dataclass(frozen=True)
+class _LengthStrata:
+    """The candidates by token-length bucket: each bucket's population (pool weights), its members (lowest
+    priority first), how many it was allotted and the candidates drawn (lowest priority first)."""
+
+    population: dict[int, float]
+    members: dict[int, list[int]]
+    allocated: dict[int, int]
+    chosen: list[int]
+
+    @classmethod
+    def drawn(cls, cands: Sequence[Candidate], weights: Sequence[float], lengths: np.ndarray,
+              size: int) -> _LengthStrata:
+        population: dict[int, float] = {}
+        members: dict[int, list[int]] = {}
+        for i, n in enumerate(lengths):
+            b = length_bucket(int(n))
+            population[b] = population.get(b, 0.0) + weights[i]
+            members.setdefault(b, []).append(i)
+        for b in members:
+            members[b].sort(key=lambda i: (cands[i].priority, cands[i].key))
+        alloc = allocate(population, {b: len(v) for b, v in members.items()}, size, 1)
+        chosen = sorted((i for b, n in alloc.items() for i in members[b][:n]),
+                        key=lambda i: (cands[i].priority, cands[i].key))
+        return cls(population, members, alloc, chosen)
+
+
+def _draw_warnings(path: Path, population: int, drawn: int, size: int, eval_set: bool, over: int, max_len: int,
+                   measure: str) -> list[str]:
+    """What the draw should say: fewer texts than asked for, texts the model reads truncated."""
+    warnings: list[str] = []
+    if drawn < size:
+        outside = "the calibration set and the eval set" if eval_set else "the calibration set"
+        warnings.append(f"only {population:,} distinct texts outside {outside} in {path}: drew "
+                        f"{drawn:,} of the {size:,} asked for")
+    if over:
+        warnings.append(f"{over:,} drawn texts are longer than {max_len} tokens ({measure}): the model reads them "
+                        "truncated")
+    return warnings
 
 
 def _without_model_view_matches(cands: list[Candidate], weights: list[float], cal_texts: Sequence[str],

@@ -28,7 +28,7 @@ import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from statistics import NormalDist
@@ -864,78 +864,18 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
                  config: TuneConfig, tables: _Tables, ranking: _Ranking, searched: _Searched,
                  flops: dict[str, float], linear: Any, reused_stats: bool, reused_evals: int, seconds: float,
                  traffic: TrafficEvidence | None = None) -> TuneResult:
-    """The typed result of the run (no NaN: what does not apply is None).
-
-    Over 80 lines for a reason: it is one constructor call of the whole TuneResult tree, field by field; the
-    measurements it reads are computed by named helpers (holdout.plan_evidence, _reasons, _uncertified)."""
+    """The typed result of the run (no NaN: what does not apply is None)."""
     final, outcome = searched.final, searched.outcome
-    search_idx, hold_idx = evidence.search.array, evidence.holdout.array
-    fp32_search = evidence.accuracy_of_reference(evidence.search)
-    search_ev, agree_search = plan_evidence(config, evidence, evidence.search, searched.on_search.get(final.plan))
-    if agree_search is None:  # the decision's estimate (the plan is not re-run on the rest of the search split)
-        agree_search = finite(final.agreement)
-    hold_ev, agree_hold = plan_evidence(config, evidence, evidence.holdout, searched.on_holdout.get(final.plan))
-    all_int8_hold = searched.on_holdout.get(())
-    all_int8_hold_scores = evidence.scores(evidence.holdout, all_int8_hold) if all_int8_hold is not None else None
     hold_scores = {p: evidence.scores(evidence.holdout, r) for p, r in searched.on_holdout.items()}
     hold_acc = {p: sc.accuracy for p, sc in hold_scores.items()}
-    final_search = searched.on_search.get(final.plan)
-    final_hold = hold_scores.get(final.plan)
-    reasons = _reasons(final.plan, ranking.harm, ranking.base, flops, ranking.own_sqnr, outcome.tried,
-                       evidence.task)
     # INT8 share over ALL linear FLOPs: work hidden in fused contrib ops (ORT Attention) stays FP32 in every plan
     share = linear.plain_share
-    warnings = list(evidence.warnings)
-    conf = searched.confirmation
-    chose = outcome.tried[conf.search_choice] if conf is not None and conf.search_choice is not None else final
-    unproven = _uncertified(config, evidence, outcome.tried, chose)
-    if unproven:
-        warnings.append(unproven)
-    if conf is not None and conf.chosen != conf.search_choice:
-        warnings.append(_confirmation_warning(conf, len(evidence.holdout)))
-    if searched.note:
-        warnings.append(searched.note)
-    if share < 1.0:
-        warnings.append(f"{100 * (1 - share):.1f} % of the linear FLOPs are inside fused com.microsoft ops "
-                        f"({', '.join(sorted({f.op_type for f in linear.fused}))}) that stay FP32: quantize the "
-                        "unfused export to put them in INT8")
-    modules = node_names(model.proto, config.op_types)
-    method_counts: dict[str, int] = {}
-    for name in tables.chosen_methods.values():
-        method_counts[name] = method_counts.get(name, 0) + 1
-    id2label = model.dir.id2label
     base_key = tables.base_key
-    kind = evidence.task
     return TuneResult(
         calibkit_version=__version__,
-        eval_set=TuneEvalSet(
-            path=str(eval_set.path), count=len(eval_set), search=len(search_idx), holdout=len(hold_idx),
-            sensitivity_samples=len(evidence.sensitivity),
-            labels=("given" if not config.fidelity_only else "FP32 predictions (the eval set has none)"
-                    if kind == CLASSIFICATION else f"none used: a {kind} model is judged on fidelity to FP32"),
-            evidence=Evidence(str(eval_set.path), len(eval_set), tuple(id2label[i] for i in sorted(id2label)),
-                              RowSelection.of_subset(rows), labelled=not config.fidelity_only),
-            traffic=evidence_of(traffic),
-            traffic_search=_traffic_rows(evidence, evidence.search),
-            traffic_holdout=_traffic_rows(evidence, evidence.holdout),
-        ),
-        target=TuneTarget(
-            relative=config.relative, fp32_accuracy=finite(fp32_search),
-            fp32_accuracy_holdout=finite(evidence.accuracy_of_reference(evidence.holdout)),
-            threshold=finite(config.threshold(fp32_search)), met=outcome.best is not None,
-            max_drop=None if config.fidelity_only else config.max_drop, min_agreement=config.min_agreement,
-            agreement_confidence=config.agreement_confidence, min_cosine=config.min_cosine, task=kind,
-        ),
-        methods=MethodChoice(
-            requested=config.method, chosen=base_key,
-            all_int8_accuracy_search={k: finite(v) for k, v in tables.accuracy.items()},
-            all_int8_flip_rate_search={k: finite(v) for k, v in tables.flips.items()},
-            all_int8_mean_kl_search={k: finite(v) for k, v in tables.kl.items()},
-            all_int8_cosine_search={k: finite(v) for k, v in tables.cosine.items()},
-            per_tensor_counts=method_counts,
-            chosen_by=(f"fewest flips of FP32's predictions on the {tables.race_texts} search texts closest to "
-                       "FP32's decision boundary (then KL divergence)"),
-        ),
+        eval_set=_tune_eval_set(eval_set, rows, evidence, config, model.dir.id2label, traffic),
+        target=_tune_target(config, evidence, met=outcome.best is not None),
+        methods=_method_choice(config, tables),
         candidates=tuple(
             Candidate(id=i, stage=m.stage, kept_nodes=tuple(m.plan), int8_flops_fraction=m.int8_flops_fraction * share,
                       accuracy_search=finite(m.accuracy), method=base_key, accepted=m.plan == final.plan,
@@ -943,26 +883,11 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
                       agreement_search=finite(m.agreement), cosine_search=finite(m.cosine), texts_search=m.texts)
             for i, m in enumerate(outcome.tried)
         ),
-        final=TunePlan(
-            kept_nodes=tuple(final.plan), int8_flops_fraction=final.int8_flops_fraction * share, method=base_key,
-            accuracy_search=finite(final.accuracy), accuracy_holdout=finite(hold_acc.get(final.plan)),
-            all_int8_accuracy_holdout=finite(hold_acc.get(())),
-            all_int8_agreement_holdout=finite(all_int8_hold_scores.agreement) if all_int8_hold_scores else None,
-            all_int8_cosine_holdout=finite(all_int8_hold_scores.cosine) if all_int8_hold_scores else None,
-            cosine_search=finite(evidence.scores(evidence.search, final_search).cosine if final_search
-                                 else final.cosine),
-            cosine_holdout=finite(final_hold.cosine) if final_hold else None,
-            agreement_search=agree_search, agreement_holdout=agree_hold, search_evidence=search_ev,
-            holdout_evidence=hold_ev,
-            holdout_verdict=holdout_verdict(config, hold_ev, allowed_change(config, evidence), evidence.task,
-                                            confirmed=conf is not None and conf.chosen is not None),
-            reasons={n: tuple(r) for n, r in reasons.items()},
-            kept_modules={n: modules[n].module for n in final.plan if n in modules and modules[n].module},
-        ),
+        final=_final_plan(model, evidence, config, tables, ranking, searched, flops, share, hold_acc, hold_scores),
         split=_split(evidence, config.seed),
         linear_flops=LinearFlops(share, tuple(f.node for f in linear.fused if not f.integer),
                                  tuple(linear.uncounted)),
-        warnings=tuple(warnings),
+        warnings=_tune_warnings(config, evidence, searched, linear),
         smoothing=_smoothing_choice(config, tables),
         statistics_reused=reused_stats,
         evaluations_reused=reused_evals,
@@ -970,6 +895,105 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
         evidence_cost=searched.cost,
         confirmation=searched.confirmation,
     )
+
+
+def _tune_eval_set(eval_set: EvalSet, rows: EvalSubset | None, evidence: SplitEvidence, config: TuneConfig,
+                   id2label: Mapping[int, str], traffic: TrafficEvidence | None) -> TuneEvalSet:
+    """The result's eval set: its rows per split, what served as labels, the traffic evidence."""
+    kind = evidence.task
+    return TuneEvalSet(
+        path=str(eval_set.path), count=len(eval_set), search=len(evidence.search.array),
+        holdout=len(evidence.holdout.array), sensitivity_samples=len(evidence.sensitivity),
+        labels=("given" if not config.fidelity_only else "FP32 predictions (the eval set has none)"
+                if kind == CLASSIFICATION else f"none used: a {kind} model is judged on fidelity to FP32"),
+        evidence=Evidence(str(eval_set.path), len(eval_set), tuple(id2label[i] for i in sorted(id2label)),
+                          RowSelection.of_subset(rows), labelled=not config.fidelity_only),
+        traffic=evidence_of(traffic),
+        traffic_search=_traffic_rows(evidence, evidence.search),
+        traffic_holdout=_traffic_rows(evidence, evidence.holdout),
+    )
+
+
+def _tune_target(config: TuneConfig, evidence: SplitEvidence, *, met: bool) -> TuneTarget:
+    """The result's target: the constraints asked for and FP32's accuracy on each split."""
+    fp32_search = evidence.accuracy_of_reference(evidence.search)
+    return TuneTarget(
+        relative=config.relative, fp32_accuracy=finite(fp32_search),
+        fp32_accuracy_holdout=finite(evidence.accuracy_of_reference(evidence.holdout)),
+        threshold=finite(config.threshold(fp32_search)), met=met,
+        max_drop=None if config.fidelity_only else config.max_drop, min_agreement=config.min_agreement,
+        agreement_confidence=config.agreement_confidence, min_cosine=config.min_cosine, task=evidence.task,
+    )
+
+
+def _method_choice(config: TuneConfig, tables: _Tables) -> MethodChoice:
+    """The calibration method chosen, with each method's all-INT8 measurements on the search split."""
+    method_counts: dict[str, int] = {}
+    for name in tables.chosen_methods.values():
+        method_counts[name] = method_counts.get(name, 0) + 1
+    return MethodChoice(
+        requested=config.method, chosen=tables.base_key,
+        all_int8_accuracy_search={k: finite(v) for k, v in tables.accuracy.items()},
+        all_int8_flip_rate_search={k: finite(v) for k, v in tables.flips.items()},
+        all_int8_mean_kl_search={k: finite(v) for k, v in tables.kl.items()},
+        all_int8_cosine_search={k: finite(v) for k, v in tables.cosine.items()},
+        per_tensor_counts=method_counts,
+        chosen_by=(f"fewest flips of FP32's predictions on the {tables.race_texts} search texts closest to "
+                   "FP32's decision boundary (then KL divergence)"),
+    )
+
+
+def _final_plan(model: _Model, evidence: SplitEvidence, config: TuneConfig, tables: _Tables, ranking: _Ranking,
+                searched: _Searched, flops: dict[str, float], share: float, hold_acc: Mapping[Plan, float],
+                hold_scores: Mapping[Plan, Any]) -> TunePlan:
+    """The plan the run writes, with its evidence on both splits, the holdout verdict and why each layer kept
+    FP32 stayed so (``hold_acc``, ``hold_scores``: each plan run on the holdout, its accuracy and scores)."""
+    final, conf = searched.final, searched.confirmation
+    search_ev, agree_search = plan_evidence(config, evidence, evidence.search, searched.on_search.get(final.plan))
+    if agree_search is None:  # the decision's estimate (the plan is not re-run on the rest of the search split)
+        agree_search = finite(final.agreement)
+    hold_ev, agree_hold = plan_evidence(config, evidence, evidence.holdout, searched.on_holdout.get(final.plan))
+    all_int8_scores = hold_scores.get(())
+    final_search = searched.on_search.get(final.plan)
+    final_hold = hold_scores.get(final.plan)
+    reasons = _reasons(final.plan, ranking.harm, ranking.base, flops, ranking.own_sqnr, searched.outcome.tried,
+                       evidence.task)
+    modules = node_names(model.proto, config.op_types)
+    return TunePlan(
+        kept_nodes=tuple(final.plan), int8_flops_fraction=final.int8_flops_fraction * share, method=tables.base_key,
+        accuracy_search=finite(final.accuracy), accuracy_holdout=finite(hold_acc.get(final.plan)),
+        all_int8_accuracy_holdout=finite(hold_acc.get(())),
+        all_int8_agreement_holdout=finite(all_int8_scores.agreement) if all_int8_scores else None,
+        all_int8_cosine_holdout=finite(all_int8_scores.cosine) if all_int8_scores else None,
+        cosine_search=finite(evidence.scores(evidence.search, final_search).cosine if final_search else final.cosine),
+        cosine_holdout=finite(final_hold.cosine) if final_hold else None,
+        agreement_search=agree_search, agreement_holdout=agree_hold, search_evidence=search_ev,
+        holdout_evidence=hold_ev,
+        holdout_verdict=holdout_verdict(config, hold_ev, allowed_change(config, evidence), evidence.task,
+                                        confirmed=conf is not None and conf.chosen is not None),
+        reasons={n: tuple(r) for n, r in reasons.items()},
+        kept_modules={n: modules[n].module for n in final.plan if n in modules and modules[n].module},
+    )
+
+
+def _tune_warnings(config: TuneConfig, evidence: SplitEvidence, searched: _Searched, linear: Any
+                   ) -> tuple[str, ...]:
+    """The evidence's warnings, then what the run could not prove or confirm and the FLOPs fused ops keep FP32."""
+    warnings = list(evidence.warnings)
+    outcome, conf = searched.outcome, searched.confirmation
+    chose = outcome.tried[conf.search_choice] if conf is not None and conf.search_choice is not None else searched.final
+    unproven = _uncertified(config, evidence, outcome.tried, chose)
+    if unproven:
+        warnings.append(unproven)
+    if conf is not None and conf.chosen != conf.search_choice:
+        warnings.append(_confirmation_warning(conf, len(evidence.holdout)))
+    if searched.note:
+        warnings.append(searched.note)
+    if linear.plain_share < 1.0:
+        warnings.append(f"{100 * (1 - linear.plain_share):.1f} % of the linear FLOPs are inside fused com.microsoft "
+                        f"ops ({', '.join(sorted({f.op_type for f in linear.fused}))}) that stay FP32: quantize the "
+                        "unfused export to put them in INT8")
+    return tuple(warnings)
 
 
 def _damage(r: SensitivityResult) -> float:

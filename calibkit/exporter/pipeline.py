@@ -333,74 +333,113 @@ def export_model(source: str | os.PathLike[str] | ExportSource, out: str | os.Pa
     cb = progress or no_progress
     t0 = time.perf_counter()
     src = source if isinstance(source, ExportSource) else resolve_source(source, tokenizer)
-    config: dict[str, Any] = {}
-    if src.config is not None:
-        raw = _read_json(src.config)
-        if not isinstance(raw, dict):
-            raise ModelError(f"{src.config} is not a JSON object", hint="it must be what transformers writes")
-        config = raw
+    config = _source_config(src)
     meta: dict[str, Any] = {"format": EXPORT_FORMAT, "calibkit": __version__, "source": str(src.path),
                             "source_kind": src.kind.value}
-    parity: Parity | None = None
     with atomic_dir(Path(out), what="export") as tmp:
         model_path = tmp / "model.onnx"
-        if src.kind is SourceKind.ONNX:
-            cb(ProgressEvent("export", 0, 3, message="copy"))
-            _copy_onnx(src.path, model_path)
-            head, exporter, output = "onnx", "copied", ""
-            recorded = _recorded_config(config, task) if task else config
-        else:
-            import calibkit.exporter.torch_export as torch_export
-
-            head, _task, output = plan_head(src, config, task)
-            recorded = _recorded_config(config, _task)
-            cb(ProgressEvent("export", 0, 3, message="load"))
-            module = torch_export.load_module(src.checkpoint or src.path, head, src.pooling, src.normalize)
-            inputs = torch_export.input_names(module, config)
-            cb(ProgressEvent("export", 1, 3, message="torch.onnx.export"))
-            example = _probe(src.tokenizer, src.checkpoint or src.path, inputs)[0]
-            torch_export.export(module, {k: v[:2] for k, v in example.items()}, output, model_path)
-            exporter = "torch.onnx.export (dynamo)"
-            meta.update(torch_export.versions(), opset=torch_export.OPSET, pooling=src.pooling,
-                        normalize=src.normalize)
-        import onnx
-
-        proto = onnx.load(str(model_path), load_external_data=False)
-        inputs = _dynamic_axes(proto, src.path)
-        if not output:
-            output = proto.graph.output[0].name if proto.graph.output else ""
-        if output not in [o.name for o in proto.graph.output]:
-            raise ModelError(f"the exported model has no output {output!r}",
-                             hint="report the model to calibkit; export it to ONNX yourself meanwhile")
-        del proto
-        write_json(tmp / "config.json", recorded)
+        made = _write_model(src, config, task, model_path, meta, cb)
+        inputs, output = _checked_graph(model_path, src.path, made.output)
+        write_json(tmp / "config.json", made.recorded)
         for name in TOKENIZER_FILES:
             if (src.tokenizer / name).is_file():
                 shutil.copyfile(src.tokenizer / name, tmp / name)
         cb(ProgressEvent("export", 2, 3, message="parity"))
-        feeds = _probe(tmp, tmp, inputs)
-        got = _onnx_outputs(model_path, output, feeds)
-        if src.kind is not SourceKind.ONNX:
-            parity = _parity([torch_export.run(module, f) for f in feeds], got, feeds, tolerance)
-            if parity.relative > tolerance:
-                raise ModelError(
-                    f"the exported model's outputs differ from the source's by up to {parity.max_abs_diff:.3g} "
-                    f"({parity.relative:.3g} of the largest output, over the tolerance {tolerance:g}); nothing "
-                    "was written", hint="report the model to calibkit, or raise --tolerance if you accept it")
+        parity = _checked_outputs(src, made.module, tmp, model_path, inputs, output, tolerance)
+        if parity is not None:
             meta["parity"] = {"max_abs_diff": parity.max_abs_diff, "relative": parity.relative,
                               "tolerance": tolerance, "shapes": [list(s) for s in parity.shapes]}
-        elif not all(np.all(np.isfinite(g)) for g in got):
-            raise ModelError(f"{src.path} gives non-finite outputs on the probe texts",
-                             hint="check the model's weights (NaN or inf)")
-        read = _task_read(model_path, recorded)
-        wanted = task or (read if src.kind is SourceKind.ONNX else _task)
+        read = _task_read(model_path, made.recorded)
+        wanted = task or (read if src.kind is SourceKind.ONNX else made.task)
         if read != wanted:
             raise ModelError(f"calibkit reads the exported model as a {read} model, not {wanted} (from its output "
                              f"{output!r} and config.json); nothing was written",
                              hint="leave --task out, or export the model with the head it serves")
-        meta.update(task=read, head=head, output=output, inputs=list(inputs), exporter=exporter)
+        meta.update(task=read, head=made.head, output=output, inputs=list(inputs), exporter=made.exporter)
         _record(model_path, meta)
         cb(ProgressEvent("export", 3, 3))
     out_dir = Path(out)
-    return ExportResult(out_dir, out_dir / "model.onnx", src, read, head, inputs, output, parity, exporter,
+    return ExportResult(out_dir, out_dir / "model.onnx", src, read, made.head, inputs, output, parity, made.exporter,
                         time.perf_counter() - t0)
+
+
+def _source_config(src: ExportSource) -> dict[str, Any]:
+    """The source's config.json (empty without one)."""
+    if src.config is None:
+        return {}
+    raw = _read_json(src.config)
+    if not isinstance(raw, dict):
+        raise ModelError(f"{src.config} is not a JSON object", hint="it must be what transformers writes")
+    return raw
+
+
+@dataclass(frozen=True)
+class _Written:
+    """What :func:`_write_model` wrote: the head, the exporter, the output ("": the graph's first), the
+    config.json to record, the task planned for a checkpoint and its loaded module (None for ONNX)."""
+
+    head: str
+    exporter: str
+    output: str
+    recorded: dict[str, Any]
+    task: str | None = None
+    module: Any = None
+
+
+def _write_model(src: ExportSource, config: dict[str, Any], task: str | None, model_path: Path,
+                 meta: dict[str, Any], cb: ProgressCallback) -> _Written:
+    """``model_path``: the source's ONNX copied, or its checkpoint exported (``meta`` gets the exporter's
+    versions and options)."""
+    if src.kind is SourceKind.ONNX:
+        cb(ProgressEvent("export", 0, 3, message="copy"))
+        _copy_onnx(src.path, model_path)
+        return _Written("onnx", "copied", "", _recorded_config(config, task) if task else config)
+    import calibkit.exporter.torch_export as torch_export
+
+    head, planned, output = plan_head(src, config, task)
+    recorded = _recorded_config(config, planned)
+    cb(ProgressEvent("export", 0, 3, message="load"))
+    module = torch_export.load_module(src.checkpoint or src.path, head, src.pooling, src.normalize)
+    inputs = torch_export.input_names(module, config)
+    cb(ProgressEvent("export", 1, 3, message="torch.onnx.export"))
+    example = _probe(src.tokenizer, src.checkpoint or src.path, inputs)[0]
+    torch_export.export(module, {k: v[:2] for k, v in example.items()}, output, model_path)
+    meta.update(torch_export.versions(), opset=torch_export.OPSET, pooling=src.pooling, normalize=src.normalize)
+    return _Written(head, "torch.onnx.export (dynamo)", output, recorded, planned, module)
+
+
+def _checked_graph(model_path: Path, where: Path, output: str) -> tuple[tuple[str, ...], str]:
+    """(the model's inputs, each with dynamic batch and sequence axes; the output read: ``output``, or the
+    graph's first when empty), refused when the model lacks that output."""
+    import onnx
+
+    proto = onnx.load(str(model_path), load_external_data=False)
+    inputs = _dynamic_axes(proto, where)
+    if not output:
+        output = proto.graph.output[0].name if proto.graph.output else ""
+    if output not in [o.name for o in proto.graph.output]:
+        raise ModelError(f"the exported model has no output {output!r}",
+                         hint="report the model to calibkit; export it to ONNX yourself meanwhile")
+    return inputs, output
+
+
+def _checked_outputs(src: ExportSource, module: Any, folder: Path, model_path: Path, inputs: tuple[str, ...],
+                     output: str, tolerance: float) -> Parity | None:
+    """The exported model on the probe texts: against its checkpoint (the parity, refused past ``tolerance``),
+    or, copied from ONNX, refused when its outputs are not finite (None: no parity to record)."""
+    feeds = _probe(folder, folder, inputs)
+    got = _onnx_outputs(model_path, output, feeds)
+    if src.kind is SourceKind.ONNX:
+        if not all(np.all(np.isfinite(g)) for g in got):
+            raise ModelError(f"{src.path} gives non-finite outputs on the probe texts",
+                             hint="check the model's weights (NaN or inf)")
+        return None
+    import calibkit.exporter.torch_export as torch_export
+
+    parity = _parity([torch_export.run(module, f) for f in feeds], got, feeds, tolerance)
+    if parity.relative > tolerance:
+        raise ModelError(
+            f"the exported model's outputs differ from the source's by up to {parity.max_abs_diff:.3g} "
+            f"({parity.relative:.3g} of the largest output, over the tolerance {tolerance:g}); nothing "
+            "was written", hint="report the model to calibkit, or raise --tolerance if you accept it")
+    return parity

@@ -1,4 +1,5 @@
-"""``calibration.json``: the calibration table plus everything needed to trust and reproduce it.
+"""``calibration.json``: the calibration table plus everything needed to trust and reproduce it, a typed
+:class:`calibkit.results.files.CalibrationDocument` written and read through :mod:`calibkit.results.codec`.
 
 Other commands (build, compare, tune, deploy) read it with :func:`load_calibration_json`.
 
@@ -13,23 +14,29 @@ written before this rule name paths relative to the folder their run ran in; the
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from calibkit._io import read_json, record_path, write_json
-from calibkit.errors import CalibrationError, ModelError
-from calibkit.provenance import PATHS_KEY, PATHS_RELATIVE, document_relative, recorded_paths
+from calibkit.errors import CalibrationError, DataError, ModelError
+from calibkit.provenance import PATHS_RELATIVE, recorded_paths
 from calibkit.quantize.rangecheck import check_ranges
+from calibkit.results.codec import CALIBRATION_FORMAT, document_json, parse_document
+from calibkit.results.files import CalibrationDocument, DocumentDigests, TensorRecord
 from calibkit.types import CalibrationTable
 
-CALIBRATION_FORMAT = "calibkit-calibration/1"
+__all__ = ["CALIBRATION_FORMAT", "CalibrationFile", "load_calibration_json", "write_calibration_json"]
+
+_AGAIN = "re-run `calibkit calibrate` to write it again"
 
 
 @dataclass(frozen=True)
 class CalibrationFile:
-    """A parsed calibration.json. ``tensors`` maps tensor -> its statistics summary (amax, scale, min, max,
-    p99_99, nan/posinf/neginf counts, count); ``raw`` is the whole document, its path fields made absolute.
+    """A parsed calibration.json: ``document`` as written, its other fields read from it with their paths
+    resolved. ``tensors`` maps tensor -> its range and statistics summary; ``raw`` is the whole JSON
+    document, its path fields made absolute (for readers not yet on ``document``).
     ``source_model``, ``tokenizer`` and ``calibration_set``: the paths it names, resolved (None: not recorded)."""
 
     path: Path
@@ -39,13 +46,14 @@ class CalibrationFile:
     exclude: tuple[str, ...] = ()
     quantized_nodes: tuple[str, ...] = ()
     kept_nodes: tuple[str, ...] = ()
-    tensors: dict[str, dict[str, Any]] = field(default_factory=dict)
-    files: dict[str, str] = field(default_factory=dict)
+    tensors: Mapping[str, TensorRecord] = field(default_factory=dict)
+    files: Mapping[str, str] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)
     source_model: Path | None = None
     tokenizer: Path | None = None
     calibration_set: Path | None = None
-    sha256: dict[str, Any] = field(default_factory=dict)
+    sha256: DocumentDigests = DocumentDigests()
+    document: CalibrationDocument | None = None
 
     def file(self, key: str) -> Path | None:
         """Absolute path of a file written beside calibration.json (``model``, ``cache``, ``stats``)."""
@@ -60,17 +68,16 @@ class CalibrationFile:
 
         again = "re-run the command that wrote this folder (`calibkit calibrate` or `calibkit tune`)"
         if self.source_model is not None and self.source_model.is_file():
-            check_file(self.source_model, self.sha256.get("source_model") or self.table.model_sha256,
+            check_file(self.source_model, self.sha256.source_model or self.table.model_sha256,
                        what=f"the source model named by {self.path}",
                        hint=f"restore the model it was calibrated on, or {again}")
         if self.tokenizer is not None and self.tokenizer.exists():
-            for key, now in (("tokenizer", tokenizer_sha256), ("labels", labels_sha256)):
-                want = self.sha256.get(key)
-                if isinstance(want, str) and now(self.tokenizer) != want:
-                    what = "tokenizer files" if key == "tokenizer" else "label names (config.json id2label)"
+            for want, now, what in ((self.sha256.tokenizer, tokenizer_sha256, "tokenizer files"),
+                                    (self.sha256.labels, labels_sha256, "label names (config.json id2label)")):
+                if want is not None and now(self.tokenizer) != want:
                     raise ModelError(f"the {what} of {self.tokenizer}, named by {self.path}, are not the ones it "
                                      "was written with", hint=f"restore that tokenizer folder, or {again}")
-        recorded = self.sha256.get("files") if isinstance(self.sha256.get("files"), dict) else {}
+        recorded = self.sha256.files or {}
         for key in files:
             f = self.file(key)
             if f is not None and f.is_file():
@@ -78,52 +85,50 @@ class CalibrationFile:
                            hint=f"restore the file calibkit wrote, or {again}")
 
 
-_PATH_FIELDS = ("source_model", "tokenizer")
-
-
-def write_calibration_json(path: str | os.PathLike[str], table: CalibrationTable, extras: dict[str, Any]) -> Path:
-    """Write calibration.json: the paths of ``extras`` recorded relative to the document's folder (where it will
-    be once its folder is swapped in) and every named file recorded by sha256 (see the module docstring)."""
+def write_calibration_json(path: str | os.PathLike[str], document: CalibrationDocument | CalibrationTable,
+                           extras: Mapping[str, Any] | None = None) -> Path:
+    """Write calibration.json through the codec: its paths recorded relative to the document's folder (where it
+    will be once its folder is swapped in) and every named file recorded by sha256 (see the module docstring).
+    A table with ``extras`` (the document's other fields as JSON values) is read into a document first."""
     from calibkit.consistency import file_sha256, labels_sha256, tokenizer_sha256
 
-    doc = {**extras, "format": CALIBRATION_FORMAT, "table": table.to_dict(), PATHS_KEY: PATHS_RELATIVE}
+    if isinstance(document, CalibrationTable):
+        unknown = sorted(set(extras or {}) - {f.name for f in fields(CalibrationDocument)})
+        if unknown:
+            raise TypeError(f"calibration.json has no field {', '.join(unknown)}")
+        document = parse_document(CalibrationDocument, {**(extras or {}), "format": CALIBRATION_FORMAT,
+                                                        "table": document.to_dict()})
     digests: dict[str, Any] = {}
-    for key in _PATH_FIELDS:
-        if isinstance(doc.get(key), (str, os.PathLike)) and str(doc[key]):
-            named = Path(doc[key])
-            if key == "source_model" and named.is_file():
-                digests[key] = file_sha256(named)
-            elif key == "tokenizer" and named.exists():
-                digests["tokenizer"] = tokenizer_sha256(named)
-                digests["labels"] = labels_sha256(named)
-            doc[key] = record_path(path, named)
-    cs = doc.get("calibration_set")
-    if isinstance(cs, dict) and isinstance(cs.get("path"), str) and cs["path"]:
-        doc["calibration_set"] = {**cs, "path": record_path(path, cs["path"])}
-    files = doc.get("files")
-    if isinstance(files, dict):
-        beside = {k: Path(path).parent / v for k, v in files.items() if isinstance(v, str)}
+    source_model, tokenizer, cs = document.source_model, document.tokenizer, document.calibration_set
+    if source_model:
+        named = Path(source_model)
+        if named.is_file():
+            digests["source_model"] = file_sha256(named)
+        source_model = record_path(path, named)
+    if tokenizer:
+        named = Path(tokenizer)
+        if named.exists():
+            digests["tokenizer"], digests["labels"] = tokenizer_sha256(named), labels_sha256(named)
+        tokenizer = record_path(path, named)
+    if cs is not None and cs.path:
+        cs = replace(cs, path=record_path(path, cs.path))
+    if document.files is not None:
+        beside = {k: Path(path).parent / v for k, v in document.files.items()}
         digests["files"] = {k: file_sha256(f) for k, f in beside.items() if f.is_file()}
-    doc["sha256"] = digests
-    write_json(path, doc)
+    written = replace(document, source_model=source_model, tokenizer=tokenizer, calibration_set=cs,
+                      paths=PATHS_RELATIVE, sha256=DocumentDigests(**digests))
+    write_json(path, document_json(written))
     return Path(path)
 
 
-def _resolve_paths(p: Path, doc: dict[str, Any]) -> dict[str, Path | None]:
-    """The paths the document names, absolute: relative to its folder (documents with ``paths``), else as
+def _resolve(p: Path, document: CalibrationDocument, value: str | None) -> Path | None:
+    """A path the document names, absolute: relative to its folder (documents with ``paths``), else as
     written before that rule (relative to the folder the command runs in)."""
-    rel = document_relative(doc)
-    out: dict[str, Path | None] = {}
-    cs = doc.get("calibration_set")
-    for key, value in (*((k, doc.get(k)) for k in _PATH_FIELDS),
-                       ("calibration_set", cs.get("path") if isinstance(cs, dict) else None)):
-        if not isinstance(value, str) or not value:
-            out[key] = None
-        elif rel:
-            out[key] = recorded_paths(p, value, doc_relative=True)[0]
-        else:
-            out[key] = Path(os.path.abspath(value))
-    return out
+    if not value:
+        return None
+    if document.paths == PATHS_RELATIVE:
+        return recorded_paths(p, value, doc_relative=True)[0]
+    return Path(os.path.abspath(value))
 
 
 def load_calibration_json(path: str | os.PathLike[str]) -> CalibrationFile:
@@ -136,8 +141,9 @@ def load_calibration_json(path: str | os.PathLike[str]) -> CalibrationFile:
         )
     try:
         doc = read_json(p)
-        if doc.get("format") != CALIBRATION_FORMAT:
-            raise CalibrationError(f"{p} is not a calibkit calibration file (format {doc.get('format')!r})")
+        if not isinstance(doc, dict) or doc.get("format") != CALIBRATION_FORMAT:
+            fmt = doc.get("format") if isinstance(doc, dict) else None
+            raise CalibrationError(f"{p} is not a calibkit calibration file (format {fmt!r})")
         ranges = doc["table"]["ranges"]
         if not isinstance(ranges, list) or not all(isinstance(r, dict) for r in ranges):
             raise TypeError("table.ranges is not a list of objects")
@@ -147,34 +153,35 @@ def load_calibration_json(path: str | os.PathLike[str]) -> CalibrationFile:
         check_ranges(((str(r.get("tensor")), r.get("amax")) for r in ranges), source=str(p),
                      stats={k: v for k, v in tensors.items() if isinstance(v, dict)},
                      hint="re-run `calibkit calibrate` to write the ranges again (calibkit never writes these)")
-        table = CalibrationTable.from_dict(doc["table"])
+        document = parse_document(CalibrationDocument, doc)
     except CalibrationError:
         raise
+    except DataError as exc:
+        raise CalibrationError(f"cannot read calibration file {p}: {exc.message}", hint=_AGAIN) from None
     except RecursionError:
-        raise CalibrationError(f"cannot read calibration file {p}: JSON nested too deeply",
-                               hint="re-run `calibkit calibrate` to write it again") from None
+        raise CalibrationError(f"cannot read calibration file {p}: JSON nested too deeply", hint=_AGAIN) from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CalibrationError(
-            f"cannot read calibration file {p}: {exc}", hint="re-run `calibkit calibrate` to write it again"
-        ) from exc
-    paths = _resolve_paths(p, doc)
-    raw = {**doc, **{k: str(v) for k, v in paths.items() if k in _PATH_FIELDS and v is not None}}
-    if paths["calibration_set"] is not None:
-        raw["calibration_set"] = {**doc["calibration_set"], "path": str(paths["calibration_set"])}
-    sha = doc.get("sha256")
+        raise CalibrationError(f"cannot read calibration file {p}: {exc}", hint=_AGAIN) from exc
+    source_model, tokenizer = _resolve(p, document, document.source_model), _resolve(p, document, document.tokenizer)
+    cset = _resolve(p, document, document.calibration_set.path) if document.calibration_set is not None else None
+    raw = {**doc, **{k: str(v) for k, v in (("source_model", source_model), ("tokenizer", tokenizer))
+                     if v is not None}}
+    if cset is not None:
+        raw["calibration_set"] = {**doc["calibration_set"], "path": str(cset)}
     return CalibrationFile(
         path=p,
-        table=table,
-        target=str(doc.get("target", "tensorrt")),
-        op_types=tuple(doc.get("op_types", ())),
-        exclude=tuple(doc.get("exclude", ())),
-        quantized_nodes=tuple(doc.get("quantized_nodes", ())),
-        kept_nodes=tuple(doc.get("kept_nodes", ())),
-        tensors=dict(doc.get("tensors", {})),
-        files=dict(doc.get("files", {})),
+        table=document.table,
+        target=document.target or "tensorrt",
+        op_types=document.op_types or (),
+        exclude=document.exclude or (),
+        quantized_nodes=document.quantized_nodes or (),
+        kept_nodes=document.kept_nodes or (),
+        tensors=document.tensors or {},
+        files=document.files or {},
         raw=raw,
-        source_model=paths["source_model"],
-        tokenizer=paths["tokenizer"],
-        calibration_set=paths["calibration_set"],
-        sha256=dict(sha) if isinstance(sha, dict) else {},
+        source_model=source_model,
+        tokenizer=tokenizer,
+        calibration_set=cset,
+        sha256=document.sha256 or DocumentDigests(),
+        document=document,
     )

@@ -11,7 +11,7 @@ from calibkit._io import atomic_dir, write_bytes, write_json, write_text
 from calibkit.errors import UsageError
 from calibkit.outdirs import MARKER
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
-from calibkit.report.codec import FORMATS, parse_result, to_document
+from calibkit.results.codec import FORMATS, parse_result, to_document
 from calibkit.report.content import build_document
 from calibkit.report.html import render_html
 from calibkit.report.markdown import render_markdown
@@ -42,7 +42,7 @@ def render_report(doc: dict[str, Any] | Result, out_dir: Path, *, progress: Prog
     """Write ``doc`` (a typed result, or a calibkit-compare/1 or calibkit-tune/1 document) as a report folder
     ``out_dir``.
 
-    A document is read leniently (``report.codec.parse_result(strict=False)``: hand-edited and older documents
+    A document is read leniently (``results.codec.parse_result(strict=False)``: hand-edited and older documents
     render, missing values as "—") and written to report.json as it is; ``source`` names its file in errors.
     The folder is built under a temporary name and swapped in whole, so a failed render leaves the previous
     report intact. ``out_dir`` is replaced as a unit: it must not exist, or hold only a previous report.

@@ -1,7 +1,7 @@
 """The documents of what ships: ``plan.json`` (:class:`PlanDocument`, written by ``tune``) and ``deploy.json``
 (:class:`DeployResult`, written and returned by ``deploy``).
 
-Like :mod:`calibkit.results.runs`, each is frozen plain data whose JSON document ``report.codec`` writes and
+Like :mod:`calibkit.results.runs`, each is frozen plain data whose JSON document ``results.codec`` writes and
 parses generically, with its own format tag. A field declared ``init=False`` is derived from the others (a
 bucket's padded tokens, a choice's padding waste): it is written for a reader of the JSON and recomputed, not
 read, when the document is parsed.

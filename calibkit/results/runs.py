@@ -1,7 +1,7 @@
 """The results calibkit returns: typed, frozen, plain data — the one contract between evaluation and reports.
 
 ``compare`` returns a :class:`Comparison`, ``tune`` a :class:`TuneResult`. Each mirrors its JSON document
-field by field (``report.codec`` writes and parses them generically from these annotations, so a field added
+field by field (``results.codec`` writes and parses them generically from these annotations, so a field added
 here is in the document and read back without further code). No value here is NaN: a number that does not
 apply is ``None`` (rendered "n/a"). Arrays (per-text outputs) are not part of a result's document; where a
 caller wants them they ride in a field marked ``json=False`` (see :data:`NOT_IN_DOCUMENT`), excluded from

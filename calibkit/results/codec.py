@@ -44,8 +44,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from calibkit.errors import DataError
+from calibkit.results.files import CalibrationDocument, DemoSummary
 from calibkit.results.documents import DeployResult, PlanDocument
 from calibkit.results.runs import Comparison, Result, TuneResult
+from calibkit.types import CalibrationTable
 
 COMPARE_FORMAT = "calibkit-compare/1"
 TUNE_FORMAT = "calibkit-tune/1"
@@ -59,6 +61,7 @@ T = TypeVar("T")
 KINDS: dict[str, type] = {fmt.partition("/")[0]: cls for cls, fmt in FORMATS.items()}
 
 log = logging.getLogger("calibkit.report")
+_D = typing.TypeVar("_D")
 
 #: the largest report file read: a compare of a thousand-layer model with every list at its cap is a few MB
 MAX_DOCUMENT_BYTES = 64 << 20
@@ -86,12 +89,18 @@ def dumps(result: Document) -> str:
 
 def to_json(value: Any) -> Any:
     """Plain JSON values (dict, list, str, float, int, bool, None) of a result or any value inside one."""
+    if isinstance(value, CalibrationTable):
+        return value.to_dict()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {}
         for f in dataclasses.fields(value):
             if f.metadata.get("json", True) is False:
                 continue
             v = getattr(value, f.name)
+            if v is None and f.metadata.get("omit_if_none"):
+                continue
+            if "written_with" in f.metadata and getattr(value, f.metadata["written_with"]) is None:
+                continue
             if f.metadata.get("flatten"):
                 out.update({str(k): to_json(x) for k, x in dict(v).items()})
             else:
@@ -191,6 +200,8 @@ def from_json(cls: Any, data: Any, path: str = "$", *, lenient: bool = False) ->
             raise _bad(path, "an object", data)
         item = args[1] if len(args) == 2 else Any
         return {str(k): from_json(item, v, f"{path}.{k}", lenient=lenient) for k, v in data.items()}
+    if cls is CalibrationTable:
+        return _calibration_table(data, path)
     if isinstance(cls, type) and dataclasses.is_dataclass(cls):
         return _dataclass(cls, data, path, lenient)
     if isinstance(cls, type) and issubclass(cls, enum.Enum):
@@ -453,3 +464,50 @@ def _check(value: Any, path: str, domain: tuple[float, float] | None, signed: bo
     if isinstance(value, (tuple, list)):
         for i, x in enumerate(value):
             _check(x, f"{path}[{i}]", domain, signed)
+
+
+# ---------------------------------------------------------------- documents beside the reports
+# calibration.json and the demo's summary.json (results/files.py): the same mapping, their own format tags,
+# read leniently (documents of earlier versions lack newer fields). A CalibrationTable keeps its own JSON form
+# (each range with its scale).
+
+CALIBRATION_FORMAT = "calibkit-calibration/1"
+DEMO_FORMAT = "calibkit-demo/1"
+DOCUMENT_FORMATS: dict[type, str] = {CalibrationDocument: CALIBRATION_FORMAT, DemoSummary: DEMO_FORMAT}
+_DOCUMENT_HINT = "pass the file calibkit wrote, unedited, or write it again with the command that made it"
+
+
+def document_json(document: Any) -> dict[str, Any]:
+    """The JSON document of a typed document value: ``{"format": ..., **fields}``."""
+    if type(document) not in DOCUMENT_FORMATS:
+        raise TypeError(f"{type(document).__name__} has no document format")
+    return {"format": DOCUMENT_FORMATS[type(document)], **to_json(document)}
+
+
+def parse_document(cls: type[_D], doc: Any, *, source: str | Path | None = None) -> _D:
+    """``doc`` (a parsed JSON object) as the typed document ``cls``. Its format tag must be ``cls``'s (another
+    version of it is refused, naming both); a missing field reads as absent, an unknown key is ignored, a
+    mistyped value is refused naming the field (and ``source``, the file it came from)."""
+    fmt = DOCUMENT_FORMATS[cls]
+    try:
+        if not isinstance(doc, dict):
+            raise DataError(f"a {fmt.partition('/')[0]} document must be a JSON object, not {type(doc).__name__}",
+                            hint=_DOCUMENT_HINT)
+        if doc.get("format") != fmt:
+            raise DataError(f"format {doc.get('format')!r} is not {fmt}, the one this calibkit version reads",
+                            hint=_DOCUMENT_HINT)
+        return from_json(cls, {k: v for k, v in doc.items() if k != "format"}, lenient=True)
+    except DataError as exc:
+        if source is None:
+            raise
+        raise DataError(f"{source}: {exc.message}", hint=exc.hint) from None
+
+
+def _calibration_table(data: Any, path: str) -> CalibrationTable:
+    if not isinstance(data, dict):
+        raise _bad(path, "an object", data)
+    try:
+        return CalibrationTable.from_dict(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise DataError(f"{path} is not a calibration table ({type(exc).__name__}: {exc})",
+                        hint=_DOCUMENT_HINT) from None

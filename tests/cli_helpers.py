@@ -1,0 +1,53 @@
+"""The command line as the safety tests drive it: one invocation (:func:`run`), its output on one line
+(:func:`flat`), and the small folder of inputs and engines several of their module fixtures share
+(:func:`build_engines`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from calib_helpers import texts, write_model_dir
+from click.testing import Result
+from typer.testing import CliRunner
+
+from calibkit.cli import app
+from calibkit.data.calibset import write_calibration_set
+
+LABELS = ("negative", "positive")
+
+
+def run(*args: object) -> Result:
+    """``calibkit ARGS`` in this process (each argument as its string)."""
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def flat(r: Result) -> str:
+    """A run's output with its line breaks and runs of spaces folded (rich wraps long messages)."""
+    return " ".join(r.output.split())
+
+
+def write_eval_set(path: Path, eval_texts: Sequence[str]) -> None:
+    """``eval_texts`` as a JSON Lines eval set, labelled negative and positive in turn."""
+    path.write_text("".join(json.dumps({"text": t, "label": LABELS[i % 2]}) + "\n" for i, t in enumerate(eval_texts)))
+
+
+def build_engines(tmp: Path, *, calibration_texts: int = 20, eval_texts: Sequence[str] = ()) -> Path:
+    """``tmp`` holding the tiny model (model/), a calibration set of ``calibration_texts`` texts (set/), the
+    eval set ``eval_texts`` (eval.jsonl, when given), its minmax calibration (cal/) and the FP32 and INT8
+    engines (e/fp32.onnx, e/int8.onnx), the statistics cache under ``tmp``; returns ``tmp``."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CALIBKIT_CACHE", str(tmp / "cache"))
+        write_model_dir(tmp / "model")
+        write_calibration_set(tmp / "set", texts(calibration_texts, seed=3), None, {})
+        if eval_texts:
+            write_eval_set(tmp / "eval.jsonl", eval_texts)
+        for args in (["calibrate", tmp / "model", "-c", tmp / "set", "--method", "minmax", "--out", tmp / "cal"],
+                     ["build", tmp / "model", "-p", "fp32", "-o", tmp / "e" / "fp32.onnx"],
+                     ["build", tmp / "model", "-p", "int8", "--calibration", tmp / "cal", "-o",
+                      tmp / "e" / "int8.onnx"]):
+            r = run(*args)
+            assert r.exit_code == 0, r.output
+    return tmp
