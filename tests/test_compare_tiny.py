@@ -21,9 +21,9 @@ from calibkit.enginefiles.artifact import EngineArtifact
 from calibkit.evaluate.compare import compare_engines
 from calibkit.graph import add_outputs, model_sha256
 from calibkit.quantize.qdq import Target, quantize_model, save_model
-from calibkit.results.codec import parse_result, to_document
 from calibkit.requests.compare import CompareRequest
 from calibkit.resources import Resources
+from calibkit.results.codec import parse_result, to_document
 from calibkit.results.flags import Thresholds
 from calibkit.types import Backend, CalibrationTable, Method, MethodParams, Precision, TensorRange
 

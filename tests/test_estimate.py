@@ -33,8 +33,8 @@ from calibkit.evaluate.estimate import (
     tune_steps,
 )
 from calibkit.progress import ESTIMATE_TASK, ProgressEvent
-from calibkit.results.codec import check_domains, parse_result, to_document, to_json
 from calibkit.results import runs as R
+from calibkit.results.codec import check_domains, parse_result, to_document, to_json
 from calibkit.results.runs import FP32_PHASE, PhaseCost, TimeEstimate, span_text
 
 # ---------------------------------------------------------------- the arithmetic, on fake timings

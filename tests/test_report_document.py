@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from calibkit.errors import DataError
-from calibkit.results.codec import load_document, load_result, parse_result
 from calibkit.report.formatting import esc_html, esc_md, num, pct, points
 from calibkit.report.plots import target_accuracy
+from calibkit.results.codec import load_document, load_result, parse_result
 from calibkit.results.flags import Flag
 from calibkit.results.runs import Comparison, TuneResult
 

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from calibkit.cli import app
 from calibkit.errors import DataError, UsageError
 from calibkit.report import plots as plots_module
-from calibkit.results.codec import parse_result
 from calibkit.report.render import render_report
+from calibkit.results.codec import parse_result
 
 EVIL = "<script>alert(1)</script>"
 PIPE_NODE = "/encoder/layer.3/output|Add"

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from calibkit.errors import DataError
+from calibkit.results import documents as D
+from calibkit.results import runs as R
 from calibkit.results.codec import (
     COMPARE_FORMAT,
     DEPLOY_FORMAT,
@@ -26,8 +28,6 @@ from calibkit.results.codec import (
     to_document,
     to_json,
 )
-from calibkit.results import documents as D
-from calibkit.results import runs as R
 
 ROOT = Path(__file__).resolve().parents[1]
 

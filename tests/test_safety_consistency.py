@@ -17,7 +17,6 @@ from calib_helpers import texts, tiny_model, write_model_dir
 from cli_helpers import build_engines, flat, run
 
 from calibkit.consistency import check_engines, labels_sha256, tokenizer_sha256
-from calibkit.data.calibset import write_calibration_set
 from calibkit.enginefiles.artifact import EngineArtifact
 from calibkit.errors import CalibrationError, ModelError
 

@@ -24,9 +24,9 @@ from calibkit.evaluate.tune import run_tune as _run_tune
 from calibkit.evaluate.tune import split_eval
 from calibkit.progress import no_progress
 from calibkit.quantize.qdq import save_model
-from calibkit.results.codec import parse_result, to_document
 from calibkit.requests.tune import TuneRequest
 from calibkit.resources import Resources
+from calibkit.results.codec import parse_result, to_document
 
 
 def make_sensitive_model(outlier: float = 2000.0):

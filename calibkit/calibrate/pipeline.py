@@ -34,6 +34,7 @@ from calibkit.quantize.placement import DEFAULT_OP_TYPES, Placement, plan_placem
 from calibkit.quantize.qdq import weightless_copy
 from calibkit.quantize.rangecheck import HARMFUL_CLIP_RATIO, ClipWarning, harmful_clipping
 from calibkit.quantize.tablefile import write_calibration_json
+from calibkit.resources import Resources
 from calibkit.results.files import (
     CalibrationDocument,
     CalibrationSetRecord,
@@ -42,7 +43,6 @@ from calibkit.results.files import (
     TensorRecord,
     TrtCacheRecord,
 )
-from calibkit.resources import Resources
 from calibkit.types import CalibrationTable, Method, MethodParams, TensorRange
 
 if TYPE_CHECKING:  # pragma: no cover - types only

@@ -38,8 +38,8 @@ def report(
     force: bool = FORCE,
 ) -> None:
     with handle_errors():
-        from calibkit.results.codec import load_document
         from calibkit.report.render import REPORT_NAMES, default_out_dir, render_report
+        from calibkit.results.codec import load_document
 
         target = out_dir if out_dir is not None else default_out_dir(report_json)
         # REPORT.json may lie inside the folder it re-renders (in place): it is read before the swap

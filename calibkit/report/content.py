@@ -10,9 +10,9 @@ import json
 from collections.abc import Sequence
 
 from calibkit.report.blocks import Block, Bullets, Details, Document, Figure, Heading, Para, Span, Table
-from calibkit.results.codec import format_of
 from calibkit.report.formatting import DASH, num, pct, points, shorten, text
 from calibkit.report.plots import Plot, layer_name, target_accuracy
+from calibkit.results.codec import format_of
 from calibkit.results.flags import Flag
 from calibkit.results.runs import (
     AGREEMENT_NOUNS,

@@ -11,11 +11,11 @@ from calibkit._io import atomic_dir, write_bytes, write_json, write_text
 from calibkit.errors import UsageError
 from calibkit.outdirs import MARKER
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
-from calibkit.results.codec import FORMATS, parse_result, to_document
 from calibkit.report.content import build_document
 from calibkit.report.html import render_html
 from calibkit.report.markdown import render_markdown
 from calibkit.report.plots import make_plots
+from calibkit.results.codec import FORMATS, parse_result, to_document
 from calibkit.results.runs import Result
 
 log = logging.getLogger("calibkit.report")

@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from calibkit.errors import DataError
-from calibkit.results.files import CalibrationDocument, DemoSummary
 from calibkit.results.documents import DeployResult, PlanDocument
+from calibkit.results.files import CalibrationDocument, DemoSummary
 from calibkit.results.runs import Comparison, Result, TuneResult
 from calibkit.types import CalibrationTable
 
