@@ -25,6 +25,7 @@ def main() -> None:
     from calibkit.engines.onnxruntime import OnnxRuntimeRunner
     from calibkit.evaluate.predict import predict_outputs
     from calibkit.evaluate.traffic import TrafficOptions, draw_default_traffic
+    from calibkit.requests.calibrate import CalibrateRequest
     from calibkit.types import Method
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -52,7 +53,7 @@ def main() -> None:
     ref = logits(md.onnx_path).argmax(axis=1)
     print(f"FP32 done ({time.perf_counter() - t0:.1f} s)")
     for m in a.methods.split(","):
-        res = calibrate(md, cset, Method(m), out_dir=a.out / f"cal-{m}")
+        res = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method(m), out=a.out / f"cal-{m}"))
         for w in res.clipping:
             print(f"  calibrate warning ({m}): {w.message}")
         same = logits(res.model_path).argmax(axis=1) == ref

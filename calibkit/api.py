@@ -24,7 +24,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from calibkit._requestapi import open_resources, request_api, run
 from calibkit.errors import MissingDependencyError, UsageError
@@ -302,37 +302,9 @@ def calibrate(request: CalibrateRequest, resources: Resources) -> CalibrationRes
         True
     """
     from calibkit.calibrate.pipeline import calibrate as run_calibration
-    from calibkit.types import Method
 
-    dest = request.out_dir
-    not_an_input(dest, [request.model, request.calibration_set, request.tokenizer, request.from_cache])
-    if request.from_cache is not None:
-        return _calibrate_from_cache(request, Path(request.from_cache), dest)
-    md = model_dir(request.model, request.tokenizer)
-    cset = calibration_set_of(cast("PathLike | CalibrationSet", request.calibration_set))  # validate() needs one
-    return run_calibration(
-        md, cset, Method(str(request.method)), request.params, out_dir=dest, op_types=list(request.op_types),
-        exclude=list(request.exclude), target=str(request.target), batch_size=request.batch_size,
-        use_cache=request.use_cache, cache_dir=Path(request.cache_dir) if request.cache_dir is not None else None,
-        resources=resources,
-    )
-
-
-def _calibrate_from_cache(request: CalibrateRequest, cache: Path, dest: Path) -> CalibrationResult:
-    from calibkit.calibrate.pipeline import calibrate_from_cache
-    from calibkit.data.modeldir import ModelDir
-    from calibkit.errors import ModelError
-
-    model = request.model
-    try:
-        md = model_dir(model, request.tokenizer)
-    except ModelError:
-        path = Path(model) if not isinstance(model, ModelDir) else model.onnx_path
-        if not (path.is_file() and path.suffix == ".onnx"):
-            raise
-        md = ModelDir(onnx_path=path, tokenizer_path=path.parent)  # a tokenizer is not needed to apply a cache
-    return calibrate_from_cache(md, cache, out_dir=dest, op_types=list(request.op_types),
-                                exclude=list(request.exclude), target=str(request.target))
+    not_an_input(request.out_dir, [request.model, request.calibration_set, request.tokenizer, request.from_cache])
+    return run_calibration(request, resources)
 
 
 def histogram(calibration: CalibrationResult | PathLike, tensor: str | None = None) -> ActivationHistogram:

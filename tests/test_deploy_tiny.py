@@ -29,6 +29,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from calibkit.calibrate.pipeline import calibrate
     from calibkit.data.modeldir import ModelDir
     from calibkit.data.sample_pipeline import SampleOptions, sample_log
+    from calibkit.requests.calibrate import CalibrateRequest
     from calibkit.types import Method
 
     root = tmp_path_factory.mktemp("deploy")
@@ -37,7 +38,8 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     with open(log, "a", encoding="utf-8") as fh:
         fh.write("not json\n")
     cset = sample_log(log, root / "calibration_sets" / "logs-n48-s0", SampleOptions(size=48, tokenizer=model))
-    cal = calibrate(ModelDir.resolve(model), cset, Method.MINMAX, out_dir=root / "cal").out_dir
+    cal = calibrate(CalibrateRequest(model=ModelDir.resolve(model), calibration_set=cset, method=Method.MINMAX,
+                                     out=root / "cal")).out_dir
     return {"root": root, "model": model, "log": log, "cset": cset.path, "cal": cal}
 
 

@@ -31,7 +31,7 @@ from calibkit.requests.tune import TuneRequest
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = {"calibrate": (CalibrateRequest, cli_calibrate), "compare": (CompareRequest, cli_compare),
             "tune": (TuneRequest, cli_tune)}
-DECLARED_ONCE = ("compare", "tune")  # the pipelines that take (request, resources); calibrate's does not yet
+DECLARED_ONCE = ("calibrate", "compare", "tune")  # the pipelines that take (request, resources)
 
 
 def _click(name: str) -> Any:

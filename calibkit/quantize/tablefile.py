@@ -13,7 +13,7 @@ written before this rule name paths relative to the folder their run ran in; the
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,18 +34,18 @@ class CalibrationFile:
 
     path: Path
     table: CalibrationTable
-    target: str = "tensorrt"
-    op_types: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-    quantized_nodes: tuple[str, ...] = ()
-    kept_nodes: tuple[str, ...] = ()
-    tensors: dict[str, dict[str, Any]] = field(default_factory=dict)
-    files: dict[str, str] = field(default_factory=dict)
-    raw: dict[str, Any] = field(default_factory=dict)
-    source_model: Path | None = None
-    tokenizer: Path | None = None
-    calibration_set: Path | None = None
-    sha256: dict[str, Any] = field(default_factory=dict)
+    target: str
+    op_types: tuple[str, ...]
+    exclude: tuple[str, ...]
+    quantized_nodes: tuple[str, ...]
+    kept_nodes: tuple[str, ...]
+    tensors: dict[str, dict[str, Any]]
+    files: dict[str, str]
+    raw: dict[str, Any]
+    source_model: Path | None
+    tokenizer: Path | None
+    calibration_set: Path | None
+    sha256: dict[str, Any]
 
     def file(self, key: str) -> Path | None:
         """Absolute path of a file written beside calibration.json (``model``, ``cache``, ``stats``)."""
