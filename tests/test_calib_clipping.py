@@ -87,11 +87,12 @@ def test_calibrate_reports_it_in_the_result_json_and_cli(tmp_path, monkeypatch) 
 def test_entropy_on_the_demo_model_warns_about_every_attention_softmax(demo_assets_fast, tmp_path, monkeypatch) -> None:
     """The README's first example (--method entropy): all six attention Softmax outputs are cut to ~0.125-0.19
     while they reach 1; mse keeps them."""
-    from calibkit.data.sample_pipeline import SampleOptions, sample_log
+    from calibkit.data.sample_pipeline import sample_log
+    from calibkit.requests.sample import SampleRequest
 
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     md = ModelDir.resolve(demo_assets_fast / "model")
-    cset = sample_log(demo_assets_fast / "logs.jsonl", tmp_path / "cset", SampleOptions(size=128))
+    cset = sample_log(SampleRequest(logs=demo_assets_fast / "logs.jsonl", out=tmp_path / "cset", size=128))
     res = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.ENTROPY, out=tmp_path / "entropy"))
     soft = [w for w in res.clipping if w.family == SOFTMAX]
     assert len(soft) == 1 and len(soft[0].tensors) == soft[0].of == 6
