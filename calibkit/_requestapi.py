@@ -105,14 +105,15 @@ def run(request: Any, resources: ResourceOptions | None = None, progress: Progre
     of its command, called with the request's values.
 
     Args:
-        request: A :class:`~calibkit.requests.calibrate.CalibrateRequest`,
+        request: A :class:`~calibkit.requests.sample.SampleRequest`,
+            :class:`~calibkit.requests.calibrate.CalibrateRequest`, :class:`~calibkit.requests.build.BuildRequest`,
             :class:`~calibkit.requests.compare.CompareRequest` or :class:`~calibkit.requests.tune.TuneRequest`.
         resources: What the call may use: workers, executor, memory budget (None: the defaults).
         progress: Called with each :class:`~calibkit.progress.ProgressEvent` (None: silent).
 
     Returns:
-        What the command's keyword function returns: a ``CalibrationResult`` for calibrate, a ``Comparison`` for
-        compare, a ``TuneRun`` for tune.
+        What the command's keyword function returns: a ``CalibrationSet`` for sample, a ``CalibrationResult``
+        for calibrate, a ``BuildResult`` for build, a ``Comparison`` for compare, a ``TuneRun`` for tune.
 
     Raises:
         UsageError: Not a request of a command, or a value its ``validate()`` refuses.
@@ -129,7 +130,8 @@ def run(request: Any, resources: ResourceOptions | None = None, progress: Progre
     found = _BODIES.get(type(request))
     if found is None:
         raise UsageError(f"no calibkit command takes a {type(request).__name__}",
-                         hint="pass a CalibrateRequest, CompareRequest or TuneRequest (calibkit.requests)")
+                         hint="pass a SampleRequest, CalibrateRequest, BuildRequest, CompareRequest or TuneRequest "
+                              "(calibkit.requests)")
     body, pool_by_default = found
     request.validate()
     options = resources or ResourceOptions()

@@ -9,6 +9,7 @@ import ast
 import dataclasses
 import enum
 import inspect
+import re
 from pathlib import Path
 from typing import Any
 
@@ -222,6 +223,41 @@ def test_validate_keeps_the_messages_that_say_what_to_do() -> None:
                        ).validate()
     with pytest.raises(UsageError, match="compare needs texts"):
         CompareRequest(engine_a="a", engine_b="b", traffic=None).validate()
+
+
+@pytest.mark.parametrize(("request_value", "message"), [
+    (lambda: SampleRequest(logs="log.jsonl", size=0), "--size must be at least 1, got 0"),
+    (lambda: SampleRequest(logs="log.jsonl", size=8.5), "--size must be a whole number"),
+    (lambda: SampleRequest(logs="log.jsonl", clusters=0), "--clusters must be at least 1, got 0"),
+    (lambda: SampleRequest(logs="log.jsonl", seed=-1), "--seed must be a whole number from 0"),
+    (lambda: BuildRequest(model="m", output="e.onnx", precision="bf16"), "unknown --precision 'bf16'"),
+    (lambda: BuildRequest(model="m", output="e.engine"), "an ONNX Runtime engine is an .onnx file"),
+    (lambda: BuildRequest(model="m", output="e.onnx", precision="int8"),
+     "--precision int8 needs exactly one of --calibration and --qdq"),
+    (lambda: BuildRequest(model="m", output="e.onnx", max_seq=128), "--min-seq/--opt-seq/--max-seq only apply"),
+    (lambda: BuildRequest(model="m", output="e.onnx", workspace_mib=0), "--workspace-mib must be"),
+    (lambda: BuildRequest(model="m", output="e.onnx", exclude=["("]), "is not a valid regular expression"),
+], ids=["size-0", "size-fraction", "clusters-0", "seed", "precision", "suffix", "int8-source", "seq", "workspace",
+        "regex"])
+def test_sample_and_build_requests_validate_with_the_messages_of_before(request_value: Any, message: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(message)):
+        request_value().validate()
+
+
+def test_build_exclude_takes_a_regex_with_a_comma_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`build -x 'layer{1,3}'` was split at the comma into two broken patterns; an --exclude is one regex, as in
+    calibrate."""
+    got: list[Any] = []
+
+    def stop(request: Any, resources: ResourceOptions, progress: Any = None) -> Any:
+        got.append(request)
+        raise UsageError("stopped by the test")
+
+    monkeypatch.setattr(calibkit.api, "run", stop)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["build", "model", "-p", "fp16", "-x", "layer{1,3}/", "-o", "fp16.onnx"])
+    assert got, result.output
+    assert got[0].exclude == ("layer{1,3}/",)
 
 
 # ---------------------------------------------------------------- declared once

@@ -180,7 +180,7 @@ WRITERS: dict[tuple[str, str], list[str]] = {
     ("tune", "out"): ["tune", "{p}/model", "-c", "{p}/set", "-e", "{p}/eval.jsonl", "--out", "{p}/logs"],
     ("tune", "report"): ["tune", "{p}/model", "-c", "{p}/set", "-e", "{p}/eval.jsonl", "--out", "{p}/t",
                          "--report", "{p}/logs"],
-    ("sample", "out_dir"): ["sample", "{p}/logs/prod.jsonl", "--size", "8", "--out", "{p}/logs"],
+    ("sample", "out"): ["sample", "{p}/logs/prod.jsonl", "--size", "8", "--out", "{p}/logs"],
     ("report", "out_dir"): ["report", "{p}/doc.json", "--out", "{p}"],
     ("export", "out_dir"): ["export", "{p}/model/model.onnx", "--tokenizer", "{p}/model", "--out", "{p}/model"],
 }
