@@ -26,7 +26,7 @@ from calibkit.calibrate.trtcache import (
 from calibkit.data.calibset import MANIFEST, CalibrationSet, load_calibration_set
 from calibkit.data.encode import DEFAULT_MEMORY_BUDGET, TokenBudget
 from calibkit.data.modeldir import ModelDir
-from calibkit.errors import CalibrationError, ModelError, UsageError
+from calibkit.errors import CalibrationError, ModelError
 from calibkit.names import node_names
 from calibkit.progress import ProgressCallback
 from calibkit.quantize.fused import fused_fp32_linear, fused_warning
@@ -253,13 +253,11 @@ def calibrate(request: CalibrateRequest, resources: Resources = Resources()) -> 
     here when the request names them by path. ``resources``: the executor whose workers collect statistics in
     shards (None: this process), the token budget of tapped batches, the runner factory of the tapped model and
     where progress goes."""
+    request.validate()
     if request.from_cache is not None:
         return _calibrate_from_cache(request, _cache_model_dir(request), Path(request.from_cache))
     model_dir = _model_dir(request)
     calibration_set = request.calibration_set
-    if calibration_set is None:
-        raise UsageError("--calibration-set is required (or --from-cache FILE)",
-                         hint="create one with `calibkit sample LOGS.jsonl --out DIR`")
     method, params = Method(str(request.method)), request.params
     op_types, exclude, target = request.op_types, request.exclude, str(request.target)
     out_dir, trt_version, threads = request.out_dir, DEFAULT_TRT_VERSION, request.threads
