@@ -61,14 +61,14 @@ def worker_calibkit(args: argparse.Namespace) -> dict:
     from calibkit.calibrate.pipeline import calibrate
     from calibkit.data.calibset import load_calibration_set
     from calibkit.data.modeldir import ModelDir
+    from calibkit.requests.calibrate import CalibrateRequest
     from calibkit.types import Method
 
     t0 = time.perf_counter()
-    res = calibrate(
-        ModelDir.resolve(args.model), load_calibration_set(args.calib), Method(args.method),
-        out_dir=Path(args.out), cache_dir=Path(args.cache_dir), target=args.target,
-        exclude=[args.exclude] if args.exclude else (),
-    )
+    res = calibrate(CalibrateRequest(model=ModelDir.resolve(args.model),
+                                     calibration_set=load_calibration_set(args.calib), method=Method(args.method),
+                                     out=Path(args.out), cache_dir=Path(args.cache_dir), target=args.target,
+                                     exclude=[args.exclude] if args.exclude else ()))
     return {"seconds": time.perf_counter() - t0, "reused": res.reused_stats, "timings": res.timings}
 
 

@@ -139,6 +139,7 @@ def worker_calibkit(args: argparse.Namespace) -> dict:
     from calibkit.calibrate.pipeline import calibrate
     from calibkit.data.calibset import load_calibration_set
     from calibkit.data.modeldir import ModelDir
+    from calibkit.requests.calibrate import CalibrateRequest
     from calibkit.resources import Resources
 
     if args.variant in ("views", "overwrite"):  # A/B of the statistics path: always views / always overwrite
@@ -148,9 +149,10 @@ def worker_calibkit(args: argparse.Namespace) -> dict:
     elif args.variant == "no-overlap":  # A/B of inference overlapped with the previous batch's statistics
         collect.OVERLAP = False
     t0 = time.perf_counter()
-    res = calibrate(ModelDir.resolve(args.model), load_calibration_set(args.calib), out_dir=Path(args.out),
-                    cache_dir=Path(args.cache_dir), resources=Resources(budget=_budget(args)),
-                    threads=args.threads or None)
+    res = calibrate(CalibrateRequest(model=ModelDir.resolve(args.model),
+                                     calibration_set=load_calibration_set(args.calib), out=Path(args.out),
+                                     cache_dir=Path(args.cache_dir),
+                                     threads=args.threads or None), Resources(budget=_budget(args)))
     meta = json.loads((Path(args.out) / "calibration.json").read_text())["statistics"] \
         if (Path(args.out) / "calibration.json").is_file() else {}
     keep = ("batches", "session_seconds", "probe_seconds", "inference_seconds", "statistics_seconds",

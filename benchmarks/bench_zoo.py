@@ -76,6 +76,7 @@ from calibkit.engines.cpu import int8_gemm_saturates  # noqa: E402
 from calibkit.engines.onnxruntime import OnnxRuntimeRunner  # noqa: E402
 from calibkit.evaluate.flops import linear_work  # noqa: E402
 from calibkit.evaluate.tasks import TaskKind, choose_task, model_outputs  # noqa: E402
+from calibkit.requests.calibrate import CalibrateRequest  # noqa: E402
 from calibkit.results.intervals import Interval, proportion  # noqa: E402
 from calibkit.types import Method, Precision, TensorSpec  # noqa: E402
 
@@ -160,7 +161,8 @@ def smoothed(task, work: Path, md: ModelDir, calib, tok, texts, ref) -> str:  # 
     smd = ModelDir.resolve(res.out_dir)
     cells = []
     for m in (Method.MSE, Method.MINMAX):
-        cal = calibrate(smd, calib, m, out_dir=work / f"cal-smoothed-{m.value}")
+        cal = calibrate(CalibrateRequest(model=smd, calibration_set=calib, method=m,
+                                         out=work / f"cal-smoothed-{m.value}"))
         with exact_qdq_runner(cal.model_path) as r:
             cells.append(f"{m.value} {ci(agreement(task, ref, task.predict(r, tok, texts, batch_size=32)))}")
     return " | ".join(cells) + f" | {len(res.smoothed)} of {res.groups}"
@@ -328,8 +330,8 @@ def main() -> None:
     for name, z in zoo.items():
         work = root / "runs" / name
         md = ModelDir.resolve(z.folder)
-        res = calibrate(md, calib, Method.MSE, out_dir=work / "cal", cache_dir=root / "cache",
-                        exclude=tuple(args.exclude))
+        res = calibrate(CalibrateRequest(model=md, calibration_set=calib, method=Method.MSE, out=work / "cal",
+                                         cache_dir=root / "cache", exclude=tuple(args.exclude)))
         for p, extra in (("fp32", {}), ("int8", {"calibration": res.out_dir, "target": "tensorrt"})):
             build(BuildRequest(model=z.folder, output=work / f"{p}.onnx", precision=Precision(p), **extra))
         # build's own default for ONNX Runtime: the onnxruntime layout, 7-bit weights where this CPU lacks VNNI

@@ -20,11 +20,13 @@ import numpy as np
 def main() -> None:
     from calibkit.calibrate.pipeline import calibrate
     from calibkit.data.modeldir import ModelDir
-    from calibkit.data.sample_pipeline import SampleOptions, sample_log
+    from calibkit.data.sample_pipeline import sample_log
     from calibkit.data.tokenizer import TextTokenizer
     from calibkit.engines.onnxruntime import OnnxRuntimeRunner
     from calibkit.evaluate.predict import predict_outputs
     from calibkit.evaluate.traffic import TrafficOptions, draw_default_traffic
+    from calibkit.requests.calibrate import CalibrateRequest
+    from calibkit.requests.sample import SampleRequest
     from calibkit.types import Method
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -38,8 +40,8 @@ def main() -> None:
     t0 = time.perf_counter()
     model = a.demo / "model"
     md = ModelDir.resolve(model)
-    cset = sample_log(a.demo / "logs.jsonl", a.out / "cset",
-                      SampleOptions(size=a.calibration_size, tokenizer=model, clusters=12))
+    cset = sample_log(SampleRequest(logs=a.demo / "logs.jsonl", out=a.out / "cset", size=a.calibration_size,
+                                    tokenizer=model, clusters=12))
     ev = draw_default_traffic(cset, TrafficOptions(size=a.traffic_size, tokenizer=model))
     print(f"traffic: {len(ev):,} texts of {ev.population:,} distinct outside the calibration set; excluded "
           f"{ev.excluded} ({time.perf_counter() - t0:.1f} s)")
@@ -52,7 +54,7 @@ def main() -> None:
     ref = logits(md.onnx_path).argmax(axis=1)
     print(f"FP32 done ({time.perf_counter() - t0:.1f} s)")
     for m in a.methods.split(","):
-        res = calibrate(md, cset, Method(m), out_dir=a.out / f"cal-{m}")
+        res = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method(m), out=a.out / f"cal-{m}"))
         for w in res.clipping:
             print(f"  calibrate warning ({m}): {w.message}")
         same = logits(res.model_path).argmax(axis=1) == ref

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import MISSING
 from typing import Any, TypeVar
 
@@ -40,8 +40,8 @@ class _Shown(str):
         return str(self)
 
 
-def signature_of(request_cls: type, returns: str) -> inspect.Signature:
-    """The keyword function's signature: the request's API fields, the resource options, ``progress``."""
+def signature_of(request_cls: type, returns: str, resources: Sequence[str] = RESOURCE_NAMES) -> inspect.Signature:
+    """The keyword function's signature: the request's API fields, the named resource options, ``progress``."""
     params = []
     for f, decl in declared(request_cls):
         if decl.api:
@@ -50,6 +50,8 @@ def signature_of(request_cls: type, returns: str) -> inspect.Signature:
             params.append(inspect.Parameter(f.name, kind, default=inspect.Parameter.empty if default is MISSING
                                             else default, annotation=_Shown(str(f.type))))
     for f, _ in declared(ResourceOptions):
+        if f.name not in resources:
+            continue
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default_of(f),
                                         annotation=_Shown(str(f.type))))
     params.append(inspect.Parameter("progress", inspect.Parameter.KEYWORD_ONLY, default=None,
@@ -57,26 +59,28 @@ def signature_of(request_cls: type, returns: str) -> inspect.Signature:
     return inspect.Signature(params, return_annotation=_Shown(returns))
 
 
-def args_section(request_cls: type) -> str:
+def args_section(request_cls: type, resources: Sequence[str] = RESOURCE_NAMES) -> str:
     """The ``Args:`` of the keyword function's docstring: each parameter with its field's help."""
     lines = ["Args:"]
     entries = [(f.name, decl.help) for f, decl in declared(request_cls) if decl.api]
-    entries += [(f.name, decl.help) for f, decl in declared(ResourceOptions)] + [("progress", PROGRESS_HELP)]
+    entries += [(f.name, decl.help) for f, decl in declared(ResourceOptions) if f.name in resources]
+    entries += [("progress", PROGRESS_HELP)]
     for name, help in entries:
         lines += textwrap.wrap(f"{name}: {help}", width=112, initial_indent="    ", subsequent_indent="        ",
                                break_on_hyphens=False)
     return "\n".join(lines)
 
 
-def request_api(request_cls: type[R], *, pool_by_default: bool = False
+def request_api(request_cls: type[R], *, pool_by_default: bool = False, resources: Sequence[str] = RESOURCE_NAMES
                 ) -> Callable[[Callable[[R, Resources], T]], Callable[..., T]]:
     """Make the keyword function of ``body(request, resources)`` (see the module docstring). The body's
     docstring gives the summary, ``Returns:``, ``Raises:`` and ``Examples:``; ``Args:`` is generated before
-    ``Returns:``."""
+    ``Returns:``. ``resources``: the resource options the function takes (a command that runs no model in
+    batches, like sample, takes none; its body gets the defaults and the progress callback)."""
 
     def decorate(body: Callable[[R, Resources], T]) -> Callable[..., T]:
         _BODIES[request_cls] = (body, pool_by_default)
-        sig = signature_of(request_cls, str(inspect.signature(body).return_annotation))
+        sig = signature_of(request_cls, str(inspect.signature(body).return_annotation), resources)
 
         def function(*args: Any, **kwargs: Any) -> T:
             given = dict(sig.bind(*args, **kwargs).arguments)  # a TypeError for what the signature has not
@@ -86,7 +90,7 @@ def request_api(request_cls: type[R], *, pool_by_default: bool = False
 
         doc = inspect.cleandoc(body.__doc__ or "")
         head, sep, tail = doc.partition("\nReturns:")
-        args = args_section(request_cls)
+        args = args_section(request_cls, resources)
         function.__doc__ = f"{head.rstrip()}\n\n{args}\n\nReturns:{tail}" if sep else f"{doc}\n\n{args}"
         function.__signature__ = sig  # type: ignore[attr-defined]
         function.__name__ = function.__qualname__ = body.__name__
@@ -101,14 +105,15 @@ def run(request: Any, resources: ResourceOptions | None = None, progress: Progre
     of its command, called with the request's values.
 
     Args:
-        request: A :class:`~calibkit.requests.calibrate.CalibrateRequest`,
+        request: A :class:`~calibkit.requests.sample.SampleRequest`,
+            :class:`~calibkit.requests.calibrate.CalibrateRequest`, :class:`~calibkit.requests.build.BuildRequest`,
             :class:`~calibkit.requests.compare.CompareRequest` or :class:`~calibkit.requests.tune.TuneRequest`.
         resources: What the call may use: workers, executor, memory budget (None: the defaults).
         progress: Called with each :class:`~calibkit.progress.ProgressEvent` (None: silent).
 
     Returns:
-        What the command's keyword function returns: a ``CalibrationResult`` for calibrate, a ``Comparison`` for
-        compare, a ``TuneRun`` for tune.
+        What the command's keyword function returns: a ``CalibrationSet`` for sample, a ``CalibrationResult``
+        for calibrate, a ``BuildResult`` for build, a ``Comparison`` for compare, a ``TuneRun`` for tune.
 
     Raises:
         UsageError: Not a request of a command, or a value its ``validate()`` refuses.
@@ -125,7 +130,8 @@ def run(request: Any, resources: ResourceOptions | None = None, progress: Progre
     found = _BODIES.get(type(request))
     if found is None:
         raise UsageError(f"no calibkit command takes a {type(request).__name__}",
-                         hint="pass a CalibrateRequest, CompareRequest or TuneRequest (calibkit.requests)")
+                         hint="pass a SampleRequest, CalibrateRequest, BuildRequest, CompareRequest or TuneRequest "
+                              "(calibkit.requests)")
     body, pool_by_default = found
     request.validate()
     options = resources or ResourceOptions()

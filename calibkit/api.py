@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from calibkit._requestapi import open_resources, request_api, run
-from calibkit.errors import MissingDependencyError, UsageError
+from calibkit.errors import UsageError
 from calibkit.evaluate.inputs import (
     calibration_set as calibration_set_of,
 )
@@ -38,11 +38,11 @@ from calibkit.evaluate.inputs import (
     not_an_input,
 )
 from calibkit.progress import ProgressCallback
+from calibkit.requests.build import BuildRequest
 from calibkit.requests.calibrate import CalibrateRequest
 from calibkit.requests.checks import (
     COUNT,
     COUNT_OR_NONE,
-    INT_LIMIT,
     Bound,
     check_names,
     check_numbers,
@@ -50,9 +50,9 @@ from calibkit.requests.checks import (
 )
 from calibkit.requests.compare import CompareRequest, check_targets
 from calibkit.requests.resources import DEFAULT_MEMORY_BUDGET, MEMORY_BYTES, ResourceOptions
+from calibkit.requests.sample import SampleRequest
 from calibkit.requests.tune import TuneRequest
 from calibkit.resources import Resources
-from calibkit.types import check_seed
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.building import BuildResult
@@ -104,38 +104,13 @@ def resources(executor: Executor | str | None = None, *, workers: int | None = N
 # ---------------------------------------------------------------- sample
 
 
-def sample(
-    logs: PathLike,
-    out: PathLike | None = None,
-    *,
-    size: int = 512,
-    seed: int = 0,
-    text_field: str | None = None,
-    label_field: str | None = None,
-    tokenizer: PathLike | None = None,
-    strict: bool = False,
-    redact: bool = True,
-    clusters: int = 12,
-    progress: ProgressCallback | None = None,
-) -> CalibrationSet:
+@request_api(SampleRequest, resources=())
+def sample(request: SampleRequest, resources: Resources) -> CalibrationSet:
     """Draw a calibration set from production logs (JSONL) and write it to ``out``.
 
     One streaming pass parses each line (broken lines are counted and skipped, or refused with ``strict``),
     redacts personal data and drops duplicate texts; ``size`` texts are then drawn over (length bucket, label,
     topic cluster) strata. The same log, options and seed draw the same texts in the same order.
-
-    Args:
-        logs: The request log: JSONL, optionally gzip-compressed, one request per line.
-        out: The folder to write (default ``calibration_sets/<log>-n<size>-s<seed>/``).
-        size: How many texts to draw.
-        seed: The seed of every random choice; the same seed draws the same set.
-        text_field: The JSON field holding the text (None: found from the first lines).
-        label_field: A JSON field to keep beside each text as its label (None: none).
-        tokenizer: A model folder or tokenizer.json: lengths are counted in its tokens, not in words.
-        strict: Refuse a log with broken lines instead of skipping them.
-        redact: Replace e-mail addresses, phone and card numbers and IP addresses by placeholders.
-        clusters: How many topic clusters to stratify by.
-        progress: Called with each :class:`~calibkit.progress.ProgressEvent` (None: silent).
 
     Returns:
         The calibration set written: its texts, labels and manifest (the log, the options, the counts).
@@ -150,21 +125,10 @@ def sample(
         >>> len(cs.texts), cs.path.name
         (64, 'logs')
     """
-    from calibkit.data.calibset import write_calibration_set
-    from calibkit.data.sample_pipeline import SampleOptions, default_out_dir, draw_sample
+    from calibkit.data.sample_pipeline import sample_log
 
-    check_paths({"logs": logs}, {"out": out, "tokenizer": tokenizer})
-    check_names({"text_field": text_field, "label_field": label_field})
-    check_seed(seed)
-    check_numbers({"--size": (size, Bound(low=1, high=INT_LIMIT, integer=True, example="512")),
-                   "--clusters": (clusters, Bound(low=1, high=INT_LIMIT, integer=True, example="12"))})
-    options = SampleOptions(size=size, seed=seed, text_field=text_field, label_field=label_field,
-                            tokenizer=Path(tokenizer) if tokenizer else None, strict=strict, redact=redact,
-                            clusters=clusters)
-    target = Path(out) if out is not None else default_out_dir(logs, size, seed)
-    not_an_input(target, [logs, tokenizer])
-    drawn = draw_sample(logs, options, progress)
-    return write_calibration_set(target, drawn.texts, drawn.labels, drawn.manifest)
+    not_an_input(request.out_dir, [request.logs, request.tokenizer])
+    return sample_log(request, resources.progress)
 
 
 # ---------------------------------------------------------------- export
@@ -302,37 +266,9 @@ def calibrate(request: CalibrateRequest, resources: Resources) -> CalibrationRes
         True
     """
     from calibkit.calibrate.pipeline import calibrate as run_calibration
-    from calibkit.types import Method
 
-    dest = request.out_dir
-    not_an_input(dest, [request.model, request.calibration_set, request.tokenizer, request.from_cache])
-    if request.from_cache is not None:
-        return _calibrate_from_cache(request, Path(request.from_cache), dest)
-    md = model_dir(request.model, request.tokenizer)
-    cset = calibration_set_of(cast("PathLike | CalibrationSet", request.calibration_set))  # validate() needs one
-    return run_calibration(
-        md, cset, Method(str(request.method)), request.params, out_dir=dest, op_types=list(request.op_types),
-        exclude=list(request.exclude), target=str(request.target), batch_size=request.batch_size,
-        use_cache=request.use_cache, cache_dir=Path(request.cache_dir) if request.cache_dir is not None else None,
-        resources=resources,
-    )
-
-
-def _calibrate_from_cache(request: CalibrateRequest, cache: Path, dest: Path) -> CalibrationResult:
-    from calibkit.calibrate.pipeline import calibrate_from_cache
-    from calibkit.data.modeldir import ModelDir
-    from calibkit.errors import ModelError
-
-    model = request.model
-    try:
-        md = model_dir(model, request.tokenizer)
-    except ModelError:
-        path = Path(model) if not isinstance(model, ModelDir) else model.onnx_path
-        if not (path.is_file() and path.suffix == ".onnx"):
-            raise
-        md = ModelDir(onnx_path=path, tokenizer_path=path.parent)  # a tokenizer is not needed to apply a cache
-    return calibrate_from_cache(md, cache, out_dir=dest, op_types=list(request.op_types),
-                                exclude=list(request.exclude), target=str(request.target))
+    not_an_input(request.out_dir, [request.model, request.calibration_set, request.tokenizer, request.from_cache])
+    return run_calibration(request, resources)
 
 
 def histogram(calibration: CalibrationResult | PathLike, tensor: str | None = None) -> ActivationHistogram:
@@ -384,49 +320,11 @@ def histogram(calibration: CalibrationResult | PathLike, tensor: str | None = No
 # ---------------------------------------------------------------- build
 
 
-def build(
-    model: PathLike,
-    output: PathLike,
-    *,
-    precision: str = "fp32",
-    backend: str = "onnxruntime",
-    calibration: PathLike | None = None,
-    qdq: PathLike | None = None,
-    target: str | None = None,
-    exclude: Sequence[str] = (),
-    tokenizer: PathLike | None = None,
-    calibration_set: PathLike | None = None,
-    min_seq: int | None = None,
-    opt_seq: int | None = None,
-    max_seq: int | None = None,
-    workspace_mib: int = 4096,
-    reduce_range: bool | None = None,
-    progress: ProgressCallback | None = None,
-    on_missing_tensorrt: Callable[[Any], None] | None = None,
-) -> BuildResult:
+@request_api(BuildRequest, resources=())
+def build(request: BuildRequest, resources: Resources) -> BuildResult:
     """Build an engine file with its .calibkit.json sidecar (what was built from what, with which versions).
 
     FP32 and FP16 come from the ONNX model; INT8 from a calibration.json or a Q/DQ model.
-
-    Args:
-        model: The FP32 ONNX model (a file, or a model folder holding model.onnx).
-        output: The engine to write: an .onnx file (ONNX Runtime) or an .engine file (TensorRT).
-        precision: fp32, fp16 or int8.
-        backend: onnxruntime or tensorrt.
-        calibration: A calibration.json to quantize ``model`` with (INT8).
-        qdq: A Q/DQ model to build as it is (INT8), e.g. calibrate's model.int8.onnx.
-        target: The Q/DQ layout of an INT8 build from ``calibration``: tensorrt or onnxruntime.
-        exclude: Regular expressions of node names (or module paths) kept in higher precision.
-        tokenizer: The tokenizer, when it is not beside the model.
-        calibration_set: The calibration set named in the sidecar (for a later compare's traffic).
-        min_seq: The shortest sequence of a TensorRT optimization profile.
-        opt_seq: The sequence length TensorRT optimizes for.
-        max_seq: The longest sequence of a TensorRT optimization profile.
-        workspace_mib: TensorRT's builder workspace, in MiB.
-        reduce_range: 7-bit weights for ONNX Runtime's CPU kernels (None: where this CPU's int8 GEMM saturates).
-        progress: Called with each :class:`~calibkit.progress.ProgressEvent` (None: silent).
-        on_missing_tensorrt: Called with the build request before the error of a TensorRT build where
-            TensorRT is absent (the command line prints the equivalent trtexec command there).
 
     Returns:
         The engine artifact (file and sidecar), every file written, and the nodes quantized.
@@ -442,41 +340,9 @@ def build(
         >>> int8.artifact.precision.value, int8.sidecar.name
         ('int8', 'int8.onnx.calibkit.json')
     """
-    from calibkit.building import BuildRequest
     from calibkit.building import build as run_build
-    from calibkit.types import Backend, Precision
 
-    check_paths({"model": model, "output": output}, {"calibration": calibration, "qdq": qdq, "tokenizer": tokenizer,
-                                                     "calibration_set": calibration_set})
-    seq = Bound(low=1, high=1 << 20, integer=True, optional=True, example="128")
-    check_numbers({"--min-seq": (min_seq, seq), "--opt-seq": (opt_seq, seq), "--max-seq": (max_seq, seq),
-                   "--workspace-mib": (workspace_mib, Bound(low=1, high=1 << 30, integer=True, example="4096"))})
-    check_names({"precision": precision, "backend": backend, "target": target}, {"exclude": exclude},
-                required=("precision", "backend"))
-    try:
-        prec = Precision(precision.lower())
-    except ValueError:
-        raise UsageError(f"unknown --precision {precision!r}", hint="choose fp32, fp16 or int8") from None
-    try:
-        back = Backend(backend.lower())
-    except ValueError:
-        raise UsageError(f"unknown --backend {backend!r}", hint="choose onnxruntime or tensorrt") from None
-
-    def p(x: PathLike | None) -> Path | None:
-        return Path(x) if x is not None else None
-
-    req = BuildRequest(
-        model=Path(model), output=Path(output), precision=prec, backend=back, calibration=p(calibration),
-        qdq_model=p(qdq), target=target.lower() if target else None, exclude=tuple(exclude), tokenizer=p(tokenizer),
-        calibration_set=p(calibration_set), min_seq=min_seq, opt_seq=opt_seq, max_seq=max_seq,
-        workspace_mib=workspace_mib, reduce_range=reduce_range,
-    )
-    try:
-        return run_build(req, progress=progress)
-    except MissingDependencyError:
-        if back is Backend.TENSORRT and on_missing_tensorrt is not None:
-            on_missing_tensorrt(req)
-        raise
+    return run_build(request, progress=resources.progress)
 
 
 # ---------------------------------------------------------------- compare

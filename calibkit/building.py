@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -32,6 +31,7 @@ from calibkit.enginefiles.artifact import EngineArtifact, sidecar_path
 from calibkit.errors import CalibrationError, ModelError, UsageError
 from calibkit.outdirs import umask
 from calibkit.progress import ProgressCallback, ProgressEvent
+from calibkit.requests.build import BuildRequest
 from calibkit.types import Backend, Precision
 
 log = logging.getLogger("calibkit.building")
@@ -39,29 +39,7 @@ log = logging.getLogger("calibkit.building")
 if TYPE_CHECKING:
     from calibkit.data.modeldir import ModelDir
 
-ONNX_SUFFIXES = (".onnx",)
-TRT_SUFFIXES = (".engine", ".plan")
 _STEPS = 4  # progress: load, quantize or convert, write, done
-
-
-@dataclass(frozen=True)
-class BuildRequest:
-    model: Path  # a model folder or an FP32 .onnx file
-    output: Path
-    precision: Precision = Precision.FP32
-    backend: Backend = Backend.ONNXRUNTIME
-    calibration: Path | None = None  # calibration.json (or the folder holding it), for INT8
-    qdq_model: Path | None = None  # a ready Q/DQ ONNX, for INT8
-    target: str | None = None  # "tensorrt" | "onnxruntime"; default: the layout the calibration records
-    exclude: tuple[str, ...] = ()
-    keep_nodes: tuple[str, ...] = ()
-    tokenizer: Path | None = None
-    calibration_set: Path | None = None  # token lengths for the TensorRT optimization profile
-    min_seq: int | None = None
-    opt_seq: int | None = None
-    max_seq: int | None = None
-    workspace_mib: int = 4096
-    reduce_range: bool | None = None  # 7-bit weights (onnxruntime layout); None: where this CPU needs them
 
 
 @dataclass(frozen=True)
@@ -102,59 +80,12 @@ def _versions() -> dict[str, str]:
 
 
 def validate(req: BuildRequest) -> None:
-    """Every check that needs no heavy work, so bad arguments fail before anything is computed or written."""
-    precision = Precision(req.precision)
-    backend = Backend(req.backend)
-    suffix = req.output.suffix.lower()
-    if backend is Backend.ONNXRUNTIME and suffix not in ONNX_SUFFIXES:
-        raise UsageError(
-            f"-o {req.output}: an ONNX Runtime engine is an .onnx file", hint="use e.g. -o out/model.int8.onnx"
-        )
-    if backend is Backend.TENSORRT and suffix not in TRT_SUFFIXES:
-        raise UsageError(
-            f"-o {req.output}: a TensorRT engine is a .engine file", hint="use e.g. -o out/model.int8.engine"
-        )
+    """Every check before any work: the request's own (:meth:`BuildRequest.validate`), then what needs the
+    file system or TensorRT, so bad arguments fail before anything is computed or written."""
+    req.validate()
     if req.output.is_dir():
         raise UsageError(f"-o {req.output} is a folder; give the engine's file name")
-    if precision is Precision.INT8:
-        if (req.calibration is None) == (req.qdq_model is None):
-            raise UsageError(
-                "--precision int8 needs exactly one of --calibration and --qdq",
-                hint="calibrate first (`calibkit calibrate MODEL -c SET --out OUT`), then pass --calibration OUT",
-            )
-        if req.reduce_range is not None and req.qdq_model is not None:
-            raise UsageError("--reduce-range/--no-reduce-range choose the weights calibkit quantizes; --qdq models "
-                             "come quantized", hint="drop the flag, or build from --calibration")
-    elif req.reduce_range is not None:
-        raise UsageError(f"--reduce-range only applies to --precision int8 (got {precision.value})")
-    elif req.calibration is not None or req.qdq_model is not None:
-        raise UsageError(f"--calibration/--qdq only apply to --precision int8 (got {precision.value})")
-    if req.target is not None:
-        from calibkit.quantize.qdq import Target
-
-        try:
-            target = Target(req.target)
-        except ValueError:
-            raise UsageError(f"unknown --target {req.target!r}", hint="use tensorrt or onnxruntime") from None
-        if backend is Backend.TENSORRT and target is Target.ONNXRUNTIME:
-            raise UsageError(
-                "--target onnxruntime (uint8 activations) cannot be built by TensorRT",
-                hint="drop --target, or use --target tensorrt",
-            )
-        if precision is not Precision.INT8 or req.qdq_model is not None:
-            raise UsageError("--target only applies when building INT8 from --calibration")
-    if backend is Backend.ONNXRUNTIME and any(v is not None for v in (req.min_seq, req.opt_seq, req.max_seq)):
-        raise UsageError("--min-seq/--opt-seq/--max-seq only apply to --backend tensorrt")
-    for p in req.exclude:
-        try:
-            re.compile(p)
-        except re.error as exc:
-            raise UsageError(f"--exclude {p!r} is not a valid regular expression ({exc})") from None
-    if precision is Precision.FP32 and (req.exclude or req.keep_nodes):
-        raise UsageError("--exclude applies to fp16 (nodes kept FP32) and int8 builds, not to fp32")
-    if req.qdq_model is not None and req.exclude:
-        raise UsageError("--exclude applies when building from --calibration; a --qdq model is used as it is")
-    if backend is Backend.TENSORRT:
+    if req.backend is Backend.TENSORRT:
         _check_tensorrt_parsable(req)
         from calibkit.engines.tensorrt import load_tensorrt, require_cuda
 
@@ -220,7 +151,7 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
         raise UsageError(f"-o {req.output} is the source model itself; choose another file name")
     _emit(progress, 0, _STEPS, f"loading {src.name}")
     src_sha = sha256_file(src)
-    if precision is Precision.INT8 and req.qdq_model is not None:
+    if precision is Precision.INT8 and req.qdq is not None:
         made = _from_qdq(req, src, src_sha)
     elif precision is Precision.INT8:
         made = _from_calibration(req, src, src_sha, progress)
@@ -268,7 +199,7 @@ def _from_qdq(req: BuildRequest, src: Path, src_sha: str) -> _Model:
 
     from calibkit.graph import load_model, qdq_layout
 
-    qdq = req.qdq_model
+    qdq = req.qdq
     assert qdq is not None  # the caller's branch
     qm = load_model(qdq, load_external_data=False)
     if not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in qm.graph.node):
@@ -313,7 +244,8 @@ def _from_calibration(req: BuildRequest, src: Path, src_sha: str, progress: Prog
     assert req.calibration is not None  # checked by validate()
     cf = load_calibration_json(req.calibration)
     check_table_model(cf.path, src_sha, model_label=str(src), table_sha256=cf.table.model_sha256)
-    layout = choose_layout(cf.target, req.target, Backend(req.backend))  # a warning rides in BuildResult.warnings
+    # a warning rides in BuildResult.warnings
+    layout = choose_layout(cf.target, str(req.target) if req.target else None, Backend(req.backend))
     target = Target(layout.built)
     reduce = _reduce_range(req, target)
     _emit(progress, 1, _STEPS, f"inserting Q/DQ ({target.value} layout{', 7-bit weights' if reduce else ''})")
@@ -427,7 +359,7 @@ def _check_tensorrt_parsable(req: BuildRequest) -> None:
     from calibkit.graph import load_model
     from calibkit.quantize.fused import contrib_nodes
 
-    src = req.qdq_model or ModelDir.resolve(req.model, req.tokenizer).onnx_path
+    src = req.qdq or ModelDir.resolve(req.model, req.tokenizer).onnx_path
     contrib = contrib_nodes(load_model(src, load_external_data=False))
     if contrib:
         ops = ", ".join(sorted({f"{n.domain}.{n.op_type}" for n in contrib}))

@@ -16,7 +16,8 @@ from calibkit.cli import app
 from calibkit.data.calibset import write_calibration_set
 from calibkit.data.modeldir import ModelDir
 from calibkit.quantize.rangecheck import GELU, SOFTMAX, harmful_clipping, tensor_families
-from calibkit.types import Method, MethodParams
+from calibkit.requests.calibrate import CalibrateRequest
+from calibkit.types import Method
 
 
 def _gelu_graph() -> onnx.ModelProto:
@@ -67,12 +68,13 @@ def test_calibrate_reports_it_in_the_result_json_and_cli(tmp_path, monkeypatch) 
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     md = ModelDir.resolve(write_model_dir(tmp_path / "model"))
     cset = write_calibration_set(tmp_path / "set", texts(30, seed=7), None, {})
-    res = calibrate(md, cset, Method.PERCENTILE, MethodParams(percentile=20.0), out_dir=tmp_path / "pct")
+    res = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.PERCENTILE, percentile=20.0,
+                                     out=tmp_path / "pct"))
     [w] = res.clipping
     assert w.family == SOFTMAX and w.tensors == ("P",) and w.message in res.warnings
     doc = json.loads((tmp_path / "pct" / "calibration.json").read_text())
     assert doc["clipping"][0]["tensors"] == ["P"] and w.message in doc["warnings"]
-    ok = calibrate(md, cset, Method.MINMAX, out_dir=tmp_path / "mm")
+    ok = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.MINMAX, out=tmp_path / "mm"))
     assert ok.clipping == () and not any("clips" in x for x in ok.warnings)
     r = CliRunner().invoke(app, ["calibrate", str(tmp_path / "model"), "-c", str(tmp_path / "set"), "--method",
                                  "percentile", "--percentile", "20", "--out", str(tmp_path / "cli")])
@@ -85,14 +87,15 @@ def test_calibrate_reports_it_in_the_result_json_and_cli(tmp_path, monkeypatch) 
 def test_entropy_on_the_demo_model_warns_about_every_attention_softmax(demo_assets_fast, tmp_path, monkeypatch) -> None:
     """The README's first example (--method entropy): all six attention Softmax outputs are cut to ~0.125-0.19
     while they reach 1; mse keeps them."""
-    from calibkit.data.sample_pipeline import SampleOptions, sample_log
+    from calibkit.data.sample_pipeline import sample_log
+    from calibkit.requests.sample import SampleRequest
 
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     md = ModelDir.resolve(demo_assets_fast / "model")
-    cset = sample_log(demo_assets_fast / "logs.jsonl", tmp_path / "cset", SampleOptions(size=128))
-    res = calibrate(md, cset, Method.ENTROPY, out_dir=tmp_path / "entropy")
+    cset = sample_log(SampleRequest(logs=demo_assets_fast / "logs.jsonl", out=tmp_path / "cset", size=128))
+    res = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.ENTROPY, out=tmp_path / "entropy"))
     soft = [w for w in res.clipping if w.family == SOFTMAX]
     assert len(soft) == 1 and len(soft[0].tensors) == soft[0].of == 6
     assert max(soft[0].amax) < 0.5 and max(soft[0].observed) > 0.9
-    mse = calibrate(md, cset, Method.MSE, out_dir=tmp_path / "mse")
+    mse = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.MSE, out=tmp_path / "mse"))
     assert not [w for w in mse.clipping if w.family == SOFTMAX]

@@ -16,6 +16,7 @@ def test_calibrate_demo_model(demo_assets_fast, tmp_path, monkeypatch):
     from calibkit.engines.onnxruntime import OnnxRuntimeRunner
     from calibkit.evaluate.predict import predict_logits
     from calibkit.quantize.tablefile import load_calibration_json
+    from calibkit.requests.calibrate import CalibrateRequest
     from calibkit.types import Method
 
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
@@ -24,10 +25,11 @@ def test_calibrate_demo_model(demo_assets_fast, tmp_path, monkeypatch):
     cset = write_calibration_set(tmp_path / "set", [r["text"] for r in rows], None, {})
     # the fast demo's head is a logistic regression on standardised features: its Gemm input must stay FP32
     # (quantized, every INT8 variant, ONNX Runtime's own included, predicts one class)
-    res = calibrate(md, cset, Method.ENTROPY, out_dir=tmp_path / "ent", exclude=["/classifier/"])
+    res = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.ENTROPY, out=tmp_path / "ent",
+                                     exclude=["/classifier/"]))
     assert not res.reused_stats and len(res.quantized_nodes) >= 36  # 6 layers x 6 MatMuls at least
     assert "/classifier/Gemm" in res.kept_nodes
-    mm = calibrate(md, cset, Method.MINMAX, out_dir=tmp_path / "mm")
+    mm = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.MINMAX, out=tmp_path / "mm"))
     assert mm.reused_stats
     cf = load_calibration_json(res.json_path)
     tok = TextTokenizer(md.tokenizer_path, max_length=md.max_length)

@@ -3,7 +3,7 @@ import onnx
 import pytest
 from calib_helpers import texts, write_model_dir
 
-from calibkit.calibrate.pipeline import calibrate, calibrate_from_cache
+from calibkit.calibrate.pipeline import calibrate
 from calibkit.calibrate.stats import StatsStore
 from calibkit.calibrate.trtcache import read_cache, write_cache
 from calibkit.data.calibset import write_calibration_set
@@ -11,6 +11,7 @@ from calibkit.data.modeldir import ModelDir
 from calibkit.engines.base import BaseRunner
 from calibkit.errors import CalibrationError
 from calibkit.quantize.tablefile import load_calibration_json
+from calibkit.requests.calibrate import CalibrateRequest
 from calibkit.resources import Resources
 from calibkit.types import INT8_MAX, Method, MethodParams
 
@@ -33,15 +34,18 @@ def setup(tmp_path, monkeypatch):
 
 def test_second_method_reuses_statistics(setup):
     md, cset, calls, tmp = setup
-    r1 = calibrate(md, cset, Method.ENTROPY, out_dir=tmp / "out-e", batch_size=8, exclude=["classifier"])
+    r1 = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.ENTROPY, out=tmp / "out-e",
+                                    batch_size=8, exclude=["classifier"]))
     assert calls["n"] > 0 and not r1.reused_stats
     assert "pooled" not in r1.table.amax()
     before = calls["n"]
-    r2 = calibrate(md, cset, Method.MINMAX, out_dir=tmp / "out-m", batch_size=8)
+    r2 = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.MINMAX, out=tmp / "out-m",
+                                    batch_size=8))
     assert r2.reused_stats and calls["n"] == before  # the model did not run again, though fewer nodes are excluded
     assert "pooled" in r2.table.amax()
     # an extra exclusion needs a subset of the tensors: still reused
-    r3 = calibrate(md, cset, Method.PERCENTILE, out_dir=tmp / "out-p", exclude=["context"])
+    r3 = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.PERCENTILE, out=tmp / "out-p",
+                                    exclude=["context"]))
     assert r3.reused_stats and calls["n"] == before
     # minmax amax is the exact max |x| from the saved statistics
     store = StatsStore.load(r2.stats_path)
@@ -55,15 +59,17 @@ def test_statistics_of_another_encoding_are_not_reused(setup):
     from dataclasses import replace
 
     md, cset, calls, tmp = setup
-    calibrate(md, cset, Method.MINMAX, out_dir=tmp / "long", batch_size=8)
+    calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.MINMAX, out=tmp / "long", batch_size=8))
     shorter = replace(md, max_length=8, max_length_source="test")
     before = calls["n"]
-    short = calibrate(shorter, cset, Method.MINMAX, out_dir=tmp / "short", batch_size=8)
+    short = calibrate(CalibrateRequest(model=shorter, calibration_set=cset, method=Method.MINMAX, out=tmp / "short",
+                                       batch_size=8))
     assert not short.reused_stats and calls["n"] > before
     short_doc = load_calibration_json(tmp / "short").document
     assert short_doc is not None and short_doc.calibration_set is not None
     assert short_doc.calibration_set.max_length == 8
-    again = calibrate(shorter, cset, Method.MINMAX, out_dir=tmp / "short-again", batch_size=8)
+    again = calibrate(CalibrateRequest(model=shorter, calibration_set=cset, method=Method.MINMAX,
+                                       out=tmp / "short-again", batch_size=8))
     assert again.reused_stats  # same encoding: reused
     tok_files = [f for f in md.tokenizer_path.iterdir() if f.name.startswith("tokenizer")]
     assert tok_files
@@ -74,13 +80,14 @@ def test_statistics_of_another_encoding_are_not_reused(setup):
         cfg.write_text(json.dumps(doc))
     else:
         tok_files[0].write_bytes(tok_files[0].read_bytes() + b" ")
-    changed = calibrate(md, cset, Method.MINMAX, out_dir=tmp / "changed-tokenizer", batch_size=8)
+    changed = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.MINMAX,
+                                         out=tmp / "changed-tokenizer", batch_size=8))
     assert not changed.reused_stats
 
 
 def test_outputs_and_calibration_json(setup):
     md, cset, _, tmp = setup
-    res = calibrate(md, cset, Method.MSE, MethodParams(num_bins=1024), out_dir=tmp / "out")
+    res = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.MSE, num_bins=1024, out=tmp / "out"))
     for p in (res.model_path, res.cache_path, res.json_path, res.stats_path):
         assert p.is_file()
     onnx.checker.check_model(onnx.load(str(res.model_path)))
@@ -106,18 +113,18 @@ def test_outputs_and_calibration_json(setup):
 def test_one_sample_set(setup):
     md, _, _, tmp = setup
     one = write_calibration_set(tmp / "one", ["good movie"], None, {})
-    res = calibrate(md, one, Method.ENTROPY, out_dir=tmp / "one-out")
+    res = calibrate(CalibrateRequest(model=md, calibration_set=one, method=Method.ENTROPY, out=tmp / "one-out"))
     assert any("single text" in w for w in res.warnings)
     assert all(np.isfinite(r.amax) for r in res.table.ranges)
 
 
 def test_from_cache_round_trip_and_unknown_names(setup):
     md, cset, _, tmp = setup
-    res = calibrate(md, cset, Method.ENTROPY, out_dir=tmp / "out")
+    res = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.ENTROPY, out=tmp / "out"))
     text = res.cache_path.read_text()
     text += "ONNXTRT_Broadcast_191_output: 3b047011\n(Unnamed Layer* 64) [Shuffle]_output: 3c010204\nlog: 7f800000\n"
     (tmp / "ext.cache").write_text(text)
-    fc = calibrate_from_cache(md, tmp / "ext.cache", out_dir=tmp / "from")
+    fc = calibrate(CalibrateRequest(model=md, from_cache=tmp / "ext.cache", out=tmp / "from"))
     assert set(fc.unmatched_cache_names) == {"ONNXTRT_Broadcast_191_output", "(Unnamed Layer* 64) [Shuffle]_output",
                                              "log"}
     assert set(fc.quantized_nodes) == set(res.quantized_nodes)
@@ -132,8 +139,9 @@ def test_from_cache_that_matches_nothing_is_refused(setup):
     # it used to write a model with "0 nodes quantized" and exit 0 (issue #10)
     md, _, _, tmp = setup
     with pytest.raises(CalibrationError, match="none of its 140 entries"):
-        calibrate_from_cache(md, "/work/shared/fixtures/trt-caches/radioml-transformer-entropy2.cache",
-                             out_dir=tmp / "fx")
+        calibrate(CalibrateRequest(model=md,
+                                   from_cache="/work/shared/fixtures/trt-caches/radioml-transformer-entropy2.cache",
+                                   out=tmp / "fx"))
     assert not (tmp / "fx").exists()
 
 
@@ -146,7 +154,7 @@ def test_failure_leaves_nothing_behind(setup, monkeypatch):
 
     monkeypatch.setattr(pl, "write_calibration_json", boom)
     with pytest.raises(CalibrationError):
-        calibrate(md, cset, Method.ENTROPY, out_dir=tmp / "never")
+        calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.ENTROPY, out=tmp / "never"))
     assert not (tmp / "never").exists()
     assert not [p for p in tmp.iterdir() if p.name.startswith(".never")]
 
@@ -154,14 +162,15 @@ def test_failure_leaves_nothing_behind(setup, monkeypatch):
 def test_no_quantizable_ops(setup):
     md, cset, _, tmp = setup
     with pytest.raises(CalibrationError, match="no activation inputs"):
-        calibrate(md, cset, Method.ENTROPY, out_dir=tmp / "x", op_types=["Conv"])
+        calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.ENTROPY, out=tmp / "x",
+                                   op_types=["Conv"]))
 
 
 def test_table_cache_consistency_for_every_method(setup):
     md, cset, _, tmp = setup
     amax = {}
     for m in Method:
-        res = calibrate(md, cset, m, out_dir=tmp / f"o-{m.value}")
+        res = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=m, out=tmp / f"o-{m.value}"))
         amax[m] = res.table.amax()
         write_cache(tmp / "c.cache", res.table)
     # entropy / percentile / mse never exceed minmax
@@ -219,8 +228,9 @@ def test_model_is_read_again_after_statistics_and_a_changed_file_is_refused(setu
     from calibkit.progress import ProgressEvent
 
     md, cset, _, tmp = setup
-    fresh = calibrate(md, cset, Method.MSE, out_dir=tmp / "fresh", use_cache=False)
-    reused = calibrate(md, cset, Method.MSE, out_dir=tmp / "reused")
+    fresh = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.MSE, out=tmp / "fresh",
+                                       use_cache=False))
+    reused = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.MSE, out=tmp / "reused"))
     assert reused.reused_stats and not fresh.reused_stats
     assert fresh.model_path.read_bytes() == reused.model_path.read_bytes()
 
@@ -233,8 +243,8 @@ def test_model_is_read_again_after_statistics_and_a_changed_file_is_refused(setu
             md.onnx_path.write_bytes(m.SerializeToString())
 
     with pytest.raises(ModelError, match="changed while it was being calibrated"):
-        calibrate(md, cset, Method.MSE, out_dir=tmp / "changed", use_cache=False,
-                  resources=Resources(progress=rewrite))
+        calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.MSE, out=tmp / "changed",
+                                   use_cache=False), Resources(progress=rewrite))
     assert not (tmp / "changed" / "model.int8.onnx").exists()
 
 
@@ -266,7 +276,8 @@ def test_the_tapped_runner_comes_from_the_resources_factory(tmp_path, monkeypatc
         made.append(kw.get("name"))
         return model_runner(model, **kw)
 
-    res = calibrate(md, cset, Method.MINMAX, out_dir=tmp_path / "out", resources=Resources(runner_factory=factory))
+    res = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.MINMAX,
+                                     out=tmp_path / "out"), Resources(runner_factory=factory))
     assert made == ["calibration-taps"]
     assert res.model_path.is_file() and not res.reused_stats
 

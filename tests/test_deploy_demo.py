@@ -21,6 +21,7 @@ def repo(demo_assets_fast: Path, tmp_path_factory: pytest.TempPathFactory) -> di
     from calibkit.data.modeldir import ModelDir
     from calibkit.deploy import DeployRequest, deploy
     from calibkit.deploy.traffic import read_traffic
+    from calibkit.requests.calibrate import CalibrateRequest
     from calibkit.types import Method
 
     root = tmp_path_factory.mktemp("deploy-demo")
@@ -29,7 +30,7 @@ def repo(demo_assets_fast: Path, tmp_path_factory: pytest.TempPathFactory) -> di
     texts = read_traffic(log, max_texts=64, seed=5).texts
     cset = write_calibration_set(root / "calibration_sets" / "demo-n64", texts, None,
                                  {"source": {"path": str(log)}, "kind": "calibration-set"})
-    cal = calibrate(md, cset, Method.MINMAX, out_dir=root / "cal")
+    cal = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.MINMAX, out=root / "cal"))
     res = deploy(DeployRequest(cal.out_dir, root / "serving", perf_requests=64, max_texts=4000, measure_texts=200))
     return {"root": root, "md": md, "cal": cal, "res": res, "log": log}
 

@@ -28,7 +28,9 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """model/, logs.jsonl (request.text; one broken line), calibration_sets/logs-n48-s0, cal/ (minmax)."""
     from calibkit.calibrate.pipeline import calibrate
     from calibkit.data.modeldir import ModelDir
-    from calibkit.data.sample_pipeline import SampleOptions, sample_log
+    from calibkit.data.sample_pipeline import sample_log
+    from calibkit.requests.calibrate import CalibrateRequest
+    from calibkit.requests.sample import SampleRequest
     from calibkit.types import Method
 
     root = tmp_path_factory.mktemp("deploy")
@@ -36,8 +38,9 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     log = write_log(root / "logs.jsonl", texts(300, seed=3, max_words=13), field="request.text")
     with open(log, "a", encoding="utf-8") as fh:
         fh.write("not json\n")
-    cset = sample_log(log, root / "calibration_sets" / "logs-n48-s0", SampleOptions(size=48, tokenizer=model))
-    cal = calibrate(ModelDir.resolve(model), cset, Method.MINMAX, out_dir=root / "cal").out_dir
+    cset = sample_log(SampleRequest(logs=log, out=root / "calibration_sets" / "logs-n48-s0", size=48, tokenizer=model))
+    cal = calibrate(CalibrateRequest(model=ModelDir.resolve(model), calibration_set=cset, method=Method.MINMAX,
+                                     out=root / "cal")).out_dir
     return {"root": root, "model": model, "log": log, "cset": cset.path, "cal": cal}
 
 
@@ -380,7 +383,7 @@ def test_engine_without_calibration_table(work: dict[str, Path], tmp_path: Path)
     alone.mkdir()
     shutil.copy(work["cal"] / "model.int8.onnx", alone / "q.onnx")
     eng = build(BuildRequest(model=work["model"], output=tmp_path / "eng" / "int8.onnx", precision=Precision.INT8,
-                             qdq_model=alone / "q.onnx")).artifact
+                             qdq=alone / "q.onnx")).artifact
     assert eng.calibration_json is None
     trt = deploy(DeployRequest(eng.path, tmp_path / "trt", backend=Backend.TENSORRT, traffic=work["log"]))
     assert trt.engine_onnx.read_bytes() == (alone / "q.onnx").read_bytes() and not trt.warnings

@@ -34,6 +34,7 @@ from calibkit.evaluate.shipping import run_shipped_job
 from calibkit.evaluate.tune import run_tune
 from calibkit.executors import InProcessExecutor
 from calibkit.quantize.qdq import save_model
+from calibkit.requests.calibrate import CalibrateRequest
 from calibkit.requests.tune import TuneRequest
 from calibkit.resources import Resources
 from calibkit.types import Method
@@ -80,9 +81,10 @@ def test_calibrate_through_dask_writes_the_same_outputs(tmp_path, monkeypatch, d
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     md = ModelDir.resolve(write_model_dir(tmp_path / "model"))
     cset = write_calibration_set(tmp_path / "set", texts(60, seed=9), None, {"n": 60})
-    local = calibrate(md, cset, Method.ENTROPY, out_dir=tmp_path / "local", batch_size=8, use_cache=False)
-    dist = calibrate(md, cset, Method.ENTROPY, out_dir=tmp_path / "dist", batch_size=8, use_cache=False,
-                     resources=Resources(executor=dask_ex))
+    local = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.ENTROPY, out=tmp_path / "local",
+                                       batch_size=8, use_cache=False))
+    dist = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.ENTROPY, out=tmp_path / "dist",
+                                      batch_size=8, use_cache=False), Resources(executor=dask_ex))
     assert_same_stats(StatsStore.load(local.stats_path), StatsStore.load(dist.stats_path))
     assert local.table.amax() == dist.table.amax()
     cache = "calibration.cache"
@@ -121,7 +123,8 @@ def tiny(tmp_path_factory):
 def test_sensitivity_sweep_through_dask_equals_local(tiny, tmp_path, monkeypatch, dask_ex):
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     md = ModelDir.resolve(tiny / "model")
-    cal = calibrate(md, tiny / "cset", Method.MINMAX, out_dir=tmp_path / "cal", batch_size=16)
+    cal = calibrate(CalibrateRequest(model=md, calibration_set=tiny / "cset", method=Method.MINMAX,
+                                     out=tmp_path / "cal", batch_size=16))
     ev = load_eval_set(tiny / "eval.jsonl").head(96)
     labels = [0 if lab == "negative" else 1 for lab in ev.labels]
     with OnnxRuntimeRunner(md.onnx_path) as r:

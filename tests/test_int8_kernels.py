@@ -89,4 +89,4 @@ def test_build_reduce_range_flag_is_checked(tmp_path: Path) -> None:
                               reduce_range=True))
     with pytest.raises(UsageError, match="come quantized"):
         validate(BuildRequest(model=tmp_path, output=tmp_path / "m.onnx", precision=Precision.INT8,
-                              qdq_model=tmp_path / "q.onnx", reduce_range=False))
+                              qdq=tmp_path / "q.onnx", reduce_range=False))

@@ -138,7 +138,8 @@ def test_the_lock_beside_the_output_from_the_command_line(tmp_path: Path, monkey
 def proj(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """model/, logs/prod.jsonl, set/ (sampled from it: its manifest names the log), cal/ and calB/ (calibrated
     on set/), eng/int8.onnx (built from cal/), engB/int8.onnx (from calB/), eval.jsonl, doc.json."""
-    from calibkit.data.sample_pipeline import SampleOptions, sample_log
+    from calibkit.data.sample_pipeline import sample_log
+    from calibkit.requests.sample import SampleRequest
 
     root = tmp_path_factory.mktemp("prov")
     with pytest.MonkeyPatch.context() as mp:
@@ -147,7 +148,7 @@ def proj(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (root / "logs").mkdir()
         log = root / "logs" / "prod.jsonl"
         log.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(80, seed=1)))
-        sample_log(log, root / "set", SampleOptions(size=24, clusters=1, tokenizer=model))
+        sample_log(SampleRequest(logs=log, out=root / "set", size=24, clusters=1, tokenizer=model))
         for cal, eng in (("cal", "eng"), ("calB", "engB")):
             assert run("calibrate", model, "-c", root / "set", "--method", "minmax", "--out", root / cal).exit_code == 0
             r = run("build", model, "-p", "int8", "--calibration", root / cal, "-o", root / eng / "int8.onnx")
@@ -179,7 +180,7 @@ WRITERS: dict[tuple[str, str], list[str]] = {
     ("tune", "out"): ["tune", "{p}/model", "-c", "{p}/set", "-e", "{p}/eval.jsonl", "--out", "{p}/logs"],
     ("tune", "report"): ["tune", "{p}/model", "-c", "{p}/set", "-e", "{p}/eval.jsonl", "--out", "{p}/t",
                          "--report", "{p}/logs"],
-    ("sample", "out_dir"): ["sample", "{p}/logs/prod.jsonl", "--size", "8", "--out", "{p}/logs"],
+    ("sample", "out"): ["sample", "{p}/logs/prod.jsonl", "--size", "8", "--out", "{p}/logs"],
     ("report", "out_dir"): ["report", "{p}/doc.json", "--out", "{p}"],
     ("export", "out_dir"): ["export", "{p}/model/model.onnx", "--tokenizer", "{p}/model", "--out", "{p}/model"],
 }
@@ -268,7 +269,8 @@ def _reversed_model(folder: Path, seed: int = 0) -> Path:
 def tuned(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tm/, log.jsonl, set/, cal/ and tune/, every command run from this folder with relative paths (as a user
     types them), so calibration.json used to record paths relative to this working folder."""
-    from calibkit.data.sample_pipeline import SampleOptions, sample_log
+    from calibkit.data.sample_pipeline import sample_log
+    from calibkit.requests.sample import SampleRequest
 
     root = tmp_path_factory.mktemp("travel")
     with pytest.MonkeyPatch.context() as mp:
@@ -276,7 +278,7 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> Path:
         mp.chdir(root)
         write_model_dir(Path("tm"))
         Path("log.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(80, seed=1)))
-        sample_log(Path("log.jsonl"), Path("set"), SampleOptions(size=24, clusters=1, tokenizer=Path("tm")))
+        sample_log(SampleRequest(logs=Path("log.jsonl"), out=Path("set"), size=24, clusters=1, tokenizer=Path("tm")))
         Path("eval.jsonl").write_text("".join(json.dumps({"text": t, "label": ["negative", "positive"][i % 2]})
                                               + "\n" for i, t in enumerate(texts(40, seed=2))))
         assert run("calibrate", "tm", "-c", "set", "--method", "percentile", "--out", "cal").exit_code == 0

@@ -12,7 +12,7 @@ import pytest
 from calibkit.data.calibset import write_calibration_set
 from calibkit.data.dedup import digest, normalize
 from calibkit.data.redact import redact
-from calibkit.data.sample_pipeline import SampleOptions, sample_log
+from calibkit.data.sample_pipeline import sample_log
 from calibkit.data.sampling import length_bucket
 from calibkit.errors import DataError
 from calibkit.evaluate.traffic import (
@@ -23,6 +23,7 @@ from calibkit.evaluate.traffic import (
     split_traffic,
 )
 from calibkit.progress import ProgressEvent
+from calibkit.requests.sample import SampleRequest
 
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
          "upsilon phi chi psi omega").split()
@@ -121,8 +122,8 @@ def test_redacted_calibration_texts_are_excluded_either_way(tmp_path: Path) -> N
     texts = [f"call me at alice{i}@example.org please, order {i}" for i in range(30)] + _texts(100)
     log = _write_log(tmp_path / "log.jsonl", texts)
     # a set sampled with redaction holds the redacted form; one sampled without it the raw form
-    red = sample_log(log, tmp_path / "red", SampleOptions(size=20, seed=0, clusters=1))
-    raw = sample_log(log, tmp_path / "raw", SampleOptions(size=20, seed=0, clusters=1, redact=False))
+    red = sample_log(SampleRequest(logs=log, out=tmp_path / "red", size=20, seed=0, clusters=1))
+    raw = sample_log(SampleRequest(logs=log, out=tmp_path / "raw", size=20, seed=0, clusters=1, redact=False))
     for cset in (red, raw):
         ev = draw_traffic(log, TrafficOptions(size=1000), calibration_set=cset)
         assert ev.excluded["calibration_set"] == 20 and len(ev) == 110
@@ -149,7 +150,7 @@ def test_group_excluded_by_a_later_line_is_not_drawn(tmp_path: Path) -> None:
 
 def test_default_log_from_the_manifest(tmp_path: Path) -> None:
     log = _write_log(tmp_path / "log.jsonl", _texts(400), field="request.text")
-    cset = sample_log(log, tmp_path / "cset", SampleOptions(size=64, clusters=1, text_field="request.text"))
+    cset = sample_log(SampleRequest(logs=log, out=tmp_path / "cset", size=64, clusters=1, text_field="request.text"))
     d = default_traffic_log(cset)
     assert d.path == log and d.text_field == "request.text" and d.redact
     events: list[ProgressEvent] = []

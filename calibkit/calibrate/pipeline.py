@@ -30,10 +30,11 @@ from calibkit.errors import CalibrationError, ModelError
 from calibkit.names import node_names
 from calibkit.progress import ProgressCallback
 from calibkit.quantize.fused import fused_fp32_linear, fused_warning
-from calibkit.quantize.placement import DEFAULT_OP_TYPES, Placement, plan_placement
+from calibkit.quantize.placement import Placement, plan_placement
 from calibkit.quantize.qdq import weightless_copy
 from calibkit.quantize.rangecheck import HARMFUL_CLIP_RATIO, ClipWarning, harmful_clipping
 from calibkit.quantize.tablefile import write_calibration_json
+from calibkit.requests.calibrate import CalibrateRequest
 from calibkit.resources import Resources
 from calibkit.results.files import (
     CalibrationDocument,
@@ -104,8 +105,8 @@ def gather_stats(
     tensors: Sequence[str],
     *,
     model_sha256: str,
-    num_bins: int = 2048,
-    batch_size: int = 32,
+    num_bins: int,
+    batch_size: int,
     use_cache: bool = True,
     cache_dir: Path | None = None,
     model: Any = None,
@@ -253,36 +254,30 @@ def _quantize(model: Any, table: CalibrationTable, op_types: Sequence[str], excl
     return quantize_model(proto, table, op_types=tuple(op_types), exclude=tuple(exclude), target=Target(target))
 
 
-def calibrate(
-    model_dir: ModelDir,
-    calibration_set: CalibrationSet | str | Path,
-    method: Method = DEFAULT_METHOD,
-    params: MethodParams = MethodParams(),
-    *,
-    out_dir: str | Path,
-    op_types: Sequence[str] = DEFAULT_OP_TYPES,
-    exclude: Sequence[str] = (),
-    target: str = "tensorrt",
-    batch_size: int = 32,
-    use_cache: bool = True,
-    cache_dir: Path | None = None,
-    trt_version: int = DEFAULT_TRT_VERSION,
-    threads: int | None = None,
-    resources: Resources = Resources(),
-) -> CalibrationResult:
-    """Calibrate ``model_dir`` on ``calibration_set`` and write OUT (see the module docstring): placement ->
-    statistics -> the method's table -> Q/DQ model and its checks -> the files. ``resources``: the executor whose
-    workers collect statistics in shards (None: this process), the token budget of tapped batches, the runner
-    factory of the tapped model and where progress goes."""
-    method = Method(method)
+def calibrate(request: CalibrateRequest, resources: Resources = Resources()) -> CalibrationResult:
+    """Run ``request`` and write its OUT (see the module docstring): placement -> statistics -> the method's
+    table -> Q/DQ model and its checks -> the files; with ``from_cache``, the Q/DQ model from a TensorRT
+    calibration cache instead (no model run, no statistics). The model folder and the calibration set are loaded
+    here when the request names them by path. ``resources``: the executor whose workers collect statistics in
+    shards (None: this process), the token budget of tapped batches, the runner factory of the tapped model and
+    where progress goes."""
+    request.validate()
+    if request.from_cache is not None:
+        return _calibrate_from_cache(request, _cache_model_dir(request), Path(request.from_cache))
+    model_dir = _model_dir(request)
+    calibration_set = request.calibration_set
+    method, params = Method(str(request.method)), request.params
+    op_types, exclude, target = request.op_types, request.exclude, str(request.target)
+    out_dir, trt_version, threads = request.out_dir, DEFAULT_TRT_VERSION, request.threads
+    cache_dir = Path(request.cache_dir) if request.cache_dir is not None else None
     t0 = time.perf_counter()
     cset = calibration_set if isinstance(calibration_set, CalibrationSet) else load_calibration_set(calibration_set)
     # loaded once: placement, taps and Q/DQ all read this copy; the file's bytes go to the tapped session
     proto, sha, model_bytes = load_hashed(model_dir.onnx_path)
     placement, collected = _placement(proto, op_types, exclude, model_dir)
     t1 = time.perf_counter()
-    stats = _Statistics(model_dir, cset, sha, collected, params.num_bins, batch_size, use_cache, cache_dir, threads,
-                        resources)
+    stats = _Statistics(model_dir, cset, sha, collected, params.num_bins, request.batch_size, request.use_cache,
+                        cache_dir, threads, resources)
     proto, store, reused = stats.gather(proto, model_bytes)
     t2 = time.perf_counter()
     provenance = {
@@ -476,15 +471,26 @@ def _write_outputs(
     )
 
 
-def calibrate_from_cache(
-    model_dir: ModelDir,
-    cache_path: str | Path,
-    *,
-    out_dir: str | Path,
-    op_types: Sequence[str] = DEFAULT_OP_TYPES,
-    exclude: Sequence[str] = (),
-    target: str = "tensorrt",
-) -> CalibrationResult:
+def _model_dir(request: CalibrateRequest) -> ModelDir:
+    model = request.model
+    if isinstance(model, ModelDir):
+        return model
+    return ModelDir.resolve(Path(model), Path(request.tokenizer) if request.tokenizer is not None else None)
+
+
+def _cache_model_dir(request: CalibrateRequest) -> ModelDir:
+    """The model of ``--from-cache``: a bare .onnx file needs no tokenizer (the model does not run)."""
+    try:
+        return _model_dir(request)
+    except ModelError:
+        model = request.model
+        path = Path(model) if not isinstance(model, ModelDir) else model.onnx_path
+        if not (path.is_file() and path.suffix == ".onnx"):
+            raise
+        return ModelDir(onnx_path=path, tokenizer_path=path.parent)
+
+
+def _calibrate_from_cache(request: CalibrateRequest, model_dir: ModelDir, cache_path: Path) -> CalibrationResult:
     """Build the Q/DQ model from an existing TensorRT calibration cache (no model run, no statistics).
 
     Cache names that match no quantized activation (TensorRT-internal ``ONNXTRT_Broadcast_*`` or
@@ -493,6 +499,7 @@ def calibrate_from_cache(
     """
     from calibkit.graph import load_model, model_sha256
 
+    op_types, exclude, target, out_dir = request.op_types, request.exclude, str(request.target), request.out_dir
     t0 = time.perf_counter()
     cache = read_cache(cache_path)
     sha = model_sha256(model_dir.onnx_path)

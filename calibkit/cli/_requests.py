@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import enum
 import inspect
 import types
 from collections.abc import Callable, Iterator, Sequence
@@ -21,7 +22,7 @@ from typing import Any, Union, get_args, get_origin
 import typer
 
 from calibkit.cli._common import FLOAT, INTEGER, handle_errors
-from calibkit.requests.options import Choice, Option, declared, default_of, flag_of
+from calibkit.requests.options import Option, declared, default_of, flag_of
 from calibkit.requests.resources import ResourceOptions
 
 
@@ -45,7 +46,7 @@ def _parser(kind: Any) -> dict[str, Any]:
 
 
 def _shown(value: Any) -> Any:
-    return value.value if isinstance(value, Choice) else value
+    return value.value if isinstance(value, enum.Enum) else value
 
 
 def cli_default(f: dataclasses.Field[Any], decl: Option) -> Any:

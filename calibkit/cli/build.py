@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import inspect
+from typing import TYPE_CHECKING
 
 import typer
 
-from calibkit.cli._common import INTEGER, TOKENIZER, RichProgress, count, guard_out_file, handle_errors, out, say, warn
+from calibkit.cli._common import RichProgress, count, guard_out_file, out, say, warn
+from calibkit.cli._requests import cli_paths, request_command
+from calibkit.requests.build import BuildRequest
+from calibkit.requests.resources import ResourceOptions
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from calibkit.building import BuildResult
 
 HELP = """Build an engine from an FP32 ONNX model: FP32, FP16 or INT8, for ONNX Runtime or TensorRT.
 
@@ -54,74 +61,52 @@ def register(app: typer.Typer) -> None:
                 short_help="Build an FP32, FP16 or INT8 engine (ONNX Runtime, TensorRT).", no_args_is_help=True)(build)
 
 
-def _split(values: list[str] | None) -> tuple[str, ...]:
-    return tuple(p.strip() for v in values or [] for p in v.split(",") if p.strip())
+RESOURCES: tuple[str, ...] = ()  # a build runs no batches: no worker, executor or memory option
+PRESENTATION: tuple[inspect.Parameter, ...] = ()
 
 
-def build(
-    model: Path = typer.Argument(..., help="Model folder (model.onnx + tokenizer + config.json) or an .onnx file."),
-    output: Path = typer.Option(..., "--output", "-o", help="Engine file to write: .onnx (onnxruntime) or .engine."),
-    precision: str = typer.Option("fp32", "--precision", "-p", help="fp32 | fp16 | int8."),
-    calibration: Path | None = typer.Option(
-        None, "--calibration", help="calibration.json from `calibkit calibrate` (or its folder), for int8."
-    ),
-    qdq: Path | None = typer.Option(None, "--qdq", help="A ready Q/DQ INT8 .onnx to use as it is, for int8."),
-    backend: str = typer.Option("onnxruntime", "--backend", "-b", help="onnxruntime | tensorrt."),
-    target: str | None = typer.Option(
-        None, "--target", help="INT8 Q/DQ layout: tensorrt | onnxruntime [default: the one calibration.json records]."
-    ),
-    exclude: list[str] = typer.Option(
-        [], "--exclude", "-x", help="Regex of node names or module paths kept in FP32 for int8/fp16 (repeatable), e.g. "
-        "'/classifier/' or 'classifier'."
-    ),
-    tokenizer: Path | None = TOKENIZER,
-    calibration_set: Path | None = typer.Option(
-        None, "--calibration-set", "-c", help="Texts whose token lengths set the TensorRT profile."
-    ),
-    min_seq: int | None = typer.Option(None, "--min-seq", parser=INTEGER,
-        help="TensorRT profile: shortest sequence [1]."),
-    opt_seq: int | None = typer.Option(None, "--opt-seq", parser=INTEGER,
-        help="TensorRT profile: tuned-for sequence [median]."),
-    max_seq: int | None = typer.Option(None, "--max-seq", parser=INTEGER,
-        help="TensorRT profile: longest sequence [p99, to 8]."),
-    workspace_mib: int = typer.Option(4096, "--workspace-mib", parser=INTEGER,
-        help="TensorRT builder workspace limit (MiB)."),
-    reduce_range: bool | None = typer.Option(
-        None, "--reduce-range/--no-reduce-range",
-        help="7-bit weights for the onnxruntime layout: ONNX Runtime's int8 GEMM saturates with 8-bit weights on "
-        "x86 CPUs without VNNI [default: on where this machine's CPU lacks VNNI].",
-    ),
-) -> None:
-    with handle_errors():
-        from calibkit.api import build as run_build
-        from calibkit.enginefiles.artifact import sidecar_path
+def run_build(request: BuildRequest, resources: ResourceOptions) -> None:
+    """Check the request and the output file, make one ``calibkit.api.run`` call, print what was built; without
+    TensorRT, print the same build as trtexec commands before the error."""
+    from calibkit.api import run
+    from calibkit.enginefiles.artifact import sidecar_path
+    from calibkit.errors import MissingDependencyError
+    from calibkit.types import Backend
 
-        guard_out_file(output, inputs=[model, calibration, qdq, tokenizer, calibration_set], option="--output",
-                       owned=lambda p: sidecar_path(p).is_file())
+    request.validate()
+    inputs = cli_paths(request.model, request.calibration, request.qdq, request.tokenizer, request.calibration_set)
+    guard_out_file(request.output, inputs=inputs, option="--output", owned=lambda p: sidecar_path(p).is_file())
+    try:
         with RichProgress() as progress:
-            res = run_build(
-                model, output, precision=precision, backend=backend, calibration=calibration, qdq=qdq, target=target,
-                exclude=_split(exclude), tokenizer=tokenizer, calibration_set=calibration_set, min_seq=min_seq,
-                opt_seq=opt_seq, max_seq=max_seq, workspace_mib=workspace_mib, reduce_range=reduce_range,
-                progress=progress, on_missing_tensorrt=_print_trtexec,
-            )
-        art = res.artifact
-        layout = art.extra.get("target")  # the Q/DQ layout of an INT8 build, which need not be the backend's own
-        say(f"wrote {art.path} ({art.precision.value}" + (f", {layout} Q/DQ layout" if layout else "")
-            + f", {art.backend.value} backend)")
-        if res.quantized_nodes:
-            say(f"  {count(len(res.quantized_nodes), 'node')} quantized, {len(art.kept_higher_precision)} kept in "
-                      f"higher precision, {count(len(res.missing_ranges), 'tensor')} without a range")
-        elif art.kept_higher_precision:
-            say(f"  {count(len(art.kept_higher_precision), 'node')} kept in higher precision")
-        zero = list(art.extra.get("zero_ranges") or [])
-        if zero:
-            warn(f"{len(zero)} tensors have amax 0 (all zero during calibration), so their nodes stay FP32: "
-                 f"{', '.join(map(str, zero[:5]))}")
-        for extra in res.files[1:]:
-            say(f"  + {extra}")
-        for w in res.warnings:
-            warn(w)
+            res = run(request, resources, progress)
+    except MissingDependencyError:
+        if request.backend is Backend.TENSORRT:
+            _print_trtexec(request)
+        raise
+    _summary(res)
+
+
+build = request_command(BuildRequest, run_build, resources=RESOURCES, extra=PRESENTATION)
+
+
+def _summary(res: BuildResult) -> None:
+    art = res.artifact
+    layout = art.extra.get("target")  # the Q/DQ layout of an INT8 build, which need not be the backend's own
+    say(f"wrote {art.path} ({art.precision.value}" + (f", {layout} Q/DQ layout" if layout else "")
+        + f", {art.backend.value} backend)")
+    if res.quantized_nodes:
+        say(f"  {count(len(res.quantized_nodes), 'node')} quantized, {len(art.kept_higher_precision)} kept in "
+            f"higher precision, {count(len(res.missing_ranges), 'tensor')} without a range")
+    elif art.kept_higher_precision:
+        say(f"  {count(len(art.kept_higher_precision), 'node')} kept in higher precision")
+    zero = list(art.extra.get("zero_ranges") or [])
+    if zero:
+        warn(f"{len(zero)} tensors have amax 0 (all zero during calibration), so their nodes stay FP32: "
+             f"{', '.join(map(str, zero[:5]))}")
+    for extra in res.files[1:]:
+        say(f"  + {extra}")
+    for w in res.warnings:
+        warn(w)
 
 
 def _print_trtexec(req) -> None:  # noqa: ANN001

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from calibkit.cli._common import (
-    FORCE,
-    INTEGER,
-    RichProgress,
-    guard_out_dir,
-    handle_errors,
-    out,
-    warn,
-)
+from calibkit.cli._common import FORCE, RichProgress, guard_out_dir, out, warn
+from calibkit.cli._requests import cli_paths, request_command
+from calibkit.requests.resources import ResourceOptions
+from calibkit.requests.sample import SampleRequest
 
 HELP = """Draw a calibration set from a JSON Lines request log (plain or .gz, any size).
 
@@ -50,52 +47,27 @@ def register(app: typer.Typer) -> None:
                 short_help="Draw a representative calibration set from a request log.", no_args_is_help=True)(sample)
 
 
-def sample(
-    logs: Path = typer.Argument(..., help="JSON Lines log (.jsonl, .jsonl.gz), one request per line."),
-    size: int = typer.Option(512, "--size", "-n", parser=INTEGER, help="Number of texts to draw."),
-    out_dir: Path | None = typer.Option(
-        None,
-        "--out",
-        "-o",
-        help="Output folder (default: calibration_sets/LOGSTEM-nN-sSEED, e.g. calibration_sets/prod-n512-s0).",
-    ),
-    seed: int = typer.Option(0, "--seed", parser=INTEGER, help="Seed of the draw: same seed, same sample."),
-    text_field: str | None = typer.Option(
-        None,
-        "--text-field",
-        help="Dotted path of the text, e.g. request.text; comma-separated fallbacks allowed "
-        "(request.text,text). Default: auto-detect (text, request.text, input, prompt, query, ...).",
-    ),
-    label_field: str | None = typer.Option(
-        None, "--label-field", help="Dotted path of a label to stratify by and keep, e.g. label."
-    ),
-    tokenizer: Path | None = typer.Option(
-        None,
-        "--tokenizer",
-        help="tokenizer.json or a model folder: precise token lengths and the model's maximum length "
-        "(default: a word-piece estimate and 512).",
-    ),
-    strict: bool = typer.Option(False, "--strict", help="Fail at the first broken line instead of skipping it."),
-    no_redact: bool = typer.Option(False, "--no-redact", help="Keep e-mails, phone/card numbers and IPs as is."),
-    clusters: int = typer.Option(12, "--clusters", parser=INTEGER, help="Topic clusters to stratify by (1 disables)."),
-    force: bool = FORCE,
-) -> None:
-    with handle_errors():
-        from calibkit.api import sample as run_sample
-        from calibkit.data.sample_pipeline import default_out_dir
-        from calibkit.errors import UsageError
+#: the command line's own option, beside the request's
+PRESENTATION = (inspect.Parameter("force", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=FORCE),)
+RESOURCES: tuple[str, ...] = ()  # sample runs no model in batches: no worker, executor or memory option
 
-        if clusters < 1:
-            raise UsageError(f"--clusters must be at least 1 (got {clusters})")
-        target = out_dir or default_out_dir(logs, size, seed)
-        guard_out_dir(target, inputs=[logs, tokenizer], force=force, legacy_names=("texts.jsonl", "manifest.json"))
-        with RichProgress() as progress:
-            cset = run_sample(logs, target, size=size, seed=seed, text_field=text_field, label_field=label_field,
-                              tokenizer=tokenizer, strict=strict, redact=not no_redact, clusters=clusters,
-                              progress=progress)
-        _summary(cset.manifest, target)
-        for w in cset.manifest.get("warnings", []):
-            warn(w)
+
+def run_sample(request: SampleRequest, resources: ResourceOptions, *, force: bool) -> None:
+    """Check the request and OUT, make one ``calibkit.api.run`` call, print what was drawn."""
+    from calibkit.api import run
+
+    request.validate()
+    target = request.out_dir
+    guard_out_dir(target, inputs=cli_paths(request.logs, request.tokenizer), force=force,
+                  legacy_names=("texts.jsonl", "manifest.json"))
+    with RichProgress() as progress:
+        cset = run(replace(request, out=target), resources, progress)
+    _summary(cset.manifest, target)
+    for w in cset.manifest.get("warnings", []):
+        warn(w)
+
+
+sample = request_command(SampleRequest, run_sample, resources=RESOURCES, extra=PRESENTATION)
 
 
 def _summary(m: dict[str, Any], target: Path) -> None:

@@ -15,7 +15,6 @@ Same log + same options + same seed -> the same texts in the same order, and a b
 from __future__ import annotations
 
 import logging
-import os
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -51,9 +50,9 @@ from calibkit.data.sampling import (
     verdict,
     weighted_ks,
 )
-from calibkit.errors import DataError, UsageError
+from calibkit.errors import DataError
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
-from calibkit.types import check_seed
+from calibkit.requests.sample import SampleRequest
 
 log = logging.getLogger("calibkit.data.sample")
 
@@ -72,39 +71,10 @@ def label_strata_limit(size: int) -> int:
 
 
 @dataclass(frozen=True)
-class SampleOptions:
-    size: int = 512
-    seed: int = 0
-    text_field: str | None = None  # dotted path, or comma-separated fallbacks; None: auto-detect
-    label_field: str | None = None
-    tokenizer: Path | None = None  # tokenizer.json or a model folder; None: word-piece estimate
-    strict: bool = False
-    redact: bool = True
-    clusters: int = 12
-    max_length: int | None = None  # None: the tokenizer's maximum, else 512
-    min_per_stratum: int = 1
-
-    def __post_init__(self) -> None:
-        check_seed(self.seed)
-        if self.size < 1:
-            raise UsageError(f"--size must be at least 1 (got {self.size})",
-                             hint="pass the number of texts to draw, e.g. --size 512")
-
-
-@dataclass(frozen=True)
 class Sample:
     texts: tuple[str, ...]
     labels: tuple[str | None, ...] | None
     manifest: dict[str, Any]
-
-
-def default_out_dir(log_path: str | os.PathLike[str], size: int, seed: int) -> Path:
-    """calibration_sets/<log stem>-n<N>-s<seed> (``x.jsonl.gz`` has stem ``x``)."""
-    name = Path(log_path).name
-    for suffix in (".gz", ".jsonl", ".json", ".ndjson", ".log", ".txt"):
-        if name.endswith(suffix) and len(name) > len(suffix):
-            name = name[: -len(suffix)]
-    return Path("calibration_sets") / f"{name}-n{size}-s{seed}"
 
 
 def check_log(path: Path) -> None:
@@ -190,23 +160,22 @@ def clean_log(
         yield CleanText(rec, text, raw, dedup.add(text) if dedup is not None else None)
 
 
-def draw_sample(
-    log_path: str | os.PathLike[str], options: SampleOptions, progress: ProgressCallback | None = None
-) -> Sample:
-    """Read the log and choose the calibration texts; writes nothing. Steps: one streaming pass keeps a
-    bounded candidate pool per (length, label) stratum (:func:`_read_log`); the pool's texts get precise
+def draw_sample(request: SampleRequest, progress: ProgressCallback | None = None) -> Sample:
+    """Read the request's log and choose the calibration texts; writes nothing. Steps: one streaming pass keeps
+    a bounded candidate pool per (length, label) stratum (:func:`_read_log`); the pool's texts get precise
     lengths and topic clusters (:func:`_measure_pool`); the size is allocated over length x label x topic
     strata (:func:`_allocate_sample`); the manifest says how (:func:`_manifest`)."""
-    path = Path(log_path)
+    request.validate()
+    path = Path(request.logs)
     cb = progress or no_progress
-    fields, auto = resolve_text_fields(path, options.text_field)
-    read = _read_log(path, fields, options, cb)
-    _check_usable(path, fields, options, read)
-    pool = _measure_pool(read, options, cb)
-    drawn = _allocate_sample(pool, read.by_label, options)
-    s_labels = tuple(pool.cands[i].label for i in drawn.chosen) if options.label_field is not None else None
+    fields, auto = resolve_text_fields(path, request.text_field)
+    read = _read_log(path, fields, request, cb)
+    _check_usable(path, fields, request, read)
+    pool = _measure_pool(read, request, cb)
+    drawn = _allocate_sample(pool, read.by_label, request)
+    s_labels = tuple(pool.cands[i].label for i in drawn.chosen) if request.label_field is not None else None
     return Sample(tuple(pool.cands[i].text for i in drawn.chosen), s_labels,
-                  _manifest(path, fields, auto, options, read, pool, drawn))
+                  _manifest(path, fields, auto, request, read, pool, drawn))
 
 
 @dataclass(frozen=True)
@@ -227,7 +196,7 @@ class _LogPass:
     file_size: int
 
 
-def _read_log(path: Path, fields: Sequence[str], options: SampleOptions, cb: ProgressCallback) -> _LogPass:
+def _read_log(path: Path, fields: Sequence[str], options: SampleRequest, cb: ProgressCallback) -> _LogPass:
     """One pass through ``clean_log``: every distinct text is counted in the length histogram and offered to
     the pool of its (length bucket, label) stratum; label strata are merged away once there are too many."""
     stats = ReadStats()
@@ -270,7 +239,7 @@ def _read_log(path: Path, fields: Sequence[str], options: SampleOptions, cb: Pro
                     by_label, file_size)
 
 
-def _check_usable(path: Path, fields: Sequence[str], options: SampleOptions, read: _LogPass) -> None:
+def _check_usable(path: Path, fields: Sequence[str], options: SampleRequest, read: _LogPass) -> None:
     """DataError for a log that cannot give the sample: empty, no usable text, fewer distinct texts than
     --size."""
     stats, dedup = read.stats, read.dedup
@@ -303,12 +272,13 @@ class _Pool:
     capacity: int
 
 
-def _measure_pool(read: _LogPass, options: SampleOptions, cb: ProgressCallback) -> _Pool:
+def _measure_pool(read: _LogPass, options: SampleRequest, cb: ProgressCallback) -> _Pool:
     """Every pooled candidate with its stratum's weight, its length (the tokenizer's when given, else the
     word-piece estimate) and its topic cluster."""
     pool = read.pool
     cands, weights = pool.weighted_members()
-    lengths, measure, max_len = candidate_lengths(cands, options.tokenizer, options.max_length, cb,
+    tokenizer = Path(options.tokenizer) if options.tokenizer else None
+    lengths, measure, max_len = candidate_lengths(cands, tokenizer, options.max_length, cb,
                                                   "tokenizing candidates")
     cb(ProgressEvent("clustering topics", 0, 1))
     topics = cluster_topics([c.text for c in cands], options.clusters, options.seed)
@@ -348,7 +318,7 @@ class _Drawn:
     chosen: list[int]
 
 
-def _allocate_sample(pool: _Pool, by_label: bool, options: SampleOptions) -> _Drawn:
+def _allocate_sample(pool: _Pool, by_label: bool, options: SampleRequest) -> _Drawn:
     """Proportional allocation of --size over the final strata (at least --min-per-stratum each), the
     lowest-priority members of each stratum chosen."""
     cands = pool.cands
@@ -368,7 +338,7 @@ def _allocate_sample(pool: _Pool, by_label: bool, options: SampleOptions) -> _Dr
     return _Drawn(strata_pop, members_of, alloc, chosen)
 
 
-def _sample_warnings(options: SampleOptions, read: _LogPass) -> tuple[list[str], dict[str, Any] | None]:
+def _sample_warnings(options: SampleRequest, read: _LogPass) -> tuple[list[str], dict[str, Any] | None]:
     """The manifest's warnings (a label field with too many values to stratify by, texts cut to
     MAX_TEXT_CHARS) and its label-stratification record."""
     warnings: list[str] = []
@@ -388,7 +358,7 @@ def _sample_warnings(options: SampleOptions, read: _LogPass) -> tuple[list[str],
     return warnings, label_info
 
 
-def _manifest(path: Path, fields: Sequence[str], auto: bool, options: SampleOptions, read: _LogPass, pool: _Pool,
+def _manifest(path: Path, fields: Sequence[str], auto: bool, options: SampleRequest, read: _LogPass, pool: _Pool,
               drawn: _Drawn) -> dict[str, Any]:
     """manifest.json: the source, the reading and cleanup counts, dedup, lengths, strata and how
     representative the sample's lengths are of the log's."""
@@ -473,7 +443,7 @@ def _length_sections(read: _LogPass, pool: _Pool, chosen: list[int]) -> dict[str
     }
 
 
-def _strata_section(options: SampleOptions, read: _LogPass, pool: _Pool, drawn: _Drawn,
+def _strata_section(options: SampleRequest, read: _LogPass, pool: _Pool, drawn: _Drawn,
                     label_info: dict[str, Any] | None) -> dict[str, Any]:
     cands, topics = pool.cands, pool.topics
     names = bucket_names()
@@ -523,15 +493,10 @@ def _merge_label_strata(pool: PriorityPool) -> PriorityPool:
     return merged
 
 
-def sample_log(
-    log_path: str | os.PathLike[str],
-    out_dir: str | os.PathLike[str],
-    options: SampleOptions,
-    progress: ProgressCallback | None = None,
-) -> CalibrationSet:
-    """Draw a sample and write ``out_dir/texts.jsonl`` + ``manifest.json`` atomically."""
-    s = draw_sample(log_path, options, progress)
-    return write_calibration_set(Path(out_dir), s.texts, s.labels, s.manifest)
+def sample_log(request: SampleRequest, progress: ProgressCallback | None = None) -> CalibrationSet:
+    """Draw a sample and write ``texts.jsonl`` + ``manifest.json`` into the request's OUT atomically."""
+    s = draw_sample(request, progress)
+    return write_calibration_set(request.out_dir, s.texts, s.labels, s.manifest)
 
 
 def _preview(text: str, n: int = 80) -> str:
@@ -545,5 +510,5 @@ def _gz(path: Path) -> bool:
     return is_gzip(path)
 
 
-__all__: Sequence[str] = ("SampleOptions", "Sample", "draw_sample", "sample_log", "default_out_dir", "clean_log",
+__all__: Sequence[str] = ("SampleRequest", "Sample", "draw_sample", "sample_log", "clean_log",
                           "CleanText", "CleanupTally", "resolve_text_fields", "check_log")

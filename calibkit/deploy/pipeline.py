@@ -282,7 +282,7 @@ def _build_request(served: _Served, target: Path, request: DeployRequest) -> Any
         return BuildRequest(**common, precision=src.precision,
                             keep_nodes=src.keep_nodes if src.precision is Precision.FP16 else ())
     if src.qdq_model is not None and src.qdq_target == layout.shipped:  # the very file that was measured
-        return BuildRequest(**common, precision=Precision.INT8, qdq_model=src.qdq_model)
+        return BuildRequest(**common, precision=Precision.INT8, qdq=src.qdq_model)
     reduce = request.reduce_range
     if reduce is None and src.weight_bits is not None and src.qdq_target == "onnxruntime":
         reduce = src.weight_bits == 7  # as the engine deployed was built

@@ -142,11 +142,11 @@ def build_equivalent(req: object) -> list[str]:
     calib_set = req.calibration_set
     prefix = ["calibkit", "build", str(req.model)] + (["--tokenizer", str(req.tokenizer)] if req.tokenizer else [])
     excl = [a for p in req.exclude for a in ("--exclude", p)]
-    if req.precision is Precision.INT8 and req.qdq_model is not None:
+    if req.precision is Precision.INT8 and req.qdq is not None:
         from calibkit.deploy.source import _uint8_activations
         from calibkit.errors import ModelError
 
-        onnx = Path(req.qdq_model)
+        onnx = Path(req.qdq)
         if _uint8_activations(onnx):
             raise ModelError(f"{onnx} uses uint8 activations (the onnxruntime layout); TensorRT needs int8",
                              hint="build from --calibration with --target tensorrt")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from calibkit.errors import UsageError
 from calibkit.quantize.placement import DEFAULT_OP_TYPES
-from calibkit.requests.checks import COUNT, PERCENTILE, Bound, check_names, check_paths
+from calibkit.requests.checks import COUNT, COUNT_OR_NONE, PERCENTILE, Bound, check_names, check_paths
 from calibkit.requests.choices import Target
 from calibkit.requests.options import Choice, check_bounds, coerce, option
 from calibkit.types import Method, MethodParams
@@ -85,6 +85,9 @@ class CalibrateRequest:
                              help="Reuse saved statistics (--fresh-stats: run the model again).")
     cache_dir: PathLike | None = option(None, cli=False,
                                         help="The statistics cache (None: $CALIBKIT_CACHE, default ~/.cache/calibkit).")
+    # ---- a knob of the pipeline: no command line sets it
+    threads: int | None = option(None, cli=False, api=False, bound=COUNT_OR_NONE,
+                                 help="Threads of the statistics and the method (None: one per usable CPU).")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", coerce(CalibrationMethod, self.method))
