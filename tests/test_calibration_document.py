@@ -13,12 +13,13 @@ import pytest
 from calib_helpers import texts, write_model_dir
 
 from calibkit._io import dumps_json
-from calibkit.calibrate.pipeline import calibrate, calibrate_from_cache
+from calibkit.calibrate.pipeline import calibrate
 from calibkit.data.calibset import write_calibration_set
 from calibkit.data.modeldir import ModelDir
 from calibkit.demo.workflow import _index
 from calibkit.errors import CalibrationError, DataError
 from calibkit.quantize.tablefile import load_calibration_json, write_calibration_json
+from calibkit.requests.calibrate import CalibrateRequest
 from calibkit.results.codec import CALIBRATION_FORMAT, DEMO_FORMAT, document_json, parse_document
 from calibkit.results.files import (
     CalibrationDocument,
@@ -95,8 +96,9 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
         write_model_dir(tmp / "model")
         write_calibration_set(tmp / "set", texts(24, seed=3), None, {})
         md = ModelDir.resolve(tmp / "model")
-        calibrate(md, tmp / "set", Method.ENTROPY, out_dir=tmp / "cal", exclude=("nothing*",))
-        calibrate_from_cache(md, tmp / "cal" / "calibration.cache", out_dir=tmp / "fc")
+        calibrate(CalibrateRequest(model=md, calibration_set=tmp / "set", method=Method.ENTROPY, out=tmp / "cal",
+                                   exclude=("nothing*",)))
+        calibrate(CalibrateRequest(model=md, from_cache=tmp / "cal" / "calibration.cache", out=tmp / "fc"))
     return tmp
 
 
@@ -241,6 +243,14 @@ def test_the_demo_summary_round_trips_and_keeps_its_keys() -> None:
         "mcnemar_p": 0.6, "significant": False, "verdict": "not significant", "examples_to_settle": 1800}
     parsed = parse_document(DemoSummary, doc)
     assert parsed == summary
+    # what came after the typed summary: the estimate, and what deploy shipped and measured, written when known
+    from calibkit.results.runs import TimeEstimate
+
+    later = replace(summary, time_estimate=TimeEstimate(0.01, 64, 100.0, 300.0, actual_seconds=120.0),
+                    deploy=replace(summary.deploy, layout="tensorrt", agreement_with_fp32=0.991))
+    doc = json.loads(dumps_json(document_json(later)))
+    assert set(doc) == DEMO_KEYS | {"time_estimate"} and doc["deploy"]["layout"] == "tensorrt"
+    assert parse_document(DemoSummary, doc) == later
     assert _index(parsed) == _index(summary)  # the index page renders from the typed value
     md = _index(summary)[0]
     assert "**mse**" in md and "3 of 20 texts under 0.1" in md and "[Serving" in md

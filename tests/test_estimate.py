@@ -34,7 +34,7 @@ from calibkit.evaluate.estimate import (
 )
 from calibkit.progress import ESTIMATE_TASK, ProgressEvent
 from calibkit.results import runs as R
-from calibkit.results.codec import check_domains, parse_result, to_document, to_json
+from calibkit.results.codec import check_domains, parse_result, to_document
 from calibkit.results.runs import FP32_PHASE, PhaseCost, TimeEstimate, span_text
 
 # ---------------------------------------------------------------- the arithmetic, on fake timings
@@ -329,6 +329,6 @@ def test_the_demo_prices_its_steps_after_sampling_and_names_fast_as_the_shortcut
     tune = next(s for s in demo.steps if s.step == "tune")  # the demo's tune is its longest step
     assert tune.likely_seconds == max(s.likely_seconds for s in demo.steps) > demo.likely_seconds / 3
     # the index page's Time section says what was estimated and what it took
-    s = {"time_estimate": to_json(finish(demo, 3000.0))}
+    s = SimpleNamespace(time_estimate=finish(demo, 3000.0))
     line = _estimate_line(s)
     assert "Estimated after sampling" in line and "they took 50 min" in line and "--fast: about" in line

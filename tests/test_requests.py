@@ -266,6 +266,12 @@ def _option_names(request_cls: type) -> set[str]:
     return {f.name for f, d in declared(request_cls) if d.api}
 
 
+def _records_nothing(value: ast.expr) -> bool:
+    if isinstance(value, ast.Constant):
+        return value.value is None
+    return isinstance(value, ast.Call) and getattr(value.func, "id", "") == "absent"
+
+
 def _redeclarations(tree: ast.AST, names: set[str]) -> list[str]:
     """Functions and classes that give a default to a third or more of ``names`` (an option table again)."""
     found = []
@@ -275,8 +281,9 @@ def _redeclarations(tree: ast.AST, names: set[str]) -> list[str]:
             defaulted = [x.arg for x in a.args[len(a.args) - len(a.defaults):]]
             defaulted += [x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
         elif isinstance(node, ast.ClassDef):
+            # a field defaulting to None (or to absent()) records that nothing was given: not an option's default
             defaulted = [s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and s.value is not None
-                         and isinstance(s.target, ast.Name)]
+                         and isinstance(s.target, ast.Name) and not _records_nothing(s.value)]
         else:
             continue
         if len(set(defaulted) & names) * 3 >= len(names):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,19 +41,19 @@ class CalibrationFile:
 
     path: Path
     table: CalibrationTable
-    target: str = "tensorrt"
-    op_types: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-    quantized_nodes: tuple[str, ...] = ()
-    kept_nodes: tuple[str, ...] = ()
-    tensors: Mapping[str, TensorRecord] = field(default_factory=dict)
-    files: Mapping[str, str] = field(default_factory=dict)
-    raw: dict[str, Any] = field(default_factory=dict)
-    source_model: Path | None = None
-    tokenizer: Path | None = None
-    calibration_set: Path | None = None
-    sha256: DocumentDigests = DocumentDigests()
-    document: CalibrationDocument | None = None
+    target: str
+    op_types: tuple[str, ...]
+    exclude: tuple[str, ...]
+    quantized_nodes: tuple[str, ...]
+    kept_nodes: tuple[str, ...]
+    tensors: Mapping[str, TensorRecord]
+    files: Mapping[str, str]
+    raw: dict[str, Any]
+    source_model: Path | None
+    tokenizer: Path | None
+    calibration_set: Path | None
+    sha256: DocumentDigests
+    document: CalibrationDocument | None
 
     def file(self, key: str) -> Path | None:
         """Absolute path of a file written beside calibration.json (``model``, ``cache``, ``stats``)."""

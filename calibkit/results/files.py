@@ -299,8 +299,8 @@ class DemoDeploy:
     waste_one_profile: float
     preferred_batch_size: tuple[int, ...]
     link: str
-    layout: str | None = None  # the INT8 layout shipped (the one measured)
-    agreement_with_fp32: float | None = None  # deploy's measurement of what it wrote, on the traffic
+    layout: str | None = absent()  # the INT8 layout shipped (the one measured)
+    agreement_with_fp32: float | None = absent()  # deploy's measurement of what it wrote, on the traffic
 
 
 @dataclass(frozen=True)
@@ -328,4 +328,4 @@ class DemoSummary:
     int8_engine: DemoEngine
     deploy: DemoDeploy | None
     timings_s: Mapping[str, float]
-    time_estimate: TimeEstimate | None = None  # what the demo said its steps would take, and what they took
+    time_estimate: TimeEstimate | None = absent()  # what the demo said its steps would take, and what they took
