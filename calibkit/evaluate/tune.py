@@ -1098,16 +1098,20 @@ def _reasons(
     total = sum(flops.values()) or 1.0
     for n in plan:
         r = []  # measured effects first: a layer is kept for what quantizing it did, not for a statistic
-        without = tuple(x for x in plan if x != n)
-        miss = next((m for m in tried if m.plan == without and not m.meets), None)
+        miss = _smallest_failed_return(plan, n, tried)
         if miss is not None:
+            others = len(plan) - len(miss.plan) - 1
+            what = "it" if others == 0 else f"it and {others} other kept layer{'s' * (others > 1)}"
             if miss.accuracy == miss.accuracy:
-                r.append(f"the same plan with it in INT8 was measured at {100 * miss.accuracy:.2f} % accuracy, "
-                         f"agreement {100 * miss.agreement:.2f} %: short of the target")
+                r.append(f"the same plan with {what} in INT8 was measured at {100 * miss.accuracy:.2f} % "
+                         f"accuracy, agreement {100 * miss.agreement:.2f} %: short of the target")
             else:
-                r.append(f"the same plan with it in INT8 kept {100 * miss.agreement:.2f} % of {noun}"
+                r.append(f"the same plan with {what} in INT8 kept {100 * miss.agreement:.2f} % of {noun}"
                          + (f", mean cosine {miss.cosine:.5f}" if miss.cosine == miss.cosine else "")
                          + ": short of the target")
+        elif tried:  # what quantizing it alone did is no reason to keep it when that did nothing: say why
+            r.append("kept for its place in the sensitivity ranking (output damage per FLOP): the search "
+                     "never measured this plan with it in INT8")
         if n in harm:
             what = "an output KL divergence" if base.mean_kl == base.mean_kl else (
                 "a cosine distance (1 - mean cosine)" if base.cosine_values else "a changed share")
@@ -1120,6 +1124,14 @@ def _reasons(
         r.append(f"costs {100 * flops.get(n, 0.0) / total:.2f} % of the MatMul/Gemm FLOPs")
         out[n] = r
     return out
+
+
+def _smallest_failed_return(plan: Plan, node: str, tried: Sequence[Measured]) -> Measured | None:
+    """The measured candidate that missed the target with ``node`` and the fewest other layers of ``plan``
+    returned to INT8 (the prune stage returns small layers together), else None."""
+    kept = set(plan)
+    misses = [m for m in tried if not m.meets and node not in m.plan and set(m.plan) < kept]
+    return max(misses, key=lambda m: len(m.plan), default=None)
 
 
 def _write_outputs(out: Path, model_dir: ModelDir, fp: Any, table: CalibrationTable, result: TuneResult,
