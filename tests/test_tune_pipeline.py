@@ -243,9 +243,9 @@ def test_tune_cli_reports_agreement_and_the_holdout_verdict(tiny_setup, tmp_path
     flat = " ".join(r.output.split())
     assert "share of FP32's predictions kept" in flat and "fewest flips" in flat
     assert "one-sided 90 % lower bound of the agreement" in flat
-    assert "the holdout supports the claim" in flat or "the holdout does NOT support the claim" in flat
     assert "(model.int8.onnx, calibration.cache, calibration.json, plan.json, tune.json)" in flat
     doc = json.loads((tmp_path / "o" / "tune.json").read_text())
+    assert f"{parse_result(doc).holdout_says}: " in flat  # the verdict in the claim's terms
     assert doc["eval_set"]["count"] == 200 and doc["target"]["min_agreement"] == 95.0
     plan = json.loads((tmp_path / "o" / "plan.json").read_text())
     assert plan["holdout_verdict"]["text"] and plan["agreement_with_fp32"]["holdout"] is not None
