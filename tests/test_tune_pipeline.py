@@ -186,6 +186,17 @@ def test_tune_writes_a_plan_whose_accuracy_is_measured(tiny_setup):
     assert not set(cal["quantized_nodes"]) & set(res.kept_nodes)
 
 
+def test_tune_records_its_calibration_set_for_deploy(tiny_setup):
+    from calibkit.quantize.tablefile import load_calibration_json
+
+    md = ModelDir.resolve(tiny_setup["model"])
+    out = tiny_setup["root"] / "records-set"
+    run_tune(md, tiny_setup["cset"], load_eval_set(tiny_setup["eval"]), out,
+             options(max_drop=1.0, sensitivity_samples=32, method="minmax", smooth=False, confirm=False))
+    # deploy reads the set from here to leave its texts out of the texts it measures the served model on
+    assert load_calibration_json(out / "calibration.json").calibration_set == Path(tiny_setup["cset"]).resolve()
+
+
 def test_tune_resumes_from_its_ledger(tiny_setup):
     md = ModelDir.resolve(tiny_setup["model"])
     ev = load_eval_set(tiny_setup["eval"])

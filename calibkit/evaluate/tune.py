@@ -384,11 +384,11 @@ def _run_tune(
     if render is not None and report_dir:  # OUT and --report are replaced together or not at all
         with commit_together():
             run = _write_outputs(out, model_dir, model.proto, tables.base[0], result, config, write_document,
-                                 tables.variant)
+                                 tables.variant, cset)
             render(result, Path(report_dir))
     else:
         run = _write_outputs(out, model_dir, model.proto, tables.base[0], result, config, write_document,
-                             tables.variant)
+                             tables.variant, cset)
         if render is not None:
             render(result, out / "report")
     return replace(run, resumed_evaluations=ledger.loaded)
@@ -1135,8 +1135,8 @@ def _smallest_failed_return(plan: Plan, node: str, tried: Sequence[Measured]) ->
 
 
 def _write_outputs(out: Path, model_dir: ModelDir, fp: Any, table: CalibrationTable, result: TuneResult,
-                   config: TuneConfig, write_document: DocumentWriter | None, variant: _Variant | None = None
-                   ) -> TuneRun:
+                   config: TuneConfig, write_document: DocumentWriter | None, variant: _Variant | None = None,
+                   cset: CalibrationSet | None = None) -> TuneRun:
     """OUT/ as a whole: the plan's INT8 model, its calibration cache and table, plan.json and, through
     ``write_document`` (the report layer's serializer), tune.json. A plan on the smoothed model also gets that
     model folder (OUT/smoothed-model/), which calibration.json names as its source: `calibkit build
@@ -1157,6 +1157,8 @@ def _write_outputs(out: Path, model_dir: ModelDir, fp: Any, table: CalibrationTa
         "source_model": str(source), "tokenizer": str(model_dir.tokenizer_path),
         "tune": {"max_drop": config.max_drop, "relative": config.relative},
     }
+    if cset is not None:  # deploy leaves these texts out of what it measures on
+        extras["calibration_set"] = {"id": cset.id, "path": str(cset.path), "texts": len(cset)}
     legacy = ("model.int8.onnx", "calibration.cache", "calibration.json", "plan.json", "tune.json")
     with atomic_dir(out, what="tune", legacy_names=legacy) as tmp:
         if smoothed:
