@@ -13,8 +13,8 @@ BASE = SensitivityResult(mode="all", node=None, accuracy=float("nan"), logit_mse
 HARM = {n: (1e-7, 0.0) for n in FLOPS}  # alone, no layer changes a prediction
 
 
-def _m(kept: list[str], meets: bool, agreement: float) -> Measured:
-    return Measured(plan=as_plan(kept), accuracy=float("nan"), int8_flops_fraction=0.0, stage="prune",
+def _m(kept: list[str], meets: bool, agreement: float, stage: str = "prune") -> Measured:
+    return Measured(plan=as_plan(kept), accuracy=float("nan"), int8_flops_fraction=0.0, stage=stage,
                     meets=meets, agreement=agreement)
 
 
@@ -40,3 +40,9 @@ def test_a_layer_whose_return_was_never_measured_says_so_before_its_harmless_eff
     assert r["mid"][0] == ("kept for its place in the sensitivity ranking (output damage per FLOP): the search "
                            "never measured this plan with it in INT8")
     assert "changes 0.00 %" in r["mid"][1]
+
+
+def test_a_smaller_prefix_that_missed_is_no_measurement_of_returning_the_layer() -> None:
+    r = _reasons_for([_m([], False, 0.70, "all-int8"), _m(["big"], False, 0.90, "prefix")])
+    for n in ("mid", "a", "b"):
+        assert r[n][0].startswith("kept for its place in the sensitivity ranking"), r[n]

@@ -1127,10 +1127,12 @@ def _reasons(
 
 
 def _smallest_failed_return(plan: Plan, node: str, tried: Sequence[Measured]) -> Measured | None:
-    """The measured candidate that missed the target with ``node`` and the fewest other layers of ``plan``
-    returned to INT8 (the prune stage returns small layers together), else None."""
+    """The measured candidate that missed the target with ``node`` alone of ``plan`` returned to INT8, else the
+    prune stage's return of it with the fewest other kept layers (small layers are returned together), else None:
+    a smaller prefix of the ranking that missed says nothing of this layer."""
     kept = set(plan)
-    misses = [m for m in tried if not m.meets and node not in m.plan and set(m.plan) < kept]
+    misses = [m for m in tried if not m.meets and node not in m.plan and set(m.plan) < kept
+              and (len(m.plan) == len(kept) - 1 or m.stage == "prune")]
     return max(misses, key=lambda m: len(m.plan), default=None)
 
 
