@@ -194,3 +194,9 @@ def test_sentence_transformers_folders_of_earlier_versions(tmp_path: Path) -> No
         resolve_source(_st_folder(tmp_path / "b", {"pooling_mode_mean_tokens": True}, ("Dense",)))
     with pytest.raises(ModelError, match="pooling pooling_mode_weightedmean_tokens"):
         resolve_source(_st_folder(tmp_path / "c", {"pooling_mode_weightedmean_tokens": True}))
+
+
+def test_the_summary_line_reads_as_english_for_an_embedding_model(tmp_path: Path) -> None:
+    r = _run("export", _checkpoint(tmp_path / "hf", "encoder"), "--out", tmp_path / "model")
+    assert r.exit_code == 0, r.output
+    assert "as an embedding model: inputs" in " ".join(r.output.split())

@@ -186,6 +186,17 @@ def test_tune_writes_a_plan_whose_accuracy_is_measured(tiny_setup):
     assert not set(cal["quantized_nodes"]) & set(res.kept_nodes)
 
 
+def test_tune_records_its_calibration_set_for_deploy(tiny_setup):
+    from calibkit.quantize.tablefile import load_calibration_json
+
+    md = ModelDir.resolve(tiny_setup["model"])
+    out = tiny_setup["root"] / "records-set"
+    run_tune(md, tiny_setup["cset"], load_eval_set(tiny_setup["eval"]), out,
+             options(max_drop=1.0, sensitivity_samples=32, method="minmax", smooth=False, confirm=False))
+    # deploy reads the set from here to leave its texts out of the texts it measures the served model on
+    assert load_calibration_json(out / "calibration.json").calibration_set == Path(tiny_setup["cset"]).resolve()
+
+
 def test_tune_resumes_from_its_ledger(tiny_setup):
     md = ModelDir.resolve(tiny_setup["model"])
     ev = load_eval_set(tiny_setup["eval"])
@@ -243,9 +254,9 @@ def test_tune_cli_reports_agreement_and_the_holdout_verdict(tiny_setup, tmp_path
     flat = " ".join(r.output.split())
     assert "share of FP32's predictions kept" in flat and "fewest flips" in flat
     assert "one-sided 90 % lower bound of the agreement" in flat
-    assert "the holdout supports the claim" in flat or "the holdout does NOT support the claim" in flat
     assert "(model.int8.onnx, calibration.cache, calibration.json, plan.json, tune.json)" in flat
     doc = json.loads((tmp_path / "o" / "tune.json").read_text())
+    assert f"{parse_result(doc).holdout_says}: " in flat  # the verdict in the claim's terms
     assert doc["eval_set"]["count"] == 200 and doc["target"]["min_agreement"] == 95.0
     plan = json.loads((tmp_path / "o" / "plan.json").read_text())
     assert plan["holdout_verdict"]["text"] and plan["agreement_with_fp32"]["holdout"] is not None

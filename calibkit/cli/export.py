@@ -65,7 +65,8 @@ def export(
         what = {"sentence-embedding": f"sentence-transformers, {src.pooling} pooling"
                                       + (", normalised" if src.normalize else ""),
                 "encoder": "the encoder, last_hidden_state"}.get(result.head, result.head)
-        say(f"exported {source} ({what}) as a {result.task} model: inputs {', '.join(result.inputs)}, "
+        article = "an" if result.task[:1] in "aeiou" else "a"
+        say(f"exported {source} ({what}) as {article} {result.task} model: inputs {', '.join(result.inputs)}, "
             f"output {result.output}, dynamic batch and sequence axes ({result.exporter})")
         p = result.parity
         if p is not None:

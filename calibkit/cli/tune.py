@@ -237,9 +237,7 @@ def _summary(run: TuneRun, report_dir: Path | None) -> None:
             f"{said} (the search alone chose candidate {cf.search_choice})")
     vh = f.holdout_verdict
     if vh is not None and vh.text:
-        word = {True: "the holdout supports the claim", False: "the holdout does NOT support the claim",
-                None: "no holdout verdict"}[vh.supported]
-        say(f"{word}: {vh.text}")
+        say(f"{r.holdout_says or 'no holdout verdict'}: {vh.text}")
     for w in r.warnings:
         warn(w)
     if r.phases:

@@ -385,11 +385,11 @@ def _run_tune(
     if render is not None and report_dir:  # OUT and --report are replaced together or not at all
         with commit_together():
             run = _write_outputs(out, model_dir, model.proto, tables.base[0], result, config, write_document,
-                                 tables.variant)
+                                 tables.variant, cset)
             render(result, Path(report_dir))
     else:
         run = _write_outputs(out, model_dir, model.proto, tables.base[0], result, config, write_document,
-                             tables.variant)
+                             tables.variant, cset)
         if render is not None:
             render(result, out / "report")
     return replace(run, resumed_evaluations=ledger.loaded)
@@ -1129,16 +1129,20 @@ def _reasons(
     total = sum(flops.values()) or 1.0
     for n in plan:
         r = []  # measured effects first: a layer is kept for what quantizing it did, not for a statistic
-        without = tuple(x for x in plan if x != n)
-        miss = next((m for m in tried if m.plan == without and not m.meets), None)
+        miss = _smallest_failed_return(plan, n, tried)
         if miss is not None:
+            others = len(plan) - len(miss.plan) - 1
+            what = "it" if others == 0 else f"it and {others} other kept layer{'s' * (others > 1)}"
             if miss.accuracy == miss.accuracy:
-                r.append(f"the same plan with it in INT8 was measured at {100 * miss.accuracy:.2f} % accuracy, "
-                         f"agreement {100 * miss.agreement:.2f} %: short of the target")
+                r.append(f"the same plan with {what} in INT8 was measured at {100 * miss.accuracy:.2f} % "
+                         f"accuracy, agreement {100 * miss.agreement:.2f} %: short of the target")
             else:
-                r.append(f"the same plan with it in INT8 kept {100 * miss.agreement:.2f} % of {noun}"
+                r.append(f"the same plan with {what} in INT8 kept {100 * miss.agreement:.2f} % of {noun}"
                          + (f", mean cosine {miss.cosine:.5f}" if miss.cosine == miss.cosine else "")
                          + ": short of the target")
+        elif tried:  # what quantizing it alone did is no reason to keep it when that did nothing: say why
+            r.append("kept for its place in the sensitivity ranking (output damage per FLOP): the search "
+                     "never measured this plan with it in INT8")
         if n in harm:
             what = "an output KL divergence" if base.mean_kl == base.mean_kl else (
                 "a cosine distance (1 - mean cosine)" if base.cosine_values else "a changed share")
@@ -1153,9 +1157,19 @@ def _reasons(
     return out
 
 
+def _smallest_failed_return(plan: Plan, node: str, tried: Sequence[Measured]) -> Measured | None:
+    """The measured candidate that missed the target with ``node`` alone of ``plan`` returned to INT8, else the
+    prune stage's return of it with the fewest other kept layers (small layers are returned together), else None:
+    a smaller prefix of the ranking that missed says nothing of this layer."""
+    kept = set(plan)
+    misses = [m for m in tried if not m.meets and node not in m.plan and set(m.plan) < kept
+              and (len(m.plan) == len(kept) - 1 or m.stage == "prune")]
+    return max(misses, key=lambda m: len(m.plan), default=None)
+
+
 def _write_outputs(out: Path, model_dir: ModelDir, fp: Any, table: CalibrationTable, result: TuneResult,
-                   config: TuneConfig, write_document: DocumentWriter | None, variant: _Variant | None = None
-                   ) -> TuneRun:
+                   config: TuneConfig, write_document: DocumentWriter | None, variant: _Variant | None = None,
+                   cset: CalibrationSet | None = None) -> TuneRun:
     """OUT/ as a whole: the plan's INT8 model, its calibration cache and table, plan.json and, through
     ``write_document`` (the report layer's serializer), tune.json. A plan on the smoothed model also gets that
     model folder (OUT/smoothed-model/), which calibration.json names as its source: `calibkit build
@@ -1176,6 +1190,8 @@ def _write_outputs(out: Path, model_dir: ModelDir, fp: Any, table: CalibrationTa
         "source_model": str(source), "tokenizer": str(model_dir.tokenizer_path),
         "tune": {"max_drop": config.max_drop, "relative": config.relative},
     }
+    if cset is not None:  # deploy leaves these texts out of what it measures on
+        extras["calibration_set"] = {"id": cset.id, "path": str(cset.path), "texts": len(cset)}
     legacy = ("model.int8.onnx", "calibration.cache", "calibration.json", "plan.json", "tune.json")
     with atomic_dir(out, what="tune", legacy_names=legacy) as tmp:
         if smoothed:

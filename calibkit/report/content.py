@@ -637,8 +637,9 @@ def _plan_bullets(report: TuneResult) -> Bullets:
     items.append(Para.of(f"Meets the target on the search set: {verdict}"
                          if supported is not None else f"Meets the target: {verdict}"))
     if supported is not None and final.holdout_verdict is not None:
-        items.append(Para.of("The hold-out split ", Span("supports" if supported else "does not support", bold=True),
-                             f" the claim: {text(final.holdout_verdict.text)}."))
+        says = report.holdout_says or ""
+        items.append(Para.of(Span(says[:1].upper() + says[1:], bold=True),
+                             f": {text(final.holdout_verdict.text)}."))
     items.append(Para.of(f"Layers kept in higher precision: {len(final.kept_nodes)}"))
     return Bullets(tuple(items))
 
@@ -670,7 +671,8 @@ def _candidate_table(report: TuneResult) -> Table:
 
 
 def _tune_document(report: TuneResult, plots: set[str]) -> Document:
-    blocks: list[Block] = [Heading(2, "Summary"), *_target_blocks(report), _plan_bullets(report)]
+    blocks: list[Block] = [Heading(2, "Summary"), Para.of("Claim: ", Span(report.claim, bold=True), "."),
+                           *_target_blocks(report), _plan_bullets(report)]
     final = report.final
     if final.kept_nodes:
         blocks.append(Table(

@@ -811,6 +811,19 @@ class TuneResult:
         return "target met on the search split"
 
     @property
+    def holdout_says(self) -> str | None:
+        """What the holdout's verdict says of the written plan, in the claim's terms (None: no verdict): an
+        estimate that meets the target on a holdout that confirmed no plan supports nothing."""
+        verdict = self.final.holdout_verdict
+        if verdict is None or verdict.supported is None:
+            return None
+        if not verdict.supported:
+            return "the holdout does NOT support the claim"
+        if self.confirmation is not None and self.confirmation.chosen is None:
+            return "the holdout's estimate meets the target, but the holdout confirmed no plan"
+        return "the holdout supports the claim"
+
+    @property
     def claim_holds(self) -> bool:
         """Met on the search split, confirmed on the holdout when tune confirms, and not refused by the holdout's
         verdict: what ``tune --fail-if-missed`` requires."""
