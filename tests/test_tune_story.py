@@ -7,7 +7,9 @@ import dataclasses
 
 import pytest
 
-from calibkit.evaluate.results import (
+from calibkit.report.content import build_document
+from calibkit.report.markdown import render_markdown
+from calibkit.results.runs import (
     Confirmation,
     HoldoutVerdict,
     MethodChoice,
@@ -16,8 +18,6 @@ from calibkit.evaluate.results import (
     TuneResult,
     TuneTarget,
 )
-from calibkit.report.content import build_document
-from calibkit.report.markdown import render_markdown
 
 VERDICT = "on the holdout split it keeps 99.17 % of FP32's predictions; agreement target: supported"
 
