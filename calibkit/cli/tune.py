@@ -162,12 +162,57 @@ def _check_apart(out_dir: Path, report_dir: Path) -> None:
 
 
 def _summary(run: TuneRun, report_dir: Path | None) -> None:
+    r = run.result
+    (say if r.claim_holds else warn)(r.claim)
+    _evidence_line(r)
+    out.print(_table(r))
+    _calibration_lines(run)
+    f = r.final
+    verdict = "met" if r.met_target else "NOT met (the plan measured closest to FP32 is written)"
+    conf = r.target.agreement_confidence
+    if r.target.min_agreement is not None and conf > 0.5:
+        say(f"--min-agreement {r.target.min_agreement:g} counts as met on the search split when the one-sided "
+            f"{100 * conf:g} % lower bound of the agreement reaches it (--agreement-confidence; 0.5: the estimate)")
+    say(f"target {verdict}; INT8 share of linear FLOPs (fused ops included): {100 * f.int8_flops_fraction:.1f} %; "
+        f"{len(r.candidates)} candidates measured, {r.evaluations_reused} evaluations reused")
+    _decision_lines(r)
+    modules = f.kept_modules
+    for n in f.kept_nodes:
+        why = f.reasons_for(n)
+        short = f": {why[0].split(' (')[0]}" if why and not out.is_terminal else ""
+        say((f"  keep {modules[n]} ({n})" if modules.get(n) and modules[n] not in n else f"  keep {n}") + short)
+    say(f"wrote {run.out_dir}/ ({', '.join(_OUT_NAMES)})")
+    if report_dir:
+        say(f"report: {report_dir}/report.html")
+
+
+def _pct(v: float | None) -> str:
+    return "—" if v is None else f"{100 * v:.2f} %"
+
+
+def _cos(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.5f}"
+
+
+def _evidence_line(r: Any) -> None:
+    """Where accuracy and agreement were judged, when traffic was part of the evidence."""
+    es = r.eval_set
+    if es.traffic is None:
+        return
+    excluded = "; ".join(x for x in es.traffic.exclusions if not x.startswith("log sha256"))
+    labelled = es.count if es.labels == "given" else 0  # es.count: the eval set's rows, traffic apart
+    first = (f"accuracy on {labelled} labelled texts of {Path(es.path).name}; "
+             if labelled > 0 and r.target.task == "classification" else "")
+    say(f"evidence: {first}agreement on {es.traffic.count} traffic texts of {Path(es.traffic.path).name} "
+        f"(search {es.traffic_search}, holdout {es.traffic_holdout}; excluded {excluded or 'nothing'})")
+
+
+def _table(r: Any) -> Any:
+    """FP32, all-INT8 and the plan on both splits: accuracy and agreement, or agreement and cosine."""
     from rich.table import Table
 
     from calibkit.results.runs import AGREEMENT_NOUNS
 
-    r = run.result
-    (say if r.claim_holds else warn)(r.claim)
     classifies = r.target.task == "classification"
     cols = ["", "agreement search", "agreement holdout"]
     cols[1:1] = ["accuracy search", "accuracy holdout"] if classifies else []
@@ -175,35 +220,24 @@ def _summary(run: TuneRun, report_dir: Path | None) -> None:
     t = Table(title=f"tune (agreement: share of {AGREEMENT_NOUNS.get(r.target.task, 'outputs')} kept)")
     for col in cols:
         t.add_column(col, justify="right" if col else "left")
-
-    def pct(v: float | None) -> str:
-        return "—" if v is None else f"{100 * v:.2f} %"
-
-    def cos(v: float | None) -> str:
-        return "n/a" if v is None else f"{v:.5f}"
-
-    es = r.eval_set
-    if es.traffic is not None:
-        excluded = "; ".join(x for x in es.traffic.exclusions if not x.startswith("log sha256"))
-        labelled = es.count if es.labels == "given" else 0  # es.count: the eval set's rows, traffic apart
-        first = (f"accuracy on {labelled} labelled texts of {Path(es.path).name}; " if labelled > 0 and classifies
-                 else "")
-        say(f"evidence: {first}agreement on {es.traffic.count} traffic texts of {Path(es.traffic.path).name} "
-            f"(search {es.traffic_search}, holdout {es.traffic_holdout}; excluded {excluded or 'nothing'})")
-    f = r.final
-    allint8 = r.all_int8
-    rows = [("FP32", [pct(r.target.fp32_accuracy), pct(r.target.fp32_accuracy_holdout)], ["", ""], ["", ""]),
-            ("all INT8", [pct(allint8.accuracy_search if allint8 else None), pct(f.all_int8_accuracy_holdout)],
-             [pct(allint8.agreement_search if allint8 else None), pct(f.all_int8_agreement_holdout)],
-             [cos(allint8.cosine_search if allint8 else None), cos(f.all_int8_cosine_holdout)]),
-            (f"plan ({count(len(f.kept_nodes), 'layer')} kept)", [pct(f.accuracy_search), pct(f.accuracy_holdout)],
-             [pct(f.agreement_search), pct(f.agreement_holdout)], [cos(f.cosine_search), cos(f.cosine_holdout)])]
+    f, allint8 = r.final, r.all_int8
+    rows = [("FP32", [_pct(r.target.fp32_accuracy), _pct(r.target.fp32_accuracy_holdout)], ["", ""], ["", ""]),
+            ("all INT8", [_pct(allint8.accuracy_search if allint8 else None), _pct(f.all_int8_accuracy_holdout)],
+             [_pct(allint8.agreement_search if allint8 else None), _pct(f.all_int8_agreement_holdout)],
+             [_cos(allint8.cosine_search if allint8 else None), _cos(f.all_int8_cosine_holdout)]),
+            (f"plan ({count(len(f.kept_nodes), 'layer')} kept)", [_pct(f.accuracy_search), _pct(f.accuracy_holdout)],
+             [_pct(f.agreement_search), _pct(f.agreement_holdout)], [_cos(f.cosine_search), _cos(f.cosine_holdout)])]
     for name, acc, agr, cs in rows:
         t.add_row(name, *(acc + agr if classifies else agr + cs))
-    out.print(t)
+    return t
+
+
+def _calibration_lines(run: TuneRun) -> None:
+    """The table the plan is on, and the smoothed model it is a plan of."""
+    r = run.result
     m = r.methods
     out.print(f"calibration: {m.chosen} ({m.chosen_by}: "
-              + ", ".join(f"{k} {pct(v)} flipped" for k, v in m.all_int8_flip_rate_search.items()) + ")")
+              + ", ".join(f"{k} {_pct(v)} flipped" for k, v in m.all_int8_flip_rate_search.items()) + ")")
     sm = r.smoothing
     if sm is not None and sm.chosen:
         dev = "n/a" if sm.max_output_deviation is None else f"{sm.max_output_deviation:.1e}"
@@ -213,13 +247,10 @@ def _summary(run: TuneRun, report_dir: Path | None) -> None:
             f"engines/plan.onnx` builds the plan's engine")
     elif sm is not None and not sm.tried:
         say(f"smoothing not tried: {sm.note}")
-    verdict = "met" if r.met_target else "NOT met (the plan measured closest to FP32 is written)"
-    conf = r.target.agreement_confidence
-    if r.target.min_agreement is not None and conf > 0.5:
-        say(f"--min-agreement {r.target.min_agreement:g} counts as met on the search split when the one-sided "
-            f"{100 * conf:g} % lower bound of the agreement reaches it (--agreement-confidence; 0.5: the estimate)")
-    say(f"target {verdict}; INT8 share of linear FLOPs (fused ops included): {100 * f.int8_flops_fraction:.1f} %; "
-        f"{len(r.candidates)} candidates measured, {r.evaluations_reused} evaluations reused")
+
+
+def _decision_lines(r: Any) -> None:
+    """What the decisions cost, what the holdout confirmed and found, the warnings and where the time went."""
     cost = r.evidence_cost
     if cost is not None:
         extra = (f"; the plan's remaining {cost.completion_texts} then evaluated for its whole-split numbers"
@@ -235,7 +266,7 @@ def _summary(run: TuneRun, report_dir: Path | None) -> None:
         say(f"holdout confirmation (fixed-sequence, least INT8 first, final test at {100 * cf.final_test_confidence:g} "
             f"%): {len(cf.steps)} of the search's passing candidates tested on {cf.holdout_texts} holdout texts; "
             f"{said} (the search alone chose candidate {cf.search_choice})")
-    vh = f.holdout_verdict
+    vh = r.final.holdout_verdict
     if vh is not None and vh.text:
         say(f"{r.holdout_says or 'no holdout verdict'}: {vh.text}")
     for w in r.warnings:
@@ -247,11 +278,3 @@ def _summary(run: TuneRun, report_dir: Path | None) -> None:
             + "; ".join(f"{p.phase} {p.seconds:.0f} s ({p.texts} texts"
                         + (f", CPU {100 * p.utilisation:.0f} %" if p.utilisation is not None else "") + ")"
                         for p in r.phases))
-    modules = f.kept_modules
-    for n in f.kept_nodes:
-        why = f.reasons_for(n)
-        short = f": {why[0].split(' (')[0]}" if why and not out.is_terminal else ""
-        say((f"  keep {modules[n]} ({n})" if modules.get(n) and modules[n] not in n else f"  keep {n}") + short)
-    say(f"wrote {run.out_dir}/ ({', '.join(_OUT_NAMES)})")
-    if report_dir:
-        say(f"report: {report_dir}/report.html")

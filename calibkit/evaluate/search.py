@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 Plan = tuple[str, ...]  # node names kept in higher precision, sorted
@@ -101,94 +101,118 @@ def search_plan(
     (evaluate.confirm, which tests the least INT8 first) has candidates it can confirm on its way up.
     ``margin``: whether a measured plan is far enough past the target (tune: whether the holdout could certify
     its agreement if it saw the same); None: the first anchor that meets the target is taken.
-
-    Kept in one piece (over 80 lines) on purpose: the prefix, bisect and prune stages share the
-    evaluation budget and the set of measured plans, which one function keeps in view.
     """
-    from calibkit.results.intervals import wilson_lower
+    tried = _Tried(flops, evaluate, threshold, max_evaluations, min_agreement, agreement_examples, agreement_z,
+                   margin)
+    base = tried.measure(as_plan(()), "all-int8")
+    if base is not None and base.meets:
+        return SearchOutcome(base, tried.all())
+    order = list(dict.fromkeys(ranking))
+    lo, hi = _ladder(order, tried, anchors)
+    if hi is None:
+        return SearchOutcome(tried.best(), tried.all())
+    while hi - lo > 1 and tried.left():
+        mid = (lo + hi) // 2
+        m = tried.measure(as_plan(order[:mid]), "bisect")
+        if m is None:
+            break
+        lo, hi = (lo, mid) if m.meets else (mid, hi)
+    kept = list(order[:hi])
+    stop = max_evaluations if prune_budget is None else min(max_evaluations, len(tried.plans) + prune_budget)
+    _prune(kept, flops, prune_min_share, stop, tried.plans, tried.measure_many)
+    return SearchOutcome(tried.best(), tried.all())
 
-    tried: dict[Plan, Measured] = {}
 
-    def meets(acc: float, agr: float) -> bool:
-        if acc < threshold:
+@dataclass
+class _Tried:
+    """The plans ``search_plan`` measured, and how it measures and judges one: the evaluation budget, the
+    target, the margin the anchors need."""
+
+    flops: Mapping[str, float]
+    evaluate: Callable[[Sequence[Plan]], Sequence[Score]]
+    threshold: float
+    max_evaluations: int
+    min_agreement: float | None
+    agreement_examples: int
+    agreement_z: float
+    margin: Callable[[Measured], bool] | None
+    plans: dict[Plan, Measured] = field(default_factory=dict)
+
+    def left(self) -> bool:
+        return len(self.plans) < self.max_evaluations
+
+    def all(self) -> tuple[Measured, ...]:
+        return tuple(self.plans.values())
+
+    def meets(self, acc: float, agr: float) -> bool:
+        from calibkit.results.intervals import wilson_lower
+
+        if acc < self.threshold:
             return False
         # no flips at all is no evidence of any: the bound cannot reach a 100 % target, the estimate can
-        return min_agreement is None or (not math.isnan(agr) and agr >= min_agreement and (
-            agr >= 1.0 or wilson_lower(agr, agreement_examples, agreement_z) >= min_agreement))
+        need = self.min_agreement
+        return need is None or (not math.isnan(agr) and agr >= need and (
+            agr >= 1.0 or wilson_lower(agr, self.agreement_examples, self.agreement_z) >= need))
 
-    def measure(plans: Sequence[Plan], stage: str) -> list[Measured]:
-        fresh = [p for p in dict.fromkeys(plans) if p not in tried]
-        budget = max_evaluations - len(tried)
-        fresh = fresh[: max(budget, 0)]
-        if fresh:
-            for p, score in zip(fresh, evaluate(fresh), strict=True):
-                if hasattr(score, "meets"):  # decided by the evaluator (a sequential rule): taken as given
-                    acc, agr = float(score.accuracy), float(score.agreement)
-                    tried[p] = Measured(p, acc, int8_flops_fraction(p, flops), stage, bool(score.meets), agr,
-                                        float(getattr(score, "cosine", math.nan)), int(score.texts))
-                    continue
-                acc, agr, cos = _unpack(score)
-                tried[p] = Measured(p, acc, int8_flops_fraction(p, flops), stage, meets(acc, agr), agr, cos)
-        return [tried[p] for p in plans if p in tried]
+    def measure_many(self, plans: Sequence[Plan], stage: str) -> list[Measured]:
+        fresh = [p for p in dict.fromkeys(plans) if p not in self.plans]
+        fresh = fresh[: max(self.max_evaluations - len(self.plans), 0)]
+        for p, score in zip(fresh, self.evaluate(fresh) if fresh else [], strict=True):
+            share = int8_flops_fraction(p, self.flops)
+            if hasattr(score, "meets"):  # decided by the evaluator (a sequential rule): taken as given
+                self.plans[p] = Measured(p, float(score.accuracy), share, stage, bool(score.meets),
+                                         float(score.agreement), float(getattr(score, "cosine", math.nan)),
+                                         int(score.texts))
+                continue
+            acc, agr, cos = _unpack(score)
+            self.plans[p] = Measured(p, acc, share, stage, self.meets(acc, agr), agr, cos)
+        return [self.plans[p] for p in plans if p in self.plans]
 
-    def best() -> Measured | None:
-        ok = [m for m in tried.values() if m.meets]
+    def measure(self, plan: Plan, stage: str) -> Measured | None:
+        (m,) = self.measure_many([plan], stage) or (None,)
+        return m
+
+    def best(self) -> Measured | None:
+        ok = [m for m in self.plans.values() if m.meets]
         return max(ok, key=lambda m: (m.int8_flops_fraction, _or0(m.agreement), m.accuracy)) if ok else None
 
-    def with_margin(m: Measured | None) -> bool:
-        return m is not None and m.meets and (margin is None or margin(m))
+    def with_margin(self, m: Measured | None) -> bool:
+        return m is not None and m.meets and (self.margin is None or self.margin(m))
 
-    def anchor(i: int) -> None:  # plans with margin past the first passing prefix, sizes[i] (see ``anchors``)
-        lo, found = sizes[i], None
-        for a in [a for a in sizes[i + 1:i + 1 + anchors] if a < len(order)]:  # keeping all is no plan
-            (m,) = measure([as_plan(order[:a])], "anchor") or (None,)
-            if with_margin(m):
-                found = a
-                break
-            lo = a
-        while found is not None and margin is not None and found - lo > max(1, sizes[i] // 8) \
-                and len(tried) < max_evaluations:
-            mid = (lo + found) // 2
-            (m,) = measure([as_plan(order[:mid])], "anchor") or (None,)
-            lo, found = (lo, mid) if with_margin(m) else (mid, found)
 
-    base = measure([()], "all-int8")
-    if base and base[0].meets:
-        return SearchOutcome(base[0], tuple(tried.values()))
-
-    order = list(dict.fromkeys(ranking))
+def _ladder(order: list[str], tried: _Tried, anchors: int) -> tuple[int, int | None]:
+    """Keep the top 1, 2, 4, ... of ``order`` until a prefix meets the target (then, with ``anchors``, look for
+    one with margin past it): the largest failing and the smallest passing prefix (None: none passed)."""
     sizes: list[int] = []
     k = 1
     while k < len(order):
         sizes.append(k)
         k *= 2
     sizes.append(len(order))
-    lo, hi = 0, None  # largest failing k, smallest passing k
+    lo = 0
     for i, k in enumerate(sizes):
-        (m,) = measure([as_plan(order[:k])], "prefix") or (None,)
+        m = tried.measure(as_plan(order[:k]), "prefix")
         if m is None:
             break
         if m.meets:
-            hi = k
-            if anchors > 0 and not (margin is not None and margin(m)):
-                anchor(i)
-            break
+            if anchors > 0 and not (tried.margin is not None and tried.margin(m)):
+                _anchor(order, sizes, i, tried, anchors)
+            return lo, k
         lo = k
-    if hi is None:
-        return SearchOutcome(best(), tuple(tried.values()))
-    while hi - lo > 1 and len(tried) < max_evaluations:
-        mid = (lo + hi) // 2
-        (m,) = measure([as_plan(order[:mid])], "bisect") or (None,)
-        if m is None:
+    return lo, None
+
+
+def _anchor(order: list[str], sizes: list[int], i: int, tried: _Tried, anchors: int) -> None:
+    """Plans with margin past the first passing prefix, ``sizes[i]`` (see ``search_plan``'s ``anchors``)."""
+    lo, found = sizes[i], None
+    for a in [a for a in sizes[i + 1:i + 1 + anchors] if a < len(order)]:  # keeping all is no plan
+        if tried.with_margin(tried.measure(as_plan(order[:a]), "anchor")):
+            found = a
             break
-        if m.meets:
-            hi = mid
-        else:
-            lo = mid
-    kept = list(order[:hi])
-    stop = max_evaluations if prune_budget is None else min(max_evaluations, len(tried) + prune_budget)
-    _prune(kept, flops, prune_min_share, stop, tried, measure)
-    return SearchOutcome(best(), tuple(tried.values()))
+        lo = a
+    while found is not None and tried.margin is not None and found - lo > max(1, sizes[i] // 8) and tried.left():
+        mid = (lo + found) // 2
+        lo, found = (lo, mid) if tried.with_margin(tried.measure(as_plan(order[:mid]), "anchor")) else (mid, found)
 
 
 def _prune(kept: list[str], flops: Mapping[str, float], min_share: float, stop: int, tried: dict[Plan, Measured],
