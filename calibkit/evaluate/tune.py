@@ -116,9 +116,6 @@ from calibkit.types import CalibrationTable, Method
 
 log = logging.getLogger("calibkit.evaluate.tune")
 
-# the steps below read the request as their configuration: every option, and the search's knobs beside them
-TuneConfig = TuneRequest
-
 PLAN_MODE = "plan"
 
 
@@ -228,7 +225,7 @@ class _Jobs:
 
     model: _Model
     evidence: SplitEvidence
-    config: TuneConfig
+    config: TuneRequest
     threads: int
 
     def __call__(self, table_path: Path, keep: Plan, subset: EvalSubset, mode: str,
@@ -320,7 +317,7 @@ def _run_tune(
     calibration_set: CalibrationSet | str | Path,
     eval_set: EvalSet,
     out_dir: str | Path,
-    config: TuneConfig,
+    config: TuneRequest,
     *,
     progress: ProgressCallback | None,
     render: Callable[[TuneResult, Path], Any] | None,
@@ -402,12 +399,12 @@ def _first(subset: EvalSubset, n: int) -> EvalSubset:
     return replace(subset, indices=subset.indices[:n], content_sha256="") if len(subset) > n else subset
 
 
-def _check_config(config: TuneConfig) -> None:
+def _check_config(config: TuneRequest) -> None:
     """Every check of the request (a pipeline called without the API validates it too)."""
     config.validate()
 
 
-def _load_model(model_dir: ModelDir, config: TuneConfig) -> _Model:
+def _load_model(model_dir: ModelDir, config: TuneRequest) -> _Model:
     """The FP32 model, its placement and its task (which must be one tune can search plans for)."""
     from calibkit.evaluate.tasks import choose_task, model_outputs
 
@@ -432,8 +429,8 @@ def _load_model(model_dir: ModelDir, config: TuneConfig) -> _Model:
                   tuple(i.name for i in proto.graph.input if i.name not in inits), placement, nodes, task)
 
 
-def _draw_evidence(model: _Model, eval_set: EvalSet, config: TuneConfig, resources: Resources,
-                   cb: ProgressCallback, traffic: TrafficEvidence | None = None) -> tuple[TuneConfig, SplitEvidence]:
+def _draw_evidence(model: _Model, eval_set: EvalSet, config: TuneRequest, resources: Resources,
+                   cb: ProgressCallback, traffic: TrafficEvidence | None = None) -> tuple[TuneRequest, SplitEvidence]:
     """Labels (or, unlabeled, FP32's own predictions: the target becomes agreement alone), the FP32 reference
     on every row (once, in the task's terms: ``evaluate.rowfidelity``), and the search / holdout / sensitivity
     split. Traffic texts join the rows with FP32's predictions as their labels and are marked, so accuracy is
@@ -478,7 +475,7 @@ def _draw_evidence(model: _Model, eval_set: EvalSet, config: TuneConfig, resourc
     return config, evidence
 
 
-def _fidelity_targets(config: TuneConfig, eval_set: EvalSet, kind: str, labelled: bool) -> TuneConfig:
+def _fidelity_targets(config: TuneRequest, eval_set: EvalSet, kind: str, labelled: bool) -> TuneRequest:
     """Without labels (or classes) the target is fidelity alone: --min-agreement (default 99 % for classifiers
     and token taggers; for embeddings, with neither target given, 95 % of nearest neighbours and a mean cosine
     of 0.995, what the demo's embedder reaches with a few layers kept)."""
@@ -498,7 +495,7 @@ def _fidelity_targets(config: TuneConfig, eval_set: EvalSet, kind: str, labelled
     return replace(config, fidelity_only=True)
 
 
-def _smoothed_variant(model_dir: ModelDir, model: _Model, cset: CalibrationSet, config: TuneConfig,
+def _smoothed_variant(model_dir: ModelDir, model: _Model, cset: CalibrationSet, config: TuneRequest,
                       evidence: SplitEvidence, resources: Resources, shard_stats: bool, cb: ProgressCallback,
                       work: Path) -> tuple[_Variant | None, str | None]:
     """The model smoothed with alpha auto (calibrate.smoothing, its FP32 function checked), its statistics and
@@ -530,7 +527,7 @@ def _smoothed_variant(model_dir: ModelDir, model: _Model, cset: CalibrationSet, 
                     record), None
 
 
-def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: TuneConfig, ev: Evaluator,
+def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: TuneRequest, ev: Evaluator,
                     work: Path, race: EvalSubset) -> _Tables:
     """One table per method and variant (plain, and smoothed unless --no-smooth), raced all-INT8 on ``race``
     (the search texts most at risk of flipping, evaluate.risk.risky_subset: where tables differ); the variant
@@ -593,7 +590,7 @@ def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: 
                    own_runs=own_runs, own_texts=sens)
 
 
-def _rank(model: _Model, evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evaluator,
+def _rank(model: _Model, evidence: SplitEvidence, config: TuneRequest, jobs: _Jobs, ev: Evaluator,
           tables: _Tables, flops: dict[str, float], resources: Resources, cb: ProgressCallback) -> _Ranking:
     """Layers ordered by their own quantization error (cheap, every layer), then the worst K of them re-ordered
     by measured damage per FLOP: quantize only it (every other layer in higher precision) and measure the output
@@ -642,7 +639,7 @@ def _known_one_node_runs(model: _Model, tables: _Tables, sens: EvalSubset) -> di
     return out
 
 
-def _search(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evaluator, tables: _Tables,
+def _search(evidence: SplitEvidence, config: TuneRequest, jobs: _Jobs, ev: Evaluator, tables: _Tables,
             ranking: _Ranking, flops: dict[str, float], clock: PhaseClock) -> _Searched:
     """The plan search on the search split (evaluate.search), then all-INT8 and the final plan measured once
     each on the holdout split."""
@@ -737,7 +734,7 @@ def _all_int8_if_as_good(outcome: Any, final: Measured, judge: PlanJudge | Strat
     return outcome, all_int8, note
 
 
-def _holdout_margin(config: TuneConfig, evidence: SplitEvidence, rule: DecisionRule
+def _holdout_margin(config: TuneRequest, evidence: SplitEvidence, rule: DecisionRule
                     ) -> Callable[[Measured], bool] | None:
     """Whether the holdout could confirm a plan that kept there what the search split says it keeps at worst: a
     fixed-n exact test at ``rule``'s final confidence certifies, on the holdout's agreement texts, the lower
@@ -763,7 +760,7 @@ def _holdout_margin(config: TuneConfig, evidence: SplitEvidence, rule: DecisionR
     return margin
 
 
-def _confirm(outcome: Any, hold_judge: PlanJudge | StratifiedJudge, config: TuneConfig, evidence: SplitEvidence,
+def _confirm(outcome: Any, hold_judge: PlanJudge | StratifiedJudge, config: TuneRequest, evidence: SplitEvidence,
              ev: Evaluator) -> tuple[Confirmation, Any, Measured]:
     """Fixed-sequence confirmation on the holdout (evaluate.confirm): the last candidate confirmed becomes the
     plan; when none is, the search's own choice stays (and the holdout verdict says what it found)."""
@@ -790,7 +787,7 @@ def _measured_text(plan: Plan, score: Any, flops: dict[str, float]) -> str:
     return ", ".join(words)
 
 
-def _judge(evidence: SplitEvidence, config: TuneConfig, jobs: _Jobs, ev: Evaluator, tables: _Tables,
+def _judge(evidence: SplitEvidence, config: TuneRequest, jobs: _Jobs, ev: Evaluator, tables: _Tables,
            subset: EvalSubset | None = None, task: str = "candidate plans") -> PlanJudge | StratifiedJudge | None:
     """The judge of candidates on ``subset`` (default: the search split) under ``config.decision_rule``
     (evaluate.plan_decisions); None when there is nothing to decide (no accuracy rows and no fidelity target:
@@ -849,7 +846,7 @@ def _traffic_rows(evidence: SplitEvidence, subset: EvalSubset) -> int:
     return 0 if evidence.traffic is None else int(evidence.traffic[subset.array].sum())
 
 
-def _evidence_cost(config: TuneConfig, evidence: SplitEvidence, tried: Sequence[Measured],
+def _evidence_cost(config: TuneRequest, evidence: SplitEvidence, tried: Sequence[Measured],
                    judge: PlanJudge | StratifiedJudge | None) -> EvidenceCost:
     """Texts of the search split each candidate's decision was evaluated on."""
     n = len(evidence.search)
@@ -861,7 +858,7 @@ def _evidence_cost(config: TuneConfig, evidence: SplitEvidence, tried: Sequence[
 
 
 def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evidence: SplitEvidence,
-                 config: TuneConfig, tables: _Tables, ranking: _Ranking, searched: _Searched,
+                 config: TuneRequest, tables: _Tables, ranking: _Ranking, searched: _Searched,
                  flops: dict[str, float], linear: Any, reused_stats: bool, reused_evals: int, seconds: float,
                  traffic: TrafficEvidence | None = None) -> TuneResult:
     """The typed result of the run (no NaN: what does not apply is None)."""
@@ -897,7 +894,7 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
     )
 
 
-def _tune_eval_set(eval_set: EvalSet, rows: EvalSubset | None, evidence: SplitEvidence, config: TuneConfig,
+def _tune_eval_set(eval_set: EvalSet, rows: EvalSubset | None, evidence: SplitEvidence, config: TuneRequest,
                    id2label: Mapping[int, str], traffic: TrafficEvidence | None) -> TuneEvalSet:
     """The result's eval set: its rows per split, what served as labels, the traffic evidence."""
     kind = evidence.task
@@ -914,7 +911,7 @@ def _tune_eval_set(eval_set: EvalSet, rows: EvalSubset | None, evidence: SplitEv
     )
 
 
-def _tune_target(config: TuneConfig, evidence: SplitEvidence, *, met: bool) -> TuneTarget:
+def _tune_target(config: TuneRequest, evidence: SplitEvidence, *, met: bool) -> TuneTarget:
     """The result's target: the constraints asked for and FP32's accuracy on each split."""
     fp32_search = evidence.accuracy_of_reference(evidence.search)
     return TuneTarget(
@@ -926,7 +923,7 @@ def _tune_target(config: TuneConfig, evidence: SplitEvidence, *, met: bool) -> T
     )
 
 
-def _method_choice(config: TuneConfig, tables: _Tables) -> MethodChoice:
+def _method_choice(config: TuneRequest, tables: _Tables) -> MethodChoice:
     """The calibration method chosen, with each method's all-INT8 measurements on the search split."""
     method_counts: dict[str, int] = {}
     for name in tables.chosen_methods.values():
@@ -943,7 +940,7 @@ def _method_choice(config: TuneConfig, tables: _Tables) -> MethodChoice:
     )
 
 
-def _final_plan(model: _Model, evidence: SplitEvidence, config: TuneConfig, tables: _Tables, ranking: _Ranking,
+def _final_plan(model: _Model, evidence: SplitEvidence, config: TuneRequest, tables: _Tables, ranking: _Ranking,
                 searched: _Searched, flops: dict[str, float], share: float, hold_acc: Mapping[Plan, float],
                 hold_scores: Mapping[Plan, Any]) -> TunePlan:
     """The plan the run writes, with its evidence on both splits, the holdout verdict and why each layer kept
@@ -976,7 +973,7 @@ def _final_plan(model: _Model, evidence: SplitEvidence, config: TuneConfig, tabl
     )
 
 
-def _tune_warnings(config: TuneConfig, evidence: SplitEvidence, searched: _Searched, linear: Any
+def _tune_warnings(config: TuneRequest, evidence: SplitEvidence, searched: _Searched, linear: Any
                    ) -> tuple[str, ...]:
     """The evidence's warnings, then what the run could not prove or confirm and the FLOPs fused ops keep FP32."""
     warnings = list(evidence.warnings)
@@ -1007,7 +1004,7 @@ def _damage(r: SensitivityResult) -> float:
     return r.flip_rate
 
 
-def _uncertified(config: TuneConfig, evidence: SplitEvidence, tried: Sequence[Measured], final: Measured
+def _uncertified(config: TuneRequest, evidence: SplitEvidence, tried: Sequence[Measured], final: Measured
                  ) -> str | None:
     """When the search split was too small to certify --min-agreement for a candidate with more INT8 than the
     plan — its agreement reached the target, its lower bound did not — how many texts would have settled it."""
@@ -1054,7 +1051,7 @@ def _confirmation_warning(conf: Confirmation, holdout: int) -> str:
             f"at {100 * (1 - conf.confidence):g} %, its choice included (--no-confirm: the search's choice)")
 
 
-def _smoothing_choice(config: TuneConfig, tables: _Tables) -> SmoothingChoice | None:
+def _smoothing_choice(config: TuneRequest, tables: _Tables) -> SmoothingChoice | None:
     if not config.smooth:
         return None
     v = tables.variant
@@ -1168,7 +1165,7 @@ def _smallest_failed_return(plan: Plan, node: str, tried: Sequence[Measured]) ->
 
 
 def _write_outputs(out: Path, model_dir: ModelDir, fp: Any, table: CalibrationTable, result: TuneResult,
-                   config: TuneConfig, write_document: DocumentWriter | None, variant: _Variant | None = None,
+                   config: TuneRequest, write_document: DocumentWriter | None, variant: _Variant | None = None,
                    cset: CalibrationSet | None = None) -> TuneRun:
     """OUT/ as a whole: the plan's INT8 model, its calibration cache and table, plan.json and, through
     ``write_document`` (the report layer's serializer), tune.json. A plan on the smoothed model also gets that
