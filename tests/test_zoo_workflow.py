@@ -52,7 +52,7 @@ def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def _fidelity(zoo_model, fp32: Path, int8: Path, eval_path: Path):  # type: ignore[no-untyped-def]
     from calibkit.data.evalset import load_eval_set
     from calibkit.data.tokenizer import TextTokenizer
-    from calibkit.engines.onnxruntime import OnnxRuntimeRunner
+    from calibkit.enginefiles.registry import open_runner
     from calibkit.evaluate.tasks import choose_task, model_outputs
 
     cfg = json.loads((zoo_model.folder / "config.json").read_text())
@@ -61,7 +61,9 @@ def _fidelity(zoo_model, fp32: Path, int8: Path, eval_path: Path):  # type: igno
     texts = load_eval_set(eval_path).texts
     outs = []
     for path in (fp32, int8):
-        with OnnxRuntimeRunner(path.read_bytes(), name=path.name) as r:
+        # each engine as calibkit runs it: the TensorRT layout (what build --calibration now ships by default,
+        # the layout calibrate measured) as exact Q/DQ, not fused into ONNX Runtime's int8 kernels
+        with open_runner(path) as r:
             outs.append(task.predict(r, tok, texts, batch_size=32))
     return task, task.fidelity(outs[0], outs[1])
 
