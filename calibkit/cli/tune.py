@@ -222,7 +222,8 @@ def _table(r: Any) -> Any:
         t.add_column(col, justify="right" if col else "left")
     f, allint8 = r.final, r.all_int8
     rows = [("FP32", [_pct(r.target.fp32_accuracy), _pct(r.target.fp32_accuracy_holdout)], ["", ""], ["", ""]),
-            ("all INT8", [_pct(allint8.accuracy_search if allint8 else None), _pct(f.all_int8_accuracy_holdout)],
+            (_all_int8_label(r),
+             [_pct(allint8.accuracy_search if allint8 else None), _pct(f.all_int8_accuracy_holdout)],
              [_pct(allint8.agreement_search if allint8 else None), _pct(f.all_int8_agreement_holdout)],
              [_cos(allint8.cosine_search if allint8 else None), _cos(f.all_int8_cosine_holdout)]),
             (f"plan ({count(len(f.kept_nodes), 'layer')} kept)", [_pct(f.accuracy_search), _pct(f.accuracy_holdout)],
@@ -230,6 +231,12 @@ def _table(r: Any) -> Any:
     for name, acc, agr, cs in rows:
         t.add_row(name, *(acc + agr if classifies else agr + cs))
     return t
+
+
+def _all_int8_label(r: Any) -> str:
+    """The all-INT8 row's name: its holdout numbers may come from a random sample of the holdout."""
+    n = r.final.all_int8_texts_holdout
+    return "all INT8" if n is None or n == r.eval_set.holdout else f"all INT8 (holdout: {n:,} random rows)"
 
 
 def _calibration_lines(run: TuneRun) -> None:

@@ -96,6 +96,13 @@ class SplitEvidence:
             return float("nan")
         return float(np.mean(self.reference[idx].argmax(axis=1) == self.labels[idx]))
 
+    def sample(self, subset: EvalSubset, size: int, seed: int) -> EvalSubset:
+        """``size`` rows of ``subset`` drawn at random, each kind of row (label; eval set or traffic) in
+        proportion (all of them when it has no more), as indices into the whole evidence."""
+        strata = _strata(self.labels, self.traffic)
+        return nested(subset, stratified_subset(subset.take(self.texts), [strata[i] for i in subset.array], size,
+                                                seed))
+
     def scores(self, subset: EvalSubset, result: SensitivityResult) -> Scores:
         """A variant's result on ``subset`` (in its row order): accuracy on the rows whose accuracy counts,
         agreement with FP32 and mean cosine (embeddings) on the rows whose agreement counts; NaN where no row
@@ -118,10 +125,8 @@ def split_evidence(texts: Sequence[str], labels: np.ndarray, reference: np.ndarr
                    traffic: np.ndarray | None = None, task: str = CLASSIFICATION) -> SplitEvidence:
     """Draw the search, holdout and sensitivity subsets (DataError when the search split would be too small).
     ``traffic``: per row, whether it was drawn from traffic; each part keeps its share of both kinds of row."""
-    strata = None
-    if traffic is not None:
-        strata = [("t" if t else "e") + str(int(v)) for v, t in zip(labels, traffic)]
-    search, holdout = split_subsets(labels, holdout_fraction, seed, texts, strata)
+    strata = _strata(labels, traffic)
+    search, holdout = split_subsets(labels, holdout_fraction, seed, texts, None if traffic is None else strata)
     if len(search) < MIN_SEARCH_ROWS:
         raise DataError(f"the eval set is too small to tune on ({len(texts)} examples)",
                         hint="use at least a few hundred examples")
@@ -130,8 +135,14 @@ def split_evidence(texts: Sequence[str], labels: np.ndarray, reference: np.ndarr
     if len(holdout) < SMALL_HOLDOUT:
         warnings.append(f"the holdout split has {len(holdout)} examples: its verdict has wide intervals")
     search_texts = search.take(texts)
-    sens_strata: Sequence[object] = strata if strata is not None else [int(v) for v in labels]
-    sens = nested(search, stratified_subset(search_texts, [sens_strata[i] for i in search.array],
+    sens = nested(search, stratified_subset(search_texts, [strata[i] for i in search.array],
                                             sensitivity_samples, seed + 1))
     return SplitEvidence(tuple(texts), labels, reference, labelled, search, holdout, sens, tuple(warnings), traffic,
                          task)
+
+
+def _strata(labels: np.ndarray, traffic: np.ndarray | None) -> list[object]:
+    """Each row's stratum: its label, and with traffic beside the eval set, where the row came from."""
+    if traffic is None:
+        return [int(v) for v in labels]
+    return [("t" if t else "e") + str(int(v)) for v, t in zip(labels, traffic)]

@@ -80,6 +80,7 @@ from calibkit.evaluate.tune_config import (
     DEFAULT_UNLABELED_AGREEMENT,
 )
 from calibkit.evaluate.tune_defaults import (
+    TUNE_ALL_INT8_HOLDOUT_TEXTS,
     TUNE_AUTO_FINALISTS,
     TUNE_AUTO_TEXTS,
     TUNE_PRUNE_BUDGET,
@@ -310,6 +311,7 @@ class _Searched:
     cost: EvidenceCost | None = None
     confirmation: Confirmation | None = None
     note: str | None = None  # why the plan written is not the search's choice, beyond the confirmation
+    all_int8_sample: tuple[EvalSubset, SensitivityResult] | None = None  # all-INT8 on holdout rows, not in full
 
 
 def _run_tune(
@@ -692,18 +694,29 @@ def _search(evidence: SplitEvidence, config: TuneRequest, jobs: _Jobs, ev: Evalu
     on_holdout: dict[Plan, SensitivityResult] = {}
     # the plan's search-split numbers are those its decision rested on (the stratified estimate: evaluate.risk);
     # the numbers the plan claims are the holdout's, measured in full below
+    all_int8: tuple[EvalSubset, SensitivityResult] | None = None
     with clock.phase("holdout numbers"):
         if len(evidence.holdout):
             if hold_judge is not None:  # the confirmed plan's holdout rows so far are in its judge: complete them
                 on_holdout[final.plan] = hold_judge.complete(final.plan)
-            plans = [p for p in dict.fromkeys([(), final.plan]) if p not in on_holdout]
-            res = ev.run([jobs(table_path, p, evidence.holdout, PLAN_MODE) for p in plans], table_sha,
-                         "holdout check")
-            on_holdout.update(zip(plans, res, strict=True))
+            # all-INT8 is context once a plan is confirmed (a random sample of the holdout); in full where it may
+            # be written instead (the holdout confirmed nothing)
+            whole = (confirmation is not None and confirmation.chosen is None) \
+                or len(evidence.holdout) <= TUNE_ALL_INT8_HOLDOUT_TEXTS
+            rows = {(): evidence.holdout if whole else
+                    evidence.sample(evidence.holdout, TUNE_ALL_INT8_HOLDOUT_TEXTS, config.seed + 2),
+                    final.plan: evidence.holdout}
+            plans = [p for p in rows if p not in on_holdout]
+            res = ev.run([jobs(table_path, p, rows[p], PLAN_MODE) for p in plans], table_sha, "holdout check")
+            for p, r in zip(plans, res, strict=True):
+                if rows[p] is evidence.holdout:
+                    on_holdout[p] = r
+                else:
+                    all_int8 = (rows[p], r)
     note = None
     if confirmation is not None and confirmation.chosen is None and judge is not None:
         outcome, final, note = _all_int8_if_as_good(outcome, final, judge, on_search, on_holdout, evidence)
-    return _Searched(outcome, final, on_search, on_holdout, cost, confirmation, note)
+    return _Searched(outcome, final, on_search, on_holdout, cost, confirmation, note, all_int8)
 
 
 def _all_int8_if_as_good(outcome: Any, final: Measured, judge: PlanJudge | StratifiedJudge,
@@ -864,6 +877,8 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
     """The typed result of the run (no NaN: what does not apply is None)."""
     final, outcome = searched.final, searched.outcome
     hold_scores = {p: evidence.scores(evidence.holdout, r) for p, r in searched.on_holdout.items()}
+    if searched.all_int8_sample is not None:
+        hold_scores[()] = evidence.scores(*searched.all_int8_sample)
     hold_acc = {p: sc.accuracy for p, sc in hold_scores.items()}
     # INT8 share over ALL linear FLOPs: work hidden in fused contrib ops (ORT Attention) stays FP32 in every plan
     share = linear.plain_share
@@ -962,6 +977,8 @@ def _final_plan(model: _Model, evidence: SplitEvidence, config: TuneRequest, tab
         all_int8_accuracy_holdout=finite(hold_acc.get(())),
         all_int8_agreement_holdout=finite(all_int8_scores.agreement) if all_int8_scores else None,
         all_int8_cosine_holdout=finite(all_int8_scores.cosine) if all_int8_scores else None,
+        all_int8_texts_holdout=None if all_int8_scores is None else len(
+            searched.all_int8_sample[0] if searched.all_int8_sample is not None else evidence.holdout),
         cosine_search=finite(evidence.scores(evidence.search, final_search).cosine if final_search else final.cosine),
         cosine_holdout=finite(final_hold.cosine) if final_hold else None,
         agreement_search=agree_search, agreement_holdout=agree_hold, search_evidence=search_ev,

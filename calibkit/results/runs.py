@@ -709,6 +709,8 @@ class TunePlan:
     cosine_search: float | None = None
     cosine_holdout: float | None = None
     all_int8_cosine_holdout: float | None = None
+    # the holdout texts all-INT8's numbers were measured on: a random sample once a plan is confirmed
+    all_int8_texts_holdout: int | None = None
     search_evidence: PlanEvidence | None = None
     holdout_evidence: PlanEvidence | None = None
     holdout_verdict: HoldoutVerdict | None = None
