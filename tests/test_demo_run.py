@@ -85,3 +85,15 @@ def test_demo_workflow_fast(demo_assets_fast: Path, tmp_path: Path, monkeypatch:
     spec.loader.exec_module(tool)
     assert tool.summary_of(summary) == res.document  # the summary read back is the summary written
     assert "| what | result | command |" in tool.render_block(res.document)
+
+
+def test_the_demos_compare_reads_compares_own_traffic_default_not_tunes() -> None:
+    """tune's larger traffic evidence (10,500 texts by default) is tune's: the demo's compare draws what `calibkit
+    compare --traffic auto` draws by itself; --fast sets its own small size for both."""
+    from calibkit.demo.workflow import WorkflowOptions, _compare_traffic
+    from calibkit.requests.compare import CompareRequest
+
+    full = WorkflowOptions()
+    assert full.traffic_size > CompareRequest(engine_a="a", engine_b="b").traffic_size
+    assert _compare_traffic(full) == {}
+    assert _compare_traffic(WorkflowOptions.quick()) == {"traffic_size": 200}

@@ -76,6 +76,8 @@ class WorkflowOptions:
     smooth: bool = True
     # tune judges agreement on this many texts of the log (not in the calibration set); 0: the eval set alone
     traffic_size: int = 10_500  # the tune default (evaluate.tune_defaults): a holdout of over 5,000 texts
+    # compare's traffic texts (when traffic_size is not 0); None: compare's own default
+    compare_traffic_size: int | None = None
     tune_method: str = "auto"  # --fast: minmax alone (auto measures every node under every method: minutes)
     # the same pretrained weights as a sentence embedder (prepare's embedder/), tuned from the log alone: this
     # many traffic texts (0: skip)
@@ -88,7 +90,8 @@ class WorkflowOptions:
                                     sensitivity_samples=64, sensitivity_layers=6, layer_samples=128,
                                     tune_sensitivity_samples=64, tune_max_evaluations=12, max_drop=1.0,
                                     min_agreement=None, extra_tune_methods=(),
-                                    traffic_size=200, tune_method="minmax", embedder_traffic_size=300)
+                                    traffic_size=200, compare_traffic_size=200, tune_method="minmax",
+                                    embedder_traffic_size=300)
         base.update(kw)
         return cls(**base)
 
@@ -265,6 +268,7 @@ def _time_estimate(options: WorkflowOptions, setup: _Setup, cb: ProgressCallback
         token_counts,
     )
     from calibkit.evaluate.predict import predict_logits
+    from calibkit.evaluate.traffic import DEFAULT_TRAFFIC_SIZE
     from calibkit.evaluate.tune_defaults import TUNE_AUTO_FINALISTS, TUNE_AUTO_TEXTS, TUNE_SENSITIVITY_SAMPLES
     from calibkit.graph import load_model
     from calibkit.quantize.placement import plan_placement
@@ -279,6 +283,7 @@ def _time_estimate(options: WorkflowOptions, setup: _Setup, cb: ProgressCallback
         return DemoSize(
             eval_texts=min(len(setup.ev), o.eval_limit or len(setup.ev)), calibration=o.sample_size, nodes=nodes,
             methods=len(o.methods), smooth=o.smooth, traffic=o.traffic_size,
+            compare_traffic=0 if not o.traffic_size else o.compare_traffic_size or DEFAULT_TRAFFIC_SIZE,
             embedder_traffic=o.embedder_traffic_size if setup.prep.embedder_dir.is_dir() else 0,
             sensitivity_samples=o.sensitivity_samples, sensitivity_layers=o.sensitivity_layers,
             layer_samples=o.layer_samples, tune_method=o.tune_method,
@@ -380,7 +385,7 @@ def _compare(options: WorkflowOptions, setup: _Setup, engines: dict[str, Any], c
                               layer_samples=options.layer_samples, sensitivity_samples=options.sensitivity_samples,
                               sensitivity_layers=options.sensitivity_layers, workers=options.workers,
                               seed=options.seed, progress=clock.cb, traffic="auto" if options.traffic_size else None,
-                              traffic_size=max(1, options.traffic_size))
+                              **_compare_traffic(options))
         ck.render_report(cmp_fp32, setup.reports / "compare-fp32-vs-int8")
         cmp_fp16 = ck.compare(engines["fp16"].artifact, engines["int8"].artifact, setup.ev,
                               reference=engines["fp32"].artifact, layer_samples=options.layer_samples,
@@ -412,6 +417,12 @@ def _tune(options: WorkflowOptions, setup: _Setup, clock: _Clock) -> tuple[Any, 
                                traffic="auto" if options.traffic_size else None,
                                traffic_size=max(1, options.traffic_size))
     return tres, extra
+
+
+def _compare_traffic(options: WorkflowOptions) -> dict[str, Any]:
+    """compare's traffic size where the options set one (--fast), else nothing: compare's own default (tune's
+    larger evidence is tune's, not compare's)."""
+    return {} if options.compare_traffic_size is None else {"traffic_size": options.compare_traffic_size}
 
 
 def _tune_budget(options: WorkflowOptions) -> dict[str, Any]:

@@ -447,7 +447,7 @@ class DemoSize:
     nodes: int
     methods: int
     smooth: bool
-    traffic: int  # tune's and compare's traffic texts (0: none)
+    traffic: int  # tune's traffic texts (0: none)
     embedder_traffic: int  # the embedder's tune (0: skipped)
     sensitivity_samples: int  # compare's
     sensitivity_layers: int | None
@@ -456,6 +456,7 @@ class DemoSize:
     tune_method: str
     auto_texts_per_node: int  # Q/DQ texts method auto measures per node (tune's finalists x texts)
     tune_sensitivity_samples: int = TUNE_SENSITIVITY_SAMPLES
+    compare_traffic: int | None = None  # compare's traffic texts (None: tune's)
 
 
 def demo_steps(d: DemoSize) -> list[Work]:
@@ -463,7 +464,8 @@ def demo_steps(d: DemoSize) -> list[Work]:
     variants = 2 if d.smooth else 1
     sens = min(d.sensitivity_samples, d.eval_texts)
     layers = min(d.layer_samples, d.eval_texts)
-    vs_fp32 = CompareSize(d.eval_texts, ("fp32", "qdq"), d.traffic, layers, 3, sens,
+    vs_fp32 = CompareSize(d.eval_texts, ("fp32", "qdq"), d.traffic if d.compare_traffic is None else d.compare_traffic,
+                          layers, 3, sens,
                           min(d.sensitivity_layers or d.nodes, d.nodes))
     vs_fp16 = CompareSize(d.eval_texts, ("qdq", "qdq", "fp32"), 0, layers, 5)
     steps = [Work("smooth", fp32=3 * d.calibration)] if d.smooth else []
