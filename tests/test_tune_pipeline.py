@@ -397,9 +397,9 @@ def test_tune_confirms_its_plan_on_the_holdout_by_fixed_sequence(tiny_setup):
 
 
 def test_all_int8_is_measured_on_a_holdout_sample_unless_it_may_be_written(tiny_setup, monkeypatch):
-    """All-INT8's holdout numbers are context where no decision rests on them: a random sample of the holdout (its
-    size recorded). Where the holdout confirmed nothing, all-INT8 may be written instead of the search's choice,
-    so it is measured on the whole holdout."""
+    """All-INT8's holdout numbers are context where no decision rests on them: a random sample of the holdout
+    (its size recorded), the whole holdout where it is under twice the sample. Where the holdout confirmed
+    nothing, all-INT8 may be written instead of the search's choice, so it is measured on the whole holdout."""
     import calibkit.evaluate.tune as tune_module
 
     md = ModelDir.resolve(tiny_setup["model"])
@@ -408,9 +408,13 @@ def test_all_int8_is_measured_on_a_holdout_sample_unless_it_may_be_written(tiny_
     monkeypatch.setattr(tune_module, "TUNE_ALL_INT8_HOLDOUT_TEXTS", 30)
     r = run_tune(md, tiny_setup["cset"], ev, tiny_setup["root"] / "all-int8-sample", replace(cfg, confirm=False))
     f = r.result.final
-    assert f.kept_nodes and r.result.eval_set.holdout > 30 and f.all_int8_texts_holdout == 30
+    assert f.kept_nodes and r.result.eval_set.holdout > 2 * 30 and f.all_int8_texts_holdout == 30
     assert f.all_int8_agreement_holdout is not None
     assert abs(f.all_int8_agreement_holdout * 30 - round(f.all_int8_agreement_holdout * 30)) < 1e-9
+    monkeypatch.setattr(tune_module, "TUNE_ALL_INT8_HOLDOUT_TEXTS", r.result.eval_set.holdout // 2)
+    small = run_tune(md, tiny_setup["cset"], ev, tiny_setup["root"] / "all-int8-small", replace(cfg, confirm=False))
+    assert small.result.final.all_int8_texts_holdout == small.result.eval_set.holdout
+    monkeypatch.setattr(tune_module, "TUNE_ALL_INT8_HOLDOUT_TEXTS", 30)
     unconfirmed = run_tune(md, tiny_setup["cset"], ev, tiny_setup["root"] / "all-int8-whole", cfg).result
     assert unconfirmed.confirmation is not None and unconfirmed.confirmation.chosen is None
     assert unconfirmed.final.all_int8_texts_holdout == unconfirmed.eval_set.holdout

@@ -702,7 +702,7 @@ def _search(evidence: SplitEvidence, config: TuneRequest, jobs: _Jobs, ev: Evalu
             # all-INT8 is context once a plan is confirmed (a random sample of the holdout); in full where it may
             # be written instead (the holdout confirmed nothing)
             whole = (confirmation is not None and confirmation.chosen is None) \
-                or len(evidence.holdout) <= TUNE_ALL_INT8_HOLDOUT_TEXTS
+                or len(evidence.holdout) <= 2 * TUNE_ALL_INT8_HOLDOUT_TEXTS
             rows = {(): evidence.holdout if whole else
                     evidence.sample(evidence.holdout, TUNE_ALL_INT8_HOLDOUT_TEXTS, config.seed + 2),
                     final.plan: evidence.holdout}
