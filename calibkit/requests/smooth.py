@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from calibkit.requests.checks import COUNT, Bound, check_numbers, check_paths
-from calibkit.requests.options import Choice, check_bounds, coerce, option
+from calibkit.requests.options import Choice, calibration_set_option, check_bounds, coerce, model_option, option
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.data.calibset import CalibrationSet
@@ -34,12 +34,9 @@ class SmoothRequest:
     """A smoothed FP32 model folder (SmoothQuant: activation outliers moved into the weights), checked to compute
     the same function as the original on calibration texts."""
 
-    model: PathLike | ModelDir = option(
-        argument=True, positional=True, cli_type=Path,
-        help="Model folder (model.onnx + tokenizer + config.json), an .onnx file, or a loaded ModelDir.")
-    calibration_set: PathLike | CalibrationSet = option(
-        flags=("--calibration-set", "-c"), positional=True, cli_type=Path,
-        help="Folder written by `calibkit sample`, or the loaded set: the activations are measured on it.")
+    model: PathLike | ModelDir = model_option()
+    calibration_set: PathLike | CalibrationSet = calibration_set_option(
+        "Folder written by `calibkit sample`, or the loaded set: the activations are measured on it.")
     out: PathLike = option(flags=("--out", "-o"), positional=True, cli_type=Path,
                            help="The smoothed model folder to write (new, or calibkit's).")
     alpha: Alpha | float = option(
