@@ -163,12 +163,12 @@ def worker_calibkit(args: argparse.Namespace) -> dict:
 def worker_smooth(args: argparse.Namespace) -> dict:
     """`calibkit smooth` (alpha auto): the per-channel pass, the alpha search and the equivalence check."""
     from calibkit.calibrate.smoothing import smooth
-    from calibkit.data.calibset import load_calibration_set
-    from calibkit.data.modeldir import ModelDir
+    from calibkit.requests.smooth import SmoothRequest
+    from calibkit.resources import Resources
 
     t0 = time.perf_counter()
-    res = smooth(ModelDir.resolve(args.model), load_calibration_set(args.calib), out_dir=Path(args.out),
-                 budget=_budget(args))
+    res = smooth(SmoothRequest(model=args.model, calibration_set=args.calib, out=Path(args.out)),
+                 Resources(budget=_budget(args)))
     return {"seconds": time.perf_counter() - t0, "timings": res.timings, "smoothed": len(res.smoothed),
             "groups": res.groups, "max_deviation": res.max_deviation}
 

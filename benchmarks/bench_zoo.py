@@ -156,8 +156,9 @@ def decompose(task, work: Path, folder: Path, tok, texts, ref) -> str:  # type: 
 def smoothed(task, work: Path, md: ModelDir, calib, tok, texts, ref) -> str:  # type: ignore[no-untyped-def]
     """Exact Q/DQ all-INT8 agreement with FP32 of the smoothed model, mse and minmax."""
     from calibkit.calibrate.smoothing import smooth
+    from calibkit.requests.smooth import SmoothRequest
 
-    res = smooth(md, calib, out_dir=work / "smoothed")
+    res = smooth(SmoothRequest(model=md, calibration_set=calib, out=work / "smoothed"))
     smd = ModelDir.resolve(res.out_dir)
     cells = []
     for m in (Method.MSE, Method.MINMAX):

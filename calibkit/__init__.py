@@ -10,8 +10,9 @@ The public API (imported on first use, so ``import calibkit`` stays light)::
 
 Functions: :func:`export`, :func:`sample`, :func:`smooth`, :func:`calibrate`, :func:`histogram`, :func:`build`,
 :func:`compare`, :func:`tune`, :func:`deploy`, :func:`load_report`, :func:`render_report`, :func:`run`
-(calibkit.api; ``run`` takes a :class:`SampleRequest`, :class:`CalibrateRequest`, :class:`BuildRequest`,
-:class:`CompareRequest` or :class:`TuneRequest`, the values calibkit.requests declares every option in);
+(calibkit.api; ``run`` takes an :class:`ExportRequest`, :class:`SampleRequest`, :class:`SmoothRequest`,
+:class:`CalibrateRequest`, :class:`BuildRequest`, :class:`CompareRequest`, :class:`TuneRequest` or
+:class:`DeployRequest`, the values calibkit.requests declares every option in);
 :func:`prepare_demo` with :class:`PrepareOptions` (calibkit.demo.prepare: the demo's model, data and log). Results:
 :class:`Comparison`, :class:`TuneResult` and their parts (calibkit.results.runs); :class:`DeployResult` and
 :class:`PlanDocument` (calibkit.results.documents). Errors: :class:`CalibkitError` and its
@@ -30,10 +31,12 @@ from calibkit._version import __version__
 
 _API = ("export", "sample", "smooth", "calibrate", "histogram", "build", "compare", "tune", "deploy", "load_report",
         "render_report", "run")
-_REQUESTS = {"SampleRequest": "calibkit.requests.sample", "CalibrateRequest": "calibkit.requests.calibrate",
+_REQUESTS = {"ExportRequest": "calibkit.requests.export", "SampleRequest": "calibkit.requests.sample",
+             "SmoothRequest": "calibkit.requests.smooth", "CalibrateRequest": "calibkit.requests.calibrate",
              "BuildRequest": "calibkit.requests.build", "CompareRequest": "calibkit.requests.compare",
-             "TuneRequest": "calibkit.requests.tune",
-             "Traffic": "calibkit.requests.traffic", "ResourceOptions": "calibkit.requests.resources"}
+             "TuneRequest": "calibkit.requests.tune", "DeployRequest": "calibkit.requests.deploy",
+             "Traffic": "calibkit.requests.traffic", "Profiles": "calibkit.requests.deploy",
+             "Alpha": "calibkit.requests.smooth", "ResourceOptions": "calibkit.requests.resources"}
 _DEMO = ("prepare_demo", "PrepareOptions")  # the demo's model, data and log (notebooks/walkthrough.ipynb)
 _RESULTS = ("Comparison", "EngineEvaluation", "LayerVerdict", "Evidence", "TuneResult", "TunePlan", "Candidate",
             "HoldoutVerdict")

@@ -105,15 +105,18 @@ def run(request: Any, resources: ResourceOptions | None = None, progress: Progre
     of its command, called with the request's values.
 
     Args:
-        request: A :class:`~calibkit.requests.sample.SampleRequest`,
+        request: A :class:`~calibkit.requests.export.ExportRequest`,
+            :class:`~calibkit.requests.sample.SampleRequest`, :class:`~calibkit.requests.smooth.SmoothRequest`,
             :class:`~calibkit.requests.calibrate.CalibrateRequest`, :class:`~calibkit.requests.build.BuildRequest`,
-            :class:`~calibkit.requests.compare.CompareRequest` or :class:`~calibkit.requests.tune.TuneRequest`.
+            :class:`~calibkit.requests.compare.CompareRequest`, :class:`~calibkit.requests.tune.TuneRequest` or
+            :class:`~calibkit.requests.deploy.DeployRequest`.
         resources: What the call may use: workers, executor, memory budget (None: the defaults).
         progress: Called with each :class:`~calibkit.progress.ProgressEvent` (None: silent).
 
     Returns:
-        What the command's keyword function returns: a ``CalibrationSet`` for sample, a ``CalibrationResult``
-        for calibrate, a ``BuildResult`` for build, a ``Comparison`` for compare, a ``TuneRun`` for tune.
+        What the command's keyword function returns: an ``ExportResult`` for export, a ``CalibrationSet`` for
+        sample, a ``SmoothResult`` for smooth, a ``CalibrationResult`` for calibrate, a ``BuildResult`` for build,
+        a ``Comparison`` for compare, a ``TuneRun`` for tune, a ``DeployResult`` for deploy.
 
     Raises:
         UsageError: Not a request of a command, or a value its ``validate()`` refuses.
@@ -130,8 +133,8 @@ def run(request: Any, resources: ResourceOptions | None = None, progress: Progre
     found = _BODIES.get(type(request))
     if found is None:
         raise UsageError(f"no calibkit command takes a {type(request).__name__}",
-                         hint="pass a SampleRequest, CalibrateRequest, BuildRequest, CompareRequest or TuneRequest "
-                              "(calibkit.requests)")
+                         hint="pass one of " + ", ".join(sorted(t.__name__ for t in _BODIES))
+                              + " (calibkit.requests)")
     body, pool_by_default = found
     request.validate()
     options = resources or ResourceOptions()

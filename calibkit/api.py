@@ -29,28 +29,24 @@ from typing import TYPE_CHECKING, Any
 from calibkit._requestapi import open_resources, request_api, run
 from calibkit.errors import UsageError
 from calibkit.evaluate.inputs import (
-    calibration_set as calibration_set_of,
-)
-from calibkit.evaluate.inputs import (
     load_evidence,
     load_traffic,
-    model_dir,
     not_an_input,
 )
 from calibkit.progress import ProgressCallback
 from calibkit.requests.build import BuildRequest
 from calibkit.requests.calibrate import CalibrateRequest
 from calibkit.requests.checks import (
-    COUNT,
     COUNT_OR_NONE,
-    Bound,
-    check_names,
     check_numbers,
     check_paths,
 )
 from calibkit.requests.compare import CompareRequest, check_targets
+from calibkit.requests.deploy import DeployRequest
+from calibkit.requests.export import ExportRequest
 from calibkit.requests.resources import DEFAULT_MEMORY_BUDGET, MEMORY_BYTES, ResourceOptions
 from calibkit.requests.sample import SampleRequest
+from calibkit.requests.smooth import SmoothRequest
 from calibkit.requests.tune import TuneRequest
 from calibkit.resources import Resources
 
@@ -62,15 +58,16 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.data.calibset import CalibrationSet
     from calibkit.data.encode import TokenBudget
     from calibkit.data.evalset import EvalSet
-    from calibkit.data.modeldir import ModelDir
     from calibkit.evaluate.tune import TuneRun
     from calibkit.executors import Executor
-    from calibkit.exporter import ExportResult, ExportSource
+    from calibkit.exporter import ExportResult
+    from calibkit.results.documents import DeployResult
     from calibkit.results.runs import Comparison, TuneResult
 
 PathLike = str | os.PathLike[str]
 
-__all__ = ["CalibrateRequest", "CompareRequest", "ResourceOptions", "TuneRequest", "build", "budget", "calibrate",
+__all__ = ["CalibrateRequest", "CompareRequest", "DeployRequest", "ExportRequest", "ResourceOptions", "SmoothRequest",
+           "TuneRequest", "build", "budget", "calibrate",
            "compare", "deciding_digits", "export", "histogram", "load_evidence", "load_report", "load_traffic",
            "missed_targets", "render_report", "resources", "run", "sample", "save_per_text_outputs", "smooth",
            "tune"]
@@ -134,27 +131,12 @@ def sample(request: SampleRequest, resources: Resources) -> CalibrationSet:
 # ---------------------------------------------------------------- export
 
 
-def export(
-    source: PathLike | ExportSource,
-    out: PathLike,
-    *,
-    tokenizer: PathLike | None = None,
-    task: str | None = None,
-    tolerance: float = 1e-4,
-    progress: ProgressCallback | None = None,
-) -> ExportResult:
+@request_api(ExportRequest, resources=())
+def export(request: ExportRequest, resources: Resources) -> ExportResult:
     """Export your own model to the model folder every other function reads.
 
     FP32 ONNX with dynamic batch and sequence axes, the task recorded, its outputs checked against the source's.
-
-    Args:
-        source: A Hugging Face folder (PyTorch or safetensors weights, any task head), a sentence-transformers
-            folder, or an .onnx file (copied and checked, not re-exported), or an ``ExportSource``.
-        out: The model folder to write (atomically: a refused export leaves nothing).
-        tokenizer: The tokenizer folder, when it is not beside the source.
-        task: The task the folder serves (None: from the head; "embedding": the encoder of any head).
-        tolerance: The largest difference to the source's outputs allowed, relative to the largest output.
-        progress: Called with each :class:`~calibkit.progress.ProgressEvent` (None: silent).
+    Every option is a field of :class:`~calibkit.requests.export.ExportRequest`.
 
     Returns:
         The folder written, its model, the task, the inputs and output, and the parity check (None for an
@@ -174,39 +156,20 @@ def export(
     """
     from calibkit.exporter import export_model
 
-    return export_model(source, out, tokenizer=tokenizer, task=task, tolerance=tolerance, progress=progress)
+    return export_model(request, resources.progress)
 
 
 # ---------------------------------------------------------------- smooth
 
 
-def smooth(
-    model: PathLike | ModelDir,
-    calibration_set: PathLike | CalibrationSet,
-    out: PathLike,
-    *,
-    alpha: float | None = None,
-    tokenizer: PathLike | None = None,
-    batch_size: int = 32,
-    memory_budget: str | int = DEFAULT_MEMORY_BUDGET,
-    max_batch_tokens: int | None = None,
-    progress: ProgressCallback | None = None,
-) -> SmoothResult:
+@request_api(SmoothRequest, resources=("memory_budget", "max_batch_tokens"))
+def smooth(request: SmoothRequest, resources: Resources) -> SmoothResult:
     """SmoothQuant-style migration of activation outliers into the weights, written as a new model folder.
 
     The smoothed model computes the same FP32 function (checked on calibration texts), so it goes through
-    calibrate, build, compare and tune unchanged.
-
-    Args:
-        model: The FP32 model folder (model.onnx with its tokenizer) or a loaded ``ModelDir``.
-        calibration_set: The calibration set's folder or the loaded set: the activations are measured on it.
-        out: The model folder to write.
-        alpha: The migration strength in [0, 1] for every layer (None: chosen per layer on the calibration set).
-        tokenizer: The tokenizer, when it is not in the model folder.
-        batch_size: The most texts per batch.
-        memory_budget: Bytes of tapped activations held at once ("512M", "1G" or a number).
-        max_batch_tokens: The most padded tokens per batch (None: no cap).
-        progress: Called with each :class:`~calibkit.progress.ProgressEvent` (None: silent).
+    calibrate, build, compare and tune unchanged. Every option is a field of
+    :class:`~calibkit.requests.smooth.SmoothRequest`; ``memory_budget`` and ``max_batch_tokens`` bound the
+    batches whose activations are measured.
 
     Returns:
         The smoothed folder, its model, and the choice made for each group of weight MatMuls.
@@ -223,17 +186,9 @@ def smooth(
         ('model.onnx', True)
     """
     from calibkit.calibrate.smoothing import smooth as run_smooth
-    from calibkit.data.calibset import CalibrationSet
-    from calibkit.data.modeldir import ModelDir
 
-    check_paths({"model": model, "calibration_set": calibration_set, "out": out}, {"tokenizer": tokenizer},
-                loaded=(ModelDir, CalibrationSet))
-    check_numbers({"--alpha": (alpha, Bound(low=0, high=1, optional=True, example="0.8")),
-                   "--batch-size": (batch_size, COUNT)})
-    not_an_input(out, [model, calibration_set, tokenizer])
-    token_budget = budget(memory_budget, max_batch_tokens)
-    return run_smooth(model_dir(model, tokenizer), calibration_set_of(calibration_set), out_dir=Path(out),
-                      alpha=alpha, budget=token_budget, batch_size=batch_size, progress=progress)
+    not_an_input(request.out, [request.model, request.calibration_set, request.tokenizer])
+    return run_smooth(request, resources)
 
 
 # ---------------------------------------------------------------- calibrate
@@ -571,73 +526,15 @@ def render_report(result: Comparison | TuneResult, out: PathLike) -> Any:
 
 # ---------------------------------------------------------------- deploy
 
-if TYPE_CHECKING:
-    from calibkit.results.documents import DeployResult
 
-
-def deploy(
-    source: PathLike,
-    out: PathLike,
-    *,
-    backend: str = "onnxruntime",
-    traffic: PathLike | None = None,
-    text_field: str | None = None,
-    strict: bool = False,
-    redact: bool = True,
-    profiles: int | None = None,
-    name: str | None = None,
-    max_seq: int | None = None,
-    batch_tokens: int = 8192,
-    max_batch: int = 128,
-    queue_delay_us: int = 1000,
-    instances: int = 1,
-    threads: int | None = None,
-    perf_requests: int = 512,
-    max_texts: int = 50_000,
-    seed: int = 0,
-    reduce_range: bool | None = None,
-    workspace_mib: int = 4096,
-    layout: str | None = None,
-    measure_texts: int = 1000,
-    measure_batch: int = 8,
-    progress: ProgressCallback | None = None,
-) -> DeployResult:
+@request_api(DeployRequest, resources=())
+def deploy(request: DeployRequest, resources: Resources) -> DeployResult:
     """Write a Triton Inference Server model repository for a tune or calibrate folder or an engine, shaped by
     the traffic it will serve, and measure the model it writes (ONNX Runtime) against FP32 on that traffic.
 
     The INT8 layout shipped is the one ``source`` was measured in (tune's plan, the calibration's target, the
     engine's own) unless ``layout`` names another, which is shipped with a warning in the result, deploy.json
-    and the README.
-
-    Args:
-        source: A folder written by ``tune`` or ``calibrate``, or an engine written by ``build``.
-        out: The repository folder to write (new, or one deploy wrote before).
-        backend: onnxruntime or tensorrt (TensorRT: the Q/DQ model and build_engine.sh for the serving GPU).
-        traffic: The request log (JSON Lines) the server will see (None: the calibration set's own log).
-        text_field: The dotted path of the text in ``traffic`` (None: found).
-        strict: Fail at the first broken line of ``traffic``.
-        redact: Redact e-mails, phone and card numbers and IPs in perf_data.json.
-        profiles: Length buckets (TensorRT optimization profiles), 1 to 4 (None: the fewest within 5 % of the
-            best).
-        name: The Triton model name (None: the model folder and precision).
-        max_seq: The largest profile length; longer requests are truncated (None: the longest request,
-            rounded up to 8, at most the model's maximum).
-        batch_tokens: Padded tokens per batch that set the batch sizes.
-        max_batch: The largest batch size.
-        queue_delay_us: Triton's max_queue_delay_microseconds.
-        instances: Model instances (instance_group count).
-        threads: ONNX Runtime intra-op threads per instance, and of the measurement (None: ONNX Runtime's).
-        perf_requests: Requests in perf_data.json.
-        max_texts: Traffic texts kept (a seeded uniform sample past it).
-        seed: The seed of the traffic sample, the perf_analyzer requests and the measured texts.
-        reduce_range: 7-bit weights for the onnxruntime layout (None: as ``build`` decides).
-        workspace_mib: The TensorRT builder workspace, in MiB.
-        layout: The INT8 Q/DQ layout to ship, tensorrt or onnxruntime (None: the one ``source`` was measured
-            in).
-        measure_texts: Traffic texts (calibration texts left out) the served model is measured on against FP32;
-            0: not measured.
-        measure_batch: The batch size of that measurement.
-        progress: Called with each :class:`~calibkit.progress.ProgressEvent` (None: silent).
+    and the README. Every option is a field of :class:`~calibkit.requests.deploy.DeployRequest`.
 
     Returns:
         The typed ``DeployResult`` (deploy.json, field by field): every choice, the layout shipped and the one
@@ -658,18 +555,5 @@ def deploy(
         (True, 'model.onnx')
     """
     from calibkit.deploy.pipeline import deploy as run_deploy
-    from calibkit.deploy.request import DeployRequest
 
-    check_paths({"source": source, "out": out}, {"traffic": traffic})
-    check_names({"backend": backend, "text_field": text_field, "name": name, "layout": layout},
-                required=("backend",))
-    request = DeployRequest(
-        source=Path(source), out=Path(out), backend=backend, traffic=Path(traffic) if traffic is not None else None,
-        text_field=text_field, strict=strict, redact=redact, profiles=profiles, name=name, max_seq=max_seq,
-        batch_tokens=batch_tokens, max_batch=max_batch, queue_delay_us=queue_delay_us, instances=instances,
-        threads=threads, perf_requests=perf_requests, max_texts=max_texts, seed=seed, reduce_range=reduce_range,
-        workspace_mib=workspace_mib, layout=layout.lower() if layout else None, measure_texts=measure_texts,
-        measure_batch=measure_batch,
-    )
-    request.validate()  # every check on the options, before any file is read
-    return run_deploy(request, progress=progress)
+    return run_deploy(request, resources)

@@ -302,3 +302,33 @@ def test_histogram_of_a_calibration_through_the_public_api(tmp_path, monkeypatch
     assert ck.histogram(res.stats_path, last[-6:]).tensor in {r.tensor for r in res.table.ranges}
     with pytest.raises(UsageError, match="is or contains"):
         ck.histogram(res, "no-such-tensor")
+
+
+def test_gather_stats_reads_executor_budget_and_progress_from_resources_alone(tmp_path, monkeypatch):
+    """gather_stats took ``progress``, ``budget`` and ``executor`` beside ``resources``, each None meaning "the
+    resources' own" (``executor=None`` was no "no executor"); the run's Resources is now the one place they come
+    from, and a caller that wants others passes a replaced copy."""
+    import inspect
+
+    from calibkit.calibrate.pipeline import gather_stats
+    from calibkit.data.encode import TokenBudget
+    from calibkit.graph import load_model
+    from calibkit.quantize.placement import DEFAULT_OP_TYPES, plan_placement
+
+    params = inspect.signature(gather_stats).parameters
+    assert not {"progress", "budget", "executor"} & set(params)
+    assert params["resources"].default is inspect.Parameter.empty  # no hidden default run
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+    md = ModelDir.resolve(write_model_dir(tmp_path / "model"))
+    cset = write_calibration_set(tmp_path / "set", texts(12), None, {"n": 12})
+    proto = load_model(md.onnx_path)
+    tensors = list(plan_placement(proto, DEFAULT_OP_TYPES).activations)
+    heard = []
+    resources = Resources(budget=TokenBudget(max_batch_tokens=64, memory_bytes=1 << 20), progress=heard.append)
+    store, reused = gather_stats(md, cset, tensors, model_sha256="x" * 64, num_bins=2048, batch_size=8,
+                                 resources=resources, model=proto, use_cache=False)
+    assert not reused and store.meta["max_batch_tokens"] == 64 and store.meta["memory_budget_bytes"] == 1 << 20
+    assert heard and heard[-1].done == heard[-1].total
+    _, again = gather_stats(md, cset, tensors, model_sha256="x" * 64, num_bins=2048, batch_size=8,
+                            resources=Resources(), model=proto)
+    assert again  # the same statistics, whatever the budget: from the cache

@@ -31,7 +31,8 @@ def repo(demo_assets_fast: Path, tmp_path_factory: pytest.TempPathFactory) -> di
     cset = write_calibration_set(root / "calibration_sets" / "demo-n64", texts, None,
                                  {"source": {"path": str(log)}, "kind": "calibration-set"})
     cal = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.MINMAX, out=root / "cal"))
-    res = deploy(DeployRequest(cal.out_dir, root / "serving", perf_requests=64, max_texts=4000, measure_texts=200))
+    res = deploy(DeployRequest(source=cal.out_dir, out=root / "serving", perf_requests=64, max_texts=4000,
+                               measure_texts=200))
     return {"root": root, "md": md, "cal": cal, "res": res, "log": log}
 
 

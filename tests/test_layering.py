@@ -151,10 +151,12 @@ def test_a_module_outside_every_row_is_not_placed() -> None:
 
 #: folders whose modules sit in several rows, each with the reason; every other folder is one layer
 SPLIT_FOLDERS = {
-    # each request sits in the row of the code that reads it (it names that code's defaults): compare's and
-    # tune's in evaluation, calibrate's in calibration, build's in build, sample's in data; how a field declares
-    # its option sits below them all (declarations), the shared traffic and resource options between
-    "calibkit.requests": {"evaluation", "calibration", "build", "data and graph", "requests", "declarations"},
+    # each request sits in the row of the code that reads it (it names that code's defaults): deploy's in
+    # serving, export's in export, compare's and tune's in evaluation, calibrate's and smooth's in calibration,
+    # build's in build, sample's in data; how a field declares its option sits below them all (declarations), the
+    # shared traffic and resource options between
+    "calibkit.requests": {"serving", "export", "evaluation", "calibration", "build", "data and graph", "requests",
+                          "declarations"},
 }
 
 

@@ -1,7 +1,8 @@
-"""Requests are values declared once: each option of `calibkit sample`, `calibrate`, `build`, `compare` and `tune`
-is one request field (or a resource option) and back, a request survives the trip through its command line, the
-API's keyword functions are generated from the same fields, `--traffic` reads a word by one rule, and no module
-declares the options again."""
+"""Requests are values declared once: each option of `calibkit export`, `sample`, `smooth`, `calibrate`, `build`,
+`compare`, `tune` and `deploy` is one request field (or a resource option) and back, a request survives the trip
+through its command line, the API's keyword functions are generated from the same fields, `--traffic` reads a word
+by one rule, a keyword-or-number option (`--profiles`, `--alpha`) is a typed value, and no module declares the
+options again."""
 
 from __future__ import annotations
 
@@ -22,31 +23,45 @@ from calibkit.cli import app
 from calibkit.cli import build as cli_build
 from calibkit.cli import calibrate as cli_calibrate
 from calibkit.cli import compare as cli_compare
+from calibkit.cli import deploy as cli_deploy
+from calibkit.cli import export as cli_export
 from calibkit.cli import sample as cli_sample
+from calibkit.cli import smooth as cli_smooth
 from calibkit.cli import tune as cli_tune
 from calibkit.errors import UsageError
 from calibkit.requests.build import BuildRequest
 from calibkit.requests.calibrate import CalibrateRequest
 from calibkit.requests.choices import Target
 from calibkit.requests.compare import CompareRequest
+from calibkit.requests.deploy import DeployRequest, Profiles
+from calibkit.requests.export import ExportRequest
 from calibkit.requests.options import Choice, declared, flag_of
 from calibkit.requests.resources import ResourceOptions
 from calibkit.requests.sample import SampleRequest
+from calibkit.requests.smooth import Alpha, SmoothRequest
 from calibkit.requests.traffic import Traffic
 from calibkit.requests.tune import TuneRequest
 from calibkit.results.flags import Thresholds
-from calibkit.types import Precision
+from calibkit.types import Backend, Precision
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = {"calibrate": (CalibrateRequest, cli_calibrate), "compare": (CompareRequest, cli_compare),
-            "tune": (TuneRequest, cli_tune), "sample": (SampleRequest, cli_sample), "build": (BuildRequest, cli_build)}
+            "tune": (TuneRequest, cli_tune), "sample": (SampleRequest, cli_sample), "build": (BuildRequest, cli_build),
+            "deploy": (DeployRequest, cli_deploy), "export": (ExportRequest, cli_export),
+            "smooth": (SmoothRequest, cli_smooth)}
 DECLARED_ONCE = tuple(COMMANDS)  # every pipeline here takes (request, resources)
 #: where each command's options could be declared again (None: every module). sample's options (size, seed,
 #: text_field, strict, redact, tokenizer) are also how compare, tune and deploy draw traffic, with their own
 #: defaults (evaluate.traffic.TrafficOptions), so only sample's own modules are searched (its API function is
-#: generated: test_the_keyword_functions_are_generated_from_the_requests)
-SCOPE: dict[str, tuple[str, ...] | None] = {"calibrate": None, "compare": None, "tune": None, "build": None,
-                                            "sample": ("cli/sample.py", "data/sample_pipeline.py")}
+#: generated: test_the_keyword_functions_are_generated_from_the_requests). export and smooth have so few options
+#: (source, task, tokenizer; tokenizer, batch_size) that a third of them is any loader's signature: their own
+#: modules are searched
+SCOPE: dict[str, tuple[str, ...] | None] = {
+    "calibrate": None, "compare": None, "tune": None, "build": None, "deploy": None,
+    "sample": ("cli/sample.py", "data/sample_pipeline.py"),
+    "export": ("cli/export.py", "exporter/pipeline.py", "exporter/torch_export.py", "api.py"),
+    "smooth": ("cli/smooth.py", "calibrate/smoothing.py", "quantize/smooth.py", "api.py"),
+}
 
 
 def _click(name: str) -> Any:
@@ -95,9 +110,23 @@ def _non_default(request_cls: type, tmp: Path) -> dict[str, Any]:
         return {"model": tmp / "model", "output": tmp / "int8.onnx", "precision": Precision.INT8,
                 "calibration": tmp / "cal", "target": Target.ONNXRUNTIME, "exclude": ("fc1", "fc2"),
                 "tokenizer": tmp / "tok", "calibration_set": tmp / "cset", "workspace_mib": 7, "reduce_range": False}
+    if request_cls is DeployRequest:  # ONNX Runtime: --threads and --reduce-range apply to it alone
+        return {"source": tmp / "runs", "out": tmp / "serving", "traffic": tmp / "requests.jsonl",
+                "text_field": "request.text", "strict": True, "redact": False, "profiles": 3, "name": "served",
+                "max_seq": 64, "batch_tokens": 4096, "max_batch": 16, "queue_delay_us": 7, "instances": 2,
+                "threads": 3, "perf_requests": 9, "max_texts": 99, "seed": 7, "reduce_range": False,
+                "workspace_mib": 7, "layout": Target.ONNXRUNTIME, "measure_texts": 0, "measure_batch": 2}
     values: dict[str, Any] = {}
+    if request_cls in (ExportRequest, SmoothRequest):  # the command line reads these inputs before the API call
+        from calib_helpers import texts, write_model_dir
+
+        from calibkit.data.calibset import write_calibration_set
+
+        model = write_model_dir(tmp / "model")
+        values = {"tokenizer": model, **({"source": model / "model.onnx"} if request_cls is ExportRequest else {
+            "model": model, "calibration_set": write_calibration_set(tmp / "set", texts(8), None, {}).path})}
     for f, decl in declared(request_cls):
-        if not decl.cli:
+        if not decl.cli or f.name in values:
             continue
         default = f.default if f.default is not dataclasses.MISSING else None
         kind = str(f.type)
@@ -109,6 +138,8 @@ def _non_default(request_cls: type, tmp: Path) -> dict[str, Any]:
             values[f.name] = ("MatMul", "Conv")
         elif decl.nested:
             values[f.name] = Thresholds(**{n.attribute: 0.25 for n in decl.nested})
+        elif isinstance(default, (Profiles, Alpha)):  # a keyword or a number: the number
+            values[f.name] = 0.5 if isinstance(default, Alpha) else 2
         elif isinstance(default, Choice):
             values[f.name] = next(m for m in type(default) if m is not default)
         elif isinstance(default, bool):
@@ -177,8 +208,22 @@ def test_a_request_survives_its_command_line(command: str, tmp_path: Path, monke
     result = CliRunner().invoke(app, [command, *_argv(request_cls, values), *quiet, *budget])
     assert got, result.output
     request, resources = got[0]
-    assert request == expected
+    assert _as_given(request, expected) == expected
     assert resources == (ResourceOptions(memory_budget="3G") if budget else ResourceOptions())
+
+
+def _as_given(request: Any, expected: Any) -> Any:
+    """``request`` with the inputs its command line loaded before the API call (smooth's model and calibration set)
+    put back as the paths they were loaded from."""
+    from calibkit.data.calibset import CalibrationSet
+    from calibkit.data.modeldir import ModelDir
+
+    if isinstance(request, SmoothRequest) and isinstance(request.model, ModelDir):
+        assert request.model.onnx_path == expected.model / "model.onnx"
+        assert isinstance(request.calibration_set, CalibrationSet)
+        assert request.calibration_set.path == expected.calibration_set
+        return dataclasses.replace(request, model=expected.model, calibration_set=expected.calibration_set)
+    return request
 
 
 def test_traffic_reads_a_word_as_a_file_where_one_of_that_name_exists(tmp_path: Path,
@@ -199,7 +244,10 @@ def test_the_keyword_functions_are_generated_from_the_requests() -> None:
                                              (calibkit.api.compare, CompareRequest, every),
                                              (calibkit.api.tune, TuneRequest, every),
                                              (calibkit.api.sample, SampleRequest, []),
-                                             (calibkit.api.build, BuildRequest, [])):
+                                             (calibkit.api.build, BuildRequest, []),
+                                             (calibkit.api.export, ExportRequest, []),
+                                             (calibkit.api.smooth, SmoothRequest, every[2:]),
+                                             (calibkit.api.deploy, DeployRequest, [])):
         params = inspect.signature(function).parameters
         api_fields = [f.name for f, d in declared(request_cls) if d.api]
         assert list(params) == [*api_fields, *resources, "progress"]
@@ -244,9 +292,8 @@ def test_sample_and_build_requests_validate_with_the_messages_of_before(request_
         request_value().validate()
 
 
-def test_build_exclude_takes_a_regex_with_a_comma_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`build -x 'layer{1,3}'` was split at the comma into two broken patterns; an --exclude is one regex, as in
-    calibrate."""
+def _parsed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, argv: list[str]) -> tuple[Any, str]:
+    """The request the command line hands to ``calibkit.api.run`` (None: refused before), and what it printed."""
     got: list[Any] = []
 
     def stop(request: Any, resources: ResourceOptions, progress: Any = None) -> Any:
@@ -255,9 +302,17 @@ def test_build_exclude_takes_a_regex_with_a_comma_whole(tmp_path: Path, monkeypa
 
     monkeypatch.setattr(calibkit.api, "run", stop)
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["build", "model", "-p", "fp16", "-x", "layer{1,3}/", "-o", "fp16.onnx"])
-    assert got, result.output
-    assert got[0].exclude == ("layer{1,3}/",)
+    result = CliRunner().invoke(app, argv, env={"COLUMNS": "400"})
+    return (got[0] if got else None), " ".join(result.output.replace("│", " ").split())
+
+
+def test_build_exclude_takes_a_regex_with_a_comma_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`build -x 'layer{1,3}'` was split at the comma into two broken patterns; an --exclude is one regex, as in
+    calibrate."""
+    request, said = _parsed(monkeypatch, tmp_path, ["build", "model", "-p", "fp16", "-x", "layer{1,3}/", "-o",
+                                                    "fp16.onnx"])
+    assert request is not None, said
+    assert request.exclude == ("layer{1,3}/",)
 
 
 # ---------------------------------------------------------------- declared once
@@ -319,3 +374,70 @@ def test_the_redeclaration_check_finds_an_option_table() -> None:
         f"{n}=None" for n in sorted(_option_names(TuneRequest))) + "): pass"
     assert _redeclarations(ast.parse(old), _option_names(TuneRequest)) == ["tune (line 1)"]
     assert _typer_flags(ast.parse('typer.Option(0.5, "--max-drop")')) == {"--max-drop"}
+
+
+# ---------------------------------------------------------------- a keyword or a number
+
+
+@pytest.mark.parametrize(("word", "value"), [("auto", Profiles.AUTO), ("AUTO", Profiles.AUTO), ("3", 3)])
+def test_profiles_is_auto_or_a_whole_number(word: str, value: Any, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--profiles` was a string parsed by its own code ("auto" or int()); it is a typed value now, the number read
+    by the parser of every numeric option."""
+    request, said = _parsed(monkeypatch, tmp_path, ["deploy", "runs/x", "-o", "serving", "-k", word])
+    assert request is not None, said
+    assert request.profiles == value and type(request.profiles) is type(value)
+    assert request.requested_k == (None if value is Profiles.AUTO else value)
+    assert request == DeployRequest(source="runs/x", out="serving", profiles=value)
+
+
+@pytest.mark.parametrize("word", ["many", "2.5", "nan", ""])
+def test_profiles_refuses_anything_else_while_parsing(word: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    request, said = _parsed(monkeypatch, tmp_path, ["deploy", "runs/x", "-o", "serving", "--profiles", word])
+    assert request is None and f"{word!r} is neither auto nor a whole number" in said, said
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (None, "--profiles must be a whole number from 1 to 4 or auto, got None"),
+    ("2", "--profiles must be a whole number from 1 to 4 or auto, got '2'"),
+    (2.0, "--profiles must be a whole number from 1 to 4 or auto, got 2.0"),
+    (True, "--profiles must be a whole number from 1 to 4 or auto, got True"),
+    (5, "--profiles 5 is out of range"),
+])
+def test_profiles_from_python_is_profiles_auto_or_an_int(value: Any, message: str) -> None:
+    assert DeployRequest(source="s", out="o", profiles="auto").profiles is Profiles.AUTO
+    with pytest.raises(UsageError, match=re.escape(message)):
+        DeployRequest(source="s", out="o", profiles=value).validate()
+
+
+@pytest.mark.parametrize(("word", "value"), [("auto", Alpha.AUTO), ("0.8", 0.8), ("1", 1.0)])
+def test_alpha_is_auto_or_a_number(word: str, value: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from calib_helpers import texts, write_model_dir
+
+    from calibkit.data.calibset import write_calibration_set
+
+    write_model_dir(tmp_path / "model")
+    write_calibration_set(tmp_path / "set", texts(8), None, {})
+    request, said = _parsed(monkeypatch, tmp_path, ["smooth", "model", "-c", "set", "-o", "out", "--alpha", word])
+    assert request is not None and request.alpha == value, said
+    assert request.fixed_alpha == (None if value is Alpha.AUTO else value)
+    request, said = _parsed(monkeypatch, tmp_path, ["smooth", "model", "-c", "set", "-o", "out", "--alpha", "x"])
+    assert request is None and "'x' is neither auto nor a finite number" in said, said
+
+
+def test_deploy_backend_has_one_default_for_both_callers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command line required --backend while ck.deploy defaulted to onnxruntime: one rule now, the default of
+    `calibkit build --backend` too."""
+    request, said = _parsed(monkeypatch, tmp_path, ["deploy", "runs/x", "-o", "serving"])
+    assert request is not None, said
+    assert request.backend is Backend.ONNXRUNTIME
+    assert inspect.signature(calibkit.api.deploy).parameters["backend"].default is Backend.ONNXRUNTIME
+    assert next(f for f in dataclasses.fields(BuildRequest) if f.name == "backend").default is Backend.ONNXRUNTIME
+
+
+def test_run_runs_every_commands_request() -> None:
+    with pytest.raises(UsageError) as e:
+        calibkit.api.run("not a request")
+    for name in ("DeployRequest", "ExportRequest", "SmoothRequest", "TuneRequest"):
+        assert name in (e.value.hint or "")

@@ -165,7 +165,7 @@ def proj(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # (one no argument names) where the command has such inputs, else a given input. A new path option of any
 # command fails test_every_path_option_is_known until it is listed here or among the readers.
 WRITERS: dict[tuple[str, str], list[str]] = {
-    ("deploy", "out_dir"): ["deploy", "{eng}/int8.onnx", "-b", "onnxruntime", "--traffic", "{p}/logs/prod.jsonl",
+    ("deploy", "out"): ["deploy", "{eng}/int8.onnx", "-b", "onnxruntime", "--traffic", "{p}/logs/prod.jsonl",
                             "--out", "{p}/cal"],
     ("compare", "save_outputs"): ["compare", "{eng}/int8.onnx", "{p}/engB/int8.onnx", "-e", "{p}/eval.jsonl",
                                   "--no-report", "--save-outputs", "{p}/calB"],
@@ -176,13 +176,13 @@ WRITERS: dict[tuple[str, str], list[str]] = {
     ("build", "output"): ["build", "{p}/model", "-p", "int8", "--calibration", "{p}/cal", "-o",
                           "{p}/set/int8.onnx"],
     ("calibrate", "out"): ["calibrate", "{p}/model", "-c", "{p}/set", "--out", "{p}/logs"],
-    ("smooth", "out_dir"): ["smooth", "{p}/model", "-c", "{p}/set", "--out", "{p}/logs"],
+    ("smooth", "out"): ["smooth", "{p}/model", "-c", "{p}/set", "--out", "{p}/logs"],
     ("tune", "out"): ["tune", "{p}/model", "-c", "{p}/set", "-e", "{p}/eval.jsonl", "--out", "{p}/logs"],
     ("tune", "report"): ["tune", "{p}/model", "-c", "{p}/set", "-e", "{p}/eval.jsonl", "--out", "{p}/t",
                          "--report", "{p}/logs"],
     ("sample", "out"): ["sample", "{p}/logs/prod.jsonl", "--size", "8", "--out", "{p}/logs"],
     ("report", "out_dir"): ["report", "{p}/doc.json", "--out", "{p}"],
-    ("export", "out_dir"): ["export", "{p}/model/model.onnx", "--tokenizer", "{p}/model", "--out", "{p}/model"],
+    ("export", "out"): ["export", "{p}/model/model.onnx", "--tokenizer", "{p}/model", "--out", "{p}/model"],
 }
 # path options that name what a command reads, and writers that read nothing of the user's
 READERS = {("smooth", "calibration_set"), ("smooth", "tokenizer"), ("calibrate", "calibration_set"),
@@ -232,7 +232,7 @@ def test_every_writer_refuses_inputs_found_by_provenance(proj: Path, writer: tup
 
 
 def test_the_refusal_says_which_document_names_the_input(proj: Path) -> None:
-    r = run(*[a.format(p=proj, eng=proj / "eng") for a in WRITERS[("deploy", "out_dir")]])
+    r = run(*[a.format(p=proj, eng=proj / "eng") for a in WRITERS[("deploy", "out")]])
     assert r.exit_code == 2
     assert f"is the input {proj / 'cal'}" in flat(r) and "int8.onnx.calibkit.json" in flat(r)
 

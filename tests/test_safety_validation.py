@@ -84,10 +84,15 @@ NUMERIC = _numeric_options()
 
 
 def test_every_numeric_option_goes_through_the_shared_parser() -> None:
+    """FLOAT or INTEGER, or (an option that also takes a keyword: `--profiles auto`, `--alpha auto`) the
+    keyword_or parser, which reads the number with one of them."""
     assert len(NUMERIC) > 40
+    shared = (calibkit.cli._common.FLOAT, calibkit.cli._common.INTEGER)
     plain = [f"{cmd} {opt}" for cmd, opt, parser in NUMERIC
-             if parser not in (calibkit.cli._common.FLOAT, calibkit.cli._common.INTEGER)]
+             if parser not in shared and getattr(parser, "number", None) not in shared]
     assert plain == [], "parse these with parser=FLOAT / parser=INTEGER (calibkit.cli._common)"
+    keyworded = {f"{cmd} {opt}" for cmd, opt, parser in NUMERIC if parser not in shared}
+    assert keyworded == {"deploy --profiles", "smooth --alpha"}
 
 
 @given(st.sampled_from(NUMERIC), st.sampled_from(["nan", "-nan", "inf", "-Infinity", "1e999", "x", "", "0x10",
@@ -122,14 +127,17 @@ def _numeric_params(fn: object) -> list[inspect.Parameter]:
             and any(t in str(p.annotation).replace(" ", "").split("|") for t in ("int", "float", "str|int"))]
 
 
-API = {name: getattr(calibkit.api, name) for name in ("sample", "smooth", "calibrate", "build", "compare", "tune")}
+API = {name: getattr(calibkit.api, name)
+       for name in ("export", "sample", "smooth", "calibrate", "build", "compare", "tune", "deploy")}
 API_PARAMS = [(name, p) for name, fn in API.items() for p in _numeric_params(fn)]
 HOSTILE = [math.nan, math.inf, -math.inf, -1, 10 ** 30, -(10 ** 30), "0.5", True, [1], 8.5, 1e300]
 
 
 def _positional(name: str, work: Path) -> list[object]:
     missing = work / "missing"
-    return {"sample": [missing / "log.jsonl", work / "out"],
+    return {"export": [missing / "model.onnx", work / "out"],
+            "deploy": [missing / "runs", work / "out"],
+            "sample": [missing / "log.jsonl", work / "out"],
             "smooth": [missing / "model", missing / "set", work / "out"],
             "calibrate": [missing / "model", missing / "set", work / "out"],
             "build": [missing / "model.onnx", work / "out.onnx"],
@@ -140,7 +148,8 @@ def _positional(name: str, work: Path) -> list[object]:
 def test_every_api_function_has_its_numbers_checked() -> None:
     names = {(n, p.name) for n, p in API_PARAMS}
     assert {("tune", "max_drop"), ("tune", "holdout"), ("sample", "size"), ("compare", "traffic_size"),
-            ("calibrate", "percentile"), ("build", "workspace_mib"), ("smooth", "alpha")} <= names
+            ("calibrate", "percentile"), ("build", "workspace_mib"), ("smooth", "alpha"), ("export", "tolerance"),
+            ("deploy", "profiles"), ("deploy", "queue_delay_us"), ("deploy", "measure_texts")} <= names
 
 
 @given(st.sampled_from(API_PARAMS), st.sampled_from(HOSTILE))

@@ -30,6 +30,7 @@ from calibkit.quantize.smooth import (
     smoothed_from,
     smoothing_scale,
 )
+from calibkit.requests.smooth import SmoothRequest
 from tests.calib_helpers import texts, tiny_model, write_tokenizer
 
 
@@ -131,7 +132,7 @@ def test_channel_stats_do_not_depend_on_the_batches(tmp_path: Path) -> None:
 def test_smooth_writes_an_equivalent_model_folder(tmp_path: Path) -> None:
     md = _model_dir(tmp_path / "m")
     cset = write_calibration_set(tmp_path / "set", texts(80, seed=1, max_words=12), None, {})
-    res = smooth(md, cset, out_dir=tmp_path / "smoothed")
+    res = smooth(SmoothRequest(model=md, calibration_set=cset, out=tmp_path / "smoothed"))
     assert res.max_deviation < 1e-4 and res.smoothed
     doc = json.loads((tmp_path / "smoothed" / SMOOTHING_FILE).read_text())
     assert doc["groups"] == 3 and doc["alpha"] == "auto"
@@ -140,7 +141,7 @@ def test_smooth_writes_an_equivalent_model_folder(tmp_path: Path) -> None:
     np.testing.assert_allclose(_run(sm), _run(onnx.load(str(md.onnx_path))), rtol=1e-4, atol=1e-5)
     assert (tmp_path / "smoothed" / "tokenizer.json").is_file() and (tmp_path / "smoothed" / "config.json").is_file()
     with pytest.raises(ModelError, match="already smoothed"):
-        smooth(smd, cset, out_dir=tmp_path / "twice")
+        smooth(SmoothRequest(model=smd, calibration_set=cset, out=tmp_path / "twice"))
     assert not (tmp_path / "twice").exists()
 
 
@@ -162,7 +163,7 @@ def test_a_changed_function_is_refused_and_nothing_written(tmp_path: Path, monke
     md = _model_dir(tmp_path / "m")
     cset = write_calibration_set(tmp_path / "set", texts(40, seed=2), None, {})
     with pytest.raises(ModelError, match="differ from the original"):
-        smooth(md, cset, out_dir=tmp_path / "out")
+        smooth(SmoothRequest(model=md, calibration_set=cset, out=tmp_path / "out"))
     assert not (tmp_path / "out").exists()
 
 
@@ -227,7 +228,7 @@ def test_a_model_file_rewritten_during_the_statistics_is_refused(tmp_path: Path,
 
     monkeypatch.setattr(smoothing, "channel_stats", rewriting)
     with pytest.raises(ModelError, match="changed while smooth"):
-        smooth(md, cset, out_dir=tmp_path / "out")
+        smooth(SmoothRequest(model=md, calibration_set=cset, out=tmp_path / "out"))
     assert not (tmp_path / "out").exists()
 
 

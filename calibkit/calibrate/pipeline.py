@@ -28,7 +28,6 @@ from calibkit.data.encode import DEFAULT_MEMORY_BUDGET, TokenBudget
 from calibkit.data.modeldir import ModelDir
 from calibkit.errors import CalibrationError, ModelError
 from calibkit.names import node_names
-from calibkit.progress import ProgressCallback
 from calibkit.quantize.fused import fused_fp32_linear, fused_warning
 from calibkit.quantize.placement import Placement, plan_placement
 from calibkit.quantize.qdq import weightless_copy
@@ -47,7 +46,7 @@ from calibkit.results.files import (
 from calibkit.types import CalibrationTable, Method, MethodParams, TensorRange
 
 if TYPE_CHECKING:  # pragma: no cover - types only
-    from calibkit.executors.base import Executor
+    from calibkit.requests.smooth import SmoothRequest
 
 log = logging.getLogger("calibkit.calibrate")
 
@@ -59,6 +58,8 @@ MODEL_FILE = "model.int8.onnx"
 CACHE_FILE = "calibration.cache"
 JSON_FILE = "calibration.json"
 STATS_FILE = "stats.npz"
+#: the token budget of the statistics' batches when the run's resources name none
+DEFAULT_BUDGET = TokenBudget(memory_bytes=DEFAULT_MEMORY_BUDGET)
 
 
 @dataclass(frozen=True)
@@ -107,30 +108,27 @@ def gather_stats(
     model_sha256: str,
     num_bins: int,
     batch_size: int,
+    resources: Resources,
     use_cache: bool = True,
     cache_dir: Path | None = None,
     model: Any = None,
     threads: int | None = None,
     model_bytes: list[bytes] | None = None,
-    resources: Resources | None = None,
-    progress: ProgressCallback | None = None,
-    budget: TokenBudget | None = None,
-    executor: Executor | None = None,
 ) -> tuple[StatsStore, bool]:
-    """Statistics of ``tensors`` over the set: from the cache when there, else by running the model (in shards
-    on ``resources.executor``'s workers when it has more than one: calibkit.calibrate.sharded, bit-identical;
-    else in this process, through ``resources.runner_factory``).
+    """Statistics of ``tensors`` over the set: from the cache when there, else by running the model.
 
-    ``progress``, ``budget`` and ``executor``, when given, override ``resources``' own (evaluate/tune passes
-    them one by one; ``executor=None`` there means "the default", not "no executor").
+    ``resources`` says how, and nothing else does: its ``executor``, when it has more than one worker, collects
+    the statistics in shards there (calibkit.calibrate.sharded, bit-identical), any other (None included) leaves
+    them to this process and ``resources.runner_factory``; ``resources.budget`` bounds each batch
+    (:data:`DEFAULT_BUDGET` where the run has none) and ``resources.progress`` hears about it. A caller that
+    wants other values passes ``dataclasses.replace(resources, ...)``. The budget changes memory and time,
+    never the statistics, so it is not part of the cache key.
 
     ``model_bytes``: a one-element list holding the bytes ``model`` was parsed from (its file); the taps are
     appended to them instead of serializing the model again, and the list is emptied as they are handed on, so
     nothing keeps them alive while the model runs.
 
-    ``use_cache=False`` (``--fresh-stats``) does not read the cache but still saves the fresh statistics.
-    ``budget`` bounds each batch (default: :data:`calibkit.data.encode.DEFAULT_MEMORY_BUDGET` bytes of tapped
-    tensors); it changes memory and time, never the statistics, so it is not part of the cache key."""
+    ``use_cache=False`` (``--fresh-stats``) does not read the cache but still saves the fresh statistics."""
     key = set_key(cset.id, model_dir.tokenizer_path, model_dir.max_length)
     if use_cache:
         hit = find_stats(model_sha256, key, tensors, num_bins, cache_dir)
@@ -142,13 +140,11 @@ def gather_stats(
     from calibkit.data.tokenizer import TextTokenizer
     from calibkit.graph import load_model
 
-    res = resources or Resources()
-    executor = executor if executor is not None else res.executor
-    progress = progress or res.progress
+    executor, progress = resources.executor, resources.progress
     tok = TextTokenizer(model_dir.tokenizer_path, max_length=model_dir.max_length)
     proto = model if model is not None else load_model(model_dir.onnx_path)
     input_names = [i.name for i in proto.graph.input if i.name not in {x.name for x in proto.graph.initializer}]
-    budget = budget or res.budget or TokenBudget(memory_bytes=DEFAULT_MEMORY_BUDGET)
+    budget = resources.budget if resources.budget is not None else DEFAULT_BUDGET
     batches = bucketed_batches(tok, cset.texts, input_names, batch_size=batch_size, budget=budget)
     if executor is not None and executor.workers > 1:
         from calibkit.calibrate.sharded import collect_stats_sharded
@@ -157,7 +153,8 @@ def gather_stats(
                                       progress=progress)
     else:
         store = collect_stats(proto, batches, tensors, num_bins=num_bins, progress=progress, threads=threads,
-                              serialized=model_bytes.pop() if model_bytes else None, make_runner=res.runner_factory)
+                              serialized=model_bytes.pop() if model_bytes else None,
+                              make_runner=resources.runner_factory)
     del proto
     meta = {
         **store.meta,
@@ -264,7 +261,7 @@ def calibrate(request: CalibrateRequest, resources: Resources = Resources()) -> 
     request.validate()
     if request.from_cache is not None:
         return _calibrate_from_cache(request, _cache_model_dir(request), Path(request.from_cache))
-    model_dir = _model_dir(request)
+    model_dir = model_dir_of(request)
     calibration_set = request.calibration_set
     method, params = Method(str(request.method)), request.params
     op_types, exclude, target = request.op_types, request.exclude, str(request.target)
@@ -471,7 +468,8 @@ def _write_outputs(
     )
 
 
-def _model_dir(request: CalibrateRequest) -> ModelDir:
+def model_dir_of(request: CalibrateRequest | SmoothRequest) -> ModelDir:
+    """The request's model folder: the loaded one, or resolved from its path (and ``tokenizer``)."""
     model = request.model
     if isinstance(model, ModelDir):
         return model
@@ -481,7 +479,7 @@ def _model_dir(request: CalibrateRequest) -> ModelDir:
 def _cache_model_dir(request: CalibrateRequest) -> ModelDir:
     """The model of ``--from-cache``: a bare .onnx file needs no tokenizer (the model does not run)."""
     try:
-        return _model_dir(request)
+        return model_dir_of(request)
     except ModelError:
         model = request.model
         path = Path(model) if not isinstance(model, ModelDir) else model.onnx_path

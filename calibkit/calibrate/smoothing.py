@@ -20,7 +20,7 @@ import numpy as np
 
 from calibkit._io import atomic_dir, write_json
 from calibkit._version import __version__
-from calibkit.data.calibset import CalibrationSet
+from calibkit.data.calibset import CalibrationSet, load_calibration_set
 from calibkit.data.encode import DEFAULT_MEMORY_BUDGET, TokenBudget
 from calibkit.data.modeldir import ModelDir
 from calibkit.errors import CalibrationError, ModelError
@@ -34,6 +34,8 @@ from calibkit.quantize.smooth import (
     choose_scales,
     find_groups,
 )
+from calibkit.requests.smooth import SmoothRequest
+from calibkit.resources import Resources
 
 log = logging.getLogger("calibkit.calibrate.smoothing")
 
@@ -179,16 +181,15 @@ def _equivalence_texts(texts: Sequence[str]) -> list[str]:
     return [texts[i] for i in order[::step][:EQUIVALENCE_TEXTS]]
 
 
-def smooth(model_dir: ModelDir, cset: CalibrationSet, *, out_dir: str | Path, alpha: float | None = None,
-           budget: TokenBudget | None = None, batch_size: int = 32,
-           progress: ProgressCallback | None = None) -> SmoothResult:
-    """Write a smoothed copy of ``model_dir`` into ``out_dir`` (atomically). ``alpha`` None: chosen per layer."""
-    from calibkit.calibrate.pipeline import load_hashed
+def smooth(request: SmoothRequest, resources: Resources = Resources()) -> SmoothResult:
+    """Write a smoothed copy of the request's model into its ``out`` (atomically), the activations measured on its
+    calibration set in batches of ``resources.budget`` (the model folder and the set are loaded here when the
+    request names them by path)."""
+    from calibkit.calibrate.pipeline import load_hashed, model_dir_of
 
-    if alpha is not None and not 0.0 <= alpha <= 1.0:
-        from calibkit.errors import UsageError
-
-        raise UsageError(f"--alpha must be in [0, 1] or auto, got {alpha}", hint="e.g. --alpha 0.8, or auto")
+    request.validate()
+    model_dir, cset, alpha = model_dir_of(request), request.calibration_set, request.fixed_alpha
+    cset = cset if isinstance(cset, CalibrationSet) else load_calibration_set(cset)
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     proto, sha, data = load_hashed(model_dir.onnx_path)
@@ -203,8 +204,9 @@ def smooth(model_dir: ModelDir, cset: CalibrationSet, *, out_dir: str | Path, al
     stats_model = weightless_copy(proto) if lean else proto
     if lean:
         del proto
-    stats = channel_stats(stats_model, groups, model_dir, cset.texts, budget=budget, batch_size=batch_size,
-                          serialized=data.pop() if data else None, progress=progress)
+    stats = channel_stats(stats_model, groups, model_dir, cset.texts, budget=resources.budget,
+                          batch_size=request.batch_size, serialized=data.pop() if data else None,
+                          progress=resources.progress)
     del stats_model
     timings["statistics"] = time.perf_counter() - t0
     if lean:
@@ -225,7 +227,7 @@ def smooth(model_dir: ModelDir, cset: CalibrationSet, *, out_dir: str | Path, al
             "calibration_set_id": cset.id}
     smoothed = apply_smoothing(proto, groups, choices, metadata=json.dumps(meta, sort_keys=True), in_place=True)
     del proto
-    out = Path(out_dir)
+    out = Path(request.out)
     src_folder = model_dir.onnx_path.parent
     with atomic_dir(out, what="smooth") as tmp:
         save_model(smoothed, tmp / "model.onnx")  # weights written from their buffers: no serialized copy

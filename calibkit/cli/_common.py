@@ -6,6 +6,7 @@ Only light imports here: ``calibkit --help`` must not import onnxruntime, transf
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import math
 import sys
@@ -23,7 +24,6 @@ from calibkit.cli._signals import INTERRUPTED_EXIT, TERMINATED_EXIT, TERMINATED_
 from calibkit.errors import CalibkitError
 from calibkit.progress import ESTIMATE_TASK, ProgressEvent
 from calibkit.report.formatting import visible_controls
-from calibkit.requests.resources import MAX_BATCH_TOKENS_HELP, MEMORY_BUDGET_HELP
 
 
 # markup off: paths, node names and texts hold brackets ("runs/[/x]", "calibkit[tensorrt]") that rich would
@@ -457,12 +457,33 @@ FLOAT: Any = _parse_float
 INTEGER: Any = _parse_int
 
 
-# ---------------------------------------------------------------- option blocks shared by several commands
-# declared once; a command's signature names them (``tokenizer: Path | None = TOKENIZER``)
+def keyword_or(words: type[enum.Enum], number: Any) -> Any:
+    """The parser of an option that takes a keyword (a member of ``words``, e.g. ``auto``) or a number read by
+    ``number`` (FLOAT or INTEGER, kept as the parser's ``number``): the member, the number, or a refusal that
+    names both."""
+    keywords = {str(m.value): m for m in words}
 
-TOKENIZER: Any = typer.Option(None, "--tokenizer", help="Tokenizer folder when MODEL is an .onnx file.")
-MAX_BATCH_TOKENS: Any = typer.Option(None, "--max-batch-tokens", parser=INTEGER, help=MAX_BATCH_TOKENS_HELP)
-MEMORY_BUDGET: Any = typer.Option("1G", "--memory-budget", help=MEMORY_BUDGET_HELP)
+    def parse(value: object) -> Any:
+        if isinstance(value, words):
+            return value
+        found = keywords.get(str(value).strip().lower())
+        if found is not None:
+            return found
+        try:
+            return number(value)
+        except ValueError:
+            what = "a whole number" if number is INTEGER else "a finite number"
+            raise _refuse(f"{str(value)[:40]!r} is neither {' nor '.join(keywords)} nor {what}") from None
+
+    parse.__name__ = "|".join([number.__name__, *keywords])  # the type help shows: <integer|auto>
+    parse.number = number  # type: ignore[attr-defined]
+    return parse
+
+
+# ---------------------------------------------------------------- option blocks shared by several commands
+# declared once; a command's signature names them (``force: bool = FORCE``): what a request's field is, its request
+# declares (cli/_requests.py)
+
 FORCE: Any = typer.Option(False, "--force", help=FORCE_HELP)
 NO_REPORT: Any = typer.Option(False, "--no-report", help="Write no report folder.")
 

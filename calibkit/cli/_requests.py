@@ -21,8 +21,8 @@ from typing import Any, Union, get_args, get_origin
 
 import typer
 
-from calibkit.cli._common import FLOAT, INTEGER, handle_errors
-from calibkit.requests.options import Option, declared, default_of, flag_of
+from calibkit.cli._common import FLOAT, FORCE, INTEGER, handle_errors, keyword_or
+from calibkit.requests.options import Choice, Option, declared, default_of, flag_of
 from calibkit.requests.resources import ResourceOptions
 
 
@@ -40,9 +40,25 @@ def _cli_type(f: dataclasses.Field[Any], decl: Option) -> Any:
     return eval(str(f.type), {"__builtins__": builtins})  # a plain annotation: int, float | None, bool, str
 
 
-def _parser(kind: Any) -> dict[str, Any]:
+def _keyword_or_number(kind: Any) -> tuple[type[Choice], type] | None:
+    """(the words, ``int`` or ``float``) of an option typed ``Choice | int`` (``Profiles.AUTO`` or a number)."""
+    if get_origin(kind) not in (Union, types.UnionType):
+        return None
+    args = get_args(kind)
+    words = [a for a in args if isinstance(a, type) and issubclass(a, Choice)]
+    numbers = [a for a in args if a in (int, float)]
+    return (words[0], numbers[0]) if len(args) == 2 and len(words) == len(numbers) == 1 else None
+
+
+def _typer_kind(kind: Any) -> tuple[Any, dict[str, Any]]:
+    """What typer is told an option is, and its number parser: a keyword-or-number option is its number with a
+    parser that also takes the keyword (typer reads no union but ``X | None``)."""
+    mixed = _keyword_or_number(kind)
+    if mixed is not None:
+        words, number = mixed
+        return number, {"parser": keyword_or(words, INTEGER if number is int else FLOAT)}
     base = _base(kind)
-    return {"parser": INTEGER} if base is int else {"parser": FLOAT} if base is float else {}
+    return kind, {"parser": INTEGER} if base is int else {"parser": FLOAT} if base is float else {}
 
 
 def _shown(value: Any) -> Any:
@@ -68,14 +84,15 @@ def _field_params(request_cls: type) -> Iterator[inspect.Parameter]:
             base = default_of(f)
             for n in decl.nested:
                 yield _param(n.flag.lstrip("-").replace("-", "_"), float,
-                             typer.Option(getattr(base, n.attribute), n.flag, help=n.help, **_parser(float)))
+                             typer.Option(getattr(base, n.attribute), n.flag, help=n.help, parser=FLOAT))
             continue
         kind = _cli_type(f, decl)
         if decl.argument:
             yield _param(f.name, kind, typer.Argument(..., help=decl.help))
             continue
         flags = decl.flags or (flag_of(f, decl),)
-        yield _param(f.name, kind, typer.Option(cli_default(f, decl), *flags, help=decl.help, **_parser(kind)))
+        kind, parser = _typer_kind(kind)
+        yield _param(f.name, kind, typer.Option(cli_default(f, decl), *flags, help=decl.help, **parser))
         if decl.negation is not None:
             yield _param(_name(decl.negation), bool, typer.Option(False, decl.negation, help=decl.negation_help))
 
@@ -93,9 +110,8 @@ def resource_params(names: Sequence[str]) -> list[inspect.Parameter]:
     out = []
     for f, decl in declared(ResourceOptions):
         if f.name in names:
-            kind = _cli_type(f, decl)
-            out.append(_param(f.name, kind, typer.Option(default_of(f), flag_of(f, decl), help=decl.help,
-                                                         **_parser(kind))))
+            kind, parser = _typer_kind(_cli_type(f, decl))
+            out.append(_param(f.name, kind, typer.Option(default_of(f), flag_of(f, decl), help=decl.help, **parser)))
     return out
 
 
@@ -122,6 +138,10 @@ def build_request(request_cls: type, parsed: dict[str, Any]) -> Any:
         elif value is not None or default_of(f) is None:
             values[f.name] = value
     return request_cls(**values)
+
+
+#: the presentation options of a command that only writes its --out: --force
+FORCE_ONLY = (inspect.Parameter("force", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=FORCE),)
 
 
 def cli_paths(*values: Any) -> list[Path | None]:

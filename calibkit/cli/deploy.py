@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
-from calibkit.cli._common import FORCE_HELP, INTEGER, RichProgress, guard_out_dir, handle_errors, out, say, warn
+from calibkit.cli._common import RichProgress, guard_out_dir, out, say, warn
+from calibkit.cli._requests import FORCE_ONLY, cli_paths, request_command
+from calibkit.requests.deploy import DeployRequest
+from calibkit.requests.resources import ResourceOptions
 
 if TYPE_CHECKING:
     from calibkit.results.documents import DeployResult
@@ -30,7 +32,7 @@ drawn from (its manifest.json); each only while it holds the bytes it had then.
 
 What is chosen, and why:
   length buckets   Triton batches only requests of equal shape, so clients pad each request to its bucket's
-                   length. --profiles K (1-4, default auto: the fewest within 5 % of the best) buckets are chosen
+                   length. --profiles K (1-4; auto, the default: the fewest within 5 % of the best) buckets are chosen
                    by dynamic programming to minimise padded tokens; each is one TensorRT optimization profile
                    (min = its shortest length, opt = max = its padded length). The padding waste of every k is
                    reported against one 1-512 profile, with the share of requests longer than the largest max.
@@ -49,7 +51,7 @@ OUT (a new folder, or one calibkit wrote; --force moves anything else aside) rec
 
 Examples:
 
-  calibkit deploy runs/tune-model --backend onnxruntime --out serving/
+  calibkit deploy runs/tune-model --out serving/   (--backend onnxruntime, the default, as in `calibkit build`)
 
   calibkit deploy runs/tune-model --backend onnxruntime --out serving-fast/ --layout onnxruntime --measure-texts 2000
 
@@ -66,71 +68,22 @@ def register(app: typer.Typer) -> None:
                 no_args_is_help=True)(deploy)
 
 
-def deploy(
-    source: Path = typer.Argument(..., help="A tune or calibrate output folder, or an engine calibkit built."),
-    backend: str = typer.Option(..., "--backend", "-b", help="onnxruntime | tensorrt (as in `calibkit build`)."),
-    out_dir: Path = typer.Option(..., "--out", "-o", help="Folder of the Triton model repository to write."),
-    traffic: Path | None = typer.Option(
-        None, "--traffic", help="JSON Lines request log whose lengths shape the server and whose texts the model is "
-        "measured on [default: the log a tune run judged agreement on, else the calibration set's log]."),
-    text_field: str | None = typer.Option(
-        None, "--text-field", help="Dotted path of the text in --traffic, e.g. request.text [default: auto-detect]."),
-    strict: bool = typer.Option(False, "--strict", help="Fail at the first broken line of --traffic."),
-    no_redact: bool = typer.Option(False, "--no-redact", help="Keep e-mails, phone/card numbers and IPs in "
-                                   "perf_data.json as they are in the log."),
-    profiles: str = typer.Option("auto", "--profiles", "-k", help="Length buckets / TensorRT profiles: 1-4 or auto."),
-    name: str | None = typer.Option(None, "--name", help="Triton model name [default: MODELFOLDER-PRECISION]."),
-    max_seq: int | None = typer.Option(
-        None, "--max-seq", parser=INTEGER,
-        help="Largest profile max; longer requests are truncated [default: the longest request, "
-        "rounded up to 8, at most the model's maximum]."),
-    batch_tokens: int = typer.Option(8192, "--batch-tokens", parser=INTEGER,
-        help="Padded tokens per batch that set batch sizes."),
-    max_batch: int = typer.Option(128, "--max-batch", parser=INTEGER, help="Upper bound of any batch size."),
-    queue_delay_us: int = typer.Option(1000, "--queue-delay-us", parser=INTEGER, help="max_queue_delay_microseconds."),
-    instances: int = typer.Option(1, "--instances", parser=INTEGER, help="Model instances (instance_group count)."),
-    threads: int | None = typer.Option(
-        None, "--threads", parser=INTEGER, help="ONNX Runtime intra-op threads per instance [default: the backend's]."),
-    perf_requests: int = typer.Option(512, "--perf-requests", parser=INTEGER, help="Requests in perf_data.json."),
-    max_texts: int = typer.Option(50_000, "--max-texts", parser=INTEGER,
-        help="Traffic texts kept (a seeded uniform sample past it)."),
-    seed: int = typer.Option(0, "--seed", parser=INTEGER,
-        help="Seed of the traffic sample and the perf_analyzer requests."),
-    reduce_range: bool | None = typer.Option(
-        None, "--reduce-range/--no-reduce-range",
-        help="7-bit weights for the ONNX Runtime layout (x86 CPUs without VNNI) [default: as `calibkit build`].",
-    ),
-    workspace_mib: int = typer.Option(4096, "--workspace-mib", parser=INTEGER,
-        help="TensorRT builder workspace (MiB)."),
-    layout: str | None = typer.Option(
-        None, "--layout", help="INT8 Q/DQ layout to ship: tensorrt | onnxruntime [default: the one SOURCE was "
-        "measured in; another is shipped with a warning]."),
-    measure_texts: int = typer.Option(1000, "--measure-texts", parser=INTEGER,
-        help="Traffic texts the served model is measured on against FP32 (0: not measured)."),
-    measure_batch: int = typer.Option(8, "--measure-batch", parser=INTEGER, help="Batch size of that measurement."),
-    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
-) -> None:
-    with handle_errors():
-        from calibkit.api import deploy as run_deploy
-        from calibkit.errors import UsageError
+RESOURCES: tuple[str, ...] = ()  # deploy takes no worker, executor or memory option
+PRESENTATION = FORCE_ONLY
 
-        k: int | None = None
-        if profiles.lower() != "auto":
-            try:
-                k = int(profiles)
-            except ValueError:
-                raise UsageError(f"--profiles {profiles!r} is not a number", hint="pass 1, 2, 3, 4 or auto") from None
-        guard_out_dir(out_dir, inputs=[source, traffic], force=force)
-        with RichProgress() as progress:
-            res = run_deploy(
-                source, out_dir, backend=backend, traffic=traffic, text_field=text_field, strict=strict,
-                redact=not no_redact, profiles=k, name=name, max_seq=max_seq, batch_tokens=batch_tokens,
-                max_batch=max_batch, queue_delay_us=queue_delay_us, instances=instances, threads=threads,
-                perf_requests=perf_requests, max_texts=max_texts, seed=seed, reduce_range=reduce_range,
-                workspace_mib=workspace_mib, layout=layout, measure_texts=measure_texts, measure_batch=measure_batch,
-                progress=progress,
-            )
-        _summary(res)
+
+def run_deploy(request: DeployRequest, resources: ResourceOptions, *, force: bool) -> None:
+    """Check the request and OUT, make one ``calibkit.api.run`` call, print what was written and measured."""
+    from calibkit.api import run
+
+    request.validate()
+    guard_out_dir(request.out, inputs=cli_paths(request.source, request.traffic), force=force)
+    with RichProgress() as progress:
+        res = run(request, resources, progress)
+    _summary(res)
+
+
+deploy = request_command(DeployRequest, run_deploy, resources=RESOURCES, extra=PRESENTATION)
 
 
 def _summary(res: DeployResult) -> None:

@@ -4,10 +4,14 @@ every other command reads."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import typer
 
-from calibkit.cli._common import FLOAT, FORCE, RichProgress, guard_out_dir, handle_errors, say
+from calibkit.cli._common import RichProgress, guard_out_dir, say
+from calibkit.cli._requests import FORCE_ONLY, cli_paths, request_command
+from calibkit.requests.export import ExportRequest
+from calibkit.requests.resources import ResourceOptions
 
 HELP = """Export your own model to the model folder calibkit reads: model.onnx (FP32, dynamic batch and sequence
 axes, the task recorded in its metadata) beside the tokenizer and config.json.
@@ -37,42 +41,36 @@ def register(app: typer.Typer) -> None:
                 no_args_is_help=True)(export)
 
 
-def export(
-    source: Path = typer.Argument(..., help="Hugging Face or sentence-transformers folder, or an .onnx file."),
-    out_dir: Path = typer.Option(..., "--out", "-o", help="The model folder to write (new, or calibkit's)."),
-    tokenizer: Path | None = typer.Option(None, "--tokenizer",
-                                          help="Tokenizer folder, when it is not inside SOURCE (an .onnx file's)."),
-    task: str | None = typer.Option(
-        None, "--task",
-        help="classification, regression, multi-label, token-classification or embedding (default: from "
-             "config.json's architectures and problem_type). embedding exports the encoder of any head."),
-    tolerance: float = typer.Option(1e-4, "--tolerance", parser=FLOAT,
-                                    help="Largest accepted |ONNX - PyTorch| relative to the largest output."),
-    force: bool = FORCE,
-) -> None:
-    with handle_errors():
-        from calibkit.api import export as run_export
-        from calibkit.errors import UsageError
-        from calibkit.exporter import resolve_source
-        from calibkit.exporter.pipeline import TASKS
+RESOURCES: tuple[str, ...] = ()  # an export runs no batches: no worker, executor or memory option
+PRESENTATION = FORCE_ONLY
 
-        if task is not None and task not in TASKS:  # before --force moves anything aside
-            raise UsageError(f"unknown --task {task!r}", hint=f"choose {', '.join(TASKS)}")
-        src = resolve_source(source, tokenizer)
-        guard_out_dir(out_dir, inputs=[source, tokenizer, src.tokenizer, src.checkpoint], force=force)
-        with RichProgress() as progress:
-            result = run_export(src, out_dir, task=task, tolerance=tolerance, progress=progress)
-        what = {"sentence-embedding": f"sentence-transformers, {src.pooling} pooling"
-                                      + (", normalised" if src.normalize else ""),
-                "encoder": "the encoder, last_hidden_state"}.get(result.head, result.head)
-        article = "an" if result.task[:1] in "aeiou" else "a"
-        say(f"exported {source} ({what}) as {article} {result.task} model: inputs {', '.join(result.inputs)}, "
-            f"output {result.output}, dynamic batch and sequence axes ({result.exporter})")
-        p = result.parity
-        if p is not None:
-            shapes = ", ".join(f"{b}x{s}" for b, s in p.shapes)
-            say(f"FP32 parity with the source on {p.texts} probe texts (batch x sequence {shapes}): largest "
-                f"difference {p.max_abs_diff:.2e} ({p.relative:.1e} of the largest output; tolerance "
-                f"{p.tolerance:g})")
-        say(f"wrote {result.out_dir}/ (model.onnx, tokenizer, config.json) in {result.seconds:.1f} s; next: "
-            f"calibkit sample LOGS --tokenizer {result.out_dir}, then calibkit calibrate {result.out_dir} -c SET")
+
+def run_export(request: ExportRequest, resources: ResourceOptions, *, force: bool) -> None:
+    """Check the request and OUT, make one ``calibkit.api.run`` call, print what was exported and its parity."""
+    from calibkit.api import run
+    from calibkit.exporter import resolve_source
+
+    request.validate()  # an unknown --task is refused before --force moves anything aside
+    source = cast(Path, request.source)  # typer requires SOURCE and parses it as a path
+    src = resolve_source(source, request.tokenizer)
+    guard_out_dir(request.out, inputs=[source, *cli_paths(request.tokenizer), src.tokenizer, src.checkpoint],
+                  force=force)
+    with RichProgress() as progress:
+        result = run(request, resources, progress)
+    what = {"sentence-embedding": f"sentence-transformers, {src.pooling} pooling"
+                                  + (", normalised" if src.normalize else ""),
+            "encoder": "the encoder, last_hidden_state"}.get(result.head, result.head)
+    article = "an" if result.task[:1] in "aeiou" else "a"
+    say(f"exported {source} ({what}) as {article} {result.task} model: inputs {', '.join(result.inputs)}, "
+        f"output {result.output}, dynamic batch and sequence axes ({result.exporter})")
+    p = result.parity
+    if p is not None:
+        shapes = ", ".join(f"{b}x{s}" for b, s in p.shapes)
+        say(f"FP32 parity with the source on {p.texts} probe texts (batch x sequence {shapes}): largest "
+            f"difference {p.max_abs_diff:.2e} ({p.relative:.1e} of the largest output; tolerance "
+            f"{p.tolerance:g})")
+    say(f"wrote {result.out_dir}/ (model.onnx, tokenizer, config.json) in {result.seconds:.1f} s; next: "
+        f"calibkit sample LOGS --tokenizer {result.out_dir}, then calibkit calibrate {result.out_dir} -c SET")
+
+
+export = request_command(ExportRequest, run_export, resources=RESOURCES, extra=PRESENTATION)

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import typer
 
-from calibkit.cli._common import (
-    FORCE,
-    INTEGER,
-    MAX_BATCH_TOKENS,
-    MEMORY_BUDGET,
-    TOKENIZER,
-    RichProgress,
-    guard_out_dir,
-    handle_errors,
-    say,
-)
+from calibkit.cli._common import RichProgress, guard_out_dir, say
+from calibkit.cli._requests import FORCE_ONLY, cli_paths, request_command
+from calibkit.requests.resources import ResourceOptions
+from calibkit.requests.smooth import SmoothRequest
 
 HELP = """Smooth a model before calibrating it (SmoothQuant): a few channels of a transformer's activations are
 5-30x larger than the rest (the GELU outputs feeding each FFN's second Linear, the LayerNorm outputs), and a
@@ -48,51 +43,32 @@ def register(app: typer.Typer) -> None:
                 short_help="Move activation outliers into the weights (SmoothQuant).", no_args_is_help=True)(smooth)
 
 
-def smooth(
-    model: Path = typer.Argument(..., help="Model folder (model.onnx + tokenizer + config.json) or an .onnx file."),
-    calibration_set: Path = typer.Option(..., "--calibration-set", "-c", help="Folder written by `calibkit sample`."),
-    out_dir: Path = typer.Option(..., "--out", "-o", help="The smoothed model folder to write (new, or calibkit's)."),
-    alpha: str = typer.Option(
-        "auto", "--alpha",
-        help="Migration strength in [0, 1] (1: activations flattened, the weights take every outlier), or auto: "
-             "per activation, the alpha with the least INT8 product error on the calibration rows."),
-    tokenizer: Path | None = TOKENIZER,
-    batch_size: int = typer.Option(32, "--batch-size", "-b", parser=INTEGER, help="Most texts per inference batch."),
-    memory_budget: str = MEMORY_BUDGET,
-    max_batch_tokens: int | None = MAX_BATCH_TOKENS,
-    force: bool = FORCE,
-) -> None:
-    with handle_errors():
-        from calibkit.errors import UsageError
+RESOURCES = ("memory_budget", "max_batch_tokens")
+PRESENTATION = FORCE_ONLY
 
-        value: float | None
-        if alpha.strip().lower() == "auto":
-            value = None
-        else:
-            try:
-                value = float(alpha)  # NaN, infinities and the range are refused by calibkit.api.smooth
-            except ValueError:
-                raise UsageError(f"--alpha must be a number in [0, 1] or auto, got {alpha!r}") from None
-        if batch_size < 1:
-            raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
-        from calibkit.api import budget
-        from calibkit.api import smooth as run_smooth
-        from calibkit.data.calibset import load_calibration_set
-        from calibkit.data.modeldir import ModelDir
 
-        budget(memory_budget, max_batch_tokens)  # a bad --memory-budget is refused before any work
-        md = ModelDir.resolve(model, tokenizer)
-        cset = load_calibration_set(calibration_set)
-        guard_out_dir(out_dir, inputs=[model, calibration_set, tokenizer, md.onnx_path.parent], force=force)
-        with RichProgress() as progress:
-            result = run_smooth(md, cset, out_dir, alpha=value, batch_size=batch_size, memory_budget=memory_budget,
-                                max_batch_tokens=max_batch_tokens, progress=progress)
-        done = result.smoothed
-        gains = sorted(c.gain_db for c in done)
-        say(f"smoothed {len(done)} of {result.groups} activations read by weight MatMuls "
-            f"(alpha {'auto' if value is None else value})"
-            + (f"; INT8 product error down {gains[0]:.1f}-{gains[-1]:.1f} dB on the calibration rows" if gains
-               else ""))
-        say(f"FP32 outputs of the smoothed model match the original's to {result.max_deviation:.1e} of their range")
-        say(f"wrote {result.out_dir}/ (model.onnx, smoothing.json, tokenizer and config) in "
-            f"{result.timings.get('total', 0):.1f} s; next: calibkit calibrate {result.out_dir} -c {calibration_set}")
+def run_smooth(request: SmoothRequest, resources: ResourceOptions, *, force: bool) -> None:
+    """Check the request, load MODEL and the calibration set, check OUT, make one ``calibkit.api.run`` call and
+    print what was smoothed."""
+    from calibkit.api import run
+    from calibkit.data.calibset import load_calibration_set
+    from calibkit.data.modeldir import ModelDir
+
+    request.validate()
+    resources.validate()  # a bad --memory-budget is refused before any work
+    model, cset_path, tokenizer = cli_paths(request.model, request.calibration_set, request.tokenizer)
+    md = ModelDir.resolve(cast(Path, model), tokenizer)  # typer requires MODEL and --calibration-set as paths
+    cset = load_calibration_set(cast(Path, cset_path))
+    guard_out_dir(request.out, inputs=[model, cset_path, tokenizer, md.onnx_path.parent], force=force)
+    with RichProgress() as progress:
+        result = run(replace(request, model=md, calibration_set=cset), resources, progress)
+    done = result.smoothed
+    gains = sorted(c.gain_db for c in done)
+    say(f"smoothed {len(done)} of {result.groups} activations read by weight MatMuls (alpha {request.alpha})"
+        + (f"; INT8 product error down {gains[0]:.1f}-{gains[-1]:.1f} dB on the calibration rows" if gains else ""))
+    say(f"FP32 outputs of the smoothed model match the original's to {result.max_deviation:.1e} of their range")
+    say(f"wrote {result.out_dir}/ (model.onnx, smoothing.json, tokenizer and config) in "
+        f"{result.timings.get('total', 0):.1f} s; next: calibkit calibrate {result.out_dir} -c {cset_path}")
+
+
+smooth = request_command(SmoothRequest, run_smooth, resources=RESOURCES, extra=PRESENTATION)

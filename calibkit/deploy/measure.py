@@ -66,12 +66,11 @@ class _Timed:
 
 
 def _run(path: Path, task: Any, md: ModelDir, texts: Sequence[str], *, threads: int | None, batch: int,
-         what: str, progress: ProgressCallback | None) -> tuple[Any, list[float]]:
+         what: str, progress: ProgressCallback | None, make_runner: Any) -> tuple[Any, list[float]]:
     from calibkit.data.tokenizer import TextTokenizer
-    from calibkit.enginefiles.registry import model_runner
 
     tok = TextTokenizer(md.tokenizer_path, max_length=md.max_length)
-    with model_runner(path, threads=threads, name=what) as runner:
+    with make_runner(path, threads=threads, name=what) as runner:
         task.predict(runner, tok, list(texts[:batch]), batch_size=batch)  # warm-up, untimed
         timed = _Timed(runner)
         out = task.predict(timed, tok, texts, batch_size=batch, progress=progress, task=what)  # type: ignore[arg-type]
@@ -79,8 +78,9 @@ def _run(path: Path, task: Any, md: ModelDir, texts: Sequence[str], *, threads: 
 
 
 def measure_served(fp32: Path, served: Path, md: ModelDir, picked: MeasureTexts, *, threads: int | None,
-                   batch: int, progress: ProgressCallback | None = None) -> ServedMeasurement:
-    """``served`` against ``fp32`` on ``picked`` texts (at least one)."""
+                   batch: int, progress: ProgressCallback, make_runner: Any) -> ServedMeasurement:
+    """``served`` against ``fp32`` on ``picked`` texts (at least one), each run by a runner from ``make_runner``
+    (the run's :class:`~calibkit.resources.RunnerFactory`)."""
     from calibkit.evaluate.tasks import choose_task, model_outputs
     from calibkit.graph import load_model
 
@@ -88,9 +88,9 @@ def measure_served(fp32: Path, served: Path, md: ModelDir, picked: MeasureTexts,
                        {"id2label": {str(k): v for k, v in md.id2label.items()}})
     texts = list(picked.texts)
     served_out, served_ms = _run(served, task, md, texts, threads=threads, batch=batch,
-                                 what="measuring the served model", progress=progress)
+                                 what="measuring the served model", progress=progress, make_runner=make_runner)
     ref_out, ref_ms = _run(fp32, task, md, texts, threads=threads, batch=batch, what="measuring FP32",
-                           progress=progress)
+                           progress=progress, make_runner=make_runner)
     agreement, interval, cosine = _agreement(task.kind.value, ref_out, served_out)
     ratios = np.asarray(ref_ms) / np.maximum(np.asarray(served_ms), 1e-9)
     latency = ServedLatency(batch_size=batch, batches=len(ref_ms), threads=threads,

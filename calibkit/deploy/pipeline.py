@@ -1,5 +1,5 @@
-"""``calibkit deploy`` as a library call: a :class:`DeployRequest` -> a Triton model repository and its
-:class:`DeployResult`.
+"""``calibkit deploy`` as a library call: a :class:`~calibkit.requests.deploy.DeployRequest` and the run's
+:class:`~calibkit.resources.Resources` -> a Triton model repository and its :class:`DeployResult`.
 
 1. SOURCE (a tune or calibrate folder, or an engine) becomes a build recipe (:mod:`calibkit.deploy.source`);
    the model's inputs must have dynamic batch and sequence axes (:mod:`calibkit.deploy.modelio`). The INT8
@@ -25,11 +25,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from calibkit._version import __version__
-from calibkit.deploy.request import DeployRequest
 from calibkit.deploy.source import DeploySource
 from calibkit.errors import ModelError
-from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+from calibkit.progress import ProgressCallback, ProgressEvent
 from calibkit.provenance import RunInputs
+from calibkit.requests.deploy import DeployRequest
+from calibkit.resources import Resources
 from calibkit.results.documents import (
     BatchingPlan,
     DeployResult,
@@ -91,13 +92,14 @@ def _emit(cb: ProgressCallback, done: int, message: str) -> None:
     cb(ProgressEvent("deploy", done, 5, message))
 
 
-def deploy(request: DeployRequest, progress: ProgressCallback | None = None) -> DeployResult:
-    """Write the Triton model repository ``request`` describes; raises a CalibkitError (nothing written) when
-    it cannot."""
+def deploy(request: DeployRequest, resources: Resources = Resources()) -> DeployResult:
+    """Write the Triton model repository ``request`` describes (progress to ``resources.progress``, the
+    measurement's runners from ``resources.runner_factory``); raises a CalibkitError (nothing written) when it
+    cannot."""
     from calibkit.deploy.repository import write_repository
     from calibkit.provenance import run_inputs
 
-    cb = progress or no_progress
+    cb = resources.progress
     request.validate()
     _emit(cb, 0, "reading SOURCE")
     served = _serve(request)
@@ -112,7 +114,7 @@ def deploy(request: DeployRequest, progress: ProgressCallback | None = None) -> 
         model = _build(request, served, model_dir, result)
         measuring = request.measure_texts and result.backend is Backend.ONNXRUNTIME
         _emit(cb, 4, "measuring the served model against FP32" if measuring else "writing the repository")
-        result = dataclasses.replace(result, **_measure(request, served, shaped, model, progress))
+        result = dataclasses.replace(result, **_measure(request, served, shaped, model, resources))
         return _files(request, served, shaped, result)
 
     write_repository(request.out, served.name, build_and_measure,
@@ -135,7 +137,7 @@ def _serve(request: DeployRequest) -> _Served:
     guard_repository(request.out, inputs)  # before any work, as the command line does
     md = ModelDir.resolve(src.model, src.tokenizer)
     io = read_model_io(md.onnx_path)  # before any work: a model without dynamic axes is refused here
-    layout, warnings = _layout(src, backend, request.layout)
+    layout, warnings = _layout(src, backend, str(request.layout) if request.layout is not None else None)
     name = request.name or default_name(src.model, src.precision)
     check_model_name(name, "--name" if request.name else "the default name (pass --name)")
     label = label_output(io, md.id2label)  # label names with a line break are refused here, before any work
@@ -187,10 +189,11 @@ def _shape(request: DeployRequest, served: _Served) -> _Shaped:
     # k beyond the distinct padded lengths the traffic has adds nothing: those choices are left out
     choices = tuple(c for k in range(1, profiles.MAX_PROFILES + 1)
                     if (c := profiles.choose_buckets(lengths, k, max_seq=top, round_to=request.round_to)).k == k)
-    choice = choices[min(request.profiles, len(choices)) - 1] if request.profiles else profiles.auto_k(choices)
+    k = request.requested_k
+    choice = choices[min(k, len(choices)) - 1] if k is not None else profiles.auto_k(choices)
     plan = batching.plan_batching([b.hi for b in choice.buckets], batch_tokens=request.batch_tokens,
                                   max_batch=request.max_batch, queue_delay_us=request.queue_delay_us)
-    chosen = ProfileChoice(chosen_k=choice.k, requested_k=request.profiles, round_to=request.round_to,
+    chosen = ProfileChoice(chosen_k=choice.k, requested_k=request.requested_k, round_to=request.round_to,
                            choices=choices, baseline=_baseline(lengths, md.max_length, request))
     rng = np.random.default_rng(request.seed)  # perf_analyzer's requests: a seeded sample of the traffic
     pick = np.sort(rng.choice(len(tr.texts), size=min(request.perf_requests, len(tr.texts)), replace=False))
@@ -291,7 +294,7 @@ def _build_request(served: _Served, target: Path, request: DeployRequest) -> Any
 
 
 def _measure(request: DeployRequest, served: _Served, shaped: _Shaped, model: Path,
-             progress: ProgressCallback | None) -> dict[str, Any]:
+             resources: Resources) -> dict[str, Any]:
     """deploy.json's ``measurement`` (or ``measurement_note``, why there is none)."""
     from calibkit.deploy.measure import measure_served, pick_texts
 
@@ -312,7 +315,8 @@ def _measure(request: DeployRequest, served: _Served, shaped: _Shaped, model: Pa
         return {"measurement_note": "not measured: every traffic text is a calibration text (pass --traffic with "
                                     "requests the calibration did not see)"}
     m: ServedMeasurement = measure_served(served.src.model, model, served.md, picked, threads=request.threads,
-                                          batch=request.measure_batch, progress=progress)
+                                          batch=request.measure_batch, progress=resources.progress,
+                                          make_runner=resources.runner_factory)
     return {"measurement": m}
 
 

@@ -352,8 +352,8 @@ def _run_tune(
     with clock.phase("calibration statistics"):
         store, reused_stats = gather_stats(model_dir, cset, model.placement.activations, model_sha256=model.sha,
                                            num_bins=config.params.num_bins, batch_size=config.batch_size,
-                                           progress=cb, model=model.proto,
-                                           executor=executor if shard_stats else None, budget=resources.budget)
+                                           model=model.proto, resources=replace(
+                                               resources, executor=executor if shard_stats else None, progress=cb))
         linear = linear_work(model.proto, _typical_feeds(model.tokenizer, cset, model.input_names), config.op_types)
     flops = {f.node: f.flops for f in linear.plain}  # what plans choose among; fused ops stay FP32 (below)
     work.mkdir(parents=True, exist_ok=True)
@@ -505,6 +505,7 @@ def _smoothed_variant(model_dir: ModelDir, model: _Model, cset: CalibrationSet, 
     nothing to smooth or is smoothed already."""
     from calibkit.calibrate.smoothing import SMOOTHING_FILE, smooth
     from calibkit.errors import ModelError
+    from calibkit.requests.smooth import SmoothRequest
 
     folder = work / SMOOTHED_FOLDER
     record = read_json(folder / SMOOTHING_FILE) if (folder / SMOOTHING_FILE).is_file() else None
@@ -512,8 +513,8 @@ def _smoothed_variant(model_dir: ModelDir, model: _Model, cset: CalibrationSet, 
                  and record.get("calibration_set_id") == cset.id and (folder / "model.onnx").is_file())
     if fresh:
         try:
-            smooth(model_dir, cset, out_dir=folder, budget=resources.budget, batch_size=config.batch_size,
-                   progress=cb)
+            smooth(SmoothRequest(model=model_dir, calibration_set=cset, out=folder, batch_size=config.batch_size),
+                   replace(resources, progress=cb))
         except ModelError as exc:
             log.info("no smoothed variant: %s", exc.message)
             return None, exc.message
@@ -521,9 +522,9 @@ def _smoothed_variant(model_dir: ModelDir, model: _Model, cset: CalibrationSet, 
     md = ModelDir.resolve(folder)
     sm = _load_model(md, config)
     store, _ = gather_stats(md, cset, sm.placement.activations, model_sha256=sm.sha,
-                            num_bins=config.params.num_bins, batch_size=config.batch_size, progress=cb,
-                            model=sm.proto, executor=resources.executor if shard_stats else None,
-                            budget=resources.budget)
+                            num_bins=config.params.num_bins, batch_size=config.batch_size, model=sm.proto,
+                            resources=replace(resources, executor=resources.executor if shard_stats else None,
+                                              progress=cb))
     assert resources.executor is not None
     return _Variant("smoothed", sm, store, _Jobs(sm, evidence, config, resources.executor.threads_per_task),
                     record), None

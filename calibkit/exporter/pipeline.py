@@ -11,7 +11,6 @@ source's largest output) the folder is refused and nothing is written.
 
 from __future__ import annotations
 
-import enum
 import json
 import os
 import shutil
@@ -25,11 +24,10 @@ import numpy as np
 
 from calibkit.errors import ModelError, UsageError
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+from calibkit.requests.export import TASKS, ExportRequest, ExportSource, SourceKind
 
-DEFAULT_TOLERANCE = 1e-4  # of the source's largest |output|: float32 rounding is 1e-7..1e-5 of it
 EXPORT_KEY = "calibkit.export"  # ModelProto.metadata_props key: the task and the export's provenance
 EXPORT_FORMAT = 1
-TASKS = ("classification", "embedding", "token-classification", "regression", "multi-label")
 _WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
                    "merges.txt", "spm.model", "sentencepiece.bpe.model", "added_tokens.json")
@@ -46,25 +44,6 @@ PROBE_TEXTS = (
     "Anna and Bob met in Berlin on a Monday morning to talk about the price of the seats, the sound and the light.",
 )
 _PROBE_BATCHES = (slice(0, 6), slice(4, 5), slice(0, 3))
-
-
-class SourceKind(str, enum.Enum):
-    HUGGING_FACE = "hugging-face"
-    SENTENCE_TRANSFORMERS = "sentence-transformers"
-    ONNX = "onnx"
-
-
-@dataclass(frozen=True)
-class ExportSource:
-    """What ``calibkit export`` was given."""
-
-    kind: SourceKind
-    path: Path  # as given: a folder, or an .onnx file
-    tokenizer: Path  # the folder holding the tokenizer files
-    config: Path | None  # config.json of the transformer (None: an ONNX file without one)
-    checkpoint: Path | None = None  # the transformer's save_pretrained folder (Hugging Face, sentence-transformers)
-    pooling: str | None = None  # sentence-transformers: mean | cls | max
-    normalize: bool = False  # sentence-transformers: a Normalize module follows the pooling
 
 
 @dataclass(frozen=True)
@@ -318,25 +297,22 @@ def _parity(reference: list[np.ndarray], exported: list[np.ndarray], feeds: list
     return Parity(worst, worst / (scale or 1.0), tolerance, sum(s[0] for s in shapes), shapes)
 
 
-def export_model(source: str | os.PathLike[str] | ExportSource, out: str | os.PathLike[str], *,
-                 tokenizer: str | os.PathLike[str] | None = None,
-                 task: str | None = None, tolerance: float = DEFAULT_TOLERANCE,
-                 progress: ProgressCallback | None = None) -> ExportResult:
-    """Write the model folder ``out`` for ``source`` (atomically: a refused export leaves nothing)."""
+def export_model(request: ExportRequest, progress: ProgressCallback = no_progress) -> ExportResult:
+    """Write the model folder ``request.out`` for ``request.source`` (atomically: a refused export leaves
+    nothing)."""
     from calibkit._io import atomic_dir, write_json
     from calibkit._version import __version__
 
-    if not (np.isfinite(tolerance) and tolerance > 0):
-        raise UsageError(f"--tolerance must be a positive number, got {tolerance}", hint="e.g. 1e-4")
-    if task is not None and task not in TASKS:
-        raise UsageError(f"unknown --task {task!r}", hint=f"choose {', '.join(TASKS)}")
-    cb = progress or no_progress
+    request.validate()
+    task, tolerance, cb = request.task, request.tolerance, progress
     t0 = time.perf_counter()
-    src = source if isinstance(source, ExportSource) else resolve_source(source, tokenizer)
+    source = request.source
+    src = source if isinstance(source, ExportSource) else resolve_source(source, request.tokenizer)
     config = _source_config(src)
     meta: dict[str, Any] = {"format": EXPORT_FORMAT, "calibkit": __version__, "source": str(src.path),
                             "source_kind": src.kind.value}
-    with atomic_dir(Path(out), what="export") as tmp:
+    out_dir = Path(request.out)
+    with atomic_dir(out_dir, what="export") as tmp:
         model_path = tmp / "model.onnx"
         made = _write_model(src, config, task, model_path, meta, cb)
         inputs, output = _checked_graph(model_path, src.path, made.output)
@@ -358,7 +334,6 @@ def export_model(source: str | os.PathLike[str] | ExportSource, out: str | os.Pa
         meta.update(task=read, head=made.head, output=output, inputs=list(inputs), exporter=made.exporter)
         _record(model_path, meta)
         cb(ProgressEvent("export", 3, 3))
-    out_dir = Path(out)
     return ExportResult(out_dir, out_dir / "model.onnx", src, read, made.head, inputs, output, parity, made.exporter,
                         time.perf_counter() - t0)
 

@@ -11,7 +11,7 @@ from calibkit.errors import UsageError
 from calibkit.quantize.placement import DEFAULT_OP_TYPES
 from calibkit.requests.checks import COUNT, COUNT_OR_NONE, PERCENTILE, Bound, check_names, check_paths
 from calibkit.requests.choices import Target
-from calibkit.requests.options import Choice, check_bounds, coerce, option
+from calibkit.requests.options import Choice, calibration_set_option, check_bounds, coerce, model_option, option
 from calibkit.types import Method, MethodParams
 
 if TYPE_CHECKING:  # pragma: no cover - types only
@@ -46,13 +46,10 @@ class CalibrateRequest:
     """Activation statistics on a calibration set, a method's ranges, and the INT8 Q/DQ model (or the Q/DQ model
     from a TensorRT calibration cache)."""
 
-    model: PathLike | ModelDir = option(
-        argument=True, positional=True, cli_type=Path,
-        help="Model folder (model.onnx + tokenizer + config.json), an .onnx file, or a loaded ModelDir.")
-    calibration_set: PathLike | CalibrationSet | None = option(
-        None, flags=("--calibration-set", "-c"), positional=True, cli_type=Path | None,
-        help="Calibration-set folder (texts.jsonl), a .jsonl of {\"text\": ...} or the loaded set (None with "
-             "--from-cache).")
+    model: PathLike | ModelDir = model_option()
+    calibration_set: PathLike | CalibrationSet | None = calibration_set_option(
+        "Calibration-set folder (texts.jsonl), a .jsonl of {\"text\": ...} or the loaded set (None with "
+        "--from-cache).", None)
     out: PathLike | None = option(
         None, flags=("--out", "-o"), positional=True, cli_type=Path | None,
         help="Output folder: model.int8.onnx (Q/DQ), calibration.cache, calibration.json and stats.npz "

@@ -12,6 +12,7 @@ import dataclasses
 import enum
 from collections.abc import Iterator
 from dataclasses import MISSING, dataclass
+from pathlib import Path
 from typing import Any
 
 from calibkit.requests.checks import Bound, check_numbers
@@ -61,6 +62,19 @@ def option(default: Any = MISSING, *, help: str, default_factory: Any = MISSING,
     if default_factory is not MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def model_option() -> Any:
+    """MODEL, the first argument of every command that runs a model folder (calibrate, smooth, tune): one
+    declaration, a fresh field for each request."""
+    return option(argument=True, positional=True, cli_type=Path,
+                  help="Model folder (model.onnx + tokenizer + config.json), an .onnx file, or a loaded ModelDir.")
+
+
+def calibration_set_option(help: str, default: Any = MISSING) -> Any:
+    """``--calibration-set``/``-c`` of the commands that read one (positional from Python), with its help."""
+    return option(default, flags=("--calibration-set", "-c"), positional=True,
+                  cli_type=Path if default is MISSING else Path | None, help=help)
 
 
 def declared(request: Any) -> Iterator[tuple[dataclasses.Field[Any], Option]]:

@@ -23,7 +23,7 @@ from calibkit.requests.compare import (
     TRAFFIC_TEXT_FIELD_HELP,
     check_task,
 )
-from calibkit.requests.options import Choice, check_bounds, coerce, option
+from calibkit.requests.options import Choice, calibration_set_option, check_bounds, coerce, model_option, option
 from calibkit.requests.traffic import Traffic
 from calibkit.types import Method, MethodParams, check_seed
 
@@ -58,12 +58,9 @@ class TuneRequest:
     """The mixed-precision plan with the most INT8 work that keeps accuracy (and/or agreement, cosine) within
     a target of FP32's, confirmed on a holdout split."""
 
-    model: PathLike | ModelDir = option(
-        argument=True, positional=True, cli_type=Path,
-        help="Model folder (model.onnx + tokenizer + config.json), an .onnx file, or a loaded ModelDir.")
-    calibration_set: PathLike | CalibrationSet = option(
-        flags=("--calibration-set", "-c"), positional=True, cli_type=Path,
-        help="Folder written by `calibkit sample`, or the loaded set.")
+    model: PathLike | ModelDir = model_option()
+    calibration_set: PathLike | CalibrationSet = calibration_set_option(
+        "Folder written by `calibkit sample`, or the loaded set.")
     eval_set: PathLike | EvalSet | None = option(
         None, flags=("--eval-set", "-e"), positional=True, cli_type=Path | None,
         help="Labelled eval set (JSONL, CSV, Parquet, datasets, or a loaded EvalSet). Optional with --traffic: "
