@@ -8,7 +8,7 @@ import random
 from dataclasses import dataclass, replace
 
 from calibkit.evaluate.confirm import confirm_order, fixed_sequence
-from calibkit.evaluate.search import Measured
+from calibkit.evidence.candidates import Measured
 
 
 @dataclass(frozen=True)

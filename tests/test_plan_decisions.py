@@ -19,8 +19,9 @@ from calibkit.evaluate.plan_decisions import (
     constraints_for,
     make_rule,
 )
-from calibkit.evaluate.search import as_plan, search_plan
+from calibkit.evaluate.search import search_plan
 from calibkit.evaluate.subsets import EvalSubset
+from calibkit.evidence.candidates import as_plan
 
 N = 4000
 FLOPS = {"a": 10.0, "b": 10.0, "c": 10.0, "d": 10.0, "e": 10.0}

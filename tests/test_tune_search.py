@@ -2,7 +2,8 @@ import itertools
 
 import pytest
 
-from calibkit.evaluate.search import as_plan, int8_flops_fraction, search_plan
+from calibkit.evaluate.search import int8_flops_fraction, search_plan
+from calibkit.evidence.candidates import as_plan
 
 FLOPS = {f"n{i}": float(10 + i) for i in range(10)}
 

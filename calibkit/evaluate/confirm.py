@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from calibkit.evaluate.search import Judged, Measured, Plan
+from calibkit.evaluate.search import Judged
+from calibkit.evidence.candidates import Measured, Plan
 from calibkit.results.runs import ConfirmStep, finite
 
 

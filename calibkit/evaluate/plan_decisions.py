@@ -50,7 +50,6 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from calibkit.evaluate.evidence import SplitEvidence
-from calibkit.evaluate.search import Plan
 from calibkit.evaluate.sequential import (
     ConfidenceSequenceRule,
     Constraint,
@@ -61,6 +60,7 @@ from calibkit.evaluate.sequential import (
     WholeSplit,
 )
 from calibkit.evaluate.subsets import EvalSubset
+from calibkit.evidence.candidates import Plan
 
 SEQUENTIAL = "sequential"
 WHOLE_SPLIT = "whole-split"

@@ -41,9 +41,9 @@ from calibkit.evaluate.plan_decisions import (
     chunk_values,
 )
 from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING
-from calibkit.evaluate.search import Plan
 from calibkit.evaluate.sequential import Constraint, Decision, DecisionRule, Verdict
 from calibkit.evaluate.subsets import EvalSubset
+from calibkit.evidence.candidates import Plan
 
 RISKY, UNCERTAIN, SAFE = "risky", "uncertain", "safe"
 STRATIFIED = "stratified"  # the rule name tune records for this judge

@@ -24,23 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-Plan = tuple[str, ...]  # node names kept in higher precision, sorted
-
-
-def as_plan(nodes: Sequence[str] | set[str] | frozenset[str]) -> Plan:
-    return tuple(sorted(set(nodes)))
-
-
-@dataclass(frozen=True)
-class Measured:
-    plan: Plan
-    accuracy: float
-    int8_flops_fraction: float
-    stage: str  # "all-int8" | "prefix" | "anchor" | "bisect" | "prune"
-    meets: bool
-    agreement: float = float("nan")  # share of FP32's predictions kept (the task's agreement)
-    cosine: float = float("nan")  # embeddings: mean cosine to FP32's vectors
-    texts: int | None = None  # search rows the decision rested on, when the evaluator says (a Judged score)
+from calibkit.evidence.candidates import Measured, Plan, as_plan
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ from calibkit.evaluate.plan_decisions import (
 )
 from calibkit.evaluate.risk import STRATIFIED, StratifiedJudge, risky_subset, stratify
 from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING, TOKEN_CLASSIFICATION, reference_tags
-from calibkit.evaluate.search import Measured, Plan, int8_flops_fraction, search_plan
+from calibkit.evaluate.search import int8_flops_fraction, search_plan
 from calibkit.evaluate.sensitivity import (
     ALL_INT8,
     ONLY_THIS,
@@ -85,6 +85,7 @@ from calibkit.evaluate.tune_defaults import (
     TUNE_PRUNE_BUDGET,
     TUNE_PRUNE_MIN_SHARE,
 )
+from calibkit.evidence.candidates import Measured, Plan
 from calibkit.executors import from_spec
 from calibkit.graph import check_float_source, load_model, model_sha256
 from calibkit.names import node_names
