@@ -20,8 +20,8 @@ from calibkit.evaluate.plan_decisions import (
     make_rule,
 )
 from calibkit.evaluate.search import search_plan
-from calibkit.evaluate.subsets import EvalSubset
 from calibkit.evidence.candidates import as_plan
+from calibkit.evidence.subsets import EvalSubset
 
 N = 4000
 FLOPS = {"a": 10.0, "b": 10.0, "c": 10.0, "d": 10.0, "e": 10.0}

@@ -10,7 +10,7 @@ import pytest
 from calibkit.evaluate.evidence import split_evidence
 from calibkit.evaluate.plan_decisions import constraints_for, make_rule
 from calibkit.evaluate.risk import RISKY, SAFE, RiskDesign, StratifiedJudge, margins, stratified_bound, stratify
-from calibkit.evaluate.sequential import Constraint
+from calibkit.evidence.sequential import Constraint
 
 
 def _evidence(n: int = 3000, seed: int = 0, traffic: bool = True):

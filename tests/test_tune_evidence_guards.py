@@ -79,7 +79,7 @@ def test_no_flip_on_a_split_too_small_to_settle_it_meets_only_a_100_percent_targ
     """Zero flips on 8 texts is no evidence of 99 % agreement (the rule left it undecided); only a 100 % target,
     which no bound can reach, is met by a candidate that changed nothing."""
     from calibkit.evaluate.plan_decisions import constraints_for, final_meets
-    from calibkit.evaluate.sequential import Decision, Verdict
+    from calibkit.evidence.sequential import Decision, Verdict
 
     (c,) = constraints_for(min_agreement=target, min_cosine=None, max_drop=None, binary_agreement=True)
     d = Decision(c.name, Verdict.UNDECIDED, 8, 1.0, c.threshold, 0.9)

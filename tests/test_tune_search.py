@@ -99,7 +99,7 @@ def test_agreement_constraint_keeps_more_layers_than_accuracy_alone():
 def test_agreement_must_clear_the_target_by_its_own_uncertainty():
     """99.2 % of 1,500 examples: met at the point estimate, not when its one-sided 90 % bound must reach 99 %
     (that bound is 98.9 %); keeping the layer that flips most (99.6 %, bound 99.4 %) is."""
-    from calibkit.results.intervals import wilson_lower
+    from calibkit.evidence.intervals import wilson_lower
 
     flips = {n: 0.0 for n in FLOPS}
     flips.update({"n2": 0.004, "n5": 0.004})

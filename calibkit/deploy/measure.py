@@ -104,8 +104,8 @@ def measure_served(fp32: Path, served: Path, md: ModelDir, picked: MeasureTexts,
 def _agreement(kind: str, ref: Any, cand: Any) -> tuple[float | None, Range | None, float | None]:
     """Per-text agreement with FP32 (the task's fidelity) and its 95 % interval: Wilson's for 0/1 outcomes, the
     normal one for token shares; None for tasks without a per-text fidelity (regression, multi-label)."""
-    from calibkit.evaluate.rowfidelity import ROW_TASKS, TOKEN_CLASSIFICATION, reference_tags, row_fidelity
-    from calibkit.results.intervals import mean_interval, proportion
+    from calibkit.evidence.intervals import mean_interval, proportion
+    from calibkit.evidence.rowfidelity import ROW_TASKS, TOKEN_CLASSIFICATION, reference_tags, row_fidelity
 
     if kind not in ROW_TASKS:
         return None, None, None

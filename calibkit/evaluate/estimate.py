@@ -300,7 +300,7 @@ def _candidate_share(evidence: Any, config: Any) -> tuple[float, float]:
     :data:`SEQUENTIAL_SHARE`; the whole split."""
     from calibkit.evaluate.plan_decisions import WHOLE_SPLIT
     from calibkit.evaluate.risk import stratify
-    from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING
+    from calibkit.evidence.rowfidelity import CLASSIFICATION, EMBEDDING
 
     n = len(evidence.search)
     if not n:

@@ -7,10 +7,10 @@ import numpy as np
 
 from calibkit.evaluate.evidence import SplitEvidence
 from calibkit.evaluate.jobs import SensitivityResult
-from calibkit.evaluate.rowfidelity import CLASSIFICATION, TOKEN_CLASSIFICATION
-from calibkit.evaluate.subsets import EvalSubset
+from calibkit.evidence.intervals import mean_interval, paired_difference, proportion
+from calibkit.evidence.rowfidelity import CLASSIFICATION, TOKEN_CLASSIFICATION
+from calibkit.evidence.subsets import EvalSubset
 from calibkit.requests.tune import TuneRequest
-from calibkit.results.intervals import mean_interval, paired_difference, proportion
 from calibkit.results.runs import AGREEMENT_NOUNS, Difference, HoldoutVerdict, PlanEvidence, Range, finite
 
 

@@ -40,10 +40,10 @@ from calibkit.evaluate.plan_decisions import (
     chunk_subset,
     chunk_values,
 )
-from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING
-from calibkit.evaluate.sequential import Constraint, Decision, DecisionRule, Verdict
-from calibkit.evaluate.subsets import EvalSubset
 from calibkit.evidence.candidates import Plan
+from calibkit.evidence.rowfidelity import CLASSIFICATION, EMBEDDING
+from calibkit.evidence.sequential import Constraint, Decision, DecisionRule, Verdict
+from calibkit.evidence.subsets import EvalSubset
 
 RISKY, UNCERTAIN, SAFE = "risky", "uncertain", "safe"
 STRATIFIED = "stratified"  # the rule name tune records for this judge

@@ -129,7 +129,7 @@ class _Tried:
         return tuple(self.plans.values())
 
     def meets(self, acc: float, agr: float) -> bool:
-        from calibkit.results.intervals import wilson_lower
+        from calibkit.evidence.intervals import wilson_lower
 
         if acc < self.threshold:
             return False

@@ -7,7 +7,7 @@ Flow (every number below is measured, none estimated):
    over the nodes reading it, on the sensitivity subset); the table used is the one whose all-INT8 model flips
    the fewest of FP32's predictions on the search split (fidelity, not accuracy: accuracy differences between
    INT8 variants are mostly noise, flips are not), ties broken by KL divergence;
-3. the eval set is split (stratified by label, seeded, by row content: see evaluate.subsets) into a *search*
+3. the eval set is split (stratified by label, seeded, by row content: see evidence.subsets) into a *search*
    part and a *holdout* part: every decision uses the search part; the holdout part is only measured at the
    end, for all-INT8 and the final plan, and the verdict says with 95 % intervals whether it supports the claim;
 4. sensitivity ranking: for every quantized node (or the worst K by own INT8 error), the KL divergence to FP32
@@ -63,7 +63,6 @@ from calibkit.evaluate.plan_decisions import (
     make_rule,
 )
 from calibkit.evaluate.risk import STRATIFIED, StratifiedJudge, risky_subset, stratify
-from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING, TOKEN_CLASSIFICATION, reference_tags
 from calibkit.evaluate.search import int8_flops_fraction, search_plan
 from calibkit.evaluate.sensitivity import (
     ALL_INT8,
@@ -71,8 +70,6 @@ from calibkit.evaluate.sensitivity import (
     SensitivityJob,
     SensitivityResult,
 )
-from calibkit.evaluate.sequential import DecisionRule, texts_needed
-from calibkit.evaluate.subsets import EvalSubset
 from calibkit.evaluate.traffic import TrafficEvidence, evidence_of
 from calibkit.evaluate.tune_config import (
     DEFAULT_EMBEDDING_AGREEMENT,
@@ -86,6 +83,10 @@ from calibkit.evaluate.tune_defaults import (
     TUNE_PRUNE_MIN_SHARE,
 )
 from calibkit.evidence.candidates import Measured, Plan
+from calibkit.evidence.intervals import wilson_lower
+from calibkit.evidence.rowfidelity import CLASSIFICATION, EMBEDDING, TOKEN_CLASSIFICATION, reference_tags
+from calibkit.evidence.sequential import DecisionRule, texts_needed
+from calibkit.evidence.subsets import EvalSubset
 from calibkit.executors import from_spec
 from calibkit.graph import check_float_source, load_model, model_sha256
 from calibkit.names import node_names
@@ -95,7 +96,6 @@ from calibkit.quantize.tablefile import write_calibration_json
 from calibkit.requests.tune import TuneRequest
 from calibkit.resources import Resources
 from calibkit.results.documents import PlanDocument
-from calibkit.results.intervals import wilson_lower
 from calibkit.results.runs import (
     FP32_PHASE,
     Candidate,
@@ -433,7 +433,7 @@ def _load_model(model_dir: ModelDir, config: TuneRequest) -> _Model:
 def _draw_evidence(model: _Model, eval_set: EvalSet, config: TuneRequest, resources: Resources,
                    cb: ProgressCallback, traffic: TrafficEvidence | None = None) -> tuple[TuneRequest, SplitEvidence]:
     """Labels (or, unlabeled, FP32's own predictions: the target becomes agreement alone), the FP32 reference
-    on every row (once, in the task's terms: ``evaluate.rowfidelity``), and the search / holdout / sensitivity
+    on every row (once, in the task's terms: ``evidence.rowfidelity``), and the search / holdout / sensitivity
     split. Traffic texts join the rows with FP32's predictions as their labels and are marked, so accuracy is
     scored on the eval set's rows and agreement on the traffic's. Tasks without classes are judged on fidelity
     alone (agreement, and mean cosine for embeddings)."""

@@ -1,6 +1,6 @@
 """Fidelity per text: how far one variant's output for each text is from the reference's, in the task's terms.
 
-Every decision about a variant (sensitivity, the plan search, the sequential rules of ``evaluate.sequential``)
+Every decision about a variant (sensitivity, the plan search, the sequential rules of ``evidence.sequential``)
 rests on values that are one per text and independent of which other texts were evaluated with it, so that a
 split can be judged in chunks and the chunks' summaries add up:
 
