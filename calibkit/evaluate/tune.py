@@ -47,22 +47,11 @@ from calibkit.data.evalset import EvalSet, label_ids
 from calibkit.data.modeldir import ModelDir
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.errors import CalibrationError, DataError, UsageError
-from calibkit.evaluate.confirm import fixed_sequence
 from calibkit.evaluate.estimate import announce, estimate_tune, finish
-from calibkit.evaluate.evidence import SplitEvidence, split_evidence, split_subsets
 from calibkit.evaluate.flops import linear_work
-from calibkit.evaluate.holdout import agreement_noun, allowed_change, holdout_verdict, plan_evidence
 from calibkit.evaluate.inputs import resolve_tune
 from calibkit.evaluate.ledger import Evaluator, Ledger, from_record, job_key
 from calibkit.evaluate.phases import PhaseClock
-from calibkit.evaluate.plan_decisions import (
-    ESTIMATED,
-    WHOLE_SPLIT,
-    PlanJudge,
-    constraints_for,
-    make_rule,
-)
-from calibkit.evaluate.risk import STRATIFIED, StratifiedJudge, risky_subset, stratify
 from calibkit.evaluate.search import int8_flops_fraction, search_plan
 from calibkit.evaluate.sensitivity import (
     ALL_INT8,
@@ -83,9 +72,20 @@ from calibkit.evaluate.tune_defaults import (
     TUNE_PRUNE_MIN_SHARE,
 )
 from calibkit.evidence.candidates import Measured, Plan
+from calibkit.evidence.confirm import fixed_sequence
+from calibkit.evidence.holdout import agreement_noun, allowed_change, holdout_verdict, plan_evidence
 from calibkit.evidence.intervals import wilson_lower
+from calibkit.evidence.plan_decisions import (
+    ESTIMATED,
+    WHOLE_SPLIT,
+    PlanJudge,
+    constraints_for,
+    make_rule,
+)
+from calibkit.evidence.risk import STRATIFIED, StratifiedJudge, risky_subset, stratify
 from calibkit.evidence.rowfidelity import CLASSIFICATION, EMBEDDING, TOKEN_CLASSIFICATION, reference_tags
 from calibkit.evidence.sequential import DecisionRule, texts_needed
+from calibkit.evidence.split import SplitEvidence, split_evidence, split_subsets
 from calibkit.evidence.subsets import EvalSubset
 from calibkit.executors import from_spec
 from calibkit.graph import check_float_source, load_model, model_sha256

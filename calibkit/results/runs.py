@@ -547,7 +547,7 @@ class Candidate:
 
 @dataclass(frozen=True)
 class EvidenceCost:
-    """What the plan search paid for its decisions (evaluate.plan_decisions): texts of the search split
+    """What the plan search paid for its decisions (evidence.plan_decisions): texts of the search split
     evaluated per candidate under ``rule`` ("sequential" | "whole-split"); ``completion_texts``: rows evaluated
     after the search so the accepted plan's numbers rest on the whole split."""
 
@@ -655,7 +655,7 @@ class ConfirmStep:
 
 @dataclass(frozen=True)
 class Confirmation:
-    """How the holdout split confirmed the plan (evaluate.confirm: fixed-sequence testing). The candidates that
+    """How the holdout split confirmed the plan (evidence.confirm: fixed-sequence testing). The candidates that
     met the target on the search split were tested on the holdout from the least INT8 up, with the search's
     decision ``rule`` at ``confidence`` (its final test at ``final_test_confidence``), stopping at the first
     that failed. ``chosen``: the candidate written, the last one confirmed (None: the holdout confirmed none,

@@ -49,7 +49,6 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from calibkit.evaluate.evidence import SplitEvidence
 from calibkit.evidence.candidates import Plan
 from calibkit.evidence.sequential import (
     ConfidenceSequenceRule,
@@ -60,6 +59,7 @@ from calibkit.evidence.sequential import (
     Verdict,
     WholeSplit,
 )
+from calibkit.evidence.split import SplitEvidence
 from calibkit.evidence.subsets import EvalSubset
 
 SEQUENTIAL = "sequential"

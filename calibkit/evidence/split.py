@@ -16,9 +16,8 @@ from typing import NamedTuple
 import numpy as np
 
 from calibkit.errors import DataError
-from calibkit.evaluate.jobs import SensitivityResult
 from calibkit.evidence.intervals import evidence_warnings
-from calibkit.evidence.rowfidelity import CLASSIFICATION
+from calibkit.evidence.rowfidelity import CLASSIFICATION, TextScores
 from calibkit.evidence.subsets import EvalSubset, nested, stratified_split, stratified_subset
 
 MIN_SEARCH_ROWS = 10
@@ -96,7 +95,7 @@ class SplitEvidence:
             return float("nan")
         return float(np.mean(self.reference[idx].argmax(axis=1) == self.labels[idx]))
 
-    def scores(self, subset: EvalSubset, result: SensitivityResult) -> Scores:
+    def scores(self, subset: EvalSubset, result: TextScores) -> Scores:
         """A variant's result on ``subset`` (in its row order): accuracy on the rows whose accuracy counts,
         agreement with FP32 and mean cosine (embeddings) on the rows whose agreement counts; NaN where no row
         counts or the result does not cover the subset."""
