@@ -15,7 +15,7 @@ Flow (every number below is measured, none estimated):
 5. calibkit.evaluate.search.search_plan: prefix / bisect / prune over the ranking, each candidate judged on
    the search part against the constraints (accuracy within ``max_drop`` of FP32 and, when given, at least
    ``min_agreement`` % of FP32's predictions kept, mean cosine at least ``min_cosine``) by
-   evaluate.plan_decisions: in growing chunks until its decision is settled (``decision_rule`` "sequential",
+   evidence.plan_decisions: in growing chunks until its decision is settled (``decision_rule`` "sequential",
    a betting confidence sequence) or on the whole part ("whole-split"); the final plan is then evaluated on
    the rest of the search part, so its numbers are whole-split ones.
 Each finished evaluation is appended to ``OUT/.tune/ledger.jsonl`` (keyed by what determines its result), so
@@ -284,7 +284,7 @@ class _Tables:
     variant: _Variant | None = None  # the model the base table belongs to
     smoothing_note: str | None = None  # why no smoothed variant was measured, when none was
     cosine: dict[str, float] = field(default_factory=dict)  # embeddings: mean cosine to FP32, all-INT8
-    race_texts: int = 0  # the search texts the tables were raced on (evaluate.risk.risky_subset)
+    race_texts: int = 0  # the search texts the tables were raced on (evidence.risk.risky_subset)
     # method auto: each finalist method's one-node runs (method -> node -> result) and the texts they ran on
     own_runs: dict[str, dict[str, SensitivityResult]] = field(default_factory=dict)
     own_texts: EvalSubset | None = None
@@ -531,7 +531,7 @@ def _smoothed_variant(model_dir: ModelDir, model: _Model, cset: CalibrationSet, 
 def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: TuneRequest, ev: Evaluator,
                     work: Path, race: EvalSubset) -> _Tables:
     """One table per method and variant (plain, and smoothed unless --no-smooth), raced all-INT8 on ``race``
-    (the search texts most at risk of flipping, evaluate.risk.risky_subset: where tables differ); the variant
+    (the search texts most at risk of flipping, evidence.risk.risky_subset: where tables differ); the variant
     whose best table flips the fewest FP32 predictions there is the one searched on. With method auto that
     variant also gets the per-tensor table: each tensor takes, among the ``TUNE_AUTO_FINALISTS`` best methods of the
     race, the one whose range does the least damage where it is read (on the sensitivity subset).
@@ -691,7 +691,7 @@ def _search(evidence: SplitEvidence, config: TuneRequest, jobs: _Jobs, ev: Evalu
         # every candidate judged, those a parallel batch reached past the first failure too
         cost = replace(cost, confirm_texts=sum(hold_judge.texts().values()))
     on_holdout: dict[Plan, SensitivityResult] = {}
-    # the plan's search-split numbers are those its decision rested on (the stratified estimate: evaluate.risk);
+    # the plan's search-split numbers are those its decision rested on (the stratified estimate: evidence.risk);
     # the numbers the plan claims are the holdout's, measured in full below
     with clock.phase("holdout numbers"):
         if len(evidence.holdout):
@@ -763,7 +763,7 @@ def _holdout_margin(config: TuneRequest, evidence: SplitEvidence, rule: Decision
 
 def _confirm(outcome: Any, hold_judge: PlanJudge | StratifiedJudge, config: TuneRequest, evidence: SplitEvidence,
              ev: Evaluator) -> tuple[Confirmation, Any, Measured]:
-    """Fixed-sequence confirmation on the holdout (evaluate.confirm): the last candidate confirmed becomes the
+    """Fixed-sequence confirmation on the holdout (evidence.confirm): the last candidate confirmed becomes the
     plan; when none is, the search's own choice stays (and the holdout verdict says what it found)."""
     tried = list(outcome.tried)
     batch = max(1, min(int(getattr(ev.executor, "workers", 1) or 1), 4))
@@ -791,7 +791,7 @@ def _measured_text(plan: Plan, score: Any, flops: dict[str, float]) -> str:
 def _judge(evidence: SplitEvidence, config: TuneRequest, jobs: _Jobs, ev: Evaluator, tables: _Tables,
            subset: EvalSubset | None = None, task: str = "candidate plans") -> PlanJudge | StratifiedJudge | None:
     """The judge of candidates on ``subset`` (default: the search split) under ``config.decision_rule``
-    (evaluate.plan_decisions); None when there is nothing to decide (no accuracy rows and no fidelity target:
+    (evidence.plan_decisions); None when there is nothing to decide (no accuracy rows and no fidelity target:
     every candidate meets). A relative accuracy drop is taken from FP32's accuracy on ``subset``."""
     subset = evidence.search if subset is None else subset
     _, table_path, table_sha = tables.base
