@@ -1,4 +1,4 @@
-"""How many traffic texts a candidate costs under each decision rule of calibkit.evaluate.sequential.
+"""How many traffic texts a candidate costs under each decision rule of calibkit.evidence.sequential.
 
 For the constraint "agreement with FP32 >= 99 %" at a given confidence, each candidate is a stream of per-text
 outcomes (1: same prediction as FP32). The stream is either simulated (flips drawn at a true flip rate) or, with
@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from calibkit.evaluate.sequential import ConfidenceSequenceRule, Constraint, WholeSplit, run_rule
+from calibkit.evidence.sequential import ConfidenceSequenceRule, Constraint, WholeSplit, run_rule
 
 
 def simulate(rule, draws: list[np.ndarray], runs: int, split: int, target: float, true_rate: float) -> dict[str, float]:

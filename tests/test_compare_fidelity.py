@@ -309,8 +309,8 @@ def test_recommend_says_no_layer_only_when_every_layer_is_settled() -> None:
 
     def verdict(low: float, high: float) -> LayerVerdict:
         # the flag comes from the same measurement the verdict reads: one decision per layer
+        from calibkit.evidence.intervals import Interval, PairedDifference
         from calibkit.results.flags import Thresholds, flag_layer
-        from calibkit.results.intervals import Interval, PairedDifference
 
         removed = PairedDifference(Interval(0.001, low, high), 0, 1, 400, 1.0)
         f = flag_layer(Thresholds(), sqnr_db=None, clipped_fraction=None, outlier_ratio=None, nonfinite=0,

@@ -407,8 +407,8 @@ def test_same_rows_in_another_order_give_the_same_flags(tiny, comparison, tmp_pa
 
 
 def test_a_recovery_within_its_uncertainty_is_insufficient_evidence() -> None:
+    from calibkit.evidence.intervals import paired_difference
     from calibkit.results.flags import Flag, flag_layer
-    from calibkit.results.intervals import paired_difference
 
     n = 256
     base = np.zeros(n, dtype=bool)

@@ -1,4 +1,4 @@
-"""Fixed-sequence confirmation on the holdout (evaluate.confirm): the order, the stop at the first failure, and
+"""Fixed-sequence confirmation on the holdout (evidence.confirm): the order, the stop at the first failure, and
 the error rate with the choice included, against choosing the most INT8 that passes on its own."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import math
 import random
 from dataclasses import dataclass, replace
 
-from calibkit.evaluate.confirm import confirm_order, fixed_sequence
-from calibkit.evaluate.search import Measured
+from calibkit.evidence.candidates import Measured
+from calibkit.evidence.confirm import confirm_order, fixed_sequence
 
 
 @dataclass(frozen=True)
@@ -80,8 +80,8 @@ def test_holdout_margin_is_what_the_holdout_could_certify() -> None:
     demo embedder's first passing prefix), 97 % does; a cosine target must be met too."""
     from types import SimpleNamespace
 
-    from calibkit.evaluate.plan_decisions import make_rule
     from calibkit.evaluate.tune import _holdout_margin
+    from calibkit.evidence.plan_decisions import make_rule
     from calibkit.requests.tune import TuneRequest
 
     rule = make_rule("sequential", 0.9, 256)  # its final test at 92.5 %

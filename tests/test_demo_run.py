@@ -46,7 +46,7 @@ def test_demo_workflow_fast(demo_assets_fast: Path, tmp_path: Path, monkeypatch:
     assert (Path(s["deploy"]["repository"]) / s["deploy"]["name"] / "config.pbtxt").is_file()
     # the reported INT8 accuracy of the best method is what ONNX Runtime measures on that model
     md = ModelDir.resolve(demo_assets_fast / "model")
-    from calibkit.evaluate.subsets import limit_eval_set
+    from calibkit.evaluate.inputs import limit_eval_set
 
     ev, _ = limit_eval_set(load_eval_set(demo_assets_fast / "data" / "test.jsonl"), opts.eval_limit, opts.seed)
     y = label_ids(ev, md.id2label, 2)

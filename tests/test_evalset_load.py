@@ -175,7 +175,7 @@ def test_unknown_word_tags_are_named(tmp_path: Path) -> None:
 
 
 def test_subsets_keep_words_and_tags_together(tmp_path: Path) -> None:
-    from calibkit.evaluate.subsets import limit_eval_set
+    from calibkit.evaluate.inputs import limit_eval_set
 
     p = tmp_path / "ner.jsonl"
     rows = [{"tokens": [f"w{i}", "x"], "ner_tags": ["B-PER" if i % 2 else "O", "O"]} for i in range(40)]

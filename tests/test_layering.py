@@ -145,6 +145,7 @@ def test_a_module_outside_every_row_is_not_placed() -> None:
     assert place("calibkit.evaluate.brand_new_step") == "evaluation"  # a folder holds what is put in it
     assert place("calibkit.engines.brand_new_backend") == "runners"
     assert place("calibkit.results.brand_new_result") == "results"
+    assert place("calibkit.evidence.brand_new_rule") == "evidence"
     assert place("calibkit.requests.compare") == "evaluation"  # a file beats its folder
     assert place("calibkit") == "public API"  # the package face: nothing under the API imports it
 
@@ -221,6 +222,16 @@ def test_no_import_circle_between_modules() -> None:
     # a package's __init__ re-exporting its own modules is not a circle of meaning
     real = [c for c in cycles if not any(x.count(".") < c[0].count(".") and c[0].startswith(x) for x in c)]
     assert not real, "\n".join(" -> ".join(c) for c in real)
+
+
+def test_evidence_imports_nothing_of_evaluate() -> None:
+    """The statistics of evidence sit below evaluation, which orchestrates them: no module of calibkit/evidence/
+    imports calibkit/evaluate/ (or anything else of the evaluation row), and the table does not let one."""
+    assert "evaluation" not in BY_NAME["evidence"].imports
+    assert "evidence" in BY_NAME["evaluation"].imports
+    wrong = [f"{m}:{line} imports {t}" for m, targets in _imports().items() if m.startswith("calibkit.evidence")
+             for t, line in sorted(targets) if t.startswith("calibkit.evaluate") or _layer(t) == "evaluation"]
+    assert not wrong, "\n".join(wrong)
 
 
 @pytest.mark.parametrize("module", ["calibkit.quantize.qdq", "calibkit.building"])

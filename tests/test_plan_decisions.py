@@ -1,4 +1,4 @@
-"""tune's candidates judged chunk by chunk (evaluate.plan_decisions), on fake evidence and fake evaluations:
+"""tune's candidates judged chunk by chunk (evidence.plan_decisions), on fake evidence and fake evaluations:
 the same decisions as the whole split on clearly separated candidates for fewer texts, chunks a ledger can
 resume, the combined decision's error rate, and the final plan's whole-split numbers."""
 
@@ -9,9 +9,10 @@ import hashlib
 import numpy as np
 import pytest
 
-from calibkit.evaluate.evidence import SplitEvidence
 from calibkit.evaluate.jobs import SensitivityResult
-from calibkit.evaluate.plan_decisions import (
+from calibkit.evaluate.search import search_plan
+from calibkit.evidence.candidates import as_plan
+from calibkit.evidence.plan_decisions import (
     ACCURACY_DROP,
     AGREEMENT,
     PlanJudge,
@@ -19,8 +20,8 @@ from calibkit.evaluate.plan_decisions import (
     constraints_for,
     make_rule,
 )
-from calibkit.evaluate.search import as_plan, search_plan
-from calibkit.evaluate.subsets import EvalSubset
+from calibkit.evidence.split import SplitEvidence
+from calibkit.evidence.subsets import EvalSubset
 
 N = 4000
 FLOPS = {"a": 10.0, "b": 10.0, "c": 10.0, "d": 10.0, "e": 10.0}

@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from test_report_render import fake_compare
 
 from calibkit.evaluate.decisions import recommend
+from calibkit.evidence.intervals import Interval, PairedDifference
 from calibkit.report.content import build_document
 from calibkit.report.html import render_html
 from calibkit.report.markdown import render_markdown
 from calibkit.results.codec import parse_result, to_document
 from calibkit.results.flags import Flag, Thresholds, flag_layer, gate_on_overall
-from calibkit.results.intervals import Interval, PairedDifference
 from calibkit.results.runs import (
     Comparison,
     Difference,

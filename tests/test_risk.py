@@ -1,4 +1,4 @@
-"""Evidence where the risk is (evaluate.risk): strata by flip risk, the stratified bound and its error rate."""
+"""Evidence where the risk is (evidence.risk): strata by flip risk, the stratified bound and its error rate."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from calibkit.evaluate.evidence import split_evidence
-from calibkit.evaluate.plan_decisions import constraints_for, make_rule
-from calibkit.evaluate.risk import RISKY, SAFE, RiskDesign, StratifiedJudge, margins, stratified_bound, stratify
-from calibkit.evaluate.sequential import Constraint
+from calibkit.evidence.plan_decisions import constraints_for, make_rule
+from calibkit.evidence.risk import RISKY, SAFE, RiskDesign, StratifiedJudge, margins, stratified_bound, stratify
+from calibkit.evidence.sequential import Constraint
+from calibkit.evidence.split import split_evidence
 
 
 def _evidence(n: int = 3000, seed: int = 0, traffic: bool = True):

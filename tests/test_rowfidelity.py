@@ -1,12 +1,12 @@
-"""Per-text fidelity values (evaluate.rowfidelity): one value per text, independent of the other texts."""
+"""Per-text fidelity values (evidence.rowfidelity): one value per text, independent of the other texts."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from calibkit.evaluate.rowfidelity import NO_TAG, reference_tags, row_fidelity
 from calibkit.evaluate.tasks import nearest_neighbour_agreement
+from calibkit.evidence.rowfidelity import NO_TAG, reference_tags, row_fidelity
 
 
 def test_classification_agreement_and_predictions() -> None:

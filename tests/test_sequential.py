@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from calibkit.evaluate.sequential import (
+from calibkit.evidence.sequential import (
     ConfidenceSequenceRule,
     Constraint,
     Decision,

@@ -4,14 +4,14 @@ import numpy as np
 import pytest
 
 from calibkit.errors import DataError
-from calibkit.evaluate.subsets import stratified_split, stratified_subset
-from calibkit.results.intervals import (
+from calibkit.evidence.intervals import (
     evidence_warnings,
     macro_f1_intervals,
     mcnemar_exact,
     paired_difference,
     wilson,
 )
+from calibkit.evidence.subsets import stratified_split, stratified_subset
 
 
 def _sorted_rows(n_pos=248, n_neg=60):

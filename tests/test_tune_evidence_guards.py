@@ -12,10 +12,10 @@ from test_traffic_evidence import _texts, _write_log
 from calibkit.data.calibset import write_calibration_set
 from calibkit.data.dedup import digest, normalize
 from calibkit.errors import UsageError
-from calibkit.evaluate.evidence import split_evidence
-from calibkit.evaluate.holdout import NOT_CHECKED, holdout_verdict
 from calibkit.evaluate.traffic import TrafficOptions, draw_traffic
 from calibkit.evaluate.tune import _check_config
+from calibkit.evidence.holdout import NOT_CHECKED, holdout_verdict
+from calibkit.evidence.split import split_evidence
 from calibkit.requests.tune import TuneRequest
 from calibkit.results.runs import Difference, PlanEvidence, Range
 
@@ -78,8 +78,8 @@ def test_min_cosine_outside_minus_one_to_one_is_refused_before_any_work(cosine: 
 def test_no_flip_on_a_split_too_small_to_settle_it_meets_only_a_100_percent_target(target: float, meets: bool):
     """Zero flips on 8 texts is no evidence of 99 % agreement (the rule left it undecided); only a 100 % target,
     which no bound can reach, is met by a candidate that changed nothing."""
-    from calibkit.evaluate.plan_decisions import constraints_for, final_meets
-    from calibkit.evaluate.sequential import Decision, Verdict
+    from calibkit.evidence.plan_decisions import constraints_for, final_meets
+    from calibkit.evidence.sequential import Decision, Verdict
 
     (c,) = constraints_for(min_agreement=target, min_cosine=None, max_drop=None, binary_agreement=True)
     d = Decision(c.name, Verdict.UNDECIDED, 8, 1.0, c.threshold, 0.9)

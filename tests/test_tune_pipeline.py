@@ -286,7 +286,7 @@ def test_tune_on_an_unlabeled_eval_set_targets_agreement_with_fp32(tiny_setup):
     assert doc["target"]["fp32_accuracy"] is None and doc["final"]["accuracy_holdout"] is None
     from statistics import NormalDist
 
-    from calibkit.results.intervals import wilson_lower
+    from calibkit.evidence.intervals import wilson_lower
 
     z = NormalDist().inv_cdf(doc["target"]["agreement_confidence"])
     n = doc["eval_set"]["search"]
@@ -469,10 +469,10 @@ def replace_smooth(cfg: TuneRequest, smooth: bool) -> TuneRequest:
 def test_tune_says_when_its_search_split_cannot_certify_a_better_candidate():
     """A candidate with more INT8 whose agreement reached --min-agreement but whose lower bound did not: the
     warning names the texts the split had and how many would settle it."""
-    from calibkit.evaluate.evidence import split_evidence
-    from calibkit.evaluate.search import Measured
-    from calibkit.evaluate.sequential import texts_needed
     from calibkit.evaluate.tune import _uncertified
+    from calibkit.evidence.candidates import Measured
+    from calibkit.evidence.sequential import texts_needed
+    from calibkit.evidence.split import split_evidence
 
     n = 400
     labels = np.array([0, 1] * (n // 2))

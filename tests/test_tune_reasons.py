@@ -4,8 +4,8 @@ what quantizing the layer alone did is never the only reason given."""
 from __future__ import annotations
 
 from calibkit.evaluate.jobs import SensitivityResult
-from calibkit.evaluate.search import Measured, as_plan
 from calibkit.evaluate.tune import _reasons
+from calibkit.evidence.candidates import Measured, as_plan
 
 FLOPS = {"big": 60.0, "mid": 30.0, "a": 5.0, "b": 5.0}
 BASE = SensitivityResult(mode="all", node=None, accuracy=float("nan"), logit_mse=0.0, mean_kl=1e-4, seconds=0.0,

@@ -2,7 +2,8 @@ import itertools
 
 import pytest
 
-from calibkit.evaluate.search import as_plan, int8_flops_fraction, search_plan
+from calibkit.evaluate.search import int8_flops_fraction, search_plan
+from calibkit.evidence.candidates import as_plan
 
 FLOPS = {f"n{i}": float(10 + i) for i in range(10)}
 
@@ -98,7 +99,7 @@ def test_agreement_constraint_keeps_more_layers_than_accuracy_alone():
 def test_agreement_must_clear_the_target_by_its_own_uncertainty():
     """99.2 % of 1,500 examples: met at the point estimate, not when its one-sided 90 % bound must reach 99 %
     (that bound is 98.9 %); keeping the layer that flips most (99.6 %, bound 99.4 %) is."""
-    from calibkit.results.intervals import wilson_lower
+    from calibkit.evidence.intervals import wilson_lower
 
     flips = {n: 0.0 for n in FLOPS}
     flips.update({"n2": 0.004, "n5": 0.004})

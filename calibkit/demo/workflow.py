@@ -113,7 +113,7 @@ def _acc(logits: np.ndarray, labels: np.ndarray) -> float:
 def _fidelity(logits: np.ndarray, fp32_logits: np.ndarray, labels: np.ndarray, seed: int) -> MethodFidelity:
     """Accuracy and agreement with FP32 of one INT8 model on the same examples, with 95 % intervals."""
     from calibkit.evaluate.metrics import output_error
-    from calibkit.results.intervals import paired_difference, proportion
+    from calibkit.evidence.intervals import paired_difference, proportion
 
     pred, ref = logits.argmax(axis=1), fp32_logits.argmax(axis=1)
     return MethodFidelity(
@@ -234,7 +234,7 @@ def _setup(options: WorkflowOptions, clock: _Clock) -> _Setup:
     from calibkit.data.evalset import label_ids, load_eval_set
     from calibkit.data.modeldir import ModelDir
     from calibkit.data.tokenizer import TextTokenizer
-    from calibkit.evaluate.subsets import limit_eval_set
+    from calibkit.evaluate.inputs import limit_eval_set
 
     variant = "fast" if options.fast else "fine-tuned"
     work = Path(options.workdir)

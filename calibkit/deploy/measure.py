@@ -3,7 +3,7 @@
 Both models run in this process through ONNX Runtime with the same session options (all graph optimizations, as
 Triton's ONNX Runtime backend runs them; the same intra-op threads), on the same texts in the same batches
 (sorted by length, so each batch pads little, as bucketed requests do). Agreement is each task's per-text
-fidelity (:mod:`calibkit.evaluate.rowfidelity`) with its 95 % interval (:mod:`calibkit.results.intervals`);
+fidelity (:mod:`calibkit.evidence.rowfidelity`) with its 95 % interval (:mod:`calibkit.evidence.intervals`);
 latency is the per-batch wall time, its median per model and the median of the per-batch ratios.
 """
 
@@ -104,8 +104,8 @@ def measure_served(fp32: Path, served: Path, md: ModelDir, picked: MeasureTexts,
 def _agreement(kind: str, ref: Any, cand: Any) -> tuple[float | None, Range | None, float | None]:
     """Per-text agreement with FP32 (the task's fidelity) and its 95 % interval: Wilson's for 0/1 outcomes, the
     normal one for token shares; None for tasks without a per-text fidelity (regression, multi-label)."""
-    from calibkit.evaluate.rowfidelity import ROW_TASKS, TOKEN_CLASSIFICATION, reference_tags, row_fidelity
-    from calibkit.results.intervals import mean_interval, proportion
+    from calibkit.evidence.intervals import mean_interval, proportion
+    from calibkit.evidence.rowfidelity import ROW_TASKS, TOKEN_CLASSIFICATION, reference_tags, row_fidelity
 
     if kind not in ROW_TASKS:
         return None, None, None

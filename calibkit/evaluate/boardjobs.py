@@ -26,9 +26,9 @@ import numpy as np
 from calibkit.data.encode import TokenBudget
 from calibkit.errors import CalibkitError, ModelError
 from calibkit.evaluate.jobs import SensitivityJob, SensitivityResult, load_calibration_table, score_outputs
-from calibkit.evaluate.rowfidelity import EMBEDDING
 from calibkit.evaluate.shipping import tokenizer_files
 from calibkit.evaluate.switchboard import Board, Setting, build_board, setting
+from calibkit.evidence.rowfidelity import EMBEDDING
 from calibkit.executors.base import Executor, Shared, fetch, materialize
 
 log = logging.getLogger("calibkit.evaluate.boardjobs")

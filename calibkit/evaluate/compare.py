@@ -39,13 +39,14 @@ from calibkit.evaluate.layers import LayerSpec, find_layers, weight_errors
 from calibkit.evaluate.metrics import LatencyStats, flips_by_confidence, latency_stats, output_error, top2_gap
 from calibkit.evaluate.phases import PhaseClock
 from calibkit.evaluate.predict import Predicted
-from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING, ROW_TASKS, TOKEN_CLASSIFICATION, reference_tags
 from calibkit.evaluate.sensitivity import SensitivityAnalysis, analyse_sensitivity
 from calibkit.evaluate.streaming import RangeAccumulator
-from calibkit.evaluate.subsets import EvalSubset, stratified_subset
 from calibkit.evaluate.taps import LayerMeasurement, RunnerFactory, measure_layers, ort_runner_factory
 from calibkit.evaluate.tasks import EngineScore, Task, TaskScore, choose_task, model_outputs, unscored_warnings
 from calibkit.evaluate.traffic import TrafficEvidence, evidence_of
+from calibkit.evidence.intervals import proportion
+from calibkit.evidence.rowfidelity import CLASSIFICATION, EMBEDDING, ROW_TASKS, TOKEN_CLASSIFICATION, reference_tags
+from calibkit.evidence.subsets import EvalSubset, stratified_subset
 from calibkit.graph import load_model, qdq_layout
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.quantize.rangecheck import tensor_families
@@ -53,7 +54,6 @@ from calibkit.requests.compare import CompareRequest
 from calibkit.requests.traffic import Traffic
 from calibkit.resources import Resources
 from calibkit.results.flags import Flag, LayerFlag, Thresholds
-from calibkit.results.intervals import proportion
 from calibkit.results.runs import (
     Comparison,
     ConfidenceBand,

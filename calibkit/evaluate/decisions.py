@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING, TOKEN_CLASSIFICATION
 from calibkit.evaluate.sensitivity import LayerSensitivity as MeasuredSensitivity
 from calibkit.evaluate.sensitivity import SensitivityAnalysis, SensitivityResult
+from calibkit.evidence.intervals import PairedDifference
+from calibkit.evidence.rowfidelity import CLASSIFICATION, EMBEDDING, TOKEN_CLASSIFICATION
 from calibkit.results.flags import Flag, Thresholds, flag_layer, gate_on_overall
-from calibkit.results.intervals import PairedDifference
 from calibkit.results.runs import (
     Difference,
     LayerSensitivity,

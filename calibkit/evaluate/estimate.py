@@ -272,7 +272,7 @@ def _fewer_rows(z: TuneSize, search: int, holdout: int, traffic: bool) -> TuneSi
 
 
 def tune_size(evidence: Any, config: Any, nodes: int, calibration_texts: int, auto_texts_per_node: int) -> TuneSize:
-    """The :class:`TuneSize` of a run: ``evidence`` (evaluate.evidence.SplitEvidence) as drawn, ``config``
+    """The :class:`TuneSize` of a run: ``evidence`` (evidence.split.SplitEvidence) as drawn, ``config``
     (requests.tune.TuneRequest), the quantizable ``nodes``; ``auto_texts_per_node``: the Q/DQ texts
     method auto measures per node and finalist method."""
     from calibkit.types import Method
@@ -299,9 +299,9 @@ def _candidate_share(evidence: Any, config: Any) -> tuple[float, float]:
     the texts its strata evaluate by FP32's margins alone (the all-INT8 model's changes, not known yet, add a
     few: at worst half as many again); for an embedder :data:`STRATIFIED_SHARE`; the sequential rule's
     :data:`SEQUENTIAL_SHARE`; the whole split."""
-    from calibkit.evaluate.plan_decisions import WHOLE_SPLIT
-    from calibkit.evaluate.risk import stratify
-    from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING
+    from calibkit.evidence.plan_decisions import WHOLE_SPLIT
+    from calibkit.evidence.risk import stratify
+    from calibkit.evidence.rowfidelity import CLASSIFICATION, EMBEDDING
 
     n = len(evidence.search)
     if not n:

@@ -19,13 +19,13 @@ from calibkit.data.modeldir import ModelDir
 from calibkit.enginefiles.artifact import EngineArtifact
 from calibkit.errors import UsageError
 from calibkit.evaluate.traffic import TrafficEvidence, TrafficOptions, draw_default_traffic, draw_traffic
+from calibkit.evidence.subsets import EvalSubset, stratified_subset
 from calibkit.progress import ProgressCallback
 from calibkit.requests.checks import TRAFFIC_SIZE, check_numbers
 from calibkit.requests.traffic import Traffic
 from calibkit.types import check_seed
 
 if TYPE_CHECKING:  # pragma: no cover - types only
-    from calibkit.evaluate.subsets import EvalSubset
     from calibkit.requests.tune import TuneRequest
 
 PathLike = Any  # str | os.PathLike[str]
@@ -59,7 +59,6 @@ def load_evidence(eval_set: PathLike | EvalSet, *, task: Any = None, limit: int 
     """The eval set (a file or a loaded :class:`EvalSet`), its labels checked against ``task`` over the WHOLE
     file (a bad label is the file's fault whichever rows are drawn), then ``limit`` rows drawn (stratified,
     seeded). Returns (rows to evaluate, the ``EvalSubset`` they are of the file, or None for all)."""
-    from calibkit.evaluate.subsets import limit_eval_set
     from calibkit.evaluate.tasks import TaskKind
 
     if isinstance(eval_set, EvalSet):
@@ -71,6 +70,17 @@ def load_evidence(eval_set: PathLike | EvalSet, *, task: Any = None, limit: int 
     if task is not None and task.kind is not TaskKind.TOKEN_CLASSIFICATION:
         task.gold(full)  # validation only; token tags are aligned (and checked) where the tokenizer is at hand
     return limit_eval_set(full, limit, seed)
+
+
+def limit_eval_set(eval_set: EvalSet, limit: int | None, seed: int = 0) -> tuple[EvalSet, EvalSubset | None]:
+    """``--limit``: a stratified random subset of ``limit`` rows (the set itself, and None, when it is smaller)."""
+    if limit is None or limit >= len(eval_set):
+        return eval_set, None
+    if not eval_set.has_labels:  # an unlabeled set: one stratum
+        sub = stratified_subset(eval_set.texts, [""] * len(eval_set), limit, seed)
+        return eval_set.take(sub.indices), sub  # with its word labels, where it has them
+    sub = stratified_subset(eval_set.texts, eval_set.labels, limit, seed)
+    return eval_set.take(sub.indices), sub
 
 
 def engine_calibration_set(*engines: EngineArtifact) -> CalibrationSet | None:

@@ -17,7 +17,7 @@ import numpy as np
 from calibkit._io import read_json
 from calibkit.errors import CalibkitError, CalibrationError
 from calibkit.evaluate.metrics import output_error
-from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING, row_fidelity
+from calibkit.evidence.rowfidelity import CLASSIFICATION, EMBEDDING, row_fidelity
 from calibkit.types import CalibrationTable
 
 ONLY_THIS = "only_this_int8"
@@ -28,7 +28,7 @@ ALL_INT8 = "all_int8"
 @dataclass(frozen=True)
 class SensitivityJob:
     """Build one variant (``keep_nodes`` stay in higher precision, every other placed node is INT8), run it
-    on ``texts`` and score it against ``labels`` and the reference, per text (``evaluate.rowfidelity``).
+    on ``texts`` and score it against ``labels`` and the reference, per text (``evidence.rowfidelity``).
 
     ``reference_logits``: what the reference gave for ``texts`` in ``task``'s terms: logits per text
     (classification), the vector per text (embedding, ``pooling`` as the task pools), or the tag id per token
@@ -53,7 +53,7 @@ class SensitivityJob:
     # what source_model must hold (the sha256 the engine under study or the tune run recorded); run_jobs
     # refuses a file replaced since, before any variant is built from it
     source_model_sha256: str | None = None
-    task: str = "classification"  # evaluate.rowfidelity.ROW_TASKS
+    task: str = "classification"  # evidence.rowfidelity.ROW_TASKS
     pooling: str | None = None
     neighbour_index: Any = None
     index_rows: tuple[int, ...] | None = None
@@ -71,7 +71,7 @@ class SensitivityResult:
     error_hint: str | None = None  # what to do about ``error``, when the failure said
     flip_rate: float = float("nan")  # 1 - mean agreement: the share of examples whose output changed
     predictions: tuple[int, ...] = ()  # argmax per example, in the order of the job's texts (classification)
-    # per example, in the order of the job's texts (evaluate.rowfidelity): agreement with the reference in
+    # per example, in the order of the job's texts (evidence.rowfidelity): agreement with the reference in
     # [0, 1] for every task, cosine to the reference for embeddings
     agreement_values: tuple[float, ...] = ()
     cosine_values: tuple[float, ...] = ()

@@ -88,7 +88,7 @@ def job_key(job: SensitivityJob, table_sha: str, model_sha: str) -> str:
         "texts": sha256_bytes("\n".join(job.texts).encode("utf-8")),
         "target": job.target,
         "mode": job.mode,
-        # per-text values (evaluate.rowfidelity) since 0.3: records from before lack them and run again
+        # per-text values (evidence.rowfidelity) since 0.3: records from before lack them and run again
         "values": 2,
         "task": job.task,
         "pooling": job.pooling,

@@ -24,23 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-Plan = tuple[str, ...]  # node names kept in higher precision, sorted
-
-
-def as_plan(nodes: Sequence[str] | set[str] | frozenset[str]) -> Plan:
-    return tuple(sorted(set(nodes)))
-
-
-@dataclass(frozen=True)
-class Measured:
-    plan: Plan
-    accuracy: float
-    int8_flops_fraction: float
-    stage: str  # "all-int8" | "prefix" | "anchor" | "bisect" | "prune"
-    meets: bool
-    agreement: float = float("nan")  # share of FP32's predictions kept (the task's agreement)
-    cosine: float = float("nan")  # embeddings: mean cosine to FP32's vectors
-    texts: int | None = None  # search rows the decision rested on, when the evaluator says (a Judged score)
+from calibkit.evidence.candidates import Measured, Plan, as_plan
 
 
 @dataclass(frozen=True)
@@ -58,7 +42,7 @@ def int8_flops_fraction(plan: Plan, flops: Mapping[str, float]) -> float:
 
 
 class Judged(Protocol):
-    """A score that carries its own decision (evaluate.plan_decisions.Judged): ``meets`` is taken as given."""
+    """A score that carries its own decision (evidence.plan_decisions.Judged): ``meets`` is taken as given."""
 
     accuracy: float
     agreement: float
@@ -67,7 +51,7 @@ class Judged(Protocol):
 
 
 # accuracy; (accuracy, agreement); (accuracy, agreement, mean cosine); or a decided score (a cosine target is
-# decided only by a decision rule: evaluate.plan_decisions)
+# decided only by a decision rule: evidence.plan_decisions)
 Score = float | tuple[float, float] | tuple[float, float, float] | Judged
 
 
@@ -87,7 +71,7 @@ def search_plan(
     prune_budget: int | None = None,
 ) -> SearchOutcome:
     """``ranking``: nodes, most harmful in INT8 first. ``evaluate`` measures several plans (it may run them in
-    parallel); a score that carries ``meets`` (evaluate.plan_decisions.Judged: decided by a decision rule on as
+    parallel); a score that carries ``meets`` (evidence.plan_decisions.Judged: decided by a decision rule on as
     many texts as the decision needed) is taken as decided, and the thresholds below do not apply to it.
     ``threshold``: the lowest accuracy that meets the target; ``min_agreement`` (a fraction): the
     lowest agreement with FP32; with ``agreement_examples`` (the search split's size) and ``agreement_z`` > 0 it
@@ -98,7 +82,7 @@ def search_plan(
     nothing to INT8) until one meets the target with margin, then bisect between the first passing prefix and
     it (to an eighth of the prefix) for the fewest kept layers with margin. Bisect and prune find plans at the
     edge of the target by construction; the anchors are plans with margin, so the confirmation on the holdout
-    (evaluate.confirm, which tests the least INT8 first) has candidates it can confirm on its way up.
+    (evidence.confirm, which tests the least INT8 first) has candidates it can confirm on its way up.
     ``margin``: whether a measured plan is far enough past the target (tune: whether the holdout could certify
     its agreement if it saw the same); None: the first anchor that meets the target is taken.
     """
@@ -145,7 +129,7 @@ class _Tried:
         return tuple(self.plans.values())
 
     def meets(self, acc: float, agr: float) -> bool:
-        from calibkit.results.intervals import wilson_lower
+        from calibkit.evidence.intervals import wilson_lower
 
         if acc < self.threshold:
             return False

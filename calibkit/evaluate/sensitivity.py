@@ -30,11 +30,11 @@ from calibkit.evaluate.jobs import (
     load_calibration_table,
     run_sensitivity_job,
 )
-from calibkit.evaluate.rowfidelity import CLASSIFICATION
+from calibkit.evidence.intervals import Z95, Interval, PairedDifference, paired_difference
+from calibkit.evidence.rowfidelity import CLASSIFICATION
 from calibkit.executors import default_workers
 from calibkit.executors.base import Executor
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
-from calibkit.results.intervals import Z95, Interval, PairedDifference, paired_difference
 
 log = logging.getLogger("calibkit.evaluate.sensitivity")
 
@@ -141,7 +141,7 @@ def paired_values(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarr
 @dataclass(frozen=True)
 class LayerSensitivity:
     """A layer's two variants against the reference and the all-INT8 variant. Accuracy deltas (fractions) only
-    where the texts have class labels; fidelity (``evaluate.rowfidelity``: agreement for every task, cosine for
+    where the texts have class labels; fidelity (``evidence.rowfidelity``: agreement for every task, cosine for
     embeddings) always, as paired differences over the per-text values."""
 
     node: str

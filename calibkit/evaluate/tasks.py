@@ -32,8 +32,7 @@ from calibkit.engines.base import BaseRunner
 from calibkit.errors import DataError, ModelError
 from calibkit.evaluate.metrics import ClassificationMetrics, classification_metrics
 from calibkit.evaluate.predict import Predicted, predict_outputs
-from calibkit.progress import ProgressCallback
-from calibkit.results.intervals import (
+from calibkit.evidence.intervals import (
     Interval,
     PairedDifference,
     evidence_warnings,
@@ -41,6 +40,7 @@ from calibkit.results.intervals import (
     paired_difference,
     proportion,
 )
+from calibkit.progress import ProgressCallback
 from calibkit.results.runs import Fidelity, GoldResult, GoldScores, Range, finite
 
 RETRIEVAL_K = 10
@@ -509,7 +509,7 @@ class EmbeddingTask(_NoClasses):
 
     @property
     def tunable(self) -> str | None:
-        return None  # judged on per-text fidelity (evaluate.rowfidelity)
+        return None  # judged on per-text fidelity (evidence.rowfidelity)
 
     def gold(self, eval_set: EvalSet, tokenizer: TextTokenizer | None = None, width: int | None = None) -> None:
         return None  # an embedding's fidelity needs no labels; none are scored
@@ -711,7 +711,7 @@ class TokenClassificationTask:
 
     @property
     def tunable(self) -> str | None:
-        return None  # judged on per-text fidelity (evaluate.rowfidelity)
+        return None  # judged on per-text fidelity (evidence.rowfidelity)
 
     def gold(self, eval_set: EvalSet, tokenizer: TextTokenizer | None = None, width: int | None = None
              ) -> WordGold | None:

@@ -58,7 +58,7 @@ from calibkit.data.sampling import (
     priority,
 )
 from calibkit.errors import DataError
-from calibkit.evaluate.subsets import EvalSubset, stratified_split
+from calibkit.evidence.subsets import EvalSubset, stratified_split
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.results.runs import Evidence, RowSelection
 
@@ -574,7 +574,7 @@ def _nothing_left(path: Path, unique: int, why: dict[str, int], lines: int, fiel
 
 
 def split_traffic(evidence: TrafficEvidence, holdout_fraction: float, seed: int = 0) -> TrafficSplit:
-    """Search and holdout parts, as tune splits a labelled set (:func:`calibkit.evaluate.subsets.stratified_split`:
+    """Search and holdout parts, as tune splits a labelled set (:func:`calibkit.evidence.subsets.stratified_split`:
     seeded, by row content, so the same texts split the same way in any order), stratified by length bucket
     instead of label."""
     strata = [length_bucket(n) for n in evidence.lengths]

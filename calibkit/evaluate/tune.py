@@ -7,7 +7,7 @@ Flow (every number below is measured, none estimated):
    over the nodes reading it, on the sensitivity subset); the table used is the one whose all-INT8 model flips
    the fewest of FP32's predictions on the search split (fidelity, not accuracy: accuracy differences between
    INT8 variants are mostly noise, flips are not), ties broken by KL divergence;
-3. the eval set is split (stratified by label, seeded, by row content: see evaluate.subsets) into a *search*
+3. the eval set is split (stratified by label, seeded, by row content: see evidence.subsets) into a *search*
    part and a *holdout* part: every decision uses the search part; the holdout part is only measured at the
    end, for all-INT8 and the final plan, and the verdict says with 95 % intervals whether it supports the claim;
 4. sensitivity ranking: for every quantized node (or the worst K by own INT8 error), the KL divergence to FP32
@@ -15,7 +15,7 @@ Flow (every number below is measured, none estimated):
 5. calibkit.evaluate.search.search_plan: prefix / bisect / prune over the ranking, each candidate judged on
    the search part against the constraints (accuracy within ``max_drop`` of FP32 and, when given, at least
    ``min_agreement`` % of FP32's predictions kept, mean cosine at least ``min_cosine``) by
-   evaluate.plan_decisions: in growing chunks until its decision is settled (``decision_rule`` "sequential",
+   evidence.plan_decisions: in growing chunks until its decision is settled (``decision_rule`` "sequential",
    a betting confidence sequence) or on the whole part ("whole-split"); the final plan is then evaluated on
    the rest of the search part, so its numbers are whole-split ones.
 Each finished evaluation is appended to ``OUT/.tune/ledger.jsonl`` (keyed by what determines its result), so
@@ -47,32 +47,18 @@ from calibkit.data.evalset import EvalSet, label_ids
 from calibkit.data.modeldir import ModelDir
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.errors import CalibrationError, DataError, UsageError
-from calibkit.evaluate.confirm import fixed_sequence
 from calibkit.evaluate.estimate import announce, estimate_tune, finish
-from calibkit.evaluate.evidence import SplitEvidence, split_evidence, split_subsets
 from calibkit.evaluate.flops import linear_work
-from calibkit.evaluate.holdout import agreement_noun, allowed_change, holdout_verdict, plan_evidence
 from calibkit.evaluate.inputs import resolve_tune
 from calibkit.evaluate.ledger import Evaluator, Ledger, from_record, job_key
 from calibkit.evaluate.phases import PhaseClock
-from calibkit.evaluate.plan_decisions import (
-    ESTIMATED,
-    WHOLE_SPLIT,
-    PlanJudge,
-    constraints_for,
-    make_rule,
-)
-from calibkit.evaluate.risk import STRATIFIED, StratifiedJudge, risky_subset, stratify
-from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING, TOKEN_CLASSIFICATION, reference_tags
-from calibkit.evaluate.search import Measured, Plan, int8_flops_fraction, search_plan
+from calibkit.evaluate.search import int8_flops_fraction, search_plan
 from calibkit.evaluate.sensitivity import (
     ALL_INT8,
     ONLY_THIS,
     SensitivityJob,
     SensitivityResult,
 )
-from calibkit.evaluate.sequential import DecisionRule, texts_needed
-from calibkit.evaluate.subsets import EvalSubset
 from calibkit.evaluate.traffic import TrafficEvidence, evidence_of
 from calibkit.evaluate.tune_config import (
     DEFAULT_EMBEDDING_AGREEMENT,
@@ -86,6 +72,22 @@ from calibkit.evaluate.tune_defaults import (
     TUNE_PRUNE_BUDGET,
     TUNE_PRUNE_MIN_SHARE,
 )
+from calibkit.evidence.candidates import Measured, Plan
+from calibkit.evidence.confirm import fixed_sequence
+from calibkit.evidence.holdout import agreement_noun, allowed_change, holdout_verdict, plan_evidence
+from calibkit.evidence.intervals import wilson_lower
+from calibkit.evidence.plan_decisions import (
+    ESTIMATED,
+    WHOLE_SPLIT,
+    PlanJudge,
+    constraints_for,
+    make_rule,
+)
+from calibkit.evidence.risk import STRATIFIED, StratifiedJudge, risky_subset, stratify
+from calibkit.evidence.rowfidelity import CLASSIFICATION, EMBEDDING, TOKEN_CLASSIFICATION, reference_tags
+from calibkit.evidence.sequential import DecisionRule, texts_needed
+from calibkit.evidence.split import SplitEvidence, split_evidence, split_subsets
+from calibkit.evidence.subsets import EvalSubset
 from calibkit.executors import from_spec
 from calibkit.graph import check_float_source, load_model, model_sha256
 from calibkit.names import node_names
@@ -95,7 +97,6 @@ from calibkit.quantize.tablefile import write_calibration_json
 from calibkit.requests.tune import TuneRequest
 from calibkit.resources import Resources
 from calibkit.results.documents import PlanDocument
-from calibkit.results.intervals import wilson_lower
 from calibkit.results.runs import (
     FP32_PHASE,
     Candidate,
@@ -284,7 +285,7 @@ class _Tables:
     variant: _Variant | None = None  # the model the base table belongs to
     smoothing_note: str | None = None  # why no smoothed variant was measured, when none was
     cosine: dict[str, float] = field(default_factory=dict)  # embeddings: mean cosine to FP32, all-INT8
-    race_texts: int = 0  # the search texts the tables were raced on (evaluate.risk.risky_subset)
+    race_texts: int = 0  # the search texts the tables were raced on (evidence.risk.risky_subset)
     # method auto: each finalist method's one-node runs (method -> node -> result) and the texts they ran on
     own_runs: dict[str, dict[str, SensitivityResult]] = field(default_factory=dict)
     own_texts: EvalSubset | None = None
@@ -434,7 +435,7 @@ def _load_model(model_dir: ModelDir, config: TuneRequest) -> _Model:
 def _draw_evidence(model: _Model, eval_set: EvalSet, config: TuneRequest, resources: Resources,
                    cb: ProgressCallback, traffic: TrafficEvidence | None = None) -> tuple[TuneRequest, SplitEvidence]:
     """Labels (or, unlabeled, FP32's own predictions: the target becomes agreement alone), the FP32 reference
-    on every row (once, in the task's terms: ``evaluate.rowfidelity``), and the search / holdout / sensitivity
+    on every row (once, in the task's terms: ``evidence.rowfidelity``), and the search / holdout / sensitivity
     split. Traffic texts join the rows with FP32's predictions as their labels and are marked, so accuracy is
     scored on the eval set's rows and agreement on the traffic's. Tasks without classes are judged on fidelity
     alone (agreement, and mean cosine for embeddings)."""
@@ -533,7 +534,7 @@ def _smoothed_variant(model_dir: ModelDir, model: _Model, cset: CalibrationSet, 
 def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: TuneRequest, ev: Evaluator,
                     work: Path, race: EvalSubset) -> _Tables:
     """One table per method and variant (plain, and smoothed unless --no-smooth), raced all-INT8 on ``race``
-    (the search texts most at risk of flipping, evaluate.risk.risky_subset: where tables differ); the variant
+    (the search texts most at risk of flipping, evidence.risk.risky_subset: where tables differ); the variant
     whose best table flips the fewest FP32 predictions there is the one searched on. With method auto that
     variant also gets the per-tensor table: each tensor takes, among the ``TUNE_AUTO_FINALISTS`` best methods of the
     race, the one whose range does the least damage where it is read (on the sensitivity subset).
@@ -693,7 +694,7 @@ def _search(evidence: SplitEvidence, config: TuneRequest, jobs: _Jobs, ev: Evalu
         # every candidate judged, those a parallel batch reached past the first failure too
         cost = replace(cost, confirm_texts=sum(hold_judge.texts().values()))
     on_holdout: dict[Plan, SensitivityResult] = {}
-    # the plan's search-split numbers are those its decision rested on (the stratified estimate: evaluate.risk);
+    # the plan's search-split numbers are those its decision rested on (the stratified estimate: evidence.risk);
     # the numbers the plan claims are the holdout's, measured in full below
     all_int8: tuple[EvalSubset, SensitivityResult] | None = None
     with clock.phase("holdout numbers"):
@@ -776,7 +777,7 @@ def _holdout_margin(config: TuneRequest, evidence: SplitEvidence, rule: Decision
 
 def _confirm(outcome: Any, hold_judge: PlanJudge | StratifiedJudge, config: TuneRequest, evidence: SplitEvidence,
              ev: Evaluator) -> tuple[Confirmation, Any, Measured]:
-    """Fixed-sequence confirmation on the holdout (evaluate.confirm): the last candidate confirmed becomes the
+    """Fixed-sequence confirmation on the holdout (evidence.confirm): the last candidate confirmed becomes the
     plan; when none is, the search's own choice stays (and the holdout verdict says what it found)."""
     tried = list(outcome.tried)
     batch = max(1, min(int(getattr(ev.executor, "workers", 1) or 1), 4))
@@ -804,7 +805,7 @@ def _measured_text(plan: Plan, score: Any, flops: dict[str, float]) -> str:
 def _judge(evidence: SplitEvidence, config: TuneRequest, jobs: _Jobs, ev: Evaluator, tables: _Tables,
            subset: EvalSubset | None = None, task: str = "candidate plans") -> PlanJudge | StratifiedJudge | None:
     """The judge of candidates on ``subset`` (default: the search split) under ``config.decision_rule``
-    (evaluate.plan_decisions); None when there is nothing to decide (no accuracy rows and no fidelity target:
+    (evidence.plan_decisions); None when there is nothing to decide (no accuracy rows and no fidelity target:
     every candidate meets). A relative accuracy drop is taken from FP32's accuracy on ``subset``."""
     subset = evidence.search if subset is None else subset
     _, table_path, table_sha = tables.base

@@ -2,7 +2,7 @@
 
 # tune's evidence by default: a holdout of half the rows and 10,500 traffic texts, so that the plan is confirmed on
 # over 5,000 texts the search never saw (a 99 % agreement target needs thousands to certify); the search split
-# costs little more than its risky texts (evaluate.risk)
+# costs little more than its risky texts (evidence.risk)
 TUNE_HOLDOUT = 0.5
 TUNE_TRAFFIC_SIZE = 10_500
 # texts of the search split each layer's own damage is ranked on (one evaluation per layer); method auto chooses

@@ -47,7 +47,7 @@ class TuneMethod(Choice):
 
 
 class DecisionRuleName(Choice):
-    """How each candidate is judged on the search split (``evaluate.plan_decisions``)."""
+    """How each candidate is judged on the search split (``evidence.plan_decisions``)."""
 
     SEQUENTIAL = "sequential"
     WHOLE_SPLIT = "whole-split"
@@ -149,14 +149,14 @@ class TuneRequest:
              "the search measures for one with margin, then bisects (evaluate.search anchors); 0: none.")
     risk_strata: bool = option(
         True, cli=False, api=False,
-        help="Judge the search's candidates in strata by flip risk (evaluate.risk): the risky texts in full, a "
+        help="Judge the search's candidates in strata by flip risk (evidence.risk): the risky texts in full, a "
              "seeded sample of the others, a stratified lower bound; False: every candidate on the split by the "
              "decision rule. The holdout's confirmation is a plain random sample either way.")
     # flips concentrate in the riskiest texts, so a few hundred tell the tables apart (on the demo classifier,
     # eight tables raced on 512 cost 58 s of a 700 s tune on two cores)
     race_texts: int = option(256, cli=False, api=False,
                              help="The search texts most at risk of flipping the tables (methods, smoothing) are "
-                                  "raced all-INT8 on (evaluate.risk.risky_subset).")
+                                  "raced all-INT8 on (evidence.risk.risky_subset).")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "traffic", Traffic.parse(self.traffic))

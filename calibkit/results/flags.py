@@ -5,11 +5,31 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Any
-
-from calibkit.results.intervals import PairedDifference
+from typing import Any, Protocol
 
 FP16_MAX = 65504.0
+
+
+class _Bounds(Protocol):
+    @property
+    def estimate(self) -> float: ...
+    @property
+    def low(self) -> float: ...
+    @property
+    def high(self) -> float: ...
+
+
+class PairedEffect(Protocol):
+    """B - A of a paired outcome on the same examples with its 95 % interval, what a flag reads of one: the shape
+    of ``evidence.intervals.PairedDifference``, which computes it in the layer above."""
+
+    @property
+    def interval(self) -> _Bounds: ...
+    @property
+    def n(self) -> int: ...
+    @property
+    def significant(self) -> bool: ...
+    def examples_to_settle(self) -> int | None: ...
 
 
 class Flag(str, enum.Enum):
@@ -71,12 +91,12 @@ def flag_layer(
     zeroed_weights: float | None = None,
     only_this_delta: float | None = None,
     all_but_this_delta: float | None = None,
-    only_this_diff: PairedDifference | None = None,
-    all_but_this_diff: PairedDifference | None = None,
-    flips_removed: PairedDifference | None = None,
-    agreement_cost: PairedDifference | None = None,
-    cosine_recovered: PairedDifference | None = None,
-    cosine_cost: PairedDifference | None = None,
+    only_this_diff: PairedEffect | None = None,
+    all_but_this_diff: PairedEffect | None = None,
+    flips_removed: PairedEffect | None = None,
+    agreement_cost: PairedEffect | None = None,
+    cosine_recovered: PairedEffect | None = None,
+    cosine_cost: PairedEffect | None = None,
     fidelity_name: str = "agreement",
 ) -> LayerFlag:
     """Deltas are accuracy differences as fractions (0.01 = one point). With their paired intervals
@@ -133,7 +153,7 @@ def flag_layer(
     return LayerFlag(Flag.KEEP_FP16, tuple(heuristic + extra))
 
 
-def _open_bound(d: PairedDifference | None, threshold: float, unit: str, scale: float, digits: int = 2
+def _open_bound(d: PairedEffect | None, threshold: float, unit: str, scale: float, digits: int = 2
                 ) -> list[str]:
     """A recovery under its threshold whose 95 % upper bound reaches past it: not settled either way."""
     if d is None or d.interval.estimate > threshold or d.interval.high <= threshold:
@@ -178,9 +198,9 @@ def _heuristics(t: Thresholds, *, sqnr_db: float | None, clipped_fraction: float
     return reasons, fp32
 
 
-def _fidelity_effects(t: Thresholds, name: str, recovered: PairedDifference | None, cost: PairedDifference | None,
-                      cos_recovered: PairedDifference | None, cos_cost: PairedDifference | None
-                      ) -> list[tuple[PairedDifference, str]]:
+def _fidelity_effects(t: Thresholds, name: str, recovered: PairedEffect | None, cost: PairedEffect | None,
+                      cos_recovered: PairedEffect | None, cos_cost: PairedEffect | None
+                      ) -> list[tuple[PairedEffect, str]]:
     """The fidelity effects past their thresholds, each with its sentence (without the settle clause)."""
     out = []
     if recovered is not None and recovered.interval.estimate * 100 > t.min_recovery_points:
@@ -201,9 +221,9 @@ def _fidelity_effects(t: Thresholds, name: str, recovered: PairedDifference | No
 
 
 def _measured(by_accuracy: bool, only_this_delta: float | None, all_but_this_delta: float | None,
-              all_but_this_diff: PairedDifference | None, only_this_diff: PairedDifference | None, name: str,
-              recovered: PairedDifference | None, cost: PairedDifference | None,
-              cos_recovered: PairedDifference | None, cos_cost: PairedDifference | None) -> str:
+              all_but_this_diff: PairedEffect | None, only_this_diff: PairedEffect | None, name: str,
+              recovered: PairedEffect | None, cost: PairedEffect | None,
+              cos_recovered: PairedEffect | None, cos_cost: PairedEffect | None) -> str:
     """The "but measured" sentence that turns a heuristic flag into a watch ("" when nothing was measured)."""
     if by_accuracy:
         assert only_this_delta is not None and all_but_this_delta is not None
@@ -221,17 +241,17 @@ def _measured(by_accuracy: bool, only_this_delta: float | None, all_but_this_del
             f"{cost.interval.estimate * 100:+.2f}{_ci(cost)}{cos} (within the thresholds)")
 
 
-def _unsettled(d: PairedDifference | None) -> bool:
+def _unsettled(d: PairedEffect | None) -> bool:
     return d is not None and not d.significant
 
 
-def _ci(d: PairedDifference | None, scale: float = 100, digits: int = 2) -> str:
+def _ci(d: PairedEffect | None, scale: float = 100, digits: int = 2) -> str:
     if d is None:
         return ""
     return f" (95 % CI {d.interval.low * scale:+.{digits}f} to {d.interval.high * scale:+.{digits}f})"
 
 
-def _settle(d: PairedDifference | None) -> str:
+def _settle(d: PairedEffect | None) -> str:
     if d is None or d.significant:
         return ""
     need = d.examples_to_settle()
@@ -239,14 +259,14 @@ def _settle(d: PairedDifference | None) -> str:
     return f": insufficient evidence on {d.n} examples{more}"
 
 
-def _fidelity(d: PairedDifference | None) -> list[str]:
+def _fidelity(d: PairedEffect | None) -> list[str]:
     if d is None or not d.significant or d.interval.estimate <= 0:
         return []
     return [f"keeping only it in higher precision removes {d.interval.estimate * 100:.2f} % of the flips to the "
             f"reference{_ci(d)}"]
 
 
-def gate_on_overall(flag: LayerFlag, overall: PairedDifference | None, names: tuple[str, str] = ("A", "B")
+def gate_on_overall(flag: LayerFlag, overall: PairedEffect | None, names: tuple[str, str] = ("A", "B")
                     ) -> LayerFlag:
     """No keep-in-FP16 advice from heuristics alone when B is not significantly less accurate than A: the layer
     is only watched. A keep that rests on the layer's own settled measurement stands (that measurement says

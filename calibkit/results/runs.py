@@ -48,7 +48,7 @@ class Range:
 
     @classmethod
     def of(cls, iv: Any) -> Range | None:
-        """From an ``results.intervals.Interval`` (None passes through)."""
+        """From an ``evidence.intervals.Interval`` (None passes through)."""
         if iv is None:
             return None
         return cls(finite(iv.estimate), finite(iv.low), finite(iv.high), float(iv.level))
@@ -77,7 +77,7 @@ class Difference:
 
     @classmethod
     def of(cls, d: Any) -> Difference | None:
-        """From an ``results.intervals.PairedDifference`` (None passes through)."""
+        """From an ``evidence.intervals.PairedDifference`` (None passes through)."""
         if d is None:
             return None
         iv = d.interval
@@ -100,7 +100,7 @@ class RowSelection:
 
     @classmethod
     def of_subset(cls, sub: Any, max_indices: int = 5000) -> RowSelection | None:
-        """From an ``evaluate.subsets.EvalSubset`` (None passes through)."""
+        """From an ``evidence.subsets.EvalSubset`` (None passes through)."""
         if sub is None:
             return None
         return cls(len(sub.indices), int(sub.total), int(sub.seed), str(sub.strategy), str(sub.content_sha256),
@@ -205,7 +205,7 @@ class SensitivityRun:
     delta_high: float | None = None
     significant: bool | None = None
     examples_to_settle: int | None = None
-    agreement: float | None = None  # mean per-text agreement with the reference (evaluate.rowfidelity)
+    agreement: float | None = None  # mean per-text agreement with the reference (evidence.rowfidelity)
     cosine: float | None = None  # embeddings: mean cosine to the reference
 
 
@@ -283,7 +283,7 @@ class SensitivityEvidence:
 
     measured: bool
     why_not: str = ""
-    task: str = ""  # evaluate.rowfidelity task the fidelity is measured in
+    task: str = ""  # evidence.rowfidelity task the fidelity is measured in
     source: str = ""
     samples: int = 0
     basis: str = ""
@@ -482,7 +482,7 @@ class TuneEvalSet:
     traffic_holdout: int = 0
 
 
-# what a result's agreement counts, per task (evaluate.rowfidelity): words for documents and the terminal
+# what a result's agreement counts, per task (evidence.rowfidelity): words for documents and the terminal
 AGREEMENT_NOUNS: Mapping[str, str] = {"classification": "FP32's predictions",
                                       "embedding": "texts' nearest neighbours in the FP32 index",
                                       "token-classification": "FP32's token tags"}
@@ -501,7 +501,7 @@ class TuneTarget:
     max_drop: float | None = None
     min_agreement: float | None = None
     agreement_confidence: float = 0.9
-    # embeddings: the mean cosine to FP32 the plan must keep; task: what agreement means (evaluate.rowfidelity)
+    # embeddings: the mean cosine to FP32 the plan must keep; task: what agreement means (evidence.rowfidelity)
     min_cosine: float | None = None
     task: str = "classification"
 
@@ -547,7 +547,7 @@ class Candidate:
 
 @dataclass(frozen=True)
 class EvidenceCost:
-    """What the plan search paid for its decisions (evaluate.plan_decisions): texts of the search split
+    """What the plan search paid for its decisions (evidence.plan_decisions): texts of the search split
     evaluated per candidate under ``rule`` ("sequential" | "whole-split"); ``completion_texts``: rows evaluated
     after the search so the accepted plan's numbers rest on the whole split."""
 
@@ -655,7 +655,7 @@ class ConfirmStep:
 
 @dataclass(frozen=True)
 class Confirmation:
-    """How the holdout split confirmed the plan (evaluate.confirm: fixed-sequence testing). The candidates that
+    """How the holdout split confirmed the plan (evidence.confirm: fixed-sequence testing). The candidates that
     met the target on the search split were tested on the holdout from the least INT8 up, with the search's
     decision ``rule`` at ``confidence`` (its final test at ``final_test_confidence``), stopping at the first
     that failed. ``chosen``: the candidate written, the last one confirmed (None: the holdout confirmed none,

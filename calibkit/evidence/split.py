@@ -3,7 +3,7 @@
 The evidence is the labelled eval set and, with ``--traffic``, unlabeled texts drawn from the log
 (``evaluate.traffic``): labelled rows carry what needs labels (accuracy), traffic rows carry agreement with FP32
 (which needs no labels, and of which the log holds thousands). Every subset is seeded, stratified by label (and by
-where a row came from) and keyed by row content (``evaluate.subsets``). This module only chooses rows and says
+where a row came from) and keyed by row content (``evidence.subsets``). This module only chooses rows and says
 what the choice cannot support (warnings); measuring and deciding happen elsewhere.
 """
 
@@ -16,10 +16,9 @@ from typing import NamedTuple
 import numpy as np
 
 from calibkit.errors import DataError
-from calibkit.evaluate.jobs import SensitivityResult
-from calibkit.evaluate.rowfidelity import CLASSIFICATION
-from calibkit.evaluate.subsets import EvalSubset, nested, stratified_split, stratified_subset
-from calibkit.results.intervals import evidence_warnings
+from calibkit.evidence.intervals import evidence_warnings
+from calibkit.evidence.rowfidelity import CLASSIFICATION, TextScores
+from calibkit.evidence.subsets import EvalSubset, nested, stratified_split, stratified_subset
 
 MIN_SEARCH_ROWS = 10
 
@@ -47,7 +46,7 @@ def split_subsets(labels: np.ndarray, holdout_fraction: float, seed: int, texts:
 class SplitEvidence:
     """The eval rows tune judges on: ``labels`` (class ids; FP32's own predictions when the set has none, zeros
     for tasks without classes) and ``reference`` per row in ``task``'s terms (FP32 logits, vectors, or tag ids
-    per token: see ``evaluate.rowfidelity``), split into ``search`` (every decision), ``holdout`` (measured only
+    per token: see ``evidence.rowfidelity``), split into ``search`` (every decision), ``holdout`` (measured only
     at the end) and ``sensitivity`` (a subset of the search split for the per-layer ranking)."""
 
     texts: tuple[str, ...]
@@ -103,7 +102,7 @@ class SplitEvidence:
         return nested(subset, stratified_subset(subset.take(self.texts), [strata[i] for i in subset.array], size,
                                                 seed))
 
-    def scores(self, subset: EvalSubset, result: SensitivityResult) -> Scores:
+    def scores(self, subset: EvalSubset, result: TextScores) -> Scores:
         """A variant's result on ``subset`` (in its row order): accuracy on the rows whose accuracy counts,
         agreement with FP32 and mean cosine (embeddings) on the rows whose agreement counts; NaN where no row
         counts or the result does not cover the subset."""

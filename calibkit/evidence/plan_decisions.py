@@ -1,15 +1,15 @@
 """Judging candidate plans on the search split: pay for the decision, not for the whole split.
 
 tune's plan search (evaluate.search) asks one question per candidate: does it meet the target? This module
-answers it with a decision rule of :mod:`calibkit.evaluate.sequential`:
+answers it with a decision rule of :mod:`calibkit.evidence.sequential`:
 
-- ``"sequential"`` (the default): :class:`~calibkit.evaluate.sequential.ConfidenceSequenceRule`, a betting
+- ``"sequential"`` (the default): :class:`~calibkit.evidence.sequential.ConfidenceSequenceRule`, a betting
   confidence sequence (testing by betting, Waudby-Smith & Ramdas 2023; the module docstring of
-  ``evaluate.sequential`` says why it and not alpha spending: valid under any number and timing of looks, for
+  ``evidence.sequential`` says why it and not alpha spending: valid under any number and timing of looks, for
   any bounded per-text value, and its chunk summaries add up, so a ledger can resume). Candidates are evaluated
   in growing chunks of the search split (``first_chunk`` texts, then doubling) and stop as soon as every
   constraint is decided at the configured confidence, or one is missed;
-- ``"whole-split"``: :class:`~calibkit.evaluate.sequential.WholeSplit`, every candidate on the whole split, then
+- ``"whole-split"``: :class:`~calibkit.evidence.sequential.WholeSplit`, every candidate on the whole split, then
   one fixed-n test (for agreement the exact binomial test, slightly stricter than the Wilson bound at the same
   confidence that the search used before this module).
 
@@ -27,7 +27,7 @@ not one per doubling. And when the first look would not have settled the last ``
 on the whole split at once, in one evaluation, until a candidate's first look would have settled it again. Look
 times chosen from what was already seen keep the confidence sequence valid.
 
-Constraints (each the mean of per-text values, see evaluate.rowfidelity):
+Constraints (each the mean of per-text values, see evidence.rowfidelity):
 - ``agreement``: share of FP32's outputs kept on the agreement rows (traffic rows when there are any), at least
   ``min_agreement`` %; *certified*: a candidate meets it only when the rule says so (a split too small to
   settle it is a miss, as the Wilson bound of the old search made it). One exception: against a 100 % target,
@@ -49,9 +49,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from calibkit.evaluate.evidence import SplitEvidence
-from calibkit.evaluate.search import Plan
-from calibkit.evaluate.sequential import (
+from calibkit.evidence.candidates import Plan
+from calibkit.evidence.sequential import (
     ConfidenceSequenceRule,
     Constraint,
     Decision,
@@ -60,7 +59,8 @@ from calibkit.evaluate.sequential import (
     Verdict,
     WholeSplit,
 )
-from calibkit.evaluate.subsets import EvalSubset
+from calibkit.evidence.split import SplitEvidence
+from calibkit.evidence.subsets import EvalSubset
 
 SEQUENTIAL = "sequential"
 WHOLE_SPLIT = "whole-split"

@@ -19,7 +19,7 @@ by its sampling rate. The error rate of the bound at the target is checked by si
 sequential rule's is.
 
 This judge only chooses among candidates. What the plan claims rests on the holdout split, which stays a plain
-random sample, judged by the sequential rule (evaluate.confirm): a risk model that hid flips from the search
+random sample, judged by the sequential rule (evidence.confirm): a risk model that hid flips from the search
 could not hide them there.
 """
 
@@ -32,18 +32,18 @@ from statistics import NormalDist
 
 import numpy as np
 
-from calibkit.evaluate.evidence import SplitEvidence
-from calibkit.evaluate.plan_decisions import (
+from calibkit.evidence.candidates import Plan
+from calibkit.evidence.plan_decisions import (
     ACCURACY_DROP,
     Judged,
     RunChunks,
     chunk_subset,
     chunk_values,
 )
-from calibkit.evaluate.rowfidelity import CLASSIFICATION, EMBEDDING
-from calibkit.evaluate.search import Plan
-from calibkit.evaluate.sequential import Constraint, Decision, DecisionRule, Verdict
-from calibkit.evaluate.subsets import EvalSubset
+from calibkit.evidence.rowfidelity import CLASSIFICATION, EMBEDDING
+from calibkit.evidence.sequential import Constraint, Decision, DecisionRule, Verdict
+from calibkit.evidence.split import SplitEvidence
+from calibkit.evidence.subsets import EvalSubset
 
 RISKY, UNCERTAIN, SAFE = "risky", "uncertain", "safe"
 STRATIFIED = "stratified"  # the rule name tune records for this judge
@@ -229,7 +229,7 @@ class StratifiedJudge:
         pos = seen.positions[keep]
         result = seen.result
         if not keep.all():  # a whole-subset result: only the evaluated rows count, as for every other plan
-            from calibkit.evaluate.plan_decisions import restrict
+            from calibkit.evidence.plan_decisions import restrict
 
             result = restrict(result, np.flatnonzero(keep))
         chunk = chunk_subset(self.subset, pos)
@@ -285,7 +285,7 @@ class StratifiedJudge:
 
     def complete(self, plan: Plan):  # -> SensitivityResult over the whole subset, in its row order
         """``plan`` on every row of the subset: the rows its decision did not need are evaluated now."""
-        from calibkit.evaluate.plan_decisions import stitch
+        from calibkit.evidence.plan_decisions import stitch
 
         seen = self._seen.get(plan)
         n = len(self.subset)

@@ -1,6 +1,6 @@
 """Fidelity per text: how far one variant's output for each text is from the reference's, in the task's terms.
 
-Every decision about a variant (sensitivity, the plan search, the sequential rules of ``evaluate.sequential``)
+Every decision about a variant (sensitivity, the plan search, the sequential rules of ``evidence.sequential``)
 rests on values that are one per text and independent of which other texts were evaluated with it, so that a
 split can be judged in chunks and the chunks' summaries add up:
 
@@ -20,6 +20,7 @@ A non-finite candidate output counts as changed: agreement 0, cosine -1.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -39,6 +40,19 @@ class RowFidelity:
     agreement: np.ndarray
     cosine: np.ndarray | None = None
     predictions: np.ndarray | None = None
+
+
+class TextScores(Protocol):
+    """A variant evaluated on some texts, as the rules read it: per text, in the order evaluated, the predicted
+    class (classification), the agreement with the reference in [0, 1] and the cosine to it (embeddings); empty
+    where the task has none. ``evaluate.jobs.SensitivityResult`` is one."""
+
+    @property
+    def predictions(self) -> tuple[int, ...]: ...
+    @property
+    def agreement_values(self) -> tuple[float, ...]: ...
+    @property
+    def cosine_values(self) -> tuple[float, ...]: ...
 
 
 def _unit(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -3,19 +3,39 @@ and the holdout verdict: per constraint, whether the split the search never used
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
-from calibkit.evaluate.evidence import SplitEvidence
-from calibkit.evaluate.jobs import SensitivityResult
-from calibkit.evaluate.rowfidelity import CLASSIFICATION, TOKEN_CLASSIFICATION
-from calibkit.evaluate.subsets import EvalSubset
-from calibkit.requests.tune import TuneRequest
-from calibkit.results.intervals import mean_interval, paired_difference, proportion
+from calibkit.evidence.intervals import mean_interval, paired_difference, proportion
+from calibkit.evidence.rowfidelity import CLASSIFICATION, TOKEN_CLASSIFICATION, TextScores
+from calibkit.evidence.split import SplitEvidence
+from calibkit.evidence.subsets import EvalSubset
 from calibkit.results.runs import AGREEMENT_NOUNS, Difference, HoldoutVerdict, PlanEvidence, Range, finite
 
 
-def plan_evidence(config: TuneRequest, evidence: SplitEvidence, subset: EvalSubset,
-                   r: SensitivityResult | None) -> tuple[PlanEvidence | None, float | None]:
+class PlanTarget(Protocol):
+    """What the plan must meet and the seed of its intervals' resampling, as tune's request
+    (``requests.tune.TuneRequest``) states them: accuracy within ``max_drop`` points of FP32 (percent of FP32's
+    accuracy when ``relative``; no accuracy target when ``fidelity_only``), agreement of at least
+    ``min_agreement`` %, mean cosine of at least ``min_cosine``."""
+
+    @property
+    def seed(self) -> int: ...
+    @property
+    def fidelity_only(self) -> bool: ...
+    @property
+    def max_drop(self) -> float: ...
+    @property
+    def relative(self) -> bool: ...
+    @property
+    def min_agreement(self) -> float | None: ...
+    @property
+    def min_cosine(self) -> float | None: ...
+
+
+def plan_evidence(config: PlanTarget, evidence: SplitEvidence, subset: EvalSubset,
+                   r: TextScores | None) -> tuple[PlanEvidence | None, float | None]:
     """The final plan against FP32 on one split, with 95 % intervals, and its agreement with FP32: accuracy
     (paired) on the rows whose accuracy counts, agreement (and mean cosine) on those whose agreement counts."""
     idx = subset.array
@@ -41,7 +61,7 @@ def plan_evidence(config: TuneRequest, evidence: SplitEvidence, subset: EvalSubs
     return ev, finite(agree.estimate)
 
 
-def allowed_change(config: TuneRequest, evidence: SplitEvidence) -> float | None:
+def allowed_change(config: PlanTarget, evidence: SplitEvidence) -> float | None:
     """The accuracy change against FP32 the target allows on the holdout (None: no accuracy constraint)."""
     if config.fidelity_only:
         return None
@@ -52,11 +72,11 @@ def allowed_change(config: TuneRequest, evidence: SplitEvidence) -> float | None
 NOT_CHECKED = "not checked (no texts in the holdout)"
 
 
-def holdout_verdict(config: TuneRequest, ev: PlanEvidence | None, allowed: float | None,
+def holdout_verdict(config: PlanTarget, ev: PlanEvidence | None, allowed: float | None,
                     task: str = CLASSIFICATION, *, confirmed: bool = False) -> HoldoutVerdict:
     """Whether the holdout split supports the claim, per constraint: 'supported' (met on the holdout),
     'not confirmed' (missed, but within the holdout's 95 % interval) or 'contradicted' (missed beyond it).
-    ``confirmed``: the plan is the last candidate the holdout confirmed (evaluate.confirm), which the text says."""
+    ``confirmed``: the plan is the last candidate the holdout confirmed (evidence.confirm), which the text says."""
     if ev is None:
         return HoldoutVerdict(None, "no holdout split: the claim rests on the search split alone")
     d, a = ev.accuracy_minus_fp32, ev.agreement

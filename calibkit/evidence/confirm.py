@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from calibkit.evaluate.search import Judged, Measured, Plan
+from calibkit.evidence.candidates import Measured, Plan
+from calibkit.evidence.plan_decisions import Judged
 from calibkit.results.runs import ConfirmStep, finite
 
 
@@ -43,7 +44,7 @@ def fixed_sequence(tried: Sequence[Measured], judge: Callable[[Sequence[Plan]], 
                    ) -> tuple[int | None, tuple[ConfirmStep, ...]]:
     """(index in ``tried`` of the last candidate confirmed, or None when the first fails; every test read, in
     order, each naming its candidate by that index). ``judge`` decides plans on the holdout
-    (evaluate.plan_decisions.PlanJudge.judge)."""
+    (evidence.plan_decisions.PlanJudge.judge)."""
     order = confirm_order(tried)
     chosen: int | None = None
     steps: list[ConfirmStep] = []

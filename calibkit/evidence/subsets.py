@@ -1,7 +1,7 @@
 """Seeded, label-stratified subsets of an eval set, recorded so a run can be reproduced.
 
 Every subset calibkit evaluates on (compare's layer statistics and sensitivity samples, ``--limit``, tune's
-search/holdout split) comes from here. Rows are ranked by a seeded hash of their *content* (label and text),
+search/holdout split) is drawn here. Rows are ranked by a seeded hash of their *content* (label and text),
 never by their position, so:
 
 - a subset is random, stratified by label (each class keeps its share, largest remainder first), and a
@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from calibkit.data.evalset import EvalSet
 from calibkit.errors import DataError
 
 
@@ -135,14 +134,3 @@ def nested(parent: EvalSubset, child: EvalSubset) -> EvalSubset:
     """``child`` (drawn over ``parent``'s rows) expressed as indices into the full set ``parent`` came from."""
     return EvalSubset(tuple(parent.indices[i] for i in child.indices), parent.total, child.seed, child.strategy,
                       child.content_sha256)
-
-
-def limit_eval_set(eval_set: EvalSet, limit: int | None, seed: int = 0) -> tuple[EvalSet, EvalSubset | None]:
-    """``--limit``: a stratified random subset of ``limit`` rows (the set itself, and None, when it is smaller)."""
-    if limit is None or limit >= len(eval_set):
-        return eval_set, None
-    if not eval_set.has_labels:  # an unlabeled set: one stratum
-        sub = stratified_subset(eval_set.texts, [""] * len(eval_set), limit, seed)
-        return eval_set.take(sub.indices), sub  # with its word labels, where it has them
-    sub = stratified_subset(eval_set.texts, eval_set.labels, limit, seed)
-    return eval_set.take(sub.indices), sub
