@@ -24,9 +24,6 @@ from calibkit.cli import app
 
 pytestmark = pytest.mark.slow
 
-# per-layer sensitivity (compare, tune) on 16 texts, not 64: the same steps and checks (none reads a sensitivity
-# number) at a fraction of the cost; the file runs 11 models
-
 MODELS = ("bert-cls-legacy", "bert-cls-dynamo", "bert-cls-ort-fused", "distilbert-cls-legacy", "roberta-cls-legacy",
           "roberta-cls-dynamo", "deberta-v2-cls-legacy", "electra-cls-legacy", "bert-encoder-legacy",
           "bert-encoder-dynamo", "bert-token-legacy")
@@ -120,12 +117,12 @@ def test_zoo_model_through_the_workflow(zoo: dict, work: Path, tmp_path: Path, n
         write_texts(tmp_path / "labelled.jsonl", zoo_texts(120, seed=9), labels)
         cli("compare", tmp_path / "fp32.onnx", tmp_path / "int8.onnx", "-e", tmp_path / "labelled.jsonl",
             "--json", tmp_path / "cmp-labelled.json", "--no-report", "--sensitivity-layers", 2,
-            "--sensitivity-samples", 16, "--workers", 1)
+            "--sensitivity-samples", 64, "--workers", 1)
         doc = json.loads((tmp_path / "cmp-labelled.json").read_text())
         assert doc["engines"][0]["accuracy"] == 1.0
         assert doc["engines"][1]["accuracy"] == pytest.approx(fid.agreement)
         out = cli("tune", z.folder, "-c", tmp_path / "calib", "-e", tmp_path / "labelled.jsonl", "--max-drop", 2,
-                  "--out", tmp_path / "tune", "--no-report", "--workers", 1, "--sensitivity-samples", 16,
+                  "--out", tmp_path / "tune", "--no-report", "--workers", 1, "--sensitivity-samples", 64,
                   "--max-evaluations", 12)
         tuned = json.loads((tmp_path / "tune" / "tune.json").read_text())
         if z.exporter == "ort-fused":  # fused attention is FP32 in every plan, and says so
