@@ -9,6 +9,26 @@ import pytest
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "walkthrough.ipynb"
 
+# The walkthrough's evidence budgets, and the smaller ones this test runs it with: every cell and every call runs
+# as written, on fewer texts (the notebook is the suite's second-longest test; with its own budgets it takes
+# about 5 minutes of a 2-core machine's 10). Each budget must be found as written, so a change to the notebook
+# that this list no longer matches fails here instead of silently running the full budget.
+BUDGETS = {"size=256": "size=128", "limit=300": "limit=150", "traffic_size=300": "traffic_size=150",
+           "sensitivity_samples=64": "sensitivity_samples=16", "layer_samples=128": "layer_samples=32"}
+
+
+def _smaller_budgets(nb) -> None:  # type: ignore[no-untyped-def]
+    import re
+
+    found = dict.fromkeys(BUDGETS, 0)
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        for old, new in BUDGETS.items():
+            cell.source, n = re.subn(rf"\b{re.escape(old)}\b", new, cell.source)
+            found[old] += n
+    assert all(found.values()), f"budgets not found in the notebook: {[k for k, n in found.items() if not n]}"
+
 
 @pytest.mark.slow
 @pytest.mark.longest
@@ -19,6 +39,7 @@ def test_walkthrough_executes(demo_assets_fast: Path, tmp_path: Path, monkeypatc
     monkeypatch.setenv("CALIBKIT_DEMO_ASSETS", str(demo_assets_fast))
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     nb = nbformat.read(NOTEBOOK, as_version=4)
+    _smaller_budgets(nb)
     client = nbclient.NotebookClient(
         nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     )
