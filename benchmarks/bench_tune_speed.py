@@ -9,7 +9,10 @@ an older commit; default this checkout) running ``calibkit.tune`` with the same 
 traffic. Each run of this script gives tune at most ``--budget`` seconds (a host that limits one command to ten
 minutes cannot finish the old strategy in one go): tune runs in a child process, is stopped at the budget, and
 the next run of this script starts it again on the same output folder, where tune's ledger resumes every
-finished evaluation. ``WORK/STRATEGY.state.json`` adds up the wall time and the host's CPU time over the runs
+finished evaluation. The child runs in WORK, not in the folder this script was started from: ``python -c`` puts
+the current folder first on the import path, so started from a checkout's root the child would import that
+checkout's calibkit whatever ``--code`` says; the script stops before tune starts if the child would not import
+``--code``'s calibkit. ``WORK/STRATEGY.state.json`` adds up the wall time and the host's CPU time over the runs
 (``/proc/stat``: busy / total jiffies of every CPU, so utilisation is that of the whole host, which runs nothing
 else) and, once tune has finished, its result: the INT8 share, the holdout agreement and interval, whether the
 plan was confirmed, and tune's own phase table. The calibration set is sampled once (512 texts of the log).
@@ -81,6 +84,19 @@ def cpu_jiffies() -> tuple[int, int]:
     return sum(parts) - idle, sum(parts)
 
 
+def child_env(code: Path) -> dict[str, str]:
+    """The environment tune's child runs in: ``code``'s calibkit first on the import path."""
+    return {**os.environ, "PYTHONPATH": str(code.resolve()), "PYTHONUNBUFFERED": "1"}
+
+
+def imported_calibkit(code: Path, cwd: Path) -> Path:
+    """The calibkit package folder a child started as tune's is (this interpreter, ``child_env(code)``, in
+    ``cwd``) imports."""
+    done = subprocess.run([sys.executable, "-c", "import calibkit; print(calibkit.__file__)"], env=child_env(code),
+                          cwd=cwd, capture_output=True, text=True, check=True)
+    return Path(done.stdout.strip()).resolve().parent
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, required=True)
@@ -97,27 +113,32 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=540.0)
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
+    work = args.work.resolve()
+    package = imported_calibkit(args.code, work)
+    if package != (args.code.resolve() / "calibkit").resolve():
+        raise SystemExit(f"--code {args.code}: tune's child would import calibkit from {package}; give the folder "
+                         f"that holds the calibkit package to measure, and a --work folder without one")
     state_path = args.work / f"{args.strategy}.state.json"
     state = json.loads(state_path.read_text()) if state_path.is_file() else {"seconds": 0.0, "busy": 0, "total": 0,
                                                                              "runs": 0, "result": None}
     if state["result"] is not None:
         print(json.dumps(state, indent=1))
         return
-    cset = args.work / "cset"
+    cset = work / "cset"
     if not (cset / "manifest.json").is_file():
         sys.path.insert(0, str(ROOT))
         import calibkit as ck
 
-        ck.sample(args.log, cset, size=512, tokenizer=args.model)
-    payload = {"model": str(args.model), "cset": str(cset), "out": str(args.work / f"tune-{args.strategy}"),
-               "traffic_size": args.traffic_size, "eval_set": str(args.eval_set) if args.eval_set else None,
+        # the log by its absolute path: tune's child, in WORK, finds it through the calibration set's manifest
+        ck.sample(args.log.resolve(), cset, size=512, tokenizer=args.model.resolve())
+    payload = {"model": str(args.model.resolve()), "cset": str(cset), "out": str(work / f"tune-{args.strategy}"),
+               "traffic_size": args.traffic_size, "eval_set": str(args.eval_set.resolve()) if args.eval_set else None,
                "limit": args.limit, "max_drop": args.max_drop, "min_agreement": args.min_agreement,
                "tune_args": json.loads(args.tune_args)}
-    env = {**os.environ, "PYTHONPATH": str(args.code.resolve()), "PYTHONUNBUFFERED": "1"}
     b0, t0 = cpu_jiffies()
     w0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(payload)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(payload)], env=child_env(args.code), cwd=work,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
 
     def pump() -> None:  # tune's output, echoed as it comes (progress lines of the FP32 pass and statistics aside)
