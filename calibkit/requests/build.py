@@ -7,7 +7,6 @@ folder, a model TensorRT's parser cannot read, and a missing TensorRT.
 
 from __future__ import annotations
 
-import enum
 import os
 import re
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from typing import Any
 from calibkit.errors import UsageError
 from calibkit.requests.checks import Bound, check_names, check_paths
 from calibkit.requests.choices import Target
-from calibkit.requests.options import check_bounds, option
+from calibkit.requests.options import check_bounds, coerce, option
 from calibkit.types import Backend, Precision
 
 PathLike = Any  # str | os.PathLike[str]
@@ -25,17 +24,6 @@ PathLike = Any  # str | os.PathLike[str]
 ONNX_SUFFIXES = (".onnx",)
 TRT_SUFFIXES = (".engine", ".plan")
 SEQ = Bound(low=1, high=1 << 20, integer=True, optional=True, example="128")
-
-
-def _member(kind: type[enum.Enum], value: Any) -> Any:
-    """``value`` as a member of ``kind`` when it names one (any case); anything else as it is, for
-    ``validate()`` to refuse with the words it takes."""
-    if isinstance(value, str) and not isinstance(value, kind):
-        try:
-            return kind(value.lower())
-        except ValueError:
-            return value
-    return value
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,10 +68,10 @@ class BuildRequest:
                                          help="Nodes kept in higher precision by name (a tuned plan's).")
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "precision", _member(Precision, self.precision))
-        object.__setattr__(self, "backend", _member(Backend, self.backend))
+        object.__setattr__(self, "precision", coerce(Precision, self.precision))
+        object.__setattr__(self, "backend", coerce(Backend, self.backend))
         if self.target is not None:
-            object.__setattr__(self, "target", _member(Target, self.target))
+            object.__setattr__(self, "target", coerce(Target, self.target))
         for name in ("exclude", "keep_nodes"):
             value = getattr(self, name)
             if isinstance(value, list):

@@ -101,7 +101,7 @@ class DeployRequest:
                            help="Bucket lengths are multiples of this (TensorRT kernels prefer multiples of 8).")
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "backend", coerce(Backend, self.backend))  # type: ignore[arg-type]
+        object.__setattr__(self, "backend", coerce(Backend, self.backend))
         object.__setattr__(self, "profiles", coerce(Profiles, self.profiles))
         if self.layout is not None:
             object.__setattr__(self, "layout", coerce(Target, self.layout))

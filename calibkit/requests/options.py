@@ -132,7 +132,7 @@ class Choice(str, enum.Enum):
         return ", ".join(m.value for m in cls)
 
 
-def coerce(kind: type[Choice], value: Any) -> Any:
+def coerce(kind: type[enum.Enum], value: Any) -> Any:
     """``value`` as a member of ``kind`` when it names one; anything else as it is, for ``validate()`` to refuse
     with the words it takes."""
     if isinstance(value, str) and not isinstance(value, kind):
