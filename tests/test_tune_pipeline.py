@@ -400,7 +400,7 @@ def test_all_int8_is_measured_on_a_holdout_sample_unless_it_may_be_written(tiny_
     """All-INT8's holdout numbers are context where no decision rests on them: a random sample of the holdout
     (its size recorded), the whole holdout where it is under twice the sample. Where the holdout confirmed
     nothing, all-INT8 may be written instead of the search's choice, so it is measured on the whole holdout."""
-    import calibkit.evaluate.tune as tune_module
+    import calibkit.evaluate.tune_defaults as tune_module
 
     md = ModelDir.resolve(tiny_setup["model"])
     ev = load_eval_set(tiny_setup["eval"])

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from calibkit.evaluate.tune_defaults import TUNE_ALL_INT8_HOLDOUT_TEXTS, TUNE_AUTO_TEXTS, TUNE_SENSITIVITY_SAMPLES
+from calibkit.evaluate.tune_defaults import TUNE_AUTO_TEXTS, TUNE_SENSITIVITY_SAMPLES, all_int8_holdout_texts
 from calibkit.progress import ESTIMATE_TASK, ProgressEvent
 from calibkit.results.runs import FP32_PHASE, PhaseCost, Shortcut, StepEstimate, TimeEstimate, span_text
 
@@ -235,8 +235,8 @@ def tune_steps(z: TuneSize) -> list[Work]:
     if z.confirm and z.holdout:  # the passing candidates tested in order: about two holdout passes on the demo
         steps.append(Work("holdout confirmation", qdq=2 * z.holdout, qdq_worst=4 * z.holdout))
     if z.holdout:  # all-INT8 on (a sample of) the holdout, and the plan where the confirmation did not run it all
-        sample = z.holdout if z.holdout <= 2 * TUNE_ALL_INT8_HOLDOUT_TEXTS else TUNE_ALL_INT8_HOLDOUT_TEXTS
-        steps.append(Work("holdout numbers", qdq=sample + (0 if z.confirm else z.holdout), qdq_worst=2 * z.holdout))
+        steps.append(Work("holdout numbers", qdq=all_int8_holdout_texts(z.holdout) + (0 if z.confirm else z.holdout),
+                          qdq_worst=2 * z.holdout))
     return steps
 
 

@@ -66,11 +66,11 @@ from calibkit.evaluate.tune_config import (
     DEFAULT_UNLABELED_AGREEMENT,
 )
 from calibkit.evaluate.tune_defaults import (
-    TUNE_ALL_INT8_HOLDOUT_TEXTS,
     TUNE_AUTO_FINALISTS,
     TUNE_AUTO_TEXTS,
     TUNE_PRUNE_BUDGET,
     TUNE_PRUNE_MIN_SHARE,
+    all_int8_holdout_texts,
 )
 from calibkit.evidence.candidates import Measured, Plan
 from calibkit.evidence.confirm import fixed_sequence
@@ -703,10 +703,10 @@ def _search(evidence: SplitEvidence, config: TuneRequest, jobs: _Jobs, ev: Evalu
                 on_holdout[final.plan] = hold_judge.complete(final.plan)
             # all-INT8 is context once a plan is confirmed (a random sample of the holdout); in full where it may
             # be written instead (the holdout confirmed nothing)
-            whole = (confirmation is not None and confirmation.chosen is None) \
-                or len(evidence.holdout) <= 2 * TUNE_ALL_INT8_HOLDOUT_TEXTS
-            rows = {(): evidence.holdout if whole else
-                    evidence.sample(evidence.holdout, TUNE_ALL_INT8_HOLDOUT_TEXTS, config.seed + 2),
+            sample = all_int8_holdout_texts(len(evidence.holdout))
+            whole = (confirmation is not None and confirmation.chosen is None) or sample == len(evidence.holdout)
+            # where the plan is all-INT8, its own key (the whole holdout) replaces the sample's
+            rows = {(): evidence.holdout if whole else evidence.sample(evidence.holdout, sample, config.seed + 2),
                     final.plan: evidence.holdout}
             plans = [p for p in rows if p not in on_holdout]
             res = ev.run([jobs(table_path, p, rows[p], PLAN_MODE) for p in plans], table_sha, "holdout check")

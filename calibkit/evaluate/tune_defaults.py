@@ -24,3 +24,8 @@ TUNE_AUTO_TEXTS = 64
 # less than twice as large (the sample would save little), and where the holdout confirmed nothing: all-INT8 may
 # then be written instead
 TUNE_ALL_INT8_HOLDOUT_TEXTS = 1_000
+
+
+def all_int8_holdout_texts(holdout: int) -> int:
+    """How many of ``holdout`` texts all-INT8 is measured on once a plan is confirmed."""
+    return holdout if holdout <= 2 * TUNE_ALL_INT8_HOLDOUT_TEXTS else TUNE_ALL_INT8_HOLDOUT_TEXTS
