@@ -451,6 +451,23 @@ def guard_output_file(path: str | os.PathLike[str], *, inputs: Iterable[object] 
                          hint=f"pass a new file name to {option}, or move the file away first")
 
 
+def default_report_dir(name: str, *, parent: Path = Path("reports")) -> Path:
+    """A report folder the command line picks when none is given: ``PARENT/<YYYYmmdd-HHMMSS>-NAME``, with ``-2``,
+    ``-3``… when that name is taken, claimed (:func:`claim_output`) before it is returned. Two runs started in the
+    same second used to pick the same folder, and the second stopped with "being written by another run"."""
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    for k in range(1, 1000):
+        folder = parent / (f"{stamp}-{name}" + (f"-{k}" if k > 1 else ""))
+        if folder.exists() or lock_path(folder).exists():
+            continue
+        try:
+            claim_output(folder, option="--report")
+        except UsageError:  # another run claimed it between our look and our claim
+            continue
+        return folder
+    raise UsageError(f"cannot find a free report folder name under {parent}", hint="pass --report")
+
+
 def move_aside(folder: Path) -> Path:
     """Rename a folder out of the way (``NAME.replaced-YYYYmmdd-HHMMSS[-k]``), keeping every file in it."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")

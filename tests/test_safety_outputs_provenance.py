@@ -131,6 +131,42 @@ def test_the_lock_beside_the_output_from_the_command_line(tmp_path: Path, monkey
     assert victim.read_text() == "precious" and not (tmp_path / "cal").exists()
 
 
+def test_runs_started_in_the_same_second_pick_different_default_report_folders(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two test workers ran `tune` in the same second: both picked reports/<stamp>-tune and the second stopped with
+    "being written by another calibkit run". A default name that is taken, by a folder or by a live run's lock
+    (here another process's), is passed over, and the name returned is already claimed."""
+    import datetime as dt
+
+    from calibkit import outdirs
+
+    class Frozen(dt.datetime):
+        @classmethod
+        def now(cls, tz: object = None) -> Frozen:  # type: ignore[override]
+            return cls(2026, 12, 6, 15, 54, 0)
+
+    monkeypatch.setattr(outdirs._dt, "datetime", Frozen)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "reports").mkdir()
+    holder = subprocess.Popen(  # another run holds the first name's lock, as the other worker did
+        [sys.executable, "-c", "import sys; from pathlib import Path; from calibkit.outdirs import claim_output; "
+         "claim_output(Path(sys.argv[1]), option='--report'); print('held', flush=True); sys.stdin.read()",
+         str(tmp_path / "reports" / "20261206-155400-tune")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        (tmp_path / "reports" / "20261206-155400-tune-2").mkdir()  # an earlier run's finished folder
+        first = outdirs.default_report_dir("tune")
+        second = outdirs.default_report_dir("tune")
+        assert (first, second) == (Path("reports/20261206-155400-tune-3"), Path("reports/20261206-155400-tune-4"))
+        assert lock_path(first).exists() and lock_path(second).exists()  # claimed before they are returned
+        r = run("tune", "--help")  # the command line says what the default is
+        assert r.exit_code == 0 and "reports/<time>-tune" in flat(r)
+    finally:
+        holder.communicate("")
+        release_claims()
+
+
 # ---------------------------------------------------------------- inputs by provenance, for every writer
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import inspect
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -170,8 +169,9 @@ def _is_compare_json(path: Path) -> bool:
 
 
 def _default_report_dir(a: Path, b: Path) -> Path:
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("reports") / f"{stamp}-{a.stem}-vs-{b.stem}"
+    from calibkit.outdirs import default_report_dir
+
+    return default_report_dir(f"{a.stem}-vs-{b.stem}")
 
 
 def _render(doc: dict, out_dir: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import inspect
 from dataclasses import replace
 from pathlib import Path
@@ -22,6 +21,7 @@ from calibkit.cli._common import (
     write_stdout,
 )
 from calibkit.cli._requests import cli_paths, request_command
+from calibkit.outdirs import default_report_dir
 from calibkit.requests.resources import ResourceOptions
 from calibkit.requests.tune import TuneRequest
 
@@ -108,8 +108,7 @@ def run_tune(request: TuneRequest, resources: ResourceOptions, *, no_report: boo
     model = cast(Path, request.model)  # typer requires MODEL and parses it as a path
     tokenizer, out_dir = cli_paths(request.tokenizer, request.out)
     dest = out_dir or Path("runs") / f"tune-{_model_name(model, tokenizer)}"
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    report_dir = None if no_report else request.report or Path("reports") / f"{stamp}-tune"
+    report_dir = None if no_report else request.report or default_report_dir("tune")
     inputs = [model, tokenizer, *cli_paths(request.calibration_set, request.eval_set, request.traffic)]
     guard_out_dir(dest, inputs=inputs, force=force, legacy_names=_OUT_NAMES)
     if report_dir is not None:
