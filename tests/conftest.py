@@ -38,6 +38,28 @@ def _hypothesis_profiles() -> None:
 
 
 _hypothesis_profiles()
+
+
+def _one_share_of_the_cores_per_worker() -> None:
+    """Under pytest-xdist each worker runs on its own share of the cores (gw0 the first, gw1 the next, ...).
+    Unpinned, every worker's ONNX Runtime sessions took one thread per core of the machine and spun while idle,
+    so two workers on two cores spent a good part of their CPU waiting on each other's threads. Pinned, calibkit
+    sees the share as the machine (``calibkit.cpus.usable_cpus``), and child processes inherit it.
+    ``CALIBKIT_TEST_PIN=0`` turns it off."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and count.isdigit()) or os.environ.get("CALIBKIT_TEST_PIN") == "0":
+        return
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return
+    share = len(cpus) // int(count)
+    index = int(worker[2:])
+    if share >= 1 and index < int(count):
+        os.sched_setaffinity(0, cpus[index * share:(index + 1) * share])
+
+
+_one_share_of_the_cores_per_worker()
 FAST_ASSETS = REPO_ROOT / ".cache" / "test-assets" / "fast"
 
 
