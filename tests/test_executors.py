@@ -258,3 +258,28 @@ def test_unreachable_dask_scheduler_is_a_backend_error(monkeypatch):
     with pytest.raises(BackendError) as info:
         from_spec("dask://127.0.0.1:9")  # the discard port: nothing listens
     assert "127.0.0.1:9" in str(info.value) and "dask scheduler" in (info.value.hint or "")
+
+
+def test_a_cgroup_cpu_quota_caps_the_usable_cpus(tmp_path, monkeypatch):
+    """A container limited to 1.5 CPUs (cgroup v2 cpu.max, or v1's quota and period) on a larger host uses 2
+    workers, not one per core of the host; no quota, or an unreadable one, leaves the affinity count."""
+    import os
+
+    from calibkit import cpus
+
+    v2, v1, none = tmp_path / "v2", tmp_path / "v1", tmp_path / "none"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")
+    (v1 / "cpu,cpuacct").mkdir(parents=True)
+    (v1 / "cpu,cpuacct" / "cpu.cfs_quota_us").write_text("250000\n")
+    (v1 / "cpu,cpuacct" / "cpu.cfs_period_us").write_text("100000\n")
+    (none / "cpu").mkdir(parents=True)
+    (none / "cpu.max").write_text("max 100000\n")
+    (none / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cpus.cgroup_cpu_quota(v2) == 1.5 and cpus.cgroup_cpu_quota(v1) == 2.5
+    assert cpus.cgroup_cpu_quota(none) is None and cpus.cgroup_cpu_quota(tmp_path / "missing") is None
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setattr(cpus.cgroup_cpu_quota, "__defaults__", (v2,))
+    assert cpus.usable_cpus() == 2
+    monkeypatch.setattr(cpus.cgroup_cpu_quota, "__defaults__", (none,))
+    assert cpus.usable_cpus() == 64
