@@ -133,8 +133,13 @@ class Evaluator:
         self.worker_cpu = 0.0
         self._remote = not isinstance(executor, InProcessExecutor)
 
-    def run(self, jobs: Sequence[SensitivityJob], table_sha: str, task: str) -> list[SensitivityResult]:
-        keys = [job_key(j, table_sha, self.model_sha) for j in jobs]
+    def run(self, jobs: Sequence[SensitivityJob], table_sha: str | Sequence[str], task: str) -> list[SensitivityResult]:
+        """Each job's result, in order. ``table_sha``: the table every job reads, or one per job (jobs of several
+        tables in one call keep every worker busy until the last of them, not until the end of each table)."""
+        shas = [table_sha] * len(jobs) if isinstance(table_sha, str) else list(table_sha)
+        if len(shas) != len(jobs):
+            raise ValueError(f"{len(jobs)} jobs but {len(shas)} table hashes")
+        keys = [job_key(j, sha, self.model_sha) for j, sha in zip(jobs, shas)]
         out: list[SensitivityResult | None] = []
         todo: list[int] = []
         for i, k in enumerate(keys):

@@ -548,11 +548,12 @@ def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: 
     kl: dict[str, float] = {}
     cos: dict[str, float] = {}
 
-    def measure(key: str, v: _Variant) -> None:
-        _, p, tsha = tables[key]
-        (r,) = ev.run([v.jobs(p, (), search, ALL_INT8)], tsha, f"all-INT8 ({key})")
-        sc = v.jobs.evidence.scores(search, r)
-        acc[key], flips[key], kl[key], cos[key] = sc.accuracy, 1.0 - sc.agreement, _damage(r), sc.cosine
+    def measure(keys: Sequence[str]) -> None:  # all in one executor call: one tail for the race, not one a table
+        results = ev.run([owner[k].jobs(tables[k][1], (), search, ALL_INT8) for k in keys],
+                         [tables[k][2] for k in keys], "all-INT8 " + (f"({keys[0]})" if len(keys) == 1 else "tables"))
+        for k, r in zip(keys, results):
+            sc = owner[k].jobs.evidence.scores(search, r)
+            acc[k], flips[k], kl[k], cos[k] = sc.accuracy, 1.0 - sc.agreement, _damage(r), sc.cosine
 
     def rank(keys: Sequence[str]) -> str:
         return min(keys, key=lambda k: (flips[k], kl[k], SMOOTHED in k, "auto" not in k))
@@ -563,7 +564,7 @@ def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: 
             t = compute_table(v.store, m, config.params, v.model.sha, cset.id, tensors=v.model.placement.activations)
             p = work / f"table-{key}.json"
             tables[key], owner[key] = (t, p, _write_table(p, t, {"target": config.target})), v
-            measure(key, v)
+    measure(list(tables))
     chosen = owner[rank(list(tables))]
     chosen_methods: dict[str, str] = {}
     own_runs: dict[str, dict[str, SensitivityResult]] = {}
@@ -575,11 +576,12 @@ def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: 
         sens = _first(jobs.evidence.sensitivity, TUNE_AUTO_TEXTS)
         own_kl: dict[str, dict[str, float]] = {}
         finalists = sorted(methods, key=lambda m: (flips[m.value + chosen.suffix], kl[m.value + chosen.suffix]))
-        for m in finalists[:TUNE_AUTO_FINALISTS]:
-            _, p, tsha = tables[m.value + chosen.suffix]
-            res = ev.run([jobs(p, jobs.all_but(n), sens, ONLY_THIS, n) for n in model.nodes], tsha,
-                         f"per-layer fidelity ({m.value}{chosen.suffix})")
-            own_runs[m.value] = {r.node: r for r in res if r.node}
+        picked = [(m, tables[m.value + chosen.suffix]) for m in finalists[:TUNE_AUTO_FINALISTS]]
+        res = ev.run([jobs(p, jobs.all_but(n), sens, ONLY_THIS, n) for _, (_, p, _) in picked for n in model.nodes],
+                     [tsha for _, (_, _, tsha) in picked for _ in model.nodes],
+                     f"per-layer fidelity ({', '.join(m.value + chosen.suffix for m, _ in picked)})")
+        for i, (m, _) in enumerate(picked):
+            own_runs[m.value] = {r.node: r for r in res[i * len(model.nodes):(i + 1) * len(model.nodes)] if r.node}
             own_kl[m.value] = {n: _damage(r) for n, r in own_runs[m.value].items()}
         chosen_methods = _auto_methods_by_fidelity(own_kl, model.placement)
         per_tensor = {t: Method(m) for t, m in chosen_methods.items()}
@@ -588,7 +590,7 @@ def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: 
         key = "auto" + chosen.suffix
         p = work / f"table-{key}.json"
         tables[key], owner[key] = (t, p, _write_table(p, t, {"target": config.target})), chosen
-        measure(key, chosen)
+        measure([key])
     base_key = rank([k for k in tables if owner[k] is chosen])
     return _Tables(tables, chosen_methods, acc, flips, kl, base_key, chosen, cosine=cos, race_texts=len(race),
                    own_runs=own_runs, own_texts=sens)
