@@ -29,6 +29,22 @@ def test_order_is_the_passing_candidates_least_int8_first() -> None:
     assert confirm_order(tried) == [4, 2, 1, 5]  # e before c: same share, higher agreement
 
 
+def test_a_limit_keeps_the_fallback_and_the_most_int8_and_still_controls_the_error() -> None:
+    """Six passing candidates made the demo's confirmation six passes over the holdout; with a limit of 4 the
+    sequence is the least INT8 one (so something can be confirmed) and the three with the most, in order."""
+    tried = [_m(c, share) for c, share in zip("abcdef", (0.44, 0.59, 0.63, 0.65, 0.76, 0.83))]
+    assert confirm_order(tried, 4) == [0, 3, 4, 5] and confirm_order(tried, 2) == [0, 5]
+    assert confirm_order(tried, 1) == [0, 5] and confirm_order(tried, 6) == confirm_order(tried) == list(range(6))
+    judged: list[tuple] = []
+
+    def judge(plans):
+        judged.extend(plans)
+        return [_J(0.9, 0.99, p != ("f",), 100) for p in plans]
+
+    chosen, steps = fixed_sequence(tried, judge, batch=2, limit=4)
+    assert chosen == 4 and [s.candidate for s in steps] == [0, 3, 4, 5] and len(judged) == 4
+
+
 def test_stops_at_the_first_failure_and_keeps_the_last_confirmed() -> None:
     tried = [_m("a", 0.5), _m("b", 0.7), _m("c", 0.8), _m("d", 0.9)]
     verdict = {("a",): True, ("b",): True, ("c",): False, ("d",): True}  # d would pass: never reached
@@ -62,15 +78,17 @@ def test_the_choice_keeps_the_error_rate_where_picking_the_best_passing_does_not
         est = s / n
         return est - z * math.sqrt(est * (1 - est) / n) >= target
 
-    runs, wrong_seq, wrong_best = 300, 0, 0
+    runs, wrong_seq, wrong_best, wrong_limited = 300, 0, 0, 0
     for _ in range(runs):
         verdict = {m.plan: test_once(m.plan) for m in tried}
         chosen, _ = fixed_sequence(tried, lambda plans, v=verdict: [_J(0.9, 0.99, v[p], n) for p in plans])
         wrong_seq += chosen is not None and truth[tried[chosen].plan] < target
+        chosen, _ = fixed_sequence(tried, lambda plans, v=verdict: [_J(0.9, 0.99, v[p], n) for p in plans], limit=4)
+        wrong_limited += chosen is not None and truth[tried[chosen].plan] < target
         passing = [m for m in tried if verdict[m.plan]]
         best = max(passing, key=lambda m: m.int8_flops_fraction) if passing else None
         wrong_best += best is not None and truth[best.plan] < target
-    assert wrong_seq / runs <= alpha
+    assert wrong_seq / runs <= alpha and wrong_limited / runs <= alpha
     assert wrong_best / runs > 2 * alpha
 
 

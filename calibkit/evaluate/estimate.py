@@ -35,7 +35,12 @@ from typing import Any
 
 import numpy as np
 
-from calibkit.evaluate.tune_defaults import TUNE_AUTO_TEXTS, TUNE_SENSITIVITY_SAMPLES, all_int8_holdout_texts
+from calibkit.evaluate.tune_defaults import (
+    TUNE_AUTO_TEXTS,
+    TUNE_CONFIRM_CANDIDATES,
+    TUNE_SENSITIVITY_SAMPLES,
+    all_int8_holdout_texts,
+)
 from calibkit.progress import ESTIMATE_TASK, ProgressEvent
 from calibkit.results.runs import FP32_PHASE, PhaseCost, Shortcut, StepEstimate, TimeEstimate, span_text
 
@@ -232,8 +237,8 @@ def tune_steps(z: TuneSize) -> list[Work]:
         Work("flip risk", qdq=z.search if z.risk_strata else 0),
         Work("plan search", qdq=candidates * share * z.search, qdq_worst=z.max_evaluations * worst_share * z.search),
     ]
-    if z.confirm and z.holdout:  # the passing candidates tested in order: about two holdout passes on the demo
-        steps.append(Work("holdout confirmation", qdq=2 * z.holdout, qdq_worst=4 * z.holdout))
+    if z.confirm and z.holdout:  # the passing candidates tested in order: about two holdout passes, at most four
+        steps.append(Work("holdout confirmation", qdq=2 * z.holdout, qdq_worst=TUNE_CONFIRM_CANDIDATES * z.holdout))
     if z.holdout:  # all-INT8 on (a sample of) the holdout, and the plan where the confirmation did not run it all
         steps.append(Work("holdout numbers", qdq=all_int8_holdout_texts(z.holdout) + (0 if z.confirm else z.holdout),
                           qdq_worst=2 * z.holdout))

@@ -783,7 +783,7 @@ def _confirm(outcome: Any, hold_judge: PlanJudge | StratifiedJudge, config: Tune
     plan; when none is, the search's own choice stays (and the holdout verdict says what it found)."""
     tried = list(outcome.tried)
     batch = max(1, min(int(getattr(ev.executor, "workers", 1) or 1), 4))
-    chosen, steps = fixed_sequence(tried, hold_judge.judge, batch)
+    chosen, steps = fixed_sequence(tried, hold_judge.judge, batch, config.confirm_candidates)
     search_choice = next(i for i, m in enumerate(tried) if m.plan == outcome.best.plan)
     final = tried[chosen] if chosen is not None else outcome.best
     record = Confirmation(

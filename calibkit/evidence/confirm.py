@@ -17,6 +17,12 @@ meet the target is at most alpha = 1 - agreement_confidence, its choice included
 correction of the search (alpha / 40 per candidate), which would ask every candidate for the evidence only the
 edge ones need; and over a third split, which would thin the evidence the search and the report rest on.
 
+The sequence holds at most ``limit`` candidates (tune's default 4): the passing one with the least INT8, which
+makes sure something can be confirmed, then the ``limit - 1`` with the most. Every test reads the whole holdout,
+so each candidate more is one more pass over it; on the demo classifier six passing candidates made the
+confirmation 323 s of a 922-s tune on two cores, the four in the middle serving only as finer fallbacks. Any
+order fixed from the search split alone keeps the guarantee, a shorter one included.
+
 Candidates are tested ``batch`` at a time (the next ones in the order, in parallel); the decisions read are
 those of the one-by-one procedure, so a batch only evaluates some candidates the procedure would not have
 reached.
@@ -31,21 +37,25 @@ from calibkit.evidence.plan_decisions import Judged
 from calibkit.results.runs import ConfirmStep, finite
 
 
-def confirm_order(tried: Sequence[Measured]) -> list[int]:
+def confirm_order(tried: Sequence[Measured], limit: int | None = None) -> list[int]:
     """The candidates that met the target on the search split, least INT8 first (ties: higher agreement, then
-    the order the search measured them): the order fixed before the holdout is read."""
+    the order the search measured them): the order fixed before the holdout is read. ``limit``: at most that
+    many, the first of them and the ``limit - 1`` last."""
     passing = [i for i, m in enumerate(tried) if m.meets]
-    return sorted(passing, key=lambda i: (tried[i].int8_flops_fraction,
-                                          -(tried[i].agreement if tried[i].agreement == tried[i].agreement else 0.0),
-                                          i))
+    order = sorted(passing, key=lambda i: (tried[i].int8_flops_fraction,
+                                           -(tried[i].agreement if tried[i].agreement == tried[i].agreement else 0.0),
+                                           i))
+    if limit is not None and len(order) > max(limit, 2):
+        order = [order[0], *order[len(order) - max(limit, 2) + 1:]]
+    return order
 
 
-def fixed_sequence(tried: Sequence[Measured], judge: Callable[[Sequence[Plan]], Sequence[Judged]], batch: int = 1
-                   ) -> tuple[int | None, tuple[ConfirmStep, ...]]:
+def fixed_sequence(tried: Sequence[Measured], judge: Callable[[Sequence[Plan]], Sequence[Judged]], batch: int = 1,
+                   limit: int | None = None) -> tuple[int | None, tuple[ConfirmStep, ...]]:
     """(index in ``tried`` of the last candidate confirmed, or None when the first fails; every test read, in
     order, each naming its candidate by that index). ``judge`` decides plans on the holdout
-    (evidence.plan_decisions.PlanJudge.judge)."""
-    order = confirm_order(tried)
+    (evidence.plan_decisions.PlanJudge.judge); ``limit``: the most candidates tested (:func:`confirm_order`)."""
+    order = confirm_order(tried, limit)
     chosen: int | None = None
     steps: list[ConfirmStep] = []
     step = max(1, batch)

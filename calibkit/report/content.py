@@ -592,7 +592,8 @@ def _confirmation_blocks(report: TuneResult) -> list[Block]:
              else "none was confirmed, so the plan is the search's own choice")
     same = "" if cf.chosen != cf.search_choice or cf.chosen is None else " (also the search's own choice)"
     para = Para.of(f"Confirmation on the hold-out split ({num(cf.holdout_texts)} texts): the candidates that met the "
-                   f"target on the search split were tested there from the least INT8 up with the search's decision "
+                   f"target on the search split (when many did, the one with the least INT8 and those with the most) "
+                   f"were tested there from the least INT8 up with the search's decision "
                    f"rule ({text(cf.rule)}, final test at {100 * cf.final_test_confidence:g} %), stopping at the first "
                    "that failed; ", Span(chose + same, bold=True),
                    f". The search alone chose candidate {cf.search_choice}. "

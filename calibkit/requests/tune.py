@@ -11,7 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from calibkit.errors import UsageError
-from calibkit.evaluate.tune_defaults import TUNE_HOLDOUT, TUNE_SENSITIVITY_SAMPLES, TUNE_TRAFFIC_SIZE
+from calibkit.evaluate.tune_defaults import (
+    TUNE_CONFIRM_CANDIDATES,
+    TUNE_HOLDOUT,
+    TUNE_SENSITIVITY_SAMPLES,
+    TUNE_TRAFFIC_SIZE,
+)
 from calibkit.quantize.placement import DEFAULT_OP_TYPES
 from calibkit.requests.checks import COUNT_OR_NONE, INT_LIMIT, PERCENTILE, TRAFFIC_SIZE, Bound, check_names, check_paths
 from calibkit.requests.choices import Target
@@ -123,8 +128,9 @@ class TuneRequest:
              "whole-split: every candidate on the whole search split.")
     confirm: bool = option(
         True, flags=("--confirm/--no-confirm",),
-        help="Confirm the plan on the holdout split: the candidates that met the target on the search split are "
-             "tested there from the least INT8 up, stopping at the first that fails, and the plan is the last one "
+        help="Confirm the plan on the holdout split: the candidates that met the target on the search split (at "
+             f"most {TUNE_CONFIRM_CANDIDATES}: the one with the least INT8 and those with the most) are tested "
+             "there from the least INT8 up, stopping at the first that fails, and the plan is the last one "
              "confirmed (fixed-sequence testing: the chance that it misses the target stays at 1 - "
              "--agreement-confidence, its choice among up to --max-evaluations candidates included). "
              "--no-confirm: the search's own choice; the holdout only checks it.")
@@ -147,6 +153,10 @@ class TuneRequest:
         1, cli=False, api=False,
         help="With confirm, when the first passing prefix has no margin the holdout could certify: doublings of it "
              "the search measures for one with margin, then bisects (evaluate.search anchors); 0: none.")
+    confirm_candidates: int = option(
+        TUNE_CONFIRM_CANDIDATES, cli=False, api=False, bound=Bound(low=2, high=INT_LIMIT, integer=True),
+        help="With confirm, the most candidates tested on the holdout: the passing one with the least INT8 (the "
+             "fallback) and the ones with the most, each a pass over the holdout (evidence.confirm).")
     risk_strata: bool = option(
         True, cli=False, api=False,
         help="Judge the search's candidates in strata by flip risk (evidence.risk): the risky texts in full, a "

@@ -656,7 +656,8 @@ class ConfirmStep:
 @dataclass(frozen=True)
 class Confirmation:
     """How the holdout split confirmed the plan (evidence.confirm: fixed-sequence testing). The candidates that
-    met the target on the search split were tested on the holdout from the least INT8 up, with the search's
+    met the target on the search split (when many did, the one with the least INT8 and those with the most:
+    TuneRequest.confirm_candidates) were tested on the holdout from the least INT8 up, with the search's
     decision ``rule`` at ``confidence`` (its final test at ``final_test_confidence``), stopping at the first
     that failed. ``chosen``: the candidate written, the last one confirmed (None: the holdout confirmed none,
     and the search's own choice is written); ``search_choice``: the candidate the search alone chose."""
