@@ -115,8 +115,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     order: under xdist (``make test``: one file per worker at a time, ``--no-loadscope-reorder`` keeping this
     order) the longest files start at once on separate workers and the short ones fill in after, so the run
     ends soon after its longest file does. Tests keep their order inside a file."""
-    def files(marker: str) -> set[Path]:
-        return {item.path for item in items if item.get_closest_marker(marker) is not None}
+    def files(marker: str) -> list[Path]:
+        return list(dict.fromkeys(item.path for item in items if item.get_closest_marker(marker) is not None))
 
-    longest, slow = files("longest"), files("slow")
-    items.sort(key=lambda item: 0 if item.path in longest else 1 if item.path in slow else 2)
+    longest = files("longest")
+    slow = [f for f in files("slow") if f not in longest]
+    # The first longest file builds the fast demo assets, which the second waited 39 s for on a clean clone. xdist
+    # gives each worker one file, then the next up front while the first has at most 2 tests left: so the
+    # second worker starts on the file with the most slow tests that needs no assets, and takes the second
+    # longest when that one is nearly done; the first worker's next is the second such file.
+    waits = {item.path for item in items if "demo_assets_fast" in getattr(item, "fixturenames", ())}
+    count = {f: sum(item.path == f and item.get_closest_marker("slow") is not None for item in items) for f in slow}
+    free = sorted((f for f in slow if f not in waits), key=lambda f: -count[f])[:2]
+    head = [longest[0], *free, *longest[1:]] if len(longest) > 1 and len(free) == 2 else longest
+    order = {f: i for i, f in enumerate(dict.fromkeys([*head, *slow]))}
+    items.sort(key=lambda item: order.get(item.path, len(order)))
