@@ -167,6 +167,22 @@ def test_runs_started_in_the_same_second_pick_different_default_report_folders(
         release_claims()
 
 
+def test_a_refused_output_leaves_no_default_report_folder_behind(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Picking the default report folder claims it (and makes reports/): it happens only after the other outputs
+    are found usable, so a refused --out or --json leaves the working folder as it was."""
+    model = write_model_dir(tmp_path / "model")
+    (tmp_path / "mine.json").write_text('{"not": "calibkit"}')
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    r = run("tune", model, "-c", tmp_path / "set", "--out", model)
+    assert r.exit_code == 2 and "hint:" in r.output, r.output
+    r = run("compare", model / "model.onnx", model / "model.onnx", "--json", tmp_path / "mine.json")
+    assert r.exit_code == 2 and "hint:" in r.output, r.output
+    assert list(work.iterdir()) == []
+
+
 # ---------------------------------------------------------------- inputs by provenance, for every writer
 
 

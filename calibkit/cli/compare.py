@@ -21,6 +21,7 @@ from calibkit.cli._common import (
     write_stdout,
 )
 from calibkit.cli._requests import cli_paths, request_command
+from calibkit.outdirs import default_report_dir
 from calibkit.requests.compare import CompareRequest
 from calibkit.requests.resources import ResourceOptions
 
@@ -90,8 +91,11 @@ def run_compare(request: CompareRequest, resources: ResourceOptions, *, json_pat
     to_stdout = json_path is not None and str(json_path) == "-"
     inputs = cli_paths(request.engine_a, request.engine_b, request.reference, request.eval_set, request.traffic)
     a, b = cast(Path, request.engine_a), cast(Path, request.engine_b)  # typer requires both, parsed as paths
+    json_file = json_path if not to_stdout else None
+    if json_file:  # before the default report folder is picked, which claims it
+        guard_out_file(json_file, inputs=inputs, option="--json", owned=_is_compare_json)
     report_dir = None if no_report else report or _default_report_dir(a, b)
-    _guard_outputs(json_path if not to_stdout else None, report_dir, request.save_outputs, inputs, force)
+    _guard_outputs(json_file, report_dir, request.save_outputs, inputs, force)
     with RichProgress() as progress:
         result = run(request, resources, progress)
     _deliver(result, json_path, report_dir, to_stdout, request.save_outputs)
@@ -129,11 +133,10 @@ def _deliver(result: Comparison, json_path: Path | None, report_dir: Path | None
 
 def _guard_outputs(json_path: Path | None, report_dir: Path | None, save_outputs: Any,
                    inputs: list[Path | None], force: bool) -> None:
-    """--json, --report and --save-outputs are checked before any work: writable, not an input, apart."""
+    """--report and --save-outputs are checked before any work (--json, already checked, is apart from them):
+    writable, not an input, apart."""
     from calibkit.errors import UsageError
 
-    if json_path:
-        guard_out_file(json_path, inputs=inputs, option="--json", owned=_is_compare_json)
     if report_dir is not None:
         from calibkit.report.render import REPORT_NAMES
 
@@ -169,8 +172,6 @@ def _is_compare_json(path: Path) -> bool:
 
 
 def _default_report_dir(a: Path, b: Path) -> Path:
-    from calibkit.outdirs import default_report_dir
-
     return default_report_dir(f"{a.stem}-vs-{b.stem}")
 
 

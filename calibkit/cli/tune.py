@@ -108,9 +108,10 @@ def run_tune(request: TuneRequest, resources: ResourceOptions, *, no_report: boo
     model = cast(Path, request.model)  # typer requires MODEL and parses it as a path
     tokenizer, out_dir = cli_paths(request.tokenizer, request.out)
     dest = out_dir or Path("runs") / f"tune-{_model_name(model, tokenizer)}"
-    report_dir = None if no_report else request.report or default_report_dir("tune")
     inputs = [model, tokenizer, *cli_paths(request.calibration_set, request.eval_set, request.traffic)]
     guard_out_dir(dest, inputs=inputs, force=force, legacy_names=_OUT_NAMES)
+    # the default report folder is claimed when it is picked: only once --out is known to be usable
+    report_dir = None if no_report else request.report or default_report_dir("tune")
     if report_dir is not None:
         _check_apart(dest, Path(report_dir))
         from calibkit.report.render import REPORT_NAMES
