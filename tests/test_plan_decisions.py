@@ -203,3 +203,27 @@ def test_in_the_band_the_next_candidates_go_whole_split_at_once():
     assert judge.early[-1] is True  # its first look would have settled it (replayed): chunks again next
     judge.judge([("a", "b", "c", "d")])
     assert len(calls[-1][1]) == 256
+
+
+def test_beside_traffic_the_labelled_rows_come_first_so_agreement_can_stop_early():
+    """Accuracy on labelled rows needs all of them (a few hundred texts cannot settle half a point before the
+    last); interleaved with the traffic rows that carry agreement, a plan far above the agreement target read
+    the whole split. Labelled rows first, it stops once agreement is settled on part of the traffic."""
+    ev = _evidence(N, traffic_every=6)
+    labelled = int((~ev.traffic).sum())
+    calls: list = []
+    (j,) = _judge(ev, "sequential", calls, rate=lambda p: 0.0005, max_drop=0.005).judge([()])
+    assert j.meets and j.texts < N
+    read = [i for _, rows in calls for i in rows]
+    assert not ev.traffic[read[:labelled]].any() and ev.traffic[read[labelled:]].all()
+    d = {x.constraint: x for x in j.decisions}
+    assert d[ACCURACY_DROP].n == labelled and d[AGREEMENT].n == j.texts - labelled
+    assert calls[0][1] and len(calls[0][1]) == labelled + 256  # the first look: every labelled row, a chunk more
+
+
+def test_beside_traffic_a_plan_at_the_boundary_is_wrongly_certified_at_most_alpha():
+    ev = _evidence(2000, traffic_every=5)
+    reps = 200
+    wrong = sum(_judge(ev, "sequential", [], rate=lambda p: 0.01, max_drop=0.05, seed=s + 1).judge([()])[0].meets
+                for s in range(reps))
+    assert wrong / reps <= 0.1 + 2 * (0.1 * 0.9 / reps) ** 0.5

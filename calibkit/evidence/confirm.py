@@ -18,10 +18,12 @@ correction of the search (alpha / 40 per candidate), which would ask every candi
 edge ones need; and over a third split, which would thin the evidence the search and the report rest on.
 
 The sequence holds at most ``limit`` candidates (tune's default 4): the passing one with the least INT8, which
-makes sure something can be confirmed, then the ``limit - 1`` with the most. Every test reads the whole holdout,
-so each candidate more is one more pass over it; on the demo classifier six passing candidates made the
-confirmation 323 s of a 922-s tune on two cores, the four in the middle serving only as finer fallbacks. Any
-order fixed from the search split alone keeps the guarantee, a shorter one included.
+makes sure something can be confirmed, then the ``limit - 1`` with the most. A test near the target reads the
+whole holdout, so each candidate more is about one more pass over it; on the demo classifier six passing
+candidates made the confirmation 323 s of a 922-s tune on two cores, the four in the middle serving only as
+finer fallbacks. Any order fixed from the search split alone keeps the guarantee, a shorter one included. A
+candidate far above the target stops early: the labelled rows, which accuracy needs in full, are read first,
+and agreement is settled on as much traffic as it needs (evidence.plan_decisions).
 
 Candidates are tested ``batch`` at a time (the next ones in the order, in parallel); the decisions read are
 those of the one-by-one procedure, so a batch only evaluates some candidates the procedure would not have

@@ -14,18 +14,19 @@ answers it with a decision rule of :mod:`calibkit.evidence.sequential`:
   confidence that the search used before this module).
 
 The chunks are prefixes of one seeded order of the split (:func:`chunk_order`: the split's own hash order,
-interleaved so that every prefix keeps each stratum's share — labelled and traffic rows, each label). Every
-chunk is its own evaluation job, so tune's ledger records it under its own key (the key hashes the texts): a
-resumed run reads finished chunks back and redoes none. Candidates of one search step run together: the first
-chunk of all of them, then the next chunk of those still undecided. Every chunk pays a fixed cost (building
-the variant, starting a session: on the demo at 2 loaded cores 17 s a job against 0.019 s a text, what 900
-texts cost), so a look
-that the candidate's values so far project not to settle is skipped (:meth:`PlanJudge._worth_looking`): a
-candidate in the band near the threshold costs two evaluations (the first chunk, then the rest of the split),
-not one per doubling. And when the first look would not have settled the last ``BAND_STREAK`` candidates
-(replayed at no cost for those evaluated whole), the search is in the band and the next candidate is evaluated
-on the whole split at once, in one evaluation, until a candidate's first look would have settled it again. Look
-times chosen from what was already seen keep the confidence sequence valid.
+interleaved so that every prefix keeps each stratum's share — labelled and traffic rows, each label), except
+beside traffic under an accuracy constraint: every labelled row then comes first and the looks count the
+traffic rows after them (``PlanJudge._schedule`` says why). Every chunk is its own evaluation job, so tune's
+ledger records it under its own key (the key hashes the texts): a resumed run reads finished chunks back and
+redoes none. Candidates of one search step run together: the first chunk of all of them, then the next chunk
+of those still undecided. Every chunk pays a fixed cost (before the switchboard, which serves every plan from one
+session per process, building the variant and starting a session: on the demo at 2 loaded cores 17 s a job against
+0.019 s a text, what 900 texts cost), so a look that the candidate's values so far project not to settle is skipped
+(:meth:`PlanJudge._worth_looking`): a candidate in the band near the threshold costs two evaluations (the first
+chunk, then the rest of the split), not one per doubling. And when the first look would not have settled the last
+``BAND_STREAK`` candidates (replayed at no cost for those evaluated whole), the search is in the band and the next
+candidate is evaluated on the whole split at once, in one evaluation, until a candidate's first look would have
+settled it again. Look times chosen from what was already seen keep the confidence sequence valid.
 
 Constraints (each the mean of per-text values, see evidence.rowfidelity):
 - ``agreement``: share of FP32's outputs kept on the agreement rows (traffic rows when there are any), at least
@@ -230,18 +231,19 @@ def _check(values: np.ndarray, idx: np.ndarray, what: str) -> None:
         raise ValueError(f"a chunk of {len(idx)} texts came back with {len(values)} {what}")
 
 
-def final_meets(constraints: Sequence[Constraint], decisions: Sequence[Decision], at_end: bool,
+def final_meets(constraints: Sequence[Constraint], decisions: Sequence[Decision], at_end: bool | Sequence[bool],
                 estimated: Sequence[str] = ESTIMATED) -> bool | None:
     """True / False once settled, None while more texts could settle it (see the module docstring for what an
     undecided constraint means after the whole split; ``estimated``: the constraints the point estimate then
-    decides)."""
+    decides). ``at_end``: whether the whole split was read, or per constraint whether all of its rows were."""
     pending = False
-    for c, d in zip(constraints, decisions, strict=True):
+    ends = [at_end] * len(constraints) if isinstance(at_end, bool) else list(at_end)
+    for c, d, end in zip(constraints, decisions, ends, strict=True):
         if d.verdict is Verdict.MISSES:
             return False
         if d.verdict is Verdict.MEETS:
             continue
-        if not at_end:
+        if not end:
             pending = True
             continue
         if c.name in estimated:
@@ -268,16 +270,46 @@ class PlanJudge:
         self.constraints = tuple(constraints)
         self.run_chunks = run_chunks
         self.estimated = tuple(estimated)
-        self.order = chunk_order(evidence, subset)
+        self.order, self.look_at = self._schedule()
         self.totals = {c.name: self._count(c, np.arange(len(subset))) for c in self.constraints}
+        rows = {c.name: np.isin(np.arange(len(subset)), self._rows(c, self.order)) for c in self.constraints}
+        self._rows_before = {name: np.concatenate([[0], np.cumsum(r[self.order])]) for name, r in rows.items()}
         self.progress: dict[Plan, _Progress] = {}
         self.early: list[bool] = []  # per judged candidate: would its first look have settled it
         self.completed_texts = 0  # texts evaluated after the decision, to give the final plan whole-split numbers
 
-    def _count(self, c: Constraint, positions: np.ndarray) -> int:
+    def _rows(self, c: Constraint, positions: np.ndarray) -> np.ndarray:
+        """The entries of ``positions`` whose values count for ``c``."""
         ch = chunk_subset(self.subset, positions)
-        return len(self.evidence.accuracy_positions(ch) if c.name == ACCURACY_DROP
-                   else self.evidence.agreement_positions(ch))
+        where = (self.evidence.accuracy_positions(ch) if c.name == ACCURACY_DROP
+                 else self.evidence.agreement_positions(ch))
+        return np.asarray(positions, dtype=np.int64)[where]
+
+    def _count(self, c: Constraint, positions: np.ndarray) -> int:
+        return len(self._rows(c, positions))
+
+    def _schedule(self) -> tuple[np.ndarray, tuple[int, ...]]:
+        """The order chunks take rows in, and the looks (texts read by then). With an accuracy constraint on
+        labelled rows beside traffic rows that carry agreement, every labelled row comes first: accuracy is
+        decided on all of them at once (a thousand labelled texts can rarely settle half a point before the
+        last), and the looks then count traffic rows, so agreement can stop early. Interleaved, a plan far
+        above the agreement target still read the whole holdout, its accuracy undecided until the end. Each
+        constraint still reads its own rows in one seeded order fixed before any is seen."""
+        order = chunk_order(self.evidence, self.subset)
+        n = len(self.subset)
+        acc = [c for c in self.constraints if c.name == ACCURACY_DROP]
+        if not acc or self.evidence.traffic is None:
+            return order, self.rule.looks(n)
+        labelled = np.isin(order, self._rows(acc[0], order))
+        if labelled.all() or not labelled.any() or (len(acc) == len(self.constraints)):
+            return order, self.rule.looks(n)
+        first = int(labelled.sum())
+        return (np.concatenate([order[labelled], order[~labelled]]),
+                tuple(first + k for k in self.rule.looks(n - first)))
+
+    def _complete(self, pr: _Progress) -> tuple[bool, ...]:
+        """Per constraint, whether every row it counts has been read."""
+        return tuple(pr.summaries.get(c.name, Summary()).n >= self.totals[c.name] for c in self.constraints)
 
     def seed(self, plan: Plan, whole: ChunkResult) -> None:
         """``plan`` already evaluated on the whole split (``whole``, texts in the split's order; tune measured
@@ -291,7 +323,7 @@ class PlanJudge:
         n = len(self.subset)
         prog = {p: self.progress.setdefault(p, _Progress()) for p in plans}
         direct = len(self.early) >= BAND_STREAK and not any(self.early[-BAND_STREAK:])
-        for look in self.rule.looks(n):
+        for look in self.look_at:
             todo = [p for p in dict.fromkeys(plans) if not prog[p].done and prog[p].evaluated < look
                     and (look == n or (not direct and self._worth_looking(prog[p], look)))]
             if not todo:
@@ -305,7 +337,7 @@ class PlanJudge:
     def _first_look_settles(self, pr: _Progress) -> bool:
         """Whether the rule's first look would have settled this candidate (for one evaluated on the whole split
         at once: replayed on that look's rows, at no cost)."""
-        looks = self.rule.looks(len(self.subset))
+        looks = self.look_at
         if not looks or looks[0] >= len(self.subset) or not pr.chunks:
             return False
         first = looks[0]
@@ -316,7 +348,8 @@ class PlanJudge:
         values = chunk_values(self.evidence, ch, restrict(pr.chunks[0], pos), self.constraints)
         decisions = [self.rule.decide(c, self.rule.summarize(c, values[c.name]), self.totals[c.name])
                      for c in self.constraints]
-        return final_meets(self.constraints, decisions, False, self.estimated) is not None
+        complete = tuple(len(values[c.name]) >= self.totals[c.name] for c in self.constraints)
+        return final_meets(self.constraints, decisions, complete, self.estimated) is not None
 
     def _worth_looking(self, pr: _Progress, look: int) -> bool:
         """Whether a look after ``look`` texts could settle the candidate, were its per-text values to go on as
@@ -329,11 +362,13 @@ class PlanJudge:
         if not pr.positions or not isinstance(rule, ConfidenceSequenceRule):
             return True
         bar = math.log(1.0 / rule.alpha_sequence) - LOOK_SLACK
-        scale = look / max(pr.evaluated, 1)
         for c, d in zip(self.constraints, pr.decisions, strict=True):
             if d.verdict is not Verdict.UNDECIDED:
                 continue
             sm = pr.summaries.get(c.name, Summary())
+            if not sm.n:  # none of its rows read yet: nothing to project from
+                return True
+            scale = self._rows_before[c.name][min(look, len(self.order))] / sm.n  # its own rows, not all texts
             best = max(_log_mixture([v * scale for v in sm.log_wealth_meets]),
                        _log_mixture([v * scale for v in sm.log_wealth_misses]))
             if best >= bar:
@@ -355,11 +390,10 @@ class PlanJudge:
         pr.positions.append(positions)
         pr.decisions = tuple(self.rule.decide(c, pr.summaries.get(c.name, Summary()), self.totals[c.name])
                              for c in self.constraints)
-        pr.done = final_meets(self.constraints, pr.decisions, pr.evaluated >= len(self.subset),
-                              self.estimated) is not None
+        pr.done = final_meets(self.constraints, pr.decisions, self._complete(pr), self.estimated) is not None
 
     def _judged(self, pr: _Progress) -> Judged:
-        meets = final_meets(self.constraints, pr.decisions, pr.evaluated >= len(self.subset), self.estimated)
+        meets = final_meets(self.constraints, pr.decisions, self._complete(pr), self.estimated)
         if pr.decided_on is None:
             pr.decided_on = pr.evaluated
             self.early.append(self._first_look_settles(pr))
