@@ -13,7 +13,7 @@ HELP = (
     "calibrate with every method, build FP32/FP16/INT8 engines, compare them layer by layer, tune the "
     "mixed-precision plan, and write reports/demo-<variant>/index/index.html — open that first.\n\n"
     "Examples:\n\n"
-    "  calibkit demo run                 # fine-tuned model: 2 min of fine-tuning, then about 25 min on 2 cores\n\n"
+    "  calibkit demo run                 # fine-tuned model: 2 min of fine-tuning, then about 24 min on 2 cores\n\n"
     "  calibkit demo run --fast          # logistic-regression head and small subsets, a few minutes\n"
 )
 
