@@ -83,4 +83,4 @@ def test_no_flip_on_a_split_too_small_to_settle_it_meets_only_a_100_percent_targ
 
     (c,) = constraints_for(min_agreement=target, min_cosine=None, max_drop=None, binary_agreement=True)
     d = Decision(c.name, Verdict.UNDECIDED, 8, 1.0, c.threshold, 0.9)
-    assert final_meets([c], [d], at_end=True) is meets
+    assert final_meets([c], [d], at_end=(True,)) is meets

@@ -231,14 +231,13 @@ def _check(values: np.ndarray, idx: np.ndarray, what: str) -> None:
         raise ValueError(f"a chunk of {len(idx)} texts came back with {len(values)} {what}")
 
 
-def final_meets(constraints: Sequence[Constraint], decisions: Sequence[Decision], at_end: bool | Sequence[bool],
+def final_meets(constraints: Sequence[Constraint], decisions: Sequence[Decision], at_end: Sequence[bool],
                 estimated: Sequence[str] = ESTIMATED) -> bool | None:
     """True / False once settled, None while more texts could settle it (see the module docstring for what an
     undecided constraint means after the whole split; ``estimated``: the constraints the point estimate then
-    decides). ``at_end``: whether the whole split was read, or per constraint whether all of its rows were."""
+    decides). ``at_end``: per constraint, whether all of its rows were read."""
     pending = False
-    ends = [at_end] * len(constraints) if isinstance(at_end, bool) else list(at_end)
-    for c, d, end in zip(constraints, decisions, ends, strict=True):
+    for c, d, end in zip(constraints, decisions, at_end, strict=True):
         if d.verdict is Verdict.MISSES:
             return False
         if d.verdict is Verdict.MEETS:
@@ -270,25 +269,24 @@ class PlanJudge:
         self.constraints = tuple(constraints)
         self.run_chunks = run_chunks
         self.estimated = tuple(estimated)
-        self.order, self.look_at = self._schedule()
-        self.totals = {c.name: self._count(c, np.arange(len(subset))) for c in self.constraints}
-        rows = {c.name: np.isin(np.arange(len(subset)), self._rows(c, self.order)) for c in self.constraints}
-        self._rows_before = {name: np.concatenate([[0], np.cumsum(r[self.order])]) for name, r in rows.items()}
+        counts = {c.name: self._counts_for(c) for c in self.constraints}  # per subset position
+        self.order, self.look_at = self._schedule(counts)
+        self.totals = {name: int(m.sum()) for name, m in counts.items()}
+        # per constraint, how many of its rows the first k texts of the order hold
+        self._rows_before = {name: np.concatenate([[0], np.cumsum(m[self.order])]) for name, m in counts.items()}
         self.progress: dict[Plan, _Progress] = {}
         self.early: list[bool] = []  # per judged candidate: would its first look have settled it
         self.completed_texts = 0  # texts evaluated after the decision, to give the final plan whole-split numbers
 
-    def _rows(self, c: Constraint, positions: np.ndarray) -> np.ndarray:
-        """The entries of ``positions`` whose values count for ``c``."""
-        ch = chunk_subset(self.subset, positions)
-        where = (self.evidence.accuracy_positions(ch) if c.name == ACCURACY_DROP
-                 else self.evidence.agreement_positions(ch))
-        return np.asarray(positions, dtype=np.int64)[where]
+    def _counts_for(self, c: Constraint) -> np.ndarray:
+        """Per position of the subset, whether its value counts for ``c``."""
+        every = chunk_subset(self.subset, np.arange(len(self.subset)))
+        mask = np.zeros(len(self.subset), dtype=bool)
+        mask[self.evidence.accuracy_positions(every) if c.name == ACCURACY_DROP
+             else self.evidence.agreement_positions(every)] = True
+        return mask
 
-    def _count(self, c: Constraint, positions: np.ndarray) -> int:
-        return len(self._rows(c, positions))
-
-    def _schedule(self) -> tuple[np.ndarray, tuple[int, ...]]:
+    def _schedule(self, counts: dict[str, np.ndarray]) -> tuple[np.ndarray, tuple[int, ...]]:
         """The order chunks take rows in, and the looks (texts read by then). With an accuracy constraint on
         labelled rows beside traffic rows that carry agreement, every labelled row comes first: accuracy is
         decided on all of them at once (a thousand labelled texts can rarely settle half a point before the
@@ -297,11 +295,10 @@ class PlanJudge:
         constraint still reads its own rows in one seeded order fixed before any is seen."""
         order = chunk_order(self.evidence, self.subset)
         n = len(self.subset)
-        acc = [c for c in self.constraints if c.name == ACCURACY_DROP]
-        if not acc or self.evidence.traffic is None:
+        if ACCURACY_DROP not in counts or len(counts) == 1 or self.evidence.traffic is None:
             return order, self.rule.looks(n)
-        labelled = np.isin(order, self._rows(acc[0], order))
-        if labelled.all() or not labelled.any() or (len(acc) == len(self.constraints)):
+        labelled = counts[ACCURACY_DROP][order]
+        if labelled.all() or not labelled.any():
             return order, self.rule.looks(n)
         first = int(labelled.sum())
         return (np.concatenate([order[labelled], order[~labelled]]),
