@@ -196,6 +196,12 @@ def model_sha256(path: str | os.PathLike[str]) -> str:
     return sha256_file(path)
 
 
+def model_input_names(model: onnx.ModelProto) -> tuple[str, ...]:
+    """The inputs a caller feeds: the graph's inputs that no initializer provides."""
+    inits = {x.name for x in model.graph.initializer}
+    return tuple(i.name for i in model.graph.input if i.name not in inits)
+
+
 def tensor_producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
     """Map each tensor name to the node that produces it."""
     return {o: n for n in model.graph.node for o in n.output if o}

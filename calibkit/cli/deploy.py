@@ -136,9 +136,13 @@ def _say_measurement(res: DeployResult) -> None:
             f" [{100 * ci.low:.2f}, {100 * ci.high:.2f}] 95 %" if ci and ci.low is not None and ci.high is not None
             else "")
     lat = m.latency
-    say(f"measured on {m.texts:,} traffic texts: {agree}; per batch of {lat.batch_size}: "
-        f"{lat.served_median_ms:.2f} ms served vs {lat.fp32_median_ms:.2f} ms FP32 "
-        f"(the served model runs at {lat.speedup:.2f}x FP32's speed)")
+    say(f"measured on {m.texts:,} traffic texts: {agree}")
+    if m.speed is not None:
+        say(f"speed: {m.speed.words} ({m.speed.threads} threads, {m.speed.rounds} interleaved rounds; "
+            f"{m.speed.cpu}: {m.speed.isa})")
+    else:
+        say(f"per batch of {lat.batch_size}: {lat.served_median_ms:.2f} ms served vs {lat.fp32_median_ms:.2f} ms FP32 "
+            f"({lat.speedup:.2f}x FP32's speed)")
 
 
 def _warnings(res: DeployResult) -> list[str]:

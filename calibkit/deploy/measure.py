@@ -4,12 +4,12 @@ Both models run in this process through ONNX Runtime with the same session optio
 Triton's ONNX Runtime backend runs them; the same intra-op threads), on the same texts in the same batches
 (sorted by length, so each batch pads little, as bucketed requests do). Agreement is each task's per-text
 fidelity (:mod:`calibkit.evidence.rowfidelity`) with its 95 % interval (:mod:`calibkit.evidence.intervals`);
-latency is the per-batch wall time, its median per model and the median of the per-batch ratios.
+speed is measured as a benchmark is (:mod:`calibkit.evaluate.speed`): the same batches for both models at batch 1
+and at the measurement's batch size, interleaved rounds, the ratio of medians with the spread of single rounds.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,62 +43,41 @@ def pick_texts(traffic: Sequence[str], calibration: Sequence[str], size: int, se
     return MeasureTexts(tuple(pool[i] for i in pick), len(traffic) - len(pool), seed)
 
 
-class _Timed:
-    """A runner whose every ``infer`` is timed (milliseconds, in call order)."""
-
-    def __init__(self, runner: Any) -> None:
-        self.runner = runner
-        self.ms: list[float] = []
-
-    @property
-    def input_specs(self) -> Any:
-        return self.runner.input_specs
-
-    @property
-    def output_names(self) -> Any:
-        return self.runner.output_names
-
-    def infer(self, feeds: Any) -> Any:
-        start = time.perf_counter()
-        out = self.runner.infer(feeds)
-        self.ms.append(1e3 * (time.perf_counter() - start))
-        return out
-
-
-def _run(path: Path, task: Any, md: ModelDir, texts: Sequence[str], *, threads: int | None, batch: int,
-         what: str, progress: ProgressCallback | None, make_runner: Any) -> tuple[Any, list[float]]:
-    from calibkit.data.tokenizer import TextTokenizer
-
-    tok = TextTokenizer(md.tokenizer_path, max_length=md.max_length)
+def _predict(path: Path, task: Any, tok: Any, texts: Sequence[str], *, threads: int | None, batch: int,
+             what: str, progress: ProgressCallback | None, make_runner: Any) -> Any:
     with make_runner(path, threads=threads, name=what) as runner:
-        task.predict(runner, tok, list(texts[:batch]), batch_size=batch)  # warm-up, untimed
-        timed = _Timed(runner)
-        out = task.predict(timed, tok, texts, batch_size=batch, progress=progress, task=what)  # type: ignore[arg-type]
-    return out, timed.ms
+        return task.predict(runner, tok, texts, batch_size=batch, progress=progress, task=what)
 
 
 def measure_served(fp32: Path, served: Path, md: ModelDir, picked: MeasureTexts, *, threads: int | None,
                    batch: int, progress: ProgressCallback, make_runner: Any) -> ServedMeasurement:
     """``served`` against ``fp32`` on ``picked`` texts (at least one), each run by a runner from ``make_runner``
-    (the run's :class:`~calibkit.resources.RunnerFactory`)."""
+    (the run's :class:`~calibkit.resources.RunnerFactory`): agreement on every picked text, speed at batch 1 and
+    at ``batch`` (:mod:`calibkit.evaluate.speed`: interleaved rounds, the ratio of medians)."""
+    from calibkit.data.tokenizer import TextTokenizer
+    from calibkit.evaluate.speed import measure_speed, text_batches
     from calibkit.evaluate.tasks import choose_task, model_outputs
-    from calibkit.graph import load_model
+    from calibkit.graph import load_model, model_input_names
 
-    task = choose_task(model_outputs(load_model(fp32, load_external_data=False)),
-                       {"id2label": {str(k): v for k, v in md.id2label.items()}})
+    proto = load_model(fp32, load_external_data=False)
+    task = choose_task(model_outputs(proto), {"id2label": {str(k): v for k, v in md.id2label.items()}})
+    tok = TextTokenizer(md.tokenizer_path, max_length=md.max_length)
     texts = list(picked.texts)
-    served_out, served_ms = _run(served, task, md, texts, threads=threads, batch=batch,
-                                 what="measuring the served model", progress=progress, make_runner=make_runner)
-    ref_out, ref_ms = _run(fp32, task, md, texts, threads=threads, batch=batch, what="measuring FP32",
-                           progress=progress, make_runner=make_runner)
+    served_out = _predict(served, task, tok, texts, threads=threads, batch=batch,
+                          what="measuring the served model", progress=progress, make_runner=make_runner)
+    ref_out = _predict(fp32, task, tok, texts, threads=threads, batch=batch, what="measuring FP32",
+                       progress=progress, make_runner=make_runner)
     agreement, interval, cosine = _agreement(task.kind.value, ref_out, served_out)
-    ratios = np.asarray(ref_ms) / np.maximum(np.asarray(served_ms), 1e-9)
-    latency = ServedLatency(batch_size=batch, batches=len(ref_ms), threads=threads,
-                            fp32_median_ms=float(np.median(ref_ms)), served_median_ms=float(np.median(served_ms)),
-                            speedup=float(np.median(ratios)))
+    sizes = tuple(sorted({1, batch}))
+    speed = measure_speed({"FP32": fp32, "served": served}, "FP32",
+                          text_batches(tok, model_input_names(proto), texts, seed=picked.seed, batch_sizes=sizes),
+                          make_runner=make_runner, threads=threads, progress=progress)["served"]
+    at = speed.at_batch(batch) or speed.slowest
+    latency = ServedLatency(batch_size=at.batch_size, batches=at.batches, threads=threads,
+                            fp32_median_ms=at.reference_ms, served_median_ms=at.model_ms, speedup=at.speedup)
     return ServedMeasurement(texts=len(texts), task=task.kind.value, agreement=agreement, agreement_ci=interval,
                              latency=latency, seed=picked.seed, calibration_texts_left_out=picked.left_out,
-                             cosine=cosine)
+                             cosine=cosine, speed=speed)
 
 
 def _agreement(kind: str, ref: Any, cand: Any) -> tuple[float | None, Range | None, float | None]:

@@ -92,12 +92,24 @@ def _measurement(m: ServedMeasurement, res: DeployResult) -> str:
     threads = f"{lat.threads} intra-op threads" if lat.threads else "ONNX Runtime's default threads"
     return (f"`{res.name}/1/model.onnx` against the FP32 model, on {m.texts:,} texts drawn from the traffic (seed "
             f"{m.seed}; {m.calibration_texts_left_out:,} calibration texts left out), task {m.task}: {agree}{cos}.\n\n"
-            f"Latency, same texts in the same {lat.batches:,} batches of up to {lat.batch_size} (sorted by length), "
-            f"same session options ({threads}, every graph optimization), run one after the other on the machine "
-            f"that wrote this repository: median per batch {lat.served_median_ms:.2f} ms served, "
-            f"{lat.fp32_median_ms:.2f} ms FP32; median per-batch speed-up **{lat.speedup:.2f}x** "
-            f"({'faster' if lat.speedup >= 1 else 'slower'} than FP32). The serving machine's numbers may differ: "
+            f"Speed, measured beside FP32 on the machine that wrote this repository ({threads}, every graph "
+            f"optimization, the same batches of these texts for both, interleaved rounds, the ratio of medians, "
+            f"in brackets the lowest and highest single round): "
+            + (f"{m.speed.words}; " if m.speed is not None else "")
+            + f"at batch {lat.batch_size}, {lat.served_median_ms:.2f} ms served against {lat.fp32_median_ms:.2f} ms "
+            f"FP32 per batch: **{lat.speedup:.2f}x** ({_verdict(m)}). "
+            f"The serving machine's numbers may differ: "
             f"`perf_analyzer.sh` measures them there.")
+
+
+def _verdict(m: ServedMeasurement) -> str:
+    """Faster or slower than FP32, by the batch size at which the served model gains least."""
+    if m.speed is None:
+        return "faster than FP32" if m.latency.speedup >= 1 else "slower than FP32"
+    low = m.speed.slowest
+    if low.speedup >= 1:
+        return "faster than FP32 at every batch size measured"
+    return f"SLOWER than FP32 at batch {low.batch_size}: {low.speedup:.2f}x"
 
 
 def _buckets(res: DeployResult) -> str:

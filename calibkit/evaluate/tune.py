@@ -89,7 +89,7 @@ from calibkit.evidence.sequential import DecisionRule, texts_needed
 from calibkit.evidence.split import SplitEvidence, split_evidence, split_subsets
 from calibkit.evidence.subsets import EvalSubset
 from calibkit.executors import from_spec
-from calibkit.graph import check_float_source, load_model, model_sha256
+from calibkit.graph import check_float_source, load_model, model_input_names, model_sha256
 from calibkit.names import node_names
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.quantize.placement import plan_placement
@@ -413,7 +413,6 @@ def _load_model(model_dir: ModelDir, config: TuneRequest) -> _Model:
 
     tok = TextTokenizer(model_dir.tokenizer_path, max_length=model_dir.max_length)
     proto = check_float_source(load_model(model_dir.onnx_path), model_dir.onnx_path)
-    inits = {x.name for x in proto.graph.initializer}
     placement = plan_placement(proto, config.op_types)
     nodes = tuple(n.name for n in placement.nodes)
     if not nodes:
@@ -429,7 +428,7 @@ def _load_model(model_dir: ModelDir, config: TuneRequest) -> _Model:
         raise DataError("the model folder's config.json has no id2label: tune cannot map eval labels to classes",
                         hint="add id2label to config.json, or pass --task embedding / token-classification")
     return _Model(model_dir, tok, model_sha256(model_dir.onnx_path), proto,
-                  tuple(i.name for i in proto.graph.input if i.name not in inits), placement, nodes, task)
+                  model_input_names(proto), placement, nodes, task)
 
 
 def _draw_evidence(model: _Model, eval_set: EvalSet, config: TuneRequest, resources: Resources,

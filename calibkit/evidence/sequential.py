@@ -242,6 +242,11 @@ def _clopper_pearson(successes: int, n: int, alpha: float) -> tuple[float, float
     return lower, upper
 
 
+def clopper_pearson(successes: int, n: int, alpha: float) -> tuple[float, float]:
+    """One-sided exact (lower, upper) bounds of a binomial share at level 1 - alpha each."""
+    return _clopper_pearson(successes, n, alpha)
+
+
 def _z(alpha: float) -> float:
     return NormalDist().inv_cdf(1.0 - alpha)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from calibkit.results.runs import NOT_IN_DOCUMENT, HoldoutVerdict, Range, TuneResult
+from calibkit.results.runs import NOT_IN_DOCUMENT, HoldoutVerdict, Range, Speed, TuneResult
 from calibkit.types import Backend, Precision
 
 # ---------------------------------------------------------------- plan.json
@@ -262,10 +262,10 @@ class TensorRTBuild:
 
 @dataclass(frozen=True)
 class ServedLatency:
-    """Per-batch wall time of the served model and of FP32 on the same batches of the same texts, with the same
-    session options (``threads``: ONNX Runtime intra-op threads, None: its default), run one after the other
-    in this process: medians over ``batches`` batches of up to ``batch_size`` texts; ``speedup``: the median of
-    the per-batch ratios FP32 / served (above 1: the served model is faster)."""
+    """The served model's and FP32's time per batch at the measurement's batch size (``threads``: ONNX Runtime
+    intra-op threads, None: its default): the same ``batches`` batches of up to ``batch_size`` texts for both,
+    in interleaved rounds; the medians over rounds, and ``speedup``, their ratio FP32 / served (above 1: the
+    served model is faster). The whole measurement, batch 1 included, is ``ServedMeasurement.speed``."""
 
     batch_size: int
     batches: int
@@ -290,6 +290,7 @@ class ServedMeasurement:
     seed: int = 0
     calibration_texts_left_out: int = 0
     cosine: float | None = None  # embeddings: mean cosine to FP32's vectors
+    speed: Speed | None = None  # at batch 1 and at the measurement's batch size, with the spread of single rounds
 
 
 # ---------------------------------------------------------------- deploy.json

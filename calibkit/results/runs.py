@@ -159,6 +159,56 @@ class EngineEvaluation:
 
 
 @dataclass(frozen=True)
+class BatchSpeed:
+    """One batch size of a speed measurement (:class:`Speed`): ``batches`` batches of ``batch_size`` texts each
+    round; ``reference_ms`` and ``model_ms``, the median over rounds of a round's time, per batch;
+    ``speedup``, the ratio of those medians (above 1: the model is faster than the reference);
+    ``speedup_low``/``speedup_high``, the lowest and highest ratio of one round's times (the spread)."""
+
+    batch_size: int
+    batches: int
+    reference_ms: float
+    model_ms: float
+    speedup: float
+    speedup_low: float
+    speedup_high: float
+
+
+@dataclass(frozen=True)
+class Speed:
+    """How fast ``model`` serves against ``reference`` (both through ``backend`` with ``threads`` intra-op
+    threads, every graph optimization, as a server runs them), measured as a benchmark is: the same batches of
+    real texts (``texts`` of them, padded per batch) for both, in ``rounds`` interleaved rounds (each batch run
+    by every model back to back, their order rotated), a warm-up round not counted; ``cpu``: the processor and
+    the instruction sets that decide ONNX Runtime's int8 kernels (``isa``)."""
+
+    model: str
+    reference: str
+    backend: str
+    threads: int
+    rounds: int
+    texts: int
+    cpu: str
+    isa: str
+    at: tuple[BatchSpeed, ...]
+
+    def at_batch(self, batch_size: int) -> BatchSpeed | None:
+        return next((b for b in self.at if b.batch_size == batch_size), None)
+
+    @property
+    def slowest(self) -> BatchSpeed:
+        """The batch size at which the model gains least: what "at least this fast" rests on."""
+        return min(self.at, key=lambda b: b.speedup)
+
+    @property
+    def words(self) -> str:
+        """``1.93x FP32 at batch 1 [1.88-1.99], 2.10x at batch 32 [...]`` (spread: lowest and highest round)."""
+        parts = [f"{b.speedup:.2f}x{f' {self.reference}' if i == 0 else ''} at batch {b.batch_size} "
+                 f"[{b.speedup_low:.2f}-{b.speedup_high:.2f}]" for i, b in enumerate(self.at)]
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
 class OutputStats:
     """B's outputs against A's: cosine per text, absolute error, KL divergence of the softmax (None where the
     outputs are no distribution) and mean squared error."""
@@ -546,6 +596,37 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class SpeedChoice:
+    """How tune chose among the plans the holdout confirmed (every one of them carries the claim: fixed-sequence
+    testing rejects each hypothesis before the first failure with the family's error kept at alpha): each
+    ``candidates``' served model timed beside FP32 (``speeds``, in the same order), the fastest at its slowest
+    batch size written (``chosen``), a plan within ``tie`` of it counting as as fast, and then the most faithful
+    on the search split; ``most_int8``: the one confirmation alone would have written."""
+
+    candidates: tuple[int, ...]
+    speeds: tuple[Speed, ...]
+    chosen: int
+    most_int8: int
+    tie: float
+
+
+@dataclass(frozen=True)
+class ServedCheck:
+    """The served model (ONNX Runtime's fused integer kernels, every graph optimization) against the arithmetic
+    tune certified (exact Q/DQ) on ``texts`` holdout texts whose agreement counts: the agreement with FP32 of
+    each, and ``changed`` texts on which the two disagree about the text's fidelity, with the one-sided 95 %
+    upper bound of that share (Clopper-Pearson)."""
+
+    texts: int
+    served_agreement: float | None
+    served_agreement_ci: Range | None
+    certified_agreement: float | None
+    changed: int
+    changed_upper_share: float
+    served_cosine: float | None = None
+
+
+@dataclass(frozen=True)
 class EvidenceCost:
     """What the plan search paid for its decisions (evidence.plan_decisions): texts of the search split
     evaluated per candidate under ``rule`` ("sequential" | "whole-split"); ``completion_texts``: rows evaluated
@@ -717,6 +798,10 @@ class TunePlan:
     holdout_verdict: HoldoutVerdict | None = None
     reasons: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     kept_modules: Mapping[str, str] = field(default_factory=dict)
+    # how fast the plan serves on its target beside FP32 (None: not measured, ``speed_note`` says why)
+    speed: Speed | None = None
+    speed_note: str | None = None
+    served: ServedCheck | None = None  # the served arithmetic against the certified one
 
     def reasons_for(self, node: str) -> tuple[str, ...]:
         return tuple(self.reasons.get(node, ()))
@@ -784,6 +869,7 @@ class TuneResult:
     phases: tuple[PhaseCost, ...] = ()  # where the time went, step by step
     cpus: int = 0  # CPUs the run could use
     time_estimate: TimeEstimate | None = None  # the long part's estimate before it started, and its actual time
+    speed_choice: SpeedChoice | None = None  # the fastest confirmed plan, measured
 
     @property
     def fp32_passes(self) -> float | None:
