@@ -150,7 +150,9 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
     if req.output.resolve() == src.resolve():
         raise UsageError(f"-o {req.output} is the source model itself; choose another file name")
     _emit(progress, 0, _STEPS, f"loading {src.name}")
-    src_sha = sha256_file(src)
+    from calibkit.consistency import model_sha256
+
+    src_sha = model_sha256(src)  # the model's identity: its external-data files included
     if precision is Precision.INT8 and req.qdq is not None:
         made = _from_qdq(req, src, src_sha)
     elif precision is Precision.INT8:

@@ -79,7 +79,7 @@ def _labels_digest(doc: object) -> str | None:
 _FILE_SHA: dict[tuple[str, int, int, int], str] = {}  # (path, size, mtime_ns, inode) -> sha256: hashed once per version
 
 
-def file_sha256(path: str | os.PathLike[str]) -> str:
+def bytes_sha256(path: str | os.PathLike[str]) -> str:
     """sha256 of a file's bytes, remembered per (path, size, mtime, inode) for the life of the process."""
     p = Path(path)
     st = p.stat()
@@ -87,6 +87,74 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     if key not in _FILE_SHA:
         _FILE_SHA[key] = sha256_file(p)
     return _FILE_SHA[key]
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """A file's identity: the sha256 of its bytes; for an ONNX model (``.onnx``), :func:`model_sha256`, which
+    is the same digest unless the model keeps weights in external-data files."""
+    p = Path(path)
+    return model_sha256(p) if p.suffix.lower() == ".onnx" else bytes_sha256(p)
+
+
+_LOCATIONS: dict[tuple[str, int, int, int], tuple[str, ...]] = {}  # model file version -> external-data names
+MODEL_IDENTITY = b"calibkit-model-identity/1"
+
+
+def external_data_names(path: str | os.PathLike[str]) -> tuple[str, ...]:
+    """The external-data files an ONNX model names (its initializers' ``location`` entries), read without
+    loading a weight; remembered per file version. A file ONNX cannot parse names none (its readers refuse it)."""
+    p = Path(path)
+    st = p.stat()
+    key = (str(p.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+    if key not in _LOCATIONS:
+        import onnx
+
+        try:
+            with open(p, "rb") as fh:
+                model = onnx.load(fh, load_external_data=False)
+        except Exception:  # noqa: BLE001 - not a model: it names nothing, the readers of models say why
+            _LOCATIONS[key] = ()
+        else:
+            _LOCATIONS[key] = external_names_of(model)
+    return _LOCATIONS[key]
+
+
+def external_names_of(model: Any) -> tuple[str, ...]:
+    """The distinct ``location`` entries of a loaded ModelProto's external initializers, sorted."""
+    names = set()
+    for init in model.graph.initializer:
+        if init.data_location == 1:  # onnx.TensorProto.EXTERNAL
+            names.update(e.value for e in init.external_data if e.key == "location")
+    return tuple(sorted(names))
+
+
+def with_external_data(model_bytes_sha256: str, path: str | os.PathLike[str], names: Sequence[str]) -> str:
+    """The identity of the model at ``path`` whose own bytes hash to ``model_bytes_sha256`` and which names the
+    external-data files ``names``: that digest itself when it names none (so older documents still match);
+    otherwise the sha256 over it and every external file's name and sha256, in sorted order (a file that is
+    missing or not a regular file enters as such, so it changes the identity too)."""
+    if not names:
+        return model_bytes_sha256
+    import stat as _stat
+
+    folder = Path(path).parent
+    h = hashlib.sha256(MODEL_IDENTITY + b"\0" + model_bytes_sha256.encode("ascii") + b"\n")
+    for name in sorted(set(names)):
+        f = folder / name
+        try:
+            st = os.lstat(f)
+            digest = bytes_sha256(f) if _stat.S_ISREG(st.st_mode) else "not-a-regular-file"
+        except OSError:
+            digest = "missing"
+        h.update(name.encode("utf-8", "surrogateescape") + b"\0" + digest.encode("ascii") + b"\n")
+    return h.hexdigest()
+
+
+def model_sha256(path: str | os.PathLike[str]) -> str:
+    """An ONNX model's identity: the sha256 of model.onnx's bytes, extended by every external-data file it
+    names (:func:`with_external_data`), so weights edited beside the model change it."""
+    p = Path(path)
+    return with_external_data(bytes_sha256(p), p, external_data_names(p))
 
 
 def _short(sha: str | None) -> str:
@@ -235,12 +303,19 @@ def check_file(path: str | os.PathLike[str], expected_sha256: str | None, *, wha
     if not expected_sha256:
         return
     now = file_sha256(path)
-    if now != expected_sha256:
+    if now != expected_sha256 and not _older_model_digest(path, expected_sha256):
         raise error(
             f"{what}, {path}, was replaced since it was recorded: recorded sha256 {_short(expected_sha256)}, the "
             f"file now is {_short(now)}",
             hint=hint,
         )
+
+
+def _older_model_digest(path: str | os.PathLike[str], expected_sha256: str) -> bool:
+    """A document written before a model's identity covered its external data recorded the sha256 of
+    model.onnx's bytes alone: still accepted for such a model (only its own bytes can be checked then)."""
+    p = Path(path)
+    return p.suffix.lower() == ".onnx" and bool(external_data_names(p)) and bytes_sha256(p) == expected_sha256
 
 
 def check_engines(engines: Mapping[str, EngineLike], *, sources: bool = True) -> list[Side]:

@@ -10,7 +10,7 @@ from typing import BinaryIO
 import onnx
 from google.protobuf.message import DecodeError
 
-from calibkit._io import sha256_file, utf8_path
+from calibkit._io import utf8_path
 from calibkit.errors import ModelError
 
 
@@ -193,7 +193,11 @@ def metadata_props(path: str | os.PathLike[str]) -> dict[str, str]:
 
 
 def model_sha256(path: str | os.PathLike[str]) -> str:
-    return sha256_file(path)
+    """The model's identity: the sha256 of its file, covering its external-data files where it has any
+    (:func:`calibkit.consistency.model_sha256`)."""
+    from calibkit.consistency import model_sha256 as identity
+
+    return identity(path)
 
 
 def model_input_names(model: onnx.ModelProto) -> tuple[str, ...]:

@@ -515,3 +515,23 @@ def umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def work_folder(path: str | os.PathLike[str]) -> Path:
+    """Make (or keep) a run's work folder, such as tune's ``.OUT.tune`` beside its output, and return it. It is
+    made as a plain folder; what stands at ``path`` already must be one: a symbolic link (to a folder or not)
+    would have the run write through it into another folder, and a file or special file is no folder, so both
+    are refused with a :class:`~calibkit.errors.UsageError` naming what is there (``lstat``: never followed)."""
+    import stat as _stat
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(p, 0o777)
+    st = os.lstat(p)
+    if _stat.S_ISDIR(st.st_mode):
+        return p
+    what = ("a symbolic link" + (f" to {os.readlink(p)}" if _stat.S_ISLNK(st.st_mode) else "")
+            if _stat.S_ISLNK(st.st_mode) else "a FIFO" if _stat.S_ISFIFO(st.st_mode) else "a file, not a folder")
+    raise UsageError(f"the work folder {p} is {what}; calibkit writes its work there only into a folder it makes",
+                     hint=f"remove or rename {p} (calibkit did not make it), then run again")

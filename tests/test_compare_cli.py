@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from typer.testing import CliRunner
 
@@ -22,6 +21,25 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return build_engines(tmp_path_factory.mktemp("cli"))
 
 
+def _classes(engines: dict[str, Path], indices: list[int], path: Path, *, batch_size: int) -> dict[int, int]:
+    """The class the engine at ``path`` gives each eval row of ``indices`` (run in that order), predicted through
+    calibkit's engine runner (the session options compare uses) in batches of ``batch_size``."""
+    from calibkit.enginefiles.registry import open_runner
+    from calibkit.evaluate.predict import predict_logits
+
+    every = [json.loads(x) for x in engines["eval"].read_text().splitlines()]
+    with open_runner(path) as runner:
+        preds = predict_logits(runner, TextTokenizer(engines["tok"]), [every[i]["text"] for i in indices],
+                               batch_size=batch_size).argmax(1)
+    return {i: int(p) for i, p in zip(indices, preds)}
+
+
+def _accuracy(engines: dict[str, Path], indices: list[int], path: Path, *, batch_size: int) -> float:
+    """The accuracy of those classes against the rows' labels."""
+    every = [json.loads(x) for x in engines["eval"].read_text().splitlines()]
+    got = _classes(engines, indices, path, batch_size=batch_size)
+    return float(np.mean([got[i] == (1 if every[i]["label"] == "positive" else 0) for i in indices]))
+
 def _run(*args: str) -> object:
     return CliRunner().invoke(app, list(args))
 
@@ -33,18 +51,10 @@ def test_compare_writes_json_and_report(engines: dict[str, Path], tmp_path: Path
     assert r.exit_code == 0, r.output
     doc = json.loads(out.read_text())
     assert doc["format"] == "calibkit-compare/1" and doc["eval_set"]["count"] == 60
-    # accuracy the CLI reports == ORT + argmax on each text alone (the tiny model's pooling ignores the mask,
-    # so compare against a batch-of-one run only where all texts have the same length)
-    tok = TextTokenizer(engines["tok"])
-    rows = [json.loads(x) for x in engines["eval"].read_text().splitlines()][:60]
-    sess = ort.InferenceSession(str(engines["int8"]), providers=["CPUExecutionProvider"])
-    correct = []
-    for row in rows:
-        enc = tok.encode([row["text"]])
-        pred = int(sess.run(["logits"], {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask})[0].argmax())
-        correct.append(pred == (1 if row["label"] == "positive" else 0))
+    # the accuracy the CLI reports, recomputed on the rows it records, in its order and batches, through the
+    # runners compare uses (the same ONNX Runtime session options): exact, whatever the CPU's INT8 kernels
     b = next(e for e in doc["engines"] if e["name"] == "B")
-    assert abs(b["accuracy"] - float(np.mean(correct))) <= 0.05
+    assert b["accuracy"] == _accuracy(engines, doc["eval_set"]["rows"]["indices"], engines["int8"], batch_size=8)
     assert b["precision"] == "int8" and len(doc["layers"]) == 3
     assert (rep / "report.json").is_file()
 
@@ -57,21 +67,12 @@ def test_batch_size_one_accuracy_is_exact(engines: dict[str, Path], tmp_path: Pa
     assert r.exit_code == 0, r.output
     assert "B - A accuracy" in r.output and "[/" not in r.output, "no raw rich markup in the summary"
     doc = json.loads(out.read_text())
-    tok = TextTokenizer(engines["tok"])
     every = [json.loads(x) for x in engines["eval"].read_text().splitlines()]
     used = doc["eval_set"]["rows"]  # --limit draws a stratified random subset and records it
     assert used["count"] == 30 and used["of"] == len(every) and sorted(used["indices"]) != list(range(30))
-    rows = [every[i] for i in used["indices"]]
     for name, path in (("A", engines["fp"]), ("B", engines["int8"])):
-        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        preds = []
-        for row in rows:
-            enc = tok.encode([row["text"]])
-            preds.append(int(sess.run(["logits"], {"input_ids": enc.input_ids,
-                                                    "attention_mask": enc.attention_mask})[0].argmax()))
-        truth = [1 if row["label"] == "positive" else 0 for row in rows]
-        acc = float(np.mean(np.array(preds) == np.array(truth)))
-        assert next(e for e in doc["engines"] if e["name"] == name)["accuracy"] == pytest.approx(acc)
+        acc = _accuracy(engines, used["indices"], path, batch_size=1)
+        assert next(e for e in doc["engines"] if e["name"] == name)["accuracy"] == acc
     assert doc["layers"] == []
 
 
@@ -203,12 +204,10 @@ def test_save_outputs_keeps_each_texts_outputs_of_both_engines(engines: dict[str
         assert len(lines) == 30 and arrays["A"].shape[0] == arrays["B"].shape[0] == 30
     doc = json.loads(out.read_text())
     assert sum(x["flipped"] for x in lines) == round(doc["flip_rate"] * 30)
-    # a flip is reproduced from the saved row alone: the engine run on that text gives the saved class
+    # a saved class is reproduced from the saved rows: the engine run on those texts, in compare's order and
+    # batches, through compare's runner, gives the saved class of every text
     rows = [json.loads(x) for x in engines["eval"].read_text().splitlines()]
-    tok = TextTokenizer(engines["tok"])
-    sess = ort.InferenceSession(str(engines["int8"]), providers=["CPUExecutionProvider"])
-    for x in lines[:5]:
+    got = _classes(engines, doc["eval_set"]["rows"]["indices"], engines["int8"], batch_size=8)
+    for x in lines:
         assert rows[x["row"]]["text"] == x["text"]
-        enc = tok.encode([x["text"]])
-        logits = sess.run(["logits"], {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask})[0]
-        assert x["B_class"] == int(logits.argmax()) or abs(np.sort(logits[0])[-1] - np.sort(logits[0])[-2]) < 1e-3
+        assert x["B_class"] == got[x["row"]]

@@ -214,9 +214,10 @@ def structure_warnings(model: Any, placement: Placement, exclude: Sequence[str])
 
 
 def load_hashed(path: Path) -> tuple[Any, str, list[bytes]]:
-    """The model, the SHA-256 of its file and (in a one-element list, empty for models with external data) the
-    file's bytes, from one read: the hash runs on a second thread (hashlib releases the GIL) while protobuf
-    parses, instead of reading the file twice and hashing it first."""
+    """The model, its identity (the SHA-256 of its file, with its external-data files where it has any) and (in
+    a one-element list, empty for models with external data) the file's bytes, from one read: the hash runs on
+    a second thread (hashlib releases the GIL) while protobuf parses, instead of reading the file twice and
+    hashing it first."""
     import hashlib
     from concurrent.futures import ThreadPoolExecutor
 
@@ -238,6 +239,9 @@ def load_hashed(path: Path) -> tuple[Any, str, list[bytes]]:
         sha = digest.result()
     check_float_source(check_not_empty(proto, path), path)
     if any(uses_external_data(t) for t in proto.graph.initializer):
+        from calibkit.consistency import external_names_of, with_external_data
+
+        sha = with_external_data(sha, path, external_names_of(proto))  # the weights beside it are the model too
         load_external_weights(proto, path)
         return proto, sha, []  # the file alone is not the model: taps fall back to serializing it
     return proto, sha, [data]

@@ -223,16 +223,29 @@ class StatsStore(Mapping[str, ActivationStats]):
             raise CalibrationError(f"statistics file not found: {p}")
         try:
             with np.load(p, allow_pickle=False) as z:
-                header = json.loads(bytes(z["header"]).decode("utf-8"))
-                counts, upper, ints, minmax = z["counts"], z["upper"], z["ints"], z["minmax"]
+                return cls.from_npz(z, p)
         except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
             raise CalibrationError(
                 f"cannot read statistics {p}: {exc}", hint="delete the file; calibrate collects them again"
             ) from exc
-        if header.get("format") != STATS_FORMAT:
-            raise CalibrationError(f"{p} is not a calibkit statistics file (format {header.get('format')!r})")
+
+    @classmethod
+    def from_npz(cls, z: Any, name: str | os.PathLike[str]) -> StatsStore:
+        """The store held by an open ``.npz`` (``np.load``'s NpzFile) read from ``name``. Its arrays must have
+        the shapes and kinds :meth:`save` writes (a :class:`CalibrationError` says which does not); what the
+        numbers mean is checked by :func:`verify_store`."""
+        header = read_header(z, name)
+        counts, upper, ints, minmax = z["counts"], z["upper"], z["ints"], z["minmax"]
+        tensors, bins = header["tensors"], header["num_bins"]
+        n = len(tensors)
+        shapes = {"counts": (counts, (n, bins), "iu"), "upper": (upper, (n,), "f"), "ints": (ints, (n, 4), "iu"),
+                  "minmax": (minmax, (n, 2), "f")}
+        for key, (arr, shape, kinds) in shapes.items():
+            if arr.shape != shape or arr.dtype.kind not in kinds:
+                raise CalibrationError(f"{name}: {key} is {arr.dtype}{list(arr.shape)}, not the "
+                                       f"{'integers' if 'i' in kinds else 'floats'} {list(shape)} of {n} tensors")
         stats = {}
-        for i, t in enumerate(header["tensors"]):
+        for i, t in enumerate(tensors):
             stats[t] = ActivationStats(
                 tensor=t,
                 count=int(ints[i, 0]),
@@ -243,4 +256,66 @@ class StatsStore(Mapping[str, ActivationStats]):
                 max=float(minmax[i, 1]),
                 histogram=Histogram(counts[i].astype(np.int64), float(upper[i])),
             )
-        return cls(stats, int(header["num_bins"]), header.get("meta", {}))
+        return cls(stats, int(bins), header.get("meta", {}))
+
+
+def read_header(z: Any, name: str | os.PathLike[str]) -> dict[str, Any]:
+    """The header of an open statistics ``.npz``: its format tag, the tensors (distinct strings) and the bins."""
+    try:
+        header = json.loads(bytes(z["header"]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CalibrationError(f"{name}: the header is not JSON ({exc})") from exc
+    if not isinstance(header, dict) or header.get("format") != STATS_FORMAT:
+        got = header.get("format") if isinstance(header, dict) else None
+        raise CalibrationError(f"{name} is not a calibkit statistics file (format {got!r})")
+    tensors, bins, meta = header.get("tensors"), header.get("num_bins"), header.get("meta", {})
+    if not isinstance(tensors, list) or not all(isinstance(t, str) for t in tensors):
+        raise CalibrationError(f"{name}: the header's tensors are not a list of names")
+    if len(set(tensors)) != len(tensors):
+        raise CalibrationError(f"{name}: the header names a tensor twice")
+    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 2 or bins & (bins - 1):
+        raise CalibrationError(f"{name}: the header's num_bins {bins!r} is not a power of two >= 2")
+    if not isinstance(meta, dict):
+        raise CalibrationError(f"{name}: the header's meta is not an object")
+    return header
+
+
+def verify_store(store: StatsStore, *, num_bins: int | None = None) -> list[str]:
+    """What is wrong with the meaning of ``store``'s statistics (empty: nothing), so a statistics file that
+    parses but was damaged or edited is never used: the bins asked; per tensor, counts that are not negative and
+    add up to its count of finite values; a finite minimum and maximum (both 0 when nothing was seen,
+    min <= max otherwise); and the recorded abs max where the histogram says it is: inside the top occupied
+    bin's bounds, the range being the smallest power of two above it (ranges rescaled, or a NaN maximum, fail)."""
+    problems: list[str] = []
+    if num_bins is not None and store.num_bins != num_bins:
+        problems.append(f"{store.num_bins} bins, not the {num_bins} asked")
+    for t, s in store.items():
+        h = s.histogram
+        counts = h.counts
+        if h.num_bins != store.num_bins:
+            problems.append(f"{t}: {h.num_bins} bins in a store of {store.num_bins}")
+            continue
+        if min(s.count, s.nan_count, s.posinf_count, s.neginf_count) < 0 or (counts.size and counts.min() < 0):
+            problems.append(f"{t}: a negative count")
+            continue
+        if int(counts.sum()) != s.count:
+            problems.append(f"{t}: the histogram holds {int(counts.sum())} values, the count is {s.count}")
+            continue
+        if not (math.isfinite(s.min) and math.isfinite(s.max)):
+            problems.append(f"{t}: the range [{s.min}, {s.max}] is not finite")
+            continue
+        if s.count == 0:
+            if s.min != 0.0 or s.max != 0.0:
+                problems.append(f"{t}: no value seen, yet the range is [{s.min}, {s.max}]")
+            continue
+        if s.min > s.max:
+            problems.append(f"{t}: the minimum {s.min} is above the maximum {s.max}")
+            continue
+        top = int(np.flatnonzero(counts)[-1])
+        low, high = top * h.width, (top + 1) * h.width
+        if not low <= s.absmax <= high:
+            problems.append(f"{t}: the recorded abs max {s.absmax:g} is outside the histogram's top occupied bin "
+                            f"[{low:g}, {high:g}]")
+        elif h.upper != 2.0 ** range_exponent(s.absmax):
+            problems.append(f"{t}: the histogram's range {h.upper:g} is not the one its abs max {s.absmax:g} makes")
+    return problems

@@ -19,6 +19,7 @@ import numpy as np
 
 from calibkit._io import sha256_bytes, text_lines
 from calibkit.errors import CalibrationError
+from calibkit.evaluate.jobs import CLASSIFICATION
 from calibkit.evaluate.sensitivity import SensitivityJob, SensitivityResult, run_jobs
 from calibkit.executors import Executor, InProcessExecutor
 from calibkit.progress import ProgressCallback, ProgressEvent
@@ -31,7 +32,9 @@ class Ledger:
 
     A record that cannot be used — a torn last line (interrupted write), invalid UTF-8 or JSON, JSON nested too
     deeply, or a record whose numbers are missing or not numbers (``"accuracy": null``) — is skipped and
-    counted in ``skipped``: its evaluation simply runs again.
+    counted in ``skipped``: its evaluation simply runs again. A record that parses is verified against the job
+    it is read back for before it is used (:func:`record_problem`: per-text vectors of the job's length, finite
+    shares, class ids of the model); one that fails is logged and evaluated again.
     """
 
     _NUMBERS = ("accuracy", "logit_mse", "mean_kl", "seconds")
@@ -108,6 +111,74 @@ def result_record(r: SensitivityResult) -> dict[str, Any]:
     }
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _numbers(rec: dict[str, Any], field: str) -> list[Any] | str:
+    """The list ``rec[field]`` (absent: empty), or why it is not a list of numbers."""
+    vals = rec.get(field, [])
+    if not isinstance(vals, list) or not all(_is_number(v) for v in vals):
+        return f"{field} is not a list of numbers"
+    return vals
+
+
+def record_problem(rec: dict[str, Any], job: SensitivityJob) -> str | None:
+    """Why ``rec`` (a usable ledger record, :meth:`Ledger.usable`) cannot be ``job``'s result, or None.
+
+    Checked against what it is for: its mode and node are the job's; the per-text agreement values are one
+    finite value in [0, 1] per text of the job and the flip rate is 1 minus their mean; predictions (a
+    classifier's) are one class id per text, each a class of the model (the reference's width); cosines are
+    one per text or none; seconds are finite and not negative; the accuracy is NaN or a share, and where the
+    job has labels it is the share of predictions that match them; logit error and KL are NaN or not negative."""
+    n = len(job.texts)
+    if rec.get("mode") != job.mode or rec.get("node") != job.node:
+        return f"it is the result of {rec.get('mode')}/{rec.get('node')}, not of {job.mode}/{job.node}"
+    seconds = float(rec["seconds"])
+    if not (np.isfinite(seconds) and seconds >= 0):
+        return f"seconds {seconds} is not a finite duration"
+    agree = _numbers(rec, "agreement_values")
+    if isinstance(agree, str):
+        return agree
+    if len(agree) != n:
+        return f"{len(agree)} agreement values for {n} texts"
+    a = np.asarray(agree, dtype=np.float64)
+    if not np.all(np.isfinite(a) & (a >= 0) & (a <= 1)):
+        return "an agreement value that is not a finite share in [0, 1]"
+    flip = rec.get("flip_rate", float("nan"))
+    if not _is_number(flip):
+        return "flip_rate is not a number"
+    if n and not abs(float(flip) - (1.0 - float(a.mean()))) <= 1e-9:
+        return f"flip_rate {flip} is not 1 - the mean agreement ({1.0 - float(a.mean())})"
+    preds = rec.get("predictions", [])
+    if not isinstance(preds, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in preds):
+        return "predictions are not a list of class ids"
+    if job.task == CLASSIFICATION:
+        if len(preds) != n:
+            return f"{len(preds)} predictions for {n} texts"
+        ref = np.asarray(job.reference_logits)
+        classes = int(ref.shape[-1]) if ref.ndim >= 2 else None
+        if classes is not None and any(not 0 <= v < classes for v in preds):
+            return f"a predicted class outside the model's {classes} classes"
+    cos = _numbers(rec, "cosine_values")
+    if isinstance(cos, str):
+        return cos
+    if len(cos) not in (0, n):
+        return f"{len(cos)} cosine values for {n} texts"
+    acc = float(rec["accuracy"])
+    if not (np.isnan(acc) or 0.0 <= acc <= 1.0):
+        return f"accuracy {acc} is not a share"
+    if job.task == CLASSIFICATION and n and len(job.labels) == n:
+        want = float(np.mean(np.asarray(preds) == np.asarray(job.labels)))
+        if not abs(acc - want) <= 1e-9:
+            return f"accuracy {acc} is not the share of its predictions that match the labels ({want})"
+    for k in ("logit_mse", "mean_kl"):
+        v = float(rec[k])
+        if not (np.isnan(v) or v >= 0):
+            return f"{k} {v} is negative"
+    return None
+
+
 def from_record(rec: dict[str, Any]) -> SensitivityResult:
     return SensitivityResult(rec["mode"], rec.get("node"), float(rec["accuracy"]), float(rec["logit_mse"]),
                              float(rec["mean_kl"]), float(rec["seconds"]), rec.get("error"),
@@ -128,6 +199,7 @@ class Evaluator:
         self.progress = progress
         self.reused = 0
         self.ran = 0
+        self.rejected = 0  # records read back that failed verification (record_problem): evaluated again
         self.texts = 0  # texts evaluated by the jobs that ran (read back from the ledger: not counted)
         # CPU seconds of those jobs in worker processes (in-process jobs are the driver's own CPU time)
         self.worker_cpu = 0.0
@@ -144,6 +216,12 @@ class Evaluator:
         todo: list[int] = []
         for i, k in enumerate(keys):
             rec = self.ledger.get(k)
+            why = record_problem(rec, jobs[i]) if rec is not None and not rec.get("error") else None
+            if why is not None:
+                self.rejected += 1
+                log.warning("%s: the record of %s %s failed verification (%s); evaluated again",
+                            self.ledger.path, jobs[i].mode, jobs[i].node or "", why)
+                rec = None
             if rec is not None and not rec.get("error"):
                 out.append(from_record(rec))
                 self.reused += 1

@@ -357,7 +357,9 @@ def _run_tune(
                                                resources, executor=executor if shard_stats else None, progress=cb))
         linear = linear_work(model.proto, _typical_feeds(model.tokenizer, cset, model.input_names), config.op_types)
     flops = {f.node: f.flops for f in linear.plain}  # what plans choose among; fused ops stay FP32 (below)
-    work.mkdir(parents=True, exist_ok=True)
+    from calibkit.outdirs import work_folder
+
+    work_folder(work)  # a plain folder: a link or a file standing there is refused, never written through
     ledger = Ledger(work / "ledger.jsonl")
     ev = Evaluator(ledger, model.sha, executor, cb)
     clock.counter = ev
