@@ -110,12 +110,15 @@ def _read_tune(path: Path) -> tuple[str | None, SourceLog | None]:
         result = load_typed(path, TuneResult, strict=False)  # an older tune.json is read, with a warning
     except DataError as exc:
         raise UsageError(f"{path} is not a calibkit tune document ({exc.message})", hint=NOT_OUTPUT_HINT) from None
+    from calibkit.provenance import document_path
+
     claim = None if result.claim_holds else result.claim
     ev = result.eval_set.traffic
-    if ev is None or not ev.path or not Path(ev.path).is_file():
+    log = document_path(path, ev.path, {}) if ev is not None else None  # tune.json: no paths marker
+    if ev is None or log is None or not log.is_file():
         return claim, None
     sha = next((e.removeprefix(LOG_SHA256) for e in ev.exclusions if e.startswith(LOG_SHA256)), None)
-    return claim, SourceLog(Path(ev.path), None, sha or None)
+    return claim, SourceLog(log, None, sha or None)
 
 
 def _from_engine(engine: Path) -> DeploySource:

@@ -88,6 +88,7 @@ def engine_calibration_set(*engines: EngineArtifact) -> CalibrationSet | None:
     is still there: its texts are excluded from traffic evidence, and its manifest names the default log."""
     from calibkit._io import read_json
     from calibkit.errors import CalibkitError
+    from calibkit.provenance import document_path
 
     for e in engines:
         if not e.calibration_json or not Path(e.calibration_json).is_file():
@@ -95,9 +96,10 @@ def engine_calibration_set(*engines: EngineArtifact) -> CalibrationSet | None:
         try:
             doc = read_json(Path(e.calibration_json))
             cs = doc.get("calibration_set") if isinstance(doc, dict) else None
-            path = cs.get("path") if isinstance(cs, dict) else cs
-            if isinstance(path, str) and Path(path).is_dir():
-                return load_calibration_set(Path(path))
+            path = document_path(e.calibration_json, cs.get("path") if isinstance(cs, dict) else cs,
+                                 doc if isinstance(doc, dict) else {})
+            if path is not None and path.is_dir():
+                return load_calibration_set(path)
         except (CalibkitError, OSError, ValueError):
             continue
     return None

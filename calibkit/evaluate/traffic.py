@@ -60,6 +60,7 @@ from calibkit.data.sampling import (
 from calibkit.errors import DataError
 from calibkit.evidence.subsets import EvalSubset, stratified_split
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+from calibkit.provenance import MANIFEST_JSON, document_path
 from calibkit.results.runs import Evidence, RowSelection
 
 log = logging.getLogger("calibkit.evaluate.traffic")
@@ -246,10 +247,8 @@ def default_traffic_log(calibration_set: CalibrationSet) -> DefaultTrafficLog:
     if not isinstance(src, dict) or not isinstance(src.get("path"), str) or not isinstance(src.get("sha256"), str):
         raise DataError(f"{where} names no source log in its manifest, so there is no default traffic",
                         hint=TRAFFIC_HINT)
-    path = Path(src["path"])
-    if not path.is_file() and not path.is_absolute():
-        beside = calibration_set.path.parent / path  # a relative path written from another working directory
-        path = beside if beside.is_file() else path
+    folder = calibration_set.path if calibration_set.path.is_dir() else calibration_set.path.parent
+    path = document_path(folder / MANIFEST_JSON, src["path"], m) or Path(src["path"])
     if not path.is_file():
         raise DataError(f"the log {src['path']} that {where} was sampled from is no longer there",
                         hint=TRAFFIC_HINT)
