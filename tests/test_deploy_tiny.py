@@ -522,3 +522,27 @@ def test_tensorrt_ships_its_own_layout_with_a_warning_when_another_was_measured(
     # ONNX Runtime: as measured, no warning
     ort = deploy(DeployRequest(source=cal, out=tmp_path / "ort", measure_texts=0))
     assert ort.layout.as_measured and not ort.warnings
+
+
+def test_the_served_model_is_named_after_the_users_model_not_a_smoothed_copy(work: dict[str, Path],
+                                                                             tmp_path: Path) -> None:
+    """A tune plan on the smoothed model lives in OUT/smoothed-model: the Triton model is named after the model
+    the user gave (model/, the smoothing record's original), and --name still overrides it."""
+    from calibkit.calibrate.pipeline import calibrate
+    from calibkit.calibrate.smoothing import smooth
+    from calibkit.data.calibset import load_calibration_set
+    from calibkit.data.modeldir import ModelDir
+    from calibkit.requests.calibrate import CalibrateRequest
+    from calibkit.requests.smooth import SmoothRequest
+    from calibkit.types import Method
+
+    cset = load_calibration_set(work["cset"])
+    smoothed = tmp_path / "tune" / "smoothed-model"
+    smooth(SmoothRequest(model=ModelDir.resolve(work["model"]), calibration_set=cset, out=smoothed))
+    cal = calibrate(CalibrateRequest(model=ModelDir.resolve(smoothed), calibration_set=cset, method=Method.MINMAX,
+                                     out=tmp_path / "cal")).out_dir
+    res = deploy(DeployRequest(source=cal, out=tmp_path / "repo", measure_texts=0))
+    assert res.name == f"{work['model'].name}-int8" != "smoothed-model-int8"
+    assert (tmp_path / "repo" / res.name / "config.pbtxt").is_file()
+    named = deploy(DeployRequest(source=cal, out=tmp_path / "repo2", measure_texts=0, name="sentiment"))
+    assert named.name == "sentiment"

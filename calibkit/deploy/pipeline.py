@@ -83,6 +83,7 @@ class _Shaped:
 
 
 def default_name(model: Path, precision: Precision) -> str:
+    """MODELFOLDER-PRECISION (a model file not named model.onnx: its stem), in the characters Triton takes."""
     stem = model.parent.name if model.name == "model.onnx" else model.stem
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-.") or "model"
     return f"{name}-{precision.value}"[:128]
@@ -127,7 +128,7 @@ def _serve(request: DeployRequest) -> _Served:
     from calibkit.data.modeldir import ModelDir
     from calibkit.deploy.modelio import read_model_io
     from calibkit.deploy.repository import check_model_name, guard_repository
-    from calibkit.deploy.source import resolve_source
+    from calibkit.deploy.source import original_model, resolve_source
     from calibkit.deploy.triton import label_output
     from calibkit.provenance import run_inputs
 
@@ -138,7 +139,7 @@ def _serve(request: DeployRequest) -> _Served:
     md = ModelDir.resolve(src.model, src.tokenizer)
     io = read_model_io(md.onnx_path)  # before any work: a model without dynamic axes is refused here
     layout, warnings = _layout(src, backend, str(request.layout) if request.layout is not None else None)
-    name = request.name or default_name(src.model, src.precision)
+    name = request.name or default_name(original_model(src.model), src.precision)  # the user's model, not a copy
     check_model_name(name, "--name" if request.name else "the default name (pass --name)")
     label = label_output(io, md.id2label)  # label names with a line break are refused here, before any work
     if src.tune_claim is not None:

@@ -164,6 +164,29 @@ def _uint8_activations(path: Path) -> bool:
     return any(i.name.endswith("zero_point") and i.data_type == onnx.TensorProto.UINT8 for i in m.graph.initializer)
 
 
+def original_model(model: Path, *, max_steps: int = 8) -> Path:
+    """The model the user gave, behind a smoothed copy: a smoothed model folder (calibkit smooth's, or the one
+    tune smooths into its OUT/smoothed-model) records in its smoothing.json the model it was smoothed from;
+    followed to the first model that is no smoothed copy (``model`` itself when it is none). Only its name is
+    needed, so a recorded original that is gone still names it."""
+    from calibkit._io import read_json
+    from calibkit.provenance import SMOOTHING_JSON, document_path
+
+    for _ in range(max_steps):
+        record = model.parent / SMOOTHING_JSON
+        if not record.is_file():
+            break
+        try:
+            doc = read_json(record)
+        except (OSError, ValueError, RecursionError):
+            break
+        named = document_path(record, doc.get("source_model"), doc) if isinstance(doc, dict) else None
+        if named is None or named == model:
+            break
+        model = named
+    return model
+
+
 def resolve_source(path: str | Path) -> DeploySource:
     """Read SOURCE; a path that is none of the three is one UsageError saying what SOURCE may be."""
     p = Path(path)
