@@ -273,7 +273,11 @@ def _build(request: DeployRequest, served: _Served, model_dir: Path, result: Dep
 
     target = model_dir / "1" / "model.onnx" if result.backend is Backend.ONNXRUNTIME else \
         model_dir / f"model.{served.src.precision.value}.onnx"
+    from calibkit.deploy.repository import ship_sidecar
+    from calibkit.enginefiles.artifact import sidecar_path
+
     build(_build_request(served, target, request))
+    ship_sidecar(sidecar_path(target))
     return target
 
 
@@ -325,10 +329,11 @@ def _files(request: DeployRequest, served: _Served, shaped: _Shaped, result: Dep
     """Everything of the repository but the model: config, scripts, perf data, README and deploy.json."""
     from calibkit.deploy.engine import PROFILES_FILE, PlanSpec
     from calibkit.deploy.readme import build_script, perf_script, readme
-    from calibkit.deploy.repository import RepositoryFiles
+    from calibkit.deploy.repository import RepositoryFiles, shipped_result
     from calibkit.deploy.triton import TritonModelConfig, labels_text
     from calibkit.results.codec import to_document
 
+    result = shipped_result(result, request.out)  # no absolute path of this machine in the repository's files
     name, plan = served.name, result.batching
     config = TritonModelConfig(name=name, backend=result.backend, io=served.io, max_batch_size=plan.max_batch_size,
                                preferred_batch_sizes=plan.preferred, queue_delay_us=plan.queue_delay_us,

@@ -40,7 +40,8 @@ class DeploySource:
     tune_traffic: SourceLog | None = None  # the log tune judged agreement with FP32 on, while it is still there
 
     def record(self) -> SourceRecord:
-        """deploy.json's record of SOURCE: absolute paths (the repository is read elsewhere)."""
+        """deploy's record of SOURCE: absolute paths (the repository's files name them relative to it,
+        :func:`calibkit.deploy.repository.shipped_result`)."""
         def a(p: Path | None) -> str | None:
             return os.path.abspath(p) if p is not None else None
 
