@@ -116,15 +116,15 @@ def document_path(doc_path: str | os.PathLike[str], value: object,
 
 def recorded_paths(doc_path: Path, value: object, *, doc_relative: bool) -> list[Path]:
     """The paths a document's path field may mean: an absolute one as it is; a relative one from the
-    document's folder, or (older documents) from the current folder and, to err on the safe side, from the
-    document's folder too."""
-    if not isinstance(value, str) or not value:
+    document's folder (:func:`document_path`), or (older documents) from the current folder and, to err on the
+    safe side, from the document's folder too: what the output guard treats as inputs."""
+    named = document_path(doc_path, value)
+    if named is None:
         return []
-    p = Path(value)
-    if p.is_absolute():
-        return [resolved(p)]
-    here = resolved(doc_path.parent / p)
-    return [here] if doc_relative else list(dict.fromkeys([resolved(p), here]))
+    here = resolved(named)
+    if doc_relative or Path(str(value)).is_absolute():
+        return [here]
+    return list(dict.fromkeys([resolved(str(value)), here]))
 
 
 def _named(p: Path) -> list[tuple[Path, str]]:
