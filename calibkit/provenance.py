@@ -95,17 +95,36 @@ def document_relative(doc: dict[str, object]) -> bool:
     return doc.get(PATHS_KEY) == PATHS_RELATIVE
 
 
-def recorded_paths(doc_path: Path, value: object, *, doc_relative: bool) -> list[Path]:
-    """The paths a document's path field may mean: an absolute one as it is; a relative one from the
-    document's folder, or (older documents) from the current folder and, to err on the safe side, from the
-    document's folder too."""
+def document_path(doc_path: str | os.PathLike[str], value: object,
+                  doc: dict[str, object] | None = None) -> Path | None:
+    """The one reading of a path a calibkit document holds (calibration.json, an engine sidecar, a manifest,
+    smoothing.json, tune.json, plan.json, deploy.json), made absolute: an absolute one as written; a relative
+    one against the folder of the document at ``doc_path``, wherever the command runs. ``doc``: the
+    document's content, for documents written before that rule (no ``paths`` marker): their relative paths
+    were relative to the folder the writing run ran in, so such a path is taken from the current folder when
+    only there it names something. None for a missing or empty value."""
     if not isinstance(value, str) or not value:
-        return []
+        return None
     p = Path(value)
     if p.is_absolute():
-        return [resolved(p)]
-    here = resolved(doc_path.parent / p)
-    return [here] if doc_relative else list(dict.fromkeys([resolved(p), here]))
+        return p
+    here = Path(os.path.abspath(Path(doc_path).parent / p))
+    if doc is not None and not document_relative(doc) and not here.exists() and p.exists():
+        return Path(os.path.abspath(p))
+    return here
+
+
+def recorded_paths(doc_path: Path, value: object, *, doc_relative: bool) -> list[Path]:
+    """The paths a document's path field may mean: an absolute one as it is; a relative one from the
+    document's folder (:func:`document_path`), or (older documents) from the current folder and, to err on the
+    safe side, from the document's folder too: what the output guard treats as inputs."""
+    named = document_path(doc_path, value)
+    if named is None:
+        return []
+    here = resolved(named)
+    if doc_relative or Path(str(value)).is_absolute():
+        return [here]
+    return list(dict.fromkeys([resolved(str(value)), here]))
 
 
 def _named(p: Path) -> list[tuple[Path, str]]:

@@ -83,3 +83,19 @@ def test_counts_agree_with_their_nouns() -> None:
 
     assert count(1, "node") == "1 node" and count(0, "node") == "0 nodes" and count(2, "layer") == "2 layers"
     assert count(1, "activation range") == "1 activation range" and count(3, "index", "indices") == "3 indices"
+
+
+def _every_command(cmd, path):  # type: ignore[no-untyped-def]
+    """Every command and group, the app itself included."""
+    yield path
+    for name, sub in (getattr(cmd, "commands", None) or {}).items():
+        yield from _every_command(sub, [*path, name])
+
+
+def test_no_help_row_shows_a_type_after_a_flag() -> None:
+    """Flags take no value: typer's ``<bool>`` after ``--help`` (it was shown in `calibkit demo --help`, a group
+    whose class typer left as a placeholder) reads as if the flag wanted an argument."""
+    shown = {" ".join(path) or "calibkit": _help(path) for path in _every_command(typer.main.get_command(app), [])}
+    assert "demo" in shown and "demo run" in shown
+    assert [name for name, text in shown.items() if re.search(r"--help\s*<bool>", text)] == []
+    assert [name for name, text in shown.items() if "<bool>" in text] == []

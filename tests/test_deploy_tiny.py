@@ -82,7 +82,11 @@ def test_onnxruntime_repository(work: dict[str, Path], tmp_path: Path) -> None:
     assert res.model_path.read_bytes() == (work["cal"] / "model.int8.onnx").read_bytes()
     # the repository's own files
     doc = json.loads((tmp_path / "repo" / "deploy.json").read_text())
-    assert doc["format"] == "calibkit-deploy/2" and doc["traffic"]["path"] == str(work["log"])  # the set's log
+    assert doc["format"] == "calibkit-deploy/2" and res.traffic.path == str(work["log"])  # the set's log
+    from calibkit.provenance import document_path
+
+    # in the repository, relative to it (nothing of this machine's absolute paths)
+    assert document_path(tmp_path / "repo" / "deploy.json", doc["traffic"]["path"]) == Path(work["log"])
     assert doc["traffic"]["broken"] == {"invalid_json": 1} and doc["traffic"]["usable"] == 300
     assert "tritonserver --model-repository" in res.readme.read_text()
     assert (tmp_path / "repo" / "perf_analyzer.sh").stat().st_mode & 0o100
@@ -528,3 +532,52 @@ def test_tensorrt_ships_its_own_layout_with_a_warning_when_another_was_measured(
     # ONNX Runtime: as measured, no warning
     ort = deploy(DeployRequest(source=cal, out=tmp_path / "ort", measure_texts=0))
     assert ort.layout.as_measured and not ort.warnings
+
+
+def test_the_served_model_is_named_after_the_users_model_not_a_smoothed_copy(work: dict[str, Path],
+                                                                             tmp_path: Path) -> None:
+    """A tune plan on the smoothed model lives in OUT/smoothed-model: the Triton model is named after the model
+    the user gave (model/, the smoothing record's original), and --name still overrides it."""
+    from calibkit.calibrate.pipeline import calibrate
+    from calibkit.calibrate.smoothing import smooth
+    from calibkit.data.calibset import load_calibration_set
+    from calibkit.data.modeldir import ModelDir
+    from calibkit.requests.calibrate import CalibrateRequest
+    from calibkit.requests.smooth import SmoothRequest
+    from calibkit.types import Method
+
+    cset = load_calibration_set(work["cset"])
+    smoothed = tmp_path / "tune" / "smoothed-model"
+    smooth(SmoothRequest(model=ModelDir.resolve(work["model"]), calibration_set=cset, out=smoothed))
+    cal = calibrate(CalibrateRequest(model=ModelDir.resolve(smoothed), calibration_set=cset, method=Method.MINMAX,
+                                     out=tmp_path / "cal")).out_dir
+    res = deploy(DeployRequest(source=cal, out=tmp_path / "repo", measure_texts=0))
+    assert res.name == f"{work['model'].name}-int8" != "smoothed-model-int8"
+    assert (tmp_path / "repo" / res.name / "config.pbtxt").is_file()
+    named = deploy(DeployRequest(source=cal, out=tmp_path / "repo2", measure_texts=0, name="sentiment"))
+    assert named.name == "sentiment"
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "tensorrt"])
+def test_the_repository_holds_no_absolute_path_of_this_machine(work: dict[str, Path], tmp_path: Path,
+                                                              backend: str) -> None:
+    """README, deploy.json, the engine sidecar and every other text file name what deploy read relative to
+    the repository, so it can be copied to the serving machine; the sidecar still reads back."""
+    from calibkit.enginefiles.artifact import EngineArtifact
+
+    out = tmp_path / "repo"
+    res = deploy(DeployRequest(source=work["cal"], out=out, backend=backend))
+    roots = {str(work["root"]), str(work["root"].resolve()), str(tmp_path), str(tmp_path.resolve())}
+    leaked = []
+    for f in sorted(out.rglob("*")):
+        if not f.is_file() or f.suffix in (".onnx", ".plan"):
+            continue
+        text = f.read_text(encoding="utf-8", errors="replace")
+        leaked += [f"{f.relative_to(out)}: {r}" for r in roots if r in text]
+    assert leaked == []
+    import os
+
+    assert f"from `{os.path.relpath(work['cal'].resolve(), out.resolve())}`" in (out / "README.md").read_text()
+    if res.model_path is not None:
+        art = EngineArtifact.load(res.model_path)
+        assert Path(art.source_model or "") == (work["model"] / "model.onnx").resolve()

@@ -340,6 +340,15 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def _in_repository(repo: Path, recorded: str) -> Path:
+    """A path deploy.json records (relative to the repository: no absolute path of this machine ships)."""
+    from calibkit.provenance import document_path
+
+    named = document_path(repo / "deploy.json", recorded)
+    assert named is not None and not Path(recorded).is_absolute()
+    return named.resolve()
+
+
 def _deploy(source: Path, out: Path, *extra: object) -> object:
     return run("deploy", source, "-b", "onnxruntime", "--out", out, *extra)
 
@@ -356,7 +365,7 @@ def test_deploy_from_another_folder_uses_the_model_the_folder_names(tuned: Path,
     r = _deploy_tune(tuned, tuned / "tune", tmp_path / "repo")
     assert r.exit_code == 0, r.output
     doc = json.loads((tmp_path / "repo" / "deploy.json").read_text())
-    assert doc["source"]["model"] == str(tuned / "tm" / "model.onnx")
+    assert _in_repository(tmp_path / "repo", doc["source"]["model"]) == (tuned / "tm" / "model.onnx").resolve()
 
 
 def test_another_tm_in_the_working_folder_is_never_deployed(tuned: Path, tmp_path: Path,
@@ -369,7 +378,8 @@ def test_another_tm_in_the_working_folder_is_never_deployed(tuned: Path, tmp_pat
     assert r.exit_code == 0, r.output
     labels = next((tmp_path / "repo").glob("*/labels.txt"))
     assert labels.read_text() == "negative\npositive\n"
-    assert json.loads((tmp_path / "repo" / "deploy.json").read_text())["source"]["tokenizer"] == str(tuned / "tm")
+    doc = json.loads((tmp_path / "repo" / "deploy.json").read_text())
+    assert _in_repository(tmp_path / "repo", doc["source"]["tokenizer"]) == (tuned / "tm").resolve()
 
 
 @pytest.mark.parametrize("what", ["tokenizer", "model"])

@@ -56,7 +56,10 @@ def test_sample_writes_set_and_manifest(log_file, tmp_path):
     rows = [json.loads(x) for x in texts_raw.decode().splitlines()]
     assert len(rows) == 64 == m["count"] and all(set(x) == {"text", "label"} for x in rows)
     assert len({x["text"] for x in rows}) == 64
-    assert m["source"]["path"] == str(p) and m["source"]["size_bytes"] == p.stat().st_size
+    from calibkit.provenance import document_path
+
+    assert document_path(out / "manifest.json", m["source"]["path"], m) == p  # relative to the manifest's folder
+    assert m["source"]["size_bytes"] == p.stat().st_size
     import hashlib
 
     assert m["source"]["sha256"] == hashlib.sha256(p.read_bytes()).hexdigest()

@@ -109,7 +109,7 @@ def test_same_code_path_as_sample_field_redaction_strict(tmp_path: Path) -> None
     assert ev.redaction.get("email") == 40
     assert ev.excluded["emptied_by_cleanup"] == 1 and "hello world" in ev.texts
     assert ev.source.text_fields == ("request.text",) and not ev.source.text_field_auto_detected
-    assert len(ev) == 41 and ev.warnings and "only 41 distinct texts" in ev.warnings[0]
+    assert len(ev) == 41 and ev.warnings and "drew 41 traffic texts of the 100 asked for" in ev.warnings[0]
     raw = draw_traffic(log, TrafficOptions(size=100, text_field="request.text", redact=False))
     assert any("@example.com" in t for t in raw.texts) and raw.redaction == {}
     auto = draw_traffic(log, TrafficOptions(size=100))  # auto-detected like sample
@@ -239,3 +239,45 @@ def test_gzip_log_gives_the_same_draw(tmp_path: Path) -> None:
     a = draw_traffic(plain, TrafficOptions(size=100))
     b = draw_traffic(gz, TrafficOptions(size=100))
     assert a.keys == b.keys and b.source.gzip and not a.source.gzip and a.source.sha256 != b.source.sha256
+
+
+def test_fewer_texts_than_asked_are_warned_about_with_why_and_what_it_costs(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """tune's --traffic-size met a smaller log: the warning names asked, drawn, why and what the holdout gets."""
+    import logging
+
+    from calib_helpers import texts as model_texts
+    from calib_helpers import write_model_dir
+
+    from calibkit.evaluate.inputs import resolve_tune
+    from calibkit.requests.tune import TuneRequest
+
+    model = write_model_dir(tmp_path / "model")
+    distinct = list(dict.fromkeys(model_texts(600, seed=4)))[:200]  # words the tiny model's tokenizer knows
+    log = _write_log(tmp_path / "log.jsonl", distinct + distinct[100:150])  # 50 duplicate lines
+    cset = write_calibration_set(tmp_path / "set", distinct[:30], None, {})
+    request = TuneRequest(model=model, calibration_set=cset.path, traffic=log, traffic_size=1000,
+                          out=tmp_path / "tune")
+    with caplog.at_level(logging.WARNING, logger="calibkit"):
+        inputs = resolve_tune(request)
+    drawn = len(inputs.traffic)
+    assert drawn < 1000
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "traffic texts" in
+            r.getMessage()]
+    assert len(said) == 1, caplog.text
+    w = said[0]
+    assert f"drew {drawn:,} traffic texts of the 1,000 asked for" in w
+    x = inputs.traffic.excluded
+    assert x["calibration_set"] >= 30 and x["duplicate_lines"] >= 1
+    assert "250 lines" in w and f"{x['duplicate_lines']:,} duplicates of earlier lines" in w
+    assert f"{x['calibration_set']:,} distinct texts of the calibration set excluded" in w
+    assert f"{1000 ** 0.5 / drawn ** 0.5:.1f}x as wide" in w
+    half = request.holdout_fraction
+    assert (f"holdout (--holdout {half:g}) gets about {round(drawn * half):,} of them instead of "
+            f"{round(1000 * half):,}") in w
+    assert inputs.traffic.warnings and inputs.traffic.warnings[0].startswith(f"drew {drawn:,}")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="calibkit"):
+        resolve_tune(TuneRequest(model=model, calibration_set=cset.path, traffic=log, traffic_size=100,
+                                 out=tmp_path / "tune"))
+    assert not [r for r in caplog.records if "traffic texts" in r.getMessage()], "as many as asked: nothing said"

@@ -18,13 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from calibkit._io import atomic_dir, write_json
+from calibkit._io import atomic_dir, record_path, write_json
 from calibkit._version import __version__
 from calibkit.data.calibset import CalibrationSet, load_calibration_set
 from calibkit.data.encode import DEFAULT_MEMORY_BUDGET, TokenBudget
 from calibkit.data.modeldir import ModelDir
 from calibkit.errors import CalibrationError, ModelError
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+from calibkit.provenance import PATHS_KEY, PATHS_RELATIVE
 from calibkit.quantize.qdq import save_model, weightless_copy
 from calibkit.quantize.smooth import (
     METADATA_KEY,
@@ -248,7 +249,8 @@ def smooth(request: SmoothRequest, resources: Resources = Resources()) -> Smooth
                     shutil.copyfile(folder / name, tmp / name)
         timings["total"] = time.perf_counter() - t0
         write_json(tmp / SMOOTHING_FILE, {
-            **meta, "calibkit": __version__, "source_model": str(model_dir.onnx_path),
+            **meta, "calibkit": __version__, PATHS_KEY: PATHS_RELATIVE,
+            "source_model": record_path(tmp / SMOOTHING_FILE, model_dir.onnx_path),  # read by document_path
             "texts": stats.texts, "tokens": stats.tokens,
             "sampled_rows": {t: int(len(r)) for t, r in stats.rows.items()},
             "groups": len(groups), "smoothed": sum(c.scale is not None for c in choices),

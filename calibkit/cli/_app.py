@@ -71,6 +71,14 @@ for _module in (_demo, _export, _sample, _smooth, _calibrate, _build, _compare, 
     _module.register(app)
 
 
+def _unset(cls: object, default: type) -> bool:
+    """Whether a typer ``cls`` is typer's own: None, its default class, or the ``Default(...)`` placeholder a
+    ``typer.Typer()`` or ``add_typer`` left unset holds (missed, the demo group showed ``--help <bool>``)."""
+    if isinstance(cls, typer.models.DefaultPlaceholder):
+        cls = cls.value
+    return cls is None or cls is default
+
+
 def _literal_help(t: typer.Typer, seen: set[int] | None = None) -> None:
     """Help texts are plain text: their brackets ("[default: no limit]", "[smooth ->]", "logits [batch,
     classes]") are shown, not read as rich markup (which silently dropped them)."""
@@ -82,9 +90,9 @@ def _literal_help(t: typer.Typer, seen: set[int] | None = None) -> None:
         return text.replace("[", "\\[") if text else text
 
     t.info.help = esc(t.info.help)
-    t.info.cls = _Group if t.info.cls in (None, typer.core.TyperGroup) else t.info.cls
+    t.info.cls = _Group if _unset(t.info.cls, typer.core.TyperGroup) else t.info.cls
     for info in t.registered_commands:
-        info.cls = _Command if info.cls in (None, typer.core.TyperCommand) else info.cls
+        info.cls = _Command if _unset(info.cls, typer.core.TyperCommand) else info.cls
         info.help = esc(info.help or (inspect.getdoc(info.callback) if info.callback else None))
         info.epilog = esc(info.epilog)
         if info.callback is None:
@@ -96,7 +104,7 @@ def _literal_help(t: typer.Typer, seen: set[int] | None = None) -> None:
     for group in t.registered_groups:
         if group.typer_instance is not None:
             group.help = esc(group.help)
-            group.cls = _Group if group.cls in (None, typer.core.TyperGroup) else group.cls
+            group.cls = _Group if _unset(group.cls, typer.core.TyperGroup) else group.cls
             _literal_help(group.typer_instance, seen)
 
 

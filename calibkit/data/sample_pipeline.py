@@ -494,9 +494,19 @@ def _merge_label_strata(pool: PriorityPool) -> PriorityPool:
 
 
 def sample_log(request: SampleRequest, progress: ProgressCallback | None = None) -> CalibrationSet:
-    """Draw a sample and write ``texts.jsonl`` + ``manifest.json`` into the request's OUT atomically."""
+    """Draw a sample and write ``texts.jsonl`` + ``manifest.json`` into the request's OUT atomically. The
+    manifest names the log relative to its own folder where that is near (as calibration.json names what it
+    was made from), so readers find it from any working folder (:func:`calibkit.provenance.document_path`)."""
+    from calibkit._io import record_path
+    from calibkit.provenance import MANIFEST_JSON, PATHS_KEY, PATHS_RELATIVE
+
     s = draw_sample(request, progress)
-    return write_calibration_set(request.out_dir, s.texts, s.labels, s.manifest)
+    manifest = dict(s.manifest)
+    src = manifest.get("source")
+    if isinstance(src, dict) and isinstance(src.get("path"), str):
+        manifest["source"] = {**src, "path": record_path(Path(request.out_dir) / MANIFEST_JSON, src["path"])}
+        manifest[PATHS_KEY] = PATHS_RELATIVE
+    return write_calibration_set(request.out_dir, s.texts, s.labels, manifest)
 
 
 def _preview(text: str, n: int = 80) -> str:

@@ -50,11 +50,13 @@ def build_plan(folder: str | Path) -> Path:
     """Build ``folder/1/model.plan`` as ``folder/build_engine.sh`` does with trtexec; returns its path."""
     from calibkit.engines.tensorrt.builder import build_engine
     from calibkit.engines.tensorrt.profile import SeqProfile
+    from calibkit.provenance import document_path
 
     f = Path(folder)
     spec = read_spec(f)
     profiles = [SeqProfile(**p) for p in spec.profiles]
-    res = build_engine((f / spec.onnx).read_bytes(), f / spec.plan, profiles, workspace_bytes=spec.workspace_mib << 20)
+    onnx, plan = (document_path(f / PROFILES_FILE, v) or f / v for v in (spec.onnx, spec.plan))
+    res = build_engine(onnx.read_bytes(), plan, profiles, workspace_bytes=spec.workspace_mib << 20)
     return res.engine
 
 

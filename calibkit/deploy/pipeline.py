@@ -83,6 +83,7 @@ class _Shaped:
 
 
 def default_name(model: Path, precision: Precision) -> str:
+    """MODELFOLDER-PRECISION (a model file not named model.onnx: its stem), in the characters Triton takes."""
     stem = model.parent.name if model.name == "model.onnx" else model.stem
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-.") or "model"
     return f"{name}-{precision.value}"[:128]
@@ -127,7 +128,7 @@ def _serve(request: DeployRequest) -> _Served:
     from calibkit.data.modeldir import ModelDir
     from calibkit.deploy.modelio import read_model_io
     from calibkit.deploy.repository import check_model_name, guard_repository
-    from calibkit.deploy.source import resolve_source
+    from calibkit.deploy.source import original_model, resolve_source
     from calibkit.deploy.triton import label_output
     from calibkit.provenance import run_inputs
 
@@ -138,7 +139,7 @@ def _serve(request: DeployRequest) -> _Served:
     md = ModelDir.resolve(src.model, src.tokenizer)
     io = read_model_io(md.onnx_path)  # before any work: a model without dynamic axes is refused here
     layout, warnings = _layout(src, backend, str(request.layout) if request.layout is not None else None)
-    name = request.name or default_name(src.model, src.precision)
+    name = request.name or default_name(original_model(src.model), src.precision)  # the user's model, not a copy
     check_model_name(name, "--name" if request.name else "the default name (pass --name)")
     label = label_output(io, md.id2label)  # label names with a line break are refused here, before any work
     if src.tune_claim is not None:
@@ -272,7 +273,11 @@ def _build(request: DeployRequest, served: _Served, model_dir: Path, result: Dep
 
     target = model_dir / "1" / "model.onnx" if result.backend is Backend.ONNXRUNTIME else \
         model_dir / f"model.{served.src.precision.value}.onnx"
+    from calibkit.deploy.repository import ship_sidecar
+    from calibkit.enginefiles.artifact import sidecar_path
+
     build(_build_request(served, target, request))
+    ship_sidecar(sidecar_path(target))
     return target
 
 
@@ -324,10 +329,11 @@ def _files(request: DeployRequest, served: _Served, shaped: _Shaped, result: Dep
     """Everything of the repository but the model: config, scripts, perf data, README and deploy.json."""
     from calibkit.deploy.engine import PROFILES_FILE, PlanSpec
     from calibkit.deploy.readme import build_script, perf_script, readme
-    from calibkit.deploy.repository import RepositoryFiles
+    from calibkit.deploy.repository import RepositoryFiles, shipped_result
     from calibkit.deploy.triton import TritonModelConfig, labels_text
     from calibkit.results.codec import to_document
 
+    result = shipped_result(result, request.out)  # no absolute path of this machine in the repository's files
     name, plan = served.name, result.batching
     config = TritonModelConfig(name=name, backend=result.backend, io=served.io, max_batch_size=plan.max_batch_size,
                                preferred_batch_sizes=plan.preferred, queue_delay_us=plan.queue_delay_us,

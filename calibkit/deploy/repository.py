@@ -14,6 +14,10 @@ Layout::
         1/                  TensorRT: model.plan is built on the serving GPU by build_engine.sh
         model.<precision>.onnx, build_engine.sh, trt_profiles.json   (TensorRT)
 
+Nothing in OUT carries this machine's absolute paths: deploy.json, the README and the engine sidecar name what
+deploy read relative to the folder they are in (:func:`shipped_result`, :func:`ship_sidecar`), so the repository
+can be copied to the serving machine as it is.
+
 OUT follows the rules of every folder calibkit writes (:mod:`calibkit.outdirs`): the marker file, never an
 input, an existing folder replaced only when calibkit wrote it (the CLI's ``--force`` moves a foreign one
 aside first), one writer at a time.
@@ -21,6 +25,7 @@ aside first), one writer at a time.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -28,10 +33,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from calibkit._io import atomic_dir, dumps_json
+from calibkit._io import atomic_dir, dumps_json, final_path, read_json, write_json
 from calibkit.errors import UsageError
 from calibkit.outdirs import check_not_input, check_replaceable
 from calibkit.provenance import RunInputs
+from calibkit.results.documents import DeployResult
 
 # OUT's own files: a model named like one of them would collide with it (compared without case: macOS and
 # Windows file systems do not tell README.md from readme.md)
@@ -94,3 +100,56 @@ def _umask() -> int:
     from calibkit.outdirs import umask
 
     return umask()
+
+
+def relative_to(path: str | os.PathLike[str], folder: str | os.PathLike[str]) -> str:
+    """``path`` as the files in ``folder`` name it: relative to ``folder`` (links followed on both sides), or
+    its name alone where no relative path exists (another drive)."""
+    home = os.path.realpath(os.path.abspath(folder))
+    try:
+        return os.path.relpath(os.path.realpath(os.path.abspath(path)), home)
+    except ValueError:
+        return Path(path).name
+
+
+def _relative_text(text: str, pairs: Sequence[tuple[str, str]]) -> str:
+    for absolute, rel in pairs:
+        text = text.replace(absolute, rel)
+    return text
+
+
+def shipped_result(result: DeployResult, out: str | os.PathLike[str]) -> DeployResult:
+    """``result`` as the repository's files state it: SOURCE's and the traffic's paths relative to OUT (read
+    back by :func:`calibkit.provenance.document_path` against deploy.json's folder), and the same paths in the
+    warnings and the measurement note; the result deploy returns keeps them absolute."""
+    src, tr = result.source, result.traffic
+    fields = ("path", "model", "tokenizer", "calibration_json", "qdq_model", "calibration_set")
+    rel = {f: relative_to(getattr(src, f), out) for f in fields if getattr(src, f)}
+    pairs = sorted({(os.path.abspath(v), relative_to(v, out)) for v in
+                    [tr.path, *(getattr(src, f) for f in fields)] if v}, key=lambda p: -len(p[0]))
+    return dataclasses.replace(
+        result, source=dataclasses.replace(src, **rel),
+        traffic=dataclasses.replace(tr, path=relative_to(tr.path, out)),
+        warnings=tuple(_relative_text(w, pairs) for w in result.warnings),
+        measurement_note=_relative_text(result.measurement_note, pairs) if result.measurement_note else None)
+
+
+def ship_sidecar(sidecar: Path) -> None:
+    """Rewrite the engine sidecar deploy's build wrote into the repository with its paths relative to the
+    folder it will be in (sidecars are read that way, :class:`calibkit.enginefiles.artifact.EngineArtifact`),
+    not this machine's absolute paths."""
+    if not sidecar.is_file():
+        return
+    doc = read_json(sidecar)
+    if not isinstance(doc, dict):
+        return
+    home = final_path(sidecar).parent
+
+    def rel(v: object) -> object:
+        return relative_to(v, home) if isinstance(v, str) and os.path.isabs(v) else v
+
+    for key in ("source_model", "tokenizer", "calibration_json"):
+        doc[key] = rel(doc.get(key))
+    if isinstance(doc.get("extra"), dict):
+        doc["extra"] = {k: rel(v) for k, v in doc["extra"].items()}
+    write_json(sidecar, doc)

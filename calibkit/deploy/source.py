@@ -40,7 +40,8 @@ class DeploySource:
     tune_traffic: SourceLog | None = None  # the log tune judged agreement with FP32 on, while it is still there
 
     def record(self) -> SourceRecord:
-        """deploy.json's record of SOURCE: absolute paths (the repository is read elsewhere)."""
+        """deploy's record of SOURCE: absolute paths (the repository's files name them relative to it,
+        :func:`calibkit.deploy.repository.shipped_result`)."""
         def a(p: Path | None) -> str | None:
             return os.path.abspath(p) if p is not None else None
 
@@ -110,12 +111,15 @@ def _read_tune(path: Path) -> tuple[str | None, SourceLog | None]:
         result = load_typed(path, TuneResult, strict=False)  # an older tune.json is read, with a warning
     except DataError as exc:
         raise UsageError(f"{path} is not a calibkit tune document ({exc.message})", hint=NOT_OUTPUT_HINT) from None
+    from calibkit.provenance import document_path
+
     claim = None if result.claim_holds else result.claim
     ev = result.eval_set.traffic
-    if ev is None or not ev.path or not Path(ev.path).is_file():
+    log = document_path(path, ev.path, {}) if ev is not None else None  # tune.json: no paths marker
+    if ev is None or log is None or not log.is_file():
         return claim, None
     sha = next((e.removeprefix(LOG_SHA256) for e in ev.exclusions if e.startswith(LOG_SHA256)), None)
-    return claim, SourceLog(Path(ev.path), None, sha or None)
+    return claim, SourceLog(log, None, sha or None)
 
 
 def _from_engine(engine: Path) -> DeploySource:
@@ -159,6 +163,29 @@ def _uint8_activations(path: Path) -> bool:
 
     m = load_model(path, load_external_data=False)
     return any(i.name.endswith("zero_point") and i.data_type == onnx.TensorProto.UINT8 for i in m.graph.initializer)
+
+
+def original_model(model: Path, *, max_steps: int = 8) -> Path:
+    """The model the user gave, behind a smoothed copy: a smoothed model folder (calibkit smooth's, or the one
+    tune smooths into its OUT/smoothed-model) records in its smoothing.json the model it was smoothed from;
+    followed to the first model that is no smoothed copy (``model`` itself when it is none). Only its name is
+    needed, so a recorded original that is gone still names it."""
+    from calibkit._io import read_json
+    from calibkit.provenance import SMOOTHING_JSON, document_path
+
+    for _ in range(max_steps):
+        record = model.parent / SMOOTHING_JSON
+        if not record.is_file():
+            break
+        try:
+            doc = read_json(record)
+        except (OSError, ValueError, RecursionError):
+            break
+        named = document_path(record, doc.get("source_model"), doc) if isinstance(doc, dict) else None
+        if named is None or named == model:
+            break
+        model = named
+    return model
 
 
 def resolve_source(path: str | Path) -> DeploySource:

@@ -99,9 +99,9 @@ class SourceLog:
 
 
 def log_of_calibration_set(cset: Path) -> SourceLog | None:
-    """The log a calibration set was drawn from, when its manifest names one: relative to the manifest's folder
-    (or, for manifests that predate that rule, to the current folder first), as recorded."""
-    from calibkit.provenance import document_relative, recorded_paths
+    """The log a calibration set was drawn from, when its manifest names one (read by
+    :func:`calibkit.provenance.document_path`: a relative path against the manifest's folder)."""
+    from calibkit.provenance import document_path
 
     manifest = cset / "manifest.json"
     try:
@@ -111,12 +111,11 @@ def log_of_calibration_set(cset: Path) -> SourceLog | None:
     src = doc.get("source") if isinstance(doc, dict) else None
     if not isinstance(src, dict):
         return None
-    where = recorded_paths(manifest, src.get("path"), doc_relative=document_relative(doc))
-    if not where:
+    where = document_path(manifest, src.get("path"), doc)
+    if where is None:
         return None
     size, sha = src.get("size_bytes"), src.get("sha256")
-    return SourceLog(next((w for w in where if w.is_file()), where[0]), size if isinstance(size, int) else None,
-                     sha if isinstance(sha, str) and sha else None)
+    return SourceLog(where, size if isinstance(size, int) else None, sha if isinstance(sha, str) and sha else None)
 
 
 def find_calibration_set(set_id: str, roots: Sequence[Path]) -> Path | None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from calibkit._io import read_json, write_json
 from calibkit.errors import ModelError
-from calibkit.provenance import SIDECAR_SUFFIX, document_relative, recorded_paths
+from calibkit.provenance import SIDECAR_SUFFIX, document_path
 from calibkit.types import Backend, Precision
 
 
@@ -36,9 +36,8 @@ def _no_sidecar_hint(p: Path) -> str:
     if not isinstance(doc, dict):
         return generic
     files = doc.get("files")
-    rel = document_relative(doc)
-    source = next(iter(recorded_paths(p.parent / "calibration.json", doc.get("source_model"), doc_relative=rel)), None)
-    tok = next(iter(recorded_paths(p.parent / "calibration.json", doc.get("tokenizer"), doc_relative=rel)), None)
+    source = document_path(p.parent / "calibration.json", doc.get("source_model"), doc)
+    tok = document_path(p.parent / "calibration.json", doc.get("tokenizer"), doc)
     if not isinstance(files, dict) or files.get("model") != p.name or source is None:
         return generic
     model = source
@@ -126,8 +125,9 @@ class EngineArtifact:
                 hint="rebuild the engine with `calibkit build ... -o " + str(p) + "`, which writes both again",
             )
 
-        def _abs(v: str | None) -> str | None:
-            return str((p.parent / v).resolve()) if v and not Path(v).is_absolute() else v
+        def _abs(v: str | None) -> str | None:  # a sidecar's paths were always relative to its folder
+            named = document_path(sc, v)
+            return str(named.resolve()) if named is not None and not Path(v or "").is_absolute() else v
 
         try:
             return cls._from_dict(p, d, _abs)

@@ -18,7 +18,13 @@ from calibkit.data.evalset import EvalSet, load_eval_set
 from calibkit.data.modeldir import ModelDir
 from calibkit.enginefiles.artifact import EngineArtifact
 from calibkit.errors import UsageError
-from calibkit.evaluate.traffic import TrafficEvidence, TrafficOptions, draw_default_traffic, draw_traffic
+from calibkit.evaluate.traffic import (
+    TrafficEvidence,
+    TrafficOptions,
+    draw_default_traffic,
+    draw_traffic,
+    shortfall_warning,
+)
 from calibkit.evidence.subsets import EvalSubset, stratified_subset
 from calibkit.progress import ProgressCallback
 from calibkit.requests.checks import TRAFFIC_SIZE, check_numbers
@@ -88,6 +94,7 @@ def engine_calibration_set(*engines: EngineArtifact) -> CalibrationSet | None:
     is still there: its texts are excluded from traffic evidence, and its manifest names the default log."""
     from calibkit._io import read_json
     from calibkit.errors import CalibkitError
+    from calibkit.provenance import document_path
 
     for e in engines:
         if not e.calibration_json or not Path(e.calibration_json).is_file():
@@ -95,9 +102,10 @@ def engine_calibration_set(*engines: EngineArtifact) -> CalibrationSet | None:
         try:
             doc = read_json(Path(e.calibration_json))
             cs = doc.get("calibration_set") if isinstance(doc, dict) else None
-            path = cs.get("path") if isinstance(cs, dict) else cs
-            if isinstance(path, str) and Path(path).is_dir():
-                return load_calibration_set(Path(path))
+            path = document_path(e.calibration_json, cs.get("path") if isinstance(cs, dict) else cs,
+                                 doc if isinstance(doc, dict) else {})
+            if path is not None and path.is_dir():
+                return load_calibration_set(path)
         except (CalibkitError, OSError, ValueError):
             continue
     return None
@@ -119,15 +127,30 @@ def model_task(md: ModelDir, task: str | None = None) -> Any:
 def load_traffic(traffic: Traffic | PathLike | TrafficEvidence | None, calibration_set: CalibrationSet | None, *,
                  size: int = 4000, text_field: str | None = None, seed: int = 0, model: ModelDir | None = None,
                  progress: ProgressCallback | None = None, exclude: Sequence[str] = (),
-                 tokenizer: PathLike | None = None) -> TrafficEvidence | None:
+                 tokenizer: PathLike | None = None, holdout_fraction: float | None = None
+                 ) -> TrafficEvidence | None:
     """Traffic evidence from ``traffic`` (read by :meth:`Traffic.parse`): None (none), drawn evidence (as it
     is), ``Traffic.AUTO`` (the calibration
     set's own log, named in its manifest; refused when it is gone or changed), ``Traffic.DEFAULT`` (that log when it
     is still there unchanged, else none, with a warning when the manifest names one) or a log path.
     Calibration texts and ``exclude`` (the eval set's texts: traffic is evidence independent of it) are
     excluded before the draw, also where they differ only in what the model's tokenizer (``model``'s, or
-    ``tokenizer``) does not see; a log that holds nothing else is refused."""
+    ``tokenizer``) does not see; a log that holds nothing else is refused. Fewer texts drawn than ``size`` are
+    warned about on the ``calibkit`` logger, with why and what it costs (``holdout_fraction``: tune's holdout,
+    :func:`calibkit.evaluate.traffic.shortfall_warning`)."""
+    drawn = _draw(traffic, calibration_set, size=size, text_field=text_field, seed=seed, model=model,
+                  progress=progress, exclude=exclude, tokenizer=tokenizer)
+    fresh = drawn is not None and not isinstance(traffic, TrafficEvidence)  # evidence given was warned about
+    short = shortfall_warning(drawn, holdout_fraction) if fresh and drawn is not None else None
+    if short is not None:
+        logging.getLogger("calibkit.evaluate.traffic").warning("%s", short)
+    return drawn
 
+
+def _draw(traffic: Traffic | PathLike | TrafficEvidence | None, calibration_set: CalibrationSet | None, *,
+          size: int, text_field: str | None, seed: int, model: ModelDir | None, progress: ProgressCallback | None,
+          exclude: Sequence[str], tokenizer: PathLike | None) -> TrafficEvidence | None:
+    """:func:`load_traffic`'s draw."""
     traffic = Traffic.parse(traffic)
     if traffic is None or isinstance(traffic, TrafficEvidence):
         return traffic
@@ -195,7 +218,8 @@ def resolve_tune(request: TuneRequest, progress: ProgressCallback | None = None)
               if request.eval_set is not None else None)
     drawn = load_traffic(request.traffic, cset, size=request.traffic_size, text_field=request.traffic_text_field,
                          seed=request.seed, model=md, progress=progress,
-                         exclude=loaded[0].texts if loaded is not None else ())
+                         exclude=loaded[0].texts if loaded is not None else (),
+                         holdout_fraction=request.holdout_fraction)
     if loaded is None:
         if drawn is None or not len(drawn):
             raise UsageError("tune needs texts to judge plans on: an eval set, or traffic",

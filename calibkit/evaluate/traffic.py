@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import stat
 import unicodedata
@@ -60,6 +61,7 @@ from calibkit.data.sampling import (
 from calibkit.errors import DataError
 from calibkit.evidence.subsets import EvalSubset, stratified_split
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+from calibkit.provenance import MANIFEST_JSON, document_path
 from calibkit.results.runs import Evidence, RowSelection
 
 log = logging.getLogger("calibkit.evaluate.traffic")
@@ -246,10 +248,8 @@ def default_traffic_log(calibration_set: CalibrationSet) -> DefaultTrafficLog:
     if not isinstance(src, dict) or not isinstance(src.get("path"), str) or not isinstance(src.get("sha256"), str):
         raise DataError(f"{where} names no source log in its manifest, so there is no default traffic",
                         hint=TRAFFIC_HINT)
-    path = Path(src["path"])
-    if not path.is_file() and not path.is_absolute():
-        beside = calibration_set.path.parent / path  # a relative path written from another working directory
-        path = beside if beside.is_file() else path
+    folder = calibration_set.path if calibration_set.path.is_dir() else calibration_set.path.parent
+    path = document_path(folder / MANIFEST_JSON, src["path"], m) or Path(src["path"])
     if not path.is_file():
         raise DataError(f"the log {src['path']} that {where} was sampled from is no longer there",
                         hint=TRAFFIC_HINT)
@@ -354,12 +354,11 @@ def draw_traffic(
                                                   "tokenizing traffic candidates")
     strata = _LengthStrata.drawn(cands, weights, lengths, options.size)
     chosen = strata.chosen
-    warnings = _draw_warnings(path, population, len(chosen), options.size, bool(exclude_texts),
-                              int((lengths[chosen] > max_len).sum()) if chosen else 0, max_len, measure)
+    warnings = _draw_warnings(int((lengths[chosen] > max_len).sum()) if chosen else 0, max_len, measure)
     if calibration_set is not None and not why["calibration_set"]:
         log.info("none of the %d calibration texts occurs in %s", len(calibration_set), path)
     stats, names = read.stats, bucket_names()
-    return TrafficEvidence(
+    ev = TrafficEvidence(
         source=TrafficSource(str(path), stats.sha256, read.file_size, is_gzip(path), tuple(fields), auto),
         texts=tuple(cands[i].text for i in chosen),
         keys=tuple(key_hex(cands[i].key) for i in chosen),
@@ -378,8 +377,9 @@ def draw_traffic(
         lines={"read": stats.lines, "usable": stats.records,
                "broken": {k: stats.broken[k] for k in BROKEN_KINDS if stats.broken[k]},
                "gzip_truncated": stats.gzip_truncated},
-        warnings=tuple(warnings),
     )
+    short = shortfall_warning(ev)
+    return replace(ev, warnings=(*([short] if short else []), *warnings))
 
 
 @dataclass
@@ -514,14 +514,37 @@ class _LengthStrata:
         return cls(population, members, alloc, chosen)
 
 
-def _draw_warnings(path: Path, population: int, drawn: int, size: int, eval_set: bool, over: int, max_len: int,
-                   measure: str) -> list[str]:
-    """What the draw should say: fewer texts than asked for, texts the model reads truncated."""
+def shortfall_warning(ev: TrafficEvidence, holdout_fraction: float | None = None) -> str | None:
+    """What drawing fewer traffic texts than asked means, or None when ``ev`` holds as many as asked: asked and
+    drawn, why (the log's lines, the broken and duplicate ones, the distinct texts the calibration set and the
+    eval set took out) and what it costs: every interval judged on the traffic is about sqrt(asked / drawn)
+    times as wide; with ``holdout_fraction`` (tune's --holdout), how many texts tune's holdout gets."""
+    asked, drawn = ev.size_requested, len(ev)
+    if drawn >= asked:
+        return None
+    x, lines = ev.excluded, ev.lines
+    why = [f"{int(lines.get('read', 0)):,} lines"]
+    for key, what in (("broken_lines", "broken"), ("emptied_by_cleanup", "emptied by cleanup"),
+                      ("duplicate_lines", "duplicates of earlier lines")):
+        if x.get(key):
+            why.append(f"{x[key]:,} {what}")
+    out = [f"{x[key]:,} distinct texts of the {what} excluded" for key, what in
+           (("calibration_set", "calibration set"), ("eval_set", "eval set")) if x.get(key)]
+    text = (f"drew {drawn:,} traffic texts of the {asked:,} asked for (--traffic-size): {ev.source.path} holds "
+            f"{', '.join(why)}{'; ' + ', '.join(out) if out else ''}; {ev.population:,} distinct texts were left. "
+            f"Every interval judged on the traffic is about {math.sqrt(asked / max(drawn, 1)):.1f}x as wide as with "
+            f"{asked:,} texts")
+    if holdout_fraction is not None and holdout_fraction > 0:
+        text += (f": tune's holdout (--holdout {holdout_fraction:g}) gets about {round(drawn * holdout_fraction):,} "
+                 f"of them instead of {round(asked * holdout_fraction):,}, so the confirmation's lower bound is "
+                 "that much further below the agreement measured")
+    return text + "; pass a larger log, or a --traffic-size the log can fill"
+
+
+def _draw_warnings(over: int, max_len: int, measure: str) -> list[str]:
+    """What the draw should say besides a shortfall (:func:`shortfall_warning`): texts the model reads
+    truncated."""
     warnings: list[str] = []
-    if drawn < size:
-        outside = "the calibration set and the eval set" if eval_set else "the calibration set"
-        warnings.append(f"only {population:,} distinct texts outside {outside} in {path}: drew "
-                        f"{drawn:,} of the {size:,} asked for")
     if over:
         warnings.append(f"{over:,} drawn texts are longer than {max_len} tokens ({measure}): the model reads them "
                         "truncated")

@@ -67,7 +67,8 @@ class DeployRequest:
         Profiles.AUTO, flags=("--profiles", "-k"), cli_type=Profiles | int,
         help=f"Length buckets / TensorRT optimization profiles: a whole number from 1 to {MAX_PROFILES}, or auto "
              f"(the fewest within {100 * AUTO_TOLERANCE:g} % of the best). From Python: an int or Profiles.AUTO.")
-    name: str | None = option(None, help="Triton model name [default: MODELFOLDER-PRECISION].")
+    name: str | None = option(None, help="Triton model name [default: MODELFOLDER-PRECISION, MODELFOLDER the "
+                                         "folder of the model you gave: the original behind a smoothed copy].")
     max_seq: int | None = option(
         None, bound=COUNT_OR_NONE,
         help="Largest profile max; longer requests are truncated [default: the longest request, rounded up to 8, "

@@ -191,7 +191,8 @@ class ServedModel:
 
 @dataclass(frozen=True)
 class TrafficRecord:
-    """The log deploy read: ``texts`` kept of ``usable`` usable lines (a uniform sample past the cap)."""
+    """The log deploy read: ``texts`` kept of ``usable`` usable lines (a uniform sample past the cap); ``path``
+    as :class:`SourceRecord`'s paths (relative to the repository in deploy.json)."""
 
     path: str
     lines: int
@@ -206,7 +207,9 @@ class TrafficRecord:
 
 @dataclass(frozen=True)
 class SourceRecord:
-    """SOURCE as deploy read it (absolute paths: the repository is read elsewhere)."""
+    """SOURCE as deploy read it: absolute paths in the result deploy returns; in the repository's deploy.json
+    relative to the repository (no absolute path of the writing machine ships; read back against deploy.json's
+    folder, :func:`calibkit.provenance.document_path`)."""
 
     path: str
     kind: str  # "tune" | "calibrate" | "engine"
