@@ -439,8 +439,15 @@ def test_deploy_measures_what_it_writes(work: dict[str, Path], tmp_path: Path) -
     assert m.texts == 120 and m.task == "classification" and m.calibration_texts_left_out > 0
     assert m.agreement_ci.low <= m.agreement <= m.agreement_ci.high and m.agreement_ci.high - m.agreement_ci.low > 0
     lat = m.latency
-    assert lat.batch_size == 4 and lat.batches == 30 and lat.threads == 1
+    assert lat.batch_size == 4 and lat.threads == 1
     assert lat.fp32_median_ms > 0 and lat.served_median_ms > 0 and lat.speedup > 0
+    # speed as a benchmark measures it, at batch 1 and at the measurement's batch: latency is its batch-4 row
+    sp = m.speed
+    assert sp is not None and [b.batch_size for b in sp.at] == [1, 4] and sp.threads == 1 and sp.rounds >= 3
+    at4 = sp.at_batch(4)
+    assert at4 is not None and (lat.batches, lat.speedup, lat.fp32_median_ms) == (
+        at4.batches, at4.speedup, at4.reference_ms)
+    assert all(b.speedup_low <= b.speedup <= b.speedup_high for b in sp.at)
     # the same texts through both models again: the same agreement. Recomputed exactly as deploy measured
     # (the run's default runner factory, so ONNX Runtime's session options; the threads and batch size the
     # measurement records; texts in the order picked), because INT8 kernels and padding move near-tie texts
@@ -460,11 +467,14 @@ def test_deploy_measures_what_it_writes(work: dict[str, Path], tmp_path: Path) -
 
     assert m.agreement == float((classes(work["model"] / "model.onnx") == classes(res.model_path)).mean())
     # deploy.json is the result, through the codec; the README and the terminal say it
-    assert load_typed(tmp_path / "repo" / "deploy.json", DeployResult) == res
+    from calibkit.deploy.repository import shipped_result
+
+    assert load_typed(tmp_path / "repo" / "deploy.json", DeployResult) == shipped_result(res, tmp_path / "repo")
     assert f"agreement with FP32 **{100 * m.agreement:.2f} %**" in res.readme.read_text()
     r = _cli(str(work["cal"]), "--backend", "onnxruntime", "--out", str(tmp_path / "cli"), "--measure-texts", "50")
     assert r.exit_code == 0, r.output
-    assert "measured on 50 traffic texts: agreement with FP32" in r.output and "ms FP32" in r.output
+    assert "measured on 50 traffic texts: agreement with FP32" in r.output
+    assert "speed: " in r.output and "FP32 at batch 1 [" in r.output
 
 
 def test_measurement_can_be_skipped_and_is_not_made_for_tensorrt(work: dict[str, Path], tmp_path: Path) -> None:

@@ -268,7 +268,9 @@ def _decision_lines(r: Any) -> None:
             f"{cost.split_texts}, {cost.texts_total} in all for {cost.candidates} candidates{extra}")
     cf = r.confirmation
     if cf is not None:
-        said = (f"candidate {cf.chosen}, the last of {sum(s.meets for s in cf.steps)} confirmed"
+        sc = r.speed_choice
+        how = "the fastest" if sc is not None and sc.chosen != sc.most_int8 else "the last"
+        said = (f"candidate {cf.chosen}, {how} of {sum(s.meets for s in cf.steps)} confirmed"
                 if cf.chosen is not None else "none confirmed: the search's choice is written")
         say(f"holdout confirmation (fixed-sequence, least INT8 first, final test at {100 * cf.final_test_confidence:g} "
             f"%): {len(cf.steps)} of the search's passing candidates tested on {cf.holdout_texts} holdout texts; "
@@ -276,6 +278,8 @@ def _decision_lines(r: Any) -> None:
     vh = r.final.holdout_verdict
     if vh is not None and vh.text:
         say(f"{r.holdout_says or 'no holdout verdict'}: {vh.text}")
+    for line in r.speed_lines:
+        say(line)
     for w in r.warnings:
         warn(w)
     if r.phases:

@@ -59,6 +59,8 @@ from calibkit.evaluate.sensitivity import (
     SensitivityJob,
     SensitivityResult,
 )
+from calibkit.evaluate.served import served_check, served_model, time_plans
+from calibkit.evaluate.speed import SPEED_TIE, fastest
 from calibkit.evaluate.traffic import TrafficEvidence, evidence_of
 from calibkit.evaluate.tune_config import (
     DEFAULT_EMBEDDING_AGREEMENT,
@@ -94,6 +96,7 @@ from calibkit.names import node_names
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.quantize.placement import plan_placement
 from calibkit.quantize.tablefile import write_calibration_json
+from calibkit.requests.choices import Target
 from calibkit.requests.tune import TuneRequest
 from calibkit.resources import Resources
 from calibkit.results.documents import PlanDocument
@@ -106,7 +109,10 @@ from calibkit.results.runs import (
     LinearFlops,
     MethodChoice,
     RowSelection,
+    ServedCheck,
     SmoothingChoice,
+    Speed,
+    SpeedChoice,
     TuneEvalSet,
     TunePlan,
     TuneResult,
@@ -313,6 +319,20 @@ class _Searched:
     confirmation: Confirmation | None = None
     note: str | None = None  # why the plan written is not the search's choice, beyond the confirmation
     all_int8_sample: tuple[EvalSubset, SensitivityResult] | None = None  # all-INT8 on holdout rows, not in full
+    speed_choice: SpeedChoice | None = None
+    speed: Speed | None = None  # the written plan's, beside FP32
+    speed_note: str | None = None  # why it was not measured
+    served: ServedCheck | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class _Serving:
+    """What timing and checking the served models needs: the FP32 model the user serves today (the original,
+    also when the plan is on the smoothed copy), the run's runner factory and progress."""
+
+    fp32: Path
+    make_runner: Any  # resources.RunnerFactory
+    progress: ProgressCallback
 
 
 def _run_tune(
@@ -379,7 +399,8 @@ def _run_tune(
     model, jobs = tables.variant.model, tables.variant.jobs
     with clock.phase("layer ranking"):
         ranking = _rank(model, evidence, config, jobs, ev, tables, flops, resources, cb)
-    searched = _search(evidence, config, jobs, ev, tables, ranking, flops, clock)
+    searched = _search(evidence, config, jobs, ev, tables, ranking, flops, clock,
+                       _Serving(model_dir.onnx_path, resources.runner_factory, cb))
     result = _tune_result(eval_set, rows, model, evidence, config, tables, ranking, searched, flops, linear,
                           reused_stats, ev.reused, time.perf_counter() - t0, traffic)
     result = replace(result, phases=clock.result(), cpus=clock.cpus,
@@ -647,9 +668,10 @@ def _known_one_node_runs(model: _Model, tables: _Tables, sens: EvalSubset) -> di
 
 
 def _search(evidence: SplitEvidence, config: TuneRequest, jobs: _Jobs, ev: Evaluator, tables: _Tables,
-            ranking: _Ranking, flops: dict[str, float], clock: PhaseClock) -> _Searched:
-    """The plan search on the search split (evaluate.search), then all-INT8 and the final plan measured once
-    each on the holdout split."""
+            ranking: _Ranking, flops: dict[str, float], clock: PhaseClock, serving: _Serving) -> _Searched:
+    """The plan search on the search split (evaluate.search), the confirmation on the holdout, the fastest
+    confirmed plan (served models timed beside FP32), then all-INT8 and the final plan measured once each on
+    the holdout split and the served model checked against the certified arithmetic."""
     _, table_path, table_sha = tables.base
     on_search: dict[Plan, SensitivityResult] = {}
     with clock.phase("flip risk"):
@@ -696,6 +718,11 @@ def _search(evidence: SplitEvidence, config: TuneRequest, jobs: _Jobs, ev: Evalu
             confirmation, outcome, final = _confirm(outcome, hold_judge, config, evidence, ev)
         # every candidate judged, those a parallel batch reached past the first failure too
         cost = replace(cost, confirm_texts=sum(hold_judge.texts().values()))
+    speeds = _SpeedRun(None, None, _speed_note(config), {})
+    if speeds.note is None and outcome.tried:
+        with clock.phase("speed"):
+            speeds, confirmation, outcome, final = _fastest(outcome, final, confirmation, evidence, config, jobs,
+                                                           tables, serving)
     on_holdout: dict[Plan, SensitivityResult] = {}
     # the plan's search-split numbers are those its decision rested on (the stratified estimate: evidence.risk);
     # the numbers the plan claims are the holdout's, measured in full below
@@ -721,7 +748,71 @@ def _search(evidence: SplitEvidence, config: TuneRequest, jobs: _Jobs, ev: Evalu
     note = None
     if confirmation is not None and confirmation.chosen is None and judge is not None:
         outcome, final, note = _all_int8_if_as_good(outcome, final, judge, on_search, on_holdout, evidence)
-    return _Searched(outcome, final, on_search, on_holdout, cost, confirmation, note, all_int8)
+    served = None
+    if speeds.note is None and final.plan in on_holdout:
+        with clock.phase("served check"):
+            model = speeds.models.get(final.plan) or served_model(jobs.model.proto, tables.base[0], final.plan,
+                                                                  config.op_types)
+            served = served_check(model, jobs.model.task, jobs.model.tokenizer, evidence, evidence.holdout,
+                                  on_holdout[final.plan], make_runner=serving.make_runner,
+                                  batch_size=config.batch_size, seed=config.seed + 3, progress=serving.progress)
+    return _Searched(outcome, final, on_search, on_holdout, cost, confirmation, note, all_int8, speeds.choice,
+                     speeds.timed.get(final.plan), speeds.note, served)
+
+
+@dataclass(frozen=True, eq=False)
+class _SpeedRun:
+    choice: SpeedChoice | None
+    timed_ids: tuple[int, ...] | None
+    note: str | None
+    timed: dict[Plan, Speed]
+    models: dict[Plan, bytes] = field(default_factory=dict)
+
+
+def _speed_note(config: TuneRequest) -> str | None:
+    """Why the plans' speed is not measured here (None: it is)."""
+    if not config.speed:
+        return "not measured (--no-speed)"
+    if config.target is not Target.ONNXRUNTIME:
+        return ("not measured: a tensorrt-layout plan is served by TensorRT, which is not installed here; its "
+                "engine is timed where it is built (trtexec), and ONNX Runtime's time for this layout on a CPU "
+                "says nothing of TensorRT's")
+    return None
+
+
+def _fastest(outcome: Any, final: Measured, confirmation: Confirmation | None, evidence: SplitEvidence,
+             config: TuneRequest, jobs: _Jobs, tables: _Tables, serving: _Serving
+             ) -> tuple[_SpeedRun, Confirmation | None, Any, Measured]:
+    """Every plan the holdout confirmed, served as ONNX Runtime serves it and timed beside FP32 on holdout texts
+    (evaluate.speed); the fastest at its slowest batch size is written (evaluate.speed.fastest: within the tie,
+    the most faithful on the search split). Each confirmed plan carries the claim (fixed-sequence testing rejects
+    every hypothesis before the first failure, the family's error kept at alpha), so the choice among them
+    needs no correction. Without a confirmation, the written plan alone is timed."""
+    tried = list(outcome.tried)
+    if confirmation is not None and confirmation.chosen is not None:
+        ids = [st.candidate for st in confirmation.steps if st.meets]
+    else:
+        ids = [next(i for i, m in enumerate(tried) if m.plan == final.plan)]
+    models = {tried[i].plan: served_model(jobs.model.proto, tables.base[0], tried[i].plan, config.op_types)
+              for i in ids}
+    rows = evidence.holdout if len(evidence.holdout) else evidence.search
+    texts = [evidence.texts[int(i)] for i in rows.array[evidence.agreement_positions(rows)]] or list(
+        rows.take(evidence.texts))
+    by_id = time_plans(serving.fp32, {i: models[tried[i].plan] for i in ids}, jobs.model.tokenizer,
+                       jobs.model.input_names, texts, make_runner=serving.make_runner, seed=config.seed + 4,
+                       progress=serving.progress)
+    timed = {tried[i].plan: by_id[i] for i in ids}
+    if len(ids) < 2 or confirmation is None or confirmation.chosen is None:
+        return _SpeedRun(None, tuple(ids), None, timed, models), confirmation, outcome, final
+    fidelity = {i: tried[i].agreement if tried[i].agreement == tried[i].agreement else tried[i].cosine for i in ids}
+    chosen = fastest(by_id, fidelity)
+    choice = SpeedChoice(candidates=tuple(ids), speeds=tuple(by_id[i] for i in ids), chosen=chosen,
+                         most_int8=confirmation.chosen, tie=SPEED_TIE)
+    if chosen != confirmation.chosen:
+        final = tried[chosen]
+        outcome = replace(outcome, best=final)
+        confirmation = replace(confirmation, chosen=chosen)
+    return _SpeedRun(choice, tuple(ids), None, timed, models), confirmation, outcome, final
 
 
 def _all_int8_if_as_good(outcome: Any, final: Measured, judge: PlanJudge | StratifiedJudge,
@@ -911,6 +1002,7 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
         seconds=round(seconds, 1),
         evidence_cost=searched.cost,
         confirmation=searched.confirmation,
+        speed_choice=searched.speed_choice,
     )
 
 
@@ -992,6 +1084,7 @@ def _final_plan(model: _Model, evidence: SplitEvidence, config: TuneRequest, tab
                                         confirmed=conf is not None and conf.chosen is not None),
         reasons={n: tuple(r) for n, r in reasons.items()},
         kept_modules={n: modules[n].module for n in final.plan if n in modules and modules[n].module},
+        speed=searched.speed, speed_note=searched.speed_note, served=searched.served,
     )
 
 
@@ -1004,8 +1097,20 @@ def _tune_warnings(config: TuneRequest, evidence: SplitEvidence, searched: _Sear
     unproven = _uncertified(config, evidence, outcome.tried, chose)
     if unproven:
         warnings.append(unproven)
-    if conf is not None and conf.chosen != conf.search_choice:
-        warnings.append(_confirmation_warning(conf, len(evidence.holdout)))
+    sc = searched.speed_choice
+    confirmed = conf if conf is None or sc is None else replace(conf, chosen=sc.most_int8)  # before speed chose
+    if confirmed is not None and confirmed.chosen != confirmed.search_choice:
+        warnings.append(_confirmation_warning(confirmed, len(evidence.holdout)))
+    served = searched.served
+    if (served is not None and config.min_agreement is not None and served.served_agreement_ci is not None
+            and served.served_agreement_ci.low is not None
+            and served.served_agreement_ci.low < config.min_agreement / 100.0):
+        warnings.append(
+            f"the served model (ONNX Runtime's integer kernels) kept {100 * (served.served_agreement or 0):.2f} % "
+            f"of FP32 on {served.texts:,} holdout texts, 95 % lower bound {100 * served.served_agreement_ci.low:.2f} "
+            f"% under --min-agreement {config.min_agreement:g}: {served.changed} texts fall otherwise than in the "
+            "certified Q/DQ arithmetic; the claim is certified for the exact arithmetic, not proven for the served "
+            "kernels")
     if searched.note:
         warnings.append(searched.note)
     if linear.plain_share < 1.0:

@@ -134,6 +134,13 @@ class TuneRequest:
              "confirmed (fixed-sequence testing: the chance that it misses the target stays at 1 - "
              "--agreement-confidence, its choice among up to --max-evaluations candidates included). "
              "--no-confirm: the search's own choice; the holdout only checks it.")
+    speed: bool = option(
+        True, flags=("--speed/--no-speed",),
+        help="onnxruntime target: time every plan the holdout confirmed as ONNX Runtime serves it (every graph "
+             "optimization, the fused integer kernels), beside FP32, at batch 1 and 32 on holdout texts, and write "
+             "the fastest (plans within 3 % of it: the most faithful); then check the served model against the "
+             "arithmetic tune certified on the holdout. --no-speed: the confirmed plan with the most INT8 work, "
+             "untimed.")
     smooth: bool = option(
         True, flags=("--smooth/--no-smooth",),
         help="Also measure the model smoothed (SmoothQuant, alpha auto, same FP32 function, checked) and search "

@@ -60,6 +60,8 @@ class PlanDocument:
     reasons: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     precision_of_kept: str = "fp16 (TensorRT) / fp32 (ONNX Runtime CPU)"
     calibkit_version: str = ""
+    speed: Speed | None = None  # the plan served beside FP32 on tune's machine (None: ``speed_note`` says why)
+    speed_note: str | None = None
 
     @classmethod
     def of(cls, result: TuneResult, layout: str) -> PlanDocument:
@@ -72,7 +74,7 @@ class PlanDocument:
                                   final.accuracy_holdout),
             agreement_with_fp32=PlanAgreement(final.agreement_search, final.agreement_holdout),
             holdout_verdict=final.holdout_verdict, reasons={n: tuple(r) for n, r in final.reasons.items()},
-            calibkit_version=result.calibkit_version)
+            calibkit_version=result.calibkit_version, speed=final.speed, speed_note=final.speed_note)
 
 
 # ---------------------------------------------------------------- deploy.json: what was chosen

@@ -872,6 +872,37 @@ class TuneResult:
     speed_choice: SpeedChoice | None = None  # the fastest confirmed plan, measured
 
     @property
+    def speed_lines(self) -> tuple[str, ...]:
+        """What the run measured of the plan's serving speed, the choice among the confirmed plans, and the
+        served model against the certified arithmetic, in words (the terminal and the report say them)."""
+        f, lines = self.final, []
+        if f.speed is not None:
+            sp = f.speed
+            lines.append(f"served speed (ONNX Runtime, every graph optimization, {sp.threads} threads, {sp.rounds} "
+                         f"interleaved rounds on {sp.texts} holdout texts; {sp.cpu}: {sp.isa}): {sp.words}")
+        elif f.speed_note:
+            lines.append(f"served speed {f.speed_note}")
+        sc = self.speed_choice
+        if sc is not None:
+            share = {c.id: c.int8_flops_fraction for c in self.candidates}
+            each = "; ".join(f"candidate {i} ({100 * share.get(i, 0.0):.1f} % INT8) {s.words}"
+                             for i, s in zip(sc.candidates, sc.speeds))
+            why = ("the one with the most INT8 work" if sc.chosen == sc.most_int8 else
+                   f"not candidate {sc.most_int8}, the one with the most INT8 work")
+            lines.append(f"fastest confirmed plan: candidate {sc.chosen}, {why} (speed at the slowest batch size; "
+                         f"within {100 * sc.tie:g} % the most faithful) — {each}")
+        sv = f.served
+        if sv is not None and sv.served_agreement is not None:
+            ci = sv.served_agreement_ci
+            band = (f" [{100 * ci.low:.2f}, {100 * ci.high:.2f}]" if ci is not None and ci.low is not None
+                    and ci.high is not None else "")
+            lines.append(f"served model against the certified arithmetic, {sv.texts:,} holdout texts: agreement with "
+                         f"FP32 {100 * sv.served_agreement:.2f} %{band} served, "
+                         f"{100 * (sv.certified_agreement or 0.0):.2f} % certified; {sv.changed} texts differ "
+                         f"(at most {100 * sv.changed_upper_share:.2f} % at 95 %)")
+        return tuple(lines)
+
+    @property
     def fp32_passes(self) -> float | None:
         """The whole run's wall time in FP32 passes over its evidence (None when not measured)."""
         ref = next((p for p in self.phases if p.phase == FP32_PHASE), None)
