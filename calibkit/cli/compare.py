@@ -238,6 +238,13 @@ def _print_summary(result: Comparison, json_path: Path | None, report_dir: Path 
             + f" ({bands[0].flips} where A itself was nearly undecided)")
     if result.traffic is not None:
         _print_traffic(result)
+    if result.speed is not None:
+        sp = result.speed
+        say(f"speed of B against A, served (ONNX Runtime, every graph optimization, {sp.threads} threads, "
+            f"{sp.rounds} interleaved rounds on {sp.texts} texts; {sp.cpu}: {sp.isa}): "
+            + sp.words.replace(" FP32 ", " A's speed ", 1))
+    elif result.speed_note:
+        say(f"speed {result.speed_note}")
     for w in result.warnings:
         warn(w)
     if result.layers:

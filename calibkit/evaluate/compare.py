@@ -71,6 +71,7 @@ from calibkit.results.runs import (
     Range,
     RowSelection,
     SensitivityEvidence,
+    Speed,
     Subsets,
     TaskResult,
     TensorHistogram,
@@ -276,7 +277,31 @@ def compare_loaded(inputs: CompareInputs, options: CompareRequest, resources: Re
     )
     if traffic is not None and traffic_outs is not None:
         comparison = replace(comparison, traffic=_traffic_result(traffic, task, traffic_outs))
+    with clock.phase("speed"):
+        speed, speed_note = _speed(a, b, tokenizer, traffic.texts if traffic is not None and len(traffic) else texts,
+                                   options, resources)
+    comparison = replace(comparison, speed=speed, speed_note=speed_note)
     return replace(comparison, time_estimate=finish(estimate, time.perf_counter() - since, clock.phases))
+
+
+def _speed(a: EngineArtifact, b: EngineArtifact, tokenizer: TextTokenizer, texts: Sequence[str],
+           options: CompareRequest, resources: Resources) -> tuple[Speed | None, str | None]:
+    """B timed against A as a server runs them (evaluate.speed), or why not."""
+    if not options.speed:
+        return None, "not measured (--no-speed)"
+    if Backend.TENSORRT in (a.backend, b.backend):
+        return None, ("not measured: a TensorRT engine is timed where TensorRT runs it (trtexec, perf_analyzer); "
+                      "TensorRT is not installed here")
+    if not texts:
+        return None, "not measured: no texts"
+    from calibkit.evaluate.speed import measure_speed, text_batches
+    from calibkit.graph import model_input_names
+
+    names = model_input_names(load_model(a.path, load_external_data=False))
+    speeds = measure_speed({"A": a.path, "B": b.path}, "A",
+                           text_batches(tokenizer, names, texts, seed=options.seed),
+                           make_runner=resources.runner_factory, progress=resources.progress)
+    return speeds["B"], None
 
 
 def _time_estimate(engines: Sequence[EngineArtifact], eval_set: EvalSet, task: Task, tokenizer: TextTokenizer,

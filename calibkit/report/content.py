@@ -26,6 +26,7 @@ from calibkit.results.runs import (
     Range,
     Result,
     RowSelection,
+    Speed,
     TaskResult,
     TimeEstimate,
     TrafficFidelity,
@@ -340,6 +341,8 @@ def _compare_summary(report: Comparison) -> list[Block]:
                 + (f", mean KL {num(o.mean_kl)}" if o.mean_kl is not None else "")),
         Para.of(f"Disagreements: {len(report.disagreements)}"),
     )))
+    blocks += _speed_table(report.speed, "B", "A") if report.speed is not None else (
+        [Para.of(f"Speed {report.speed_note}.")] if report.speed_note else [])
     blocks += _confidence_blocks(report.flips_by_confidence)
     blocks += _task_blocks(report.task)
     blocks += _traffic_blocks(report.traffic)
@@ -348,6 +351,30 @@ def _compare_summary(report: Comparison) -> list[Block]:
         blocks.append(Para.of(f"Per-layer statistics from {num(report.layer_samples)} texts; per-layer "
                               f"sensitivity from {sens} texts (random subsets stratified by label, seed "
                               f"{text(report.seed)})."))
+    return blocks
+
+
+def _speed_table(sp: Speed, model: str, reference: str) -> list[Block]:
+    """A model's speed against its reference, one row per batch size (evaluate.speed)."""
+    return [Para.of(f"Speed of {model} against {reference}, served (ONNX Runtime, every graph optimization, "
+                    f"{sp.threads} threads; {text(sp.cpu)}: {text(sp.isa)}), the same batches of {num(sp.texts)} "
+                    f"texts in {sp.rounds} interleaved rounds, a warm-up round not counted:"),
+            Table(headers=("batch size", "batches", f"{reference} ms per batch", f"{model} ms per batch",
+                           f"speed-up over {reference}", "lowest–highest round"),
+                  rows=tuple((str(b.batch_size), str(b.batches), num(b.reference_ms, 3), num(b.model_ms, 3),
+                              f"{b.speedup:.2f}x", f"{b.speedup_low:.2f}–{b.speedup_high:.2f}x") for b in sp.at),
+                  numeric=(True, True, True, True, True, True))]
+
+
+def _tune_speed_blocks(report: TuneResult) -> list[Block]:
+    final = report.final
+    if final.speed is None and not final.speed_note:
+        return []
+    blocks: list[Block] = [Heading(2, "Speed")]
+    if final.speed is not None:
+        blocks += _speed_table(final.speed, "the plan", "FP32")
+    blocks += [Para.of(line[0].upper() + line[1:] + ".") for line in report.speed_lines
+               if not line.startswith("served speed (")]
     return blocks
 
 
@@ -680,8 +707,8 @@ def _tune_document(report: TuneResult, plots: set[str]) -> Document:
             headers=("kept node", "reasons"),
             rows=tuple((n, "; ".join(final.reasons_for(n)) or DASH) for n in final.kept_nodes),
         ))
-    blocks += (_smoothing_blocks(report) + _tune_traffic_blocks(report) + _evidence_cost_blocks(report)
-               + _confirmation_blocks(report))
+    blocks += (_tune_speed_blocks(report) + _smoothing_blocks(report) + _tune_traffic_blocks(report)
+               + _evidence_cost_blocks(report) + _confirmation_blocks(report))
     if report.peers:
         ref = final.accuracy_holdout
         blocks.append(Heading(2, "Peers"))
@@ -692,7 +719,7 @@ def _tune_document(report: TuneResult, plots: set[str]) -> Document:
                        for p in report.peers),
             numeric=(False, True, True),
         ))
-    figures = _figures(plots, ("tune",))
+    figures = _figures(plots, ("tune", "speed"))
     if figures:
         blocks += [Heading(2, "Plots"), *figures]
     if report.candidates:

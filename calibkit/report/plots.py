@@ -77,8 +77,7 @@ def make_plots(report: Result) -> tuple[Plot, ...]:
         # Names and labels in scripts the default font lacks draw as boxes; that is no reason to warn.
         warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from font", category=UserWarning)
         if isinstance(report, TuneResult):
-            plot = _tune_scatter(report)
-            return (plot,) if plot else ()
+            return tuple(p for p in (_tune_scatter(report), _speed_scatter(report)) if p is not None)
         plots = [_sqnr_bars(report), _range_chart(report), _histograms(report), _confusion(report)]
         return tuple(p for p in plots if p is not None)
 
@@ -404,5 +403,47 @@ def _tune_scatter(report: TuneResult) -> Plot | None:
         caption="Every candidate plan the search tried: further right means more of the model runs in INT8. The "
         f"dashed line is the {what} target; the star is the chosen plan.",
         alt=f"Scatter of {len(points)} candidate plans.",
+        png=_png(fig),
+    )
+
+
+def _speed_scatter(report: TuneResult) -> Plot | None:
+    """Each timed plan's speed-up over FP32 at its slowest batch size against its agreement with FP32 (search
+    split), the frontier (no other plan both faster and more faithful) joined, the written plan starred."""
+    sc = report.speed_choice
+    if sc is None or len(sc.candidates) < 2:
+        return None
+    by_id = {c.id: c for c in report.candidates}
+    points = [(s.slowest.speedup, by_id[i].agreement_search, i, s) for i, s in zip(sc.candidates, sc.speeds)
+              if i in by_id and by_id[i].agreement_search is not None]
+    if len(points) < 2:
+        return None
+    fig = _figure(8.5, 4.6)
+    ax = fig.add_subplot()
+    frontier = sorted((p for p in points if not any(q[0] > p[0] and q[1] > p[1] for q in points)),
+                      key=lambda p: p[0])
+    ax.plot([p[0] for p in frontier], [p[1] for p in frontier], color="#1f77b4", linewidth=1.2,
+            label="frontier (nothing both faster and more faithful)", zorder=2)
+    for x, y, i, s in points:
+        ax.errorbar([x], [y], xerr=[[x - s.slowest.speedup_low], [s.slowest.speedup_high - x]], fmt="o",
+                    color="#2ca02c", ecolor="#999999", capsize=3, zorder=3)
+        ax.annotate(f"{i} ({100 * by_id[i].int8_flops_fraction:.0f} % INT8)", (x, y), textcoords="offset points",
+                    xytext=(5, 4), fontsize=7)
+    chosen = next(p for p in points if p[2] == sc.chosen) if any(p[2] == sc.chosen for p in points) else None
+    if chosen is not None:
+        ax.scatter([chosen[0]], [chosen[1]], marker="*", s=260, color="#f1c40f", edgecolors="black",
+                   linewidths=0.8, label="written plan", zorder=4)
+    ax.axvline(1.0, color="#333333", linewidth=1, label="FP32's speed")
+    ax.set_xlabel("speed-up over FP32 at the slowest batch size (bars: lowest and highest round)")
+    ax.set_ylabel("agreement with FP32 (search split)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
+    return Plot(
+        name="speed",
+        title="Speed against agreement of the confirmed plans",
+        caption="Every plan the holdout confirmed, served as ONNX Runtime serves it and timed beside FP32; the "
+        "line joins the plans no other plan beats on both speed and agreement; the star is the plan written "
+        "(the fastest, and within 3 % the most faithful).",
+        alt=f"Scatter of {len(points)} confirmed plans by speed-up and agreement.",
         png=_png(fig),
     )

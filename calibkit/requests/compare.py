@@ -101,6 +101,11 @@ class CompareRequest:
     sensitivity_layers: int | None = option(
         None, bound=COUNT_OR_NONE,
         help="Only the K layers with the worst own SQNR or most zeroed weights (default: every layer).")
+    speed: bool = option(
+        True, flags=("--speed/--no-speed",),
+        help="Time B against A as a server runs them (ONNX Runtime engines: every graph optimization), at batch 1 "
+             "and 32 on the traffic texts (else the eval texts), interleaved rounds, the ratio of medians with the "
+             "spread of single rounds. --no-speed: only each engine's latency during the evaluation.")
     thresholds: Thresholds = option(default_factory=Thresholds, nested=THRESHOLDS,
                                     help="The flag thresholds (a Thresholds value).")
     max_disagreements: int = option(50, bound=Bound(low=0, high=INT_LIMIT, integer=True),

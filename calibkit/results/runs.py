@@ -486,6 +486,8 @@ class Comparison:
     sensitivity: SensitivityEvidence | None = None
     findings: tuple[FindingResult, ...] = ()
     time_estimate: TimeEstimate | None = None  # the long part's estimate before it started, and its actual time
+    speed: Speed | None = None  # B served beside A (reference "A"); None: ``speed_note`` says why
+    speed_note: str | None = None
     per_text: PerTextOutputs | None = field(default=None, compare=False, repr=False, metadata=NOT_IN_DOCUMENT)
 
     @property
