@@ -81,6 +81,17 @@ def render_block(s: DemoSummary) -> str:
          f"{100 * t.int8_flops_fraction:.1f} % of MatMul/Gemm FLOPs in INT8 ({t.method or '—'}; "
          f"{len(t.kept_nodes)} layers kept); {verdict}", "`calibkit demo run`"),
     ]
+    if t.speed is not None:
+        rows.append((f"the tuned plan served on ONNX Runtime ({t.layout} layout), beside FP32, {t.speed.threads} "
+                     f"threads, {t.speed.rounds} interleaved rounds on {t.speed.texts} holdout texts "
+                     f"({t.speed.cpu}: {t.speed.isa})", f"{t.speed.words} (spread: lowest–highest round)",
+                     "`calibkit demo run`"))
+    dp = s.deploy
+    if dp is not None and dp.speed is not None:
+        agreement = (f"; agreement {_pct(dp.agreement_with_fp32)}{_ci(dp.agreement_ci)} on {dp.agreement_texts} "
+                     f"log texts" if dp.agreement_with_fp32 is not None else "")
+        rows.append((f"`calibkit deploy` of the tuned plan ({dp.layout} layout): the served model measured "
+                     f"beside FP32", f"{dp.speed.words}{agreement}", "`calibkit demo run`"))
     sm = s.smoothing
     if sm:
         gains = sm.gain_db or (0.0,)

@@ -7,10 +7,12 @@ model repository shaped by the log's traffic, under runs/serving) -> an index pa
 a person opens first, and ``summary.json`` beside it (``tools/readme_measured.py`` turns it into the README's
 measured rows).
 
-One INT8 layout throughout: the TensorRT Q/DQ layout (every MatMul/Gemm input quantized, attention MatMuls
-included), which is what calibrate writes and tune searches; the INT8 engine compared layer by layer is built with
-``target="tensorrt"`` so the index, the method table, the layer-by-layer report and the tuned plan describe the
-same model.
+Two INT8 layouts, each where it is served: the methods, the method table and the layer-by-layer compare study the
+TensorRT Q/DQ layout (every MatMul/Gemm input quantized, attention MatMuls included: what TensorRT 11 builds
+INT8 engines from, what calibrate writes by default; its INT8 engine is built with ``target="tensorrt"``), and
+tune and deploy serve on ONNX Runtime, the backend the demo deploys to, so they tune, time and ship the
+onnxruntime layout (:data:`SERVED_LAYOUT`: the fused integer kernels of ONNX Runtime's CPU provider): the plan
+that is certified is the one that is timed and shipped.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ from calibkit.results.files import (
 )
 from calibkit.results.runs import ConfidenceBand, Difference, PhaseCost, Range, TimeEstimate
 from calibkit.types import Method
+
+#: the layout the demo's tunes search and its deploy ships: ONNX Runtime's, the backend it deploys to
+SERVED_LAYOUT = "onnxruntime"
 
 
 @dataclass(frozen=True)
@@ -218,7 +223,10 @@ def run_workflow(
                           preferred_batch_size=tuple(dres.batching.preferred),
                           link=os.path.relpath(dres.readme, setup.reports / "index"),
                           layout=dres.layout.shipped if dres.layout else None,
-                          agreement_with_fp32=dres.measurement.agreement if dres.measurement else None),
+                          agreement_with_fp32=dres.measurement.agreement if dres.measurement else None,
+                          agreement_ci=dres.measurement.agreement_ci if dres.measurement else None,
+                          agreement_texts=dres.measurement.texts if dres.measurement else None,
+                          speed=dres.measurement.speed if dres.measurement else None),
         timings_s={k: round(v, 1) for k, v in clock.timings.items()},
         time_estimate=estimate,
     )
@@ -404,6 +412,7 @@ def _tune(options: WorkflowOptions, setup: _Setup, clock: _Clock) -> tuple[Any, 
     md, cset, ev, runs, reports = setup.md, setup.cset, setup.ev, setup.runs, setup.reports
     with clock.timed("tune"):
         tres = ck.tune(md, cset, ev, runs / "tune", max_drop=options.max_drop, method=options.tune_method,
+                       target=SERVED_LAYOUT,
                        min_agreement=options.min_agreement, **_tune_budget(options), workers=options.workers,
                        seed=options.seed,
                        report=reports / "tune", progress=clock.cb, traffic="auto" if options.traffic_size else None,
@@ -412,6 +421,7 @@ def _tune(options: WorkflowOptions, setup: _Setup, clock: _Clock) -> tuple[Any, 
     for m in options.extra_tune_methods:
         with clock.timed(f"tune ({m})"):
             extra[m] = ck.tune(md, cset, ev, runs / f"tune-{m}", max_drop=options.max_drop, method=m,
+                               target=SERVED_LAYOUT,
                                **_tune_budget(options), workers=options.workers,
                                seed=options.seed, report=reports / f"tune-{m}", progress=clock.cb,
                                traffic="auto" if options.traffic_size else None,
@@ -469,6 +479,9 @@ def _tune_summary(tres: Any, options: WorkflowOptions, md: Any) -> DemoTune:
         traffic=r.eval_set.traffic,
         traffic_search=r.eval_set.traffic_search,
         traffic_holdout=r.eval_set.traffic_holdout,
+        layout=SERVED_LAYOUT,
+        speed=r.final.speed,
+        speed_note=r.final.speed_note,
     )
 
 
@@ -671,13 +684,29 @@ def _tune_lines(tune: DemoTune) -> list[str]:
     if v is not None and v.text:
         word = {True: "supports", False: "does not support"}.get(v.supported, "cannot judge")  # type: ignore[arg-type]
         lines.append(f"The holdout **{word}** the claim: {v.text}.")
+    if tune.speed is not None:
+        lines.append(f"Served on ONNX Runtime ({tune.layout} layout, {tune.speed.threads} threads, beside FP32 in "
+                     f"{tune.speed.rounds} interleaved rounds): **{tune.speed.words}**.")
+    elif tune.speed_note:
+        lines.append(f"Speed {tune.speed_note}.")
     return lines
 
 
-LAYOUT_NOTE = ("Every INT8 model here uses the TensorRT Q/DQ layout (every MatMul/Gemm input in INT8, attention "
-               "MatMuls included), the layout the calibration tables record: `calibkit build --precision int8` "
-               "and `calibkit deploy` build it by default; `--target onnxruntime` (weight MatMuls only: faster on "
-               "CPU) is a different INT8 model these numbers do not describe.")
+def _deploy_speed_line(s: DemoSummary) -> str | None:
+    d = s.deploy
+    if d.speed is None:
+        return None
+    return (f"The deployed model ({d.layout} layout) against FP32, measured by deploy on the log's texts: "
+            f"{d.speed.words} ({d.speed.threads} threads; {d.speed.cpu}: {d.speed.isa})"
+            + (f"; agreement {_pct(d.agreement_with_fp32)}{_ci(d.agreement_ci)} on {d.agreement_texts} texts"
+               if d.agreement_with_fp32 is not None else "") + ".")
+
+
+LAYOUT_NOTE = ("The methods and the layer-by-layer compare use the TensorRT Q/DQ layout (every MatMul/Gemm input in "
+               "INT8, attention MatMuls included: what TensorRT 11 builds INT8 engines from); the tuned plan and the "
+               "deployed model use the onnxruntime layout (weight MatMuls only, ONNX Runtime's fused integer "
+               "kernels), the backend the demo deploys to: the plan tune certifies is the one deploy ships and "
+               "times.")
 
 
 def _extra_md(s: DemoSummary) -> list[str]:
@@ -746,6 +775,7 @@ def _index_md(s: DemoSummary) -> str:
         "",
         *[f"- `{n}`" for n in kept],
         "",
+        *([_deploy_speed_line(s) or "", ""] if s.deploy and s.deploy.speed else []),
         *_extra_md(s),
         *_embedder_lines(s.embedder),
         "## Reports",
@@ -770,6 +800,19 @@ def _index_md(s: DemoSummary) -> str:
     return "\n".join(lines)
 
 
+def _inline_html(line: str) -> str:
+    """One line of the index's Markdown as HTML: escaped, `code` and **bold** rendered (not shown literally)."""
+    import re
+
+    out = []
+    for i, part in enumerate(re.split(r"(`[^`]*`)", line)):
+        if i % 2:
+            out.append(f"<code>{html.escape(part[1:-1])}</code>")
+        else:
+            out.append(re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(part)))
+    return "".join(out)
+
+
 def _index_html(s: DemoSummary) -> str:
     tune = s.tune
     rows = _method_rows(s)
@@ -780,18 +823,19 @@ def _index_html(s: DemoSummary) -> str:
         f"<p>FP32 accuracy on {s.eval_examples} held-out movie-review snippets: "
         f"<b>{_pct(s.fp32_accuracy)}</b>. Calibration set: {s.calibration_texts} texts sampled from the "
         f"production log (<code>{e(s.calibration_set)}</code>).</p>",
-        f"<p>{e(LAYOUT_NOTE)}</p>",
+        f"<p>{_inline_html(LAYOUT_NOTE)}</p>",
         "<h2>INT8 by calibration method (TensorRT Q/DQ layout; 95 % intervals)</h2><table><tr><th>method</th>"
         "<th>accuracy</th><th>agreement with FP32</th><th>flips</th><th>mean KL</th></tr>",
         *["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows],
         f"</table><p>Best single method by fidelity (fewest flips of FP32's predictions): "
         f"<b>{e(s.best_method)}</b>.</p>",
-        *([f"<p>{e(_smoothing_line(s.smoothing))}</p>"] if s.smoothing else []),
-        f"<p>{e(_compare_line(s))}</p>",
+        *([f"<p>{_inline_html(_smoothing_line(s.smoothing))}</p>"] if s.smoothing else []),
+        f"<p>{_inline_html(_compare_line(s))}</p>",
         "<h2>Tuned mixed-precision plan</h2>",
-        *[f"<p>{e(line.replace('**', ''))}</p>" for line in _tune_lines(tune)],
+        *[f"<p>{_inline_html(line)}</p>" for line in _tune_lines(tune)],
         "<ul>", *[f"<li><code>{e(n)}</code></li>" for n in kept], "</ul>",
-        *[f"<p>{e(line)}</p>" for line in _extra_md(s) if line and not line.startswith("#")],
+        *([f"<p>{_inline_html(_deploy_speed_line(s) or '')}</p>"] if s.deploy and s.deploy.speed else []),
+        *[f"<p>{_inline_html(line)}</p>" for line in _extra_md(s) if line and not line.startswith("#")],
         *_md_html(_embedder_lines(s.embedder)),
         "<h2>Reports</h2><ul>",
         *[f'<li><a href="../tune-{e(m)}/report.html">Tuning with {e(m)} only</a></li>'
@@ -806,7 +850,7 @@ def _index_html(s: DemoSummary) -> str:
           if s.deploy else []),
         "</ul>",
         "<h2>Time (seconds)</h2>",
-        *([f"<p>{e(_estimate_line(s))}</p>"] if s.time_estimate else []),
+        *([f"<p>{_inline_html(_estimate_line(s))}</p>"] if s.time_estimate else []),
         "<table>",
         *[f"<tr><td>{e(k)}</td><td>{v}</td></tr>" for k, v in s.timings_s.items()],
         "</table>",

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from calibkit.evaluate.speed import SERVED_CHECK_TEXTS, SPEED_LARGE_BATCHES, SPEED_SINGLE_TEXTS
 from calibkit.evaluate.tune_defaults import (
     TUNE_AUTO_TEXTS,
     TUNE_CONFIRM_CANDIDATES,
@@ -217,6 +218,7 @@ class TuneSize:
     search_traffic: int = 0  # rows of the search split drawn from traffic
     holdout_traffic: int = 0
     method: str = "auto"
+    speed: bool = False  # the confirmed plans timed beside FP32, and the served model checked (onnxruntime)
 
 
 def tune_steps(z: TuneSize) -> list[Work]:
@@ -242,6 +244,13 @@ def tune_steps(z: TuneSize) -> list[Work]:
     if z.holdout:  # all-INT8 on (a sample of) the holdout, and the plan where the confirmation did not run it all
         steps.append(Work("holdout numbers", qdq=all_int8_holdout_texts(z.holdout) + (0 if z.confirm else z.holdout),
                           qdq_worst=2 * z.holdout))
+    if z.speed:
+        # rounds of 128 texts (32 alone, 3 batches of 32) through FP32 and up to four served INT8 models (about
+        # half an FP32 text each): a warm-up and three to nine counted rounds, as many as SPEED_SECONDS holds
+        per_round = (SPEED_SINGLE_TEXTS + SPEED_LARGE_BATCHES * 32) * (1 + 0.5 * TUNE_CONFIRM_CANDIDATES)
+        steps.append(Work("speed", fp32=4 * per_round, qdq_worst=0.0, taps=0.0, on_executor=False))
+        checked = min(SERVED_CHECK_TEXTS, z.holdout_traffic or z.holdout)
+        steps.append(Work("served check", fp32=0.5 * checked, on_executor=False))
     return steps
 
 
@@ -293,6 +302,7 @@ def tune_size(evidence: Any, config: Any, nodes: int, calibration_texts: int, au
         auto_texts=auto_texts_per_node * nodes if auto else 0, race=config.race_texts,
         calibration=calibration_texts, candidate_share=_candidate_share(evidence, config),
         max_evaluations=config.max_evaluations, confirm=config.confirm, risk_strata=config.risk_strata,
+        speed=bool(getattr(config, "speed", False)) and str(getattr(config, "target", "")) == "onnxruntime",
         search_traffic=0 if traffic is None else int(traffic[evidence.search.array].sum()),
         holdout_traffic=0 if traffic is None else int(traffic[evidence.holdout.array].sum()),
         method=config.method,

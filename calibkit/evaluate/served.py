@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from calibkit.engines.cpu import int8_gemm_saturates
-from calibkit.evaluate.speed import MakeRunner, measure_speed, text_batches
+from calibkit.evaluate.speed import SERVED_CHECK_TEXTS, MakeRunner, measure_speed, text_batches
 from calibkit.evidence.intervals import mean_interval, proportion
 from calibkit.evidence.rowfidelity import EMBEDDING, ROW_TASKS, TextScores, row_fidelity
 from calibkit.evidence.sequential import clopper_pearson
@@ -34,8 +34,6 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.evidence.subsets import EvalSubset
     from calibkit.types import CalibrationTable
 
-#: the most holdout texts the served model is checked on (a seeded sample of those whose agreement counts)
-SERVED_CHECK_TEXTS = 2000
 
 
 def served_model(proto: onnx.ModelProto, table: CalibrationTable, plan: Sequence[str],

@@ -42,6 +42,8 @@ SPEED_LARGE_BATCHES = 3
 SPEED_ROUNDS = (3, 9)
 #: seconds the counted rounds may take, all models together (the warm-up round prices one round)
 SPEED_SECONDS = 30.0
+#: the most holdout texts tune checks the served model on (a seeded sample of those whose agreement counts)
+SERVED_CHECK_TEXTS = 2000
 #: speedups within this share of the fastest are a tie (tune then prefers fidelity)
 SPEED_TIE = 0.03
 

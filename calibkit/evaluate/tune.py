@@ -776,7 +776,8 @@ def _speed_note(config: TuneRequest) -> str | None:
     if config.target is not Target.ONNXRUNTIME:
         return ("not measured: a tensorrt-layout plan is served by TensorRT, which is not installed here; its "
                 "engine is timed where it is built (trtexec), and ONNX Runtime's time for this layout on a CPU "
-                "says nothing of TensorRT's")
+                "says nothing of TensorRT's; to serve on ONNX Runtime, tune with --target onnxruntime, which times "
+                "its plans")
     return None
 
 

@@ -22,6 +22,7 @@ from calibkit.results.runs import (
     PlanEvidence,
     Range,
     SmoothingChoice,
+    Speed,
     TimeEstimate,
 )
 from calibkit.types import CalibrationTable
@@ -240,6 +241,9 @@ class DemoTune:
     traffic: Evidence | None
     traffic_search: int
     traffic_holdout: int
+    layout: str | None = absent()  # the Q/DQ layout tuned (the target it is served on)
+    speed: Speed | None = absent()  # the plan served beside FP32 on this machine
+    speed_note: str | None = absent()
 
 
 @dataclass(frozen=True)
@@ -301,6 +305,9 @@ class DemoDeploy:
     link: str
     layout: str | None = absent()  # the INT8 layout shipped (the one measured)
     agreement_with_fp32: float | None = absent()  # deploy's measurement of what it wrote, on the traffic
+    agreement_ci: Range | None = absent()
+    agreement_texts: int | None = absent()
+    speed: Speed | None = absent()  # deploy's measurement: the served model beside FP32
 
 
 @dataclass(frozen=True)
