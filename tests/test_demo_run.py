@@ -63,6 +63,10 @@ def test_demo_workflow_fast(demo_assets_fast: Path, tmp_path: Path, monkeypatch:
     assert summary["tune"]["int8_flops_fraction"] == pytest.approx(s["tune"]["int8_flops_fraction"])
     # one story: the compared INT8 engine is in the TensorRT layout; the best method is the most faithful one
     assert summary["int8_engine"]["layout"] == "tensorrt"
+    # tune and deploy serve on ONNX Runtime: the layout tuned is the one shipped, and both say how fast it serves
+    assert summary["tune"]["layout"] == "onnxruntime" and summary["deploy"]["layout"] == "onnxruntime"
+    assert [b["batch_size"] for b in summary["tune"]["speed"]["at"]] == [1, 32]
+    assert summary["deploy"]["speed"]["reference"] == "FP32" and summary["deploy"]["agreement_texts"] > 0
     fid = summary["method_fidelity"]
     assert best == min(fid, key=lambda m: (fid[m]["flips"], fid[m]["mean_kl"]))
     with OnnxRuntimeRunner(md.onnx_path) as r:

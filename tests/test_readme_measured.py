@@ -98,3 +98,27 @@ def test_block_numbers_come_from_the_summary_and_replace_in_place(tmp_path: Path
     assert tool.main([str(summary), "--readme", str(readme), "--check"]) == 0
     with pytest.raises(ValueError, match="calibkit-demo/1"):
         tool.summary_of({"format": "other"})
+
+
+def _speed(b1: float, b32: float) -> dict:
+    return {"model": "served", "reference": "FP32", "backend": "onnxruntime", "threads": 2, "rounds": 5,
+            "texts": 128, "cpu": "Some CPU", "isa": "avx2, avx512_vnni",
+            "at": [{"batch_size": 1, "batches": 32, "reference_ms": 6.0, "model_ms": 6.0 / b1, "speedup": b1,
+                    "speedup_low": b1 - 0.1, "speedup_high": b1 + 0.1},
+                   {"batch_size": 32, "batches": 3, "reference_ms": 90.0, "model_ms": 90.0 / b32, "speedup": b32,
+                    "speedup_low": b32 - 0.1, "speedup_high": b32 + 0.1}]}
+
+
+def test_the_block_says_how_fast_the_tuned_and_the_deployed_model_serve() -> None:
+    tool = _tool()
+    s = fake_summary()
+    s["tune"] = {**s["tune"], "layout": "onnxruntime", "speed": _speed(2.31, 2.05)}
+    s["deploy"] = {"repository": "runs/serving", "name": "demo-int8", "bucket_maxes": [24, 512], "waste": 0.3,
+                   "waste_one_profile": 14.0, "preferred_batch_size": [16, 64], "link": "x/README.md",
+                   "layout": "onnxruntime", "agreement_with_fp32": 0.992, "agreement_ci": _iv(0.992, 0.003),
+                   "agreement_texts": 1000, "speed": _speed(2.25, 2.1)}
+    block = tool.render_block(tool.summary_of(s))
+    assert "2.31x FP32 at batch 1 [2.21-2.41], 2.05x at batch 32 [1.95-2.15]" in block
+    assert "served on ONNX Runtime (onnxruntime layout)" in block
+    assert "`calibkit deploy` of the tuned plan (onnxruntime layout)" in block
+    assert "2.25x FP32 at batch 1" in block and "agreement 99.20 % [98.90, 99.50] on 1000 log texts" in block
