@@ -18,11 +18,11 @@ difference to the current calibkit layout (recipe ``ck``) on the same texts.
 Recipes (``--recipes``, comma-separated; fp32 is always run):
   fp32          the FP32 model
   fp32-ortopt   FP32 through onnxruntime.transformers.optimizer (fused Attention, SkipLayerNorm, BiasGelu)
-  ck            calibkit's Target.ONNXRUNTIME Q/DQ pairs alone: the layout quantize_model wrote before the
-                SkipLayerNormalization fusion (the reference of the max |logit| difference)
+  ck            calibkit's Target.ONNXRUNTIME layout, as quantize_model writes it (the reference of the max
+                |logit| difference)
   ck-rr         ``ck`` with 7-bit weights (reduce_range)
   ck-skipln     ``ck``'s Q/DQ pairs with each MatMul->Add(bias)->Add(residual)->LayerNormalization chain fused
-                into SkipLayerNormalization (calibkit.quantize.ortrecipe; every MatMul node and tensor kept)
+                into SkipLayerNormalization (benchmarks/_ort_skipln.py; every MatMul node and tensor kept)
   ck-skipln-ortopt  the same fusion done by onnxruntime.transformers.optimizer (attention fusion off) on the FP32
                 graph before calibkit's Q/DQ
   ck-mha        calibkit's Q/DQ on the graph with the attention core (Q·K^T, softmax, probs·V) fused into
@@ -150,8 +150,8 @@ def quantize_all_matmuls(model: onnx.ModelProto, table) -> onnx.ModelProto:
 
 
 def qdq_only(model: onnx.ModelProto, table) -> onnx.ModelProto:
-    """The onnxruntime layout's Q/DQ pairs alone, without the FP32 fusions quantize_model adds for that target
-    (calibkit.quantize.ortrecipe): the layout calibkit wrote before them."""
+    """What quantize_model writes for Target.ONNXRUNTIME (no keep_nodes, 8-bit weights), through its private
+    writer so that the other recipes can add their rewrites to the same graph."""
     from calibkit.quantize import qdq
     from calibkit.quantize.placement import plan_placement
     from calibkit.types import INT8_MAX
@@ -225,7 +225,7 @@ def build_recipes(names: list[str], model_dir: Path, calib: Path, work: Path, th
         return {"quantized_nodes": len(r.quantized_nodes), "missing_ranges": list(r.missing_ranges)}
 
     def skipln(model: onnx.ModelProto, path: str) -> dict:
-        from calibkit.quantize.ortrecipe import fuse_skip_layer_norm
+        from _ort_skipln import fuse_skip_layer_norm
 
         q = qdq_only(model, table)
         n = fuse_skip_layer_norm(q)

@@ -1,21 +1,16 @@
-"""The FP32 fusions the onnxruntime layout adds around its Q/DQ pairs (``Target.ONNXRUNTIME`` only).
+"""The SkipLayerNormalization fusion bench_ort_recipes.py measures as recipe ``ck-skipln`` (measured, not adopted:
+it was not faster than calibkit's plain onnxruntime layout; see benchmarks/results/ort-recipes-2026-12-07/).
 
-ONNX Runtime's own CPU optimizer fuses the Q/DQ pairs into ``QuantizeLinear + MatMulIntegerToFloat`` and the
-bias Add + erf GELU into ``BiasGelu``, but it leaves a transformer's ``MatMul -> Add(bias) -> Add(residual) ->
-LayerNormalization`` as three nodes (its own SkipLayerNorm fusion does not fire on these graphs). This module
-writes that chain as one com.microsoft ``SkipLayerNormalization`` with the bias as its fifth input, the form
-``onnxruntime.transformers.optimizer`` writes; measured in benchmarks/results/ort-recipes-2026-12-07/.
+ONNX Runtime's CPU optimizer fuses the onnxruntime layout's Q/DQ pairs into ``QuantizeLinear +
+MatMulIntegerToFloat`` and bias Add + erf GELU into ``BiasGelu``, but leaves ``MatMul -> Add(bias) ->
+Add(residual) -> LayerNormalization`` as three nodes. This writes each such chain as one com.microsoft
+``SkipLayerNormalization`` with the bias as its fifth input (the form onnxruntime.transformers.optimizer writes).
+It never touches MatMul/Gemm nodes, the Q/DQ pairs, or any tensor a Q/DQ pair or graph output reads (the
+LayerNormalization's output keeps its name; the two Adds' outputs are fused only when nothing else reads them).
 
-What it never touches: MatMul and Gemm nodes, the Q/DQ pairs, and every tensor a Q/DQ pair or a graph output
-reads (the LayerNormalization's output keeps its name; only the two Adds' outputs disappear, and they are
-fused only when nothing else reads them). So the quantized nodes, their names and their inputs are the ones
-``quantize_model`` planned on the FP32 graph, and the arithmetic is the same sum and normalization in FP32
-(the three-term sum may round differently in its last bit).
-
-A chain is fused only when it is exactly: a LayerNormalization over the last axis with constant scale and
-bias, fed by an Add whose two inputs have the same rank (2 or 3, from ONNX shape inference) and the same last
-dimension as the scale, one of them an ``Add(x, b)`` with ``b`` a 1-D constant of that length; its Mean and
-InvStdDev outputs unused. Anything else is left as it is.
+A chain is fused only when it is exactly: a LayerNormalization over the last axis with constant 1-D scale and
+bias, fed by an Add whose two inputs have the same rank (2 or 3, from ONNX shape inference) and last dimension,
+one of them an ``Add(x, b)`` with ``b`` a 1-D float constant of that length; Mean and InvStdDev unused.
 """
 
 from __future__ import annotations
@@ -23,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import onnx
+from google.protobuf.message import Message
 from onnx import helper
 
 MS_DOMAIN = "com.microsoft"
@@ -38,10 +34,10 @@ def _attr(node: onnx.NodeProto, name: str, default):  # noqa: ANN001, ANN202
 
 def _shapes(model: onnx.ModelProto) -> dict[str, tuple]:
     """Tensor name -> dims (int or symbol name or None) from ONNX shape inference on a weightless copy."""
-    from calibkit.quantize.qdq import weightless_copy
-
+    light = onnx.ModelProto()
+    _weightless(model, light)
     try:
-        inferred = onnx.shape_inference.infer_shapes(weightless_copy(model), strict_mode=False)
+        inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False)
     except Exception:  # noqa: BLE001 - no shapes: nothing is fused
         return {}
     out: dict[str, tuple] = {}
@@ -51,6 +47,28 @@ def _shapes(model: onnx.ModelProto) -> dict[str, tuple]:
         if t.HasField("shape"):
             out[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim)
     return out
+
+
+def _weightless(model: onnx.ModelProto, out: onnx.ModelProto) -> None:
+    """``out`` = ``model`` with each initializer reduced to its name, type and shape (shape inference reads no
+    weight values here; copying them would double a large model's memory for nothing). ``model`` is not changed."""
+    for fd, value in model.ListFields():
+        if fd.name != "graph":
+            _copy(out, fd, value)
+    for fd, value in model.graph.ListFields():
+        if fd.name != "initializer":
+            _copy(out.graph, fd, value)
+    out.graph.initializer.extend(onnx.TensorProto(name=i.name, data_type=i.data_type, dims=i.dims)
+                                 for i in model.graph.initializer)
+
+
+def _copy(dst, fd, value) -> None:  # noqa: ANN001
+    if hasattr(value, "extend"):  # repeated field
+        getattr(dst, fd.name).extend(value)
+    elif isinstance(value, Message):
+        getattr(dst, fd.name).CopyFrom(value)
+    else:
+        setattr(dst, fd.name, value)
 
 
 def _const_len(name: str, consts: Mapping[str, onnx.TensorProto]) -> int | None:
