@@ -358,7 +358,8 @@ def main() -> None:
                "DynamicQuantizeLinear", "DequantizeLinear", "Add", "SkipLayerNormalization", "LayerNormalization",
                "BiasGelu", "Gelu", "Attention", "MultiHeadAttention")
         print(f"  {k:14s} built {v['build_s']:5.1f} s; optimized graph {sum(c.values())} nodes: "
-              + " ".join(f"{o}={c[o]}" for o in key if c[o]) + (f"  {v.get('missing_ranges')}" if v.get("missing_ranges") else ""))
+              + " ".join(f"{o}={c[o]}" for o in key if c[o])
+              + (f"  missing ranges: {v['missing_ranges']}" if v.get("missing_ranges") else ""))
 
     def encode(texts: list[str], max_length: int | None = args.max_length) -> dict:
         return tok.encode(texts, max_length=max_length).feeds(names)
