@@ -56,6 +56,23 @@ def test_a_setting_computes_the_qdq_model_of_its_plan_bit_for_bit(keep, zero_bra
         np.testing.assert_array_equal(got[name], value)
 
 
+@pytest.mark.parametrize("keep", [(), ("proj",), ("classifier", "out_proj")])
+def test_weights_only_computes_the_onnxruntime_layouts_qdq_model_bit_for_bit(keep):
+    """The onnxruntime layout (uint8 activations, zero point 128; activation x activation MatMuls in FP32) as
+    exact Q/DQ arithmetic is a setting of the same board: its switches off for the nodes without a weight."""
+    model = tiny_model()
+    table = _table(model)
+    board = build_board(model, plan_placement(model))
+    feeds = _feeds()
+    ort = quantize_model(model, table, keep_nodes=keep, target=Target.ONNXRUNTIME)
+    want = _run(ort.model.SerializeToString(), feeds)
+    on = setting(board, table, keep, weights_only=True)
+    assert {n for n, s in zip(board.nodes, on.switches) if s} == set(ort.quantized_nodes)
+    got = _run(board.model, feeds, on.feeds())
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value)
+
+
 def test_all_switches_off_is_the_fp32_model_and_tables_are_feeds():
     model = tiny_model()
     board = build_board(model, plan_placement(model))

@@ -34,6 +34,7 @@ from calibkit.executors.base import Executor, Shared, fetch, materialize
 log = logging.getLogger("calibkit.evaluate.boardjobs")
 
 TENSORRT = "tensorrt"
+ONNXRUNTIME = "onnxruntime"
 # padded tokens per batch at most: a sample of 64 log texts holds one or two of 512 tokens, which would pad a
 # batch of 32 to 16,384 tokens where its texts hold about 1,300 (batches of short texts stay at the batch size)
 BATCH_TOKENS = TokenBudget(max_batch_tokens=4096)
@@ -42,8 +43,9 @@ UNITS_PER_WORKER = 4  # enough units that a slow one does not leave the other wo
 
 
 def served(jobs: Sequence[SensitivityJob]) -> bool:
-    """Whether these jobs can run on switchboards: the TensorRT layout only (see the switchboard module)."""
-    return bool(jobs) and all(j.target == TENSORRT for j in jobs)
+    """Whether these jobs can run on switchboards: both layouts, as exact Q/DQ arithmetic (the switchboard
+    module; 7-bit weights are built one variant at a time)."""
+    return bool(jobs) and all(j.target in (TENSORRT, ONNXRUNTIME) for j in jobs)
 
 
 @dataclass(frozen=True)
@@ -174,7 +176,8 @@ def _setting(board: Board, job: SensitivityJob) -> Setting:
     p = Path(job.calibration_json)
     p = p / "calibration.json" if p.is_dir() else p
     st = p.stat()
-    return setting(board, _table(str(p.resolve()), st.st_size, st.st_mtime_ns), job.keep_nodes)
+    return setting(board, _table(str(p.resolve()), st.st_size, st.st_mtime_ns), job.keep_nodes,
+                   weights_only=job.target == ONNXRUNTIME)
 
 
 def text_cost(lengths: np.ndarray) -> np.ndarray:

@@ -90,6 +90,8 @@ def job_key(job: SensitivityJob, table_sha: str, model_sha: str) -> str:
         "keep": sorted(job.keep_nodes),
         "texts": sha256_bytes("\n".join(job.texts).encode("utf-8")),
         "target": job.target,
+        # onnxruntime-layout jobs run as exact Q/DQ arithmetic on the switchboard since 0.3 (fused kernels before)
+        **({"arithmetic": "exact"} if job.target == "onnxruntime" else {}),
         "mode": job.mode,
         # per-text values (evidence.rowfidelity) since 0.3: records from before lack them and run again
         "values": 2,

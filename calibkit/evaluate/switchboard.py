@@ -16,8 +16,10 @@ every candidate of a run, so work units can be as small as load balancing wants 
 core works. ``Where`` selects, it does not compute, so a node switched on reads bit for bit the values the
 Q/DQ model of ``quantize_model`` gives its MatMul, and one switched off reads the FP32 tensor; the engine runs
 with graph optimizations off, as the exact Q/DQ evaluation of the TensorRT layout does
-(``engines.onnxruntime.evaluation_optimization``). Only that layout is served: the ONNX Runtime layout is
-measured through its fused integer kernels, which a switch cannot reproduce.
+(``engines.onnxruntime.evaluation_optimization``). The onnxruntime layout is served too, its activation x
+activation MatMuls switched off (:func:`setting`): exact Q/DQ arithmetic of what ONNX Runtime's fused integer
+kernels compute up to float rounding (int32 accumulation, one scale). That gap is measured, not assumed: tune
+runs the plan's served model on holdout texts and records how many texts it changes (``evaluate.served``).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class Board:
     nodes: tuple[str, ...]  # SWITCHES[i] turns nodes[i] to INT8
     tensors: tuple[str, ...]  # SCALES[j] is the scale of tensors[j]
     node_inputs: tuple[tuple[str, ...], ...]  # per node: its activation inputs (those that need a range)
+    weighted: tuple[bool, ...] = ()  # per node: whether it reads a weight (the onnxruntime layout quantizes those)
 
     def __repr__(self) -> str:
         return f"Board({len(self.nodes)} nodes, {len(self.tensors)} tensors, {len(self.model) >> 20} MiB)"
@@ -130,7 +133,7 @@ def build_board(model: onnx.ModelProto, placement: Placement) -> Board:
     graph.node.extend(_topological(all_nodes, {i.name for i in graph.input} | {i.name for i in graph.initializer}))
     data = out.SerializeToString()
     node_inputs = tuple(tuple(qn.activation_inputs) for qn in placement.nodes)
-    return Board(data, nodes, tensors, node_inputs)
+    return Board(data, nodes, tensors, node_inputs, tuple(bool(qn.weight_inputs) for qn in placement.nodes))
 
 
 def _constant_value(node: onnx.NodeProto | None, name: str) -> onnx.TensorProto:
@@ -183,17 +186,20 @@ def _topological(nodes: Sequence[onnx.NodeProto], available: Iterable[str]) -> l
     return order
 
 
-def setting(board: Board, table: CalibrationTable, keep: Iterable[str]) -> Setting:
-    """The feeds that make ``board`` compute ``quantize_model(model, table, keep_nodes=keep)`` (TensorRT layout):
-    a node runs INT8 unless it is kept or one of its activation inputs has no range or a zero range; ranges
-    are checked as ``quantize_model`` checks them."""
+def setting(board: Board, table: CalibrationTable, keep: Iterable[str], *, weights_only: bool = False) -> Setting:
+    """The feeds that make ``board`` compute ``quantize_model(model, table, keep_nodes=keep)`` as exact Q/DQ
+    arithmetic: a node runs INT8 unless it is kept or one of its activation inputs has no range or a zero range;
+    ranges are checked as ``quantize_model`` checks them. ``weights_only``: the onnxruntime layout, whose
+    activation x activation MatMuls stay FP32 (its uint8 activations with zero point 128 dequantize to the very
+    values of the int8 ones with zero point 0, so the board's pairs compute that layout's arithmetic too)."""
     amax: Mapping[str, float] = table.amax()
     check_ranges(((t, amax[t]) for t in board.tensors if t in amax), source="calibration table",
                  hint="recalibrate (`calibkit calibrate`) or fix the table's ranges; calibkit never writes these",
                  representable_only=True)
     kept = set(keep)
-    switches = np.asarray([n not in kept and all(amax.get(t) for t in inputs)
-                           for n, inputs in zip(board.nodes, board.node_inputs)], dtype=bool)
+    weighted = board.weighted or (True,) * len(board.nodes)
+    switches = np.asarray([n not in kept and all(amax.get(t) for t in inputs) and (w or not weights_only)
+                           for n, inputs, w in zip(board.nodes, board.node_inputs, weighted)], dtype=bool)
     scales = np.asarray([np.float32(amax[t] / INT8_MAX) if amax.get(t) else np.float32(1.0) for t in board.tensors],
                         dtype=np.float32)
     return Setting(switches, scales)
