@@ -107,6 +107,13 @@ def utf8_path(path: str | os.PathLike[str]) -> bool:
     return not _SURROGATE.search(os.fspath(path))
 
 
+def shown_path(path: str | os.PathLike[str]) -> str:
+    """``path`` for a message or a log line: a name whose bytes are not UTF-8 shown escaped (``\\udcff``), so
+    no stream or log handler meets a lone surrogate it cannot encode."""
+    text = os.fspath(path)
+    return text if utf8_path(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def native_path(path: str | os.PathLike[str]) -> str:
     """``path`` as a string a native library (onnx, ONNX Runtime, tokenizers) can open: those take UTF-8 only,
     so a name whose bytes are not UTF-8 is a ModelError saying so (Python-side readers open such names fine;
@@ -116,10 +123,10 @@ def native_path(path: str | os.PathLike[str]) -> str:
     text = os.fspath(path)
     if utf8_path(text):
         return text
-    shown = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    raise ModelError(f"{shown}: the path holds bytes that are not UTF-8, which ONNX Runtime, onnx and tokenizers "
-                     "cannot open", hint="rename the file or folder to a UTF-8 name, or pass a symbolic link with a "
-                                         "UTF-8 name that points to it")
+    raise ModelError(f"{shown_path(text)}: the path holds bytes that are not UTF-8, which ONNX Runtime, onnx and "
+                     "tokenizers cannot open",
+                     hint="rename the file or folder to a UTF-8 name, or pass a symbolic link with a UTF-8 name that "
+                          "points to it")
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -360,7 +360,6 @@ def test_a_sample_of_size_0_is_a_usage_error(tmp_path: Path) -> None:
     assert "--size 512" in flat(r) and "input file" not in flat(r)
 
 
-@pytest.mark.skip(reason="kills its xdist worker inside the full suite since compare/tune time served models (passes alone); under investigation")
 def test_file_names_that_are_not_utf8_work_through_every_command(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue #20: names whose bytes are not UTF-8 (read by Python as lone surrogates) crashed JSON writers

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from calibkit._io import shown_path
 from calibkit.data.calibset import CalibrationSet
 from calibkit.data.dedup import DedupIndex, digest, normalize
 from calibkit.data.logs import BROKEN_KINDS, ReadStats, is_gzip
@@ -530,7 +531,8 @@ def shortfall_warning(ev: TrafficEvidence, holdout_fraction: float | None = None
             why.append(f"{x[key]:,} {what}")
     out = [f"{x[key]:,} distinct texts of the {what} excluded" for key, what in
            (("calibration_set", "calibration set"), ("eval_set", "eval set")) if x.get(key)]
-    text = (f"drew {drawn:,} traffic texts of the {asked:,} asked for (--traffic-size): {ev.source.path} holds "
+    text = (f"drew {drawn:,} traffic texts of the {asked:,} asked for (--traffic-size): "
+            f"{shown_path(ev.source.path)} holds "
             f"{', '.join(why)}{'; ' + ', '.join(out) if out else ''}; {ev.population:,} distinct texts were left. "
             f"Every interval judged on the traffic is about {math.sqrt(asked / max(drawn, 1)):.1f}x as wide as with "
             f"{asked:,} texts")
