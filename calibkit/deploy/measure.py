@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from calibkit.data.modeldir import ModelDir
+from calibkit.enginefiles.registry import ModelRunnerFactory
 from calibkit.progress import ProgressCallback
 from calibkit.results.documents import ServedLatency, ServedMeasurement
 from calibkit.results.runs import Range, finite
@@ -44,13 +45,13 @@ def pick_texts(traffic: Sequence[str], calibration: Sequence[str], size: int, se
 
 
 def _predict(path: Path, task: Any, tok: Any, texts: Sequence[str], *, threads: int | None, batch: int,
-             what: str, progress: ProgressCallback | None, make_runner: Any) -> Any:
+             what: str, progress: ProgressCallback | None, make_runner: ModelRunnerFactory) -> Any:
     with make_runner(path, threads=threads, name=what) as runner:
         return task.predict(runner, tok, texts, batch_size=batch, progress=progress, task=what)
 
 
 def measure_served(fp32: Path, served: Path, md: ModelDir, picked: MeasureTexts, *, threads: int | None,
-                   batch: int, progress: ProgressCallback, make_runner: Any) -> ServedMeasurement:
+                   batch: int, progress: ProgressCallback, make_runner: ModelRunnerFactory) -> ServedMeasurement:
     """``served`` against ``fp32`` on ``picked`` texts (at least one), each run by a runner from ``make_runner``
     (the run's :class:`~calibkit.resources.RunnerFactory`): agreement on every picked text, speed at batch 1 and
     at ``batch`` (:mod:`calibkit.evaluate.speed`: interleaved rounds, the ratio of medians)."""

@@ -28,6 +28,7 @@ from calibkit.cpus import usable_cpus
 from calibkit.data.evalset import EvalSet
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.enginefiles.artifact import EngineArtifact
+from calibkit.enginefiles.registry import is_onnx_engine
 from calibkit.engines.base import BaseRunner
 from calibkit.errors import CalibkitError, ModelError, UsageError
 from calibkit.evaluate.decisions import fidelity_basis, layer_verdicts, recommend
@@ -102,7 +103,7 @@ def _config(tokenizer_dir: str | Path | None) -> Mapping[str, Any]:
 def select_task(artifact: EngineArtifact, tokenizer_dir: str | Path | None, kind: str | None = None) -> Task:
     """The evaluate.tasks Task for the engines' model: from its ONNX outputs and config.json (``kind`` forces)."""
     cfg = _config(tokenizer_dir)
-    src = artifact.path if artifact.backend is Backend.ONNXRUNTIME else artifact.source_model
+    src = artifact.path if is_onnx_engine(artifact) else artifact.source_model
     if src and Path(src).is_file():
         outputs = model_outputs(load_model(src, load_external_data=False))
     else:
@@ -152,7 +153,7 @@ def _is_int8(a: EngineArtifact) -> bool:
 
 
 def _onnx_of(a: EngineArtifact) -> onnx.ModelProto | None:
-    if a.backend is Backend.ONNXRUNTIME:
+    if is_onnx_engine(a):
         return load_model(a.path)
     log.warning("%s is a TensorRT engine: per-layer analysis needs ONNX models, skipped for it", a.path.name)
     return None
@@ -747,7 +748,7 @@ def _engine_result(r: _EngineRun, s: EngineScore | None) -> EngineEvaluation:
     m = s.metrics if s else None
     return EngineEvaluation(
         name=r.name, path=str(r.artifact.path), precision=r.artifact.precision.value,
-        backend=r.artifact.backend.value,
+        backend=r.artifact.backend_name,
         latency_ms=Latency(finite(lat.mean_ms), finite(lat.p50_ms), finite(lat.p95_ms)),
         throughput_per_s=finite(lat.throughput_per_s), batch_size=int(lat.batch_size),
         accuracy=finite(m.accuracy) if m else None, accuracy_ci=Range.of(s.accuracy_ci) if s else None,

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -44,6 +44,11 @@ from calibkit.evaluate.tune_defaults import (
 )
 from calibkit.progress import ESTIMATE_TASK, ProgressEvent
 from calibkit.results.runs import FP32_PHASE, PhaseCost, Shortcut, StepEstimate, TimeEstimate, span_text
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from calibkit.enginefiles.artifact import EngineArtifact
+    from calibkit.executors.base import Executor
+    from calibkit.resources import EngineRunnerFactory
 
 #: wall cost of a text of each kind against an FP32 text: (likely, worst); see the module docstring
 COSTS: Mapping[str, tuple[float, float]] = {"fp32": (1.0, 1.3), "qdq": (1.5, 3.5), "taps": (3.0, 6.0)}
@@ -435,8 +440,9 @@ def _quantized_nodes(path: Any) -> int:
     return len({spec.node for spec in find_layers(load_model(path, load_external_data=False))})
 
 
-def estimate_compare(engines: Sequence[Any], z: CompareSize, open_runner: Callable[[Any], Any], tokenizer: Any,
-                     task: Any, texts: Sequence[str], options: Any, executor: Any = None) -> TimeEstimate:
+def estimate_compare(engines: Sequence[EngineArtifact], z: CompareSize, open_runner: EngineRunnerFactory,
+                     tokenizer: Any, task: Any, texts: Sequence[str], options: Any,
+                     executor: Executor | None = None) -> TimeEstimate:
     """compare's estimate, priced by the FP32 engine (else A) timed on a sample of ``texts``."""
     from calibkit.types import Precision
 

@@ -98,7 +98,7 @@ from calibkit.quantize.placement import plan_placement
 from calibkit.quantize.tablefile import write_calibration_json
 from calibkit.requests.choices import Target
 from calibkit.requests.tune import TuneRequest
-from calibkit.resources import Resources
+from calibkit.resources import Resources, RunnerFactory
 from calibkit.results.documents import PlanDocument
 from calibkit.results.runs import (
     FP32_PHASE,
@@ -331,7 +331,7 @@ class _Serving:
     also when the plan is on the smoothed copy), the run's runner factory and progress."""
 
     fp32: Path
-    make_runner: Any  # resources.RunnerFactory
+    make_runner: RunnerFactory
     progress: ProgressCallback
 
 

@@ -12,13 +12,11 @@ from calibkit.quantize.placement import DEFAULT_OP_TYPES
 from calibkit.requests.checks import COUNT, COUNT_OR_NONE, PERCENTILE, Bound, check_names, check_paths
 from calibkit.requests.choices import Target
 from calibkit.requests.options import Choice, calibration_set_option, check_bounds, coerce, model_option, option
-from calibkit.types import Method, MethodParams
+from calibkit.types import Method, MethodParams, PathLike
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.data.calibset import CalibrationSet
     from calibkit.data.modeldir import ModelDir
-
-PathLike = Any  # str | os.PathLike[str]
 
 
 class CalibrationMethod(Choice):
