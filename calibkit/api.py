@@ -61,6 +61,7 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.evaluate.tune import TuneRun
     from calibkit.executors import Executor
     from calibkit.exporter import ExportResult
+    from calibkit.report.render import ReportPaths
     from calibkit.results.documents import DeployResult
     from calibkit.results.runs import Comparison, TuneResult
 
@@ -498,7 +499,7 @@ def load_report(path: PathLike) -> Comparison | TuneResult:
     return load_result(Path(path))
 
 
-def render_report(result: Comparison | TuneResult, out: PathLike) -> Any:
+def render_report(result: Comparison | TuneResult, out: PathLike) -> ReportPaths:
     """Write a result as a report folder (report.json, report.md, report.html, plots/), atomically.
 
     Args:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from calibkit.enginefiles.registry import ModelRunnerFactory
 from calibkit.progress import ProgressCallback
 from calibkit.results.documents import ServedLatency, ServedMeasurement
 from calibkit.results.runs import Range, finite
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from calibkit.data.tokenizer import TextTokenizer
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ def pick_texts(traffic: Sequence[str], calibration: Sequence[str], size: int, se
     return MeasureTexts(tuple(pool[i] for i in pick), len(traffic) - len(pool), seed)
 
 
-def _predict(path: Path, task: Any, tok: Any, texts: Sequence[str], *, threads: int | None, batch: int,
+def _predict(path: Path, task: Any, tok: TextTokenizer, texts: Sequence[str], *, threads: int | None, batch: int,
              what: str, progress: ProgressCallback | None, make_runner: ModelRunnerFactory) -> Any:
     with make_runner(path, threads=threads, name=what) as runner:
         return task.predict(runner, tok, texts, batch_size=batch, progress=progress, task=what)

@@ -47,6 +47,10 @@ from calibkit.results.documents import (
 )
 from calibkit.types import Backend, Precision
 
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from calibkit.deploy.repository import RepositoryFiles
+    from calibkit.requests.build import BuildRequest
+
 if TYPE_CHECKING:
     from calibkit.data.modeldir import ModelDir
     from calibkit.deploy.modelio import ModelIO
@@ -110,7 +114,7 @@ def deploy(request: DeployRequest, resources: Resources = Resources()) -> Deploy
     result = _plan(request, served, shaped)
     _emit(cb, 3, "building the model")
 
-    def build_and_measure(model_dir: Path) -> Any:
+    def build_and_measure(model_dir: Path) -> RepositoryFiles:
         nonlocal result
         model = _build(request, served, model_dir, result)
         measuring = request.measure_texts and result.backend is Backend.ONNXRUNTIME
@@ -281,7 +285,7 @@ def _build(request: DeployRequest, served: _Served, model_dir: Path, result: Dep
     return target
 
 
-def _build_request(served: _Served, target: Path, request: DeployRequest) -> Any:
+def _build_request(served: _Served, target: Path, request: DeployRequest) -> BuildRequest:
     from calibkit.building import BuildRequest
 
     src, layout = served.src, served.layout
@@ -325,7 +329,7 @@ def _measure(request: DeployRequest, served: _Served, shaped: _Shaped, model: Pa
     return {"measurement": m}
 
 
-def _files(request: DeployRequest, served: _Served, shaped: _Shaped, result: DeployResult) -> Any:
+def _files(request: DeployRequest, served: _Served, shaped: _Shaped, result: DeployResult) -> RepositoryFiles:
     """Everything of the repository but the model: config, scripts, perf data, README and deploy.json."""
     from calibkit.deploy.engine import PROFILES_FILE, PlanSpec
     from calibkit.deploy.readme import build_script, perf_script, readme

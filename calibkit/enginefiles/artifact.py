@@ -7,6 +7,7 @@ An ONNX Runtime engine is ``NAME.onnx`` with ``NAME.onnx.calibkit.json`` beside 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,7 +141,7 @@ class EngineArtifact:
                              hint=hint) from None
 
     @classmethod
-    def _from_dict(cls, p: Path, d: dict[str, Any], _abs: Any) -> EngineArtifact:
+    def _from_dict(cls, p: Path, d: dict[str, Any], _abs: Callable[[str | None], str | None]) -> EngineArtifact:
         return cls(
             path=p,
             precision=Precision(d["precision"]),

@@ -42,7 +42,13 @@ from calibkit.evaluate.phases import PhaseClock
 from calibkit.evaluate.predict import Predicted
 from calibkit.evaluate.sensitivity import SensitivityAnalysis, analyse_sensitivity
 from calibkit.evaluate.streaming import RangeAccumulator
-from calibkit.evaluate.taps import LayerMeasurement, RunnerFactory, measure_layers, ort_runner_factory
+from calibkit.evaluate.taps import (
+    LayerMeasurement,
+    LayerMeasurements,
+    RunnerFactory,
+    measure_layers,
+    ort_runner_factory,
+)
 from calibkit.evaluate.tasks import EngineScore, Task, TaskScore, choose_task, model_outputs, unscored_warnings
 from calibkit.evaluate.traffic import TrafficEvidence, evidence_of
 from calibkit.evidence.intervals import proportion
@@ -531,7 +537,7 @@ def _findings(verdicts: Sequence[LayerVerdict], model: onnx.ModelProto | None, i
 class _LayerRun:
     int8_art: EngineArtifact | None  # the INT8 side, if either is
     int8_model: onnx.ModelProto | None
-    measured: Any  # calibkit.evaluate.taps.LayerMeasurements
+    measured: LayerMeasurements
     wsqnr: dict[str, Any]  # node -> weight error
     subset: EvalSubset
 
@@ -582,10 +588,10 @@ def _reference_model(
     return None
 
 
-def worst_layers(measured: Sequence[Any], wsqnr: dict[str, Any], k: int | None) -> list[LayerSpec]:
+def worst_layers(measured: Sequence[LayerMeasurement], wsqnr: dict[str, Any], k: int | None) -> list[LayerSpec]:
     """The specs of the ``k`` nodes most likely to hurt: lowest own SQNR of input or weights, or most
     zeroed weights first (all nodes when ``k`` is None)."""
-    def badness(m: Any) -> float:
+    def badness(m: LayerMeasurement) -> float:
         own = m.quant_sqnr_db if m.quant_sqnr_db is not None else float("inf")
         ws = wsqnr.get(m.spec.node)
         w = ws.sqnr_db if ws is not None and ws.sqnr_db is not None else float("inf")

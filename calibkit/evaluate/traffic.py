@@ -44,6 +44,7 @@ from calibkit.data.calibset import CalibrationSet
 from calibkit.data.dedup import DedupIndex, digest, normalize
 from calibkit.data.logs import BROKEN_KINDS, ReadStats, is_gzip
 from calibkit.data.sample_pipeline import (
+    CleanText,
     CleanupTally,
     candidate_lengths,
     clean_log,
@@ -404,7 +405,7 @@ class _LogPass:
     def __post_init__(self) -> None:
         self.exclude = self.cal_keys | self.in_eval  # a text in both is counted as a calibration text
 
-    def take(self, item: Any) -> None:
+    def take(self, item: CleanText) -> None:
         """One cleaned line: excluded (counted, its group withdrawn from the pool), or offered to the pool when
         it is the first line of its dedup group."""
         seen = item.seen

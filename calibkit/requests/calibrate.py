@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from calibkit.errors import UsageError
 from calibkit.quantize.placement import DEFAULT_OP_TYPES
@@ -28,7 +28,7 @@ class CalibrationMethod(Choice):
     MSE = Method.MSE.value
 
 
-def _names(value: Any, *, commas: bool = False) -> Any:
+def _names(value: object, *, commas: bool = False) -> object:
     """A tuple from a list (with ``commas``, each string split at commas: ``--op-types MatMul,Gemm``); a string
     alone is left for ``validate()`` to refuse (``exclude="fc1"`` would read as three one-letter patterns)."""
     if not isinstance(value, (list, tuple)):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from calibkit.requests.options import Choice
 
@@ -24,7 +23,7 @@ class Traffic(Choice):
     AUTO = "auto"
 
     @classmethod
-    def parse(cls, value: Any) -> Any:
+    def parse(cls, value: object) -> object:
         """A keyword or a log path from ``value`` by the module's rule; None, drawn evidence and anything this
         cannot read (left for ``validate()`` to refuse) as they are."""
         if isinstance(value, cls) or value is None:
@@ -38,6 +37,6 @@ class Traffic(Choice):
         return value
 
 
-def traffic_path(traffic: Any) -> Path | None:
+def traffic_path(traffic: object) -> Path | None:
     """The log a traffic choice reads, when it names one by path (an input the outputs must stay apart from)."""
     return traffic if isinstance(traffic, Path) else None
