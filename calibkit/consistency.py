@@ -124,7 +124,7 @@ def external_data_names(path: str | os.PathLike[str]) -> tuple[str, ...]:
 
 def external_names_of(model: onnx.ModelProto) -> tuple[str, ...]:
     """The distinct ``location`` entries of a loaded ModelProto's external initializers, sorted."""
-    names = set()
+    names: set[str] = set()
     for init in model.graph.initializer:
         if init.data_location == 1:  # onnx.TensorProto.EXTERNAL
             names.update(e.value for e in init.external_data if e.key == "location")

@@ -154,7 +154,7 @@ def cli_paths(*values: object) -> list[Path | None]:
     return [v if isinstance(v, Path) else None for v in values]
 
 
-def request_command(request_cls: type, body: Callable[..., None], *, resources: Sequence[str],
+def request_command(request_cls: type[DataclassInstance], body: Callable[..., None], *, resources: Sequence[str],
                     extra: Sequence[inspect.Parameter] = ()) -> Callable[..., None]:
     """A typer command: the request's options, the named resource options, then ``extra`` (the command's own),
     calling ``body(request, resource_options, **extra_values)`` inside :func:`handle_errors`."""

@@ -109,7 +109,7 @@ def _summary(res: BuildResult) -> None:
         warn(w)
 
 
-def _print_trtexec(req) -> None:  # noqa: ANN001
+def _print_trtexec(req: BuildRequest) -> None:
     """Without TensorRT here: the same build as commands to run where TensorRT is (stdout), before the error."""
     from calibkit.errors import CalibkitError
 

@@ -111,7 +111,7 @@ class DeployRequest:
     @property
     def requested_k(self) -> int | None:
         """The number of profiles asked for (None: auto), as deploy.json records it."""
-        return None if self.profiles is Profiles.AUTO else self.profiles  # type: ignore[return-value]
+        return None if self.profiles is Profiles.AUTO else self.profiles
 
     def validate(self) -> None:
         """Every check that reads no file: UsageError naming the option and what to pass instead."""

@@ -54,7 +54,7 @@ class SmoothRequest:
     @property
     def fixed_alpha(self) -> float | None:
         """The alpha every layer gets (None: chosen per activation, ``Alpha.AUTO``)."""
-        return None if self.alpha is Alpha.AUTO else float(self.alpha)  # type: ignore[arg-type]
+        return None if self.alpha is Alpha.AUTO else float(self.alpha)
 
     def validate(self) -> None:
         """Every check that reads no file: UsageError naming the option and what to pass instead."""

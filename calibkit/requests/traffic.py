@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TypeVar
 
 from calibkit.requests.options import Choice
+
+_V = TypeVar("_V")
 
 
 class Traffic(Choice):
@@ -23,7 +26,7 @@ class Traffic(Choice):
     AUTO = "auto"
 
     @classmethod
-    def parse(cls, value: object) -> object:
+    def parse(cls, value: _V) -> Traffic | Path | _V:
         """A keyword or a log path from ``value`` by the module's rule; None, drawn evidence and anything this
         cannot read (left for ``validate()`` to refuse) as they are."""
         if isinstance(value, cls) or value is None:

@@ -294,7 +294,7 @@ def load_result(path: str | Path, *, strict: bool = True) -> Result:
     """Read a compare or tune JSON file into its typed result (``strict=False``: see :func:`parse_result`);
     what is wrong with it (its size, format version, a type, a value out of its domain) is named with the
     file."""
-    return load_typed(path, REPORTS, strict=strict)  # type: ignore[no-any-return]
+    return load_typed(path, REPORTS, strict=strict)
 
 
 def load_typed(path: str | Path, kind: type[T] | tuple[type, ...], *, strict: bool = True) -> T:
