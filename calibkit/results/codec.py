@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 
 from calibkit.errors import DataError
 from calibkit.results.documents import DeployResult, PlanDocument
-from calibkit.results.files import CalibrationDocument, DemoSummary
+from calibkit.results.files import CalibrationDocument, DemoSummary, TrtProfiles
 from calibkit.results.runs import Comparison, Result, TuneResult
 from calibkit.types import CalibrationTable
 
@@ -473,7 +473,9 @@ def _check(value: object, path: str, domain: tuple[float, float] | None, signed:
 
 CALIBRATION_FORMAT = "calibkit-calibration/1"
 DEMO_FORMAT = "calibkit-demo/1"
-DOCUMENT_FORMATS: dict[type, str] = {CalibrationDocument: CALIBRATION_FORMAT, DemoSummary: DEMO_FORMAT}
+TRT_PROFILES_FORMAT = "calibkit-trt-profiles/1"
+DOCUMENT_FORMATS: dict[type, str] = {CalibrationDocument: CALIBRATION_FORMAT, DemoSummary: DEMO_FORMAT,
+                                     TrtProfiles: TRT_PROFILES_FORMAT}
 _DOCUMENT_HINT = "pass the file calibkit wrote, unedited, or write it again with the command that made it"
 
 
