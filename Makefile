@@ -32,8 +32,10 @@ test-fast: setup
 lint: setup
 	$(BIN)/ruff check calibkit tests benchmarks
 
-# the TensorRT backend, against tensorrt-stubs (patched copy: the published stubs have syntax errors)
+# mypy over calibkit/ ([tool.mypy] in pyproject.toml), then the TensorRT backend against tensorrt-stubs (patched
+# copy: the published stubs have syntax errors)
 typecheck: setup
+	$(BIN)/python -m mypy
 	$(BIN)/python tools/mypy_tensorrt.py
 
 clean:

@@ -132,7 +132,7 @@ def native_path(path: str | os.PathLike[str]) -> str:
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def dumps_json(obj: Any) -> str:
+def dumps_json(obj: object) -> str:
     """Stable JSON: sorted keys, two-space indent, trailing newline, no NaN (written as null).
 
     A lone surrogate (a file name whose bytes are not UTF-8, read by Python as ``\\udcff``) is written as its
@@ -141,7 +141,7 @@ def dumps_json(obj: Any) -> str:
     return text if text.isascii() else _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
-def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+def write_json(path: str | os.PathLike[str], obj: object) -> None:
     write_text(path, dumps_json(obj))
 
 

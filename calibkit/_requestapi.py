@@ -86,7 +86,7 @@ def request_api(request_cls: type[R], *, pool_by_default: bool = False, resource
             given = dict(sig.bind(*args, **kwargs).arguments)  # a TypeError for what the signature has not
             options = ResourceOptions(**{k: given.pop(k) for k in RESOURCE_NAMES if k in given})
             progress = given.pop("progress", None)
-            return run(request_cls(**given), options, progress)  # type: ignore[no-any-return]
+            return run(request_cls(**given), options, progress)
 
         doc = inspect.cleandoc(body.__doc__ or "")
         head, sep, tail = doc.partition("\nReturns:")

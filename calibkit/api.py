@@ -20,7 +20,6 @@ gets the same validation as a command line. Errors are the :class:`calibkit.erro
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -49,6 +48,7 @@ from calibkit.requests.sample import SampleRequest
 from calibkit.requests.smooth import SmoothRequest
 from calibkit.requests.tune import TuneRequest
 from calibkit.resources import Resources
+from calibkit.types import PathLike
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.building import BuildResult
@@ -61,10 +61,10 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.evaluate.tune import TuneRun
     from calibkit.executors import Executor
     from calibkit.exporter import ExportResult
+    from calibkit.report.render import ReportPaths
     from calibkit.results.documents import DeployResult
     from calibkit.results.runs import Comparison, TuneResult
 
-PathLike = str | os.PathLike[str]
 
 __all__ = ["CalibrateRequest", "CompareRequest", "DeployRequest", "ExportRequest", "ResourceOptions", "SmoothRequest",
            "TuneRequest", "build", "budget", "calibrate",
@@ -499,7 +499,7 @@ def load_report(path: PathLike) -> Comparison | TuneResult:
     return load_result(Path(path))
 
 
-def render_report(result: Comparison | TuneResult, out: PathLike) -> Any:
+def render_report(result: Comparison | TuneResult, out: PathLike) -> ReportPaths:
     """Write a result as a report folder (report.json, report.md, report.html, plots/), atomically.
 
     Args:

@@ -19,10 +19,13 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from calibkit._io import sha256_file
 from calibkit.errors import CalibrationError, ModelError
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    import onnx
 
 # files of a tokenizer folder that decide how texts become ids (others: the model, its config, readmes)
 TOKENIZER_FILES = re.compile(r"(tokenizer.*|vocab.*|merges\.txt|special_tokens_map\.json|added_tokens\.json|"
@@ -119,9 +122,9 @@ def external_data_names(path: str | os.PathLike[str]) -> tuple[str, ...]:
     return _LOCATIONS[key]
 
 
-def external_names_of(model: Any) -> tuple[str, ...]:
+def external_names_of(model: onnx.ModelProto) -> tuple[str, ...]:
     """The distinct ``location`` entries of a loaded ModelProto's external initializers, sorted."""
-    names = set()
+    names: set[str] = set()
     for init in model.graph.initializer:
         if init.data_location == 1:  # onnx.TensorProto.EXTERNAL
             names.update(e.value for e in init.external_data if e.key == "location")

@@ -10,12 +10,14 @@ engines, taps and variants), where progress goes (``progress``) and who writes t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from calibkit.enginefiles.registry import ModelRunnerFactory, model_runner, open_runner
+from calibkit.enginefiles.registry import ModelRunnerFactory, ModelSource, model_runner, open_runner
 from calibkit.progress import ProgressCallback, no_progress
+from calibkit.types import PathLike
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.data.encode import TokenBudget
@@ -24,29 +26,36 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.executors.base import Executor
 
 
-class RunnerFactory(Protocol):
-    """Makes every runner of a run: called, a runner for an ONNX model calibkit made (a path or serialized
-    bytes; ``output_names``, ``threads``, ``layout``, ``name``, ...); ``engine(path or artifact)``, a runner for
-    an engine file."""
+class EngineRunnerFactory(Protocol):
+    """Opens an engine file (a path, or its loaded artifact) in the backend its sidecar names."""
 
-    def __call__(self, model: Any, **options: Any) -> BaseRunner: ...
+    def __call__(self, engine: PathLike | EngineArtifact) -> BaseRunner: ...
 
-    def engine(self, engine: str | Path | EngineArtifact) -> BaseRunner: ...
+
+class RunnerFactory(ModelRunnerFactory, Protocol):
+    """Makes every runner of a run: called (a :class:`ModelRunnerFactory`), a runner for an ONNX model calibkit
+    made (a path or serialized bytes; ``output_names``, ``threads``, ``layout``, ``name``, ...);
+    ``engine(path or artifact)``, a runner for an engine file."""
+
+    def engine(self, engine: PathLike | EngineArtifact) -> BaseRunner: ...
 
 
 @dataclass(frozen=True)
 class Runners:
     """A :class:`RunnerFactory` from two functions (default: the engine registry's ``model_runner`` and
-    ``open_runner``); a test replaces either."""
+    ``open_runner``, which serve every registered backend); a test replaces either."""
 
     model: ModelRunnerFactory = model_runner
-    open_engine: Any = open_runner  # (path or artifact) -> BaseRunner
+    open_engine: EngineRunnerFactory = open_runner
 
-    def __call__(self, model: Any, **options: Any) -> BaseRunner:
-        return self.model(model, **options)
+    def __call__(self, model: ModelSource, *, output_names: Sequence[str] | None = None, threads: int | None = None,
+                 layout: str | None = None, name: str | None = None, keep_model: bool = True,
+                 spinning: bool = True) -> BaseRunner:
+        return self.model(model, output_names=output_names, threads=threads, layout=layout, name=name,
+                          keep_model=keep_model, spinning=spinning)
 
-    def engine(self, engine: str | Path | EngineArtifact) -> BaseRunner:
-        return self.open_engine(engine)  # type: ignore[no-any-return]
+    def engine(self, engine: PathLike | EngineArtifact) -> BaseRunner:
+        return self.open_engine(engine)
 
 
 class ResultWriter(Protocol):

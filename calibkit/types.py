@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 INT8_MAX = 127
 SEED_MAX = (1 << 32) - 1  # numpy, scikit-learn and torch seeds are unsigned 32-bit
+
+#: how every path a caller gives is typed (a request's path fields, the API's parameters)
+PathLike = str | os.PathLike[str]
 
 
 def check_seed(seed: object, option: str = "--seed") -> None:

@@ -388,7 +388,7 @@ def collect_stats(
     if callable(runner_factory_or_model_path) and not isinstance(runner_factory_or_model_path, onnx.ModelProto):
         runner = runner_factory_or_model_path()
     else:
-        runner = tapped_runner(runner_factory_or_model_path, tensors, serialized=serialized,  # type: ignore[arg-type]
+        runner = tapped_runner(runner_factory_or_model_path, tensors, serialized=serialized,
                                intra_op_threads=max(1, cpus - cpus // 4) if may_overlap else None,
                                spinning=not may_overlap, make_runner=make_runner)
     del serialized
@@ -590,7 +590,7 @@ def _inferred_ahead(runner: BaseRunner, stream: Iterable[object]) -> Iterator[_R
 
 def _first_batch(batches: Iterable[object]) -> object | None:
     """The first batch of a re-iterable collection (for the probe runs); None for a one-shot iterator."""
-    if iter(batches) is batches:  # type: ignore[comparison-overlap]
+    if iter(batches) is batches:
         return None
     for item in batches:
         return item

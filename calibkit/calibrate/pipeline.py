@@ -46,6 +46,10 @@ from calibkit.results.files import (
 from calibkit.types import CalibrationTable, Method, MethodParams, TensorRange
 
 if TYPE_CHECKING:  # pragma: no cover - types only
+    import onnx
+
+    from calibkit.calibrate.trtcache import TrtCache
+    from calibkit.quantize.qdq import QuantizeResult
     from calibkit.requests.smooth import SmoothRequest
 
 log = logging.getLogger("calibkit.calibrate")
@@ -111,7 +115,7 @@ def gather_stats(
     resources: Resources,
     use_cache: bool = True,
     cache_dir: Path | None = None,
-    model: Any = None,
+    model: onnx.ModelProto | None = None,
     threads: int | None = None,
     model_bytes: list[bytes] | None = None,
 ) -> tuple[StatsStore, bool]:
@@ -197,7 +201,7 @@ def _summary_warnings(store: StatsStore, table: CalibrationTable) -> list[str]:
     return out
 
 
-def structure_warnings(model: Any, placement: Placement, exclude: Sequence[str]) -> list[str]:
+def structure_warnings(model: onnx.ModelProto, placement: Placement, exclude: Sequence[str]) -> list[str]:
     """What the user should know about the graph itself: --exclude patterns that select nothing, fused ops."""
     out = []
     if placement.unmatched:
@@ -247,7 +251,8 @@ def load_hashed(path: Path) -> tuple[Any, str, list[bytes]]:
     return proto, sha, [data]
 
 
-def _quantize(model: Any, table: CalibrationTable, op_types: Sequence[str], exclude: Sequence[str], target: str):
+def _quantize(model: onnx.ModelProto | Path, table: CalibrationTable, op_types: Sequence[str], exclude: Sequence[str],
+              target: str) -> QuantizeResult:
     from calibkit.graph import load_model
     from calibkit.quantize.qdq import Target, quantize_model
 
@@ -310,7 +315,7 @@ def calibrate(request: CalibrateRequest, resources: Resources = Resources()) -> 
     return replace(result, clipping=clipping)
 
 
-def _placement(proto: Any, op_types: Sequence[str], exclude: Sequence[str],
+def _placement(proto: onnx.ModelProto, op_types: Sequence[str], exclude: Sequence[str],
                model_dir: ModelDir) -> tuple[Placement, list[str]]:
     """The placement (exclusions applied) and the tensors statistics are collected for: every quantizable
     input, exclusions ignored, so a later run with other --exclude reuses them."""
@@ -338,7 +343,7 @@ class _Statistics:
     threads: int | None
     resources: Resources
 
-    def gather(self, proto: Any, model_bytes: list[bytes]) -> tuple[Any, StatsStore, bool]:
+    def gather(self, proto: onnx.ModelProto, model_bytes: list[bytes]) -> tuple[onnx.ModelProto, StatsStore, bool]:
         """(the model, its statistics, whether they came from the cache). While the model runs, ONNX Runtime
         holds its weights; a second copy here would only wait for the Q/DQ step (1.3 GB for BERT-large). So
         when the model runs in this process the taps are planned on a weightless copy and the model is read
@@ -374,7 +379,7 @@ class _Statistics:
         return self.use_cache and find_stats(self.sha, key, self.tensors, self.num_bins, self.cache_dir) is not None
 
 
-def _document(cset: CalibrationSet, store: Any, table: CalibrationTable, method: Method,
+def _document(cset: CalibrationSet, store: StatsStore, table: CalibrationTable, method: Method,
               provenance: dict[str, Any], reused: bool, trt_version: int, warnings: list[str], *, target: str,
               op_types: Sequence[str], exclude: Sequence[str], fused: list[str],
               clipping: Sequence[ClipWarning] = ()) -> CalibrationDocument:
@@ -415,7 +420,7 @@ def _write_outputs(
     out: Path,
     model_dir: ModelDir,
     table: CalibrationTable,
-    qres: Any,
+    qres: QuantizeResult,
     store: StatsStore | None,
     document: CalibrationDocument,
     trt_version: int,
@@ -552,7 +557,8 @@ def _calibrate_from_cache(request: CalibrateRequest, model_dir: ModelDir, cache_
     )
 
 
-def _cache_warnings(cache: Any, unmatched: Sequence[str], missing: Sequence[str], wanted: set[str]) -> list[str]:
+def _cache_warnings(cache: TrtCache, unmatched: Sequence[str], missing: Sequence[str],
+                    wanted: set[str]) -> list[str]:
     """What --from-cache should say about the cache against the model: names it does not know, non-finite and
     zero scales, quantized inputs it lacks."""
     out = []

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calibkit.calibrate.stats import StatsStore
 from calibkit.errors import CalibrationError
 from calibkit.executors.base import Executor, Shared, fetch
 from calibkit.progress import ProgressCallback
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from calibkit.engines.base import BaseRunner
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,7 @@ class Shard:
     threads: int | None
 
 
-def _shard_runner(model: bytes, tensors: Sequence[str], threads: int | None) -> Any:
+def _shard_runner(model: bytes, tensors: Sequence[str], threads: int | None) -> BaseRunner:
     import onnx
 
     from calibkit.enginefiles.registry import model_runner

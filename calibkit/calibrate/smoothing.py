@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,6 +37,9 @@ from calibkit.quantize.smooth import (
 )
 from calibkit.requests.smooth import SmoothRequest
 from calibkit.resources import Resources
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    import onnx
 
 log = logging.getLogger("calibkit.calibrate.smoothing")
 
@@ -95,7 +98,7 @@ def _keep(text_idx: np.ndarray, pos: np.ndarray, q: float) -> np.ndarray:
     return u < q
 
 
-def channel_stats(proto: Any, groups: Sequence[SmoothGroup], model_dir: ModelDir, texts: Sequence[str], *,
+def channel_stats(proto: onnx.ModelProto, groups: Sequence[SmoothGroup], model_dir: ModelDir, texts: Sequence[str], *,
                   budget: TokenBudget | None = None, batch_size: int = 32, serialized: bytes | None = None,
                   progress: ProgressCallback | None = None) -> ChannelStats:
     from calibkit.calibrate.collect import _output_of, probe_cost, tapped_runner

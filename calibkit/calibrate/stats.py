@@ -11,13 +11,16 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from calibkit._io import atomic_open
 from calibkit.calibrate.histogram import BinCounter, Histogram, chunks, range_exponent
 from calibkit.errors import CalibrationError
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from numpy.lib.npyio import NpzFile
 
 STATS_FORMAT = "calibkit-stats/1"
 
@@ -230,7 +233,7 @@ class StatsStore(Mapping[str, ActivationStats]):
             ) from exc
 
     @classmethod
-    def from_npz(cls, z: Any, name: str | os.PathLike[str]) -> StatsStore:
+    def from_npz(cls, z: NpzFile, name: str | os.PathLike[str]) -> StatsStore:
         """The store held by an open ``.npz`` (``np.load``'s NpzFile) read from ``name``. Its arrays must have
         the shapes and kinds :meth:`save` writes (a :class:`CalibrationError` says which does not); what the
         numbers mean is checked by :func:`verify_store`."""
@@ -259,7 +262,7 @@ class StatsStore(Mapping[str, ActivationStats]):
         return cls(stats, int(bins), header.get("meta", {}))
 
 
-def read_header(z: Any, name: str | os.PathLike[str]) -> dict[str, Any]:
+def read_header(z: NpzFile, name: str | os.PathLike[str]) -> dict[str, Any]:
     """The header of an open statistics ``.npz``: its format tag, the tensors (distinct strings) and the bins."""
     try:
         header = json.loads(bytes(z["header"]).decode("utf-8"))

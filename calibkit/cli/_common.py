@@ -453,17 +453,17 @@ def _parse_int(value: object) -> int:
 
 
 _parse_float.__name__, _parse_int.__name__ = "float", "integer"  # the type help shows: <float>, <integer>
-FLOAT: Any = _parse_float
-INTEGER: Any = _parse_int
+FLOAT: Callable[[object], float] = _parse_float
+INTEGER: Callable[[object], int] = _parse_int
 
 
-def keyword_or(words: type[enum.Enum], number: Any) -> Any:
+def keyword_or(words: type[enum.Enum], number: Callable[[object], float]) -> Callable[[object], object]:
     """The parser of an option that takes a keyword (a member of ``words``, e.g. ``auto``) or a number read by
     ``number`` (FLOAT or INTEGER, kept as the parser's ``number``): the member, the number, or a refusal that
     names both."""
     keywords = {str(m.value): m for m in words}
 
-    def parse(value: object) -> Any:
+    def parse(value: object) -> object:
         if isinstance(value, words):
             return value
         found = keywords.get(str(value).strip().lower())

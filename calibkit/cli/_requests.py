@@ -17,7 +17,7 @@ import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import MISSING
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, TypeVar, Union, get_args, get_origin
 
 import typer
 
@@ -25,8 +25,13 @@ from calibkit.cli._common import FLOAT, FORCE, INTEGER, handle_errors, keyword_o
 from calibkit.requests.options import Choice, Option, declared, default_of, flag_of
 from calibkit.requests.resources import ResourceOptions
 
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from _typeshed import DataclassInstance
 
-def _base(kind: Any) -> Any:
+_R = TypeVar("_R", bound="DataclassInstance")
+
+
+def _base(kind: object) -> object:
     """``int`` for ``int | None``; the type itself otherwise."""
     if get_origin(kind) in (Union, types.UnionType):
         rest = [a for a in get_args(kind) if a is not type(None)]
@@ -40,7 +45,7 @@ def _cli_type(f: dataclasses.Field[Any], decl: Option) -> Any:
     return eval(str(f.type), {"__builtins__": builtins})  # a plain annotation: int, float | None, bool, str
 
 
-def _keyword_or_number(kind: Any) -> tuple[type[Choice], type] | None:
+def _keyword_or_number(kind: object) -> tuple[type[Choice], type] | None:
     """(the words, ``int`` or ``float``) of an option typed ``Choice | int`` (``Profiles.AUTO`` or a number)."""
     if get_origin(kind) not in (Union, types.UnionType):
         return None
@@ -61,7 +66,7 @@ def _typer_kind(kind: Any) -> tuple[Any, dict[str, Any]]:
     return kind, {"parser": INTEGER} if base is int else {"parser": FLOAT} if base is float else {}
 
 
-def _shown(value: Any) -> Any:
+def _shown(value: object) -> object:
     return value.value if isinstance(value, enum.Enum) else value
 
 
@@ -115,7 +120,7 @@ def resource_params(names: Sequence[str]) -> list[inspect.Parameter]:
     return out
 
 
-def build_request(request_cls: type, parsed: dict[str, Any]) -> Any:
+def build_request(request_cls: type[_R], parsed: dict[str, Any]) -> _R:
     """The request from the parsed options (each popped from ``parsed``): nested options set their attribute
     of the field's default, a negation sets None, an option not given (None where its field's default is not)
     leaves the field's default."""
@@ -144,12 +149,12 @@ def build_request(request_cls: type, parsed: dict[str, Any]) -> Any:
 FORCE_ONLY = (inspect.Parameter("force", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=FORCE),)
 
 
-def cli_paths(*values: Any) -> list[Path | None]:
+def cli_paths(*values: object) -> list[Path | None]:
     """A request's inputs as the command line gave them: paths (a traffic keyword, or no value, is None)."""
     return [v if isinstance(v, Path) else None for v in values]
 
 
-def request_command(request_cls: type, body: Callable[..., None], *, resources: Sequence[str],
+def request_command(request_cls: type[DataclassInstance], body: Callable[..., None], *, resources: Sequence[str],
                     extra: Sequence[inspect.Parameter] = ()) -> Callable[..., None]:
     """A typer command: the request's options, the named resource options, then ``extra`` (the command's own),
     calling ``body(request, resource_options, **extra_values)`` inside :func:`handle_errors`."""

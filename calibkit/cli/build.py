@@ -93,7 +93,7 @@ def _summary(res: BuildResult) -> None:
     art = res.artifact
     layout = art.extra.get("target")  # the Q/DQ layout of an INT8 build, which need not be the backend's own
     say(f"wrote {art.path} ({art.precision.value}" + (f", {layout} Q/DQ layout" if layout else "")
-        + f", {art.backend.value} backend)")
+        + f", {art.backend_name} backend)")
     if res.quantized_nodes:
         say(f"  {count(len(res.quantized_nodes), 'node')} quantized, {len(art.kept_higher_precision)} kept in "
             f"higher precision, {count(len(res.missing_ranges), 'tensor')} without a range")
@@ -109,7 +109,7 @@ def _summary(res: BuildResult) -> None:
         warn(w)
 
 
-def _print_trtexec(req) -> None:  # noqa: ANN001
+def _print_trtexec(req: BuildRequest) -> None:
     """Without TensorRT here: the same build as commands to run where TensorRT is (stdout), before the error."""
     from calibkit.errors import CalibkitError
 

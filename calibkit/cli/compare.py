@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import typer
 
@@ -27,6 +27,7 @@ from calibkit.requests.resources import ResourceOptions
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.results.runs import Comparison, LayerVerdict, Range
+    from calibkit.types import PathLike
 
 HELP = (
     "Compare engine A (baseline, e.g. FP32/FP16) with engine B (e.g. INT8) on a labelled eval set.\n\n"
@@ -131,7 +132,7 @@ def _deliver(result: Comparison, json_path: Path | None, report_dir: Path | None
         say(f"wrote per-text outputs to {save_outputs}/ (outputs.jsonl, outputs.npz)")
 
 
-def _guard_outputs(json_path: Path | None, report_dir: Path | None, save_outputs: Any,
+def _guard_outputs(json_path: Path | None, report_dir: Path | None, save_outputs: PathLike | None,
                    inputs: list[Path | None], force: bool) -> None:
     """--report and --save-outputs are checked before any work (--json, already checked, is apart from them):
     writable, not an input, apart."""

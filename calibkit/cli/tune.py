@@ -26,7 +26,10 @@ from calibkit.requests.resources import ResourceOptions
 from calibkit.requests.tune import TuneRequest
 
 if TYPE_CHECKING:  # pragma: no cover - types only
+    from rich.table import Table
+
     from calibkit.evaluate.tune import TuneRun
+    from calibkit.results.runs import TuneResult
 
 HELP = (
     "Find the plan that keeps accuracy within --max-drop of FP32 (and, with --min-agreement, at least that "
@@ -194,7 +197,7 @@ def _cos(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.5f}"
 
 
-def _evidence_line(r: Any) -> None:
+def _evidence_line(r: TuneResult) -> None:
     """Where accuracy and agreement were judged, when traffic was part of the evidence."""
     es = r.eval_set
     if es.traffic is None:
@@ -207,7 +210,7 @@ def _evidence_line(r: Any) -> None:
         f"(search {es.traffic_search}, holdout {es.traffic_holdout}; excluded {excluded or 'nothing'})")
 
 
-def _table(r: Any) -> Any:
+def _table(r: TuneResult) -> Table:
     """FP32, all-INT8 and the plan on both splits: accuracy and agreement, or agreement and cosine."""
     from rich.table import Table
 
@@ -233,7 +236,7 @@ def _table(r: Any) -> Any:
     return t
 
 
-def _all_int8_label(r: Any) -> str:
+def _all_int8_label(r: TuneResult) -> str:
     """The all-INT8 row's name: its holdout numbers may come from a random sample of the holdout."""
     n = r.final.all_int8_texts_holdout
     return "all INT8" if n is None or n == r.eval_set.holdout else f"all INT8 (holdout: {n:,} random rows)"
@@ -256,7 +259,7 @@ def _calibration_lines(run: TuneRun) -> None:
         say(f"smoothing not tried: {sm.note}")
 
 
-def _decision_lines(r: Any) -> None:
+def _decision_lines(r: TuneResult) -> None:
     """What the decisions cost, what the holdout confirmed and found, the warnings and where the time went."""
     cost = r.evidence_cost
     if cost is not None:

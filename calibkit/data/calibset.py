@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +13,7 @@ from typing import Any
 from calibkit._io import atomic_dir, dumps_json, sha256_bytes, text_lines
 from calibkit.data.textcheck import has_lone_surrogate, is_usable
 from calibkit.errors import DataError
+from calibkit.provenance import document_path
 
 TEXTS = "texts.jsonl"
 MANIFEST = "manifest.json"
@@ -36,6 +37,44 @@ class CalibrationSet:
         labelled = "unlabelled" if self.labels is None else f"{sum(x is not None for x in self.labels)} labelled"
         return f"CalibrationSet({str(self.path)!r}, {len(self.texts)} texts, {labelled}, id={self.id[:12]})"
 
+
+
+@dataclass(frozen=True)
+class ManifestLog:
+    """The log a calibration set's manifest names (``source``), with what ``sample`` read it with."""
+
+    path: Path  # where it is now: a relative path read against the manifest's folder (provenance.document_path)
+    size_bytes: int | None
+    sha256: str | None
+    text_field: str | None  # comma-separated paths, as --text-field takes them
+    redact: bool
+
+
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    """``folder/manifest.json`` as a JSON object; None when it is missing, unreadable or no object."""
+    try:
+        doc = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def manifest_log(manifest: Mapping[str, Any] | None, manifest_path: Path) -> ManifestLog | None:
+    """The one reading of the log a manifest (read from ``manifest_path``) names; None when it names none."""
+    src = manifest.get("source") if isinstance(manifest, Mapping) else None
+    if not isinstance(src, dict):
+        return None
+    path = document_path(manifest_path, src.get("path"), dict(manifest or {}))
+    if path is None:
+        return None
+    size, sha = src.get("size_bytes"), src.get("sha256")
+    tf = manifest.get("text_field") if manifest is not None else None
+    paths = tf.get("paths") if isinstance(tf, dict) else None
+    red = manifest.get("redaction") if manifest is not None else None
+    return ManifestLog(path, size if isinstance(size, int) and not isinstance(size, bool) else None,
+                       sha if isinstance(sha, str) and sha else None,
+                       ",".join(str(p) for p in paths) if isinstance(paths, list) and paths else None,
+                       bool(red.get("enabled", True)) if isinstance(red, dict) else True)
 
 def _texts_bytes(texts: Sequence[str], labels: Sequence[str | None] | None) -> bytes:
     lines = []

@@ -122,7 +122,7 @@ def load_eval_set(
 SET_SEPARATOR = "\x1f"  # joins the labels of a multi-label example (no label name holds a unit separator)
 
 
-def _label_set(value: Any, p: Path, n: int) -> str:
+def _label_set(value: object, p: Path, n: int) -> str:
     if not isinstance(value, list):
         value = [value]
     if value and all(isinstance(v, int) and not isinstance(v, bool) and v in (0, 1) for v in value) and len(value) > 1:
@@ -312,7 +312,7 @@ def _whole(value: float) -> int | None:
     return int(value) if math.isfinite(value) and value == int(value) else None
 
 
-def _tag_text(value: Any) -> str | None:
+def _tag_text(value: object) -> str | None:
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, float):

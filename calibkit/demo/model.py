@@ -173,7 +173,7 @@ def _length_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generat
         )
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     if rng is not None:
-        rng.shuffle(batches)  # type: ignore[arg-type]
+        rng.shuffle(batches)
     return batches
 
 

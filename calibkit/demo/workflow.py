@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,8 +46,16 @@ from calibkit.results.files import (
     DemoTune,
     MethodFidelity,
 )
-from calibkit.results.runs import ConfidenceBand, Difference, PhaseCost, Range, TimeEstimate
+from calibkit.results.runs import Comparison, ConfidenceBand, Difference, PhaseCost, Range, TimeEstimate
 from calibkit.types import Method
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from calibkit.data.calibset import CalibrationSet
+    from calibkit.data.evalset import EvalSet
+    from calibkit.data.modeldir import ModelDir
+    from calibkit.data.tokenizer import TextTokenizer
+    from calibkit.demo.prepare import PrepareResult
+    from calibkit.evaluate.tune import TuneRun
 
 #: the layout the demo's tunes search and its deploy ships: ONNX Runtime's, the backend it deploys to
 SERVED_LAYOUT = "onnxruntime"
@@ -159,12 +167,12 @@ class _Setup:
     work: Path
     runs: Path
     reports: Path
-    prep: Any  # calibkit.demo.prepare.PrepareResult
-    md: Any  # calibkit.data.modeldir.ModelDir
-    cset: Any  # calibkit.data.calibset.CalibrationSet
-    ev: Any  # calibkit.data.evalset.EvalSet
+    prep: PrepareResult
+    md: ModelDir
+    cset: CalibrationSet
+    ev: EvalSet
     labels: np.ndarray
-    tok: Any  # calibkit.data.tokenizer.TextTokenizer
+    tok: TextTokenizer
 
 
 def run_workflow(
@@ -402,7 +410,7 @@ def _compare(options: WorkflowOptions, setup: _Setup, engines: dict[str, Any], c
     return cmp_fp32, cmp_fp16
 
 
-def _tune(options: WorkflowOptions, setup: _Setup, clock: _Clock) -> tuple[Any, dict[str, Any]]:
+def _tune(options: WorkflowOptions, setup: _Setup, clock: _Clock) -> tuple[TuneRun, dict[str, TuneRun]]:
     """Step 7: the mixed-precision plan on the model as the user has it (tune measures the smoothed variant
     itself, and judges agreement on the log's own texts not in the calibration set), then the same search
     restricted to each of ``extra_tune_methods``."""
@@ -417,7 +425,7 @@ def _tune(options: WorkflowOptions, setup: _Setup, clock: _Clock) -> tuple[Any, 
                        seed=options.seed,
                        report=reports / "tune", progress=clock.cb, traffic="auto" if options.traffic_size else None,
                        traffic_size=max(1, options.traffic_size))
-    extra: dict[str, Any] = {}
+    extra: dict[str, TuneRun] = {}
     for m in options.extra_tune_methods:
         with clock.timed(f"tune ({m})"):
             extra[m] = ck.tune(md, cset, ev, runs / f"tune-{m}", max_drop=options.max_drop, method=m,
@@ -441,7 +449,7 @@ def _tune_budget(options: WorkflowOptions) -> dict[str, Any]:
     return {k: v for k, v in chosen.items() if v is not None}
 
 
-def _compare_summary(cmp: Any) -> DemoCompare:
+def _compare_summary(cmp: Comparison) -> DemoCompare:
     return DemoCompare(
         agreement=cmp.agreement,
         agreement_ci=cmp.agreement_ci,
@@ -454,7 +462,7 @@ def _compare_summary(cmp: Any) -> DemoCompare:
     )
 
 
-def _tune_summary(tres: Any, options: WorkflowOptions, md: Any) -> DemoTune:
+def _tune_summary(tres: TuneRun, options: WorkflowOptions, md: ModelDir) -> DemoTune:
     r = tres.result
     return DemoTune(
         met_target=tres.met_target,
@@ -485,7 +493,7 @@ def _tune_summary(tres: Any, options: WorkflowOptions, md: Any) -> DemoTune:
     )
 
 
-def _extra_tune_summary(r: Any) -> DemoMethodTune:
+def _extra_tune_summary(r: TuneRun) -> DemoMethodTune:
     return DemoMethodTune(met_target=r.met_target, kept_nodes=tuple(r.kept_nodes),
                           int8_flops_fraction=r.int8_flops_fraction, accuracy_holdout=r.accuracy_holdout,
                           all_int8_accuracy_holdout=r.result.final.all_int8_accuracy_holdout,

@@ -10,38 +10,27 @@ Run it on the serving GPU, with the TensorRT version of the Triton container (``
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from calibkit._io import read_json
-from calibkit.errors import CalibkitError, UsageError
+from calibkit.errors import CalibkitError, DataError, UsageError
+from calibkit.results.files import TrtProfiles
 
 PROFILES_FILE = "trt_profiles.json"
 PLAN = "1/model.plan"
 
 
-@dataclass(frozen=True)
-class PlanSpec:
-    onnx: str
-    plan: str
-    workspace_mib: int
-    profiles: tuple[dict[str, int], ...]  # SeqProfile.to_dict() of each profile
+def read_spec(folder: Path) -> TrtProfiles:
+    """``folder/trt_profiles.json`` through the codec; a UsageError when it cannot be read."""
+    from calibkit.results.codec import parse_document
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"format": "calibkit-trt-profiles/1", "onnx": self.onnx, "plan": self.plan,
-                "workspace_mib": self.workspace_mib, "profiles": [dict(p) for p in self.profiles]}
-
-
-def read_spec(folder: Path) -> PlanSpec:
     p = folder / PROFILES_FILE
     try:
-        d = read_json(p)
-        if d.get("format") != "calibkit-trt-profiles/1":
-            raise ValueError("not a calibkit-trt-profiles/1 document")
-        return PlanSpec(str(d["onnx"]), str(d["plan"]), int(d["workspace_mib"]),
-                        tuple({str(k): int(v) for k, v in x.items()} for x in d["profiles"]))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        spec = parse_document(TrtProfiles, read_json(p), source=p)
+        if not spec.onnx or not spec.plan or not spec.profiles:
+            raise ValueError("it names no ONNX, plan or profile")
+        return spec
+    except (OSError, ValueError, RecursionError, DataError) as exc:
         raise UsageError(f"{p} cannot be read ({exc})",
                          hint="pass the model folder inside a repository written by `calibkit deploy`") from None
 

@@ -13,14 +13,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from calibkit.data.modeldir import ModelDir
+from calibkit.enginefiles.registry import ModelRunnerFactory
 from calibkit.progress import ProgressCallback
 from calibkit.results.documents import ServedLatency, ServedMeasurement
 from calibkit.results.runs import Range, finite
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from calibkit.data.tokenizer import TextTokenizer
 
 
 @dataclass(frozen=True)
@@ -43,14 +47,14 @@ def pick_texts(traffic: Sequence[str], calibration: Sequence[str], size: int, se
     return MeasureTexts(tuple(pool[i] for i in pick), len(traffic) - len(pool), seed)
 
 
-def _predict(path: Path, task: Any, tok: Any, texts: Sequence[str], *, threads: int | None, batch: int,
-             what: str, progress: ProgressCallback | None, make_runner: Any) -> Any:
+def _predict(path: Path, task: Any, tok: TextTokenizer, texts: Sequence[str], *, threads: int | None, batch: int,
+             what: str, progress: ProgressCallback | None, make_runner: ModelRunnerFactory) -> Any:
     with make_runner(path, threads=threads, name=what) as runner:
         return task.predict(runner, tok, texts, batch_size=batch, progress=progress, task=what)
 
 
 def measure_served(fp32: Path, served: Path, md: ModelDir, picked: MeasureTexts, *, threads: int | None,
-                   batch: int, progress: ProgressCallback, make_runner: Any) -> ServedMeasurement:
+                   batch: int, progress: ProgressCallback, make_runner: ModelRunnerFactory) -> ServedMeasurement:
     """``served`` against ``fp32`` on ``picked`` texts (at least one), each run by a runner from ``make_runner``
     (the run's :class:`~calibkit.resources.RunnerFactory`): agreement on every picked text, speed at batch 1 and
     at ``batch`` (:mod:`calibkit.evaluate.speed`: interleaved rounds, the ratio of medians)."""

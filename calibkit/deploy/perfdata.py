@@ -17,11 +17,14 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from calibkit.deploy.profiles import BucketChoice
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from calibkit.data.tokenizer import TextTokenizer
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,8 @@ class PerfData:
     per_bucket: tuple[int, ...]  # requests of each bucket
 
 
-def padded_feeds(tok: Any, text: str, width: int, max_seq: int, input_names: Sequence[str]) -> dict[str, np.ndarray]:
+def padded_feeds(tok: TextTokenizer, text: str, width: int, max_seq: int,
+                 input_names: Sequence[str]) -> dict[str, np.ndarray]:
     """The feeds of one request: ``text`` tokenized (cut to ``max_seq``), padded to ``width`` tokens, [1, width]."""
     from calibkit.data.tokenizer import Encoding
 
@@ -47,7 +51,7 @@ def padded_feeds(tok: Any, text: str, width: int, max_seq: int, input_names: Seq
     return padded.feeds(input_names)
 
 
-def build_perf_data(tok: Any, texts: Sequence[str], lengths: Sequence[int], choice: BucketChoice,
+def build_perf_data(tok: TextTokenizer, texts: Sequence[str], lengths: Sequence[int], choice: BucketChoice,
                     input_names: Sequence[str]) -> PerfData:
     """perf_analyzer's JSON for ``texts`` (``lengths``: their untruncated token counts)."""
     entries = []

@@ -47,6 +47,10 @@ from calibkit.results.documents import (
 )
 from calibkit.types import Backend, Precision
 
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from calibkit.deploy.repository import RepositoryFiles
+    from calibkit.requests.build import BuildRequest
+
 if TYPE_CHECKING:
     from calibkit.data.modeldir import ModelDir
     from calibkit.deploy.modelio import ModelIO
@@ -110,7 +114,7 @@ def deploy(request: DeployRequest, resources: Resources = Resources()) -> Deploy
     result = _plan(request, served, shaped)
     _emit(cb, 3, "building the model")
 
-    def build_and_measure(model_dir: Path) -> Any:
+    def build_and_measure(model_dir: Path) -> RepositoryFiles:
         nonlocal result
         model = _build(request, served, model_dir, result)
         measuring = request.measure_texts and result.backend is Backend.ONNXRUNTIME
@@ -281,7 +285,7 @@ def _build(request: DeployRequest, served: _Served, model_dir: Path, result: Dep
     return target
 
 
-def _build_request(served: _Served, target: Path, request: DeployRequest) -> Any:
+def _build_request(served: _Served, target: Path, request: DeployRequest) -> BuildRequest:
     from calibkit.building import BuildRequest
 
     src, layout = served.src, served.layout
@@ -325,13 +329,14 @@ def _measure(request: DeployRequest, served: _Served, shaped: _Shaped, model: Pa
     return {"measurement": m}
 
 
-def _files(request: DeployRequest, served: _Served, shaped: _Shaped, result: DeployResult) -> Any:
+def _files(request: DeployRequest, served: _Served, shaped: _Shaped, result: DeployResult) -> RepositoryFiles:
     """Everything of the repository but the model: config, scripts, perf data, README and deploy.json."""
-    from calibkit.deploy.engine import PROFILES_FILE, PlanSpec
+    from calibkit.deploy.engine import PROFILES_FILE
     from calibkit.deploy.readme import build_script, perf_script, readme
     from calibkit.deploy.repository import RepositoryFiles, shipped_result
     from calibkit.deploy.triton import TritonModelConfig, labels_text
-    from calibkit.results.codec import to_document
+    from calibkit.results.codec import document_json, to_document
+    from calibkit.results.files import TrtProfiles
 
     result = shipped_result(result, request.out)  # no absolute path of this machine in the repository's files
     name, plan = served.name, result.batching
@@ -347,11 +352,11 @@ def _files(request: DeployRequest, served: _Served, shaped: _Shaped, result: Dep
         texts[f"{name}/labels.txt"] = labels_text(served.md.id2label)
     if result.backend is Backend.TENSORRT:
         texts[f"{name}/build_engine.sh"] = build_script(result)
-        json_docs[f"{name}/{PROFILES_FILE}"] = PlanSpec(
+        json_docs[f"{name}/{PROFILES_FILE}"] = document_json(TrtProfiles(
             f"model.{result.precision.value}.onnx", "1/model.plan", request.workspace_mib,
             tuple({"min_seq": p.min_shape[1], "opt_seq": p.opt_shape[1], "max_seq": p.max_shape[1],
                    "min_batch": p.min_shape[0], "opt_batch": p.opt_shape[0], "max_batch": p.max_shape[0]}
-                  for p in result.tensorrt.profiles)).to_dict()
+                  for p in result.tensorrt.profiles)))
         executables += (f"{name}/build_engine.sh",)
     return RepositoryFiles(texts, executables, json_docs, {"perf_data.json": shaped.perf.doc})
 

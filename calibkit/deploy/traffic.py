@@ -13,7 +13,6 @@ is still there with the bytes it had (its size, and its sha256 checked in the pa
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from collections.abc import Sequence
@@ -101,36 +100,24 @@ class SourceLog:
 def log_of_calibration_set(cset: Path) -> SourceLog | None:
     """The log a calibration set was drawn from, when its manifest names one (read by
     :func:`calibkit.provenance.document_path`: a relative path against the manifest's folder)."""
-    from calibkit.provenance import document_path
+    from calibkit.data.calibset import MANIFEST, manifest_log, read_manifest
 
-    manifest = cset / "manifest.json"
-    try:
-        doc = json.loads(manifest.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return None
-    src = doc.get("source") if isinstance(doc, dict) else None
-    if not isinstance(src, dict):
-        return None
-    where = document_path(manifest, src.get("path"), doc)
-    if where is None:
-        return None
-    size, sha = src.get("size_bytes"), src.get("sha256")
-    return SourceLog(where, size if isinstance(size, int) else None, sha if isinstance(sha, str) and sha else None)
+    log = manifest_log(read_manifest(cset), cset / MANIFEST)
+    return None if log is None else SourceLog(log.path, log.size_bytes, log.sha256)
 
 
 def find_calibration_set(set_id: str, roots: Sequence[Path]) -> Path | None:
     """A calibration-set folder under ``roots`` whose manifest records ``texts_sha256 == set_id``."""
+    from calibkit.data.calibset import read_manifest
+
     if not set_id:
         return None
     for root in roots:
         if not root.is_dir():
             continue
         for manifest in sorted(root.glob("*/manifest.json")):
-            try:
-                doc = json.loads(manifest.read_text(encoding="utf-8"))
-            except (OSError, ValueError, RecursionError):
-                continue
-            if isinstance(doc, dict) and doc.get("texts_sha256") == set_id:
+            doc = read_manifest(manifest.parent)
+            if doc is not None and doc.get("texts_sha256") == set_id:
                 return manifest.parent
     return None
 

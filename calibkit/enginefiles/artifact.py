@@ -7,6 +7,7 @@ An ONNX Runtime engine is ``NAME.onnx`` with ``NAME.onnx.calibkit.json`` beside 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,7 @@ def fingerprint(engine: Path) -> str:
 class EngineArtifact:
     path: Path
     precision: Precision
-    backend: Backend
+    backend: Backend | str  # a built-in backend, or the name another one is registered under
     source_model_sha256: str
     calibration_sha256: str | None = None
     tokenizer: str | None = None  # folder of the tokenizer and config.json
@@ -77,12 +78,16 @@ class EngineArtifact:
     versions: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def backend_name(self) -> str:
+        return self.backend.value if isinstance(self.backend, Backend) else str(self.backend)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": "calibkit-engine/1",
             "path": self.path.name,
             "precision": self.precision.value,
-            "backend": self.backend.value,
+            "backend": self.backend_name,
             "source_model_sha256": self.source_model_sha256,
             "calibration_sha256": self.calibration_sha256,
             "tokenizer": self.tokenizer,
@@ -136,11 +141,11 @@ class EngineArtifact:
                              hint=hint) from None
 
     @classmethod
-    def _from_dict(cls, p: Path, d: dict[str, Any], _abs: Any) -> EngineArtifact:
+    def _from_dict(cls, p: Path, d: dict[str, Any], _abs: Callable[[str | None], str | None]) -> EngineArtifact:
         return cls(
             path=p,
             precision=Precision(d["precision"]),
-            backend=Backend(d["backend"]),
+            backend=_backend(d["backend"]),
             source_model_sha256=str(d["source_model_sha256"]),
             calibration_sha256=d.get("calibration_sha256"),
             tokenizer=_abs(d.get("tokenizer")),
@@ -152,6 +157,13 @@ class EngineArtifact:
             versions={str(k): str(v) for k, v in d.get("versions", {}).items()},
             extra=dict(d.get("extra", {})),
         )
+
+
+def _backend(v: object) -> Backend | str:
+    """A built-in backend's enum member, else the name (the registry refuses one nobody registered)."""
+    if not isinstance(v, str) or not v:
+        raise ValueError(f"backend must be a name, got {v!r}")
+    return Backend(v) if v in {b.value for b in Backend} else v
 
 
 def _opt_str(v: object) -> str | None:

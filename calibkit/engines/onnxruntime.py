@@ -6,6 +6,7 @@ import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -14,6 +15,9 @@ from calibkit.cpus import usable_cpus
 from calibkit.engines.base import BaseRunner, Feeds, Outputs
 from calibkit.errors import BackendError, ModelError
 from calibkit.types import TensorSpec
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    import onnxruntime as ort
 
 _ORT_DTYPES = {
     "tensor(float)": "float32",
@@ -68,12 +72,12 @@ class OnnxRuntimeRunner(BaseRunner):
         spinning: bool = True,
     ) -> None:
         super().__init__(name or (Path(model).name if not isinstance(model, bytes) else "onnx-bytes"))
-        self._model = model
+        self._model: str | os.PathLike[str] | bytes | None = model  # None once released (keep_model=False)
         self._providers = list(providers) if providers else None
         self._requested_outputs = tuple(output_names) if output_names else None
         self._threads = intra_op_threads
         self._optimization = optimization
-        self._session = None
+        self._session: ort.InferenceSession | None = None
         self._keep_model = keep_model
         self._spinning = spinning
 
@@ -110,16 +114,17 @@ class OnnxRuntimeRunner(BaseRunner):
                     native_path(model)  # weights beside it, where ORT would look by that name: the error
             model = data
         try:
-            self._session = ort.InferenceSession(model, opts, providers=self._providers or default_providers())
+            session = ort.InferenceSession(model, opts, providers=self._providers or default_providers())
         except Exception as exc:  # onnxruntime raises its own untyped exceptions
             raise BackendError(f"ONNX Runtime could not load {self.name}: {exc}") from exc
         if not self._keep_model and isinstance(model, bytes):
             self._model = None
         del model
+        self._session = session
         self._inputs = tuple(
-            TensorSpec(i.name, _ORT_DTYPES.get(i.type, i.type), tuple(i.shape)) for i in self._session.get_inputs()
+            TensorSpec(i.name, _ORT_DTYPES.get(i.type, i.type), tuple(i.shape)) for i in session.get_inputs()
         )
-        all_outputs = tuple(o.name for o in self._session.get_outputs())
+        all_outputs = tuple(o.name for o in session.get_outputs())
         if self._requested_outputs:
             unknown = [n for n in self._requested_outputs if n not in all_outputs]
             if unknown:

@@ -20,6 +20,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +31,10 @@ from calibkit.evaluate.shipping import tokenizer_files
 from calibkit.evaluate.switchboard import Board, Setting, build_board, setting
 from calibkit.evidence.rowfidelity import EMBEDDING
 from calibkit.executors.base import Executor, Shared, fetch, materialize
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from calibkit.data.tokenizer import TextTokenizer
+    from calibkit.types import CalibrationTable
 
 log = logging.getLogger("calibkit.evaluate.boardjobs")
 
@@ -168,7 +173,7 @@ def board_for(path: str) -> Board:
 
 
 @functools.lru_cache(maxsize=64)
-def _table(path: str, size: int, mtime_ns: int):  # -> CalibrationTable
+def _table(path: str, size: int, mtime_ns: int) -> CalibrationTable:
     return load_calibration_table(path)
 
 
@@ -277,7 +282,7 @@ def run_on_boards(jobs: Sequence[SensitivityJob], executor: Executor,
 
 
 @functools.lru_cache(maxsize=8)
-def _tokenizer(path: str, max_length: int | None):  # -> TextTokenizer
+def _tokenizer(path: str, max_length: int | None) -> TextTokenizer:
     from calibkit.data.tokenizer import TextTokenizer
 
     return TextTokenizer(path, max_length=max_length)

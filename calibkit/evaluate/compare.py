@@ -28,6 +28,7 @@ from calibkit.cpus import usable_cpus
 from calibkit.data.evalset import EvalSet
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.enginefiles.artifact import EngineArtifact
+from calibkit.enginefiles.registry import is_onnx_engine
 from calibkit.engines.base import BaseRunner
 from calibkit.errors import CalibkitError, ModelError, UsageError
 from calibkit.evaluate.decisions import fidelity_basis, layer_verdicts, recommend
@@ -41,7 +42,13 @@ from calibkit.evaluate.phases import PhaseClock
 from calibkit.evaluate.predict import Predicted
 from calibkit.evaluate.sensitivity import SensitivityAnalysis, analyse_sensitivity
 from calibkit.evaluate.streaming import RangeAccumulator
-from calibkit.evaluate.taps import LayerMeasurement, RunnerFactory, measure_layers, ort_runner_factory
+from calibkit.evaluate.taps import (
+    LayerMeasurement,
+    LayerMeasurements,
+    RunnerFactory,
+    measure_layers,
+    ort_runner_factory,
+)
 from calibkit.evaluate.tasks import EngineScore, Task, TaskScore, choose_task, model_outputs, unscored_warnings
 from calibkit.evaluate.traffic import TrafficEvidence, evidence_of
 from calibkit.evidence.intervals import proportion
@@ -102,7 +109,7 @@ def _config(tokenizer_dir: str | Path | None) -> Mapping[str, Any]:
 def select_task(artifact: EngineArtifact, tokenizer_dir: str | Path | None, kind: str | None = None) -> Task:
     """The evaluate.tasks Task for the engines' model: from its ONNX outputs and config.json (``kind`` forces)."""
     cfg = _config(tokenizer_dir)
-    src = artifact.path if artifact.backend is Backend.ONNXRUNTIME else artifact.source_model
+    src = artifact.path if is_onnx_engine(artifact) else artifact.source_model
     if src and Path(src).is_file():
         outputs = model_outputs(load_model(src, load_external_data=False))
     else:
@@ -152,7 +159,7 @@ def _is_int8(a: EngineArtifact) -> bool:
 
 
 def _onnx_of(a: EngineArtifact) -> onnx.ModelProto | None:
-    if a.backend is Backend.ONNXRUNTIME:
+    if is_onnx_engine(a):
         return load_model(a.path)
     log.warning("%s is a TensorRT engine: per-layer analysis needs ONNX models, skipped for it", a.path.name)
     return None
@@ -530,7 +537,7 @@ def _findings(verdicts: Sequence[LayerVerdict], model: onnx.ModelProto | None, i
 class _LayerRun:
     int8_art: EngineArtifact | None  # the INT8 side, if either is
     int8_model: onnx.ModelProto | None
-    measured: Any  # calibkit.evaluate.taps.LayerMeasurements
+    measured: LayerMeasurements
     wsqnr: dict[str, Any]  # node -> weight error
     subset: EvalSubset
 
@@ -581,10 +588,10 @@ def _reference_model(
     return None
 
 
-def worst_layers(measured: Sequence[Any], wsqnr: dict[str, Any], k: int | None) -> list[LayerSpec]:
+def worst_layers(measured: Sequence[LayerMeasurement], wsqnr: dict[str, Any], k: int | None) -> list[LayerSpec]:
     """The specs of the ``k`` nodes most likely to hurt: lowest own SQNR of input or weights, or most
     zeroed weights first (all nodes when ``k`` is None)."""
-    def badness(m: Any) -> float:
+    def badness(m: LayerMeasurement) -> float:
         own = m.quant_sqnr_db if m.quant_sqnr_db is not None else float("inf")
         ws = wsqnr.get(m.spec.node)
         w = ws.sqnr_db if ws is not None and ws.sqnr_db is not None else float("inf")
@@ -747,7 +754,7 @@ def _engine_result(r: _EngineRun, s: EngineScore | None) -> EngineEvaluation:
     m = s.metrics if s else None
     return EngineEvaluation(
         name=r.name, path=str(r.artifact.path), precision=r.artifact.precision.value,
-        backend=r.artifact.backend.value,
+        backend=r.artifact.backend_name,
         latency_ms=Latency(finite(lat.mean_ms), finite(lat.p50_ms), finite(lat.p95_ms)),
         throughput_per_s=finite(lat.throughput_per_s), batch_size=int(lat.batch_size),
         accuracy=finite(m.accuracy) if m else None, accuracy_ci=Range.of(s.accuracy_ci) if s else None,

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -44,6 +44,16 @@ from calibkit.evaluate.tune_defaults import (
 )
 from calibkit.progress import ESTIMATE_TASK, ProgressEvent
 from calibkit.results.runs import FP32_PHASE, PhaseCost, Shortcut, StepEstimate, TimeEstimate, span_text
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from calibkit.data.tokenizer import TextTokenizer
+    from calibkit.enginefiles.artifact import EngineArtifact
+    from calibkit.evidence.split import SplitEvidence
+    from calibkit.executors.base import Executor
+    from calibkit.requests.compare import CompareRequest
+    from calibkit.requests.tune import TuneRequest
+    from calibkit.resources import EngineRunnerFactory
+    from calibkit.types import PathLike
 
 #: wall cost of a text of each kind against an FP32 text: (likely, worst); see the module docstring
 COSTS: Mapping[str, tuple[float, float]] = {"fp32": (1.0, 1.3), "qdq": (1.5, 3.5), "taps": (3.0, 6.0)}
@@ -285,7 +295,8 @@ def _fewer_rows(z: TuneSize, search: int, holdout: int, traffic: bool) -> TuneSi
     return z
 
 
-def tune_size(evidence: Any, config: Any, nodes: int, calibration_texts: int, auto_texts_per_node: int) -> TuneSize:
+def tune_size(evidence: SplitEvidence, config: TuneRequest, nodes: int, calibration_texts: int,
+              auto_texts_per_node: int) -> TuneSize:
     """The :class:`TuneSize` of a run: ``evidence`` (evidence.split.SplitEvidence) as drawn, ``config``
     (requests.tune.TuneRequest), the quantizable ``nodes``; ``auto_texts_per_node``: the Q/DQ texts
     method auto measures per node and finalist method."""
@@ -309,7 +320,7 @@ def tune_size(evidence: Any, config: Any, nodes: int, calibration_texts: int, au
     )
 
 
-def _candidate_share(evidence: Any, config: Any) -> tuple[float, float]:
+def _candidate_share(evidence: SplitEvidence, config: TuneRequest) -> tuple[float, float]:
     """Share of the search split one candidate's decision reads: for a classifier judged in strata by flip risk,
     the texts its strata evaluate by FP32's margins alone (the all-INT8 model's changes, not known yet, add a
     few: at worst half as many again); for an embedder :data:`STRATIFIED_SHARE`; the sequential rule's
@@ -331,7 +342,7 @@ def _candidate_share(evidence: Any, config: Any) -> tuple[float, float]:
     return (1.0, 1.0) if config.decision_rule == WHOLE_SPLIT else (SEQUENTIAL_SHARE, 1.0)
 
 
-def lanes_of(executor: Any) -> float:
+def lanes_of(executor: Executor | None) -> float:
     """How many times this machine's CPUs an executor gives Q/DQ work: 1 for local ones (their workers share
     these CPUs: the process pool, a ``dask-local`` cluster), workers x threads / CPUs for remote ones (whose
     units run the threads the executor sets, ``task_threads``)."""
@@ -343,8 +354,9 @@ def lanes_of(executor: Any) -> float:
     return max(1.0, int(getattr(executor, "workers", 1)) * int(threads) / max(1, usable_cpus()))
 
 
-def estimate_tune(evidence: Any, config: Any, nodes: int, calibration_texts: int, phases: Sequence[PhaseCost],
-                  executor: Any, auto_texts_per_node: int, ledger: Path | None = None) -> TimeEstimate:
+def estimate_tune(evidence: SplitEvidence, config: TuneRequest, nodes: int, calibration_texts: int,
+                  phases: Sequence[PhaseCost], executor: Executor | None, auto_texts_per_node: int,
+                  ledger: Path | None = None) -> TimeEstimate:
     """tune's estimate from its FP32 reference pass (``phases``), made right after it; ``ledger``: the run's
     ledger file, whose evaluations an earlier run left (counted in the estimate, said in its summary)."""
     from calibkit.evaluate.ledger import Ledger
@@ -405,8 +417,8 @@ def compare_shortcuts(z: CompareSize) -> dict[str, list[Work]]:
     return {option: compare_steps(size) for option, size in out.items()}
 
 
-def compare_size(engines: Sequence[Any], texts: int, traffic: int, options: Any, *, labelled: bool,
-                 row_task: bool) -> CompareSize:
+def compare_size(engines: Sequence[EngineArtifact], texts: int, traffic: int, options: CompareRequest, *,
+                 labelled: bool, row_task: bool) -> CompareSize:
     """The :class:`CompareSize` of a run: ``engines`` (A, B and the reference, enginefiles.artifact.EngineArtifact),
     ``texts`` in the eval set, ``traffic`` texts beside them, ``options`` (evaluate.compare.CompareOptions);
     ``labelled``: a labelled classifier (its sensitivity reads the eval set; others the traffic, when given);
@@ -427,7 +439,7 @@ def compare_size(engines: Sequence[Any], texts: int, traffic: int, options: Any,
                        sensitivity=sensitivity, sensitivity_layers=k or 0)
 
 
-def _quantized_nodes(path: Any) -> int:
+def _quantized_nodes(path: PathLike) -> int:
     """Nodes of a Q/DQ model whose inputs are quantized (its weights not loaded)."""
     from calibkit.evaluate.layers import find_layers
     from calibkit.graph import load_model
@@ -435,8 +447,9 @@ def _quantized_nodes(path: Any) -> int:
     return len({spec.node for spec in find_layers(load_model(path, load_external_data=False))})
 
 
-def estimate_compare(engines: Sequence[Any], z: CompareSize, open_runner: Callable[[Any], Any], tokenizer: Any,
-                     task: Any, texts: Sequence[str], options: Any, executor: Any = None) -> TimeEstimate:
+def estimate_compare(engines: Sequence[EngineArtifact], z: CompareSize, open_runner: EngineRunnerFactory,
+                     tokenizer: TextTokenizer, task: Any, texts: Sequence[str], options: CompareRequest,
+                     executor: Executor | None = None) -> TimeEstimate:
     """compare's estimate, priced by the FP32 engine (else A) timed on a sample of ``texts``."""
     from calibkit.types import Precision
 
@@ -523,6 +536,6 @@ def _merged(step: str, works: Sequence[Work]) -> Work:
                 on_executor=any(w.on_executor for w in works))
 
 
-def token_counts(tokenizer: Any, texts: Sequence[str]) -> np.ndarray:
+def token_counts(tokenizer: TextTokenizer, texts: Sequence[str]) -> np.ndarray:
     """Tokens a model reads of each text: ``tokenizer`` (data.tokenizer.TextTokenizer) counts, truncated."""
     return np.minimum(tokenizer.token_lengths(texts), tokenizer.max_length)

@@ -29,12 +29,10 @@ from calibkit.evidence.subsets import EvalSubset, stratified_subset
 from calibkit.progress import ProgressCallback
 from calibkit.requests.checks import TRAFFIC_SIZE, check_numbers
 from calibkit.requests.traffic import Traffic
-from calibkit.types import check_seed
+from calibkit.types import PathLike, check_seed
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.requests.tune import TuneRequest
-
-PathLike = Any  # str | os.PathLike[str]
 
 
 def model_dir(model: PathLike | ModelDir, tokenizer: PathLike | None = None) -> ModelDir:

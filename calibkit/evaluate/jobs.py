@@ -10,7 +10,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -41,7 +40,7 @@ class SensitivityJob:
     tokenizer: str
     texts: tuple[str, ...]
     labels: tuple[int, ...]
-    reference_logits: Any
+    reference_logits: np.ndarray
     keep_nodes: tuple[str, ...]
     mode: str  # ONLY_THIS | ALL_BUT_THIS | ALL_INT8
     node: str | None = None
@@ -55,7 +54,7 @@ class SensitivityJob:
     source_model_sha256: str | None = None
     task: str = "classification"  # evidence.rowfidelity.ROW_TASKS
     pooling: str | None = None
-    neighbour_index: Any = None
+    neighbour_index: np.ndarray | None = None
     index_rows: tuple[int, ...] | None = None
 
 

@@ -60,7 +60,7 @@ class Ledger:
         self.loaded = len(self._done)
 
     @classmethod
-    def usable(cls, rec: Any) -> bool:
+    def usable(cls, rec: object) -> bool:
         """A record ``from_record`` can turn back into a SensitivityResult."""
         if not isinstance(rec, dict) or not isinstance(rec.get("key"), str) or not isinstance(rec.get("mode"), str):
             return False
@@ -113,7 +113,7 @@ def result_record(r: SensitivityResult) -> dict[str, Any]:
     }
 
 
-def _is_number(v: Any) -> bool:
+def _is_number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 

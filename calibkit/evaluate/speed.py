@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from calibkit.cpus import usable_cpus
+from calibkit.enginefiles.registry import ModelRunnerFactory, ModelSource
 from calibkit.engines.base import BaseRunner, Feeds
 from calibkit.engines.cpu import cpu_flags
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
@@ -47,8 +48,8 @@ SERVED_CHECK_TEXTS = 2000
 #: speedups within this share of the fastest are a tie (tune then prefers fidelity)
 SPEED_TIE = 0.03
 
-ModelSource = str | Path | bytes
-MakeRunner = Callable[..., BaseRunner]
+#: makes the runners timed: the run's runner factory (``Resources.runner_factory``)
+MakeRunner = ModelRunnerFactory
 
 
 @dataclass(frozen=True)

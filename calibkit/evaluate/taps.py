@@ -236,7 +236,7 @@ def _measurement(spec: LayerSpec, acc: RangeAccumulator | None, err: ErrorAccumu
     nonfinite = (acc.nonfinite if acc is not None else 0) + (err.nonfinite if err is not None else 0)
     return LayerMeasurement(
         spec=spec,
-        **{k: _none(v) if v is not None else None for k, v in fp.items()},  # type: ignore[arg-type]
+        **{k: _none(v) if v is not None else None for k, v in fp.items()},
         nonfinite=nonfinite,
         sqnr_db=_none(err.sqnr_db) if err is not None else None,
         cosine=_none(err.cosine) if err is not None else None,

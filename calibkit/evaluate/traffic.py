@@ -41,10 +41,11 @@ from typing import Any
 import numpy as np
 
 from calibkit._io import shown_path
-from calibkit.data.calibset import CalibrationSet
+from calibkit.data.calibset import CalibrationSet, manifest_log
 from calibkit.data.dedup import DedupIndex, digest, normalize
 from calibkit.data.logs import BROKEN_KINDS, ReadStats, is_gzip
 from calibkit.data.sample_pipeline import (
+    CleanText,
     CleanupTally,
     candidate_lengths,
     clean_log,
@@ -62,7 +63,7 @@ from calibkit.data.sampling import (
 from calibkit.errors import DataError
 from calibkit.evidence.subsets import EvalSubset, stratified_split
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
-from calibkit.provenance import MANIFEST_JSON, document_path
+from calibkit.provenance import MANIFEST_JSON
 from calibkit.results.runs import Evidence, RowSelection
 
 log = logging.getLogger("calibkit.evaluate.traffic")
@@ -243,27 +244,19 @@ def default_traffic_log(calibration_set: CalibrationSet) -> DefaultTrafficLog:
 
     Raises DataError (the hint says to pass --traffic) when the set has no manifest naming a log, or the log
     is gone or has another size."""
-    m = calibration_set.manifest or {}
-    src = m.get("source") if isinstance(m, dict) else None
     where = f"calibration set {calibration_set.path}"
-    if not isinstance(src, dict) or not isinstance(src.get("path"), str) or not isinstance(src.get("sha256"), str):
+    folder = calibration_set.path if calibration_set.path.is_dir() else calibration_set.path.parent
+    src = manifest_log(calibration_set.manifest, folder / MANIFEST_JSON)
+    if src is None or src.sha256 is None:
         raise DataError(f"{where} names no source log in its manifest, so there is no default traffic",
                         hint=TRAFFIC_HINT)
-    folder = calibration_set.path if calibration_set.path.is_dir() else calibration_set.path.parent
-    path = document_path(folder / MANIFEST_JSON, src["path"], m) or Path(src["path"])
+    path, size = src.path, src.size_bytes
     if not path.is_file():
-        raise DataError(f"the log {src['path']} that {where} was sampled from is no longer there",
-                        hint=TRAFFIC_HINT)
-    size = src.get("size_bytes")
-    if isinstance(size, int) and path.stat().st_size != size:
+        raise DataError(f"the log {path} that {where} was sampled from is no longer there", hint=TRAFFIC_HINT)
+    if size is not None and path.stat().st_size != size:
         raise DataError(f"the log {path} changed since {where} was sampled from it ({path.stat().st_size:,} bytes, "
                         f"then {size:,})", hint=TRAFFIC_HINT)
-    tf = m.get("text_field")
-    paths = tf.get("paths") if isinstance(tf, dict) else None
-    text_field = ",".join(str(p) for p in paths) if isinstance(paths, list) and paths else None
-    red = m.get("redaction")
-    redact = bool(red.get("enabled", True)) if isinstance(red, dict) else True
-    return DefaultTrafficLog(path, src["sha256"], size if isinstance(size, int) else None, text_field, redact)
+    return DefaultTrafficLog(path, src.sha256, size, src.text_field, src.redact)
 
 
 def draw_default_traffic(calibration_set: CalibrationSet, options: TrafficOptions = TrafficOptions(),
@@ -405,7 +398,7 @@ class _LogPass:
     def __post_init__(self) -> None:
         self.exclude = self.cal_keys | self.in_eval  # a text in both is counted as a calibration text
 
-    def take(self, item: Any) -> None:
+    def take(self, item: CleanText) -> None:
         """One cleaned line: excluded (counted, its group withdrawn from the pool), or offered to the pool when
         it is the first line of its dedup group."""
         seen = item.seen

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from statistics import NormalDist
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -48,11 +48,11 @@ from calibkit.data.modeldir import ModelDir
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.errors import CalibrationError, DataError, UsageError
 from calibkit.evaluate.estimate import announce, estimate_tune, finish
-from calibkit.evaluate.flops import linear_work
+from calibkit.evaluate.flops import LinearWork, linear_work
 from calibkit.evaluate.inputs import resolve_tune
 from calibkit.evaluate.ledger import Evaluator, Ledger, from_record, job_key
 from calibkit.evaluate.phases import PhaseClock
-from calibkit.evaluate.search import int8_flops_fraction, search_plan
+from calibkit.evaluate.search import SearchOutcome, int8_flops_fraction, search_plan
 from calibkit.evaluate.sensitivity import (
     ALL_INT8,
     ONLY_THIS,
@@ -94,11 +94,11 @@ from calibkit.executors import from_spec
 from calibkit.graph import check_float_source, load_model, model_input_names, model_sha256
 from calibkit.names import node_names
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
-from calibkit.quantize.placement import plan_placement
+from calibkit.quantize.placement import Placement, plan_placement
 from calibkit.quantize.tablefile import write_calibration_json
 from calibkit.requests.choices import Target
 from calibkit.requests.tune import TuneRequest
-from calibkit.resources import Resources
+from calibkit.resources import Resources, RunnerFactory
 from calibkit.results.documents import PlanDocument
 from calibkit.results.runs import (
     FP32_PHASE,
@@ -121,6 +121,12 @@ from calibkit.results.runs import (
     finite,
 )
 from calibkit.types import CalibrationTable, Method
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    import onnx
+
+    from calibkit.calibrate.stats import StatsStore
+    from calibkit.evaluate.tasks import Task
 
 log = logging.getLogger("calibkit.evaluate.tune")
 
@@ -220,11 +226,11 @@ class _Model:
     dir: ModelDir
     tokenizer: TextTokenizer
     sha: str
-    proto: Any  # onnx.ModelProto
+    proto: onnx.ModelProto
     input_names: tuple[str, ...]
-    placement: Any  # quantize.placement.Placement
+    placement: Placement
     nodes: tuple[str, ...]
-    task: Any  # evaluate.tasks.Task
+    task: Task
 
 
 @dataclass(frozen=True, eq=False)
@@ -269,7 +275,7 @@ class _Variant:
 
     name: str  # "plain" | "smoothed"
     model: _Model
-    store: Any  # calibrate.stats.StatsStore
+    store: StatsStore
     jobs: _Jobs
     smoothing: dict[str, Any] | None = None  # smoothing.json of the smoothed copy
 
@@ -311,7 +317,7 @@ class _Ranking:
 
 @dataclass(frozen=True, eq=False)
 class _Searched:
-    outcome: Any  # evaluate.search.SearchOutcome
+    outcome: SearchOutcome
     final: Measured
     on_search: dict[Plan, SensitivityResult]
     on_holdout: dict[Plan, SensitivityResult]
@@ -331,7 +337,7 @@ class _Serving:
     also when the plan is on the smoothed copy), the run's runner factory and progress."""
 
     fp32: Path
-    make_runner: Any  # resources.RunnerFactory
+    make_runner: RunnerFactory
     progress: ProgressCallback
 
 
@@ -781,7 +787,7 @@ def _speed_note(config: TuneRequest) -> str | None:
     return None
 
 
-def _fastest(outcome: Any, final: Measured, confirmation: Confirmation | None, evidence: SplitEvidence,
+def _fastest(outcome: SearchOutcome, final: Measured, confirmation: Confirmation | None, evidence: SplitEvidence,
              config: TuneRequest, jobs: _Jobs, tables: _Tables, serving: _Serving
              ) -> tuple[_SpeedRun, Confirmation | None, Any, Measured]:
     """Every plan the holdout confirmed, served as ONNX Runtime serves it and timed beside FP32 on holdout texts
@@ -816,7 +822,7 @@ def _fastest(outcome: Any, final: Measured, confirmation: Confirmation | None, e
     return _SpeedRun(choice, tuple(ids), None, timed, models), confirmation, outcome, final
 
 
-def _all_int8_if_as_good(outcome: Any, final: Measured, judge: PlanJudge | StratifiedJudge,
+def _all_int8_if_as_good(outcome: SearchOutcome, final: Measured, judge: PlanJudge | StratifiedJudge,
                          on_search: dict[Plan, SensitivityResult], on_holdout: dict[Plan, SensitivityResult],
                          evidence: SplitEvidence) -> tuple[Any, Measured, str | None]:
     """When the holdout confirmed no candidate, the search's choice is written unless all-INT8 — simpler, and all
@@ -870,8 +876,8 @@ def _holdout_margin(config: TuneRequest, evidence: SplitEvidence, rule: Decision
     return margin
 
 
-def _confirm(outcome: Any, hold_judge: PlanJudge | StratifiedJudge, config: TuneRequest, evidence: SplitEvidence,
-             ev: Evaluator) -> tuple[Confirmation, Any, Measured]:
+def _confirm(outcome: SearchOutcome, hold_judge: PlanJudge | StratifiedJudge, config: TuneRequest,
+             evidence: SplitEvidence, ev: Evaluator) -> tuple[Confirmation, Any, Measured]:
     """Fixed-sequence confirmation on the holdout (evidence.confirm): the last candidate confirmed becomes the
     plan; when none is, the search's own choice stays (and the holdout verdict says what it found)."""
     tried = list(outcome.tried)
@@ -942,7 +948,7 @@ def _judge(evidence: SplitEvidence, config: TuneRequest, jobs: _Jobs, ev: Evalua
     return judge
 
 
-def _whole_split_numbers(outcome: Any, final: Measured, whole: SensitivityResult, evidence: SplitEvidence
+def _whole_split_numbers(outcome: SearchOutcome, final: Measured, whole: SensitivityResult, evidence: SplitEvidence
                          ) -> tuple[Any, Measured]:
     """The final plan's search-split numbers over the whole split (its decision may have needed fewer rows)."""
     sc = evidence.scores(evidence.search, whole)
@@ -969,7 +975,7 @@ def _evidence_cost(config: TuneRequest, evidence: SplitEvidence, tried: Sequence
 
 def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evidence: SplitEvidence,
                  config: TuneRequest, tables: _Tables, ranking: _Ranking, searched: _Searched,
-                 flops: dict[str, float], linear: Any, reused_stats: bool, reused_evals: int, seconds: float,
+                 flops: dict[str, float], linear: LinearWork, reused_stats: bool, reused_evals: int, seconds: float,
                  traffic: TrafficEvidence | None = None) -> TuneResult:
     """The typed result of the run (no NaN: what does not apply is None)."""
     final, outcome = searched.final, searched.outcome
@@ -1089,7 +1095,7 @@ def _final_plan(model: _Model, evidence: SplitEvidence, config: TuneRequest, tab
     )
 
 
-def _tune_warnings(config: TuneRequest, evidence: SplitEvidence, searched: _Searched, linear: Any
+def _tune_warnings(config: TuneRequest, evidence: SplitEvidence, searched: _Searched, linear: LinearWork
                    ) -> tuple[str, ...]:
     """The evidence's warnings, then what the run could not prove or confirm and the FLOPs fused ops keep FP32."""
     warnings = list(evidence.warnings)
@@ -1212,7 +1218,7 @@ def _rank_by_harm_per_flop(nodes: Sequence[str], harm: dict[str, tuple[float, fl
 
 
 def _layer_quality(
-    fp: Any,
+    fp: onnx.ModelProto,
     tables: dict[str, CalibrationTable],
     tok: TextTokenizer,
     texts: Sequence[str],
@@ -1235,7 +1241,7 @@ def _layer_quality(
     return out
 
 
-def _auto_methods_by_fidelity(own_kl: dict[str, dict[str, float]], placement: Any) -> dict[str, str]:
+def _auto_methods_by_fidelity(own_kl: dict[str, dict[str, float]], placement: Placement) -> dict[str, str]:
     """For each activation tensor, the method with the least summed KL over the nodes reading it (ties: the
     method listed first)."""
     out: dict[str, str] = {}
@@ -1292,7 +1298,7 @@ def _smallest_failed_return(plan: Plan, node: str, tried: Sequence[Measured]) ->
     return max(misses, key=lambda m: len(m.plan), default=None)
 
 
-def _write_outputs(out: Path, model_dir: ModelDir, fp: Any, table: CalibrationTable, result: TuneResult,
+def _write_outputs(out: Path, model_dir: ModelDir, fp: onnx.ModelProto, table: CalibrationTable, result: TuneResult,
                    config: TuneRequest, write_document: DocumentWriter | None, variant: _Variant | None = None,
                    cset: CalibrationSet | None = None) -> TuneRun:
     """OUT/ as a whole: the plan's INT8 model, its calibration cache and table, plan.json and, through

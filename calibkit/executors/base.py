@@ -56,7 +56,7 @@ class Spilled:
             return pickle.load(fh)
 
 
-def content_key(value: Any) -> tuple[str, bytes]:
+def content_key(value: object) -> tuple[str, bytes]:
     data = value if isinstance(value, bytes) else pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     return hashlib.sha256(data).hexdigest(), data
 
@@ -255,7 +255,7 @@ class Executor(ABC):
         self._file_memo: dict[tuple[str, int, int], Shared] = {}
 
     # sharing
-    def share(self, value: Any) -> Shared:
+    def share(self, value: object) -> Shared:
         """Share ``value`` with every worker once; the same content is shared only once."""
         key, data = content_key(value)
         ref = self._shared.get(key)
@@ -275,7 +275,7 @@ class Executor(ABC):
         return ref
 
     @abstractmethod
-    def _publish(self, ref: Shared, value: Any, data: bytes) -> None: ...
+    def _publish(self, ref: Shared, value: object, data: bytes) -> None: ...
 
     # running
     @property
@@ -330,7 +330,7 @@ class InProcessExecutor(Executor):
         super().__init__()
         self._sources: dict[str, Any] = {}
 
-    def _publish(self, ref: Shared, value: Any, data: bytes) -> None:
+    def _publish(self, ref: Shared, value: object, data: bytes) -> None:
         self._sources[ref.key] = value
 
     @property

@@ -18,13 +18,16 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from calibkit.errors import ModelError, UsageError
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.requests.export import TASKS, ExportRequest, ExportSource, SourceKind
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    import onnx
 
 EXPORT_KEY = "calibkit.export"  # ModelProto.metadata_props key: the task and the export's provenance
 EXPORT_FORMAT = 1
@@ -221,7 +224,7 @@ def _task_read(model_path: Path, config: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------- the folder
 
 
-def _dynamic_axes(proto: Any, where: Path) -> tuple[str, ...]:
+def _dynamic_axes(proto: onnx.ModelProto, where: Path) -> tuple[str, ...]:
     """The graph's inputs, each refused unless its batch and sequence axes are dynamic."""
     names = []
     for inp in proto.graph.input:

@@ -85,7 +85,7 @@ class _Encoder:
     def build(torch: Any, inner: Any, pooling: str | None, normalize: bool) -> Any:
         prefix = getattr(inner, "base_model_prefix", "") or "encoder"
 
-        class Encoder(torch.nn.Module):  # type: ignore[name-defined]
+        class Encoder(torch.nn.Module):
             """The encoder under its own prefix (``bert``), so node names read /bert/encoder/layer.0/..."""
 
             def __init__(self) -> None:

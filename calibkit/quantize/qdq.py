@@ -51,7 +51,7 @@ from __future__ import annotations
 import enum
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -337,7 +337,7 @@ class _QdqWriter:
         return self.out
 
 
-def _quantize_weights(keys: list, value_of: Any, qmax: int = INT8_MAX) -> dict:
+def _quantize_weights(keys: list, value_of: Callable[[str], np.ndarray], qmax: int = INT8_MAX) -> dict:
     """``quantize_weight`` of every (weight, axis) key, on up to one thread per CPU (the results are the same
     arrays as one after another: each weight's arithmetic is unchanged)."""
 

@@ -25,12 +25,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from calibkit.errors import CalibrationError
 from calibkit.types import INT8_MAX
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    import onnx
 
 MAX_AMAX = 65504.0  # float16 max
 MIN_SCALE = float(np.finfo(np.float32).tiny)  # smallest normal float32
@@ -45,7 +48,7 @@ class RangeProblem:
     reason: str
 
 
-def problem(tensor: str, amax: Any, stats: Mapping[str, Any] | None = None, *,
+def problem(tensor: str, amax: object, stats: Mapping[str, Any] | None = None, *,
             representable_only: bool = False) -> RangeProblem | None:
     """The reason ``amax`` cannot be used for ``tensor`` (None when it can; amax 0 is usable: kept FP32)."""
     if isinstance(amax, bool) or not isinstance(amax, (int, float, np.floating, np.integer)):
@@ -164,7 +167,7 @@ def clipping_fix(family: str) -> str:
             "outlier channels into the weights")
 
 
-def tensor_families(model: Any) -> dict[str, str]:
+def tensor_families(model: onnx.ModelProto) -> dict[str, str]:
     """Tensor -> family (:data:`SOFTMAX`, :data:`GELU`) for tensors produced by a Softmax, a fused GELU op, or the
     last node of a decomposed GELU (a Mul with an Erf or Tanh among its last few ancestors)."""
     producer: dict[str, Any] = {}
@@ -172,7 +175,7 @@ def tensor_families(model: Any) -> dict[str, str]:
         for out in node.output:
             producer[out] = node
 
-    def has_marker(node: Any, depth: int) -> bool:
+    def has_marker(node: onnx.NodeProto, depth: int) -> bool:
         if node.op_type in _GELU_MARKERS:
             return True
         if depth == 0:
@@ -191,7 +194,7 @@ def tensor_families(model: Any) -> dict[str, str]:
     return fam
 
 
-def harmful_clipping(model: Any, ranges: Iterable[tuple[str, float, str]],
+def harmful_clipping(model: onnx.ModelProto, ranges: Iterable[tuple[str, float, str]],
                      absmax: Mapping[str, float]) -> tuple[ClipWarning, ...]:
     """One :class:`ClipWarning` per (family, method) whose ranges cut its tensors below
     :data:`HARMFUL_CLIP_RATIO` of the largest |x| recorded. ``ranges``: (tensor, amax, method) of the table;

@@ -20,6 +20,9 @@ from calibkit.results.runs import (
     TuneTarget,
 )
 
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from matplotlib.axes import Axes
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -106,7 +109,7 @@ def _layer_colour(layer: LayerVerdict) -> str:
     return _FLAG_COLOURS.get(layer.flag.value, "#e67e22") if layer.flagged else _OK_COLOUR
 
 
-def _layer_ticks(ax: Any, layers: Sequence[LayerVerdict]) -> None:
+def _layer_ticks(ax: Axes, layers: Sequence[LayerVerdict]) -> None:
     """One y tick per layer, flagged names in bold colour, first layer at the top."""
     ax.set_yticks(range(len(layers)))
     ax.set_yticklabels([_tick_text(x) for x in layers], fontsize=7)
@@ -118,7 +121,7 @@ def _layer_ticks(ax: Any, layers: Sequence[LayerVerdict]) -> None:
     ax.margins(y=0)
 
 
-def _legend_above(ax: Any, handles: Sequence[Any] | None = None) -> None:
+def _legend_above(ax: Axes, handles: Sequence[Any] | None = None) -> None:
     """The legend in a row above the axes, where it can hide no bar."""
     kwargs: dict[str, Any] = {"handles": list(handles)} if handles is not None else {}
     ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=5, fontsize=8, frameon=False, borderaxespad=0.2,
@@ -330,7 +333,7 @@ def _confusion(report: Comparison) -> Plot | None:
     )
 
 
-def _draw_confusion(ax: Any, engine: EngineEvaluation, fallback_labels: Sequence[str]) -> None:
+def _draw_confusion(ax: Axes, engine: EngineEvaluation, fallback_labels: Sequence[str]) -> None:
     matrix = engine.confusion_matrix or ()
     n = len(matrix)
     labels = list(engine.labels if len(engine.labels) == n else fallback_labels)

@@ -11,15 +11,12 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from calibkit.errors import UsageError
 from calibkit.requests.checks import Bound, check_names, check_paths
 from calibkit.requests.choices import Target
 from calibkit.requests.options import check_bounds, coerce, option
-from calibkit.types import Backend, Precision
-
-PathLike = Any  # str | os.PathLike[str]
+from calibkit.types import Backend, PathLike, Precision
 
 ONNX_SUFFIXES = (".onnx",)
 TRT_SUFFIXES = (".engine", ".plan")

@@ -5,20 +5,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from calibkit.errors import UsageError
 from calibkit.quantize.placement import DEFAULT_OP_TYPES
 from calibkit.requests.checks import COUNT, COUNT_OR_NONE, PERCENTILE, Bound, check_names, check_paths
 from calibkit.requests.choices import Target
 from calibkit.requests.options import Choice, calibration_set_option, check_bounds, coerce, model_option, option
-from calibkit.types import Method, MethodParams
+from calibkit.types import Method, MethodParams, PathLike
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.data.calibset import CalibrationSet
     from calibkit.data.modeldir import ModelDir
-
-PathLike = Any  # str | os.PathLike[str]
 
 
 class CalibrationMethod(Choice):
@@ -30,7 +28,7 @@ class CalibrationMethod(Choice):
     MSE = Method.MSE.value
 
 
-def _names(value: Any, *, commas: bool = False) -> Any:
+def _names(value: object, *, commas: bool = False) -> object:
     """A tuple from a list (with ``commas``, each string split at commas: ``--op-types MatMul,Gemm``); a string
     alone is left for ``validate()`` to refuse (``exclude="fc1"`` would read as three one-letter patterns)."""
     if not isinstance(value, (list, tuple)):

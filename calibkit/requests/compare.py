@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from calibkit.errors import UsageError
 from calibkit.evaluate.traffic import DEFAULT_TRAFFIC_SIZE
@@ -21,14 +21,13 @@ from calibkit.requests.checks import (
 from calibkit.requests.options import Nested, check_bounds, declared, flag_of, option
 from calibkit.requests.traffic import Traffic
 from calibkit.results.flags import Thresholds
-from calibkit.types import check_seed
+from calibkit.types import PathLike, check_seed
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.data.evalset import EvalSet
     from calibkit.enginefiles.artifact import EngineArtifact
     from calibkit.evaluate.traffic import TrafficEvidence
 
-PathLike = Any  # str | os.PathLike[str]: the spelling every path field takes
 
 TASK_HELP = ("classification | embedding | token-classification | regression | multi-label [default: from the "
              "model's outputs and config.json: logits [batch, classes], last_hidden_state (mean-pooled) or a pooled "
@@ -168,8 +167,6 @@ def check_task(task: str | None) -> None:
 
     if task is not None and task not in {k.value for k in TaskKind}:
         raise UsageError(f"unknown --task {task!r}", hint="choose " + ", ".join(k.value for k in TaskKind))
-
-
 
 
 def check_targets(**targets: float | None) -> None:

@@ -12,7 +12,6 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from calibkit.deploy.batching import DEFAULT_BATCH_TOKENS, DEFAULT_MAX_BATCH, DEFAULT_QUEUE_DELAY_US
 from calibkit.deploy.profiles import AUTO_TOLERANCE, MAX_PROFILES, ROUND_TO, check_k
@@ -21,9 +20,7 @@ from calibkit.errors import UsageError
 from calibkit.requests.checks import COUNT, COUNT_OR_NONE, INT_LIMIT, Bound, check_names, check_paths
 from calibkit.requests.choices import Target
 from calibkit.requests.options import Choice, check_bounds, coerce, option
-from calibkit.types import Backend, check_seed
-
-PathLike = Any  # str | os.PathLike[str]
+from calibkit.types import Backend, PathLike, check_seed
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 DEFAULT_MEASURE_TEXTS = 1000
@@ -114,7 +111,7 @@ class DeployRequest:
     @property
     def requested_k(self) -> int | None:
         """The number of profiles asked for (None: auto), as deploy.json records it."""
-        return None if self.profiles is Profiles.AUTO else self.profiles  # type: ignore[return-value]
+        return None if self.profiles is Profiles.AUTO else self.profiles
 
     def validate(self) -> None:
         """Every check that reads no file: UsageError naming the option and what to pass instead."""

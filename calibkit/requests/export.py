@@ -12,13 +12,11 @@ import enum
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from calibkit.errors import UsageError
 from calibkit.requests.checks import Bound, check_names, check_paths
 from calibkit.requests.options import check_bounds, option
-
-PathLike = Any  # str | os.PathLike[str]
+from calibkit.types import PathLike
 
 #: the tasks an exported folder can serve, as calibkit's commands read them
 TASKS = ("classification", "embedding", "token-classification", "regression", "multi-label")

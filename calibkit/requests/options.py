@@ -13,9 +13,12 @@ import enum
 from collections.abc import Iterator
 from dataclasses import MISSING, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calibkit.requests.checks import Bound, check_numbers
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from _typeshed import DataclassInstance
 
 OPTION = "calibkit.option"  # the metadata key of an option's declaration
 
@@ -77,7 +80,7 @@ def calibration_set_option(help: str, default: Any = MISSING) -> Any:
                   cli_type=Path if default is MISSING else Path | None, help=help)
 
 
-def declared(request: Any) -> Iterator[tuple[dataclasses.Field[Any], Option]]:
+def declared(request: DataclassInstance | type[DataclassInstance]) -> Iterator[tuple[dataclasses.Field[Any], Option]]:
     """Each field of a request class (or value) with its declaration, in declaration order."""
     for f in dataclasses.fields(request):
         decl = f.metadata.get(OPTION)
@@ -101,7 +104,7 @@ def default_of(f: dataclasses.Field[Any]) -> Any:
     return MISSING
 
 
-def check_bounds(request: Any) -> None:
+def check_bounds(request: DataclassInstance) -> None:
     """UsageError for the first number out of its declared :class:`Bound` (nested attributes included)."""
     checks: dict[str, tuple[object, Bound]] = {}
     for f, decl in declared(request):

@@ -9,13 +9,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from calibkit.requests.checks import INT_LIMIT, Bound, check_names, check_paths
 from calibkit.requests.options import check_bounds, option
-from calibkit.types import check_seed
-
-PathLike = Any  # str | os.PathLike[str]
+from calibkit.types import PathLike, check_seed
 
 #: the suffixes a log's name loses in the default output folder (``x.jsonl.gz`` gives ``x``)
 _LOG_SUFFIXES = (".gz", ".jsonl", ".json", ".ndjson", ".log", ".txt")

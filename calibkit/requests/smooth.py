@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from calibkit.requests.checks import COUNT, Bound, check_numbers, check_paths
 from calibkit.requests.options import Choice, calibration_set_option, check_bounds, coerce, model_option, option
+from calibkit.types import PathLike
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.data.calibset import CalibrationSet
     from calibkit.data.modeldir import ModelDir
 
-PathLike = Any  # str | os.PathLike[str]
 
 ALPHA = Bound(low=0, high=1, example="0.8 (or auto)")
 
@@ -54,7 +54,7 @@ class SmoothRequest:
     @property
     def fixed_alpha(self) -> float | None:
         """The alpha every layer gets (None: chosen per activation, ``Alpha.AUTO``)."""
-        return None if self.alpha is Alpha.AUTO else float(self.alpha)  # type: ignore[arg-type]
+        return None if self.alpha is Alpha.AUTO else float(self.alpha)
 
     def validate(self) -> None:
         """Every check that reads no file: UsageError naming the option and what to pass instead."""

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from calibkit.requests.options import Choice
+
+_V = TypeVar("_V")
 
 
 class Traffic(Choice):
@@ -24,7 +26,7 @@ class Traffic(Choice):
     AUTO = "auto"
 
     @classmethod
-    def parse(cls, value: Any) -> Any:
+    def parse(cls, value: _V) -> Traffic | Path | _V:
         """A keyword or a log path from ``value`` by the module's rule; None, drawn evidence and anything this
         cannot read (left for ``validate()`` to refuse) as they are."""
         if isinstance(value, cls) or value is None:
@@ -38,6 +40,6 @@ class Traffic(Choice):
         return value
 
 
-def traffic_path(traffic: Any) -> Path | None:
+def traffic_path(traffic: object) -> Path | None:
     """The log a traffic choice reads, when it names one by path (an input the outputs must stay apart from)."""
     return traffic if isinstance(traffic, Path) else None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from calibkit.errors import UsageError
 from calibkit.evaluate.tune_defaults import (
@@ -30,15 +30,13 @@ from calibkit.requests.compare import (
 )
 from calibkit.requests.options import Choice, calibration_set_option, check_bounds, coerce, model_option, option
 from calibkit.requests.traffic import Traffic
-from calibkit.types import Method, MethodParams, check_seed
+from calibkit.types import Method, MethodParams, PathLike, check_seed
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.data.calibset import CalibrationSet
     from calibkit.data.evalset import EvalSet
     from calibkit.data.modeldir import ModelDir
     from calibkit.evaluate.traffic import TrafficEvidence
-
-PathLike = Any  # str | os.PathLike[str]
 
 
 class TuneMethod(Choice):

@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 
 from calibkit.errors import DataError
 from calibkit.results.documents import DeployResult, PlanDocument
-from calibkit.results.files import CalibrationDocument, DemoSummary
+from calibkit.results.files import CalibrationDocument, DemoSummary, TrtProfiles
 from calibkit.results.runs import Comparison, Result, TuneResult
 from calibkit.types import CalibrationTable
 
@@ -143,7 +143,7 @@ def parse_result(doc: Any, *, strict: bool = True, source: str | Path | None = N
         raise DataError(f"{source}: {exc.message}", hint=exc.hint) from None
 
 
-def result_type(doc: Any) -> type:
+def result_type(doc: object) -> type:
     if not isinstance(doc, dict):
         raise DataError(f"a report document must be a JSON object, not {type(doc).__name__}",
                         hint="pass the JSON written by `calibkit compare` or `calibkit tune`")
@@ -235,7 +235,7 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _non_finite(data: Any) -> bool:
+def _non_finite(data: object) -> bool:
     return isinstance(data, float) and not math.isfinite(data)
 
 
@@ -283,7 +283,7 @@ def _absent(cls: Any, path: str, lenient: bool) -> Any:
                     "add the field, or re-run the compare or tune that wrote the document")
 
 
-def _bad(path: str, wanted: str, data: Any) -> DataError:
+def _bad(path: str, wanted: str, data: object) -> DataError:
     shown = json.dumps(data, default=str)
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     return DataError(f"{path} should be {wanted}, not {shown}",
@@ -294,7 +294,7 @@ def load_result(path: str | Path, *, strict: bool = True) -> Result:
     """Read a compare or tune JSON file into its typed result (``strict=False``: see :func:`parse_result`);
     what is wrong with it (its size, format version, a type, a value out of its domain) is named with the
     file."""
-    return load_typed(path, REPORTS, strict=strict)  # type: ignore[no-any-return]
+    return load_typed(path, REPORTS, strict=strict)
 
 
 def load_typed(path: str | Path, kind: type[T] | tuple[type, ...], *, strict: bool = True) -> T:
@@ -428,7 +428,7 @@ def check_domains(result: Document, *, source: str | Path | None = None) -> None
         raise DataError(f"{source}: {exc.message}", hint=exc.hint) from None
 
 
-def _check(value: Any, path: str, domain: tuple[float, float] | None, signed: bool) -> None:
+def _check(value: object, path: str, domain: tuple[float, float] | None, signed: bool) -> None:
     from calibkit.results.runs import Difference
 
     if isinstance(value, bool) or value is None or isinstance(value, (str, enum.Enum)):
@@ -473,11 +473,13 @@ def _check(value: Any, path: str, domain: tuple[float, float] | None, signed: bo
 
 CALIBRATION_FORMAT = "calibkit-calibration/1"
 DEMO_FORMAT = "calibkit-demo/1"
-DOCUMENT_FORMATS: dict[type, str] = {CalibrationDocument: CALIBRATION_FORMAT, DemoSummary: DEMO_FORMAT}
+TRT_PROFILES_FORMAT = "calibkit-trt-profiles/1"
+DOCUMENT_FORMATS: dict[type, str] = {CalibrationDocument: CALIBRATION_FORMAT, DemoSummary: DEMO_FORMAT,
+                                     TrtProfiles: TRT_PROFILES_FORMAT}
 _DOCUMENT_HINT = "pass the file calibkit wrote, unedited, or write it again with the command that made it"
 
 
-def document_json(document: Any) -> dict[str, Any]:
+def document_json(document: object) -> dict[str, Any]:
     """The JSON document of a typed document value: ``{"format": ..., **fields}``."""
     if type(document) not in DOCUMENT_FORMATS:
         raise TypeError(f"{type(document).__name__} has no document format")
@@ -503,7 +505,7 @@ def parse_document(cls: type[_D], doc: Any, *, source: str | Path | None = None)
         raise DataError(f"{source}: {exc.message}", hint=exc.hint) from None
 
 
-def _calibration_table(data: Any, path: str) -> CalibrationTable:
+def _calibration_table(data: object, path: str) -> CalibrationTable:
     if not isinstance(data, dict):
         raise _bad(path, "an object", data)
     try:

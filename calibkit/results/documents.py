@@ -13,10 +13,10 @@ Runtime's integer kernels) — so that what ships can be checked against what wa
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from calibkit.results.runs import NOT_IN_DOCUMENT, HoldoutVerdict, Range, Speed, TuneResult
 from calibkit.types import Backend, Precision
@@ -375,6 +375,19 @@ class DeployResult:
         return self.out_dir / "README.md"
 
 
-def shape_range(profile: Any) -> ShapeRange:
+class _Shapes(Protocol):
+    """What :func:`shape_range` reads of a shape profile."""
+
+    @property
+    def min_shape(self) -> Sequence[int]: ...
+
+    @property
+    def opt_shape(self) -> Sequence[int]: ...
+
+    @property
+    def max_shape(self) -> Sequence[int]: ...
+
+
+def shape_range(profile: _Shapes) -> ShapeRange:
     """From a ``deploy.trtexec.ShapeProfile`` (min/opt/max shapes)."""
     return ShapeRange(tuple(profile.min_shape), tuple(profile.opt_shape), tuple(profile.max_shape))

@@ -336,3 +336,15 @@ class DemoSummary:
     deploy: DemoDeploy | None
     timings_s: Mapping[str, float]
     time_estimate: TimeEstimate | None = absent()  # what the demo said its steps would take, and what they took
+
+
+@dataclass(frozen=True)
+class TrtProfiles:
+    """A TensorRT repository's ``NAME/trt_profiles.json``: what ``python -m calibkit.deploy.engine`` builds the
+    plan from (the ONNX and plan paths, relative to the file's folder; the workspace; each optimization
+    profile's ``SeqProfile`` fields)."""
+
+    onnx: str
+    plan: str
+    workspace_mib: int
+    profiles: tuple[dict[str, int], ...]

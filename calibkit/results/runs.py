@@ -14,9 +14,9 @@ excluded, labelled or not): compare's ``eval_set`` block; tune's eval set carrie
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, SupportsFloat
 
 from calibkit.results.flags import Flag, Thresholds
 
@@ -26,7 +26,7 @@ NOT_IN_DOCUMENT = {"json": False}
 FLATTEN = {"flatten": True}
 
 
-def finite(value: Any) -> float | None:
+def finite(value: SupportsFloat | None) -> float | None:
     """``value`` as a float, or None when it is None or not a finite number (NaN never enters a result)."""
     if value is None:
         return None
@@ -35,6 +35,69 @@ def finite(value: Any) -> float | None:
 
 
 # ---------------------------------------------------------------- shared values
+
+
+
+class _Interval(Protocol):
+    """What :meth:`Range.of` reads of an ``evidence.intervals.Interval``."""
+
+    @property
+    def estimate(self) -> float: ...
+
+    @property
+    def low(self) -> float: ...
+
+    @property
+    def high(self) -> float: ...
+
+    @property
+    def level(self) -> float: ...
+
+
+class _Paired(Protocol):
+    """What :meth:`Difference.of` reads of an ``evidence.intervals.PairedDifference``."""
+
+    @property
+    def interval(self) -> _Interval: ...
+
+    @property
+    def a_only(self) -> int: ...
+
+    @property
+    def b_only(self) -> int: ...
+
+    @property
+    def n(self) -> int: ...
+
+    @property
+    def mcnemar_p(self) -> float: ...
+
+    @property
+    def significant(self) -> bool: ...
+
+    @property
+    def verdict(self) -> str: ...
+
+    def examples_to_settle(self) -> int | None: ...
+
+
+class _Subset(Protocol):
+    """What :meth:`RowSelection.of_subset` reads of an ``evidence.subsets.EvalSubset``."""
+
+    @property
+    def indices(self) -> Sequence[int]: ...
+
+    @property
+    def total(self) -> int: ...
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def strategy(self) -> str: ...
+
+    @property
+    def content_sha256(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -47,7 +110,7 @@ class Range:
     level: float = 0.95
 
     @classmethod
-    def of(cls, iv: Any) -> Range | None:
+    def of(cls, iv: _Interval | None) -> Range | None:
         """From an ``evidence.intervals.Interval`` (None passes through)."""
         if iv is None:
             return None
@@ -76,7 +139,7 @@ class Difference:
         return Range(self.estimate, self.low, self.high, self.level)
 
     @classmethod
-    def of(cls, d: Any) -> Difference | None:
+    def of(cls, d: _Paired | None) -> Difference | None:
         """From an ``evidence.intervals.PairedDifference`` (None passes through)."""
         if d is None:
             return None
@@ -99,7 +162,7 @@ class RowSelection:
     indices: tuple[int, ...] | None = None
 
     @classmethod
-    def of_subset(cls, sub: Any, max_indices: int = 5000) -> RowSelection | None:
+    def of_subset(cls, sub: _Subset | None, max_indices: int = 5000) -> RowSelection | None:
         """From an ``evidence.subsets.EvalSubset`` (None passes through)."""
         if sub is None:
             return None
