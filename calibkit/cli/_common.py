@@ -386,14 +386,15 @@ def setup_logging(verbose: bool) -> None:
     )
 
 
-FORCE_HELP = ("Replace an --out folder that holds files calibkit did not write: the old folder is moved aside "
-              "to NAME.replaced-<time> (never deleted). Inputs are never overwritten, even with --force.")
+FORCE_HELP = ("Kept so existing scripts run; it lifts no refusal. A folder holding any file calibkit did not "
+              "write (in any subfolder) is refused, naming the file, with or without --force: calibkit never "
+              "deletes, moves or overwrites such a file. Inputs are never overwritten.")
 
 
 def guard_out_dir(path: Path, *, inputs: Sequence[Path | None] = (), option: str = "--out", force: bool = False,
                   legacy_names: Iterable[str] = ()) -> None:
-    """Before any work: refuse an output folder that is an input, a file, foreign (without --force) or
-    unwritable; under --force move a foreign folder aside and say where."""
+    """Before any work: refuse an output folder that is an input, a file, holds files calibkit did not write
+    (``force`` or not) or is unwritable."""
     from calibkit.outdirs import guard_output_dir
 
     moved = guard_output_dir(path, inputs=inputs, option=option, force=force, legacy_names=legacy_names)

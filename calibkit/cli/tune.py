@@ -45,7 +45,7 @@ HELP = (
     "Statistics are reused; finished evaluations are kept, so an interrupted run resumes.\n\n"
     "Writes OUT/model.int8.onnx, calibration.cache, calibration.json, plan.json (layers kept and why), "
     "tune.json, and a report with the accuracy vs INT8-coverage curve. OUT and the report folder must be new, "
-    "empty or written by calibkit (--force moves anything else aside, never deletes it), and apart from the "
+    "empty or written by calibkit (a folder holding files calibkit did not write is refused, --force or not), and apart from the "
     "inputs.\n\n"
     "CI gate: with --fail-if-missed, tune exits with code 8 (TargetMissedError) after writing every output when "
     "no plan meets the target, when the holdout confirms none of them, or when the holdout's verdict does not "
