@@ -3,10 +3,11 @@
 Every folder calibkit writes as a whole carries a marker file (``MARKER``). A folder is replaced only when it
 is empty or every file under it, recursively, is one the marker lists (or, for folders written before the
 marker listed files, one of the names calibkit writes there); a folder holding any other file is refused, naming
-the file, whatever ``--force`` says: calibkit never deletes, moves or overwrites a file it did not write. Inputs are never outputs: an output that equals, contains or lies inside an input of the run,
-given or named by the documents of one (:mod:`calibkit.provenance`), is refused whatever the flags; every
-writer of every command asks :func:`guard_output_dir` or :func:`guard_output_file` first. Writability is
-checked before any work starts, so a read-only folder fails in a second, not after an hour of calibration.
+the file, whatever ``--force`` says: calibkit never deletes, moves or overwrites a file it did not write.
+Inputs are never outputs: an output that equals, contains or lies inside an input of the run, given or named by
+the documents of one (:mod:`calibkit.provenance`), is refused whatever the flags; every writer of every command
+asks :func:`guard_output_dir` or :func:`guard_output_file` first. Writability is checked before any work starts,
+so a read-only folder fails in a second, not after an hour of calibration.
 """
 
 from __future__ import annotations
