@@ -10,7 +10,7 @@ import enum
 import logging
 import math
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -344,7 +344,7 @@ class PlainProgress:
         import time
 
         self._clock = time.monotonic
-        self._interval = interval if interval is not None else float(os.environ.get("CALIBKIT_PROGRESS_INTERVAL", 10))
+        self._interval = interval if interval is not None else progress_interval(os.environ)
         self._write = write or (lambda line: print(line, file=sys.stderr, flush=True))
         self._started: dict[str, float] = {}
         self._last: dict[str, float] = {}
@@ -369,6 +369,26 @@ class PlainProgress:
         total = f"/{event.total}" if event.total is not None else ""
         message = f" ({printable(event.message)})" if event.message else ""
         self._write(f"progress: {printable(event.task)} {event.done}{total}{message}, {seconds:.0f} s")
+
+
+def progress_interval(environ: Mapping[str, str]) -> float:
+    """``CALIBKIT_PROGRESS_INTERVAL`` in seconds (default 10); anything but a finite number of seconds >= 0 is a
+    usage error naming the variable (it used to end in a traceback)."""
+    import math
+
+    from calibkit.errors import UsageError
+
+    raw = environ.get("CALIBKIT_PROGRESS_INTERVAL", "").strip()
+    if not raw:
+        return 10.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"CALIBKIT_PROGRESS_INTERVAL={raw[:40]!r} is not a number of seconds",
+                         hint="set it to the seconds between progress lines (e.g. 10), or unset it")
+    return value
 
 
 def _force_progress() -> bool:

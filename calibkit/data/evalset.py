@@ -219,6 +219,8 @@ def _read_jsonl(p: Path) -> list[dict[str, Any]]:
             raise DataError(f"{p}: not valid JSON ({exc.msg})") from exc
         except RecursionError:
             raise DataError(f"{p}: JSON nested too deeply to read", hint="one flat object per example") from None
+        except ValueError as exc:  # Python refuses integers of over 4,300 digits
+            raise _too_long(f"{p}", exc) from None
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
             raise DataError(f"{p}: expected a list of objects")
         return data
@@ -232,10 +234,18 @@ def _read_jsonl(p: Path) -> list[dict[str, Any]]:
             raise DataError(f"{p}:{n}: not valid JSON ({exc.msg})", hint="one JSON object per line") from exc
         except RecursionError:
             raise DataError(f"{p}:{n}: JSON nested too deeply to read", hint="one flat object per line") from None
+        except ValueError as exc:
+            raise _too_long(f"{p}:{n}", exc) from None
         if not isinstance(rec, dict):
             raise DataError(f"{p}:{n}: expected a JSON object with text and label")
         rows.append(rec)
     return rows
+
+
+def _too_long(where: str, exc: ValueError) -> DataError:
+    first = str(exc).split(";")[0]
+    return DataError(f"{where}: a number too long to read ({first})",
+                     hint="write each label as a class id or a label name; a number of thousands of digits is neither")
 
 
 def _read_polars(p: Path, suffix: str) -> list[dict[str, Any]]:
