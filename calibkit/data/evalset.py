@@ -389,8 +389,11 @@ def _to_eval_set(p: Path, rows: list[dict[str, Any]], text_col: str | None, labe
                  label_sets: bool = False) -> EvalSet:
     if not rows:
         raise DataError(f"eval set {p} holds no examples")
-    columns = list(rows[0])
-    tag_col = None if label_sets else _list_column(rows[0], label_col, TAG_COLUMNS)
+    # the columns of every row, not of the first: a set whose first example had no label was read as unlabelled
+    columns = list(dict.fromkeys(c for r in rows for c in r))
+    probe = next((r for r in rows if any(r.get(c) is not None for c in ([label_col] if label_col else TAG_COLUMNS))),
+                 rows[0])
+    tag_col = None if label_sets else _list_column(probe, label_col, TAG_COLUMNS)
     if tag_col is not None:  # one tag per word (NER): a list-valued label column
         return _to_word_eval_set(p, rows, text_col, tag_col)
     tc = _pick(columns, text_col, TEXT_COLUMNS, "text", p)
@@ -399,6 +402,7 @@ def _to_eval_set(p: Path, rows: list[dict[str, Any]], text_col: str | None, labe
         c in columns for c in LABEL_COLUMNS) else None
     texts: list[str] = []
     labels: list[str] = []
+    unlabelled: list[int] = []
     for n, r in enumerate(rows, 1):
         t = r.get(tc)
         if not isinstance(t, str):
@@ -418,7 +422,8 @@ def _to_eval_set(p: Path, rows: list[dict[str, Any]], text_col: str | None, labe
             labels.append(_label_set(lab, p, n))
             continue
         if lab is None or (isinstance(lab, str) and not lab.strip()):
-            raise DataError(f"eval set {p.name}: example {n} has no label in column {lc!r}")
+            unlabelled.append(n)
+            continue
         if isinstance(lab, bool) or isinstance(lab, (list, dict)):
             raise DataError(f"eval set {p.name}: example {n}: label {lab!r} is neither a class name nor an id")
         if isinstance(lab, float) and not math.isfinite(lab):  # NaN / Infinity in JSON, a float column
@@ -427,4 +432,17 @@ def _to_eval_set(p: Path, rows: list[dict[str, Any]], text_col: str | None, labe
         texts.append(t)
         whole = _whole(lab) if isinstance(lab, float) else None
         labels.append(str(whole) if whole is not None else str(lab))
+    if unlabelled:
+        _refuse_partly_labelled(p, lc, unlabelled, len(rows))
     return EvalSet(path=p, texts=tuple(texts), labels=tuple(labels))
+
+
+def _refuse_partly_labelled(p: Path, column: str, unlabelled: Sequence[int], total: int) -> None:
+    """A set with labels on some examples only is refused (rather than read as labelled rows plus traffic): which
+    rows are meant to be scored is the user's call."""
+    shown = ", ".join(map(str, unlabelled[:5])) + (" …" if len(unlabelled) > 5 else "")
+    verb = "has" if len(unlabelled) == 1 else "have"
+    raise DataError(f"eval set {p.name}: {len(unlabelled)} of {total} examples {verb} no label in column {column!r} "
+                    f"(example {shown}); an eval set is labelled in every example or in none",
+                    hint=f"label those examples, or remove {column!r} from every example to judge on fidelity to "
+                    "FP32 alone (unlabelled texts can also come as --traffic)")
