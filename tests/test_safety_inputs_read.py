@@ -60,3 +60,37 @@ def test_a_long_text_is_cut_before_tokenizing_to_the_same_tokens(tmp_path: Path,
     assert list(enc.input_ids[0]) == expected and bool(enc.truncated[0]) and not bool(enc.truncated[1])
     assert rec.seen <= 4 * (len(head) + CHARS_PER_TOKEN * tok.max_length)  # never the 2 MB
     assert int(tok.token_lengths([long])[0]) > tok.max_length
+
+
+def test_a_utf8_bom_in_a_jsonl_log_is_accepted(tmp_path: Path) -> None:
+    from cli_helpers import run
+
+    log = tmp_path / "bom.jsonl"
+    log.write_bytes(b"\xef\xbb\xbf" + b"".join(json.dumps({"text": f"good movie {w}"}).encode() + b"\n"
+                                             for w in WORDS))
+    r = run("sample", log, "--size", "4", "--clusters", "1", "--out", tmp_path / "s")
+    assert r.exit_code == 0, r.output
+    lines = json.loads((tmp_path / "s" / "manifest.json").read_text())["lines"]
+    assert lines["broken_total"] == 0 and lines["usable"] == len(WORDS)
+
+
+def test_a_zstd_compressed_log_is_named_as_such(tmp_path: Path) -> None:
+    from cli_helpers import flat, run
+
+    log = tmp_path / "prod.jsonl.zst"
+    log.write_bytes(b"\x28\xb5\x2f\xfd\x04\x00" + bytes(range(40)))
+    r = run("sample", log, "--size", "4", "--out", tmp_path / "s")
+    assert r.exit_code == 3, r.output
+    assert "zstd-compressed" in flat(r) and "zstd -d" in flat(r)
+
+
+def test_undecodable_bytes_in_an_eval_set_are_counted_and_reported(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    p = tmp_path / "ev.jsonl"
+    p.write_bytes(b'\xef\xbb\xbf{"text": "good movie", "label": "positive"}\n'
+                  b'{"text": "bad \xff\xfe film", "label": "negative"}\n'
+                  b'{"text": "dull plot", "label": "negative"}\n')
+    with caplog.at_level("WARNING", logger="calibkit.data.evalset"):
+        ev = load_eval_set(p)
+    assert ev.texts[0] == "good movie" and len(ev) == 3  # the byte order mark is not part of the first line
+    assert "1 line(s) hold bytes that are not UTF-8 (line 2)" in caplog.text

@@ -14,6 +14,7 @@ tag count differs from its word count is refused with its row number.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -27,6 +28,8 @@ from calibkit._deps import require
 from calibkit._io import text_lines
 from calibkit.data.textcheck import has_lone_surrogate, is_usable
 from calibkit.errors import DataError
+
+log = logging.getLogger("calibkit.data.evalset")
 
 TEXT_COLUMNS = ("text", "sentence", "review", "content")
 LABEL_COLUMNS = ("label", "labels", "sentiment", "target")
@@ -209,8 +212,29 @@ def _as_int(s: str) -> int | None:
     return _whole(f)  # "NaN", "inf", "1e999": no class id
 
 
+def _decoded(p: Path) -> str:
+    """The file as text: a UTF-8 byte order mark dropped; bytes that are not UTF-8 read as U+FFFD, never
+    silently: the lines holding them are counted and named in a warning."""
+    data = p.read_bytes()
+    data = data[3:] if data.startswith(b"\xef\xbb\xbf") else data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    bad = []
+    for n, line in enumerate(data.split(b"\n"), 1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            bad.append(n)
+    shown = ", ".join(map(str, bad[:5])) + (" …" if len(bad) > 5 else "")
+    log.warning("eval set %s: %d line(s) hold bytes that are not UTF-8 (line %s); each such byte is read as U+FFFD; "
+                "re-encode the file as UTF-8 to score those examples as written", p.name, len(bad), shown)
+    return data.decode("utf-8", errors="replace")
+
+
 def _read_jsonl(p: Path) -> list[dict[str, Any]]:
-    text = p.read_text(encoding="utf-8", errors="replace")
+    text = _decoded(p)
     stripped = text.lstrip()
     if stripped.startswith("["):  # a JSON array of records
         try:
