@@ -105,6 +105,9 @@ class _Encoder:
                     pooled = hidden[:, 0]
                 elif pooling == "max":
                     pooled = (hidden + (mask - 1.0) * 1e9).max(dim=1).values
+                elif pooling == "lasttoken":  # the last token the mask keeps (calibkit pads on the right)
+                    last = attention_mask.sum(dim=1) - 1
+                    pooled = hidden[torch.arange(hidden.shape[0]), last]
                 else:
                     pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
                 return torch.nn.functional.normalize(pooled, p=2.0, dim=1) if normalize else pooled
