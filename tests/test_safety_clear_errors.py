@@ -54,3 +54,14 @@ def test_a_progress_interval_that_is_not_a_number(env: Path, monkeypatch: pytest
     r = run("calibrate", env / "model", "-c", env / "set", "--out", env / "cal")
     _clear(r, "CALIBKIT_PROGRESS_INTERVAL")
     assert not (env / "cal").exists()
+
+
+def test_tokenizer_ids_past_the_vocabulary_are_named(env: Path) -> None:
+    import onnx
+    from calib_helpers import tiny_model, write_tokenizer
+
+    (env / "small").mkdir()
+    onnx.save(tiny_model(vocab=6), str(env / "small" / "model.onnx"))  # the tokenizer's ids run to 15
+    write_tokenizer(env / "small")
+    r = run("calibrate", env / "small", "-c", env / "set", "--out", env / "cal")
+    _clear(r, "past the model's vocabulary", "6 rows", "tokenizer")
