@@ -148,3 +148,19 @@ def _catch(seen: list[BaseException], fn: object) -> None:
         fn()  # type: ignore[operator]
     except BaseException as exc:  # noqa: BLE001 - the test looks at it
         seen.append(exc)
+
+
+def test_demo_prepare_records_the_files_of_its_steps_not_the_users(tmp_path: Path) -> None:
+    from calibkit.demo.prepare import _files_written
+
+    out = tmp_path / "demo"
+    (out / "data").mkdir(parents=True)
+    (out / "data" / "train.jsonl").write_text("{}\n")
+    (out / "logs.jsonl").write_text("{}\n")
+    (out / "prepare.json").write_text("{}")
+    with atomic_dir(out / "model") as d:
+        (d / "model.onnx").write_text("m")
+    (out / "data" / "mine.csv").write_text("the user's")  # added by the user: never claimed
+    manifest = {"steps": {"data": {"files": {"data/train.jsonl": "x"}}, "logs": {"files": {"logs.jsonl": "y"}}}}
+    write_marker(out, "demo assets", files=_files_written(out, manifest))
+    assert foreign_files(out) == ["data/mine.csv"]
