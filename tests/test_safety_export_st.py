@@ -95,3 +95,28 @@ def test_a_max_seq_length_that_is_no_number_of_tokens_is_refused(tmp_path: Path)
     (ckpt / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": "256"}))
     with pytest.raises(ModelError, match="max_seq_length '256'"):
         resolve_source(tmp_path / "st")
+
+
+@pytest.mark.parametrize("what", ["hidden_size", "labels"])
+def test_a_config_json_that_does_not_match_the_weights_is_named(tmp_path: Path, what: str) -> None:
+    import calibkit as ck
+    from calibkit.errors import ModelError
+
+    folder = tmp_path / "hf"
+    special = zoo._train_tokenizer(folder, zoo.zoo_texts(100, seed=1), "bert")
+    config = zoo._config("bert", "classification", special)
+    torch.manual_seed(0)
+    transformers.BertForSequenceClassification(config).eval().save_pretrained(str(folder))
+    cfg = json.loads((folder / "config.json").read_text())
+    if what == "hidden_size":
+        cfg["hidden_size"] *= 2
+        match = rf"hidden_size {cfg['hidden_size']} in config.json, {zoo.HIDDEN} in model.safetensors"
+    else:
+        n = len(cfg["id2label"]) + 2
+        cfg.update(id2label={str(i): f"l{i}" for i in range(n)}, num_labels=n)
+        cfg.pop("label2id", None)
+        match = rf"the number of labels {n} in config.json, {n - 2} in model.safetensors \(classifier.weight\)"
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match=match):
+        ck.export(folder, tmp_path / "model")
+    assert not (tmp_path / "model").exists()
