@@ -16,7 +16,15 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from calibkit.outdirs import check_replaceable, clean_stale_tmp, hold_lock, umask, write_marker
+from calibkit.outdirs import (
+    check_replaceable,
+    claim_output,
+    clean_stale_tmp,
+    hold_lock,
+    release_claim,
+    umask,
+    write_marker,
+)
 
 
 class _Staged:
@@ -197,6 +205,10 @@ def atomic_dir(path: str | os.PathLike[str], *, what: str = "", legacy_names: It
     target = Path(path)
     check_replaceable(target, legacy_names=legacy_names)
     target.parent.mkdir(parents=True, exist_ok=True)
+    # one writer per output, across threads and processes; a folder inside one being built is ours already
+    inside_ours = any(t == here or t in here.parents for here in [target.resolve()] for t in _building)
+    claimed = not inside_ours and claim_output(target, option="the output")
+    release = functools.partial(release_claim, target) if claimed else _nothing
     clean_stale_tmp(target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
@@ -213,12 +225,18 @@ def atomic_dir(path: str | os.PathLike[str], *, what: str = "", legacy_names: It
         write_marker(tmp, what, entries=(p.name for p in tmp.iterdir()), digests=True)
         if staged is None:
             _swap_dir(tmp, target, legacy_names)
+            release()
         else:  # swapped in with the run's other outputs (commit_together)
-            staged.swaps.append(functools.partial(_swap_dir, tmp, target, tuple(legacy_names)))
-            staged.discards.append(functools.partial(shutil.rmtree, tmp, ignore_errors=True))
+            staged.swaps.extend((functools.partial(_swap_dir, tmp, target, tuple(legacy_names)), release))
+            staged.discards.extend((functools.partial(shutil.rmtree, tmp, ignore_errors=True), release))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        release()
         raise
+
+
+def _nothing() -> None:
+    pass
 
 
 _building: dict[Path, Path] = {}  # temporary folders of atomic_dir being written -> where they will be

@@ -46,8 +46,29 @@ class NodeName:
 
 
 def node_label(node: onnx.NodeProto, index: int) -> str:
-    """The name calibkit uses for a node (its ONNX name, or ``<op>_<index>`` when it has none)."""
+    """The name calibkit uses for a node on its own (its ONNX name, or ``<op>_<index>`` when it has none); where
+    the whole graph is at hand use :func:`node_labels`, which keeps the names unique."""
     return node.name or f"{node.op_type}_{index}"
+
+
+def node_labels(graph: onnx.GraphProto) -> list[str]:
+    """The name calibkit uses for each node of ``graph``, in order: its ONNX name, or ``<op>_<index>`` when it
+    has none, made unique against every name in the graph (``_2``, ``_3``… appended): an unnamed MatMul beside
+    a node really named ``MatMul_1`` used to share its name, and ONNX Runtime refused the model calibkit built
+    from both."""
+    taken = {n.name for n in graph.node if n.name}
+    out: list[str] = []
+    for i, n in enumerate(graph.node):
+        if n.name:
+            out.append(n.name)
+            continue
+        base = cand = f"{n.op_type}_{i}"
+        k = 2
+        while cand in taken:
+            cand, k = f"{base}_{k}", k + 1
+        taken.add(cand)
+        out.append(cand)
+    return out
 
 
 def _scopes(node: onnx.NodeProto) -> list[str]:
@@ -79,8 +100,9 @@ def _slash_form(module: str, op_type: str) -> str:
     return "/" + "/".join([*parts, op_type])
 
 
-def node_name(node: onnx.NodeProto, index: int) -> NodeName:
-    label = node_label(node, index)
+def node_name(node: onnx.NodeProto, index: int, label: str | None = None) -> NodeName:
+    """The names of one node; ``label``: its calibkit name from :func:`node_labels` (default: :func:`node_label`)."""
+    label = label if label is not None else node_label(node, index)
     scopes = [s for s in _scopes(node)[:-1] if s]  # the last entry is the FX node, not a module
     if scopes:
         module = scopes[-1]
@@ -93,9 +115,10 @@ def node_names(model: onnx.ModelProto, op_types: Iterable[str] | None = None) ->
     """NodeName of every node (of ``op_types`` when given), keyed by the node's calibkit name, in graph order."""
     wanted = set(op_types) if op_types is not None else None
     out: dict[str, NodeName] = {}
+    labels = node_labels(model.graph)
     for i, n in enumerate(model.graph.node):
         if wanted is None or n.op_type in wanted:
-            nn = node_name(n, i)
+            nn = node_name(n, i, labels[i])
             out[nn.node] = nn
     return out
 

@@ -1,18 +1,20 @@
 """Output folders: which ones calibkit may replace, which it must refuse, and where it can write at all.
 
 Every folder calibkit writes as a whole carries a marker file (``MARKER``). A folder is replaced only when it
-is empty or carries the marker (or, for folders written before the marker existed, holds only names calibkit
-writes there); anything else is refused unless the user passes ``--force``, and even then it is moved aside,
-never deleted. Inputs are never outputs: an output that equals, contains or lies inside an input of the run,
-given or named by the documents of one (:mod:`calibkit.provenance`), is refused whatever the flags; every
-writer of every command asks :func:`guard_output_dir` or :func:`guard_output_file` first. Writability is
-checked before any work starts, so a read-only folder fails in a second, not after an hour of calibration.
+is empty or every file under it, recursively, is one the marker lists (or, for folders written before the
+marker listed files, one of the names calibkit writes there); a folder holding any other file is refused, naming
+the file, whatever ``--force`` says: calibkit never deletes, moves or overwrites a file it did not write.
+Inputs are never outputs: an output that equals, contains or lies inside an input of the run, given or named by
+the documents of one (:mod:`calibkit.provenance`), is refused whatever the flags; every writer of every command
+asks :func:`guard_output_dir` or :func:`guard_output_file` first. Writability is checked before any work starts,
+so a read-only folder fails in a second, not after an hour of calibration.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import fnmatch
 import glob
 import hashlib
 import json
@@ -21,6 +23,7 @@ import os
 import shutil
 import socket
 import tempfile
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -34,12 +37,14 @@ MARKER_FORMAT = "calibkit-output/1"
 
 
 def write_marker(folder: Path, what: str = "", entries: Iterable[str] | None = None, *,
-                 digests: bool = False) -> None:
+                 digests: bool = False, files: Iterable[str] | None = None) -> None:
     """Mark ``folder`` as written by calibkit; the pid and host tell a stale temporary folder from a live one.
 
     ``entries`` (the names calibkit put in the folder) makes a later replace refuse a folder into which the
-    user has since added files of their own; ``digests`` records the sha256 of each of those that is a file,
-    so a reader can tell a file swapped in later from the one calibkit wrote (:func:`changed_files`).
+    user has since added files of their own; ``files`` (default with ``entries``: every file and empty folder
+    under it, recursively, :func:`tree`) is the list a later replace checks, so a file added inside a subfolder
+    is the user's too. ``digests`` records the sha256 of each top-level file, so a reader can tell a file
+    swapped in later from the one calibkit wrote (:func:`changed_files`).
     """
     rec: dict = {"format": MARKER_FORMAT, "what": what, "pid": os.getpid(), "host": socket.gethostname()}
     if entries is not None:
@@ -47,7 +52,27 @@ def write_marker(folder: Path, what: str = "", entries: Iterable[str] | None = N
         if digests:
             rec["sha256"] = {n: _sha256(folder / n) for n in rec["entries"]
                              if (folder / n).is_file() and not (folder / n).is_symlink()}
+        if files is None:
+            files = tree(folder)
+    if files is not None:
+        rec["files"] = sorted(set(files) - {MARKER})
     (folder / MARKER).write_text(json.dumps(rec, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def tree(folder: Path) -> list[str]:
+    """Every file under ``folder`` (symbolic links and special files included, never followed) as a relative
+    POSIX path, and every empty folder as ``NAME/``: what an ownership record lists."""
+    out: list[str] = []
+    for root, dirs, names in os.walk(folder):
+        rel = Path(root).relative_to(folder)
+        for d in list(dirs):
+            if os.path.islink(os.path.join(root, d)):  # os.walk lists a link to a folder as a folder
+                dirs.remove(d)
+                names.append(d)
+        out.extend((rel / n).as_posix() for n in names)
+        if not dirs and not names and rel != Path("."):
+            out.append(rel.as_posix() + "/")
+    return sorted(out)
 
 
 def _sha256(path: Path) -> str:
@@ -84,33 +109,61 @@ def read_marker(folder: Path) -> dict | None:
 
 
 def is_replaceable(folder: Path, legacy_names: Iterable[str] = ()) -> bool:
-    """True for an empty folder, one calibkit wrote (marker; nothing added since), or one holding only
-    ``legacy_names`` (written before the marker existed)."""
-    names = {p.name for p in folder.iterdir()}
-    if not names:
-        return True
+    """True when every file under ``folder``, recursively, is one calibkit wrote (:func:`foreign_files` is
+    empty): an empty folder, or one whose marker lists all it holds."""
+    return not foreign_files(folder, legacy_names)
+
+
+def foreign_files(folder: Path, legacy_names: Iterable[str] = ()) -> list[str]:
+    """The files (and empty folders, as ``NAME/``) under ``folder`` that calibkit is not known to have written,
+    as relative POSIX paths, recursively.
+
+    Known to be calibkit's: what the folder's marker lists in ``files``. A marker of an older calibkit lists
+    only the top-level ``entries``: those files are known, a listed subfolder only where it carries a marker of
+    its own; a marker without any list (or none) knows nothing. Beyond that, ``legacy_names`` (names, or
+    ``/``-separated patterns such as ``plots/*.png``, that the command writes) are taken as calibkit's, as for
+    folders written before the marker existed. Anything else is the user's."""
     rec = read_marker(folder)
-    if rec is not None:
-        entries = rec.get("entries")
-        return not isinstance(entries, list) or names - {MARKER} <= set(entries)
-    legacy = set(legacy_names)
-    return bool(legacy) and names <= legacy
+    listed = rec.get("files") if rec is not None else None
+    if isinstance(listed, list):
+        ours = {MARKER, *(str(n) for n in listed)}
+        return [n for n in tree(folder) if n not in ours]
+    entries = rec.get("entries") if rec is not None else None
+    top = {str(n) for n in entries} if isinstance(entries, list) else set()
+    legacy = tuple(legacy_names)
+    out: list[str] = []
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        name = entry.name
+        if entry.is_dir(follow_symlinks=False):
+            sub = folder / name
+            if name in top and read_marker(sub) is not None:
+                out.extend(f"{name}/{n}" for n in foreign_files(sub))
+                continue
+            out.extend(n for n in (f"{name}/{r}" for r in tree(sub) or [""]) if not _legacy(n, legacy))
+        elif not (name == MARKER and rec is not None) and name not in top and not _legacy(name, legacy):
+            out.append(name)
+    return out
+
+
+def _legacy(rel: str, patterns: tuple[str, ...]) -> bool:
+    parts = rel.rstrip("/").split("/")
+    for pat in patterns:
+        pp = pat.split("/")
+        if len(pp) == len(parts) and all(fnmatch.fnmatchcase(a, b) for a, b in zip(parts, pp, strict=True)):
+            return True
+    return False
 
 
 def foreign_entries(folder: Path, limit: int = 5, legacy_names: Iterable[str] = ()) -> str:
-    """The names in ``folder`` that calibkit did not write there (the ones its marker, or ``legacy_names``, does
-    not list), as a short list; every name when it cannot tell."""
-    names = sorted(p.name for p in folder.iterdir())
-    rec = read_marker(folder)
-    entries = rec.get("entries") if rec is not None else None
-    ours = {MARKER, *(entries if isinstance(entries, list) else legacy_names)}
-    foreign = [n for n in names if n not in ours] or names
+    """The files under ``folder`` that calibkit did not write (:func:`foreign_files`), as a short list."""
+    foreign = foreign_files(folder, legacy_names)
     return ", ".join(foreign[:limit]) + (" …" if len(foreign) > limit else "")
 
 
 def check_replaceable(path: str | os.PathLike[str], *, option: str = "--out", legacy_names: Iterable[str] = (),
                       force: bool = False) -> None:
-    """Refuse an output path that is a file, or a folder calibkit did not write (unless ``force``)."""
+    """Refuse an output path that is a file, or a folder holding a file calibkit did not write (:func:`foreign_files`).
+    ``force`` does not lift this: it is accepted for the callers that pass it on, and changes nothing here."""
     p = Path(path)
     check_not_symlink(p, option=option)
     if not p.exists():
@@ -118,12 +171,13 @@ def check_replaceable(path: str | os.PathLike[str], *, option: str = "--out", le
     if not p.is_dir():
         raise UsageError(f"{option} {p} is an existing file, not a folder; calibkit will not replace it",
                          hint=f"pass a new folder path to {option}")
-    if not force and not is_replaceable(p, legacy_names):
+    foreign = foreign_files(p, legacy_names)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (" …" if len(foreign) > 5 else "")
         raise UsageError(
-            f"{option} {p} holds files calibkit did not write ({foreign_entries(p, legacy_names=legacy_names)}); "
-            "the folder would be replaced as a whole",
-            hint=f"pass a new or empty folder to {option}, or add --force to move the existing folder aside "
-            "(it is renamed, never deleted)",
+            f"{option} {p} holds files calibkit did not write ({shown}); calibkit replaces the folder as a whole "
+            "and never deletes, moves or overwrites a file it did not write, --force or not",
+            hint=f"pass a new or empty folder to {option}, or move those files out of {p} yourself",
         )
 
 
@@ -222,8 +276,9 @@ def check_writable(path: str | os.PathLike[str], *, option: str = "--out", is_fi
 
 def guard_output_dir(path: str | os.PathLike[str], *, inputs: Iterable[object] | RunInputs = (),
                      option: str = "--out", force: bool = False, legacy_names: Iterable[str] = ()) -> Path | None:
-    """All checks for a folder a command will write as a whole, before any work; returns where a foreign
-    folder was moved aside under ``force`` (else None)."""
+    """All checks for a folder a command will write as a whole, before any work. Returns None: a folder holding
+    files calibkit did not write is refused, ``force`` or not (it used to be moved aside, which moved the user's
+    files); the return value is kept for callers that report a move."""
     check_not_input(path, inputs, option=option)
     out, cwd = _resolved(path), Path.cwd().resolve()
     if out == cwd or out in cwd.parents:
@@ -232,9 +287,6 @@ def guard_output_dir(path: str | os.PathLike[str], *, inputs: Iterable[object] |
     check_replaceable(path, option=option, legacy_names=legacy_names, force=force)
     check_writable(path, option=option)
     claim_output(Path(path), option=option)
-    p = Path(path)
-    if force and p.is_dir() and not is_replaceable(p, legacy_names):
-        return move_aside(p)
     return None
 
 
@@ -264,7 +316,9 @@ def hold_lock(path: Path, mode: int = 0o644) -> int | None:
 
 LOCK_SUFFIX = ".calibkit-lock"
 LOCK_FORMAT = "calibkit-lock/1"
-_claims: dict[Path, tuple[Path, int]] = {}  # outputs this process holds the lock of -> (lock file, descriptor)
+# outputs this process holds the lock of -> (lock file, descriptor, the thread that claimed it)
+_claims: dict[Path, tuple[Path, int, int]] = {}
+_claims_mutex = threading.Lock()
 
 
 def lock_path(path: str | os.PathLike[str]) -> Path:
@@ -275,10 +329,11 @@ def lock_path(path: str | os.PathLike[str]) -> Path:
     return target.parent / f".{target.name}{LOCK_SUFFIX}"
 
 
-def claim_output(path: Path, *, option: str = "--out") -> None:
+def claim_output(path: Path, *, option: str = "--out") -> bool:
     """One writer per output: hold an exclusive lock on :func:`lock_path` until the run ends and refuse when
-    another live run holds it; two runs into one --out used to both report success while one silently replaced
-    the other.
+    another live run, or another thread of this process, holds it; two runs into one --out used to both report
+    success while one silently replaced the other, and so did two threads of one program. True when this call
+    took the claim, False when the calling thread holds it already (or the platform has no ``flock``).
 
     The lock file lies beside the output because that is the one place every writer of the output shares: a
     lock in the temporary folder was missed by a second run with another ``TMPDIR``. The lock can never be
@@ -288,23 +343,31 @@ def claim_output(path: Path, *, option: str = "--out") -> None:
     removed by :func:`release_claims` (end of the command, or exit) while still locked. A run killed with
     SIGKILL leaves the file: the next run finds that no process holds it and takes it over, saying so."""
     target = _resolved(path)
-    if target in _claims:  # already ours
-        return
-    lock = lock_path(target)
-    try:
-        import fcntl  # noqa: F401
-    except ImportError:  # not POSIX: no claim (the atomic swap still protects the output)
-        return
-    try:
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        fd = _take_lock(lock, option=option, output=path)
-    except OSError:  # a parent that cannot take the lock cannot take the output either (checked before)
-        return
-    _claims[target] = (lock, fd)
-    if len(_claims) == 1:
+    me = threading.get_ident()
+    with _claims_mutex:
+        held = _claims.get(target)
+        if held is not None:
+            if held[2] == me:  # already ours
+                return False
+            raise UsageError(f"{option} {path} is being written by another thread of this process (pid "
+                             f"{os.getpid()})", hint=f"wait for it to finish, or pass another {option}")
+        lock = lock_path(target)
+        try:
+            import fcntl  # noqa: F401
+        except ImportError:  # not POSIX: no claim (the atomic swap still protects the output)
+            return False
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            fd = _take_lock(lock, option=option, output=path)
+        except OSError:  # a parent that cannot take the lock cannot take the output either (checked before)
+            return False
+        first = not _claims
+        _claims[target] = (lock, fd, me)
+    if first:
         import atexit
 
-        atexit.register(release_claims)
+        atexit.register(release_claims, every=True)
+    return True
 
 
 def _lock_record() -> bytes:
@@ -427,16 +490,28 @@ def _replace_stale(lock: Path, ours: str, *, option: str, output: str | os.PathL
         os.close(old)
 
 
-def release_claims() -> None:
-    """Give up every output this process claimed: remove each lock file while still holding its lock, then
-    close it (called at the end of each command and at exit)."""
-    while _claims:
-        _target, (lock, fd) = _claims.popitem()
-        with contextlib.suppress(OSError):
-            if os.lstat(lock).st_ino == os.fstat(fd).st_ino:
-                os.unlink(lock)
-        with contextlib.suppress(OSError):
-            os.close(fd)
+def release_claims(*, every: bool = False) -> None:
+    """Give up every output the calling thread claimed (``every``: every thread's, at exit): remove each lock
+    file while still holding its lock, then close it (called at the end of each command and at exit)."""
+    me = threading.get_ident()
+    with _claims_mutex:
+        mine = [t for t, (_lock, _fd, owner) in _claims.items() if every or owner == me]
+    for target in mine:
+        release_claim(target)
+
+
+def release_claim(path: str | os.PathLike[str]) -> None:
+    """Give up one claimed output (:func:`claim_output`); nothing when it is not claimed."""
+    with _claims_mutex:
+        held = _claims.pop(_resolved(path), None)
+    if held is None:
+        return
+    lock, fd, _owner = held
+    with contextlib.suppress(OSError):
+        if os.lstat(lock).st_ino == os.fstat(fd).st_ino:
+            os.unlink(lock)
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 def guard_output_file(path: str | os.PathLike[str], *, inputs: Iterable[object] | RunInputs = (),

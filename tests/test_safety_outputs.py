@@ -69,14 +69,13 @@ def test_a_folder_of_user_files_is_never_replaced(env: Path, command: str) -> No
     assert snapshot(env) == before
 
 
-def test_force_moves_the_foreign_folder_aside_never_deletes_it(env: Path) -> None:
+def test_force_never_moves_or_deletes_a_folder_of_user_files(env: Path) -> None:
     out = user_folder(env / "mine")
+    before = snapshot(env)
     r = run(*_commands(env, out)["sample"], "--force")
-    assert r.exit_code == 0, r.output
-    assert (out / "texts.jsonl").is_file() and (out / MARKER).is_file() and not (out / "thesis.docx").exists()
-    aside = [p for p in env.iterdir() if p.name.startswith("mine.replaced-")]
-    assert len(aside) == 1 and (aside[0] / "thesis.docx").read_bytes() == b"four years of work"
-    assert "moved it aside" in flat(r)
+    assert r.exit_code == 2, r.output
+    assert "thesis.docx" in flat(r) and "photos/a.jpg" in flat(r) and "Traceback" not in r.output
+    assert snapshot(env) == before and not [p for p in env.iterdir() if ".replaced-" in p.name]
 
 
 def test_a_folder_calibkit_wrote_is_replaced_but_not_after_the_user_added_files(env: Path) -> None:

@@ -10,7 +10,7 @@ import enum
 import logging
 import math
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -344,7 +344,7 @@ class PlainProgress:
         import time
 
         self._clock = time.monotonic
-        self._interval = interval if interval is not None else float(os.environ.get("CALIBKIT_PROGRESS_INTERVAL", 10))
+        self._interval = interval if interval is not None else progress_interval(os.environ)
         self._write = write or (lambda line: print(line, file=sys.stderr, flush=True))
         self._started: dict[str, float] = {}
         self._last: dict[str, float] = {}
@@ -371,6 +371,26 @@ class PlainProgress:
         self._write(f"progress: {printable(event.task)} {event.done}{total}{message}, {seconds:.0f} s")
 
 
+def progress_interval(environ: Mapping[str, str]) -> float:
+    """``CALIBKIT_PROGRESS_INTERVAL`` in seconds (default 10); anything but a finite number of seconds >= 0 is a
+    usage error naming the variable (it used to end in a traceback)."""
+    import math
+
+    from calibkit.errors import UsageError
+
+    raw = environ.get("CALIBKIT_PROGRESS_INTERVAL", "").strip()
+    if not raw:
+        return 10.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"CALIBKIT_PROGRESS_INTERVAL={raw[:40]!r} is not a number of seconds",
+                         hint="set it to the seconds between progress lines (e.g. 10), or unset it")
+    return value
+
+
 def _force_progress() -> bool:
     import os
 
@@ -386,14 +406,15 @@ def setup_logging(verbose: bool) -> None:
     )
 
 
-FORCE_HELP = ("Replace an --out folder that holds files calibkit did not write: the old folder is moved aside "
-              "to NAME.replaced-<time> (never deleted). Inputs are never overwritten, even with --force.")
+FORCE_HELP = ("Kept so existing scripts run; it lifts no refusal. A folder holding any file calibkit did not "
+              "write (in any subfolder) is refused, naming the file, with or without --force: calibkit never "
+              "deletes, moves or overwrites such a file. Inputs are never overwritten.")
 
 
 def guard_out_dir(path: Path, *, inputs: Sequence[Path | None] = (), option: str = "--out", force: bool = False,
                   legacy_names: Iterable[str] = ()) -> None:
-    """Before any work: refuse an output folder that is an input, a file, foreign (without --force) or
-    unwritable; under --force move a foreign folder aside and say where."""
+    """Before any work: refuse an output folder that is an input, a file, holds files calibkit did not write
+    (``force`` or not) or is unwritable."""
     from calibkit.outdirs import guard_output_dir
 
     moved = guard_output_dir(path, inputs=inputs, option=option, force=force, legacy_names=legacy_names)

@@ -39,11 +39,11 @@ for NLP), percentile (--percentile of |x|).
 
 OUT receives model.int8.onnx, calibration.cache (TensorRT 8-10 legacy cache), calibration.json (ranges, statistics,
 provenance) and stats.npz. It is written atomically: on error nothing half-written is left. OUT must be new,
-empty or a folder calibkit wrote (--force moves anything else aside, never deletes it); it may not be or lie
-inside the model folder or the calibration set. Every range is checked before a model is written: NaN, inf,
-negative, a denormal or overflowing scale, implausible against the recorded statistics, or (from a cache,
-which has none) above 65504 is refused by tensor name; a --from-cache cache that names none of the model's
-tensors is an error.
+empty or a folder calibkit wrote (a folder holding any file calibkit did not write is refused, --force or
+not); it may not be or lie inside the model folder or the calibration set. Every range is checked before a
+model is written: NaN, inf, negative, a denormal or overflowing scale, implausible against the recorded
+statistics, or (from a cache, which has none) above 65504 is refused by tensor name; a --from-cache cache that
+names none of the model's tensors is an error.
 
 Examples:
 

@@ -39,7 +39,7 @@ What is chosen, and why:
   batch sizes      from a budget of --batch-tokens padded tokens per batch (the largest power of two within it,
                    per bucket): preferred_batch_size and max_batch_size, plus --queue-delay-us.
 
-OUT (a new folder, or one calibkit wrote; --force moves anything else aside) receives:
+OUT (a new folder, or one calibkit wrote; anything else is refused) receives:
   NAME/config.pbtxt        onnxruntime_onnx | tensorrt_plan, dynamic dims, dynamic_batching, instance_group,
                            label_filename (NAME/labels.txt) when the model has label names
   NAME/1/model.onnx        ONNX Runtime: the INT8 model in the measured layout (or --layout)

@@ -29,8 +29,8 @@ once. Texts longer than 65,536 characters are cut to that length first (counted 
 more distinct values than max(20, size/8): a warning says so); same log + same seed gives a byte-identical
 output.
 
---out must be a new or empty folder, or one calibkit wrote; inputs are never overwritten (--force moves a
-foreign folder aside, it never deletes it).
+--out must be a new or empty folder, or one calibkit wrote; inputs are never overwritten (a folder
+holding files calibkit did not write is refused, --force or not).
 
 Examples:
 

@@ -218,6 +218,6 @@ def bucketed_batches(
     if batch_size < 1:
         raise UsageError(f"batch size must be at least 1, got {batch_size}")
     limit = int(max_length or tokenizer.max_length)
-    lengths = tokenizer.token_lengths(texts)
+    lengths = tokenizer.token_lengths(texts, max_length=limit)
     groups = budget_groups(np.minimum(lengths, limit), batch_size, budget, equal_lengths=not takes_mask(input_names))
     return BucketedBatches(tokenizer, tuple(texts), tuple(input_names), groups, lengths, limit, batch_size, budget)

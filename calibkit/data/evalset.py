@@ -14,6 +14,7 @@ tag count differs from its word count is refused with its row number.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -27,6 +28,8 @@ from calibkit._deps import require
 from calibkit._io import text_lines
 from calibkit.data.textcheck import has_lone_surrogate, is_usable
 from calibkit.errors import DataError
+
+log = logging.getLogger("calibkit.data.evalset")
 
 TEXT_COLUMNS = ("text", "sentence", "review", "content")
 LABEL_COLUMNS = ("label", "labels", "sentiment", "target")
@@ -209,8 +212,29 @@ def _as_int(s: str) -> int | None:
     return _whole(f)  # "NaN", "inf", "1e999": no class id
 
 
+def _decoded(p: Path) -> str:
+    """The file as text: a UTF-8 byte order mark dropped; bytes that are not UTF-8 read as U+FFFD, never
+    silently: the lines holding them are counted and named in a warning."""
+    data = p.read_bytes()
+    data = data[3:] if data.startswith(b"\xef\xbb\xbf") else data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    bad = []
+    for n, line in enumerate(data.split(b"\n"), 1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            bad.append(n)
+    shown = ", ".join(map(str, bad[:5])) + (" …" if len(bad) > 5 else "")
+    log.warning("eval set %s: %d line(s) hold bytes that are not UTF-8 (line %s); each such byte is read as U+FFFD; "
+                "re-encode the file as UTF-8 to score those examples as written", p.name, len(bad), shown)
+    return data.decode("utf-8", errors="replace")
+
+
 def _read_jsonl(p: Path) -> list[dict[str, Any]]:
-    text = p.read_text(encoding="utf-8", errors="replace")
+    text = _decoded(p)
     stripped = text.lstrip()
     if stripped.startswith("["):  # a JSON array of records
         try:
@@ -219,6 +243,8 @@ def _read_jsonl(p: Path) -> list[dict[str, Any]]:
             raise DataError(f"{p}: not valid JSON ({exc.msg})") from exc
         except RecursionError:
             raise DataError(f"{p}: JSON nested too deeply to read", hint="one flat object per example") from None
+        except ValueError as exc:  # Python refuses integers of over 4,300 digits
+            raise _too_long(f"{p}", exc) from None
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
             raise DataError(f"{p}: expected a list of objects")
         return data
@@ -232,10 +258,18 @@ def _read_jsonl(p: Path) -> list[dict[str, Any]]:
             raise DataError(f"{p}:{n}: not valid JSON ({exc.msg})", hint="one JSON object per line") from exc
         except RecursionError:
             raise DataError(f"{p}:{n}: JSON nested too deeply to read", hint="one flat object per line") from None
+        except ValueError as exc:
+            raise _too_long(f"{p}:{n}", exc) from None
         if not isinstance(rec, dict):
             raise DataError(f"{p}:{n}: expected a JSON object with text and label")
         rows.append(rec)
     return rows
+
+
+def _too_long(where: str, exc: ValueError) -> DataError:
+    first = str(exc).split(";")[0]
+    return DataError(f"{where}: a number too long to read ({first})",
+                     hint="write each label as a class id or a label name; a number of thousands of digits is neither")
 
 
 def _read_polars(p: Path, suffix: str) -> list[dict[str, Any]]:
@@ -379,8 +413,11 @@ def _to_eval_set(p: Path, rows: list[dict[str, Any]], text_col: str | None, labe
                  label_sets: bool = False) -> EvalSet:
     if not rows:
         raise DataError(f"eval set {p} holds no examples")
-    columns = list(rows[0])
-    tag_col = None if label_sets else _list_column(rows[0], label_col, TAG_COLUMNS)
+    # the columns of every row, not of the first: a set whose first example had no label was read as unlabelled
+    columns = list(dict.fromkeys(c for r in rows for c in r))
+    probe = next((r for r in rows if any(r.get(c) is not None for c in ([label_col] if label_col else TAG_COLUMNS))),
+                 rows[0])
+    tag_col = None if label_sets else _list_column(probe, label_col, TAG_COLUMNS)
     if tag_col is not None:  # one tag per word (NER): a list-valued label column
         return _to_word_eval_set(p, rows, text_col, tag_col)
     tc = _pick(columns, text_col, TEXT_COLUMNS, "text", p)
@@ -389,6 +426,7 @@ def _to_eval_set(p: Path, rows: list[dict[str, Any]], text_col: str | None, labe
         c in columns for c in LABEL_COLUMNS) else None
     texts: list[str] = []
     labels: list[str] = []
+    unlabelled: list[int] = []
     for n, r in enumerate(rows, 1):
         t = r.get(tc)
         if not isinstance(t, str):
@@ -408,7 +446,8 @@ def _to_eval_set(p: Path, rows: list[dict[str, Any]], text_col: str | None, labe
             labels.append(_label_set(lab, p, n))
             continue
         if lab is None or (isinstance(lab, str) and not lab.strip()):
-            raise DataError(f"eval set {p.name}: example {n} has no label in column {lc!r}")
+            unlabelled.append(n)
+            continue
         if isinstance(lab, bool) or isinstance(lab, (list, dict)):
             raise DataError(f"eval set {p.name}: example {n}: label {lab!r} is neither a class name nor an id")
         if isinstance(lab, float) and not math.isfinite(lab):  # NaN / Infinity in JSON, a float column
@@ -417,4 +456,17 @@ def _to_eval_set(p: Path, rows: list[dict[str, Any]], text_col: str | None, labe
         texts.append(t)
         whole = _whole(lab) if isinstance(lab, float) else None
         labels.append(str(whole) if whole is not None else str(lab))
+    if unlabelled:
+        _refuse_partly_labelled(p, lc, unlabelled, len(rows))
     return EvalSet(path=p, texts=tuple(texts), labels=tuple(labels))
+
+
+def _refuse_partly_labelled(p: Path, column: str, unlabelled: Sequence[int], total: int) -> None:
+    """A set with labels on some examples only is refused (rather than read as labelled rows plus traffic): which
+    rows are meant to be scored is the user's call."""
+    shown = ", ".join(map(str, unlabelled[:5])) + (" …" if len(unlabelled) > 5 else "")
+    verb = "has" if len(unlabelled) == 1 else "have"
+    raise DataError(f"eval set {p.name}: {len(unlabelled)} of {total} examples {verb} no label in column {column!r} "
+                    f"(example {shown}); an eval set is labelled in every example or in none",
+                    hint=f"label those examples, or remove {column!r} from every example to judge on fidelity to "
+                    "FP32 alone (unlabelled texts can also come as --traffic)")

@@ -127,9 +127,27 @@ def is_gzip(path: str | os.PathLike[str]) -> bool:
         return fh.read(2) == b"\x1f\x8b"
 
 
+# compressions calibkit does not read, by their first bytes: refused by name instead of "no JSON object found"
+_OTHER_COMPRESSIONS = ((b"\x28\xb5\x2f\xfd", "zstd", "zstd -d"), (b"BZh", "bzip2", "bunzip2"),
+                       (b"\xfd7zXZ\x00", "xz", "unxz"), (b"PK\x03\x04", "zip", "unzip"),
+                       (b"\x04\x22\x4d\x18", "lz4", "lz4 -d"))
+_BOM = b"\xef\xbb\xbf"
+
+
+def _check_compression(path: Path) -> None:
+    with open(path, "rb") as fh:
+        head = fh.read(6)
+    for magic, name, tool in _OTHER_COMPRESSIONS:
+        if head.startswith(magic):
+            raise DataError(f"{path} is {name}-compressed; calibkit reads JSON Lines plain or gzip-compressed",
+                            hint=f"decompress it first ({tool} {path}), or recompress it with gzip")
+
+
 def _raw_blocks(path: Path, on_bytes: Callable[[bytes], None], st: ReadStats) -> Iterator[bytes]:
     """Decompressed blocks of the file; ``on_bytes`` sees the bytes as they are on disk."""
     gz = is_gzip(path)
+    if not gz:
+        _check_compression(path)
     fed = False
     with open(path, "rb") as fh:
         dec = zlib.decompressobj(wbits=47) if gz else None
@@ -188,6 +206,8 @@ def iter_lines(path: str | os.PathLike[str], stats: ReadStats | None = None) -> 
             yield n, TOO_LONG
             skipping, block = False, block[cut + 1 :]
         parts = (rest + block).split(b"\n") if rest else block.split(b"\n")
+        if n == 0 and parts[0].startswith(_BOM):  # a UTF-8 byte order mark (Windows editors write one)
+            parts[0] = parts[0][len(_BOM):]
         rest = parts.pop()
         for part in parts:
             n += 1
@@ -199,6 +219,7 @@ def iter_lines(path: str | os.PathLike[str], stats: ReadStats | None = None) -> 
         yield n, TOO_LONG
     elif rest:
         n += 1
+        rest = rest[len(_BOM):] if n == 1 and rest.startswith(_BOM) else rest
         yield n, rest[:-1] if rest.endswith(b"\r") else rest
     st.sha256 = digest.hexdigest()
 

@@ -109,8 +109,33 @@ class TextTokenizer:
             return int(pid or 0)
         return int(self._slow.pad_token_id or 0)
 
-    def token_lengths(self, texts: Sequence[str]) -> np.ndarray:
-        """Untruncated token counts (special tokens included)."""
+    def cut(self, texts: Sequence[str], max_length: int | None = None) -> list[str]:
+        """The texts as the tokenizer needs to see them for ``max_length`` tokens: a text of more than
+        ``CHARS_PER_TOKEN`` characters per token is cut to that many characters before tokenizing (one 10 MB
+        text used to be tokenized in full to keep its first 512 tokens). The cut is widened, doubling, until it
+        yields ``CUT_SLACK`` tokens more than ``max_length`` (or the whole text), so the tokens kept are those of
+        the whole text: only texts of whitespace or characters the tokenizer drops cost more."""
+        limit = max_length or self.max_length
+        chars = CHARS_PER_TOKEN * limit
+        return [t if len(t) <= chars else self._prefix(t, chars, limit) for t in texts]
+
+    def _prefix(self, text: str, chars: int, limit: int) -> str:
+        while chars < len(text):
+            head = text[:chars]
+            if self._count(head) > limit + CUT_SLACK:
+                return head
+            chars *= 2
+        return text
+
+    def _count(self, text: str) -> int:
+        if self._fast is not None:
+            return len(self._fast.encode(text).ids)
+        return len(self._slow(text)["input_ids"])
+
+    def token_lengths(self, texts: Sequence[str], max_length: int | None = None) -> np.ndarray:
+        """Token counts before truncation (special tokens included), exact up to ``CUT_SLACK`` tokens past
+        ``max_length`` (default: the tokenizer's); a longer text is counted on its :meth:`cut`."""
+        texts = self.cut(texts, max_length)
         if self._fast is not None:
             encs = self._fast.encode_batch(list(texts))
             return np.array([len(e.ids) for e in encs], dtype=np.int64)
@@ -120,6 +145,7 @@ class TextTokenizer:
         """Per text, the (start, end) character span of each token position that :meth:`encode` feeds, truncated
         the same way; special tokens are ``(0, 0)``. Needs a fast tokenizer (tokenizer.json)."""
         limit = max_length or self.max_length
+        texts = self.cut(texts, limit)  # offsets into a text's start are offsets into the text
         if self._fast is not None:
             encs = self._fast.encode_batch(list(texts))
             offs = [[(0, 0) if sp else (int(a), int(b)) for (a, b), sp in zip(e.offsets, e.special_tokens_mask)]
@@ -137,6 +163,7 @@ class TextTokenizer:
     def encode(self, texts: Sequence[str], max_length: int | None = None) -> Encoding:
         """Encode and pad to the longest text of the batch (no padding to a fixed maximum)."""
         limit = max_length or self.max_length
+        texts = self.cut(texts, limit)
         if self._fast is not None:
             encs = self._fast.encode_batch(list(texts))
             ids = [e.ids for e in encs]
@@ -160,6 +187,10 @@ class TextTokenizer:
             mask[i, : len(x)] = 1
             type_ids[i, : len(t)] = t
         return Encoding(input_ids, mask, type_ids, lengths, truncated)
+
+
+CHARS_PER_TOKEN = 16  # generous: English averages about 4 characters per token
+CUT_SLACK = 8  # tokens past the limit a cut text must still yield, so a word split at the cut is never kept
 
 
 # model types whose position ids start at pad_token_id + 1 (fairseq style): the table holds that many extra rows

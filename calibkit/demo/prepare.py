@@ -21,7 +21,7 @@ import numpy as np
 from calibkit._io import atomic_dir, atomic_open, read_json, sha256_file, write_json
 from calibkit.demo import archive
 from calibkit.errors import CalibkitError, DataError, ModelError, UsageError
-from calibkit.outdirs import foreign_entries, is_replaceable, read_marker, write_marker
+from calibkit.outdirs import MARKER, foreign_entries, is_replaceable, read_marker, tree, write_marker
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.types import check_seed
 
@@ -179,6 +179,7 @@ def prepare_demo(
     manifest["complete"] = True
     manifest["metrics"] = metrics
     write_json(manifest_path(out), manifest)
+    write_marker(out, "demo assets", files=_files_written(out, manifest))
     return PrepareResult(
         out=out,
         variant=options.variant,
@@ -413,6 +414,21 @@ def _step_intact(out: Path, manifest: dict[str, Any], step: str) -> bool:
 def _reusable(out: Path, manifest: dict[str, Any], step: str, key: dict[str, Any]) -> bool:
     rec = manifest.get("steps", {}).get(step)
     return isinstance(rec, dict) and rec.get("key") == key and _step_intact(out, manifest, step)
+
+
+def _files_written(out: Path, manifest: dict[str, Any]) -> list[str]:
+    """Every file under ``out`` that prepare wrote (an earlier prepare's included), for the folder's marker: the
+    steps' files, prepare.json, and what the marker of each step folder lists. A file the user added is left
+    out, so no later run replaces it."""
+    rec = read_marker(out) or {}
+    wanted = {str(n) for n in rec.get("files") or []} | {manifest_path(out).name}
+    for step in manifest.get("steps", {}).values():
+        wanted.update(step.get("files") or {})
+    for sub in ("model", "embedder"):
+        inner = read_marker(out / sub)
+        if inner is not None:
+            wanted.update({f"{sub}/{MARKER}", *(f"{sub}/{n}" for n in inner.get("files") or [])})
+    return [n for n in tree(out) if n in wanted]
 
 
 def _record(out: Path, manifest: dict[str, Any], step: str, key: dict[str, Any], files: list[str]) -> None:

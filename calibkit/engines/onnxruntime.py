@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -140,8 +141,28 @@ class OnnxRuntimeRunner(BaseRunner):
         try:
             values = self._session.run(list(self._outputs), dict(cast))
         except Exception as exc:
+            _check_token_ids(self.name, cast, exc)
             raise BackendError(f"ONNX Runtime failed running {self.name}: {exc}") from exc
         return dict(zip(self._outputs, values))
 
     def _deactivate_impl(self) -> None:
         self._session = None
+
+
+_GATHER_BOUNDS = re.compile(r"Gather.*out of data bounds, idx=(-?\d+) must be within the inclusive range \[-(\d+),",
+                            re.DOTALL)
+
+
+def _check_token_ids(name: str, feeds: Feeds, exc: Exception) -> None:
+    """A ModelError for a Gather out of bounds on token ids past the model's vocabulary: the tokenizer is not the
+    model's (ONNX Runtime's own message names a node and an index, not the cause)."""
+    found = _GATHER_BOUNDS.search(str(exc))
+    ids = feeds.get("input_ids")
+    if found is None or ids is None or not np.size(ids):
+        return
+    rows, top = int(found.group(2)), int(np.max(ids))
+    if top < rows:
+        return
+    raise ModelError(f"{name}: the tokenizer gives token id {top}, past the model's vocabulary (its embedding table "
+                     f"has {rows} rows): the tokenizer is not the one the model was trained with",
+                     hint="use the model's own tokenizer (its files in the model folder, or --tokenizer)") from exc

@@ -19,6 +19,7 @@ import onnx
 
 from calibkit.enginefiles.registry import model_runner
 from calibkit.graph import add_outputs, tap_name
+from calibkit.names import node_labels
 from calibkit.quantize.fused import LINEAR_CONTRIB_OPS, contrib_nodes
 from calibkit.quantize.placement import DEFAULT_OP_TYPES, plan_placement
 
@@ -112,7 +113,7 @@ def _node_and_fused_flops(
     shapes = {t: tuple(values[n].shape) for t, n in zip(acts, names)}
     shapes.update(inits)
     shapes.update(const_shapes)
-    by_name = {(n.name or f"{n.op_type}_{i}"): n for i, n in enumerate(model.graph.node)}
+    by_name = dict(zip(node_labels(model.graph), model.graph.node, strict=True))
     result = []
     for qn in placement.nodes:
         node = by_name[qn.name]
@@ -145,7 +146,7 @@ def _mha(q: tuple[int, ...], k: tuple[int, ...] | None) -> float:
 
 
 def _fused_flops(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> tuple[list[NodeFlops], list[str]]:
-    by_name = {(n.name or f"{n.op_type}_{i}"): n for i, n in enumerate(model.graph.node)}
+    by_name = dict(zip(node_labels(model.graph), model.graph.node, strict=True))
     out: list[NodeFlops] = []
     uncounted: list[str] = []
     for fn in contrib_nodes(model):

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from calibkit.names import node_labels
 from calibkit.names import node_name as _names
 from calibkit.quantize.placement import plan_placement
 
@@ -110,9 +111,10 @@ def find_layers(model: onnx.ModelProto) -> tuple[LayerSpec, ...]:
     consts = _const_values(model)
     has_qdq = any(n.op_type == "QuantizeLinear" for n in graph.node)
     layers: list[LayerSpec] = []
+    labels = node_labels(graph)
     if not has_qdq:
         for qn in plan_placement(model).nodes:
-            idx, node = next((i, n) for i, n in enumerate(graph.node) if node_name(n, i) == qn.name)
+            idx, node = next((i, n) for i, n in enumerate(graph.node) if labels[i] == qn.name)
             for t in qn.activation_inputs:
                 layers.append(LayerSpec(len(layers), qn.name, qn.op_type, t, node.output[0], None, None, None,
                                         module=qn.module))
@@ -135,7 +137,7 @@ def find_layers(model: onnx.ModelProto) -> tuple[LayerSpec, ...]:
                 continue  # a weight quantized by QuantizeLinear at run time
             amax, low, high, quant = rng if rng else (None, None, None, None)
             layers.append(
-                LayerSpec(len(layers), node_name(node, i), node.op_type, tensor, node.output[0], amax, low, high, quant,
+                LayerSpec(len(layers), labels[i], node.op_type, tensor, node.output[0], amax, low, high, quant,
                           module=module_path(node, i))
             )
     return tuple(layers)
@@ -159,10 +161,9 @@ def weight_errors(qdq: onnx.ModelProto, reference: onnx.ModelProto) -> dict[str,
     consts_q = _const_values(qdq)
     consts_r = _const_values(reference)
     producer = {o: n for n in qdq.graph.node for o in n.output if o}
-    ref_nodes = {node_name(n, i): n for i, n in enumerate(reference.graph.node)}
+    ref_nodes = dict(zip(node_labels(reference.graph), reference.graph.node, strict=True))
     out: dict[str, WeightError] = {}
-    for i, node in enumerate(qdq.graph.node):
-        name = node_name(node, i)
+    for node, name in zip(qdq.graph.node, node_labels(qdq.graph), strict=True):
         ref = ref_nodes.get(name)
         if ref is None or node.op_type in QDQ_OPS:
             continue

@@ -33,6 +33,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from calibkit.errors import ModelError
+from calibkit.names import node_labels
 from calibkit.quantize.placement import Placement
 from calibkit.quantize.rangecheck import check_ranges
 from calibkit.quantize.weights import quantize_weight, weight_axis
@@ -100,7 +101,7 @@ def build_board(model: onnx.ModelProto, placement: Placement) -> Board:
         ]
         dq_of[t] = dq
     weight_dq: dict[tuple[str, int | None], str] = {}
-    by_name = {(n.name or f"{n.op_type}_{i}"): n for i, n in enumerate(graph.node)}
+    by_name = dict(zip(node_labels(graph), graph.node, strict=True))
     for i, qn in enumerate(placement.nodes):
         node = by_name.get(qn.name)
         if node is None:

@@ -501,9 +501,25 @@ def _draw_evidence(model: _Model, eval_set: EvalSet, config: TuneRequest, resour
                               holdout_fraction=config.holdout_fraction,
                               sensitivity_samples=config.sensitivity_samples, seed=config.seed, traffic=mask,
                               task=kind)
+    if labelled:
+        _check_labelled_split(evidence, len(eval_set))
     for w in evidence.warnings:  # returned with the result, whose caller shows them (the CLI as "warning:")
         log.info("%s", w)
     return config, evidence
+
+
+def _check_labelled_split(evidence: SplitEvidence, n_labelled: int) -> None:
+    """Accuracy is judged on both splits: each must hold labelled rows. Traffic can make the set large enough
+    to tune on while the eval set's few labelled rows all land on one side (``--limit 1``), which used to end
+    in a crash."""
+    search = len(evidence.accuracy_positions(evidence.search))
+    holdout = len(evidence.accuracy_positions(evidence.holdout))
+    if search and holdout:
+        return
+    raise DataError(f"the eval set's {n_labelled} labelled example(s) cannot be split between the search and the "
+                    f"holdout (search: {search}, holdout: {holdout}): accuracy cannot be judged on both",
+                    hint="use more labelled examples (a larger --limit, or none), or an eval set without labels "
+                         "to tune on fidelity to FP32 alone")
 
 
 def _fidelity_targets(config: TuneRequest, eval_set: EvalSet, kind: str, labelled: bool) -> TuneRequest:

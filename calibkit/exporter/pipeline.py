@@ -11,6 +11,7 @@ source's largest output) the folder is refused and nothing is written.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -35,7 +36,7 @@ _WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.j
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
                    "merges.txt", "spm.model", "sentencepiece.bpe.model", "added_tokens.json")
 _POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
-                  "pooling_mode_max_tokens": "max"}
+                  "pooling_mode_max_tokens": "max", "pooling_mode_lasttoken": "lasttoken"}
 # texts of several lengths, in batches of several shapes (none of them the export's example shape)
 PROBE_TEXTS = (
     "Great movie.",
@@ -113,14 +114,61 @@ def _sentence_transformers(folder: Path) -> ExportSource:
     else:  # earlier versions: one boolean per mode
         on = sorted(_POOLING_MODES.get(k, k) for k, v in pool.items() if k.startswith("pooling_mode_") and v)
     if len(on) != 1 or on[0] not in _POOLING_MODES.values():
-        raise ModelError(f"{folder}: pooling {', '.join(on) or 'none'}; calibkit exports mean, CLS or max pooling "
+        raise ModelError(f"{folder}: pooling {', '.join(on) or 'none'}; calibkit exports mean, CLS, max or last-token "
+                         "pooling "
                          "(one of them)", hint="export the model to ONNX yourself and pass the .onnx file")
     if not (checkpoint / "config.json").is_file() or not any((checkpoint / w).is_file() for w in _WEIGHTS):
         raise ModelError(f"no transformer checkpoint in {checkpoint} (config.json and model.safetensors or "
                          "pytorch_model.bin)", hint="save the model with SentenceTransformer.save")
     tok = checkpoint if _has_tokenizer(checkpoint) else folder
+    max_seq_length, lowercase = _transformer_settings(folder, checkpoint)
     return ExportSource(SourceKind.SENTENCE_TRANSFORMERS, folder, tok, checkpoint / "config.json", checkpoint,
-                        on[0], kinds[2:] == ["Normalize"])
+                        on[0], kinds[2:] == ["Normalize"], max_seq_length, lowercase)
+
+
+def _transformer_settings(folder: Path, checkpoint: Path) -> tuple[int | None, bool]:
+    """``max_seq_length`` and ``do_lower_case`` of the Transformer module: its sentence_bert_config.json, in the
+    module's own folder (``0_Transformer/``) or, where the module is the folder itself, at the root. Versions
+    before 6 keep them only there (the tokenizer's model_max_length says 512 where the model reads 256)."""
+    path = next((d / "sentence_bert_config.json" for d in (checkpoint, folder)
+                 if (d / "sentence_bert_config.json").is_file()), None)
+    if path is None:
+        return None, False
+    cfg = _read_json(path)
+    cfg = cfg if isinstance(cfg, dict) else {}
+    length, lower = cfg.get("max_seq_length"), cfg.get("do_lower_case", False)
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
+        raise ModelError(f"{path}: max_seq_length {length!r} is not a positive whole number of tokens",
+                         hint="fix it (sentence-transformers writes e.g. 256), or remove it")
+    if not isinstance(lower, bool):
+        raise ModelError(f"{path}: do_lower_case {lower!r} is neither true nor false", hint="fix it, or remove it")
+    return length, lower
+
+
+def _apply_transformer_settings(src: ExportSource, folder: Path) -> None:
+    """The exported tokenizer reads texts as the sentence-transformers model does: truncated at its
+    max_seq_length (tokenizer_config.json's model_max_length) and, with do_lower_case, lowercased first (a
+    Lowercase normalizer ahead of tokenizer.json's own, as sentence-transformers 6 saves it)."""
+    if src.max_seq_length is None and not src.lowercase:
+        return
+    from calibkit._io import write_json
+
+    cfg_path = folder / "tokenizer_config.json"
+    cfg = _read_json(cfg_path) if cfg_path.is_file() else {}
+    cfg = cfg if isinstance(cfg, dict) else {}
+    if src.max_seq_length is not None:
+        cfg["model_max_length"] = src.max_seq_length
+    if src.lowercase:
+        cfg["do_lower_case"] = True  # what a tokenizer without tokenizer.json reads
+        if (folder / "tokenizer.json").is_file():
+            from tokenizers import Tokenizer, normalizers
+
+            tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            inner = tok.normalizer
+            tok.normalizer = normalizers.Sequence([normalizers.Lowercase(), inner]) if inner is not None else \
+                normalizers.Lowercase()
+            tok.save(str(folder / "tokenizer.json"))
+    write_json(cfg_path, cfg)
 
 
 def resolve_source(source: str | os.PathLike[str], tokenizer: str | os.PathLike[str] | None = None) -> ExportSource:
@@ -146,8 +194,7 @@ def resolve_source(source: str | os.PathLike[str], tokenizer: str | os.PathLike[
         raise ModelError(f"model not found: {p}",
                          hint="pass a Hugging Face model folder, a sentence-transformers folder or an .onnx file")
     if tok is not None and found.kind is not SourceKind.ONNX:
-        found = ExportSource(found.kind, found.path, tok, found.config, found.checkpoint, found.pooling,
-                             found.normalize)
+        found = dataclasses.replace(found, tokenizer=tok)
     if not _has_tokenizer(found.tokenizer):
         raise ModelError(f"no tokenizer in {found.tokenizer} (tokenizer.json, or vocab.txt / the files "
                          "tokenizer_config.json names)",
@@ -323,6 +370,7 @@ def export_model(request: ExportRequest, progress: ProgressCallback = no_progres
         for name in TOKENIZER_FILES:
             if (src.tokenizer / name).is_file():
                 shutil.copyfile(src.tokenizer / name, tmp / name)
+        _apply_transformer_settings(src, tmp)
         cb(ProgressEvent("export", 2, 3, message="parity"))
         parity = _checked_outputs(src, made.module, tmp, model_path, inputs, output, tolerance)
         if parity is not None:

@@ -64,6 +64,7 @@ def load_module(folder: Path, head: str, pooling: str | None = None, normalize: 
         inner = classes.get(head, tf.AutoModel).from_pretrained(
             str(folder), attn_implementation="eager", dtype=torch.float32, local_files_only=True)
     except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
+        _check_config_against_weights(folder)
         raise ModelError(f"cannot load the model in {folder}: {type(exc).__name__}: {exc}",
                          hint="the folder must be what save_pretrained writes: config.json and model.safetensors "
                               "or pytorch_model.bin") from None
@@ -78,6 +79,36 @@ def load_module(folder: Path, head: str, pooling: str | None = None, normalize: 
         inner.config.return_dict = False
         return inner
     return _Encoder.build(torch, inner, pooling, normalize)
+
+
+def _check_config_against_weights(folder: Path) -> None:
+    """A ModelError naming what config.json says against what model.safetensors holds (hidden size, number of
+    labels), where they disagree: transformers' own message points to a report it does not show."""
+    import json
+    import struct
+
+    try:
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        with open(folder / "model.safetensors", "rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(min(size, 100 << 20)))
+    except (OSError, ValueError, struct.error):
+        return
+    if not isinstance(cfg, dict) or not isinstance(header, dict):
+        return
+    shapes = {k: v.get("shape") for k, v in header.items() if isinstance(v, dict)}
+    embed = next(((k, s) for k, s in shapes.items() if k.endswith("word_embeddings.weight") and s), None)
+    head = next(((k, s) for k, s in shapes.items()
+                 if k.rsplit(".", 2)[-2:] in (["classifier", "weight"], ["out_proj", "weight"], ["score", "weight"])
+                 and s), None)
+    labels = cfg.get("id2label")
+    wanted = len(labels) if isinstance(labels, dict) else cfg.get("num_labels")
+    for what, said, found in (("hidden_size", cfg.get("hidden_size"), embed and (embed[0], embed[1][-1])),
+                              ("the number of labels", wanted, head and (head[0], head[1][0]))):
+        if found and isinstance(said, int) and said != found[1]:
+            raise ModelError(f"{folder / 'config.json'} does not match its weights: {what} {said} in config.json, "
+                             f"{found[1]} in model.safetensors ({found[0]})",
+                             hint="restore the config.json saved with these weights (save_pretrained writes both)")
 
 
 class _Encoder:
@@ -105,6 +136,9 @@ class _Encoder:
                     pooled = hidden[:, 0]
                 elif pooling == "max":
                     pooled = (hidden + (mask - 1.0) * 1e9).max(dim=1).values
+                elif pooling == "lasttoken":  # the last token the mask keeps (calibkit pads on the right)
+                    last = attention_mask.sum(dim=1) - 1
+                    pooled = hidden[torch.arange(hidden.shape[0]), last]
                 else:
                     pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
                 return torch.nn.functional.normalize(pooled, p=2.0, dim=1) if normalize else pooled

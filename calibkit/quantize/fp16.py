@@ -33,6 +33,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from calibkit.names import node_labels
+
 FP32_OP_TYPES: tuple[str, ...] = (
     "LayerNormalization",
     "ReduceMean",
@@ -145,14 +147,11 @@ def convert_to_fp16(model: onnx.ModelProto, *, keep_nodes: Sequence[str] = ()) -
     del g.value_info[:]
     g.value_info.extend(keep_vi)
 
-    def label(i: int) -> str:
-        n = model.graph.node[i]
-        return n.name or f"{n.op_type}_{i}"
-
+    labels = node_labels(model.graph)
     return Fp16Result(
         model=work.out,
-        fp16_nodes=tuple(label(i) for i in half_nodes),
-        kept_fp32=tuple(label(i) for i in sorted(fp32)),
+        fp16_nodes=tuple(labels[i] for i in half_nodes),
+        kept_fp32=tuple(labels[i] for i in sorted(fp32)),
     )
 
 
@@ -198,10 +197,11 @@ class _Fp16Pass:
         FP16 cannot hold (and the islands they feed), kept nodes, producers of float32 graph outputs."""
         fp32: set[int] = set()
         range_kept: set[str] = set()  # outputs of rule-2 nodes (propagation seeds)
+        labels = node_labels(self.g)
         for i, n in enumerate(self.g.node):
             if n.op_type == "Constant" or not self.is_float_node(n):
                 continue
-            name = n.name or f"{n.op_type}_{i}"
+            name = labels[i]
             bad_const = any(self.const_fits(x) is False for x in n.input if x)
             fed_by_island = n.op_type in _PROPAGATE and any(x in range_kept for x in n.input)
             if (

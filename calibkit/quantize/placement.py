@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from calibkit.names import compile_patterns, node_name
+from calibkit.names import compile_patterns, node_labels, node_name
 
 DEFAULT_OP_TYPES: tuple[str, ...] = ("MatMul", "Gemm")
 
@@ -63,10 +63,11 @@ def plan_placement(
     nodes: list[QuantizedNode] = []
     excluded: list[str] = []
     wanted = set(op_types)
+    labels = node_labels(graph)
     for i, node in enumerate(graph.node):
         if node.op_type not in wanted:
             continue
-        names = node_name(node, i)
+        names = node_name(node, i, labels[i])
         name = names.node
         matched = [k for k, p in enumerate(patterns) if names.matches(p)]
         if matched:

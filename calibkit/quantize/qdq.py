@@ -63,6 +63,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from calibkit._io import atomic_open
 from calibkit.errors import ModelError, UsageError
+from calibkit.names import node_labels
 from calibkit.quantize.placement import DEFAULT_OP_TYPES, Placement, plan_placement
 from calibkit.quantize.rangecheck import check_ranges
 from calibkit.quantize.weights import REDUCED_WEIGHT_MAX, QuantizedWeight, quantize_weight, weight_axis
@@ -93,11 +94,6 @@ def _default_opset(model: onnx.ModelProto) -> int:
         if op.domain in ("", "ai.onnx"):
             return int(op.version)
     return 0
-
-
-def _node_name(node: onnx.NodeProto, index: int) -> str:
-    # same fallback as plan_placement
-    return node.name or f"{node.op_type}_{index}"
 
 
 def quantize_model(
@@ -225,7 +221,7 @@ class _QdqWriter:
         The weights to quantize are found first, then made int8 on all CPUs at once (quantize_weight is numpy
         on whole matrices, which releases the GIL)."""
         g = self.g
-        index_by_name = {_node_name(n, i): i for i, n in enumerate(g.node)}
+        index_by_name = {label: i for i, label in enumerate(node_labels(g))}
         weight_keys: dict[tuple[int, int], tuple[str, int | None] | None] = {}
         for qn in chosen:
             idx = index_by_name[qn.name]

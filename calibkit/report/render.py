@@ -25,7 +25,8 @@ MARKDOWN_NAME = "report.md"
 HTML_NAME = "report.html"
 PLOT_DIR = "plots"
 _OWN = {JSON_NAME, MARKDOWN_NAME, HTML_NAME, PLOT_DIR, MARKER}
-REPORT_NAMES = frozenset(_OWN)  # what a report folder holds: replaceable without a marker (older reports)
+# what a report folder holds: replaceable without a marker listing its files (older reports)
+REPORT_NAMES = frozenset({*_OWN, f"{PLOT_DIR}/*.png"})
 _TASK = "render report"
 
 
@@ -66,7 +67,7 @@ def render_report(doc: dict[str, Any] | Result, out_dir: Path, *, progress: Prog
     cb(ProgressEvent(_TASK, 2, total, "markdown"))
     html = render_html(document, plots)
     cb(ProgressEvent(_TASK, 3, total, "html"))
-    with atomic_dir(out_dir, what="report", legacy_names=_OWN) as tmp:
+    with atomic_dir(out_dir, what="report", legacy_names=REPORT_NAMES) as tmp:
         write_json(tmp / JSON_NAME, doc)
         write_text(tmp / MARKDOWN_NAME, markdown)
         write_text(tmp / HTML_NAME, html)

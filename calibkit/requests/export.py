@@ -38,8 +38,10 @@ class ExportSource:
     tokenizer: Path  # the folder holding the tokenizer files
     config: Path | None  # config.json of the transformer (None: an ONNX file without one)
     checkpoint: Path | None = None  # the transformer's save_pretrained folder (Hugging Face, sentence-transformers)
-    pooling: str | None = None  # sentence-transformers: mean | cls | max
+    pooling: str | None = None  # sentence-transformers: mean | cls | max | lasttoken
     normalize: bool = False  # sentence-transformers: a Normalize module follows the pooling
+    max_seq_length: int | None = None  # sentence-transformers: the tokens its Transformer module reads
+    lowercase: bool = False  # sentence-transformers: do_lower_case, texts lowercased before tokenizing
 
 
 @dataclass(frozen=True, kw_only=True)
