@@ -461,7 +461,7 @@ def _to_eval_set(p: Path, rows: list[dict[str, Any]], text_col: str | None, labe
     return EvalSet(path=p, texts=tuple(texts), labels=tuple(labels))
 
 
-def _refuse_partly_labelled(p: Path, column: str, unlabelled: Sequence[int], total: int) -> None:
+def _refuse_partly_labelled(p: Path, column: str | None, unlabelled: Sequence[int], total: int) -> None:
     """A set with labels on some examples only is refused (rather than read as labelled rows plus traffic): which
     rows are meant to be scored is the user's call."""
     shown = ", ".join(map(str, unlabelled[:5])) + (" …" if len(unlabelled) > 5 else "")
