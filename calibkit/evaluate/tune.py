@@ -740,33 +740,13 @@ def _search(evidence: SplitEvidence, config: TuneRequest, jobs: _Jobs, ev: Evalu
             confirmation, outcome, final = _confirm(outcome, hold_judge, config, evidence, ev)
         # every candidate judged, those a parallel batch reached past the first failure too
         cost = replace(cost, confirm_texts=sum(hold_judge.texts().values()))
-    speeds = _SpeedRun(None, None, _speed_note(config), {})
+    speeds = _SpeedRun(None, _speed_note(config), {})
     if speeds.note is None and outcome.tried:
         with clock.phase("speed"):
             speeds, confirmation, outcome, final = _fastest(outcome, final, confirmation, evidence, config, jobs,
                                                            tables, serving)
-    on_holdout: dict[Plan, SensitivityResult] = {}
-    # the plan's search-split numbers are those its decision rested on (the stratified estimate: evidence.risk);
-    # the numbers the plan claims are the holdout's, measured in full below
-    all_int8: tuple[EvalSubset, SensitivityResult] | None = None
     with clock.phase("holdout numbers"):
-        if len(evidence.holdout):
-            if hold_judge is not None:  # the confirmed plan's holdout rows so far are in its judge: complete them
-                on_holdout[final.plan] = hold_judge.complete(final.plan)
-            # all-INT8 is context once a plan is confirmed (a random sample of the holdout); in full where it may
-            # be written instead (the holdout confirmed nothing)
-            sample = all_int8_holdout_texts(len(evidence.holdout))
-            whole = (confirmation is not None and confirmation.chosen is None) or sample == len(evidence.holdout)
-            # where the plan is all-INT8, its own key (the whole holdout) replaces the sample's
-            rows = {(): evidence.holdout if whole else evidence.sample(evidence.holdout, sample, config.seed + 2),
-                    final.plan: evidence.holdout}
-            plans = [p for p in rows if p not in on_holdout]
-            res = ev.run([jobs(table_path, p, rows[p], PLAN_MODE) for p in plans], table_sha, "holdout check")
-            for p, r in zip(plans, res, strict=True):
-                if rows[p] is evidence.holdout:
-                    on_holdout[p] = r
-                else:
-                    all_int8 = (rows[p], r)
+        on_holdout, all_int8 = _holdout_numbers(evidence, config, jobs, ev, tables, final, confirmation, hold_judge)
     note = None
     if confirmation is not None and confirmation.chosen is None and judge is not None:
         outcome, final, note = _all_int8_if_as_good(outcome, final, judge, on_search, on_holdout, evidence)
@@ -782,10 +762,40 @@ def _search(evidence: SplitEvidence, config: TuneRequest, jobs: _Jobs, ev: Evalu
                      speeds.timed.get(final.plan), speeds.note, served)
 
 
+def _holdout_numbers(evidence: SplitEvidence, config: TuneRequest, jobs: _Jobs, ev: Evaluator, tables: _Tables,
+                     final: Measured, confirmation: Confirmation | None,
+                     hold_judge: PlanJudge | StratifiedJudge | None
+                     ) -> tuple[dict[Plan, SensitivityResult], tuple[EvalSubset, SensitivityResult] | None]:
+    """The final plan measured in full on the holdout, all-INT8 beside it (a random sample once a plan is
+    confirmed, the whole holdout where it may be written instead)."""
+    _, table_path, table_sha = tables.base
+    on_holdout: dict[Plan, SensitivityResult] = {}
+    # the plan's search-split numbers are those its decision rested on (the stratified estimate: evidence.risk);
+    # the numbers the plan claims are the holdout's, measured in full below
+    all_int8: tuple[EvalSubset, SensitivityResult] | None = None
+    if len(evidence.holdout):
+        if hold_judge is not None:  # the confirmed plan's holdout rows so far are in its judge: complete them
+            on_holdout[final.plan] = hold_judge.complete(final.plan)
+        # all-INT8 is context once a plan is confirmed (a random sample of the holdout); in full where it may
+        # be written instead (the holdout confirmed nothing)
+        sample = all_int8_holdout_texts(len(evidence.holdout))
+        whole = (confirmation is not None and confirmation.chosen is None) or sample == len(evidence.holdout)
+        # where the plan is all-INT8, its own key (the whole holdout) replaces the sample's
+        rows = {(): evidence.holdout if whole else evidence.sample(evidence.holdout, sample, config.seed + 2),
+                final.plan: evidence.holdout}
+        plans = [p for p in rows if p not in on_holdout]
+        res = ev.run([jobs(table_path, p, rows[p], PLAN_MODE) for p in plans], table_sha, "holdout check")
+        for p, r in zip(plans, res, strict=True):
+            if rows[p] is evidence.holdout:
+                on_holdout[p] = r
+            else:
+                all_int8 = (rows[p], r)
+    return on_holdout, all_int8
+
+
 @dataclass(frozen=True, eq=False)
 class _SpeedRun:
     choice: SpeedChoice | None
-    timed_ids: tuple[int, ...] | None
     note: str | None
     timed: dict[Plan, Speed]
     models: dict[Plan, bytes] = field(default_factory=dict)
@@ -826,7 +836,7 @@ def _fastest(outcome: SearchOutcome, final: Measured, confirmation: Confirmation
                        progress=serving.progress)
     timed = {tried[i].plan: by_id[i] for i in ids}
     if len(ids) < 2 or confirmation is None or confirmation.chosen is None:
-        return _SpeedRun(None, tuple(ids), None, timed, models), confirmation, outcome, final
+        return _SpeedRun(None, None, timed, models), confirmation, outcome, final
     fidelity = {i: tried[i].agreement if tried[i].agreement == tried[i].agreement else tried[i].cosine for i in ids}
     chosen = fastest(by_id, fidelity)
     choice = SpeedChoice(candidates=tuple(ids), speeds=tuple(by_id[i] for i in ids), chosen=chosen,
@@ -835,7 +845,7 @@ def _fastest(outcome: SearchOutcome, final: Measured, confirmation: Confirmation
         final = tried[chosen]
         outcome = replace(outcome, best=final)
         confirmation = replace(confirmation, chosen=chosen)
-    return _SpeedRun(choice, tuple(ids), None, timed, models), confirmation, outcome, final
+    return _SpeedRun(choice, None, timed, models), confirmation, outcome, final
 
 
 def _all_int8_if_as_good(outcome: SearchOutcome, final: Measured, judge: PlanJudge | StratifiedJudge,
