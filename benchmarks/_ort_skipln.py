@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import onnx
-from google.protobuf.message import Message
 from onnx import helper
+
+from calibkit.quantize.qdq import weightless_copy
 
 MS_DOMAIN = "com.microsoft"
 SKIP_LN = "SkipLayerNormalization"
@@ -34,8 +35,7 @@ def _attr(node: onnx.NodeProto, name: str, default):  # noqa: ANN001, ANN202
 
 def _shapes(model: onnx.ModelProto) -> dict[str, tuple]:
     """Tensor name -> dims (int or symbol name or None) from ONNX shape inference on a weightless copy."""
-    light = onnx.ModelProto()
-    _weightless(model, light)
+    light = weightless_copy(model)
     try:
         inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False)
     except Exception:  # noqa: BLE001 - no shapes: nothing is fused
@@ -47,28 +47,6 @@ def _shapes(model: onnx.ModelProto) -> dict[str, tuple]:
         if t.HasField("shape"):
             out[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim)
     return out
-
-
-def _weightless(model: onnx.ModelProto, out: onnx.ModelProto) -> None:
-    """``out`` = ``model`` with each initializer reduced to its name, type and shape (shape inference reads no
-    weight values here; copying them would double a large model's memory for nothing). ``model`` is not changed."""
-    for fd, value in model.ListFields():
-        if fd.name != "graph":
-            _copy(out, fd, value)
-    for fd, value in model.graph.ListFields():
-        if fd.name != "initializer":
-            _copy(out.graph, fd, value)
-    out.graph.initializer.extend(onnx.TensorProto(name=i.name, data_type=i.data_type, dims=i.dims)
-                                 for i in model.graph.initializer)
-
-
-def _copy(dst, fd, value) -> None:  # noqa: ANN001
-    if hasattr(value, "extend"):  # repeated field
-        getattr(dst, fd.name).extend(value)
-    elif isinstance(value, Message):
-        getattr(dst, fd.name).CopyFrom(value)
-    else:
-        setattr(dst, fd.name, value)
 
 
 def _const_len(name: str, consts: Mapping[str, onnx.TensorProto]) -> int | None:
