@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calibkit.evaluate.tasks import nearest_neighbour_agreement
+from calibkit.tasks import nearest_neighbour_agreement
 from calibkit.evidence.rowfidelity import NO_TAG, reference_tags, row_fidelity
 
 

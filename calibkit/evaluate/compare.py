@@ -42,7 +42,7 @@ from calibkit.evaluate.predict import Predicted
 from calibkit.evaluate.sensitivity import SensitivityAnalysis, analyse_sensitivity
 from calibkit.evaluate.streaming import RangeAccumulator
 from calibkit.evaluate.taps import LayerMeasurement, RunnerFactory, measure_layers, ort_runner_factory
-from calibkit.evaluate.tasks import EngineScore, Task, TaskScore, choose_task, model_outputs, unscored_warnings
+from calibkit.tasks import EngineScore, Task, TaskScore, choose_task, model_outputs, unscored_warnings
 from calibkit.evaluate.traffic import TrafficEvidence, evidence_of
 from calibkit.evidence.intervals import proportion
 from calibkit.evidence.rowfidelity import CLASSIFICATION, EMBEDDING, ROW_TASKS, TOKEN_CLASSIFICATION, reference_tags
@@ -100,7 +100,7 @@ def _config(tokenizer_dir: str | Path | None) -> Mapping[str, Any]:
 
 
 def select_task(artifact: EngineArtifact, tokenizer_dir: str | Path | None, kind: str | None = None) -> Task:
-    """The evaluate.tasks Task for the engines' model: from its ONNX outputs and config.json (``kind`` forces)."""
+    """The calibkit.tasks Task for the engines' model: from its ONNX outputs and config.json (``kind`` forces)."""
     cfg = _config(tokenizer_dir)
     src = artifact.path if artifact.backend is Backend.ONNXRUNTIME else artifact.source_model
     if src and Path(src).is_file():

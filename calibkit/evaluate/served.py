@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     import onnx
 
     from calibkit.data.tokenizer import TextTokenizer
-    from calibkit.evaluate.tasks import Task
+    from calibkit.tasks import Task
     from calibkit.evidence.split import SplitEvidence
     from calibkit.evidence.subsets import EvalSubset
     from calibkit.types import CalibrationTable

@@ -224,7 +224,7 @@ class _Model:
     input_names: tuple[str, ...]
     placement: Any  # quantize.placement.Placement
     nodes: tuple[str, ...]
-    task: Any  # evaluate.tasks.Task
+    task: Any  # calibkit.tasks.Task
 
 
 @dataclass(frozen=True, eq=False)
@@ -432,7 +432,7 @@ def _check_config(config: TuneRequest) -> None:
 
 def _load_model(model_dir: ModelDir, config: TuneRequest) -> _Model:
     """The FP32 model, its placement and its task (which must be one tune can search plans for)."""
-    from calibkit.evaluate.tasks import choose_task, model_outputs
+    from calibkit.tasks import choose_task, model_outputs
 
     tok = TextTokenizer(model_dir.tokenizer_path, max_length=model_dir.max_length)
     proto = check_float_source(load_model(model_dir.onnx_path), model_dir.onnx_path)
