@@ -75,9 +75,9 @@ from calibkit.engines.base import FunctionRunner  # noqa: E402
 from calibkit.engines.cpu import int8_gemm_saturates  # noqa: E402
 from calibkit.engines.onnxruntime import OnnxRuntimeRunner  # noqa: E402
 from calibkit.evaluate.flops import linear_work  # noqa: E402
-from calibkit.tasks import choose_task, model_outputs  # noqa: E402
 from calibkit.evidence.intervals import Interval, proportion  # noqa: E402
 from calibkit.requests.calibrate import CalibrateRequest  # noqa: E402
+from calibkit.tasks import choose_task, model_outputs  # noqa: E402
 from calibkit.types import Method, Precision, TensorSpec  # noqa: E402
 
 TARGET = 0.99

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calibkit.tasks import nearest_neighbour_agreement
 from calibkit.evidence.rowfidelity import NO_TAG, reference_tags, row_fidelity
+from calibkit.tasks import nearest_neighbour_agreement
 
 
 def test_classification_agreement_and_predictions() -> None:

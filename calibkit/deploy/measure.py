@@ -56,8 +56,8 @@ def measure_served(fp32: Path, served: Path, md: ModelDir, picked: MeasureTexts,
     at ``batch`` (:mod:`calibkit.evaluate.speed`: interleaved rounds, the ratio of medians)."""
     from calibkit.data.tokenizer import TextTokenizer
     from calibkit.evaluate.speed import measure_speed, text_batches
-    from calibkit.tasks import choose_task, model_outputs
     from calibkit.graph import load_model, model_input_names
+    from calibkit.tasks import choose_task, model_outputs
 
     proto = load_model(fp32, load_external_data=False)
     task = choose_task(model_outputs(proto), {"id2label": {str(k): v for k, v in md.id2label.items()}})

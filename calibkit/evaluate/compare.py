@@ -42,7 +42,6 @@ from calibkit.evaluate.predict import Predicted
 from calibkit.evaluate.sensitivity import SensitivityAnalysis, analyse_sensitivity
 from calibkit.evaluate.streaming import RangeAccumulator
 from calibkit.evaluate.taps import LayerMeasurement, RunnerFactory, measure_layers, ort_runner_factory
-from calibkit.tasks import EngineScore, Task, TaskScore, choose_task, model_outputs, unscored_warnings
 from calibkit.evaluate.traffic import TrafficEvidence, evidence_of
 from calibkit.evidence.intervals import proportion
 from calibkit.evidence.rowfidelity import CLASSIFICATION, EMBEDDING, ROW_TASKS, TOKEN_CLASSIFICATION, reference_tags
@@ -79,6 +78,7 @@ from calibkit.results.runs import (
     TrafficFidelity,
     finite,
 )
+from calibkit.tasks import EngineScore, Task, TaskScore, choose_task, model_outputs, unscored_warnings
 from calibkit.types import Backend, Method, MethodParams, Precision
 
 if TYPE_CHECKING:  # pragma: no cover - types only

@@ -112,8 +112,8 @@ def engine_calibration_set(*engines: EngineArtifact) -> CalibrationSet | None:
 def model_task(md: ModelDir, task: str | None = None) -> Any:
     """The task of a model folder (``task`` forces one), from its outputs and config.json's id2label; None for
     a model without class names and no ``task`` (tune then finds it from the outputs and judges fidelity)."""
-    from calibkit.tasks import choose_task, model_outputs
     from calibkit.graph import load_model
+    from calibkit.tasks import choose_task, model_outputs
 
     cfg = md.id2label
     if not cfg and task is None:

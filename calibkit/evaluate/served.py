@@ -29,9 +29,9 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     import onnx
 
     from calibkit.data.tokenizer import TextTokenizer
-    from calibkit.tasks import Task
     from calibkit.evidence.split import SplitEvidence
     from calibkit.evidence.subsets import EvalSubset
+    from calibkit.tasks import Task
     from calibkit.types import CalibrationTable
 
 

@@ -212,8 +212,8 @@ def _recorded_config(config: Mapping[str, Any], task: str) -> dict[str, Any]:
 
 def _task_read(model_path: Path, config: Mapping[str, Any]) -> str:
     """The task calibkit's commands will read from the written folder (its outputs and config.json)."""
-    from calibkit.tasks import choose_task, model_outputs
     from calibkit.graph import load_model
+    from calibkit.tasks import choose_task, model_outputs
 
     return str(choose_task(model_outputs(load_model(model_path, load_external_data=False)), config).kind.value)
 
