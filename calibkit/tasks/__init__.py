@@ -15,6 +15,8 @@ from calibkit.tasks.base import (
     ModelFacts,
     Task,
     TaskScore,
+    is_multi_label,
+    is_regression,
     unscored_warnings,
 )
 from calibkit.tasks.classification import ClassificationTask
@@ -25,9 +27,18 @@ from calibkit.tasks.embedding import (
     nearest_neighbour_agreement,
     retrieval_agreement,
 )
-from calibkit.tasks.multi_label import MultiLabelTask, is_multi_label, multi_hot
-from calibkit.tasks.registry import TASKS, choose_task, kind_names, model_outputs, register, task_class, unregister
-from calibkit.tasks.regression import REGRESSION_TOLERANCE, RegressionTask, is_regression, numeric_labels
+from calibkit.tasks.multi_label import MultiLabelTask, multi_hot
+from calibkit.tasks.registry import (
+    TASKS,
+    choose_task,
+    kind_names,
+    model_outputs,
+    per_text_kinds,
+    register,
+    task_class,
+    unregister,
+)
+from calibkit.tasks.regression import REGRESSION_TOLERANCE, RegressionTask, numeric_labels
 from calibkit.tasks.token_classification import (
     EntityScore,
     TokenClassificationTask,
@@ -46,6 +57,6 @@ __all__ = [
     "NeighbourAgreement", "RegressionTask", "Task", "TaskScore", "TokenClassificationTask", "TokenGoldMetrics",
     "WordGold", "align_word_labels", "bio_entities", "choose_task", "entity_f1", "entity_scores",
     "first_token_positions", "is_multi_label", "is_regression", "kind_names", "model_outputs", "multi_hot",
-    "nearest_neighbour_agreement", "numeric_labels", "register", "retrieval_agreement", "task_class",
+    "nearest_neighbour_agreement", "numeric_labels", "per_text_kinds", "register", "retrieval_agreement", "task_class",
     "unregister", "unscored_warnings",
 ]

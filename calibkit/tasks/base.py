@@ -91,9 +91,35 @@ class ModelFacts:
         return self.outputs.get(name) if name is not None else None
 
     @property
+    def is_regression(self) -> bool:
+        """config.json says the head scores rather than classifies (``problem_type``, or a single label)."""
+        return is_regression(self.config)
+
+    @property
+    def is_multi_label(self) -> bool:
+        return is_multi_label(self.config)
+
+    @property
+    def scores(self) -> bool:
+        """config.json says the head scores or takes independent labels, and its output has no sequence axis:
+        then it has no argmax to read, whatever its outputs are named."""
+        return (self.is_regression or self.is_multi_label) and self.rank(self.head) != 3
+
+    @property
     def has_encoder_outputs(self) -> bool:
         """An output named as an encoder's (pooled, per token, or the pooler's)."""
         return any(n in EMBEDDING_OUTPUTS or n in SEQUENCE_OUTPUTS or n == "pooler_output" for n in self.outputs)
+
+
+def is_multi_label(config: Mapping[str, object] | None) -> bool:
+    return dict(config or {}).get("problem_type") == "multi_label_classification"
+
+
+def is_regression(config: Mapping[str, object] | None) -> bool:
+    """config.json says the head scores rather than classifies (problem_type, or a single label)."""
+    cfg = dict(config or {})
+    raw = cfg.get("id2label")
+    return cfg.get("problem_type") == "regression" or (isinstance(raw, Mapping) and len(raw) == 1)
 
 
 class KindTraits:
@@ -107,6 +133,8 @@ class KindTraits:
     classifies: ClassVar[bool] = False
     # the work units pass the task's pooling to the runner (sequence outputs pooled per text)
     pools: ClassVar[bool] = False
+    # per-text fidelity looks each text's neighbours up in an index of FP32's reference rows
+    neighbour_index: ClassVar[bool] = False
     # a text's agreement is 0 or 1 (a share of its tokens where False)
     binary_agreement: ClassVar[bool] = True
     # --min-cosine applies (the fidelity has a cosine per text)
@@ -119,7 +147,9 @@ class KindTraits:
 
     @classmethod
     def detect(cls, model: ModelFacts) -> bool:
-        """Whether a model with these outputs and config.json is of this kind (tried in registry order)."""
+        """Whether a model with these outputs and config.json is of this kind (tried in registry order; the
+        built-in kinds' rules exclude each other, so a kind registered later is tried where none of them
+        applies)."""
         return False
 
     @classmethod

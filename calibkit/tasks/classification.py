@@ -29,10 +29,13 @@ class ClassificationTask(PerTextHead):
 
     @classmethod
     def detect(cls, model: ModelFacts) -> bool:
-        """A ``logits`` output (after token classification had its turn), or a first output of a model whose
-        config.json names its labels or a sequence classifier (and whose first output has no sequence axis)."""
+        """A ``logits`` output without a sequence axis of a model that is no token classifier, or (without
+        ``logits`` and encoder-named outputs) a first output without one of a model whose config.json names
+        its labels or a sequence classifier; never a head that config.json says scores."""
+        if model.scores:
+            return False
         if model.logits is not None:
-            return True
+            return model.rank(model.logits) != 3 and "TokenClassification" not in model.architectures
         if model.has_encoder_outputs or model.rank(model.first) == 3:
             return False
         return bool(model.labels) or "SequenceClassification" in model.architectures

@@ -121,13 +121,15 @@ class EmbeddingTask(NoClasses):
     kind: ClassVar[str] = EMBEDDING
     per_text: ClassVar[bool] = True
     pools: ClassVar[bool] = True
+    neighbour_index: ClassVar[bool] = True
     cosine_target: ClassVar[bool] = True
     fidelity_name: ClassVar[str] = "nearest-neighbour agreement"
 
     @classmethod
     def detect(cls, model: ModelFacts) -> bool:
-        """An output named as an encoder's (pooled, per token or the pooler's); the registry's fallback too."""
-        return model.has_encoder_outputs
+        """No ``logits`` but an output named as an encoder's (pooled, per token or the pooler's), of a head
+        config.json does not say scores; the registry's fallback too."""
+        return not model.scores and model.logits is None and model.has_encoder_outputs
 
     @classmethod
     def for_model(cls, model: ModelFacts) -> EmbeddingTask:

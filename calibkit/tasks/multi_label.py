@@ -29,8 +29,9 @@ class MultiLabelTask(ClasslessHead):
 
     @classmethod
     def detect(cls, model: ModelFacts) -> bool:
-        """config.json says ``multi_label_classification``, and the head's output has no sequence axis."""
-        return is_multi_label(model.config) and model.rank(model.head) != 3
+        """config.json says ``multi_label_classification`` (and not regression: a single label scores), and the
+        head's output has no sequence axis."""
+        return model.is_multi_label and not model.is_regression and model.rank(model.head) != 3
 
     def fidelity(self, reference: Predicted, candidate: Predicted) -> Fidelity:
         return decision_fidelity(reference, candidate, lambda v: v > 0,
@@ -53,10 +54,6 @@ class MultiLabelTask(ClasslessHead):
                 "micro_f1": float(2 * tp.sum() / total) if total else 1.0,
                 "macro_f1": finite(per_label.mean()) if per_label.size else None}
 
-
-
-def is_multi_label(config: Mapping[str, object] | None) -> bool:
-    return dict(config or {}).get("problem_type") == "multi_label_classification"
 
 
 def multi_hot(eval_set: EvalSet, id2label: Mapping[int, str]) -> np.ndarray:

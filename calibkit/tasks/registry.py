@@ -2,9 +2,11 @@
 for (``--task``), else the first whose ``detect`` accepts the model's outputs and config.json, in the table's
 order, else :data:`FALLBACK`.
 
-The order is what makes detection unambiguous: a head whose config.json says it scores or takes independent
-labels is that before any argmax is looked for; a ``logits`` output with a sequence axis is a token classifier
-before it is a classifier; a classifier's ``logits`` win over encoder-named outputs beside them.
+The built-in kinds' rules exclude each other (a head whose config.json says it scores or takes independent
+labels is that whatever its outputs are named; a ``logits`` output with a sequence axis is a token classifier,
+without one a classifier; a classifier's ``logits`` win over encoder-named outputs beside them), so a kind
+registered later is tried only where none of them applies. The table's order is also the order messages list
+the kinds in.
 """
 
 from __future__ import annotations
@@ -39,12 +41,17 @@ def unregister(name: str) -> None:
     del TASKS[name]
 
 
-for _kind in (RegressionTask, MultiLabelTask, TokenClassificationTask, ClassificationTask, EmbeddingTask):
+for _kind in (ClassificationTask, EmbeddingTask, TokenClassificationTask, RegressionTask, MultiLabelTask):
     register(_kind)
 
 
 def kind_names() -> tuple[str, ...]:
     return tuple(TASKS)
+
+
+def per_text_kinds() -> tuple[str, ...]:
+    """The kinds with one fidelity value per text (the ones tune and per-layer sensitivity can judge)."""
+    return tuple(k for k, cls in TASKS.items() if cls.per_text)  # type: ignore[attr-defined]
 
 
 def task_class(name: str) -> type:

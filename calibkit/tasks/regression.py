@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -32,7 +31,7 @@ class RegressionTask(ClasslessHead):
     def detect(cls, model: ModelFacts) -> bool:
         """config.json says the head scores (``problem_type`` regression, or a single label), and the head's
         output has no sequence axis."""
-        return is_regression(model.config) and model.rank(model.head) != 3
+        return model.is_regression and model.rank(model.head) != 3
     row: ClassVar[str] = "scores"
 
     def fidelity(self, reference: Predicted, candidate: Predicted) -> Fidelity:
@@ -73,13 +72,6 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float:
     ra = np.argsort(np.argsort(a, kind="stable"), kind="stable").astype(np.float64)
     rb = np.argsort(np.argsort(b, kind="stable"), kind="stable").astype(np.float64)
     return _column_cosine(ra, rb)
-
-
-def is_regression(config: Mapping[str, object] | None) -> bool:
-    """config.json says the head scores rather than classifies (problem_type, or a single label)."""
-    cfg = dict(config or {})
-    raw = cfg.get("id2label")
-    return cfg.get("problem_type") == "regression" or (isinstance(raw, Mapping) and len(raw) == 1)
 
 
 def numeric_labels(eval_set: EvalSet) -> np.ndarray:

@@ -165,6 +165,8 @@ class TokenClassificationTask(KindTraits):
         """A ``logits`` output with a sequence axis (or of a token classifier), or, without ``logits`` and
         encoder-named outputs, a first output with a sequence axis of a token classifier."""
         token_arch = "TokenClassification" in model.architectures
+        if model.scores:
+            return False
         if model.logits is not None:
             return model.rank(model.logits) == 3 or token_arch
         return not model.has_encoder_outputs and model.rank(model.first) == 3 and token_arch
