@@ -399,7 +399,7 @@ def main() -> None:
             tuned_share = f"{100 * final['int8_flops_fraction']:.1f} %"
             kept = str(len(final["kept_nodes"]))
             target = verdict(h_iv)
-        rows.append(f"| {name} | {task.kind.value} | {ci(all_iv)} | {ci(exact_iv)} | {ort_cell} | {other} "
+        rows.append(f"| {name} | {task.kind} | {ci(all_iv)} | {ci(exact_iv)} | {ort_cell} | {other} "
                     f"| {100 * share:.1f} % "
                     f"| {tuned} | {tuned_share} | {kept} | {target} |")
         print(rows[-1], flush=True)

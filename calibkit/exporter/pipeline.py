@@ -215,7 +215,7 @@ def _task_read(model_path: Path, config: Mapping[str, Any]) -> str:
     from calibkit.graph import load_model
     from calibkit.tasks import choose_task, model_outputs
 
-    return str(choose_task(model_outputs(load_model(model_path, load_external_data=False)), config).kind.value)
+    return str(choose_task(model_outputs(load_model(model_path, load_external_data=False)), config).kind)
 
 
 # --------------------------------------------------------------------------------------------- the folder

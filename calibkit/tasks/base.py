@@ -141,6 +141,9 @@ class KindTraits:
     cosine_target: ClassVar[bool] = False
     # what per-layer sensitivity is judged by, in words
     fidelity_name: ClassVar[str] = "agreement"
+    # tune's strata by flip risk: "absolute" margins (probabilities the risk design's fixed thresholds apply
+    # to), "quantile" ones (strata cut at their quantiles), or None (no margin: every text is evaluated)
+    margin_scale: ClassVar[str | None] = None
     # the eval set's labels are label sets / its gold word tags are this kind's labels
     label_sets: ClassVar[bool] = False
     word_tags: ClassVar[bool] = False
@@ -167,6 +170,11 @@ class KindTraits:
     def row_reference(cls, values: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
         """FP32's reference row per text for :meth:`row_fidelity`, from its predicted outputs."""
         return values
+
+    @classmethod
+    def flip_margins(cls, reference: np.ndarray) -> np.ndarray | None:
+        """FP32's margin per row of its reference (float64; larger: further from changing), None without one."""
+        return None
 
     @classmethod
     def variant_error(cls, reference: np.ndarray, outputs: np.ndarray) -> tuple[float, float]:

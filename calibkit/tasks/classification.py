@@ -26,6 +26,7 @@ class ClassificationTask(PerTextHead):
     row: ClassVar[str] = "classes"
     per_text: ClassVar[bool] = True
     classifies: ClassVar[bool] = True
+    margin_scale: ClassVar[str | None] = "absolute"
 
     @classmethod
     def detect(cls, model: ModelFacts) -> bool:
@@ -44,6 +45,17 @@ class ClassificationTask(PerTextHead):
     def row_fidelity(cls, reference: np.ndarray, candidate: np.ndarray, *, index: np.ndarray | None = None,
                      index_rows: np.ndarray | None = None) -> RowFidelity:
         return classification_rows(reference, candidate)
+
+    @classmethod
+    def flip_margins(cls, reference: np.ndarray) -> np.ndarray | None:
+        """The gap between the two most probable classes' softmax probabilities."""
+        if reference.ndim != 2 or reference.shape[1] < 2:
+            return None
+        z = reference - reference.max(axis=1, keepdims=True)
+        p = np.exp(z)
+        p /= p.sum(axis=1, keepdims=True)
+        top = np.sort(p, axis=1)
+        return top[:, -1] - top[:, -2]  # type: ignore[no-any-return]
 
     @classmethod
     def variant_error(cls, reference: np.ndarray, outputs: np.ndarray) -> tuple[float, float]:

@@ -122,6 +122,7 @@ class EmbeddingTask(NoClasses):
     per_text: ClassVar[bool] = True
     pools: ClassVar[bool] = True
     neighbour_index: ClassVar[bool] = True
+    margin_scale: ClassVar[str | None] = "quantile"
     cosine_target: ClassVar[bool] = True
     fidelity_name: ClassVar[str] = "nearest-neighbour agreement"
 
@@ -154,6 +155,21 @@ class EmbeddingTask(NoClasses):
     @classmethod
     def row_reference(cls, values: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
         return values.reshape(len(values), -1).astype(np.float32)
+
+    @classmethod
+    def flip_margins(cls, reference: np.ndarray) -> np.ndarray | None:
+        """Per text, the cosine gap between its two nearest neighbours among the others (at least three texts)."""
+        if len(reference) < 3:
+            return None
+        u = reference.reshape(len(reference), -1)
+        u = u / np.maximum(np.linalg.norm(u, axis=1, keepdims=True), 1e-12)
+        out = np.empty(len(u))
+        for s in range(0, len(u), 1024):
+            sims = u[s:s + 1024] @ u.T
+            sims[np.arange(len(sims)), np.arange(s, s + len(sims))] = -np.inf
+            two = np.partition(sims, -2, axis=1)[:, -2:]
+            out[s:s + 1024] = two[:, 1] - two[:, 0]
+        return out
 
     @classmethod
     def variant_error(cls, reference: np.ndarray, outputs: np.ndarray) -> tuple[float, float]:
