@@ -200,13 +200,13 @@ def plan_head(source: ExportSource, config: Mapping[str, Any], task: str | None)
 def _recorded_config(config: Mapping[str, Any], task: str) -> dict[str, Any]:
     """config.json as written into the folder: the source's, with problem_type saying a forced
     regression or multi-label reading (the key calibkit's task choice and transformers both read)."""
+    from calibkit.tasks import TASKS, task_class
+
     out = dict(config)
-    if task == "regression":
-        out["problem_type"] = "regression"
-    elif task == "multi-label":
-        out["problem_type"] = "multi_label_classification"
-    elif task == "classification" and out.get("problem_type") in ("regression", "multi_label_classification"):
-        out["problem_type"] = "single_label_classification"
+    kind = task_class(task)
+    others = {cls.problem_type for cls in TASKS.values()} - {None, kind.problem_type}  # type: ignore[attr-defined]
+    if kind.problem_type is not None and (kind.problem_type_stated or out.get("problem_type") in others):
+        out["problem_type"] = kind.problem_type
     return out
 
 

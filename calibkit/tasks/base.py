@@ -122,6 +122,15 @@ def is_regression(config: Mapping[str, object] | None) -> bool:
     return cfg.get("problem_type") == "regression" or (isinstance(raw, Mapping) and len(raw) == 1)
 
 
+def share(v: float | None) -> str:
+    """A share as the terminal prints it: percent with two decimals, "n/a" for none."""
+    return "n/a" if v is None else f"{v * 100:.2f}"
+
+
+def number(v: float | None, fmt: str) -> str:
+    return "n/a" if v is None else format(v, fmt)
+
+
 class KindTraits:
     """What a task kind means where only its name travels (class attributes and class methods; the defaults
     are those of a kind without per-text fidelity, which compare measures and tune refuses)."""
@@ -141,6 +150,13 @@ class KindTraits:
     cosine_target: ClassVar[bool] = False
     # what per-layer sensitivity is judged by, in words
     fidelity_name: ClassVar[str] = "agreement"
+    # config.json's problem_type for this kind (transformers reads it too); ``problem_type_stated``: the kind is
+    # read only where config.json states it (export writes it into the folder), else it is what a head without one
+    # is read as, and export writes it only over another kind's
+    problem_type: ClassVar[str | None] = None
+    problem_type_stated: ClassVar[bool] = False
+    # an argmax per text that INT8 can flip (compare's terminal prints agreement and flips; else the output error)
+    flips: ClassVar[bool] = True
     # tune's strata by flip risk: "absolute" margins (probabilities the risk design's fixed thresholds apply
     # to), "quantile" ones (strata cut at their quantiles), or None (no margin: every text is evaluated)
     margin_scale: ClassVar[str | None] = None
@@ -186,6 +202,16 @@ class KindTraits:
     def fidelity_basis(cls, labelled: bool) -> str:
         """What sensitivity judges layers by, in words."""
         return cls.fidelity_name
+
+    @classmethod
+    def terminal_fidelity(cls, fidelity: Fidelity) -> str:
+        """compare's terminal words for B's fidelity to A in the kind's terms ("" where it has none)."""
+        return ""
+
+    @classmethod
+    def terminal_traffic(cls, fidelity: Fidelity) -> str | None:
+        """compare's terminal words for B's fidelity to A on traffic texts (None: the agreement and flips)."""
+        return None
 
     @classmethod
     def default_targets(cls) -> tuple[float, float | None]:

@@ -27,6 +27,7 @@ class ClassificationTask(PerTextHead):
     per_text: ClassVar[bool] = True
     classifies: ClassVar[bool] = True
     margin_scale: ClassVar[str | None] = "absolute"
+    problem_type: ClassVar[str | None] = "single_label_classification"
 
     @classmethod
     def detect(cls, model: ModelFacts) -> bool:

@@ -26,6 +26,7 @@ from calibkit.tasks.base import (
     TaskScore,
     check_same,
     row_cosine,
+    share,
 )
 
 RETRIEVAL_K = 10
@@ -182,6 +183,15 @@ class EmbeddingTask(NoClasses):
     @classmethod
     def fidelity_basis(cls, labelled: bool) -> str:
         return f"{cls.fidelity_name} and cosine to the reference"
+
+    @classmethod
+    def terminal_fidelity(cls, fidelity: Fidelity) -> str:
+        return f"nearest-neighbour agreement (top-1 among the eval texts) {share(fidelity.agreement)} %"
+
+    @classmethod
+    def terminal_traffic(cls, fidelity: Fidelity) -> str | None:
+        return (f"nearest-neighbour agreement {share(fidelity.agreement)} % (top-1 among the traffic texts), top-10 "
+                f"overlap {share(fidelity.extra.get('retrieval_overlap_at_k'))} %")
 
     @classmethod
     def default_targets(cls) -> tuple[float, float | None]:

@@ -12,7 +12,7 @@ from calibkit.data.evalset import SET_SEPARATOR, EvalSet, describe_labels
 from calibkit.errors import DataError
 from calibkit.evaluate.predict import Predicted
 from calibkit.results.runs import Fidelity, finite
-from calibkit.tasks.base import ClasslessHead, ModelFacts, decision_fidelity
+from calibkit.tasks.base import ClasslessHead, ModelFacts, decision_fidelity, share
 
 MULTI_LABEL = "multi-label"
 
@@ -25,6 +25,14 @@ class MultiLabelTask(ClasslessHead):
 
     kind: ClassVar[str] = MULTI_LABEL
     label_sets: ClassVar[bool] = True  # the eval set's labels are sets (joined by SET_SEPARATOR)
+    flips: ClassVar[bool] = False
+    problem_type: ClassVar[str | None] = "multi_label_classification"
+    problem_type_stated: ClassVar[bool] = True
+
+    @classmethod
+    def terminal_fidelity(cls, fidelity: Fidelity) -> str:
+        return (f"same label set {share(fidelity.agreement)} %, same decision per label "
+                f"{share(fidelity.extra.get('label_decision_agreement'))} %")
     row: ClassVar[str] = "labels"
 
     @classmethod

@@ -11,7 +11,7 @@ from calibkit.data.evalset import EvalSet
 from calibkit.errors import DataError
 from calibkit.evaluate.predict import Predicted
 from calibkit.results.runs import Fidelity, finite
-from calibkit.tasks.base import ClasslessHead, ModelFacts, check_same
+from calibkit.tasks.base import ClasslessHead, ModelFacts, check_same, number, share
 
 REGRESSION = "regression"
 # a regression output counts as unchanged within this share of the reference's spread across the eval texts
@@ -26,6 +26,14 @@ class RegressionTask(ClasslessHead):
 
     kind: ClassVar[str] = REGRESSION
     logits_distribution: bool = False
+    flips: ClassVar[bool] = False
+    problem_type: ClassVar[str | None] = "regression"
+    problem_type_stated: ClassVar[bool] = True
+
+    @classmethod
+    def terminal_fidelity(cls, fidelity: Fidelity) -> str:
+        return (f"scores within {number(fidelity.extra.get('tolerance'), '.3g')} of A's on "
+                f"{share(fidelity.agreement)} % of texts")
 
     @classmethod
     def detect(cls, model: ModelFacts) -> bool:

@@ -22,7 +22,7 @@ from calibkit.evidence.intervals import Interval, proportion
 from calibkit.evidence.rowfidelity import TOKEN_CLASSIFICATION, RowFidelity, reference_tags, token_rows
 from calibkit.progress import ProgressCallback
 from calibkit.results.runs import Fidelity, GoldResult, GoldScores, Range, finite
-from calibkit.tasks.base import KindTraits, ModelFacts, TaskScore, check_same, row_cosine
+from calibkit.tasks.base import KindTraits, ModelFacts, TaskScore, check_same, row_cosine, share
 
 
 def bio_entities(tags: Sequence[str]) -> set[tuple[int, int, str]]:
@@ -179,6 +179,10 @@ class TokenClassificationTask(KindTraits):
     @classmethod
     def row_reference(cls, values: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
         return reference_tags(values, mask)
+
+    @classmethod
+    def terminal_fidelity(cls, fidelity: Fidelity) -> str:
+        return f"per-token agreement {share(fidelity.agreement)} %"
 
     @property
     def is_bio(self) -> bool:
