@@ -198,7 +198,7 @@ def _classifies(kind: str) -> bool:
     """Whether the task kind a result names has one class per text (accuracy columns, labelled texts)."""
     from calibkit.tasks import kind_names, task_class
 
-    return kind in kind_names() and bool(task_class(kind).classifies)
+    return kind in kind_names() and task_class(kind).classifies
 
 
 def _evidence_line(r: Any) -> None:

@@ -27,12 +27,12 @@ from calibkit.tasks import kind_names, task_class
 
 def fidelity_name(task: str) -> str:
     """What the per-text fidelity of a task kind is called ("agreement" for a name no kind has)."""
-    return task_class(task).fidelity_name if task in kind_names() else "agreement"  # type: ignore[no-any-return]
+    return task_class(task).fidelity_name if task in kind_names() else "agreement"
 
 
 def fidelity_basis(task: str, labelled: bool) -> str:
     """What sensitivity judges layers by, in words."""
-    return task_class(task).fidelity_basis(labelled) if task in kind_names() else "agreement"  # type: ignore[no-any-return]
+    return task_class(task).fidelity_basis(labelled) if task in kind_names() else "agreement"
 
 
 def layer_verdicts(measured: Sequence[Any], weight_errors: Mapping[str, Any], sensitivity: SensitivityAnalysis | None,

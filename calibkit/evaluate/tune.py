@@ -484,7 +484,7 @@ def _draw_evidence(model: _Model, eval_set: EvalSet, config: TuneRequest, resour
                               class_names=[id2label[i] for i in sorted(id2label)],
                               holdout_fraction=config.holdout_fraction,
                               sensitivity_samples=config.sensitivity_samples, seed=config.seed, traffic=mask,
-                              kind=type(task))
+                              kind=task)
     for w in evidence.warnings:  # returned with the result, whose caller shows them (the CLI as "warning:")
         log.info("%s", w)
     return config, evidence

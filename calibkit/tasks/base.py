@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import ClassVar, Protocol, cast
 
 import numpy as np
 
@@ -174,7 +174,7 @@ class KindTraits:
     @classmethod
     def for_model(cls, model: ModelFacts) -> Task:
         """The task of this kind for the model (its output chosen), whether detected or asked for."""
-        return cls(model.head, model.labels)  # type: ignore[call-arg]
+        return cast(Task, cls(model.head, model.labels))  # type: ignore[call-arg]
 
     @classmethod
     def row_fidelity(cls, reference: np.ndarray, candidate: np.ndarray, *, index: np.ndarray | None = None,
@@ -241,12 +241,21 @@ class Task(Protocol):
     - ``fidelity``: the candidate against the reference in the task's terms;
     - ``predictions``: a class per text where the task has one (None otherwise);
     - ``score``: every engine's outputs against ``gold`` (metrics, paired differences, label scores);
-    - ``tunable``: None when tune can search plans for this task, else why not (the message of a UsageError).
+    - ``tunable``: None when tune can search plans for this task, else why not (the message of a UsageError);
+
+    and what its kind means where only its name travels (:class:`KindTraits`, whose class attributes and
+    class methods every task has).
     """
 
     kind: ClassVar[str]
     per_text: ClassVar[bool]
     classifies: ClassVar[bool]
+    pools: ClassVar[bool]
+    neighbour_index: ClassVar[bool]
+    binary_agreement: ClassVar[bool]
+    cosine_target: ClassVar[bool]
+    margin_scale: ClassVar[str | None]
+    label_sets: ClassVar[bool]
     word_tags: ClassVar[bool]
     output_name: str
     labels: tuple[str, ...]
@@ -268,6 +277,17 @@ class Task(Protocol):
 
     @property
     def tunable(self) -> str | None: ...
+
+    def row_fidelity(self, reference: np.ndarray, candidate: np.ndarray, *, index: np.ndarray | None = None,
+                     index_rows: np.ndarray | None = None) -> RowFidelity: ...
+
+    def row_reference(self, values: np.ndarray, mask: np.ndarray | None) -> np.ndarray: ...
+
+    def flip_margins(self, reference: np.ndarray) -> np.ndarray | None: ...
+
+    def default_targets(self) -> tuple[float, float | None]: ...
+
+    def unlabelled_why(self) -> str: ...
 
 
 

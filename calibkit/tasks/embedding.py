@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from calibkit.tasks.base import (
     SEQUENCE_OUTPUTS,
     ModelFacts,
     NoClasses,
+    Task,
     TaskScore,
     check_same,
     row_cosine,
@@ -134,19 +135,21 @@ class EmbeddingTask(NoClasses):
         return not model.scores and model.logits is None and model.has_encoder_outputs
 
     @classmethod
-    def for_model(cls, model: ModelFacts) -> EmbeddingTask:
+    def for_model(cls, model: ModelFacts) -> Task:
         """A pooled embedding output as it is, else a sequence output mean-pooled over real tokens, else the
         pooler's output, else the first output (mean-pooled where it has a sequence axis)."""
         names, outputs = list(model.outputs), model.outputs
         pooled = next((n for n in names if n in EMBEDDING_OUTPUTS and outputs[n] in (2, None)), None)
-        if pooled:
-            return cls(pooled, pooling=None)
         seq = next((n for n in names if n in SEQUENCE_OUTPUTS), None)
-        if seq:
-            return cls(seq, pooling="mean")
-        if "pooler_output" in names:
-            return cls("pooler_output", pooling=None)
-        return cls(model.first, pooling="mean" if outputs[model.first] == 3 else None)
+        if pooled:
+            task = cls(pooled, pooling=None)
+        elif seq:
+            task = cls(seq, pooling="mean")
+        elif "pooler_output" in names:
+            task = cls("pooler_output", pooling=None)
+        else:
+            task = cls(model.first, pooling="mean" if outputs[model.first] == 3 else None)
+        return cast(Task, task)
 
     @classmethod
     def row_fidelity(cls, reference: np.ndarray, candidate: np.ndarray, *, index: np.ndarray | None = None,

@@ -14,22 +14,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from calibkit.errors import ModelError
-from calibkit.tasks.base import ModelFacts, Task
+from calibkit.tasks.base import KindTraits, ModelFacts, Task
 from calibkit.tasks.classification import ClassificationTask
 from calibkit.tasks.embedding import EmbeddingTask
 from calibkit.tasks.multi_label import MultiLabelTask
 from calibkit.tasks.regression import RegressionTask
 from calibkit.tasks.token_classification import TokenClassificationTask
 
-TASKS: dict[str, type] = {}
+TASKS: dict[str, type[KindTraits]] = {}
 FALLBACK = EmbeddingTask.kind  # a model no kind detects is an encoder whose vectors are compared
 
 
-def register(cls: type) -> type:
+def register(cls: type[KindTraits]) -> type[KindTraits]:
     """Add a task kind (a class with the :class:`~calibkit.tasks.base.KindTraits` class methods and the
     :class:`~calibkit.tasks.base.Task` instance methods) under its ``kind``; detection tries it after the
     kinds before it. Usable as a class decorator; a name already taken is refused."""
-    name = cls.kind  # type: ignore[attr-defined]
+    name = cls.kind
     if name in TASKS:
         raise ValueError(f"task kind {name!r} is already registered ({TASKS[name].__qualname__})")
     TASKS[name] = cls
@@ -51,10 +51,10 @@ def kind_names() -> tuple[str, ...]:
 
 def per_text_kinds() -> tuple[str, ...]:
     """The kinds with one fidelity value per text (the ones tune and per-layer sensitivity can judge)."""
-    return tuple(k for k, cls in TASKS.items() if cls.per_text)  # type: ignore[attr-defined]
+    return tuple(k for k, cls in TASKS.items() if cls.per_text)
 
 
-def task_class(name: str) -> type:
+def task_class(name: str) -> type[KindTraits]:
     """The task kind named ``name`` (ValueError naming the known ones otherwise)."""
     try:
         return TASKS[name]
@@ -78,9 +78,9 @@ def choose_task(
         raise ModelError("the model has no outputs")
     model = ModelFacts(dict(outputs), cfg, tuple(id2label[i] for i in sorted(id2label)), archs)
     if kind is not None:
-        return task_class(str(kind)).for_model(model)  # type: ignore[no-any-return]
-    found = next((cls for cls in TASKS.values() if cls.detect(model)), TASKS[FALLBACK])  # type: ignore[attr-defined]
-    return found.for_model(model)  # type: ignore[no-any-return]
+        return task_class(str(kind)).for_model(model)
+    found = next((cls for cls in TASKS.values() if cls.detect(model)), TASKS[FALLBACK])
+    return found.for_model(model)
 
 
 def model_outputs(model: object) -> dict[str, int | None]:
