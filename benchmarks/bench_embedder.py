@@ -29,11 +29,11 @@ from calibkit.data.tokenizer import TextTokenizer  # noqa: E402
 from calibkit.engines.onnxruntime import OnnxRuntimeRunner, evaluation_optimization  # noqa: E402
 from calibkit.evaluate.jobs import load_calibration_table  # noqa: E402
 from calibkit.evaluate.predict import predict_outputs  # noqa: E402
-from calibkit.evaluate.tasks import nearest_neighbour_agreement  # noqa: E402
 from calibkit.evaluate.traffic import TrafficOptions, draw_traffic  # noqa: E402
 from calibkit.graph import load_model  # noqa: E402
 from calibkit.quantize.placement import plan_placement  # noqa: E402
 from calibkit.quantize.qdq import quantize_model  # noqa: E402
+from calibkit.tasks import nearest_neighbour_agreement  # noqa: E402
 
 OUTPUT = "sentence_embedding"
 

@@ -35,7 +35,7 @@ from bench_zoo import exact_qdq_runner  # noqa: E402
 
 from calibkit.data.tokenizer import TextTokenizer  # noqa: E402
 from calibkit.engines.onnxruntime import OnnxRuntimeRunner  # noqa: E402
-from calibkit.evaluate.tasks import choose_task, model_outputs  # noqa: E402
+from calibkit.tasks import choose_task, model_outputs  # noqa: E402
 
 DAMP = 0.01
 

@@ -8,7 +8,7 @@ Builds tiny random-initialised transformers (2 layers, hidden 32) from ``transfo
 with the legacy exporter, the dynamo exporter and ONNX Runtime's transformer optimizer, calibrates each on 100
 seeded pseudo-sentences (mse), builds INT8 in the TensorRT layout (every MatMul/Gemm, attention MatMuls
 included: the share reported is the INT8 part of all linear FLOPs) and compares it with FP32 on ``--eval-size``
-other texts through the task calibkit picks for the model (evaluate.tasks).
+other texts through the task calibkit picks for the model (calibkit.tasks).
 
 For the classifiers it then runs ``calibkit tune --min-agreement 99 --max-drop 0.5`` (the CLI, as a user would)
 on the same texts labelled with FP32's own predictions (so accuracy = agreement with FP32), and reports the
@@ -75,9 +75,9 @@ from calibkit.engines.base import FunctionRunner  # noqa: E402
 from calibkit.engines.cpu import int8_gemm_saturates  # noqa: E402
 from calibkit.engines.onnxruntime import OnnxRuntimeRunner  # noqa: E402
 from calibkit.evaluate.flops import linear_work  # noqa: E402
-from calibkit.evaluate.tasks import TaskKind, choose_task, model_outputs  # noqa: E402
 from calibkit.evidence.intervals import Interval, proportion  # noqa: E402
 from calibkit.requests.calibrate import CalibrateRequest  # noqa: E402
+from calibkit.tasks import choose_task, model_outputs  # noqa: E402
 from calibkit.types import Method, Precision, TensorSpec  # noqa: E402
 
 TARGET = 0.99
@@ -271,9 +271,9 @@ def peers(task, work: Path, tok, calib_texts: list[str], texts, ref) -> str:  # 
 
 def agreement(task, a, b) -> Interval | None:  # type: ignore[no-untyped-def]
     """Same prediction per text (classification) or per real token (token classification), Wilson 95 %."""
-    if task.kind is TaskKind.CLASSIFICATION:
+    if task.kind == "classification":
         return proportion(task.predictions(a) == task.predictions(b))
-    if task.kind is TaskKind.TOKEN_CLASSIFICATION:
+    if task.kind == "token-classification":
         return proportion((a.values.argmax(-1) == b.values.argmax(-1))[a.mask])
     return None
 
@@ -361,10 +361,10 @@ def main() -> None:
         share = linear_work(fp32, feeds).int8_fraction(set(res.kept_nodes))
         all_iv, exact_iv = agreement(task, outs[0], outs[1]), agreement(task, outs[0], exact)
         other = ""
-        if task.kind is TaskKind.TOKEN_CLASSIFICATION:
+        if task.kind == "token-classification":
             other = (f"of tokens; entity F1 {fid.extra.get('entity_f1', float('nan')):.3f}; "
                      f"{fid_exact.extra.get('entity_f1', float('nan')):.3f}")
-        elif task.kind is TaskKind.EMBEDDING:
+        elif task.kind == "embedding":
             other = "; ".join(f"top-1 neighbour {f.agreement:.2%}, cosine min {f.cosine_min:.5f}, top-"
                               f"{int(f.extra['k'])} overlap {f.extra['retrieval_overlap_at_k']:.3f}"
                               for f in (fid, fid_exact))
@@ -374,21 +374,21 @@ def main() -> None:
         target = verdict(all_iv) if all_iv is not None else (
             "cosine ≥ 0.999: " + ("yes" if fid.cosine_min >= 0.999 else "no") + "; exact Q/DQ: "
             + ("yes" if fid_exact.cosine_min >= 0.999 else "no"))
-        if args.smooth and not args.decompose and task.kind is TaskKind.CLASSIFICATION:
+        if args.smooth and not args.decompose and task.kind == "classification":
             parts.append(f"| {name} | {ci(exact_iv)} | {smoothed(task, work, md, calib, tok, eval_texts, outs[0])} |")
             print(parts[-1], flush=True)
-        if args.decompose and task.kind is TaskKind.CLASSIFICATION:
+        if args.decompose and task.kind == "classification":
             parts.append(f"| {name} | {ci(exact_iv)} | {decompose(task, work, z.folder, tok, eval_texts, outs[0])} |")
             print(parts[-1], flush=True)
-        if args.peers and task.kind is TaskKind.CLASSIFICATION:
+        if args.peers and task.kind == "classification":
             peer = peers(task, work, tok, calib_texts, eval_texts, outs[0])
             peer_rows.append(f"| {name} | {ci(exact_iv)} | {peer} |")
             print(peer_rows[-1], flush=True)
-        if args.floor and task.kind is TaskKind.CLASSIFICATION:
+        if args.floor and task.kind == "classification":
             print(f"{name}: {ties(outs[0].values, exact.values)}", flush=True)
             floor_rows.extend(f"| {name} | {row} |" for row in floor(task, work, tok, eval_texts, outs[0]))
             print("\n".join(floor_rows[-FLOOR_TENSORS:]), flush=True)
-        if task.kind is TaskKind.CLASSIFICATION and not args.no_tune:
+        if task.kind == "classification" and not args.no_tune:
             labels = [task.labels[int(i)] for i in task.predictions(outs[0])]
             labelled = write_texts(work / "labelled.jsonl", eval_texts, labels)
             doc = run_tune(z, calib.path, labelled, work / "tune", args)
@@ -399,7 +399,7 @@ def main() -> None:
             tuned_share = f"{100 * final['int8_flops_fraction']:.1f} %"
             kept = str(len(final["kept_nodes"]))
             target = verdict(h_iv)
-        rows.append(f"| {name} | {task.kind.value} | {ci(all_iv)} | {ci(exact_iv)} | {ort_cell} | {other} "
+        rows.append(f"| {name} | {task.kind} | {ci(all_iv)} | {ci(exact_iv)} | {ort_cell} | {other} "
                     f"| {100 * share:.1f} % "
                     f"| {tuned} | {tuned_share} | {kept} | {target} |")
         print(rows[-1], flush=True)

@@ -217,7 +217,7 @@ def test_the_cli_prints_the_verdict_and_na_never_nan(embedder: dict[str, Path]) 
 
 def test_regression_says_sensitivity_is_not_measured() -> None:
     from calibkit.evaluate.compare import sensitivity_texts
-    from calibkit.evaluate.tasks import choose_task
+    from calibkit.tasks import choose_task
 
     task = choose_task({"logits": 2}, {"problem_type": "regression", "num_labels": 1}, "regression")
     request = CompareRequest(engine_a="a.onnx", engine_b="b.onnx", **OPTS)

@@ -22,6 +22,7 @@ from calibkit.evidence.plan_decisions import (
 )
 from calibkit.evidence.split import SplitEvidence
 from calibkit.evidence.subsets import EvalSubset
+from calibkit.tasks import ClassificationTask
 
 N = 4000
 FLOPS = {"a": 10.0, "b": 10.0, "c": 10.0, "d": 10.0, "e": 10.0}
@@ -37,7 +38,7 @@ def _evidence(n: int = N, traffic_every: int | None = None) -> SplitEvidence:
     every = EvalSubset(tuple(range(n)), n, 0, "all", "")
     none = EvalSubset((), n, 0, "all", "")
     return SplitEvidence(tuple(f"t{i}" for i in range(n)), labels, reference, True, every, none, none,
-                         traffic=traffic)
+                         ClassificationTask, traffic=traffic)
 
 
 def _u(plan: tuple[str, ...], row: int, seed: int = 0) -> float:

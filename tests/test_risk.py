@@ -11,6 +11,7 @@ from calibkit.evidence.plan_decisions import constraints_for, make_rule
 from calibkit.evidence.risk import RISKY, SAFE, RiskDesign, StratifiedJudge, margins, stratified_bound, stratify
 from calibkit.evidence.sequential import Constraint
 from calibkit.evidence.split import split_evidence
+from calibkit.tasks import ClassificationTask, EmbeddingTask
 
 
 def _evidence(n: int = 3000, seed: int = 0, traffic: bool = True):
@@ -25,7 +26,7 @@ def _evidence(n: int = 3000, seed: int = 0, traffic: bool = True):
     labels[:n // 5] = np.where(rng.random(n // 5) < 0.9, pred[:n // 5], 1 - pred[:n // 5])
     texts = [f"text {i}" for i in range(n)]
     return split_evidence(texts, labels, logits, labelled=True, class_names=["a", "b"], holdout_fraction=0.3,
-                          sensitivity_samples=64, seed=0, traffic=mask if traffic else None)
+                          sensitivity_samples=64, seed=0, traffic=mask if traffic else None, kind=ClassificationTask)
 
 
 def test_margins_are_the_top2_probability_gap_and_the_neighbour_gap():
@@ -35,7 +36,7 @@ def test_margins_are_the_top2_probability_gap_and_the_neighbour_gap():
     np.testing.assert_allclose(m, np.abs(2 * p - 1))
     emb = split_evidence([f"t{i}" for i in range(40)], np.zeros(40, dtype=np.int64),
                          np.random.default_rng(1).normal(size=(40, 8)), labelled=False, class_names=[],
-                         holdout_fraction=0.3, sensitivity_samples=8, seed=0, task="embedding")
+                         holdout_fraction=0.3, sensitivity_samples=8, seed=0, kind=EmbeddingTask)
     assert (margins(emb) >= 0).all()
 
 

@@ -5,8 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calibkit.evaluate.tasks import nearest_neighbour_agreement
-from calibkit.evidence.rowfidelity import NO_TAG, reference_tags, row_fidelity
+from calibkit.evidence.rowfidelity import NO_TAG, RowFidelity, reference_tags
+from calibkit.tasks import nearest_neighbour_agreement, task_class
+
+
+def row_fidelity(task: str, reference: np.ndarray, candidate: np.ndarray, **kw: np.ndarray) -> RowFidelity:
+    """Per-text fidelity as the task kind named ``task`` computes it."""
+    return task_class(task).row_fidelity(reference, candidate, **kw)  # type: ignore[no-any-return]
 
 
 def test_classification_agreement_and_predictions() -> None:

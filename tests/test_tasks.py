@@ -11,10 +11,9 @@ import pytest
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.engines.base import FunctionRunner
 from calibkit.evaluate.predict import Predicted, predict_outputs
-from calibkit.evaluate.tasks import (
+from calibkit.tasks import (
     ClassificationTask,
     EmbeddingTask,
-    TaskKind,
     TokenClassificationTask,
     bio_entities,
     choose_task,
@@ -122,17 +121,17 @@ def test_token_fidelity_over_real_tokens_only() -> None:
 
 def test_choose_task() -> None:
     cls = {"id2label": {"0": "neg", "1": "pos"}}
-    assert choose_task({"logits": 2}, cls).kind is TaskKind.CLASSIFICATION
+    assert choose_task({"logits": 2}, cls).kind == "classification"
     assert choose_task({"logits": 2}, cls).labels == ("neg", "pos")
-    assert choose_task({"logits": 3}, {"id2label": {"0": "O"}}).kind is TaskKind.TOKEN_CLASSIFICATION
+    assert choose_task({"logits": 3}, {"id2label": {"0": "O"}}).kind == "token-classification"
     t = choose_task({"last_hidden_state": 3, "pooler_output": 2}, {})
     assert isinstance(t, EmbeddingTask) and (t.output_name, t.pooling) == ("last_hidden_state", "mean")
     t = choose_task({"token_embeddings": 3, "sentence_embedding": 2}, {})
     assert (t.output_name, t.pooling) == ("sentence_embedding", None)
     # a 384-wide unnamed output without id2label is an embedding, not 384 classes
-    assert choose_task({"output_0": 2}, {}).kind is TaskKind.EMBEDDING
-    assert choose_task({"output_0": 2}, cls).kind is TaskKind.CLASSIFICATION
-    assert choose_task({"logits": 2}, cls, kind="embedding").kind is TaskKind.EMBEDDING
+    assert choose_task({"output_0": 2}, {}).kind == "embedding"
+    assert choose_task({"output_0": 2}, cls).kind == "classification"
+    assert choose_task({"logits": 2}, cls, kind="embedding").kind == "embedding"
 
 
 def test_classification_metrics_only_with_labels() -> None:
@@ -169,7 +168,7 @@ def _tagger() -> FunctionRunner:
 
 def test_words_map_to_their_first_token_and_words_past_the_limit_are_unscored(
         tokenizer: TextTokenizer, tmp_path: Path) -> None:
-    from calibkit.evaluate.tasks import align_word_labels, first_token_positions
+    from calibkit.tasks import align_word_labels, first_token_positions
 
     long = " ".join(["c"] * 20)
     ev = _word_set(tmp_path, [("a b. c", ["O"] * 3), ("c  ,d", ["O", "O"]), (long, ["O"] * 20)])
@@ -188,7 +187,7 @@ def test_words_map_to_their_first_token_and_words_past_the_limit_are_unscored(
 
 
 def test_gold_metrics_per_word_accuracy_and_entity_f1(tokenizer: TextTokenizer, tmp_path: Path) -> None:
-    from calibkit.evaluate.tasks import align_word_labels, entity_scores
+    from calibkit.tasks import align_word_labels, entity_scores
 
     rows = [("a b c", ["B-ENT", "I-ENT", "O"]),  # all right
             ("c a. d", ["O", "B-ENT", "O"]),  # "a." is scored by its first token "a": right
@@ -211,7 +210,7 @@ def test_gold_metrics_per_word_accuracy_and_entity_f1(tokenizer: TextTokenizer, 
 
 
 def test_gold_metrics_without_bio_labels_give_accuracy_only(tokenizer: TextTokenizer, tmp_path: Path) -> None:
-    from calibkit.evaluate.tasks import align_word_labels
+    from calibkit.tasks import align_word_labels
 
     ev = _word_set(tmp_path, [("a b c", ["NOUN", "VERB", "X"])])
     task = TokenClassificationTask("logits", ("X", "NOUN", "VERB"))
@@ -223,13 +222,13 @@ def test_gold_metrics_without_bio_labels_give_accuracy_only(tokenizer: TextToken
 
 def test_score_heads_are_regression_not_argmax() -> None:
     from calibkit.evaluate.predict import Predicted
-    from calibkit.evaluate.tasks import RegressionTask, TaskKind, choose_task
+    from calibkit.tasks import RegressionTask, choose_task
 
     assert choose_task({"logits": 2}, {"problem_type": "regression", "id2label": {"0": "LABEL_0"}}).kind \
-        is TaskKind.REGRESSION
-    assert choose_task({"logits": 2}, {"id2label": {"0": "score"}}).kind is TaskKind.REGRESSION
-    assert choose_task({"logits": 2}, {"id2label": {"0": "a", "1": "b"}}).kind is TaskKind.CLASSIFICATION
-    assert choose_task({"logits": 2}, {}, "regression").kind is TaskKind.REGRESSION
+        == "regression"
+    assert choose_task({"logits": 2}, {"id2label": {"0": "score"}}).kind == "regression"
+    assert choose_task({"logits": 2}, {"id2label": {"0": "a", "1": "b"}}).kind == "classification"
+    assert choose_task({"logits": 2}, {}, "regression").kind == "regression"
     rng = np.random.default_rng(0)
     a = rng.normal(size=(200, 1))
     task = RegressionTask("logits")
@@ -242,10 +241,10 @@ def test_score_heads_are_regression_not_argmax() -> None:
 
 def test_multi_label_heads_compare_label_sets_not_argmax() -> None:
     from calibkit.evaluate.predict import Predicted
-    from calibkit.evaluate.tasks import MultiLabelTask, TaskKind, choose_task
+    from calibkit.tasks import MultiLabelTask, choose_task
 
     cfg = {"problem_type": "multi_label_classification", "id2label": {str(i): f"l{i}" for i in range(4)}}
-    assert choose_task({"logits": 2}, cfg).kind is TaskKind.MULTI_LABEL
+    assert choose_task({"logits": 2}, cfg).kind == "multi-label"
     a = np.array([[2.0, -1.0, 0.5, -3.0], [1.0, 1.2, -1.0, -1.0], [-2.0, -1.0, -0.5, -0.1]])
     b = a.copy()
     b[0, 2] = -0.1  # a label switched off: the argmax is unchanged

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from calibkit.evaluate.predict import Predicted
-from calibkit.evaluate.tasks import EmbeddingTask, nearest_neighbour_agreement
+from calibkit.tasks import EmbeddingTask, nearest_neighbour_agreement
 
 
 def _brute(ref: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, float]:

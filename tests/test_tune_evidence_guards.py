@@ -18,6 +18,7 @@ from calibkit.evidence.holdout import NOT_CHECKED, holdout_verdict
 from calibkit.evidence.split import split_evidence
 from calibkit.requests.tune import TuneRequest
 from calibkit.results.runs import Difference, PlanEvidence, Range
+from calibkit.tasks import ClassificationTask
 
 
 def test_traffic_rows_that_are_eval_texts_are_dropped_and_counted(tmp_path: Path) -> None:
@@ -43,7 +44,8 @@ def test_unlabelled_eval_rows_count_for_agreement_beside_traffic(labelled: bool)
     mask = np.zeros(n + t, dtype=bool)
     mask[n:] = True
     ev = split_evidence([f"text {i}" for i in range(n + t)], labels, reference, labelled=labelled,
-                        class_names=["a", "b"], holdout_fraction=0.3, sensitivity_samples=64, seed=0, traffic=mask)
+                        class_names=["a", "b"], holdout_fraction=0.3, sensitivity_samples=64, seed=0, traffic=mask,
+                        kind=ClassificationTask)
     agree = ev.agreement_positions(ev.search)
     acc = ev.accuracy_positions(ev.search)
     if labelled:  # labels carry accuracy, traffic carries agreement

@@ -473,12 +473,13 @@ def test_tune_says_when_its_search_split_cannot_certify_a_better_candidate():
     from calibkit.evidence.candidates import Measured
     from calibkit.evidence.sequential import texts_needed
     from calibkit.evidence.split import split_evidence
+    from calibkit.tasks import ClassificationTask
 
     n = 400
     labels = np.array([0, 1] * (n // 2))
     ref = np.eye(2)[labels].astype(np.float32)
     ev = split_evidence([f"t{i}" for i in range(n)], labels, ref, labelled=True, class_names=["a", "b"],
-                        holdout_fraction=0.3, sensitivity_samples=32, seed=0)
+                        holdout_fraction=0.3, sensitivity_samples=32, seed=0, kind=ClassificationTask)
     cfg = options(max_drop=1.0, min_agreement=99.0, agreement_confidence=0.9)
     final = Measured(("x", "y"), 1.0, 0.5, "prefix", True, 1.0)
     close = Measured(("x",), 1.0, 0.9, "prefix", False, 0.9929)

@@ -53,7 +53,7 @@ def _fidelity(zoo_model, fp32: Path, int8: Path, eval_path: Path):  # type: igno
     from calibkit.data.evalset import load_eval_set
     from calibkit.data.tokenizer import TextTokenizer
     from calibkit.enginefiles.registry import open_runner
-    from calibkit.evaluate.tasks import choose_task, model_outputs
+    from calibkit.tasks import choose_task, model_outputs
 
     cfg = json.loads((zoo_model.folder / "config.json").read_text())
     task = choose_task(model_outputs(onnx.load(str(fp32))), cfg)
@@ -71,7 +71,7 @@ def _fidelity(zoo_model, fp32: Path, int8: Path, eval_path: Path):  # type: igno
 def _fp32_outputs(zoo_model, fp32: Path, work: Path):  # type: ignore[no-untyped-def]
     from calibkit.data.tokenizer import TextTokenizer
     from calibkit.engines.onnxruntime import OnnxRuntimeRunner
-    from calibkit.evaluate.tasks import ClassificationTask
+    from calibkit.tasks import ClassificationTask
 
     with OnnxRuntimeRunner(fp32.read_bytes(), name="fp32") as r:
         return ClassificationTask("logits").predict(r, TextTokenizer(zoo_model.folder), zoo_texts(120, seed=9),
@@ -91,7 +91,7 @@ def test_zoo_model_through_the_workflow(zoo: dict, work: Path, tmp_path: Path, n
     for precision, extra in (("fp32", ()), ("fp16", ()), ("int8", ("--calibration", tmp_path / "cal"))):
         cli("build", z.folder, "--precision", precision, *extra, "-o", tmp_path / f"{precision}.onnx")
     task, fid = _fidelity(z, tmp_path / "fp32.onnx", tmp_path / "int8.onnx", work / "eval.jsonl")
-    assert task.kind.value == z.task
+    assert task.kind == z.task
     # compare on the unlabeled eval set: fidelity, per-layer measurements, a rendered report
     out = cli("compare", tmp_path / "fp32.onnx", tmp_path / "int8.onnx", "-e", work / "eval.jsonl",
               "--json", tmp_path / "cmp.json", "--report", tmp_path / "report")

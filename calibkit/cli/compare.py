@@ -27,6 +27,7 @@ from calibkit.requests.resources import ResourceOptions
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.results.runs import Comparison, LayerVerdict, Range
+    from calibkit.tasks.base import KindTraits
     from calibkit.types import PathLike
 
 HELP = (
@@ -213,17 +214,13 @@ def _print_summary(result: Comparison, json_path: Path | None, report_dir: Path 
                   f"{d.verdict}")
     kind = result.task.kind
     fid = result.task.fidelity
-    if kind != "classification" and fid is not None:
+    traits = _kind(kind)
+    if not (traits is not None and traits.classifies) and fid is not None:
         extra = "  ".join(f"{k.replace('_', ' ')} {_n(v, '.4f')}" for k, v in fid.extra.items() if k != "k")
-        what = {"embedding": f"nearest-neighbour agreement (top-1 among the eval texts) {_pct(fid.agreement)} %",
-                "token-classification": f"per-token agreement {_pct(fid.agreement)} %",
-                "multi-label": f"same label set {_pct(fid.agreement)} %, same decision per label "
-                               f"{_pct(fid.extra.get('label_decision_agreement'))} %",
-                "regression": f"scores within {_n(fid.extra.get('tolerance'), '.3g')} of A's on "
-                              f"{_pct(fid.agreement)} % of texts"}.get(kind, "")
+        what = traits.terminal_fidelity(fid) if traits is not None else ""
         out.print(f"task {kind} ({result.task.output}): {what}  cosine to A mean {_n(fid.cosine_mean, '.5f')} "
                   f"min {_n(fid.cosine_min, '.5f')}  {extra}")
-    if kind in ("regression", "multi-label"):  # no argmax to flip: the task line above says it all
+    if traits is not None and not traits.flips:  # no argmax to flip: the task line above says it all
         out.print(f"output error: max |err| {_n(o.max_abs_error, '.4g')}, mean |err| {_n(o.mean_abs_error, '.4g')}")
     else:
         out.print(
@@ -265,10 +262,10 @@ def _print_traffic(result: Comparison) -> None:
     ev, fid = tr.evidence, tr.fidelity
     excluded = "; ".join(x for x in ev.exclusions if not x.startswith("log sha256"))
     say(f"traffic: {ev.count} texts of {Path(ev.path).name} (no labels; excluded {excluded or 'nothing'})")
-    kind = result.task.kind
-    if kind == "embedding":
-        what = (f"nearest-neighbour agreement {_pct(fid.agreement)} % (top-1 among the traffic texts), top-10 "
-                f"overlap {_pct(fid.extra.get('retrieval_overlap_at_k'))} %")
+    traits = _kind(result.task.kind)
+    own = traits.terminal_traffic(fid) if traits is not None else None
+    if own is not None:
+        what = own
     elif tr.agreement_ci is not None:
         what = (f"agreement {_pct(fid.agreement)} %{_ci(tr.agreement_ci, 100, 2)}, {tr.flips} flips, "
                 f"mean KL {_n(tr.mean_kl, '.3g')}")
@@ -365,6 +362,14 @@ def _f1(v: float | None) -> str:
 
 def _g(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.3g}"
+
+
+def _kind(name: str) -> type[KindTraits] | None:
+    """The task kind a result names (None for a name no registered kind has, e.g. a document's of a kind this
+    process does not know)."""
+    from calibkit.tasks import kind_names, task_class
+
+    return task_class(name) if name in kind_names() else None
 
 
 def _n(v: float | None, fmt: str) -> str:

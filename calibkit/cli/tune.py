@@ -197,6 +197,13 @@ def _cos(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.5f}"
 
 
+def _classifies(kind: str) -> bool:
+    """Whether the task kind a result names has one class per text (accuracy columns, labelled texts)."""
+    from calibkit.tasks import kind_names, task_class
+
+    return kind in kind_names() and task_class(kind).classifies
+
+
 def _evidence_line(r: TuneResult) -> None:
     """Where accuracy and agreement were judged, when traffic was part of the evidence."""
     es = r.eval_set
@@ -205,7 +212,7 @@ def _evidence_line(r: TuneResult) -> None:
     excluded = "; ".join(x for x in es.traffic.exclusions if not x.startswith("log sha256"))
     labelled = es.count if es.labels == "given" else 0  # es.count: the eval set's rows, traffic apart
     first = (f"accuracy on {labelled} labelled texts of {Path(es.path).name}; "
-             if labelled > 0 and r.target.task == "classification" else "")
+             if labelled > 0 and _classifies(r.target.task) else "")
     say(f"evidence: {first}agreement on {es.traffic.count} traffic texts of {Path(es.traffic.path).name} "
         f"(search {es.traffic_search}, holdout {es.traffic_holdout}; excluded {excluded or 'nothing'})")
 
@@ -216,7 +223,7 @@ def _table(r: TuneResult) -> Table:
 
     from calibkit.results.runs import AGREEMENT_NOUNS
 
-    classifies = r.target.task == "classification"
+    classifies = _classifies(r.target.task)
     cols = ["", "agreement search", "agreement holdout"]
     cols[1:1] = ["accuracy search", "accuracy holdout"] if classifies else []
     cols += [] if classifies else ["cosine search", "cosine holdout"]

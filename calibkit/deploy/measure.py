@@ -60,8 +60,8 @@ def measure_served(fp32: Path, served: Path, md: ModelDir, picked: MeasureTexts,
     at ``batch`` (:mod:`calibkit.evaluate.speed`: interleaved rounds, the ratio of medians)."""
     from calibkit.data.tokenizer import TextTokenizer
     from calibkit.evaluate.speed import measure_speed, text_batches
-    from calibkit.evaluate.tasks import choose_task, model_outputs
     from calibkit.graph import load_model, model_input_names
+    from calibkit.tasks import choose_task, model_outputs
 
     proto = load_model(fp32, load_external_data=False)
     task = choose_task(model_outputs(proto), {"id2label": {str(k): v for k, v in md.id2label.items()}})
@@ -71,7 +71,7 @@ def measure_served(fp32: Path, served: Path, md: ModelDir, picked: MeasureTexts,
                           what="measuring the served model", progress=progress, make_runner=make_runner)
     ref_out = _predict(fp32, task, tok, texts, threads=threads, batch=batch, what="measuring FP32",
                        progress=progress, make_runner=make_runner)
-    agreement, interval, cosine = _agreement(task.kind.value, ref_out, served_out)
+    agreement, interval, cosine = _agreement(task, ref_out, served_out)
     sizes = tuple(sorted({1, batch}))
     speed = measure_speed({"FP32": fp32, "served": served}, "FP32",
                           text_batches(tok, model_input_names(proto), texts, seed=picked.seed, batch_sizes=sizes),
@@ -79,21 +79,19 @@ def measure_served(fp32: Path, served: Path, md: ModelDir, picked: MeasureTexts,
     at = speed.at_batch(batch) or speed.slowest
     latency = ServedLatency(batch_size=at.batch_size, batches=at.batches, threads=threads,
                             fp32_median_ms=at.reference_ms, served_median_ms=at.model_ms, speedup=at.speedup)
-    return ServedMeasurement(texts=len(texts), task=task.kind.value, agreement=agreement, agreement_ci=interval,
+    return ServedMeasurement(texts=len(texts), task=task.kind, agreement=agreement, agreement_ci=interval,
                              latency=latency, seed=picked.seed, calibration_texts_left_out=picked.left_out,
                              cosine=cosine, speed=speed)
 
 
-def _agreement(kind: str, ref: Any, cand: Any) -> tuple[float | None, Range | None, float | None]:
+def _agreement(task: Any, ref: Any, cand: Any) -> tuple[float | None, Range | None, float | None]:
     """Per-text agreement with FP32 (the task's fidelity) and its 95 % interval: Wilson's for 0/1 outcomes, the
     normal one for token shares; None for tasks without a per-text fidelity (regression, multi-label)."""
     from calibkit.evidence.intervals import mean_interval, proportion
-    from calibkit.evidence.rowfidelity import ROW_TASKS, TOKEN_CLASSIFICATION, reference_tags, row_fidelity
 
-    if kind not in ROW_TASKS:
+    if not task.per_text:
         return None, None, None
-    reference = reference_tags(ref.values, ref.mask) if kind == TOKEN_CLASSIFICATION else ref.values
-    rows = row_fidelity(kind, reference, cand.values)
+    rows = task.row_fidelity(task.row_reference(ref.values, ref.mask), cand.values)
     a = rows.agreement
     binary = bool(np.all((a == 0.0) | (a == 1.0)))
     interval = proportion(a == 1.0) if binary else mean_interval(a)

@@ -29,8 +29,8 @@ from calibkit.errors import CalibkitError, ModelError
 from calibkit.evaluate.jobs import SensitivityJob, SensitivityResult, load_calibration_table, score_outputs
 from calibkit.evaluate.shipping import tokenizer_files
 from calibkit.evaluate.switchboard import Board, Setting, build_board, setting
-from calibkit.evidence.rowfidelity import EMBEDDING
 from calibkit.executors.base import Executor, Shared, fetch, materialize
+from calibkit.tasks import task_class
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.data.tokenizer import TextTokenizer
@@ -249,7 +249,7 @@ def run_on_boards(jobs: Sequence[SensitivityJob], executor: Executor,
             tokenizers[job.tokenizer] = (executor.share(files), single)
         tok, single = tokenizers[job.tokenizer]
         texts = executor.share(tuple(job.texts))
-        pooling = job.pooling if job.task == EMBEDDING else None
+        pooling = job.pooling if task_class(job.task).pools else None
         # units are runs of the job's texts in predict_outputs' own (stable) length order, cut at whole batches:
         # every text is batched with the same neighbours as in one evaluation of the whole job
         order = np.argsort(lengths[i], kind="stable")

@@ -49,10 +49,8 @@ from calibkit.evaluate.taps import (
     measure_layers,
     ort_runner_factory,
 )
-from calibkit.evaluate.tasks import EngineScore, Task, TaskScore, choose_task, model_outputs, unscored_warnings
 from calibkit.evaluate.traffic import TrafficEvidence, evidence_of
 from calibkit.evidence.intervals import proportion
-from calibkit.evidence.rowfidelity import CLASSIFICATION, EMBEDDING, ROW_TASKS, TOKEN_CLASSIFICATION, reference_tags
 from calibkit.evidence.subsets import EvalSubset, stratified_subset
 from calibkit.graph import load_model, qdq_layout
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
@@ -86,6 +84,16 @@ from calibkit.results.runs import (
     TrafficFidelity,
     finite,
 )
+from calibkit.tasks import (
+    EngineScore,
+    Task,
+    TaskScore,
+    choose_task,
+    kind_names,
+    model_outputs,
+    per_text_kinds,
+    unscored_warnings,
+)
 from calibkit.types import Backend, Method, MethodParams, Precision
 
 if TYPE_CHECKING:  # pragma: no cover - types only
@@ -107,7 +115,7 @@ def _config(tokenizer_dir: str | Path | None) -> Mapping[str, Any]:
 
 
 def select_task(artifact: EngineArtifact, tokenizer_dir: str | Path | None, kind: str | None = None) -> Task:
-    """The evaluate.tasks Task for the engines' model: from its ONNX outputs and config.json (``kind`` forces)."""
+    """The calibkit.tasks Task for the engines' model: from its ONNX outputs and config.json (``kind`` forces)."""
     cfg = _config(tokenizer_dir)
     src = artifact.path if is_onnx_engine(artifact) else artifact.source_model
     if src and Path(src).is_file():
@@ -117,9 +125,8 @@ def select_task(artifact: EngineArtifact, tokenizer_dir: str | Path | None, kind
     try:
         return choose_task(outputs, cfg, kind)
     except ValueError:
-        raise UsageError(f"unknown --task {kind!r}",
-                         hint="choose classification, embedding, token-classification, regression or "
-                              "multi-label") from None
+        *others, last = kind_names()
+        raise UsageError(f"unknown --task {kind!r}", hint=f"choose {', '.join(others)} or {last}") from None
 
 
 def _evaluate_task(runner: BaseRunner, tokenizer: TextTokenizer, texts: Sequence[str], task: Task, *,
@@ -319,8 +326,7 @@ def _time_estimate(engines: Sequence[EngineArtifact], eval_set: EvalSet, task: T
     texts = list(eval_set.texts)
     beside = len(traffic) if traffic is not None and tuple(traffic.texts) != tuple(texts) else 0
     size = compare_size(engines, len(texts), beside, options,
-                        labelled=eval_set.has_labels and task.kind.value == CLASSIFICATION,
-                        row_task=task.kind.value in ROW_TASKS)
+                        labelled=eval_set.has_labels and task.classifies, row_task=task.per_text)
     sample = texts or (list(traffic.texts) if traffic is not None else [])
     estimate = estimate_compare(engines, size, resources.runner_factory.engine, tokenizer, task, sample, options,
                                 resources.executor)
@@ -386,14 +392,14 @@ def sensitivity_texts(task: Task, runs: Sequence[_EngineRun], texts: Sequence[st
         return None, "per-layer analysis is off (--no-layers)"
     if not options.sensitivity:
         return None, "it was turned off (--no-sensitivity)"
-    if task.kind.value not in ROW_TASKS:
-        return None, (f"per-layer sensitivity is not measured for {task.kind.value} models (it needs a per-text "
-                      f"fidelity, which exists for {', '.join(ROW_TASKS)})")
+    if not task.per_text:
+        return None, (f"per-layer sensitivity is not measured for {task.kind} models (it needs a per-text "
+                      f"fidelity, which exists for {', '.join(per_text_kinds())})")
     ordered = sorted(runs, key=lambda e: e.name != "reference")
     fp = next((e for e in ordered if e.artifact.precision is not Precision.INT8), None)
     if fp is None:
         return None, "no higher-precision engine gives the reference outputs (pass --reference FP32.onnx)"
-    y = score.class_ids if task.kind.value == CLASSIFICATION else None
+    y = score.class_ids if task.classifies else None
     classes = task.predictions(fp.outputs)
     if y is not None:
         return SensitivityTexts("eval set", texts, fp.outputs, [str(int(v)) for v in y], y), ""
@@ -503,7 +509,7 @@ def _layers(a: EngineArtifact, b: EngineArtifact, reference: EngineArtifact | No
 def _sensitivity_evidence(sens: SensitivityAnalysis | None, evidence: SensitivityTexts | None, task: Task,
                           why_not: str) -> SensitivityEvidence:
     if sens is None or evidence is None:
-        return SensitivityEvidence(False, why_not or "it did not run", task=task.kind.value)
+        return SensitivityEvidence(False, why_not or "it did not run", task=task.kind)
     return SensitivityEvidence(
         True, task=sens.task, source=evidence.source, samples=sens.samples,
         basis=fidelity_basis(sens.task, sens.labelled), layers=len(sens.layers),
@@ -620,15 +626,12 @@ def _sensitivity(int8_art: EngineArtifact, int8_model: onnx.ModelProto, specs: S
     if not len(subset):
         return None, "no texts to run it on"
     idx = subset.array
-    kind = task.kind.value
-    values = np.asarray(evidence.reference.values)[idx]
+    mask = evidence.reference.mask
+    values = task.row_reference(np.asarray(evidence.reference.values)[idx],
+                                None if mask is None else np.asarray(mask)[idx])
     index = rows = None
-    if kind == TOKEN_CLASSIFICATION:
-        mask = evidence.reference.mask
-        values = reference_tags(values, None if mask is None else np.asarray(mask)[idx])
-    elif kind == EMBEDDING:
-        values = index = values.reshape(len(idx), -1)
-        rows = range(len(idx))
+    if task.neighbour_index:  # the reference vectors of these texts are the index their neighbours come from
+        index, rows = values, range(len(idx))
     labels = [int(v) for v in evidence.labels[idx]] if evidence.labels is not None else []
     analysis = analyse_sensitivity(
         [s.node for s in specs], source_model=src, calibration_json=cal, tokenizer=tok_dir,
@@ -637,8 +640,8 @@ def _sensitivity(int8_art: EngineArtifact, int8_model: onnx.ModelProto, specs: S
         batch_size=options.batch_size, workers=resources.workers, progress=resources.progress,
         executor=resources.executor,
         output_name=task.output_name, source_model_sha256=int8_art.source_model_sha256,
-        calibration_sha256=int8_art.calibration_sha256, task=kind,
-        pooling=getattr(task, "pooling", None) if kind == EMBEDDING else None, neighbour_index=index,
+        calibration_sha256=int8_art.calibration_sha256, task=task.kind,
+        pooling=getattr(task, "pooling", None) if task.pools else None, neighbour_index=index,
         index_rows=rows,
     )
     return analysis, ""
@@ -705,7 +708,7 @@ def build_comparison(*, eval_set: EvalSet, rows: EvalSubset | None, labels: tupl
         eval_set=Evidence(path=str(eval_set.path), count=len(eval_set), labels=labels,
                           rows=RowSelection.of_subset(rows), labelled=score.labelled),
         engines=tuple(_engine_result(r, score.engines.get(r.name)) for r in runs),
-        task=TaskResult(kind=task.kind.value, output=task.output_name, labelled=score.labelled,
+        task=TaskResult(kind=task.kind, output=task.output_name, labelled=score.labelled,
                         fidelity=Fidelity(finite(fidelity.agreement), finite(fidelity.cosine_mean),
                                           finite(fidelity.cosine_min),
                                           {k: finite(v) for k, v in fidelity.extra.items()}),

@@ -12,7 +12,6 @@ from typing import Any
 from calibkit.evaluate.sensitivity import LayerSensitivity as MeasuredSensitivity
 from calibkit.evaluate.sensitivity import SensitivityAnalysis, SensitivityResult
 from calibkit.evidence.intervals import PairedDifference
-from calibkit.evidence.rowfidelity import CLASSIFICATION, EMBEDDING, TOKEN_CLASSIFICATION
 from calibkit.results.flags import Flag, Thresholds, flag_layer, gate_on_overall
 from calibkit.results.runs import (
     Difference,
@@ -23,19 +22,17 @@ from calibkit.results.runs import (
     SensitivityRun,
     finite,
 )
+from calibkit.tasks import kind_names, task_class
 
-FIDELITY_NAMES = {EMBEDDING: "nearest-neighbour agreement", TOKEN_CLASSIFICATION: "per-token agreement",
-                  CLASSIFICATION: "agreement"}
+
+def fidelity_name(task: str) -> str:
+    """What the per-text fidelity of a task kind is called ("agreement" for a name no kind has)."""
+    return task_class(task).fidelity_name if task in kind_names() else "agreement"
 
 
 def fidelity_basis(task: str, labelled: bool) -> str:
     """What sensitivity judges layers by, in words."""
-    name = FIDELITY_NAMES.get(task, "agreement")
-    if task == EMBEDDING:
-        return f"{name} and cosine to the reference"
-    if task == CLASSIFICATION:
-        return "accuracy (labels) and flips" if labelled else f"{name} with the reference (flips)"
-    return name
+    return task_class(task).fidelity_basis(labelled) if task in kind_names() else "agreement"
 
 
 def layer_verdicts(measured: Sequence[Any], weight_errors: Mapping[str, Any], sensitivity: SensitivityAnalysis | None,
@@ -45,7 +42,7 @@ def layer_verdicts(measured: Sequence[Any], weight_errors: Mapping[str, Any], se
     reference in the task's terms), and no keep-in-FP16 advice while B is not significantly less accurate than
     A (``overall``)."""
     by_node = {ls.node: ls for ls in sensitivity.layers} if sensitivity else {}
-    name = FIDELITY_NAMES.get(sensitivity.task, "agreement") if sensitivity else "agreement"
+    name = fidelity_name(sensitivity.task) if sensitivity else "agreement"
     out = []
     for m in measured:
         ls = by_node.get(m.spec.node)
@@ -134,7 +131,7 @@ def recommend(verdicts: Sequence[LayerVerdict], evidence: SensitivityEvidence,
                    "texts (--sensitivity-samples, --traffic-size) would settle them")
     elif evidence.all_int8_agreement is not None and evidence.all_int8_agreement < 0.99:
         verdict = (f"no single layer recovers more than the thresholds, yet all-INT8 keeps only "
-                   f"{evidence.all_int8_agreement * 100:.1f} % {FIDELITY_NAMES.get(evidence.task, 'agreement')}"
+                   f"{evidence.all_int8_agreement * 100:.1f} % {fidelity_name(evidence.task)}"
                    f" ({on}): the loss is spread over many layers — try `calibkit smooth`, another method, or "
                    "`calibkit tune`")
     else:

@@ -327,17 +327,16 @@ def _candidate_share(evidence: SplitEvidence, config: TuneRequest) -> tuple[floa
     :data:`SEQUENTIAL_SHARE`; the whole split."""
     from calibkit.evidence.plan_decisions import WHOLE_SPLIT
     from calibkit.evidence.risk import stratify
-    from calibkit.evidence.rowfidelity import CLASSIFICATION, EMBEDDING
 
     n = len(evidence.search)
     if not n:
         return 1.0, 1.0
-    if config.risk_strata and evidence.task == CLASSIFICATION:
+    if config.risk_strata and evidence.kind.margin_scale == "absolute":
         strata = stratify(evidence, evidence.search, np.ones(n), seed=config.seed)
         if strata is not None:
             share = len(strata.evaluated) / n
             return share, min(1.0, 1.5 * share)
-    if config.risk_strata and evidence.task == EMBEDDING:
+    if config.risk_strata and evidence.kind.margin_scale == "quantile":
         return STRATIFIED_SHARE
     return (1.0, 1.0) if config.decision_rule == WHOLE_SPLIT else (SEQUENTIAL_SHARE, 1.0)
 

@@ -63,15 +63,13 @@ def load_evidence(eval_set: PathLike | EvalSet, *, task: Any = None, limit: int 
     """The eval set (a file or a loaded :class:`EvalSet`), its labels checked against ``task`` over the WHOLE
     file (a bad label is the file's fault whichever rows are drawn), then ``limit`` rows drawn (stratified,
     seeded). Returns (rows to evaluate, the ``EvalSubset`` they are of the file, or None for all)."""
-    from calibkit.evaluate.tasks import TaskKind
-
     if isinstance(eval_set, EvalSet):
         full = eval_set
     else:
-        label_sets = task is not None and task.kind is TaskKind.MULTI_LABEL
+        label_sets = task is not None and task.label_sets
         full = load_eval_set(Path(eval_set), text_column=text_column, label_column=label_column, split=split,
                              label_sets=label_sets)
-    if task is not None and task.kind is not TaskKind.TOKEN_CLASSIFICATION:
+    if task is not None and not task.word_tags:
         task.gold(full)  # validation only; token tags are aligned (and checked) where the tokenizer is at hand
     return limit_eval_set(full, limit, seed)
 
@@ -112,8 +110,8 @@ def engine_calibration_set(*engines: EngineArtifact) -> CalibrationSet | None:
 def model_task(md: ModelDir, task: str | None = None) -> Any:
     """The task of a model folder (``task`` forces one), from its outputs and config.json's id2label; None for
     a model without class names and no ``task`` (tune then finds it from the outputs and judges fidelity)."""
-    from calibkit.evaluate.tasks import choose_task, model_outputs
     from calibkit.graph import load_model
+    from calibkit.tasks import choose_task, model_outputs
 
     cfg = md.id2label
     if not cfg and task is None:

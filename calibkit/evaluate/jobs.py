@@ -15,8 +15,7 @@ import numpy as np
 
 from calibkit._io import read_json
 from calibkit.errors import CalibkitError, CalibrationError
-from calibkit.evaluate.metrics import output_error
-from calibkit.evidence.rowfidelity import CLASSIFICATION, EMBEDDING, row_fidelity
+from calibkit.tasks import task_class
 from calibkit.types import CalibrationTable
 
 ONLY_THIS = "only_this_int8"
@@ -52,7 +51,7 @@ class SensitivityJob:
     # what source_model must hold (the sha256 the engine under study or the tune run recorded); run_jobs
     # refuses a file replaced since, before any variant is built from it
     source_model_sha256: str | None = None
-    task: str = "classification"  # evidence.rowfidelity.ROW_TASKS
+    task: str = "classification"  # a calibkit.tasks kind with per-text fidelity
     pooling: str | None = None
     neighbour_index: np.ndarray | None = None
     index_rows: tuple[int, ...] | None = None
@@ -126,7 +125,7 @@ def run_sensitivity_job(job: SensitivityJob) -> SensitivityResult:
         tok = TextTokenizer(job.tokenizer, max_length=job.max_length)
         with model_runner(model, threads=job.threads, name=f"{job.mode}:{job.node}", layout=job.target) as runner:
             out = predict_outputs(runner, tok, job.texts, batch_size=job.batch_size, output_name=job.output_name,
-                                  pooling=job.pooling if job.task == EMBEDDING else None).values
+                                  pooling=job.pooling if task_class(job.task).pools else None).values
     except CalibkitError as exc:
         return SensitivityResult(job.mode, job.node, float("nan"), float("nan"), float("nan"),
                                  time.perf_counter() - start, error=exc.message, error_hint=exc.hint)
@@ -138,21 +137,16 @@ def score_outputs(job: SensitivityJob, outputs: np.ndarray, seconds: float) -> S
     ref = np.asarray(job.reference_logits, dtype=np.float64)
     index = None if job.neighbour_index is None else np.asarray(job.neighbour_index, dtype=np.float64)
     rows = None if job.index_rows is None else np.asarray(job.index_rows, dtype=np.int64)
-    if job.task == EMBEDDING:
-        outputs = outputs.reshape(len(outputs), -1)
-    fid = row_fidelity(job.task, ref, outputs, index=index, index_rows=rows)
+    kind = task_class(job.task)
+    fid = kind.row_fidelity(ref, outputs, index=index, index_rows=rows)
     agree = fid.agreement
     flip = float(1.0 - agree.mean()) if len(agree) else float("nan")
-    acc, mse, kl = float("nan"), float("nan"), float("nan")
-    if job.task == CLASSIFICATION:
+    acc = float("nan")
+    if kind.classifies:
         pred = fid.predictions if fid.predictions is not None else np.zeros(0, dtype=np.int64)
         if len(job.labels) == len(pred):
             acc = float(np.mean(pred == np.asarray(job.labels))) if len(pred) else float("nan")
-        oe = output_error(ref, outputs)
-        mse, kl = oe.logit_mse, oe.mean_kl
-    elif job.task == EMBEDDING and len(ref):
-        with np.errstate(over="ignore", invalid="ignore"):
-            mse = float(np.mean((ref.reshape(len(ref), -1) - outputs) ** 2))
+    mse, kl = kind.variant_error(ref, outputs)
     return SensitivityResult(
         job.mode, job.node, acc, mse, kl, seconds, flip_rate=flip,
         predictions=tuple(int(v) for v in fid.predictions) if fid.predictions is not None else (),

@@ -19,10 +19,10 @@ import numpy as np
 
 from calibkit._io import sha256_bytes, text_lines
 from calibkit.errors import CalibrationError
-from calibkit.evaluate.jobs import CLASSIFICATION
 from calibkit.evaluate.sensitivity import SensitivityJob, SensitivityResult, run_jobs
 from calibkit.executors import Executor, InProcessExecutor
 from calibkit.progress import ProgressCallback, ProgressEvent
+from calibkit.tasks import task_class
 
 log = logging.getLogger("calibkit.evaluate.ledger")
 
@@ -155,7 +155,8 @@ def record_problem(rec: dict[str, Any], job: SensitivityJob) -> str | None:
     preds = rec.get("predictions", [])
     if not isinstance(preds, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in preds):
         return "predictions are not a list of class ids"
-    if job.task == CLASSIFICATION:
+    classifies = task_class(job.task).classifies
+    if classifies:
         if len(preds) != n:
             return f"{len(preds)} predictions for {n} texts"
         ref = np.asarray(job.reference_logits)
@@ -170,7 +171,7 @@ def record_problem(rec: dict[str, Any], job: SensitivityJob) -> str | None:
     acc = float(rec["accuracy"])
     if not (np.isnan(acc) or 0.0 <= acc <= 1.0):
         return f"accuracy {acc} is not a share"
-    if job.task == CLASSIFICATION and n and len(job.labels) == n:
+    if classifies and n and len(job.labels) == n:
         want = float(np.mean(np.asarray(preds) == np.asarray(job.labels)))
         if not abs(acc - want) <= 1e-9:
             return f"accuracy {acc} is not the share of its predictions that match the labels ({want})"

@@ -31,10 +31,10 @@ from calibkit.evaluate.jobs import (
     run_sensitivity_job,
 )
 from calibkit.evidence.intervals import Z95, Interval, PairedDifference, paired_difference
-from calibkit.evidence.rowfidelity import CLASSIFICATION
 from calibkit.executors import default_workers
 from calibkit.executors.base import Executor
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
+from calibkit.tasks import task_class
 
 log = logging.getLogger("calibkit.evaluate.sensitivity")
 
@@ -168,7 +168,7 @@ class SensitivityAnalysis:
     reference_accuracy: float | None  # None without labels
     all_int8: SensitivityResult
     layers: tuple[LayerSensitivity, ...]
-    task: str = CLASSIFICATION
+    task: str = "classification"
 
     @property
     def labelled(self) -> bool:
@@ -194,7 +194,7 @@ def analyse_sensitivity(
     output_name: str | None = None,
     source_model_sha256: str | None = None,
     calibration_sha256: str | None = None,
-    task: str = CLASSIFICATION,
+    task: str = "classification",
     pooling: str | None = None,
     neighbour_index: np.ndarray | None = None,
     index_rows: Sequence[int] | None = None,
@@ -215,7 +215,7 @@ def analyse_sensitivity(
     nodes = list(dict.fromkeys(nodes))
     n = workers if workers is not None else default_workers()
     threads = executor.threads_per_task if executor is not None else max(1, usable_cpus() // max(1, n))
-    labelled = task == CLASSIFICATION and len(labels) == len(texts) and len(texts) > 0
+    labelled = task_class(task).classifies and len(labels) == len(texts) and len(texts) > 0
     base = dict(
         source_model=str(source_model), calibration_json=str(calibration_json), tokenizer=str(tokenizer),
         texts=tuple(texts), labels=tuple(int(v) for v in labels) if labelled else (),

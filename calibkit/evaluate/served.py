@@ -20,7 +20,7 @@ import numpy as np
 from calibkit.engines.cpu import int8_gemm_saturates
 from calibkit.evaluate.speed import SERVED_CHECK_TEXTS, MakeRunner, measure_speed, text_batches
 from calibkit.evidence.intervals import mean_interval, proportion
-from calibkit.evidence.rowfidelity import EMBEDDING, ROW_TASKS, TextScores, row_fidelity
+from calibkit.evidence.rowfidelity import TextScores
 from calibkit.evidence.sequential import clopper_pearson
 from calibkit.progress import ProgressCallback
 from calibkit.results.runs import Range, ServedCheck, Speed, finite
@@ -29,9 +29,9 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     import onnx
 
     from calibkit.data.tokenizer import TextTokenizer
-    from calibkit.evaluate.tasks import Task
     from calibkit.evidence.split import SplitEvidence
     from calibkit.evidence.subsets import EvalSubset
+    from calibkit.tasks import Task
     from calibkit.types import CalibrationTable
 
 
@@ -63,7 +63,7 @@ def served_check(served: bytes, task: Task, tokenizer: TextTokenizer, evidence: 
                  progress: ProgressCallback | None = None) -> ServedCheck | None:
     """The served model on ``rows`` (the holdout) against the certified arithmetic's per-text values there
     (``certified``, in ``rows``' order): None for tasks without per-text fidelity."""
-    if evidence.task not in ROW_TASKS:
+    if not task.per_text:
         return None
     positions = evidence.agreement_positions(rows)
     if len(positions) > SERVED_CHECK_TEXTS:
@@ -76,9 +76,9 @@ def served_check(served: bytes, task: Task, tokenizer: TextTokenizer, evidence: 
     with make_runner(served, name="the served model") as runner:
         out = task.predict(runner, tokenizer, texts, batch_size=batch_size, progress=progress,
                            task="checking the served model")
-    embedding = evidence.task == EMBEDDING
-    rows_f = row_fidelity(evidence.task, evidence.reference[idx], out.values,
-                          index=evidence.reference if embedding else None, index_rows=idx if embedding else None)
+    indexed = task.neighbour_index
+    rows_f = task.row_fidelity(evidence.reference[idx], out.values, index=evidence.reference if indexed else None,
+                               index_rows=idx if indexed else None)
     served_a = np.asarray(rows_f.agreement, dtype=np.float64)
     certified_a = np.asarray(certified.agreement_values, dtype=np.float64)[positions]
     changed = int(np.sum(np.abs(served_a - certified_a) > 1e-9))

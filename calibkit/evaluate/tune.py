@@ -62,11 +62,6 @@ from calibkit.evaluate.sensitivity import (
 from calibkit.evaluate.served import served_check, served_model, time_plans
 from calibkit.evaluate.speed import SPEED_TIE, fastest
 from calibkit.evaluate.traffic import TrafficEvidence, evidence_of
-from calibkit.evaluate.tune_config import (
-    DEFAULT_EMBEDDING_AGREEMENT,
-    DEFAULT_EMBEDDING_COSINE,
-    DEFAULT_UNLABELED_AGREEMENT,
-)
 from calibkit.evaluate.tune_defaults import (
     TUNE_AUTO_FINALISTS,
     TUNE_AUTO_TEXTS,
@@ -86,7 +81,6 @@ from calibkit.evidence.plan_decisions import (
     make_rule,
 )
 from calibkit.evidence.risk import STRATIFIED, StratifiedJudge, risky_subset, stratify
-from calibkit.evidence.rowfidelity import CLASSIFICATION, EMBEDDING, TOKEN_CLASSIFICATION, reference_tags
 from calibkit.evidence.sequential import DecisionRule, texts_needed
 from calibkit.evidence.split import SplitEvidence, split_evidence, split_subsets
 from calibkit.evidence.subsets import EvalSubset
@@ -120,13 +114,14 @@ from calibkit.results.runs import (
     TuneTarget,
     finite,
 )
+from calibkit.tasks import task_class
 from calibkit.types import CalibrationTable, Method
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     import onnx
 
     from calibkit.calibrate.stats import StatsStore
-    from calibkit.evaluate.tasks import Task
+    from calibkit.tasks import Task
 
 log = logging.getLogger("calibkit.evaluate.tune")
 
@@ -247,7 +242,7 @@ class _Jobs:
         idx = subset.array
         md = self.model.dir
         ev = self.evidence
-        embedding = ev.task == EMBEDDING
+        embedding = self.model.task.neighbour_index
         return SensitivityJob(
             source_model=str(md.onnx_path), calibration_json=str(table_path), tokenizer=str(md.tokenizer_path),
             texts=subset.take(ev.texts), labels=tuple(int(v) for v in ev.labels[idx]),
@@ -438,7 +433,7 @@ def _check_config(config: TuneRequest) -> None:
 
 def _load_model(model_dir: ModelDir, config: TuneRequest) -> _Model:
     """The FP32 model, its placement and its task (which must be one tune can search plans for)."""
-    from calibkit.evaluate.tasks import choose_task, model_outputs
+    from calibkit.tasks import choose_task, model_outputs
 
     tok = TextTokenizer(model_dir.tokenizer_path, max_length=model_dir.max_length)
     proto = check_float_source(load_model(model_dir.onnx_path), model_dir.onnx_path)
@@ -450,10 +445,10 @@ def _load_model(model_dir: ModelDir, config: TuneRequest) -> _Model:
     task = choose_task(model_outputs(proto), {"id2label": {str(k): v for k, v in id2label.items()}}, config.task)
     if task.tunable is not None:
         raise UsageError(task.tunable, hint="use `calibkit compare` for its fidelity, and --exclude to keep layers")
-    if config.min_cosine is not None and task.kind.value != EMBEDDING:
+    if config.min_cosine is not None and not task.cosine_target:
         raise UsageError(f"--min-cosine applies to embedding models; {model_dir.onnx_path.name} is a "
-                         f"{task.kind.value} model", hint="use --min-agreement, or pass --task embedding")
-    if task.kind.value == CLASSIFICATION and not id2label:
+                         f"{task.kind} model", hint="use --min-agreement, or pass --task embedding")
+    if task.classifies and not id2label:
         raise DataError("the model folder's config.json has no id2label: tune cannot map eval labels to classes",
                         hint="add id2label to config.json, or pass --task embedding / token-classification")
     return _Model(model_dir, tok, model_sha256(model_dir.onnx_path), proto,
@@ -467,9 +462,9 @@ def _draw_evidence(model: _Model, eval_set: EvalSet, config: TuneRequest, resour
     split. Traffic texts join the rows with FP32's predictions as their labels and are marked, so accuracy is
     scored on the eval set's rows and agreement on the traffic's. Tasks without classes are judged on fidelity
     alone (agreement, and mean cosine for embeddings)."""
-    kind = model.task.kind.value
+    task = model.task
     texts = eval_set.texts
-    labelled = eval_set.has_labels and kind == CLASSIFICATION
+    labelled = eval_set.has_labels and task.classifies
     mask = None
     if traffic is not None and len(traffic):
         texts = (*texts, *traffic.texts)
@@ -479,19 +474,14 @@ def _draw_evidence(model: _Model, eval_set: EvalSet, config: TuneRequest, resour
         raise DataError(f"too few texts to tune on ({len(texts)}: {len(eval_set)} in the eval set"
                         + (f", {len(traffic)} from traffic)" if traffic is not None else ")"),
                         hint="use at least a few hundred examples, or draw them from the log with --traffic")
-    config = _fidelity_targets(config, eval_set, kind, labelled)
+    config = _fidelity_targets(config, eval_set, task, labelled)
     with resources.runner_factory(model.dir.onnx_path, name="fp32") as fp32:
-        out = model.task.predict(fp32, model.tokenizer, texts, batch_size=config.batch_size, progress=cb,
-                                 task="FP32 reference")
-    if kind == EMBEDDING:
-        reference = out.values.reshape(len(texts), -1).astype(np.float32)
-    elif kind == TOKEN_CLASSIFICATION:
-        reference = reference_tags(out.values, out.mask)
-    else:
-        reference = out.values
+        out = task.predict(fp32, model.tokenizer, texts, batch_size=config.batch_size, progress=cb,
+                           task="FP32 reference")
+    reference = task.row_reference(out.values, out.mask)
     id2label = model.dir.id2label
     labels = np.zeros(len(texts), dtype=np.int64)
-    if kind == CLASSIFICATION:
+    if task.classifies:
         fp32_pred = reference.argmax(axis=1).astype(np.int64)
         labels = fp32_pred
         if labelled:
@@ -500,7 +490,7 @@ def _draw_evidence(model: _Model, eval_set: EvalSet, config: TuneRequest, resour
                               class_names=[id2label[i] for i in sorted(id2label)],
                               holdout_fraction=config.holdout_fraction,
                               sensitivity_samples=config.sensitivity_samples, seed=config.seed, traffic=mask,
-                              task=kind)
+                              kind=task)
     if labelled:
         _check_labelled_split(evidence, len(eval_set))
     for w in evidence.warnings:  # returned with the result, whose caller shows them (the CLI as "warning:")
@@ -522,17 +512,16 @@ def _check_labelled_split(evidence: SplitEvidence, n_labelled: int) -> None:
                          "to tune on fidelity to FP32 alone")
 
 
-def _fidelity_targets(config: TuneRequest, eval_set: EvalSet, kind: str, labelled: bool) -> TuneRequest:
+def _fidelity_targets(config: TuneRequest, eval_set: EvalSet, task: Task, labelled: bool) -> TuneRequest:
     """Without labels (or classes) the target is fidelity alone: --min-agreement (default 99 % for classifiers
     and token taggers; for embeddings, with neither target given, 95 % of nearest neighbours and a mean cosine
     of 0.995, what the demo's embedder reaches with a few layers kept)."""
     if labelled:
         return config
-    if kind == EMBEDDING and config.min_agreement is None and config.min_cosine is None:
-        config = replace(config, min_agreement=DEFAULT_EMBEDDING_AGREEMENT, min_cosine=DEFAULT_EMBEDDING_COSINE)
-    elif config.min_agreement is None and config.min_cosine is None:
-        config = replace(config, min_agreement=DEFAULT_UNLABELED_AGREEMENT)
-    why = ("has no labels" if kind == CLASSIFICATION else f"is not scored against labels for a {kind} model")
+    if config.min_agreement is None and config.min_cosine is None:
+        agreement, cosine = task.default_targets()
+        config = replace(config, min_agreement=agreement, min_cosine=cosine)
+    why = task.unlabelled_why()
     targets = ", ".join(t for t in (
         f"--min-agreement {config.min_agreement:g}" if config.min_agreement is not None else "",
         f"--min-cosine {config.min_cosine:g}" if config.min_cosine is not None else "") if t)
@@ -936,13 +925,12 @@ def _judge(evidence: SplitEvidence, config: TuneRequest, jobs: _Jobs, ev: Evalua
     every candidate meets). A relative accuracy drop is taken from FP32's accuracy on ``subset``."""
     subset = evidence.search if subset is None else subset
     _, table_path, table_sha = tables.base
-    kind = getattr(getattr(jobs.model.task, "kind", None), "value", "classification")
     fp32 = evidence.accuracy_of_reference(subset)
     drop = None
     if not config.fidelity_only and len(evidence.accuracy_positions(subset)) and fp32 == fp32:
         drop = min(fp32 * config.max_drop / 100.0 if config.relative else config.max_drop / 100.0, 1.0 - 1e-9)
     constraints = constraints_for(min_agreement=config.min_agreement, min_cosine=config.min_cosine, max_drop=drop,
-                                  binary_agreement=kind != "token-classification")
+                                  binary_agreement=getattr(jobs.model.task, "binary_agreement", True))
     if not constraints:
         return None
 
@@ -1042,12 +1030,10 @@ def _tune_result(eval_set: EvalSet, rows: EvalSubset | None, model: _Model, evid
 def _tune_eval_set(eval_set: EvalSet, rows: EvalSubset | None, evidence: SplitEvidence, config: TuneRequest,
                    id2label: Mapping[int, str], traffic: TrafficEvidence | None) -> TuneEvalSet:
     """The result's eval set: its rows per split, what served as labels, the traffic evidence."""
-    kind = evidence.task
     return TuneEvalSet(
         path=str(eval_set.path), count=len(eval_set), search=len(evidence.search.array),
         holdout=len(evidence.holdout.array), sensitivity_samples=len(evidence.sensitivity),
-        labels=("given" if not config.fidelity_only else "FP32 predictions (the eval set has none)"
-                if kind == CLASSIFICATION else f"none used: a {kind} model is judged on fidelity to FP32"),
+        labels=task_class(evidence.task).labels_used(config.fidelity_only),
         evidence=Evidence(str(eval_set.path), len(eval_set), tuple(id2label[i] for i in sorted(id2label)),
                           RowSelection.of_subset(rows), labelled=not config.fidelity_only),
         traffic=evidence_of(traffic),

@@ -8,7 +8,7 @@ from typing import Protocol
 import numpy as np
 
 from calibkit.evidence.intervals import mean_interval, paired_difference, proportion
-from calibkit.evidence.rowfidelity import CLASSIFICATION, TOKEN_CLASSIFICATION, TextScores
+from calibkit.evidence.rowfidelity import CLASSIFICATION, TextScores
 from calibkit.evidence.split import SplitEvidence
 from calibkit.evidence.subsets import EvalSubset
 from calibkit.results.runs import AGREEMENT_NOUNS, Difference, HoldoutVerdict, PlanEvidence, Range, finite
@@ -49,7 +49,7 @@ def plan_evidence(config: PlanTarget, evidence: SplitEvidence, subset: EvalSubse
         pred = np.asarray(r.predictions, dtype=np.int64)
         diff = paired_difference(ref_pred[ia] == labels[ia], pred[acc_p] == labels[ia], seed=config.seed)
     values = np.asarray(r.agreement_values, dtype=np.float64)[agr_p]
-    agree = proportion(values >= 1.0) if evidence.task != TOKEN_CLASSIFICATION else mean_interval(values)
+    agree = proportion(values >= 1.0) if evidence.kind.binary_agreement else mean_interval(values)
     cosine = None
     if r.cosine_values:
         cosine = Range.of(mean_interval(np.asarray(r.cosine_values, dtype=np.float64)[agr_p]))

@@ -40,7 +40,6 @@ from calibkit.evidence.plan_decisions import (
     chunk_subset,
     chunk_values,
 )
-from calibkit.evidence.rowfidelity import CLASSIFICATION, EMBEDDING
 from calibkit.evidence.sequential import Constraint, Decision, DecisionRule, Verdict
 from calibkit.evidence.split import SplitEvidence
 from calibkit.evidence.subsets import EvalSubset
@@ -66,25 +65,10 @@ class RiskDesign:
 
 
 def margins(evidence: SplitEvidence) -> np.ndarray | None:
-    """FP32's margin per evidence row (larger: further from changing); None for a task without one."""
-    ref = np.asarray(evidence.reference, dtype=np.float64)
-    if evidence.task == CLASSIFICATION and ref.ndim == 2 and ref.shape[1] >= 2:
-        z = ref - ref.max(axis=1, keepdims=True)
-        p = np.exp(z)
-        p /= p.sum(axis=1, keepdims=True)
-        top = np.sort(p, axis=1)
-        return top[:, -1] - top[:, -2]
-    if evidence.task == EMBEDDING and len(ref) >= 3:
-        u = ref.reshape(len(ref), -1)
-        u = u / np.maximum(np.linalg.norm(u, axis=1, keepdims=True), 1e-12)
-        out = np.empty(len(u))
-        for s in range(0, len(u), 1024):
-            sims = u[s:s + 1024] @ u.T
-            sims[np.arange(len(sims)), np.arange(s, s + len(sims))] = -np.inf
-            two = np.partition(sims, -2, axis=1)[:, -2:]
-            out[s:s + 1024] = two[:, 1] - two[:, 0]
-        return out
-    return None
+    """FP32's margin per evidence row (larger: further from changing), as its task kind measures it (the top-2
+    probability gap of a classifier, the gap between a text's two nearest neighbours for an embedder); None
+    for a task without one."""
+    return evidence.kind.flip_margins(np.asarray(evidence.reference, dtype=np.float64))
 
 
 def risky_subset(evidence: SplitEvidence, subset: EvalSubset, n: int) -> EvalSubset:
@@ -128,7 +112,7 @@ def stratify(evidence: SplitEvidence, subset: EvalSubset, base_agreement: Sequen
     moved = np.asarray(base_agreement, dtype=np.float64) < 1.0
     if len(moved) != len(idx):
         raise ValueError(f"all-INT8 agreement has {len(moved)} values for a subset of {len(idx)} texts")
-    if evidence.task == CLASSIFICATION:
+    if evidence.kind.margin_scale == "absolute":
         lo, hi = design.risky, design.safe
     else:
         lo, hi = (float(np.quantile(m, q)) for q in (design.risky_quantile, design.safe_quantile))

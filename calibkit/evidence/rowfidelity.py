@@ -24,10 +24,11 @@ from typing import Protocol
 
 import numpy as np
 
+# the names of the kinds with per-text fidelity, declared here once (the task kinds of calibkit.tasks take
+# them; a kind's own module declares the names of the others)
 CLASSIFICATION = "classification"
 EMBEDDING = "embedding"
 TOKEN_CLASSIFICATION = "token-classification"
-ROW_TASKS = (CLASSIFICATION, EMBEDDING, TOKEN_CLASSIFICATION)
 
 NO_TAG = -1  # token reference: past the text's real tokens
 
@@ -129,14 +130,3 @@ def classification_rows(reference_logits: np.ndarray, candidate: np.ndarray) -> 
     same = (pred == ref.argmax(axis=1)) & ok if len(ref) else np.zeros(0, dtype=bool)
     return RowFidelity(same.astype(np.float64), predictions=pred)
 
-
-def row_fidelity(task: str, reference: np.ndarray, candidate: np.ndarray, *, index: np.ndarray | None = None,
-                 index_rows: np.ndarray | None = None) -> RowFidelity:
-    """Per-text fidelity of ``candidate`` to ``reference`` for ``task`` (one of :data:`ROW_TASKS`)."""
-    if task == EMBEDDING:
-        return embedding_rows(reference, candidate, index, index_rows)
-    if task == TOKEN_CLASSIFICATION:
-        return token_rows(reference, candidate)
-    if task == CLASSIFICATION:
-        return classification_rows(reference, candidate)
-    raise ValueError(f"no per-text fidelity for task {task!r} (known: {', '.join(ROW_TASKS)})")

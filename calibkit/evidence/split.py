@@ -11,16 +11,36 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from calibkit.errors import DataError
 from calibkit.evidence.intervals import evidence_warnings
-from calibkit.evidence.rowfidelity import CLASSIFICATION, TextScores
+from calibkit.evidence.rowfidelity import TextScores
 from calibkit.evidence.subsets import EvalSubset, nested, stratified_split, stratified_subset
 
 MIN_SEARCH_ROWS = 10
+
+
+class EvidenceKind(Protocol):
+    """What the evidence reads of the task kind it is of (the kinds of ``calibkit.tasks`` are ones, as classes):
+    ``kind``, its name; ``classifies``: one class per text, so labels are class ids and accuracy counts;
+    ``binary_agreement``: a text's agreement is 0 or 1 (else a share, e.g. of its tokens); ``margin_scale``:
+    "absolute" where its flip margins are probabilities the risk design's fixed thresholds apply to,
+    "quantile" where strata are cut at quantiles of them, None where it has none; ``flip_margins``: FP32's
+    margin per row of its reference (larger: further from changing), None where there is none."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def classifies(self) -> bool: ...
+    @property
+    def binary_agreement(self) -> bool: ...
+    @property
+    def margin_scale(self) -> str | None: ...
+
+    def flip_margins(self, reference: np.ndarray) -> np.ndarray | None: ...
 
 
 class Scores(NamedTuple):
@@ -45,9 +65,10 @@ def split_subsets(labels: np.ndarray, holdout_fraction: float, seed: int, texts:
 @dataclass(frozen=True, eq=False)
 class SplitEvidence:
     """The eval rows tune judges on: ``labels`` (class ids; FP32's own predictions when the set has none, zeros
-    for tasks without classes) and ``reference`` per row in ``task``'s terms (FP32 logits, vectors, or tag ids
-    per token: see ``evidence.rowfidelity``), split into ``search`` (every decision), ``holdout`` (measured only
-    at the end) and ``sensitivity`` (a subset of the search split for the per-layer ranking)."""
+    for tasks without classes) and ``reference`` per row in the terms of its task ``kind`` (FP32 logits,
+    vectors, or tag ids per token: see ``evidence.rowfidelity``), split into ``search`` (every decision),
+    ``holdout`` (measured only at the end) and ``sensitivity`` (a subset of the search split for the per-layer
+    ranking)."""
 
     texts: tuple[str, ...]
     labels: np.ndarray
@@ -56,14 +77,19 @@ class SplitEvidence:
     search: EvalSubset
     holdout: EvalSubset
     sensitivity: EvalSubset
+    kind: EvidenceKind
     warnings: tuple[str, ...] = ()
     # per row: drawn from traffic (its label is FP32's prediction); None when there is no traffic evidence
     traffic: np.ndarray | None = None
-    task: str = CLASSIFICATION
+
+    @property
+    def task(self) -> str:
+        """The task kind's name."""
+        return self.kind.kind
 
     @property
     def classifies(self) -> bool:
-        return self.task == CLASSIFICATION
+        return self.kind.classifies
 
     @property
     def reference_predictions(self) -> np.ndarray:
@@ -121,7 +147,7 @@ class SplitEvidence:
 
 def split_evidence(texts: Sequence[str], labels: np.ndarray, reference: np.ndarray, *, labelled: bool,
                    class_names: Sequence[str], holdout_fraction: float, sensitivity_samples: int, seed: int,
-                   traffic: np.ndarray | None = None, task: str = CLASSIFICATION) -> SplitEvidence:
+                   kind: EvidenceKind, traffic: np.ndarray | None = None) -> SplitEvidence:
     """Draw the search, holdout and sensitivity subsets (DataError when the search split would be too small).
     ``traffic``: per row, whether it was drawn from traffic; each part keeps its share of both kinds of row."""
     strata = _strata(labels, traffic)
@@ -136,8 +162,8 @@ def split_evidence(texts: Sequence[str], labels: np.ndarray, reference: np.ndarr
     search_texts = search.take(texts)
     sens = nested(search, stratified_subset(search_texts, [strata[i] for i in search.array],
                                             sensitivity_samples, seed + 1))
-    return SplitEvidence(tuple(texts), labels, reference, labelled, search, holdout, sens, tuple(warnings), traffic,
-                         task)
+    return SplitEvidence(tuple(texts), labels, reference, labelled, search, holdout, sens, kind, tuple(warnings),
+                         traffic)
 
 
 def _strata(labels: np.ndarray, traffic: np.ndarray | None) -> list[object]:

@@ -250,22 +250,22 @@ def plan_head(source: ExportSource, config: Mapping[str, Any], task: str | None)
 def _recorded_config(config: Mapping[str, Any], task: str) -> dict[str, Any]:
     """config.json as written into the folder: the source's, with problem_type saying a forced
     regression or multi-label reading (the key calibkit's task choice and transformers both read)."""
+    from calibkit.tasks import TASKS, task_class
+
     out = dict(config)
-    if task == "regression":
-        out["problem_type"] = "regression"
-    elif task == "multi-label":
-        out["problem_type"] = "multi_label_classification"
-    elif task == "classification" and out.get("problem_type") in ("regression", "multi_label_classification"):
-        out["problem_type"] = "single_label_classification"
+    kind = task_class(task)
+    others = {cls.problem_type for cls in TASKS.values()} - {None, kind.problem_type}
+    if kind.problem_type is not None and (kind.problem_type_stated or out.get("problem_type") in others):
+        out["problem_type"] = kind.problem_type
     return out
 
 
 def _task_read(model_path: Path, config: Mapping[str, Any]) -> str:
     """The task calibkit's commands will read from the written folder (its outputs and config.json)."""
-    from calibkit.evaluate.tasks import choose_task, model_outputs
     from calibkit.graph import load_model
+    from calibkit.tasks import choose_task, model_outputs
 
-    return str(choose_task(model_outputs(load_model(model_path, load_external_data=False)), config).kind.value)
+    return str(choose_task(model_outputs(load_model(model_path, load_external_data=False)), config).kind)
 
 
 # --------------------------------------------------------------------------------------------- the folder

@@ -163,10 +163,10 @@ class CompareRequest:
 
 def check_task(task: str | None) -> None:
     """UsageError for a --task no task of calibkit's is."""
-    from calibkit.evaluate.tasks import TaskKind
+    from calibkit.tasks import kind_names
 
-    if task is not None and task not in {k.value for k in TaskKind}:
-        raise UsageError(f"unknown --task {task!r}", hint="choose " + ", ".join(k.value for k in TaskKind))
+    if task is not None and task not in kind_names():
+        raise UsageError(f"unknown --task {task!r}", hint="choose " + ", ".join(kind_names()))
 
 
 def check_targets(**targets: float | None) -> None:

@@ -478,7 +478,7 @@ class GoldScores:
 class TaskResult:
     """Which task compare judged the outputs as, whether labels were scored, and B's fidelity to A."""
 
-    kind: str  # evaluate.tasks.TaskKind value
+    kind: str  # calibkit.tasks kind name
     output: str
     labelled: bool
     fidelity: Fidelity | None = None
