@@ -14,7 +14,7 @@ HELP = (
     "mixed-precision plan, and write reports/demo-<variant>/index/index.html — open that first.\n\n"
     "Examples:\n\n"
     "  calibkit demo run                 # fine-tuned model: 2 min of fine-tuning, then about 24 min on 2 cores\n\n"
-    "  calibkit demo run --fast          # logistic-regression head and small subsets, a few minutes\n"
+    "  calibkit demo run --fast          # logistic-regression head and small subsets; its estimate is printed first\n"
 )
 
 
