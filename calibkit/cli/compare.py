@@ -282,7 +282,12 @@ def _print_layers(result: Comparison) -> None:
     from rich.table import Table
 
     flagged = result.flagged
-    title = f"{len(flagged)} of {len(result.layers)} quantized layer inputs flagged"
+    by_flag: dict[str, int] = {}
+    for v in flagged:
+        by_flag[v.flag.value] = by_flag.get(v.flag.value, 0) + 1
+    title = (f"{len(flagged)} of {len(result.layers)} quantized layer inputs flagged "
+             f"({count(len({v.node for v in flagged}), 'node')} of {len({v.node for v in result.layers})})"
+             + (": " + ", ".join(f"{n} {flag}" for flag, n in by_flag.items()) if flagged else ""))
     if not out.is_terminal:
         say(title)
         for v in flagged:
@@ -323,18 +328,29 @@ def _print_verdict(result: Comparison) -> None:
         say(f"per-layer sensitivity: {count(ev.layers, 'node')} on {ev.samples} {ev.source} texts, judged by "
             f"{ev.basis}; {fid}")
     keep = result.keep_in_higher_precision
-    unsure = sum(v.flag.value == "insufficient-evidence" for v in result.layers)
+    label = {v.node: v.label for v in result.layers}
+    unsure = [v for v in result.layers if v.flag.value == "insufficient-evidence"]
     if keep:
-        label = {v.node: v.label for v in result.layers}
-        shown = [label.get(n, n) for n in keep[:12]]
-        head = rec.verdict or f"keep {count(len(keep), 'node')} in {rec.precision}"
-        say(f"recommendation: {head}: {', '.join(shown)}" + (" ..." if len(keep) > 12 else ""))
+        # the list follows the clause it lists ("keep N nodes"); the not-settled clause and its nodes come after
+        head, _, rest = (rec.verdict or f"keep {count(len(keep), 'node')} in {rec.precision}").partition("; ")
+        say(f"recommendation: {head}: {_names(keep, label)}")
+        unsettled = list(dict.fromkeys(v.node for v in unsure if v.node not in keep))
+        if rest and unsettled:
+            say(f"{rest}: {_names(unsettled, label)}")
     elif rec.verdict:
         say(f"recommendation: {rec.verdict}")
     else:  # a document written before verdicts were recorded
         say("recommendation: not measured — this result records no per-layer verdict")
     if unsure:
-        say(f"{count(unsure, 'layer')}: insufficient evidence (effect within its 95 % interval; see the reasons)")
+        nodes = len({v.node for v in unsure})
+        say(f"{count(len(unsure), 'quantized layer input')} of {count(nodes, 'node')}: insufficient evidence "
+            "(effect within its 95 % interval; see the reasons)")
+
+
+def _names(nodes: list[str] | tuple[str, ...], label: dict[str, str], most: int = 12) -> str:
+    """The first ``most`` nodes by the name the layer table gives them, and how many more there are."""
+    shown = ", ".join(label.get(n, n) for n in nodes[:most])
+    return shown + (f" and {len(nodes) - most} more" if len(nodes) > most else "")
 
 
 def layer_line(v: LayerVerdict) -> str:

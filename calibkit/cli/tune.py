@@ -176,11 +176,10 @@ def _summary(run: TuneRun, report_dir: Path | None) -> None:
     say(f"target {verdict}; INT8 share of linear FLOPs (fused ops included): {100 * f.int8_flops_fraction:.1f} %; "
         f"{len(r.candidates)} candidates measured, {r.evaluations_reused} evaluations reused")
     _decision_lines(r)
-    modules = f.kept_modules
     for n in f.kept_nodes:
         why = f.reasons_for(n)
         short = f": {why[0].split(' (')[0]}" if why and not out.is_terminal else ""
-        say((f"  keep {modules[n]} ({n})" if modules.get(n) and modules[n] not in n else f"  keep {n}") + short)
+        say(f"  keep {f.label(n)}{short}")
     say(f"wrote {run.out_dir}/ ({', '.join(_OUT_NAMES)})")
     if report_dir:
         say(f"report: {report_dir}/report.html")
@@ -286,6 +285,13 @@ def _decision_lines(r: Any) -> None:
         passes = r.fp32_passes
         say(f"time: {sum(p.seconds for p in r.phases):.0f} s on {r.cpus} CPUs"
             + (f", {passes:.1f} FP32 passes over the evidence" if passes is not None else "") + " — "
-            + "; ".join(f"{p.phase} {p.seconds:.0f} s ({p.texts} texts"
-                        + (f", CPU {100 * p.utilisation:.0f} %" if p.utilisation is not None else "") + ")"
-                        for p in r.phases))
+            + "; ".join(phase_words(p) for p in r.phases))
+
+
+def phase_words(p: Any) -> str:
+    """One phase of the time line: its seconds, the texts it evaluated (said only when it evaluated some: a
+    phase that reads none, or whose texts came back from the ledger, is not "0 texts") and its CPU use."""
+    said = [f"{p.texts} texts"] if p.texts else []
+    if p.utilisation is not None:
+        said.append(f"CPU {100 * p.utilisation:.0f} %")
+    return f"{p.phase} {p.seconds:.0f} s" + (f" ({', '.join(said)})" if said else "")

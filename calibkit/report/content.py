@@ -99,7 +99,8 @@ def _engine_table(engines: Sequence[EngineEvaluation]) -> Table:
 
 def _keep_layers(report: Comparison) -> tuple[tuple[str, LayerVerdict | None], ...]:
     if report.keep_in_higher_precision:
-        return tuple((node, report.layer(node)) for node in report.keep_in_higher_precision)
+        named = ((node, report.layer(node)) for node in report.keep_in_higher_precision)
+        return tuple((layer_name(x) if x else node, x) for node, x in named)
     return tuple((layer_name(x), x) for x in report.layers if x.flagged)
 
 
@@ -136,7 +137,7 @@ def _delta(layer: LayerVerdict, which: str) -> str:
 def _layer_table(layers: Sequence[LayerVerdict]) -> Table:
     rows = tuple(
         (
-            num(x.index), text(x.node), text(x.op_type), text(x.tensor), num(x.amax), num(x.fp_absmax),
+            num(x.index), text(layer_name(x)), text(x.op_type), text(x.tensor), num(x.amax), num(x.fp_absmax),
             num(x.p9999), pct(x.clipped_fraction, 3), num(x.outlier_ratio, 1), num(x.nonfinite),
             num(x.quant_sqnr_db, 1), num(x.sqnr_db, 1), num(x.cosine, 4), _delta(x, "only"), _delta(x, "all_but"),
             x.flag.value,
@@ -393,9 +394,11 @@ def _keep_blocks(report: Comparison) -> list[Block]:
     unsure = [x for x in layers if x.flag is Flag.INSUFFICIENT]
     # one sentence per run, from the layers' flags: the same decisions the verdict and the tables read
     if keep:
-        rest = (f"{len(unsure)} more {'is' if len(unsure) == 1 else 'are'} not settled (below); the rest can run "
-                "in INT8." if unsure else "the rest can run in INT8.")
-        blocks.append(Para.of("Keep ", Span(f"{len(keep)} of {len(layers)}", bold=True),
+        # counted in nodes, as the verdict counts them (a node quantizes one or two inputs, one row each below)
+        more = {x.node for x in unsure} - {x.node if x else n for n, x in keep}
+        rest = (f"{len(more)} more {'is' if len(more) == 1 else 'are'} not settled (below); the rest can run "
+                "in INT8." if more else "the rest can run in INT8.")
+        blocks.append(Para.of("Keep ", Span(f"{len(keep)} of {len({x.node for x in layers})}", bold=True),
                               f" quantized layers in {precision}; {rest}"))
         explained = {n for f in report.findings for n in f.nodes} & {x.node if x else n for n, x in keep}
         if explained:
@@ -705,7 +708,7 @@ def _tune_document(report: TuneResult, plots: set[str]) -> Document:
     if final.kept_nodes:
         blocks.append(Table(
             headers=("kept node", "reasons"),
-            rows=tuple((n, "; ".join(final.reasons_for(n)) or DASH) for n in final.kept_nodes),
+            rows=tuple((final.label(n), "; ".join(final.reasons_for(n)) or DASH) for n in final.kept_nodes),
         ))
     blocks += (_tune_speed_blocks(report) + _smoothing_blocks(report) + _tune_traffic_blocks(report)
                + _evidence_cost_blocks(report) + _confirmation_blocks(report))

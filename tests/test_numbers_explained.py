@@ -1,0 +1,94 @@
+"""Numbers that explain themselves: counts that add up and say what they count, one name per layer in the
+terminal and the reports, no "0 texts" for a phase that read none."""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import re
+
+import pytest
+from test_report_render import fake_compare, fake_tune
+
+from calibkit.cli import compare as compare_cli
+from calibkit.cli.tune import phase_words
+from calibkit.evaluate.decisions import recommend
+from calibkit.report.content import build_document
+from calibkit.report.html import render_html
+from calibkit.results.codec import parse_result
+from calibkit.results.flags import Flag
+from calibkit.results.runs import Comparison, PhaseCost, SensitivityEvidence, TuneResult
+
+EVIDENCE = SensitivityEvidence(True, task="classification", source="eval set", samples=400,
+                               basis="accuracy (labels) and flips", layers=3, all_int8_agreement=0.97)
+
+
+def _comparison() -> Comparison:
+    """Three nodes, five quantized inputs: ``attn.scores`` kept (one input keep-fp16, its other one not
+    settled), ``attn.context`` not settled on both inputs, ``ffn`` fine."""
+    base = parse_result(fake_compare(5), strict=False)
+    assert isinstance(base, Comparison)
+    spec = [("attn_scores", "bert.layer.0.attention.self", Flag.KEEP_FP16),
+            ("attn_scores", "bert.layer.0.attention.self", Flag.INSUFFICIENT),
+            ("attn_context", "bert.layer.0.attention.self", Flag.INSUFFICIENT),
+            ("attn_context", "bert.layer.0.attention.self", Flag.INSUFFICIENT),
+            ("ffn_matmul", "bert.layer.0.output.dense", Flag.OK)]
+    layers = tuple(dataclasses.replace(v, node=node, module=module, flag=flag, op_type="MatMul",
+                                       tensor=f"{node}_in{i % 2}")
+                   for i, (v, (node, module, flag)) in enumerate(zip(base.layers, spec)))
+    return dataclasses.replace(base, layers=layers, recommendation=recommend(layers, EVIDENCE), sensitivity=EVIDENCE,
+                               findings=())
+
+
+def test_the_nodes_not_settled_are_the_ones_not_kept_and_listed_after_their_own_count(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    c = _comparison()
+    assert c.recommendation.keep_in_higher_precision == ("attn_scores",)
+    # attn_scores is kept: its unsettled second input does not make it one "more" node not settled
+    assert "; 1 more node not settled" in c.recommendation.verdict
+    lines: list[str] = []
+    monkeypatch.setattr(compare_cli, "say", lines.append)
+    compare_cli._print_verdict(c)
+    keep = next(x for x in lines if x.startswith("recommendation:"))
+    assert keep.startswith("recommendation: keep 1 node in fp16 (from per-layer sensitivity")
+    assert keep.endswith("): bert.layer.0.attention.self (attn_scores)")  # the list follows "keep 1 node"
+    assert "not settled" not in keep
+    unsettled = next(x for x in lines if x.startswith("1 more node not settled"))
+    assert unsettled.endswith(": bert.layer.0.attention.self (attn_context)")
+    assert "3 quantized layer inputs of 2 nodes: insufficient evidence" in lines[-1]
+
+
+def test_the_flagged_table_counts_inputs_and_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not compare_cli.out.is_terminal  # piped: plain lines
+    lines: list[str] = []
+    monkeypatch.setattr(compare_cli, "say", lines.append)
+    compare_cli._print_layers(_comparison())
+    # "flagged" is every flag but ok: what each count counts is said, and the counts add up
+    assert lines[0] == ("4 of 5 quantized layer inputs flagged (2 nodes of 3): 1 keep-fp16, "
+                        "3 insufficient-evidence")
+
+
+def _html_text(c: Comparison | TuneResult) -> str:
+    page = render_html(build_document(c, ()), ())
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", page)).split())
+
+
+def test_the_html_report_names_layers_as_the_terminal_does() -> None:
+    c = _comparison()
+    text = _html_text(c)
+    assert "bert.layer.0.attention.self (attn_scores)" in text and "bert.layer.0.attention.self (attn_context)" in text
+    # the keep sentence counts nodes, as the verdict does: 1 of 3 nodes kept, 1 more not settled
+    assert "Keep 1 of 3 quantized layers in FP16; 1 more is not settled" in text
+    tune = parse_result(fake_tune(), strict=False)
+    assert isinstance(tune, TuneResult)
+    node = tune.final.kept_nodes[0]
+    tune = dataclasses.replace(tune, final=dataclasses.replace(tune.final, kept_modules={node: "encoder.layer.0"}))
+    assert tune.final.label(node) == f"encoder.layer.0 ({node})"
+    assert f"encoder.layer.0 ({node})" in _html_text(tune)
+
+
+def test_a_phase_that_read_no_texts_does_not_say_0_texts() -> None:
+    assert phase_words(PhaseCost("plan search", 12.4, 0, utilisation=0.5)) == "plan search 12 s (CPU 50 %)"
+    assert phase_words(PhaseCost("confirm", 3.0)) == "confirm 3 s"
+    assert phase_words(PhaseCost("FP32 reference", 7.0, 400, utilisation=0.9)) == (
+        "FP32 reference 7 s (400 texts, CPU 90 %)")
