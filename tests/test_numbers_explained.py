@@ -92,3 +92,32 @@ def test_a_phase_that_read_no_texts_does_not_say_0_texts() -> None:
     assert phase_words(PhaseCost("confirm", 3.0)) == "confirm 3 s"
     assert phase_words(PhaseCost("FP32 reference", 7.0, 400, utilisation=0.9)) == (
         "FP32 reference 7 s (400 texts, CPU 90 %)")
+
+
+def _plan_result(task: str):  # type: ignore[no-untyped-def]
+    from test_codec_documents import _tune
+
+    from calibkit.results.runs import Difference, PlanEvidence, Range
+
+    diff = Difference(0.0, -0.01, 0.01, 0, 0, 0, None, False, "not significant")
+    search = PlanEvidence(diff, Range(0.99, 0.975, 0.996), 4, 400, agreement_n=1200)
+    holdout = PlanEvidence(diff, Range(0.985, 0.97, 0.993), 6, 400)
+    result = _tune()
+    final = dataclasses.replace(result.final, search_evidence=search, holdout_evidence=holdout)
+    return dataclasses.replace(result, final=final, target=dataclasses.replace(result.target, task=task))
+
+
+def test_plan_json_agreement_carries_its_interval_and_what_it_is_measured_on() -> None:
+    from calibkit.results.codec import to_document
+    from calibkit.results.documents import PlanDocument
+
+    doc = to_document(PlanDocument.of(_plan_result("classification"), "onnxruntime"))["agreement_with_fp32"]
+    assert doc["search_interval"] == {"estimate": 0.99, "low": 0.975, "high": 0.996, "level": 0.95}
+    assert doc["holdout_interval"]["low"] == 0.97 and doc["holdout_interval"]["high"] == 0.993
+    # agreement on the traffic's 1,200 texts, the holdout's on its 400
+    assert (doc["search_texts"], doc["holdout_texts"], doc["kept"]) == (1200, 400, "FP32's predictions")
+    assert doc["search_index_size"] is None  # no index: a classifier's agreement is per text
+    emb = to_document(PlanDocument.of(_plan_result("embedding"), "onnxruntime"))["agreement_with_fp32"]
+    # nearest neighbours are looked up among the split's own texts: the index size is that count
+    assert (emb["search_index_size"], emb["holdout_index_size"]) == (1200, 400)
+    assert "nearest neighbours" in emb["kept"]
