@@ -121,3 +121,36 @@ def test_plan_json_agreement_carries_its_interval_and_what_it_is_measured_on() -
     # nearest neighbours are looked up among the split's own texts: the index size is that count
     assert (emb["search_index_size"], emb["holdout_index_size"]) == (1200, 400)
     assert "nearest neighbours" in emb["kept"]
+
+
+def test_the_demo_summary_gives_every_verdict_with_its_interval_unconfirmed_first() -> None:
+    from test_calibration_document import _demo_summary
+
+    from calibkit.demo.workflow import _index, verdict_lines
+    from calibkit.results.runs import HoldoutVerdict, PlanEvidence, Range
+
+    s = _demo_summary()
+    assert s.embedder is not None
+    not_confirmed = HoldoutVerdict(None, "the agreement's lower bound is below the target",
+                                   {"agreement": "not confirmed", "cosine": "supported"})
+    diff = s.tune.holdout_evidence.accuracy_minus_fp32  # type: ignore[union-attr]
+    emb_ev = PlanEvidence(diff, Range(0.96, 0.93, 0.98), 4, 100, cosine=Range(0.999, 0.998, 0.9995))
+    s = dataclasses.replace(s, embedder=dataclasses.replace(s.embedder, holdout_verdict=not_confirmed,
+                                                            holdout_evidence=emb_ev))
+    lines = verdict_lines(s)
+    assert len(lines) == 3
+    emb, plan, cmp = lines
+    # the embedder's unconfirmed verdict leads, with its interval, its texts and the index it was judged in
+    assert emb.startswith("sentence embedder plan (1 layer kept) (nearest neighbours looked up among the 100 "
+                          "holdout texts): holdout not confirmed (agreement: not confirmed; cosine: supported)")
+    assert "nearest neighbour in the FP32 index kept 96.00 % [93.00, 98.00] on 100 holdout texts" in emb
+    assert "mean cosine 0.9990 [0.9980, 0.9995]" in emb
+    assert plan.startswith("tuned plan (1 layer kept, 90.0 % of FLOPs in INT8): holdout supported")
+    assert "FP32's predictions kept 98.00 % [85.00, 95.00] on 60 holdout texts" in plan
+    assert "accuracy -1.00 points [-3.00, +1.00] vs FP32 (not significant)" in plan
+    assert cmp == ("compare FP32 vs INT8 (mse) on 200 test texts: FP32's predictions kept 98.00 % [85.00, 95.00], "
+                   "accuracy -1.00 points [-3.00, +1.00] (not significant)")
+    md, page = _index(s)
+    assert all(f"- {line}" in md for line in lines)
+    assert md.index("sentence embedder plan") < md.index("tuned plan (1 layer")
+    assert "Verdicts (95 % intervals" in page
