@@ -154,3 +154,15 @@ def test_the_demo_summary_gives_every_verdict_with_its_interval_unconfirmed_firs
     assert all(f"- {line}" in md for line in lines)
     assert md.index("sentence embedder plan") < md.index("tuned plan (1 layer")
     assert "Verdicts (95 % intervals" in page
+
+
+def test_flips_are_said_one_way_and_a_report_without_class_flips_says_why_none_are_listed() -> None:
+    c = dataclasses.replace(_comparison(), agreement=0.9, disagreements=())
+    c = dataclasses.replace(c, eval_set=dataclasses.replace(c.eval_set, count=200))
+    text = _html_text(c)
+    assert "on 200 texts (flips, texts whose prediction changed: 10.00 %)" in text
+    # 20 texts changed, none listed (no class predictions to list): not "Disagreements: 0" beside 10 % flips
+    assert "Flips listed below: none of 20" in text and "Disagreements" not in text
+    listed = parse_result(fake_compare(5), strict=False)
+    assert isinstance(listed, Comparison)
+    assert f"Flips listed below: {len(listed.disagreements)}" in _html_text(listed)

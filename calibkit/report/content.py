@@ -335,12 +335,13 @@ def _compare_summary(report: Comparison) -> list[Block]:
     blocks.append(Bullets((
         Para.of("Agreement of the predictions of A and B: ",
                 Span(pct(report.agreement) + _ci(report.agreement_ci), bold=True),
-                f" (flips: {pct(flips)})"),
+                (f" on {num(report.eval_set.count)} texts" if report.eval_set.count else "")
+                + f" (flips, texts whose prediction changed: {pct(flips)})"),
         Para.of(f"Cosine similarity of the outputs: mean {num(o.cosine_mean, 4)}, min {num(o.cosine_min, 4)}"),
         Para.of(f"Output error: max |Δ| {num(o.max_abs_error)}, mean |Δ| {num(o.mean_abs_error)}"
                 + (f", logit MSE {num(o.logit_mse)}" if o.logit_mse is not None else "")
                 + (f", mean KL {num(o.mean_kl)}" if o.mean_kl is not None else "")),
-        Para.of(f"Disagreements: {len(report.disagreements)}"),
+        Para.of(_flips_listed(report, flips)),
     )))
     blocks += _speed_table(report.speed, "B", "A") if report.speed is not None else (
         [Para.of(f"Speed {report.speed_note}.")] if report.speed_note else [])
@@ -460,10 +461,22 @@ def _finding_blocks(report: Comparison) -> list[Block]:
     return blocks
 
 
+def _flips_listed(report: Comparison, flips: float | None) -> str:
+    """How many of the flips the Flips section lists (one vocabulary: a flip is a text whose prediction
+    changed), and why none are listed when the task's predictions are not classes."""
+    changed = None if flips is None else round(flips * report.eval_set.count)
+    if report.disagreements or not changed:
+        return f"Flips listed below: {len(report.disagreements)}" + (f" of {changed}" if changed else "")
+    return (f"Flips listed below: none of {changed} (this task's predictions are not classes, e.g. an embedder's "
+            "nearest neighbours: see the task section)")
+
+
 def _disagreement_blocks(report: Comparison) -> list[Block]:
-    blocks: list[Block] = [Heading(2, f"Disagreements ({len(report.disagreements)})")]
+    blocks: list[Block] = [Heading(2, f"Flips: texts whose prediction changed ({len(report.disagreements)} "
+                                      "listed)")]
     if not report.disagreements:
-        return [*blocks, Para.of("A and B agree on every text.")]
+        flips = None if report.agreement is None else 1.0 - report.agreement
+        return [*blocks, Para.of("A and B agree on every text." if not flips else _flips_listed(report, flips))]
     shown = report.disagreements[:MAX_DISAGREEMENTS]
     note = (f"First {MAX_DISAGREEMENTS} of {len(report.disagreements)}; all are in report.json."
             if len(report.disagreements) > MAX_DISAGREEMENTS else "")
