@@ -323,13 +323,22 @@ def test_every_documented_command_runs_or_says_why_not(workspace: Path, monkeypa
     monkeypatch.setenv("CALIBKIT_CACHE", str(workspace / ".cache"))
     (workspace / "compare.json").unlink(missing_ok=True)
     commands = sorted((c for c in documented_commands() if c not in NOT_RUNNABLE), key=_stage)
-    failed = []
+    failed, said = [], {}
     for command in commands:
         if command.split()[0] != "calibkit":
             failed.append((command, "not a calibkit command: list it in NOT_RUNNABLE with the reason"))
             continue
         r = _invoke(*_runnable(command))
+        said[command] = " ".join(r.output.split())
         gated = r.exit_code == 8 and any(g in command.split() for g in GATES) and "(8)" in r.output
         if r.exit_code != 0 and not gated:
             failed.append((command, " ".join(r.output.split())[-600:]))
     assert failed == [], "\n".join(f"{c}\n    -> {why}" for c, why in failed)
+    # the embedder's agreement says its interval (or why it has none) and the index it was judged in
+    embedder = said["calibkit compare embedder/fp32.onnx embedder/int8.onnx --traffic auto"]
+    assert re.search(r"nearest-neighbour agreement [\d.]+ % (\[[\d.]+, [\d.]+\]|\(no interval: neighbours are looked"
+                     r" up among the same texts, not drawn apart\)) \(top-1 in an FP32 index of the \d+ traffic "
+                     r"texts: it depends on the index size\)", embedder), embedder
+    classifier = said["calibkit compare engines/fp32.onnx engines/int8.onnx -e demo_assets/data/test.jsonl"]
+    assert re.search(r"agreement [\d.]+ % \[[\d.]+, [\d.]+\] on 240 texts, flips \(texts whose prediction "
+                     r"changed\)", classifier), classifier

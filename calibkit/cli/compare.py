@@ -214,7 +214,9 @@ def _print_summary(result: Comparison, json_path: Path | None, report_dir: Path 
     fid = result.task.fidelity
     if kind != "classification" and fid is not None:
         extra = "  ".join(f"{k.replace('_', ' ')} {_n(v, '.4f')}" for k, v in fid.extra.items() if k != "k")
-        what = {"embedding": f"nearest-neighbour agreement (top-1 among the eval texts) {_pct(fid.agreement)} %",
+        n = result.eval_set.count
+        what = {"embedding": f"nearest-neighbour agreement {_pct(fid.agreement)} %{_nn_ci(result.agreement_ci)}"
+                             f" (top-1 in an FP32 index of the {n} eval texts: it depends on the index size)",
                 "token-classification": f"per-token agreement {_pct(fid.agreement)} %",
                 "multi-label": f"same label set {_pct(fid.agreement)} %, same decision per label "
                                f"{_pct(fid.extra.get('label_decision_agreement'))} %",
@@ -225,11 +227,12 @@ def _print_summary(result: Comparison, json_path: Path | None, report_dir: Path 
     if kind in ("regression", "multi-label"):  # no argmax to flip: the task line above says it all
         out.print(f"output error: max |err| {_n(o.max_abs_error, '.4g')}, mean |err| {_n(o.mean_abs_error, '.4g')}")
     else:
+        changed = None if result.flip_rate is None else round(result.flip_rate * result.eval_set.count)
         out.print(
-            f"agreement {_pct(result.agreement)} %{_ci(result.agreement_ci, 100, 2)}, flips "
-            f"{_pct(result.flip_rate)} %  logit cosine mean {_n(o.cosine_mean, '.5f')} min "
-            f"{_n(o.cosine_min, '.5f')}  max |err| {_n(o.max_abs_error, '.4g')}  mean KL {_n(o.mean_kl, '.3g')}  "
-            f"({len(result.disagreements)} disagreements listed)"
+            f"agreement {_pct(result.agreement)} %{_ci(result.agreement_ci, 100, 2)} on {result.eval_set.count} "
+            f"texts, flips (texts whose prediction changed) {_pct(result.flip_rate)} %  logit cosine mean "
+            f"{_n(o.cosine_mean, '.5f')} min {_n(o.cosine_min, '.5f')}  max |err| {_n(o.max_abs_error, '.4g')}  "
+            f"mean KL {_n(o.mean_kl, '.3g')}  ({_listed(len(result.disagreements), changed)})"
         )
     bands = result.flips_by_confidence
     if bands and sum(b.flips for b in bands):
@@ -266,10 +269,12 @@ def _print_traffic(result: Comparison) -> None:
     say(f"traffic: {ev.count} texts of {Path(ev.path).name} (no labels; excluded {excluded or 'nothing'})")
     kind = result.task.kind
     if kind == "embedding":
-        what = (f"nearest-neighbour agreement {_pct(fid.agreement)} % (top-1 among the traffic texts), top-10 "
+        what = (f"nearest-neighbour agreement {_pct(fid.agreement)} %{_nn_ci(tr.agreement_ci)} (top-1 in an "
+                f"FP32 index of the {ev.count} traffic texts: it depends on the index size), top-10 "
                 f"overlap {_pct(fid.extra.get('retrieval_overlap_at_k'))} %")
     elif tr.agreement_ci is not None:
-        what = (f"agreement {_pct(fid.agreement)} %{_ci(tr.agreement_ci, 100, 2)}, {tr.flips} flips, "
+        what = (f"agreement {_pct(fid.agreement)} %{_ci(tr.agreement_ci, 100, 2)}, {tr.flips} flips (texts "
+                "whose prediction changed), "
                 f"mean KL {_n(tr.mean_kl, '.3g')}")
     else:
         what = f"agreement {_pct(fid.agreement)} %"
@@ -362,6 +367,18 @@ def layer_line(v: LayerVerdict) -> str:
         short = short[:97] + "..."
     more = f" (+{len(v.reasons) - 1} more)" if len(v.reasons) > 1 else ""
     return f"layer {v.index} {v.flag.value} {v.label}: {short}{more}"
+
+
+def _nn_ci(iv: Range | None) -> str:
+    """A nearest-neighbour agreement's interval, or why it has none: each text's neighbours are among the
+    others, so its per-text values are not independent draws a paired interval could rest on."""
+    return _ci(iv, 100, 2) or " (no interval: neighbours are looked up among the same texts, not drawn apart)"
+
+
+def _listed(shown: int, changed: int | None) -> str:
+    if changed and not shown:
+        return f"none of {changed} flips listed: the predictions are not classes"
+    return f"{shown} of {changed if changed is not None else '?'} flips listed"
 
 
 def _ci(iv: Range | None, scale: float, digits: int) -> str:
