@@ -318,6 +318,7 @@ def _runnable(command: str) -> list[str]:
     return args
 
 
+@pytest.mark.slow  # about 60 commands: 53-62 s alone on 2 cores, up to 2 min on a busy machine
 def test_every_documented_command_runs_or_says_why_not(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(workspace)
     monkeypatch.setenv("CALIBKIT_CACHE", str(workspace / ".cache"))
