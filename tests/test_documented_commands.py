@@ -340,6 +340,10 @@ def test_every_documented_command_runs_or_says_why_not(workspace: Path, monkeypa
     assert re.search(r"nearest-neighbour agreement [\d.]+ % (\[[\d.]+, [\d.]+\]|\(no interval: neighbours are looked"
                      r" up among the same texts, not drawn apart\)) \(top-1 in an FP32 index of the \d+ traffic "
                      r"texts: it depends on the index size\)", embedder), embedder
+    # tune.json names its traffic log relative to its own folder, as every document's paths are read
+    traffic = json.loads((workspace / "runs" / "tune-model" / "tune.json").read_text())["eval_set"]["traffic"]
+    assert not Path(traffic["path"]).is_absolute()
+    assert (workspace / "runs" / "tune-model" / traffic["path"]).resolve().is_file(), traffic["path"]
     classifier = said["calibkit compare engines/fp32.onnx engines/int8.onnx -e demo_assets/data/test.jsonl"]
     assert re.search(r"agreement [\d.]+ % \[[\d.]+, [\d.]+\] on 240 texts, flips \(texts whose prediction "
                      r"changed\)", classifier), classifier

@@ -166,3 +166,23 @@ def test_flips_are_said_one_way_and_a_report_without_class_flips_says_why_none_a
     listed = parse_result(fake_compare(5), strict=False)
     assert isinstance(listed, Comparison)
     assert f"Flips listed below: {len(listed.disagreements)}" in _html_text(listed)
+
+
+def test_tune_json_names_its_traffic_log_relative_to_its_own_folder(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from test_codec_documents import _tune
+
+    from calibkit.evaluate.tune import _traffic_beside
+    from calibkit.provenance import document_path
+    from calibkit.results.runs import Evidence
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "prod.jsonl").write_text("{}\n")
+    result = _tune()
+    result = dataclasses.replace(result, eval_set=dataclasses.replace(
+        result.eval_set, traffic=Evidence("logs/prod.jsonl", 10)))  # as given, from the folder tune ran in
+    written = _traffic_beside(result, tmp_path / "runs" / "tune-model")
+    assert written.eval_set.traffic is not None and written.eval_set.traffic.path == "../../logs/prod.jsonl"
+    monkeypatch.chdir(tmp_path / "logs")  # read from anywhere: against tune.json's folder
+    assert document_path(tmp_path / "runs" / "tune-model" / "tune.json", written.eval_set.traffic.path, {}) == (
+        tmp_path / "logs" / "prod.jsonl")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -1327,9 +1328,20 @@ def _write_outputs(out: Path, model_dir: ModelDir, fp: Any, table: CalibrationTa
         write_calibration_json(tmp / "calibration.json", table, extras)
         if write_document is not None:
             write_document(plan_file(result, config.target), tmp / "plan.json")
-            write_document(result, tmp / "tune.json")
+            write_document(_traffic_beside(result, out), tmp / "tune.json")
     return TuneRun(out_dir=out, model_path=out / "model.int8.onnx", cache_path=out / "calibration.cache",
                    json_path=out / "calibration.json", plan_path=out / "plan.json", result=result)
+
+
+def _traffic_beside(result: TuneResult, folder: Path) -> TuneResult:
+    """``result`` with its traffic log's path relative to ``folder``, tune.json's: a relative path in a document
+    is read against the document's folder (:func:`calibkit.provenance.document_path`), wherever the reader
+    runs; it was written as given, relative to the folder tune ran in."""
+    ev = result.eval_set.traffic
+    if ev is None or not ev.path:
+        return result
+    where = os.path.relpath(os.path.abspath(ev.path), os.path.abspath(folder))
+    return replace(result, eval_set=replace(result.eval_set, traffic=replace(ev, path=where)))
 
 
 def plan_file(result: TuneResult, layout: str) -> PlanDocument:
