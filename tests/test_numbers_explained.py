@@ -186,3 +186,20 @@ def test_tune_json_names_its_traffic_log_relative_to_its_own_folder(tmp_path, mo
     monkeypatch.chdir(tmp_path / "logs")  # read from anywhere: against tune.json's folder
     assert document_path(tmp_path / "runs" / "tune-model" / "tune.json", written.eval_set.traffic.path, {}) == (
         tmp_path / "logs" / "prod.jsonl")
+
+
+def test_tune_prints_the_plans_agreement_with_its_interval_and_texts() -> None:
+    from rich.console import Console
+
+    from calibkit.cli.tune import _table
+
+    def shown(task: str) -> str:
+        console = Console(width=400, record=True)
+        console.print(_table(_plan_result(task)))
+        return " ".join(console.export_text().split())
+
+    text = shown("classification")
+    assert "99.00 % [97.50, 99.60] on 1,200" in text and "98.50 % [97.00, 99.30] on 400" in text
+    assert "with its 95 % interval and texts" in text and "FP32 index" not in text
+    assert "FP32 index of each split's texts, so the agreement depends on its size: search 1,200, holdout 400" in (
+        shown("embedding"))
