@@ -203,3 +203,21 @@ def test_tune_prints_the_plans_agreement_with_its_interval_and_texts() -> None:
     assert "with its 95 % interval and texts" in text and "FP32 index" not in text
     assert "FP32 index of each split's texts, so the agreement depends on its size: search 1,200, holdout 400" in (
         shown("embedding"))
+
+
+def test_the_two_attention_products_of_a_layer_have_a_name_each() -> None:
+    from calib_helpers import tiny_model
+
+    from calibkit.evaluate.layers import find_layers
+    from calibkit.names import CONTEXT, SCORES, attention_products
+
+    model = tiny_model()
+    assert attention_products(model) == {"scores": SCORES, "context": CONTEXT}  # weights' MatMuls are neither
+    legacy = {"proj": "/bert/layer.0/attention/self/query/MatMul", "scores": "/bert/layer.0/attention/self/MatMul",
+              "context": "/bert/layer.0/attention/self/MatMul_1"}
+    for node in model.graph.node:
+        node.name = legacy.get(node.name, node.name)
+    labels = {spec.label for spec in find_layers(model)}
+    assert "bert.layer.0.attention.self: attention scores QK^T (/bert/layer.0/attention/self/MatMul)" in labels
+    assert "bert.layer.0.attention.self: attention context PV (/bert/layer.0/attention/self/MatMul_1)" in labels
+    assert "bert.layer.0.attention.self.query (/bert/layer.0/attention/self/query/MatMul)" in labels

@@ -93,7 +93,7 @@ from calibkit.evidence.split import SplitEvidence, split_evidence, split_subsets
 from calibkit.evidence.subsets import EvalSubset
 from calibkit.executors import from_spec
 from calibkit.graph import check_float_source, load_model, model_input_names, model_sha256
-from calibkit.names import node_names
+from calibkit.names import attention_products, node_names, with_product
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.quantize.placement import plan_placement
 from calibkit.quantize.tablefile import write_calibration_json
@@ -1069,7 +1069,7 @@ def _final_plan(model: _Model, evidence: SplitEvidence, config: TuneRequest, tab
     final_hold = hold_scores.get(final.plan)
     reasons = _reasons(final.plan, ranking.harm, ranking.base, flops, ranking.own_sqnr, searched.outcome.tried,
                        evidence.task)
-    modules = node_names(model.proto, config.op_types)
+    modules, products = node_names(model.proto, config.op_types), attention_products(model.proto)
     return TunePlan(
         kept_nodes=tuple(final.plan), int8_flops_fraction=final.int8_flops_fraction * share, method=tables.base_key,
         accuracy_search=finite(final.accuracy), accuracy_holdout=finite(hold_acc.get(final.plan)),
@@ -1085,7 +1085,8 @@ def _final_plan(model: _Model, evidence: SplitEvidence, config: TuneRequest, tab
         holdout_verdict=holdout_verdict(config, hold_ev, allowed_change(config, evidence), evidence.task,
                                         confirmed=conf is not None and conf.chosen is not None),
         reasons={n: tuple(r) for n, r in reasons.items()},
-        kept_modules={n: modules[n].module for n in final.plan if n in modules and modules[n].module},
+        kept_modules={n: with_product(modules[n].module, products.get(n)) for n in final.plan
+                      if n in modules and modules[n].module},
         speed=searched.speed, speed_note=searched.speed_note, served=searched.served,
     )
 
