@@ -221,3 +221,11 @@ def test_the_two_attention_products_of_a_layer_have_a_name_each() -> None:
     assert "bert.layer.0.attention.self: attention scores QK^T (/bert/layer.0/attention/self/MatMul)" in labels
     assert "bert.layer.0.attention.self: attention context PV (/bert/layer.0/attention/self/MatMul_1)" in labels
     assert "bert.layer.0.attention.self.query (/bert/layer.0/attention/self/query/MatMul)" in labels
+
+
+def test_an_embedders_report_says_its_neighbour_index_is_the_texts_it_measured() -> None:
+    from calibkit.report.content import _fidelity_rows
+    from calibkit.results.runs import Fidelity
+
+    rows = dict((name, why) for name, _, why in _fidelity_rows("embedding", Fidelity(0.9, 0.99, 0.9), 823))
+    assert "the FP32 index is those 823 texts, so the value depends on its size" in rows["same nearest neighbour"]

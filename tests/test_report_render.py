@@ -469,7 +469,7 @@ def test_compare_traffic_fidelity_is_rendered(tmp_path: Path) -> None:
     md, html = paths.markdown.read_text().replace("\\", ""), paths.html.read_text()
     for out in (md, html):
         assert "Traffic fidelity" in out and "logs/prod.jsonl" in out and "2000 of 48211 rows" in out
-        assert "98.65 % [98.06, 99.07]" in out and "flips: 27" in out and "mean KL 0.003" in out
+        assert "98.65 % [98.06, 99.07]" in out and "prediction changed: 27" in out and "mean KL 0.003" in out
         assert "calibration set: 128" in out and "duplicate lines: 6819" in out
     assert "Traffic fidelity" not in render_report({"format": "calibkit-compare/1"}, tmp_path / "b"
                                                    ).markdown.read_text()

@@ -161,7 +161,7 @@ _TASK_NAMES = {"classification": "classification", "embedding": "embedding",
                "multi-label": "multi-label classification"}
 
 
-def _fidelity_rows(kind: str, t: Fidelity) -> list[tuple[str, str, str]]:
+def _fidelity_rows(kind: str, t: Fidelity, texts: int = 0) -> list[tuple[str, str, str]]:
     """(metric, value, what it measures) of B against A, in the task's own terms."""
     extra = {name: v for name, v in t.extra.items() if v is not None}
     metric = extra.get
@@ -172,7 +172,9 @@ def _fidelity_rows(kind: str, t: Fidelity) -> list[tuple[str, str, str]]:
             ("cosine to A, mean", num(t.cosine_mean, 5), "per text, between B's and A's embedding"),
             ("cosine to A, min", num(t.cosine_min, 5), "the least faithful text"),
             ("same nearest neighbour", pct(metric("retrieval_top1_agreement") or t.agreement),
-             "each eval text queries the others by cosine: B's top-1 is A's"),
+             "each eval text queries the others by cosine: B's top-1 is A's; the FP32 index is those "
+             + (f"{texts:,} " if texts else "") + "texts, so the value depends on its size (no interval: the "
+             "neighbours are looked up among the same texts, not drawn apart)"),
             (f"{kk} neighbour overlap", num(metric("retrieval_overlap_at_k"), 4),
              f"mean share of A's {kk} neighbours that B also ranks in its {kk}"),
         ]
@@ -245,7 +247,7 @@ def _confidence_blocks(bands: Sequence[ConfidenceBand]) -> list[Block]:
     ]
 
 
-def _task_blocks(t: TaskResult) -> list[Block]:
+def _task_blocks(t: TaskResult, texts: int = 0) -> list[Block]:
     fid = t.fidelity if t.fidelity is not None else Fidelity(None, None, None)
     measured = any(v is not None for v in (fid.agreement, fid.cosine_mean, *fid.extra.values()))
     if not measured and (t.gold is None or not t.gold.engines):
@@ -255,8 +257,8 @@ def _task_blocks(t: TaskResult) -> list[Block]:
     blocks.append(Para.of("B against A in the terms of the task calibkit chose for output ",
                           Span(text(t.output), code=True), " (", Span(kind, bold=True), "; ",
                           "labelled eval set" if t.labelled else "no labels needed", ")."))
-    blocks.append(Table(headers=("B against A", "value", "what it measures"), rows=tuple(_fidelity_rows(t.kind, fid)),
-                        numeric=(False, True, False)))
+    blocks.append(Table(headers=("B against A", "value", "what it measures"),
+                        rows=tuple(_fidelity_rows(t.kind, fid, texts)), numeric=(False, True, False)))
     if t.gold is not None and t.gold.engines:
         blocks += _gold_blocks(t.gold)
     return blocks
@@ -286,7 +288,7 @@ def _traffic_blocks(t: TrafficFidelity | None) -> list[Block]:
     agreement = fid.agreement if t.agreement_ci is None or t.agreement_ci.estimate is None else t.agreement_ci.estimate
     items = [
         Para.of("Decisions unchanged: ", Span(pct(agreement) + _ci(t.agreement_ci), bold=True),
-                f" (flips: {num(t.flips)})"),
+                f" on {num(ev.count)} texts (flips, texts whose prediction changed: {num(t.flips)})"),
         Para.of(f"Cosine similarity of the outputs: mean {num(fid.cosine_mean, 4)}, min {num(fid.cosine_min, 4)}"
                 + (f"; mean KL {num(t.mean_kl)}" if t.mean_kl is not None else "")),
     ]
@@ -346,7 +348,7 @@ def _compare_summary(report: Comparison) -> list[Block]:
     blocks += _speed_table(report.speed, "B", "A") if report.speed is not None else (
         [Para.of(f"Speed {report.speed_note}.")] if report.speed_note else [])
     blocks += _confidence_blocks(report.flips_by_confidence)
-    blocks += _task_blocks(report.task)
+    blocks += _task_blocks(report.task, report.eval_set.count)
     blocks += _traffic_blocks(report.traffic)
     if report.layer_samples or report.sensitivity_samples:
         sens = num(report.sensitivity_samples) if report.sensitivity_samples else "no"
