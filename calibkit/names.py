@@ -142,3 +142,58 @@ def unmatched_patterns(patterns: Sequence[str], names: Iterable[NodeName]) -> tu
     """The patterns that select no node: a typo, or a name form this model's exporter does not write."""
     pool = list(names)
     return tuple(p for p, rx in zip(patterns, compile_patterns(patterns)) if not any(n.matches(rx) for n in pool))
+
+
+# The two products of attention are MatMuls of two activations in one module: a module path alone names both.
+_BACK = frozenset({"QuantizeLinear", "DequantizeLinear", "Cast", "Identity", "Dropout", "Transpose"})
+_TO_SOFTMAX = frozenset({"QuantizeLinear", "DequantizeLinear", "Cast", "Identity", "Div", "Mul", "Add", "Sub", "Where",
+                         "Reshape"})
+SCORES, CONTEXT = "attention scores QK^T", "attention context PV"
+
+
+def attention_products(model: onnx.ModelProto) -> dict[str, str]:
+    """node -> which attention product it computes, for MatMuls of two activations (no weight behind either
+    input, seen through Q/DQ and casts): ``CONTEXT`` when one input comes from a Softmax, ``SCORES`` when its
+    output flows into one through elementwise ops (scaling, masking)."""
+    graph = model.graph
+    consts = {i.name for i in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    producer = {o: n for n in graph.node for o in n.output if o}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+
+    def back(t: str) -> tuple[bool, bool]:  # (a weight, a Softmax output)
+        for _ in range(6):
+            if t in consts:
+                return True, False
+            p = producer.get(t)
+            if p is None or p.op_type not in _BACK:
+                return False, p is not None and p.op_type == "Softmax"
+            t = p.input[0]
+        return False, False
+
+    def to_softmax(t: str, depth: int = 5) -> bool:
+        nexts = consumers.get(t, [])
+        if any(c.op_type == "Softmax" for c in nexts):
+            return True
+        return depth > 0 and any(to_softmax(c.output[0], depth - 1) for c in nexts
+                                 if c.op_type in _TO_SOFTMAX and c.output)
+
+    out: dict[str, str] = {}
+    for i, n in enumerate(graph.node):
+        if n.op_type != "MatMul" or len(n.input) < 2:
+            continue
+        seen = [back(t) for t in n.input[:2]]
+        if any(weight for weight, _ in seen):
+            continue
+        if any(soft for _, soft in seen):
+            out[node_label(n, i)] = CONTEXT
+        elif n.output and to_softmax(n.output[0]):
+            out[node_label(n, i)] = SCORES
+    return out
+
+
+def with_product(module: str, product: str | None) -> str:
+    """A module path with the attention product its node computes: one name per layer."""
+    return f"{module}: {product}" if module and product else module

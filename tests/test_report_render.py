@@ -184,7 +184,7 @@ def test_markdown_tables_keep_their_columns_with_pipes_and_newlines_in_names(com
         widths = {_cells(row) for row in table}
         assert len(widths) == 1, f"ragged table: {table[0]}"
     assert PIPE_NODE.replace("|", r"\|").replace("_", r"\_") in md
-    disagreements = md[md.index("## Disagreements"):]
+    disagreements = md[md.index("## Flips: texts whose prediction changed"):]
     row = next(line for line in disagreements.splitlines() if line.startswith("| 4 "))
     assert r"that \| breaks tables" in row
 
@@ -365,7 +365,8 @@ def test_intervals_verdict_warnings_and_subsets_are_rendered(tmp_path: Path) -> 
     }
     md = render_report(doc, tmp_path / "r").markdown.read_text().replace("\\", "")
     assert "+0.20 pt [-0.40, +0.80]" in md and "not significant" in md and "9,000 examples" in md
-    assert "85.00 % [83.00, 87.00]" in md and "97.00 % [96.20, 97.70]" in md and "flips: 3.00 %" in md
+    assert "85.00 % [83.00, 87.00]" in md and "97.00 % [96.20, 97.70]" in md
+    assert "flips, texts whose prediction changed: 3.00 %" in md
     assert "Warning:" in md and "only 10 examples" in md
     assert "256 of 2114 rows, stratified, seed 0" in md
     assert "1 layer with insufficient evidence" in md and "+0.78 pt [-0.40, +2.00]" in md
@@ -448,7 +449,7 @@ def test_flips_are_shown_by_how_sure_a_was(compare_report) -> None:
     band = next(t for t in _tables(summary) if "A's top-2 probability gap" in t[0])
     assert [r.split("|")[1].strip() for r in band[2:]] == ["0.00 to 0.10", "0.10 to 0.50", "0.50 to 1.00"]
     assert "| 1641 | 10 | 0.61 % |" in band[4]
-    listed = md[md.index("## Disagreements"):]
+    listed = md[md.index("## Flips: texts whose prediction changed"):]
     assert "| 0.042 |" in listed, "each disagreement shows A's top-2 gap"
 
 
@@ -468,7 +469,7 @@ def test_compare_traffic_fidelity_is_rendered(tmp_path: Path) -> None:
     md, html = paths.markdown.read_text().replace("\\", ""), paths.html.read_text()
     for out in (md, html):
         assert "Traffic fidelity" in out and "logs/prod.jsonl" in out and "2000 of 48211 rows" in out
-        assert "98.65 % [98.06, 99.07]" in out and "flips: 27" in out and "mean KL 0.003" in out
+        assert "98.65 % [98.06, 99.07]" in out and "prediction changed: 27" in out and "mean KL 0.003" in out
         assert "calibration set: 128" in out and "duplicate lines: 6819" in out
     assert "Traffic fidelity" not in render_report({"format": "calibkit-compare/1"}, tmp_path / "b"
                                                    ).markdown.read_text()

@@ -115,7 +115,10 @@ def run_tune(model, cset, eval_set, out, request: TuneRequest, *, traffic=None, 
     resources = Resources(workers=workers, progress=progress or no_progress, writer=_DocumentWriter())
     run = _run_tune(request, resources)
     doc = json.loads((run.out_dir / "tune.json").read_text())
-    assert parse_result(doc) == run.result
+    from calibkit.evaluate.tune import _traffic_beside
+
+    # the same result, its traffic log named relative to tune.json's folder
+    assert parse_result(doc) == _traffic_beside(run.result, run.out_dir)
     return Run(run, doc)
 
 

@@ -217,17 +217,18 @@ def _print_summary(result: Comparison, json_path: Path | None, report_dir: Path 
     traits = _kind(kind)
     if not (traits is not None and traits.classifies) and fid is not None:
         extra = "  ".join(f"{k.replace('_', ' ')} {_n(v, '.4f')}" for k, v in fid.extra.items() if k != "k")
-        what = traits.terminal_fidelity(fid) if traits is not None else ""
+        what = traits.terminal_fidelity(fid, result.eval_set.count, _nn_ci(result.agreement_ci)) if traits else ""
         out.print(f"task {kind} ({result.task.output}): {what}  cosine to A mean {_n(fid.cosine_mean, '.5f')} "
                   f"min {_n(fid.cosine_min, '.5f')}  {extra}")
     if traits is not None and not traits.flips:  # no argmax to flip: the task line above says it all
         out.print(f"output error: max |err| {_n(o.max_abs_error, '.4g')}, mean |err| {_n(o.mean_abs_error, '.4g')}")
     else:
+        changed = None if result.flip_rate is None else round(result.flip_rate * result.eval_set.count)
         out.print(
-            f"agreement {_pct(result.agreement)} %{_ci(result.agreement_ci, 100, 2)}, flips "
-            f"{_pct(result.flip_rate)} %  logit cosine mean {_n(o.cosine_mean, '.5f')} min "
-            f"{_n(o.cosine_min, '.5f')}  max |err| {_n(o.max_abs_error, '.4g')}  mean KL {_n(o.mean_kl, '.3g')}  "
-            f"({len(result.disagreements)} disagreements listed)"
+            f"agreement {_pct(result.agreement)} %{_ci(result.agreement_ci, 100, 2)} on {result.eval_set.count} "
+            f"texts, flips (texts whose prediction changed) {_pct(result.flip_rate)} %  logit cosine mean "
+            f"{_n(o.cosine_mean, '.5f')} min {_n(o.cosine_min, '.5f')}  max |err| {_n(o.max_abs_error, '.4g')}  "
+            f"mean KL {_n(o.mean_kl, '.3g')}  ({_listed(len(result.disagreements), changed)})"
         )
     bands = result.flips_by_confidence
     if bands and sum(b.flips for b in bands):
@@ -263,11 +264,12 @@ def _print_traffic(result: Comparison) -> None:
     excluded = "; ".join(x for x in ev.exclusions if not x.startswith("log sha256"))
     say(f"traffic: {ev.count} texts of {Path(ev.path).name} (no labels; excluded {excluded or 'nothing'})")
     traits = _kind(result.task.kind)
-    own = traits.terminal_traffic(fid) if traits is not None else None
+    own = traits.terminal_traffic(fid, ev.count, _nn_ci(tr.agreement_ci)) if traits is not None else None
     if own is not None:
         what = own
     elif tr.agreement_ci is not None:
-        what = (f"agreement {_pct(fid.agreement)} %{_ci(tr.agreement_ci, 100, 2)}, {tr.flips} flips, "
+        what = (f"agreement {_pct(fid.agreement)} %{_ci(tr.agreement_ci, 100, 2)}, {tr.flips} flips (texts "
+                "whose prediction changed), "
                 f"mean KL {_n(tr.mean_kl, '.3g')}")
     else:
         what = f"agreement {_pct(fid.agreement)} %"
@@ -280,7 +282,12 @@ def _print_layers(result: Comparison) -> None:
     from rich.table import Table
 
     flagged = result.flagged
-    title = f"{len(flagged)} of {len(result.layers)} quantized layer inputs flagged"
+    by_flag: dict[str, int] = {}
+    for v in flagged:
+        by_flag[v.flag.value] = by_flag.get(v.flag.value, 0) + 1
+    title = (f"{len(flagged)} of {len(result.layers)} quantized layer inputs flagged "
+             f"({count(len({v.node for v in flagged}), 'node')} of {len({v.node for v in result.layers})})"
+             + (": " + ", ".join(f"{n} {flag}" for flag, n in by_flag.items()) if flagged else ""))
     if not out.is_terminal:
         say(title)
         for v in flagged:
@@ -321,18 +328,29 @@ def _print_verdict(result: Comparison) -> None:
         say(f"per-layer sensitivity: {count(ev.layers, 'node')} on {ev.samples} {ev.source} texts, judged by "
             f"{ev.basis}; {fid}")
     keep = result.keep_in_higher_precision
-    unsure = sum(v.flag.value == "insufficient-evidence" for v in result.layers)
+    label = {v.node: v.label for v in result.layers}
+    unsure = [v for v in result.layers if v.flag.value == "insufficient-evidence"]
     if keep:
-        label = {v.node: v.label for v in result.layers}
-        shown = [label.get(n, n) for n in keep[:12]]
-        head = rec.verdict or f"keep {count(len(keep), 'node')} in {rec.precision}"
-        say(f"recommendation: {head}: {', '.join(shown)}" + (" ..." if len(keep) > 12 else ""))
+        # the list follows the clause it lists ("keep N nodes"); the not-settled clause and its nodes come after
+        head, _, rest = (rec.verdict or f"keep {count(len(keep), 'node')} in {rec.precision}").partition("; ")
+        say(f"recommendation: {head}: {_names(keep, label)}")
+        unsettled = list(dict.fromkeys(v.node for v in unsure if v.node not in keep))
+        if rest and unsettled:
+            say(f"{rest}: {_names(unsettled, label)}")
     elif rec.verdict:
         say(f"recommendation: {rec.verdict}")
     else:  # a document written before verdicts were recorded
         say("recommendation: not measured — this result records no per-layer verdict")
     if unsure:
-        say(f"{count(unsure, 'layer')}: insufficient evidence (effect within its 95 % interval; see the reasons)")
+        nodes = len({v.node for v in unsure})
+        say(f"{count(len(unsure), 'quantized layer input')} of {count(nodes, 'node')}: insufficient evidence "
+            "(effect within its 95 % interval; see the reasons)")
+
+
+def _names(nodes: list[str] | tuple[str, ...], label: dict[str, str], most: int = 12) -> str:
+    """The first ``most`` nodes by the name the layer table gives them, and how many more there are."""
+    shown = ", ".join(label.get(n, n) for n in nodes[:most])
+    return shown + (f" and {len(nodes) - most} more" if len(nodes) > most else "")
 
 
 def layer_line(v: LayerVerdict) -> str:
@@ -344,6 +362,18 @@ def layer_line(v: LayerVerdict) -> str:
         short = short[:97] + "..."
     more = f" (+{len(v.reasons) - 1} more)" if len(v.reasons) > 1 else ""
     return f"layer {v.index} {v.flag.value} {v.label}: {short}{more}"
+
+
+def _nn_ci(iv: Range | None) -> str:
+    """A nearest-neighbour agreement's interval, or why it has none: each text's neighbours are among the
+    others, so its per-text values are not independent draws a paired interval could rest on."""
+    return _ci(iv, 100, 2) or " (no interval: neighbours are looked up among the same texts, not drawn apart)"
+
+
+def _listed(shown: int, changed: int | None) -> str:
+    if changed and not shown:
+        return f"none of {changed} flips listed: the predictions are not classes"
+    return f"{shown} of {changed if changed is not None else '?'} flips listed"
 
 
 def _ci(iv: Range | None, scale: float, digits: int) -> str:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from calibkit.cli._common import FLOAT, INTEGER, RichProgress, count, handle_errors, out
+from calibkit.cli._common import FLOAT, INTEGER, RichProgress, handle_errors, out
 
 HELP = (
     "Run the whole workflow on the demo: prepare the assets (if not done), sample the production log, "
@@ -14,7 +14,7 @@ HELP = (
     "mixed-precision plan, and write reports/demo-<variant>/index/index.html — open that first.\n\n"
     "Examples:\n\n"
     "  calibkit demo run                 # fine-tuned model: 2 min of fine-tuning, then about 24 min on 2 cores\n\n"
-    "  calibkit demo run --fast          # logistic-regression head and small subsets, a few minutes\n"
+    "  calibkit demo run --fast          # logistic-regression head and small subsets; its estimate is printed first\n"
 )
 
 
@@ -32,7 +32,7 @@ def run(
 ) -> None:
     with handle_errors():
         from calibkit.demo.prepare import check_demo_folder
-        from calibkit.demo.workflow import WorkflowOptions, run_workflow
+        from calibkit.demo.workflow import WorkflowOptions, run_workflow, verdict_lines
         from calibkit.outdirs import check_writable
 
         kw: dict = {"reports_dir": reports_dir, "workers": workers,
@@ -49,14 +49,7 @@ def run(
         s = res.summary
         out.print(f"FP32 accuracy {100 * s['fp32_accuracy']:.2f} %; INT8 by method: "
                   + ", ".join(f"{m} {100 * a:.2f} %" for m, a in s["method_accuracy"].items()))
-        t = s["tune"]
-        verdict = t.get("holdout_verdict") or {}
-        holdout = {True: "supports the plan", False: "does NOT support the plan"}.get(verdict.get("supported"),
-                                                                                   "gives no verdict")
-        agreement = t.get("agreement_holdout")
-        out.print(f"tuned plan: {count(len(t['kept_nodes']), 'layer')} kept, {100 * t['int8_flops_fraction']:.1f} % of "
-                  f"MatMul/Gemm FLOPs in INT8; target {'met' if t['met_target'] else 'NOT met'} on the search "
-                  f"split; holdout {100 * t['accuracy_holdout']:.2f} % vs FP32 {100 * t['fp32_accuracy_holdout']:.2f} %"
-                  + (f", agreement {100 * agreement:.2f} %" if agreement is not None else "")
-                  + f": the holdout {holdout}")
+        # every verdict with its interval, the ones the holdout did not confirm first
+        for line in verdict_lines(res.document) if res.document is not None else ():
+            out.print(line, markup=False, highlight=False)
         out.print(f"open first: {res.index_html}")

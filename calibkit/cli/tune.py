@@ -179,11 +179,10 @@ def _summary(run: TuneRun, report_dir: Path | None) -> None:
     say(f"target {verdict}; INT8 share of linear FLOPs (fused ops included): {100 * f.int8_flops_fraction:.1f} %; "
         f"{len(r.candidates)} candidates measured, {r.evaluations_reused} evaluations reused")
     _decision_lines(r)
-    modules = f.kept_modules
     for n in f.kept_nodes:
         why = f.reasons_for(n)
         short = f": {why[0].split(' (')[0]}" if why and not out.is_terminal else ""
-        say((f"  keep {modules[n]} ({n})" if modules.get(n) and modules[n] not in n else f"  keep {n}") + short)
+        say(f"  keep {f.label(n)}{short}")
     say(f"wrote {run.out_dir}/ ({', '.join(_OUT_NAMES)})")
     if report_dir:
         say(f"report: {report_dir}/report.html")
@@ -227,7 +226,11 @@ def _table(r: TuneResult) -> Table:
     cols = ["", "agreement search", "agreement holdout"]
     cols[1:1] = ["accuracy search", "accuracy holdout"] if classifies else []
     cols += [] if classifies else ["cosine search", "cosine holdout"]
-    t = Table(title=f"tune (agreement: share of {AGREEMENT_NOUNS.get(r.target.task, 'outputs')} kept)")
+    index = (f"; neighbours looked up in an FP32 index of each split's texts, so the agreement depends on its "
+             f"size: search {_texts(r.final.search_evidence)}, holdout {_texts(r.final.holdout_evidence)}"
+             if r.target.task == "embedding" else "")
+    t = Table(title=f"tune (agreement: share of {AGREEMENT_NOUNS.get(r.target.task, 'outputs')} kept, the plan's "
+                    f"with its 95 % interval and texts{index})")
     for col in cols:
         t.add_column(col, justify="right" if col else "left")
     f, allint8 = r.final, r.all_int8
@@ -237,10 +240,25 @@ def _table(r: TuneResult) -> Table:
              [_pct(allint8.agreement_search if allint8 else None), _pct(f.all_int8_agreement_holdout)],
              [_cos(allint8.cosine_search if allint8 else None), _cos(f.all_int8_cosine_holdout)]),
             (f"plan ({count(len(f.kept_nodes), 'layer')} kept)", [_pct(f.accuracy_search), _pct(f.accuracy_holdout)],
-             [_pct(f.agreement_search), _pct(f.agreement_holdout)], [_cos(f.cosine_search), _cos(f.cosine_holdout)])]
+             [_agreement(f.agreement_search, f.search_evidence), _agreement(f.agreement_holdout, f.holdout_evidence)],
+             [_cos(f.cosine_search), _cos(f.cosine_holdout)])]
     for name, acc, agr, cs in rows:
         t.add_row(name, *(acc + agr if classifies else agr + cs))
     return t
+
+
+def _texts(ev: Any) -> str:
+    """The texts a plan's agreement on one split was measured on ("?" when the result does not say)."""
+    n = None if ev is None else ev.agreement_n if ev.agreement_n is not None else ev.n
+    return "?" if n is None else f"{n:,}"
+
+
+def _agreement(v: float | None, ev: Any) -> str:
+    """The plan's agreement on one split with its 95 % interval and the texts it was measured on."""
+    iv = None if ev is None else ev.agreement
+    if v is None or iv is None or iv.low is None or iv.high is None:
+        return _pct(v)
+    return f"{_pct(v)} [{100 * iv.low:.2f}, {100 * iv.high:.2f}] on {_texts(ev)}"
 
 
 def _all_int8_label(r: TuneResult) -> str:
@@ -296,6 +314,13 @@ def _decision_lines(r: TuneResult) -> None:
         passes = r.fp32_passes
         say(f"time: {sum(p.seconds for p in r.phases):.0f} s on {r.cpus} CPUs"
             + (f", {passes:.1f} FP32 passes over the evidence" if passes is not None else "") + " — "
-            + "; ".join(f"{p.phase} {p.seconds:.0f} s ({p.texts} texts"
-                        + (f", CPU {100 * p.utilisation:.0f} %" if p.utilisation is not None else "") + ")"
-                        for p in r.phases))
+            + "; ".join(phase_words(p) for p in r.phases))
+
+
+def phase_words(p: Any) -> str:
+    """One phase of the time line: its seconds, the texts it evaluated (said only when it evaluated some: a
+    phase that reads none, or whose texts came back from the ledger, is not "0 texts") and its CPU use."""
+    said = [f"{p.texts} texts"] if p.texts else []
+    if p.utilisation is not None:
+        said.append(f"CPU {100 * p.utilisation:.0f} %")
+    return f"{p.phase} {p.seconds:.0f} s" + (f" ({', '.join(said)})" if said else "")

@@ -46,7 +46,16 @@ from calibkit.results.files import (
     DemoTune,
     MethodFidelity,
 )
-from calibkit.results.runs import Comparison, ConfidenceBand, Difference, PhaseCost, Range, TimeEstimate
+from calibkit.results.runs import (
+    Comparison,
+    ConfidenceBand,
+    Difference,
+    HoldoutVerdict,
+    PhaseCost,
+    PlanEvidence,
+    Range,
+    TimeEstimate,
+)
 from calibkit.types import Method
 
 if TYPE_CHECKING:  # pragma: no cover - types only
@@ -551,6 +560,7 @@ def _embedder_row(folder: Path, setup: _Setup, options: WorkflowOptions, cb: Pro
         compare_texts=len(ev), compare_top1=cmp.agreement,
         compare_overlap_at_k=extra.get("retrieval_overlap_at_k"),
         compare_cosine_mean=cmp.task.fidelity.cosine_mean if cmp.task.fidelity is not None else None,
+        holdout_evidence=f.holdout_evidence,
     )
 
 
@@ -644,6 +654,61 @@ def _smoothing_line(sm: DemoSmoothing) -> str:
             f"dB lower on the calibration rows; FP32 outputs equal to the original's within "
             f"{sm.max_output_deviation:.1e} of their range). The compared INT8 engine and the tuned plan use "
             f"the model of the best row.")
+
+
+def _holdout_word(v: HoldoutVerdict | None) -> str:
+    """What the holdout said of a plan's claim, with each constraint's word when they differ."""
+    if v is None:
+        return "no holdout verdict"
+    word = {True: "supported", False: "NOT supported"}.get(v.supported, "not confirmed")  # type: ignore[arg-type]
+    said = set(v.by_constraint.values())
+    if len(said) > 1:
+        word += " (" + "; ".join(f"{k}: {w}" for k, w in v.by_constraint.items()) + ")"
+    return word
+
+
+def _plan_verdict(what: str, v: HoldoutVerdict | None, ev: PlanEvidence | None, kept: str,
+                  agreement: float | None) -> tuple[bool, str]:
+    """(confirmed, line): one tuned plan's holdout verdict with its agreement, interval and texts."""
+    texts = None if ev is None else ev.agreement_n if ev.agreement_n is not None else ev.n
+    line = (f"{what}: holdout {_holdout_word(v)} — {kept} {_pct(agreement)}"
+            f"{_ci(ev.agreement if ev is not None else None)}" + (f" on {texts:,} holdout texts" if texts else ""))
+    if ev is not None and ev.cosine is not None and ev.cosine.estimate is not None:
+        low, high = ev.cosine.low, ev.cosine.high
+        line += f", mean cosine {ev.cosine.estimate:.4f}" + (f" [{low:.4f}, {high:.4f}]" if low is not None
+                                                              and high is not None else "")
+    if ev is not None and ev.accuracy_minus_fp32 is not None and ev.accuracy_minus_fp32.estimate is not None:
+        d = ev.accuracy_minus_fp32
+        line += f", accuracy {100 * d.estimate:+.2f} points{_ci(d, signed=True)} vs FP32 ({d.verdict})"
+    return v is not None and v.supported is True, line
+
+
+def _layers(n: int) -> str:
+    return f"{n} layer{'s' * (n != 1)}"
+
+
+def verdict_lines(s: DemoSummary) -> list[str]:
+    """Every verdict the demo reached, one line each with its 95 % interval and the texts it rests on; the
+    ones the holdout did not confirm first (what the closing summary and the index page lead with)."""
+    t = s.tune
+    rows = [_plan_verdict(f"tuned plan ({_layers(len(t.kept_nodes))} kept, {100 * t.int8_flops_fraction:.1f} % of "
+                          "FLOPs in INT8)", t.holdout_verdict, t.holdout_evidence, "FP32's predictions kept",
+                          t.agreement_holdout)]
+    e = s.embedder
+    if e is not None:
+        index = (f" (nearest neighbours looked up among the {e.traffic_holdout:,} holdout texts)"
+                 if e.traffic_holdout else "")
+        rows.append(_plan_verdict(f"sentence embedder plan ({_layers(len(e.kept_nodes))} kept){index}",
+                                  e.holdout_verdict, e.holdout_evidence, "nearest neighbour in the FP32 index kept",
+                                  e.agreement_holdout))
+    c = s.compare_fp32_vs_int8
+    d = c.accuracy_difference
+    line = (f"compare FP32 vs INT8 ({s.best_method}) on {s.eval_examples:,} test texts: FP32's predictions kept "
+            f"{_pct(c.agreement)}{_ci(c.agreement_ci)}")
+    if d is not None and d.estimate is not None:
+        line += f", accuracy {100 * d.estimate:+.2f} points{_ci(d, signed=True)} ({d.verdict})"
+    rows.append((True, line))  # a measurement, not a claim to confirm
+    return [line for confirmed, line in sorted(rows, key=lambda r: r[0])]
 
 
 def _compare_line(s: DemoSummary) -> str:
@@ -766,6 +831,10 @@ def _index_md(s: DemoSummary) -> str:
         "",
         LAYOUT_NOTE,
         "",
+        "## Verdicts (95 % intervals; the ones the holdout did not confirm first)",
+        "",
+        *[f"- {line}" for line in verdict_lines(s)],
+        "",
         "## INT8 by calibration method (every MatMul/Gemm in INT8, TensorRT Q/DQ layout; 95 % intervals)",
         "",
         "| method | accuracy | agreement with FP32 | flips | mean KL |",
@@ -832,6 +901,8 @@ def _index_html(s: DemoSummary) -> str:
         f"<b>{_pct(s.fp32_accuracy)}</b>. Calibration set: {s.calibration_texts} texts sampled from the "
         f"production log (<code>{e(s.calibration_set)}</code>).</p>",
         f"<p>{_inline_html(LAYOUT_NOTE)}</p>",
+        "<h2>Verdicts (95 % intervals; the ones the holdout did not confirm first)</h2><ul>",
+        *[f"<li>{_inline_html(line)}</li>" for line in verdict_lines(s)], "</ul>",
         "<h2>INT8 by calibration method (TensorRT Q/DQ layout; 95 % intervals)</h2><table><tr><th>method</th>"
         "<th>accuracy</th><th>agreement with FP32</th><th>flips</th><th>mean KL</th></tr>",
         *["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows],

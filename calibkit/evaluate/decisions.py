@@ -113,7 +113,7 @@ def recommend(verdicts: Sequence[LayerVerdict], evidence: SensitivityEvidence,
     del thresholds
     keep = tuple(dict.fromkeys(v.node for v in verdicts if v.flag in (Flag.KEEP_FP16, Flag.KEEP_FP32)))
     precision = "fp32" if any(v.flag is Flag.KEEP_FP32 for v in verdicts) else "fp16"
-    unsure = sorted({v.node for v in verdicts if v.flag is Flag.INSUFFICIENT})
+    unsure = sorted({v.node for v in verdicts if v.flag is Flag.INSUFFICIENT} - set(keep))  # "more": not kept
     on = (f"per-layer sensitivity on {evidence.samples} {evidence.source} texts, judged by {evidence.basis}"
           if evidence.measured else "")
     if keep:

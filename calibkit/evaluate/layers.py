@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from calibkit.names import node_labels
+from calibkit.names import attention_products, node_labels, with_product
 from calibkit.names import node_name as _names
 from calibkit.quantize.placement import plan_placement
 
@@ -110,6 +110,7 @@ def find_layers(model: onnx.ModelProto) -> tuple[LayerSpec, ...]:
     producer = {o: (i, n) for i, n in enumerate(graph.node) for o in n.output if o}
     consts = _const_values(model)
     has_qdq = any(n.op_type == "QuantizeLinear" for n in graph.node)
+    products = attention_products(model)
     layers: list[LayerSpec] = []
     labels = node_labels(graph)
     if not has_qdq:
@@ -117,7 +118,7 @@ def find_layers(model: onnx.ModelProto) -> tuple[LayerSpec, ...]:
             idx, node = next((i, n) for i, n in enumerate(graph.node) if labels[i] == qn.name)
             for t in qn.activation_inputs:
                 layers.append(LayerSpec(len(layers), qn.name, qn.op_type, t, node.output[0], None, None, None,
-                                        module=qn.module))
+                                        module=with_product(qn.module, products.get(qn.name))))
         return tuple(layers)
     for i, node in enumerate(graph.node):
         if node.op_type in QDQ_OPS or not node.output:
@@ -138,7 +139,7 @@ def find_layers(model: onnx.ModelProto) -> tuple[LayerSpec, ...]:
             amax, low, high, quant = rng if rng else (None, None, None, None)
             layers.append(
                 LayerSpec(len(layers), labels[i], node.op_type, tensor, node.output[0], amax, low, high, quant,
-                          module=module_path(node, i))
+                          module=with_product(module_path(node, i), products.get(labels[i])))
             )
     return tuple(layers)
 

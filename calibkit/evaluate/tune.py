@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -86,7 +87,7 @@ from calibkit.evidence.split import SplitEvidence, split_evidence, split_subsets
 from calibkit.evidence.subsets import EvalSubset
 from calibkit.executors import from_spec
 from calibkit.graph import check_float_source, load_model, model_input_names, model_sha256
-from calibkit.names import node_names
+from calibkit.names import attention_products, node_names, with_product
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.quantize.placement import Placement, plan_placement
 from calibkit.quantize.tablefile import write_calibration_json
@@ -1086,7 +1087,7 @@ def _final_plan(model: _Model, evidence: SplitEvidence, config: TuneRequest, tab
     final_hold = hold_scores.get(final.plan)
     reasons = _reasons(final.plan, ranking.harm, ranking.base, flops, ranking.own_sqnr, searched.outcome.tried,
                        evidence.task)
-    modules = node_names(model.proto, config.op_types)
+    modules, products = node_names(model.proto, config.op_types), attention_products(model.proto)
     return TunePlan(
         kept_nodes=tuple(final.plan), int8_flops_fraction=final.int8_flops_fraction * share, method=tables.base_key,
         accuracy_search=finite(final.accuracy), accuracy_holdout=finite(hold_acc.get(final.plan)),
@@ -1102,7 +1103,8 @@ def _final_plan(model: _Model, evidence: SplitEvidence, config: TuneRequest, tab
         holdout_verdict=holdout_verdict(config, hold_ev, allowed_change(config, evidence), evidence.task,
                                         confirmed=conf is not None and conf.chosen is not None),
         reasons={n: tuple(r) for n, r in reasons.items()},
-        kept_modules={n: modules[n].module for n in final.plan if n in modules and modules[n].module},
+        kept_modules={n: with_product(modules[n].module, products.get(n)) for n in final.plan
+                      if n in modules and modules[n].module},
         speed=searched.speed, speed_note=searched.speed_note, served=searched.served,
     )
 
@@ -1345,9 +1347,20 @@ def _write_outputs(out: Path, model_dir: ModelDir, fp: onnx.ModelProto, table: C
         write_calibration_json(tmp / "calibration.json", table, extras)
         if write_document is not None:
             write_document(plan_file(result, config.target), tmp / "plan.json")
-            write_document(result, tmp / "tune.json")
+            write_document(_traffic_beside(result, out), tmp / "tune.json")
     return TuneRun(out_dir=out, model_path=out / "model.int8.onnx", cache_path=out / "calibration.cache",
                    json_path=out / "calibration.json", plan_path=out / "plan.json", result=result)
+
+
+def _traffic_beside(result: TuneResult, folder: Path) -> TuneResult:
+    """``result`` with its traffic log's path relative to ``folder``, tune.json's: a relative path in a document
+    is read against the document's folder (:func:`calibkit.provenance.document_path`), wherever the reader
+    runs; it was written as given, relative to the folder tune ran in."""
+    ev = result.eval_set.traffic
+    if ev is None or not ev.path:
+        return result
+    where = os.path.relpath(os.path.abspath(ev.path), os.path.abspath(folder))
+    return replace(result, eval_set=replace(result.eval_set, traffic=replace(ev, path=where)))
 
 
 def plan_file(result: TuneResult, layout: str) -> PlanDocument:

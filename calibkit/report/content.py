@@ -99,7 +99,8 @@ def _engine_table(engines: Sequence[EngineEvaluation]) -> Table:
 
 def _keep_layers(report: Comparison) -> tuple[tuple[str, LayerVerdict | None], ...]:
     if report.keep_in_higher_precision:
-        return tuple((node, report.layer(node)) for node in report.keep_in_higher_precision)
+        named = ((node, report.layer(node)) for node in report.keep_in_higher_precision)
+        return tuple((layer_name(x) if x else node, x) for node, x in named)
     return tuple((layer_name(x), x) for x in report.layers if x.flagged)
 
 
@@ -136,7 +137,7 @@ def _delta(layer: LayerVerdict, which: str) -> str:
 def _layer_table(layers: Sequence[LayerVerdict]) -> Table:
     rows = tuple(
         (
-            num(x.index), text(x.node), text(x.op_type), text(x.tensor), num(x.amax), num(x.fp_absmax),
+            num(x.index), text(layer_name(x)), text(x.op_type), text(x.tensor), num(x.amax), num(x.fp_absmax),
             num(x.p9999), pct(x.clipped_fraction, 3), num(x.outlier_ratio, 1), num(x.nonfinite),
             num(x.quant_sqnr_db, 1), num(x.sqnr_db, 1), num(x.cosine, 4), _delta(x, "only"), _delta(x, "all_but"),
             x.flag.value,
@@ -160,7 +161,7 @@ _TASK_NAMES = {"classification": "classification", "embedding": "embedding",
                "multi-label": "multi-label classification"}
 
 
-def _fidelity_rows(kind: str, t: Fidelity) -> list[tuple[str, str, str]]:
+def _fidelity_rows(kind: str, t: Fidelity, texts: int = 0) -> list[tuple[str, str, str]]:
     """(metric, value, what it measures) of B against A, in the task's own terms."""
     extra = {name: v for name, v in t.extra.items() if v is not None}
     metric = extra.get
@@ -171,7 +172,9 @@ def _fidelity_rows(kind: str, t: Fidelity) -> list[tuple[str, str, str]]:
             ("cosine to A, mean", num(t.cosine_mean, 5), "per text, between B's and A's embedding"),
             ("cosine to A, min", num(t.cosine_min, 5), "the least faithful text"),
             ("same nearest neighbour", pct(metric("retrieval_top1_agreement") or t.agreement),
-             "each eval text queries the others by cosine: B's top-1 is A's"),
+             "each eval text queries the others by cosine: B's top-1 is A's; the FP32 index is those "
+             + (f"{texts:,} " if texts else "") + "texts, so the value depends on its size (no interval: the "
+             "neighbours are looked up among the same texts, not drawn apart)"),
             (f"{kk} neighbour overlap", num(metric("retrieval_overlap_at_k"), 4),
              f"mean share of A's {kk} neighbours that B also ranks in its {kk}"),
         ]
@@ -244,7 +247,7 @@ def _confidence_blocks(bands: Sequence[ConfidenceBand]) -> list[Block]:
     ]
 
 
-def _task_blocks(t: TaskResult) -> list[Block]:
+def _task_blocks(t: TaskResult, texts: int = 0) -> list[Block]:
     fid = t.fidelity if t.fidelity is not None else Fidelity(None, None, None)
     measured = any(v is not None for v in (fid.agreement, fid.cosine_mean, *fid.extra.values()))
     if not measured and (t.gold is None or not t.gold.engines):
@@ -254,8 +257,8 @@ def _task_blocks(t: TaskResult) -> list[Block]:
     blocks.append(Para.of("B against A in the terms of the task calibkit chose for output ",
                           Span(text(t.output), code=True), " (", Span(kind, bold=True), "; ",
                           "labelled eval set" if t.labelled else "no labels needed", ")."))
-    blocks.append(Table(headers=("B against A", "value", "what it measures"), rows=tuple(_fidelity_rows(t.kind, fid)),
-                        numeric=(False, True, False)))
+    blocks.append(Table(headers=("B against A", "value", "what it measures"),
+                        rows=tuple(_fidelity_rows(t.kind, fid, texts)), numeric=(False, True, False)))
     if t.gold is not None and t.gold.engines:
         blocks += _gold_blocks(t.gold)
     return blocks
@@ -285,7 +288,7 @@ def _traffic_blocks(t: TrafficFidelity | None) -> list[Block]:
     agreement = fid.agreement if t.agreement_ci is None or t.agreement_ci.estimate is None else t.agreement_ci.estimate
     items = [
         Para.of("Decisions unchanged: ", Span(pct(agreement) + _ci(t.agreement_ci), bold=True),
-                f" (flips: {num(t.flips)})"),
+                f" on {num(ev.count)} texts (flips, texts whose prediction changed: {num(t.flips)})"),
         Para.of(f"Cosine similarity of the outputs: mean {num(fid.cosine_mean, 4)}, min {num(fid.cosine_min, 4)}"
                 + (f"; mean KL {num(t.mean_kl)}" if t.mean_kl is not None else "")),
     ]
@@ -334,17 +337,18 @@ def _compare_summary(report: Comparison) -> list[Block]:
     blocks.append(Bullets((
         Para.of("Agreement of the predictions of A and B: ",
                 Span(pct(report.agreement) + _ci(report.agreement_ci), bold=True),
-                f" (flips: {pct(flips)})"),
+                (f" on {num(report.eval_set.count)} texts" if report.eval_set.count else "")
+                + f" (flips, texts whose prediction changed: {pct(flips)})"),
         Para.of(f"Cosine similarity of the outputs: mean {num(o.cosine_mean, 4)}, min {num(o.cosine_min, 4)}"),
         Para.of(f"Output error: max |Δ| {num(o.max_abs_error)}, mean |Δ| {num(o.mean_abs_error)}"
                 + (f", logit MSE {num(o.logit_mse)}" if o.logit_mse is not None else "")
                 + (f", mean KL {num(o.mean_kl)}" if o.mean_kl is not None else "")),
-        Para.of(f"Disagreements: {len(report.disagreements)}"),
+        Para.of(_flips_listed(report, flips)),
     )))
     blocks += _speed_table(report.speed, "B", "A") if report.speed is not None else (
         [Para.of(f"Speed {report.speed_note}.")] if report.speed_note else [])
     blocks += _confidence_blocks(report.flips_by_confidence)
-    blocks += _task_blocks(report.task)
+    blocks += _task_blocks(report.task, report.eval_set.count)
     blocks += _traffic_blocks(report.traffic)
     if report.layer_samples or report.sensitivity_samples:
         sens = num(report.sensitivity_samples) if report.sensitivity_samples else "no"
@@ -393,9 +397,11 @@ def _keep_blocks(report: Comparison) -> list[Block]:
     unsure = [x for x in layers if x.flag is Flag.INSUFFICIENT]
     # one sentence per run, from the layers' flags: the same decisions the verdict and the tables read
     if keep:
-        rest = (f"{len(unsure)} more {'is' if len(unsure) == 1 else 'are'} not settled (below); the rest can run "
-                "in INT8." if unsure else "the rest can run in INT8.")
-        blocks.append(Para.of("Keep ", Span(f"{len(keep)} of {len(layers)}", bold=True),
+        # counted in nodes, as the verdict counts them (a node quantizes one or two inputs, one row each below)
+        more = {x.node for x in unsure} - {x.node if x else n for n, x in keep}
+        rest = (f"{len(more)} more {'is' if len(more) == 1 else 'are'} not settled (below); the rest can run "
+                "in INT8." if more else "the rest can run in INT8.")
+        blocks.append(Para.of("Keep ", Span(f"{len(keep)} of {len({x.node for x in layers})}", bold=True),
                               f" quantized layers in {precision}; {rest}"))
         explained = {n for f in report.findings for n in f.nodes} & {x.node if x else n for n, x in keep}
         if explained:
@@ -457,10 +463,22 @@ def _finding_blocks(report: Comparison) -> list[Block]:
     return blocks
 
 
+def _flips_listed(report: Comparison, flips: float | None) -> str:
+    """How many of the flips the Flips section lists (one vocabulary: a flip is a text whose prediction
+    changed), and why none are listed when the task's predictions are not classes."""
+    changed = None if flips is None else round(flips * report.eval_set.count)
+    if report.disagreements or not changed:
+        return f"Flips listed below: {len(report.disagreements)}" + (f" of {changed}" if changed else "")
+    return (f"Flips listed below: none of {changed} (this task's predictions are not classes, e.g. an embedder's "
+            "nearest neighbours: see the task section)")
+
+
 def _disagreement_blocks(report: Comparison) -> list[Block]:
-    blocks: list[Block] = [Heading(2, f"Disagreements ({len(report.disagreements)})")]
+    blocks: list[Block] = [Heading(2, f"Flips: texts whose prediction changed ({len(report.disagreements)} "
+                                      "listed)")]
     if not report.disagreements:
-        return [*blocks, Para.of("A and B agree on every text.")]
+        flips = None if report.agreement is None else 1.0 - report.agreement
+        return [*blocks, Para.of("A and B agree on every text." if not flips else _flips_listed(report, flips))]
     shown = report.disagreements[:MAX_DISAGREEMENTS]
     note = (f"First {MAX_DISAGREEMENTS} of {len(report.disagreements)}; all are in report.json."
             if len(report.disagreements) > MAX_DISAGREEMENTS else "")
@@ -705,7 +723,7 @@ def _tune_document(report: TuneResult, plots: set[str]) -> Document:
     if final.kept_nodes:
         blocks.append(Table(
             headers=("kept node", "reasons"),
-            rows=tuple((n, "; ".join(final.reasons_for(n)) or DASH) for n in final.kept_nodes),
+            rows=tuple((final.label(n), "; ".join(final.reasons_for(n)) or DASH) for n in final.kept_nodes),
         ))
     blocks += (_tune_speed_blocks(report) + _smoothing_blocks(report) + _tune_traffic_blocks(report)
                + _evidence_cost_blocks(report) + _confirmation_blocks(report))

@@ -71,8 +71,9 @@ def target_accuracy(target: TuneTarget) -> float | None:
 
 
 def layer_name(layer: LayerVerdict) -> str:
-    """A layer as reports name it: its node, else its input tensor, else its index."""
-    return layer.node or layer.tensor or f"#{layer.index}"
+    """A layer as reports name it, as the terminal does: its module path with its node (``label``), else its
+    input tensor, else its index."""
+    return layer.label if layer.node else layer.tensor or f"#{layer.index}"
 
 
 def make_plots(report: Result) -> tuple[Plot, ...]:

@@ -18,7 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from calibkit.results.runs import NOT_IN_DOCUMENT, HoldoutVerdict, Range, Speed, TuneResult
+from calibkit.results.runs import (
+    AGREEMENT_NOUNS,
+    NOT_IN_DOCUMENT,
+    HoldoutVerdict,
+    PlanEvidence,
+    Range,
+    Speed,
+    TuneResult,
+)
 from calibkit.types import Backend, Precision
 
 # ---------------------------------------------------------------- plan.json
@@ -36,10 +44,32 @@ class PlanAccuracy:
 
 @dataclass(frozen=True)
 class PlanAgreement:
-    """The share of FP32's predictions (per task: see ``AGREEMENT_NOUNS``) the plan keeps, per split."""
+    """The share of FP32's predictions (per task: see ``AGREEMENT_NOUNS``; ``kept``) the plan keeps, per split,
+    with its paired 95 % interval and the texts it was measured on. For an embedder the FP32 index a text's
+    nearest neighbour is looked up in is the split's own texts, so the agreement depends on how many there are:
+    ``*_index_size`` says it (None for other tasks)."""
 
     search: float | None = None
     holdout: float | None = None
+    search_interval: Range | None = None
+    holdout_interval: Range | None = None
+    search_texts: int | None = None
+    holdout_texts: int | None = None
+    search_index_size: int | None = None
+    holdout_index_size: int | None = None
+    kept: str = ""
+
+    @classmethod
+    def of(cls, search: float | None, holdout: float | None, search_evidence: PlanEvidence | None,
+           holdout_evidence: PlanEvidence | None, task: str) -> PlanAgreement:
+        def texts(ev: PlanEvidence | None) -> int | None:
+            return None if ev is None else ev.agreement_n if ev.agreement_n is not None else ev.n
+
+        index = task == "embedding"
+        return cls(search, holdout, search_evidence.agreement if search_evidence else None,
+                   holdout_evidence.agreement if holdout_evidence else None, texts(search_evidence),
+                   texts(holdout_evidence), texts(search_evidence) if index else None,
+                   texts(holdout_evidence) if index else None, AGREEMENT_NOUNS.get(task, ""))
 
 
 @dataclass(frozen=True)
@@ -72,7 +102,8 @@ class PlanDocument:
             int8_flops_fraction=final.int8_flops_fraction, met_target=target.met, claim=result.claim,
             accuracy=PlanAccuracy(target.fp32_accuracy, final.accuracy_search, target.fp32_accuracy_holdout,
                                   final.accuracy_holdout),
-            agreement_with_fp32=PlanAgreement(final.agreement_search, final.agreement_holdout),
+            agreement_with_fp32=PlanAgreement.of(final.agreement_search, final.agreement_holdout,
+                                                 final.search_evidence, final.holdout_evidence, target.task),
             holdout_verdict=final.holdout_verdict, reasons={n: tuple(r) for n, r in final.reasons.items()},
             calibkit_version=result.calibkit_version, speed=final.speed, speed_note=final.speed_note)
 

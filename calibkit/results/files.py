@@ -284,6 +284,7 @@ class DemoEmbedder:
     compare_top1: float | None
     compare_overlap_at_k: float | None
     compare_cosine_mean: float | None
+    holdout_evidence: PlanEvidence | None = absent()  # the plan against FP32 on the holdout, with intervals
 
 
 @dataclass(frozen=True)

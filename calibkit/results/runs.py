@@ -871,6 +871,11 @@ class TunePlan:
     def reasons_for(self, node: str) -> tuple[str, ...]:
         return tuple(self.reasons.get(node, ()))
 
+    def label(self, node: str) -> str:
+        """A kept node as compare's layers name it (:attr:`LayerVerdict.label`): its module path with the node."""
+        module = self.kept_modules.get(node, "")
+        return f"{module} ({node})" if module and module not in node else node
+
 
 @dataclass(frozen=True)
 class TuneSplit:

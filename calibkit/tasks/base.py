@@ -204,13 +204,15 @@ class KindTraits:
         return cls.fidelity_name
 
     @classmethod
-    def terminal_fidelity(cls, fidelity: Fidelity) -> str:
-        """compare's terminal words for B's fidelity to A in the kind's terms ("" where it has none)."""
+    def terminal_fidelity(cls, fidelity: Fidelity, texts: int, interval: str = "") -> str:
+        """compare's terminal words for B's fidelity to A in the kind's terms, measured on ``texts`` eval texts
+        (``interval``: the agreement's interval as printed, or why it has none; "" where the kind has no words)."""
         return ""
 
     @classmethod
-    def terminal_traffic(cls, fidelity: Fidelity) -> str | None:
-        """compare's terminal words for B's fidelity to A on traffic texts (None: the agreement and flips)."""
+    def terminal_traffic(cls, fidelity: Fidelity, texts: int, interval: str = "") -> str | None:
+        """compare's terminal words for B's fidelity to A on ``texts`` traffic texts (None: the agreement and
+        flips)."""
         return None
 
     @classmethod

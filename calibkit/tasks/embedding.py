@@ -188,13 +188,15 @@ class EmbeddingTask(NoClasses):
         return f"{cls.fidelity_name} and cosine to the reference"
 
     @classmethod
-    def terminal_fidelity(cls, fidelity: Fidelity) -> str:
-        return f"nearest-neighbour agreement (top-1 among the eval texts) {share(fidelity.agreement)} %"
+    def terminal_fidelity(cls, fidelity: Fidelity, texts: int, interval: str = "") -> str:
+        return (f"nearest-neighbour agreement {share(fidelity.agreement)} %{interval} (top-1 in an FP32 index of "
+                f"the {texts} eval texts: it depends on the index size)")
 
     @classmethod
-    def terminal_traffic(cls, fidelity: Fidelity) -> str | None:
-        return (f"nearest-neighbour agreement {share(fidelity.agreement)} % (top-1 among the traffic texts), top-10 "
-                f"overlap {share(fidelity.extra.get('retrieval_overlap_at_k'))} %")
+    def terminal_traffic(cls, fidelity: Fidelity, texts: int, interval: str = "") -> str | None:
+        return (f"nearest-neighbour agreement {share(fidelity.agreement)} %{interval} (top-1 in an FP32 index of "
+                f"the {texts} traffic texts: it depends on the index size), top-10 overlap "
+                f"{share(fidelity.extra.get('retrieval_overlap_at_k'))} %")
 
     @classmethod
     def default_targets(cls) -> tuple[float, float | None]:

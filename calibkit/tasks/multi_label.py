@@ -30,7 +30,7 @@ class MultiLabelTask(ClasslessHead):
     problem_type_stated: ClassVar[bool] = True
 
     @classmethod
-    def terminal_fidelity(cls, fidelity: Fidelity) -> str:
+    def terminal_fidelity(cls, fidelity: Fidelity, texts: int, interval: str = "") -> str:
         return (f"same label set {share(fidelity.agreement)} %, same decision per label "
                 f"{share(fidelity.extra.get('label_decision_agreement'))} %")
     row: ClassVar[str] = "labels"

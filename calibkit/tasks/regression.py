@@ -31,7 +31,7 @@ class RegressionTask(ClasslessHead):
     problem_type_stated: ClassVar[bool] = True
 
     @classmethod
-    def terminal_fidelity(cls, fidelity: Fidelity) -> str:
+    def terminal_fidelity(cls, fidelity: Fidelity, texts: int, interval: str = "") -> str:
         return (f"scores within {number(fidelity.extra.get('tolerance'), '.3g')} of A's on "
                 f"{share(fidelity.agreement)} % of texts")
 

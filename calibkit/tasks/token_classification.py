@@ -181,7 +181,7 @@ class TokenClassificationTask(KindTraits):
         return reference_tags(values, mask)
 
     @classmethod
-    def terminal_fidelity(cls, fidelity: Fidelity) -> str:
+    def terminal_fidelity(cls, fidelity: Fidelity, texts: int, interval: str = "") -> str:
         return f"per-token agreement {share(fidelity.agreement)} %"
 
     @property
