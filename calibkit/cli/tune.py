@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from rich.table import Table
 
     from calibkit.evaluate.tune import TuneRun
-    from calibkit.results.runs import TuneResult
+    from calibkit.results.runs import PhaseCost, PlanEvidence, TuneResult
 
 HELP = (
     "Find the plan that keeps accuracy within --max-drop of FP32 (and, with --min-agreement, at least that "
@@ -247,13 +247,13 @@ def _table(r: TuneResult) -> Table:
     return t
 
 
-def _texts(ev: Any) -> str:
+def _texts(ev: PlanEvidence | None) -> str:
     """The texts a plan's agreement on one split was measured on ("?" when the result does not say)."""
     n = None if ev is None else ev.agreement_n if ev.agreement_n is not None else ev.n
     return "?" if n is None else f"{n:,}"
 
 
-def _agreement(v: float | None, ev: Any) -> str:
+def _agreement(v: float | None, ev: PlanEvidence | None) -> str:
     """The plan's agreement on one split with its 95 % interval and the texts it was measured on."""
     iv = None if ev is None else ev.agreement
     if v is None or iv is None or iv.low is None or iv.high is None:
@@ -317,7 +317,7 @@ def _decision_lines(r: TuneResult) -> None:
             + "; ".join(phase_words(p) for p in r.phases))
 
 
-def phase_words(p: Any) -> str:
+def phase_words(p: PhaseCost) -> str:
     """One phase of the time line: its seconds, the texts it evaluated (said only when it evaluated some: a
     phase that reads none, or whose texts came back from the ledger, is not "0 texts") and its CPU use."""
     said = [f"{p.texts} texts"] if p.texts else []
