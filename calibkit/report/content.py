@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from calibkit.report.blocks import Block, Bullets, Details, Document, Figure, Heading, Para, Span, Table
 from calibkit.report.formatting import DASH, num, pct, points, shorten, text
@@ -161,73 +161,94 @@ _TASK_NAMES = {"classification": "classification", "embedding": "embedding",
                "multi-label": "multi-label classification"}
 
 
-def _fidelity_rows(kind: str, t: Fidelity, texts: int = 0) -> list[tuple[str, str, str]]:
-    """(metric, value, what it measures) of B against A, in the task's own terms."""
+_Rows = list[tuple[str, str, str]]
+_Metric = Callable[[str], "float | None"]
+
+
+def _fidelity_rows(kind: str, t: Fidelity, texts: int = 0) -> _Rows:
+    """(metric, value, what it measures) of B against A, in the task's own terms (a kind the report does not
+    know: the classifier's rows and every measure it recorded)."""
     extra = {name: v for name, v in t.extra.items() if v is not None}
-    metric = extra.get
+    rows, shown = _KIND_ROWS.get(kind, _classification_rows)(t, extra.get, texts)
+    return rows + [(name.replace("_", " "), num(v, 4), DASH) for name, v in extra.items() if name not in shown]
+
+
+def _embedding_rows(t: Fidelity, metric: _Metric, texts: int) -> tuple[_Rows, set[str]]:
     k = metric("k")
     kk = f"top-{int(k)}" if k is not None else "top-k"
-    if kind == "embedding":
-        rows = [
-            ("cosine to A, mean", num(t.cosine_mean, 5), "per text, between B's and A's embedding"),
-            ("cosine to A, min", num(t.cosine_min, 5), "the least faithful text"),
-            ("same nearest neighbour", pct(metric("retrieval_top1_agreement") or t.agreement),
-             "each eval text queries the others by cosine: B's top-1 is A's; the FP32 index is those "
-             + (f"{texts:,} " if texts else "") + "texts, so the value depends on its size (no interval: the "
-             "neighbours are looked up among the same texts, not drawn apart)"),
-            (f"{kk} neighbour overlap", num(metric("retrieval_overlap_at_k"), 4),
-             f"mean share of A's {kk} neighbours that B also ranks in its {kk}"),
-        ]
-        shown = {"retrieval_top1_agreement", "retrieval_overlap_at_k", "k"}
-    elif kind == "token-classification":
-        rows = [
-            ("same label per token", pct(t.agreement), "argmax of B equals A's, over real (non-padding) tokens"),
-            ("entity F1 against A", num(metric("entity_f1"), 4),
-             "B's BIO entities (exact span and type) scored against A's"),
-            ("cosine to A, mean", num(t.cosine_mean, 5), "per text, over its real tokens' logits"),
-            ("cosine to A, min", num(t.cosine_min, 5), "the least faithful text"),
-        ]
-        shown = {"entity_f1"}
-    elif kind == "multi-label":
-        rows = [
-            ("same label set", pct(t.agreement), "every label's yes/no (logit above 0) of B equals A's"),
-            ("same decision per label", pct(metric("label_decision_agreement")), "over every (text, label)"),
-            ("logit cosine, mean", num(t.cosine_mean, 5), "per text, between B's and A's logits"),
-            ("logit cosine, min", num(t.cosine_min, 5), "the least faithful text"),
-        ]
-        for who in ("A", "B"):
-            if metric(f"{who}_exact_set_accuracy") is not None:
-                rows += [(f"{who}: exact label set", pct(metric(f"{who}_exact_set_accuracy")),
-                          "against the eval set's label sets"),
-                         (f"{who}: micro / macro F1", f"{num(metric(f'{who}_micro_f1'), 4)} / "
-                          f"{num(metric(f'{who}_macro_f1'), 4)}", "over every (text, label) / per label, averaged")]
-        shown = {"label_decision_agreement"} | {f"{w}_{m}" for w in "AB"
-                                                for m in ("exact_set_accuracy", "micro_f1", "macro_f1")}
-    elif kind == "regression":
-        rows = [
-            ("scores within tolerance", pct(t.agreement),
-             f"|B - A| at most {num(metric('tolerance'), 4)} (1 % of A's spread over the eval texts)"),
-            ("mean |B - A|", num(metric("mean_abs_error"), 5), "over texts"),
-            ("max |B - A|", num(metric("max_abs_error"), 5), "the least faithful text"),
-            ("correlation with A", num(t.cosine_mean, 5), "Pearson, over the eval texts"),
-            ("rank correlation with A", num(metric("spearman"), 5), "Spearman: does B order the texts as A does"),
-        ]
-        for who in ("A", "B"):
-            if metric(f"{who}_mae_vs_labels") is not None:
-                rows += [(f"{who}: mean |score - label|", num(metric(f"{who}_mae_vs_labels"), 5),
-                          "against the eval set's target scores"),
-                         (f"{who}: RMSE against the labels", num(metric(f"{who}_rmse_vs_labels"), 5), DASH)]
-        shown = {"tolerance", "mean_abs_error", "max_abs_error", "spearman", "A_mae_vs_labels", "A_rmse_vs_labels",
-                 "B_mae_vs_labels", "B_rmse_vs_labels"}
-    else:
-        rows = [
-            ("same prediction", pct(t.agreement), "argmax of B equals A's"),
-            ("logit cosine, mean", num(t.cosine_mean, 5), "per text, between B's and A's logits"),
-            ("logit cosine, min", num(t.cosine_min, 5), "the least faithful text"),
-        ]
-        shown = set()
-    rows += [(name.replace("_", " "), num(v, 4), DASH) for name, v in extra.items() if name not in shown]
-    return rows
+    rows = [
+        ("cosine to A, mean", num(t.cosine_mean, 5), "per text, between B's and A's embedding"),
+        ("cosine to A, min", num(t.cosine_min, 5), "the least faithful text"),
+        ("same nearest neighbour", pct(metric("retrieval_top1_agreement") or t.agreement),
+         "each eval text queries the others by cosine: B's top-1 is A's; the FP32 index is those "
+         + (f"{texts:,} " if texts else "") + "texts, so the value depends on its size (no interval: the "
+         "neighbours are looked up among the same texts, not drawn apart)"),
+        (f"{kk} neighbour overlap", num(metric("retrieval_overlap_at_k"), 4),
+         f"mean share of A's {kk} neighbours that B also ranks in its {kk}"),
+    ]
+    return rows, {"retrieval_top1_agreement", "retrieval_overlap_at_k", "k"}
+
+
+def _token_rows(t: Fidelity, metric: _Metric, texts: int) -> tuple[_Rows, set[str]]:
+    rows = [
+        ("same label per token", pct(t.agreement), "argmax of B equals A's, over real (non-padding) tokens"),
+        ("entity F1 against A", num(metric("entity_f1"), 4),
+         "B's BIO entities (exact span and type) scored against A's"),
+        ("cosine to A, mean", num(t.cosine_mean, 5), "per text, over its real tokens' logits"),
+        ("cosine to A, min", num(t.cosine_min, 5), "the least faithful text"),
+    ]
+    return rows, {"entity_f1"}
+
+
+def _multi_label_rows(t: Fidelity, metric: _Metric, texts: int) -> tuple[_Rows, set[str]]:
+    rows = [
+        ("same label set", pct(t.agreement), "every label's yes/no (logit above 0) of B equals A's"),
+        ("same decision per label", pct(metric("label_decision_agreement")), "over every (text, label)"),
+        ("logit cosine, mean", num(t.cosine_mean, 5), "per text, between B's and A's logits"),
+        ("logit cosine, min", num(t.cosine_min, 5), "the least faithful text"),
+    ]
+    for who in ("A", "B"):
+        if metric(f"{who}_exact_set_accuracy") is not None:
+            rows += [(f"{who}: exact label set", pct(metric(f"{who}_exact_set_accuracy")),
+                      "against the eval set's label sets"),
+                     (f"{who}: micro / macro F1", f"{num(metric(f'{who}_micro_f1'), 4)} / "
+                      f"{num(metric(f'{who}_macro_f1'), 4)}", "over every (text, label) / per label, averaged")]
+    return rows, {"label_decision_agreement"} | {f"{w}_{m}" for w in "AB"
+                                                 for m in ("exact_set_accuracy", "micro_f1", "macro_f1")}
+
+
+def _regression_rows(t: Fidelity, metric: _Metric, texts: int) -> tuple[_Rows, set[str]]:
+    rows = [
+        ("scores within tolerance", pct(t.agreement),
+         f"|B - A| at most {num(metric('tolerance'), 4)} (1 % of A's spread over the eval texts)"),
+        ("mean |B - A|", num(metric("mean_abs_error"), 5), "over texts"),
+        ("max |B - A|", num(metric("max_abs_error"), 5), "the least faithful text"),
+        ("correlation with A", num(t.cosine_mean, 5), "Pearson, over the eval texts"),
+        ("rank correlation with A", num(metric("spearman"), 5), "Spearman: does B order the texts as A does"),
+    ]
+    for who in ("A", "B"):
+        if metric(f"{who}_mae_vs_labels") is not None:
+            rows += [(f"{who}: mean |score - label|", num(metric(f"{who}_mae_vs_labels"), 5),
+                      "against the eval set's target scores"),
+                     (f"{who}: RMSE against the labels", num(metric(f"{who}_rmse_vs_labels"), 5), DASH)]
+    return rows, {"tolerance", "mean_abs_error", "max_abs_error", "spearman", "A_mae_vs_labels",
+                  "A_rmse_vs_labels", "B_mae_vs_labels", "B_rmse_vs_labels"}
+
+
+def _classification_rows(t: Fidelity, metric: _Metric, texts: int) -> tuple[_Rows, set[str]]:
+    return [
+        ("same prediction", pct(t.agreement), "argmax of B equals A's"),
+        ("logit cosine, mean", num(t.cosine_mean, 5), "per text, between B's and A's logits"),
+        ("logit cosine, min", num(t.cosine_min, 5), "the least faithful text"),
+    ], set()
+
+
+# a saved document names its kind, and reports render saved documents: the rows are keyed by that name (the
+# report layer sits below the task package, so it cannot ask the kind itself)
+_KIND_ROWS: dict[str, Callable[[Fidelity, _Metric, int], tuple[_Rows, set[str]]]] = {
+    "embedding": _embedding_rows, "token-classification": _token_rows, "multi-label": _multi_label_rows,
+    "regression": _regression_rows, "classification": _classification_rows,
+}
 
 
 def _confidence_blocks(bands: Sequence[ConfidenceBand]) -> list[Block]:
