@@ -30,7 +30,7 @@ from calibkit.data.tokenizer import TextTokenizer
 from calibkit.enginefiles.artifact import EngineArtifact
 from calibkit.engines.base import BaseRunner
 from calibkit.errors import CalibkitError, ModelError, UsageError
-from calibkit.evaluate.decisions import fidelity_basis, layer_verdicts, recommend
+from calibkit.evaluate.decisions import fidelity_basis, gate, layer_verdicts, recommend
 from calibkit.evaluate.estimate import announce, compare_size, estimate_compare, finish
 from calibkit.evaluate.findings import FlaggedInput, group_flags
 from calibkit.evaluate.inputs import artifact, engine_calibration_set, load_evidence, load_traffic, not_an_input
@@ -281,6 +281,7 @@ def compare_loaded(inputs: CompareInputs, options: CompareRequest, resources: Re
         speed, speed_note = _speed(a, b, tokenizer, traffic.texts if traffic is not None and len(traffic) else texts,
                                    options, resources)
     comparison = replace(comparison, speed=speed, speed_note=speed_note)
+    comparison = replace(comparison, gate=gate(comparison, options.min_agreement, options.max_drop))
     return replace(comparison, time_estimate=finish(estimate, time.perf_counter() - since, clock.phases))
 
 

@@ -15,7 +15,9 @@ from calibkit.evidence.intervals import PairedDifference
 from calibkit.evidence.rowfidelity import CLASSIFICATION, EMBEDDING, TOKEN_CLASSIFICATION
 from calibkit.results.flags import Flag, Thresholds, flag_layer, gate_on_overall
 from calibkit.results.runs import (
+    Comparison,
     Difference,
+    Gate,
     LayerSensitivity,
     LayerVerdict,
     Recommendation,
@@ -140,3 +142,43 @@ def recommend(verdicts: Sequence[LayerVerdict], evidence: SensitivityEvidence,
     else:
         verdict = f"no layer needs higher precision on this evidence ({on})"
     return Recommendation(keep, precision, evidence.measured, verdict)
+
+
+def missed_targets(result: Comparison, *, min_agreement: float | None = None,
+                   max_drop: float | None = None) -> tuple[str, ...]:
+    """What ``result`` misses of the targets (empty: all met), one line each: ``min_agreement``, the percentage
+    of A's predictions B keeps (the point estimate, as printed); ``max_drop``, the most accuracy points B may
+    lose against A (needs labels)."""
+    missed = []
+    if min_agreement is not None:
+        if result.agreement is None:
+            missed.append("agreement: the task has no per-text decision to agree on")
+        elif 100.0 * result.agreement < min_agreement:
+            shown, limit = deciding_digits(100.0 * result.agreement, min_agreement)
+            missed.append(f"agreement {shown} % is below --min-agreement {limit} %")
+    if max_drop is not None:
+        a, b = result.engine_a.accuracy, result.engine_b.accuracy
+        if a is None or b is None:
+            missed.append("accuracy drop: the eval set has no labels to score")
+        elif 100.0 * (a - b) > max_drop:
+            shown, limit = deciding_digits(100.0 * (a - b), max_drop)
+            missed.append(f"accuracy drop {shown} points is above --max-drop {limit}")
+    return tuple(missed)
+
+
+def gate(result: Comparison, min_agreement: float | None, max_drop: float | None) -> Gate | None:
+    """The CI gate of a compare request's targets on its result (None when it names none)."""
+    if min_agreement is None and max_drop is None:
+        return None
+    return Gate(min_agreement, max_drop, missed_targets(result, min_agreement=min_agreement, max_drop=max_drop))
+
+
+def deciding_digits(value: float, limit: float, digits: int = 2) -> tuple[str, str]:
+    """``value`` printed with the fewest decimals (at least ``digits``) that tell it from ``limit``, and
+    ``limit`` as given or at those decimals, so a gate's message never reads "84.16 % is below 84.16 %": the
+    comparison is exact, and the line shows the digits that decided it."""
+    for d in range(digits, 18):
+        shown, bound = f"{value:.{d}f}", f"{limit:.{d}f}"
+        if shown != bound:
+            return shown, f"{limit:g}" if d == digits else bound
+    return repr(value), repr(limit)

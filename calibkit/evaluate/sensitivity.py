@@ -90,8 +90,16 @@ def run_jobs(
         with ProcessPoolExecutor(min(n, len(jobs))) as pool:
             return run_jobs(jobs, progress=progress, task=task, executor=pool, on_result=on_result)
     if served(jobs):
+        done = [0]
+
+        def counted(i: int, r: SensitivityResult) -> None:
+            finished(i, r)
+            done[0] += 1
+            cb(ProgressEvent(task, done[0], len(jobs), message=r.node or r.mode))
+
         try:
-            return run_on_boards(jobs, executor, finished)
+            cb(ProgressEvent(task, 0, len(jobs)))
+            return run_on_boards(jobs, executor, counted)
         except ModelError as exc:  # a model the switchboard cannot be made of: one variant per job, as before
             log.warning("evaluating each variant on its own: %s", exc.message)
     from calibkit.evaluate.shipping import pack_jobs, run_shipped_job
