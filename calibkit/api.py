@@ -309,8 +309,8 @@ def compare(request: CompareRequest, resources: Resources) -> Comparison:
     sensitivity and flags, every difference with its paired 95 % interval.
 
     Every option is a field of :class:`~calibkit.requests.compare.CompareRequest` (``min_agreement`` and
-    ``max_drop``, the CI gate, are checked against the result: ``Comparison.gate`` says what it misses); ``workers``, ``executor``,
-    ``memory_budget`` and ``max_batch_tokens`` say what the call may use (they run the sensitivity variants
+    ``max_drop``, the CI gate, are checked against the result: ``Comparison.gate`` says what it misses);
+    ``workers``, ``executor``, ``memory_budget`` and ``max_batch_tokens`` say what the call may use (they run the sensitivity variants
     and bound the layer taps' batches). ``traffic``'s texts outside B's calibration set measure B's fidelity to
     A without labels (``Comparison.traffic``) and are what sensitivity runs on unless the eval set has class
     labels; without an eval set they are the (unlabeled) eval set too. With ``save_outputs``, every evaluated
