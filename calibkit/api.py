@@ -312,10 +312,10 @@ def compare(request: CompareRequest, resources: Resources) -> Comparison:
     ``max_drop``, the CI gate, are checked against the result: ``Comparison.gate`` says what it misses);
     ``workers``, ``executor``, ``memory_budget`` and ``max_batch_tokens`` say what the call may use (they run the
     sensitivity variants and bound the layer taps' batches). ``traffic``'s texts outside B's calibration set
-    measure B's fidelity to A without labels (``Comparison.traffic``) and are what sensitivity runs on unless the eval set has class
-    labels; without an eval set they are the (unlabeled) eval set too. With ``save_outputs``, every evaluated
-    text's outputs from each engine are written there (:func:`save_per_text_outputs`), so a flip can be
-    reproduced.
+    measure B's fidelity to A without labels (``Comparison.traffic``) and are what sensitivity runs on unless the
+    eval set has class labels; without an eval set they are the (unlabeled) eval set too. With ``save_outputs``,
+    every evaluated text's outputs from each engine are written there (:func:`save_per_text_outputs`), so a flip
+    can be reproduced.
 
     Returns:
         The comparison: per-engine evaluations, agreement with its interval, the layers' verdicts, the
