@@ -30,7 +30,7 @@ from calibkit.data.tokenizer import TextTokenizer
 from calibkit.enginefiles.artifact import EngineArtifact
 from calibkit.engines.base import BaseRunner
 from calibkit.errors import CalibkitError, ModelError, UsageError
-from calibkit.evaluate.decisions import fidelity_basis, gate, layer_verdicts, recommend
+from calibkit.evaluate.decisions import cost_settles, fidelity_basis, gate, layer_verdicts, recommend
 from calibkit.evaluate.estimate import announce, compare_size, estimate_compare, finish
 from calibkit.evaluate.findings import FlaggedInput, group_flags
 from calibkit.evaluate.inputs import artifact, engine_calibration_set, load_evidence, load_traffic, not_an_input
@@ -633,7 +633,7 @@ def _sensitivity(int8_art: EngineArtifact, int8_model: onnx.ModelProto, specs: S
         output_name=task.output_name, source_model_sha256=int8_art.source_model_sha256,
         calibration_sha256=int8_art.calibration_sha256, task=kind,
         pooling=getattr(task, "pooling", None) if kind == EMBEDDING else None, neighbour_index=index,
-        index_rows=rows,
+        index_rows=rows, settles=cost_settles(options.thresholds, kind),
     )
     return analysis, ""
 

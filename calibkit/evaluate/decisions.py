@@ -6,7 +6,8 @@ holds the outcome.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from calibkit.evaluate.sensitivity import LayerSensitivity as MeasuredSensitivity
@@ -25,6 +26,10 @@ from calibkit.results.runs import (
     SensitivityRun,
     finite,
 )
+
+#: the reason a layer's keep-only-it variant was not run (:func:`cost_settles`)
+NOT_KEPT_ALONE = ("keeping only this layer in higher precision was not measured: quantizing only it already "
+                  "settles its flag")
 
 FIDELITY_NAMES = {EMBEDDING: "nearest-neighbour agreement", TOKEN_CLASSIFICATION: "per-token agreement",
                   CLASSIFICATION: "agreement"}
@@ -63,7 +68,8 @@ def layer_verdicts(measured: Sequence[Any], weight_errors: Mapping[str, Any], se
             weight_sqnr_db=ws.sqnr_db if ws else None,
             zeroed_weights=ws.zeroed_fraction if ws else None,
             only_this_delta=ls.only_this_delta if ls and not ls.only_this.error else None,
-            all_but_this_delta=ls.all_but_this_delta if ls and not ls.all_but_this.error else None,
+            all_but_this_delta=ls.all_but_this_delta if ls and ls.all_but_this and not ls.all_but_this.error
+            else None,
             only_this_diff=ls.only_this_diff if ls else None,
             all_but_this_diff=ls.all_but_this_diff if ls else None,
             flips_removed=ls.flips_removed if ls else None,
@@ -73,6 +79,8 @@ def layer_verdicts(measured: Sequence[Any], weight_errors: Mapping[str, Any], se
             fidelity_name=name,
         )
         flag = gate_on_overall(flag, overall)
+        if ls is not None and ls.all_but_this is None:
+            flag = replace(flag, reasons=(*flag.reasons, NOT_KEPT_ALONE))
         s = m.spec
         out.append(LayerVerdict(
             index=int(s.index), node=s.node, op_type=s.op_type, tensor=s.tensor, flag=flag.flag,
@@ -87,6 +95,24 @@ def layer_verdicts(measured: Sequence[Any], weight_errors: Mapping[str, Any], se
     return tuple(out)
 
 
+def cost_settles(thresholds: Thresholds, task: str) -> Callable[[MeasuredSensitivity], bool]:
+    """Whether a layer measured by quantizing only it already has its final flag: a settled cost past its
+    threshold keeps the layer (``flag_layer``: a settled measured harm is keep-fp16, or keep-fp32 where its
+    range asks for it, whatever else is measured), so keeping only it in higher precision cannot change the
+    flag and is not run. Anything else (no cost, or one not settled) needs the other variant."""
+    name = FIDELITY_NAMES.get(task, "agreement")
+
+    def settles(ls: MeasuredSensitivity) -> bool:
+        if ls.only_this.error:
+            return False
+        flag = flag_layer(thresholds, sqnr_db=None, clipped_fraction=None, outlier_ratio=None, nonfinite=0,
+                          fp_absmax=None, only_this_delta=ls.only_this_delta, only_this_diff=ls.only_this_diff,
+                          agreement_cost=ls.agreement_cost, cosine_cost=ls.cosine_cost, fidelity_name=name)
+        return flag.measured_harm
+
+    return settles
+
+
 def _run(r: SensitivityResult, delta: float | None, diff: PairedDifference | None) -> SensitivityRun:
     d = Difference.of(diff)
     return SensitivityRun(
@@ -98,9 +124,11 @@ def _run(r: SensitivityResult, delta: float | None, diff: PairedDifference | Non
 
 
 def _sensitivity(ls: MeasuredSensitivity) -> LayerSensitivity:
+    abt = ls.all_but_this
     return LayerSensitivity(
         only_this_int8=_run(ls.only_this, ls.only_this_delta, ls.only_this_diff),
-        all_but_this=_run(ls.all_but_this, ls.all_but_this_delta, ls.all_but_this_diff),
+        all_but_this=_run(abt, ls.all_but_this_delta, ls.all_but_this_diff) if abt is not None
+        else SensitivityRun(None, None, None, None),
         flips_removed=Difference.of(ls.flips_removed),
         agreement_cost=Difference.of(ls.agreement_cost),
         cosine_recovered=Difference.of(ls.cosine_recovered),
