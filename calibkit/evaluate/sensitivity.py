@@ -9,6 +9,7 @@ Each job rebuilds its variant from the FP32 source model and the calibration tab
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -212,9 +213,8 @@ def analyse_sensitivity(
 ) -> SensitivityAnalysis:
     """Two variants per node plus one all-INT8 variant, on ``texts`` (already the subset to use).
 
-    ``settles(layer)``: whether a node measured by quantizing only it (its ``all_but_this`` None) already has
-    the flag the other variant cannot change (``evaluate.decisions.cost_settles``); such a node's all-but-this
-    variant is not run. None: every node gets both (the exhaustive analysis).
+    ``settles(layer)``: whether quantizing only a node already settles its flag (``decisions.cost_settles``):
+    its all-but-this variant is then not run; None: every node gets both.
 
     ``reference_logits``: the reference's outputs on ``texts`` in ``task``'s terms (``evaluate.jobs``:
     logits, vectors, or token tag ids); ``labels``: class ids of ``texts`` (classification; empty: judged on
@@ -231,14 +231,12 @@ def analyse_sensitivity(
     n = workers if workers is not None else default_workers()
     threads = executor.threads_per_task if executor is not None else max(1, usable_cpus() // max(1, n))
     labelled = task == CLASSIFICATION and len(labels) == len(texts) and len(texts) > 0
-    base = dict(
+    base = _job_fields(
         source_model=str(source_model), calibration_json=str(calibration_json), tokenizer=str(tokenizer),
         texts=tuple(texts), labels=tuple(int(v) for v in labels) if labelled else (),
-        reference_logits=_nested(reference_logits), batch_size=batch_size, threads=threads, max_length=max_length,
+        reference_logits=reference_logits, batch_size=batch_size, threads=threads, max_length=max_length,
         target=target, output_name=output_name, source_model_sha256=source_model_sha256, task=task,
-        pooling=pooling, neighbour_index=None if neighbour_index is None else _nested(neighbour_index),
-        index_rows=None if index_rows is None else tuple(int(v) for v in index_rows),
-    )
+        pooling=pooling, neighbour_index=neighbour_index, index_rows=index_rows)
     kept = tuple(base_keep)
 
     def job(mode: str, keep: tuple[str, ...], node: str | None = None) -> SensitivityJob:
@@ -247,34 +245,42 @@ def analyse_sensitivity(
     def all_but(node: str) -> SensitivityJob:
         return job(ALL_BUT_THIS, (node, *kept), node)
 
-    first = [job(ALL_INT8, kept)] + [job(ONLY_THIS, tuple(x for x in nodes if x != node) + kept, node)
-                                     for node in nodes]
+    first = [job(ALL_INT8, kept)] + [job(ONLY_THIS, tuple(x for x in nodes if x != m) + kept, m) for m in nodes]
+    run = functools.partial(run_jobs, workers=n, progress=progress, executor=executor)
     if settles is None:  # one call: every variant in one executor map
-        results = run_jobs(first + [all_but(node) for node in nodes], workers=n, progress=progress,
-                           executor=executor)
+        results = run(first + [all_but(node) for node in nodes])
         only, rest = results[1:1 + len(nodes)], dict(zip(nodes, results[1 + len(nodes):]))
     else:
-        results = run_jobs(first, workers=n, progress=progress, executor=executor, task="sensitivity (one layer INT8)")
+        results = run(first, task="sensitivity (one layer INT8)")
         only, rest = results[1:], {}
-    all_int8 = results[0]
-    if all_int8.error:
-        raise CalibrationError(f"sensitivity: the all-INT8 variant could not be built: {all_int8.error}",
-                               hint=all_int8.error_hint or "run with --no-sensitivity to compare without it")
+    all_int8 = _all_int8(results[0])
     y = np.asarray(labels, dtype=np.int64) if labelled else None
-    ref_correct = None
-    if y is not None:
-        ref_correct = np.asarray(reference_logits).argmax(axis=1) == y
+    ref_correct = np.asarray(reference_logits).argmax(axis=1) == y if y is not None else None
     if settles is not None:
         open_nodes = [node for node, r in zip(nodes, only)
                       if not settles(_layer(node, r, None, all_int8, y, ref_correct, len(texts)))]
-        log.info("sensitivity: %d of %d nodes settled by quantizing only them; keeping only them in higher "
-                 "precision measured for the other %d", len(nodes) - len(open_nodes), len(nodes), len(open_nodes))
-        rest = dict(zip(open_nodes, run_jobs([all_but(node) for node in open_nodes], workers=n, progress=progress,
-                                              executor=executor, task="sensitivity (one layer kept)")))
+        log.info("sensitivity: %d of %d nodes settled by quantizing only them", len(nodes) - len(open_nodes),
+                 len(nodes))
+        rest = dict(zip(open_nodes, run([all_but(node) for node in open_nodes], task="sensitivity (one layer kept)")))
     per_node = [_layer(node, only[k], rest.get(node), all_int8, y, ref_correct, len(texts))
                 for k, node in enumerate(nodes)]
     ref_acc = float(np.mean(ref_correct)) if ref_correct is not None else None
     return SensitivityAnalysis(len(texts), ref_acc, all_int8, tuple(per_node), task)
+
+
+def _all_int8(r: SensitivityResult) -> SensitivityResult:
+    if r.error:
+        raise CalibrationError(f"sensitivity: the all-INT8 variant could not be built: {r.error}",
+                               hint=r.error_hint or "run with --no-sensitivity to compare without it")
+    return r
+
+
+def _job_fields(*, reference_logits: np.ndarray, neighbour_index: np.ndarray | None,
+                index_rows: Sequence[int] | None, **fields: object) -> dict[str, object]:
+    """The fields every job of one analysis shares, as a SensitivityJob holds them (nested tuples)."""
+    return dict(fields, reference_logits=_nested(reference_logits),
+                neighbour_index=None if neighbour_index is None else _nested(neighbour_index),
+                index_rows=None if index_rows is None else tuple(int(v) for v in index_rows))
 
 
 def _nested(a: np.ndarray) -> tuple:
