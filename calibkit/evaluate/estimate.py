@@ -60,6 +60,9 @@ SPREAD = math.sqrt(2.0)
 #: how the run's batches pad
 MEASURE_TEXTS = 64
 LENGTH_TEXTS = 4096
+#: timed passes over the sample, of which the median prices a text: one pass of a second on a shared machine is
+#: moved by whatever else runs in it
+TIMED_PASSES = 3
 #: a shortcut saving less than this share of the likely estimate is not worth naming, nor one for a run likely
 #: shorter than this many seconds
 MIN_SAVING = 0.15
@@ -152,30 +155,51 @@ def measure_text_seconds(predict: Callable[[list[str]], Any], texts: Sequence[st
                          seed: int = 0, sample: int = MEASURE_TEXTS,
                          lengths: Callable[[Sequence[str]], np.ndarray] | None = None) -> tuple[float, int]:
     """(wall seconds per text, texts timed): ``predict(texts)`` (an FP32 session with the run's batching) on a
-    seeded random sample of ``texts`` (at least two batches of ``batch_size``), after one untimed pass over the
-    same sample that warms the session up.
+    sample of ``texts`` (at least two batches of ``batch_size``), after one untimed pass over the same sample
+    that warms the session up (a batch shape's first run allocates).
 
-    ``lengths(texts)``: their token counts as the model reads them. Given, the time is priced per padded token
-    and scaled to the padding of the run's own batches (length-sorted over all of ``texts``, or a seeded
-    :data:`LENGTH_TEXTS` of them): a few random texts in two batches pad far more than a whole run does (measured
-    on the demo classifier: 23 ms a text on 64 texts, 13 ms over 800)."""
+    ``lengths(texts)``: their token counts as the model reads them. Given, the sample is whole batches of the
+    run's own (length-sorted over all of ``texts``, or a seeded :data:`LENGTH_TEXTS` of them), spread evenly
+    over its lengths, and the time is scaled from the sample's padded tokens to the run's. Without them, a seeded
+    random sample: a few random texts in two batches pad far more than a whole run does (measured on the demo
+    embedder: 23 to 50 ms a text on 64 random texts, 11 ms over its 4,000)."""
+    rng = np.random.default_rng(seed)
+    if lengths is not None and len(texts) > max(sample, 2 * batch_size):
+        return _time_run_batches(predict, texts, batch_size, sample, lengths, rng)
     n = min(len(texts), max(sample, 2 * batch_size))
     if n == 0:
         return 0.0, 0
-    rng = np.random.default_rng(seed)
     chosen = [texts[int(i)] for i in np.sort(rng.choice(len(texts), size=n, replace=False))]
-    # warm: the sample's own batch shapes once untimed (a shape's first run allocates; on the demo embedder the
-    # sample timed cold priced an FP32 text at 23 ms, twice what the run's 4,000 texts took)
     predict(chosen)
     t0 = time.perf_counter()
     predict(chosen)
-    seconds = (time.perf_counter() - t0) / n
-    if lengths is None:
-        return seconds, n
-    run = texts if len(texts) <= LENGTH_TEXTS else [texts[int(i)] for i in rng.choice(len(texts), LENGTH_TEXTS,
-                                                                                       replace=False)]
-    per_text = padded_tokens(lengths(run), batch_size) / len(run)
-    return seconds * n * per_text / max(1, padded_tokens(lengths(chosen), batch_size)), n
+    return (time.perf_counter() - t0) / n, n
+
+
+def _time_run_batches(predict: Callable[[list[str]], Any], texts: Sequence[str], batch_size: int, sample: int,
+                      lengths: Callable[[Sequence[str]], np.ndarray], rng: np.random.Generator) -> tuple[float, int]:
+    """:func:`measure_text_seconds` on whole batches of the run's own length-sorted batching."""
+    from calibkit.evaluate.predict import length_batches
+
+    run = list(texts) if len(texts) <= LENGTH_TEXTS else [texts[int(i)] for i in rng.choice(len(texts),
+                                                                                           LENGTH_TEXTS,
+                                                                                           replace=False)]
+    run_lengths = np.asarray(lengths(run))
+    full = [b for b in length_batches(run_lengths, batch_size) if len(b) == batch_size]
+    k = max(2, math.ceil(sample / batch_size))
+    picked = sorted({int(round(x)) for x in np.linspace(0, len(full) - 1, k)}) if full else []
+    rows = np.concatenate([full[i] for i in picked]) if picked else np.arange(min(len(run), sample))
+    chosen = [run[int(i)] for i in rows]
+    predict(chosen)
+    seconds = float(np.median([_timed(predict, chosen) for _ in range(TIMED_PASSES)]))
+    per_text = padded_tokens(run_lengths, batch_size) / len(run)
+    return seconds * per_text / max(1, padded_tokens(run_lengths[rows], batch_size)), len(chosen)
+
+
+def _timed(predict: Callable[[list[str]], Any], texts: list[str]) -> float:
+    t0 = time.perf_counter()
+    predict(texts)
+    return time.perf_counter() - t0
 
 
 def padded_tokens(lengths: np.ndarray, batch_size: int) -> int:
