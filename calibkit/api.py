@@ -309,13 +309,13 @@ def compare(request: CompareRequest, resources: Resources) -> Comparison:
     sensitivity and flags, every difference with its paired 95 % interval.
 
     Every option is a field of :class:`~calibkit.requests.compare.CompareRequest` (``min_agreement`` and
-    ``max_drop`` are checked here and applied by :func:`missed_targets`); ``workers``, ``executor``,
-    ``memory_budget`` and ``max_batch_tokens`` say what the call may use (they run the sensitivity variants
-    and bound the layer taps' batches). ``traffic``'s texts outside B's calibration set measure B's fidelity to
-    A without labels (``Comparison.traffic``) and are what sensitivity runs on unless the eval set has class
-    labels; without an eval set they are the (unlabeled) eval set too. With ``save_outputs``, every evaluated
-    text's outputs from each engine are written there (:func:`save_per_text_outputs`), so a flip can be
-    reproduced.
+    ``max_drop``, the CI gate, are checked against the result: ``Comparison.gate`` says what it misses);
+    ``workers``, ``executor``, ``memory_budget`` and ``max_batch_tokens`` say what the call may use (they run the
+    sensitivity variants and bound the layer taps' batches). ``traffic``'s texts outside B's calibration set
+    measure B's fidelity to A without labels (``Comparison.traffic``) and are what sensitivity runs on unless the
+    eval set has class labels; without an eval set they are the (unlabeled) eval set too. With ``save_outputs``,
+    every evaluated text's outputs from each engine are written there (:func:`save_per_text_outputs`), so a flip
+    can be reproduced.
 
     Returns:
         The comparison: per-engine evaluations, agreement with its interval, the layers' verdicts, the
@@ -391,35 +391,20 @@ def missed_targets(result: Comparison, *, min_agreement: float | None = None,
                    max_drop: float | None = None) -> tuple[str, ...]:
     """What a comparison misses of the stated targets (empty: all met), one line each: ``min_agreement``, the
     percentage of A's predictions B keeps (the point estimate, as printed); ``max_drop``, the most accuracy
-    points B may lose against A (needs labels). The CLI exits with
-    :class:`~calibkit.errors.TargetMissedError`'s code (8) when this is not empty."""
+    points B may lose against A (needs labels). A compare request's own targets are applied by compare itself
+    (``Comparison.gate``); this checks a comparison against others."""
+    from calibkit.evaluate.decisions import missed_targets as missed
+
     check_targets(min_agreement=min_agreement, max_drop=max_drop)
-    missed = []
-    if min_agreement is not None:
-        if result.agreement is None:
-            missed.append("agreement: the task has no per-text decision to agree on")
-        elif 100.0 * result.agreement < min_agreement:
-            shown, limit = deciding_digits(100.0 * result.agreement, min_agreement)
-            missed.append(f"agreement {shown} % is below --min-agreement {limit} %")
-    if max_drop is not None:
-        a, b = result.engine_a.accuracy, result.engine_b.accuracy
-        if a is None or b is None:
-            missed.append("accuracy drop: the eval set has no labels to score")
-        elif 100.0 * (a - b) > max_drop:
-            shown, limit = deciding_digits(100.0 * (a - b), max_drop)
-            missed.append(f"accuracy drop {shown} points is above --max-drop {limit}")
-    return tuple(missed)
+    return missed(result, min_agreement=min_agreement, max_drop=max_drop)
 
 
 def deciding_digits(value: float, limit: float, digits: int = 2) -> tuple[str, str]:
     """``value`` printed with the fewest decimals (at least ``digits``) that tell it from ``limit``, and
-    ``limit`` as given or at those decimals, so a gate's message never reads "84.16 % is below 84.16 %": the
-    comparison is exact, and the line shows the digits that decided it."""
-    for d in range(digits, 18):
-        shown, bound = f"{value:.{d}f}", f"{limit:.{d}f}"
-        if shown != bound:
-            return shown, f"{limit:g}" if d == digits else bound
-    return repr(value), repr(limit)
+    ``limit`` as given or at those decimals (``evaluate.decisions.deciding_digits``)."""
+    from calibkit.evaluate.decisions import deciding_digits as digits_of
+
+    return digits_of(value, limit, digits)
 
 
 # ---------------------------------------------------------------- tune

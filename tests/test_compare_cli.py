@@ -185,10 +185,19 @@ def test_ci_gate_exits_8_after_writing_when_a_target_is_missed(engines: dict[str
                       "accuracy drop 2.00 points is above --max-drop 1")
     assert ck.api.missed_targets(worse, min_agreement=95, max_drop=2.5) == ()
     # the CLI: every output written, then exit code 8 with the misses as the message
-    monkeypatch.setattr(calibkit.api, "missed_targets", lambda result, **kw: missed)
+    # the pipeline reads the request's targets: the result's gate, the line that says it, and the exit code
+    r = _run(*common, "--json", str(tmp_path / "met.json"), "--min-agreement", "0")
+    assert r.exit_code == 0 and "CI gate (--min-agreement 0 %): met" in r.output, r.output
+    from calibkit.results.runs import Gate
+
+    assert ck.load_report(tmp_path / "met.json").gate == Gate(0.0, None, ())
+    import calibkit.evaluate.decisions
+
+    monkeypatch.setattr(calibkit.evaluate.decisions, "missed_targets", lambda result, **kw: missed)
     r = _run(*common, "--json", str(tmp_path / "gate.json"), "--min-agreement", "99")
     assert r.exit_code == 8, r.output
     assert "below --min-agreement 99" in r.output and (tmp_path / "gate.json").is_file()
+    assert ck.load_report(tmp_path / "gate.json").gate.missed == missed
     r = _run(*common, "--min-agreement", "101")
     assert r.exit_code == 2 and "percentage" in r.output
 

@@ -104,8 +104,23 @@ def embedder(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                     squeeze=0.05)
 
 
-def test_an_embedder_gets_per_layer_sensitivity_without_labels(embedder: dict[str, Path]) -> None:
-    res = _compare(embedder)
+def _exhaustive(e: dict[str, Path], monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """Both sensitivity variants of every layer (none settled by its cost alone), and the default run's result,
+    whose flags must be the same."""
+    import calibkit.evaluate.compare as cmp
+
+    fast = _compare(e)
+    with monkeypatch.context() as m:
+        m.setattr(cmp, "cost_settles", lambda thresholds, task: None)
+        res = _compare(e)
+    assert [(v.node, v.flag) for v in fast.layers] == [(v.node, v.flag) for v in res.layers]
+    return res, fast
+
+
+def test_an_embedder_gets_per_layer_sensitivity_without_labels(embedder: dict[str, Path],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    res, fast = _exhaustive(embedder, monkeypatch)
+    assert fast.layer("fc1").sensitivity.all_but_this.agreement is None  # its cost settled the keep
     assert res.task.kind == "embedding" and not res.eval_set.labelled
     ev = res.sensitivity
     assert ev is not None and ev.measured and ev.source == "eval set" and ev.samples == 80
@@ -133,8 +148,9 @@ def tagger(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return _engines(tmp_path_factory.mktemp("tok"), _net(head, "logits", ["batch", "seq", 3]), cfg, squeeze=0.05)
 
 
-def test_a_token_classifier_gets_sensitivity_on_per_token_agreement(tagger: dict[str, Path]) -> None:
-    res = _compare(tagger)
+def test_a_token_classifier_gets_sensitivity_on_per_token_agreement(tagger: dict[str, Path],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    res, _ = _exhaustive(tagger, monkeypatch)
     assert res.task.kind == "token-classification"
     ev = res.sensitivity
     assert ev is not None and ev.measured and "per-token agreement" in ev.basis

@@ -495,3 +495,4 @@ def test_compare_without_an_eval_set_judges_on_traffic_alone(tiny, tmp_path: Pat
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(app, ["compare", str(tiny["fp"]), str(tiny["int8"]), "--no-traffic", "--no-report"])
     assert r.exit_code != 0 and "eval set, or traffic" in " ".join(r.output.split())
+

@@ -87,7 +87,7 @@ def run_compare(request: CompareRequest, resources: ResourceOptions, *, json_pat
                 no_report: bool, force: bool) -> None:
     """Check the request and the outputs, make one ``calibkit.api.run`` call, deliver the result and apply the
     CI gate."""
-    from calibkit.api import missed_targets, run
+    from calibkit.api import run
 
     request.validate()
     to_stdout = json_path is not None and str(json_path) == "-"
@@ -101,7 +101,7 @@ def run_compare(request: CompareRequest, resources: ResourceOptions, *, json_pat
     with RichProgress() as progress:
         result = run(request, resources, progress)
     _deliver(result, json_path, report_dir, to_stdout, request.save_outputs)
-    missed = missed_targets(result, min_agreement=request.min_agreement, max_drop=request.max_drop)
+    missed = result.gate.missed if result.gate is not None else ()
     if missed:
         from calibkit.errors import TargetMissedError
 
@@ -345,6 +345,11 @@ def _print_verdict(result: Comparison) -> None:
         nodes = len({v.node for v in unsure})
         say(f"{count(len(unsure), 'quantized layer input')} of {count(nodes, 'node')}: insufficient evidence "
             "(effect within its 95 % interval; see the reasons)")
+    if result.gate is not None:
+        g = result.gate
+        targets = ", ".join(x for x in (f"--min-agreement {g.min_agreement:g} %" if g.min_agreement is not None
+                                        else "", f"--max-drop {g.max_drop:g}" if g.max_drop is not None else "") if x)
+        say(f"CI gate ({targets}): " + ("met" if g.met else "missed: " + "; ".join(g.missed)))
 
 
 def _names(nodes: list[str] | tuple[str, ...], label: dict[str, str], most: int = 12) -> str:

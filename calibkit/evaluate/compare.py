@@ -31,7 +31,7 @@ from calibkit.enginefiles.artifact import EngineArtifact
 from calibkit.enginefiles.registry import is_onnx_engine
 from calibkit.engines.base import BaseRunner
 from calibkit.errors import CalibkitError, ModelError, UsageError
-from calibkit.evaluate.decisions import fidelity_basis, layer_verdicts, recommend
+from calibkit.evaluate.decisions import cost_settles, fidelity_basis, gate, layer_verdicts, recommend
 from calibkit.evaluate.estimate import announce, compare_size, estimate_compare, finish
 from calibkit.evaluate.findings import FlaggedInput, group_flags
 from calibkit.evaluate.inputs import artifact, engine_calibration_set, load_evidence, load_traffic, not_an_input
@@ -295,6 +295,7 @@ def compare_loaded(inputs: CompareInputs, options: CompareRequest, resources: Re
         speed, speed_note = _speed(a, b, tokenizer, traffic.texts if traffic is not None and len(traffic) else texts,
                                    options, resources)
     comparison = replace(comparison, speed=speed, speed_note=speed_note)
+    comparison = replace(comparison, gate=gate(comparison, options.min_agreement, options.max_drop))
     return replace(comparison, time_estimate=finish(estimate, time.perf_counter() - since, clock.phases))
 
 
@@ -642,7 +643,7 @@ def _sensitivity(int8_art: EngineArtifact, int8_model: onnx.ModelProto, specs: S
         output_name=task.output_name, source_model_sha256=int8_art.source_model_sha256,
         calibration_sha256=int8_art.calibration_sha256, task=task.kind,
         pooling=getattr(task, "pooling", None) if task.pools else None, neighbour_index=index,
-        index_rows=rows,
+        index_rows=rows, settles=cost_settles(options.thresholds, task.kind),
     )
     return analysis, ""
 

@@ -6,7 +6,8 @@ holds the outcome.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from calibkit.evaluate.sensitivity import LayerSensitivity as MeasuredSensitivity
@@ -14,7 +15,9 @@ from calibkit.evaluate.sensitivity import SensitivityAnalysis, SensitivityResult
 from calibkit.evidence.intervals import PairedDifference
 from calibkit.results.flags import Flag, Thresholds, flag_layer, gate_on_overall
 from calibkit.results.runs import (
+    Comparison,
     Difference,
+    Gate,
     LayerSensitivity,
     LayerVerdict,
     Recommendation,
@@ -23,6 +26,10 @@ from calibkit.results.runs import (
     finite,
 )
 from calibkit.tasks import kind_names, task_class
+
+#: the reason a layer's keep-only-it variant was not run (:func:`cost_settles`)
+NOT_KEPT_ALONE = ("keeping only this layer in higher precision was not measured: quantizing only it already "
+                  "settles its flag")
 
 
 def fidelity_name(task: str) -> str:
@@ -58,7 +65,8 @@ def layer_verdicts(measured: Sequence[Any], weight_errors: Mapping[str, Any], se
             weight_sqnr_db=ws.sqnr_db if ws else None,
             zeroed_weights=ws.zeroed_fraction if ws else None,
             only_this_delta=ls.only_this_delta if ls and not ls.only_this.error else None,
-            all_but_this_delta=ls.all_but_this_delta if ls and not ls.all_but_this.error else None,
+            all_but_this_delta=ls.all_but_this_delta if ls and ls.all_but_this and not ls.all_but_this.error
+            else None,
             only_this_diff=ls.only_this_diff if ls else None,
             all_but_this_diff=ls.all_but_this_diff if ls else None,
             flips_removed=ls.flips_removed if ls else None,
@@ -68,6 +76,8 @@ def layer_verdicts(measured: Sequence[Any], weight_errors: Mapping[str, Any], se
             fidelity_name=name,
         )
         flag = gate_on_overall(flag, overall)
+        if ls is not None and ls.all_but_this is None:
+            flag = replace(flag, reasons=(*flag.reasons, NOT_KEPT_ALONE))
         s = m.spec
         out.append(LayerVerdict(
             index=int(s.index), node=s.node, op_type=s.op_type, tensor=s.tensor, flag=flag.flag,
@@ -82,6 +92,24 @@ def layer_verdicts(measured: Sequence[Any], weight_errors: Mapping[str, Any], se
     return tuple(out)
 
 
+def cost_settles(thresholds: Thresholds, task: str) -> Callable[[MeasuredSensitivity], bool]:
+    """Whether a layer measured by quantizing only it already has its final flag: a settled cost past its
+    threshold keeps the layer (``flag_layer``: a settled measured harm is keep-fp16, or keep-fp32 where its
+    range asks for it, whatever else is measured), so keeping only it in higher precision cannot change the
+    flag and is not run. Anything else (no cost, or one not settled) needs the other variant."""
+    name = fidelity_name(task)
+
+    def settles(ls: MeasuredSensitivity) -> bool:
+        if ls.only_this.error:
+            return False
+        flag = flag_layer(thresholds, sqnr_db=None, clipped_fraction=None, outlier_ratio=None, nonfinite=0,
+                          fp_absmax=None, only_this_delta=ls.only_this_delta, only_this_diff=ls.only_this_diff,
+                          agreement_cost=ls.agreement_cost, cosine_cost=ls.cosine_cost, fidelity_name=name)
+        return flag.measured_harm
+
+    return settles
+
+
 def _run(r: SensitivityResult, delta: float | None, diff: PairedDifference | None) -> SensitivityRun:
     d = Difference.of(diff)
     return SensitivityRun(
@@ -93,9 +121,11 @@ def _run(r: SensitivityResult, delta: float | None, diff: PairedDifference | Non
 
 
 def _sensitivity(ls: MeasuredSensitivity) -> LayerSensitivity:
+    abt = ls.all_but_this
     return LayerSensitivity(
         only_this_int8=_run(ls.only_this, ls.only_this_delta, ls.only_this_diff),
-        all_but_this=_run(ls.all_but_this, ls.all_but_this_delta, ls.all_but_this_diff),
+        all_but_this=_run(abt, ls.all_but_this_delta, ls.all_but_this_diff) if abt is not None
+        else SensitivityRun(None, None, None, None),
         flips_removed=Difference.of(ls.flips_removed),
         agreement_cost=Difference.of(ls.agreement_cost),
         cosine_recovered=Difference.of(ls.cosine_recovered),
@@ -137,3 +167,43 @@ def recommend(verdicts: Sequence[LayerVerdict], evidence: SensitivityEvidence,
     else:
         verdict = f"no layer needs higher precision on this evidence ({on})"
     return Recommendation(keep, precision, evidence.measured, verdict)
+
+
+def missed_targets(result: Comparison, *, min_agreement: float | None = None,
+                   max_drop: float | None = None) -> tuple[str, ...]:
+    """What ``result`` misses of the targets (empty: all met), one line each: ``min_agreement``, the percentage
+    of A's predictions B keeps (the point estimate, as printed); ``max_drop``, the most accuracy points B may
+    lose against A (needs labels)."""
+    missed = []
+    if min_agreement is not None:
+        if result.agreement is None:
+            missed.append("agreement: the task has no per-text decision to agree on")
+        elif 100.0 * result.agreement < min_agreement:
+            shown, limit = deciding_digits(100.0 * result.agreement, min_agreement)
+            missed.append(f"agreement {shown} % is below --min-agreement {limit} %")
+    if max_drop is not None:
+        a, b = result.engine_a.accuracy, result.engine_b.accuracy
+        if a is None or b is None:
+            missed.append("accuracy drop: the eval set has no labels to score")
+        elif 100.0 * (a - b) > max_drop:
+            shown, limit = deciding_digits(100.0 * (a - b), max_drop)
+            missed.append(f"accuracy drop {shown} points is above --max-drop {limit}")
+    return tuple(missed)
+
+
+def gate(result: Comparison, min_agreement: float | None, max_drop: float | None) -> Gate | None:
+    """The CI gate of a compare request's targets on its result (None when it names none)."""
+    if min_agreement is None and max_drop is None:
+        return None
+    return Gate(min_agreement, max_drop, missed_targets(result, min_agreement=min_agreement, max_drop=max_drop))
+
+
+def deciding_digits(value: float, limit: float, digits: int = 2) -> tuple[str, str]:
+    """``value`` printed with the fewest decimals (at least ``digits``) that tell it from ``limit``, and
+    ``limit`` as given or at those decimals, so a gate's message never reads "84.16 % is below 84.16 %": the
+    comparison is exact, and the line shows the digits that decided it."""
+    for d in range(digits, 18):
+        shown, bound = f"{value:.{d}f}", f"{limit:.{d}f}"
+        if shown != bound:
+            return shown, f"{limit:g}" if d == digits else bound
+    return repr(value), repr(limit)

@@ -4,22 +4,27 @@ shortens it most.
 A long part is counted in texts of three kinds (:class:`Work`) and priced by one measurement made here:
 ``text_seconds``, the wall seconds of one FP32 text with the run's batching — timed on a small seeded sample of
 the run's own texts (:func:`measure_text_seconds`), or read off tune's FP32 reference pass, which runs first
-anyway. Relative to an FP32 text (:data:`COSTS`, likely and worst):
+anyway. Relative to an FP32 text (:data:`COSTS`, calibrated on the measured runs of docs/measured.md, "Time
+estimates"):
 
-- an FP32 text (an FP32 session: an engine's evaluation, the FP32 reference): 1 (a loaded machine: 1.3);
-- an exact Q/DQ text (an INT8 variant: sensitivity, tune's tables, search, confirmation, holdout; an FP16 or
-  INT8 engine on the CPU): 1.5 to 3.5 — measured 1.4 on the quiet 2-core machine (the demo classifier's tune:
-  12.5 ms a search text against 8.8 ms an FP32 text), 2.2 on a quiet 16-core host (BERT-base) and 3.4 on a loaded
-  2-core machine, because exact evaluation runs ONNX Runtime without graph optimizations;
+- an FP32 text (an FP32 session: an engine's evaluation, the FP32 reference): 1;
+- an exact Q/DQ text (an INT8 variant on the switchboard: sensitivity, tune's tables, search, confirmation,
+  holdout; an FP16 or INT8 engine on the CPU): 1 — on the demo embedder 97 sensitivity variants of 256 texts
+  each took 10.4 ms a text on the 2-core machine's pool, its FP32 pass 11 ms a text, its INT8 engine 13.8 ms
+  (an earlier model priced it 1.5 to 3.5 and every tune and compare it priced ran under its low end);
 - a tapped text (one text through a tapped copy of a model, every layer's input and output copied out and
-  measured: compare's per-layer measurements, tune's layer probe; a Q/DQ copy counts twice): 3 to 6 — measured
-  on the demo classifier: 200 texts through its FP32 and Q/DQ copies took 28 s at 13 ms an FP32 text, 3.6 a
-  text and copy. Calibration statistics tap only the activations they histogram: about an FP32 text.
+  measured: compare's per-layer measurements, tune's layer probe; a Q/DQ copy counts twice): 5 — the demo
+  embedder's 512 texts through its FP32 and Q/DQ copies took 84 s, 55 ms a text and copy. Calibration statistics
+  tap only the activations they histogram: about an FP32 text.
+
+The priced time is printed as a range, divided and multiplied by :data:`SPREAD` (the high end twice the low
+end): what a shared machine's load and the price's own sample move it by on the runs it was calibrated on.
 
 The texts each step reads follow from the run's options and evidence (:func:`tune_steps`, :func:`compare_steps`);
-where a decision rule stops early their likely count is what that rule read on the demo, their worst count
-what it may read. Each option that shrinks the run is priced the same way, and the one saving the most is
-named (:func:`estimate`), with the estimate it gives. The run records the estimate and, at its end, what each
+where a decision rule stops early their likely count is what that rule read on the demo (their worst count,
+what it may read, is kept with the step but not priced: a search that reads it runs past the range). Each
+option that shrinks the run is priced the same way, and the one saving the most is named (:func:`estimate`),
+with the estimate it gives. The run records the estimate and, at its end, what each
 step and the whole took (:class:`~calibkit.results.runs.TimeEstimate`), so the two can be compared in its
 report.
 """
@@ -35,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from calibkit.evaluate.speed import SERVED_CHECK_TEXTS, SPEED_LARGE_BATCHES, SPEED_SINGLE_TEXTS
+from calibkit.evaluate.speed import SERVED_CHECK_TEXTS, SPEED_LARGE_BATCHES, SPEED_ROUNDS, SPEED_SINGLE_TEXTS
 from calibkit.evaluate.tune_defaults import (
     TUNE_AUTO_TEXTS,
     TUNE_CONFIRM_CANDIDATES,
@@ -55,12 +60,19 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.resources import EngineRunnerFactory
     from calibkit.types import PathLike
 
-#: wall cost of a text of each kind against an FP32 text: (likely, worst); see the module docstring
-COSTS: Mapping[str, tuple[float, float]] = {"fp32": (1.0, 1.3), "qdq": (1.5, 3.5), "taps": (3.0, 6.0)}
+#: wall cost of a text of each kind against an FP32 text, calibrated on measured runs (docs/measured.md, "Time
+#: estimates"); see the module docstring
+COSTS: Mapping[str, float] = {"fp32": 1.0, "qdq": 1.0, "taps": 5.0}
+#: the printed range is the priced time divided and multiplied by this: its high end twice its low end, wide
+#: enough for the runs it was calibrated on (docs/measured.md)
+SPREAD = math.sqrt(2.0)
 #: texts timed by :func:`measure_text_seconds` (at least two of the run's batches), and texts whose lengths say
 #: how the run's batches pad
 MEASURE_TEXTS = 64
 LENGTH_TEXTS = 4096
+#: timed passes over the sample, of which the median prices a text: one pass of a second on a shared machine is
+#: moved by whatever else runs in it
+TIMED_PASSES = 3
 #: a shortcut saving less than this share of the likely estimate is not worth naming, nor one for a run likely
 #: shorter than this many seconds
 MIN_SAVING = 0.15
@@ -88,16 +100,18 @@ class Work:
 
 
 def price(steps: Sequence[Work], text_seconds: float, lanes: float = 1.0) -> tuple[StepEstimate, ...]:
-    """Each step's likely and worst wall seconds at ``text_seconds`` an FP32 text. ``lanes``: how many times
-    the machine's own CPUs the executor gives Q/DQ work (1 for a local pool; more for remote workers)."""
+    """Each step's range of wall seconds at ``text_seconds`` an FP32 text: its likely texts priced by
+    :data:`COSTS`, divided and multiplied by :data:`SPREAD` (``likely_seconds`` is the range's low end,
+    ``worst_seconds`` its high end). ``lanes``: how many times the machine's own CPUs the executor gives Q/DQ
+    work (1 for a local pool; more for remote workers)."""
     lanes = max(1.0, lanes)
 
-    def cost(w: Work, which: int) -> float:
-        n = w.texts(which)
+    def cost(w: Work) -> float:
+        n = w.texts(0)
         spread = lanes if w.on_executor else 1.0
-        return text_seconds * sum(COSTS[k][which] * n[k] / (spread if k == "qdq" else 1.0) for k in n)
+        return text_seconds * sum(COSTS[k] * n[k] / (spread if k == "qdq" else 1.0) for k in n)
 
-    return tuple(StepEstimate(w.step, cost(w, 0), cost(w, 1)) for w in steps)
+    return tuple(StepEstimate(w.step, cost(w) / SPREAD, cost(w) * SPREAD) for w in steps)
 
 
 def estimate(steps: Sequence[Work], text_seconds: float, measured_texts: int, *,
@@ -151,28 +165,51 @@ def measure_text_seconds(predict: Callable[[list[str]], Any], texts: Sequence[st
                          seed: int = 0, sample: int = MEASURE_TEXTS,
                          lengths: Callable[[Sequence[str]], np.ndarray] | None = None) -> tuple[float, int]:
     """(wall seconds per text, texts timed): ``predict(texts)`` (an FP32 session with the run's batching) on a
-    seeded random sample of ``texts`` (at least two batches of ``batch_size``), after one untimed batch that
-    warms the session up.
+    sample of ``texts`` (at least two batches of ``batch_size``), after one untimed pass over the same sample
+    that warms the session up (a batch shape's first run allocates).
 
-    ``lengths(texts)``: their token counts as the model reads them. Given, the time is priced per padded token
-    and scaled to the padding of the run's own batches (length-sorted over all of ``texts``, or a seeded
-    :data:`LENGTH_TEXTS` of them): a few random texts in two batches pad far more than a whole run does (measured
-    on the demo classifier: 23 ms a text on 64 texts, 13 ms over 800)."""
+    ``lengths(texts)``: their token counts as the model reads them. Given, the sample is whole batches of the
+    run's own (length-sorted over all of ``texts``, or a seeded :data:`LENGTH_TEXTS` of them), spread evenly
+    over its lengths, and the time is scaled from the sample's padded tokens to the run's. Without them, a seeded
+    random sample: a few random texts in two batches pad far more than a whole run does (measured on the demo
+    embedder: 23 to 50 ms a text on 64 random texts, 11 ms over its 4,000)."""
+    rng = np.random.default_rng(seed)
+    if lengths is not None and len(texts) > max(sample, 2 * batch_size):
+        return _time_run_batches(predict, texts, batch_size, sample, lengths, rng)
     n = min(len(texts), max(sample, 2 * batch_size))
     if n == 0:
         return 0.0, 0
-    rng = np.random.default_rng(seed)
     chosen = [texts[int(i)] for i in np.sort(rng.choice(len(texts), size=n, replace=False))]
-    predict(chosen[:batch_size])
+    predict(chosen)
     t0 = time.perf_counter()
     predict(chosen)
-    seconds = (time.perf_counter() - t0) / n
-    if lengths is None:
-        return seconds, n
-    run = texts if len(texts) <= LENGTH_TEXTS else [texts[int(i)] for i in rng.choice(len(texts), LENGTH_TEXTS,
-                                                                                       replace=False)]
-    per_text = padded_tokens(lengths(run), batch_size) / len(run)
-    return seconds * n * per_text / max(1, padded_tokens(lengths(chosen), batch_size)), n
+    return (time.perf_counter() - t0) / n, n
+
+
+def _time_run_batches(predict: Callable[[list[str]], Any], texts: Sequence[str], batch_size: int, sample: int,
+                      lengths: Callable[[Sequence[str]], np.ndarray], rng: np.random.Generator) -> tuple[float, int]:
+    """:func:`measure_text_seconds` on whole batches of the run's own length-sorted batching."""
+    from calibkit.evaluate.predict import length_batches
+
+    run = list(texts) if len(texts) <= LENGTH_TEXTS else [texts[int(i)] for i in rng.choice(len(texts),
+                                                                                           LENGTH_TEXTS,
+                                                                                           replace=False)]
+    run_lengths = np.asarray(lengths(run))
+    full = [b for b in length_batches(run_lengths, batch_size) if len(b) == batch_size]
+    k = max(2, math.ceil(sample / batch_size))
+    picked = sorted({int(round(x)) for x in np.linspace(0, len(full) - 1, k)}) if full else []
+    rows = np.concatenate([full[i] for i in picked]) if picked else np.arange(min(len(run), sample))
+    chosen = [run[int(i)] for i in rows]
+    predict(chosen)
+    seconds = float(np.median([_timed(predict, chosen) for _ in range(TIMED_PASSES)]))
+    per_text = padded_tokens(run_lengths, batch_size) / len(run)
+    return seconds * per_text / max(1, padded_tokens(run_lengths[rows], batch_size)), len(chosen)
+
+
+def _timed(predict: Callable[[list[str]], Any], texts: list[str]) -> float:
+    t0 = time.perf_counter()
+    predict(texts)
+    return time.perf_counter() - t0
 
 
 def padded_tokens(lengths: np.ndarray, batch_size: int) -> int:
@@ -192,6 +229,9 @@ def fp32_text_seconds(phases: Sequence[PhaseCost]) -> tuple[float, int] | None:
 
 # ---------------------------------------------------------------- tune
 
+#: share of the layers whose all-but-this variant compare runs: those quantizing alone does not settle (32 of 48
+#: on the demo embedder)
+KEPT_ALONE_SHARE = 2 / 3
 #: share of the search split a candidate's decision reads where it cannot be worked out before the search: the
 #: sequential rule stops once decided (an assumption, not a measurement); at worst it reads the whole split
 SEQUENTIAL_SHARE = 0.5
@@ -381,6 +421,7 @@ class CompareSize:
     tapped: int = 3  # copies tapped, a Q/DQ one counted twice: A and B, and the reference when given
     sensitivity: int = 0  # texts of the sensitivity subset (0: not measured)
     sensitivity_layers: int = 0  # nodes measured alone and all-but-alone
+    speed: bool = False  # B timed against A as a server runs them (ONNX Runtime engines)
 
 
 def compare_steps(z: CompareSize) -> list[Work]:
@@ -393,8 +434,13 @@ def compare_steps(z: CompareSize) -> list[Work]:
         steps.append(Work("traffic", **engines(z.traffic, z.engines[:2]), on_executor=False))
     if z.layer_samples:
         steps.append(Work("per-layer measurements", taps=z.tapped * z.layer_samples))
-    if z.sensitivity:  # all-INT8, and each layer alone and all but it
-        steps.append(Work("per-layer sensitivity", qdq=z.sensitivity * (1 + 2 * z.sensitivity_layers)))
+    if z.sensitivity:  # all-INT8 and each layer alone; all but it where quantizing it alone does not settle it
+        alone = z.sensitivity_layers * (1 + KEPT_ALONE_SHARE)
+        steps.append(Work("per-layer sensitivity", qdq=z.sensitivity * (1 + alone),
+                          qdq_worst=z.sensitivity * (1 + 2 * z.sensitivity_layers)))
+    if z.speed:  # a warm-up and up to nine rounds of 128 texts through A and B: 23 s on the demo embedder
+        per_round = SPEED_SINGLE_TEXTS + SPEED_LARGE_BATCHES * 32
+        steps.append(Work("speed", fp32=2 * (1 + SPEED_ROUNDS[1]) * per_round, on_executor=False))
     return steps
 
 
@@ -434,8 +480,9 @@ def compare_size(engines: Sequence[EngineArtifact], texts: int, traffic: int, op
     if sensitivity and k is None:
         k = _quantized_nodes(int8.path)
     tapped = sum(1 if kind == "fp32" else 2 for kind in kinds)
+    served = bool(getattr(options, "speed", False)) and all(e.backend is Backend.ONNXRUNTIME for e in engines[:2])
     return CompareSize(texts=texts, engines=kinds, traffic=traffic, layer_samples=layers, tapped=tapped,
-                       sensitivity=sensitivity, sensitivity_layers=k or 0)
+                       sensitivity=sensitivity, sensitivity_layers=k or 0, speed=served)
 
 
 def _quantized_nodes(path: PathLike) -> int:
@@ -458,7 +505,7 @@ def estimate_compare(engines: Sequence[EngineArtifact], z: CompareSize, open_run
             lambda xs: task.predict(runner, tokenizer, xs, batch_size=options.batch_size), texts,
             batch_size=options.batch_size, seed=options.seed, lengths=lambda xs: token_counts(tokenizer, xs))
     if fp32.precision is not Precision.FP32:  # an FP16 or INT8 engine on the CPU costs about a Q/DQ text
-        seconds /= COSTS["qdq"][0]
+        seconds /= COSTS["qdq"]
     return estimate(compare_steps(z), seconds, n, shortcuts=compare_shortcuts(z), lanes=lanes_of(executor))
 
 

@@ -9,6 +9,7 @@ Each job rebuilds its variant from the FP32 source model and the calibration tab
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -90,8 +91,16 @@ def run_jobs(
         with ProcessPoolExecutor(min(n, len(jobs))) as pool:
             return run_jobs(jobs, progress=progress, task=task, executor=pool, on_result=on_result)
     if served(jobs):
+        done = [0]
+
+        def counted(i: int, r: SensitivityResult) -> None:
+            finished(i, r)
+            done[0] += 1
+            cb(ProgressEvent(task, done[0], len(jobs), message=r.node or r.mode))
+
         try:
-            return run_on_boards(jobs, executor, finished)
+            cb(ProgressEvent(task, 0, len(jobs)))
+            return run_on_boards(jobs, executor, counted)
         except ModelError as exc:  # a model the switchboard cannot be made of: one variant per job, as before
             log.warning("evaluating each variant on its own: %s", exc.message)
     from calibkit.evaluate.shipping import pack_jobs, run_shipped_job
@@ -146,7 +155,9 @@ class LayerSensitivity:
 
     node: str
     only_this: SensitivityResult  # every other node kept in higher precision
-    all_but_this: SensitivityResult  # this node kept in higher precision
+    # this node kept in higher precision; None: not run, because quantizing only this node already settled its
+    # flag (see analyse_sensitivity's ``settles``)
+    all_but_this: SensitivityResult | None
     only_this_delta: float | None = None  # accuracy(only this INT8) - accuracy(reference); None without labels
     all_but_this_delta: float | None = None  # accuracy(all but this) - accuracy(all INT8); None without labels
     # paired 95 % intervals of the two deltas (same examples); None when a variant failed or without labels
@@ -198,8 +209,12 @@ def analyse_sensitivity(
     pooling: str | None = None,
     neighbour_index: np.ndarray | None = None,
     index_rows: Sequence[int] | None = None,
+    settles: Callable[[LayerSensitivity], bool] | None = None,
 ) -> SensitivityAnalysis:
     """Two variants per node plus one all-INT8 variant, on ``texts`` (already the subset to use).
+
+    ``settles(layer)``: whether quantizing only a node already settles its flag (``decisions.cost_settles``):
+    its all-but-this variant is then not run; None: every node gets both.
 
     ``reference_logits``: the reference's outputs on ``texts`` in ``task``'s terms (``evaluate.jobs``:
     logits, vectors, or token tag ids); ``labels``: class ids of ``texts`` (classification; empty: judged on
@@ -216,64 +231,88 @@ def analyse_sensitivity(
     n = workers if workers is not None else default_workers()
     threads = executor.threads_per_task if executor is not None else max(1, usable_cpus() // max(1, n))
     labelled = task_class(task).classifies and len(labels) == len(texts) and len(texts) > 0
-    base = dict(
+    base = _job_fields(
         source_model=str(source_model), calibration_json=str(calibration_json), tokenizer=str(tokenizer),
         texts=tuple(texts), labels=tuple(int(v) for v in labels) if labelled else (),
-        reference_logits=_nested(reference_logits), batch_size=batch_size, threads=threads, max_length=max_length,
+        reference_logits=reference_logits, batch_size=batch_size, threads=threads, max_length=max_length,
         target=target, output_name=output_name, source_model_sha256=source_model_sha256, task=task,
-        pooling=pooling, neighbour_index=None if neighbour_index is None else _nested(neighbour_index),
-        index_rows=None if index_rows is None else tuple(int(v) for v in index_rows),
-    )
+        pooling=pooling, neighbour_index=neighbour_index, index_rows=index_rows)
     kept = tuple(base_keep)
-    jobs = [SensitivityJob(keep_nodes=kept, mode=ALL_INT8, **base)]  # type: ignore[arg-type]
-    for node in nodes:
-        others = tuple(x for x in nodes if x != node) + kept
-        jobs.append(SensitivityJob(keep_nodes=others, mode=ONLY_THIS, node=node, **base))  # type: ignore[arg-type]
-        jobs.append(SensitivityJob(keep_nodes=(node, *kept), mode=ALL_BUT_THIS, node=node, **base))  # type: ignore[arg-type]
-    results = run_jobs(jobs, workers=n, progress=progress, executor=executor)
-    all_int8 = results[0]
-    if all_int8.error:
-        raise CalibrationError(f"sensitivity: the all-INT8 variant could not be built: {all_int8.error}",
-                               hint=all_int8.error_hint or "run with --no-sensitivity to compare without it")
+
+    def job(mode: str, keep: tuple[str, ...], node: str | None = None) -> SensitivityJob:
+        return SensitivityJob(keep_nodes=keep, mode=mode, node=node, **base)  # type: ignore[arg-type]
+
+    def all_but(node: str) -> SensitivityJob:
+        return job(ALL_BUT_THIS, (node, *kept), node)
+
+    first = [job(ALL_INT8, kept)] + [job(ONLY_THIS, tuple(x for x in nodes if x != m) + kept, m) for m in nodes]
+    run = functools.partial(run_jobs, workers=n, progress=progress, executor=executor)
+    if settles is None:  # one call: every variant in one executor map
+        results = run(first + [all_but(node) for node in nodes])
+        only, rest = results[1:1 + len(nodes)], dict(zip(nodes, results[1 + len(nodes):]))
+    else:
+        results = run(first, task="sensitivity (one layer INT8)")
+        only, rest = results[1:], {}
+    all_int8 = _all_int8(results[0])
     y = np.asarray(labels, dtype=np.int64) if labelled else None
-    ref_correct = None
-    if y is not None:
-        ref_correct = np.asarray(reference_logits).argmax(axis=1) == y
-    per_node = [_layer(node, results[1 + 2 * k], results[2 + 2 * k], all_int8, y, ref_correct, len(texts))
+    ref_correct = np.asarray(reference_logits).argmax(axis=1) == y if y is not None else None
+    if settles is not None:
+        open_nodes = [node for node, r in zip(nodes, only)
+                      if not settles(_layer(node, r, None, all_int8, y, ref_correct, len(texts)))]
+        log.info("sensitivity: %d of %d nodes settled by quantizing only them", len(nodes) - len(open_nodes),
+                 len(nodes))
+        rest = dict(zip(open_nodes, run([all_but(node) for node in open_nodes], task="sensitivity (one layer kept)")))
+    per_node = [_layer(node, only[k], rest.get(node), all_int8, y, ref_correct, len(texts))
                 for k, node in enumerate(nodes)]
     ref_acc = float(np.mean(ref_correct)) if ref_correct is not None else None
     return SensitivityAnalysis(len(texts), ref_acc, all_int8, tuple(per_node), task)
+
+
+def _all_int8(r: SensitivityResult) -> SensitivityResult:
+    if r.error:
+        raise CalibrationError(f"sensitivity: the all-INT8 variant could not be built: {r.error}",
+                               hint=r.error_hint or "run with --no-sensitivity to compare without it")
+    return r
+
+
+def _job_fields(*, reference_logits: np.ndarray, neighbour_index: np.ndarray | None,
+                index_rows: Sequence[int] | None, **fields: object) -> dict[str, object]:
+    """The fields every job of one analysis shares, as a SensitivityJob holds them (nested tuples)."""
+    return dict(fields, reference_logits=_nested(reference_logits),
+                neighbour_index=None if neighbour_index is None else _nested(neighbour_index),
+                index_rows=None if index_rows is None else tuple(int(v) for v in index_rows))
 
 
 def _nested(a: np.ndarray) -> tuple:
     return tuple(tuple(float(v) for v in np.ravel(row)) for row in np.asarray(a))
 
 
-def _layer(node: str, only: SensitivityResult, abt: SensitivityResult, all_int8: SensitivityResult,
+def _layer(node: str, only: SensitivityResult, abt: SensitivityResult | None, all_int8: SensitivityResult,
            y: np.ndarray | None, ref_correct: np.ndarray | None, n: int) -> LayerSensitivity:
-    """One node's effects: accuracy deltas where ``y`` (labels) exist, fidelity always."""
+    """One node's effects: accuracy deltas where ``y`` (labels) exist, fidelity always (``abt`` None: only the
+    effects of quantizing only this node)."""
     for r in (only, abt):
-        if r.error:
+        if r is not None and r.error:
             log.warning("sensitivity variant %s for %s failed: %s", r.mode, node, r.error)
     ok = len(all_int8.agreement_values) == n
     only_ok = ok and not only.error and len(only.agreement_values) == n
-    abt_ok = ok and not abt.error and len(abt.agreement_values) == n
+    abt_ok = abt is not None and ok and not abt.error and len(abt.agreement_values) == n
     ones = np.ones(n)
     acc: dict = {}
     if y is not None and ref_correct is not None:
         acc = dict(
             only_this_delta=only.accuracy - float(np.mean(ref_correct)) if not only.error else None,
-            all_but_this_delta=abt.accuracy - all_int8.accuracy if not abt.error else None,
+            all_but_this_delta=abt.accuracy - all_int8.accuracy if abt is not None and not abt.error else None,
             only_this_diff=paired_difference(ref_correct, only.correct(y)) if only_ok else None,
-            all_but_this_diff=paired_difference(all_int8.correct(y), abt.correct(y)) if abt_ok else None,
+            all_but_this_diff=paired_difference(all_int8.correct(y), abt.correct(y)) if abt_ok and abt else None,
         )
     cos = ok and len(all_int8.cosine_values) == n
     return LayerSensitivity(
         node, only, abt, **acc,
-        flips_removed=paired_values(all_int8.agreement_values, abt.agreement_values) if abt_ok else None,
+        flips_removed=paired_values(all_int8.agreement_values, abt.agreement_values) if abt_ok and abt else None,
         agreement_cost=paired_values(ones, only.agreement_values) if only_ok else None,
         cosine_recovered=paired_values(all_int8.cosine_values, abt.cosine_values)
-        if abt_ok and cos and len(abt.cosine_values) == n else None,
+        if abt_ok and abt and cos and len(abt.cosine_values) == n else None,
         cosine_cost=paired_values(ones, only.cosine_values) if only_ok and cos and len(only.cosine_values) == n
         else None,
     )

@@ -121,11 +121,11 @@ class CompareRequest:
     min_agreement: float | None = option(
         None, bound=Bound(low=0, high=100, optional=True, example="99", what="a percentage"),
         help="CI gate: exit with code 8 (after writing every output) when B keeps fewer than this percentage of "
-             "A's predictions (the printed point estimate), e.g. 99; from Python, see missed_targets.")
+             "A's predictions (the printed point estimate), e.g. 99; from Python, the result's gate says it.")
     max_drop: float | None = option(
         None, bound=Bound(low=0, high=100, optional=True, example="0.5", what="a number of accuracy points"),
         help="CI gate: exit with code 8 (after writing every output) when B's accuracy is more than this many "
-             "points below A's (needs labels), e.g. 0.5; from Python, see missed_targets.")
+             "points below A's (needs labels), e.g. 0.5; from Python, the result's gate says it.")
     # ---- no command line sets these
     histogram_layers: int = option(6, cli=False, api=False,
                                    help="The worst layers (lowest own SQNR) whose |x| histograms the result keeps.")

@@ -389,6 +389,21 @@ class Recommendation:
 
 
 @dataclass(frozen=True)
+class Gate:
+    """compare's CI gate: the targets the request named (``min_agreement`` a percentage of A's predictions B
+    keeps, ``max_drop`` accuracy points B may lose) and what the comparison misses of them, one line each
+    (empty: every target met)."""
+
+    min_agreement: float | None = None
+    max_drop: float | None = None
+    missed: tuple[str, ...] = ()
+
+    @property
+    def met(self) -> bool:
+        return not self.missed
+
+
+@dataclass(frozen=True)
 class SensitivityEvidence:
     """What per-layer sensitivity ran on and judged by: ``source`` ("eval set" | "traffic"), ``samples``
     texts, ``basis`` (e.g. "accuracy and agreement", "nearest-neighbour agreement and cosine"), the all-INT8
@@ -551,6 +566,7 @@ class Comparison:
     time_estimate: TimeEstimate | None = None  # the long part's estimate before it started, and its actual time
     speed: Speed | None = None  # B served beside A (reference "A"); None: ``speed_note`` says why
     speed_note: str | None = None
+    gate: Gate | None = None  # the CI gate of the request's targets; None: it named none
     per_text: PerTextOutputs | None = field(default=None, compare=False, repr=False, metadata=NOT_IN_DOCUMENT)
 
     @property
