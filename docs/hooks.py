@@ -6,6 +6,8 @@
 - ``measured.md``: the ``<!-- measured:generated -->`` marker is replaced by the demo's measured rows, rendered
   by ``tools/readme_measured.py`` (the tool that writes the README's block) from the summary ``calibkit demo
   run`` wrote when there is one, else read from the README's block, with the commit it comes from.
+- Docstrings' cross-references (``:func:`x```, ``:class:`~a.B```, the roles the code's docstrings use) render
+  as the name in code, not as literal role markers (mkdocstrings' Google style does not read them).
 
 Registered in ``mkdocs.yml`` under ``hooks:``; ``tests/test_docs.py`` builds the site with ``--strict``.
 """
@@ -308,6 +310,13 @@ def on_files(files: Any, config: Any) -> Any:
     for page in pages:
         files.append(File.generated(config, page.uri, content=render_command(page)))
     return files
+
+
+_ROLE = re.compile(r":(?:py:)?(?:func|class|meth|attr|mod|data|exc|obj|const|attribute):(<code>)~?")
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
+    return _ROLE.sub(r"\1", html)
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:

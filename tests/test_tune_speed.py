@@ -110,9 +110,17 @@ def _speed(b1: float, b32: float) -> Speed:
 def test_the_fastest_is_judged_at_its_slowest_batch_size_and_a_tie_goes_to_fidelity():
     speeds = {0: _speed(1.7, 2.0), 1: _speed(2.6, 1.5), 2: _speed(1.95, 2.4)}
     assert speed.fastest(speeds, {0: 0.999, 1: 0.995, 2: 0.98}) == 2  # 1.95 at its slowest beats 1.7 and 1.5
-    tied = {**speeds, 0: _speed(1.9, 2.0)}  # 1.9 is within 3 % of 1.95: the more faithful is written
+    tied = {**speeds, 0: _speed(1.9, 2.35)}  # within 3 % of plan 2 at both sizes: the more faithful is written
     assert speed.fastest(tied, {0: 0.995, 1: 0.99, 2: 0.98}) == 0
     assert speed.fastest(tied, {0: float("nan"), 1: 0.9, 2: 0.98}) == 2
+
+
+def test_a_tie_at_the_slowest_batch_size_goes_to_the_faster_at_the_other_before_fidelity():
+    # the demo's tune: three confirmed plans within 3 % at batch 32, 12 % apart at batch 1
+    speeds = {3: _speed(1.67, 1.31), 8: _speed(1.89, 1.33), 10: _speed(1.78, 1.33)}
+    assert speed.fastest(speeds, {3: 0.9949, 8: 0.9935, 10: 0.9945}) == 8
+    close = {3: _speed(1.67, 1.31), 8: _speed(1.70, 1.33)}  # within 3 % at both: fidelity decides
+    assert speed.fastest(close, {3: 0.9949, 8: 0.9935}) == 3
 
 
 def test_tune_writes_the_fastest_confirmed_plan_with_its_speed_and_the_served_check(tiny_setup):  # noqa: F811

@@ -807,10 +807,10 @@ def _fastest(outcome: SearchOutcome, final: Measured, confirmation: Confirmation
              config: TuneRequest, jobs: _Jobs, tables: _Tables, serving: _Serving
              ) -> tuple[_SpeedRun, Confirmation | None, Any, Measured]:
     """Every plan the holdout confirmed, served as ONNX Runtime serves it and timed beside FP32 on holdout texts
-    (evaluate.speed); the fastest at its slowest batch size is written (evaluate.speed.fastest: within the tie,
-    the most faithful on the search split). Each confirmed plan carries the claim (fixed-sequence testing rejects
-    every hypothesis before the first failure, the family's error kept at alpha), so the choice among them
-    needs no correction. Without a confirmation, the written plan alone is timed."""
+    (evaluate.speed); the fastest at its slowest batch size is written (evaluate.speed.fastest: within the tie, the
+    fastest at the other batch size, then the most faithful on the search split). Each confirmed plan carries the
+    claim (fixed-sequence testing rejects every hypothesis before the first failure, the family's error kept at
+    alpha), so the choice among them needs no correction. Without a confirmation, the written plan alone is timed."""
     tried = list(outcome.tried)
     if confirmation is not None and confirmation.chosen is not None:
         ids = [st.candidate for st in confirmation.steps if st.meets]

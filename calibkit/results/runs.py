@@ -976,7 +976,7 @@ class TuneResult:
             why = ("the one with the most INT8 work" if sc.chosen == sc.most_int8 else
                    f"not candidate {sc.most_int8}, the one with the most INT8 work")
             lines.append(f"fastest confirmed plan: candidate {sc.chosen}, {why} (speed at the slowest batch size; "
-                         f"within {100 * sc.tie:g} % the most faithful) — {each}")
+                         f"within {100 * sc.tie:g} % the fastest at the other, then the most faithful) — {each}")
         sv = f.served
         if sv is not None and sv.served_agreement is not None:
             ci = sv.served_agreement_ci
