@@ -66,6 +66,14 @@ COSTS: Mapping[str, float] = {"fp32": 1.0, "qdq": 1.0, "taps": 5.0}
 #: the printed range is the priced time divided and multiplied by this: its high end twice its low end, wide
 #: enough for the runs it was calibrated on (docs/measured.md)
 SPREAD = math.sqrt(2.0)
+#: tune prices a text at its FP32 reference pass's rate, which runs on every worker at once with texts sorted by
+#: length: a text of tune's later steps cost about twice that (the demo classifier's tune on 2 cores, quiet,
+#: commit 40735dd, per step measured / priced: tables 2.6, flip risk 1.7, search 1.7, confirmation 2.8, holdout
+#: numbers 1.8, statistics and smoothing 2.5; docs/measured.md)
+TUNE_TEXT_FACTOR = 2.0
+#: a served model's text in a speed round against a reference-pass text: batch-1 texts alone and batches padded
+#: to their longest (the same run: 73 s for FP32 and four plans, a warm-up and three rounds, builds included)
+SPEED_TEXT_COST = 6.7
 #: texts timed by :func:`measure_text_seconds` (at least two of the run's batches), and texts whose lengths say
 #: how the run's batches pad
 MEASURE_TEXTS = 64
@@ -295,10 +303,11 @@ def tune_steps(z: TuneSize) -> list[Work]:
         steps.append(Work("holdout numbers", qdq=all_int8_holdout_texts(z.holdout) + (0 if z.confirm else z.holdout),
                           qdq_worst=2 * z.holdout))
     if z.speed:
-        # rounds of 128 texts (32 alone, 3 batches of 32) through FP32 and up to four served INT8 models (about
-        # half an FP32 text each): a warm-up and three to nine counted rounds, as many as SPEED_SECONDS holds
-        per_round = (SPEED_SINGLE_TEXTS + SPEED_LARGE_BATCHES * 32) * (1 + 0.5 * TUNE_CONFIRM_CANDIDATES)
-        steps.append(Work("speed", fp32=4 * per_round, qdq_worst=0.0, taps=0.0, on_executor=False))
+        # rounds of 128 texts (32 alone, 3 batches of 32) through FP32 and up to four served INT8 models: a
+        # warm-up and three counted rounds (more where SPEED_SECONDS holds them), each model built first
+        per_round = (SPEED_SINGLE_TEXTS + SPEED_LARGE_BATCHES * 32) * (1 + TUNE_CONFIRM_CANDIDATES)
+        steps.append(Work("speed", fp32=4 * per_round * SPEED_TEXT_COST, qdq_worst=0.0, taps=0.0,
+                          on_executor=False))
         checked = min(SERVED_CHECK_TEXTS, z.holdout_traffic or z.holdout)
         steps.append(Work("served check", fp32=0.5 * checked, on_executor=False))
     return steps
@@ -402,8 +411,17 @@ def estimate_tune(evidence: SplitEvidence, config: TuneRequest, nodes: int, cali
 
     z = tune_size(evidence, config, nodes, calibration_texts, auto_texts_per_node)
     text_seconds, texts = fp32_text_seconds(phases) or (0.0, 0)
-    e = estimate(tune_steps(z), text_seconds, texts, shortcuts=tune_shortcuts(z), lanes=lanes_of(executor))
+    shortcuts = {k: _at_tune_rate(v) for k, v in tune_shortcuts(z).items()}
+    e = estimate(_at_tune_rate(tune_steps(z)), text_seconds, texts, shortcuts=shortcuts, lanes=lanes_of(executor))
     return replace(e, resumed=Ledger(ledger).loaded if ledger is not None and ledger.is_file() else 0)
+
+
+def _at_tune_rate(steps: Sequence[Work]) -> list[Work]:
+    """tune's steps priced against its reference pass's rate (:data:`TUNE_TEXT_FACTOR`; tapped texts and the
+    speed rounds, priced on their own, as they are)."""
+    return [w if w.step == "speed" else
+            replace(w, fp32=w.fp32 * TUNE_TEXT_FACTOR, qdq=w.qdq * TUNE_TEXT_FACTOR,
+                    qdq_worst=None if w.qdq_worst is None else w.qdq_worst * TUNE_TEXT_FACTOR) for w in steps]
 
 
 # ---------------------------------------------------------------- compare
