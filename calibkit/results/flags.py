@@ -10,7 +10,9 @@ from typing import Any, Protocol
 FP16_MAX = 65504.0
 
 
-class _Bounds(Protocol):
+class Bounds(Protocol):
+    """An interval's estimate and 95 % bounds: the shape of ``evidence.intervals.Interval``."""
+
     @property
     def estimate(self) -> float: ...
     @property
@@ -24,7 +26,7 @@ class PairedEffect(Protocol):
     of ``evidence.intervals.PairedDifference``, which computes it in the layer above."""
 
     @property
-    def interval(self) -> _Bounds: ...
+    def interval(self) -> Bounds: ...
     @property
     def n(self) -> int: ...
     @property

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, SupportsFloat
 
-from calibkit.results.flags import Flag, Thresholds
+from calibkit.results.flags import Bounds, Flag, PairedEffect, Thresholds
 
 #: field metadata: leave the field out of the JSON document
 NOT_IN_DOCUMENT = {"json": False}
@@ -37,24 +37,14 @@ def finite(value: SupportsFloat | None) -> float | None:
 # ---------------------------------------------------------------- shared values
 
 
-
-class _Interval(Protocol):
+class _Interval(Bounds, Protocol):
     """What :meth:`Range.of` reads of an ``evidence.intervals.Interval``."""
-
-    @property
-    def estimate(self) -> float: ...
-
-    @property
-    def low(self) -> float: ...
-
-    @property
-    def high(self) -> float: ...
 
     @property
     def level(self) -> float: ...
 
 
-class _Paired(Protocol):
+class _Paired(PairedEffect, Protocol):
     """What :meth:`Difference.of` reads of an ``evidence.intervals.PairedDifference``."""
 
     @property
@@ -67,18 +57,10 @@ class _Paired(Protocol):
     def b_only(self) -> int: ...
 
     @property
-    def n(self) -> int: ...
-
-    @property
     def mcnemar_p(self) -> float: ...
 
     @property
-    def significant(self) -> bool: ...
-
-    @property
     def verdict(self) -> str: ...
-
-    def examples_to_settle(self) -> int | None: ...
 
 
 class _Subset(Protocol):
