@@ -1,14 +1,15 @@
-"""The command line as the safety tests drive it: one invocation (:func:`run`), its output on one line
-(:func:`flat`), and the small folder of inputs and engines several of their module fixtures share
-(:func:`build_engines`)."""
+"""The command line as the tests drive it: one invocation (:func:`run`), its output on one line (:func:`flat`),
+every leaf command with its path (:func:`command_leaves`), and the small folder of inputs and engines several of
+their module fixtures share (:func:`build_engines`)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+import typer
 from calib_helpers import texts, write_model_dir
 from click.testing import Result
 from typer.testing import CliRunner
@@ -22,6 +23,18 @@ LABELS = ("negative", "positive")
 def run(*args: object) -> Result:
     """``calibkit ARGS`` in this process (each argument as its string)."""
     return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def command_leaves(cmd: typer.main.click.Command, path: list[str] | None = None
+                   ) -> Iterator[tuple[list[str], typer.main.click.Command]]:
+    """Every command under ``cmd`` that has no subcommands, with the words that name it (``["demo", "run"]``)."""
+    path = path or []
+    subs = getattr(cmd, "commands", None)
+    if not subs:
+        yield path, cmd
+        return
+    for name, sub in subs.items():
+        yield from command_leaves(sub, [*path, name])
 
 
 def flat(r: Result) -> str:

@@ -3,28 +3,18 @@ layer's flag: the flags are the exhaustive analysis's, on a model where one laye
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from test_compare_tiny import make_texts, make_tokenizer
-from test_tune_pipeline import make_sensitive_model
+from test_tune_pipeline import sensitive_folder
 
 import calibkit as ck
 import calibkit.evaluate.compare as cmp
-from calibkit.data.calibset import write_calibration_set
 from calibkit.evaluate.decisions import NOT_KEPT_ALONE
-from calibkit.quantize.qdq import save_model
 
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     root = tmp_path_factory.mktemp("screen")
-    make_tokenizer(root / "model")
-    save_model(make_sensitive_model(), root / "model" / "model.onnx")
-    texts, labels = make_texts(300, seed=5)
-    write_calibration_set(root / "cset", texts[:60], None, {"source": "test"})
-    ev = root / "eval.jsonl"
-    ev.write_text("".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in zip(texts[60:], labels[60:])))
+    ev = sensitive_folder(root, 300)["eval"]
     cal = ck.calibrate(root / "model", root / "cset", method="minmax", out=root / "cal", executor="inline")
     fp = ck.build(root / "model", root / "fp32.onnx")
     q = ck.build(root / "model", root / "int8.onnx", precision="int8", qdq=cal.model_path)

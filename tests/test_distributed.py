@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 from calib_helpers import texts, write_model_dir
 from executor_units import die_once
-from test_compare_tiny import make_texts, make_tokenizer
-from test_tune_pipeline import make_sensitive_model
+from test_tune_pipeline import sensitive_folder
 from typer.testing import CliRunner
 
 from calibkit.calibrate.collect import collect_stats
@@ -33,7 +32,6 @@ from calibkit.evaluate.sensitivity import analyse_sensitivity
 from calibkit.evaluate.shipping import run_shipped_job
 from calibkit.evaluate.tune import run_tune
 from calibkit.executors import InProcessExecutor
-from calibkit.quantize.qdq import save_model
 from calibkit.requests.calibrate import CalibrateRequest
 from calibkit.requests.tune import TuneRequest
 from calibkit.resources import Resources
@@ -111,12 +109,7 @@ def test_calibrate_cli_executor_option(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("dist")
-    make_tokenizer(root / "model")
-    save_model(make_sensitive_model(), root / "model" / "model.onnx")
-    all_texts, labels = make_texts(300, seed=5)
-    write_calibration_set(root / "cset", all_texts[:60], None, {"source": "test"})
-    ev = root / "eval.jsonl"
-    ev.write_text("".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in zip(all_texts[60:], labels[60:])))
+    sensitive_folder(root, 300)
     return root
 
 

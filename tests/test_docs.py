@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from cli_helpers import command_leaves
 
 from calibkit.cli import app
 
@@ -21,15 +22,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("mkdocstrings") is None:
     pytest.skip("mkdocs / mkdocstrings are not installed (pip install -e '.[docs]', part of the dev extra)",
                 allow_module_level=True)
-
-
-def _leaves(cmd, path):  # type: ignore[no-untyped-def]
-    subs = getattr(cmd, "commands", None)
-    if not subs:
-        yield path, cmd
-        return
-    for name, sub in subs.items():
-        yield from _leaves(sub, [*path, name])
 
 
 def _text(page: Path) -> str:
@@ -49,7 +41,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_every_command_page_lists_every_option_and_its_help(site: Path) -> None:
     index = _text(site / "commands" / "index.html")
-    for path, cmd in _leaves(typer.main.get_command(app), []):
+    for path, cmd in command_leaves(typer.main.get_command(app)):
         page = site / "commands" / "-".join(path) / "index.html"
         assert page.is_file(), f"no page for calibkit {' '.join(path)}"
         text = _text(page)

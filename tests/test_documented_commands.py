@@ -19,6 +19,7 @@ import onnx
 import pytest
 import typer
 from calib_helpers import texts, tiny_model, write_model_dir
+from cli_helpers import command_leaves
 from click.testing import Result
 from typer.testing import CliRunner
 
@@ -151,19 +152,10 @@ def markdown_commands(page: Path) -> Iterator[str]:
             block.append(line)
 
 
-def _leaves(cmd: typer.main.click.Command, path: list[str]) -> Iterator[tuple[list[str], typer.main.click.Command]]:
-    subs = getattr(cmd, "commands", None)
-    if not subs:
-        yield path, cmd
-        return
-    for name, sub in subs.items():
-        yield from _leaves(sub, [*path, name])
-
-
 def help_commands() -> Iterator[tuple[str, str]]:
     """(``calibkit X --help``, command) for every example of every command's help text; a remark after three
     spaces and a parenthesis, or after ``#``, is not part of the command."""
-    for path, cmd in _leaves(typer.main.get_command(app), []):
+    for path, cmd in command_leaves(typer.main.get_command(app)):
         text = "\n".join(t for t in (cmd.help, cmd.epilog) if t)
         if "Examples:" not in text:
             continue

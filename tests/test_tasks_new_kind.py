@@ -13,9 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 from test_compare_tiny import NEG, POS, WORDS, compare_files, make_texts, make_tokenizer, table_for
-from test_tune_pipeline import options, run_tune
+from test_tune_pipeline import options, pooled_model, run_tune
 
 from calibkit.data.calibset import write_calibration_set
 from calibkit.data.modeldir import ModelDir
@@ -70,24 +69,7 @@ def make_score_model() -> object:
     w2 = np.eye(h, dtype=np.float32)
     w3 = np.zeros((h, 1), dtype=np.float32)
     w3[0, 0], w3[1, 0] = 1.0, -1.0
-    inits = [numpy_helper.from_array(a, n) for a, n in ((emb, "E"), (w1, "W1"), (w2, "W2"), (w3, "W3"))]
-    nodes = [
-        helper.make_node("Gather", ["E", "input_ids"], ["emb"], name="embed"),
-        helper.make_node("MatMul", ["emb", "W1"], ["h1"], name="fc1"),
-        helper.make_node("Relu", ["h1"], ["r1"], name="relu1"),
-        helper.make_node("MatMul", ["r1", "W2"], ["h2"], name="fc2"),
-        helper.make_node("ReduceMean", ["h2"], ["pooled"], name="pool", axes=[1], keepdims=0),
-        helper.make_node("MatMul", ["pooled", "W3"], ["score"], name="scorer"),
-    ]
-    g = helper.make_graph(
-        nodes, "tiny-scorer",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
-         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])],
-        [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch", 1])], inits,
-    )
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m
+    return pooled_model(emb, w1, w2, w3, "tiny-scorer", head=("score", "scorer"))
 
 
 def build_scorer(root: Path) -> dict[str, Path]:

@@ -48,6 +48,14 @@ def make_sensitive_model(outlier: float = 2000.0):
     w3 = np.zeros((h, 2), dtype=np.float32)
     w3[0] = [-1.0, 1.0]
     w3[1] = [1.0, -1.0]
+    return pooled_model(emb, w1, w2, w3, "tiny-sensitive", head=("logits", "classifier"))
+
+
+def pooled_model(emb: np.ndarray, w1: np.ndarray, w2: np.ndarray, w3: np.ndarray, graph: str,
+                 head: tuple[str, str]):
+    """ids -> Gather(emb) -> fc1 (w1) -> Relu -> fc2 (w2) -> mean over seq -> head (w3): ``head`` names the
+    output and its node; the output is ``[batch, w3's columns]``."""
+    output, node = head
     inits = [numpy_helper.from_array(a, n) for a, n in ((emb, "E"), (w1, "W1"), (w2, "W2"), (w3, "W3"))]
     nodes = [
         helper.make_node("Gather", ["E", "input_ids"], ["emb"], name="embed"),
@@ -55,13 +63,13 @@ def make_sensitive_model(outlier: float = 2000.0):
         helper.make_node("Relu", ["h1"], ["r1"], name="relu1"),
         helper.make_node("MatMul", ["r1", "W2"], ["h2"], name="fc2"),
         helper.make_node("ReduceMean", ["h2"], ["pooled"], name="pool", axes=[1], keepdims=0),
-        helper.make_node("MatMul", ["pooled", "W3"], ["logits"], name="classifier"),
+        helper.make_node("MatMul", ["pooled", "W3"], [output], name=node),
     ]
     g = helper.make_graph(
-        nodes, "tiny-sensitive",
+        nodes, graph,
         [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
          helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])], inits,
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, ["batch", int(w3.shape[1])])], inits,
     )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
@@ -71,12 +79,19 @@ def make_sensitive_model(outlier: float = 2000.0):
 @pytest.fixture(scope="module")
 def tiny_setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tune")
+    return sensitive_folder(root, 360)
+
+
+def sensitive_folder(root: Path, texts: int) -> dict[str, Path]:
+    """Under ``root``: the sensitive model's folder (:func:`make_sensitive_model`, a tokenizer beside it), a
+    calibration set of the first 60 of ``texts`` seeded texts and a labelled eval set of the rest."""
     make_tokenizer(root / "model")
     save_model(make_sensitive_model(), root / "model" / "model.onnx")
-    texts, labels = make_texts(360, seed=5)
-    write_calibration_set(root / "cset", texts[:60], None, {"source": "test"})
+    all_texts, labels = make_texts(texts, seed=5)
+    write_calibration_set(root / "cset", all_texts[:60], None, {"source": "test"})
     ev = root / "eval.jsonl"
-    ev.write_text("".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in zip(texts[60:], labels[60:])))
+    ev.write_text("".join(json.dumps({"text": t, "label": lab}) + "\n"
+                          for t, lab in zip(all_texts[60:], labels[60:])))
     return {"model": root / "model", "cset": root / "cset", "eval": ev, "root": root}
 
 
