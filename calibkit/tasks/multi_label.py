@@ -28,12 +28,12 @@ class MultiLabelTask(ClasslessHead):
     flips: ClassVar[bool] = False
     problem_type: ClassVar[str | None] = "multi_label_classification"
     problem_type_stated: ClassVar[bool] = True
+    row: ClassVar[str] = "labels"
 
     @classmethod
     def terminal_fidelity(cls, fidelity: Fidelity, texts: int, interval: str = "") -> str:
         return (f"same label set {share(fidelity.agreement)} %, same decision per label "
                 f"{share(fidelity.extra.get('label_decision_agreement'))} %")
-    row: ClassVar[str] = "labels"
 
     @classmethod
     def detect(cls, model: ModelFacts) -> bool:

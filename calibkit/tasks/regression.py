@@ -29,6 +29,7 @@ class RegressionTask(ClasslessHead):
     flips: ClassVar[bool] = False
     problem_type: ClassVar[str | None] = "regression"
     problem_type_stated: ClassVar[bool] = True
+    row: ClassVar[str] = "scores"
 
     @classmethod
     def terminal_fidelity(cls, fidelity: Fidelity, texts: int, interval: str = "") -> str:
@@ -40,7 +41,6 @@ class RegressionTask(ClasslessHead):
         """config.json says the head scores (``problem_type`` regression, or a single label), and the head's
         output has no sequence axis."""
         return model.is_regression and model.rank(model.head) != 3
-    row: ClassVar[str] = "scores"
 
     def fidelity(self, reference: Predicted, candidate: Predicted) -> Fidelity:
         check_same(reference, candidate)
