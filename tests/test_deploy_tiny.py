@@ -475,6 +475,12 @@ def test_deploy_measures_what_it_writes(work: dict[str, Path], tmp_path: Path) -
     assert r.exit_code == 0, r.output
     assert "measured on 50 traffic texts: agreement with FP32" in r.output
     assert "speed: " in r.output and "FP32 at batch 1 [" in r.output
+    # by default the second batch size is the one Triton is told to prefer for the bucket most requests fall in
+    shipped = load_typed(tmp_path / "cli" / "deploy.json", DeployResult)
+    buckets = shipped.choice.buckets
+    busiest = shipped.batching.per_bucket[max(range(len(buckets)), key=lambda i: buckets[i].requests)]
+    assert shipped.measurement is not None and shipped.measurement.latency.batch_size == busiest
+    assert [b.batch_size for b in shipped.measurement.speed.at] == sorted({1, busiest})
 
 
 def test_measurement_can_be_skipped_and_is_not_made_for_tensorrt(work: dict[str, Path], tmp_path: Path) -> None:

@@ -323,10 +323,19 @@ def _measure(request: DeployRequest, served: _Served, shaped: _Shaped, model: Pa
     if not picked.texts:
         return {"measurement_note": "not measured: every traffic text is a calibration text (pass --traffic with "
                                     "requests the calibration did not see)"}
+    batch = request.measure_batch or _busiest_batch(shaped)
     m: ServedMeasurement = measure_served(served.src.model, model, served.md, picked, threads=request.threads,
-                                          batch=request.measure_batch, progress=resources.progress,
+                                          batch=batch, progress=resources.progress,
                                           make_runner=resources.runner_factory)
     return {"measurement": m}
+
+
+def _busiest_batch(shaped: _Shaped) -> int:
+    """The batch size Triton is told to prefer for the bucket most requests fall in: the batch the served model
+    runs most under load, so the one its speed is measured at besides batch 1."""
+    buckets = shaped.profiles.chosen.buckets
+    busiest = max(range(len(buckets)), key=lambda i: buckets[i].requests)
+    return shaped.batching.per_bucket[busiest]
 
 
 def _files(request: DeployRequest, served: _Served, shaped: _Shaped, result: DeployResult) -> RepositoryFiles:

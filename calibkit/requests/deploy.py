@@ -24,7 +24,6 @@ from calibkit.types import Backend, PathLike, check_seed
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 DEFAULT_MEASURE_TEXTS = 1000
-DEFAULT_MEASURE_BATCH = 8
 
 
 class Profiles(Choice):
@@ -93,7 +92,10 @@ class DeployRequest:
              "shipped with a warning].")
     measure_texts: int = option(DEFAULT_MEASURE_TEXTS, bound=Bound(low=0, high=INT_LIMIT, integer=True),
                                 help="Traffic texts the served model is measured on against FP32 (0: not measured).")
-    measure_batch: int = option(DEFAULT_MEASURE_BATCH, bound=COUNT, help="Batch size of that measurement.")
+    measure_batch: int | None = option(
+        None, bound=COUNT_OR_NONE, cli_type=int | None,
+        help="Batch size of that measurement besides batch 1 [default: the largest preferred batch size written, "
+             "the batch Triton forms under load].")
     # ---- a knob of the bucket choice: no command line sets it
     round_to: int = option(ROUND_TO, cli=False, api=False, bound=COUNT,
                            help="Bucket lengths are multiples of this (TensorRT kernels prefer multiples of 8).")
