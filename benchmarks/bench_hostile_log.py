@@ -1,4 +1,4 @@
-"""Benchmark what one oversized record costs `calibkit sample --tokenizer` (issue #10).
+"""Benchmark what one oversized record costs `calibkit sample --tokenizer`.
 
 A 201-line log whose last line is one 50 MB request once took 146 s and 7.1 GB; texts are now cut to
 65,536 characters before anything else sees them. Targets (2 cores): <= 30 s wall time, <= 1 GB peak RSS.

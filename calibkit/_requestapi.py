@@ -4,8 +4,9 @@
 calibration_set, eval_set=None, out=None, *, max_drop=0.5, ..., workers=None, executor=None, memory_budget="1G",
 max_batch_tokens=None, progress=None)``: its ``__signature__`` lists every API field of the request (positional
 ones first) and every :class:`~calibkit.requests.resources.ResourceOptions` field, its docstring's ``Args:`` is
-each field's help. A call builds the request from the keywords, validates it and the resource options, opens the
-one ``Resources`` value and runs the body; :func:`run` does the same for a request built by the caller (the CLI).
+each field's help. A call builds the request and the resource options from the keywords (each checked as it is
+made), opens the one ``Resources`` value and runs the body; :func:`run` does the same for a request built by the
+caller (the CLI).
 """
 
 from __future__ import annotations
@@ -136,9 +137,7 @@ def run(request: Any, resources: ResourceOptions | None = None, progress: Progre
                          hint="pass one of " + ", ".join(sorted(t.__name__ for t in _BODIES))
                               + " (calibkit.requests)")
     body, pool_by_default = found
-    request.validate()
     options = resources or ResourceOptions()
-    options.validate()
     with open_resources(options, progress, pool_by_default=pool_by_default) as res:
         return body(request, res)
 

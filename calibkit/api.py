@@ -90,10 +90,9 @@ def resources(executor: Executor | str | None = None, *, workers: int | None = N
               memory_budget: str | int = DEFAULT_MEMORY_BUDGET, max_batch_tokens: int | None = None,
               progress: ProgressCallback | None = None, pool_by_default: bool = False) -> Iterator[Resources]:
     """The one :class:`Resources` value of a call, built here at the edge (see
-    :func:`calibkit._requestapi.open_resources`), its options checked first."""
+    :func:`calibkit._requestapi.open_resources`), its options checked as they are made."""
     options = ResourceOptions(workers=workers, executor=executor, memory_budget=memory_budget,
                               max_batch_tokens=max_batch_tokens)
-    options.validate()
     with open_resources(options, progress, pool_by_default=pool_by_default) as res:
         yield res
 

@@ -38,6 +38,7 @@ log = logging.getLogger("calibkit.building")
 
 if TYPE_CHECKING:
     from calibkit.data.modeldir import ModelDir
+    from calibkit.results.files import EngineBuildFacts
 
 _STEPS = 4  # progress: load, quantize or convert, write, done
 
@@ -82,7 +83,6 @@ def _versions() -> dict[str, str]:
 def validate(req: BuildRequest) -> None:
     """Every check before any work: the request's own (:meth:`BuildRequest.validate`), then what needs the
     file system or TensorRT, so bad arguments fail before anything is computed or written."""
-    req.validate()
     if req.output.is_dir():
         raise UsageError(f"-o {req.output} is a folder; give the engine's file name")
     if req.backend is Backend.TENSORRT:
@@ -338,8 +338,16 @@ def _sidecar(req: BuildRequest, md: ModelDir, src_sha: str, made: _Model, extra:
         tokenizer_sha256=tokenizer_sha256(md.tokenizer_path),
         labels_sha256=labels_sha256(md.tokenizer_path),
         versions=_versions() | ({"tensorrt": str(extra.get("tensorrt_version"))} if "profile" in extra else {}),
-        extra=extra,
+        extra=_facts(extra),
     )
+
+
+def _facts(extra: Mapping[str, object]) -> EngineBuildFacts:
+    """What the build steps gathered, as the sidecar's typed facts (a key it does not declare is a bug here)."""
+    from calibkit.results.files import EngineBuildFacts
+
+    return EngineBuildFacts(**{k: tuple(v) if isinstance(v, list) else v  # type: ignore[arg-type]
+                               for k, v in extra.items()})
 
 
 def _reduce_range(req: BuildRequest, target: object) -> bool:

@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from calibkit._io import sha256_file
 from calibkit.errors import CalibrationError, ModelError
@@ -179,8 +179,6 @@ class EngineLike(Protocol):
     def source_model(self) -> str | None: ...
     @property
     def calibration_json(self) -> str | None: ...
-    @property
-    def extra(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -219,7 +217,7 @@ def engine_side(label: str, engine: EngineLike) -> Side:
 
 
 def _recorded(engine: EngineLike, key: str) -> str | None:
-    v = getattr(engine, key, None) or engine.extra.get(key)
+    v = getattr(engine, key, None)
     return v if isinstance(v, str) and v else None
 
 

@@ -275,10 +275,9 @@ def check_writable(path: str | os.PathLike[str], *, option: str = "--out", is_fi
 
 
 def guard_output_dir(path: str | os.PathLike[str], *, inputs: Iterable[object] | RunInputs = (),
-                     option: str = "--out", force: bool = False, legacy_names: Iterable[str] = ()) -> Path | None:
-    """All checks for a folder a command will write as a whole, before any work. Returns None: a folder holding
-    files calibkit did not write is refused, ``force`` or not (it used to be moved aside, which moved the user's
-    files); the return value is kept for callers that report a move."""
+                     option: str = "--out", force: bool = False, legacy_names: Iterable[str] = ()) -> None:
+    """All checks for a folder a command will write as a whole, before any work: a folder holding files calibkit
+    did not write is refused, ``force`` or not (calibkit never moves a user's files)."""
     check_not_input(path, inputs, option=option)
     out, cwd = _resolved(path), Path.cwd().resolve()
     if out == cwd or out in cwd.parents:
@@ -287,7 +286,6 @@ def guard_output_dir(path: str | os.PathLike[str], *, inputs: Iterable[object] |
     check_replaceable(path, option=option, legacy_names=legacy_names, force=force)
     check_writable(path, option=option)
     claim_output(Path(path), option=option)
-    return None
 
 
 _held_locks: list[int] = []  # descriptors held open for the life of the process
@@ -542,16 +540,6 @@ def default_report_dir(name: str, *, parent: Path = Path("reports")) -> Path:
         return folder
     raise UsageError(f"cannot find a free report folder name under {parent}", hint="pass --report")
 
-
-def move_aside(folder: Path) -> Path:
-    """Rename a folder out of the way (``NAME.replaced-YYYYmmdd-HHMMSS[-k]``), keeping every file in it."""
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    for k in range(1000):
-        dest = folder.with_name(f"{folder.name}.replaced-{stamp}" + (f"-{k}" if k else ""))
-        if not dest.exists():
-            os.rename(folder, dest)
-            return dest
-    raise UsageError(f"cannot find a free name to move {folder} aside", hint="move or remove it yourself")
 
 
 def _pid_alive(pid: int) -> bool:

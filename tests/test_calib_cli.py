@@ -75,7 +75,7 @@ def test_missing_calibration_set_and_model(env):
 
 
 def test_from_real_cache_of_another_model_is_refused(env):
-    # a cache naming none of the model's tensors once wrote a model with nothing quantized, exit 0 (issue #10)
+    # a cache naming none of the model's tensors once wrote a model with nothing quantized, exit 0
     tmp, model = env
     r = invoke(model, "--from-cache", FIXTURE, "--out", tmp / "fc")
     assert r.exit_code == 5, r.output

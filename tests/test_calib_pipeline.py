@@ -136,7 +136,7 @@ def test_from_cache_round_trip_and_unknown_names(setup):
 
 
 def test_from_cache_that_matches_nothing_is_refused(setup):
-    # it used to write a model with "0 nodes quantized" and exit 0 (issue #10)
+    # it used to write a model with "0 nodes quantized" and exit 0
     md, _, _, tmp = setup
     with pytest.raises(CalibrationError, match="none of its 140 entries"):
         calibrate(CalibrateRequest(model=md,

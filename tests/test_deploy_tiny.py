@@ -463,7 +463,7 @@ def test_deploy_measures_what_it_writes(work: dict[str, Path], tmp_path: Path) -
 
     def classes(path: Path) -> np.ndarray:
         with Runners()(path, threads=lat.threads) as runner:
-            return predict_logits(runner, tok, list(picked.texts), batch_size=lat.batch_size).argmax(1)
+            return predict_logits(runner, tok, list(picked.texts), batch_size=m.agreement_batch).argmax(1)
 
     assert m.agreement == float((classes(work["model"] / "model.onnx") == classes(res.model_path)).mean())
     # deploy.json is the result, through the codec; the README and the terminal say it
@@ -478,9 +478,13 @@ def test_deploy_measures_what_it_writes(work: dict[str, Path], tmp_path: Path) -
     # by default the second batch size is the one Triton is told to prefer for the bucket most requests fall in
     shipped = load_typed(tmp_path / "cli" / "deploy.json", DeployResult)
     buckets = shipped.choice.buckets
-    busiest = shipped.batching.per_bucket[max(range(len(buckets)), key=lambda i: buckets[i].requests)]
+    i = max(range(len(buckets)), key=lambda k: buckets[k].requests)
+    busiest = shipped.batching.per_bucket[i]
     assert shipped.measurement is not None and shipped.measurement.latency.batch_size == busiest
     assert [b.batch_size for b in shipped.measurement.speed.at] == sorted({1, busiest})
+    # of the requests that bucket holds: a server forms that batch size of them only
+    lat = shipped.measurement.latency
+    assert busiest == 1 or (lat.shortest, lat.longest) == (buckets[i].lo, buckets[i].hi)
 
 
 def test_measurement_can_be_skipped_and_is_not_made_for_tensorrt(work: dict[str, Path], tmp_path: Path) -> None:

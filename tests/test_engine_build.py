@@ -117,7 +117,7 @@ def test_int8_from_calibration(model_dir: Path, tmp_path: Path, recorded: str, t
     art = EngineArtifact.load(out)
     assert art.precision is Precision.INT8
     assert Path(art.calibration_json).samefile(cal) and art.calibration_sha256 == sha256_file(cal)
-    assert art.extra["target"] == built and art.extra["measured_layout"] == recorded
+    assert art.extra.target == built and art.extra.measured_layout == recorded
     m = onnx.load(str(out))
     zp = next(i for i in m.graph.initializer if i.name == "x_zero_point")
     assert zp.data_type == (TensorProto.INT8 if built == "tensorrt" else TensorProto.UINT8)
@@ -206,7 +206,7 @@ def test_int8_weight_bits_follow_the_flag_or_the_cpu(model_dir: Path, tmp_path: 
     res = _run(["build", str(model_dir), "-p", "int8", "--calibration", str(cal), "-o", str(out),
                 *([flag] if flag else [])])
     assert res.exit_code == 0, res.output
-    assert EngineArtifact.load(out).extra["weight_bits"] == bits
+    assert EngineArtifact.load(out).extra.weight_bits == bits
     weights = [numpy_helper.to_array(i) for i in onnx.load(str(out)).graph.initializer
                if i.data_type == TensorProto.INT8]
     assert max(int(np.abs(w).max()) for w in weights) == (63 if bits == 7 else 127)

@@ -1,4 +1,4 @@
-"""Issue #20: the inputs of one run must agree by content (calibkit.consistency), before any work.
+"""Fixed: the inputs of one run must agree by content (calibkit.consistency), before any work.
 
 Engines with different tokenizers or label maps, a source model replaced after build, a calibration table made
 for another model: each is an error naming both sides, from the library (a Python caller of compare_engines gets

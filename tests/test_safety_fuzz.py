@@ -1,4 +1,4 @@
-"""Issue #10, fuzz-style: generated hostile logs, eval sets, calibration tables and TensorRT caches fed to the CLI.
+"""Fuzz-style: generated hostile logs, eval sets, calibration tables and TensorRT caches fed to the CLI.
 
 Every case must end with an exit code in 2-7, exactly one error message with a hint, no traceback, and no file
 outside the command's --out touched. Plain ``random`` with fixed seeds: the same cases on every run.

@@ -1,4 +1,4 @@
-"""Issue #10, hostile inputs: messages instead of tracebacks, bounded cost per record, verified downloads."""
+"""Hostile inputs: messages instead of tracebacks, bounded cost per record, verified downloads."""
 
 from __future__ import annotations
 
@@ -242,7 +242,7 @@ def test_deeply_nested_report_json_is_a_data_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("blank", ["", "   ", "\u200b\u200b", "\t\n", "\ufeff"])
 def test_a_calibration_set_of_blank_texts_is_refused(tmp_path: Path, blank: str) -> None:
-    """Issue #20: eval sets refused blank texts, calibration sets calibrated on them with exit 0."""
+    """Fixed: eval sets refused blank texts, calibration sets calibrated on them with exit 0."""
     write_model_dir(tmp_path / "model")
     cset = tmp_path / "set"
     cset.mkdir()
@@ -274,7 +274,7 @@ _NON_FINITE = {
 
 @pytest.mark.parametrize("case", [*_NON_FINITE, "parquet-inf", "parquet-nan"])
 def test_non_finite_labels_are_data_errors(fp32_engine: Path, tmp_path: Path, case: str) -> None:
-    """Issue #20: NaN / Infinity labels ended as exit 1 (int(nan))."""
+    """Fixed: NaN / Infinity labels ended as exit 1 (int(nan))."""
     if case.startswith("parquet"):
         pd = pytest.importorskip("pandas")
         pytest.importorskip("pyarrow")
@@ -300,7 +300,7 @@ def test_non_finite_labels_are_data_errors(fp32_engine: Path, tmp_path: Path, ca
     ({"1": "negative", "2": "positive"}, "but not class 0"),
 ])
 def test_an_unusable_id2label_is_a_model_error_in_every_command(tmp_path: Path, id2label: object, says: str) -> None:
-    """Issue #20: id2label as a list or with non-integer keys was exit 1 or 'cannot read config.json:
+    """Fixed: id2label as a list or with non-integer keys was exit 1 or 'cannot read config.json:
     AttributeError'; one parser (data.modeldir.parse_id2label) now serves every command."""
     model = write_model_dir(tmp_path / "model")
     cfg = json.loads((model / "config.json").read_text())
@@ -317,7 +317,7 @@ def test_an_unusable_id2label_is_a_model_error_in_every_command(tmp_path: Path, 
 
 
 def test_a_huge_id2label_is_listed_briefly_in_hints(tmp_path: Path) -> None:
-    """Issue #20: a million labels made a 16 MB hint; messages list a few and say how many."""
+    """Fixed: a million labels made a 16 MB hint; messages list a few and say how many."""
     from calibkit.data.evalset import EvalSet, label_ids
 
     id2label = {i: f"label{i}" for i in range(1_000_000)}
@@ -331,7 +331,7 @@ def test_a_huge_id2label_is_listed_briefly_in_hints(tmp_path: Path) -> None:
 @pytest.mark.parametrize("command", ["sample", "compare", "tune", "demo prepare"])
 def test_a_seed_out_of_range_is_a_usage_error_in_every_command(fp32_engine: Path, tmp_path: Path, seed: str,
                                                                command: str) -> None:
-    """Issue #20: a negative seed or one >= 2**32 ended in exit 1 (numpy / scikit-learn refuse it)."""
+    """Fixed: a negative seed or one >= 2**32 ended in exit 1 (numpy / scikit-learn refuse it)."""
     log = tmp_path / "log.jsonl"
     log.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(30)))
     write_calibration_set(tmp_path / "set", texts(12, seed=3), None, {})
@@ -352,7 +352,7 @@ def test_a_seed_out_of_range_is_a_usage_error_in_every_command(fp32_engine: Path
 
 
 def test_a_sample_of_size_0_is_a_usage_error(tmp_path: Path) -> None:
-    """Issue #20: --size 0 answered with exit 3 and a hint about the input file."""
+    """Fixed: --size 0 answered with exit 3 and a hint about the input file."""
     log = tmp_path / "log.jsonl"
     log.write_text(json.dumps({"text": "good movie"}) + "\n")
     r = run("sample", log, "--size", "0", "--out", tmp_path / "out")
@@ -362,7 +362,7 @@ def test_a_sample_of_size_0_is_a_usage_error(tmp_path: Path) -> None:
 
 def test_file_names_that_are_not_utf8_work_through_every_command(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue #20: names whose bytes are not UTF-8 (read by Python as lone surrogates) crashed JSON writers
+    """Fixed: names whose bytes are not UTF-8 (read by Python as lone surrogates) crashed JSON writers
     (exit 1) and the native libraries (onnx, ONNX Runtime, tokenizers: unhelpful exit 4/6)."""
     import os
 
@@ -398,7 +398,7 @@ def test_file_names_that_are_not_utf8_work_through_every_command(tmp_path: Path,
 
 @pytest.mark.parametrize("sep", ["\u0085", "\u2028", "\u2029", "\x1c", "\x0c"])
 def test_texts_holding_unicode_line_separators_survive_sample_and_load(tmp_path: Path, sep: str) -> None:
-    """Found by the property test (issue #20): str.splitlines() cut a JSON line at U+0085 and kin, which JSON
+    """Found by the property test: str.splitlines() cut a JSON line at U+0085 and kin, which JSON
     writers leave raw inside strings, so a set `sample` wrote could not be read back."""
     from calibkit.data.calibset import load_calibration_set
 

@@ -90,7 +90,19 @@ def test_undecodable_bytes_in_an_eval_set_are_counted_and_reported(tmp_path: Pat
     p.write_bytes(b'\xef\xbb\xbf{"text": "good movie", "label": "positive"}\n'
                   b'{"text": "bad \xff\xfe film", "label": "negative"}\n'
                   b'{"text": "dull plot", "label": "negative"}\n')
-    with caplog.at_level("WARNING", logger="calibkit.data.evalset"):
+    with caplog.at_level("WARNING", logger="calibkit.data"):
         ev = load_eval_set(p)
     assert ev.texts[0] == "good movie" and len(ev) == 3  # the byte order mark is not part of the first line
     assert "1 line(s) hold bytes that are not UTF-8 (line 2)" in caplog.text
+
+
+def test_undecodable_bytes_in_a_calibration_set_are_counted_and_reported(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    from calibkit.data.calibset import load_calibration_set
+
+    p = tmp_path / "cal.jsonl"
+    p.write_bytes(b'{"text": "good movie"}\n{"text": "fine"}\n{"text": "bad \xff\xfe film"}\n')
+    with caplog.at_level("WARNING", logger="calibkit.data"):
+        cset = load_calibration_set(p)
+    assert cset.texts[2] == "bad \ufffd\ufffd film"
+    assert "calibration set" in caplog.text and "1 line(s) hold bytes that are not UTF-8 (line 3)" in caplog.text

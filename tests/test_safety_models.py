@@ -1,4 +1,4 @@
-"""Issue #10, silently broken models: unusable ranges are refused by name; build fp32 validates the ONNX file."""
+"""Silently broken models: unusable ranges are refused by name; build fp32 validates the ONNX file."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def test_unusable_scales_in_a_tensorrt_cache_are_refused(calibrated: Path, tmp_p
                                              (float("nan"), "amax is NaN")])
 def test_a_non_finite_scale_is_reported_as_what_it_is(calibrated: Path, tmp_path: Path, scale: float,
                                                       says: str) -> None:
-    """Issue #20: an inf scale in a TensorRT cache was reported as NaN."""
+    """Fixed: an inf scale in a TensorRT cache was reported as NaN."""
     cache, name = _cache_with(calibrated, tmp_path, float_to_hex(scale))
     r = run("calibrate", calibrated / "model", "--from-cache", cache, "--out", tmp_path / "fc")
     assert r.exit_code == 5 and says in flat(r) and name in flat(r), r.output
@@ -177,7 +177,7 @@ def _broken_external(tmp_path: Path, kind: str) -> tuple[Path, str]:
 @pytest.mark.parametrize("kind", ["missing", "absolute", "outside", "symlink"])
 @pytest.mark.parametrize("command", ["calibrate", "smooth", "build", "tune"])
 def test_unusable_external_data_is_a_model_error_in_every_command(tmp_path: Path, kind: str, command: str) -> None:
-    """Issue #20: calibrate and smooth ended these with exit 1 (onnx's ValidationError); one check in
+    """Fixed: calibrate and smooth ended these with exit 1 (onnx's ValidationError); one check in
     graph.load_model / check_external_data now serves every command."""
     folder, says = _broken_external(tmp_path, kind)
     write_calibration_set(tmp_path / "set", texts(12, seed=3), None, {})

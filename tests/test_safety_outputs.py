@@ -1,4 +1,4 @@
-"""Issue #10, output folders: nothing calibkit did not write is ever deleted; inputs are never outputs."""
+"""Output folders: nothing calibkit did not write is ever deleted; inputs are never outputs."""
 
 from __future__ import annotations
 
@@ -271,7 +271,7 @@ def test_two_runs_into_one_out_folder(tmp_path: Path) -> None:
 
 
 def test_one_writer_per_out_does_not_depend_on_tmpdir(tmp_path: Path) -> None:
-    """Issue #20: two runs with different TMPDIRs (and another spelling of the same folder) still collide."""
+    """Fixed: two runs with different TMPDIRs (and another spelling of the same folder) still collide."""
     from calibkit.errors import UsageError
     from calibkit.outdirs import guard_output_dir, lock_path, release_claims
 
@@ -352,7 +352,7 @@ def test_commit_together_swaps_all_outputs_or_none(tmp_path: Path) -> None:
 
 def test_compare_failing_on_a_full_disk_keeps_json_and_report_of_one_run(env: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue #20: --json was already replaced by the new run while the report folder kept the old one."""
+    """Fixed: --json was already replaced by the new run while the report folder kept the old one."""
     import errno
 
     import calibkit.report.render as render
@@ -383,7 +383,7 @@ def test_compare_failing_on_a_full_disk_keeps_json_and_report_of_one_run(env: Pa
 
 def test_emoji_codes_in_paths_and_texts_are_printed_as_they_are(env: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue #20: rich expanded ":x:" in printed paths (and table cells) into an emoji."""
+    """Fixed: rich expanded ":x:" in printed paths (and table cells) into an emoji."""
     monkeypatch.chdir(env)
     folder = env / ":x:"
     folder.mkdir()

@@ -1,4 +1,4 @@
-"""Issue #20, property-based: hypothesis generates eval sets, logs, id2label maps, TensorRT caches and option
+"""Property-based: hypothesis generates eval sets, logs, id2label maps, TensorRT caches and option
 values for every command, and every run must end well.
 
 The property, for any input: exit code 0 or 2-7; a failure is one message with a hint (calibkit's ``error:`` /

@@ -176,7 +176,7 @@ def test_tokenizer_option(tmp_path):
         ("good", ["--text-field", "request.body"], "no usable text", 3),
         ("good", ["--size", "500"], "larger than the 20 distinct", 3),
         ("good", ["--strict"], ":4: invalid or truncated JSON", 3),
-        ("good", ["--size", "0"], "at least 1", 2),  # a usage error (issue #20), not a data one
+        ("good", ["--size", "0"], "at least 1", 2),  # a usage error, not a data one
     ],
 )
 def test_errors_exit_nonzero_and_write_nothing(tmp_path, setup, args, message, code):

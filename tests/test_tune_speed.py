@@ -100,6 +100,13 @@ def test_larger_batches_are_length_sorted_chunks_of_a_seeded_sample():
     again = speed.speed_batches(lambda c: {"x": np.asarray(c)}, lengths, texts, batch_sizes=(1, 16), seed=1,
                                 single_texts=12, large_batches=3)
     assert [list(f["x"]) for f in again.feeds[16]] == seen[12:]
+    # a batch size drawn from one length bucket holds only texts of that bucket (the batch a server forms of them)
+    seen.clear()
+    bucketed = speed.speed_batches(encode, lengths, texts, batch_sizes=(1, 16), seed=1, single_texts=12,
+                                   large_batches=3, within={16: (3, 9)})
+    inside = [lengths[int(t[1:])] for chunk in seen[12:] for t in chunk]
+    assert len(bucketed.feeds[16]) == 3 and inside and all(3 <= n <= 9 for n in inside)
+    assert any(not 3 <= lengths[int(t[1:])] <= 9 for chunk in seen[:12] for t in chunk)  # batch 1: any length
 
 
 def _speed(b1: float, b32: float) -> Speed:

@@ -267,7 +267,6 @@ def calibrate(request: CalibrateRequest, resources: Resources = Resources()) -> 
     here when the request names them by path. ``resources``: the executor whose workers collect statistics in
     shards (None: this process), the token budget of tapped batches, the runner factory of the tapped model and
     where progress goes."""
-    request.validate()
     if request.from_cache is not None:
         return _calibrate_from_cache(request, _cache_model_dir(request), Path(request.from_cache))
     model_dir = model_dir_of(request)

@@ -25,7 +25,7 @@ from calibkit.data.encode import DEFAULT_MEMORY_BUDGET, TokenBudget
 from calibkit.data.modeldir import ModelDir
 from calibkit.errors import CalibrationError, ModelError
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
-from calibkit.provenance import PATHS_KEY, PATHS_RELATIVE
+from calibkit.provenance import PATHS_RELATIVE
 from calibkit.quantize.qdq import save_model, weightless_copy
 from calibkit.quantize.smooth import (
     METADATA_KEY,
@@ -37,6 +37,9 @@ from calibkit.quantize.smooth import (
 )
 from calibkit.requests.smooth import SmoothRequest
 from calibkit.resources import Resources
+from calibkit.results.codec import SMOOTHING_FORMAT, document_json
+from calibkit.results.files import SmoothedActivation, SmoothingRecord
+from calibkit.results.runs import finite
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     import onnx
@@ -44,7 +47,6 @@ if TYPE_CHECKING:  # pragma: no cover - types only
 log = logging.getLogger("calibkit.calibrate.smoothing")
 
 SMOOTHING_FILE = "smoothing.json"
-SMOOTHING_FORMAT = "calibkit-smoothing/1"
 ROW_BYTES = 128 << 20  # sampled rows of every smoothed activation together (float32), for the alpha search
 MAX_ROWS = 1024  # per activation
 MIN_ROWS = 64
@@ -53,6 +55,7 @@ EQUIVALENCE_TOLERANCE = 1e-3  # max |smoothed - original| / max |original| over 
 # files a model folder carries besides its .onnx (copied so the smoothed folder is a model folder of its own)
 _FOLDER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                  "vocab.json", "merges.txt", "spm.model", "sentencepiece.bpe.model", "added_tokens.json")
+
 
 
 @dataclass(frozen=True)
@@ -191,7 +194,6 @@ def smooth(request: SmoothRequest, resources: Resources = Resources()) -> Smooth
     request names them by path)."""
     from calibkit.calibrate.pipeline import load_hashed, model_dir_of
 
-    request.validate()
     model_dir, cset, alpha = model_dir_of(request), request.calibration_set, request.fixed_alpha
     cset = cset if isinstance(cset, CalibrationSet) else load_calibration_set(cset)
     t0 = time.perf_counter()
@@ -251,18 +253,16 @@ def smooth(request: SmoothRequest, resources: Resources = Resources()) -> Smooth
                 if (folder / name).is_file() and not (tmp / name).exists():
                     shutil.copyfile(folder / name, tmp / name)
         timings["total"] = time.perf_counter() - t0
-        write_json(tmp / SMOOTHING_FILE, {
-            **meta, "calibkit": __version__, PATHS_KEY: PATHS_RELATIVE,
-            "source_model": record_path(tmp / SMOOTHING_FILE, model_dir.onnx_path),  # read by document_path
-            "texts": stats.texts, "tokens": stats.tokens,
-            "sampled_rows": {t: int(len(r)) for t, r in stats.rows.items()},
-            "groups": len(groups), "smoothed": sum(c.scale is not None for c in choices),
-            "not_smoothed_layout": list(stats.skipped),
-            "max_output_deviation": deviation,
-            "layers": [{"tensor": c.tensor, "alpha": c.alpha, "error_before": c.error_before,
-                        "error_after": c.error_after, "gain_db": round(c.gain_db, 3),
-                        "scale_min": None if c.scale is None else float(c.scale.min()),
-                        "scale_max": None if c.scale is None else float(c.scale.max())} for c in choices],
-            "timings": {k: round(v, 3) for k, v in timings.items()},
-        })
+        write_json(tmp / SMOOTHING_FILE, document_json(SmoothingRecord(
+            alpha="auto" if alpha is None else alpha, source_sha256=sha, calibration_set_id=cset.id,
+            calibkit=__version__, paths=PATHS_RELATIVE,
+            source_model=record_path(tmp / SMOOTHING_FILE, model_dir.onnx_path),  # read by document_path
+            texts=stats.texts, tokens=stats.tokens, sampled_rows={t: int(len(r)) for t, r in stats.rows.items()},
+            groups=len(groups), smoothed=sum(c.scale is not None for c in choices),
+            not_smoothed_layout=tuple(stats.skipped), max_output_deviation=deviation,
+            layers=tuple(SmoothedActivation(
+                tensor=c.tensor, alpha=c.alpha, error_before=finite(c.error_before), error_after=finite(c.error_after),
+                gain_db=round(c.gain_db, 3), scale_min=None if c.scale is None else float(c.scale.min()),
+                scale_max=None if c.scale is None else float(c.scale.max())) for c in choices),
+            timings={k: round(v, 3) for k, v in timings.items()})))
     return SmoothResult(out, out / "model.onnx", tuple(choices), len(groups), deviation, alpha, timings)

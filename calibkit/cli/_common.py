@@ -417,9 +417,7 @@ def guard_out_dir(path: Path, *, inputs: Sequence[Path | None] = (), option: str
     (``force`` or not) or is unwritable."""
     from calibkit.outdirs import guard_output_dir
 
-    moved = guard_output_dir(path, inputs=inputs, option=option, force=force, legacy_names=legacy_names)
-    if moved is not None:
-        warn(f"{option} {path} held files calibkit did not write; moved it aside to {moved} (--force)")
+    guard_output_dir(path, inputs=inputs, option=option, force=force, legacy_names=legacy_names)
 
 
 def guard_out_file(path: Path, *, inputs: Sequence[Path | None] = (), option: str,

@@ -73,7 +73,6 @@ def run_build(request: BuildRequest, resources: ResourceOptions) -> None:
     from calibkit.errors import MissingDependencyError
     from calibkit.types import Backend
 
-    request.validate()
     inputs = cli_paths(request.model, request.calibration, request.qdq, request.tokenizer, request.calibration_set)
     guard_out_file(request.output, inputs=inputs, option="--output", owned=lambda p: sidecar_path(p).is_file())
     try:
@@ -91,7 +90,7 @@ build = request_command(BuildRequest, run_build, resources=RESOURCES, extra=PRES
 
 def _summary(res: BuildResult) -> None:
     art = res.artifact
-    layout = art.extra.get("target")  # the Q/DQ layout of an INT8 build, which need not be the backend's own
+    layout = art.extra.target  # the Q/DQ layout of an INT8 build, which need not be the backend's own
     say(f"wrote {art.path} ({art.precision.value}" + (f", {layout} Q/DQ layout" if layout else "")
         + f", {art.backend_name} backend)")
     if res.quantized_nodes:
@@ -99,7 +98,7 @@ def _summary(res: BuildResult) -> None:
             f"higher precision, {count(len(res.missing_ranges), 'tensor')} without a range")
     elif art.kept_higher_precision:
         say(f"  {count(len(art.kept_higher_precision), 'node')} kept in higher precision")
-    zero = list(art.extra.get("zero_ranges") or [])
+    zero = list(art.extra.zero_ranges or ())
     if zero:
         warn(f"{len(zero)} tensors have amax 0 (all zero during calibration), so their nodes stay FP32: "
              f"{', '.join(map(str, zero[:5]))}")

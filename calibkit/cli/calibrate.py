@@ -79,7 +79,6 @@ def run_calibrate(request: CalibrateRequest, resources: ResourceOptions, *, forc
     """Check the request and OUT, make one ``calibkit.api.run`` call, print what was written."""
     from calibkit.api import run
 
-    request.validate()
     dest = request.out_dir
     if request.from_cache is not None:
         _guard(dest, cli_paths(request.model, request.tokenizer, request.from_cache), force)

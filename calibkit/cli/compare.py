@@ -50,8 +50,8 @@ HELP = (
     "The eval set is JSONL, CSV/TSV, Parquet (columns text + label; labels as names or ids) or a Hugging Face "
     "datasets folder. A and B must be built from the same FP32 model.\n\n"
     "Outputs are checked before any work: --json must be a writable file path (an existing file only if it is "
-    "an earlier compare document); the report folder must be new, empty or written by calibkit (--force moves "
-    "anything else aside, never deletes it).\n\n"
+    "an earlier compare document); the report folder must be new, empty or hold only files calibkit "
+    "wrote (a file it did not write is never deleted, moved or overwritten).\n\n"
     "CI gate: with --min-agreement and/or --max-drop, compare exits with code 8 (TargetMissedError) after "
     "writing every output when B misses either; --save-outputs DIR keeps each text's outputs of both engines "
     "(outputs.npz, outputs.jsonl with row, text, label, classes, flipped) to reproduce a flip.\n\n"
@@ -89,7 +89,6 @@ def run_compare(request: CompareRequest, resources: ResourceOptions, *, json_pat
     CI gate."""
     from calibkit.api import run
 
-    request.validate()
     to_stdout = json_path is not None and str(json_path) == "-"
     inputs = cli_paths(request.engine_a, request.engine_b, request.reference, request.eval_set, request.traffic)
     a, b = cast(Path, request.engine_a), cast(Path, request.engine_b)  # typer requires both, parsed as paths

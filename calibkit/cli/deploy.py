@@ -76,7 +76,6 @@ def run_deploy(request: DeployRequest, resources: ResourceOptions, *, force: boo
     """Check the request and OUT, make one ``calibkit.api.run`` call, print what was written and measured."""
     from calibkit.api import run
 
-    request.validate()
     guard_out_dir(request.out, inputs=cli_paths(request.source, request.traffic), force=force)
     with RichProgress() as progress:
         res = run(request, resources, progress)

@@ -50,7 +50,6 @@ def run_export(request: ExportRequest, resources: ResourceOptions, *, force: boo
     from calibkit.api import run
     from calibkit.exporter import resolve_source
 
-    request.validate()  # an unknown --task is refused before OUT is checked
     source = cast(Path, request.source)  # typer requires SOURCE and parses it as a path
     src = resolve_source(source, request.tokenizer)
     guard_out_dir(request.out, inputs=[source, *cli_paths(request.tokenizer), src.tokenizer, src.checkpoint],

@@ -56,7 +56,6 @@ def run_sample(request: SampleRequest, resources: ResourceOptions, *, force: boo
     """Check the request and OUT, make one ``calibkit.api.run`` call, print what was drawn."""
     from calibkit.api import run
 
-    request.validate()
     target = request.out_dir
     guard_out_dir(target, inputs=cli_paths(request.logs, request.tokenizer), force=force,
                   legacy_names=("texts.jsonl", "manifest.json"))

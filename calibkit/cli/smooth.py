@@ -54,8 +54,6 @@ def run_smooth(request: SmoothRequest, resources: ResourceOptions, *, force: boo
     from calibkit.data.calibset import load_calibration_set
     from calibkit.data.modeldir import ModelDir
 
-    request.validate()
-    resources.validate()  # a bad --memory-budget is refused before any work
     model, cset_path, tokenizer = cli_paths(request.model, request.calibration_set, request.tokenizer)
     md = ModelDir.resolve(cast(Path, model), tokenizer)  # typer requires MODEL and --calibration-set as paths
     cset = load_calibration_set(cast(Path, cset_path))

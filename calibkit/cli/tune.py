@@ -102,7 +102,6 @@ def run_tune(request: TuneRequest, resources: ResourceOptions, *, no_report: boo
     statistics."""
     from calibkit.api import run
 
-    request.validate()
     if json_out not in (None, "-"):
         from calibkit.errors import UsageError
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from calibkit._io import atomic_dir, dumps_json, sha256_bytes, text_lines
-from calibkit.data.textcheck import has_lone_surrogate, is_usable
+from calibkit.data.textcheck import decode_counted, has_lone_surrogate, is_usable
 from calibkit.errors import DataError
 from calibkit.provenance import document_path
 
@@ -114,7 +114,7 @@ def load_calibration_set(path: str | Path) -> CalibrationSet:
     raw = texts_path.read_bytes()
     texts: list[str] = []
     labels: list[str | None] = []
-    for n, line in enumerate(text_lines(raw.decode("utf-8", errors="replace")), 1):
+    for n, line in enumerate(text_lines(decode_counted(raw, f"calibration set {texts_path}")), 1):
         if not line.strip():
             continue
         try:

@@ -213,24 +213,10 @@ def _as_int(s: str) -> int | None:
 
 
 def _decoded(p: Path) -> str:
-    """The file as text: a UTF-8 byte order mark dropped; bytes that are not UTF-8 read as U+FFFD, never
-    silently: the lines holding them are counted and named in a warning."""
-    data = p.read_bytes()
-    data = data[3:] if data.startswith(b"\xef\xbb\xbf") else data
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        pass
-    bad = []
-    for n, line in enumerate(data.split(b"\n"), 1):
-        try:
-            line.decode("utf-8")
-        except UnicodeDecodeError:
-            bad.append(n)
-    shown = ", ".join(map(str, bad[:5])) + (" …" if len(bad) > 5 else "")
-    log.warning("eval set %s: %d line(s) hold bytes that are not UTF-8 (line %s); each such byte is read as U+FFFD; "
-                "re-encode the file as UTF-8 to score those examples as written", p.name, len(bad), shown)
-    return data.decode("utf-8", errors="replace")
+    """The file as text, bytes that are not UTF-8 counted and named (:func:`decode_counted`)."""
+    from calibkit.data.textcheck import decode_counted
+
+    return decode_counted(p.read_bytes(), f"eval set {p.name}")
 
 
 def _read_jsonl(p: Path) -> list[dict[str, Any]]:

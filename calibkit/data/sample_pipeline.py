@@ -165,7 +165,6 @@ def draw_sample(request: SampleRequest, progress: ProgressCallback | None = None
     a bounded candidate pool per (length, label) stratum (:func:`_read_log`); the pool's texts get precise
     lengths and topic clusters (:func:`_measure_pool`); the size is allocated over length x label x topic
     strata (:func:`_allocate_sample`); the manifest says how (:func:`_manifest`)."""
-    request.validate()
     path = Path(request.logs)
     cb = progress or no_progress
     fields, auto = resolve_text_fields(path, request.text_field)

@@ -1,4 +1,4 @@
-"""Is a text usable as model input? Shared by the log reader and the eval-set loader.
+"""Is a text usable as model input? Shared by the log reader and the eval-set and calibration-set loaders.
 
 A text is unusable when nothing would remain for a tokenizer: only whitespace, control characters or
 *format* characters (Unicode category Cf: zero-width space/joiners, the byte-order mark, bidi marks, soft
@@ -8,6 +8,7 @@ detected so callers can count the line as broken instead of crashing when they w
 
 from __future__ import annotations
 
+import logging
 import re
 import unicodedata
 
@@ -31,3 +32,25 @@ def is_usable(text: str) -> bool:
     if text.isascii():
         return any(c.isprintable() and not c.isspace() for c in text)
     return any(unicodedata.category(c) not in _INVISIBLE for c in text)
+
+
+def decode_counted(data: bytes, what: str) -> str:
+    """``data`` (a file's bytes) as text: a UTF-8 byte order mark dropped; bytes that are not UTF-8 read as
+    U+FFFD, never silently: the lines holding them are counted and named in a warning about ``what`` (the file,
+    as the user knows it)."""
+    data = data[3:] if data.startswith(b"\xef\xbb\xbf") else data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    bad = []
+    for n, line in enumerate(data.split(b"\n"), 1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            bad.append(n)
+    shown = ", ".join(map(str, bad[:5])) + (" …" if len(bad) > 5 else "")
+    logging.getLogger("calibkit.data").warning(
+        "%s: %d line(s) hold bytes that are not UTF-8 (line %s); each such byte is read as U+FFFD; re-encode the "
+        "file as UTF-8 to use those texts as written", what, len(bad), shown)
+    return data.decode("utf-8", errors="replace")

@@ -26,6 +26,8 @@ from calibkit.results.runs import Range, finite
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.data.tokenizer import TextTokenizer
 
+#: texts per batch of the agreement pass (batches padded to their longest text, so memory stays small)
+AGREEMENT_BATCH = 8
 
 @dataclass(frozen=True)
 class MeasureTexts:
@@ -54,10 +56,13 @@ def _predict(path: Path, task: Any, tok: TextTokenizer, texts: Sequence[str], *,
 
 
 def measure_served(fp32: Path, served: Path, md: ModelDir, picked: MeasureTexts, *, threads: int | None,
-                   batch: int, progress: ProgressCallback, make_runner: ModelRunnerFactory) -> ServedMeasurement:
+                   batch: int, progress: ProgressCallback, make_runner: ModelRunnerFactory,
+                   bucket: tuple[int, int] | None = None) -> ServedMeasurement:
     """``served`` against ``fp32`` on ``picked`` texts (at least one), each run by a runner from ``make_runner``
-    (the run's :class:`~calibkit.resources.RunnerFactory`): agreement on every picked text, speed at batch 1 and
-    at ``batch`` (:mod:`calibkit.evaluate.speed`: interleaved rounds, the ratio of medians)."""
+    (the run's :class:`~calibkit.resources.RunnerFactory`): agreement on every picked text (in batches of
+    :data:`AGREEMENT_BATCH`), speed at batch 1 and at ``batch`` (:mod:`calibkit.evaluate.speed`: interleaved
+    rounds, the ratio of medians), its batches drawn from the texts of ``bucket`` tokens (shortest, longest)
+    when given: the requests a server batches that many of."""
     from calibkit.data.tokenizer import TextTokenizer
     from calibkit.evaluate.speed import measure_speed, text_batches
     from calibkit.graph import load_model, model_input_names
@@ -67,21 +72,24 @@ def measure_served(fp32: Path, served: Path, md: ModelDir, picked: MeasureTexts,
     task = choose_task(model_outputs(proto), {"id2label": {str(k): v for k, v in md.id2label.items()}})
     tok = TextTokenizer(md.tokenizer_path, max_length=md.max_length)
     texts = list(picked.texts)
-    served_out = _predict(served, task, tok, texts, threads=threads, batch=batch,
+    served_out = _predict(served, task, tok, texts, threads=threads, batch=AGREEMENT_BATCH,
                           what="measuring the served model", progress=progress, make_runner=make_runner)
-    ref_out = _predict(fp32, task, tok, texts, threads=threads, batch=batch, what="measuring FP32",
+    ref_out = _predict(fp32, task, tok, texts, threads=threads, batch=AGREEMENT_BATCH, what="measuring FP32",
                        progress=progress, make_runner=make_runner)
     agreement, interval, cosine = _agreement(task, ref_out, served_out)
     sizes = tuple(sorted({1, batch}))
+    within = {batch: bucket} if bucket is not None and batch > 1 else None
     speed = measure_speed({"FP32": fp32, "served": served}, "FP32",
-                          text_batches(tok, model_input_names(proto), texts, seed=picked.seed, batch_sizes=sizes),
+                          text_batches(tok, model_input_names(proto), texts, seed=picked.seed, batch_sizes=sizes,
+                                       within=within),
                           make_runner=make_runner, threads=threads, progress=progress)["served"]
     at = speed.at_batch(batch) or speed.slowest
     latency = ServedLatency(batch_size=at.batch_size, batches=at.batches, threads=threads,
-                            fp32_median_ms=at.reference_ms, served_median_ms=at.model_ms, speedup=at.speedup)
+                            fp32_median_ms=at.reference_ms, served_median_ms=at.model_ms, speedup=at.speedup,
+                            shortest=bucket[0] if within else None, longest=bucket[1] if within else None)
     return ServedMeasurement(texts=len(texts), task=task.kind, agreement=agreement, agreement_ci=interval,
                              latency=latency, seed=picked.seed, calibration_texts_left_out=picked.left_out,
-                             cosine=cosine, speed=speed)
+                             cosine=cosine, speed=speed, agreement_batch=AGREEMENT_BATCH)
 
 
 def _agreement(task: Any, ref: Any, cand: Any) -> tuple[float | None, Range | None, float | None]:

@@ -105,7 +105,6 @@ def deploy(request: DeployRequest, resources: Resources = Resources()) -> Deploy
     from calibkit.provenance import run_inputs
 
     cb = resources.progress
-    request.validate()
     _emit(cb, 0, "reading SOURCE")
     served = _serve(request)
     _emit(cb, 1, "reading the traffic")
@@ -323,19 +322,22 @@ def _measure(request: DeployRequest, served: _Served, shaped: _Shaped, model: Pa
     if not picked.texts:
         return {"measurement_note": "not measured: every traffic text is a calibration text (pass --traffic with "
                                     "requests the calibration did not see)"}
-    batch = request.measure_batch or _busiest_batch(shaped)
+    busiest = _busiest(shaped)
+    batch = request.measure_batch or busiest[0]
     m: ServedMeasurement = measure_served(served.src.model, model, served.md, picked, threads=request.threads,
                                           batch=batch, progress=resources.progress,
-                                          make_runner=resources.runner_factory)
+                                          make_runner=resources.runner_factory,
+                                          bucket=busiest[1] if batch == busiest[0] else None)
     return {"measurement": m}
 
 
-def _busiest_batch(shaped: _Shaped) -> int:
-    """The batch size Triton is told to prefer for the bucket most requests fall in: the batch the served model
-    runs most under load, so the one its speed is measured at besides batch 1."""
+def _busiest(shaped: _Shaped) -> tuple[int, tuple[int, int]]:
+    """The batch size Triton is told to prefer for the bucket most requests fall in, and that bucket's token
+    lengths: the batch the served model runs most under load, of the requests it is formed of, so the one its
+    speed is measured at besides batch 1."""
     buckets = shaped.profiles.chosen.buckets
-    busiest = max(range(len(buckets)), key=lambda i: buckets[i].requests)
-    return shaped.batching.per_bucket[busiest]
+    i = max(range(len(buckets)), key=lambda k: buckets[k].requests)
+    return shaped.batching.per_bucket[i], (buckets[i].lo, buckets[i].hi)
 
 
 def _files(request: DeployRequest, served: _Served, shaped: _Shaped, result: DeployResult) -> RepositoryFiles:

@@ -3,7 +3,7 @@ build_engine.sh. Every number in them is a field of deploy.json."""
 
 from __future__ import annotations
 
-from calibkit.results.documents import DeployResult, ServedMeasurement
+from calibkit.results.documents import DeployResult, ServedLatency, ServedMeasurement
 from calibkit.types import Backend
 
 _DOCKER = ("docker run --rm -p8000:8000 -p8001:8001 -p8002:8002 -v \"$PWD\":/models \\\n"
@@ -96,10 +96,18 @@ def _measurement(m: ServedMeasurement, res: DeployResult) -> str:
             f"optimization, the same batches of these texts for both, interleaved rounds, the ratio of medians, "
             f"in brackets the lowest and highest single round): "
             + (f"{m.speed.words}; " if m.speed is not None else "")
-            + f"at batch {lat.batch_size}, {lat.served_median_ms:.2f} ms served against {lat.fp32_median_ms:.2f} ms "
+            + f"at batch {lat.batch_size}{_lengths(lat)}, {lat.served_median_ms:.2f} ms served against "
+            f"{lat.fp32_median_ms:.2f} ms "
             f"FP32 per batch: **{lat.speedup:.2f}x** ({_verdict(m)}). "
             f"The serving machine's numbers may differ: "
             f"`perf_analyzer.sh` measures them there.")
+
+
+def _lengths(lat: ServedLatency) -> str:
+    if lat.shortest is None or lat.longest is None:
+        return ""
+    return (f" (requests of {lat.shortest}–{lat.longest} tokens, the length bucket most requests fall in, the "
+            f"batch Triton forms of them)")
 
 
 def _verdict(m: ServedMeasurement) -> str:

@@ -18,9 +18,9 @@ Nothing in OUT carries this machine's absolute paths: deploy.json, the README an
 deploy read relative to the folder they are in (:func:`shipped_result`, :func:`ship_sidecar`), so the repository
 can be copied to the serving machine as it is.
 
-OUT follows the rules of every folder calibkit writes (:mod:`calibkit.outdirs`): the marker file, never an
-input, an existing folder replaced only when calibkit wrote it (the CLI's ``--force`` moves a foreign one
-aside first), one writer at a time.
+OUT follows the rules of every folder calibkit writes (:mod:`calibkit.outdirs`): the marker file listing every
+file written, never an input, an existing folder replaced only where calibkit wrote every file in it (a file it
+did not write is never deleted, moved or overwritten, ``--force`` or not), one writer at a time.
 """
 
 from __future__ import annotations
@@ -140,16 +140,17 @@ def ship_sidecar(sidecar: Path) -> None:
     not this machine's absolute paths."""
     if not sidecar.is_file():
         return
-    doc = read_json(sidecar)
-    if not isinstance(doc, dict):
-        return
+    from calibkit.results.codec import document_json, parse_document
+    from calibkit.results.files import EngineSidecar
+
+    doc = parse_document(EngineSidecar, read_json(sidecar), source=sidecar)
     home = final_path(sidecar).parent
 
-    def rel(v: object) -> object:
-        return relative_to(v, home) if isinstance(v, str) and os.path.isabs(v) else v
+    def rel(v: str | None) -> str | None:
+        return relative_to(v, home) if v is not None and os.path.isabs(v) else v
 
-    for key in ("source_model", "tokenizer", "calibration_json"):
-        doc[key] = rel(doc.get(key))
-    if isinstance(doc.get("extra"), dict):
-        doc["extra"] = {k: rel(v) for k, v in doc["extra"].items()}
-    write_json(sidecar, doc)
+    extra = doc.extra
+    write_json(sidecar, document_json(dataclasses.replace(
+        doc, source_model=rel(doc.source_model), tokenizer=rel(doc.tokenizer),
+        calibration_json=rel(doc.calibration_json),
+        extra=dataclasses.replace(extra, qdq_source=rel(extra.qdq_source)))))

@@ -132,7 +132,7 @@ def _from_engine(engine: Path) -> DeploySource:
     check_engines({"SOURCE": art})  # its tokenizer, labels, source model and table as they were at build time
     cal = Path(art.calibration_json) if art.calibration_json and Path(art.calibration_json).is_file() else None
     qdq: Path | None = None
-    target = art.extra.get("target")
+    target = art.extra.target
     if art.precision is Precision.INT8 and engine.suffix == ".onnx":
         qdq = engine
         if target is None:  # built from --qdq: the layout of that model
@@ -148,11 +148,10 @@ def _from_engine(engine: Path) -> DeploySource:
     if art.precision is Precision.INT8 and cal is None and qdq is None:
         raise ModelError(f"{engine} is a TensorRT engine without its calibration table: deploy cannot rebuild it",
                          hint="deploy the calibrate or tune folder it was built from instead")
-    bits = art.extra.get("weight_bits")
     return DeploySource(
         path=engine, kind="engine", model=model, tokenizer=tokenizer, precision=art.precision, calibration_json=cal,
         keep_nodes=tuple(art.kept_higher_precision), qdq_model=qdq, qdq_target=str(target) if target else None,
-        weight_bits=int(bits) if isinstance(bits, int) else None, calibration_set=cset, calibration_set_id=set_id)
+        weight_bits=art.extra.weight_bits, calibration_set=cset, calibration_set_id=set_id)
 
 
 def _uint8_activations(path: Path) -> bool:
@@ -170,18 +169,18 @@ def original_model(model: Path, *, max_steps: int = 8) -> Path:
     tune smooths into its OUT/smoothed-model) records in its smoothing.json the model it was smoothed from;
     followed to the first model that is no smoothed copy (``model`` itself when it is none). Only its name is
     needed, so a recorded original that is gone still names it."""
-    from calibkit._io import read_json
-    from calibkit.provenance import SMOOTHING_JSON, document_path
+    from calibkit.provenance import PATHS_KEY, SMOOTHING_JSON, document_path
+    from calibkit.results.codec import read_smoothing
 
     for _ in range(max_steps):
-        record = model.parent / SMOOTHING_JSON
-        if not record.is_file():
-            break
         try:
-            doc = read_json(record)
-        except (OSError, ValueError, RecursionError):
+            record = read_smoothing(model.parent)
+        except DataError:
             break
-        named = document_path(record, doc.get("source_model"), doc) if isinstance(doc, dict) else None
+        if record is None:
+            break
+        named = document_path(model.parent / SMOOTHING_JSON, record.source_model,
+                              {PATHS_KEY: record.paths})  # older records: paths from the folder they ran in
         if named is None or named == model:
             break
         model = named

@@ -7,14 +7,15 @@ An ONNX Runtime engine is ``NAME.onnx`` with ``NAME.onnx.calibkit.json`` beside 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from calibkit._io import read_json, write_json
-from calibkit.errors import ModelError
+from calibkit.errors import DataError, ModelError
 from calibkit.provenance import SIDECAR_SUFFIX, document_path
+from calibkit.results.codec import document_json, parse_document
+from calibkit.results.files import EngineBuildFacts, EngineSidecar
 from calibkit.types import Backend, Precision
 
 
@@ -76,34 +77,32 @@ class EngineArtifact:
     tokenizer_sha256: str | None = None  # consistency.tokenizer_sha256 of the tokenizer folder at build time
     labels_sha256: str | None = None  # consistency.labels_sha256 of its config.json id2label at build time
     versions: dict[str, str] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: EngineBuildFacts = EngineBuildFacts()
 
     @property
     def backend_name(self) -> str:
         return self.backend.value if isinstance(self.backend, Backend) else str(self.backend)
 
+    def sidecar(self, engine_fingerprint: str | None = None) -> EngineSidecar:
+        """The sidecar document of this engine (paths as this value holds them)."""
+        return EngineSidecar(
+            path=self.path.name, precision=self.precision, backend=self.backend_name,
+            source_model_sha256=self.source_model_sha256, calibration_sha256=self.calibration_sha256,
+            tokenizer=self.tokenizer, kept_higher_precision=self.kept_higher_precision,
+            source_model=self.source_model, calibration_json=self.calibration_json,
+            tokenizer_sha256=self.tokenizer_sha256, labels_sha256=self.labels_sha256, versions=dict(self.versions),
+            extra=self.extra, engine_fingerprint=engine_fingerprint)
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "format": "calibkit-engine/1",
-            "path": self.path.name,
-            "precision": self.precision.value,
-            "backend": self.backend_name,
-            "source_model_sha256": self.source_model_sha256,
-            "calibration_sha256": self.calibration_sha256,
-            "tokenizer": self.tokenizer,
-            "kept_higher_precision": list(self.kept_higher_precision),
-            "source_model": self.source_model,
-            "calibration_json": self.calibration_json,
-            "tokenizer_sha256": self.tokenizer_sha256,
-            "labels_sha256": self.labels_sha256,
-            "versions": dict(self.versions),
-            "extra": dict(self.extra),
-        }
+        """The sidecar's JSON, without the fingerprint of the file (:meth:`save` adds it)."""
+        doc = document_json(self.sidecar())
+        del doc["engine_fingerprint"]
+        return doc
 
     def save(self) -> Path:
         """Write the sidecar of the engine file as it is now on disk (its fingerprint included)."""
         out = sidecar_path(self.path)
-        write_json(out, {**self.to_dict(), "engine_fingerprint": fingerprint(self.path)})
+        write_json(out, document_json(self.sidecar(fingerprint(self.path))))
         return out
 
     @classmethod
@@ -116,14 +115,15 @@ class EngineArtifact:
             raise ModelError(f"{p} has no calibkit sidecar ({sc.name})", hint=_no_sidecar_hint(p))
         hint = "rebuild the engine with `calibkit build`, which writes the sidecar again"
         try:
-            d = read_json(sc)
+            doc = parse_document(EngineSidecar, read_json(sc), source=sc)
         except (ValueError, RecursionError) as exc:
             raise ModelError(f"{sc} is not valid JSON ({type(exc).__name__})", hint=hint) from None
-        if not isinstance(d, dict):
-            raise ModelError(f"{sc} is not a calibkit sidecar (not a JSON object)", hint=hint)
-
-        recorded = d.get("engine_fingerprint")
-        if isinstance(recorded, str) and recorded != fingerprint(p):
+        except DataError as exc:
+            raise ModelError(f"{exc.message} (not a usable calibkit sidecar)", hint=hint) from None
+        if not doc.backend or not doc.source_model_sha256:
+            raise ModelError(f"{sc} is not a usable calibkit sidecar (it names no backend or source model)",
+                             hint=hint)
+        if doc.engine_fingerprint is not None and doc.engine_fingerprint != fingerprint(p):
             raise ModelError(
                 f"{sc.name} describes another file than {p} (an interrupted rebuild, or an engine copied over "
                 "another one without its sidecar)",
@@ -134,29 +134,12 @@ class EngineArtifact:
             named = document_path(sc, v)
             return str(named.resolve()) if named is not None and not Path(v or "").is_absolute() else v
 
-        try:
-            return cls._from_dict(p, d, _abs)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ModelError(f"{sc} is not a usable calibkit sidecar ({type(exc).__name__}: {exc})",
-                             hint=hint) from None
-
-    @classmethod
-    def _from_dict(cls, p: Path, d: dict[str, Any], _abs: Callable[[str | None], str | None]) -> EngineArtifact:
-        return cls(
-            path=p,
-            precision=Precision(d["precision"]),
-            backend=_backend(d["backend"]),
-            source_model_sha256=str(d["source_model_sha256"]),
-            calibration_sha256=d.get("calibration_sha256"),
-            tokenizer=_abs(d.get("tokenizer")),
-            kept_higher_precision=tuple(d.get("kept_higher_precision", ())),
-            source_model=_abs(d.get("source_model")),
-            calibration_json=_abs(d.get("calibration_json")),
-            tokenizer_sha256=_opt_str(d.get("tokenizer_sha256")),
-            labels_sha256=_opt_str(d.get("labels_sha256")),
-            versions={str(k): str(v) for k, v in d.get("versions", {}).items()},
-            extra=dict(d.get("extra", {})),
-        )
+        return cls(path=p, precision=doc.precision, backend=_backend(doc.backend),
+                   source_model_sha256=doc.source_model_sha256, calibration_sha256=doc.calibration_sha256,
+                   tokenizer=_abs(doc.tokenizer), kept_higher_precision=doc.kept_higher_precision,
+                   source_model=_abs(doc.source_model), calibration_json=_abs(doc.calibration_json),
+                   tokenizer_sha256=doc.tokenizer_sha256, labels_sha256=doc.labels_sha256,
+                   versions=dict(doc.versions), extra=doc.extra)
 
 
 def _backend(v: object) -> Backend | str:
@@ -164,11 +147,3 @@ def _backend(v: object) -> Backend | str:
     if not isinstance(v, str) or not v:
         raise ValueError(f"backend must be a name, got {v!r}")
     return Backend(v) if v in {b.value for b in Backend} else v
-
-
-def _opt_str(v: object) -> str | None:
-    if v is None:
-        return None
-    if not isinstance(v, str):
-        raise TypeError(f"expected a string, got {type(v).__name__}")
-    return v

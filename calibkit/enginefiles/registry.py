@@ -155,8 +155,8 @@ def engine_layout(art: EngineArtifact | None, path: Path) -> str | None:
     if art is not None:
         if art.precision.value != "int8":
             return None
-        if art.extra.get("target"):
-            return str(art.extra["target"])
+        if art.extra.target:
+            return str(art.extra.target)
     from calibkit.graph import load_model, qdq_layout
 
     try:

@@ -52,7 +52,7 @@ from calibkit.evaluate.taps import (
 from calibkit.evaluate.traffic import TrafficEvidence, evidence_of
 from calibkit.evidence.intervals import proportion
 from calibkit.evidence.subsets import EvalSubset, stratified_subset
-from calibkit.graph import load_model, qdq_layout
+from calibkit.graph import load_external_weights, load_model, qdq_layout
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.quantize.rangecheck import tensor_families
 from calibkit.requests.compare import CompareRequest
@@ -88,6 +88,7 @@ from calibkit.tasks import (
     EngineScore,
     Task,
     TaskScore,
+    check_label_count,
     choose_task,
     kind_names,
     model_outputs,
@@ -114,19 +115,24 @@ def _config(tokenizer_dir: str | Path | None) -> Mapping[str, Any]:
     return read_config(tokenizer_dir)
 
 
-def select_task(artifact: EngineArtifact, tokenizer_dir: str | Path | None, kind: str | None = None) -> Task:
-    """The calibkit.tasks Task for the engines' model: from its ONNX outputs and config.json (``kind`` forces)."""
+def select_task(artifact: EngineArtifact, tokenizer_dir: str | Path | None, kind: str | None = None,
+                graph: onnx.ModelProto | None = None) -> Task:
+    """The calibkit.tasks Task for the engines' model: from its ONNX outputs and config.json (``kind`` forces).
+    ``graph``: the engine's ONNX model when the caller has loaded it."""
     cfg = _config(tokenizer_dir)
     src = artifact.path if is_onnx_engine(artifact) else artifact.source_model
-    if src and Path(src).is_file():
-        outputs = model_outputs(load_model(src, load_external_data=False))
-    else:
-        outputs = {"logits": 2}  # a TensorRT engine without its source model: classification as before
+    if graph is None and src and Path(src).is_file():
+        graph = load_model(src, load_external_data=False)
+    # a TensorRT engine without its source model: classification as before
+    outputs = model_outputs(graph) if graph is not None else {"logits": 2}
     try:
-        return choose_task(outputs, cfg, kind)
+        task = choose_task(outputs, cfg, kind)
     except ValueError:
         *others, last = kind_names()
         raise UsageError(f"unknown --task {kind!r}", hint=f"choose {', '.join(others)} or {last}") from None
+    if graph is not None:
+        check_label_count(task, graph, Path(src).name)
+    return task
 
 
 def _evaluate_task(runner: BaseRunner, tokenizer: TextTokenizer, texts: Sequence[str], task: Task, *,
@@ -148,7 +154,7 @@ def _evaluate_task(runner: BaseRunner, tokenizer: TextTokenizer, texts: Sequence
 def origin_sha256(e: EngineArtifact) -> str:
     """The model an engine's FP32 function comes from: a smoothed model's original (calibkit smooth keeps the
     function), else its own source."""
-    return str(e.extra.get("smoothed_from_sha256") or e.source_model_sha256)
+    return str(e.extra.smoothed_from_sha256 or e.source_model_sha256)
 
 
 def check_same_model(engines: Sequence[EngineArtifact]) -> None:
@@ -165,8 +171,13 @@ def _is_int8(a: EngineArtifact) -> bool:
     return a.precision is Precision.INT8
 
 
-def _onnx_of(a: EngineArtifact) -> onnx.ModelProto | None:
+def _onnx_of(a: EngineArtifact, loaded: onnx.ModelProto | None = None) -> onnx.ModelProto | None:
+    """The engine's ONNX model with its weights; ``loaded``: its graph as read already (external weights are
+    added to it, so the file is parsed once per run)."""
     if is_onnx_engine(a):
+        if loaded is not None:
+            load_external_weights(loaded, Path(a.path))
+            return loaded
         return load_model(a.path)
     log.warning("%s is a TensorRT engine: per-layer analysis needs ONNX models, skipped for it", a.path.name)
     return None
@@ -198,6 +209,7 @@ class CompareInputs:
     rows: EvalSubset | None
     task: Task
     traffic: TrafficEvidence | None
+    graph_a: onnx.ModelProto | None = None  # A's ONNX model as read once for the run (external weights not yet)
 
 
 def resolve_compare(request: CompareRequest, progress: ProgressCallback | None = None) -> CompareInputs:
@@ -210,7 +222,8 @@ def resolve_compare(request: CompareRequest, progress: ProgressCallback | None =
     traffic = None if isinstance(request.traffic, Traffic) else request.traffic
     not_an_input(request.save_outputs, [*engines, request.eval_set, traffic], "save_outputs")
     check_same_model(engines)
-    task = select_task(a, tokenizer_dir(engines), request.task)
+    graph_a = load_model(a.path, load_external_data=False) if is_onnx_engine(a) else None
+    task = select_task(a, tokenizer_dir(engines), request.task, graph_a)
     ev = rows = None
     if request.eval_set is not None:
         ev, rows = load_evidence(request.eval_set, task=task, limit=request.limit, seed=request.seed,
@@ -225,7 +238,7 @@ def resolve_compare(request: CompareRequest, progress: ProgressCallback | None =
                              hint="pass --eval-set test.jsonl, or --traffic LOG with texts outside the "
                                   "calibration set")
         ev = EvalSet(Path(drawn.source.path), tuple(drawn.texts), ())
-    return CompareInputs(a, b, ref, ev, rows, task, drawn)
+    return CompareInputs(a, b, ref, ev, rows, task, drawn, graph_a)
 
 
 def compare_engines(request: CompareRequest, resources: Resources) -> Comparison:
@@ -234,7 +247,6 @@ def compare_engines(request: CompareRequest, resources: Resources) -> Comparison
     fidelity to A (on the traffic too, ``Comparison.traffic``), per-layer measurements, sensitivity and the
     flags. The inputs are loaded first (:func:`resolve_compare`); every runner comes from
     ``resources.runner_factory``, sensitivity's variants run on ``resources.executor``."""
-    request.validate()
     inputs = resolve_compare(request, resources.progress)
     return compare_loaded(inputs, request, resources)
 
@@ -278,7 +290,7 @@ def compare_loaded(inputs: CompareInputs, options: CompareRequest, resources: Re
                             else _traffic_outputs(a, b, traffic, task, tokenizer, options, resources))
     evidence, why_not = sensitivity_texts(task, runs, texts, score, traffic, traffic_outs, options)
     layered = _layers(a, b, reference, texts, runs, score, pa, task, options, factory, tokenizer, tok_dir,
-                      progress, resources, evidence, why_not, clock)
+                      progress, resources, evidence, why_not, clock, inputs.graph_a)
     if options.layers and not layered.evidence.measured:
         warnings.append(f"per-layer sensitivity not measured: {layered.evidence.why_not}")
     for w in warnings:  # returned with the result, whose caller shows them (the CLI as "warning:")
@@ -293,15 +305,16 @@ def compare_loaded(inputs: CompareInputs, options: CompareRequest, resources: Re
         comparison = replace(comparison, traffic=_traffic_result(traffic, task, traffic_outs))
     with clock.phase("speed"):
         speed, speed_note = _speed(a, b, tokenizer, traffic.texts if traffic is not None and len(traffic) else texts,
-                                   options, resources)
+                                   options, resources, inputs.graph_a)
     comparison = replace(comparison, speed=speed, speed_note=speed_note)
     comparison = replace(comparison, gate=gate(comparison, options.min_agreement, options.max_drop))
     return replace(comparison, time_estimate=finish(estimate, time.perf_counter() - since, clock.phases))
 
 
 def _speed(a: EngineArtifact, b: EngineArtifact, tokenizer: TextTokenizer, texts: Sequence[str],
-           options: CompareRequest, resources: Resources) -> tuple[Speed | None, str | None]:
-    """B timed against A as a server runs them (evaluate.speed), or why not."""
+           options: CompareRequest, resources: Resources, graph_a: onnx.ModelProto | None = None
+           ) -> tuple[Speed | None, str | None]:
+    """B timed against A as a server runs them (evaluate.speed), or why not. ``graph_a``: A's model as read."""
     if not options.speed:
         return None, "not measured (--no-speed)"
     if Backend.TENSORRT in (a.backend, b.backend):
@@ -312,7 +325,7 @@ def _speed(a: EngineArtifact, b: EngineArtifact, tokenizer: TextTokenizer, texts
     from calibkit.evaluate.speed import measure_speed, text_batches
     from calibkit.graph import model_input_names
 
-    names = model_input_names(load_model(a.path, load_external_data=False))
+    names = model_input_names(graph_a if graph_a is not None else load_model(a.path, load_external_data=False))
     speeds = measure_speed({"A": a.path, "B": b.path}, "A",
                            text_batches(tokenizer, names, texts, seed=options.seed),
                            make_runner=resources.runner_factory, progress=resources.progress)
@@ -472,7 +485,7 @@ def _layers(a: EngineArtifact, b: EngineArtifact, reference: EngineArtifact | No
             runs: Sequence[_EngineRun], score: TaskScore, pa: np.ndarray | None, task: Task,
             options: CompareRequest, factory: RunnerFactory, tokenizer: TextTokenizer, tok_dir: str,
             progress: ProgressCallback | None, resources: Resources, evidence: SensitivityTexts | None,
-            why_not: str, clock: PhaseClock) -> _Layered:
+            why_not: str, clock: PhaseClock, graph_a: onnx.ModelProto | None = None) -> _Layered:
     """Per-layer measurements on a stratified subset (by label, else by A's prediction), sensitivity on
     ``evidence`` (every task with per-text fidelity), each layer's flag, and the findings that group them."""
     if not options.layers:
@@ -485,7 +498,8 @@ def _layers(a: EngineArtifact, b: EngineArtifact, reference: EngineArtifact | No
     else:
         strata = [""] * len(texts)
     with clock.phase("per-layer measurements"):
-        lr = _layer_run(a, b, reference, texts, strata, options, factory, tokenizer, progress, resources.budget)
+        lr = _layer_run(a, b, reference, texts, strata, options, factory, tokenizer, progress, resources.budget,
+                        graph_a)
     sens: SensitivityAnalysis | None = None
     sens_subset: EvalSubset | None = None
     if evidence is not None:
@@ -551,11 +565,12 @@ class _LayerRun:
 
 def _layer_run(a: EngineArtifact, b: EngineArtifact, reference: EngineArtifact | None, texts: Sequence[str],
                strata: Sequence[str], options: CompareRequest, factory: RunnerFactory, tokenizer: TextTokenizer,
-               progress: ProgressCallback | None, budget: TokenBudget | None = None) -> _LayerRun:
+               progress: ProgressCallback | None, budget: TokenBudget | None = None,
+               graph_a: onnx.ModelProto | None = None) -> _LayerRun:
     """Per-layer measurements of the quantized layers on a stratified subset (``strata``: labels, or A's
     predictions without labels), and the weight errors of the INT8 side."""
     int8_art = b if _is_int8(b) else (a if _is_int8(a) else None)
-    model_a, model_b = _onnx_of(a), _onnx_of(b)
+    model_a, model_b = _onnx_of(a, graph_a), _onnx_of(b)
     int8_model = model_b if int8_art is b else (model_a if int8_art is a else None)
     layer_source = int8_model if int8_model is not None else model_a
     specs = find_layers(layer_source) if layer_source is not None else ()
@@ -581,7 +596,7 @@ def _reference_model(
     For an INT8 model built from a smoothed model, that smoothed FP32 model: its tensors are what INT8
     quantizes (X/s), and its layer outputs are the original's."""
     src = int8_art.source_model if int8_art else None
-    if int8_art is not None and int8_art.extra.get("smoothed_from_sha256") and src and Path(src).is_file():
+    if int8_art is not None and int8_art.extra.smoothed_from_sha256 and src and Path(src).is_file():
         return load_model(src)
     if reference is not None:
         return _onnx_of(reference)
@@ -746,7 +761,7 @@ def _layout(art: EngineArtifact) -> str | None:
     and FP16)."""
     if art.precision is not Precision.INT8:
         return None
-    target = art.extra.get("target")
+    target = art.extra.target
     if not target and Path(art.path).suffix == ".onnx":
         with contextlib.suppress(ModelError):
             target = qdq_layout(load_model(art.path, load_external_data=False))

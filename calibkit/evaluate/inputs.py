@@ -32,6 +32,8 @@ from calibkit.requests.traffic import Traffic
 from calibkit.types import PathLike, check_seed
 
 if TYPE_CHECKING:  # pragma: no cover - types only
+    import onnx
+
     from calibkit.requests.tune import TuneRequest
 
 
@@ -107,17 +109,18 @@ def engine_calibration_set(*engines: EngineArtifact) -> CalibrationSet | None:
     return None
 
 
-def model_task(md: ModelDir, task: str | None = None) -> Any:
+def model_task(md: ModelDir, task: str | None = None, graph: onnx.ModelProto | None = None) -> Any:
     """The task of a model folder (``task`` forces one), from its outputs and config.json's id2label; None for
-    a model without class names and no ``task`` (tune then finds it from the outputs and judges fidelity)."""
+    a model without class names and no ``task`` (tune then finds it from the outputs and judges fidelity).
+    ``graph``: the model, when the caller has loaded it (else its graph is read here)."""
     from calibkit.graph import load_model
     from calibkit.tasks import choose_task, model_outputs
 
     cfg = md.id2label
     if not cfg and task is None:
         return None
-    return choose_task(model_outputs(load_model(md.onnx_path, load_external_data=False)),
-                       {"id2label": {str(k): v for k, v in cfg.items()}}, task)
+    graph = graph if graph is not None else load_model(md.onnx_path, load_external_data=False)
+    return choose_task(model_outputs(graph), {"id2label": {str(k): v for k, v in cfg.items()}}, task)
 
 
 def load_traffic(traffic: Traffic | PathLike | TrafficEvidence | None, calibration_set: CalibrationSet | None, *,
@@ -190,6 +193,7 @@ class TuneInputs:
     gives the texts), ``rows`` which rows of the eval file they are (None: all)."""
 
     model: ModelDir
+    graph: onnx.ModelProto  # the FP32 model, weights included, loaded once for the run
     calibration_set: CalibrationSet
     eval_set: EvalSet
     rows: EvalSubset | None
@@ -208,7 +212,10 @@ def resolve_tune(request: TuneRequest, progress: ProgressCallback | None = None)
     for written, option in ((dest, "out"), (request.report, "report")):
         not_an_input(written, [md.onnx_path, md.tokenizer_path, request.calibration_set, request.eval_set, traffic],
                      option)
-    kind = model_task(md, request.task)
+    from calibkit.graph import check_float_source, load_model
+
+    graph = check_float_source(load_model(md.onnx_path), md.onnx_path)  # the one load of the run's FP32 model
+    kind = model_task(md, request.task, graph)
     cset = calibration_set(request.calibration_set)
     loaded = (load_evidence(request.eval_set, task=kind, limit=request.limit, seed=request.seed)
               if request.eval_set is not None else None)
@@ -224,7 +231,8 @@ def resolve_tune(request: TuneRequest, progress: ProgressCallback | None = None)
         ev, rows = EvalSet(Path(drawn.source.path), (), ()), None
     else:
         ev, rows = loaded
-    return TuneInputs(md, cset, ev, rows, drawn, dest, Path(request.report) if request.report is not None else None)
+    return TuneInputs(md, graph, cset, ev, rows, drawn, dest,
+                      Path(request.report) if request.report is not None else None)
 
 
 def default_name(md: ModelDir) -> str:

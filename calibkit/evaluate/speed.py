@@ -62,16 +62,25 @@ class SpeedBatches:
 
 def speed_batches(encode: Callable[[Sequence[str]], Feeds], lengths: Sequence[int], texts: Sequence[str], *,
                   batch_sizes: Sequence[int] = SPEED_BATCH_SIZES, seed: int = 0,
-                  single_texts: int = SPEED_SINGLE_TEXTS, large_batches: int = SPEED_LARGE_BATCHES) -> SpeedBatches:
+                  single_texts: int = SPEED_SINGLE_TEXTS, large_batches: int = SPEED_LARGE_BATCHES,
+                  within: Mapping[int, tuple[int, int]] | None = None) -> SpeedBatches:
     """Batches of ``texts`` (real traffic, never calibration texts) for :func:`measure_speed`: ``encode`` turns a
-    list of texts into feeds, ``lengths`` are their token lengths (to sort the larger batches by)."""
+    list of texts into feeds, ``lengths`` are their token lengths (to sort the larger batches by). ``within``:
+    for a batch size, the (shortest, longest) token lengths its texts are drawn from, as a server that batches
+    requests by length bucket forms that batch size only of such requests."""
     rng = np.random.default_rng(seed)
     n = len(texts)
     feeds: dict[int, tuple[Feeds, ...]] = {}
     used: set[int] = set()
     for size in batch_sizes:
         want = single_texts if size == 1 else size * large_batches
-        pick = np.sort(rng.choice(n, size=min(want, n), replace=False)) if n else np.zeros(0, dtype=np.int64)
+        span = (within or {}).get(size)
+        if span is None:
+            pick = np.sort(rng.choice(n, size=min(want, n), replace=False)) if n else np.zeros(0, dtype=np.int64)
+        else:
+            pool = np.array([i for i in range(n) if span[0] <= lengths[i] <= span[1]], dtype=np.int64)
+            pick = (np.sort(rng.choice(pool, size=min(want, pool.size), replace=False)) if pool.size
+                    else np.zeros(0, dtype=np.int64))
         if size > 1:
             pick = pick[np.argsort([lengths[i] for i in pick], kind="stable")]
         chunks = [pick[i:i + size] for i in range(0, len(pick), size)]
@@ -81,12 +90,13 @@ def speed_batches(encode: Callable[[Sequence[str]], Feeds], lengths: Sequence[in
 
 
 def text_batches(tokenizer: TextTokenizer, input_names: Sequence[str], texts: Sequence[str], *, seed: int = 0,
-                 batch_sizes: Sequence[int] = SPEED_BATCH_SIZES) -> SpeedBatches:
+                 batch_sizes: Sequence[int] = SPEED_BATCH_SIZES,
+                 within: Mapping[int, tuple[int, int]] | None = None) -> SpeedBatches:
     """:func:`speed_batches` of ``texts`` through the model's tokenizer (its truncation included)."""
     names = tuple(input_names)
     lengths = [int(n) for n in np.minimum(tokenizer.token_lengths(list(texts)), tokenizer.max_length)]
     return speed_batches(lambda chunk: tokenizer.encode(list(chunk)).feeds(names), lengths, texts,
-                         batch_sizes=batch_sizes, seed=seed)
+                         batch_sizes=batch_sizes, seed=seed, within=within)
 
 
 def cpu_description() -> tuple[str, str]:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from calibkit._io import atomic_dir, commit_together, dumps_json, read_json, sha256_bytes
+from calibkit._io import atomic_dir, commit_together, dumps_json, sha256_bytes
 from calibkit._version import __version__
 from calibkit.calibrate.methods import compute_table
 from calibkit.calibrate.pipeline import gather_stats
@@ -95,6 +95,7 @@ from calibkit.requests.choices import Target
 from calibkit.requests.tune import TuneRequest
 from calibkit.resources import Resources, RunnerFactory
 from calibkit.results.documents import PlanDocument
+from calibkit.results.files import SmoothingRecord
 from calibkit.results.runs import (
     FP32_PHASE,
     Candidate,
@@ -200,7 +201,6 @@ def run_tune(request: TuneRequest, resources: Resources) -> TuneRun:
     pool of ``workers``, closed at the end; a given executor also shards the statistics), the memory budget of
     statistics and layer taps, the runner factory, progress, and the ``writer`` of tune.json (without one no
     tune.json is written) and of the report folder (``request.report``)."""
-    request.validate()
     inputs = resolve_tune(request, resources.progress)
     writer = resources.writer
     with contextlib.ExitStack() as stack:
@@ -208,7 +208,7 @@ def run_tune(request: TuneRequest, resources: Resources) -> TuneRun:
         if resources.executor is None:
             resources = replace(resources, executor=stack.enter_context(from_spec("local", resources.workers)))
         return _run_tune(inputs.model, inputs.calibration_set, inputs.eval_set, inputs.out, request,
-                         progress=resources.progress,
+                         progress=resources.progress, graph=inputs.graph,
                          render=writer.report if writer is not None and inputs.report is not None else None,
                          report_dir=inputs.report, resources=resources, shard_stats=given,
                          write_document=writer.document if writer is not None else None, rows=inputs.rows,
@@ -273,7 +273,7 @@ class _Variant:
     model: _Model
     store: StatsStore
     jobs: _Jobs
-    smoothing: dict[str, Any] | None = None  # smoothing.json of the smoothed copy
+    smoothing: SmoothingRecord | None = None  # smoothing.json of the smoothed copy
 
     @property
     def suffix(self) -> str:
@@ -352,18 +352,19 @@ def _run_tune(
     write_document: DocumentWriter | None,
     rows: EvalSubset | None,
     traffic: TrafficEvidence | None = None,
+    graph: onnx.ModelProto | None = None,
 ) -> TuneRun:
-    """The search, step by step (see the module docstring)."""
+    """The search, step by step (see the module docstring). ``graph``: the FP32 model when the caller loaded
+    it (else it is loaded here)."""
     cb = progress or no_progress
     executor = resources.executor
     assert executor is not None  # run_tune provides one
-    _check_config(config)
     out = Path(out_dir)
     work = out.parent / f".{out.name}.tune"  # beside OUT so OUT itself is swapped in whole at the end
     t0 = time.perf_counter()
     clock = PhaseClock(usable_cpus() if executor.task_threads is None else executor.workers)
     cset = calibration_set if isinstance(calibration_set, CalibrationSet) else load_calibration_set(calibration_set)
-    model = _load_model(model_dir, config)
+    model = _load_model(model_dir, config, graph)
     if traffic is not None and len(eval_set):
         traffic = traffic.without(eval_set.texts, "eval_set")
     with clock.phase(FP32_PHASE, texts=len(eval_set) + (len(traffic) if traffic is not None else 0)):
@@ -427,23 +428,20 @@ def _first(subset: EvalSubset, n: int) -> EvalSubset:
     return replace(subset, indices=subset.indices[:n], content_sha256="") if len(subset) > n else subset
 
 
-def _check_config(config: TuneRequest) -> None:
-    """Every check of the request (a pipeline called without the API validates it too)."""
-    config.validate()
-
-
-def _load_model(model_dir: ModelDir, config: TuneRequest) -> _Model:
-    """The FP32 model, its placement and its task (which must be one tune can search plans for)."""
-    from calibkit.tasks import choose_task, model_outputs
+def _load_model(model_dir: ModelDir, config: TuneRequest, graph: onnx.ModelProto | None = None) -> _Model:
+    """The FP32 model (``graph`` when loaded already), its placement and its task (which must be one tune can
+    search plans for)."""
+    from calibkit.tasks import check_label_count, choose_task, model_outputs
 
     tok = TextTokenizer(model_dir.tokenizer_path, max_length=model_dir.max_length)
-    proto = check_float_source(load_model(model_dir.onnx_path), model_dir.onnx_path)
+    proto = graph if graph is not None else check_float_source(load_model(model_dir.onnx_path), model_dir.onnx_path)
     placement = plan_placement(proto, config.op_types)
     nodes = tuple(n.name for n in placement.nodes)
     if not nodes:
         raise CalibrationError(f"no {', '.join(config.op_types)} nodes to quantize in {model_dir.onnx_path.name}")
     id2label = model_dir.id2label
     task = choose_task(model_outputs(proto), {"id2label": {str(k): v for k, v in id2label.items()}}, config.task)
+    check_label_count(task, proto, model_dir.onnx_path.name)
     if task.tunable is not None:
         raise UsageError(task.tunable, hint="use `calibkit compare` for its fidelity, and --exclude to keep layers")
     if config.min_cosine is not None and not task.cosine_target:
@@ -538,22 +536,26 @@ def _smoothed_variant(model_dir: ModelDir, model: _Model, cset: CalibrationSet, 
     """The model smoothed with alpha auto (calibrate.smoothing, its FP32 function checked), its statistics and
     jobs; reused from an interrupted run of the same model and calibration set. (None, why) when the model has
     nothing to smooth or is smoothed already."""
-    from calibkit.calibrate.smoothing import SMOOTHING_FILE, smooth
-    from calibkit.errors import ModelError
+    from calibkit.calibrate.smoothing import smooth
+    from calibkit.errors import DataError, ModelError
     from calibkit.requests.smooth import SmoothRequest
+    from calibkit.results.codec import read_smoothing
 
     folder = work / SMOOTHED_FOLDER
-    record = read_json(folder / SMOOTHING_FILE) if (folder / SMOOTHING_FILE).is_file() else None
-    fresh = not (isinstance(record, dict) and record.get("source_sha256") == model.sha
-                 and record.get("calibration_set_id") == cset.id and (folder / "model.onnx").is_file())
-    if fresh:
+    try:
+        record = read_smoothing(folder)
+    except DataError as exc:
+        log.warning("the smoothed copy of an earlier run is smoothed again: %s", exc.message)
+        record = None
+    if not (record is not None and record.source_sha256 == model.sha and record.calibration_set_id == cset.id
+            and (folder / "model.onnx").is_file()):
         try:
             smooth(SmoothRequest(model=model_dir, calibration_set=cset, out=folder, batch_size=config.batch_size),
                    replace(resources, progress=cb))
         except ModelError as exc:
             log.info("no smoothed variant: %s", exc.message)
             return None, exc.message
-        record = read_json(folder / SMOOTHING_FILE)
+        record = read_smoothing(folder)
     md = ModelDir.resolve(folder)
     sm = _load_model(md, config)
     store, _ = gather_stats(md, cset, sm.placement.activations, model_sha256=sm.sha,
@@ -1206,9 +1208,8 @@ def _smoothing_choice(config: TuneRequest, tables: _Tables) -> SmoothingChoice |
     chosen = v is not None and v.name == "smoothed"
     rec = v.smoothing if v is not None and chosen else None
     tried = tables.smoothing_note is None
-    return SmoothingChoice(tried, chosen, SMOOTHED_FOLDER if chosen else None,
-                           int(rec["smoothed"]) if rec and "smoothed" in rec else None,
-                           finite(rec.get("max_output_deviation")) if rec else None, tables.smoothing_note)
+    return SmoothingChoice(tried, chosen, SMOOTHED_FOLDER if chosen else None, rec.smoothed if rec else None,
+                           rec.max_output_deviation if rec else None, tables.smoothing_note)
 
 
 def _split(evidence: SplitEvidence, seed: int) -> TuneSplit:

@@ -353,7 +353,6 @@ def export_model(request: ExportRequest, progress: ProgressCallback = no_progres
     from calibkit._io import atomic_dir, write_json
     from calibkit._version import __version__
 
-    request.validate()
     task, tolerance, cb = request.task, request.tolerance, progress
     t0 = time.perf_counter()
     source = request.source

@@ -77,6 +77,7 @@ class BuildRequest:
             value = getattr(self, name)
             if isinstance(value, (str, os.PathLike)):  # anything else is left for validate() to refuse
                 object.__setattr__(self, name, Path(value))
+        self.validate()  # a request that exists is valid: checked once, when it is made
 
     def validate(self) -> None:
         """Every check that reads no file: UsageError naming the option and what to pass instead."""

@@ -89,6 +89,7 @@ class CalibrateRequest:
         object.__setattr__(self, "target", coerce(Target, self.target))
         object.__setattr__(self, "op_types", _names(self.op_types, commas=True))
         object.__setattr__(self, "exclude", _names(self.exclude))
+        self.validate()  # a request that exists is valid: checked once, when it is made
 
     @property
     def params(self) -> MethodParams:

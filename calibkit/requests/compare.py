@@ -132,6 +132,7 @@ class CompareRequest:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "traffic", Traffic.parse(self.traffic))
+        self.validate()  # a request that exists is valid: checked once, when it is made
 
     @property
     def measures_sensitivity(self) -> bool:

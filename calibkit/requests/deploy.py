@@ -109,6 +109,7 @@ class DeployRequest:
             value = getattr(self, name)
             if isinstance(value, (str, os.PathLike)):  # anything else is left for validate() to refuse
                 object.__setattr__(self, name, Path(value))
+        self.validate()  # a request that exists is valid: checked once, when it is made
 
     @property
     def requested_k(self) -> int | None:

@@ -37,6 +37,9 @@ class ResourceOptions:
     memory_budget: str | int = option(DEFAULT_MEMORY_BUDGET, cli_type=str, help=MEMORY_BUDGET_HELP)
     max_batch_tokens: int | None = option(None, bound=COUNT_OR_NONE, help=MAX_BATCH_TOKENS_HELP)
 
+    def __post_init__(self) -> None:
+        self.validate()  # checked once, when the value is made
+
     def validate(self) -> None:
         """UsageError for a number out of range or a memory budget that is no size (before any work)."""
         from calibkit.data.encode import parse_size

@@ -58,6 +58,9 @@ class SampleRequest:
                                     help="Longest text in tokens (None: the tokenizer's maximum, else 512).")
     min_per_stratum: int = option(1, cli=False, api=False, help="Fewest texts drawn from each non-empty stratum.")
 
+    def __post_init__(self) -> None:
+        self.validate()  # a request that exists is valid: checked once, when it is made
+
     @property
     def out_dir(self) -> Path:
         """``out``, by default calibration_sets/<log stem>-n<size>-s<seed>."""

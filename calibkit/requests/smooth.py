@@ -50,6 +50,7 @@ class SmoothRequest:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "alpha", coerce(Alpha, self.alpha))
+        self.validate()  # a request that exists is valid: checked once, when it is made
 
     @property
     def fixed_alpha(self) -> float | None:

@@ -177,6 +177,7 @@ class TuneRequest:
         object.__setattr__(self, "traffic", Traffic.parse(self.traffic))
         for name, kind in (("method", TuneMethod), ("target", Target), ("decision_rule", DecisionRuleName)):
             object.__setattr__(self, name, coerce(kind, getattr(self, name)))
+        self.validate()  # a request that exists is valid: checked once, when it is made
 
     @property
     def holdout_fraction(self) -> float:

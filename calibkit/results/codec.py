@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 
 from calibkit.errors import DataError
 from calibkit.results.documents import DeployResult, PlanDocument
-from calibkit.results.files import CalibrationDocument, DemoSummary, TrtProfiles
+from calibkit.results.files import CalibrationDocument, DemoSummary, EngineSidecar, SmoothingRecord, TrtProfiles
 from calibkit.results.runs import Comparison, Result, TuneResult
 from calibkit.types import CalibrationTable
 
@@ -467,15 +467,19 @@ def _check(value: object, path: str, domain: tuple[float, float] | None, signed:
 
 
 # ---------------------------------------------------------------- documents beside the reports
-# calibration.json and the demo's summary.json (results/files.py): the same mapping, their own format tags,
+# calibration.json, smoothing.json, engine sidecars, trt_profiles.json and the demo's summary.json
+# (results/files.py): the same mapping, their own format tags,
 # read leniently (documents of earlier versions lack newer fields). A CalibrationTable keeps its own JSON form
 # (each range with its scale).
 
 CALIBRATION_FORMAT = "calibkit-calibration/1"
 DEMO_FORMAT = "calibkit-demo/1"
 TRT_PROFILES_FORMAT = "calibkit-trt-profiles/1"
+SMOOTHING_FORMAT = "calibkit-smoothing/1"  # also the tag of the record a smoothed model's metadata holds
+ENGINE_FORMAT = "calibkit-engine/1"
 DOCUMENT_FORMATS: dict[type, str] = {CalibrationDocument: CALIBRATION_FORMAT, DemoSummary: DEMO_FORMAT,
-                                     TrtProfiles: TRT_PROFILES_FORMAT}
+                                     TrtProfiles: TRT_PROFILES_FORMAT, SmoothingRecord: SMOOTHING_FORMAT,
+                                     EngineSidecar: ENGINE_FORMAT}
 _DOCUMENT_HINT = "pass the file calibkit wrote, unedited, or write it again with the command that made it"
 
 
@@ -503,6 +507,27 @@ def parse_document(cls: type[_D], doc: Any, *, source: str | Path | None = None)
         if source is None:
             raise
         raise DataError(f"{source}: {exc.message}", hint=exc.hint) from None
+
+
+def read_smoothing(folder: str | Path) -> SmoothingRecord | None:
+    """``folder``'s smoothing.json (a smoothed model folder's record) as its typed record; None when the folder
+    holds none. One that is not a record calibkit writes (hand-edited, truncated, another format) raises a
+    DataError naming the file and the field."""
+    from calibkit._io import read_json
+    from calibkit.provenance import SMOOTHING_JSON
+
+    path = Path(folder) / SMOOTHING_JSON
+    if not path.is_file():
+        return None
+    hint = "smooth the model again: `calibkit smooth`"
+    try:
+        doc = read_json(path)
+    except (OSError, ValueError, RecursionError) as exc:
+        raise DataError(f"{path} is not readable JSON ({type(exc).__name__})", hint=hint) from None
+    record = parse_document(SmoothingRecord, doc, source=path)
+    if len(record.source_sha256) != 64 or not 0 <= record.smoothed <= record.groups:
+        raise DataError(f"{path}: its source sha256 or smoothed count is not one calibkit writes", hint=hint)
+    return record
 
 
 def _calibration_table(data: object, path: str) -> CalibrationTable:

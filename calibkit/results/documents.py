@@ -309,6 +309,8 @@ class ServedLatency:
     fp32_median_ms: float
     served_median_ms: float
     speedup: float
+    shortest: int | None = None  # the batches' texts: of this many tokens or more (None: any length)
+    longest: int | None = None  # and this many or fewer (the length bucket most requests fall in)
 
 
 @dataclass(frozen=True)
@@ -327,6 +329,7 @@ class ServedMeasurement:
     calibration_texts_left_out: int = 0
     cosine: float | None = None  # embeddings: mean cosine to FP32's vectors
     speed: Speed | None = None  # at batch 1 and at the measurement's batch size, with the spread of single rounds
+    agreement_batch: int | None = None  # texts per batch of the agreement pass (None: written before it was recorded)
 
 
 # ---------------------------------------------------------------- deploy.json

@@ -1,5 +1,7 @@
 """The typed values of the documents calibkit writes beside the compare and tune reports: ``calibration.json``
-(:class:`CalibrationDocument`) and the demo's ``summary.json`` (:class:`DemoSummary`). Like the results of
+(:class:`CalibrationDocument`), a smoothed model folder's ``smoothing.json`` (:class:`SmoothingRecord`), an
+engine's sidecar (:class:`EngineSidecar`), a TensorRT repository's ``trt_profiles.json`` (:class:`TrtProfiles`)
+and the demo's ``summary.json`` (:class:`DemoSummary`). Like the results of
 :mod:`calibkit.results.runs`, each mirrors its JSON document field by field, and :mod:`calibkit.results.codec`
 writes and parses it from these annotations, with its own format tag.
 
@@ -25,7 +27,7 @@ from calibkit.results.runs import (
     Speed,
     TimeEstimate,
 )
-from calibkit.types import CalibrationTable
+from calibkit.types import CalibrationTable, Precision
 
 #: field metadata: leave the field out of the JSON document while its value is None
 OMIT_IF_NONE = {"omit_if_none": True}
@@ -349,3 +351,93 @@ class TrtProfiles:
     plan: str
     workspace_mib: int
     profiles: tuple[dict[str, int], ...]
+
+
+# ---------------------------------------------------------------- smoothing.json
+
+
+@dataclass(frozen=True)
+class SmoothedActivation:
+    """One activation feeding MatMul/Gemm weights: the alpha chosen (None: left as it was, smoothing would not
+    reduce the error), the relative squared error of its fake-quantized product before and after, and the range
+    of the per-channel scale applied (None when not smoothed)."""
+
+    tensor: str
+    alpha: float | None
+    error_before: float | None
+    error_after: float | None
+    gain_db: float
+    scale_min: float | None
+    scale_max: float | None
+
+
+@dataclass(frozen=True)
+class SmoothingRecord:
+    """A smoothed model folder's ``smoothing.json`` (``calibkit smooth``'s, and the copy tune smooths into
+    ``OUT/smoothed-model``): the model it was smoothed from (``source_model``, relative to the file's folder,
+    and its sha256), the calibration set's id, what the statistics read, and per activation what was done."""
+
+    alpha: str | float  # "auto", or the --alpha given
+    source_sha256: str
+    calibration_set_id: str
+    calibkit: str
+    paths: str  # provenance.PATHS_RELATIVE: its relative paths are relative to its own folder
+    source_model: str
+    texts: int
+    tokens: int
+    sampled_rows: Mapping[str, int]
+    groups: int
+    smoothed: int
+    not_smoothed_layout: tuple[str, ...]
+    max_output_deviation: float
+    layers: tuple[SmoothedActivation, ...]
+    timings: Mapping[str, float]
+
+
+# ---------------------------------------------------------------- an engine's sidecar
+
+
+@dataclass(frozen=True)
+class EngineBuildFacts:
+    """What ``calibkit build`` adds to a sidecar of what it made, each field present only where it applies: the
+    Q/DQ layout of an INT8 model (``target``, the layout its ranges were measured in, its 7- or 8-bit weights,
+    nodes quantized and tensors with no or a zero range), the FP16 nodes of an FP16 model, the Q/DQ file an
+    engine was built from, the model a smoothed copy was smoothed from, and TensorRT's build outputs."""
+
+    target: str | None = absent()
+    measured_layout: str | None = absent()
+    quantized_nodes: int | None = absent()
+    missing_ranges: tuple[str, ...] | None = absent()
+    zero_ranges: tuple[str, ...] | None = absent()
+    weight_bits: int | None = absent()
+    fp16_nodes: int | None = absent()
+    qdq_source: str | None = absent()
+    smoothed_from_sha256: str | None = absent()
+    profile: Mapping[str, int] | None = absent()
+    timing_cache: str | None = absent()
+    layers_json: str | None = absent()
+    tensorrt_version: str | None = absent()
+
+
+@dataclass(frozen=True)
+class EngineSidecar:
+    """``ENGINE.calibkit.json``, beside every engine file ``calibkit build`` writes: what the file holds
+    (precision, the backend it runs in, the nodes kept out of INT8/FP16), what it was built from (the source
+    model, calibration.json and tokenizer folder, relative to the sidecar's folder, each with its sha256), the
+    versions that built it, and :class:`EngineBuildFacts`. ``engine_fingerprint`` tells this build's file from
+    another one written under the same name (``enginefiles.artifact.fingerprint``)."""
+
+    path: str  # the engine file's name, in the sidecar's folder
+    precision: Precision
+    backend: str
+    source_model_sha256: str
+    calibration_sha256: str | None
+    tokenizer: str | None
+    kept_higher_precision: tuple[str, ...]
+    source_model: str | None
+    calibration_json: str | None
+    tokenizer_sha256: str | None
+    labels_sha256: str | None
+    versions: Mapping[str, str]
+    extra: EngineBuildFacts
+    engine_fingerprint: str | None = None

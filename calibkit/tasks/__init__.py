@@ -30,6 +30,7 @@ from calibkit.tasks.embedding import (
 from calibkit.tasks.multi_label import MultiLabelTask, multi_hot
 from calibkit.tasks.registry import (
     TASKS,
+    check_label_count,
     choose_task,
     kind_names,
     model_outputs,
@@ -52,6 +53,7 @@ from calibkit.tasks.token_classification import (
 )
 
 __all__ = [
+    "check_label_count",
     "EMBEDDING_OUTPUTS", "REGRESSION_TOLERANCE", "RETRIEVAL_K", "SEQUENCE_OUTPUTS", "TASKS", "ClassificationTask",
     "EmbeddingTask", "EngineScore", "EntityScore", "KindTraits", "ModelFacts", "MultiLabelTask",
     "NeighbourAgreement", "RegressionTask", "Task", "TaskScore", "TokenClassificationTask", "TokenGoldMetrics",

@@ -91,3 +91,19 @@ def model_outputs(model: object) -> dict[str, int | None]:
         tt = o.type.tensor_type
         out[o.name] = len(tt.shape.dim) if tt.HasField("shape") else None
     return out
+
+
+def check_label_count(task: Task, model: object, label: str) -> None:
+    """Refuse, before any inference, a model whose output has a fixed class axis of another size than the label
+    names config.json gives the task (a config.json from another checkpoint): ``label`` names the model."""
+    if not task.labels:
+        return
+    for o in model.graph.output:  # type: ignore[attr-defined]
+        if o.name != task.output_name or not o.type.tensor_type.HasField("shape"):
+            continue
+        dims = o.type.tensor_type.shape.dim
+        width = dims[-1].dim_value if len(dims) and dims[-1].HasField("dim_value") else 0
+        if width and width != len(task.labels):
+            raise ModelError(f"{label} returns {width} scores per text in {o.name!r} but its config.json names "
+                             f"{len(task.labels)} labels (id2label)",
+                             hint="use the config.json of the checkpoint the model was exported from")
