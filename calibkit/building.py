@@ -346,8 +346,7 @@ def _facts(extra: Mapping[str, object]) -> EngineBuildFacts:
     """What the build steps gathered, as the sidecar's typed facts (a key it does not declare is a bug here)."""
     from calibkit.results.files import EngineBuildFacts
 
-    return EngineBuildFacts(**{k: tuple(v) if isinstance(v, list) else v  # type: ignore[arg-type]
-                               for k, v in extra.items()})
+    return EngineBuildFacts(**{k: tuple(v) if isinstance(v, list) else v for k, v in extra.items()})
 
 
 def _reduce_range(req: BuildRequest, target: object) -> bool:

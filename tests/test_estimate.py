@@ -313,7 +313,7 @@ def test_the_demo_prices_its_steps_after_sampling_and_names_fast_as_the_shortcut
     e, _ = _time_estimate(WorkflowOptions(), setup, events.append)
     assert [ev.task for ev in events] == [ESTIMATE_TASK]
     assert events[0].message.startswith("the rest of the demo will take about")
-    assert [s.step for s in e.steps] == ["smooth", "calibrate", "method accuracy", "compare", "tune"]
+    assert [s.step for s in e.steps] == ["smooth", "calibrate", "method accuracy", "compare", "tune", "deploy"]
     assert e.measured_texts == 64 and e.text_seconds > 0
     # the full variant at the speed of the demo's classifier: --fast, the quick variant, is the shortcut
     full = DemoSize(eval_texts=1057, calibration=512, nodes=49, methods=4, smooth=True, traffic=10_500,
@@ -327,7 +327,7 @@ def test_the_demo_prices_its_steps_after_sampling_and_names_fast_as_the_shortcut
                        tune_sensitivity_samples=quick.tune_sensitivity_samples)
     demo = estimate(demo_steps(full), 83 / 11_557, 64, shortcuts={"--fast": demo_steps(fast)})
     assert demo.shortcut is not None and demo.shortcut.option == "--fast"
-    assert demo.shortcut.likely_seconds < demo.likely_seconds / 5
+    assert demo.shortcut.likely_seconds < demo.likely_seconds / 2  # the speed rounds and deploy cost both alike
     tune = next(s for s in demo.steps if s.step == "tune")  # the demo's tune is its longest step
     assert tune.likely_seconds == max(s.likely_seconds for s in demo.steps) > demo.likely_seconds / 3
     # the index page's Time section says what was estimated and what it took

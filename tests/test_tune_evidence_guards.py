@@ -13,7 +13,6 @@ from calibkit.data.calibset import write_calibration_set
 from calibkit.data.dedup import digest, normalize
 from calibkit.errors import UsageError
 from calibkit.evaluate.traffic import TrafficOptions, draw_traffic
-from calibkit.evaluate.tune import _check_config
 from calibkit.evidence.holdout import NOT_CHECKED, holdout_verdict
 from calibkit.evidence.split import split_evidence
 from calibkit.requests.tune import TuneRequest
@@ -73,7 +72,7 @@ def test_a_target_the_holdout_has_no_texts_for_is_not_checked_not_dropped() -> N
 @pytest.mark.parametrize("cosine", [1.0, -1.0, 1.5])
 def test_min_cosine_outside_minus_one_to_one_is_refused_before_any_work(cosine: float) -> None:
     with pytest.raises(UsageError, match="--min-cosine"):
-        _check_config(TuneRequest(model="m", calibration_set="c", min_cosine=cosine))
+        TuneRequest(model="m", calibration_set="c", min_cosine=cosine)
 
 
 @pytest.mark.parametrize(("target", "meets"), [(99.0, False), (100.0, True)])

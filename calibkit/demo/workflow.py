@@ -290,6 +290,7 @@ def _time_estimate(options: WorkflowOptions, setup: _Setup, cb: ProgressCallback
         demo_steps,
         estimate,
         measure_text_seconds,
+        padded_tokens,
         token_counts,
     )
     from calibkit.evaluate.predict import predict_logits
@@ -297,12 +298,20 @@ def _time_estimate(options: WorkflowOptions, setup: _Setup, cb: ProgressCallback
     from calibkit.evaluate.tune_defaults import TUNE_AUTO_FINALISTS, TUNE_AUTO_TEXTS, TUNE_SENSITIVITY_SAMPLES
     from calibkit.graph import load_model
     from calibkit.quantize.placement import plan_placement
+    from calibkit.requests.deploy import DEFAULT_MEASURE_TEXTS
     from calibkit.requests.tune import TuneRequest
 
     with model_runner(setup.md.onnx_path, name="fp32") as r:
         seconds, n = measure_text_seconds(lambda xs: predict_logits(r, setup.tok, xs), setup.ev.texts, batch_size=32,
                                           seed=options.seed, lengths=lambda xs: token_counts(setup.tok, xs))
     nodes = len(plan_placement(load_model(setup.md.onnx_path)).nodes)
+    scale = 1.0
+    if setup.cset is not None and len(setup.cset.texts) and len(setup.ev):
+        # the log's texts (the calibration set is a stratified sample of them) against the eval texts timed
+        def per_text(texts: Sequence[str]) -> float:
+            return padded_tokens(token_counts(setup.tok, texts), 32) / len(texts)
+
+        scale = per_text(list(setup.cset.texts)) / max(1e-9, per_text(list(setup.ev.texts)))
 
     def size(o: WorkflowOptions) -> DemoSize:
         return DemoSize(
@@ -314,7 +323,8 @@ def _time_estimate(options: WorkflowOptions, setup: _Setup, cb: ProgressCallback
             layer_samples=o.layer_samples, tune_method=o.tune_method,
             max_evaluations=o.tune_max_evaluations or TuneRequest(model="", calibration_set="").max_evaluations,
             tune_sensitivity_samples=o.tune_sensitivity_samples or TUNE_SENSITIVITY_SAMPLES,
-            auto_texts_per_node=TUNE_AUTO_FINALISTS * TUNE_AUTO_TEXTS)
+            auto_texts_per_node=TUNE_AUTO_FINALISTS * TUNE_AUTO_TEXTS, traffic_scale=scale,
+            deploy_texts=DEFAULT_MEASURE_TEXTS)
 
     fast = {} if options.fast else {"--fast": demo_steps(size(WorkflowOptions.quick()))}
     e = estimate(demo_steps(size(options)), seconds, n, shortcuts=fast)

@@ -86,7 +86,8 @@ def measure_served(fp32: Path, served: Path, md: ModelDir, picked: MeasureTexts,
     at = speed.at_batch(batch) or speed.slowest
     latency = ServedLatency(batch_size=at.batch_size, batches=at.batches, threads=threads,
                             fp32_median_ms=at.reference_ms, served_median_ms=at.model_ms, speedup=at.speedup,
-                            shortest=bucket[0] if within else None, longest=bucket[1] if within else None)
+                            shortest=bucket[0] if within and bucket else None,
+                            longest=bucket[1] if within and bucket else None)
     return ServedMeasurement(texts=len(texts), task=task.kind, agreement=agreement, agreement_ci=interval,
                              latency=latency, seed=picked.seed, calibration_texts_left_out=picked.left_out,
                              cosine=cosine, speed=speed, agreement_batch=AGREEMENT_BATCH)

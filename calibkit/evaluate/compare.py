@@ -32,7 +32,14 @@ from calibkit.enginefiles.registry import is_onnx_engine
 from calibkit.engines.base import BaseRunner
 from calibkit.errors import CalibkitError, ModelError, UsageError
 from calibkit.evaluate.decisions import cost_settles, fidelity_basis, gate, layer_verdicts, recommend
-from calibkit.evaluate.estimate import announce, compare_size, estimate_compare, finish
+from calibkit.evaluate.estimate import (
+    announce,
+    compare_size,
+    estimate_compare,
+    finish,
+    padded_tokens,
+    token_counts,
+)
 from calibkit.evaluate.findings import FlaggedInput, group_flags
 from calibkit.evaluate.inputs import artifact, engine_calibration_set, load_evidence, load_traffic, not_an_input
 from calibkit.evaluate.jobs import load_calibration_table
@@ -339,8 +346,14 @@ def _time_estimate(engines: Sequence[EngineArtifact], eval_set: EvalSet, task: T
     clock that times each step against it."""
     texts = list(eval_set.texts)
     beside = len(traffic) if traffic is not None and tuple(traffic.texts) != tuple(texts) else 0
-    size = compare_size(engines, len(texts), beside, options,
-                        labelled=eval_set.has_labels and task.classifies, row_task=task.per_text)
+    scale = 1.0
+    if beside and texts:  # traffic texts priced by their padded tokens against the eval texts timed
+        def per_text(xs: Sequence[str]) -> float:
+            return padded_tokens(token_counts(tokenizer, xs), options.batch_size) / max(1, len(xs))
+
+        scale = per_text(list(traffic.texts)) / max(1e-9, per_text(texts))
+    size = compare_size(engines, len(texts), beside, options, labelled=eval_set.has_labels and task.classifies,
+                        row_task=task.per_text, traffic_scale=scale)
     sample = texts or (list(traffic.texts) if traffic is not None else [])
     estimate = estimate_compare(engines, size, resources.runner_factory.engine, tokenizer, task, sample, options,
                                 resources.executor)

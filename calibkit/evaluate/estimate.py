@@ -40,7 +40,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from calibkit.evaluate.speed import SERVED_CHECK_TEXTS, SPEED_LARGE_BATCHES, SPEED_ROUNDS, SPEED_SINGLE_TEXTS
+from calibkit.evaluate.speed import (
+    SERVED_CHECK_TEXTS,
+    SPEED_LARGE_BATCHES,
+    SPEED_ROUNDS,
+    SPEED_SECONDS,
+    SPEED_SINGLE_TEXTS,
+)
 from calibkit.evaluate.tune_defaults import (
     TUNE_AUTO_TEXTS,
     TUNE_CONFIRM_CANDIDATES,
@@ -74,6 +80,10 @@ TUNE_TEXT_FACTOR = 2.0
 #: a served model's text in a speed round against a reference-pass text: batch-1 texts alone and batches padded
 #: to their longest (the same run: 73 s for FP32 and four plans, a warm-up and three rounds, builds included)
 SPEED_TEXT_COST = 6.7
+#: a text of compare's sensitivity variants (the switchboard, on the local pool) against an FP32 text timed on
+#: the run's batches: 1.14 on the demo embedder (20,736 texts in 149 s at 6.3 ms), 1.7 on the demo classifier's
+#: short texts (2-core machine, quiet, commits 1df1a82 and 3402d7a; docs/measured.md)
+SENSITIVITY_TEXT_COST = 1.3
 #: texts timed by :func:`measure_text_seconds` (at least two of the run's batches), and texts whose lengths say
 #: how the run's batches pad
 MEASURE_TEXTS = 64
@@ -92,7 +102,10 @@ class Work:
     """One step of a long part, in texts: ``fp32`` texts through an FP32 session, ``qdq`` exact Q/DQ texts
     (likely; ``qdq_worst`` at worst, None: as likely), ``taps`` texts through a tapped model copy (a Q/DQ
     copy's texts counted twice);
-    ``on_executor``: its Q/DQ texts are work units of the run's executor (else the driver runs them)."""
+    ``on_executor``: its Q/DQ texts are work units of the run's executor (else the driver runs them);
+    ``speed_rounds``: per speed measurement, the FP32 texts one of its rounds costs, all its models together
+    (evaluate.speed counts as many rounds as :data:`SPEED_SECONDS` holds, within :data:`SPEED_ROUNDS`, after a
+    warm-up round)."""
 
     step: str
     fp32: float = 0.0
@@ -100,6 +113,7 @@ class Work:
     qdq_worst: float | None = None
     taps: float = 0.0
     on_executor: bool = True
+    speed_rounds: tuple[float, ...] = ()
 
     def texts(self, which: int) -> dict[str, float]:
         """Texts of each kind, likely (``which`` 0) or at worst (1)."""
@@ -117,9 +131,19 @@ def price(steps: Sequence[Work], text_seconds: float, lanes: float = 1.0) -> tup
     def cost(w: Work) -> float:
         n = w.texts(0)
         spread = lanes if w.on_executor else 1.0
-        return text_seconds * sum(COSTS[k] * n[k] / (spread if k == "qdq" else 1.0) for k in n)
+        return (text_seconds * sum(COSTS[k] * n[k] / (spread if k == "qdq" else 1.0) for k in n)
+                + sum(speed_seconds(r * text_seconds) for r in w.speed_rounds))
 
     return tuple(StepEstimate(w.step, cost(w) / SPREAD, cost(w) * SPREAD) for w in steps)
+
+
+def speed_seconds(round_seconds: float) -> float:
+    """Wall seconds of a speed measurement whose rounds take ``round_seconds`` each: a warm-up round, then as many
+    counted rounds as :data:`SPEED_SECONDS` holds, within :data:`SPEED_ROUNDS` (evaluate.speed.measure_speed)."""
+    if round_seconds <= 0:
+        return 0.0
+    counted = min(max(SPEED_SECONDS // round_seconds, SPEED_ROUNDS[0]), SPEED_ROUNDS[1])
+    return (counted + 1) * round_seconds
 
 
 def estimate(steps: Sequence[Work], text_seconds: float, measured_texts: int, *,
@@ -306,8 +330,7 @@ def tune_steps(z: TuneSize) -> list[Work]:
         # rounds of 128 texts (32 alone, 3 batches of 32) through FP32 and up to four served INT8 models: a
         # warm-up and three counted rounds (more where SPEED_SECONDS holds them), each model built first
         per_round = (SPEED_SINGLE_TEXTS + SPEED_LARGE_BATCHES * 32) * (1 + TUNE_CONFIRM_CANDIDATES)
-        steps.append(Work("speed", fp32=4 * per_round * SPEED_TEXT_COST, qdq_worst=0.0, taps=0.0,
-                          on_executor=False))
+        steps.append(Work("speed", speed_rounds=(per_round * SPEED_TEXT_COST,), on_executor=False))
         checked = min(SERVED_CHECK_TEXTS, z.holdout_traffic or z.holdout)
         steps.append(Work("served check", fp32=0.5 * checked, on_executor=False))
     return steps
@@ -440,6 +463,8 @@ class CompareSize:
     sensitivity: int = 0  # texts of the sensitivity subset (0: not measured)
     sensitivity_layers: int = 0  # nodes measured alone and all-but-alone
     speed: bool = False  # B timed against A as a server runs them (ONNX Runtime engines)
+    traffic_scale: float = 1.0  # a traffic text's padded tokens against an eval text's (the texts timed)
+    sensitivity_on_traffic: bool = False  # the sensitivity subset is drawn from the traffic
 
 
 def compare_steps(z: CompareSize) -> list[Work]:
@@ -449,16 +474,18 @@ def compare_steps(z: CompareSize) -> list[Work]:
 
     steps = [Work("evaluate engines", **engines(z.texts, z.engines), on_executor=False)]
     if z.traffic:
-        steps.append(Work("traffic", **engines(z.traffic, z.engines[:2]), on_executor=False))
+        steps.append(Work("traffic", **engines(round(z.traffic * z.traffic_scale), z.engines[:2]),
+                          on_executor=False))
     if z.layer_samples:
         steps.append(Work("per-layer measurements", taps=z.tapped * z.layer_samples))
     if z.sensitivity:  # all-INT8 and each layer alone; all but it where quantizing it alone does not settle it
         alone = z.sensitivity_layers * (1 + KEPT_ALONE_SHARE)
-        steps.append(Work("per-layer sensitivity", qdq=z.sensitivity * (1 + alone),
-                          qdq_worst=z.sensitivity * (1 + 2 * z.sensitivity_layers)))
-    if z.speed:  # a warm-up and up to nine rounds of 128 texts through A and B: 23 s on the demo embedder
+        texts = z.sensitivity * SENSITIVITY_TEXT_COST * (z.traffic_scale if z.sensitivity_on_traffic else 1.0)
+        steps.append(Work("per-layer sensitivity", qdq=texts * (1 + alone),
+                          qdq_worst=texts * (1 + 2 * z.sensitivity_layers)))
+    if z.speed:  # rounds of 128 texts (32 alone, 3 batches of 32) through A and B, a warm-up first
         per_round = SPEED_SINGLE_TEXTS + SPEED_LARGE_BATCHES * 32
-        steps.append(Work("speed", fp32=2 * (1 + SPEED_ROUNDS[1]) * per_round, on_executor=False))
+        steps.append(Work("speed", speed_rounds=(2 * per_round * SPEED_TEXT_COST,), on_executor=False))
     return steps
 
 
@@ -481,11 +508,12 @@ def compare_shortcuts(z: CompareSize) -> dict[str, list[Work]]:
 
 
 def compare_size(engines: Sequence[EngineArtifact], texts: int, traffic: int, options: CompareRequest, *,
-                 labelled: bool, row_task: bool) -> CompareSize:
+                 labelled: bool, row_task: bool, traffic_scale: float = 1.0) -> CompareSize:
     """The :class:`CompareSize` of a run: ``engines`` (A, B and the reference, enginefiles.artifact.EngineArtifact),
     ``texts`` in the eval set, ``traffic`` texts beside them, ``options`` (evaluate.compare.CompareOptions);
     ``labelled``: a labelled classifier (its sensitivity reads the eval set; others the traffic, when given);
-    ``row_task``: a task with per-text fidelity (whose sensitivity is measured)."""
+    ``row_task``: a task with per-text fidelity (whose sensitivity is measured); ``traffic_scale``: a traffic
+    text's padded tokens against an eval text's."""
     from calibkit.types import Backend, Precision
 
     kinds = tuple("fp32" if e.precision is Precision.FP32 else "qdq" for e in engines)
@@ -500,7 +528,8 @@ def compare_size(engines: Sequence[EngineArtifact], texts: int, traffic: int, op
     tapped = sum(1 if kind == "fp32" else 2 for kind in kinds)
     served = bool(getattr(options, "speed", False)) and all(e.backend is Backend.ONNXRUNTIME for e in engines[:2])
     return CompareSize(texts=texts, engines=kinds, traffic=traffic, layer_samples=layers, tapped=tapped,
-                       sensitivity=sensitivity, sensitivity_layers=k or 0, speed=served)
+                       sensitivity=sensitivity, sensitivity_layers=k or 0, speed=served, traffic_scale=traffic_scale,
+                       sensitivity_on_traffic=bool(traffic) and not labelled)
 
 
 def _quantized_nodes(path: PathLike) -> int:
@@ -550,6 +579,9 @@ class DemoSize:
     auto_texts_per_node: int  # Q/DQ texts method auto measures per node (tune's finalists x texts)
     tune_sensitivity_samples: int = TUNE_SENSITIVITY_SAMPLES
     compare_traffic: int | None = None  # compare's traffic texts (None: tune's)
+    traffic_scale: float = 1.0  # a log text's padded tokens against an eval text's (the texts timed)
+    served: bool = True  # tunes for ONNX Runtime (their plans timed, the served model checked) and compares timed
+    deploy_texts: int = 0  # texts deploy measures the served model on beside FP32 (0: no deploy step)
 
 
 def demo_steps(d: DemoSize) -> list[Work]:
@@ -559,8 +591,9 @@ def demo_steps(d: DemoSize) -> list[Work]:
     layers = min(d.layer_samples, d.eval_texts)
     vs_fp32 = CompareSize(d.eval_texts, ("fp32", "qdq"), d.traffic if d.compare_traffic is None else d.compare_traffic,
                           layers, 3, sens,
-                          min(d.sensitivity_layers or d.nodes, d.nodes))
-    vs_fp16 = CompareSize(d.eval_texts, ("qdq", "qdq", "fp32"), 0, layers, 5)
+                          min(d.sensitivity_layers or d.nodes, d.nodes), speed=d.served,
+                          traffic_scale=d.traffic_scale)
+    vs_fp16 = CompareSize(d.eval_texts, ("qdq", "qdq", "fp32"), 0, layers, 5, speed=d.served)
     steps = [Work("smooth", fp32=3 * d.calibration)] if d.smooth else []
     steps += [
         Work("calibrate", fp32=variants * d.calibration),
@@ -570,7 +603,12 @@ def demo_steps(d: DemoSize) -> list[Work]:
     ]
     if d.embedder_traffic:
         steps.append(_merged("embedder (tune + compare)", _demo_tune(d, 0, d.embedder_traffic)
-                             + compare_steps(CompareSize(d.eval_texts, ("fp32", "qdq"), 0, layers, 3))))
+                             + compare_steps(CompareSize(d.eval_texts, ("fp32", "qdq"), 0, layers, 3,
+                                                         speed=d.served))))
+    if d.deploy_texts:  # the served model and FP32 on traffic texts, then timed beside each other
+        per_round = SPEED_SINGLE_TEXTS + SPEED_LARGE_BATCHES * 32
+        steps.append(Work("deploy", fp32=2 * d.deploy_texts * d.traffic_scale,
+                          speed_rounds=(2 * per_round * SPEED_TEXT_COST,), on_executor=False))
     return steps
 
 
@@ -580,7 +618,7 @@ def _demo_tune(d: DemoSize, labelled: int, traffic: int) -> list[Work]:
 
     defaults = TuneRequest(model="", calibration_set="")
 
-    texts = labelled + traffic
+    texts = labelled + round(traffic * d.traffic_scale)  # in eval texts' worth of tokens: the texts timed
     share = defaults.holdout_fraction
     holdout = round(texts * share)
     auto = d.tune_method == "auto"
@@ -589,15 +627,16 @@ def _demo_tune(d: DemoSize, labelled: int, traffic: int) -> list[Work]:
                  auto_texts=d.auto_texts_per_node * d.nodes if auto else 0, race=defaults.race_texts,
                  calibration=d.calibration, candidate_share=STRATIFIED_SHARE, max_evaluations=d.max_evaluations,
                  search_traffic=round(traffic * (1 - share)), holdout_traffic=round(traffic * share),
-                 method=d.tune_method)
-    return [Work(FP32_PHASE, fp32=texts), *tune_steps(z)]
+                 method=d.tune_method, speed=d.served)
+    return [Work(FP32_PHASE, fp32=texts), *_at_tune_rate(tune_steps(z))]
 
 
 def _merged(step: str, works: Sequence[Work]) -> Work:
     """One step doing all of ``works`` (on the executor where any of them is)."""
     return Work(step, fp32=sum(w.fp32 for w in works), qdq=sum(w.qdq for w in works),
                 qdq_worst=sum(w.texts(1)["qdq"] for w in works), taps=sum(w.taps for w in works),
-                on_executor=any(w.on_executor for w in works))
+                on_executor=any(w.on_executor for w in works),
+                speed_rounds=tuple(r for w in works for r in w.speed_rounds))
 
 
 def token_counts(tokenizer: TextTokenizer, texts: Sequence[str]) -> np.ndarray:
