@@ -236,7 +236,7 @@ def test_regression_says_sensitivity_is_not_measured() -> None:
     from calibkit.tasks import choose_task
 
     task = choose_task({"logits": 2}, {"problem_type": "regression", "num_labels": 1}, "regression")
-    request = CompareRequest(engine_a="a.onnx", engine_b="b.onnx", **OPTS)
+    request = CompareRequest(engine_a="a.onnx", engine_b="b.onnx", eval_set="e.jsonl", **OPTS)
     ev, why = sensitivity_texts(task, [], [], None, None, None, request)  # type: ignore[arg-type]
     assert ev is None and "not measured for regression models" in why
 

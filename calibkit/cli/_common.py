@@ -397,13 +397,19 @@ def _force_progress() -> bool:
     return os.environ.get("CALIBKIT_PROGRESS", "") == "1"
 
 
+class _PrintableFormatter(logging.Formatter):
+    """Log lines as :func:`printable` shows text: a file name holding an ANSI escape or a bidi override is
+    written as its escape, not acted on by the terminal."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))
+
+
 def setup_logging(verbose: bool) -> None:
     _state["verbose"] = verbose
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_PrintableFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler])
 
 
 FORCE_HELP = ("Kept so existing scripts run; it lifts no refusal. A folder holding any file calibkit did not "
