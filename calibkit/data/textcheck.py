@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from pathlib import Path
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _INVISIBLE = frozenset({"Cf", "Cc", "Zs", "Zl", "Zp"})
@@ -31,3 +32,20 @@ def is_usable(text: str) -> bool:
     if text.isascii():
         return any(c.isprintable() and not c.isspace() for c in text)
     return any(unicodedata.category(c) not in _INVISIBLE for c in text)
+
+
+def is_utf16(head: bytes) -> bool:
+    """Whether a file's first bytes are UTF-16 text (calibkit reads UTF-8): a UTF-16 byte order mark, or the NUL
+    byte UTF-16 writes beside each ASCII character (Windows PowerShell's ``>`` writes such files)."""
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return True
+    head = head[: len(head) // 2 * 2][:16]
+    if len(head) < 4:
+        return False
+    even, odd = head[0::2], head[1::2]
+    return (odd.count(0) == len(odd) and 0 not in even) or (even.count(0) == len(even) and 0 not in odd)
+
+
+def utf16_hint(path: Path) -> str:
+    copy = path.with_name(f"{path.stem}.utf8{path.suffix}")
+    return f"convert it to UTF-8 first (iconv -f UTF-16 -t UTF-8 {path} > {copy}) and pass the copy"
