@@ -108,6 +108,36 @@ def test_a_statistics_entry_of_another_model_copied_in_is_named_and_replaced(tmp
     assert find_stats(other, key, ["a"], 64, tmp_path) is not None  # the other model's own entry is untouched
 
 
+@pytest.mark.parametrize("damage", ["ranges x4", "nan", "truncated", "empty"])
+def test_a_calibrations_damaged_stats_npz_is_refused_by_histogram(tmp_path: Path, damage: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """ck.histogram read calibrate's stats.npz unverified: rescaled or NaN ranges gave a histogram as if true, and
+    a truncated or empty file a zipfile or EOF traceback."""
+    import numpy as np
+
+    import calibkit as ck
+    from calibkit.data.calibset import write_calibration_set
+    from calibkit.errors import CalibrationError
+
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+    model = write_model_dir(tmp_path / "model")
+    write_calibration_set(tmp_path / "set", texts(20, seed=3), None, {})
+    stats = ck.calibrate(model, tmp_path / "set", tmp_path / "cal", method="minmax").stats_path
+    assert stats is not None and ck.histogram(tmp_path / "cal").count > 0
+    if damage in ("ranges x4", "nan"):
+        with np.load(stats, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        arrays["minmax"] = arrays["minmax"] * 4 if damage == "ranges x4" else np.full_like(arrays["minmax"], np.nan)
+        with open(stats, "wb") as fh:
+            np.savez_compressed(fh, **arrays)
+    else:
+        stats.write_bytes(stats.read_bytes()[:100] if damage == "truncated" else b"")
+    with pytest.raises(CalibrationError, match="failed verification" if damage in ("ranges x4", "nan")
+                       else "cannot read statistics") as err:
+        ck.histogram(tmp_path / "cal")
+    assert "re-run `calibkit calibrate`" in (err.value.hint or "")
+
+
 # -- inputs that are no regular file ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["fifo", "device"])
