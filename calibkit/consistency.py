@@ -278,8 +278,7 @@ def table_model_sha256(table_json: str | os.PathLike[str]) -> str | None:
     """The model sha256 a calibration.json records its table was computed for (None when absent or unreadable:
     the table's own loader says what is wrong with it)."""
     try:
-        with open(table_json, encoding="utf-8") as fh:
-            doc = json.load(fh)
+        doc = read_json(table_json)
     except (OSError, ValueError, RecursionError):
         return None
     table = doc.get("table") if isinstance(doc, dict) else None
