@@ -36,8 +36,8 @@ def no_hang(seconds: int = 10) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
-def _put_there(path: Path, kind: str, tmp_path: Path) -> Path | None:
-    """Something calibkit did not make at ``path``; returns the user's file it leads to, if any."""
+def _put_there(path: Path, kind: str, tmp_path: Path) -> Path:
+    """Something calibkit did not make at ``path``; returns the user's file (a link at ``path`` leads to it)."""
     theirs = tmp_path / "users-notes.txt"
     theirs.write_text("my notes\n")
     if kind == "symlink":
@@ -65,7 +65,7 @@ def test_what_calibkit_did_not_make_at_the_ledger_is_refused(tmp_path: Path, kin
     with no_hang(), pytest.raises(UsageError, match="not the file calibkit writes") as err:
         Ledger(work / "ledger.jsonl")
     assert str(work / "ledger.jsonl") in err.value.message and "remove or rename" in (err.value.hint or "")
-    assert theirs is not None and theirs.read_text() == "my notes\n"
+    assert theirs.read_text() == "my notes\n"
 
 
 def test_the_ledger_calibkit_made_is_read_and_appended(tmp_path: Path) -> None:
