@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import functools
 import hashlib
 import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -154,8 +156,43 @@ def write_json(path: str | os.PathLike[str], obj: object) -> None:
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:
-    with open(path, encoding="utf-8") as fh:
+    """The JSON document in the file ``path``. Anything but a regular file there (a FIFO, a device) is an
+    OSError naming what it is: opened without blocking, so a FIFO never hangs the run and ``/dev/zero`` is
+    never read without end."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"{file_kind(mode)}, not a regular file", os.fspath(path))
+        fh = os.fdopen(fd, encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
+    with fh:
         return json.load(fh)
+
+
+def file_kind(mode: int) -> str:
+    """What an ``st_mode`` that is not a regular file's stands for, in words ("a FIFO", "a folder", ...)."""
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def not_own_file(path: str | os.PathLike[str]) -> str | None:
+    """Why what stands at ``path`` cannot be a file calibkit made there (a symbolic link, a FIFO, a folder or
+    another special file, or a regular file with other names: hard links), looked at with ``lstat``, never
+    followed; None when it is a plain regular file or nothing stands there."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return file_kind(st.st_mode) + (f" (to {os.readlink(path)})" if stat.S_ISLNK(st.st_mode) else "")
+    return "a file with other names (hard links)" if st.st_nlink != 1 else None
 
 
 def _finite(obj: Any) -> Any:

@@ -85,6 +85,11 @@ def validate(req: BuildRequest) -> None:
     file system or TensorRT, so bad arguments fail before anything is computed or written."""
     if req.output.is_dir():
         raise UsageError(f"-o {req.output} is a folder; give the engine's file name")
+    if os.path.lexists(req.output) and not (req.output.is_file() and sidecar_path(req.output).is_file()):
+        # the command line refuses this too (cli/build.py); a library call wrote over any file
+        raise UsageError(f"-o {req.output} exists and was not written by `calibkit build` (no "
+                         f"{sidecar_path(req.output).name} beside it); it will not be overwritten",
+                         hint="pass a new file name to -o, or move the file away first")
     if req.backend is Backend.TENSORRT:
         _check_tensorrt_parsable(req)
         from calibkit.engines.tensorrt import load_tensorrt, require_cuda

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from calibkit._io import sha256_file
+from calibkit._io import read_json, sha256_file
 from calibkit.errors import CalibrationError, ModelError
 
 if TYPE_CHECKING:  # pragma: no cover - types only
@@ -58,7 +58,7 @@ def labels_sha256(path: str | os.PathLike[str]) -> str | None:
         key = (str(cfg.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
         if key in _LABELS:
             return _LABELS[key]
-        doc = json.loads(cfg.read_text(encoding="utf-8"))
+        doc = read_json(cfg)
     except (OSError, ValueError, RecursionError):
         return None
     _LABELS[key] = _labels_digest(doc)
@@ -276,8 +276,7 @@ def table_model_sha256(table_json: str | os.PathLike[str]) -> str | None:
     """The model sha256 a calibration.json records its table was computed for (None when absent or unreadable:
     the table's own loader says what is wrong with it)."""
     try:
-        with open(table_json, encoding="utf-8") as fh:
-            doc = json.load(fh)
+        doc = read_json(table_json)
     except (OSError, ValueError, RecursionError):
         return None
     table = doc.get("table") if isinstance(doc, dict) else None

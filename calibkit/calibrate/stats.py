@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -221,16 +222,24 @@ class StatsStore(Mapping[str, ActivationStats]):
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> StatsStore:
+        """The statistics saved at ``path``, verified as the cache's entries are (:func:`verify_store`): a file
+        that is truncated, edited (ranges rescaled, a NaN) or not a statistics file is a CalibrationError."""
         p = Path(path)
         if not p.is_file():
             raise CalibrationError(f"statistics file not found: {p}")
+        hint = "re-run `calibkit calibrate`, which writes the statistics again"
         try:
-            with np.load(p, allow_pickle=False) as z:
-                return cls.from_npz(z, p)
-        except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
-            raise CalibrationError(
-                f"cannot read statistics {p}: {exc}", hint="delete the file; calibrate collects them again"
-            ) from exc
+            with open(p, "rb") as fh, np.load(fh, allow_pickle=False) as z:  # closed when np.load fails too
+                store = cls.from_npz(z, p)
+        except CalibrationError:
+            raise
+        except (OSError, ValueError, KeyError, TypeError, IndexError, EOFError, RecursionError,
+                zipfile.BadZipFile) as exc:
+            raise CalibrationError(f"cannot read statistics {p}: {exc}", hint=hint) from exc
+        problems = verify_store(store)
+        if problems:
+            raise CalibrationError(f"statistics {p} failed verification ({'; '.join(problems[:3])})", hint=hint)
+        return store
 
     @classmethod
     def from_npz(cls, z: NpzFile, name: str | os.PathLike[str]) -> StatsStore:

@@ -179,6 +179,10 @@ def find_stats(
         if store is None:
             continue
         if store.meta.get("model_sha256") != model_sha256 or store.meta.get("stats_set_key") != stats_set_key:
+            if path == exact:  # an entry of another model or set under this one's name (copied in)
+                log.warning("statistics cache %s holds the statistics of another model or calibration set; "
+                            "collecting the statistics again", path)
+                _drop(path)
             continue
         if not want <= set(store):
             if path == exact:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from calibkit._io import atomic_dir, dumps_json, sha256_bytes, text_lines
+from calibkit._io import atomic_dir, dumps_json, file_kind, read_json, sha256_bytes, text_lines
 from calibkit.data.textcheck import decode_counted, has_lone_surrogate, is_usable
 from calibkit.errors import DataError
 from calibkit.provenance import document_path
@@ -53,7 +53,7 @@ class ManifestLog:
 def read_manifest(folder: Path) -> dict[str, Any] | None:
     """``folder/manifest.json`` as a JSON object; None when it is missing, unreadable or no object."""
     try:
-        doc = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+        doc = read_json(folder / MANIFEST)  # a FIFO or a device there is unreadable, never waited on
     except (OSError, ValueError, RecursionError):
         return None
     return doc if isinstance(doc, dict) else None
@@ -106,6 +106,9 @@ def load_calibration_set(path: str | Path) -> CalibrationSet:
     """Read a calibration-set folder, or a bare .jsonl file of ``{"text": ...}`` records."""
     p = Path(path)
     texts_path = p / TEXTS if p.is_dir() else p
+    if texts_path.exists() and not texts_path.is_file():
+        raise DataError(f"calibration set {texts_path} is {file_kind(texts_path.stat().st_mode)}, not a file",
+                        hint="pass a folder written by `calibkit sample`, or a .jsonl file of {\"text\": ...} records")
     if not texts_path.is_file():
         raise DataError(
             f"calibration set not found: {texts_path}",

@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from calibkit._deps import require
-from calibkit._io import text_lines
-from calibkit.data.textcheck import has_lone_surrogate, is_usable
+from calibkit._io import file_kind, text_lines
+from calibkit.data.textcheck import has_lone_surrogate, is_usable, is_utf16, utf16_hint
 from calibkit.errors import DataError
 
 log = logging.getLogger("calibkit.data.evalset")
@@ -112,7 +113,13 @@ def load_eval_set(
         else:
             rows = _read_hf_dataset(p, split)
     else:
+        mode = p.stat().st_mode
+        if not stat.S_ISREG(mode):  # read whole: a FIFO would block for good, /dev/zero fill the memory
+            raise DataError(f"eval set {p} is {file_kind(mode)}, not a file",
+                            hint=f"save the eval set to a file first, then pass that file ({_FORMATS})")
         suffix = p.suffix.lower()
+        if suffix in _TEXT_SUFFIXES and _utf16(p):
+            raise DataError(f"eval set {p} is UTF-16 text; calibkit reads eval sets in UTF-8", hint=utf16_hint(p))
         if suffix in (".jsonl", ".json", ".ndjson"):
             rows = _read_jsonl(p)
         elif suffix in (".csv", ".tsv", ".parquet", ".pq"):
@@ -120,6 +127,14 @@ def load_eval_set(
         else:
             raise DataError(f"eval set {p}: unknown format {suffix!r}", hint=f"pass {_FORMATS}")
     return _to_eval_set(p, rows, text_column, label_column, label_sets)
+
+
+_TEXT_SUFFIXES = (".jsonl", ".json", ".ndjson", ".csv", ".tsv")
+
+
+def _utf16(p: Path) -> bool:
+    with open(p, "rb") as fh:
+        return is_utf16(fh.read(16))
 
 
 SET_SEPARATOR = "\x1f"  # joins the labels of a multi-label example (no label name holds a unit separator)
@@ -271,9 +286,12 @@ def _read_polars(p: Path, suffix: str) -> list[dict[str, Any]]:
             df = pl.read_parquet(p)
     except Exception as exc:  # polars raises many unrelated exception types
         first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        hint = ("re-encode the file as UTF-8 (e.g. iconv -f LATIN1 -t UTF-8, naming the encoding it is in)"
+                if "utf-8" in first.lower() or "utf8" in first.lower() else
+                "check the file's quoting (a field that opens a quote must close it) and its header row; or convert "
+                "it to JSON Lines")
         raise DataError(f"cannot read eval set {p}: {first}",  # polars' advice below the first line is for coders
-                        hint="check the file's quoting (a field that opens a quote must close it) and its header "
-                        "row; or convert it to JSON Lines") from exc
+                        hint=hint) from exc
     return df.to_dicts()
 
 

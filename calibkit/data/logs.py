@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from calibkit.data.textcheck import has_lone_surrogate, is_usable, replace_surrogates
+from calibkit.data.textcheck import has_lone_surrogate, is_usable, is_utf16, replace_surrogates, utf16_hint
 from calibkit.errors import DataError
 
 log = logging.getLogger("calibkit.data.logs")
@@ -136,11 +136,13 @@ _BOM = b"\xef\xbb\xbf"
 
 def _check_compression(path: Path) -> None:
     with open(path, "rb") as fh:
-        head = fh.read(6)
+        head = fh.read(16)
     for magic, name, tool in _OTHER_COMPRESSIONS:
         if head.startswith(magic):
             raise DataError(f"{path} is {name}-compressed; calibkit reads JSON Lines plain or gzip-compressed",
                             hint=f"decompress it first ({tool} {path}), or recompress it with gzip")
+    if is_utf16(head):  # every line would be counted broken, with a hint about --text-field
+        raise DataError(f"{path} is UTF-16 text; calibkit reads JSON Lines in UTF-8", hint=utf16_hint(path))
 
 
 def _raw_blocks(path: Path, on_bytes: Callable[[bytes], None], st: ReadStats) -> Iterator[bytes]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from calibkit._io import read_json
 from calibkit.data.tokenizer import sequence_limit
 from calibkit.errors import ModelError
 
@@ -41,7 +42,7 @@ def read_config(folder: str | Path | None) -> Mapping[str, Any]:
     key = (str(cfg.resolve()), st.st_size, st.st_mtime_ns)
     if key not in _CONFIGS:
         try:
-            data = json.loads(cfg.read_text(encoding="utf-8"))
+            data = read_json(cfg)  # a FIFO or a device there is an OSError, never waited on
         except (OSError, ValueError, RecursionError) as exc:
             raise ModelError(f"cannot read {cfg}: {type(exc).__name__}: {exc}",
                              hint="config.json must be a JSON object as transformers writes it") from None

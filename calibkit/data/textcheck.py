@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import unicodedata
+from pathlib import Path
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _INVISIBLE = frozenset({"Cf", "Cc", "Zs", "Zl", "Zp"})
@@ -54,3 +55,20 @@ def decode_counted(data: bytes, what: str) -> str:
         "%s: %d line(s) hold bytes that are not UTF-8 (line %s); each such byte is read as U+FFFD; re-encode the "
         "file as UTF-8 to use those texts as written", what, len(bad), shown)
     return data.decode("utf-8", errors="replace")
+
+
+def is_utf16(head: bytes) -> bool:
+    """Whether a file's first bytes are UTF-16 text (calibkit reads UTF-8): a UTF-16 byte order mark, or the NUL
+    byte UTF-16 writes beside each ASCII character (Windows PowerShell's ``>`` writes such files)."""
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return True
+    head = head[: len(head) // 2 * 2][:16]
+    if len(head) < 4:
+        return False
+    even, odd = head[0::2], head[1::2]
+    return (odd.count(0) == len(odd) and 0 not in even) or (even.count(0) == len(even) and 0 not in odd)
+
+
+def utf16_hint(path: Path) -> str:
+    copy = path.with_name(f"{path.stem}.utf8{path.suffix}")
+    return f"convert it to UTF-8 first (iconv -f UTF-16 -t UTF-8 {path} > {copy}) and pass the copy"

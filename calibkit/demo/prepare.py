@@ -21,7 +21,16 @@ import numpy as np
 from calibkit._io import atomic_dir, atomic_open, read_json, sha256_file, write_json
 from calibkit.demo import archive
 from calibkit.errors import CalibkitError, DataError, ModelError, UsageError
-from calibkit.outdirs import MARKER, foreign_entries, is_replaceable, read_marker, tree, write_marker
+from calibkit.outdirs import (
+    MARKER,
+    claim_output,
+    foreign_entries,
+    is_replaceable,
+    read_marker,
+    release_claim,
+    tree,
+    write_marker,
+)
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.types import check_seed
 
@@ -80,8 +89,8 @@ class PrepareResult:
 
 def check_demo_folder(out: Path) -> None:
     """Refuse a demo folder that holds files calibkit did not write (prepare adds to it and replaces steps)."""
-    if not out.is_dir() or (out / "prepare.json").is_file() or read_marker(out) is not None:
-        return  # new, or written by an earlier prepare (with or without the marker)
+    if not out.is_dir() or read_marker(out) is not None or _read_manifest(out).get("format") == FORMAT_VERSION:
+        return  # new, or written by an earlier prepare (with or without the marker): not any file named prepare.json
     if any(out.iterdir()):
         raise UsageError(
             f"--out {out} holds files calibkit did not write ({foreign_entries(out)})",
@@ -123,9 +132,18 @@ def prepare_demo(
         raise UsageError(f"{out} exists and is not a folder", hint="pass --out with a folder path")
     check_demo_folder(out)
     out.mkdir(parents=True, exist_ok=True)
+    claimed = claim_output(out, option="--out")  # two prepares into one folder mixed their steps' files
+    try:
+        return _prepare(out, options, cache, progress or no_progress)
+    finally:
+        if claimed:
+            release_claim(out)
+
+
+def _prepare(out: Path, options: PrepareOptions, cache: Path | None, cb: ProgressCallback) -> PrepareResult:
+    """The steps of :func:`prepare_demo`, each reused while its key and recorded files are unchanged."""
     if read_marker(out) is None:
         write_marker(out, "demo assets")
-    cb = progress or no_progress
     manifest = _read_manifest(out)
     if manifest.get("format") != FORMAT_VERSION:
         manifest = {"format": FORMAT_VERSION, "steps": {}}

@@ -11,14 +11,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
-from calibkit._io import sha256_bytes, text_lines
-from calibkit.errors import CalibrationError
+from calibkit._io import not_own_file, sha256_bytes, text_lines
+from calibkit.errors import CalibrationError, UsageError
 from calibkit.evaluate.sensitivity import SensitivityJob, SensitivityResult, run_jobs
 from calibkit.executors import Executor, InProcessExecutor
 from calibkit.progress import ProgressCallback, ProgressEvent
@@ -34,7 +35,8 @@ class Ledger:
     deeply, or a record whose numbers are missing or not numbers (``"accuracy": null``) — is skipped and
     counted in ``skipped``: its evaluation simply runs again. A record that parses is verified against the job
     it is read back for before it is used (:func:`record_problem`: per-text vectors of the job's length, finite
-    shares, class ids of the model); one that fails is logged and evaluated again.
+    shares, class ids of the model); one that fails is logged and evaluated again. Only the plain file calibkit
+    makes is read or appended to: anything else at its path (a link, a FIFO, a folder) is a UsageError.
     """
 
     _NUMBERS = ("accuracy", "logit_mse", "mean_kl", "seconds")
@@ -43,8 +45,11 @@ class Ledger:
         self.path = path
         self._done: dict[str, dict[str, Any]] = {}
         self.skipped = 0
+        self._refuse_foreign()
         if path.is_file():
-            for line in text_lines(path.read_text(encoding="utf-8", errors="replace")):
+            with self._open(os.O_RDONLY) as fh:
+                text = fh.read().decode("utf-8", errors="replace")
+            for line in text_lines(text):
                 if not line.strip():
                     continue
                 try:
@@ -77,10 +82,35 @@ class Ledger:
         rec = {**record, "key": key}
         self._done[key] = rec
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(rec, sort_keys=True, allow_nan=True) + "\n")
+        with self._open(os.O_WRONLY | os.O_APPEND | os.O_CREAT) as fh:
+            fh.write((json.dumps(rec, sort_keys=True, allow_nan=True) + "\n").encode("utf-8"))
             fh.flush()
             os.fsync(fh.fileno())
+
+    def _refuse_foreign(self) -> None:
+        """A UsageError when what stands at the ledger's path is not a file calibkit made: a symbolic link or a
+        hard link would have tune append its records to another file, a FIFO would block the run for good."""
+        why = not_own_file(self.path)
+        if why is not None:
+            raise UsageError(f"tune's ledger {self.path} is {why}, not the file calibkit writes; it is neither read "
+                             "nor written through",
+                             hint=f"remove or rename {self.path} (calibkit did not make it), then run again")
+
+    def _open(self, flags: int) -> BinaryIO:
+        """The ledger opened with ``flags``, never through a link and never blocking; refused as
+        :meth:`_refuse_foreign` does when what is open is not calibkit's plain file."""
+        extra = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(self.path, flags | extra, 0o666)
+        except OSError:  # a link (ELOOP) or a FIFO without a reader (ENXIO) swapped in since: named
+            self._refuse_foreign()
+            raise
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+            return os.fdopen(fd, "ab" if flags & os.O_APPEND else "rb")
+        os.close(fd)
+        self._refuse_foreign()
+        raise UsageError(f"tune's ledger {self.path} changed while it was opened", hint="run again")
 
 
 def job_key(job: SensitivityJob, table_sha: str, model_sha: str) -> str:
