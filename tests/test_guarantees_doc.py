@@ -18,6 +18,7 @@ import pytest
 import typer
 from calib_helpers import texts, tiny_model, write_model_dir
 from cli_helpers import build_engines, flat, run
+from test_tune_pipeline import sensitive_folder
 
 import calibkit as ck
 import calibkit.calibrate.smoothing as smoothing
@@ -590,3 +591,38 @@ def test_control_characters_in_a_log_line_are_shown_as_escapes(tmp_path: Path) -
     assert "is older than" in done.stderr, done.stderr  # the log line was printed
     assert "\x1b" not in done.stderr and "\u202e" not in done.stderr
     assert "\\x1b" in done.stderr
+
+
+# -- tune --out O --report D: committed together ---------------------------------------------------------------
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_tune_failing_on_a_full_disk_keeps_out_and_report_of_one_run(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import calibkit.report.render as render
+
+    monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
+    f = sensitive_folder(tmp_path, 200)
+    out, rep = tmp_path / "o", tmp_path / "rep"
+    args = ["tune", f["model"], "-c", f["cset"], "-e", f["eval"], "--out", out, "--report", rep, "--method", "minmax",
+            "--no-smooth", "--workers", "1"]
+    r = run(*args)
+    assert r.exit_code == 0, r.output
+    for folder in (out, rep):  # what the first run wrote, marked
+        doc = folder / ("tune.json" if folder == out else "report.json")
+        doc.write_text(doc.read_text().replace("{", '{"marker-of-the-first-run": true, ', 1))
+    before = (_files(out), _files(rep))
+    real = render.write_text
+
+    def full(path: object, text: str) -> None:
+        if str(path).endswith(".html"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path, text)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(render, "write_text", full)
+    r = run(*args)
+    assert r.exit_code == 2 and "No space left" in flat(r), r.output
+    assert (_files(out), _files(rep)) == before, "both outputs of the first run"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith((".tmp", ".old"))) == []
