@@ -101,8 +101,12 @@ def changed_files(folder: Path, names: Iterable[str] | None = None) -> list[str]
 
 
 def read_marker(folder: Path) -> dict | None:
+    """The folder's marker, when a regular file of calibkit's format stands there: a link (to another
+    folder's marker, say), a FIFO or anything else is no marker, and its folder the user's."""
+    from calibkit._io import read_json
+
     try:
-        rec = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+        rec = read_json(folder / MARKER, follow=False)
     except (OSError, ValueError, RecursionError):
         return None
     return rec if isinstance(rec, dict) and rec.get("format") == MARKER_FORMAT else None
@@ -519,7 +523,7 @@ def guard_output_file(path: str | os.PathLike[str], *, inputs: Iterable[object] 
     check_not_input(path, inputs, option=option, inside_ok=True)
     check_writable(path, option=option, is_file=True)
     p = Path(path)
-    if owned is not None and p.is_file() and not owned(p):
+    if owned is not None and os.path.lexists(p) and not (p.is_file() and not p.is_symlink() and owned(p)):
         raise UsageError(f"{option} {p} exists and was not written by calibkit; it will not be overwritten",
                          hint=f"pass a new file name to {option}, or move the file away first")
 

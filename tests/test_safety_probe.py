@@ -336,10 +336,8 @@ def test_two_prepares_into_one_folder_the_second_is_refused(tmp_path: Path, no_p
     assert not out.exists() or list(out.iterdir()) == []
 
 
-# -- found here, fixed in files being changed elsewhere (see the strict xfail reasons) --------------------------
+# -- reused state found by the probe: markers, external weights, a copied smoothed model ------------------------
 
-@pytest.mark.xfail(strict=True, raises=Blocked,
-                   reason="outdirs.read_marker reads .calibkit-output.json with read_text: a FIFO there blocks")
 def test_a_fifo_at_an_output_marker_is_refused_not_waited_on(tmp_path: Path) -> None:
     from calibkit.outdirs import MARKER, check_replaceable
 
@@ -351,8 +349,6 @@ def test_a_fifo_at_an_output_marker_is_refused_not_waited_on(tmp_path: Path) -> 
 
 
 
-@pytest.mark.xfail(strict=True, reason="enginefiles/artifact.fingerprint hashes the engine's .onnx alone, not the "
-                                       "external-data file build writes beside it")
 def test_an_engines_external_weights_edited_after_build_are_noticed(tmp_path: Path) -> None:
     import onnx
 
@@ -374,8 +370,6 @@ def test_an_engines_external_weights_edited_after_build_are_noticed(tmp_path: Pa
         EngineArtifact.load(engine)
 
 
-@pytest.mark.xfail(strict=True, reason="evaluate/tune._smoothed_variant reuses OUT's work folder smoothed-model "
-                                       "by its smoothing.json alone, never checking model.onnx is smooth's")
 def test_a_model_copied_over_tunes_smoothed_model_is_not_reused(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """A smoothed model is reused from the work folder of an interrupted run only as smooth wrote it: one
@@ -404,7 +398,6 @@ def test_a_model_copied_over_tunes_smoothed_model_is_not_reused(tmp_path: Path,
     assert (r.exit_code != 0 and "smoothed-model" in flat(r)) or (r.exit_code == 0 and not used), r.output
 
 
-@pytest.mark.xfail(strict=True, reason="outdirs.read_marker follows a symbolic link at .calibkit-output.json")
 def test_a_link_at_an_output_marker_never_makes_a_users_folder_replaceable(tmp_path: Path) -> None:
     """A marker linked from another folder calibkit wrote (with the same file names) made the user's folder look
     like calibkit's: the next run into it deleted the user's thesis.docx."""
@@ -421,3 +414,19 @@ def test_a_link_at_an_output_marker_never_makes_a_users_folder_replaceable(tmp_p
         with atomic_dir(mine) as d:
             (d / "x").write_text("x")
     assert (mine / "thesis.docx").read_text() == "four years of work"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link", "dangling"])
+def test_a_fifo_or_a_link_at_a_single_output_file_is_refused_not_replaced(tmp_path: Path, kind: str) -> None:
+    from calibkit.outdirs import guard_output_file
+
+    target = tmp_path / "notes.txt"
+    target.write_text("mine")
+    out = tmp_path / "report.json"
+    if kind == "fifo":
+        os.mkfifo(out)
+    else:
+        out.symlink_to(target if kind == "link" else tmp_path / "gone")
+    with no_hang(5), pytest.raises(UsageError, match="was not written by calibkit"):
+        guard_output_file(out, option="--json", owned=lambda p: True)
+    assert target.read_text() == "mine" and os.path.lexists(out)

@@ -52,15 +52,31 @@ def _no_sidecar_hint(p: Path) -> str:
 
 def fingerprint(engine: Path) -> str:
     """Size and the sha256 of the first and last MiB: cheap on a 1.3 GB engine, and it tells one build from
-    another (an FP32 file from the INT8 one an interrupted rebuild left under its sidecar), copies alike."""
+    another (an FP32 file from the INT8 one an interrupted rebuild left under its sidecar), copies alike. An ONNX
+    engine whose weights are external data files adds each file's name, size and edges, so a weights file edited
+    beside an unchanged .onnx is another engine (one without external data keeps the fingerprint it had)."""
+    from calibkit.consistency import external_data_names
+
     size = engine.stat().st_size
     h = hashlib.sha256(str(size).encode())
-    with open(engine, "rb") as fh:
+    _edges(h, engine, size)
+    if engine.suffix == ".onnx":
+        for name in sorted(external_data_names(engine)):
+            part = engine.parent / name
+            h.update(b"\0" + name.encode("utf-8", "surrogateescape") + b"\0")
+            if part.is_file():
+                n = part.stat().st_size
+                h.update(str(n).encode())
+                _edges(h, part, n)
+    return f"{size}:{h.hexdigest()[:32]}"
+
+
+def _edges(h: hashlib._Hash, path: Path, size: int) -> None:
+    with open(path, "rb") as fh:
         h.update(fh.read(_EDGE))
         if size > 2 * _EDGE:
             fh.seek(size - _EDGE)
         h.update(fh.read(_EDGE))
-    return f"{size}:{h.hexdigest()[:32]}"
 
 
 @dataclass(frozen=True)

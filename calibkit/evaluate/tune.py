@@ -538,6 +538,7 @@ def _smoothed_variant(model_dir: ModelDir, model: _Model, cset: CalibrationSet, 
     nothing to smooth or is smoothed already."""
     from calibkit.calibrate.smoothing import smooth
     from calibkit.errors import DataError, ModelError
+    from calibkit.outdirs import changed_files
     from calibkit.requests.smooth import SmoothRequest
     from calibkit.results.codec import read_smoothing
 
@@ -546,6 +547,9 @@ def _smoothed_variant(model_dir: ModelDir, model: _Model, cset: CalibrationSet, 
         record = read_smoothing(folder)
     except DataError as exc:
         log.warning("the smoothed copy of an earlier run is smoothed again: %s", exc.message)
+        record = None
+    if record is not None and (changed := changed_files(folder)):
+        log.warning("%s: %s changed since smooth wrote it; smoothing again", folder, ", ".join(changed))
         record = None
     if not (record is not None and record.source_sha256 == model.sha and record.calibration_set_id == cset.id
             and (folder / "model.onnx").is_file()):
