@@ -155,13 +155,11 @@ def write_json(path: str | os.PathLike[str], obj: object) -> None:
     write_text(path, dumps_json(obj))
 
 
-def read_json(path: str | os.PathLike[str], *, follow: bool = True) -> Any:
+def read_json(path: str | os.PathLike[str]) -> Any:
     """The JSON document in the file ``path``. Anything but a regular file there (a FIFO, a device) is an
     OSError naming what it is: opened without blocking, so a FIFO never hangs the run and ``/dev/zero`` is
-    never read without end. ``follow=False``: a symbolic link there is an OSError too (a file calibkit made
-    in a folder of its own is never a link)."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags if follow else flags | getattr(os, "O_NOFOLLOW", 0))
+    never read without end."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+import stat as _stat
 import socket
 import tempfile
 import threading
@@ -103,10 +104,16 @@ def changed_files(folder: Path, names: Iterable[str] | None = None) -> list[str]
 def read_marker(folder: Path) -> dict | None:
     """The folder's marker, when a regular file of calibkit's format stands there: a link (to another
     folder's marker, say), a FIFO or anything else is no marker, and its folder the user's."""
-    from calibkit._io import read_json
-
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        rec = read_json(folder / MARKER, follow=False)
+        fd = os.open(folder / MARKER, flags)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            if not _stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return None
+            rec = json.loads(fh.read(64 << 20).decode("utf-8"))
     except (OSError, ValueError, RecursionError):
         return None
     return rec if isinstance(rec, dict) and rec.get("format") == MARKER_FORMAT else None
@@ -589,7 +596,6 @@ def work_folder(path: str | os.PathLike[str]) -> Path:
     made as a plain folder; what stands at ``path`` already must be one: a symbolic link (to a folder or not)
     would have the run write through it into another folder, and a file or special file is no folder, so both
     are refused with a :class:`~calibkit.errors.UsageError` naming what is there (``lstat``: never followed)."""
-    import stat as _stat
 
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)

@@ -275,7 +275,7 @@ def measured_markdown() -> str:
     tool = _tool()
     summary = ROOT / tool.DEFAULT_SUMMARY
     if summary.is_file():
-        block = tool.render_block(json.loads(summary.read_text(encoding="utf-8")))
+        block = tool.render_block(tool.summary_of(json.loads(summary.read_text(encoding="utf-8"))))
         head = _git("rev-parse", "--short", "HEAD")
         source = (f"Rendered when this site was built, by `tools/readme_measured.py` from `{tool.DEFAULT_SUMMARY}` "
                   f"(written by `calibkit demo run`) in a checkout of commit `{head or 'unknown'}`.")
