@@ -21,8 +21,8 @@ import json
 import logging
 import os
 import shutil
-import stat as _stat
 import socket
+import stat as _stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterable
