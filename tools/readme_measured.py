@@ -91,7 +91,8 @@ def render_block(s: DemoSummary) -> str:
         agreement = (f"; agreement {_pct(dp.agreement_with_fp32)}{_ci(dp.agreement_ci)} on {dp.agreement_texts} "
                      f"log texts" if dp.agreement_with_fp32 is not None else "")
         rows.append((f"`calibkit deploy` of the tuned plan ({dp.layout} layout): the served model measured "
-                     f"beside FP32", f"{dp.speed.words}{agreement}", "`calibkit demo run`"))
+                     f"beside FP32 at batch 1 and at the batch Triton forms of the length bucket most log requests "
+                     f"fall in", f"{dp.speed.words}{agreement}", "`calibkit demo run`"))
     sm = s.smoothing
     if sm:
         gains = sm.gain_db or (0.0,)
