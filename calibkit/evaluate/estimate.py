@@ -68,7 +68,8 @@ if TYPE_CHECKING:  # pragma: no cover - types only
 
 #: wall cost of a text of each kind against an FP32 text, calibrated on measured runs (docs/measured.md, "Time
 #: estimates"); see the module docstring
-COSTS: Mapping[str, float] = {"fp32": 1.0, "qdq": 1.0, "taps": 5.0}
+#: (taps: 5 on a loaded machine, 16-19 s for 1,536 text-copies where 5 prices 31-69 s on two quiet cores, so 3)
+COSTS: Mapping[str, float] = {"fp32": 1.0, "qdq": 1.0, "taps": 3.0}
 #: the printed range is the priced time divided and multiplied by this: its high end twice its low end, wide
 #: enough for the runs it was calibrated on (docs/measured.md)
 SPREAD = math.sqrt(2.0)
@@ -84,6 +85,10 @@ SPEED_TEXT_COST = 6.7
 #: the run's batches: 1.14 on the demo embedder (20,736 texts in 149 s at 6.3 ms), 1.7 on the demo classifier's
 #: short texts (2-core machine, quiet, commits 1df1a82 and 3402d7a; docs/measured.md)
 SENSITIVITY_TEXT_COST = 1.3
+#: a text of compare's speed rounds against the FP32 text it timed on the run's batches (compare times its texts
+#: in whole length-sorted batches, tune at its reference pass's rate): 15 s on the demo's eval texts, 32 s on its
+#: log texts at twice their tokens, 27-31 s on the embedder's (2-core machine, quiet, commits 3402d7a, 2f20ce0)
+COMPARE_SPEED_TEXT_COST = 1.7
 #: texts timed by :func:`measure_text_seconds` (at least two of the run's batches), and texts whose lengths say
 #: how the run's batches pad
 MEASURE_TEXTS = 64
@@ -483,9 +488,10 @@ def compare_steps(z: CompareSize) -> list[Work]:
         texts = z.sensitivity * SENSITIVITY_TEXT_COST * (z.traffic_scale if z.sensitivity_on_traffic else 1.0)
         steps.append(Work("per-layer sensitivity", qdq=texts * (1 + alone),
                           qdq_worst=texts * (1 + 2 * z.sensitivity_layers)))
-    if z.speed:  # rounds of 128 texts (32 alone, 3 batches of 32) through A and B, a warm-up first
-        per_round = SPEED_SINGLE_TEXTS + SPEED_LARGE_BATCHES * 32
-        steps.append(Work("speed", speed_rounds=(2 * per_round * SPEED_TEXT_COST,), on_executor=False))
+    if z.speed:  # rounds of 128 texts (32 alone, 3 batches of 32) through A and B, a warm-up first; of the
+        # traffic when there is traffic
+        per_round = (SPEED_SINGLE_TEXTS + SPEED_LARGE_BATCHES * 32) * (z.traffic_scale if z.traffic else 1.0)
+        steps.append(Work("speed", speed_rounds=(2 * per_round * COMPARE_SPEED_TEXT_COST,), on_executor=False))
     return steps
 
 
@@ -608,7 +614,7 @@ def demo_steps(d: DemoSize) -> list[Work]:
     if d.deploy_texts:  # the served model and FP32 on traffic texts, then timed beside each other
         per_round = SPEED_SINGLE_TEXTS + SPEED_LARGE_BATCHES * 32
         steps.append(Work("deploy", fp32=2 * d.deploy_texts * d.traffic_scale,
-                          speed_rounds=(2 * per_round * SPEED_TEXT_COST,), on_executor=False))
+                          speed_rounds=(2 * per_round * COMPARE_SPEED_TEXT_COST,), on_executor=False))
     return steps
 
 
