@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from calibkit._io import native_path, sha256_file, utf8_path
 from calibkit._version import __version__
@@ -32,7 +32,7 @@ from calibkit.errors import CalibrationError, ModelError, UsageError
 from calibkit.outdirs import umask
 from calibkit.progress import ProgressCallback, ProgressEvent
 from calibkit.requests.build import BuildRequest
-from calibkit.types import Backend, Precision
+from calibkit.types import Backend, Precision, request_path
 
 log = logging.getLogger("calibkit.building")
 
@@ -83,12 +83,13 @@ def _versions() -> dict[str, str]:
 def validate(req: BuildRequest) -> None:
     """Every check before any work: the request's own (:meth:`BuildRequest.validate`), then what needs the
     file system or TensorRT, so bad arguments fail before anything is computed or written."""
-    if req.output.is_dir():
-        raise UsageError(f"-o {req.output} is a folder; give the engine's file name")
-    if os.path.lexists(req.output) and not (req.output.is_file() and sidecar_path(req.output).is_file()):
+    output = request_path(req.output)
+    if output.is_dir():
+        raise UsageError(f"-o {output} is a folder; give the engine's file name")
+    if os.path.lexists(output) and not (output.is_file() and sidecar_path(output).is_file()):
         # the command line refuses this too (cli/build.py); a library call wrote over any file
-        raise UsageError(f"-o {req.output} exists and was not written by `calibkit build` (no "
-                         f"{sidecar_path(req.output).name} beside it); it will not be overwritten",
+        raise UsageError(f"-o {output} exists and was not written by `calibkit build` (no "
+                         f"{sidecar_path(output).name} beside it); it will not be overwritten",
                          hint="pass a new file name to -o, or move the file away first")
     if req.backend is Backend.TENSORRT:
         _check_tensorrt_parsable(req)
@@ -149,11 +150,11 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
     from calibkit.data.modeldir import ModelDir
 
     validate(req)
-    precision = Precision(req.precision)
+    precision, output = Precision(req.precision), request_path(req.output)
     md = ModelDir.resolve(req.model, req.tokenizer)
     src = md.onnx_path
-    if req.output.resolve() == src.resolve():
-        raise UsageError(f"-o {req.output} is the source model itself; choose another file name")
+    if output.resolve() == src.resolve():
+        raise UsageError(f"-o {output} is the source model itself; choose another file name")
     _emit(progress, 0, _STEPS, f"loading {src.name}")
     from calibkit.consistency import model_sha256
 
@@ -171,7 +172,7 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
     extra = {**_smoothing(src), **made.extra}
     written: list[Path] = []
     try:
-        _emit(progress, 2, _STEPS, f"writing {req.output.name}")
+        _emit(progress, 2, _STEPS, f"writing {output.name}")
         extra.update(_write_engine(req, md, made, written, progress))
         sc = _sidecar(req, md, src_sha, made, extra).save()
         written.append(sc)
@@ -179,13 +180,13 @@ def build(req: BuildRequest, progress: ProgressCallback | None = None) -> BuildR
         for p in written:
             with contextlib.suppress(OSError):
                 p.unlink()
-        if req.output in written:  # the engine it described is gone: an old sidecar must not outlive it
+        if output in written:  # the engine it described is gone: an old sidecar must not outlive it
             with contextlib.suppress(OSError):
-                sidecar_path(req.output).unlink()
+                sidecar_path(output).unlink()
         raise
     _emit(progress, _STEPS, _STEPS, "done")
     # what a reader of the sidecar sees: paths resolved against the engine's folder
-    return BuildResult(EngineArtifact.load(req.output), sc, tuple(written), made.quantized, made.missing,
+    return BuildResult(EngineArtifact.load(output), sc, tuple(written), made.quantized, made.missing,
                        made.warnings)
 
 
@@ -206,7 +207,7 @@ def _from_qdq(req: BuildRequest, src: Path, src_sha: str) -> _Model:
 
     from calibkit.graph import load_model, qdq_layout
 
-    qdq = req.qdq
+    qdq = request_path(req.qdq)
     assert qdq is not None  # the caller's branch
     qm = load_model(qdq, load_external_data=False)
     if not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in qm.graph.node):
@@ -227,20 +228,21 @@ def _from_qdq(req: BuildRequest, src: Path, src_sha: str) -> _Model:
         calibration_sha = sha256_file(calibration_json)
     if calibration_json is not None and calibration_json.is_file():  # the Q/DQ model's table: this model's?
         check_table_model(calibration_json, src_sha, model_label=str(src))
-    extra: dict[str, object] = {"qdq_source": _rel(qdq, req.output.resolve().parent)}
+    extra: dict[str, object] = {"qdq_source": _rel(qdq, request_path(req.output).resolve().parent)}
     layout = qdq_layout(qm)
     if layout:  # recorded as the registry would read it from the file, so build can say which it copied
         extra["target"] = layout
     if Backend(req.backend) is not Backend.TENSORRT:
         return _Model(copy_from=qdq, calibration_json=calibration_json, calibration_sha=calibration_sha, kept=kept,
-                      extra=extra, calibration_set=req.calibration_set)
+                      extra=extra, calibration_set=request_path(req.calibration_set))
     if any(z.data_type == onnx.TensorProto.UINT8 for z in qm.graph.initializer if z.name.endswith("zero_point")):
         raise ModelError(
             f"{qdq} uses uint8 activations (the --target onnxruntime layout); TensorRT needs int8",
             hint="build the TensorRT engine from --calibration, or calibrate with --target tensorrt",
         )
     return _Model(data=qm.SerializeToString(), copy_from=None, calibration_json=calibration_json,
-                  calibration_sha=calibration_sha, kept=kept, extra=extra, calibration_set=req.calibration_set)
+                  calibration_sha=calibration_sha, kept=kept, extra=extra,
+                  calibration_set=request_path(req.calibration_set))
 
 
 def _from_calibration(req: BuildRequest, src: Path, src_sha: str, progress: ProgressCallback | None) -> _Model:
@@ -268,7 +270,7 @@ def _from_calibration(req: BuildRequest, src: Path, src_sha: str, progress: Prog
         )
     if res.missing_ranges:
         log.warning("%d tensors have no range and stay FP32: %s", len(res.missing_ranges), res.missing_ranges[:5])
-    calib_set = req.calibration_set
+    calib_set = request_path(req.calibration_set)
     cs = cf.raw.get("calibration_set")
     if calib_set is None and isinstance(cs, dict) and cs.get("path") and Path(cs["path"]).exists():
         calib_set = Path(cs["path"])
@@ -291,21 +293,22 @@ def _fp16(req: BuildRequest, src: Path, progress: ProgressCallback | None) -> _M
     regex_kept = [n.node for n in node_names(fmodel).values() if any(n.matches(p) for p in patterns)]
     fres = convert_to_fp16(fmodel, keep_nodes=tuple(req.keep_nodes) + tuple(regex_kept))
     return _Model(data=fres.model.SerializeToString(), kept=fres.kept_fp32, extra={"fp16_nodes": len(fres.fp16_nodes)},
-                  calibration_set=req.calibration_set)
+                  calibration_set=request_path(req.calibration_set))
 
 
 def _write_engine(req: BuildRequest, md: ModelDir, made: _Model, written: list[Path],
                   progress: ProgressCallback | None) -> dict[str, object]:
     """The engine file (appended to ``written`` as each file lands); returns what the sidecar adds of it."""
+    output = request_path(req.output)
     if Backend(req.backend) is Backend.ONNXRUNTIME:
         if made.copy_from is not None:
-            written += _copy_onnx(made.copy_from, req.output)
+            written += _copy_onnx(made.copy_from, output)
         else:
             assert made.data is not None
             from calibkit._io import write_bytes
 
-            write_bytes(req.output, made.data)
-            written.append(req.output)
+            write_bytes(output, made.data)
+            written.append(output)
         return {}
     from calibkit.data.calibset import load_calibration_set
     from calibkit.data.tokenizer import TextTokenizer
@@ -320,7 +323,7 @@ def _write_engine(req: BuildRequest, md: ModelDir, made: _Model, written: list[P
         lengths, model_max=md.max_length, min_seq=req.min_seq, opt_seq=req.opt_seq, max_seq=req.max_seq
     )
     data = made.data if made.data is not None else md.onnx_path.read_bytes()
-    tres = build_engine(data, req.output, profile, workspace_bytes=req.workspace_mib << 20, progress=progress)
+    tres = build_engine(data, output, profile, workspace_bytes=req.workspace_mib << 20, progress=progress)
     written += [tres.engine, tres.timing_cache, tres.layers_json]
     return {"profile": profile.to_dict(), "timing_cache": tres.timing_cache.name,
             "layers_json": tres.layers_json.name, "tensorrt_version": tres.tensorrt_version}
@@ -328,10 +331,11 @@ def _write_engine(req: BuildRequest, md: ModelDir, made: _Model, written: list[P
 
 def _sidecar(req: BuildRequest, md: ModelDir, src_sha: str, made: _Model, extra: dict[str, object]
              ) -> EngineArtifact:
-    engine_dir = req.output.resolve().parent
+    output = request_path(req.output)
+    engine_dir = output.resolve().parent
     cal = made.calibration_json
     return EngineArtifact(
-        path=req.output,
+        path=output,
         precision=Precision(req.precision),
         backend=Backend(req.backend),
         source_model_sha256=src_sha,
@@ -351,7 +355,9 @@ def _facts(extra: Mapping[str, object]) -> EngineBuildFacts:
     """What the build steps gathered, as the sidecar's typed facts (a key it does not declare is a bug here)."""
     from calibkit.results.files import EngineBuildFacts
 
-    return EngineBuildFacts(**{k: tuple(v) if isinstance(v, list) else v for k, v in extra.items()})
+    # each value of its own field's type; Any because EngineBuildFacts(**facts) is checked against every field
+    facts: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in extra.items()}
+    return EngineBuildFacts(**facts)
 
 
 def _reduce_range(req: BuildRequest, target: object) -> bool:
@@ -373,7 +379,7 @@ def _check_tensorrt_parsable(req: BuildRequest) -> None:
     from calibkit.graph import load_model
     from calibkit.quantize.fused import contrib_nodes
 
-    src = req.qdq or ModelDir.resolve(req.model, req.tokenizer).onnx_path
+    src = request_path(req.qdq) or ModelDir.resolve(req.model, req.tokenizer).onnx_path
     contrib = contrib_nodes(load_model(src, load_external_data=False))
     if contrib:
         ops = ", ".join(sorted({f"{n.domain}.{n.op_type}" for n in contrib}))

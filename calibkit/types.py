@@ -5,13 +5,25 @@ from __future__ import annotations
 import enum
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, cast, overload
 
 INT8_MAX = 127
 SEED_MAX = (1 << 32) - 1  # numpy, scikit-learn and torch seeds are unsigned 32-bit
 
 #: how every path a caller gives is typed (a request's path fields, the API's parameters)
 PathLike = str | os.PathLike[str]
+
+
+@overload
+def request_path(value: PathLike) -> Path: ...
+@overload
+def request_path(value: PathLike | None) -> Path | None: ...
+def request_path(value: PathLike | None) -> Path | None:
+    """A path field of a request whose ``__post_init__`` makes it a Path (build's, deploy's, export's), read back:
+    typed :data:`PathLike` (what the caller may pass), it holds a Path (or None) once the request is built.
+    Returns it as it is."""
+    return cast("Path | None", value)
 
 
 def check_seed(seed: object, option: str = "--seed") -> None:

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -561,12 +561,12 @@ def _infer(runner: BaseRunner, item: object) -> _Run:
     return feeds, mask, out, time.perf_counter() - t0
 
 
-def _inferred_in_turn(runner: BaseRunner, stream: Iterable[object]) -> Iterator[_Run]:
+def _inferred_in_turn(runner: BaseRunner, stream: Iterable[object]) -> Generator[_Run, None, None]:
     for item in stream:
         yield _infer(runner, item)
 
 
-def _inferred_ahead(runner: BaseRunner, stream: Iterable[object]) -> Iterator[_Run]:
+def _inferred_ahead(runner: BaseRunner, stream: Iterable[object]) -> Generator[_Run, None, None]:
     """Each batch's outputs, with the next batch tokenized and inferred on a second thread meanwhile (ONNX
     Runtime releases the GIL), so the statistics of batch k run while the model runs batch k+1. The consumer
     must drop batch k's outputs before asking for batch k+1: at most two batches are alive."""

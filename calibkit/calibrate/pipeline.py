@@ -276,6 +276,7 @@ def calibrate(request: CalibrateRequest, resources: Resources = Resources()) -> 
     out_dir, trt_version, threads = request.out_dir, DEFAULT_TRT_VERSION, request.threads
     cache_dir = Path(request.cache_dir) if request.cache_dir is not None else None
     t0 = time.perf_counter()
+    assert calibration_set is not None  # checked by CalibrateRequest.validate(): needed without --from-cache
     cset = calibration_set if isinstance(calibration_set, CalibrationSet) else load_calibration_set(calibration_set)
     # loaded once: placement, taps and Q/DQ all read this copy; the file's bytes go to the tapped session
     proto, sha, model_bytes = load_hashed(model_dir.onnx_path)

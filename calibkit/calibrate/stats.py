@@ -201,7 +201,8 @@ class StatsStore(Mapping[str, ActivationStats]):
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         names = list(self.stats)
-        arrays: dict[str, np.ndarray] = {
+        # arrays; Any because np.savez_compressed(**arrays) is checked against its allow_pickle: bool too
+        arrays: dict[str, Any] = {
             "counts": np.stack([self.stats[t].histogram.counts for t in names])
             if names
             else np.zeros((0, self.num_bins), dtype=np.int64),

@@ -11,6 +11,7 @@ from calibkit.cli._common import RichProgress, count, guard_out_file, out, say, 
 from calibkit.cli._requests import cli_paths, request_command
 from calibkit.requests.build import BuildRequest
 from calibkit.requests.resources import ResourceOptions
+from calibkit.types import request_path
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.building import BuildResult
@@ -74,7 +75,8 @@ def run_build(request: BuildRequest, resources: ResourceOptions) -> None:
     from calibkit.types import Backend
 
     inputs = cli_paths(request.model, request.calibration, request.qdq, request.tokenizer, request.calibration_set)
-    guard_out_file(request.output, inputs=inputs, option="--output", owned=lambda p: sidecar_path(p).is_file())
+    output = request_path(request.output)
+    guard_out_file(output, inputs=inputs, option="--output", owned=lambda p: sidecar_path(p).is_file())
     try:
         with RichProgress() as progress:
             res = run(request, resources, progress)

@@ -99,7 +99,7 @@ def run_compare(request: CompareRequest, resources: ResourceOptions, *, json_pat
     _guard_outputs(json_file, report_dir, request.save_outputs, inputs, force)
     with RichProgress() as progress:
         result = run(request, resources, progress)
-    _deliver(result, json_path, report_dir, to_stdout, request.save_outputs)
+    _deliver(result, json_path, report_dir, to_stdout, cast("Path | None", request.save_outputs))  # typer's path
     missed = result.gate.missed if result.gate is not None else ()
     if missed:
         from calibkit.errors import TargetMissedError

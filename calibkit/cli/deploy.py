@@ -10,6 +10,7 @@ from calibkit.cli._common import RichProgress, guard_out_dir, out, say, warn
 from calibkit.cli._requests import FORCE_ONLY, cli_paths, request_command
 from calibkit.requests.deploy import DeployRequest
 from calibkit.requests.resources import ResourceOptions
+from calibkit.types import request_path
 
 if TYPE_CHECKING:
     from calibkit.results.documents import DeployResult
@@ -76,7 +77,7 @@ def run_deploy(request: DeployRequest, resources: ResourceOptions, *, force: boo
     """Check the request and OUT, make one ``calibkit.api.run`` call, print what was written and measured."""
     from calibkit.api import run
 
-    guard_out_dir(request.out, inputs=cli_paths(request.source, request.traffic), force=force)
+    guard_out_dir(request_path(request.out), inputs=cli_paths(request.source, request.traffic), force=force)
     with RichProgress() as progress:
         res = run(request, resources, progress)
     _summary(res)

@@ -12,6 +12,7 @@ from calibkit.cli._common import RichProgress, guard_out_dir, say
 from calibkit.cli._requests import FORCE_ONLY, cli_paths, request_command
 from calibkit.requests.export import ExportRequest
 from calibkit.requests.resources import ResourceOptions
+from calibkit.types import request_path
 
 HELP = """Export your own model to the model folder calibkit reads: model.onnx (FP32, dynamic batch and sequence
 axes, the task recorded in its metadata) beside the tokenizer and config.json.
@@ -52,8 +53,8 @@ def run_export(request: ExportRequest, resources: ResourceOptions, *, force: boo
 
     source = cast(Path, request.source)  # typer requires SOURCE and parses it as a path
     src = resolve_source(source, request.tokenizer)
-    guard_out_dir(request.out, inputs=[source, *cli_paths(request.tokenizer), src.tokenizer, src.checkpoint],
-                  force=force)
+    guard_out_dir(request_path(request.out),
+                  inputs=[source, *cli_paths(request.tokenizer), src.tokenizer, src.checkpoint], force=force)
     with RichProgress() as progress:
         result = run(request, resources, progress)
     what = {"sentence-embedding": f"sentence-transformers, {src.pooling} pooling"

@@ -57,7 +57,8 @@ def run_smooth(request: SmoothRequest, resources: ResourceOptions, *, force: boo
     model, cset_path, tokenizer = cli_paths(request.model, request.calibration_set, request.tokenizer)
     md = ModelDir.resolve(cast(Path, model), tokenizer)  # typer requires MODEL and --calibration-set as paths
     cset = load_calibration_set(cast(Path, cset_path))
-    guard_out_dir(request.out, inputs=[model, cset_path, tokenizer, md.onnx_path], force=force)
+    out = cast(Path, request.out)  # typer requires OUT and parses it as a path
+    guard_out_dir(out, inputs=[model, cset_path, tokenizer, md.onnx_path], force=force)
     with RichProgress() as progress:
         result = run(replace(request, model=md, calibration_set=cset), resources, progress)
     done = result.smoothed

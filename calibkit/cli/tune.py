@@ -113,7 +113,8 @@ def run_tune(request: TuneRequest, resources: ResourceOptions, *, no_report: boo
     inputs = [model, tokenizer, *cli_paths(request.calibration_set, request.eval_set, request.traffic)]
     guard_out_dir(dest, inputs=inputs, force=force, legacy_names=_OUT_NAMES)
     # the default report folder is claimed when it is picked: only once --out is known to be usable
-    report_dir = None if no_report else request.report or default_report_dir("tune")
+    report = cast("Path | None", request.report)  # typer parses --report as a path
+    report_dir = None if no_report else report or default_report_dir("tune")
     if report_dir is not None:
         _check_apart(dest, Path(report_dir))
         from calibkit.report.render import REPORT_NAMES

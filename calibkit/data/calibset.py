@@ -14,6 +14,7 @@ from calibkit._io import atomic_dir, dumps_json, file_kind, read_json, sha256_by
 from calibkit.data.textcheck import decode_counted, has_lone_surrogate, is_usable
 from calibkit.errors import DataError
 from calibkit.provenance import document_path
+from calibkit.types import PathLike
 
 TEXTS = "texts.jsonl"
 MANIFEST = "manifest.json"
@@ -102,7 +103,7 @@ def write_calibration_set(
     return CalibrationSet(Path(out_dir), tuple(texts), tuple(labels) if labels is not None else None, full, set_id)
 
 
-def load_calibration_set(path: str | Path) -> CalibrationSet:
+def load_calibration_set(path: PathLike) -> CalibrationSet:
     """Read a calibration-set folder, or a bare .jsonl file of ``{"text": ...}`` records."""
     p = Path(path)
     texts_path = p / TEXTS if p.is_dir() else p

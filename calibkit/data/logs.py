@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from calibkit.data.textcheck import has_lone_surrogate, is_usable, is_utf16, replace_surrogates, utf16_hint
 from calibkit.errors import DataError
@@ -73,7 +73,7 @@ _DETECT_LINES = 2000
 # a text is cut to this many characters before anything else sees it (redaction, dedup, tokenizer): a model
 # reads at most a few thousand characters, and one 50 MB request must not cost gigabytes (counted: oversized)
 MAX_TEXT_CHARS = 65536
-TOO_LONG: bytes | None = None  # what iter_lines yields in place of a line over MAX_LINE_BYTES
+TOO_LONG: Final = None  # what iter_lines yields in place of a line over MAX_LINE_BYTES
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any
 from calibkit._io import read_json
 from calibkit.data.tokenizer import sequence_limit
 from calibkit.errors import ModelError
+from calibkit.types import PathLike
 
 MAX_LABEL_ID = (1 << 31) - 1
 _ID_KEY = re.compile(r"[0-9]{1,10}")
@@ -99,7 +100,7 @@ class ModelDir:
         return {v: k for k, v in self.id2label.items()}
 
     @classmethod
-    def resolve(cls, model: str | Path, tokenizer: str | Path | None = None) -> ModelDir:
+    def resolve(cls, model: PathLike, tokenizer: PathLike | None = None) -> ModelDir:
         """Accept a folder holding model.onnx, or an .onnx file plus a tokenizer folder."""
         p = Path(model)
         if p.is_dir():

@@ -57,6 +57,7 @@ from calibkit.requests.sample import SampleRequest
 log = logging.getLogger("calibkit.data.sample")
 
 DEFAULT_MAX_LENGTH = 512
+_Stratum = tuple[int, str | None]  # the pool's strata: (length bucket, label; None once labels are merged)
 _PROGRESS_EVERY = 20_000
 _HOT_KEPT = 10
 _DUP_TEXTS_KEPT = 50_000
@@ -185,7 +186,7 @@ class _LogPass:
     stats: ReadStats
     dedup: DedupIndex
     tally: CleanupTally
-    pool: PriorityPool
+    pool: PriorityPool[_Stratum]
     est_hist: np.ndarray
     over_max_est: int
     dup_texts: dict[int, str]
@@ -204,7 +205,7 @@ def _read_log(path: Path, fields: Sequence[str], options: SampleRequest, cb: Pro
     max_len_cap = options.max_length or DEFAULT_MAX_LENGTH
     est_hist = np.zeros(len(PSI_EDGES), dtype=np.int64)
     over_max_est = 0
-    pool = PriorityPool(capacity=max(4 * options.size, 1024))
+    pool: PriorityPool[_Stratum] = PriorityPool(capacity=max(4 * options.size, 1024))
     dup_texts: dict[int, str] = {}
     label_limit = label_strata_limit(options.size)
     labels_distinct: set[str | None] = set()
@@ -478,11 +479,11 @@ def _strata_section(options: SampleRequest, read: _LogPass, pool: _Pool, drawn: 
     }
 
 
-def _merge_label_strata(pool: PriorityPool) -> PriorityPool:
+def _merge_label_strata(pool: PriorityPool[_Stratum]) -> PriorityPool[_Stratum]:
     """The same pool keyed by length bucket only. Exact: the lowest priorities of a union of strata are among
     the lowest priorities kept in each of them."""
-    merged = PriorityPool(pool.capacity)
-    population: Counter[Any] = Counter()
+    merged: PriorityPool[_Stratum] = PriorityPool(pool.capacity)
+    population: Counter[_Stratum] = Counter()
     for s in pool.strata():
         key = (s[0], None)
         population[key] += pool.population[s]

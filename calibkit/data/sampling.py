@@ -20,7 +20,7 @@ import math
 import string
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -78,15 +78,16 @@ class Candidate:
     line_no: int
 
 
-class PriorityPool:
-    """Keeps the ``capacity`` lowest-priority candidates of each stratum, and counts each stratum's size."""
+class PriorityPool(Generic[K]):
+    """Keeps the ``capacity`` lowest-priority candidates of each stratum (a ``K``), and counts each stratum's
+    size."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.population: dict[Hashable, int] = {}
-        self._heaps: dict[Hashable, list[tuple[float, int, Candidate]]] = {}
+        self.population: dict[K, int] = {}
+        self._heaps: dict[K, list[tuple[float, int, Candidate]]] = {}
 
-    def offer(self, stratum: Hashable, cand: Candidate) -> None:
+    def offer(self, stratum: K, cand: Candidate) -> None:
         self.population[stratum] = self.population.get(stratum, 0) + 1
         heap = self._heaps.setdefault(stratum, [])
         item = (-cand.priority, -cand.key, cand)
@@ -95,7 +96,7 @@ class PriorityPool:
         elif item > heap[0]:
             heapq.heapreplace(heap, item)
 
-    def withdraw(self, key: int, stratum: Hashable) -> None:
+    def withdraw(self, key: int, stratum: K) -> None:
         """Take back a text offered earlier (by its ``key``): out of its stratum's count, and out of the pool
         when it is still there. ``stratum`` is where it was offered; the pooled member's own stratum wins."""
         for s, heap in self._heaps.items():
@@ -107,14 +108,14 @@ class PriorityPool:
         if self.population.get(stratum, 0) > 0:
             self.population[stratum] -= 1
 
-    def strata(self) -> list[Hashable]:
+    def strata(self) -> list[K]:
         return sorted(self._heaps, key=_sort_key)
 
-    def members(self, stratum: Hashable) -> list[Candidate]:
+    def members(self, stratum: K) -> list[Candidate]:
         """The pool of one stratum, lowest priority first."""
         return [c for _, _, c in sorted(self._heaps[stratum], reverse=True)]
 
-    def weight(self, stratum: Hashable) -> float:
+    def weight(self, stratum: K) -> float:
         """How many texts of the whole stratum each pooled candidate stands for."""
         return self.population[stratum] / len(self._heaps[stratum]) if self._heaps[stratum] else 0.0
 

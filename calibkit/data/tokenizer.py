@@ -107,6 +107,7 @@ class TextTokenizer:
             if pid is None:
                 pid = self._fast.token_to_id("<pad>")
             return int(pid or 0)
+        assert self._slow is not None  # __init__ sets _slow where it leaves _fast None
         return int(self._slow.pad_token_id or 0)
 
     def cut(self, texts: Sequence[str], max_length: int | None = None) -> list[str]:
@@ -130,6 +131,7 @@ class TextTokenizer:
     def _count(self, text: str) -> int:
         if self._fast is not None:
             return len(self._fast.encode(text).ids)
+        assert self._slow is not None  # __init__ sets _slow where it leaves _fast None
         return len(self._slow(text)["input_ids"])
 
     def token_lengths(self, texts: Sequence[str], max_length: int | None = None) -> np.ndarray:
@@ -139,6 +141,7 @@ class TextTokenizer:
         if self._fast is not None:
             encs = self._fast.encode_batch(list(texts))
             return np.array([len(e.ids) for e in encs], dtype=np.int64)
+        assert self._slow is not None  # __init__ sets _slow where it leaves _fast None
         return np.array([len(x) for x in self._slow(list(texts))["input_ids"]], dtype=np.int64)
 
     def token_offsets(self, texts: Sequence[str], max_length: int | None = None) -> list[list[tuple[int, int]]]:
@@ -151,6 +154,7 @@ class TextTokenizer:
             offs = [[(0, 0) if sp else (int(a), int(b)) for (a, b), sp in zip(e.offsets, e.special_tokens_mask)]
                     for e in encs]
         else:
+            assert self._slow is not None  # __init__ sets _slow where it leaves _fast None
             try:
                 enc = self._slow(list(texts), return_offsets_mapping=True, return_special_tokens_mask=True)
             except NotImplementedError as exc:
@@ -169,6 +173,7 @@ class TextTokenizer:
             ids = [e.ids for e in encs]
             types = [e.type_ids for e in encs]
         else:
+            assert self._slow is not None  # __init__ sets _slow where it leaves _fast None
             enc = self._slow(list(texts), return_token_type_ids=True)
             ids = enc["input_ids"]
             types = enc.get("token_type_ids") or [[0] * len(x) for x in ids]

@@ -687,8 +687,8 @@ def _plan_verdict(what: str, v: HoldoutVerdict | None, ev: PlanEvidence | None, 
         low, high = ev.cosine.low, ev.cosine.high
         line += f", mean cosine {ev.cosine.estimate:.4f}" + (f" [{low:.4f}, {high:.4f}]" if low is not None
                                                               and high is not None else "")
-    if ev is not None and ev.accuracy_minus_fp32 is not None and ev.accuracy_minus_fp32.estimate is not None:
-        d = ev.accuracy_minus_fp32
+    d = ev.accuracy_minus_fp32 if ev is not None else None
+    if d is not None and d.estimate is not None:
         line += f", accuracy {100 * d.estimate:+.2f} points{_ci(d, signed=True)} vs FP32 ({d.verdict})"
     return v is not None and v.supported is True, line
 
@@ -777,6 +777,7 @@ def _tune_lines(tune: DemoTune) -> list[str]:
 
 def _deploy_speed_line(s: DemoSummary) -> str | None:
     d = s.deploy
+    assert d is not None  # called only for a summary with a deploy
     if d.speed is None:
         return None
     return (f"The deployed model ({d.layout} layout) against FP32, measured by deploy on the log's texts: "

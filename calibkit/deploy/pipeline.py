@@ -20,7 +20,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
@@ -45,7 +45,7 @@ from calibkit.results.documents import (
     TensorRTBuild,
     shape_range,
 )
-from calibkit.types import Backend, Precision
+from calibkit.types import Backend, Precision, request_path
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.deploy.repository import RepositoryFiles
@@ -121,10 +121,10 @@ def deploy(request: DeployRequest, resources: Resources = Resources()) -> Deploy
         result = dataclasses.replace(result, **_measure(request, served, shaped, model, resources))
         return _files(request, served, shaped, result)
 
-    write_repository(request.out, served.name, build_and_measure,
+    write_repository(request_path(request.out), served.name, build_and_measure,
                      inputs=run_inputs([*served.inputs.paths, shaped.traffic.path, shaped.calibration_set]))
     _emit(cb, 5, "done")
-    return dataclasses.replace(result, out_dir=request.out)
+    return dataclasses.replace(result, out_dir=request_path(request.out))
 
 
 def _serve(request: DeployRequest) -> _Served:
@@ -138,7 +138,7 @@ def _serve(request: DeployRequest) -> _Served:
     backend = Backend(request.backend)
     src = resolve_source(request.source)
     inputs = run_inputs([request.source, request.traffic, src.model, src.tokenizer, src.calibration_set])
-    guard_repository(request.out, inputs)  # before any work, as the command line does
+    guard_repository(request_path(request.out), inputs)  # before any work, as the command line does
     md = ModelDir.resolve(src.model, src.tokenizer)
     io = read_model_io(md.onnx_path)  # before any work: a model without dynamic axes is refused here
     layout, warnings = _layout(src, backend, str(request.layout) if request.layout is not None else None)
@@ -284,11 +284,21 @@ def _build(request: DeployRequest, served: _Served, model_dir: Path, result: Dep
     return target
 
 
+class _BuildPaths(TypedDict):
+    """The paths of every BuildRequest deploy makes."""
+
+    model: Path
+    tokenizer: Path
+    output: Path
+
+
 def _build_request(served: _Served, target: Path, request: DeployRequest) -> BuildRequest:
     from calibkit.building import BuildRequest
+    from calibkit.requests.choices import Target
+    from calibkit.requests.options import coerce
 
     src, layout = served.src, served.layout
-    common = {"model": src.model, "tokenizer": src.tokenizer, "output": target}
+    common: _BuildPaths = {"model": src.model, "tokenizer": src.tokenizer, "output": target}
     if src.precision is not Precision.INT8 or layout is None:
         return BuildRequest(**common, precision=src.precision,
                             keep_nodes=src.keep_nodes if src.precision is Precision.FP16 else ())
@@ -297,7 +307,9 @@ def _build_request(served: _Served, target: Path, request: DeployRequest) -> Bui
     reduce = request.reduce_range
     if reduce is None and src.weight_bits is not None and src.qdq_target == "onnxruntime":
         reduce = src.weight_bits == 7  # as the engine deployed was built
-    return BuildRequest(**common, precision=Precision.INT8, calibration=src.calibration_json, target=layout.shipped,
+    # the layout's name as BuildRequest reads it (its __post_init__ coerces it so too)
+    return BuildRequest(**common, precision=Precision.INT8, calibration=src.calibration_json,
+                        target=coerce(Target, layout.shipped),
                         keep_nodes=src.keep_nodes, reduce_range=reduce if layout.shipped == "onnxruntime" else None)
 
 

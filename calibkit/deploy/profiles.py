@@ -100,9 +100,9 @@ def choose_buckets(lengths: Sequence[int] | np.ndarray, k: int, *, max_seq: int,
     bounds = [m - 1]
     j = m - 1
     for arg in reversed(back):
-        i = int(arg[j])
-        bounds.append(i - 1)
-        j = i - 1
+        first = int(arg[j])  # the first candidate of the bucket ending at j
+        bounds.append(first - 1)
+        j = first - 1
     bounds.reverse()
     buckets: list[LengthBucket] = []
     lo = 1

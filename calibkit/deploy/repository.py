@@ -32,6 +32,7 @@ import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from calibkit._io import atomic_dir, dumps_json, final_path, read_json, write_json
 from calibkit.errors import UsageError
@@ -124,7 +125,8 @@ def shipped_result(result: DeployResult, out: str | os.PathLike[str]) -> DeployR
     warnings and the measurement note; the result deploy returns keeps them absolute."""
     src, tr = result.source, result.traffic
     fields = ("path", "model", "tokenizer", "calibration_json", "qdq_model", "calibration_set")
-    rel = {f: relative_to(getattr(src, f), out) for f in fields if getattr(src, f)}
+    # str values for str path fields: Any because replace(**rel) is checked against every field's type
+    rel: dict[str, Any] = {f: relative_to(getattr(src, f), out) for f in fields if getattr(src, f)}
     pairs = sorted({(os.path.abspath(v), relative_to(v, out)) for v in
                     [tr.path, *(getattr(src, f) for f in fields)] if v}, key=lambda p: -len(p[0]))
     return dataclasses.replace(

@@ -15,7 +15,7 @@ from pathlib import Path
 from calibkit.deploy.traffic import SourceLog
 from calibkit.errors import DataError, ModelError, UsageError
 from calibkit.results.documents import SourceRecord
-from calibkit.types import Precision
+from calibkit.types import PathLike, Precision
 
 LOG_SHA256 = "log sha256: "  # how tune's traffic evidence names the bytes of its log (evaluate.traffic.evidence_of)
 NOT_OUTPUT_HINT = ("pass a folder written by `calibkit tune` or `calibkit calibrate` (it holds calibration.json), "
@@ -187,7 +187,7 @@ def original_model(model: Path, *, max_steps: int = 8) -> Path:
     return model
 
 
-def resolve_source(path: str | Path) -> DeploySource:
+def resolve_source(path: PathLike) -> DeploySource:
     """Read SOURCE; a path that is none of the three is one UsageError saying what SOURCE may be."""
     p = Path(path)
     if not p.exists():

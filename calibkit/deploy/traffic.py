@@ -21,6 +21,7 @@ from pathlib import Path
 
 from calibkit.errors import DataError, UsageError
 from calibkit.results.documents import TrafficRecord
+from calibkit.types import PathLike
 
 DEFAULT_MAX_TEXTS = 50_000
 
@@ -43,7 +44,7 @@ class Traffic:
                              broken=dict(self.broken), text_fields=self.text_fields)
 
 
-def read_traffic(path: str | Path, *, text_field: str | None = None, strict: bool = False, redact: bool = True,
+def read_traffic(path: PathLike, *, text_field: str | None = None, strict: bool = False, redact: bool = True,
                  max_texts: int = DEFAULT_MAX_TEXTS, seed: int = 0, expected_sha256: str | None = None) -> Traffic:
     """The traffic of a log; ``expected_sha256``: the bytes the log must have (a DataError naming it if not)."""
     from calibkit.data.logs import ReadStats, detect_text_fields, parse_field_paths

@@ -151,6 +151,7 @@ def build_equivalent(req: object) -> list[str]:
             raise ModelError(f"{onnx} uses uint8 activations (the onnxruntime layout); TensorRT needs int8",
                              hint="build from --calibration with --target tensorrt")
     elif req.precision is Precision.INT8:
+        assert req.calibration is not None  # checked by BuildRequest.validate(): int8 without --qdq needs it
         cf = load_calibration_json(req.calibration)
         ready = cf.file("model")
         if ready is not None and ready.is_file() and cf.target == "tensorrt" and not req.exclude and not req.keep_nodes:

@@ -16,10 +16,10 @@ from calibkit.errors import DataError, ModelError
 from calibkit.provenance import SIDECAR_SUFFIX, document_path
 from calibkit.results.codec import document_json, parse_document
 from calibkit.results.files import EngineBuildFacts, EngineSidecar
-from calibkit.types import Backend, Precision
+from calibkit.types import Backend, PathLike, Precision
 
 
-def sidecar_path(engine: str | Path) -> Path:
+def sidecar_path(engine: PathLike) -> Path:
     p = Path(engine)
     return p.with_name(p.name + SIDECAR_SUFFIX)
 
@@ -122,7 +122,7 @@ class EngineArtifact:
         return out
 
     @classmethod
-    def load(cls, engine: str | Path) -> EngineArtifact:
+    def load(cls, engine: PathLike) -> EngineArtifact:
         p = Path(engine)
         if not p.is_file():
             raise ModelError(f"engine not found: {p}")

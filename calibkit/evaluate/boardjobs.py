@@ -34,6 +34,7 @@ from calibkit.tasks import task_class
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.data.tokenizer import TextTokenizer
+    from calibkit.engines.base import BaseRunner
     from calibkit.types import CalibrationTable
 
 log = logging.getLogger("calibkit.evaluate.boardjobs")
@@ -82,11 +83,11 @@ class UnitOutput:
 
 # -- worker side -----------------------------------------------------------------------------------------------
 _sessions_lock = threading.Lock()
-_sessions: dict[tuple[str, str, int, str | None], tuple[object, object]] = {}
+_sessions: dict[tuple[str, str, int, str | None], tuple[BaseRunner, TextTokenizer]] = {}
 _MAX_SESSIONS = 2  # the plain model and its smoothed copy: the boards of one tune run
 
 
-def _session(u: BoardUnit):  # -> (runner, tokenizer)
+def _session(u: BoardUnit) -> tuple[BaseRunner, TextTokenizer]:
     """This process's runner of ``u.board`` (made once per board and thread count) and its tokenizer."""
     from calibkit.data.tokenizer import TextTokenizer
     from calibkit.enginefiles.registry import model_runner
@@ -98,7 +99,7 @@ def _session(u: BoardUnit):  # -> (runner, tokenizer)
             return hit
         while len(_sessions) >= _MAX_SESSIONS:
             old = _sessions.pop(next(iter(_sessions)))
-            old[0].deactivate()  # type: ignore[attr-defined]
+            old[0].deactivate()
         board: Board = fetch(u.board)
         tok_dir = materialize(u.tokenizer)
         tok = TextTokenizer(str(tok_dir / u.tokenizer_file if u.tokenizer_file else tok_dir), max_length=u.max_length)
@@ -272,9 +273,10 @@ def run_on_boards(jobs: Sequence[SensitivityJob], executor: Executor,
         got[pos] = out
         if len(got) == expected[i]:
             done = sorted(got)
-            results[i] = _stitch(jobs[i], [units[k].rows for k in done], [got[k] for k in done])
+            result = _stitch(jobs[i], [units[k].rows for k in done], [got[k] for k in done])
+            results[i] = result
             del parts[i]
-            finished(i, results[i])
+            finished(i, result)
 
     if units:
         executor.map(run_board_unit, units, task="evaluations", on_result=collect)

@@ -138,6 +138,7 @@ def select_task(artifact: EngineArtifact, tokenizer_dir: str | Path | None, kind
         *others, last = kind_names()
         raise UsageError(f"unknown --task {kind!r}", hint=f"choose {', '.join(others)} or {last}") from None
     if graph is not None:
+        assert src is not None  # graph is src's model: loaded from it, or the ONNX engine's own (src its path)
         check_label_count(task, graph, Path(src).name)
     return task
 
@@ -348,6 +349,7 @@ def _time_estimate(engines: Sequence[EngineArtifact], eval_set: EvalSet, task: T
     beside = len(traffic) if traffic is not None and tuple(traffic.texts) != tuple(texts) else 0
     scale = 1.0
     if beside and texts:  # traffic texts priced by their padded tokens against the eval texts timed
+        assert traffic is not None  # beside counts traffic texts
         def per_text(xs: Sequence[str]) -> float:
             return padded_tokens(token_counts(tokenizer, xs), options.batch_size) / max(1, len(xs))
 
@@ -357,7 +359,7 @@ def _time_estimate(engines: Sequence[EngineArtifact], eval_set: EvalSet, task: T
     sample = texts or (list(traffic.texts) if traffic is not None else [])
     estimate = estimate_compare(engines, size, resources.runner_factory.engine, tokenizer, task, sample, options,
                                 resources.executor)
-    announce(estimate, "compare", resources.progress or no_progress)
+    announce(estimate, "compare", resources.progress)
     return estimate, time.perf_counter(), PhaseClock(usable_cpus())
 
 

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
@@ -472,9 +472,16 @@ class CompareSize:
     sensitivity_on_traffic: bool = False  # the sensitivity subset is drawn from the traffic
 
 
+class _EngineTexts(TypedDict):
+    """A step's texts through engines A and B, by kind of session (:class:`Work`'s ``fp32`` and ``qdq``)."""
+
+    fp32: float
+    qdq: float
+
+
 def compare_steps(z: CompareSize) -> list[Work]:
     """The long part of a compare, step by step."""
-    def engines(n: int, which: Sequence[str]) -> dict[str, float]:
+    def engines(n: int, which: Sequence[str]) -> _EngineTexts:
         return {"fp32": n * sum(k == "fp32" for k in which), "qdq": n * sum(k != "fp32" for k in which)}
 
     steps = [Work("evaluate engines", **engines(z.texts, z.engines), on_executor=False)]
@@ -530,6 +537,7 @@ def compare_size(engines: Sequence[EngineArtifact], texts: int, traffic: int, op
                    if options.layers and options.sensitivity and row_task and int8 is not None else 0)
     k = options.sensitivity_layers
     if sensitivity and k is None:
+        assert int8 is not None  # sensitivity is 0 without an INT8 engine
         k = _quantized_nodes(int8.path)
     tapped = sum(1 if kind == "fp32" else 2 for kind in kinds)
     served = bool(getattr(options, "speed", False)) and all(e.backend is Backend.ONNXRUNTIME for e in engines[:2])

@@ -163,12 +163,12 @@ def _fused_flops(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> 
             elif fn.op_type == "MultiHeadAttention" and ins[0]:
                 f = _mha(ins[0], ins[1] if len(ins) > 1 else None)
             elif fn.op_type == "FusedMatMul" and ins[0] and ins[1]:
-                a, b = list(ins[0]), list(ins[1])
+                left, right = list(ins[0]), list(ins[1])
                 if ints.get("transA"):
-                    a[-2:] = a[-1], a[-2]
+                    left[-2:] = left[-1], left[-2]
                 if ints.get("transB"):
-                    b[-2:] = b[-1], b[-2]
-                f = matmul_flops(a, b)
+                    right[-2:] = right[-1], right[-2]
+                f = matmul_flops(left, right)
             elif fn.op_type in ("FusedGemm", "QGemm"):
                 a, b = (ins[0], ins[3]) if fn.op_type == "QGemm" and len(ins) > 3 else (ins[0], ins[1])
                 if a and b:

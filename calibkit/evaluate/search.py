@@ -22,9 +22,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from calibkit.evidence.candidates import Measured, Plan, as_plan
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs  # typing.TypeIs is 3.13+; only read by the type checker
 
 
 @dataclass(frozen=True)
@@ -44,15 +47,25 @@ def int8_flops_fraction(plan: Plan, flops: Mapping[str, float]) -> float:
 class Judged(Protocol):
     """A score that carries its own decision (evidence.plan_decisions.Judged): ``meets`` is taken as given."""
 
-    accuracy: float
-    agreement: float
-    meets: bool
-    texts: int
+    @property
+    def accuracy(self) -> float: ...
+    @property
+    def agreement(self) -> float: ...
+    @property
+    def meets(self) -> bool: ...
+    @property
+    def texts(self) -> int: ...
 
 
 # accuracy; (accuracy, agreement); (accuracy, agreement, mean cosine); or a decided score (a cosine target is
 # decided only by a decision rule: evidence.plan_decisions)
-Score = float | tuple[float, float] | tuple[float, float, float] | Judged
+Plain = float | tuple[float, float] | tuple[float, float, float]
+Score = Plain | Judged
+
+
+def _judged(score: Score) -> TypeIs[Judged]:
+    """Whether ``score`` carries its own decision: of the kinds of :data:`Score`, only a judged one has ``meets``."""
+    return hasattr(score, "meets")
 
 
 def search_plan(
@@ -146,7 +159,7 @@ class _Tried:
         fresh = fresh[: max(self.max_evaluations - len(self.plans), 0)]
         for p, score in zip(fresh, self.evaluate(fresh) if fresh else [], strict=True):
             share = int8_flops_fraction(p, self.flops)
-            if hasattr(score, "meets"):  # decided by the evaluator (a sequential rule): taken as given
+            if _judged(score):  # decided by the evaluator (a sequential rule): taken as given
                 self.plans[p] = Measured(p, float(score.accuracy), share, stage, bool(score.meets),
                                          float(score.agreement), float(getattr(score, "cosine", math.nan)),
                                          int(score.texts))
@@ -230,7 +243,7 @@ def _prune(kept: list[str], flops: Mapping[str, float], min_share: float, stop: 
         attempt([n for n in kept if n in small])
 
 
-def _unpack(score: Score) -> tuple[float, float, float]:
+def _unpack(score: Plain) -> tuple[float, float, float]:
     if not isinstance(score, tuple):
         return float(score), math.nan, math.nan
     vals = [float(v) for v in score] + [math.nan] * (3 - len(score))

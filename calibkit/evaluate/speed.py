@@ -133,8 +133,8 @@ def measure_speed(models: Mapping[str, ModelSource], reference: str, batches: Sp
     try:
         start = time.perf_counter()
         _round(runners, names, batches, sizes, 0, None, 0)  # warm-up, not counted
-        per_round = time.perf_counter() - start
-        counted = int(min(max(seconds // max(per_round, 1e-9), rounds[0]), rounds[1]))
+        warm_up = time.perf_counter() - start
+        counted = int(min(max(seconds // max(warm_up, 1e-9), rounds[0]), rounds[1]))
         # totals[model][size][round]: seconds of that round's batches of that size
         totals = {m: {s: np.zeros(counted) for s in sizes} for m in names}
         for rnd in range(1, counted + 1):
@@ -196,7 +196,10 @@ def fastest(speeds: Mapping[int, Speed], fidelity: Mapping[int, float], tie: flo
     sizes = sorted({b.batch_size for s in speeds.values() for b in s.at},
                    key=lambda n: max(b.speedup for s in speeds.values() if (b := s.at_batch(n)) is not None))
     for n in sizes:
-        tied = narrow(tied, lambda s, n=n: None if (b := s.at_batch(n)) is None else b.speedup)
+        def at_size(s: Speed, n: int = n) -> float | None:
+            return None if (b := s.at_batch(n)) is None else b.speedup
+
+        tied = narrow(tied, at_size)
 
     def faithful(i: int) -> float:
         f = fidelity.get(i, float("nan"))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,7 +216,7 @@ def _stream_layers(runners: _Runners, texts: Sequence[str], tokenizer: TextToken
 
 
 def _measurement(spec: LayerSpec, acc: RangeAccumulator | None, err: ErrorAccumulator | None,
-                 clips: dict[str, list[tuple[float, float]]]) -> LayerMeasurement:
+                 clips: Mapping[str, Sequence[tuple[float, float | None]]]) -> LayerMeasurement:
     """One layer's measurement from its input's ranges (``acc``) and its output's errors (``err``)."""
     fp: dict[str, float | None] = dict(fp_min=None, fp_max=None, fp_absmax=None, p99=None, p9999=None,
                                        clipped_fraction=None, outlier_ratio=None, quant_sqnr_db=None)

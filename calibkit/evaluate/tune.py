@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from statistics import NormalDist
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -733,6 +733,9 @@ def _search(evidence: SplitEvidence, config: TuneRequest, jobs: _Jobs, ev: Evalu
     if confirms and outcome.best is not None:
         with clock.phase("holdout confirmation"):
             hold_judge = _judge(evidence, config, jobs, ev, tables, evidence.holdout, "holdout confirmation")
+            # None only where the holdout has no constraint the search split had (no labelled row in it beside
+            # traffic, and no fidelity target): not handled, as it was not before (None has no judge)
+            assert hold_judge is not None
             confirmation, outcome, final = _confirm(outcome, hold_judge, config, evidence, ev)
         # every candidate judged, those a parallel batch reached past the first failure too
         cost = replace(cost, confirm_texts=sum(hold_judge.texts().values()))
@@ -771,7 +774,8 @@ def _holdout_numbers(evidence: SplitEvidence, config: TuneRequest, jobs: _Jobs, 
     all_int8: tuple[EvalSubset, SensitivityResult] | None = None
     if len(evidence.holdout):
         if hold_judge is not None:  # the confirmed plan's holdout rows so far are in its judge: complete them
-            on_holdout[final.plan] = hold_judge.complete(final.plan)
+            # its run_chunks returns SensitivityResults, kept as such; None only for an empty holdout
+            on_holdout[final.plan] = cast(SensitivityResult, hold_judge.complete(final.plan))
         # all-INT8 is context once a plan is confirmed (a random sample of the holdout); in full where it may
         # be written instead (the holdout confirmed nothing)
         sample = all_int8_holdout_texts(len(evidence.holdout))
@@ -864,7 +868,8 @@ def _all_int8_if_as_good(outcome: SearchOutcome, final: Measured, judge: PlanJud
     if not (better and at_least(a.agreement, p.agreement) and at_least(a.cosine, p.cosine)
             and at_least(a.accuracy, p.accuracy)):
         return outcome, final, None
-    on_search[()] = judge.complete(())
+    # its run_chunks returns SensitivityResults, kept as such; None only for an empty split (the search's is not)
+    on_search[()] = cast(SensitivityResult, judge.complete(()))
     outcome, all_int8 = _whole_split_numbers(outcome, plain, on_search[()], evidence)
     note = (f"the holdout confirmed no candidate, and all-INT8 kept more of FP32 there "
             f"(agreement {100 * a.agreement:.2f} % against {100 * p.agreement:.2f} % for the search's choice, which "
@@ -905,8 +910,10 @@ def _confirm(outcome: SearchOutcome, hold_judge: PlanJudge | StratifiedJudge, co
     tried = list(outcome.tried)
     batch = max(1, min(int(getattr(ev.executor, "workers", 1) or 1), 4))
     chosen, steps = fixed_sequence(tried, hold_judge.judge, batch, config.confirm_candidates)
-    search_choice = next(i for i, m in enumerate(tried) if m.plan == outcome.best.plan)
-    final = tried[chosen] if chosen is not None else outcome.best
+    best = outcome.best
+    assert best is not None  # _search confirms only a search that chose a plan
+    search_choice = next(i for i, m in enumerate(tried) if m.plan == best.plan)
+    final = tried[chosen] if chosen is not None else best
     record = Confirmation(
         rule=config.decision_rule, confidence=config.agreement_confidence,
         final_test_confidence=hold_judge.rule.final_confidence, holdout_texts=len(evidence.holdout), chosen=chosen,

@@ -55,7 +55,7 @@ def plan_evidence(config: PlanTarget, evidence: SplitEvidence, subset: EvalSubse
         cosine = Range.of(mean_interval(np.asarray(r.cosine_values, dtype=np.float64)[agr_p]))
     no_accuracy = Difference(None, None, None, 0, 0, 0, None, False, "n/a")
     ev = PlanEvidence(Difference.of(diff) if diff is not None else no_accuracy,
-                      Range.of(agree), int((values < 1.0).sum()), int(len(ia)),  # type: ignore[arg-type]
+                      Range.of(agree), int((values < 1.0).sum()), int(len(ia)),
                       agreement_n=int(len(ig)) if evidence.traffic is not None or not len(acc_p) else None,
                       cosine=cosine)
     return ev, finite(agree.estimate)

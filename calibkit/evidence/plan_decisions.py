@@ -47,6 +47,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -131,7 +132,31 @@ class Judged:
     decisions: tuple[Decision, ...] = ()
 
 
-ChunkResult = object  # evaluate.jobs.SensitivityResult (predictions, agreement_values, cosine_values)
+class ChunkResult(Protocol):
+    """A plan's evaluation on a chunk, as this module reads it: evaluate.jobs.SensitivityResult, a dataclass
+    (:func:`restrict` and :func:`stitch` rebuild it with :func:`dataclasses.replace`); per text, in the order
+    of the chunk's texts, the predictions, agreement values and cosine values (empty where the task has none)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def accuracy(self) -> float: ...
+    @property
+    def logit_mse(self) -> float: ...
+    @property
+    def mean_kl(self) -> float: ...
+    @property
+    def flip_rate(self) -> float: ...
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def predictions(self) -> tuple[int, ...]: ...
+    @property
+    def agreement_values(self) -> tuple[float, ...]: ...
+    @property
+    def cosine_values(self) -> tuple[float, ...]: ...
+
+
 RunChunks = Callable[[Sequence[tuple[Plan, EvalSubset]]], Sequence[ChunkResult]]
 
 
@@ -415,11 +440,11 @@ class PlanJudge:
         return acc, agr, cos
 
     @staticmethod
-    def _stitched(pr: _Progress, order: np.ndarray | None = None):  # -> SensitivityResult | None
+    def _stitched(pr: _Progress, order: np.ndarray | None = None) -> ChunkResult | None:
         """The chunks' results as one, texts in chunk order (or reordered by ``order``)."""
         return stitch(pr.chunks, pr.positions, order)
 
-    def complete(self, plan: Plan):  # -> SensitivityResult over the whole split, in the split's row order
+    def complete(self, plan: Plan) -> ChunkResult | None:  # the whole split in its row order (None: it is empty)
         """``plan`` on every row of the split: the rows its decision did not need are evaluated now (one more
         chunk, ledger-recorded), so the final plan's numbers rest on the whole search split."""
         pr = self.progress.setdefault(plan, _Progress())

@@ -35,6 +35,7 @@ import numpy as np
 from calibkit.evidence.candidates import Plan
 from calibkit.evidence.plan_decisions import (
     ACCURACY_DROP,
+    ChunkResult,
     Judged,
     RunChunks,
     chunk_subset,
@@ -100,7 +101,7 @@ class Strata:
         return ", ".join(f"{name} {len(s)}/{len(m)}" for name, m, s in zip(self.names, self.members, self.sampled))
 
 
-def stratify(evidence: SplitEvidence, subset: EvalSubset, base_agreement: Sequence[float],
+def stratify(evidence: SplitEvidence, subset: EvalSubset, base_agreement: Sequence[float] | np.ndarray,
              design: RiskDesign = RiskDesign(), seed: int = 0) -> Strata | None:
     """The strata of ``subset`` by flip risk; ``base_agreement``: the all-INT8 model's per-text agreement on
     ``subset`` (its row order). None when the task has no margin (every text is then evaluated)."""
@@ -164,7 +165,7 @@ def stratified_bound(values: Sequence[np.ndarray], sizes: Sequence[int], constra
 
 @dataclass(eq=False)
 class _Seen:
-    result: object  # SensitivityResult over ``positions``
+    result: ChunkResult  # SensitivityResult over ``positions``
     positions: np.ndarray
 
 
@@ -191,7 +192,7 @@ class StratifiedJudge:
         for h, m in enumerate(self.strata.members):
             self._where[m] = h
 
-    def seed(self, plan: Plan, whole: object) -> None:
+    def seed(self, plan: Plan, whole: ChunkResult) -> None:
         """``plan`` already evaluated on the whole subset (texts in its row order)."""
         self._seen.setdefault(plan, _Seen(whole, np.arange(len(self.subset))))
 
@@ -267,7 +268,7 @@ class StratifiedJudge:
         return float(sum(size / total * float(np.mean(correct[stratum == h]))
                          for h, size in enumerate(sizes) if size and np.any(stratum == h)))
 
-    def complete(self, plan: Plan):  # -> SensitivityResult over the whole subset, in its row order
+    def complete(self, plan: Plan) -> ChunkResult:  # over the whole subset, in its row order
         """``plan`` on every row of the subset: the rows its decision did not need are evaluated now."""
         from calibkit.evidence.plan_decisions import stitch
 
@@ -282,6 +283,7 @@ class StratifiedJudge:
         parts = ([seen.result] if seen is not None else []) + [r]
         positions = np.concatenate([done, rest])
         whole = stitch(parts, [done, rest] if seen is not None else [rest], np.argsort(positions, kind="stable"))
+        assert whole is not None  # parts holds r: stitch returns None only for no chunks
         self._seen[plan] = _Seen(whole, np.arange(n))
         return whole
 

@@ -20,7 +20,7 @@ A non-finite candidate output counts as changed: agreement 0, cosine -1.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -58,7 +58,7 @@ class TextScores(Protocol):
 
 def _unit(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
-    ok = np.isfinite(x).all(axis=1)
+    ok = cast(np.ndarray, np.isfinite(x).all(axis=1))  # x is 2-D: a reduction over axis 1 is an array
     x = np.where(ok[:, None], x, 0.0)
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12), ok
 

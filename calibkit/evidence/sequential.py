@@ -193,8 +193,10 @@ class Decision:
 class DecisionRule(Protocol):
     """The interface a plan search or sensitivity uses; :func:`run_rule` drives it."""
 
-    name: str
-    confidence: float
+    @property
+    def name(self) -> str: ...
+    @property
+    def confidence(self) -> float: ...
 
     @property
     def final_confidence(self) -> float:

@@ -54,7 +54,7 @@ SMALL_HOLDOUT = 200
 
 
 def split_subsets(labels: np.ndarray, holdout_fraction: float, seed: int, texts: Sequence[str] | None = None,
-                  strata: Sequence[str] | None = None) -> tuple[EvalSubset, EvalSubset]:
+                  strata: Sequence[object] | None = None) -> tuple[EvalSubset, EvalSubset]:
     """Stratified (by label, or by ``strata``) seeded search/holdout split, by row content when ``texts`` are
     given."""
     keys = list(texts) if texts is not None else [str(i) for i in range(len(labels))]

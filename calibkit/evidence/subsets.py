@@ -60,7 +60,7 @@ def _row_keys(texts: Sequence[str], labels: Sequence[Any], seed: int) -> np.ndar
     return keys
 
 
-def _content_sha(texts: Sequence[str], labels: Sequence[Any], order: Sequence[int]) -> str:
+def _content_sha(texts: Sequence[str], labels: Sequence[Any], order: np.ndarray) -> str:
     h = hashlib.sha256()
     for i in order:
         h.update(f"{labels[i]}\x00{texts[i]}\x01".encode())

@@ -88,8 +88,8 @@ def _recorded_absmax(stats: Mapping[str, Any] | None) -> float | None:
         return None
     vals = [stats.get("absmax")]
     if vals[0] is None:
-        vals = [abs(v) for v in (stats.get("min"), stats.get("max")) if isinstance(v, (int, float))]
-        vals = [max(vals)] if vals else [None]
+        ends = [abs(v) for v in (stats.get("min"), stats.get("max")) if isinstance(v, (int, float))]
+        vals = [max(ends)] if ends else [None]
     v = vals[0]
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         return None

@@ -33,6 +33,7 @@ from calibkit.types import INT8_MAX
 ALPHA_GRID = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 _SCALE_RANGE = (1e-4, 1e4)  # s is clipped to it: a dead channel must not divide by zero
 SMOOTH_SUFFIX = "_smoothed"
+_NO_ROWS = np.zeros((0, 0), np.float32)  # a tensor without recorded rows: nothing to measure the error on
 METADATA_KEY = "calibkit.smoothing"
 
 
@@ -141,8 +142,8 @@ def choose_scales(
         a_max = np.asarray(absmax[g.tensor], dtype=np.float32)
         if a_max.shape != (wk[0].shape[0],) or not np.isfinite(a_max).all() or float(a_max.max(initial=0)) <= 0:
             continue
-        sample = rows.get(g.tensor)
-        have_rows = sample is not None and len(sample) > 0
+        sample = rows.get(g.tensor, _NO_ROWS)
+        have_rows = len(sample) > 0
         before = product_error(sample, wk, None, a_max) if have_rows else float("nan")
         if alpha is not None:
             s = smoothing_scale(a_max, wk, alpha)

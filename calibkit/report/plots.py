@@ -365,9 +365,9 @@ def _tune_scatter(report: TuneResult) -> Plot | None:
     # accuracy where the plan was judged on labels; else the task's agreement with FP32 (fidelity-only tunes)
     by_accuracy = any(c.accuracy_search is not None for c in report.candidates)
     what = "accuracy" if by_accuracy else "agreement with FP32"
-    points = [(c.int8_flops_fraction, c.accuracy_search if by_accuracy else c.agreement_search, c)
-              for c in report.candidates]
-    points = [(x, y, c) for x, y, c in points if y is not None]
+    measured = [(c.int8_flops_fraction, c.accuracy_search if by_accuracy else c.agreement_search, c)
+                for c in report.candidates]
+    points = [(x, y, c) for x, y, c in measured if y is not None]
     fig = _figure(9.5, 5.0)
     ax = fig.add_subplot()
     for ok, colour, label in ((True, "#2ca02c", "meets the target"), (False, "#c0392b", "misses the target")):
@@ -418,8 +418,8 @@ def _speed_scatter(report: TuneResult) -> Plot | None:
     if sc is None or len(sc.candidates) < 2:
         return None
     by_id = {c.id: c for c in report.candidates}
-    points = [(s.slowest.speedup, by_id[i].agreement_search, i, s) for i, s in zip(sc.candidates, sc.speeds)
-              if i in by_id and by_id[i].agreement_search is not None]
+    points = [(s.slowest.speedup, agreement, i, s) for i, s in zip(sc.candidates, sc.speeds)
+              if i in by_id and (agreement := by_id[i].agreement_search) is not None]
     if len(points) < 2:
         return None
     fig = _figure(8.5, 4.6)

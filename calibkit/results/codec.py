@@ -301,7 +301,7 @@ def load_typed(path: str | Path, kind: type[T] | tuple[type, ...], *, strict: bo
     """Read a calibkit JSON file that must hold a ``kind`` document (a type of :data:`FORMATS`, or a tuple of
     them), checked as :func:`load_result` checks reports; another kind of document is a :class:`DataError`
     naming both formats."""
-    result = parse_result(_read_document(Path(path)), strict=strict, source=path)
+    result: Document = parse_result(_read_document(Path(path)), strict=strict, source=path)
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if not isinstance(result, kinds):
         raise DataError(f"{path} is a {FORMATS[type(result)]} document, not "
@@ -317,7 +317,7 @@ def load_document(path: str | Path, *, strict: bool = False) -> dict[str, Any]:
     report`` renders); a missing, unreadable, oversized, malformed or out-of-domain file raises
     :class:`DataError`. Returns the document as read."""
     doc = _read_document(Path(path))
-    result = parse_result(doc, strict=strict, source=path)
+    result: Document = parse_result(doc, strict=strict, source=path)
     if not isinstance(result, REPORTS):
         raise DataError(f"{path} is a {FORMATS[type(result)]} document, not a report",
                         hint="pass the report.json or tune.json of a compare or tune run")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, SupportsFloat
+from typing import Any, Protocol, SupportsFloat, overload
 
 from calibkit.results.flags import Bounds, Flag, PairedEffect, Thresholds
 
@@ -91,6 +91,15 @@ class Range:
     high: float | None
     level: float = 0.95
 
+    @overload
+    @classmethod
+    def of(cls, iv: _Interval) -> Range: ...
+    @overload
+    @classmethod
+    def of(cls, iv: None) -> None: ...
+    @overload
+    @classmethod
+    def of(cls, iv: _Interval | None) -> Range | None: ...
     @classmethod
     def of(cls, iv: _Interval | None) -> Range | None:
         """From an ``evidence.intervals.Interval`` (None passes through)."""
@@ -120,6 +129,15 @@ class Difference:
     def interval(self) -> Range:
         return Range(self.estimate, self.low, self.high, self.level)
 
+    @overload
+    @classmethod
+    def of(cls, d: _Paired) -> Difference: ...
+    @overload
+    @classmethod
+    def of(cls, d: None) -> None: ...
+    @overload
+    @classmethod
+    def of(cls, d: _Paired | None) -> Difference | None: ...
     @classmethod
     def of(cls, d: _Paired | None) -> Difference | None:
         """From an ``evidence.intervals.PairedDifference`` (None passes through)."""
