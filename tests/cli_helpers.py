@@ -4,8 +4,11 @@ their module fixtures share (:func:`build_engines`)."""
 
 from __future__ import annotations
 
+import errno
 import json
-from collections.abc import Iterator, Sequence
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -64,3 +67,30 @@ def build_engines(tmp: Path, *, calibration_texts: int = 20, eval_texts: Sequenc
             r = run(*args)
             assert r.exit_code == 0, r.output
     return tmp
+
+
+def claimed_elsewhere(out: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+    """Another process that claims ``out`` as a calibkit run writing it does, and holds it for a minute; returned
+    once it holds it (the caller kills it)."""
+    script = ("import time; from pathlib import Path; from calibkit.outdirs import claim_output\n"
+              f"claim_output(Path({str(out)!r})); print('claimed', flush=True); time.sleep(60)\n")
+    first = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    if first.stdout is None or first.stdout.readline().strip() != "claimed":
+        first.kill()
+        first.wait()
+        raise AssertionError("the other process did not claim the output")
+    return first
+
+
+def full_disk_on_html(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report renderer's writes of .html files fail as on a full disk; every other write goes through."""
+    from calibkit.report import render
+
+    real = render.write_text
+
+    def full(path: object, text: str) -> None:
+        if str(path).endswith(".html"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path, text)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(render, "write_text", full)

@@ -17,7 +17,7 @@ import onnx
 import pytest
 import typer
 from calib_helpers import texts, tiny_model, write_model_dir
-from cli_helpers import build_engines, flat, run
+from cli_helpers import build_engines, flat, full_disk_on_html, run
 from test_tune_pipeline import sensitive_folder
 
 import calibkit as ck
@@ -599,7 +599,6 @@ def _files(folder: Path) -> dict[str, bytes]:
 
 def test_tune_failing_on_a_full_disk_keeps_out_and_report_of_one_run(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    import calibkit.report.render as render
 
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     f = sensitive_folder(tmp_path, 200)
@@ -612,14 +611,7 @@ def test_tune_failing_on_a_full_disk_keeps_out_and_report_of_one_run(tmp_path: P
         doc = folder / ("tune.json" if folder == out else "report.json")
         doc.write_text(doc.read_text().replace("{", '{"marker-of-the-first-run": true, ', 1))
     before = (_files(out), _files(rep))
-    real = render.write_text
-
-    def full(path: object, text: str) -> None:
-        if str(path).endswith(".html"):
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        real(path, text)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(render, "write_text", full)
+    full_disk_on_html(monkeypatch)
     r = run(*args)
     assert r.exit_code == 2 and "No space left" in flat(r), r.output
     assert (_files(out), _files(rep)) == before, "both outputs of the first run"

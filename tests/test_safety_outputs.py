@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from calib_helpers import texts, write_model_dir
-from cli_helpers import flat, run
+from cli_helpers import claimed_elsewhere, flat, full_disk_on_html, run
 
 from calibkit._io import atomic_dir, write_text
 from calibkit.data.calibset import write_calibration_set
@@ -247,11 +247,8 @@ def test_two_runs_into_one_out_folder(tmp_path: Path) -> None:
     from calibkit.outdirs import guard_output_dir
 
     out = tmp_path / "runs" / "cal"
-    script = ("import sys, time; from pathlib import Path; from calibkit.outdirs import claim_output\n"
-              f"claim_output(Path({str(out)!r})); print('claimed', flush=True); time.sleep(60)\n")
-    first = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    first = claimed_elsewhere(out)
     try:
-        assert first.stdout is not None and first.stdout.readline().strip() == "claimed"
         with pytest.raises(UsageError, match=rf"being written by another calibkit run \(pid {first.pid}\)"):
             guard_output_dir(out)
         first.send_signal(signal.SIGKILL)
@@ -280,12 +277,8 @@ def test_one_writer_per_out_does_not_depend_on_tmpdir(tmp_path: Path) -> None:
     (tmp_path / "runs").mkdir()
     (tmp_path / "alias").symlink_to(tmp_path / "runs")
     out = tmp_path / "runs" / "cal"
-    script = ("import time; from pathlib import Path; from calibkit.outdirs import claim_output\n"
-              f"claim_output(Path({str(out)!r})); print('claimed', flush=True); time.sleep(60)\n")
-    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp-a")}
-    first = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    first = claimed_elsewhere(out, {**os.environ, "TMPDIR": str(tmp_path / "tmp-a")})
     try:
-        assert first.stdout is not None and first.stdout.readline().strip() == "claimed"
         assert lock_path(out).is_file() and lock_path(out).parent == tmp_path / "runs"
         other = {**os.environ, "TMPDIR": str(tmp_path / "tmp-b")}
         probe = subprocess.run(
@@ -353,9 +346,7 @@ def test_commit_together_swaps_all_outputs_or_none(tmp_path: Path) -> None:
 def test_compare_failing_on_a_full_disk_keeps_json_and_report_of_one_run(env: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Fixed: --json was already replaced by the new run while the report folder kept the old one."""
-    import errno
 
-    import calibkit.report.render as render
 
     engine = env / "e" / "fp32.onnx"
     assert run("build", env / "model", "-p", "fp32", "-o", engine).exit_code == 0
@@ -368,14 +359,7 @@ def test_compare_failing_on_a_full_disk_keeps_json_and_report_of_one_run(env: Pa
     (env / "rep" / "report.json").write_text(json.dumps(doc))
     before = snapshot(env)
 
-    real = render.write_text
-
-    def full(path: object, text: str) -> None:
-        if str(path).endswith(".html"):
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        real(path, text)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(render, "write_text", full)
+    full_disk_on_html(monkeypatch)
     r = run(*args)
     assert r.exit_code == 2 and "No space left" in r.output and "hint:" in r.output, r.output
     assert snapshot(env) == before  # both outputs of the first run, nothing staged left

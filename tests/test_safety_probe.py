@@ -315,17 +315,13 @@ def test_a_file_named_prepare_json_does_not_make_a_folder_an_earlier_prepares(tm
 
 def test_two_prepares_into_one_folder_the_second_is_refused(tmp_path: Path, no_prepare_work: None) -> None:
     """demo prepare claimed no output: two runs into one folder both wrote its steps' files."""
-    import subprocess
-    import sys
+    from cli_helpers import claimed_elsewhere
 
     from calibkit.demo.prepare import PrepareOptions, prepare_demo
 
     out = tmp_path / "demo"
-    script = ("import time; from pathlib import Path; from calibkit.outdirs import claim_output\n"
-              f"claim_output(Path({str(out)!r})); print('claimed', flush=True); time.sleep(60)\n")
-    first = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    first = claimed_elsewhere(out)
     try:
-        assert first.stdout is not None and first.stdout.readline().strip() == "claimed"
         with pytest.raises(UsageError, match=rf"being written by another calibkit run \(pid {first.pid}\)"):
             prepare_demo(out, PrepareOptions(fast=True, log_lines=10))
     finally:

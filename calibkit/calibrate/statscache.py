@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from calibkit._io import file_kind
 from calibkit.calibrate.stats import StatsStore, read_header, verify_store
 from calibkit.consistency import TOKENIZER_FILES
 from calibkit.errors import CalibrationError
@@ -97,15 +98,6 @@ def _not_a_folder(folder: Path) -> str | None:
     return None if stat.S_ISDIR(st.st_mode) else "not a folder"
 
 
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
 @contextlib.contextmanager
 def open_entry(path: Path) -> Iterator[Any]:
     """A cache entry opened for reading, only as the regular file calibkit wrote: checked with ``lstat`` first,
@@ -113,7 +105,7 @@ def open_entry(path: Path) -> Iterator[Any]:
     checked again on the open file. Anything else raises :class:`SpecialEntry` naming what stands there."""
     st = os.lstat(path)
     if not stat.S_ISREG(st.st_mode):
-        raise SpecialEntry(_kind(st.st_mode))
+        raise SpecialEntry(file_kind(st.st_mode))
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
@@ -124,7 +116,7 @@ def open_entry(path: Path) -> Iterator[Any]:
     with os.fdopen(fd, "rb") as fh:
         now = os.fstat(fh.fileno())
         if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
-            raise SpecialEntry(_kind(now.st_mode) if not stat.S_ISREG(now.st_mode) else "replaced while opened")
+            raise SpecialEntry(file_kind(now.st_mode) if not stat.S_ISREG(now.st_mode) else "replaced while opened")
         yield fh
 
 

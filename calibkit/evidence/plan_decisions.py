@@ -52,6 +52,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from calibkit.evidence.candidates import Plan
+from calibkit.evidence.rowfidelity import TextScores
 from calibkit.evidence.sequential import (
     ConfidenceSequenceRule,
     Constraint,
@@ -132,10 +133,11 @@ class Judged:
     decisions: tuple[Decision, ...] = ()
 
 
-class ChunkResult(Protocol):
+class ChunkResult(TextScores, Protocol):
     """A plan's evaluation on a chunk, as this module reads it: evaluate.jobs.SensitivityResult, a dataclass
     (:func:`restrict` and :func:`stitch` rebuild it with :func:`dataclasses.replace`); per text, in the order
-    of the chunk's texts, the predictions, agreement values and cosine values (empty where the task has none)."""
+    of the chunk's texts, the predictions, agreement values and cosine values of
+    :class:`~calibkit.evidence.rowfidelity.TextScores` (empty where the task has none)."""
 
     __dataclass_fields__: ClassVar[dict[str, Any]]
 
@@ -149,12 +151,6 @@ class ChunkResult(Protocol):
     def flip_rate(self) -> float: ...
     @property
     def seconds(self) -> float: ...
-    @property
-    def predictions(self) -> tuple[int, ...]: ...
-    @property
-    def agreement_values(self) -> tuple[float, ...]: ...
-    @property
-    def cosine_values(self) -> tuple[float, ...]: ...
 
 
 RunChunks = Callable[[Sequence[tuple[Plan, EvalSubset]]], Sequence[ChunkResult]]
