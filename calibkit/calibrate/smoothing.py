@@ -25,7 +25,7 @@ from calibkit.data.encode import DEFAULT_MEMORY_BUDGET, TokenBudget
 from calibkit.data.modeldir import ModelDir
 from calibkit.errors import CalibrationError, ModelError
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
-from calibkit.provenance import PATHS_RELATIVE
+from calibkit.provenance import PATHS_RELATIVE, SMOOTHING_JSON
 from calibkit.quantize.qdq import save_model, weightless_copy
 from calibkit.quantize.smooth import (
     METADATA_KEY,
@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover - types only
 
 log = logging.getLogger("calibkit.calibrate.smoothing")
 
-SMOOTHING_FILE = "smoothing.json"
+SMOOTHING_FILE = SMOOTHING_JSON  # the record a smoothed model folder holds
 ROW_BYTES = 128 << 20  # sampled rows of every smoothed activation together (float32), for the alpha search
 MAX_ROWS = 1024  # per activation
 MIN_ROWS = 64
