@@ -31,6 +31,9 @@ Recipes (``--recipes``, comma-separated; fp32 is always run):
   ck-biasfused  ``ck`` after ONNX Runtime's own Q/DQ fusion (level EXTENDED), with every bias Add folded into
                 MatMulIntegerToFloat's bias input: the upper bound of what bias fusion could give
   ck-nospin     ``ck`` with session.intra_op.allow_spinning=0
+  ck-asym       ``ck`` with each activation's uint8 grid fitted to [max(min, -amax), min(max, amax)] (the
+                calibrated |x| threshold clipped by the observed min/max, from the calibration's stats.npz):
+                one-sided tensors (GELU outputs) get about twice the resolution
   ck-exact      ``ck`` with graph optimizations off: the exact Q/DQ arithmetic calibkit evaluates (fidelity only,
                 not timed)
   dyn-pc        onnxruntime.quantization.quantize_dynamic, int8 per-channel weights
@@ -56,6 +59,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
 
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.graph import load_model
@@ -238,6 +242,30 @@ def build_recipes(names: list[str], model_dir: Path, calib: Path, work: Path, th
         quantize_dynamic(path_in, path, per_channel=per_channel, weight_type=QuantType.QInt8)
         return {}
 
+    def asym(path: str) -> dict:
+        from calibkit.calibrate.stats import StatsStore
+
+        stats = StatsStore.load(calib / "stats.npz" if calib.is_dir() else calib.parent / "stats.npz")
+        q = qdq_only(fp32, table)
+        inits = {i.name: i for i in q.graph.initializer}
+        amax = table.amax()
+        changed = 0
+        for n in q.graph.node:
+            if n.op_type != "QuantizeLinear" or n.input[0] not in amax or n.input[0] not in stats:
+                continue
+            t, a = n.input[0], amax[n.input[0]]
+            st = stats[t]
+            lo, hi = max(min(st.min, 0.0), -a), min(max(st.max, 0.0), a)
+            if hi - lo >= 2 * a * 0.999:
+                continue
+            scale = (hi - lo) / 255.0
+            zp = int(np.clip(round(-lo / scale), 0, 255))
+            inits[n.input[1]].CopyFrom(numpy_helper.from_array(np.asarray(scale, np.float32), n.input[1]))
+            inits[n.input[2]].CopyFrom(helper.make_tensor(n.input[2], TensorProto.UINT8, [], [zp]))
+            changed += 1
+        save_model(q, path)
+        return {"asymmetric_tensors": changed}
+
     builders: dict[str, Callable[[str], dict]] = {
         "fp32": lambda p: {"path": src},
         "fp32-ortopt": lambda p: {"path": fused("attention")},
@@ -249,6 +277,7 @@ def build_recipes(names: list[str], model_dir: Path, calib: Path, work: Path, th
         "ck-attn-int8": lambda p: (save_model(quantize_all_matmuls(fp32, table), p), {})[1],
         "ck-biasfused": lambda p: {"bias_adds_folded": fold_bias_into_mmitf(str(work / "ck.onnx"), p, threads)},
         "ck-nospin": lambda p: {"path": str(work / "ck.onnx"), "config": {"session.intra_op.allow_spinning": "0"}},
+        "ck-asym": asym,
         "ck-exact": lambda p: {"path": str(work / "ck.onnx"), "level": "none", "timed": False},
         "dyn-pc": lambda p: dyn(src, p, True),
         "dyn-pt": lambda p: dyn(src, p, False),

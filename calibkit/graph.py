@@ -245,7 +245,7 @@ def tap_name(tensor: str, model: onnx.ModelProto) -> str:
 
 
 def qdq_layout(model: onnx.ModelProto) -> str | None:
-    """The quantize Target a Q/DQ model was built for (uint8 activations with zero point 128: ``onnxruntime``;
+    """The quantize Target a Q/DQ model was built for (uint8 activations: ``onnxruntime``;
     int8: ``tensorrt``), or None when it has no QuantizeLinear with a zero point."""
     inits = {i.name: i.data_type for i in model.graph.initializer}
     for n in model.graph.node:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import enum
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast, overload
 
 INT8_MAX = 127
+UINT8_STEPS = 255  # a uint8 grid's highest code (its lowest is 0)
+UINT8_SYMMETRIC_ZERO = 128  # the zero point that makes a uint8 grid the int8 one shifted
 SEED_MAX = (1 << 32) - 1  # numpy, scikit-learn and torch seeds are unsigned 32-bit
 
 #: how every path a caller gives is typed (a request's path fields, the API's parameters)
@@ -91,15 +94,46 @@ class MethodParams:
 
 @dataclass(frozen=True)
 class TensorRange:
-    """The INT8 clipping range chosen for one activation tensor (symmetric: [-amax, amax])."""
+    """The INT8 clipping range chosen for one activation tensor: [-amax, amax], the symmetric int8 grid TensorRT
+    runs. ``observed_min``/``observed_max``: the extremes calibration saw (None where unknown, as for ranges read
+    from a TensorRT cache); the onnxruntime layout's uint8 grid is fitted to them (:meth:`uint8_grid`)."""
 
     tensor: str
     amax: float
     method: Method
+    observed_min: float | None = None
+    observed_max: float | None = None
 
     @property
     def scale(self) -> float:
         return self.amax / INT8_MAX
+
+    def uint8_grid(self) -> tuple[float, int]:
+        """(scale, zero point) of the onnxruntime layout's uint8 grid for this tensor: [-amax, amax] clipped to
+        what calibration observed (zero kept inside), so a one-sided tensor (a GELU output, whose minimum is
+        -0.17) gets all 256 steps where the symmetric grid wastes half of them. Without observed extremes, or
+        when both lie beyond amax, it is the symmetric grid shifted by 128 (scale amax / 127, zero point 128),
+        which dequantizes to exactly the int8 grid's values."""
+        lo, hi = -self.amax, self.amax
+        if self.observed_min is not None and self.observed_max is not None:
+            lo = max(min(self.observed_min, 0.0), -self.amax)
+            hi = min(max(self.observed_max, 0.0), self.amax)
+        if (lo == -self.amax and hi == self.amax) or not hi - lo > 0:
+            return self.amax / INT8_MAX, UINT8_SYMMETRIC_ZERO
+        scale = (hi - lo) / UINT8_STEPS
+        return scale, int(min(UINT8_STEPS, max(0, round(-lo / scale))))
+
+
+def _observed(entry: dict[str, Any]) -> dict[str, float]:
+    """A table entry's observed extremes (both or neither; earlier tables have none), checked: finite, the
+    minimum not above the maximum."""
+    if "observed_min" not in entry and "observed_max" not in entry:
+        return {}
+    lo, hi = float(entry["observed_min"]), float(entry["observed_max"])
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+        raise ValueError(f"range of {entry.get('tensor')!r}: observed_min {lo} and observed_max {hi} are not "
+                         f"finite with min <= max")
+    return {"observed_min": lo, "observed_max": hi}
 
 
 @dataclass(frozen=True)
@@ -129,7 +163,9 @@ class CalibrationTable:
             "method": self.method.value,
             "params": self.params.to_dict(),
             "ranges": [
-                {"tensor": r.tensor, "amax": r.amax, "scale": r.scale, "method": r.method.value}
+                {"tensor": r.tensor, "amax": r.amax, "scale": r.scale, "method": r.method.value,
+                 **({} if r.observed_min is None or r.observed_max is None
+                    else {"observed_min": r.observed_min, "observed_max": r.observed_max})}
                 for r in self.ranges
             ],
             "provenance": dict(self.provenance),
@@ -143,7 +179,8 @@ class CalibrationTable:
             method=Method(d["method"]),
             params=MethodParams.from_dict(d.get("params", {})),
             ranges=tuple(
-                TensorRange(tensor=r["tensor"], amax=float(r["amax"]), method=Method(r.get("method", d["method"])))
+                TensorRange(tensor=r["tensor"], amax=float(r["amax"]), method=Method(r.get("method", d["method"])),
+                            **_observed(r))
                 for r in d["ranges"]
             ),
             provenance={str(k): str(v) for k, v in d.get("provenance", {}).items()},

@@ -247,3 +247,51 @@ def test_onnxruntime_qdq_loss_debug_matches_activations_and_weights(tmp_path) ->
         np.testing.assert_allclose(pair["post_qdq"][0], fq(pair["pre_qdq"][0], table.amax()[t]), rtol=1e-6)
     weights = debug.create_weight_matching(str(fp32), str(qdq))
     assert set(weights) == {"W1", "W2"}
+
+
+def test_onnxruntime_grids_are_fitted_to_the_observed_extremes() -> None:
+    """A one-sided tensor (r = Relu(h), never below 0) gets a uint8 grid over [0, amax] with zero point 0: twice
+    the symmetric grid's resolution. The model computes that grid's fake-quantization, checked against numpy."""
+    h = X @ W1
+    r = np.maximum(h, 0)
+    observed = {"x": (float(X.min()), float(X.max())), "h": (float(h.min()), float(h.max())),
+                "r": (float(r.min()), float(r.max()))}
+    base = table_for(X)
+    t = CalibrationTable("sha", "set", Method.MINMAX, MethodParams(), tuple(
+        TensorRange(e.tensor, e.amax, e.method, *observed.get(e.tensor, (None, None))) for e in base.ranges))
+    scale, zero = t.get("r").uint8_grid()
+    assert zero == 0 and scale == pytest.approx(t.get("r").amax / 255)
+    res = quantize_model(tiny_model(), t, target=Target.ONNXRUNTIME)
+    inits = {i.name: numpy_helper.to_array(i) for i in res.model.graph.initializer}
+    assert int(inits["r_zero_point"]) == 0 and inits["r_zero_point"].dtype == np.uint8
+    assert float(inits["r_scale"]) == pytest.approx(scale)
+
+    def fq_grid(v: np.ndarray, name: str) -> np.ndarray:
+        s, z = t.get(name).uint8_grid()
+        s = np.float32(s)
+        return ((np.clip(np.rint(v / s) + z, 0, 255) - z) * s).astype(np.float32)
+
+    got = run(res.model, X)
+    hq = fq_grid(X, "x") @ fake_quantize_weight(W1, 1)
+    want_y = fq_grid(np.maximum(hq, 0), "r") @ fake_quantize_weight(W2, 0).T + B2
+    np.testing.assert_allclose(got["y"], want_y, rtol=1e-4, atol=1e-4)
+    # the same ranges without observed extremes: the symmetric grid, as before
+    sym = quantize_model(tiny_model(), base, target=Target.ONNXRUNTIME)
+    assert int({i.name: numpy_helper.to_array(i) for i in sym.model.graph.initializer}["r_zero_point"]) == 128
+    # and TensorRT's layout never reads them
+    a = quantize_model(tiny_model(), t, target=Target.TENSORRT).model.SerializeToString()
+    assert a == quantize_model(tiny_model(), base, target=Target.TENSORRT).model.SerializeToString()
+
+
+def test_tables_keep_their_observed_extremes_and_refuse_impossible_ones() -> None:
+    t = CalibrationTable("sha", "set", Method.MSE, MethodParams(),
+                         (TensorRange("a", 2.0, Method.MSE, -0.17, 9.5), TensorRange("b", 1.0, Method.MSE)))
+    d = t.to_dict()
+    assert "observed_min" not in d["ranges"][1]  # a range without them is written as before
+    assert CalibrationTable.from_dict(d) == t
+    d["ranges"][0]["observed_min"] = 10.0  # above the maximum
+    with pytest.raises(ValueError, match="observed_min"):
+        CalibrationTable.from_dict(d)
+    d["ranges"][0]["observed_min"] = float("nan")
+    with pytest.raises(ValueError, match="observed_min"):
+        CalibrationTable.from_dict(d)

@@ -22,10 +22,18 @@ from calibkit.quantize.tablefile import write_calibration_json
 from calibkit.types import CalibrationTable, Method, MethodParams, TensorRange
 
 
-def _table(model, scale: float = 1.0, zero: tuple[str, ...] = ()) -> CalibrationTable:
+def _table(model, scale: float = 1.0, zero: tuple[str, ...] = (), observed: bool = False) -> CalibrationTable:
+    """Ranges 2.5 x scale x (1 + i/7); ``observed``: with observed extremes of every kind (one-sided, lopsided,
+    both beyond amax), so the onnxruntime layout's grids are fitted ones with zero points other than 128."""
     tensors = plan_placement(model).activations
-    ranges = tuple(TensorRange(t, 0.0 if t in zero else 2.5 * scale * (1 + i / 7), Method.MINMAX)
-                   for i, t in enumerate(tensors))
+    sides = [(-0.17, 9.0), (-1.0, 0.8), (-9.0, 9.0), (0.0, 3.0)]
+
+    def entry(i: int, t: str) -> TensorRange:
+        a = 0.0 if t in zero else 2.5 * scale * (1 + i / 7)
+        lo, hi = sides[i % len(sides)]
+        return TensorRange(t, a, Method.MINMAX, *((lo, hi) if observed else (None, None)))
+
+    ranges = tuple(entry(i, t) for i, t in enumerate(tensors))
     return CalibrationTable("sha", "cset", Method.MINMAX, MethodParams(), ranges)
 
 
@@ -56,12 +64,15 @@ def test_a_setting_computes_the_qdq_model_of_its_plan_bit_for_bit(keep, zero_bra
         np.testing.assert_array_equal(got[name], value)
 
 
+@pytest.mark.parametrize("observed", [False, True])
 @pytest.mark.parametrize("keep", [(), ("proj",), ("classifier", "out_proj")])
-def test_weights_only_computes_the_onnxruntime_layouts_qdq_model_bit_for_bit(keep):
-    """The onnxruntime layout (uint8 activations, zero point 128; activation x activation MatMuls in FP32) as
+def test_weights_only_computes_the_onnxruntime_layouts_qdq_model_bit_for_bit(keep, observed):
+    """The onnxruntime layout (uint8 activations on fitted grids; activation x activation MatMuls in FP32) as
     exact Q/DQ arithmetic is a setting of the same board: its switches off for the nodes without a weight."""
     model = tiny_model()
-    table = _table(model)
+    table = _table(model, observed=observed)
+    zeros = {r.uint8_grid()[1] for r in table.ranges}
+    assert (zeros == {128}) is not observed  # fitted grids move the zero point
     board = build_board(model, plan_placement(model))
     feeds = _feeds()
     ort = quantize_model(model, table, keep_nodes=keep, target=Target.ONNXRUNTIME)

@@ -121,7 +121,9 @@ def compute_table(
             amaxes = list(pool.map(lambda job: compute_amax(job[0], job[1], params), jobs))
     else:
         amaxes = [compute_amax(st, m, params) for st, m in jobs]
-    ranges = [TensorRange(tensor=t, amax=a, method=m) for t, a, m in zip(names, amaxes, chosen, strict=True)]
+    ranges = [TensorRange(tensor=t, amax=a, method=m, observed_min=float(store[t].min),
+                          observed_max=float(store[t].max))
+              for t, a, m in zip(names, amaxes, chosen, strict=True)]
     return CalibrationTable(
         model_sha256=model_sha256,
         calibration_set_id=calibration_set_id,

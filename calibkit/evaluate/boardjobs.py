@@ -65,6 +65,7 @@ class BoardUnit:
     rows: tuple[int, ...]  # which of them: consecutive in the job's length order (see run_on_boards)
     switches: tuple[bool, ...]
     scales: tuple[float, ...]
+    zeros: tuple[int, ...]
     batch_size: int
     threads: int
     max_length: int | None
@@ -133,7 +134,8 @@ def run_board_unit(u: BoardUnit) -> UnitOutput:
         runner, tok = _session(u)
         every = fetch(u.texts)
         texts = [every[i] for i in u.rows]
-        feeds = Setting(np.asarray(u.switches, dtype=bool), np.asarray(u.scales, dtype=np.float32)).feeds()
+        feeds = Setting(np.asarray(u.switches, dtype=bool), np.asarray(u.scales, dtype=np.float32),
+                        np.asarray(u.zeros, dtype=np.uint8)).feeds()
         values = predict_outputs(_Fixed(runner, feeds), tok, texts, batch_size=u.batch_size,  # type: ignore[arg-type]
                                  output_name=u.output_name, pooling=u.pooling, budget=BATCH_TOKENS).values
     except CalibkitError as exc:
@@ -258,6 +260,7 @@ def run_on_boards(jobs: Sequence[SensitivityJob], executor: Executor,
             units.append(BoardUnit(boards[job.source_model], tok, single, texts,
                                    tuple(int(v) for v in order[start:stop]),
                                    tuple(bool(v) for v in s.switches), tuple(float(v) for v in s.scales),
+                                   tuple(int(v) for v in s.zeros),
                                    job.batch_size, threads, job.max_length, job.output_name, pooling))
             owner.append(i)
     results: list[SensitivityResult | None] = [None] * len(jobs)

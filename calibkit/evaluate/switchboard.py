@@ -5,8 +5,10 @@ a prefix of the ranking kept in FP32. Built one by one, each variant pays a fixe
 (quantize the weights, serialize, start an ONNX Runtime session: 40 s on BERT-base, more than a 1,000-text
 evaluation). The switchboard is the FP32 model with, for every quantized node, both paths wired in:
 
-- per activation tensor ``t``: ``Q(t) -> DQ`` with its scale read from the graph input :data:`SCALES`
-  (``Gather`` at the tensor's position), one pair shared by every reader, as :mod:`calibkit.quantize.qdq` does;
+- per activation tensor ``t``: a uint8 ``Q(t) -> DQ`` with its scale and zero point read from the graph inputs
+  :data:`SCALES` and :data:`ZEROS` (``Gather`` at the tensor's position), one pair shared by every reader, as
+  :mod:`calibkit.quantize.qdq` does (TensorRT's symmetric int8 grid is the uint8 one with zero point 128: the
+  same values);
 - per weight: the int8 weight and its per-channel ``DequantizeLinear``, exactly as ``quantize_model`` writes it;
 - per quantized node and input: ``Where(switch, dequantized, original)`` with the switch read from the graph
   input :data:`SWITCHES` (``Gather`` at the node's position).
@@ -17,9 +19,10 @@ core works. ``Where`` selects, it does not compute, so a node switched on reads 
 Q/DQ model of ``quantize_model`` gives its MatMul, and one switched off reads the FP32 tensor; the engine runs
 with graph optimizations off, as the exact Q/DQ evaluation of the TensorRT layout does
 (``engines.onnxruntime.evaluation_optimization``). The onnxruntime layout is served too, its activation x
-activation MatMuls switched off (:func:`setting`): exact Q/DQ arithmetic of what ONNX Runtime's fused integer
-kernels compute up to float rounding (int32 accumulation, one scale). That gap is measured, not assumed: tune
-runs the plan's served model on holdout texts and records how many texts it changes (``evaluate.served``).
+activation MatMuls switched off and its fitted uint8 grids fed (:func:`setting`): exact Q/DQ arithmetic of what
+ONNX Runtime's fused integer kernels compute up to float rounding (int32 accumulation, one scale). That gap is
+measured, not assumed: tune runs the plan's served model on holdout texts and records how many texts it
+changes (``evaluate.served``).
 """
 
 from __future__ import annotations
@@ -35,12 +38,14 @@ from onnx import TensorProto, helper, numpy_helper
 from calibkit.errors import ModelError
 from calibkit.names import node_labels
 from calibkit.quantize.placement import Placement
+from calibkit.quantize.qdq import Target, activation_grids
 from calibkit.quantize.rangecheck import check_ranges
 from calibkit.quantize.weights import quantize_weight, weight_axis
-from calibkit.types import INT8_MAX, CalibrationTable
+from calibkit.types import UINT8_SYMMETRIC_ZERO, CalibrationTable
 
 SWITCHES = "calibkit_switchboard_int8"  # bool [nodes]: node i runs INT8
-SCALES = "calibkit_switchboard_scales"  # float32 [tensors]: activation scale of tensor j (amax / 127)
+SCALES = "calibkit_switchboard_scales"  # float32 [tensors]: activation scale of tensor j
+ZEROS = "calibkit_switchboard_zero_points"  # uint8 [tensors]: zero point of tensor j's uint8 grid
 _PREFIX = "calibkit_switchboard/"
 
 
@@ -60,13 +65,14 @@ class Board:
 
 @dataclass(frozen=True)
 class Setting:
-    """A plan under a table, as the feeds of a :class:`Board`: which nodes run INT8 and every tensor's scale."""
+    """A plan under a table, as the feeds of a :class:`Board`: which nodes run INT8 and every tensor's grid."""
 
     switches: np.ndarray  # bool [nodes]
     scales: np.ndarray  # float32 [tensors]
+    zeros: np.ndarray  # uint8 [tensors]
 
     def feeds(self) -> dict[str, np.ndarray]:
-        return {SWITCHES: self.switches, SCALES: self.scales}
+        return {SWITCHES: self.switches, SCALES: self.scales, ZEROS: self.zeros}
 
 
 def build_board(model: onnx.ModelProto, placement: Placement) -> Board:
@@ -81,8 +87,9 @@ def build_board(model: onnx.ModelProto, placement: Placement) -> Board:
     tensors = placement.activations
     graph.input.append(helper.make_tensor_value_info(SWITCHES, TensorProto.BOOL, [len(nodes)]))
     graph.input.append(helper.make_tensor_value_info(SCALES, TensorProto.FLOAT, [len(tensors)]))
+    graph.input.append(helper.make_tensor_value_info(ZEROS, TensorProto.UINT8, [len(tensors)]))
     new_nodes: list[onnx.NodeProto] = []
-    new_inits: list[onnx.TensorProto] = [helper.make_tensor(_PREFIX + "zero_point", TensorProto.INT8, [], [0])]
+    new_inits: list[onnx.TensorProto] = []
 
     def index(name: str, i: int) -> str:
         t = numpy_helper.from_array(np.asarray(i, dtype=np.int64), _PREFIX + f"{name}_index_{i}")
@@ -93,9 +100,11 @@ def build_board(model: onnx.ModelProto, placement: Placement) -> Board:
     for j, t in enumerate(tensors):
         scale = _PREFIX + f"scale/{t}"
         q, dq = _PREFIX + f"q/{t}", _PREFIX + f"dq/{t}"
-        zp = _PREFIX + "zero_point"
+        zp = _PREFIX + f"zero_point/{t}"
+        position = index("scale", j)
         new_nodes += [
-            helper.make_node("Gather", [SCALES, index("scale", j)], [scale], name=scale),
+            helper.make_node("Gather", [SCALES, position], [scale], name=scale),
+            helper.make_node("Gather", [ZEROS, position], [zp], name=zp),
             helper.make_node("QuantizeLinear", [t, scale, zp], [q], name=q),
             helper.make_node("DequantizeLinear", [q, scale, zp], [dq], name=dq),
         ]
@@ -191,8 +200,8 @@ def setting(board: Board, table: CalibrationTable, keep: Iterable[str], *, weigh
     """The feeds that make ``board`` compute ``quantize_model(model, table, keep_nodes=keep)`` as exact Q/DQ
     arithmetic: a node runs INT8 unless it is kept or one of its activation inputs has no range or a zero range;
     ranges are checked as ``quantize_model`` checks them. ``weights_only``: the onnxruntime layout, whose
-    activation x activation MatMuls stay FP32 (its uint8 activations with zero point 128 dequantize to the very
-    values of the int8 ones with zero point 0, so the board's pairs compute that layout's arithmetic too)."""
+    activation x activation MatMuls stay FP32, and whose activations are on uint8 grids fitted to the observed
+    extremes (``quantize_model`` writes the same ones; TensorRT's int8 grid is fed as zero point 128)."""
     amax: Mapping[str, float] = table.amax()
     check_ranges(((t, amax[t]) for t in board.tensors if t in amax), source="calibration table",
                  hint="recalibrate (`calibkit calibrate`) or fix the table's ranges; calibkit never writes these",
@@ -201,6 +210,8 @@ def setting(board: Board, table: CalibrationTable, keep: Iterable[str], *, weigh
     weighted = board.weighted or (True,) * len(board.nodes)
     switches = np.asarray([n not in kept and all(amax.get(t) for t in inputs) and (w or not weights_only)
                            for n, inputs, w in zip(board.nodes, board.node_inputs, weighted)], dtype=bool)
-    scales = np.asarray([np.float32(amax[t] / INT8_MAX) if amax.get(t) else np.float32(1.0) for t in board.tensors],
-                        dtype=np.float32)
-    return Setting(switches, scales)
+    grids = activation_grids(table, Target.ONNXRUNTIME if weights_only else Target.TENSORRT)
+    grid = [grids[t] if amax.get(t) else (1.0, 0) for t in board.tensors]
+    scales = np.asarray([np.float32(step) for step, _ in grid], dtype=np.float32)
+    zeros = np.asarray([UINT8_SYMMETRIC_ZERO if not weights_only else zero for _, zero in grid], dtype=np.uint8)
+    return Setting(switches, scales, zeros)

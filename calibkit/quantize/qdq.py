@@ -26,8 +26,14 @@ What differs between the targets
   zero point 0, and every MatMul/Gemm is quantized, including the activation x activation attention MatMuls
   (Q·K^T and probs·V), which TensorRT runs as INT8 GEMMs inside its fused MHA kernels.
 - ``Target.ONNXRUNTIME`` (the layout ONNX Runtime's CPU kernels turn into integer GEMMs): activations are
-  **uint8 with zero point 128** — the symmetric int8 grid shifted by 128, so it dequantizes to exactly the same
-  values (q_u8 = q_s8 + 128, same scale) — because U8S8 is MLAS's fast x86 path; ORT fuses
+  **uint8**, because U8S8 is MLAS's fast x86 path, on a grid fitted to each tensor: the calibrated [-amax, amax]
+  clipped to the extremes calibration observed (:meth:`calibkit.types.TensorRange.uint8_grid`). A one-sided
+  tensor (a GELU output, never below -0.17) gets all 256 steps instead of half of them; a tensor seen beyond
+  both ends, or a range without observed extremes (one read from a TensorRT cache), gets the symmetric int8
+  grid shifted by 128 (zero point 128, the same values). Measured on the demo classifier (all weight MatMuls
+  INT8, mse, 3,000 unseen log texts, benchmarks/bench_ort_recipes.py recipes ``ck`` and ``ck-asym``): 69
+  predictions changed against FP32 with the symmetric grid, 50 with the fitted one, at the same speed (the
+  integer kernels take any zero point). ORT fuses
   ``Q(act) -> DQ(act) + DQ(int8 weight) -> MatMul`` into ``QuantizeLinear + MatMulIntegerToFloat`` (checked on
   the optimized graph via ``SessionOptions.optimized_model_filepath``). Only nodes with a weight input are
   quantized: activation x activation MatMuls stay FP32 (and are listed in ``kept_nodes``): quantizing them
@@ -120,7 +126,8 @@ def quantize_model(
                  hint="recalibrate (`calibkit calibrate`) or fix the table's ranges; calibkit never writes these",
                  representable_only=True)
     choice = _choose_nodes(placement, set(keep_nodes), amax, target)
-    writer = _QdqWriter(model, amax, target, REDUCED_WEIGHT_MAX if reduce_range else INT8_MAX)
+    writer = _QdqWriter(model, activation_grids(table, target), target,
+                        REDUCED_WEIGHT_MAX if reduce_range else INT8_MAX)
     quantized = writer.quantize(choice.chosen)
     return QuantizeResult(
         model=writer.finish(),
@@ -129,6 +136,15 @@ def quantize_model(
         missing_ranges=tuple(choice.missing),
         zero_ranges=tuple(choice.zero),
     )
+
+
+def activation_grids(table: CalibrationTable, target: Target) -> dict[str, tuple[float, int]]:
+    """(scale, zero point) of every activation's grid in ``target``'s layout: TensorRT's symmetric int8 (amax /
+    127, zero point 0); the onnxruntime layout's uint8 grid fitted to what calibration observed
+    (:meth:`TensorRange.uint8_grid`)."""
+    if Target(target) is Target.ONNXRUNTIME:
+        return {r.tensor: r.uint8_grid() for r in table.ranges}
+    return {r.tensor: (r.amax / INT8_MAX, 0) for r in table.ranges}
 
 
 def _check_request(model: onnx.ModelProto, exclude: Sequence[str], target: Target, reduce_range: bool) -> None:
@@ -189,12 +205,12 @@ class _QdqWriter:
     (one per tensor, shared by its quantized readers), int8 weights with a DequantizeLinear, the readers
     rewired, the nodes ordered topologically, FP32 weights nothing reads any more dropped."""
 
-    def __init__(self, model: onnx.ModelProto, amax: Mapping[str, float], target: Target, weight_qmax: int) -> None:
+    def __init__(self, model: onnx.ModelProto, grids: Mapping[str, tuple[float, int]], target: Target,
+                 weight_qmax: int) -> None:
         self.source = model
-        self.amax = amax
+        self.grids = grids
         self.weight_qmax = weight_qmax
         self.act_dtype = TensorProto.UINT8 if target is Target.ONNXRUNTIME else TensorProto.INT8
-        self.act_zp = 128 if target is Target.ONNXRUNTIME else 0
         self.out = _copy_without_initializers(model)
         g = self.g = self.out.graph
         self.init_by_name = {i.name: i for i in model.graph.initializer}  # read from the source
@@ -255,8 +271,9 @@ class _QdqWriter:
         fresh = self.fresh
         scale = fresh(f"{t}_scale")
         zp = fresh(f"{t}_zero_point")
-        self.new_inits.append(numpy_helper.from_array(np.asarray(self.amax[t] / INT8_MAX, dtype=np.float32), scale))
-        self.new_inits.append(helper.make_tensor(zp, self.act_dtype, [], [self.act_zp]))
+        step, zero = self.grids[t]
+        self.new_inits.append(numpy_helper.from_array(np.asarray(step, dtype=np.float32), scale))
+        self.new_inits.append(helper.make_tensor(zp, self.act_dtype, [], [zero]))
         q_out, dq_out = fresh(f"{t}{QUANT_OUTPUT}"), fresh(f"{t}{DEQUANT_OUTPUT}")
         self.act_nodes[t] = [
             helper.make_node("QuantizeLinear", [t, scale, zp], [q_out], name=fresh(f"{t}_QuantizeLinear")),
