@@ -181,7 +181,7 @@ def default_traffic(calibration_set: CalibrationSet | None, opts: TrafficOptions
         default_traffic_log(calibration_set)
     except DataError as exc:
         m = calibration_set.manifest
-        if isinstance(m, dict) and isinstance(m.get("source"), dict):  # it names a log that is gone or changed
+        if m is not None and m.sample is not None:  # it names a log that is gone or changed
             logging.getLogger("calibkit").warning("no traffic evidence: %s (%s)", exc.message, exc.hint)
         return None
     return draw_default_traffic(calibration_set, opts, progress, exclude_texts=exclude)
