@@ -51,7 +51,7 @@ class Spilled:
 
     path: str
 
-    def load(self) -> Any:
+    def load(self) -> object:
         with open(self.path, "rb") as fh:
             return pickle.load(fh)
 
@@ -186,7 +186,7 @@ def _remove(p: Path) -> None:
         p.unlink(missing_ok=True)
 
 
-def run_unit(fn: Callable[[Any], Any], item: Any, sources: Mapping[str, Any]) -> Any:
+def run_unit(fn: Callable[[T], R], item: T, sources: Mapping[str, object]) -> R:
     """What every executor runs on a worker: install the shared values, then the work unit."""
     install_sources(sources)
     return fn(item)

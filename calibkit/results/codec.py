@@ -95,7 +95,7 @@ def dumps(result: Document) -> str:
     return dumps_json(to_document(result))
 
 
-def to_json(value: Any) -> Any:
+def to_json(value: object) -> Any:
     """Plain JSON values (dict, list, str, float, int, bool, None) of a result or any value inside one."""
     if isinstance(value, CalibrationTable):
         return value.to_dict()
@@ -126,7 +126,7 @@ def to_json(value: Any) -> Any:
     return value
 
 
-def parse_result(doc: Any, *, strict: bool = True, source: str | Path | None = None) -> Any:
+def parse_result(doc: object, *, strict: bool = True, source: str | Path | None = None) -> Any:
     """A calibkit document (a parsed JSON object: compare, tune, plan, deploy) as its typed result. Raises
     :class:`DataError` for anything else, naming what is wrong (and ``source``, the file it came from, when
     given).
@@ -134,16 +134,16 @@ def parse_result(doc: Any, *, strict: bool = True, source: str | Path | None = N
     ``strict=False`` reads hand-edited and older documents: missing keys read as absent and another version of
     the format tag is accepted with a warning (see the module's docstring)."""
     try:
-        cls = result_type(doc)
-        version, known = _version(doc["format"]), _version(FORMATS[cls])
+        cls, doc, fmt = _tagged(doc)
+        version, known = _version(fmt), _version(FORMATS[cls])
         if version != known:
             if version > known or strict:
-                raise DataError(f"report format {doc['format']} is not the {FORMATS[cls]} this calibkit version "
+                raise DataError(f"report format {fmt} is not the {FORMATS[cls]} this calibkit version "
                                 f"{'reads' if strict else 'reads (or older)'}",
                                 hint="upgrade calibkit to read a newer document" if version > known else
                                 "re-run the compare or tune that wrote it, or render it with `calibkit report`")
             log.warning("%sreport format %s is older than %s; reading what this version knows",
-                        f"{source}: " if source else "", doc["format"], FORMATS[cls])
+                        f"{source}: " if source else "", fmt, FORMATS[cls])
         body = {k: v for k, v in doc.items() if k != "format"}
         return from_json(cls, body, lenient=not strict)
     except DataError as exc:
@@ -153,6 +153,12 @@ def parse_result(doc: Any, *, strict: bool = True, source: str | Path | None = N
 
 
 def result_type(doc: object) -> type:
+    """The result type of a calibkit document (by its format tag); a DataError for anything else."""
+    return _tagged(doc)[0]
+
+
+def _tagged(doc: object) -> tuple[type, dict[str, object], str]:
+    """(the result type, the document, its format tag) of a calibkit document; a DataError for anything else."""
     if not isinstance(doc, dict):
         raise DataError(f"a report document must be a JSON object, not {type(doc).__name__}",
                         hint="pass the JSON written by `calibkit compare` or `calibkit tune`")
@@ -165,7 +171,7 @@ def result_type(doc: object) -> type:
     if cls is None:
         raise DataError(f"unknown report format {fmt!r}",
                         hint=f"calibkit reads {', '.join(FORMATS.values())} documents")
-    return cls
+    return cls, doc, fmt
 
 
 def _version(fmt: str) -> int:
@@ -177,7 +183,7 @@ def _version(fmt: str) -> int:
     return int(text)
 
 
-def from_json(cls: Any, data: Any, path: str = "$", *, lenient: bool = False) -> Any:
+def from_json(cls: object, data: object, path: str = "$", *, lenient: bool = False) -> Any:
     """``data`` (plain JSON values) as an instance of the type ``cls`` (a dataclass, tuple, Mapping, enum,
     Optional or scalar annotation). ``lenient``: a missing key reads as absent where its type has an empty
     value (see :func:`parse_result`)."""
@@ -248,7 +254,7 @@ def _non_finite(data: object) -> bool:
     return isinstance(data, float) and not math.isfinite(data)
 
 
-def _dataclass(cls: type, data: Any, path: str, lenient: bool = False) -> Any:
+def _dataclass(cls: type, data: object, path: str, lenient: bool = False) -> object:
     if not isinstance(data, dict):
         raise _bad(path, "an object", data)
     hints = _hints(cls)
@@ -283,7 +289,7 @@ def _flattened(cls: object, rest: dict[str, object], path: str, lenient: bool) -
 _EMPTY: dict[Any, Any] = {str: "", int: 0, bool: False}
 
 
-def _absent(cls: Any, path: str, lenient: bool) -> Any:
+def _absent(cls: object, path: str, lenient: bool) -> object:
     """The value of a required field a document lacks: its type's empty value when reading leniently, else
     (and for a number or enum, which has none) a :class:`DataError` naming the field."""
     origin = typing.get_origin(cls)
