@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, Union, get_args, get_origin
 import typer
 
 from calibkit.cli._common import FLOAT, FORCE, INTEGER, handle_errors, keyword_or
-from calibkit.requests.options import Choice, Option, declared, default_of, flag_of
+from calibkit.requests.options import Choice, Option, declared, default_of, flag_of, nested_default
 from calibkit.requests.resources import ResourceOptions
 
 if TYPE_CHECKING:  # pragma: no cover - types only
@@ -86,7 +86,7 @@ def _field_params(request_cls: type) -> Iterator[inspect.Parameter]:
         if not decl.cli:
             continue
         if decl.nested:
-            base = default_of(f)
+            base = nested_default(f)
             for n in decl.nested:
                 yield _param(n.flag.lstrip("-").replace("-", "_"), float,
                              typer.Option(getattr(base, n.attribute), n.flag, help=n.help, parser=FLOAT))
@@ -132,7 +132,7 @@ def build_request(request_cls: type[_R], parsed: dict[str, Any]) -> _R:
             continue
         if decl.nested:
             updates = {n.attribute: parsed.pop(_name(n.flag)) for n in decl.nested}
-            values[f.name] = dataclasses.replace(default_of(f), **updates)
+            values[f.name] = dataclasses.replace(nested_default(f), **updates)
             continue
         value = parsed.pop(f.name)
         if decl.negation is not None and parsed.pop(_name(decl.negation)):

@@ -79,7 +79,7 @@ class DaskExecutor(Executor):
     def task_threads(self) -> int | None:
         return self._threads
 
-    def _publish(self, ref: Shared, value: object, data: bytes) -> None:
+    def _publish(self, ref: Shared[Any], value: object, data: bytes) -> None:
         self._values[ref.key] = value  # kept here too: a copy lost with its workers is scattered again
         (fut,) = self._client.scatter([value], broadcast=True, hash=False)
         self._futures[ref.key] = fut

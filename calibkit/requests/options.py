@@ -96,13 +96,21 @@ def flag_of(f: dataclasses.Field[Any], decl: Option) -> str:
     return "--" + f.name.replace("_", "-")
 
 
-def default_of(f: dataclasses.Field[Any]) -> Any:
+def default_of(f: dataclasses.Field[Any]) -> object:
     """A field's default value (a fresh one from its factory); MISSING when it is required."""
     if f.default is not MISSING:
         return f.default
     if f.default_factory is not MISSING:
         return f.default_factory()
     return MISSING
+
+
+def nested_default(f: dataclasses.Field[Any]) -> DataclassInstance:
+    """The default of a field with ``nested`` options: a dataclass value, whose attributes the options set."""
+    default = default_of(f)
+    if not dataclasses.is_dataclass(default) or isinstance(default, type):
+        raise TypeError(f"{f.name}: a field with nested options needs a dataclass value as its default")
+    return default
 
 
 def check_bounds(request: DataclassInstance) -> None:
