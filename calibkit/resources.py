@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from calibkit.enginefiles.registry import ModelRunnerFactory, ModelSource, model_runner, open_runner
 from calibkit.progress import ProgressCallback, no_progress
