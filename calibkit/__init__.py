@@ -25,9 +25,12 @@ from __future__ import annotations
 import importlib as _importlib
 import sys as _sys
 import types as _types  # aliased: the subpackage calibkit.types, once imported, is bound as calibkit.types
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calibkit._version import __version__
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    import inspect as _inspect
 
 _API = ("export", "sample", "smooth", "calibrate", "histogram", "build", "compare", "tune", "deploy", "load_report",
         "render_report", "run")
@@ -73,7 +76,7 @@ class _ApiAndPackage:
         return getattr(_importlib.import_module("calibkit.api"), self._name).__doc__
 
     @property
-    def __signature__(self) -> Any:
+    def __signature__(self) -> _inspect.Signature:
         """The API function's signature, for ``inspect.signature``, ``help`` and editors."""
         import inspect
 
@@ -84,7 +87,7 @@ _SHARED = ("calibrate", "deploy")  # API functions named like a subpackage
 
 
 class _Package(_types.ModuleType):
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         if name in _SHARED and isinstance(value, _types.ModuleType):
             return  # the import system binding the subpackage: the name stays the API entry
         super().__setattr__(name, value)

@@ -195,7 +195,7 @@ def not_own_file(path: str | os.PathLike[str]) -> str | None:
     return "a file with other names (hard links)" if st.st_nlink != 1 else None
 
 
-def _finite(obj: Any) -> Any:
+def _finite(obj: object) -> object:
     if isinstance(obj, float):
         return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
     if isinstance(obj, dict):

@@ -16,12 +16,30 @@ import inspect
 import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import MISSING
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from calibkit.progress import ProgressCallback, no_progress
 from calibkit.requests.options import declared, default_of
 from calibkit.requests.resources import ResourceOptions
 from calibkit.resources import Resources
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from calibkit.building import BuildResult
+    from calibkit.calibrate.pipeline import CalibrationResult
+    from calibkit.calibrate.smoothing import SmoothResult
+    from calibkit.data.calibset import CalibrationSet
+    from calibkit.evaluate.tune import TuneRun
+    from calibkit.exporter.pipeline import ExportResult
+    from calibkit.requests.build import BuildRequest
+    from calibkit.requests.calibrate import CalibrateRequest
+    from calibkit.requests.compare import CompareRequest
+    from calibkit.requests.deploy import DeployRequest
+    from calibkit.requests.export import ExportRequest
+    from calibkit.requests.sample import SampleRequest
+    from calibkit.requests.smooth import SmoothRequest
+    from calibkit.requests.tune import TuneRequest
+    from calibkit.results.documents import DeployResult
+    from calibkit.results.runs import Comparison
 
 R = TypeVar("R")
 T = TypeVar("T")
@@ -83,11 +101,13 @@ def request_api(request_cls: type[R], *, pool_by_default: bool = False, resource
         _BODIES[request_cls] = (body, pool_by_default)
         sig = signature_of(request_cls, str(inspect.signature(body).return_annotation), resources)
 
-        def function(*args: Any, **kwargs: Any) -> T:
+        def function(*args: object, **kwargs: object) -> T:
             given = dict(sig.bind(*args, **kwargs).arguments)  # a TypeError for what the signature has not
             options = ResourceOptions(**{k: given.pop(k) for k in RESOURCE_NAMES if k in given})
             progress = given.pop("progress", None)
-            return run(request_cls(**given), options, progress)
+            request = request_cls(**given)  # checked when made: before any resource is opened
+            with open_resources(options, progress, pool_by_default=pool_by_default) as res:
+                return body(request, res)  # what run(request) does, with the body's own types
 
         doc = inspect.cleandoc(body.__doc__ or "")
         head, sep, tail = doc.partition("\nReturns:")
@@ -101,7 +121,34 @@ def request_api(request_cls: type[R], *, pool_by_default: bool = False, resource
     return decorate
 
 
-def run(request: Any, resources: ResourceOptions | None = None, progress: ProgressCallback | None = None) -> Any:
+@overload
+def run(request: ExportRequest, resources: ResourceOptions | None = ...,
+        progress: ProgressCallback | None = ...) -> ExportResult: ...
+@overload
+def run(request: SampleRequest, resources: ResourceOptions | None = ...,
+        progress: ProgressCallback | None = ...) -> CalibrationSet: ...
+@overload
+def run(request: SmoothRequest, resources: ResourceOptions | None = ...,
+        progress: ProgressCallback | None = ...) -> SmoothResult: ...
+@overload
+def run(request: CalibrateRequest, resources: ResourceOptions | None = ...,
+        progress: ProgressCallback | None = ...) -> CalibrationResult: ...
+@overload
+def run(request: BuildRequest, resources: ResourceOptions | None = ...,
+        progress: ProgressCallback | None = ...) -> BuildResult: ...
+@overload
+def run(request: CompareRequest, resources: ResourceOptions | None = ...,
+        progress: ProgressCallback | None = ...) -> Comparison: ...
+@overload
+def run(request: TuneRequest, resources: ResourceOptions | None = ...,
+        progress: ProgressCallback | None = ...) -> TuneRun: ...
+@overload
+def run(request: DeployRequest, resources: ResourceOptions | None = ...,
+        progress: ProgressCallback | None = ...) -> DeployResult: ...
+@overload
+def run(request: object, resources: ResourceOptions | None = ...,
+        progress: ProgressCallback | None = ...) -> object: ...
+def run(request: object, resources: ResourceOptions | None = None, progress: ProgressCallback | None = None) -> object:
     """Run a request built by the caller (the command line builds one from its options): the keyword function
     of its command, called with the request's values.
 

@@ -62,7 +62,7 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.executors import Executor
     from calibkit.exporter import ExportResult
     from calibkit.report.render import ReportPaths
-    from calibkit.results.documents import DeployResult
+    from calibkit.results.documents import DeployResult, PlanDocument
     from calibkit.results.runs import Comparison, TuneResult
 
 
@@ -446,7 +446,7 @@ def tune(request: TuneRequest, resources: Resources) -> TuneRun:
 class _ReportWriter:
     """The report layer's writer of tune.json and the report folder, for the tune pipeline (below it)."""
 
-    def document(self, result: TuneResult, path: Path) -> None:
+    def document(self, result: TuneResult | PlanDocument, path: Path) -> None:
         from calibkit._io import write_json
         from calibkit.results.codec import to_document
 

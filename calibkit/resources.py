@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from calibkit.enginefiles.registry import ModelRunnerFactory, ModelSource, model_runner, open_runner
 from calibkit.progress import ProgressCallback, no_progress
@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.enginefiles.artifact import EngineArtifact
     from calibkit.engines.base import BaseRunner
     from calibkit.executors.base import Executor
+    from calibkit.results.documents import PlanDocument
+    from calibkit.results.runs import TuneResult
 
 
 class EngineRunnerFactory(Protocol):
@@ -59,12 +61,12 @@ class Runners:
 
 
 class ResultWriter(Protocol):
-    """Writes a result's documents: ``document(result, path)`` its JSON document (tune.json),
-    ``report(result, folder)`` its report folder."""
+    """Writes a result's documents: ``document(result, path)`` its JSON document (tune.json, or a plan's
+    plan.json), ``report(result, folder)`` its report folder."""
 
-    def document(self, result: Any, path: Path) -> None: ...
+    def document(self, result: TuneResult | PlanDocument, path: Path) -> None: ...
 
-    def report(self, result: Any, folder: Path) -> None: ...
+    def report(self, result: TuneResult, folder: Path) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from calibkit.results.files import ManifestSource, SampleRecord
+
 WORDS = ["good", "bad", "movie", "film", "great", "awful", "plot", "actors", "fun", "dull", "very", "not"]
 
 
@@ -89,3 +91,22 @@ def write_model_dir(folder: Path, max_positions: int = 16, **kw: object) -> Path
 def texts(n: int, seed: int = 0, max_words: int = 10) -> list[str]:
     rng = np.random.default_rng(seed)
     return [" ".join(rng.choice(WORDS, size=int(rng.integers(1, max_words + 1)))) for _ in range(n)]
+
+
+def sample_record(folder: Path, source: str | Path | ManifestSource | None = None, **fields: object) -> SampleRecord:
+    """What ``calibkit sample`` records in a manifest (a real draw of a few texts from a log written in
+    ``folder``), with ``source`` (the log it names: a path, or a ManifestSource) and the record's other
+    ``fields`` replaced where given: for sets whose texts came from elsewhere but whose manifest names a log."""
+    from dataclasses import replace
+
+    from calibkit.data.sample_pipeline import draw_sample
+    from calibkit.requests.sample import SampleRequest
+
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / "drawn-from.jsonl"
+    log.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(40, seed=11)), encoding="utf-8")
+    record = draw_sample(SampleRequest(logs=log, size=8, clusters=2)).record
+    if isinstance(source, (str, Path)):
+        size = Path(source).stat().st_size if Path(source).is_file() else None
+        source = ManifestSource(path=str(source), size_bytes=size, sha256="", gzip=False)
+    return replace(record, **({"source": source} if source is not None else {}), **fields)

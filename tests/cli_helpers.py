@@ -57,7 +57,7 @@ def build_engines(tmp: Path, *, calibration_texts: int = 20, eval_texts: Sequenc
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CALIBKIT_CACHE", str(tmp / "cache"))
         write_model_dir(tmp / "model")
-        write_calibration_set(tmp / "set", texts(calibration_texts, seed=3), None, {})
+        write_calibration_set(tmp / "set", texts(calibration_texts, seed=3), None)
         if eval_texts:
             write_eval_set(tmp / "eval.jsonl", eval_texts)
         for args in (["calibrate", tmp / "model", "-c", tmp / "set", "--method", "minmax", "--out", tmp / "cal"],

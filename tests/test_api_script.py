@@ -11,7 +11,7 @@ from pathlib import Path
 
 import onnx
 import pytest
-from calib_helpers import texts, tiny_model, write_tokenizer
+from calib_helpers import sample_record, texts, tiny_model, write_tokenizer
 
 import calibkit as ck
 from calibkit.data.calibset import write_calibration_set
@@ -73,7 +73,7 @@ def test_every_api_function_shows_its_own_signature(name: str) -> None:
 
 def test_a_calibration_set_repr_is_short(tmp_path: Path) -> None:
     cs = write_calibration_set(tmp_path / "set", [f"text number {i} " * 40 for i in range(3000)], None,
-                               {"source": "logs.jsonl", "clusters": list(range(500))})
+                               sample_record(tmp_path / "drawn", "logs.jsonl"))
     text = repr(cs)
     assert len(text) < 300, len(text)
     assert "3000 texts" in text and str(tmp_path / "set") in text and cs.id[:12] in text

@@ -212,7 +212,7 @@ def test_cli_budget_options(tmp_path, monkeypatch):
 
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     model = write_model_dir(tmp_path / "model")
-    write_calibration_set(tmp_path / "set", texts(20, seed=3), None, {})
+    write_calibration_set(tmp_path / "set", texts(20, seed=3), None)
     r = CliRunner().invoke(app, ["calibrate", str(model), "-c", str(tmp_path / "set"), "--out", str(tmp_path / "o"),
                                  "--memory-budget", "64K", "--max-batch-tokens", "40"])
     assert r.exit_code == 0, r.output

@@ -16,7 +16,7 @@ FIXTURE = "/work/shared/fixtures/trt-caches/radioml-transformer-entropy2.cache"
 def env(tmp_path, monkeypatch):
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     model = write_model_dir(tmp_path / "model")
-    write_calibration_set(tmp_path / "set", texts(20, seed=3), None, {})
+    write_calibration_set(tmp_path / "set", texts(20, seed=3), None)
     return tmp_path, model
 
 

@@ -67,7 +67,7 @@ def test_one_warning_per_family_and_method_with_the_fix() -> None:
 def test_calibrate_reports_it_in_the_result_json_and_cli(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     md = ModelDir.resolve(write_model_dir(tmp_path / "model"))
-    cset = write_calibration_set(tmp_path / "set", texts(30, seed=7), None, {})
+    cset = write_calibration_set(tmp_path / "set", texts(30, seed=7), None)
     res = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.PERCENTILE, percentile=20.0,
                                      out=tmp_path / "pct"))
     [w] = res.clipping

@@ -22,7 +22,7 @@ def test_calibrate_demo_model(demo_assets_fast, tmp_path, monkeypatch):
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     md = ModelDir.resolve(demo_assets_fast / "model")
     rows = [json.loads(x) for x in (demo_assets_fast / "data" / "train.jsonl").read_text().splitlines()[:96]]
-    cset = write_calibration_set(tmp_path / "set", [r["text"] for r in rows], None, {})
+    cset = write_calibration_set(tmp_path / "set", [r["text"] for r in rows], None)
     # the fast demo's head is a logistic regression on standardised features: its Gemm input must stay FP32
     # (quantized, every INT8 variant, ONNX Runtime's own included, predicts one class)
     res = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.ENTROPY, out=tmp_path / "ent",

@@ -20,7 +20,7 @@ from calibkit.types import INT8_MAX, Method, MethodParams
 def setup(tmp_path, monkeypatch):
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     md = ModelDir.resolve(write_model_dir(tmp_path / "model", zero_branch=True))
-    cset = write_calibration_set(tmp_path / "set", texts(30, seed=7) + [" ".join(["good"] * 40)], None, {"n": 31})
+    cset = write_calibration_set(tmp_path / "set", texts(30, seed=7) + [" ".join(["good"] * 40)], None)
     calls = {"n": 0}
     orig = BaseRunner.infer
 
@@ -112,7 +112,7 @@ def test_outputs_and_calibration_json(setup):
 
 def test_one_sample_set(setup):
     md, _, _, tmp = setup
-    one = write_calibration_set(tmp / "one", ["good movie"], None, {})
+    one = write_calibration_set(tmp / "one", ["good movie"], None)
     res = calibrate(CalibrateRequest(model=md, calibration_set=one, method=Method.ENTROPY, out=tmp / "one-out"))
     assert any("single text" in w for w in res.warnings)
     assert all(np.isfinite(r.amax) for r in res.table.ranges)
@@ -257,13 +257,13 @@ def test_texts_edited_after_the_manifest_are_flagged(tmp_path, caplog):
 
     from calibkit.data.calibset import load_calibration_set
 
-    cset = write_calibration_set(tmp_path / "set", texts(12, seed=1), None, {"n": 12})
-    assert "stale" not in load_calibration_set(cset.path).manifest
+    cset = write_calibration_set(tmp_path / "set", texts(12, seed=1), None)
+    assert not load_calibration_set(cset.path).manifest.stale
     lines = (cset.path / "texts.jsonl").read_text().splitlines()
     (cset.path / "texts.jsonl").write_text("\n".join(lines[:5]) + "\n")
     with caplog.at_level(logging.WARNING, logger="calibkit.data"):
         edited = load_calibration_set(cset.path)
-    assert len(edited.texts) == 5 and edited.manifest["stale"] is True
+    assert len(edited.texts) == 5 and edited.manifest.stale is True
     assert "was changed after manifest.json was written (5 texts, the manifest describes 12)" in caplog.text
 
 
@@ -273,7 +273,7 @@ def test_the_tapped_runner_comes_from_the_resources_factory(tmp_path, monkeypatc
 
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     md = ModelDir.resolve(write_model_dir(tmp_path / "model"))
-    cset = write_calibration_set(tmp_path / "set", texts(12), None, {"n": 12})
+    cset = write_calibration_set(tmp_path / "set", texts(12), None)
     made = []
 
     def factory(model, **kw):
@@ -293,7 +293,7 @@ def test_histogram_of_a_calibration_through_the_public_api(tmp_path, monkeypatch
 
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     md = ModelDir.resolve(write_model_dir(tmp_path / "model"))
-    cset = write_calibration_set(tmp_path / "set", texts(12), None, {"n": 12})
+    cset = write_calibration_set(tmp_path / "set", texts(12), None)
     res = ck.calibrate(md, cset, tmp_path / "out", method="percentile", percentile=99.0)
     first = res.table.ranges[0].tensor
     h = ck.histogram(res)
@@ -324,7 +324,7 @@ def test_gather_stats_reads_executor_budget_and_progress_from_resources_alone(tm
     assert params["resources"].default is inspect.Parameter.empty  # no hidden default run
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     md = ModelDir.resolve(write_model_dir(tmp_path / "model"))
-    cset = write_calibration_set(tmp_path / "set", texts(12), None, {"n": 12})
+    cset = write_calibration_set(tmp_path / "set", texts(12), None)
     proto = load_model(md.onnx_path)
     tensors = list(plan_placement(proto, DEFAULT_OP_TYPES).activations)
     heard = []

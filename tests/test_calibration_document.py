@@ -94,7 +94,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CALIBKIT_CACHE", str(tmp / "cache"))
         write_model_dir(tmp / "model")
-        write_calibration_set(tmp / "set", texts(24, seed=3), None, {})
+        write_calibration_set(tmp / "set", texts(24, seed=3), None)
         md = ModelDir.resolve(tmp / "model")
         calibrate(CalibrateRequest(model=md, calibration_set=tmp / "set", method=Method.ENTROPY, out=tmp / "cal",
                                    exclude=("nothing*",)))

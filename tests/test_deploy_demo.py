@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from calib_helpers import sample_record
 from deploy_helpers import model_config_pb2, parse_config
 
 pytestmark = pytest.mark.slow
@@ -29,7 +30,7 @@ def repo(demo_assets_fast: Path, tmp_path_factory: pytest.TempPathFactory) -> di
     md = ModelDir.resolve(demo_assets_fast / "model")
     texts = read_traffic(log, max_texts=64, seed=5).texts
     cset = write_calibration_set(root / "calibration_sets" / "demo-n64", texts, None,
-                                 {"source": {"path": str(log)}, "kind": "calibration-set"})
+                                 sample_record(root / "drawn", str(log)))
     cal = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.MINMAX, out=root / "cal"))
     res = deploy(DeployRequest(source=cal.out_dir, out=root / "serving", perf_requests=64, max_texts=4000,
                                measure_texts=200))

@@ -78,7 +78,7 @@ def test_sharded_statistics_are_bit_identical_to_one_process(tmp_path, dask_ex):
 def test_calibrate_through_dask_writes_the_same_outputs(tmp_path, monkeypatch, dask_ex):
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     md = ModelDir.resolve(write_model_dir(tmp_path / "model"))
-    cset = write_calibration_set(tmp_path / "set", texts(60, seed=9), None, {"n": 60})
+    cset = write_calibration_set(tmp_path / "set", texts(60, seed=9), None)
     local = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.ENTROPY, out=tmp_path / "local",
                                        batch_size=8, use_cache=False))
     dist = calibrate(CalibrateRequest(model=md, calibration_set=cset, method=Method.ENTROPY, out=tmp_path / "dist",
@@ -92,7 +92,7 @@ def test_calibrate_through_dask_writes_the_same_outputs(tmp_path, monkeypatch, d
 def test_calibrate_cli_executor_option(tmp_path, monkeypatch):
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     model = write_model_dir(tmp_path / "model")
-    write_calibration_set(tmp_path / "set", texts(40, seed=2), None, {"n": 40})
+    write_calibration_set(tmp_path / "set", texts(40, seed=2), None)
     runner = CliRunner()
     outs = []
     for name, extra in (("one", []), ("pool", ["--executor", "local:2"])):

@@ -1,6 +1,7 @@
-"""smoothing.json and engine sidecars go through the codec like the reports: written from a typed value, read back
-as the same value, and a hand-edited one refused naming the file and the field; a request is checked when it is
-made; a model whose class axis does not match config.json is refused before any inference."""
+"""smoothing.json, engine sidecars and a calibration set's manifest.json go through the codec like the reports:
+written from a typed value, read back as the same value, and a hand-edited one refused naming the file and the
+field; a request is checked when it is made; a model whose class axis does not match config.json is refused before
+any inference."""
 
 from __future__ import annotations
 
@@ -10,15 +11,18 @@ from pathlib import Path
 import pytest
 
 from calibkit._io import dumps_json, read_json
+from calibkit._version import __version__
 from calibkit.calibrate.smoothing import SMOOTHING_FILE, smooth
-from calibkit.data.calibset import write_calibration_set
+from calibkit.data.calibset import MANIFEST, load_calibration_set, read_manifest, write_calibration_set
+from calibkit.data.sample_pipeline import sample_log
 from calibkit.enginefiles.artifact import EngineArtifact, fingerprint, sidecar_path
 from calibkit.errors import DataError, ModelError, UsageError
 from calibkit.requests.compare import CompareRequest
+from calibkit.requests.sample import SampleRequest
 from calibkit.requests.smooth import SmoothRequest
 from calibkit.requests.tune import TuneRequest
 from calibkit.results.codec import document_json, read_smoothing
-from calibkit.results.files import SmoothingRecord
+from calibkit.results.files import CalibrationSetManifest, SmoothingRecord
 from tests.calib_helpers import texts
 from tests.test_compare_tiny import build_engines, compare_files
 from tests.test_smooth import _model_dir
@@ -28,7 +32,7 @@ from tests.test_smooth import _model_dir
 def smoothed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("smoothed")
     md = _model_dir(root / "m")
-    cset = write_calibration_set(root / "set", texts(40, seed=2), None, {})
+    cset = write_calibration_set(root / "set", texts(40, seed=2), None)
     smooth(SmoothRequest(model=md, calibration_set=cset, out=root / "sm"))
     return root / "sm"
 
@@ -105,3 +109,118 @@ def test_compare_refuses_a_class_count_that_is_not_the_models_before_inference(t
     monkeypatch.setattr(compare_mod, "_evaluate_engines", no_inference)
     with pytest.raises(ModelError, match="returns 2 scores per text in 'logits' but its config.json names 3 labels"):
         compare_files(files["fp"], files["int8"], files["eval"])
+
+
+# ---------------------------------------------------------------- a calibration set's manifest.json
+# tests/data/sample_manifest.json: the manifest `calibkit sample` wrote for _write_log's log (with SAMPLED's
+# options) when the manifest was a hand-built dict, before it was a typed document; only calibkit_version moves.
+GOLDEN = Path(__file__).parent / "data" / "sample_manifest.json"
+SAMPLED = {"size": 12, "seed": 3, "text_field": "req.text", "label_field": "label"}
+
+
+def _write_log(path: Path) -> Path:
+    """A small log touching every manifest section: normalized duplicates, broken lines of two kinds, a
+    <script> block and a text emptied by cleanup, an email address, one text over MAX_TEXT_CHARS, three labels
+    and a missing one. Fewer than 40 distinct texts: one topic cluster, so no k-means enters the bytes."""
+    words = "movie plot great awful battery refund senate budget very not".split()
+    lines = []
+    for i in range(36):
+        text = " ".join(words[(i * k) % len(words)] for k in range(1, 3 + i % 9)) + f" n{i}"
+        if i == 3:
+            text += " mail me at ann@example.com"
+        if i == 5:
+            text += " <script>alert(1)</script>"
+        if i == 7:
+            text = "w " * 33000
+        lines.append(json.dumps({"req": {"text": text}, "label": ["pos", "neg", "mixed", None][i % 4]}))
+        if i % 6 == 0:
+            lines.append(json.dumps({"req": {"text": text.upper() if i != 7 else text}, "label": "pos"}))
+        if i % 10 == 2:
+            lines.append("{broken")
+    lines.append(json.dumps({"req": {"text": "<style>x</style>"}, "label": "pos"}))
+    lines.append(json.dumps({"req": {"text": 5}}))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def sampled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("sampled")
+    return sample_log(SampleRequest(logs=_write_log(root / "log.jsonl"), out=root / "set", **SAMPLED)).path
+
+
+def test_the_manifest_is_the_json_sample_wrote_before_it_was_typed(sampled: Path) -> None:
+    golden = GOLDEN.read_text(encoding="utf-8").replace('"calibkit_version": "0.2.0"',
+                                                        f'"calibkit_version": {json.dumps(__version__)}')
+    assert (sampled / MANIFEST).read_text(encoding="utf-8") == golden
+    manifest = read_manifest(sampled)
+    assert isinstance(manifest, CalibrationSetManifest) and manifest.sample is not None
+    assert dumps_json(document_json(manifest)) == golden  # read back, written again: the same bytes
+    assert load_calibration_set(sampled).manifest == manifest
+    rec = manifest.sample
+    assert (manifest.count, rec.size_requested, rec.lines.broken["invalid_json"].count) == (12, 12, 4)
+    assert rec.redaction.counts["email"] == 1 and rec.lines.oversized is not None and rec.warnings
+    assert rec.strata.label_stratification is not None and rec.strata.label_stratification.stratified
+
+
+def test_a_set_written_without_a_sample_has_the_two_facts_of_every_set(tmp_path: Path) -> None:
+    cset = write_calibration_set(tmp_path / "set", ["a text", "another"], None)
+    assert set(read_json(tmp_path / "set" / MANIFEST)) == {"texts_sha256", "count"}
+    assert read_manifest(cset.path) == cset.manifest == CalibrationSetManifest(cset.id, 2)
+    assert read_manifest(tmp_path) is None  # no manifest there
+
+
+def test_a_manifest_of_an_earlier_version_still_reads(sampled: Path, tmp_path: Path) -> None:
+    """The first sample wrote no warnings, label stratification or oversized counts, and no ``paths`` marker
+    (its relative paths were relative to the folder it ran in)."""
+    doc = read_json(sampled / MANIFEST)
+    del doc["warnings"], doc["strata"]["label_stratification"], doc["lines"]["oversized"], doc["paths"]
+    folder = tmp_path / "old"
+    folder.mkdir()
+    (folder / MANIFEST).write_text(json.dumps(doc))
+    manifest = read_manifest(folder)
+    assert manifest is not None and manifest.sample is not None and manifest.count == 12
+    rec = manifest.sample
+    assert (rec.warnings, rec.strata.label_stratification, rec.lines.oversized, rec.paths) == ((), None, None, None)
+
+
+def _edited(doc: dict[str, object], key: str, value: object) -> dict[str, object]:
+    """``doc`` with the dotted ``key`` set to ``value``."""
+    out = json.loads(json.dumps(doc))
+    *parents, last = key.split(".")
+    node = out
+    for k in parents:
+        node = node[k]
+    node[last] = value
+    return out
+
+
+@pytest.mark.parametrize(("key", "value", "named"), [
+    ("count", "twelve", "$.count"),
+    ("texts_sha256", 7, "$.texts_sha256"),
+    ("source.path", 7, "$.source.path"),
+    ("source", "log.jsonl", "$.source"),
+    ("redaction.enabled", "no", "$.redaction.enabled"),
+    ("representativeness.psi", "low", "$.representativeness.psi"),
+    ("strata.table", [{"topic": "one"}], "$.strata.table[0].topic"),
+    ("sample_seen_counts", [1, "2"], "$.sample_seen_counts[1]"),
+    ("lines.broken", {"invalid_json": {"count": 1.5}}, "$.lines.broken.invalid_json.count"),
+])
+def test_a_hand_edited_manifest_is_refused_naming_the_file_and_the_field(sampled: Path, tmp_path: Path, key: str,
+                                                                         value: object, named: str) -> None:
+    folder = tmp_path / "edited"
+    folder.mkdir()
+    (folder / "texts.jsonl").write_bytes((sampled / "texts.jsonl").read_bytes())
+    (folder / MANIFEST).write_text(json.dumps(_edited(read_json(sampled / MANIFEST), key, value)))
+    for read in (read_manifest, load_calibration_set):
+        with pytest.raises(DataError, match="manifest.json") as exc:
+            read(folder)
+        assert named in exc.value.message
+
+
+@pytest.mark.parametrize("text", ["[]", "null", "{", '"a string"'])
+def test_a_manifest_that_is_no_json_object_is_refused_naming_the_file(tmp_path: Path, text: str) -> None:
+    write_calibration_set(tmp_path / "set", ["a text"], None)
+    (tmp_path / "set" / MANIFEST).write_text(text)
+    with pytest.raises(DataError, match="manifest.json"):
+        load_calibration_set(tmp_path / "set")

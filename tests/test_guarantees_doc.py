@@ -396,8 +396,8 @@ def test_another_sets_statistics_under_this_key_are_used_unless_fresh_stats(tmp_
     this calibration's ranges; ``--fresh-stats`` reads no entry and measures this set's own."""
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     model = write_model_dir(tmp_path / "model")
-    write_calibration_set(tmp_path / "a", texts(12, seed=3), None, {})
-    write_calibration_set(tmp_path / "b", texts(12, seed=8, max_words=3), None, {})
+    write_calibration_set(tmp_path / "a", texts(12, seed=3), None)
+    write_calibration_set(tmp_path / "b", texts(12, seed=8, max_words=3), None)
 
     def ranges(cset: str, out: str, *extra: str) -> dict[str, float]:
         r = run("calibrate", model, "-c", tmp_path / cset, "--method", "minmax", "--out", tmp_path / out, *extra)
@@ -489,7 +489,7 @@ def test_build_refuses_a_calibration_of_another_model(tmp_path: Path, monkeypatc
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     model = write_model_dir(tmp_path / "model")
     other = write_model_dir(tmp_path / "other", seed=3)
-    write_calibration_set(tmp_path / "set", texts(12, seed=3), None, {})
+    write_calibration_set(tmp_path / "set", texts(12, seed=3), None)
     r = run("calibrate", model, "-c", tmp_path / "set", "--method", "minmax", "--out", tmp_path / "cal")
     assert r.exit_code == 0, r.output
     r = run("build", other, "-p", "int8", "--calibration", tmp_path / "cal", "-o", tmp_path / "x.onnx")

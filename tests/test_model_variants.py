@@ -45,7 +45,7 @@ def _eval(root: Path, n: int = 60) -> Path:
 
 def _workflow(root: Path, folder: Path, monkeypatch: pytest.MonkeyPatch, tune: bool = True) -> None:
     monkeypatch.setenv("CALIBKIT_CACHE", str(root / "cache"))
-    cset = write_calibration_set(root / "set", texts(30, seed=5), None, {})
+    cset = write_calibration_set(root / "set", texts(30, seed=5), None)
     ev = _eval(root)
     r = _run("calibrate", folder, "-c", cset.path, "--out", root / "cal")
     assert r.exit_code == 0, r.output
@@ -99,7 +99,7 @@ def test_fp16_and_quantized_exports_are_refused(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     model = _fp16(tiny_model()) if kind == "fp16" else _dynamic_int8(tiny_model(), tmp_path)
     folder = _folder(tmp_path, model)
-    cset = write_calibration_set(tmp_path / "set", texts(20, seed=5), None, {})
+    cset = write_calibration_set(tmp_path / "set", texts(20, seed=5), None)
     ev = _eval(tmp_path)
     for args in (["calibrate", folder, "-c", cset.path, "--out", tmp_path / "cal"],
                  ["smooth", folder, "-c", cset.path, "--out", tmp_path / "sm"],
@@ -181,7 +181,7 @@ def test_a_fixed_sequence_length_export_is_refused_with_a_re_export_hint(tmp_pat
         inp.type.tensor_type.shape.dim[1].ClearField("dim_param")
         inp.type.tensor_type.shape.dim[1].dim_value = 16
     folder = _folder(tmp_path, m)
-    cset = write_calibration_set(tmp_path / "set", texts(20, seed=5), None, {})
+    cset = write_calibration_set(tmp_path / "set", texts(20, seed=5), None)
     r = _run("calibrate", folder, "-c", cset.path, "--out", tmp_path / "cal")
     text = " ".join(r.output.split())
     assert r.exit_code == 4, r.output
@@ -215,7 +215,7 @@ def test_a_regression_head_gets_score_fidelity_not_argmax(tmp_path: Path, monkey
     folder = _folder(tmp_path, _regression_head())
     (folder / "config.json").write_text(json.dumps({"max_position_embeddings": 16, "problem_type": "regression",
                                                     "id2label": {"0": "LABEL_0"}}))
-    cset = write_calibration_set(tmp_path / "set", texts(30, seed=5), None, {})
+    cset = write_calibration_set(tmp_path / "set", texts(30, seed=5), None)
     rng = random.Random(3)
     ev = tmp_path / "scores.jsonl"
     ev.write_text("".join(json.dumps({"text": t, "label": round(rng.uniform(0, 5), 3)}) + "\n"
@@ -252,7 +252,7 @@ def test_a_multi_label_head_through_compare(tmp_path: Path, monkeypatch: pytest.
     (folder / "config.json").write_text(json.dumps({"max_position_embeddings": 16,
                                                     "problem_type": "multi_label_classification",
                                                     "id2label": {"0": "negative", "1": "positive"}}))
-    cset = write_calibration_set(tmp_path / "set", texts(30, seed=5), None, {})
+    cset = write_calibration_set(tmp_path / "set", texts(30, seed=5), None)
     ev = tmp_path / "sets.jsonl"
     sets = [["positive"], ["negative", "positive"], [], [0]]
     ev.write_text("".join(json.dumps({"text": t, "labels": sets[i % 4]}) + "\n"

@@ -124,7 +124,7 @@ def _non_default(request_cls: type, tmp: Path) -> dict[str, Any]:
 
         model = write_model_dir(tmp / "model")
         values = {"tokenizer": model, **({"source": model / "model.onnx"} if request_cls is ExportRequest else {
-            "model": model, "calibration_set": write_calibration_set(tmp / "set", texts(8), None, {}).path})}
+            "model": model, "calibration_set": write_calibration_set(tmp / "set", texts(8), None).path})}
     for f, decl in declared(request_cls):
         if not decl.cli or f.name in values:
             continue
@@ -418,7 +418,7 @@ def test_alpha_is_auto_or_a_number(word: str, value: Any, tmp_path: Path, monkey
     from calibkit.data.calibset import write_calibration_set
 
     write_model_dir(tmp_path / "model")
-    write_calibration_set(tmp_path / "set", texts(8), None, {})
+    write_calibration_set(tmp_path / "set", texts(8), None)
     request, said = _parsed(monkeypatch, tmp_path, ["smooth", "model", "-c", "set", "-o", "out", "--alpha", word])
     assert request is not None and request.alpha == value, said
     assert request.fixed_alpha == (None if value is Alpha.AUTO else value)

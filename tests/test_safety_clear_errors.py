@@ -17,7 +17,7 @@ from calibkit.data.calibset import write_calibration_set
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     write_model_dir(tmp_path / "model")
-    write_calibration_set(tmp_path / "set", texts(20, seed=3), None, {})
+    write_calibration_set(tmp_path / "set", texts(20, seed=3), None)
     (tmp_path / "eval.jsonl").write_text(
         "".join(json.dumps({"text": t, "label": ["negative", "positive"][i % 2]}) + "\n"
                 for i, t in enumerate(texts(40, seed=2))))

@@ -62,7 +62,7 @@ def _calibrated_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[l
     under ``tmp_path``, whose one file is returned."""
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     model = write_model_dir(tmp_path / "model")
-    write_calibration_set(tmp_path / "set", texts(20, seed=3), None, {})
+    write_calibration_set(tmp_path / "set", texts(20, seed=3), None)
     base: list[object] = ["calibrate", model, "-c", tmp_path / "set"]
     assert run(*base, "--out", tmp_path / "o1").exit_code == 0
     (npz,) = (tmp_path / "cache").rglob("*.npz")
@@ -306,7 +306,7 @@ def test_an_unusable_id2label_is_a_model_error_in_every_command(tmp_path: Path, 
     cfg = json.loads((model / "config.json").read_text())
     cfg["id2label"] = id2label
     (model / "config.json").write_text(json.dumps(cfg))
-    write_calibration_set(tmp_path / "set", texts(12, seed=3), None, {})
+    write_calibration_set(tmp_path / "set", texts(12, seed=3), None)
     (tmp_path / "eval.jsonl").write_text(json.dumps({"text": "good movie", "label": "positive"}) + "\n")
     for args in (["build", model, "-p", "fp32", "-o", tmp_path / "e.onnx"],
                  ["calibrate", model, "-c", tmp_path / "set", "--out", tmp_path / "cal"],
@@ -334,7 +334,7 @@ def test_a_seed_out_of_range_is_a_usage_error_in_every_command(fp32_engine: Path
     """Fixed: a negative seed or one >= 2**32 ended in exit 1 (numpy / scikit-learn refuse it)."""
     log = tmp_path / "log.jsonl"
     log.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(30)))
-    write_calibration_set(tmp_path / "set", texts(12, seed=3), None, {})
+    write_calibration_set(tmp_path / "set", texts(12, seed=3), None)
     ev = tmp_path / "eval.jsonl"
     ev.write_text("".join(json.dumps({"text": t, "label": "positive"}) + "\n" for t in texts(20)))
     out = tmp_path / "out"

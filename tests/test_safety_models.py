@@ -23,7 +23,7 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     mp = pytest.MonkeyPatch()
     mp.setenv("CALIBKIT_CACHE", str(tmp / "cache"))
     write_model_dir(tmp / "model")
-    write_calibration_set(tmp / "set", texts(20, seed=3), None, {})
+    write_calibration_set(tmp / "set", texts(20, seed=3), None)
     r = run("calibrate", tmp / "model", "-c", tmp / "set", "--method", "minmax", "--out", tmp / "cal")
     mp.undo()
     assert r.exit_code == 0, r.output
@@ -180,7 +180,7 @@ def test_unusable_external_data_is_a_model_error_in_every_command(tmp_path: Path
     """Fixed: calibrate and smooth ended these with exit 1 (onnx's ValidationError); one check in
     graph.load_model / check_external_data now serves every command."""
     folder, says = _broken_external(tmp_path, kind)
-    write_calibration_set(tmp_path / "set", texts(12, seed=3), None, {})
+    write_calibration_set(tmp_path / "set", texts(12, seed=3), None)
     (tmp_path / "eval.jsonl").write_text(json.dumps({"text": "good movie", "label": "positive"}) + "\n")
     out = tmp_path / "out"
     args: list[object] = {

@@ -42,7 +42,7 @@ def test_a_model_with_colliding_node_names_is_tuned_and_compared(tmp_path: Path,
     (tmp_path / "model").mkdir()
     onnx.save(_colliding_model(), str(tmp_path / "model" / "model.onnx"))
     write_tokenizer(tmp_path / "model")
-    write_calibration_set(tmp_path / "set", texts(20, seed=3), None, {})
+    write_calibration_set(tmp_path / "set", texts(20, seed=3), None)
     ev = tmp_path / "eval.jsonl"
     ev.write_text("".join(json.dumps({"text": t, "label": ["negative", "positive"][i % 2]}) + "\n"
                           for i, t in enumerate(texts(400, seed=2))))

@@ -35,7 +35,7 @@ def user_folder(path: Path) -> Path:
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     write_model_dir(tmp_path / "model")
-    write_calibration_set(tmp_path / "set", texts(20, seed=3), None, {})
+    write_calibration_set(tmp_path / "set", texts(20, seed=3), None)
     logs = tmp_path / "logs"
     logs.mkdir()
     (logs / "prod.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(60, seed=1)))

@@ -121,7 +121,7 @@ def test_the_lock_beside_the_output_from_the_command_line(tmp_path: Path, monkey
 
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     write_model_dir(tmp_path / "model")
-    write_calibration_set(tmp_path / "set", texts(20, seed=3), None, {})
+    write_calibration_set(tmp_path / "set", texts(20, seed=3), None)
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
     (tmp_path / ".cal.calibkit-lock").symlink_to(victim)

@@ -121,7 +121,7 @@ def test_a_calibrations_damaged_stats_npz_is_refused_by_histogram(tmp_path: Path
 
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     model = write_model_dir(tmp_path / "model")
-    write_calibration_set(tmp_path / "set", texts(20, seed=3), None, {})
+    write_calibration_set(tmp_path / "set", texts(20, seed=3), None)
     stats = ck.calibrate(model, tmp_path / "set", tmp_path / "cal", method="minmax").stats_path
     assert stats is not None and ck.histogram(tmp_path / "cal").count > 0
     if damage in ("ranges x4", "nan"):
@@ -381,7 +381,7 @@ def test_a_model_copied_over_tunes_smoothed_model_is_not_reused(tmp_path: Path,
 
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     model = write_model_dir(tmp_path / "model")
-    cset = write_calibration_set(tmp_path / "set", texts(20, seed=3), None, {})
+    cset = write_calibration_set(tmp_path / "set", texts(20, seed=3), None)
     write_eval_set(tmp_path / "eval.jsonl", texts(24, seed=2))
     smoothed = tmp_path / ".tune.tune" / "smoothed-model"  # where an interrupted `tune --out tune` left it
     smooth(SmoothRequest(model=ModelDir.resolve(model), calibration_set=cset, out=smoothed))

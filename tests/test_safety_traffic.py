@@ -55,7 +55,7 @@ def _distinct(n: int, seed: int) -> list[str]:
 
 def test_texts_the_tokenizer_reads_as_a_calibration_text_are_excluded(tmp_path: Path) -> None:
     tok = _bert_tokenizer(tmp_path / "tok")
-    cset = write_calibration_set(tmp_path / "set", CALIBRATION, None, {})
+    cset = write_calibration_set(tmp_path / "set", CALIBRATION, None)
     others = [t for t in _distinct(40, seed=1) if t not in CALIBRATION][:30]
     log = _log(tmp_path / "log.jsonl", [*CALIBRATION, *VARIANTS, *others])
     drawn = calibkit.api.load_traffic(log, cset, size=1000, tokenizer=tok)
@@ -77,7 +77,7 @@ def test_without_a_tokenizer_control_format_characters_and_accents_still_match(t
 def test_traffic_size_is_honoured_when_eval_texts_are_excluded(tmp_path: Path) -> None:
     """tune drew the traffic and dropped the eval set's texts afterwards: 136 texts for --traffic-size 200 when
     253 were available."""
-    cset = write_calibration_set(tmp_path / "set", CALIBRATION, None, {})
+    cset = write_calibration_set(tmp_path / "set", CALIBRATION, None)
     pool = [t for t in _distinct(420, seed=2) if t not in CALIBRATION][:400]
     eval_texts, rest = pool[:150], pool[150:]
     log = _log(tmp_path / "log.jsonl", pool)
@@ -129,7 +129,7 @@ def test_any_invisible_change_to_a_calibration_text_is_excluded(tmp_path_factory
     text (and its case changed): the model's tokenizer reads it as the calibration text, so it is excluded."""
     tmp = tmp_path_factory.mktemp("invisible")
     tok = _bert_tokenizer(tmp / "tok")
-    cset = write_calibration_set(tmp / "set", CALIBRATION, None, {})
+    cset = write_calibration_set(tmp / "set", CALIBRATION, None)
     variants = []
     for which, at, char, upper in edits:
         text = CALIBRATION[which]

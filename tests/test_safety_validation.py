@@ -326,7 +326,7 @@ def test_the_documents_calibkit_writes_pass_their_own_checks(tmp_path: Path, mon
 
     monkeypatch.setenv("CALIBKIT_CACHE", str(tmp_path / "cache"))
     model = write_model_dir(tmp_path / "model")
-    cset = write_calibration_set(tmp_path / "set", texts(16, seed=3), None, {})
+    cset = write_calibration_set(tmp_path / "set", texts(16, seed=3), None)
     ev = tmp_path / "eval.jsonl"
     ev.write_text("".join(json.dumps({"text": t, "label": ["negative", "positive"][i % 2]}) + "\n"
                           for i, t in enumerate(texts(60, seed=5))))

@@ -36,7 +36,7 @@ main()
 @pytest.mark.parametrize("sig, code, word", [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])
 def test_a_signal_during_the_write_leaves_no_temporary_folder(tmp_path: Path, sig: int, code: int, word: str) -> None:
     model = write_model_dir(tmp_path / "model")
-    cset = write_calibration_set(tmp_path / "set", texts(10, seed=2), None, {})
+    cset = write_calibration_set(tmp_path / "set", texts(10, seed=2), None)
     out = tmp_path / "runs" / "cal"
     script = SCRIPT.format(tests=TESTS, model=str(model), cset=str(cset.path), out=str(out))
     env = {**os.environ, "CALIBKIT_CACHE": str(tmp_path / "cache"), "PYTHONPATH": os.pathsep.join(sys.path)}

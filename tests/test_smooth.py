@@ -131,7 +131,7 @@ def test_channel_stats_do_not_depend_on_the_batches(tmp_path: Path) -> None:
 
 def test_smooth_writes_an_equivalent_model_folder(tmp_path: Path) -> None:
     md = _model_dir(tmp_path / "m")
-    cset = write_calibration_set(tmp_path / "set", texts(80, seed=1, max_words=12), None, {})
+    cset = write_calibration_set(tmp_path / "set", texts(80, seed=1, max_words=12), None)
     res = smooth(SmoothRequest(model=md, calibration_set=cset, out=tmp_path / "smoothed"))
     assert res.max_deviation < 1e-4 and res.smoothed
     doc = json.loads((tmp_path / "smoothed" / SMOOTHING_FILE).read_text())
@@ -161,7 +161,7 @@ def test_a_changed_function_is_refused_and_nothing_written(tmp_path: Path, monke
 
     monkeypatch.setattr(smoothing, "apply_smoothing", broken)
     md = _model_dir(tmp_path / "m")
-    cset = write_calibration_set(tmp_path / "set", texts(40, seed=2), None, {})
+    cset = write_calibration_set(tmp_path / "set", texts(40, seed=2), None)
     with pytest.raises(ModelError, match="differ from the original"):
         smooth(SmoothRequest(model=md, calibration_set=cset, out=tmp_path / "out"))
     assert not (tmp_path / "out").exists()
@@ -169,7 +169,7 @@ def test_a_changed_function_is_refused_and_nothing_written(tmp_path: Path, monke
 
 def test_cli_smooth_then_build_and_compare_against_the_original(tmp_path: Path) -> None:
     md = _model_dir(tmp_path / "m")
-    write_calibration_set(tmp_path / "set", texts(80, seed=1, max_words=12), None, {})
+    write_calibration_set(tmp_path / "set", texts(80, seed=1, max_words=12), None)
     r = CliRunner().invoke(app, ["smooth", str(md.onnx_path.parent), "-c", str(tmp_path / "set"),
                                  "--out", str(tmp_path / "sm")])
     assert r.exit_code == 0, r.output
@@ -218,7 +218,7 @@ def test_a_model_file_rewritten_during_the_statistics_is_refused(tmp_path: Path,
     import calibkit.calibrate.smoothing as smoothing
 
     md = _model_dir(tmp_path / "m")
-    cset = write_calibration_set(tmp_path / "set", texts(30, seed=2), None, {})
+    cset = write_calibration_set(tmp_path / "set", texts(30, seed=2), None)
     real = smoothing.channel_stats
 
     def rewriting(*a, **kw):  # type: ignore[no-untyped-def]

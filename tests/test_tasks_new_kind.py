@@ -90,7 +90,7 @@ def build_scorer(root: Path) -> dict[str, Path]:
     EngineArtifact(path=root / "fp32.onnx", precision=Precision.FP32, **common).save()  # type: ignore[arg-type]
     EngineArtifact(path=root / "int8.onnx", precision=Precision.INT8, calibration_json=str(root / "calibration.json"),
                    **common).save()  # type: ignore[arg-type]
-    write_calibration_set(root / "cset", texts[:60], None, {"source": "test"})
+    write_calibration_set(root / "cset", texts[:60], None)
     (root / "eval.jsonl").write_text("".join(json.dumps({"text": t, "label": lab}) + "\n"
                                              for t, lab in zip(texts[60:], labels[60:])))
     return {"model": folder, "fp": root / "fp32.onnx", "int8": root / "int8.onnx", "eval": root / "eval.jsonl",

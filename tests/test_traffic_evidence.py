@@ -55,7 +55,7 @@ def test_excludes_calibration_texts_dedups_and_counts(tmp_path: Path) -> None:
     # the log repeats some texts, and writes calibration texts with other case and spacing
     log_texts = texts + texts[100:110] + [t.upper().replace(" ", "  ") for t in calib[:5]]
     log = _write_log(tmp_path / "log.jsonl", log_texts, extra_lines=("not json", "", '{"text": 3}'))
-    cset = write_calibration_set(tmp_path / "cset", calib, None, {})
+    cset = write_calibration_set(tmp_path / "cset", calib, None)
     ev = draw_traffic(log, TrafficOptions(size=200, seed=3), calibration_set=cset)
     assert len(ev) == ev.size_drawn == 200 and ev.size_requested == 200
     calib_keys = {digest(normalize(t)) for t in calib}
@@ -136,7 +136,7 @@ def test_group_excluded_by_a_later_line_is_not_drawn(tmp_path: Path) -> None:
     # pooled member (from the first line) must not be drawn, since the set holds a text of that group
     a, b = "mail alice@example.org about it", "mail bob@example.net about it"
     log = _write_log(tmp_path / "log.jsonl", [a, b, *_texts(60)])
-    cset = write_calibration_set(tmp_path / "cset", [b], None, {})
+    cset = write_calibration_set(tmp_path / "cset", [b], None)
     ev = draw_traffic(log, TrafficOptions(size=1000), calibration_set=cset)
     assert redact(a).text not in ev.texts
     assert ev.excluded["calibration_set"] == 1 and len(ev) == 60
@@ -171,7 +171,7 @@ def test_default_log_from_the_manifest(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="no longer there") as exc:
         default_traffic_log(cset)
     assert "--traffic" in (exc.value.hint or "")
-    bare = write_calibration_set(tmp_path / "bare", ["a text"], None, {})
+    bare = write_calibration_set(tmp_path / "bare", ["a text"], None)
     with pytest.raises(DataError, match="names no source log"):
         default_traffic_log(bare)
 
@@ -179,7 +179,7 @@ def test_default_log_from_the_manifest(tmp_path: Path) -> None:
 def test_nothing_left_and_bad_size(tmp_path: Path) -> None:
     texts = _texts(20)
     log = _write_log(tmp_path / "log.jsonl", texts)
-    cset = write_calibration_set(tmp_path / "c", texts, None, {})
+    cset = write_calibration_set(tmp_path / "c", texts, None)
     with pytest.raises(DataError, match="all 20 distinct texts are in the calibration set"):
         draw_traffic(log, TrafficOptions(size=5), calibration_set=cset)
     with pytest.raises(DataError, match="at least 1"):
@@ -208,7 +208,7 @@ def test_twenty_thousand_lines_draw_four_thousand_in_seconds(tmp_path: Path) -> 
     rng = random.Random(5)
     texts = [_text(rng, i) for i in range(20_000)]
     log = _write_log(tmp_path / "big.jsonl", texts)
-    cset = write_calibration_set(tmp_path / "c", texts[:512], None, {})
+    cset = write_calibration_set(tmp_path / "c", texts[:512], None)
     t = time.perf_counter()
     ev = draw_traffic(log, TrafficOptions(size=4000), calibration_set=cset)
     took = time.perf_counter() - t
@@ -255,7 +255,7 @@ def test_fewer_texts_than_asked_are_warned_about_with_why_and_what_it_costs(
     model = write_model_dir(tmp_path / "model")
     distinct = list(dict.fromkeys(model_texts(600, seed=4)))[:200]  # words the tiny model's tokenizer knows
     log = _write_log(tmp_path / "log.jsonl", distinct + distinct[100:150])  # 50 duplicate lines
-    cset = write_calibration_set(tmp_path / "set", distinct[:30], None, {})
+    cset = write_calibration_set(tmp_path / "set", distinct[:30], None)
     request = TuneRequest(model=model, calibration_set=cset.path, traffic=log, traffic_size=1000,
                           out=tmp_path / "tune")
     with caplog.at_level(logging.WARNING, logger="calibkit"):

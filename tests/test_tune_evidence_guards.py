@@ -23,7 +23,7 @@ from calibkit.tasks import ClassificationTask
 def test_traffic_rows_that_are_eval_texts_are_dropped_and_counted(tmp_path: Path) -> None:
     texts = _texts(400)
     log = _write_log(tmp_path / "log.jsonl", texts)
-    cset = write_calibration_set(tmp_path / "cset", texts[:20], None, {})
+    cset = write_calibration_set(tmp_path / "cset", texts[:20], None)
     ev = draw_traffic(log, TrafficOptions(size=300, seed=1), calibration_set=cset)
     eval_texts = [t.upper() for t in ev.texts[:40]]  # the same texts as the eval set writes them
     kept = ev.without(eval_texts, "eval_set")

@@ -88,7 +88,7 @@ def sensitive_folder(root: Path, texts: int) -> dict[str, Path]:
     make_tokenizer(root / "model")
     save_model(make_sensitive_model(), root / "model" / "model.onnx")
     all_texts, labels = make_texts(texts, seed=5)
-    write_calibration_set(root / "cset", all_texts[:60], None, {"source": "test"})
+    write_calibration_set(root / "cset", all_texts[:60], None)
     ev = root / "eval.jsonl"
     ev.write_text("".join(json.dumps({"text": t, "label": lab}) + "\n"
                           for t, lab in zip(all_texts[60:], labels[60:])))

@@ -56,16 +56,17 @@ md("## 2. A calibration set from the production log\nBroken lines are counted an
 code("""import calibkit as ck
 
 cset = ck.sample(ASSETS / "logs.jsonl", WORK / "calibration_set", size=256, seed=0, tokenizer=prep.model_dir)
-m = cset.manifest
-rep = m["representativeness"]
-print(len(cset), "texts | broken lines by kind:", {k: v["count"] for k, v in m["lines"]["broken"].items()})
-print("redactions:", m["redaction"], "| verdict:", rep["verdict"], f"(PSI {rep['psi']:.3f}, KS {rep['ks']:.3f})")""")
+m = cset.manifest.sample  # what sample recorded: typed sections (calibkit.results.files.SampleRecord)
+rep = m.representativeness
+print(len(cset), "texts | broken lines by kind:", {k: v.count for k, v in m.lines.broken.items()})
+print("redactions:", {"enabled": m.redaction.enabled, "counts": dict(m.redaction.counts)}, "| verdict:", rep.verdict,
+      f"(PSI {rep.psi:.3f}, KS {rep.ks:.3f})")""")
 
-code("""edges = rep["bin_edges"]
-x = np.arange(len(rep["population_fraction"]))
+code("""edges = rep.bin_edges
+x = np.arange(len(rep.population_fraction))
 fig, ax = plt.subplots(figsize=(8, 3))
-ax.bar(x - 0.2, rep["population_fraction"], 0.4, label="whole log")
-ax.bar(x + 0.2, rep["sample_fraction"], 0.4, label="calibration sample")
+ax.bar(x - 0.2, rep.population_fraction, 0.4, label="whole log")
+ax.bar(x + 0.2, rep.sample_fraction, 0.4, label="calibration sample")
 names = [f"{a}-{b}" for a, b in zip(edges[:-1], edges[1:])]
 names += [f"{edges[-1]}+"] * (len(x) - len(names))  # the last bin holds everything beyond the last edge
 ax.set_xticks(x, names[: len(x)], rotation=45)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover - types only
 class Shard:
     """One work unit: a shared tapped-able model, the tensors to observe and this shard's batches."""
 
-    model: Shared  # bytes of the FP32 ONNX model
+    model: Shared[bytes]  # the FP32 ONNX model
     tensors: tuple[str, ...]
     batches: tuple[Any, ...]  # calibkit.data.encode.Batch (feeds and padding mask)
     num_bins: int

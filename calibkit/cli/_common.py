@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.segment import Segment
+from rich.text import Text
 
 from calibkit.cli._signals import INTERRUPTED_EXIT, TERMINATED_EXIT, TERMINATED_MESSAGE, Terminated
 from calibkit.errors import CalibkitError
@@ -37,7 +38,7 @@ class _Console(Console):
     on the terminal; rich's own styles and cursor controls pass. A closed stdout (where rich would drop every
     line without a word) or a broken pipe raises BrokenPipeError."""
 
-    def render_str(self, text: str, **kwargs: Any) -> Any:
+    def render_str(self, text: str, **kwargs: Any) -> Text:
         # every string printed or put in a table cell comes through here: escaped before the layout measures it
         return super().render_str(printable(text), **kwargs)
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, Union, get_args, get_origin
 import typer
 
 from calibkit.cli._common import FLOAT, FORCE, INTEGER, handle_errors, keyword_or
-from calibkit.requests.options import Choice, Option, declared, default_of, flag_of
+from calibkit.requests.options import Choice, Option, declared, default_of, flag_of, nested_default
 from calibkit.requests.resources import ResourceOptions
 
 if TYPE_CHECKING:  # pragma: no cover - types only
@@ -39,7 +39,7 @@ def _base(kind: object) -> object:
     return kind
 
 
-def _cli_type(f: dataclasses.Field[Any], decl: Option) -> Any:
+def _cli_type(f: dataclasses.Field[Any], decl: Option) -> object:
     if decl.cli_type is not None:
         return decl.cli_type
     return eval(str(f.type), {"__builtins__": builtins})  # a plain annotation: int, float | None, bool, str
@@ -55,7 +55,7 @@ def _keyword_or_number(kind: object) -> tuple[type[Choice], type] | None:
     return (words[0], numbers[0]) if len(args) == 2 and len(words) == len(numbers) == 1 else None
 
 
-def _typer_kind(kind: Any) -> tuple[Any, dict[str, Any]]:
+def _typer_kind(kind: object) -> tuple[object, dict[str, Any]]:
     """What typer is told an option is, and its number parser: a keyword-or-number option is its number with a
     parser that also takes the keyword (typer reads no union but ``X | None``)."""
     mixed = _keyword_or_number(kind)
@@ -70,7 +70,7 @@ def _shown(value: object) -> object:
     return value.value if isinstance(value, enum.Enum) else value
 
 
-def cli_default(f: dataclasses.Field[Any], decl: Option) -> Any:
+def cli_default(f: dataclasses.Field[Any], decl: Option) -> object:
     """What the command line shows as the default: the field's, a word for a choice; None ("not given": the
     field's default applies) where the field's default is no plain value the command line can spell."""
     default = default_of(f)
@@ -86,7 +86,7 @@ def _field_params(request_cls: type) -> Iterator[inspect.Parameter]:
         if not decl.cli:
             continue
         if decl.nested:
-            base = default_of(f)
+            base = nested_default(f)
             for n in decl.nested:
                 yield _param(n.flag.lstrip("-").replace("-", "_"), float,
                              typer.Option(getattr(base, n.attribute), n.flag, help=n.help, parser=FLOAT))
@@ -106,7 +106,7 @@ def _name(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
 
-def _param(name: str, kind: Any, default: Any) -> inspect.Parameter:
+def _param(name: str, kind: object, default: object) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=kind)
 
 
@@ -132,7 +132,7 @@ def build_request(request_cls: type[_R], parsed: dict[str, Any]) -> _R:
             continue
         if decl.nested:
             updates = {n.attribute: parsed.pop(_name(n.flag)) for n in decl.nested}
-            values[f.name] = dataclasses.replace(default_of(f), **updates)
+            values[f.name] = dataclasses.replace(nested_default(f), **updates)
             continue
         value = parsed.pop(f.name)
         if decl.negation is not None and parsed.pop(_name(decl.negation)):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import typer
 
@@ -13,6 +12,7 @@ from calibkit.cli._common import FORCE, RichProgress, guard_out_dir, out, warn
 from calibkit.cli._requests import cli_paths, request_command
 from calibkit.requests.resources import ResourceOptions
 from calibkit.requests.sample import SampleRequest
+from calibkit.results.files import SampleRecord
 
 HELP = """Draw a calibration set from a JSON Lines request log (plain or .gz, any size).
 
@@ -61,54 +61,53 @@ def run_sample(request: SampleRequest, resources: ResourceOptions, *, force: boo
                   legacy_names=("texts.jsonl", "manifest.json"))
     with RichProgress() as progress:
         cset = run(replace(request, out=target), resources, progress)
-    _summary(cset.manifest, target)
-    for w in cset.manifest.get("warnings", []):
-        warn(w)
+    m = cset.manifest
+    if m is not None and m.sample is not None:  # always: sample records how it drew the set
+        _summary(m.sample, m.count, target)
+        for w in m.sample.warnings:
+            warn(w)
 
 
 sample = request_command(SampleRequest, run_sample, resources=RESOURCES, extra=PRESENTATION)
 
 
-def _summary(m: dict[str, Any], target: Path) -> None:
+def _summary(m: SampleRecord, count: int, target: Path) -> None:
     from rich.table import Table
 
-    lines = m["lines"]
-    dd = m["dedup"]
-    rep = m["representativeness"]
-    red = m["redaction"]
-    tf = m["text_field"]
+    lines, dd, rep, red, tf = m.lines, m.dedup, m.representativeness, m.redaction, m.text_field
     from calibkit.cli._common import printable
 
     t = Table(title=printable(f"calibration set: {target}"), show_header=False, title_justify="left")
     t.add_column("what", style="bold")
     t.add_column("value")
-    t.add_row("log", printable(f"{m['source']['path']} ({m['source']['size_bytes']:,} bytes)"))
-    t.add_row("text field", ", ".join(tf["paths"]) + (" (auto-detected)" if tf["auto_detected"] else ""))
-    t.add_row("lines read", f"{lines['read']:,}")
+    size = m.source.size_bytes
+    t.add_row("log", printable(m.source.path + (f" ({size:,} bytes)" if size is not None else "")))
+    t.add_row("text field", ", ".join(tf.paths) + (" (auto-detected)" if tf.auto_detected else ""))
+    t.add_row("lines read", f"{lines.read:,}")
     broken = ", ".join(
-        f"{k} {v['count']:,} (line {', '.join(map(str, v['first_lines'][:3]))})" for k, v in lines["broken"].items()
+        f"{k} {v.count:,} (line {', '.join(map(str, v.first_lines[:3]))})" for k, v in lines.broken.items()
     )
-    t.add_row("broken lines", f"{lines['broken_total']:,}" + (f": {broken}" if broken else ""))
+    t.add_row("broken lines", f"{lines.broken_total:,}" + (f": {broken}" if broken else ""))
     t.add_row(
         "duplicates",
-        f"{dd['duplicate_lines']:,} lines ({dd['exact_duplicates']:,} exact, "
-        f"{dd['normalized_duplicates']:,} normalized); {dd['distinct_texts']:,} distinct texts",
+        f"{dd.duplicate_lines:,} lines ({dd.exact_duplicates:,} exact, "
+        f"{dd.normalized_duplicates:,} normalized); {dd.distinct_texts:,} distinct texts",
     )
-    if red["enabled"]:
-        t.add_row("redacted", ", ".join(f"{k} {v:,}" for k, v in red["counts"].items()))
+    if red.enabled:
+        t.add_row("redacted", ", ".join(f"{k} {v:,}" for k, v in red.counts.items()))
     else:
         t.add_row("redacted", "off (--no-redact)")
-    t.add_row("strata", f"{len(m['strata']['table'])} (length x label x {m['strata']['topics']['clusters']} topics)")
-    ln = m["length"]
-    measure = "tokenizer" if ln["measure"].startswith("tokenizer") else ln["measure"]
+    t.add_row("strata", f"{len(m.strata.table)} (length x label x {m.strata.topics.clusters} topics)")
+    ln = m.length
+    measure = "tokenizer" if ln.measure.startswith("tokenizer") else ln.measure
     t.add_row(
         "sample",
-        f"{m['count']:,} texts; {ln['over_max']['sample']} longer than {ln['max_length']} tokens ({measure})",
+        f"{count:,} texts; {ln.over_max.sample} longer than {ln.max_length} tokens ({measure})",
     )
-    t.add_row("representative?", f"{rep['verdict']} (PSI {rep['psi']:.3f}, KS {rep['ks']:.3f})")
+    t.add_row("representative?", f"{rep.verdict} (PSI {rep.psi:.3f}, KS {rep.ks:.3f})")
     out.print(t)
-    if rep["verdict"] != "representative":
-        warn(representativeness_hint(rep["psi"], m["count"], len(m["strata"]["table"])))
+    if rep.verdict != "representative":
+        warn(representativeness_hint(rep.psi, count, len(m.strata.table)))
 
 
 def representativeness_hint(psi: float, size: int, strata: int) -> str:

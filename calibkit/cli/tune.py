@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import typer
 
@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
     app.command("tune", help=HELP, short_help="Find the mixed-precision plan that meets an accuracy target.")(tune)
 
 
-def _param(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+def _param(name: str, annotation: object, default: object) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
 
 

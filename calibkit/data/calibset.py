@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from calibkit._io import atomic_dir, dumps_json, file_kind, read_json, sha256_bytes, text_lines
 from calibkit.data.textcheck import decode_counted, has_lone_surrogate, is_usable
 from calibkit.errors import DataError
-from calibkit.provenance import document_path
+from calibkit.provenance import PATHS_KEY, document_path
+from calibkit.results.codec import document_json, parse_document
+from calibkit.results.files import CalibrationSetManifest, SampleRecord
 from calibkit.types import PathLike
 
 TEXTS = "texts.jsonl"
@@ -27,7 +28,7 @@ class CalibrationSet:
     path: Path
     texts: tuple[str, ...]
     labels: tuple[str | None, ...] | None
-    manifest: dict[str, Any] = field(default_factory=dict)
+    manifest: CalibrationSetManifest | None = None  # None: a bare .jsonl file, or a folder without manifest.json
     id: str = ""  # sha256 of texts.jsonl: identifies the set for statistics caching
 
     def __len__(self) -> int:
@@ -37,7 +38,6 @@ class CalibrationSet:
         # the texts themselves run to megabytes: a notebook cell or a log line shows what the set is instead
         labelled = "unlabelled" if self.labels is None else f"{sum(x is not None for x in self.labels)} labelled"
         return f"CalibrationSet({str(self.path)!r}, {len(self.texts)} texts, {labelled}, id={self.id[:12]})"
-
 
 
 @dataclass(frozen=True)
@@ -51,38 +51,41 @@ class ManifestLog:
     redact: bool
 
 
-def read_manifest(folder: Path) -> dict[str, Any] | None:
-    """``folder/manifest.json`` as a JSON object; None when it is missing, unreadable or no object."""
+def read_manifest(folder: Path) -> CalibrationSetManifest | None:
+    """``folder/manifest.json`` as its typed manifest; None when no regular file stands there (a FIFO or a
+    device there is never read). One that is not readable JSON, not an object or holds a mistyped field raises
+    a DataError naming the file (and the field); a missing field reads as absent (sets of earlier versions)."""
+    path = folder / MANIFEST
+    if not path.is_file():
+        return None
+    hint = "re-create the set with `calibkit sample`, or remove the broken manifest"
     try:
-        doc = read_json(folder / MANIFEST)  # a FIFO or a device there is unreadable, never waited on
-    except (OSError, ValueError, RecursionError):
-        return None
-    return doc if isinstance(doc, dict) else None
+        doc = read_json(path)  # opened without blocking: what is there now may no longer be a regular file
+    except (OSError, ValueError, RecursionError) as exc:
+        raise DataError(f"{path} is not readable JSON ({type(exc).__name__})", hint=hint) from None
+    return parse_document(CalibrationSetManifest, doc, source=path)
 
 
-def manifest_log(manifest: Mapping[str, Any] | None, manifest_path: Path) -> ManifestLog | None:
+def manifest_log(manifest: CalibrationSetManifest | None, manifest_path: Path) -> ManifestLog | None:
     """The one reading of the log a manifest (read from ``manifest_path``) names; None when it names none."""
-    src = manifest.get("source") if isinstance(manifest, Mapping) else None
-    if not isinstance(src, dict):
+    record = manifest.sample if manifest is not None else None
+    if record is None:
         return None
-    path = document_path(manifest_path, src.get("path"), dict(manifest or {}))
+    src = record.source
+    path = document_path(manifest_path, src.path, {PATHS_KEY: record.paths})
     if path is None:
         return None
-    size, sha = src.get("size_bytes"), src.get("sha256")
-    tf = manifest.get("text_field") if manifest is not None else None
-    paths = tf.get("paths") if isinstance(tf, dict) else None
-    red = manifest.get("redaction") if manifest is not None else None
-    return ManifestLog(path, size if isinstance(size, int) and not isinstance(size, bool) else None,
-                       sha if isinstance(sha, str) and sha else None,
-                       ",".join(str(p) for p in paths) if isinstance(paths, list) and paths else None,
-                       bool(red.get("enabled", True)) if isinstance(red, dict) else True)
+    return ManifestLog(path, src.size_bytes, src.sha256 or None, ",".join(record.text_field.paths) or None,
+                       record.redaction.enabled)
+
 
 def _texts_bytes(texts: Sequence[str], labels: Sequence[str | None] | None) -> bytes:
     lines = []
     for i, t in enumerate(texts):
-        rec: dict[str, Any] = {"text": t}
-        if labels is not None and labels[i] is not None:
-            rec["label"] = labels[i]
+        rec: dict[str, str] = {"text": t}
+        label = labels[i] if labels is not None else None
+        if label is not None:
+            rec["label"] = label
         lines.append(json.dumps(rec, ensure_ascii=False, sort_keys=True))
     return ("\n".join(lines) + "\n").encode("utf-8") if lines else b""
 
@@ -91,16 +94,19 @@ def write_calibration_set(
     out_dir: str | Path,
     texts: Sequence[str],
     labels: Sequence[str | None] | None,
-    manifest: dict[str, Any],
+    sample: SampleRecord | None = None,
 ) -> CalibrationSet:
-    """Write texts.jsonl and manifest.json together, atomically (the folder appears complete or not at all)."""
+    """Write texts.jsonl and manifest.json together, atomically (the folder appears complete or not at all).
+    The manifest holds the texts' sha256 and count, and ``sample``: what ``calibkit sample`` recorded of how
+    they were drawn (None: a set given as it is)."""
     data = _texts_bytes(texts, labels)
     set_id = sha256_bytes(data)
-    full = {**manifest, "texts_sha256": set_id, "count": len(texts)}
+    manifest = CalibrationSetManifest(texts_sha256=set_id, count=len(texts), sample=sample)
     with atomic_dir(out_dir, what="calibration set", legacy_names=(TEXTS, MANIFEST)) as tmp:
         (tmp / TEXTS).write_bytes(data)
-        (tmp / MANIFEST).write_text(dumps_json(full), encoding="utf-8")
-    return CalibrationSet(Path(out_dir), tuple(texts), tuple(labels) if labels is not None else None, full, set_id)
+        (tmp / MANIFEST).write_text(dumps_json(document_json(manifest)), encoding="utf-8")
+    return CalibrationSet(Path(out_dir), tuple(texts), tuple(labels) if labels is not None else None, manifest,
+                          set_id)
 
 
 def load_calibration_set(path: PathLike) -> CalibrationSet:
@@ -141,22 +147,12 @@ def load_calibration_set(path: PathLike) -> CalibrationSet:
         labels.append(None if lab is None else str(lab))
     if not texts:
         raise DataError(f"calibration set {texts_path} holds no texts")
-    manifest: dict[str, Any] = {}
-    mpath = (p if p.is_dir() else p.parent) / MANIFEST
-    if p.is_dir() and mpath.is_file():
-        try:
-            manifest = json.loads(mpath.read_text(encoding="utf-8", errors="replace"))
-        except (ValueError, RecursionError) as exc:
-            raise DataError(f"{mpath} is not valid JSON ({type(exc).__name__})",
-                            hint="re-create the set with `calibkit sample`, or remove the broken manifest") from None
-        if not isinstance(manifest, dict):
-            raise DataError(f"{mpath} is not a JSON object", hint="re-create the set with `calibkit sample`")
-        recorded = manifest.get("texts_sha256")
-        if isinstance(recorded, str) and recorded != sha256_bytes(raw):
-            log.warning(
-                "%s was changed after %s was written (%d texts, the manifest describes %s): the manifest's "
-                "coverage figures describe other texts; re-run `calibkit sample`, or delete %s to use the texts "
-                "as they are", texts_path, MANIFEST, len(texts), manifest.get("count", "?"), mpath)
-            manifest = {**manifest, "stale": True}
+    manifest = read_manifest(p) if p.is_dir() else None
+    if manifest is not None and manifest.texts_sha256 and manifest.texts_sha256 != sha256_bytes(raw):
+        log.warning(
+            "%s was changed after %s was written (%d texts, the manifest describes %s): the manifest's "
+            "coverage figures describe other texts; re-run `calibkit sample`, or delete %s to use the texts "
+            "as they are", texts_path, MANIFEST, len(texts), manifest.count, p / MANIFEST)
+        manifest = replace(manifest, stale=True)
     has_labels = any(lab is not None for lab in labels)
     return CalibrationSet(p, tuple(texts), tuple(labels) if has_labels else None, manifest, sha256_bytes(raw))

@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from calibkit.data.textcheck import has_lone_surrogate, is_usable, is_utf16, replace_surrogates, utf16_hint
 from calibkit.errors import DataError
+from calibkit.results.files import BrokenLines, ManifestLines, OversizedTexts
 
 log = logging.getLogger("calibkit.data.logs")
 
@@ -106,20 +107,13 @@ class ReadStats:
         if len(self.first_lines[kind]) < FIRST_LINES_KEPT:
             self.first_lines[kind].append(line_no)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "gzip_truncated": self.gzip_truncated,
-            "read": self.lines,
-            "usable": self.records,
-            "broken_total": self.broken_total,
-            "oversized": {"count": self.oversized, "first_lines": list(self.oversized_first_lines),
-                          "max_chars": MAX_TEXT_CHARS},
-            "broken": {
-                k: {"count": self.broken[k], "first_lines": list(self.first_lines[k])}
-                for k in BROKEN_KINDS
-                if self.broken[k]
-            },
-        }
+    def record(self) -> ManifestLines:
+        """The manifest's ``lines`` section: what this tally counted (broken kinds that occurred only)."""
+        return ManifestLines(
+            gzip_truncated=self.gzip_truncated, read=self.lines, usable=self.records, broken_total=self.broken_total,
+            oversized=OversizedTexts(self.oversized, tuple(self.oversized_first_lines), MAX_TEXT_CHARS),
+            broken={k: BrokenLines(self.broken[k], tuple(self.first_lines[k])) for k in BROKEN_KINDS
+                    if self.broken[k]})
 
 
 def is_gzip(path: str | os.PathLike[str]) -> bool:

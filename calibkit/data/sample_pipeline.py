@@ -17,9 +17,8 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -53,6 +52,24 @@ from calibkit.data.sampling import (
 from calibkit.errors import DataError
 from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 from calibkit.requests.sample import SampleRequest
+from calibkit.results.files import (
+    CandidatePool,
+    HotText,
+    LabelStratification,
+    LogHistogram,
+    ManifestCleanup,
+    ManifestDedup,
+    ManifestLength,
+    ManifestRedaction,
+    ManifestSource,
+    ManifestStrata,
+    ManifestTextField,
+    ManifestTopics,
+    OverMax,
+    Representativeness,
+    SampleRecord,
+    StratumRow,
+)
 
 log = logging.getLogger("calibkit.data.sample")
 
@@ -73,9 +90,11 @@ def label_strata_limit(size: int) -> int:
 
 @dataclass(frozen=True)
 class Sample:
+    """The texts drawn (with their labels when the log has a label field) and the manifest's record of how."""
+
     texts: tuple[str, ...]
     labels: tuple[str | None, ...] | None
-    manifest: dict[str, Any]
+    record: SampleRecord
 
 
 def check_log(path: Path) -> None:
@@ -338,15 +357,15 @@ def _allocate_sample(pool: _Pool, by_label: bool, options: SampleRequest) -> _Dr
     return _Drawn(strata_pop, members_of, alloc, chosen)
 
 
-def _sample_warnings(options: SampleRequest, read: _LogPass) -> tuple[list[str], dict[str, Any] | None]:
+def _sample_warnings(options: SampleRequest, read: _LogPass) -> tuple[list[str], LabelStratification | None]:
     """The manifest's warnings (a label field with too many values to stratify by, texts cut to
     MAX_TEXT_CHARS) and its label-stratification record."""
     warnings: list[str] = []
-    label_info: dict[str, Any] | None = None
+    label_info: LabelStratification | None = None
     if options.label_field is not None:
         n_labels = len(read.labels_distinct)
-        label_info = {"distinct": n_labels, "distinct_is_lower_bound": n_labels >= _LABELS_COUNTED,
-                      "limit": read.label_limit, "stratified": read.by_label}
+        label_info = LabelStratification(distinct=n_labels, distinct_is_lower_bound=n_labels >= _LABELS_COUNTED,
+                                         limit=read.label_limit, stratified=read.by_label)
         if not read.by_label:
             warnings.append(
                 f"--label-field {options.label_field} has {'at least ' if n_labels >= _LABELS_COUNTED else ''}"
@@ -359,53 +378,55 @@ def _sample_warnings(options: SampleRequest, read: _LogPass) -> tuple[list[str],
 
 
 def _manifest(path: Path, fields: Sequence[str], auto: bool, options: SampleRequest, read: _LogPass, pool: _Pool,
-              drawn: _Drawn) -> dict[str, Any]:
-    """manifest.json: the source, the reading and cleanup counts, dedup, lengths, strata and how
-    representative the sample's lengths are of the log's."""
+              drawn: _Drawn) -> SampleRecord:
+    """manifest.json's sample record: the source, the reading and cleanup counts, dedup, lengths, strata and
+    how representative the sample's lengths are of the log's."""
     stats, tally, cands, chosen = read.stats, read.tally, pool.cands, drawn.chosen
     warnings, label_info = _sample_warnings(options, read)
-    return {
-        "calibkit_version": __version__,
-        "kind": "calibration-set",
-        "source": {"path": str(path), "size_bytes": read.file_size, "sha256": stats.sha256, "gzip": _gz(path)},
-        "seed": options.seed,
-        "size_requested": options.size,
-        "text_field": {"paths": list(fields), "auto_detected": auto},
-        "label_field": options.label_field,
-        "lines": stats.to_json(),
-        "warnings": warnings,
-        "cleanup": {
-            "policy": "markup kept as production sends it; <script> and <style> blocks removed",
-            "script_blocks_removed": tally.scripts_removed,
-            "texts_emptied_by_cleanup": tally.emptied,
-        },
-        "redaction": {
-            "enabled": options.redact,
-            "counts": {k: int(tally.redactions.get(k, 0)) for k in REDACTION_KINDS},
-        },
-        "dedup": _dedup_section(read),
-        **_length_sections(read, pool, chosen),
-        "strata": _strata_section(options, read, pool, drawn, label_info),
-        "sample_seen_counts": [int(read.dedup.counts[cands[i].key]) for i in chosen],
-        "sample_line_numbers": [int(cands[i].line_no) for i in chosen],
-    }
+    length, representativeness = _length_sections(read, pool, chosen)
+    return SampleRecord(
+        calibkit_version=__version__,
+        kind="calibration-set",
+        source=ManifestSource(path=str(path), size_bytes=read.file_size, sha256=stats.sha256, gzip=_gz(path)),
+        seed=options.seed,
+        size_requested=options.size,
+        text_field=ManifestTextField(paths=tuple(fields), auto_detected=auto),
+        label_field=options.label_field,
+        lines=stats.record(),
+        warnings=tuple(warnings),
+        cleanup=ManifestCleanup(
+            policy="markup kept as production sends it; <script> and <style> blocks removed",
+            script_blocks_removed=tally.scripts_removed,
+            texts_emptied_by_cleanup=tally.emptied,
+        ),
+        redaction=ManifestRedaction(
+            enabled=options.redact,
+            counts={k: int(tally.redactions.get(k, 0)) for k in REDACTION_KINDS},
+        ),
+        dedup=_dedup_section(read),
+        length=length,
+        representativeness=representativeness,
+        strata=_strata_section(options, read, pool, drawn, label_info),
+        sample_seen_counts=tuple(int(read.dedup.counts[cands[i].key]) for i in chosen),
+        sample_line_numbers=tuple(int(cands[i].line_no) for i in chosen),
+    )
 
 
-def _dedup_section(read: _LogPass) -> dict[str, Any]:
+def _dedup_section(read: _LogPass) -> ManifestDedup:
     dedup = read.dedup
     hottest = sorted(((c, k) for k, c in dedup.counts.items() if c > 1), key=lambda x: (-x[0], x[1]))[:_HOT_KEPT]
-    return {
-        "normalization": "NFKC, case-folded, whitespace collapsed",
-        "distinct_texts": dedup.unique,
-        "duplicate_lines": dedup.duplicates,
-        "exact_duplicates": dedup.exact_duplicates,
-        "normalized_duplicates": dedup.normalized_duplicates,
-        "groups_seen_more_than_once": dedup.groups_repeated(),
-        "hottest": [{"seen": c, "text": _preview(read.dup_texts.get(k, ""))} for c, k in hottest],
-    }
+    return ManifestDedup(
+        normalization="NFKC, case-folded, whitespace collapsed",
+        distinct_texts=dedup.unique,
+        duplicate_lines=dedup.duplicates,
+        exact_duplicates=dedup.exact_duplicates,
+        normalized_duplicates=dedup.normalized_duplicates,
+        groups_seen_more_than_once=dedup.groups_repeated(),
+        hottest=tuple(HotText(seen=c, text=_preview(read.dup_texts.get(k, ""))) for c, k in hottest),
+    )
 
 
-def _length_sections(read: _LogPass, pool: _Pool, chosen: list[int]) -> dict[str, Any]:
+def _length_sections(read: _LogPass, pool: _Pool, chosen: list[int]) -> tuple[ManifestLength, Representativeness]:
     """``length`` (texts over the maximum, the log's estimated histogram) and ``representativeness`` (PSI and
     KS of the sample's lengths against the log's, weighted by stratum)."""
     lengths, w, max_len = pool.lengths, pool.weights, pool.max_len
@@ -415,36 +436,35 @@ def _length_sections(read: _LogPass, pool: _Pool, chosen: list[int]) -> dict[str
     psi = length_psi(pop_frac, smp_frac)
     ks = weighted_ks(lengths.astype(np.float64), w, s_len.astype(np.float64))
     pop_over = float(w[lengths > max_len].sum())
-    return {
-        "length": {
-            "measure": pool.measure,
-            "max_length": int(max_len),
-            "over_max": {
-                "population_estimated": int(round(pop_over)),
-                "sample": int((s_len > max_len).sum()),
-                "sample_indices": [int(i) for i in np.nonzero(s_len > max_len)[0]],
-            },
-            "log_histogram_estimated": {
-                "edges": list(PSI_EDGES),
-                "counts": [int(x) for x in read.est_hist],
-                "over_max": read.over_max_est,
-            },
-        },
-        "representativeness": {
-            "measure": pool.measure,
-            "bin_edges": list(PSI_EDGES),
-            "population_fraction": [round(float(x), 6) for x in pop_frac],
-            "sample_fraction": [round(float(x), 6) for x in smp_frac],
-            "psi": round(psi, 6),
-            "ks": round(ks, 6),
-            "verdict": verdict(psi),
-            "thresholds": {"representative": "PSI < 0.1", "slightly shifted": "PSI < 0.25"},
-        },
-    }
+    length = ManifestLength(
+        measure=pool.measure,
+        max_length=int(max_len),
+        over_max=OverMax(
+            population_estimated=int(round(pop_over)),
+            sample=int((s_len > max_len).sum()),
+            sample_indices=tuple(int(i) for i in np.nonzero(s_len > max_len)[0]),
+        ),
+        log_histogram_estimated=LogHistogram(
+            edges=tuple(PSI_EDGES),
+            counts=tuple(int(x) for x in read.est_hist),
+            over_max=read.over_max_est,
+        ),
+    )
+    representativeness = Representativeness(
+        measure=pool.measure,
+        bin_edges=tuple(PSI_EDGES),
+        population_fraction=tuple(round(float(x), 6) for x in pop_frac),
+        sample_fraction=tuple(round(float(x), 6) for x in smp_frac),
+        psi=round(psi, 6),
+        ks=round(ks, 6),
+        verdict=verdict(psi),
+        thresholds={"representative": "PSI < 0.1", "slightly shifted": "PSI < 0.25"},
+    )
+    return length, representativeness
 
 
 def _strata_section(options: SampleRequest, read: _LogPass, pool: _Pool, drawn: _Drawn,
-                    label_info: dict[str, Any] | None) -> dict[str, Any]:
+                    label_info: LabelStratification | None) -> ManifestStrata:
     cands, topics = pool.cands, pool.topics
     names = bucket_names()
     labels_seen = sorted({c.label for c in cands}, key=lambda v: "" if v is None else v)
@@ -452,31 +472,31 @@ def _strata_section(options: SampleRequest, read: _LogPass, pool: _Pool, drawn: 
     for i in sorted(range(len(cands)), key=lambda i: (cands[i].priority, cands[i].key)):
         topic_examples.setdefault(int(topics[i]), _preview(cands[i].text))
     has_labels = options.label_field is not None
-    return {
-        "definition": "length bucket x label x topic cluster; proportional allocation, "
+    return ManifestStrata(
+        definition="length bucket x label x topic cluster; proportional allocation, "
         f"minimum {options.min_per_stratum} per non-empty stratum",
-        "length_buckets": names,
-        "labels": list(labels_seen) if has_labels and read.by_label else None,
-        "label_stratification": label_info,
-        "topics": {
-            "method": "HashingVectorizer(2^14, english stop words) + k-means fitted on up to 4,000 "
+        length_buckets=tuple(names),
+        labels=tuple(labels_seen) if has_labels and read.by_label else None,
+        label_stratification=label_info,
+        topics=ManifestTopics(
+            method="HashingVectorizer(2^14, english stop words) + k-means fitted on up to 4,000 "
             "candidates spread over the pool, then assigned to all",
-            "clusters": int(topics.max()) + 1 if len(topics) else 0,
-            "examples": {str(k): v for k, v in sorted(topic_examples.items())},
-        },
-        "candidate_pool": {"size": len(cands), "per_stratum_capacity": pool.capacity},
-        "table": [
-            {
-                "length_bucket": names[k[0]],
-                "label": k[1],
-                "topic": k[2],
-                "population": round(drawn.strata_pop[k], 1),
-                "candidates": len(drawn.members_of[k]),
-                "sample": drawn.alloc.get(k, 0),
-            }
+            clusters=int(topics.max()) + 1 if len(topics) else 0,
+            examples={str(k): v for k, v in sorted(topic_examples.items())},
+        ),
+        candidate_pool=CandidatePool(size=len(cands), per_stratum_capacity=pool.capacity),
+        table=tuple(
+            StratumRow(
+                length_bucket=names[k[0]],
+                label=k[1],
+                topic=k[2],
+                population=round(drawn.strata_pop[k], 1),
+                candidates=len(drawn.members_of[k]),
+                sample=drawn.alloc.get(k, 0),
+            )
             for k in sorted(drawn.members_of, key=lambda k: (k[0], "" if k[1] is None else k[1], k[2]))
-        ],
-    }
+        ),
+    )
 
 
 def _merge_label_strata(pool: PriorityPool[_Stratum]) -> PriorityPool[_Stratum]:
@@ -498,15 +518,13 @@ def sample_log(request: SampleRequest, progress: ProgressCallback | None = None)
     manifest names the log relative to its own folder where that is near (as calibration.json names what it
     was made from), so readers find it from any working folder (:func:`calibkit.provenance.document_path`)."""
     from calibkit._io import record_path
-    from calibkit.provenance import MANIFEST_JSON, PATHS_KEY, PATHS_RELATIVE
+    from calibkit.provenance import MANIFEST_JSON, PATHS_RELATIVE
 
     s = draw_sample(request, progress)
-    manifest = dict(s.manifest)
-    src = manifest.get("source")
-    if isinstance(src, dict) and isinstance(src.get("path"), str):
-        manifest["source"] = {**src, "path": record_path(Path(request.out_dir) / MANIFEST_JSON, src["path"])}
-        manifest[PATHS_KEY] = PATHS_RELATIVE
-    return write_calibration_set(request.out_dir, s.texts, s.labels, manifest)
+    src = s.record.source
+    record = replace(s.record, source=replace(src, path=record_path(Path(request.out_dir) / MANIFEST_JSON, src.path)),
+                     paths=PATHS_RELATIVE)
+    return write_calibration_set(request.out_dir, s.texts, s.labels, record)
 
 
 def _preview(text: str, n: int = 80) -> str:

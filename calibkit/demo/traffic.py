@@ -106,7 +106,7 @@ def _near_duplicate(text: str, rng: random.Random) -> str:
     return " ".join(words)
 
 
-def _put(rec: dict[str, Any], path: Sequence[str], value: Any) -> None:
+def _put(rec: dict[str, Any], path: Sequence[str], value: object) -> None:
     cur = rec
     for key in path[:-1]:
         cur = cur.setdefault(key, {})

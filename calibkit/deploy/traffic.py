@@ -108,8 +108,10 @@ def log_of_calibration_set(cset: Path) -> SourceLog | None:
 
 
 def find_calibration_set(set_id: str, roots: Sequence[Path]) -> Path | None:
-    """A calibration-set folder under ``roots`` whose manifest records ``texts_sha256 == set_id``."""
+    """A calibration-set folder under ``roots`` whose manifest records ``texts_sha256 == set_id`` (a folder
+    whose manifest cannot be read is not it: its set is not known)."""
     from calibkit.data.calibset import read_manifest
+    from calibkit.errors import DataError
 
     if not set_id:
         return None
@@ -117,8 +119,11 @@ def find_calibration_set(set_id: str, roots: Sequence[Path]) -> Path | None:
         if not root.is_dir():
             continue
         for manifest in sorted(root.glob("*/manifest.json")):
-            doc = read_manifest(manifest.parent)
-            if doc is not None and doc.get("texts_sha256") == set_id:
+            try:
+                doc = read_manifest(manifest.parent)
+            except DataError:
+                continue
+            if doc is not None and doc.texts_sha256 == set_id:
                 return manifest.parent
     return None
 

@@ -58,10 +58,10 @@ def served(jobs: Sequence[SensitivityJob]) -> bool:
 class BoardUnit:
     """Some texts of one job, under one setting of one board."""
 
-    board: Shared  # Board
-    tokenizer: Shared  # {file name: bytes}
+    board: Shared[Board]
+    tokenizer: Shared[dict[str, bytes]]  # {file name: bytes}
     tokenizer_file: str | None
-    texts: Shared  # the job's texts
+    texts: Shared[tuple[str, ...]]  # the job's texts
     rows: tuple[int, ...]  # which of them: consecutive in the job's length order (see run_on_boards)
     switches: tuple[bool, ...]
     scales: tuple[float, ...]

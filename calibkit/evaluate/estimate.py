@@ -64,6 +64,7 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from calibkit.requests.compare import CompareRequest
     from calibkit.requests.tune import TuneRequest
     from calibkit.resources import EngineRunnerFactory
+    from calibkit.tasks.base import Task
     from calibkit.types import PathLike
 
 #: wall cost of a text of each kind against an FP32 text, calibrated on measured runs (docs/measured.md, "Time
@@ -555,7 +556,7 @@ def _quantized_nodes(path: PathLike) -> int:
 
 
 def estimate_compare(engines: Sequence[EngineArtifact], z: CompareSize, open_runner: EngineRunnerFactory,
-                     tokenizer: TextTokenizer, task: Any, texts: Sequence[str], options: CompareRequest,
+                     tokenizer: TextTokenizer, task: Task, texts: Sequence[str], options: CompareRequest,
                      executor: Executor | None = None) -> TimeEstimate:
     """compare's estimate, priced by the FP32 engine (else A) timed on a sample of ``texts``."""
     from calibkit.types import Precision

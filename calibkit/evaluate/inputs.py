@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     import onnx
 
     from calibkit.requests.tune import TuneRequest
+    from calibkit.tasks.base import Task
 
 
 def model_dir(model: PathLike | ModelDir, tokenizer: PathLike | None = None) -> ModelDir:
@@ -59,7 +60,7 @@ def not_an_input(out: PathLike | None, inputs: Sequence[object], option: str = "
         check_not_input(out, inputs, option=option)
 
 
-def load_evidence(eval_set: PathLike | EvalSet, *, task: Any = None, limit: int | None = None, seed: int = 0,
+def load_evidence(eval_set: PathLike | EvalSet, *, task: Task | None = None, limit: int | None = None, seed: int = 0,
                   text_column: str | None = None, label_column: str | None = None, split: str | None = None
                   ) -> tuple[EvalSet, Any]:
     """The eval set (a file or a loaded :class:`EvalSet`), its labels checked against ``task`` over the WHOLE
@@ -109,7 +110,7 @@ def engine_calibration_set(*engines: EngineArtifact) -> CalibrationSet | None:
     return None
 
 
-def model_task(md: ModelDir, task: str | None = None, graph: onnx.ModelProto | None = None) -> Any:
+def model_task(md: ModelDir, task: str | None = None, graph: onnx.ModelProto | None = None) -> Task | None:
     """The task of a model folder (``task`` forces one), from its outputs and config.json's id2label; None for
     a model without class names and no ``task`` (tune then finds it from the outputs and judges fidelity).
     ``graph``: the model, when the caller has loaded it (else its graph is read here)."""
@@ -181,7 +182,7 @@ def default_traffic(calibration_set: CalibrationSet | None, opts: TrafficOptions
         default_traffic_log(calibration_set)
     except DataError as exc:
         m = calibration_set.manifest
-        if isinstance(m, dict) and isinstance(m.get("source"), dict):  # it names a log that is gone or changed
+        if m is not None and m.sample is not None:  # it names a log that is gone or changed
             logging.getLogger("calibkit").warning("no traffic evidence: %s (%s)", exc.message, exc.hint)
         return None
     return draw_default_traffic(calibration_set, opts, progress, exclude_texts=exclude)

@@ -32,9 +32,9 @@ _MAX_TOKENIZER_FILE = 64 << 20
 class ShippedJob:
     """A SensitivityJob whose files and eval rows are :class:`Shared` references."""
 
-    model: Shared  # bytes of the FP32 ONNX model
-    table: Shared  # bytes of the calibration JSON
-    tokenizer: Shared  # {file name: bytes} of the tokenizer folder
+    model: Shared[bytes]  # the FP32 ONNX model
+    table: Shared[bytes]  # the calibration JSON
+    tokenizer: Shared[dict[str, bytes]]  # {file name: bytes} of the tokenizer folder
     tokenizer_file: str | None  # the tokenizer was this file of the folder (None: the folder itself)
     data: Shared  # (texts, labels, reference_logits, neighbour_index, index_rows)
     keep_nodes: tuple[str, ...]

@@ -77,6 +77,7 @@ from calibkit.evidence.intervals import wilson_lower
 from calibkit.evidence.plan_decisions import (
     ESTIMATED,
     WHOLE_SPLIT,
+    Judged,
     PlanJudge,
     constraints_for,
     make_rule,
@@ -921,13 +922,14 @@ def _confirm(outcome: SearchOutcome, hold_judge: PlanJudge | StratifiedJudge, co
     return record, replace(outcome, best=final), final
 
 
-def _measured_text(plan: Plan, score: Any, flops: dict[str, float]) -> str:
-    """One candidate's measurement for a progress line: its INT8 share, agreement and, once decided, the decision."""
-    agreement = score.agreement if hasattr(score, "agreement") else (score[1] if len(score) > 1 else float("nan"))
+def _measured_text(plan: Plan, score: Judged | tuple[float, ...], flops: dict[str, float]) -> str:
+    """One candidate's measurement for a progress line: its INT8 share, agreement and, once decided (a judge's
+    :class:`Judged`; else the split's scores, accuracy first), the decision."""
+    agreement = score.agreement if isinstance(score, Judged) else (score[1] if len(score) > 1 else float("nan"))
     words = [f"{100 * int8_flops_fraction(plan, flops):.1f} % INT8"]
     if agreement == agreement:
         words.append(f"agreement {100 * agreement:.2f} %")
-    if hasattr(score, "meets"):
+    if isinstance(score, Judged):
         words.append(f"{'meets' if score.meets else 'misses'} the target on {score.texts} texts")
     return ", ".join(words)
 

@@ -53,7 +53,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict, Unpack
 
 import numpy as np
 
@@ -162,6 +162,16 @@ def _add(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
     if len(a) != len(b):
         raise ValueError("chunk summaries of different bet grids cannot be merged")
     return tuple(x + y for x, y in zip(a, b))
+
+
+class _DecisionFacts(TypedDict, total=False):
+    """What a rule adds to a :class:`Decision` beside the constraint, verdict and summary: its optional fields."""
+
+    by: str
+    lower: float | None
+    upper: float | None
+    log_e_value: float | None
+    texts_needed: int | None
 
 
 @dataclass(frozen=True)
@@ -445,7 +455,7 @@ class ConfidenceSequenceRule:
         return top + math.log(float(np.exp(a - top).mean()))
 
     def decide(self, constraint: Constraint, summary: Summary, total: int) -> Decision:
-        def make(verdict: Verdict, **kw: Any) -> Decision:
+        def make(verdict: Verdict, **kw: Unpack[_DecisionFacts]) -> Decision:
             return Decision(constraint.name, verdict, summary.n, summary.mean, constraint.threshold, self.confidence,
                             **kw)
 

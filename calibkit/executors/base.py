@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from calibkit._io import mark_alive, owner_alive
 from calibkit.cpus import usable_cpus
@@ -33,13 +33,15 @@ from calibkit.progress import ProgressCallback, ProgressEvent, no_progress
 
 T = TypeVar("T")
 R = TypeVar("R")
+_V_co = TypeVar("_V_co", covariant=True)  # a shared value's type
 
 ResultCallback = Callable[[int, Any], None]
 
 
 @dataclass(frozen=True)
-class Shared:
-    """A reference to a value shared once with every worker; :func:`fetch` resolves it on the worker."""
+class Shared(Generic[_V_co]):
+    """A reference to a value (of type ``_V_co``) shared once with every worker; :func:`fetch` resolves it on the
+    worker."""
 
     key: str  # sha256 of the value's pickle (bytes values: of the bytes)
     nbytes: int
@@ -51,7 +53,7 @@ class Spilled:
 
     path: str
 
-    def load(self) -> Any:
+    def load(self) -> Any:  # whatever was pickled: fetch returns it as its reference's type
         with open(self.path, "rb") as fh:
             return pickle.load(fh)
 
@@ -84,7 +86,7 @@ def install_sources(sources: Mapping[str, Any]) -> None:
                 _sources[k] = v
 
 
-def fetch(ref: Shared) -> Any:
+def fetch(ref: Shared[T]) -> T:
     """The value behind ``ref`` (loaded once per process)."""
     with _lock:
         if ref.key in _values:
@@ -99,7 +101,7 @@ def fetch(ref: Shared) -> Any:
         return value
 
 
-def materialize(ref: Shared) -> Path:
+def materialize(ref: Shared[bytes | Mapping[str, bytes]]) -> Path:
     """A local path holding the shared value: ``bytes`` become a file, ``{name: bytes}`` a folder (once per
     process, under a temporary folder removed when the process exits)."""
     with _lock:
@@ -186,7 +188,7 @@ def _remove(p: Path) -> None:
         p.unlink(missing_ok=True)
 
 
-def run_unit(fn: Callable[[Any], Any], item: Any, sources: Mapping[str, Any]) -> Any:
+def run_unit(fn: Callable[[T], R], item: T, sources: Mapping[str, object]) -> R:
     """What every executor runs on a worker: install the shared values, then the work unit."""
     install_sources(sources)
     return fn(item)
@@ -251,11 +253,11 @@ class Executor(ABC):
     retries: int = 2
 
     def __init__(self) -> None:
-        self._shared: dict[str, Shared] = {}
-        self._file_memo: dict[tuple[str, int, int], Shared] = {}
+        self._shared: dict[str, Shared[Any]] = {}  # by content: each value's own type
+        self._file_memo: dict[tuple[str, int, int], Shared[bytes]] = {}
 
     # sharing
-    def share(self, value: object) -> Shared:
+    def share(self, value: T) -> Shared[T]:
         """Share ``value`` with every worker once; the same content is shared only once."""
         key, data = content_key(value)
         ref = self._shared.get(key)
@@ -265,7 +267,7 @@ class Executor(ABC):
             self._shared[key] = ref
         return ref
 
-    def share_file(self, path: str | os.PathLike[str]) -> Shared:
+    def share_file(self, path: str | os.PathLike[str]) -> Shared[bytes]:
         """Share a file's bytes (read and hashed once per path, size and mtime)."""
         st = os.stat(path)
         memo = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
@@ -275,7 +277,7 @@ class Executor(ABC):
         return ref
 
     @abstractmethod
-    def _publish(self, ref: Shared, value: object, data: bytes) -> None: ...
+    def _publish(self, ref: Shared[Any], value: object, data: bytes) -> None: ...
 
     # running
     @property
@@ -330,7 +332,7 @@ class InProcessExecutor(Executor):
         super().__init__()
         self._sources: dict[str, Any] = {}
 
-    def _publish(self, ref: Shared, value: object, data: bytes) -> None:
+    def _publish(self, ref: Shared[Any], value: object, data: bytes) -> None:
         self._sources[ref.key] = value
 
     @property

@@ -9,12 +9,15 @@ times. An interrupted driver cancels its futures, so the cluster is left with no
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calibkit import _deps
 from calibkit.errors import BackendError, UsageError
 from calibkit.executors.base import Executor, Shared, run_unit
 from calibkit.progress import ProgressEvent, no_progress
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    import distributed
 
 log = logging.getLogger("calibkit.executors")
 
@@ -61,7 +64,7 @@ class DaskExecutor(Executor):
                                    hint="start workers with `dask worker tcp://HOST:PORT --nthreads 1`")
 
     @property
-    def client(self) -> Any:
+    def client(self) -> distributed.Client:
         return self._client
 
     @property
@@ -76,7 +79,7 @@ class DaskExecutor(Executor):
     def task_threads(self) -> int | None:
         return self._threads
 
-    def _publish(self, ref: Shared, value: object, data: bytes) -> None:
+    def _publish(self, ref: Shared[Any], value: object, data: bytes) -> None:
         self._values[ref.key] = value  # kept here too: a copy lost with its workers is scattered again
         (fut,) = self._client.scatter([value], broadcast=True, hash=False)
         self._futures[ref.key] = fut

@@ -73,7 +73,7 @@ class ProcessPoolExecutor(Executor):
     def workers(self) -> int:
         return self._workers
 
-    def _publish(self, ref: Shared, value: object, data: bytes) -> None:
+    def _publish(self, ref: Shared[Any], value: object, data: bytes) -> None:
         if self._dir is None:
             sweep_stale("calibkit-shared-")
             self._dir = Path(tempfile.mkdtemp(prefix=f"calibkit-shared-{os.getpid()}-"))

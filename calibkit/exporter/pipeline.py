@@ -78,7 +78,7 @@ class ExportResult:
 # --------------------------------------------------------------------------------------------- the source
 
 
-def _read_json(path: Path) -> Any:
+def _read_json(path: Path) -> object:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,10 +59,11 @@ class Option:
     nested: tuple[Nested, ...] = ()
 
 
-def option(default: Any = MISSING, *, help: str, default_factory: Any = MISSING, **declaration: Any) -> Any:
+def option(default: object = MISSING, *, help: str, default_factory: Callable[[], object] | None = None,
+           **declaration: Any) -> Any:
     """A request field declared once: its default (or ``default_factory``) and its :class:`Option`."""
     meta = {OPTION: Option(help=help, **declaration)}
-    if default_factory is not MISSING:
+    if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 
@@ -74,7 +75,7 @@ def model_option() -> Any:
                   help="Model folder (model.onnx + tokenizer + config.json), an .onnx file, or a loaded ModelDir.")
 
 
-def calibration_set_option(help: str, default: Any = MISSING) -> Any:
+def calibration_set_option(help: str, default: object = MISSING) -> Any:
     """``--calibration-set``/``-c`` of the commands that read one (positional from Python), with its help."""
     return option(default, flags=("--calibration-set", "-c"), positional=True,
                   cli_type=Path if default is MISSING else Path | None, help=help)
@@ -95,13 +96,21 @@ def flag_of(f: dataclasses.Field[Any], decl: Option) -> str:
     return "--" + f.name.replace("_", "-")
 
 
-def default_of(f: dataclasses.Field[Any]) -> Any:
+def default_of(f: dataclasses.Field[Any]) -> object:
     """A field's default value (a fresh one from its factory); MISSING when it is required."""
     if f.default is not MISSING:
         return f.default
     if f.default_factory is not MISSING:
         return f.default_factory()
     return MISSING
+
+
+def nested_default(f: dataclasses.Field[Any]) -> DataclassInstance:
+    """The default of a field with ``nested`` options: a dataclass value, whose attributes the options set."""
+    default = default_of(f)
+    if not dataclasses.is_dataclass(default) or isinstance(default, type):
+        raise TypeError(f"{f.name}: a field with nested options needs a dataclass value as its default")
+    return default
 
 
 def check_bounds(request: DataclassInstance) -> None:
@@ -135,7 +144,7 @@ class Choice(str, enum.Enum):
         return ", ".join(m.value for m in cls)
 
 
-def coerce(kind: type[enum.Enum], value: Any) -> Any:
+def coerce(kind: type[enum.Enum], value: object) -> Any:
     """``value`` as a member of ``kind`` when it names one; anything else as it is, for ``validate()`` to refuse
     with the words it takes."""
     if isinstance(value, str) and not isinstance(value, kind):

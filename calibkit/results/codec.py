@@ -2,7 +2,8 @@
 
 One format tag per document kind, defined here (:data:`FORMATS`). The mapping between a result and its JSON
 is generic: a dataclass is an object whose keys are its field names, a tuple a list, a ``Mapping[str, X]`` an
-object, an enum its value; a field whose metadata says ``flatten`` has its entries beside the other keys; a
+object, an enum its value; a field whose metadata says ``flatten`` has its entries (a mapping's, or a dataclass's
+fields: an optional one is None when the document holds none of them) beside the other keys; a
 field marked ``json=False`` is left out; a field declared ``init=False`` (derived from the others) is written
 and recomputed, not read. So ``parse(to_document(r)) == r`` for every result (tests check it over random
 results), and a field added to ``results.runs`` needs no code here.
@@ -45,7 +46,14 @@ from typing import Any, TypeVar
 
 from calibkit.errors import DataError
 from calibkit.results.documents import DeployResult, PlanDocument
-from calibkit.results.files import CalibrationDocument, DemoSummary, EngineSidecar, SmoothingRecord, TrtProfiles
+from calibkit.results.files import (
+    CalibrationDocument,
+    CalibrationSetManifest,
+    DemoSummary,
+    EngineSidecar,
+    SmoothingRecord,
+    TrtProfiles,
+)
 from calibkit.results.runs import Comparison, Result, TuneResult
 from calibkit.types import CalibrationTable
 
@@ -87,7 +95,7 @@ def dumps(result: Document) -> str:
     return dumps_json(to_document(result))
 
 
-def to_json(value: Any) -> Any:
+def to_json(value: object) -> Any:
     """Plain JSON values (dict, list, str, float, int, bool, None) of a result or any value inside one."""
     if isinstance(value, CalibrationTable):
         return value.to_dict()
@@ -101,8 +109,9 @@ def to_json(value: Any) -> Any:
                 continue
             if "written_with" in f.metadata and getattr(value, f.metadata["written_with"]) is None:
                 continue
-            if f.metadata.get("flatten"):
-                out.update({str(k): to_json(x) for k, x in dict(v).items()})
+            if f.metadata.get("flatten"):  # a mapping's entries, or a dataclass's fields, beside the other keys
+                if v is not None:
+                    out.update(to_json(v))
             else:
                 out[f.name] = to_json(v)
         return out
@@ -117,7 +126,7 @@ def to_json(value: Any) -> Any:
     return value
 
 
-def parse_result(doc: Any, *, strict: bool = True, source: str | Path | None = None) -> Any:
+def parse_result(doc: object, *, strict: bool = True, source: str | Path | None = None) -> Any:
     """A calibkit document (a parsed JSON object: compare, tune, plan, deploy) as its typed result. Raises
     :class:`DataError` for anything else, naming what is wrong (and ``source``, the file it came from, when
     given).
@@ -125,16 +134,16 @@ def parse_result(doc: Any, *, strict: bool = True, source: str | Path | None = N
     ``strict=False`` reads hand-edited and older documents: missing keys read as absent and another version of
     the format tag is accepted with a warning (see the module's docstring)."""
     try:
-        cls = result_type(doc)
-        version, known = _version(doc["format"]), _version(FORMATS[cls])
+        cls, doc, fmt = _tagged(doc)
+        version, known = _version(fmt), _version(FORMATS[cls])
         if version != known:
             if version > known or strict:
-                raise DataError(f"report format {doc['format']} is not the {FORMATS[cls]} this calibkit version "
+                raise DataError(f"report format {fmt} is not the {FORMATS[cls]} this calibkit version "
                                 f"{'reads' if strict else 'reads (or older)'}",
                                 hint="upgrade calibkit to read a newer document" if version > known else
                                 "re-run the compare or tune that wrote it, or render it with `calibkit report`")
             log.warning("%sreport format %s is older than %s; reading what this version knows",
-                        f"{source}: " if source else "", doc["format"], FORMATS[cls])
+                        f"{source}: " if source else "", fmt, FORMATS[cls])
         body = {k: v for k, v in doc.items() if k != "format"}
         return from_json(cls, body, lenient=not strict)
     except DataError as exc:
@@ -144,6 +153,12 @@ def parse_result(doc: Any, *, strict: bool = True, source: str | Path | None = N
 
 
 def result_type(doc: object) -> type:
+    """The result type of a calibkit document (by its format tag); a DataError for anything else."""
+    return _tagged(doc)[0]
+
+
+def _tagged(doc: object) -> tuple[type, dict[str, object], str]:
+    """(the result type, the document, its format tag) of a calibkit document; a DataError for anything else."""
     if not isinstance(doc, dict):
         raise DataError(f"a report document must be a JSON object, not {type(doc).__name__}",
                         hint="pass the JSON written by `calibkit compare` or `calibkit tune`")
@@ -156,7 +171,7 @@ def result_type(doc: object) -> type:
     if cls is None:
         raise DataError(f"unknown report format {fmt!r}",
                         hint=f"calibkit reads {', '.join(FORMATS.values())} documents")
-    return cls
+    return cls, doc, fmt
 
 
 def _version(fmt: str) -> int:
@@ -168,7 +183,7 @@ def _version(fmt: str) -> int:
     return int(text)
 
 
-def from_json(cls: Any, data: Any, path: str = "$", *, lenient: bool = False) -> Any:
+def from_json(cls: object, data: object, path: str = "$", *, lenient: bool = False) -> Any:
     """``data`` (plain JSON values) as an instance of the type ``cls`` (a dataclass, tuple, Mapping, enum,
     Optional or scalar annotation). ``lenient``: a missing key reads as absent where its type has an empty
     value (see :func:`parse_result`)."""
@@ -239,7 +254,7 @@ def _non_finite(data: object) -> bool:
     return isinstance(data, float) and not math.isfinite(data)
 
 
-def _dataclass(cls: type, data: Any, path: str, lenient: bool = False) -> Any:
+def _dataclass(cls: type, data: object, path: str, lenient: bool = False) -> object:
     if not isinstance(data, dict):
         raise _bad(path, "an object", data)
     hints = _hints(cls)
@@ -250,7 +265,7 @@ def _dataclass(cls: type, data: Any, path: str, lenient: bool = False) -> Any:
             continue
         if f.metadata.get("flatten"):
             rest = {k: v for k, v in data.items() if k not in named}
-            kwargs[f.name] = from_json(hints[f.name], rest, path, lenient=lenient)
+            kwargs[f.name] = _flattened(hints[f.name], rest, path, lenient)
             continue
         if f.name not in data:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
@@ -260,10 +275,21 @@ def _dataclass(cls: type, data: Any, path: str, lenient: bool = False) -> Any:
     return cls(**kwargs)
 
 
+def _flattened(cls: object, rest: dict[str, object], path: str, lenient: bool) -> object:
+    """A flattened field read from the keys beside the others (``rest``): a mapping of them all, or a dataclass
+    of its own keys; an optional dataclass is None when the document holds none of them."""
+    inner = [a for a in typing.get_args(cls) if a is not type(None)]
+    if (typing.get_origin(cls) in (typing.Union, types.UnionType) and type(None) in typing.get_args(cls)
+            and len(inner) == 1 and dataclasses.is_dataclass(inner[0])
+            and not rest.keys() & {f.name for f in dataclasses.fields(inner[0])}):
+        return None
+    return from_json(cls, rest, path, lenient=lenient)
+
+
 _EMPTY: dict[Any, Any] = {str: "", int: 0, bool: False}
 
 
-def _absent(cls: Any, path: str, lenient: bool) -> Any:
+def _absent(cls: object, path: str, lenient: bool) -> object:
     """The value of a required field a document lacks: its type's empty value when reading leniently, else
     (and for a number or enum, which has none) a :class:`DataError` naming the field."""
     origin = typing.get_origin(cls)
@@ -452,6 +478,9 @@ def _check(value: object, path: str, domain: tuple[float, float] | None, signed:
                 continue
             v, below = getattr(value, f.name), inner or f.name in ("differences", "difference")
             if f.metadata.get("flatten"):
+                if v is None or dataclasses.is_dataclass(v):  # its fields are the document's own keys
+                    _check(v, path, domain, below)
+                    continue
                 for k, x in dict(v).items():
                     _check(x, f"{path}.{k}", _domain_of(str(k), domain, below), below)
                 continue
@@ -467,10 +496,10 @@ def _check(value: object, path: str, domain: tuple[float, float] | None, signed:
 
 
 # ---------------------------------------------------------------- documents beside the reports
-# calibration.json, smoothing.json, engine sidecars, trt_profiles.json and the demo's summary.json
-# (results/files.py): the same mapping, their own format tags,
-# read leniently (documents of earlier versions lack newer fields). A CalibrationTable keeps its own JSON form
-# (each range with its scale).
+# calibration.json, smoothing.json, engine sidecars, trt_profiles.json, the demo's summary.json and a calibration
+# set's manifest.json (results/files.py): the same mapping, their own format tags (the manifest has none, see
+# UNTAGGED_DOCUMENTS), read leniently (documents of earlier versions lack newer fields). A CalibrationTable keeps
+# its own JSON form (each range with its scale).
 
 CALIBRATION_FORMAT = "calibkit-calibration/1"
 DEMO_FORMAT = "calibkit-demo/1"
@@ -480,29 +509,38 @@ ENGINE_FORMAT = "calibkit-engine/1"
 DOCUMENT_FORMATS: dict[type, str] = {CalibrationDocument: CALIBRATION_FORMAT, DemoSummary: DEMO_FORMAT,
                                      TrtProfiles: TRT_PROFILES_FORMAT, SmoothingRecord: SMOOTHING_FORMAT,
                                      EngineSidecar: ENGINE_FORMAT}
+#: documents written without a format tag, by what they are called: a calibration set's manifest.json never
+#: carried one (every set sample wrote must still read, and its bytes stay what they were)
+UNTAGGED_DOCUMENTS: dict[type, str] = {CalibrationSetManifest: "calibration-set manifest"}
 _DOCUMENT_HINT = "pass the file calibkit wrote, unedited, or write it again with the command that made it"
 
 
-def document_json(document: object) -> dict[str, Any]:
-    """The JSON document of a typed document value: ``{"format": ..., **fields}``."""
+def document_json(document: object) -> dict[str, object]:
+    """The JSON document of a typed document value: ``{"format": ..., **fields}`` (its fields alone for an
+    untagged document)."""
+    if type(document) in UNTAGGED_DOCUMENTS:
+        return dict(to_json(document))
     if type(document) not in DOCUMENT_FORMATS:
         raise TypeError(f"{type(document).__name__} has no document format")
     return {"format": DOCUMENT_FORMATS[type(document)], **to_json(document)}
 
 
-def parse_document(cls: type[_D], doc: Any, *, source: str | Path | None = None) -> _D:
+def parse_document(cls: type[_D], doc: object, *, source: str | Path | None = None) -> _D:
     """``doc`` (a parsed JSON object) as the typed document ``cls``. Its format tag must be ``cls``'s (another
-    version of it is refused, naming both); a missing field reads as absent, an unknown key is ignored, a
-    mistyped value is refused naming the field (and ``source``, the file it came from)."""
-    fmt = DOCUMENT_FORMATS[cls]
+    version of it is refused, naming both; an untagged document has none to check); a missing field reads as
+    absent, an unknown key is ignored, a mistyped value is refused naming the field (and ``source``, the file it
+    came from)."""
+    untagged = UNTAGGED_DOCUMENTS.get(cls)
+    fmt = DOCUMENT_FORMATS[cls] if untagged is None else ""
     try:
         if not isinstance(doc, dict):
-            raise DataError(f"a {fmt.partition('/')[0]} document must be a JSON object, not {type(doc).__name__}",
-                            hint=_DOCUMENT_HINT)
-        if doc.get("format") != fmt:
+            what = untagged or f"{fmt.partition('/')[0]} document"
+            raise DataError(f"a {what} must be a JSON object, not {type(doc).__name__}", hint=_DOCUMENT_HINT)
+        if untagged is None and doc.get("format") != fmt:
             raise DataError(f"format {doc.get('format')!r} is not {fmt}, the one this calibkit version reads",
                             hint=_DOCUMENT_HINT)
-        return from_json(cls, {k: v for k, v in doc.items() if k != "format"}, lenient=True)
+        parsed: _D = from_json(cls, {k: v for k, v in doc.items() if k != "format"}, lenient=True)
+        return parsed
     except DataError as exc:
         if source is None:
             raise

@@ -441,3 +441,239 @@ class EngineSidecar:
     versions: Mapping[str, str]
     extra: EngineBuildFacts
     engine_fingerprint: str | None = None
+
+
+# ---------------------------------------------------------------- a calibration set's manifest.json
+# What `calibkit sample` recorded about the set it drew (SampleRecord), beside the two facts every set's manifest
+# holds (CalibrationSetManifest: the sha256 of texts.jsonl and the count). A set written without a sample (the
+# library's write_calibration_set with no record) has only those two. Fields that earlier versions did not write
+# read as absent: the warnings, a label field's stratification record, the oversized-text counts, ``paths``.
+
+
+@dataclass(frozen=True)
+class ManifestSource:
+    """The log a set was drawn from: its path (relative to the manifest's folder when the manifest's ``paths``
+    says so, else as given), its size and sha256 when it was read, and whether it was gzip-compressed. An empty
+    path or sha256 names no log."""
+
+    path: str
+    size_bytes: int | None
+    sha256: str
+    gzip: bool
+
+
+@dataclass(frozen=True)
+class ManifestTextField:
+    """The log's text field paths (fallbacks in order), and whether they were auto-detected."""
+
+    paths: tuple[str, ...]
+    auto_detected: bool
+
+
+@dataclass(frozen=True)
+class BrokenLines:
+    """Lines of one broken kind: how many, and the first few line numbers."""
+
+    count: int
+    first_lines: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class OversizedTexts:
+    """Texts longer than ``max_chars`` characters, cut to that length before processing."""
+
+    count: int
+    first_lines: tuple[int, ...]
+    max_chars: int
+
+
+@dataclass(frozen=True)
+class ManifestLines:
+    """How the log read (:meth:`calibkit.data.logs.ReadStats.record`): lines read and usable, broken lines by
+    kind (only kinds that occurred), texts cut, and whether a gzip stream ended early."""
+
+    gzip_truncated: bool
+    read: int
+    usable: int
+    broken_total: int
+    broken: Mapping[str, BrokenLines]
+    oversized: OversizedTexts | None = absent()
+
+
+@dataclass(frozen=True)
+class ManifestCleanup:
+    """What cleanup removed: ``<script>``/``<style>`` blocks, and texts that held nothing else."""
+
+    policy: str
+    script_blocks_removed: int
+    texts_emptied_by_cleanup: int
+
+
+@dataclass(frozen=True)
+class ManifestRedaction:
+    """Whether personal data was redacted (a manifest that does not say: it was), and how often, by kind."""
+
+    counts: Mapping[str, int]
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class HotText:
+    """One of the texts seen most often: its count, and its first 80 characters."""
+
+    seen: int
+    text: str
+
+
+@dataclass(frozen=True)
+class ManifestDedup:
+    """De-duplication over normalized texts: distinct texts, duplicate lines (exact and after normalization),
+    groups seen more than once and the hottest texts."""
+
+    normalization: str
+    distinct_texts: int
+    duplicate_lines: int
+    exact_duplicates: int
+    normalized_duplicates: int
+    groups_seen_more_than_once: int
+    hottest: tuple[HotText, ...]
+
+
+@dataclass(frozen=True)
+class OverMax:
+    """Texts over the maximum length: estimated in the log (weighted), counted in the sample, and which."""
+
+    population_estimated: int
+    sample: int
+    sample_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LogHistogram:
+    """The estimated token lengths of every distinct text in the log, per bin (``edges``: each bin's start)."""
+
+    edges: tuple[int, ...]
+    counts: tuple[int, ...]
+    over_max: int
+
+
+@dataclass(frozen=True)
+class ManifestLength:
+    """How lengths were measured (the tokenizer's, or the word-piece estimate), the maximum length, the texts
+    over it, and the log's estimated histogram."""
+
+    measure: str
+    max_length: int
+    over_max: OverMax
+    log_histogram_estimated: LogHistogram
+
+
+@dataclass(frozen=True)
+class Representativeness:
+    """The sample's token lengths against the log's: the share of each in every bin, PSI, KS, the verdict
+    and the PSI thresholds it was read by."""
+
+    measure: str
+    bin_edges: tuple[int, ...]
+    population_fraction: tuple[float, ...]
+    sample_fraction: tuple[float, ...]
+    psi: float
+    ks: float
+    verdict: str
+    thresholds: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class LabelStratification:
+    """A label field's distinct values (a lower bound past the count kept exactly), the most worth stratifying
+    by for the sample's size, and whether the sample was stratified by label."""
+
+    distinct: int
+    distinct_is_lower_bound: bool
+    limit: int
+    stratified: bool
+
+
+@dataclass(frozen=True)
+class ManifestTopics:
+    """The topic clusters: how they were made, how many, and one example text each (by cluster number)."""
+
+    method: str
+    clusters: int
+    examples: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class CandidatePool:
+    """The candidates kept by the streaming pass, and the most kept per stratum."""
+
+    size: int
+    per_stratum_capacity: int
+
+
+@dataclass(frozen=True)
+class StratumRow:
+    """One stratum (length bucket x label x topic): its weighted population, candidates and texts sampled."""
+
+    length_bucket: str
+    label: str | None
+    topic: int
+    population: float
+    candidates: int
+    sample: int
+
+
+@dataclass(frozen=True)
+class ManifestStrata:
+    """The strata the sample was allocated over (``labels``: the label values stratified by, None when the
+    sample was not stratified by label)."""
+
+    definition: str
+    length_buckets: tuple[str, ...]
+    labels: tuple[str | None, ...] | None
+    label_stratification: LabelStratification | None
+    topics: ManifestTopics
+    candidate_pool: CandidatePool
+    table: tuple[StratumRow, ...]
+
+
+@dataclass(frozen=True)
+class SampleRecord:
+    """What ``calibkit sample`` records in the manifest of the set it draws: the log and how it was read, the
+    cleanup, redaction and de-duplication counts, lengths, strata, how representative the sample's lengths are,
+    and per sampled text how often it was seen and its line in the log. ``paths``: how ``source.path`` reads
+    (``provenance.PATHS_RELATIVE``: relative to the manifest's folder; None in manifests written before that
+    rule, relative to the folder sample ran in)."""
+
+    calibkit_version: str
+    kind: str  # "calibration-set"
+    source: ManifestSource
+    seed: int
+    size_requested: int
+    text_field: ManifestTextField
+    label_field: str | None
+    lines: ManifestLines
+    warnings: tuple[str, ...]
+    cleanup: ManifestCleanup
+    redaction: ManifestRedaction
+    dedup: ManifestDedup
+    length: ManifestLength
+    representativeness: Representativeness
+    strata: ManifestStrata
+    sample_seen_counts: tuple[int, ...]
+    sample_line_numbers: tuple[int, ...]
+    paths: str | None = absent()
+
+
+@dataclass(frozen=True)
+class CalibrationSetManifest:
+    """A calibration set's ``manifest.json``: the sha256 of its ``texts.jsonl`` (the set's id) and its count of
+    texts, with what ``sample`` recorded beside them (``sample``: its keys are the document's own, None when the
+    set was written without a sample). The manifest has no format tag: it never had one, and the sets written
+    so far must still read. ``stale`` is not in the document: it is set when the set is loaded and its
+    ``texts.jsonl`` no longer has the recorded sha256 (the coverage figures describe other texts)."""
+
+    texts_sha256: str
+    count: int
+    sample: SampleRecord | None = field(default=None, metadata={"flatten": True})
+    stale: bool = field(default=False, metadata={"json": False})
