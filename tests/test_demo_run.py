@@ -26,14 +26,18 @@ def test_demo_workflow_fast(demo_assets_fast: Path, tmp_path: Path, monkeypatch:
     # the workflow's runs/ beside the cached assets are this test's own output: a run left by another calibkit
     # version (whose markers vouch for less) is not this run's to replace
     shutil.rmtree(demo_assets_fast / "runs", ignore_errors=True)
-    # --fast's steps on smaller budgets (the suite's longest test, so its 2-core run time): sensitivity (compare's
-    # and tune's: tune's per-layer sensitivity of the embedder runs each of its 48 MatMuls alone in INT8) on 16
-    # texts, not 64; per-layer statistics on 32 texts, not 128; 200 eval texts, not 400. Every step still runs,
-    # on the same code paths; the checks below compare the workflow with itself, not with --fast's numbers.
+    # --fast's steps on smaller budgets (the suite's longest test: a floor of the suite's 2-core wall time):
+    # sensitivity (compare's and tune's: tune's per-layer sensitivity of the embedder runs each of its 48 MatMuls
+    # alone in INT8) on 16 texts, not 64, over compare's worst 3 layers, not 6; per-layer statistics on 32 texts,
+    # not 128; a 64-text calibration set, not 128; 120 eval texts, not 400; 100 traffic texts for tune and
+    # compare, not 200, and 200 for the embedder, not 300; 8 tune evaluations, not 12. Every step still runs, on
+    # the same code paths; the checks below compare the workflow with itself, not with --fast's numbers.
     opts = WorkflowOptions.quick(workdir=demo_assets_fast, log_lines=PrepareOptions(fast=True).log_lines,
                                  reports_dir=tmp_path / "reports", calibration_sets_dir=tmp_path / "sets",
                                  workers=1, sensitivity_samples=16, tune_sensitivity_samples=16,
-                                 layer_samples=32, eval_limit=200)
+                                 sensitivity_layers=3, layer_samples=32, sample_size=64, eval_limit=120,
+                                 traffic_size=100, compare_traffic_size=100, embedder_traffic_size=200,
+                                 tune_max_evaluations=8)
     res = run_workflow(opts)
     s = res.summary
     assert res.index_html.is_file() and res.index_md.is_file()
