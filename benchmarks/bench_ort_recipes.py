@@ -31,9 +31,9 @@ Recipes (``--recipes``, comma-separated; fp32 is always run):
   ck-biasfused  ``ck`` after ONNX Runtime's own Q/DQ fusion (level EXTENDED), with every bias Add folded into
                 MatMulIntegerToFloat's bias input: the upper bound of what bias fusion could give
   ck-nospin     ``ck`` with session.intra_op.allow_spinning=0
-  ck-asym       ``ck`` with each activation's uint8 grid fitted to [max(min, -amax), min(max, amax)] (the
-                calibrated |x| threshold clipped by the observed min/max, from the calibration's stats.npz):
-                one-sided tensors (GELU outputs) get about twice the resolution
+  ck-sym        ``ck`` with the symmetric uint8 grid (zero point 128) for every activation: the layout before
+                calibkit fitted each grid to the extremes calibration observed (``ck`` is fitted when the
+                calibration.json records them, as calibkit's since then do)
   ck-exact      ``ck`` with graph optimizations off: the exact Q/DQ arithmetic calibkit evaluates (fidelity only,
                 not timed)
   dyn-pc        onnxruntime.quantization.quantize_dynamic, int8 per-channel weights
@@ -54,12 +54,12 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
 
 from calibkit.data.tokenizer import TextTokenizer
 from calibkit.graph import load_model
@@ -139,7 +139,7 @@ def transformer_fused(src: str, dst: str, *, attention: bool, mha: bool = False)
 
 
 def quantize_all_matmuls(model: onnx.ModelProto, table) -> onnx.ModelProto:
-    """calibkit's onnxruntime layout (uint8 zp 128 activations) with every MatMul quantized, activation x
+    """calibkit's onnxruntime layout (uint8 activations) with every MatMul quantized, activation x
     activation included (an experiment: quantize_model's onnxruntime target keeps those FP32)."""
     from calibkit.quantize import qdq
     from calibkit.quantize.placement import plan_placement
@@ -148,7 +148,7 @@ def quantize_all_matmuls(model: onnx.ModelProto, table) -> onnx.ModelProto:
     placement = plan_placement(model)
     amax = table.amax()
     chosen = [qn for qn in placement.nodes if all(amax.get(t, 0) > 0 for t in qn.activation_inputs)]
-    w = qdq._QdqWriter(model, amax, Target.ONNXRUNTIME, INT8_MAX)
+    w = qdq._QdqWriter(model, qdq.activation_grids(table, Target.ONNXRUNTIME), Target.ONNXRUNTIME, INT8_MAX)
     w.quantize(chosen)
     return w.finish()
 
@@ -162,7 +162,7 @@ def qdq_only(model: onnx.ModelProto, table) -> onnx.ModelProto:
 
     placement = plan_placement(model)
     choice = qdq._choose_nodes(placement, set(), table.amax(), Target.ONNXRUNTIME)
-    w = qdq._QdqWriter(model, table.amax(), Target.ONNXRUNTIME, INT8_MAX)
+    w = qdq._QdqWriter(model, qdq.activation_grids(table, Target.ONNXRUNTIME), Target.ONNXRUNTIME, INT8_MAX)
     w.quantize(choice.chosen)
     return w.finish()
 
@@ -242,29 +242,10 @@ def build_recipes(names: list[str], model_dir: Path, calib: Path, work: Path, th
         quantize_dynamic(path_in, path, per_channel=per_channel, weight_type=QuantType.QInt8)
         return {}
 
-    def asym(path: str) -> dict:
-        from calibkit.calibrate.stats import StatsStore
-
-        stats = StatsStore.load(calib / "stats.npz" if calib.is_dir() else calib.parent / "stats.npz")
-        q = qdq_only(fp32, table)
-        inits = {i.name: i for i in q.graph.initializer}
-        amax = table.amax()
-        changed = 0
-        for n in q.graph.node:
-            if n.op_type != "QuantizeLinear" or n.input[0] not in amax or n.input[0] not in stats:
-                continue
-            t, a = n.input[0], amax[n.input[0]]
-            st = stats[t]
-            lo, hi = max(min(st.min, 0.0), -a), min(max(st.max, 0.0), a)
-            if hi - lo >= 2 * a * 0.999:
-                continue
-            scale = (hi - lo) / 255.0
-            zp = int(np.clip(round(-lo / scale), 0, 255))
-            inits[n.input[1]].CopyFrom(numpy_helper.from_array(np.asarray(scale, np.float32), n.input[1]))
-            inits[n.input[2]].CopyFrom(helper.make_tensor(n.input[2], TensorProto.UINT8, [], [zp]))
-            changed += 1
-        save_model(q, path)
-        return {"asymmetric_tensors": changed}
+    def symmetric(path: str) -> dict:
+        sym = replace(table, ranges=tuple(replace(r, observed_min=None, observed_max=None) for r in table.ranges))
+        save_model(qdq_only(fp32, sym), path)
+        return {}
 
     builders: dict[str, Callable[[str], dict]] = {
         "fp32": lambda p: {"path": src},
@@ -277,7 +258,7 @@ def build_recipes(names: list[str], model_dir: Path, calib: Path, work: Path, th
         "ck-attn-int8": lambda p: (save_model(quantize_all_matmuls(fp32, table), p), {})[1],
         "ck-biasfused": lambda p: {"bias_adds_folded": fold_bias_into_mmitf(str(work / "ck.onnx"), p, threads)},
         "ck-nospin": lambda p: {"path": str(work / "ck.onnx"), "config": {"session.intra_op.allow_spinning": "0"}},
-        "ck-asym": asym,
+        "ck-sym": symmetric,
         "ck-exact": lambda p: {"path": str(work / "ck.onnx"), "level": "none", "timed": False},
         "dyn-pc": lambda p: dyn(src, p, True),
         "dyn-pt": lambda p: dyn(src, p, False),

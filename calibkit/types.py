@@ -108,14 +108,14 @@ class TensorRange:
     def scale(self) -> float:
         return self.amax / INT8_MAX
 
-    def uint8_grid(self) -> tuple[float, int]:
+    def uint8_grid(self, fitted: bool = True) -> tuple[float, int]:
         """(scale, zero point) of the onnxruntime layout's uint8 grid for this tensor: [-amax, amax] clipped to
         what calibration observed (zero kept inside), so a one-sided tensor (a GELU output, whose minimum is
-        -0.17) gets all 256 steps where the symmetric grid wastes half of them. Without observed extremes, or
-        when both lie beyond amax, it is the symmetric grid shifted by 128 (scale amax / 127, zero point 128),
-        which dequantizes to exactly the int8 grid's values."""
+        -0.17) gets all 256 steps where the symmetric grid wastes half of them. Without observed extremes, when
+        both lie beyond amax, or with ``fitted`` False, it is the symmetric grid shifted by 128 (scale
+        amax / 127, zero point 128), which dequantizes to exactly the int8 grid's values."""
         lo, hi = -self.amax, self.amax
-        if self.observed_min is not None and self.observed_max is not None:
+        if fitted and self.observed_min is not None and self.observed_max is not None:
             lo = max(min(self.observed_min, 0.0), -self.amax)
             hi = min(max(self.observed_max, 0.0), self.amax)
         if (lo == -self.amax and hi == self.amax) or not hi - lo > 0:

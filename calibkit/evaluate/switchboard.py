@@ -38,7 +38,6 @@ from onnx import TensorProto, helper, numpy_helper
 from calibkit.errors import ModelError
 from calibkit.names import node_labels
 from calibkit.quantize.placement import Placement
-from calibkit.quantize.qdq import Target, activation_grids
 from calibkit.quantize.rangecheck import check_ranges
 from calibkit.quantize.weights import quantize_weight, weight_axis
 from calibkit.types import UINT8_SYMMETRIC_ZERO, CalibrationTable
@@ -210,8 +209,9 @@ def setting(board: Board, table: CalibrationTable, keep: Iterable[str], *, weigh
     weighted = board.weighted or (True,) * len(board.nodes)
     switches = np.asarray([n not in kept and all(amax.get(t) for t in inputs) and (w or not weights_only)
                            for n, inputs, w in zip(board.nodes, board.node_inputs, weighted)], dtype=bool)
-    grids = activation_grids(table, Target.ONNXRUNTIME if weights_only else Target.TENSORRT)
-    grid = [grids[t] if amax.get(t) else (1.0, 0) for t in board.tensors]
+    # the board's pairs are uint8: TensorRT's int8 grid is fed as its shifted copy (zero point 128)
+    grids = {r.tensor: r.uint8_grid(fitted=weights_only) for r in table.ranges}
+    grid = [grids[t] if amax.get(t) else (1.0, UINT8_SYMMETRIC_ZERO) for t in board.tensors]
     scales = np.asarray([np.float32(step) for step, _ in grid], dtype=np.float32)
-    zeros = np.asarray([UINT8_SYMMETRIC_ZERO if not weights_only else zero for _, zero in grid], dtype=np.uint8)
+    zeros = np.asarray([zero for _, zero in grid], dtype=np.uint8)
     return Setting(switches, scales, zeros)

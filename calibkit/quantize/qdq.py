@@ -31,7 +31,7 @@ What differs between the targets
   tensor (a GELU output, never below -0.17) gets all 256 steps instead of half of them; a tensor seen beyond
   both ends, or a range without observed extremes (one read from a TensorRT cache), gets the symmetric int8
   grid shifted by 128 (zero point 128, the same values). Measured on the demo classifier (all weight MatMuls
-  INT8, mse, 3,000 unseen log texts, benchmarks/bench_ort_recipes.py recipes ``ck`` and ``ck-asym``): 69
+  INT8, mse, 3,000 unseen log texts, benchmarks/bench_ort_recipes.py recipes ``ck-sym`` and ``ck``): 69
   predictions changed against FP32 with the symmetric grid, 50 with the fitted one, at the same speed (the
   integer kernels take any zero point). ORT fuses
   ``Q(act) -> DQ(act) + DQ(int8 weight) -> MatMul`` into ``QuantizeLinear + MatMulIntegerToFloat`` (checked on
