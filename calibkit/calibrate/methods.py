@@ -16,7 +16,11 @@
     (the MLPerf description uses the centre of the best bin).
 - ``mse``: ModelOpt's ``_compute_amax_mse``: every bin centre c_i (i >= start_bin) is a candidate amax; the
   histogram's bin centres are fake-quantized (round-half-even, clip to +-127) with scale amax/127 and the
-  count-weighted squared error, clipping included, is minimised.
+  count-weighted squared error, clipping included, is minimised. For the onnxruntime layout (``fitted``) the
+  error is that of the grid the layout runs instead: [-amax, amax] clipped to the observed extremes in 255 steps
+  (:meth:`calibkit.types.TensorRange.uint8_grid`). A one-sided tensor (a GELU output) then has steps half as
+  wide at the same amax, so rounding costs a quarter as much against clipping, and the search keeps more of
+  its largest values; a tensor reaching past amax on both sides gets the symmetric answer unchanged.
 
 The per-tensor searches are independent and spend their time in numpy calls on arrays of 256 x 2048 (which
 release the GIL), so :func:`compute_table` runs them on ``threads`` threads (default: the CPUs). Each tensor's
@@ -37,11 +41,13 @@ import numpy as np
 
 from calibkit.calibrate.stats import ActivationStats
 from calibkit.errors import CalibrationError
-from calibkit.types import INT8_MAX, CalibrationTable, Method, MethodParams, TensorRange
+from calibkit.types import INT8_MAX, UINT8_STEPS, CalibrationTable, Method, MethodParams, TensorRange
 
 
-def compute_amax(stats: ActivationStats, method: Method, params: MethodParams = MethodParams()) -> float:
-    """The amax ``method`` chooses for one tensor."""
+def compute_amax(stats: ActivationStats, method: Method, params: MethodParams = MethodParams(), *,
+                 fitted: bool = False) -> float:
+    """The amax ``method`` chooses for one tensor; ``fitted``: searched for the onnxruntime layout's fitted uint8
+    grid (``mse`` only; the other methods follow TensorRT's definitions whatever the grid)."""
     method = Method(method)
     if stats.count == 0 or stats.absmax == 0.0:
         return 0.0
@@ -55,7 +61,9 @@ def compute_amax(stats: ActivationStats, method: Method, params: MethodParams = 
         i = entropy_bin(counts, num_quant_bins=params.num_quant_bins, start_bin=params.start_bin)
         return min(i * hist.width, float(stats.absmax))
     if method is Method.MSE:
-        return min(mse_amax(counts, hist.width, start_bin=params.start_bin), float(stats.absmax))
+        extremes = (float(stats.min), float(stats.max)) if fitted else None
+        return min(mse_amax(counts, hist.width, start_bin=params.start_bin, extremes=extremes),
+                   float(stats.absmax))
     raise CalibrationError(f"unknown calibration method {method!r}")
 
 
@@ -99,11 +107,13 @@ def compute_table(
     tensors: Sequence[str] | None = None,
     provenance: Mapping[str, str] | None = None,
     threads: int | None = None,
+    fitted: bool = False,
 ) -> CalibrationTable:
     """A CalibrationTable for ``tensors`` (default: all in ``store``).
 
     ``method`` may be one method or a mapping tensor -> method (for per-tensor tuning); tensors missing from
     the mapping use its ``"*"`` entry or entropy. ``threads``: how many searches run at once (default: the CPUs).
+    ``fitted``: ranges for the onnxruntime layout's fitted uint8 grid (see :func:`compute_amax`).
     """
     names = list(tensors) if tensors is not None else list(store)
     if isinstance(method, Mapping):
@@ -118,9 +128,9 @@ def compute_table(
     jobs = [(store[t], m) for t, m in zip(names, chosen, strict=True)]
     if workers > 1 and any(m in (Method.MSE, Method.ENTROPY) for m in chosen):
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="calibkit-method") as pool:
-            amaxes = list(pool.map(lambda job: compute_amax(job[0], job[1], params), jobs))
+            amaxes = list(pool.map(lambda job: compute_amax(job[0], job[1], params, fitted=fitted), jobs))
     else:
-        amaxes = [compute_amax(st, m, params) for st, m in jobs]
+        amaxes = [compute_amax(st, m, params, fitted=fitted) for st, m in jobs]
     ranges = [TensorRange(tensor=t, amax=a, method=m, observed_min=float(store[t].min),
                           observed_max=float(store[t].max))
               for t, a, m in zip(names, amaxes, chosen, strict=True)]
@@ -212,8 +222,23 @@ def fake_quant(x: np.ndarray, amax: float) -> np.ndarray:
     return np.clip(np.round(x / scale), -INT8_MAX, INT8_MAX) * scale
 
 
-def mse_amax(counts: np.ndarray, width: float, *, start_bin: int = 128, chunk: int = 256) -> float:
-    """The bin centre (i >= start_bin) that minimises the count-weighted squared fake-quantization error."""
+def fitted_scales(amax: np.ndarray, observed_min: float, observed_max: float) -> np.ndarray:
+    """The fitted uint8 grid's scale for each candidate amax, as :meth:`TensorRange.uint8_grid` computes it."""
+    lo = np.maximum(min(observed_min, 0.0), -amax)
+    hi = np.minimum(max(observed_max, 0.0), amax)
+    symmetric = ((lo == -amax) & (hi == amax)) | ~(hi - lo > 0)
+    return np.where(symmetric, amax / INT8_MAX, (hi - lo) / UINT8_STEPS)
+
+
+def mse_amax(counts: np.ndarray, width: float, *, start_bin: int = 128, chunk: int = 256,
+             extremes: tuple[float, float] | None = None) -> float:
+    """The bin centre (i >= start_bin) that minimises the count-weighted squared fake-quantization error.
+
+    ``extremes`` (observed min, max): the error of the fitted uint8 grid for each candidate instead of the
+    symmetric int8 one. Its values are multiples of its scale (the zero point is an integer), so a |x| is
+    rounded to that scale and clipped at amax, which is exact for the clipping (a value past amax on the
+    negative side exists only where the grid reaches -amax) and, as for the symmetric grid, measured at bin
+    centres for the rounding."""
     c = np.asarray(counts, dtype=np.float64)
     n = len(c)
     if n == 0:
@@ -226,8 +251,12 @@ def mse_amax(counts: np.ndarray, width: float, *, start_bin: int = 128, chunk: i
     best_err, best = np.inf, float(cand[-1])
     for a in range(0, len(cand), chunk):
         amax = cand[a : a + chunk][:, None]
-        scale = amax / INT8_MAX
-        q = np.clip(np.round(xc[None, :] / scale), -INT8_MAX, INT8_MAX) * scale
+        if extremes is None:
+            scale = amax / INT8_MAX
+            q = np.clip(np.round(xc[None, :] / scale), -INT8_MAX, INT8_MAX) * scale
+        else:
+            scale = fitted_scales(amax, *extremes)
+            q = np.minimum(np.round(xc[None, :] / scale) * scale, amax)
         err = ((q - xc[None, :]) ** 2 * wc[None, :]).sum(axis=1)
         k = int(np.argmin(err))
         if err[k] < best_err:

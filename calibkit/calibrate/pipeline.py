@@ -34,6 +34,7 @@ from calibkit.quantize.qdq import weightless_copy
 from calibkit.quantize.rangecheck import HARMFUL_CLIP_RATIO, ClipWarning, harmful_clipping
 from calibkit.quantize.tablefile import write_calibration_json
 from calibkit.requests.calibrate import CalibrateRequest
+from calibkit.requests.choices import Target
 from calibkit.resources import Resources
 from calibkit.results.files import (
     CalibrationDocument,
@@ -293,7 +294,7 @@ def calibrate(request: CalibrateRequest, resources: Resources = Resources()) -> 
         **{f"{k}_version": v for k, v in versions().items()},
     }
     table = compute_table(store, method, params, sha, cset.id, tensors=placement.activations, provenance=provenance,
-                          threads=threads)
+                          threads=threads, fitted=target == Target.ONNXRUNTIME)
     t3 = time.perf_counter()
     qres = _quantize(proto, table, op_types, exclude, target)
     structure = structure_warnings(proto, placement, exclude)

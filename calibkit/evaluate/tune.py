@@ -602,7 +602,8 @@ def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: 
     for v in variants:
         for m in methods:
             key = m.value + v.suffix
-            t = compute_table(v.store, m, config.params, v.model.sha, cset.id, tensors=v.model.placement.activations)
+            t = compute_table(v.store, m, config.params, v.model.sha, cset.id, tensors=v.model.placement.activations,
+                              fitted=config.target is Target.ONNXRUNTIME)
             p = work / f"table-{key}.json"
             tables[key], owner[key] = (t, p, _write_table(p, t, {"target": config.target})), v
     measure(list(tables))
@@ -627,7 +628,7 @@ def _measure_tables(variants: Sequence[_Variant], cset: CalibrationSet, config: 
         chosen_methods = _auto_methods_by_fidelity(own_kl, model.placement)
         per_tensor = {t: Method(m) for t, m in chosen_methods.items()}
         t = compute_table(chosen.store, per_tensor, config.params, model.sha, cset.id,
-                          tensors=model.placement.activations)
+                          tensors=model.placement.activations, fitted=config.target is Target.ONNXRUNTIME)
         key = "auto" + chosen.suffix
         p = work / f"table-{key}.json"
         tables[key], owner[key] = (t, p, _write_table(p, t, {"target": config.target})), chosen
