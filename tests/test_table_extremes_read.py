@@ -38,9 +38,10 @@ def _doc(calibrated: Path) -> dict[str, Any]:
 
 
 def _two_sided(doc: dict[str, Any]) -> dict[str, Any]:
-    """The first range whose extremes straddle 0 with min != -max (the grid is fitted, not symmetric)."""
-    return next(r for r in doc["table"]["ranges"] if r["observed_min"] < 0 < r["observed_max"]
-                and r["observed_min"] != -r["observed_max"])
+    """The range whose extremes straddle 0 with min != -max (the grid is fitted, not symmetric), of the longest
+    name (a one-letter tensor would be found in any message)."""
+    return max((r for r in doc["table"]["ranges"] if r["observed_min"] < 0 < r["observed_max"]
+                and r["observed_min"] != -r["observed_max"]), key=lambda r: len(r["tensor"]))
 
 
 def _write(tmp_path: Path, doc: dict[str, Any]) -> Path:
@@ -114,3 +115,28 @@ def test_extremes_against_a_recorded_absmax_alone(calibrated: Path, tmp_path: Pa
         r["observed_min"], r["observed_max"] = r["observed_min"] / 4, r["observed_max"] / 4
         want = r["observed_min"]
     _refused(_write(tmp_path / "edited", doc), r["tensor"], want, absmax)
+
+
+@pytest.mark.parametrize("edit", ["numeric string", "true", "only observed_min", "only observed_max",
+                                  "an integer past any float"])
+def test_extremes_that_are_not_two_numbers_are_refused_naming_the_tensor(calibrated: Path, tmp_path: Path,
+                                                                         edit: str) -> None:
+    # a numeric string and true were read as numbers (true as 1.0: a grid fitted to [min, 1]); one extreme
+    # alone was "KeyError: 'observed_max'"; 10**400 was "unexpected OverflowError ... a bug in calibkit"
+    doc = _doc(calibrated)
+    del doc["tensors"]  # nothing to compare with: the extremes alone must be two numbers
+    r = _two_sided(doc)
+    if edit == "numeric string":
+        r["observed_min"] = str(r["observed_min"])
+    elif edit == "true":
+        r["observed_max"] = True
+    elif edit.startswith("only"):
+        del r["observed_max" if edit.endswith("min") else "observed_min"]
+    else:
+        r["observed_max"] = 10**400
+    path = _write(tmp_path / "t", doc)
+    err = _refused(path, r["tensor"])
+    assert "observed_m" in err.message
+    res = run("build", calibrated / "model", "--precision", "int8", "--calibration", path, "-o", tmp_path / "q.onnx")
+    assert res.exit_code == 5 and "bug in calibkit" not in res.output, res.output
+
