@@ -140,3 +140,20 @@ def test_extremes_that_are_not_two_numbers_are_refused_naming_the_tensor(calibra
     res = run("build", calibrated / "model", "--precision", "int8", "--calibration", path, "-o", tmp_path / "q.onnx")
     assert res.exit_code == 5 and "bug in calibkit" not in res.output, res.output
 
+
+@pytest.mark.parametrize("where", ["amax", "absmax", "min"])
+def test_an_integer_past_any_float_in_a_range_or_its_statistics_is_refused_not_a_crash(calibrated: Path,
+                                                                                       tmp_path: Path,
+                                                                                       where: str) -> None:
+    # JSON reads 1e400 as inf (refused) but 10**400 written out as digits as an int: float() of it raised
+    # OverflowError, reported as "a bug in calibkit" with exit 1
+    doc = _doc(calibrated)
+    r = _two_sided(doc)
+    if where == "amax":
+        r["amax"] = 10**400
+    else:
+        doc["tensors"][r["tensor"]][where] = 10**400
+    path = _write(tmp_path / "t", doc)
+    _refused(path, where)
+    res = run("build", calibrated / "model", "--precision", "int8", "--calibration", path, "-o", tmp_path / "q.onnx")
+    assert res.exit_code == 5 and "hint:" in res.output and "bug in calibkit" not in res.output, res.output

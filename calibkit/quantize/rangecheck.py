@@ -56,7 +56,10 @@ def problem(tensor: str, amax: object, stats: Mapping[str, Any] | None = None, *
     """The reason ``amax`` cannot be used for ``tensor`` (None when it can; amax 0 is usable: kept FP32)."""
     if isinstance(amax, bool) or not isinstance(amax, (int, float, np.floating, np.integer)):
         return RangeProblem(tensor, float("nan"), f"amax is {type(amax).__name__}, not a number")
-    a = float(amax)
+    try:
+        a = float(amax)
+    except OverflowError:  # an integer literal beyond any float (JSON reads 1e400 as inf, 10**400 as an int)
+        return RangeProblem(tensor, float("inf"), "amax is too large for a float")
     if math.isnan(a):
         return RangeProblem(tensor, a, "amax is NaN")
     if math.isinf(a):
@@ -94,9 +97,17 @@ def _recorded_absmax(stats: Mapping[str, Any] | None) -> float | None:
         ends = [abs(v) for v in (stats.get("min"), stats.get("max")) if isinstance(v, (int, float))]
         vals = [max(ends)] if ends else [None]
     v = vals[0]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
         return None
     return float(v)
+
+
+def _finite(v: float) -> bool:
+    """``v`` is a finite float, or an int a float can hold (an integer literal beyond any float is not)."""
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
 
 
 def check_ranges(amax: Iterable[tuple[str, Any]], *, source: str, stats: Mapping[str, Mapping[str, Any]] | None = None,
@@ -125,7 +136,7 @@ def _float32_equal(a: float, b: float) -> bool:
 
 def _recorded(stats: Mapping[str, Any] | None, key: str) -> float | None:
     v = stats.get(key) if isinstance(stats, Mapping) else None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
         return None
     return float(v)
 
