@@ -157,3 +157,16 @@ def test_an_integer_past_any_float_in_a_range_or_its_statistics_is_refused_not_a
     _refused(path, where)
     res = run("build", calibrated / "model", "--precision", "int8", "--calibration", path, "-o", tmp_path / "q.onnx")
     assert res.exit_code == 5 and "hint:" in res.output and "bug in calibkit" not in res.output, res.output
+
+
+@pytest.mark.parametrize("scale", [1 / 100, 1e7])
+def test_without_statistics_the_amax_is_judged_against_the_extremes(calibrated: Path, tmp_path: Path,
+                                                                    scale: float) -> None:
+    # a table tune writes has no `tensors` block: extremes shrunk 100x fitted the uint8 grid to a sliver of the
+    # range (every value clipped) and were read without a word; the same rule as amax against statistics holds
+    doc = _doc(calibrated)
+    del doc["tensors"]
+    r = _two_sided(doc)
+    r["observed_min"], r["observed_max"] = r["observed_min"] * scale, r["observed_max"] * scale
+    err = _refused(_write(tmp_path / "t", doc), r["tensor"], "observed extremes")
+    assert repr(r["amax"]) in err.message

@@ -165,17 +165,28 @@ def extremes_problem(lo: float, hi: float, stats: Mapping[str, Any] | None) -> s
     return None
 
 
-def check_extremes(ranges: Iterable[tuple[str, float | None, float | None]], *, source: str,
+def check_extremes(ranges: Iterable[tuple[str, float, float | None, float | None]], *, source: str,
                    stats: Mapping[str, Mapping[str, Any]] | None, hint: str) -> None:
-    """Raise one CalibrationError naming every range (tensor, observed_min, observed_max) whose extremes
-    disagree with the statistics recorded for its tensor (:func:`extremes_problem`). Ranges without extremes,
-    and tensors without statistics, are not judged: they are read as before."""
+    """Raise one CalibrationError naming every range (tensor, amax, observed_min, observed_max) whose extremes
+    disagree with the statistics recorded for its tensor (:func:`extremes_problem`). Where no statistics are
+    recorded (a table ``tune`` wrote), the extremes are what calibration recorded of the tensor: its amax is
+    judged against them as :func:`problem` judges it against statistics. Ranges without extremes are read as
+    before."""
     stats = stats or {}
-    bad = [f"{t}: {why}" for t, lo, hi in ranges
-           if lo is not None and hi is not None and (why := extremes_problem(lo, hi, stats.get(t))) is not None]
+    bad: list[str] = []
+    for t, amax, lo, hi in ranges:
+        if lo is None or hi is None:
+            continue
+        if _recorded_absmax(stats.get(t)) is None:
+            p = problem(t, amax, {"min": lo, "max": hi})
+            why = None if p is None else f"{p.reason.replace('recorded', 'in its observed extremes')} (amax {amax!r})"
+        else:
+            why = extremes_problem(lo, hi, stats.get(t))
+        if why is not None:
+            bad.append(f"{t}: {why}")
     if bad:
         more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-        raise CalibrationError(f"{source}: {len(bad)} range(s) whose observed extremes disagree with the statistics "
+        raise CalibrationError(f"{source}: {len(bad)} range(s) whose observed extremes disagree with what is "
                                f"recorded beside them: {'; '.join(bad[:5])}{more}", hint=hint)
 
 
