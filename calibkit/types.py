@@ -188,6 +188,17 @@ class CalibrationTable:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CalibrationTable:
+        """The table of ``d``; ValueError for one calibkit never writes (each tensor has one range: with two,
+        ``get`` would read the first and ``amax``, the Q/DQ writer and the cache the last)."""
+        seen: set[str] = set()
+        twice: set[str] = set()
+        for r in d["ranges"]:
+            t = str(r.get("tensor")) if isinstance(r, dict) else ""
+            (twice if t in seen else seen).add(t)
+        if twice:
+            shown = ", ".join(sorted(twice)[:5])
+            raise ValueError(f"{len(twice)} tensor(s) have more than one range: {shown} (calibkit writes one range "
+                             "per tensor)")
         return cls(
             model_sha256=str(d["model_sha256"]),
             calibration_set_id=str(d["calibration_set_id"]),

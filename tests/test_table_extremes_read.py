@@ -170,3 +170,14 @@ def test_without_statistics_the_amax_is_judged_against_the_extremes(calibrated: 
     r["observed_min"], r["observed_max"] = r["observed_min"] * scale, r["observed_max"] * scale
     err = _refused(_write(tmp_path / "t", doc), r["tensor"], "observed extremes")
     assert repr(r["amax"]) in err.message
+
+
+def test_a_tensor_with_two_ranges_is_refused_naming_it(calibrated: Path, tmp_path: Path) -> None:
+    # a range copied in twice with another amax and other extremes was read: table.get() gave the first, the
+    # Q/DQ writer's grids, table.amax() and the TensorRT cache the last, without a word
+    doc = _doc(calibrated)
+    del doc["tensors"]
+    r = _two_sided(doc)
+    doc["table"]["ranges"].append({**r, "amax": r["amax"] / 2, "observed_min": r["observed_min"] / 2,
+                                   "observed_max": r["observed_max"] / 2})
+    _refused(_write(tmp_path / "t", doc), r["tensor"], "more than one range")
