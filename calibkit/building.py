@@ -37,6 +37,8 @@ from calibkit.types import Backend, Precision, request_path
 log = logging.getLogger("calibkit.building")
 
 if TYPE_CHECKING:
+    import onnx
+
     from calibkit.data.modeldir import ModelDir
     from calibkit.results.files import EngineBuildFacts
 
@@ -202,6 +204,30 @@ def _smoothing(src: Path) -> dict[str, object]:
     return {"smoothed_from_sha256": origin} if origin is not None else {}
 
 
+def _check_qdq_scales(qm: onnx.ModelProto, qdq: Path) -> None:
+    """ModelError naming the tensors of ``qdq`` whose Q/DQ scale is NaN, infinite, zero or negative: calibkit
+    never writes one (a range is refused before it becomes such a scale), and a model copied with one divides
+    by it in every QuantizeLinear, exit 0 and a wrong model."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in qm.graph.initializer if i.data_location != onnx.TensorProto.EXTERNAL}
+    bad: dict[str, str] = {}
+    for n in qm.graph.node:
+        if n.op_type not in ("QuantizeLinear", "DequantizeLinear") or len(n.input) < 2 or n.input[1] not in inits:
+            continue
+        scale = numpy_helper.to_array(inits[n.input[1]]).astype(np.float64).ravel()
+        wrong = scale[~(np.isfinite(scale) & (scale > 0))]
+        if wrong.size:
+            bad.setdefault(n.input[1], f"{n.input[1]} ({wrong[0]:g})")
+    if bad:
+        shown = ", ".join(list(bad.values())[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise ModelError(f"{qdq}: {len(bad)} Q/DQ scale(s) are not finite positive numbers: {shown}",
+                         hint="pass the model.int8.onnx `calibkit calibrate` wrote, unedited, or build from "
+                              "--calibration (re-run `calibkit calibrate` if its calibration.json is gone)")
+
+
 def _from_qdq(req: BuildRequest, src: Path, src_sha: str) -> _Model:
     import onnx
 
@@ -215,6 +241,7 @@ def _from_qdq(req: BuildRequest, src: Path, src_sha: str) -> _Model:
             f"{qdq} has no QuantizeLinear/DequantizeLinear nodes: it is not a Q/DQ INT8 model",
             hint="pass the model.int8.onnx written by `calibkit calibrate`, or build from --calibration",
         )
+    _check_qdq_scales(qm, qdq)
     calibration_json: Path | None = None
     calibration_sha: str | None = None
     kept: tuple[str, ...] = ()

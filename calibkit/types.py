@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,13 +126,27 @@ class TensorRange:
 
 
 def _observed(entry: dict[str, Any]) -> dict[str, float]:
-    """A table entry's observed extremes (both or neither; earlier tables have none), checked: finite, the
-    minimum not above the maximum."""
-    if "observed_min" not in entry and "observed_max" not in entry:
+    """A table entry's observed extremes (both or neither; earlier tables have none), checked: numbers (not
+    strings or booleans, as for ``amax``), finite, the minimum not above the maximum."""
+    has = [k for k in ("observed_min", "observed_max") if k in entry]
+    if not has:
         return {}
-    lo, hi = float(entry["observed_min"]), float(entry["observed_max"])
+    tensor = entry.get("tensor")
+    if len(has) == 1:
+        other = "observed_max" if has[0] == "observed_min" else "observed_min"
+        raise ValueError(f"range of {tensor!r} has {has[0]} but no {other} (calibkit writes both or neither)")
+    ends: list[float] = []
+    for key in ("observed_min", "observed_max"):
+        v = entry[key]
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise ValueError(f"range of {tensor!r}: {key} is {type(v).__name__}, not a number")
+        try:
+            ends.append(float(v))
+        except OverflowError:
+            raise ValueError(f"range of {tensor!r}: {key} is too large for a float") from None
+    lo, hi = ends
     if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
-        raise ValueError(f"range of {entry.get('tensor')!r}: observed_min {lo} and observed_max {hi} are not "
+        raise ValueError(f"range of {tensor!r}: observed_min {lo} and observed_max {hi} are not "
                          f"finite with min <= max")
     return {"observed_min": lo, "observed_max": hi}
 
@@ -173,6 +188,17 @@ class CalibrationTable:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CalibrationTable:
+        """The table of ``d``; ValueError for one calibkit never writes (each tensor has one range: with two,
+        ``get`` would read the first and ``amax``, the Q/DQ writer and the cache the last)."""
+        seen: set[str] = set()
+        twice: set[str] = set()
+        for r in d["ranges"]:
+            t = str(r.get("tensor")) if isinstance(r, dict) else ""
+            (twice if t in seen else seen).add(t)
+        if twice:
+            shown = ", ".join(sorted(twice)[:5])
+            raise ValueError(f"{len(twice)} tensor(s) have more than one range: {shown} (calibkit writes one range "
+                             "per tensor)")
         return cls(
             model_sha256=str(d["model_sha256"]),
             calibration_set_id=str(d["calibration_set_id"]),

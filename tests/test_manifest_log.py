@@ -86,3 +86,22 @@ def test_a_log_without_its_sha256_is_no_default_traffic(tmp_path: Path) -> None:
     assert read is not None and read.path == log and read.sha256 is None
     with pytest.raises(DataError, match="names no source log"):  # compare and tune check the log they read
         default_traffic_log(load_calibration_set(folder))
+
+
+@pytest.mark.parametrize(("edit", "named"), [({"count": "8"}, "$.count"), ({"seed": -0.5}, "$.seed"),
+                                              ([], "JSON object")])
+def test_a_mistyped_manifest_says_to_re_create_the_set(tmp_path: Path, edit: object, named: str) -> None:
+    # its hint was the codec's "pass a document written by calibkit compare or tune, unedited": not what fixes
+    # a calibration set (calibrate, tune and deploy all read it)
+    from calib_helpers import write_model_dir
+    from cli_helpers import run
+
+    folder = _set(tmp_path / "sets" / "s", _log("log.jsonl"))
+    manifest = folder / "manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), **edit} if isinstance(edit, dict) else edit))
+    for read in (load_calibration_set, log_of_calibration_set):
+        with pytest.raises(DataError, match="manifest.json") as exc:
+            read(folder)
+        assert named in exc.value.message and "calibkit sample" in (exc.value.hint or ""), exc.value
+    r = run("calibrate", write_model_dir(tmp_path / "model"), "-c", folder, "--out", tmp_path / "cal")
+    assert r.exit_code == 3 and "manifest.json" in r.output and "calibkit sample" in r.output, r.output

@@ -58,6 +58,26 @@ def test_implausible_amax_against_recorded_statistics_is_refused(calibrated: Pat
     assert r.exit_code == 5 and "largest |x| recorded" in flat(r) and tensor in flat(r)
 
 
+@pytest.mark.parametrize("scale", [float("nan"), 0.0, -0.5, float("inf")])
+def test_a_qdq_model_with_an_unusable_scale_is_refused_by_build_qdq(calibrated: Path, tmp_path: Path,
+                                                                    scale: float) -> None:
+    # `build --qdq` copied a model.int8.onnx whose activation scale was edited to NaN, 0 or -0.5: exit 0
+    from onnx import numpy_helper
+
+    model = onnx.load(str(calibrated / "cal" / "model.int8.onnx"))
+    q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear")
+    init = next(i for i in model.graph.initializer if i.name == q.input[1])
+    init.CopyFrom(numpy_helper.from_array(np.full(numpy_helper.to_array(init).shape, scale, np.float32), init.name))
+    edited = tmp_path / "q" / "model.int8.onnx"
+    edited.parent.mkdir()
+    onnx.save(model, str(edited))
+    out = tmp_path / "int8.onnx"
+    r = run("build", calibrated / "model", "--precision", "int8", "--qdq", edited, "-o", out)
+    assert r.exit_code == 4 and q.input[1] in flat(r) and "hint:" in r.output and not out.exists(), r.output
+    assert run("build", calibrated / "model", "--precision", "int8", "--qdq", calibrated / "cal" / "model.int8.onnx",
+               "-o", tmp_path / "as-written.onnx").exit_code == 0
+
+
 def test_rangecheck_rules() -> None:
     assert problem("t", 0.0) is None  # an all-zero tensor: kept FP32, reported
     assert problem("t", 5.0, {"absmax": 5.0}) is None

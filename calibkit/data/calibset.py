@@ -63,7 +63,10 @@ def read_manifest(folder: Path) -> CalibrationSetManifest | None:
         doc = read_json(path)  # opened without blocking: what is there now may no longer be a regular file
     except (OSError, ValueError, RecursionError) as exc:
         raise DataError(f"{path} is not readable JSON ({type(exc).__name__})", hint=hint) from None
-    return parse_document(CalibrationSetManifest, doc, source=path)
+    try:
+        return parse_document(CalibrationSetManifest, doc, source=path)
+    except DataError as exc:  # the codec's hint names compare and tune documents: say what fixes a manifest
+        raise DataError(exc.message, hint=hint) from None
 
 
 def manifest_log(manifest: CalibrationSetManifest | None, manifest_path: Path) -> ManifestLog | None:

@@ -13,6 +13,9 @@ A range becomes the per-tensor scale ``amax / 127`` stored as float32 in the mod
   FP16 maximum — TensorRT runs the layers around a Q/DQ pair in FP16, where anything larger overflows, so a
   wider range is a corrupt value, not a measurement (1e30 scales in a cache once cost 5.5 accuracy points).
 
+A range's observed extremes (what the onnxruntime layout's uint8 grid is fitted to) are checked against the
+statistics recorded with them by :func:`check_extremes`: calibkit writes both from one measurement.
+
 ``representable_only`` keeps just the first two rules: the scale guard of the Q/DQ writer, which sees tables
 without their statistics and must not refuse a real activation range above 65504 that calibration measured.
 
@@ -53,7 +56,10 @@ def problem(tensor: str, amax: object, stats: Mapping[str, Any] | None = None, *
     """The reason ``amax`` cannot be used for ``tensor`` (None when it can; amax 0 is usable: kept FP32)."""
     if isinstance(amax, bool) or not isinstance(amax, (int, float, np.floating, np.integer)):
         return RangeProblem(tensor, float("nan"), f"amax is {type(amax).__name__}, not a number")
-    a = float(amax)
+    try:
+        a = float(amax)
+    except OverflowError:  # an integer literal beyond any float (JSON reads 1e400 as inf, 10**400 as an int)
+        return RangeProblem(tensor, float("inf"), "amax is too large for a float")
     if math.isnan(a):
         return RangeProblem(tensor, a, "amax is NaN")
     if math.isinf(a):
@@ -91,9 +97,17 @@ def _recorded_absmax(stats: Mapping[str, Any] | None) -> float | None:
         ends = [abs(v) for v in (stats.get("min"), stats.get("max")) if isinstance(v, (int, float))]
         vals = [max(ends)] if ends else [None]
     v = vals[0]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
         return None
     return float(v)
+
+
+def _finite(v: float) -> bool:
+    """``v`` is a finite float, or an int a float can hold (an integer literal beyond any float is not)."""
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
 
 
 def check_ranges(amax: Iterable[tuple[str, Any]], *, source: str, stats: Mapping[str, Mapping[str, Any]] | None = None,
@@ -106,6 +120,74 @@ def check_ranges(amax: Iterable[tuple[str, Any]], *, source: str, stats: Mapping
         shown = "; ".join(f"{p.tensor}: {p.reason} ({p.amax:.4g})" for p in bad[:5])
         more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
         raise CalibrationError(f"{source}: {len(bad)} unusable range(s): {shown}{more}", hint=hint)
+
+
+def _float32_equal(a: float, b: float) -> bool:
+    """``a`` and ``b`` are the same value to float32 precision. Activations are float32, so every extreme and
+    every recorded min/max/absmax is the exact value of one float32 (calibkit writes the float64 that holds it,
+    which JSON round-trips exactly); a writer that printed them as float32 (shortest float32 repr) still rounds
+    back to the same float32. Anything further apart is not the same measurement."""
+    with np.errstate(over="ignore"):
+        fa, fb = np.float32(a), np.float32(b)
+    if not (np.isfinite(fa) and np.isfinite(fb)):  # beyond float32: no activation was ever that large
+        return a == b
+    return bool(fa == fb)
+
+
+def _recorded(stats: Mapping[str, Any] | None, key: str) -> float | None:
+    v = stats.get(key) if isinstance(stats, Mapping) else None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
+        return None
+    return float(v)
+
+
+def extremes_problem(lo: float, hi: float, stats: Mapping[str, Any] | None) -> str | None:
+    """Why the observed extremes ``lo``/``hi`` of one range disagree with the statistics recorded for its tensor
+    in the same file (None: they agree, or nothing was recorded). calibkit writes both from the same
+    measurement (observed_min is the recorded min, observed_max the recorded max, absmax the larger of their
+    magnitudes), so any difference beyond float32 rounding is an edit or a corruption. A positive minimum or a
+    negative maximum is a real measurement (a softmax output never reaches 0): the uint8 grid widens to keep 0
+    inside itself, so such extremes are not refused on their own."""
+    rmin, rmax, rabs = _recorded(stats, "min"), _recorded(stats, "max"), _recorded(stats, "absmax")
+    if rmin is not None and not _float32_equal(lo, rmin):
+        return f"observed_min {lo!r} is not the recorded min {rmin!r}"
+    if rmax is not None and not _float32_equal(hi, rmax):
+        return f"observed_max {hi!r} is not the recorded max {rmax!r}"
+    if rabs is not None:
+        with np.errstate(over="ignore"):
+            below, above = np.float32(lo) < -np.float32(rabs), np.float32(hi) > np.float32(rabs)
+        if below or above:
+            return (f"observed_min {lo!r} / observed_max {hi!r} lie outside [-absmax, absmax] of the recorded "
+                    f"absmax {rabs!r}")
+        if not _float32_equal(max(abs(lo), abs(hi)), rabs):
+            return (f"observed_min {lo!r} / observed_max {hi!r} do not reach the recorded absmax {rabs!r} "
+                    "(the larger of their magnitudes is the absmax calibration recorded)")
+    return None
+
+
+def check_extremes(ranges: Iterable[tuple[str, float, float | None, float | None]], *, source: str,
+                   stats: Mapping[str, Mapping[str, Any]] | None, hint: str) -> None:
+    """Raise one CalibrationError naming every range (tensor, amax, observed_min, observed_max) whose extremes
+    disagree with the statistics recorded for its tensor (:func:`extremes_problem`). Where no statistics are
+    recorded (a table ``tune`` wrote), the extremes are what calibration recorded of the tensor: its amax is
+    judged against them as :func:`problem` judges it against statistics. Ranges without extremes are read as
+    before."""
+    stats = stats or {}
+    bad: list[str] = []
+    for t, amax, lo, hi in ranges:
+        if lo is None or hi is None:
+            continue
+        if _recorded_absmax(stats.get(t)) is None:
+            p = problem(t, amax, {"min": lo, "max": hi})
+            why = None if p is None else f"{p.reason.replace('recorded', 'in its observed extremes')} (amax {amax!r})"
+        else:
+            why = extremes_problem(lo, hi, stats.get(t))
+        if why is not None:
+            bad.append(f"{t}: {why}")
+    if bad:
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise CalibrationError(f"{source}: {len(bad)} range(s) whose observed extremes disagree with what is "
+                               f"recorded beside them: {'; '.join(bad[:5])}{more}", hint=hint)
 
 
 def zero_ranges(amax: Iterable[tuple[str, Any]]) -> list[str]:

@@ -22,7 +22,7 @@ from typing import Any
 from calibkit._io import read_json, record_path, write_json
 from calibkit.errors import CalibrationError, DataError, ModelError
 from calibkit.provenance import PATHS_RELATIVE, recorded_paths
-from calibkit.quantize.rangecheck import check_ranges
+from calibkit.quantize.rangecheck import check_extremes, check_ranges
 from calibkit.results.codec import CALIBRATION_FORMAT, document_json, parse_document
 from calibkit.results.files import CalibrationDocument, DocumentDigests, TensorRecord
 from calibkit.types import CalibrationTable
@@ -154,6 +154,11 @@ def load_calibration_json(path: str | os.PathLike[str]) -> CalibrationFile:
                      stats={k: v for k, v in tensors.items() if isinstance(v, dict)},
                      hint="re-run `calibkit calibrate` to write the ranges again (calibkit never writes these)")
         document = parse_document(CalibrationDocument, doc)
+        check_extremes(((r.tensor, r.amax, r.observed_min, r.observed_max) for r in document.table.ranges),
+                       source=str(p), stats={k: v for k, v in tensors.items() if isinstance(v, dict)},
+                       hint="re-run `calibkit calibrate` (or `calibkit tune`, for a table it wrote) to write the "
+                            "ranges and their statistics again: calibkit writes both from one measurement, and an "
+                            "edited extreme changes the onnxruntime layout's grid")
     except CalibrationError:
         raise
     except DataError as exc:

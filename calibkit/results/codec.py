@@ -38,6 +38,7 @@ import logging
 import math
 import os
 import re
+import sys
 import types
 import typing
 from collections.abc import Mapping
@@ -234,8 +235,9 @@ def from_json(cls: object, data: object, path: str = "$", *, lenient: bool = Fal
         if abs(data) > MAX_INT:
             raise _bad(path, f"an integer of at most {MAX_INT}", data)
         return int(data)
-    if cls is float:
-        if isinstance(data, bool) or not isinstance(data, (int, float)) or _non_finite(data):
+    if cls is float:  # an integer literal past the largest float (JSON reads 1e400 as inf, 10**400 as an int)
+        if isinstance(data, bool) or not isinstance(data, (int, float)) or _non_finite(data) or (
+                isinstance(data, int) and abs(data) > sys.float_info.max):
             raise _bad(path, "a finite number", data)
         return float(data)
     if cls is str:
