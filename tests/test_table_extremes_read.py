@@ -181,3 +181,26 @@ def test_a_tensor_with_two_ranges_is_refused_naming_it(calibrated: Path, tmp_pat
     doc["table"]["ranges"].append({**r, "amax": r["amax"] / 2, "observed_min": r["observed_min"] / 2,
                                    "observed_max": r["observed_max"] / 2})
     _refused(_write(tmp_path / "t", doc), r["tensor"], "more than one range")
+
+
+@pytest.mark.parametrize("edit", ["nan amax", "extremes shrunk", "amax a string"])
+def test_a_bare_table_document_is_checked_as_calibration_json_is(calibrated: Path, tmp_path: Path, edit: str) -> None:
+    """tune writes each candidate table as a bare table document in its work folder and builds its plans from
+    them: such a document gets the same checks as calibration.json's table."""
+    from calibkit.evaluate.jobs import load_calibration_table
+
+    table = _doc(calibrated)["table"]
+    path = tmp_path / "table-mse.json"
+    path.write_text(json.dumps(table))
+    assert load_calibration_table(path) == load_calibration_json(calibrated / "cal").table
+    r = _two_sided({"table": table})
+    if edit == "nan amax":
+        r["amax"] = float("nan")
+    elif edit == "extremes shrunk":
+        r["observed_min"], r["observed_max"] = r["observed_min"] / 1000, r["observed_max"] / 1000
+    else:
+        r["amax"] = "1.5"
+    path.write_text(json.dumps(table))
+    with pytest.raises(CalibrationError) as exc:
+        load_calibration_table(path)
+    assert r["tensor"] in str(exc.value) and "calibkit tune" in (exc.value.hint or "")

@@ -94,11 +94,29 @@ def load_calibration_table(path: str | Path) -> CalibrationTable:
     if p.is_file():
         d = read_json(p)
         if isinstance(d, dict) and "ranges" in d and "format" not in d:
-            try:
-                return CalibrationTable.from_dict(d)
-            except (KeyError, TypeError, ValueError) as exc:
-                raise CalibrationError(f"{p} is not a calibkit calibration table ({exc})") from exc
+            return _bare_table(p, d)
     return load_calibration_json(p).table
+
+
+def _bare_table(p: Path, d: dict[str, object]) -> CalibrationTable:
+    """A bare table document (what tune writes for each candidate table), checked as calibration.json's table
+    is: usable ranges, extremes consistent with their amax."""
+    from calibkit.quantize.rangecheck import check_extremes, check_ranges
+
+    hint = "re-run `calibkit tune` or `calibkit calibrate` to write the table again (calibkit never writes these)"
+    try:
+        ranges = d["ranges"]
+        if not isinstance(ranges, list) or not all(isinstance(r, dict) for r in ranges):
+            raise TypeError("ranges is not a list of objects")
+        check_ranges(((str(r.get("tensor")), r.get("amax")) for r in ranges), source=str(p), hint=hint)
+        table = CalibrationTable.from_dict(d)
+    except CalibrationError:
+        raise
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise CalibrationError(f"{p} is not a calibkit calibration table ({exc})", hint=hint) from exc
+    check_extremes(((r.tensor, r.amax, r.observed_min, r.observed_max) for r in table.ranges), source=str(p),
+                   stats=None, hint=hint)
+    return table
 
 
 def build_variant(

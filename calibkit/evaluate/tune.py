@@ -409,17 +409,24 @@ def _run_tune(
                           reused_stats, ev.reused, time.perf_counter() - t0, traffic)
     result = replace(result, phases=clock.result(), cpus=clock.cpus,
                      time_estimate=finish(estimate, time.perf_counter() - since, clock.phases))
-    if render is not None and report_dir:  # OUT and --report are replaced together or not at all
-        with commit_together():
-            run = _write_outputs(out, model_dir, model.proto, tables.base[0], result, config, write_document,
-                                 tables.variant, cset)
-            render(result, Path(report_dir))
-    else:
-        run = _write_outputs(out, model_dir, model.proto, tables.base[0], result, config, write_document,
-                             tables.variant, cset)
-        if render is not None:
-            render(result, out / "report")
+    run = _write_run(out, report_dir, render, lambda: _write_outputs(
+        out, model_dir, model.proto, tables.base[0], result, config, write_document, tables.variant, cset), result)
     return replace(run, resumed_evaluations=ledger.loaded)
+
+
+def _write_run(out: Path, report_dir: str | Path | None, render: Callable[[TuneResult, Path], Any] | None,
+               write: Callable[[], TuneRun], result: TuneResult) -> TuneRun:
+    """OUT by ``write``, then the report: in ``report_dir`` replaced together with OUT or not at all, else in
+    OUT/report."""
+    if render is not None and report_dir:
+        with commit_together():
+            run = write()
+            render(result, Path(report_dir))
+        return run
+    run = write()
+    if render is not None:
+        render(result, out / "report")
+    return run
 
 
 
