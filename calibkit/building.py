@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     import onnx
 
     from calibkit.data.modeldir import ModelDir
+    from calibkit.quantize.keptweights import KeptServing
     from calibkit.results.files import EngineBuildFacts
 
 _STEPS = 4  # progress: load, quantize or convert, write, done
@@ -260,8 +261,10 @@ def _from_qdq(req: BuildRequest, src: Path, src_sha: str) -> _Model:
     if layout:  # recorded as the registry would read it from the file, so build can say which it copied
         extra["target"] = layout
     if Backend(req.backend) is not Backend.TENSORRT:
-        return _Model(copy_from=qdq, calibration_json=calibration_json, calibration_sha=calibration_sha, kept=kept,
-                      extra=extra, calibration_set=request_path(req.calibration_set))
+        served, warnings = _kept_served(req, qdq, qm, layout, extra)
+        return _Model(data=served, copy_from=None if served else qdq, calibration_json=calibration_json,
+                      calibration_sha=calibration_sha, kept=kept, extra=extra,
+                      calibration_set=request_path(req.calibration_set), warnings=warnings)
     if any(z.data_type == onnx.TensorProto.UINT8 for z in qm.graph.initializer if z.name.endswith("zero_point")):
         raise ModelError(
             f"{qdq} uses uint8 activations (the --target onnxruntime layout); TensorRT needs int8",
@@ -301,12 +304,45 @@ def _from_calibration(req: BuildRequest, src: Path, src_sha: str, progress: Prog
     cs = cf.raw.get("calibration_set")
     if calib_set is None and isinstance(cs, dict) and cs.get("path") and Path(cs["path"]).exists():
         calib_set = Path(cs["path"])
-    extra = {"target": target.value, "measured_layout": layout.measured, "quantized_nodes": len(res.quantized_nodes),
-             "missing_ranges": list(res.missing_ranges), "zero_ranges": list(res.zero_ranges),
-             "weight_bits": 7 if reduce else 8}
-    return _Model(data=res.model.SerializeToString(), calibration_json=cf.path, calibration_sha=sha256_file(cf.path),
+    extra: dict[str, object] = {
+        "target": target.value, "measured_layout": layout.measured, "quantized_nodes": len(res.quantized_nodes),
+        "missing_ranges": list(res.missing_ranges), "zero_ranges": list(res.zero_ranges),
+        "weight_bits": 7 if reduce else 8}
+    model = res.model
+    warnings: tuple[str, ...] = (layout.warning,) if layout.warning else ()
+    if Backend(req.backend) is Backend.ONNXRUNTIME and target is Target.ONNXRUNTIME:
+        ks = _serve_kept(req, model, extra)
+        model, warnings = ks.model, warnings + ((ks.note,) if ks.note else ())
+    return _Model(data=model.SerializeToString(), calibration_json=cf.path, calibration_sha=sha256_file(cf.path),
                   kept=res.kept_nodes, quantized=res.quantized_nodes, missing=res.missing_ranges, extra=extra,
-                  calibration_set=calib_set, warnings=(layout.warning,) if layout.warning else ())
+                  calibration_set=calib_set, warnings=warnings)
+
+
+def _serve_kept(req: BuildRequest, model: onnx.ModelProto, extra: dict[str, object]) -> KeptServing:
+    """``model`` with its FP32 weight MatMuls served as ``req.kept_weights`` says; the sidecar's facts of it
+    added to ``extra``."""
+    from calibkit.quantize.keptweights import serve_kept
+
+    ks = serve_kept(model, req.kept_weights)
+    extra["kept_weights"] = str(req.kept_weights) if ks.blockwise or not ks.note else "fp32"
+    extra["blockwise_nodes"] = list(ks.blockwise)
+    return ks
+
+
+def _kept_served(req: BuildRequest, qdq: Path, qm: onnx.ModelProto, layout: str | None,
+                 extra: dict[str, object]) -> tuple[bytes | None, tuple[str, ...]]:
+    """A ready onnxruntime-layout Q/DQ model with its kept weight MatMuls served blockwise (its bytes), or None
+    where it is copied as it is (another layout, ``--kept-weights fp32``, nothing kept)."""
+    from calibkit.graph import load_model
+    from calibkit.quantize.keptweights import eligible
+
+    if layout != "onnxruntime":
+        return None, ()
+    if req.kept_weights != "blockwise" or not eligible(qm):
+        extra.update(kept_weights=str(req.kept_weights), blockwise_nodes=[])
+        return None, ()
+    ks = _serve_kept(req, load_model(qdq), extra)  # the weights themselves this time
+    return (ks.model.SerializeToString() if ks.blockwise else None), ((ks.note,) if ks.note else ())
 
 
 def _fp16(req: BuildRequest, src: Path, progress: ProgressCallback | None) -> _Model:

@@ -152,6 +152,7 @@ def test_tune_writes_the_fastest_confirmed_plan_with_its_speed_and_the_served_ch
     assert served.changed_upper_share >= served.changed / served.texts
     plan = json.loads(run.run.plan_path.read_text())
     assert plan["speed"]["at"][0]["batch_size"] == 1 and plan["layout"] == "onnxruntime"
+    assert r.final.kept_weights == "blockwise" and "MatMulNBits" in plan["precision_of_kept"]
     assert any(line.startswith("served speed (ONNX Runtime") for line in r.speed_lines)
     assert any(line.startswith("served model against the certified arithmetic") for line in r.speed_lines)
 
@@ -162,6 +163,7 @@ def test_a_tensorrt_plan_says_its_speed_was_not_measured(tiny_setup):  # noqa: F
     cfg = options(max_drop=1.0, min_agreement=85.0, sensitivity_samples=64, method="minmax")
     r = run_tune(md, tiny_setup["cset"], ev, tiny_setup["root"] / "speed-trt", cfg).result
     assert r.final.speed is None and r.speed_choice is None and r.final.served is None
+    assert r.final.kept_weights is None
     assert "TensorRT, which is not installed here" in r.final.speed_note
     off = run_tune(md, tiny_setup["cset"], ev, tiny_setup["root"] / "speed-off",
                    replace(cfg, target="onnxruntime", speed=False)).result

@@ -294,7 +294,7 @@ class _BuildPaths(TypedDict):
 
 def _build_request(served: _Served, target: Path, request: DeployRequest) -> BuildRequest:
     from calibkit.building import BuildRequest
-    from calibkit.requests.choices import Target
+    from calibkit.requests.choices import KeptWeights, Target
     from calibkit.requests.options import coerce
 
     src, layout = served.src, served.layout
@@ -302,15 +302,17 @@ def _build_request(served: _Served, target: Path, request: DeployRequest) -> Bui
     if src.precision is not Precision.INT8 or layout is None:
         return BuildRequest(**common, precision=src.precision,
                             keep_nodes=src.keep_nodes if src.precision is Precision.FP16 else ())
+    kept = request.kept_weights or KeptWeights(src.kept_weights or KeptWeights.BLOCKWISE)  # as tune timed it
     if src.qdq_model is not None and src.qdq_target == layout.shipped:  # the very file that was measured
-        return BuildRequest(**common, precision=Precision.INT8, qdq=src.qdq_model)
+        return BuildRequest(**common, precision=Precision.INT8, qdq=src.qdq_model, kept_weights=kept)
     reduce = request.reduce_range
     if reduce is None and src.weight_bits is not None and src.qdq_target == "onnxruntime":
         reduce = src.weight_bits == 7  # as the engine deployed was built
     # the layout's name as BuildRequest reads it (its __post_init__ coerces it so too)
     return BuildRequest(**common, precision=Precision.INT8, calibration=src.calibration_json,
                         target=coerce(Target, layout.shipped),
-                        keep_nodes=src.keep_nodes, reduce_range=reduce if layout.shipped == "onnxruntime" else None)
+                        keep_nodes=src.keep_nodes, reduce_range=reduce if layout.shipped == "onnxruntime" else None,
+                        kept_weights=kept)
 
 
 def _measure(request: DeployRequest, served: _Served, shaped: _Shaped, model: Path,

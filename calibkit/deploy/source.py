@@ -34,6 +34,7 @@ class DeploySource:
     qdq_model: Path | None = None  # a ready Q/DQ ONNX
     qdq_target: str | None = None  # its layout: "tensorrt" | "onnxruntime"
     weight_bits: int | None = None  # of an onnxruntime-layout engine (7: reduce-range)
+    kept_weights: str | None = None  # how the plan's kept weight MatMuls were timed or built (blockwise | fp32)
     calibration_set: Path | None = None  # the folder its calibration texts came from, when known
     calibration_set_id: str = ""
     tune_claim: str | None = None  # a tune folder whose plan does not hold its claim: what tune said of it
@@ -80,11 +81,11 @@ def _from_folder(folder: Path) -> DeploySource:
     if not cal.is_file():
         raise UsageError(f"{folder} is not a calibkit output (no calibration.json, tune.json or engine sidecar in it)",
                          hint=NOT_OUTPUT_HINT)
-    kind, claim, traffic = "calibrate", None, None
+    kind, claim, traffic, kept_weights = "calibrate", None, None, None
     tune = folder / "tune.json"
     if tune.is_file():
         kind = "tune"
-        claim, traffic = _read_tune(tune)
+        claim, traffic, kept_weights = _read_tune(tune)
     _check_folder(folder, kind)
     cf = load_calibration_json(cal)
     model = _existing(cf.source_model, "FP32 model", folder, cal)
@@ -97,13 +98,15 @@ def _from_folder(folder: Path) -> DeploySource:
         keep_nodes=tuple(cf.kept_nodes) if kind == "tune" else (),
         qdq_model=qdq if qdq is not None and qdq.is_file() else None, qdq_target=cf.target,
         calibration_set=cset if cset is not None and cset.is_dir() else None,
-        calibration_set_id=cf.table.calibration_set_id, tune_claim=claim, tune_traffic=traffic)
+        calibration_set_id=cf.table.calibration_set_id, tune_claim=claim, tune_traffic=traffic,
+        kept_weights=kept_weights)
 
 
-def _read_tune(path: Path) -> tuple[str | None, SourceLog | None]:
+def _read_tune(path: Path) -> tuple[str | None, SourceLog | None, str | None]:
     """tune.json through the codec (a file that is not a tune document is refused): what tune said of its plan
-    when the plan does not hold its claim (not met, not confirmed, contradicted by the holdout), and the traffic
-    log it judged agreement on (with the sha256 it had then) when that file is still there."""
+    when the plan does not hold its claim (not met, not confirmed, contradicted by the holdout), the traffic
+    log it judged agreement on (with the sha256 it had then) when that file is still there, and how it served
+    the plan's kept weight MatMuls."""
     from calibkit.results.codec import load_typed
     from calibkit.results.runs import TuneResult
 
@@ -113,13 +116,13 @@ def _read_tune(path: Path) -> tuple[str | None, SourceLog | None]:
         raise UsageError(f"{path} is not a calibkit tune document ({exc.message})", hint=NOT_OUTPUT_HINT) from None
     from calibkit.provenance import document_path
 
-    claim = None if result.claim_holds else result.claim
+    claim, kept = None if result.claim_holds else result.claim, result.final.kept_weights
     ev = result.eval_set.traffic
     log = document_path(path, ev.path, {}) if ev is not None else None  # tune.json: no paths marker
     if ev is None or log is None or not log.is_file():
-        return claim, None
+        return claim, None, kept
     sha = next((e.removeprefix(LOG_SHA256) for e in ev.exclusions if e.startswith(LOG_SHA256)), None)
-    return claim, SourceLog(log, None, sha or None)
+    return claim, SourceLog(log, None, sha or None), kept
 
 
 def _from_engine(engine: Path) -> DeploySource:
@@ -151,7 +154,8 @@ def _from_engine(engine: Path) -> DeploySource:
     return DeploySource(
         path=engine, kind="engine", model=model, tokenizer=tokenizer, precision=art.precision, calibration_json=cal,
         keep_nodes=tuple(art.kept_higher_precision), qdq_model=qdq, qdq_target=str(target) if target else None,
-        weight_bits=art.extra.weight_bits, calibration_set=cset, calibration_set_id=set_id)
+        weight_bits=art.extra.weight_bits, kept_weights=art.extra.kept_weights, calibration_set=cset,
+        calibration_set_id=set_id)
 
 
 def _uint8_activations(path: Path) -> bool:

@@ -23,6 +23,7 @@ from calibkit.evidence.intervals import mean_interval, proportion
 from calibkit.evidence.rowfidelity import TextScores
 from calibkit.evidence.sequential import clopper_pearson
 from calibkit.progress import ProgressCallback
+from calibkit.requests.choices import KeptWeights
 from calibkit.results.runs import Range, ServedCheck, Speed, finite
 
 if TYPE_CHECKING:  # pragma: no cover - types only
@@ -37,14 +38,16 @@ if TYPE_CHECKING:  # pragma: no cover - types only
 
 
 def served_model(proto: onnx.ModelProto, table: CalibrationTable, plan: Sequence[str],
-                 op_types: Sequence[str]) -> bytes:
-    """The onnxruntime-layout Q/DQ model of ``plan`` (its nodes kept FP32), as ``build`` writes it on this CPU
-    (7-bit weights where ONNX Runtime's int8 GEMM saturates)."""
+                 op_types: Sequence[str], kept_weights: KeptWeights) -> bytes:
+    """The onnxruntime-layout Q/DQ model of ``plan`` as ``build`` writes it for ONNX Runtime on this CPU (7-bit
+    weights where its int8 GEMM saturates; the weight MatMuls kept out of static INT8 served as
+    ``kept_weights`` says)."""
+    from calibkit.quantize.keptweights import serve_kept
     from calibkit.quantize.qdq import Target, quantize_model
 
     q = quantize_model(proto, table, op_types=op_types, keep_nodes=tuple(plan), target=Target.ONNXRUNTIME,
                        reduce_range=int8_gemm_saturates())
-    return bytes(q.model.SerializeToString())
+    return bytes(serve_kept(q.model, kept_weights).model.SerializeToString())
 
 
 def time_plans(fp32: Path, served: Mapping[int, bytes], tokenizer: TextTokenizer, input_names: Sequence[str],

@@ -762,7 +762,7 @@ def _search(evidence: SplitEvidence, config: TuneRequest, jobs: _Jobs, ev: Evalu
     if speeds.note is None and final.plan in on_holdout:
         with clock.phase("served check"):
             model = speeds.models.get(final.plan) or served_model(jobs.model.proto, tables.base[0], final.plan,
-                                                                  config.op_types)
+                                                                  config.op_types, config.kept_weights)
             served = served_check(model, jobs.model.task, jobs.model.tokenizer, evidence, evidence.holdout,
                                   on_holdout[final.plan], make_runner=serving.make_runner,
                                   batch_size=config.batch_size, seed=config.seed + 3, progress=serving.progress)
@@ -835,7 +835,8 @@ def _fastest(outcome: SearchOutcome, final: Measured, confirmation: Confirmation
         ids = [st.candidate for st in confirmation.steps if st.meets]
     else:
         ids = [next(i for i, m in enumerate(tried) if m.plan == final.plan)]
-    models = {tried[i].plan: served_model(jobs.model.proto, tables.base[0], tried[i].plan, config.op_types)
+    models = {tried[i].plan: served_model(jobs.model.proto, tables.base[0], tried[i].plan, config.op_types,
+                                               config.kept_weights)
               for i in ids}
     rows = evidence.holdout if len(evidence.holdout) else evidence.search
     texts = [evidence.texts[int(i)] for i in rows.array[evidence.agreement_positions(rows)]] or list(
@@ -1129,6 +1130,7 @@ def _final_plan(model: _Model, evidence: SplitEvidence, config: TuneRequest, tab
         kept_modules={n: with_product(modules[n].module, products.get(n)) for n in final.plan
                       if n in modules and modules[n].module},
         speed=searched.speed, speed_note=searched.speed_note, served=searched.served,
+        kept_weights=str(config.kept_weights) if config.target is Target.ONNXRUNTIME else None,
     )
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from calibkit.errors import UsageError
 from calibkit.requests.checks import Bound, check_names, check_paths
-from calibkit.requests.choices import Target
+from calibkit.requests.choices import KeptWeights, Target
 from calibkit.requests.options import check_bounds, coerce, option
 from calibkit.types import Backend, PathLike, Precision
 
@@ -60,6 +60,12 @@ class BuildRequest:
         None, flags=("--reduce-range/--no-reduce-range",), cli_type=bool | None,
         help="7-bit weights for the onnxruntime layout: ONNX Runtime's int8 GEMM saturates with 8-bit weights on "
              "x86 CPUs without VNNI [default: on where this machine's CPU lacks VNNI].")
+    kept_weights: KeptWeights = option(
+        KeptWeights.BLOCKWISE, cli_type=str,
+        help="onnxruntime layout on --backend onnxruntime: how the weight MatMuls kept out of static INT8 are "
+             "served. blockwise: 8-bit weights in blocks of 128, activations quantized per block as each request "
+             "runs (ONNX Runtime's MatMulNBits; close to FP32 where one static scale is not, and about as fast as "
+             "INT8); fp32: exactly as tune certified them.")
     # ---- set by deploy, which ships a plan's FP16 or INT8 model: no command line sets it
     keep_nodes: tuple[str, ...] = option((), cli=False, api=False,
                                          help="Nodes kept in higher precision by name (a tuned plan's).")
@@ -69,6 +75,7 @@ class BuildRequest:
         object.__setattr__(self, "backend", coerce(Backend, self.backend))
         if self.target is not None:
             object.__setattr__(self, "target", coerce(Target, self.target))
+        object.__setattr__(self, "kept_weights", coerce(KeptWeights, self.kept_weights))
         for name in ("exclude", "keep_nodes"):
             value = getattr(self, name)
             if isinstance(value, list):
@@ -85,12 +92,15 @@ class BuildRequest:
                     {"calibration": self.calibration, "qdq": self.qdq, "tokenizer": self.tokenizer,
                      "calibration_set": self.calibration_set})
         check_bounds(self)
-        check_names({"precision": self.precision, "backend": self.backend, "target": self.target},
-                    {"exclude": self.exclude}, required=("precision", "backend"))
+        check_names({"precision": self.precision, "backend": self.backend, "target": self.target,
+                     "kept_weights": self.kept_weights},
+                    {"exclude": self.exclude}, required=("precision", "backend", "kept_weights"))
         if not isinstance(self.precision, Precision):
             raise UsageError(f"unknown --precision {self.precision!r}", hint="choose fp32, fp16 or int8")
         if not isinstance(self.backend, Backend):
             raise UsageError(f"unknown --backend {self.backend!r}", hint="choose onnxruntime or tensorrt")
+        if not isinstance(self.kept_weights, KeptWeights):
+            raise UsageError(f"unknown --kept-weights {self.kept_weights!r}", hint=f"choose {KeptWeights.words()}")
         self._check_output()
         self._check_int8()
         self._check_target()

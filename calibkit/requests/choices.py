@@ -11,3 +11,12 @@ class Target(Choice):
 
     TENSORRT = "tensorrt"
     ONNXRUNTIME = "onnxruntime"
+
+
+class KeptWeights(Choice):
+    """How ONNX Runtime serves the weight MatMuls a plan keeps out of static INT8: ``blockwise`` (8-bit weights in
+    blocks of 128 along the input dimension, activations quantized per block as each request runs: ONNX
+    Runtime's ``MatMulNBits``) or ``fp32`` (as the certified arithmetic computes them)."""
+
+    BLOCKWISE = "blockwise"
+    FP32 = "fp32"

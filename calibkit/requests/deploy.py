@@ -18,7 +18,7 @@ from calibkit.deploy.profiles import AUTO_TOLERANCE, MAX_PROFILES, ROUND_TO, che
 from calibkit.deploy.triton import INT32_MAX, check_range
 from calibkit.errors import UsageError
 from calibkit.requests.checks import COUNT, COUNT_OR_NONE, INT_LIMIT, Bound, check_names, check_paths
-from calibkit.requests.choices import Target
+from calibkit.requests.choices import KeptWeights, Target
 from calibkit.requests.options import Choice, check_bounds, coerce, option
 from calibkit.types import Backend, PathLike, check_seed
 
@@ -84,6 +84,11 @@ class DeployRequest:
     reduce_range: bool | None = option(
         None, flags=("--reduce-range/--no-reduce-range",), cli_type=bool | None,
         help="7-bit weights for the ONNX Runtime layout (x86 CPUs without VNNI) [default: as `calibkit build`].")
+    kept_weights: KeptWeights | None = option(
+        None, cli_type=str | None,
+        help="ONNX Runtime layout: how the weight MatMuls the plan keeps out of static INT8 are served: blockwise "
+             "(8-bit, blocks of 128, ONNX Runtime's MatMulNBits) | fp32 [default: as tune timed them, else "
+             "blockwise].")
     workspace_mib: int = option(4096, bound=Bound(low=1, high=1 << 30, integer=True, example="4096"),
                                 help="TensorRT builder workspace (MiB).")
     layout: Target | None = option(
@@ -105,6 +110,8 @@ class DeployRequest:
         object.__setattr__(self, "profiles", coerce(Profiles, self.profiles))
         if self.layout is not None:
             object.__setattr__(self, "layout", coerce(Target, self.layout))
+        if self.kept_weights is not None:
+            object.__setattr__(self, "kept_weights", coerce(KeptWeights, self.kept_weights))
         for name in ("source", "out", "traffic"):
             value = getattr(self, name)
             if isinstance(value, (str, os.PathLike)):  # anything else is left for validate() to refuse
@@ -120,9 +127,11 @@ class DeployRequest:
         """Every check that reads no file: UsageError naming the option and what to pass instead."""
         check_paths({"source": self.source, "out": self.out}, {"traffic": self.traffic})
         check_names({"backend": self.backend, "text_field": self.text_field, "name": self.name,
-                     "layout": self.layout}, required=("backend",))
+                     "layout": self.layout, "kept_weights": self.kept_weights}, required=("backend",))
         if not isinstance(self.backend, Backend):
             raise UsageError(f"unknown --backend {self.backend!r}", hint="choose onnxruntime or tensorrt")
+        if self.kept_weights is not None and not isinstance(self.kept_weights, KeptWeights):
+            raise UsageError(f"unknown --kept-weights {self.kept_weights!r}", hint=f"choose {KeptWeights.words()}")
         for flag, value in (("--strict", self.strict), ("--redact", self.redact)):
             if not isinstance(value, bool):
                 raise UsageError(f"{flag} must be True or False, got {value!r}")

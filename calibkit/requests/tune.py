@@ -19,7 +19,7 @@ from calibkit.evaluate.tune_defaults import (
 )
 from calibkit.quantize.placement import DEFAULT_OP_TYPES
 from calibkit.requests.checks import COUNT_OR_NONE, INT_LIMIT, PERCENTILE, TRAFFIC_SIZE, Bound, check_names, check_paths
-from calibkit.requests.choices import Target
+from calibkit.requests.choices import KeptWeights, Target
 from calibkit.requests.compare import (
     LIMIT_HELP,
     NO_TRAFFIC,
@@ -139,6 +139,12 @@ class TuneRequest:
              "the fastest (plans within 3 % of it: the most faithful); then check the served model against the "
              "arithmetic tune certified on the holdout. --no-speed: the confirmed plan with the most INT8 work, "
              "untimed.")
+    kept_weights: KeptWeights = option(
+        KeptWeights.BLOCKWISE, cli_type=str,
+        help="onnxruntime target: how the served model runs the weight MatMuls a plan keeps out of static INT8, "
+             "as each plan is timed and the served model checked (deploy serves them so). blockwise: 8-bit weights "
+             "in blocks of 128, activations quantized per block at run time (ONNX Runtime's MatMulNBits, about as "
+             "fast as INT8); fp32: exactly as certified.")
     smooth: bool = option(
         True, flags=("--smooth/--no-smooth",),
         help="Also measure the model smoothed (SmoothQuant, alpha auto, same FP32 function, checked) and search "
@@ -175,7 +181,8 @@ class TuneRequest:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "traffic", Traffic.parse(self.traffic))
-        for name, kind in (("method", TuneMethod), ("target", Target), ("decision_rule", DecisionRuleName)):
+        for name, kind in (("method", TuneMethod), ("target", Target), ("decision_rule", DecisionRuleName),
+                           ("kept_weights", KeptWeights)):
             object.__setattr__(self, name, coerce(kind, getattr(self, name)))
         self.validate()  # a request that exists is valid: checked once, when it is made
 
@@ -207,12 +214,14 @@ class TuneRequest:
                     {"eval_set": self.eval_set, "out": self.out, "tokenizer": self.tokenizer, "report": self.report,
                      "traffic": self.traffic}, loaded=(ModelDir, CalibrationSet, EvalSet, TrafficEvidence))
         check_names({"task": self.task, "method": self.method, "target": self.target,
-                     "decision_rule": self.decision_rule, "traffic_text_field": self.traffic_text_field},
-                    required=("method", "target", "decision_rule"))
+                     "decision_rule": self.decision_rule, "traffic_text_field": self.traffic_text_field,
+                     "kept_weights": self.kept_weights},
+                    required=("method", "target", "decision_rule", "kept_weights"))
         check_task(self.task)
         _check_choice("--method", self.method, TuneMethod, "use auto, entropy, minmax, percentile or mse")
         _check_choice("--target", self.target, Target, "use tensorrt or onnxruntime")
         _check_choice("--decision-rule", self.decision_rule, DecisionRuleName, "use sequential or whole-split")
+        _check_choice("--kept-weights", self.kept_weights, KeptWeights, "use blockwise or fp32")
         check_seed(self.seed)
         check_bounds(self)
 

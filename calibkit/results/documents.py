@@ -72,6 +72,10 @@ class PlanAgreement:
                    texts(holdout_evidence) if index else None, AGREEMENT_NOUNS.get(task, ""))
 
 
+BLOCKWISE_KEPT = ("fp16 (TensorRT) / ONNX Runtime CPU: weight MatMuls as 8-bit blockwise MatMulNBits (activations "
+                  "quantized per block of 128 as each request runs), the rest fp32")
+
+
 @dataclass(frozen=True)
 class PlanDocument:
     """plan.json: what a deployment needs of tune's plan — the layers kept and why, the INT8 layout tune
@@ -105,7 +109,8 @@ class PlanDocument:
             agreement_with_fp32=PlanAgreement.of(final.agreement_search, final.agreement_holdout,
                                                  final.search_evidence, final.holdout_evidence, target.task),
             holdout_verdict=final.holdout_verdict, reasons={n: tuple(r) for n, r in final.reasons.items()},
-            calibkit_version=result.calibkit_version, speed=final.speed, speed_note=final.speed_note)
+            calibkit_version=result.calibkit_version, speed=final.speed, speed_note=final.speed_note,
+            **({"precision_of_kept": BLOCKWISE_KEPT} if final.kept_weights == "blockwise" else {}))
 
 
 # ---------------------------------------------------------------- deploy.json: what was chosen

@@ -410,6 +410,8 @@ class EngineBuildFacts:
     missing_ranges: tuple[str, ...] | None = absent()
     zero_ranges: tuple[str, ...] | None = absent()
     weight_bits: int | None = absent()
+    kept_weights: str | None = absent()  # how kept weight MatMuls are served: blockwise | fp32
+    blockwise_nodes: tuple[str, ...] | None = absent()  # those served as 8-bit blockwise MatMulNBits
     fp16_nodes: int | None = absent()
     qdq_source: str | None = absent()
     smoothed_from_sha256: str | None = absent()

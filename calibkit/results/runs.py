@@ -883,6 +883,8 @@ class TunePlan:
     speed: Speed | None = None
     speed_note: str | None = None
     served: ServedCheck | None = None  # the served arithmetic against the certified one
+    # onnxruntime target: how the served model runs the weight MatMuls the plan keeps (blockwise | fp32)
+    kept_weights: str | None = None
 
     def reasons_for(self, node: str) -> tuple[str, ...]:
         return tuple(self.reasons.get(node, ()))
