@@ -10,6 +10,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from test_engine_build import _calibration, model_dir  # noqa: F401  (the fixture)
 from typer.testing import CliRunner
 
 from calibkit.cli import app
@@ -19,7 +20,6 @@ from calibkit.quantize.keptweights import eligible, serve_kept
 from calibkit.requests.build import BuildRequest
 from calibkit.requests.choices import KeptWeights
 from calibkit.requests.deploy import DeployRequest
-from test_engine_build import _calibration, model_dir  # noqa: F401  (the fixture)
 
 RNG = np.random.default_rng(5)
 X = RNG.standard_normal((2, 5, 256)).astype(np.float32)
