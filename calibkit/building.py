@@ -324,7 +324,7 @@ def _serve_kept(req: BuildRequest, model: onnx.ModelProto, extra: dict[str, obje
     from calibkit.quantize.keptweights import serve_kept
 
     ks = serve_kept(model, req.kept_weights)
-    extra["kept_weights"] = str(req.kept_weights) if ks.blockwise or not ks.note else "fp32"
+    extra["kept_weights"] = "fp32" if ks.note else str(req.kept_weights)  # a note: this ONNX Runtime cannot
     extra["blockwise_nodes"] = list(ks.blockwise)
     return ks
 
@@ -335,13 +335,13 @@ def _kept_served(req: BuildRequest, qdq: Path, qm: onnx.ModelProto, layout: str 
     where it is copied as it is (another layout, ``--kept-weights fp32``, nothing kept)."""
     from calibkit.graph import load_model
     from calibkit.quantize.keptweights import eligible
+    from calibkit.requests.choices import KeptWeights
 
     if layout != "onnxruntime":
         return None, ()
-    if req.kept_weights != "blockwise" or not eligible(qm):
-        extra.update(kept_weights=str(req.kept_weights), blockwise_nodes=[])
-        return None, ()
-    ks = _serve_kept(req, load_model(qdq), extra)  # the weights themselves this time
+    if req.kept_weights is KeptWeights.BLOCKWISE and eligible(qm):
+        qm = load_model(qdq)  # the weights themselves this time
+    ks = _serve_kept(req, qm, extra)
     return (ks.model.SerializeToString() if ks.blockwise else None), ((ks.note,) if ks.note else ())
 
 

@@ -73,23 +73,25 @@ def _ops(path: Path) -> dict[str, str]:
     return {n.name: n.op_type for n in onnx.load(str(path)).graph.node}
 
 
+def _build_kept_classifier(folder: Path, cal: Path, out: Path, *extra: str) -> EngineArtifact:
+    """`build -p int8 --calibration CAL -x classifier -o OUT EXTRA...`, which must succeed: its sidecar."""
+    res = CliRunner().invoke(app, ["build", str(folder), "-p", "int8", "--calibration", str(cal), "-x",
+                                   "classifier", "-o", str(out), *extra])
+    assert res.exit_code == 0, res.output
+    return EngineArtifact.load(out)
+
+
 def test_build_serves_a_kept_layer_blockwise_and_its_sidecar_says_so(model_dir: Path, tmp_path: Path) -> None:  # noqa: F811
     cal = _calibration(model_dir, tmp_path / "calibration.json", target="onnxruntime")
     out = tmp_path / "a.onnx"
-    res = CliRunner().invoke(app, ["build", str(model_dir), "-p", "int8", "--calibration", str(cal), "-x",
-                                   "classifier", "-o", str(out)])
-    assert res.exit_code == 0, res.output
-    art = EngineArtifact.load(out)
+    art = _build_kept_classifier(model_dir, cal, out)
     assert art.kept_higher_precision == ("/classifier/MatMul",)
     assert art.extra.kept_weights == "blockwise" and art.extra.blockwise_nodes == ("/classifier/MatMul",)
     assert _ops(out)["/classifier/MatMul"] == "MatMulNBits"
 
     exact = tmp_path / "b.onnx"
-    res = CliRunner().invoke(app, ["build", str(model_dir), "-p", "int8", "--calibration", str(cal), "-x",
-                                   "classifier", "--kept-weights", "fp32", "-o", str(exact)])
-    assert res.exit_code == 0, res.output
-    assert EngineArtifact.load(exact).extra.kept_weights == "fp32"
-    assert EngineArtifact.load(exact).extra.blockwise_nodes == ()
+    exact_art = _build_kept_classifier(model_dir, cal, exact, "--kept-weights", "fp32")
+    assert exact_art.extra.kept_weights == "fp32" and exact_art.extra.blockwise_nodes == ()
     assert _ops(exact)["/classifier/MatMul"] == "MatMul"
 
     again = tmp_path / "c.onnx"  # a ready Q/DQ model with an FP32 layer, as tune writes its plan's
@@ -102,11 +104,8 @@ def test_build_serves_a_kept_layer_blockwise_and_its_sidecar_says_so(model_dir: 
 def test_the_tensorrt_layout_keeps_its_layers_as_they_are(model_dir: Path, tmp_path: Path) -> None:  # noqa: F811
     cal = _calibration(model_dir, tmp_path / "calibration.json", target="tensorrt")
     out = tmp_path / "t.onnx"
-    res = CliRunner().invoke(app, ["build", str(model_dir), "-p", "int8", "--calibration", str(cal), "-x",
-                                   "classifier", "-o", str(out)])
-    assert res.exit_code == 0, res.output
+    assert _build_kept_classifier(model_dir, cal, out).extra.kept_weights is None
     assert _ops(out)["/classifier/MatMul"] == "MatMul"
-    assert EngineArtifact.load(out).extra.kept_weights is None
 
 
 def test_an_unknown_kept_weights_is_refused_by_every_request(tmp_path: Path) -> None:
@@ -141,3 +140,12 @@ def test_deploy_builds_the_kept_layers_as_tune_timed_them_unless_told(tmp_path: 
     req = _build_request(served, tmp_path / "repo" / "model.onnx",  # type: ignore[arg-type]
                          DeployRequest(source=tmp_path, out=tmp_path / "repo", kept_weights=asked))
     assert req.qdq == qdq and req.kept_weights == built
+
+
+def test_deploy_refuses_a_document_naming_a_serving_calibkit_never_writes(tmp_path: Path) -> None:
+    from calibkit.deploy.source import _kept_weights
+    from calibkit.errors import ModelError
+
+    assert _kept_weights("fp32", tmp_path / "tune.json") == "fp32" and _kept_weights(None, tmp_path) is None
+    with pytest.raises(ModelError, match="'int4', which calibkit never writes"):
+        _kept_weights("int4", tmp_path / "tune.json")

@@ -116,13 +116,23 @@ def _read_tune(path: Path) -> tuple[str | None, SourceLog | None, str | None]:
         raise UsageError(f"{path} is not a calibkit tune document ({exc.message})", hint=NOT_OUTPUT_HINT) from None
     from calibkit.provenance import document_path
 
-    claim, kept = None if result.claim_holds else result.claim, result.final.kept_weights
+    claim, kept = None if result.claim_holds else result.claim, _kept_weights(result.final.kept_weights, path)
     ev = result.eval_set.traffic
     log = document_path(path, ev.path, {}) if ev is not None else None  # tune.json: no paths marker
     if ev is None or log is None or not log.is_file():
         return claim, None, kept
     sha = next((e.removeprefix(LOG_SHA256) for e in ev.exclusions if e.startswith(LOG_SHA256)), None)
     return claim, SourceLog(log, None, sha or None), kept
+
+
+def _kept_weights(value: str | None, document: Path) -> str | None:
+    """How a document says the kept weight MatMuls were served, refused unless it is one of the words."""
+    from calibkit.requests.choices import KeptWeights
+
+    if value is not None and value not in {k.value for k in KeptWeights}:
+        raise ModelError(f"{document} says the kept layers were served as {value!r}, which calibkit never writes",
+                         hint=f"it takes {KeptWeights.words()}: restore the file or re-run the command that wrote it")
+    return value
 
 
 def _from_engine(engine: Path) -> DeploySource:
@@ -154,7 +164,8 @@ def _from_engine(engine: Path) -> DeploySource:
     return DeploySource(
         path=engine, kind="engine", model=model, tokenizer=tokenizer, precision=art.precision, calibration_json=cal,
         keep_nodes=tuple(art.kept_higher_precision), qdq_model=qdq, qdq_target=str(target) if target else None,
-        weight_bits=art.extra.weight_bits, kept_weights=art.extra.kept_weights, calibration_set=cset,
+        weight_bits=art.extra.weight_bits, kept_weights=_kept_weights(art.extra.kept_weights, sidecar_path(engine)),
+        calibration_set=cset,
         calibration_set_id=set_id)
 
 
